@@ -1,0 +1,1 @@
+"""Persistent Triton kernels with a capped grid."""

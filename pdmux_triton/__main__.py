@@ -1,0 +1,5 @@
+import sys
+
+from pdmux_triton.cli import main
+
+sys.exit(main())

@@ -1,0 +1,165 @@
+"""`pdmux-triton`: the command line. Each subcommand parses, calls the library, prints.
+
+Bad input raises PdmuxError, printed as one line on stderr with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+from pdmux_triton import __version__, policy
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.hardware import GPUS, MODELS, GPUSpec, model_preset, resolve_gpu
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def _float_list(text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+
+
+def _parse_cc(text: str) -> tuple[int, int]:
+    try:
+        major, minor = (int(p) for p in text.split("."))
+    except ValueError:
+        raise PdmuxError(f"compute capability must look like 9.0, got {text!r}") from None
+    return major, minor
+
+
+def _add_gpu_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpu", default="h100-sxm",
+                   help=f"GPU preset ({', '.join(GPUS)}) or 'local' for the GPU torch sees")
+    p.add_argument("--sms", type=int, help="override the GPU's SM count")
+    p.add_argument("--cc", help="override the compute capability, e.g. 9.0")
+    p.add_argument("--config", help="SGLang pdmux YAML (--pdmux-config-path) to take levels from")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+
+
+def _gpu_from_args(args) -> GPUSpec:
+    gpu = resolve_gpu(args.gpu)
+    if args.sms is not None:
+        gpu = dataclasses.replace(gpu, name=f"{gpu.name} ({args.sms} SMs)", sms=args.sms)
+    if args.cc is not None:
+        gpu = dataclasses.replace(gpu, cc=_parse_cc(args.cc))
+    policy.arch_constraints(gpu.cc_major)  # reject an unknown compute capability up front
+    return gpu
+
+
+def _config_from_args(args, gpu: GPUSpec) -> policy.PDMuxConfig:
+    if args.config:
+        return policy.load_config(args.config, gpu.sms, gpu.cc_major)
+    return policy.PDMuxConfig(sm_group_num=getattr(args, "sm_group_num", policy.DEFAULT_SM_GROUP_NUM))
+
+
+def cmd_levels(args) -> None:
+    gpu = _gpu_from_args(args)
+    config = _config_from_args(args, gpu)
+    levels = config.levels(gpu.sms, gpu.cc_major)
+    manual = config.manual_divisions or None
+    ranges = policy.decode_bs_ranges(levels, config.decode_bs_divisor, manual)
+    if args.write_config:
+        written = policy.PDMuxConfig(
+            sm_group_num=len(levels),  # a small GPU can have fewer levels than asked for
+            manual_divisions=policy.manual_divisions_for(levels, ranges),
+            split_forward_token_budget=config.split_forward_token_budget,
+            decode_bs_divisor=config.decode_bs_divisor,
+        )
+        policy.dump_config(written, args.write_config)
+    if args.json:
+        print(json.dumps({
+            "gpu": gpu.name, "sms": gpu.sms, "cc": f"{gpu.cc[0]}.{gpu.cc[1]}",
+            "sm_group_num": config.sm_group_num,
+            "levels": [{"index": i, "prefill_sms": p, "decode_sms": d}
+                       for i, (p, d) in enumerate(levels)],
+            "decode_bs_to_level": [{"first": a, "last": b, "level": lv} for a, b, lv in ranges],
+        }, indent=2))
+        return
+    min_part, granularity = policy.arch_constraints(gpu.cc_major)
+    print(f"{gpu.name}: {gpu.sms} SMs, compute capability {gpu.cc[0]}.{gpu.cc[1]} "
+          f"(green-context parts: at least {min_part} SMs, multiples of {granularity})")
+    print(f"{'level':>5} {'prefill SMs':>12} {'decode SMs':>11}")
+    for i, (p, d) in enumerate(levels):
+        note = "  prefill only" if d == 0 else "  decode only" if p == 0 else ""
+        print(f"{i:>5} {p:>12} {d:>11}{note}")
+    rule = "manual divisions" if manual else f"decode_bs_divisor {config.decode_bs_divisor}"
+    print(f"decode batch size while a prefill runs -> level ({rule}):")
+    for first, last, level in ranges:
+        span = f"{first}+" if last is None else f"{first}" if first == last else f"{first}-{last}"
+        p, d = levels[level]
+        print(f"  {span:>8}  level {level} ({p}/{d})")
+    if args.write_config:
+        print(f"wrote {args.write_config}: these levels as SGLang manual_divisions")
+
+
+def cmd_estimate(args) -> None:
+    from pdmux_triton import estimate
+
+    gpu = _gpu_from_args(args)
+    if args.bandwidth_tbps is not None:
+        gpu = dataclasses.replace(gpu, hbm_tbps=args.bandwidth_tbps)
+    if args.tflops is not None:
+        gpu = dataclasses.replace(gpu, bf16_tflops=args.tflops)
+    sc = estimate.Scenario(
+        gpu=gpu, model=model_preset(args.model), decode_batch=args.batch, context=args.context,
+        prompt=args.prompt, chunk_sizes=args.chunks, s_sat=args.s_sat,
+        bw_efficiency=args.bw_eff, mfu=args.mfu, pdmux=_config_from_args(args, gpu),
+    )
+    rows = estimate.estimate(sc)
+    if args.json:
+        print(json.dumps([r.as_dict() for r in rows], indent=2))
+    else:
+        print(estimate.format_table(sc, rows))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pdmux-triton",
+        description="Measure and tune PD multiplexing: prefill and decode on split SMs.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("levels", help="SGLang's PD-mux levels and which decode batch picks which")
+    _add_gpu_args(p)
+    p.add_argument("--sm-group-num", type=int, default=policy.DEFAULT_SM_GROUP_NUM,
+                   help="number of levels, SGLang's sm_group_num (default 8)")
+    p.add_argument("--write-config", metavar="FILE",
+                   help="write these levels as an SGLang pdmux YAML with manual_divisions")
+    p.set_defaults(func=cmd_levels)
+
+    p = sub.add_parser("estimate", help="the chapter's cost model: ITL and prefill time by approach")
+    _add_gpu_args(p)
+    p.add_argument("--model", default="qwen3-8b", help=f"model preset ({', '.join(MODELS)})")
+    p.add_argument("--batch", type=int, default=32, help="requests decoding")
+    p.add_argument("--context", type=int, default=2048, help="context of each decoding request")
+    p.add_argument("--prompt", type=int, default=8192, help="tokens of the arriving prompt")
+    p.add_argument("--chunks", type=_int_list, default=(2048, 512), help="chunk sizes, e.g. 2048,512")
+    p.add_argument("--s-sat", type=_float_list, default=(44, 66, 88),
+                   help="S_SAT values to try, e.g. 44,66,88")
+    p.add_argument("--bw-eff", type=float, default=0.85, help="achieved fraction of HBM bandwidth")
+    p.add_argument("--mfu", type=float, default=0.5, help="achieved fraction of bf16 FLOP/s")
+    p.add_argument("--bandwidth-tbps", type=float, help="override the GPU's HBM TB/s")
+    p.add_argument("--tflops", type=float, help="override the GPU's dense bf16 TFLOP/s")
+    p.add_argument("--sm-group-num", type=int, default=policy.DEFAULT_SM_GROUP_NUM)
+    p.set_defaults(func=cmd_estimate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except PdmuxError as err:
+        print(f"pdmux-triton: error: {err}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,282 @@
+"""SGLang's PD-multiplexing rules (as of SGLang 0.5.20), reproduced exactly, and its pdmux YAML.
+
+A *level* is a (prefill SMs, decode SMs) pair. SGLang builds `sm_group_num` levels: the whole
+GPU for prefill, `sm_group_num - 2` green-context splits, the whole GPU for decode. The
+scheduler picks a level from the decode batch size whenever a prefill starts or ends.
+
+Where this module differs from SGLang it says so in the docstring; pure Python, no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from pdmux_triton.errors import PdmuxError
+
+# Compute-capability major -> (fewest SMs in a green-context part, SM granularity of a split).
+# SGLang 0.5.20 knows 6..9; 10 and 12 (Blackwell) were added upstream later with Hopper's rule.
+ARCH_CONSTRAINTS: dict[int, tuple[int, int]] = {
+    6: (1, 1),
+    7: (2, 2),
+    8: (4, 2),
+    9: (8, 8),
+    10: (8, 8),
+    12: (8, 8),
+}
+MIN_DECODE_SMS = 16  # SGLang never leaves decode fewer SMs than this in a split level
+DEFAULT_SM_GROUP_NUM = 8
+DEFAULT_TOKEN_BUDGET = 65536
+DEFAULT_DECODE_BS_DIVISOR = 36
+
+Level = tuple[int, int]  # (prefill SMs, decode SMs)
+
+
+def _check_int(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PdmuxError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise PdmuxError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def arch_constraints(major: int) -> tuple[int, int]:
+    """(min SMs per part, granularity) of a green-context SM split for a compute capability."""
+    if major not in ARCH_CONSTRAINTS:
+        known = ", ".join(f"{m}.x" for m in ARCH_CONSTRAINTS)
+        raise PdmuxError(f"unsupported compute capability {major}.x; PD-mux knows {known}")
+    return ARCH_CONSTRAINTS[major]
+
+
+def divide_sm(total_sms: int, major: int, groups: int) -> list[Level]:
+    """The middle levels: up to `groups` (prefill, decode) splits, largest prefill first."""
+    _check_int("total SMs", total_sms, 1)
+    _check_int("groups", groups, 1)
+    min_per_part, granularity = arch_constraints(major)
+    candidates = [
+        x
+        for x in range(min_per_part, total_sms - min_per_part + 1, granularity)
+        if x >= total_sms - x and total_sms - x >= MIN_DECODE_SMS
+    ]
+    if not candidates:
+        raise PdmuxError(
+            f"no PD-mux split of {total_sms} SMs on compute capability {major}.x: a split needs "
+            f"prefill >= decode >= {MIN_DECODE_SMS} SMs with prefill a multiple of {granularity} "
+            f"(at least {max(2 * MIN_DECODE_SMS, 2 * min_per_part)} SMs in all)"
+        )
+    if len(candidates) >= groups:
+        candidates = candidates[:: max(1, len(candidates) // groups)][:groups]
+    return [(x, total_sms - x) for x in reversed(candidates)]
+
+
+def stream_groups(
+    total_sms: int,
+    major: int,
+    sm_group_num: int = DEFAULT_SM_GROUP_NUM,
+    manual_divisions: list[list[int]] | None = None,
+) -> list[Level]:
+    """All levels: prefill-only, the splits (computed, or the manual ones), decode-only."""
+    _check_int("sm_group_num", sm_group_num, 3)
+    if manual_divisions:
+        check_manual_divisions(manual_divisions, sm_group_num, total_sms, major)
+        middle = [(p, d) for p, d, _ in manual_divisions]
+    else:
+        middle = divide_sm(total_sms, major, sm_group_num - 2)
+    return [(total_sms, 0), *middle, (0, total_sms)]
+
+
+def choose_group(
+    groups: list[Level],
+    decode_bs: int,
+    has_prefill: bool,
+    decode_bs_divisor: int = DEFAULT_DECODE_BS_DIVISOR,
+    manual_divisions: list[list[int]] | None = None,
+) -> int:
+    """Index of the level SGLang runs for this decode batch size.
+
+    With manual divisions SGLang takes the last level whose threshold is <= decode_bs; when
+    decode_bs is below every threshold SGLang 0.5.20 fails (its index variable is unbound).
+    Here that case picks level 1, the split with the most prefill SMs.
+    """
+    n = len(groups)
+    if n < 3:
+        raise PdmuxError(f"need at least 3 levels (prefill-only, a split, decode-only), got {n}")
+    _check_int("decode batch size", decode_bs, 0)
+    _check_int("decode_bs_divisor", decode_bs_divisor, 1)
+    if decode_bs == 0:
+        return 0
+    if not has_prefill:
+        return n - 1
+    if manual_divisions:
+        index = 1
+        for i, (_, _, threshold) in enumerate(manual_divisions):
+            if decode_bs >= threshold:
+                index = i + 1
+        return index
+    return max(1, min(n - 2, decode_bs * (n - 2) // decode_bs_divisor))
+
+
+def prefill_layers_per_step(
+    extend_tokens: int, num_layers: int, token_budget: int = DEFAULT_TOKEN_BUDGET
+) -> int:
+    """How many layers of a split prefill one scheduler round runs."""
+    _check_int("extend tokens", extend_tokens, 0)
+    _check_int("number of layers", num_layers, 1)
+    _check_int("split_forward_token_budget", token_budget, 1)
+    if extend_tokens == 0:
+        return num_layers
+    return min(num_layers, max(1, token_budget // extend_tokens))
+
+
+def decode_bs_ranges(
+    groups: list[Level],
+    decode_bs_divisor: int = DEFAULT_DECODE_BS_DIVISOR,
+    manual_divisions: list[list[int]] | None = None,
+) -> list[tuple[int, int | None, int]]:
+    """(first bs, last bs or None for 'and above', level) runs of choose_group with a prefill."""
+    thresholds = [t for _, _, t in manual_divisions or []]
+    top = max([decode_bs_divisor, *thresholds]) + 1  # beyond this the choice no longer changes
+    runs: list[tuple[int, int | None, int]] = []
+    for bs in range(1, top + 1):
+        level = choose_group(groups, bs, True, decode_bs_divisor, manual_divisions)
+        if runs and runs[-1][2] == level:
+            runs[-1] = (runs[-1][0], bs, level)
+        else:
+            runs.append((bs, bs, level))
+    first, _, level = runs[-1]
+    runs[-1] = (first, None, level)
+    return runs
+
+
+def manual_divisions_for(
+    groups: list[Level], ranges: list[tuple[int, int | None, int]]
+) -> list[list[int]]:
+    """SGLang manual_divisions that reproduce `ranges` (from decode_bs_ranges) on `groups`.
+
+    Each middle level gets the first batch size that picks it as its threshold; a level no
+    batch size picks gets a threshold above every other, so it is never chosen.
+    """
+    first_bs = {level: first for first, _, level in reversed(ranges)}
+    unreachable = max(first for first, _, _ in ranges) + 1
+    return [[p, d, first_bs.get(i, unreachable)] for i, (p, d) in enumerate(groups[1:-1], start=1)]
+
+
+@dataclass
+class PDMuxConfig:
+    """SGLang's `--pdmux-config-path` YAML: the same four fields with the same defaults."""
+
+    sm_group_num: int = DEFAULT_SM_GROUP_NUM
+    # one [prefill_sm, decode_sm, decode_bs_threshold] per middle level
+    manual_divisions: list[list[int]] = field(default_factory=list)
+    split_forward_token_budget: int = DEFAULT_TOKEN_BUDGET
+    decode_bs_divisor: int = DEFAULT_DECODE_BS_DIVISOR
+
+    def __post_init__(self):
+        _check_int("sm_group_num", self.sm_group_num, 3)
+        _check_int("split_forward_token_budget", self.split_forward_token_budget, 1)
+        _check_int("decode_bs_divisor", self.decode_bs_divisor, 1)
+        _check_division_shapes(self.manual_divisions, self.sm_group_num)
+
+    def levels(self, total_sms: int, major: int) -> list[Level]:
+        return stream_groups(total_sms, major, self.sm_group_num, self.manual_divisions or None)
+
+
+CONFIG_FIELDS = ("sm_group_num", "manual_divisions", "split_forward_token_budget", "decode_bs_divisor")
+
+
+def _check_division_shapes(divisions, sm_group_num: int) -> None:
+    if not isinstance(divisions, list):
+        raise PdmuxError(f"manual_divisions must be a list, got {divisions!r}")
+    if divisions and len(divisions) != sm_group_num - 2:
+        raise PdmuxError(
+            f"manual_divisions must have sm_group_num - 2 = {sm_group_num - 2} entries, "
+            f"got {len(divisions)}"
+        )
+    for i, entry in enumerate(divisions):
+        if not isinstance(entry, list) or len(entry) != 3:
+            raise PdmuxError(
+                f"manual_divisions[{i}] must be [prefill_sm, decode_sm, decode_bs_threshold], "
+                f"got {entry!r}"
+            )
+        for name, value in zip(("prefill_sm", "decode_sm", "decode_bs_threshold"), entry):
+            _check_int(f"manual_divisions[{i}] {name}", value, 0)
+
+
+def check_manual_divisions(divisions, sm_group_num: int, total_sms: int, major: int) -> None:
+    """Each manual level must split this GPU's SMs the way a green context can.
+
+    The prefill part is split off first (on the granularity, at least the minimum part); decode
+    gets the remainder, which therefore need not be on the granularity (132 = 112 + 20).
+    """
+    _check_division_shapes(divisions, sm_group_num)
+    min_per_part, granularity = arch_constraints(major)
+    for i, (prefill, decode, _) in enumerate(divisions):
+        if prefill + decode != total_sms:
+            raise PdmuxError(
+                f"manual_divisions[{i}] = {prefill} + {decode} SMs must sum to the GPU's "
+                f"{total_sms} SMs"
+            )
+        if prefill % granularity or prefill < min_per_part:
+            raise PdmuxError(
+                f"manual_divisions[{i}] prefill_sm {prefill} is off the granularity of compute "
+                f"capability {major}.x: use a multiple of {granularity}, at least {min_per_part}"
+            )
+        if decode < min_per_part:
+            raise PdmuxError(
+                f"manual_divisions[{i}] decode_sm {decode} is below the {min_per_part}-SM minimum "
+                f"of compute capability {major}.x"
+            )
+
+
+def parse_config(raw, source: str = "pdmux config") -> PDMuxConfig:
+    """Validate a mapping read from YAML; errors name `source` and the field."""
+    if not isinstance(raw, dict):
+        raise PdmuxError(f"{source}: expected a mapping of {', '.join(CONFIG_FIELDS)}, got {raw!r}")
+    unknown = sorted(set(raw) - set(CONFIG_FIELDS), key=str)
+    if unknown:
+        raise PdmuxError(
+            f"{source}: unknown field(s) {', '.join(map(str, unknown))}; allowed: "
+            f"{', '.join(CONFIG_FIELDS)}"
+        )
+    if "sm_group_num" not in raw:
+        raise PdmuxError(f"{source}: missing required field sm_group_num")
+    try:
+        return PDMuxConfig(**raw)
+    except PdmuxError as err:
+        raise PdmuxError(f"{source}: {err}") from None
+
+
+def load_config(path: str | Path, total_sms: int | None = None, major: int | None = None) -> PDMuxConfig:
+    """Read SGLang's pdmux YAML; with a GPU given, also check manual divisions against it."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as err:
+        raise PdmuxError(f"cannot read pdmux config {path}: {err.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise PdmuxError(f"{path}: malformed YAML: {' '.join(str(err).split())}") from None
+    config = parse_config(raw, str(path))
+    if total_sms is not None and major is not None and config.manual_divisions:
+        try:
+            check_manual_divisions(config.manual_divisions, config.sm_group_num, total_sms, major)
+        except PdmuxError as err:
+            raise PdmuxError(f"{path}: {err}") from None
+    return config
+
+
+def dump_config(config: PDMuxConfig, path: str | Path | None = None) -> str:
+    """YAML text SGLang's loader accepts; written to `path` when given."""
+    data = {
+        "sm_group_num": config.sm_group_num,
+        "manual_divisions": [list(entry) for entry in config.manual_divisions],
+        "split_forward_token_budget": config.split_forward_token_budget,
+        "decode_bs_divisor": config.decode_bs_divisor,
+    }
+    text = yaml.safe_dump(data, sort_keys=False, default_flow_style=None)
+    if path is not None:
+        Path(path).write_text(text)
+    return text

@@ -1,0 +1,157 @@
+"""SGLang's PD-mux rules, checked against the chapter's examples and SGLang's own behaviour."""
+
+import pytest
+import yaml
+
+from pdmux_triton import policy
+from pdmux_triton.errors import PdmuxError
+
+H100 = [(132, 0), (112, 20), (104, 28), (96, 36), (88, 44), (80, 52), (72, 60), (0, 132)]
+A100 = [(108, 0), (84, 24), (78, 30), (72, 36), (66, 42), (60, 48), (54, 54), (0, 108)]
+H20 = [(78, 0), (56, 22), (48, 30), (40, 38), (0, 78)]
+
+
+@pytest.mark.parametrize("sms,major,expected", [(132, 9, H100), (108, 8, A100), (78, 9, H20)])
+def test_stream_groups_match_the_chapter(sms, major, expected):
+    assert policy.stream_groups(sms, major) == expected
+
+
+@pytest.mark.parametrize("major,expected", [(6, (1, 1)), (7, (2, 2)), (8, (4, 2)), (9, (8, 8)),
+                                            (10, (8, 8)), (12, (8, 8))])
+def test_arch_constraints(major, expected):
+    assert policy.arch_constraints(major) == expected
+
+
+@pytest.mark.parametrize("major", [5, 11, 13])
+def test_unknown_compute_capability_is_named(major):
+    with pytest.raises(PdmuxError, match=f"{major}.x"):
+        policy.divide_sm(132, major, 6)
+
+
+def test_divide_sm_takes_every_kth_candidate_largest_prefill_first():
+    # 8.x on 108 SMs: candidates 54..92 step 2 (20 of them); 6 groups -> every 3rd.
+    assert policy.divide_sm(108, 8, 6) == A100[1:-1]
+    # fewer candidates than groups: all of them
+    assert policy.divide_sm(78, 9, 6) == H20[1:-1]
+    for p, d in policy.divide_sm(148, 10, 6):
+        assert p % 8 == 0 and p >= d >= 16 and p + d == 148
+
+
+@pytest.mark.parametrize("sms", [1, 16, 31, 20])
+def test_too_few_sms_for_any_split(sms):
+    with pytest.raises(PdmuxError, match=f"no PD-mux split of {sms} SMs"):
+        policy.stream_groups(sms, 9)
+
+
+def test_sm_group_num_below_three_is_rejected():
+    with pytest.raises(PdmuxError, match="sm_group_num must be >= 3"):
+        policy.stream_groups(132, 9, sm_group_num=2)
+
+
+@pytest.mark.parametrize("bs,level", [(1, 1), (6, 1), (11, 1), (12, 2), (18, 3), (24, 4), (30, 5),
+                                      (35, 5), (36, 6), (64, 6), (1000, 6)])
+def test_choose_group_with_prefill_on_h100(bs, level):
+    assert policy.choose_group(H100, bs, has_prefill=True) == level
+
+
+def test_choose_group_without_prefill_or_decode():
+    assert policy.choose_group(H100, 5, has_prefill=False) == 7
+    assert policy.choose_group(H100, 0, has_prefill=True) == 0
+    assert policy.choose_group(H100, 0, has_prefill=False) == 0
+
+
+def test_choose_group_rejects_negative_batch():
+    with pytest.raises(PdmuxError, match="decode batch size must be >= 0, got -3"):
+        policy.choose_group(H100, -3, True)
+
+
+def test_choose_group_manual_divisions_last_threshold_wins():
+    manual = [[112, 20, 4], [104, 28, 8], [96, 36, 8], [88, 44, 40], [80, 52, 50], [72, 60, 60]]
+    groups = policy.stream_groups(132, 9, 8, manual)
+    assert policy.choose_group(groups, 8, True, manual_divisions=manual) == 3  # ties: the later
+    assert policy.choose_group(groups, 39, True, manual_divisions=manual) == 3
+    assert policy.choose_group(groups, 100, True, manual_divisions=manual) == 6
+    # below every threshold SGLang crashes; we pick level 1
+    assert policy.choose_group(groups, 2, True, manual_divisions=manual) == 1
+
+
+@pytest.mark.parametrize("tokens,layers", [(512, 36), (8192, 8), (32768, 2), (131072, 1), (0, 36),
+                                           (65536, 1), (65535, 1), (1, 36)])
+def test_prefill_layers_per_step(tokens, layers):
+    assert policy.prefill_layers_per_step(tokens, 36) == layers
+
+
+def test_decode_bs_ranges_cover_every_batch():
+    ranges = policy.decode_bs_ranges(H100)
+    assert ranges[0] == (1, 11, 1) and ranges[-1] == (36, None, 6)
+    for bs in range(1, 80):
+        level = next(lv for a, b, lv in ranges if a <= bs and (b is None or bs <= b))
+        assert level == policy.choose_group(H100, bs, True)
+
+
+@pytest.mark.parametrize("sms,major", [(132, 9), (108, 8), (78, 9), (148, 10)])
+def test_manual_divisions_for_reproduce_the_default_rule(sms, major):
+    groups = policy.stream_groups(sms, major)
+    manual = policy.manual_divisions_for(groups, policy.decode_bs_ranges(groups))
+    assert policy.stream_groups(sms, major, len(groups), manual) == groups
+    for bs in range(0, 100):
+        assert (policy.choose_group(groups, bs, True, manual_divisions=manual)
+                == policy.choose_group(groups, bs, True))
+
+
+# --- the YAML ---------------------------------------------------------------------------
+
+def write(tmp_path, text):
+    path = tmp_path / "pdmux.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_load_defaults_and_round_trip(tmp_path):
+    config = policy.load_config(write(tmp_path, "sm_group_num: 8\n"))
+    assert config == policy.PDMuxConfig()
+    manual = [[112, 20, 1], [104, 28, 12], [96, 36, 18], [88, 44, 24], [80, 52, 30], [72, 60, 36]]
+    config = policy.PDMuxConfig(8, manual, 32768, 24)
+    text = policy.dump_config(config, tmp_path / "out.yaml")
+    assert policy.load_config(tmp_path / "out.yaml", 132, 9) == config
+    # plain YAML with exactly SGLang's keys
+    assert set(yaml.safe_load(text)) == {"sm_group_num", "manual_divisions",
+                                         "split_forward_token_budget", "decode_bs_divisor"}
+
+
+@pytest.mark.parametrize("text,message", [
+    ("sm_group_num: [8\n", "malformed YAML"),
+    ("- 8\n", "expected a mapping"),
+    ("decode_bs_divisor: 36\n", "missing required field sm_group_num"),
+    ("sm_group_num: 2\n", "sm_group_num must be >= 3, got 2"),
+    ("sm_group_num: eight\n", "sm_group_num must be an integer, got 'eight'"),
+    ("sm_group_num: 8\nsm_groups: 3\n", "unknown field.*sm_groups"),
+    ("sm_group_num: 8\nsplit_forward_token_budget: 0\n", "split_forward_token_budget must be >= 1"),
+    ("sm_group_num: 8\ndecode_bs_divisor: 1.5\n", "decode_bs_divisor must be an integer"),
+    ("sm_group_num: 4\nmanual_divisions: [[112, 20, 1]]\n", "must have sm_group_num - 2 = 2 entries"),
+    ("sm_group_num: 3\nmanual_divisions: [[112, 20]]\n", r"manual_divisions\[0\] must be"),
+    ("sm_group_num: 3\nmanual_divisions: [[112, 20, -1]]\n", "decode_bs_threshold must be >= 0"),
+    ("sm_group_num: 3\nmanual_divisions: 5\n", "manual_divisions must be a list"),
+])
+def test_malformed_config_names_the_field(tmp_path, text, message):
+    path = write(tmp_path, text)
+    with pytest.raises(PdmuxError, match=message) as err:
+        policy.load_config(path)
+    assert str(path) in str(err.value)
+
+
+@pytest.mark.parametrize("division,message", [
+    ([110, 22, 1], "prefill_sm 110 is off the granularity.*multiple of 8"),
+    ([112, 24, 1], "must sum to the GPU's 132 SMs"),
+    ([128, 4, 1], "decode_sm 4 is below the 8-SM minimum"),
+])
+def test_manual_divisions_checked_against_the_gpu(tmp_path, division, message):
+    path = write(tmp_path, f"sm_group_num: 3\nmanual_divisions: [{division}]\n")
+    policy.load_config(path)  # shape alone is fine
+    with pytest.raises(PdmuxError, match=message):
+        policy.load_config(path, 132, 9)
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(PdmuxError, match="cannot read pdmux config"):
+        policy.load_config(tmp_path / "nope.yaml")
