@@ -1,0 +1,80 @@
+"""What every launcher shares: the grid cap, input checks, SM-id telemetry buffers.
+
+The contract: a kernel given `num_sms` launches at most `num_sms * ctas_per_sm` programs and
+loops over its tiles, so the grid cap emulates an SM partition. Kernels never read the device's
+SM count; only the default budget here does (the whole GPU).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+from pdmux_triton.errors import PdmuxError
+
+# The Triton interpreter runs programs one after another on the CPU: a small default grid keeps
+# tests fast while still exercising the persistent loop.
+INTERPRETER_DEFAULT_SMS = 4
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@functools.lru_cache(maxsize=None)
+def _device_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def default_num_sms(device: torch.device) -> int:
+    """The whole GPU: the budget a kernel gets when the caller names none."""
+    if interpreting() or device.type != "cuda":
+        return INTERPRETER_DEFAULT_SMS
+    return _device_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def grid_size(num_tiles: int, num_sms: int | None, ctas_per_sm: int, device: torch.device) -> int:
+    """Programs to launch: the SM budget times CTAs per SM, never more than there are tiles."""
+    if num_sms is None:
+        num_sms = default_num_sms(device)
+    if isinstance(num_sms, bool) or not isinstance(num_sms, int) or num_sms < 1:
+        raise PdmuxError(f"num_sms must be a positive integer, got {num_sms!r}")
+    if isinstance(ctas_per_sm, bool) or not isinstance(ctas_per_sm, int) or ctas_per_sm < 1:
+        raise PdmuxError(f"ctas_per_sm must be a positive integer, got {ctas_per_sm!r}")
+    return max(1, min(num_sms * ctas_per_sm, num_tiles))
+
+
+def telemetry_args(sm_ids: torch.Tensor | None, grid: int, device: torch.device):
+    """(buffer, RECORD_SM flag): a kernel records each program's SM id into `sm_ids`."""
+    if sm_ids is None:
+        return torch.empty(1, dtype=torch.int32, device=device), False
+    if interpreting():
+        raise PdmuxError("SM-id telemetry needs a GPU (the Triton interpreter has no %smid)")
+    if sm_ids.dtype != torch.int32 or sm_ids.device != device or sm_ids.numel() < grid:
+        raise PdmuxError(
+            f"sm_ids must be an int32 tensor on {device} with at least {grid} entries (one per "
+            f"program), got {sm_ids.dtype} on {sm_ids.device} with {sm_ids.numel()}"
+        )
+    sm_ids[:grid].fill_(-1)
+    return sm_ids, True
+
+
+def check_tensor(name: str, t: torch.Tensor, ndim: int, dtypes: tuple, device: torch.device | None = None,
+                 contiguous_last: bool = True) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise PdmuxError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dim() != ndim:
+        raise PdmuxError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
+    if t.dtype not in dtypes:
+        allowed = ", ".join(str(d).replace("torch.", "") for d in dtypes)
+        raise PdmuxError(f"{name} has dtype {str(t.dtype).replace('torch.', '')}; allowed: {allowed}")
+    if device is not None and t.device != device:
+        raise PdmuxError(f"{name} is on {t.device} but the other inputs are on {device}")
+    if contiguous_last and t.numel() > 0 and t.stride(-1) != 1:
+        raise PdmuxError(f"{name} must be contiguous in its last dimension, got strides {t.stride()}")
+
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+INDEX_DTYPES = (torch.int32, torch.int64)

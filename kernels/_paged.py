@@ -1,0 +1,48 @@
+"""The inner loop both attention kernels share: online softmax over a range of KV positions
+gathered from the paged cache ([slots, kv_heads, head_dim]; slot = page * page_size + offset)."""
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row_ptr, page_size, start, end, slot_stride,
+                 head_offset, q_pos, scale_log2, BLOCK_N: tl.constexpr, D: tl.constexpr,
+                 MASKED: tl.constexpr, CAUSAL: tl.constexpr):
+    """Fold KV positions [start, end) into (acc, m_i, l_i) for the query rows `q` [M, D].
+
+    Scores are kept in base 2 (scale_log2 = softmax scale * log2(e)). Without MASKED the range
+    must be whole blocks; with CAUSAL a key counts only where its position <= the row's q_pos.
+    """
+    d = tl.arange(0, D)
+    for n in range(start, end, BLOCK_N):
+        pos = n + tl.arange(0, BLOCK_N)
+        if MASKED:
+            in_range = pos < end
+            page = tl.load(page_row_ptr + pos // page_size, mask=in_range, other=0)
+        else:
+            page = tl.load(page_row_ptr + pos // page_size)
+        slot = page.to(tl.int64) * page_size + pos % page_size
+        offs = slot[:, None] * slot_stride + head_offset + d[None, :]
+        if MASKED:
+            k = tl.load(kc_ptr + offs, mask=in_range[:, None], other=0.0)
+        else:
+            k = tl.load(kc_ptr + offs)
+        qk = tl.dot(q, tl.trans(k)) * scale_log2
+        if MASKED:
+            valid = in_range[None, :]
+            if CAUSAL:
+                valid = valid & (pos[None, :] <= q_pos[:, None])
+            qk = tl.where(valid, qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet stays empty
+        p = tl.exp2(qk - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if MASKED:
+            v = tl.load(vc_ptr + offs, mask=in_range[:, None], other=0.0)
+        else:
+            v = tl.load(vc_ptr + offs)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m_i = m_new
+    return acc, m_i, l_i

@@ -1,0 +1,49 @@
+"""SwiGLU's SiLU(gate) * up on the fused gate-up projection output [T, 2I] -> [T, I]."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.kernels._launch import FLOAT_DTYPES, check_tensor, grid_size, telemetry_args
+
+
+@triton.jit
+def _silu_mul_kernel(x_ptr, y_ptr, sm_ids_ptr, T, I, sx_t, sy_t,
+                     BLOCK: tl.constexpr, RECORD_SM: tl.constexpr):
+    pid = tl.program_id(0)
+    if RECORD_SM:
+        tl.store(sm_ids_ptr + pid, tl.extra.cuda.smid())
+    col_blocks = tl.cdiv(I, BLOCK)
+    for tile in tl.range(pid, T * col_blocks, tl.num_programs(0)):
+        t = tile // col_blocks
+        c = (tile % col_blocks) * BLOCK + tl.arange(0, BLOCK)
+        mask = c < I
+        gate = tl.load(x_ptr + t * sx_t + c, mask=mask, other=0.0).to(tl.float32)
+        up = tl.load(x_ptr + t * sx_t + I + c, mask=mask, other=0.0).to(tl.float32)
+        y = gate / (1.0 + tl.exp(-gate)) * up
+        tl.store(y_ptr + t * sy_t + c, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None, *,
+             num_sms: int | None = None, ctas_per_sm: int = 1,
+             sm_ids: torch.Tensor | None = None) -> torch.Tensor:
+    check_tensor("gate_up", gate_up, 2, FLOAT_DTYPES)
+    T, two_i = gate_up.shape
+    if two_i % 2:
+        raise PdmuxError(f"gate_up must have an even number of columns [gate | up], got {two_i}")
+    I = two_i // 2
+    out = torch.empty((T, I), dtype=gate_up.dtype, device=gate_up.device) if out is None else out
+    check_tensor("out", out, 2, FLOAT_DTYPES, gate_up.device)
+    if tuple(out.shape) != (T, I):
+        raise PdmuxError(f"out must have shape {(T, I)}, got {tuple(out.shape)}")
+    if T == 0 or I == 0:
+        return out
+    block = min(2048, triton.next_power_of_2(I))
+    grid = grid_size(T * triton.cdiv(I, block), num_sms, ctas_per_sm, gate_up.device)
+    sm_buf, record = telemetry_args(sm_ids, grid, gate_up.device)
+    _silu_mul_kernel[(grid,)](gate_up, out, sm_buf, T, I, gate_up.stride(0), out.stride(0),
+                              BLOCK=block, RECORD_SM=record, num_warps=4)
+    return out

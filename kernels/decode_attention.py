@@ -1,0 +1,167 @@
+"""Decode attention over a paged KV cache: one query token per request, GQA, split-KV.
+
+A tile is (request, KV head, split): it streams one chunk of that request's K/V for all the
+query heads sharing the KV head, so K/V are read once. The chunk size is chosen from the SM
+budget and the longest request so that even a small budget has many equal tiles in flight;
+partial results (output, log-sum-exp) are merged by a second persistent kernel.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.kernels._launch import (FLOAT_DTYPES, check_tensor, grid_size, interpreting,
+                                          telemetry_args)
+from pdmux_triton.kernels._paged import attend_range
+
+LOG2E = 1.4426950408889634
+MIN_CHUNK, MAX_CHUNK, MAX_SPLITS = 256, 2048, 64
+TILES_PER_PROGRAM = 8  # enough tiles per program that ragged lengths still even out
+
+
+def choose_chunk(batch: int, kv_heads: int, max_seq_len: int, programs: int, block_n: int) -> int:
+    """KV tokens per split: ~TILES_PER_PROGRAM tiles per program, within [MIN_CHUNK, MAX_CHUNK]."""
+    work = batch * kv_heads * max(1, max_seq_len)
+    chunk = min(MAX_CHUNK, max(MIN_CHUNK, math.ceil(work / (programs * TILES_PER_PROGRAM))))
+    chunk = max(chunk, math.ceil(max_seq_len / MAX_SPLITS))
+    return triton.cdiv(chunk, block_n) * block_n
+
+
+@triton.jit
+def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, part_lse_ptr,
+                   sm_ids_ptr, B, KV_HEADS, num_splits, chunk, scale_log2, page_size,
+                   sq_b, sq_h, so_b, so_h, sc_s, sc_h, spt_b,
+                   GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+                   D: tl.constexpr, DIRECT: tl.constexpr, RECORD_SM: tl.constexpr):
+    pid = tl.program_id(0)
+    if RECORD_SM:
+        tl.store(sm_ids_ptr + pid, tl.extra.cuda.smid())
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, D)
+    gmask = g < GROUP
+    for tile in tl.range(pid, B * KV_HEADS * num_splits, tl.num_programs(0)):
+        split = tile % num_splits
+        h = (tile // num_splits) % KV_HEADS
+        b = tile // (num_splits * KV_HEADS)
+        seq_len = tl.load(len_ptr + b)
+        start = split * chunk
+        end = tl.minimum(seq_len, start + chunk)
+        if start < end:
+            heads = h * GROUP + g
+            q = tl.load(q_ptr + b * sq_b + heads[:, None] * sq_h + d[None, :], mask=gmask[:, None],
+                        other=0.0)
+            acc = tl.zeros((BLOCK_G, D), dtype=tl.float32)
+            m_i = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
+            l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)
+            acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, pt_ptr + b * spt_b,
+                                         page_size, start, end, sc_s, h * sc_h, g, scale_log2,
+                                         BLOCK_N, D, True, False)
+            out = acc / l_i[:, None]
+            if DIRECT:
+                o = o_ptr + b * so_b + heads[:, None] * so_h + d[None, :]
+                tl.store(o, out.to(o_ptr.dtype.element_ty), mask=gmask[:, None])
+            else:
+                row = tile * GROUP + g
+                tl.store(part_o_ptr + row[:, None] * D + d[None, :], out, mask=gmask[:, None])
+                tl.store(part_lse_ptr + row, m_i + tl.log2(l_i), mask=gmask)
+        elif DIRECT:  # an empty request still owns its output rows
+            o = o_ptr + b * so_b + (h * GROUP + g)[:, None] * so_h + d[None, :]
+            tl.store(o, tl.zeros((BLOCK_G, D), dtype=o_ptr.dtype.element_ty), mask=gmask[:, None])
+
+
+@triton.jit
+def _merge_kernel(part_o_ptr, part_lse_ptr, len_ptr, o_ptr, sm_ids_ptr, B, Q_HEADS, num_splits,
+                  chunk, so_b, so_h, GROUP: tl.constexpr, D: tl.constexpr,
+                  BLOCK_S: tl.constexpr, RECORD_SM: tl.constexpr):
+    pid = tl.program_id(0)
+    s = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, D)
+    for r in tl.range(pid, B * Q_HEADS, tl.num_programs(0)):
+        b = r // Q_HEADS
+        hq = r % Q_HEADS
+        used = tl.cdiv(tl.load(len_ptr + b), chunk)  # splits past the request's end are empty
+        smask = s < used
+        row = ((b * (Q_HEADS // GROUP) + hq // GROUP) * num_splits + s) * GROUP + hq % GROUP
+        lse = tl.load(part_lse_ptr + row, mask=smask, other=float("-inf"))
+        top = tl.max(lse, axis=0)
+        top = tl.where(top == float("-inf"), 0.0, top)
+        w = tl.where(smask, tl.exp2(lse - top), 0.0)
+        o = tl.load(part_o_ptr + row[:, None] * D + d[None, :], mask=smask[:, None], other=0.0)
+        total = tl.sum(w, axis=0)
+        out = tl.sum(w[:, None] * o, axis=0) / tl.where(total > 0, total, 1.0)
+        tl.store(o_ptr + b * so_b + hq * so_h + d, out.to(o_ptr.dtype.element_ty))
+
+
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int,
+                     max_seq_len: int, sm_scale: float | None = None,
+                     out: torch.Tensor | None = None, *, num_sms: int | None = None,
+                     ctas_per_sm: int = 1, chunk: int | None = None,
+                     sm_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """out[b, h] = softmax(q[b, h] . K_b^T * scale) V_b over the first seq_lens[b] cached tokens.
+
+    q [B, Hq, D]; caches [slots, Hkv, D]; page_table [B, pages] int32 (page ids); seq_lens [B]
+    int32 on the device, at most `max_seq_len` (a host bound, so the launch needs no sync and
+    can be captured in a CUDA graph). A request of length 0 gets zeros.
+    """
+    check_tensor("q", q, 3, FLOAT_DTYPES)
+    dev = q.device
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        check_tensor(name, t, 3, (q.dtype,), dev)
+    check_tensor("page_table", page_table, 2, (torch.int32,), dev)
+    check_tensor("seq_lens", seq_lens, 1, (torch.int32,), dev)
+    B, HQ, D = q.shape
+    HKV = k_cache.shape[1]
+    if k_cache.shape != v_cache.shape or k_cache.shape[2] != D or k_cache.stride() != v_cache.stride():
+        raise PdmuxError(f"k_cache and v_cache must both be [slots, kv_heads, {D}] with equal "
+                         f"strides, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    if HQ % HKV:
+        raise PdmuxError(f"{HQ} query heads do not divide into {HKV} KV heads")
+    if D & (D - 1) or D < 16:
+        raise PdmuxError(f"head dim must be a power of two >= 16, got {D}")
+    if page_table.shape[0] != B or seq_lens.shape[0] != B:
+        raise PdmuxError(f"page_table and seq_lens need one row per request ({B}), got "
+                         f"{page_table.shape[0]} and {seq_lens.shape[0]}")
+    if page_size < 1 or max_seq_len < 0 or max_seq_len > page_table.shape[1] * page_size:
+        raise PdmuxError(f"max_seq_len {max_seq_len} must fit in the page table: "
+                         f"{page_table.shape[1]} pages of {page_size} tokens")
+    out = torch.empty_like(q) if out is None else out
+    check_tensor("out", out, 3, (q.dtype,), dev)
+    if tuple(out.shape) != (B, HQ, D):
+        raise PdmuxError(f"out must have the shape of q {(B, HQ, D)}, got {tuple(out.shape)}")
+    if B == 0:
+        return out
+    group = HQ // HKV
+    block_n = 16 if interpreting() else 64
+    programs = grid_size(1 << 30, num_sms, ctas_per_sm, dev)
+    chunk = chunk or choose_chunk(B, HKV, max_seq_len, programs, block_n)
+    if chunk % block_n:
+        raise PdmuxError(f"chunk must be a multiple of {block_n} tokens, got {chunk}")
+    splits = max(1, triton.cdiv(max_seq_len, chunk))
+    direct = splits == 1
+    tiles = B * HKV * splits
+    grid = grid_size(tiles, num_sms, ctas_per_sm, dev)
+    sm_buf, record = telemetry_args(sm_ids, grid, dev)
+    if direct:
+        part_o = part_lse = out
+    else:
+        part_o = torch.empty((tiles * group, D), dtype=torch.float32, device=dev)
+        part_lse = torch.empty((tiles * group,), dtype=torch.float32, device=dev)
+    scale = (sm_scale if sm_scale is not None else D ** -0.5) * LOG2E
+    _decode_kernel[(grid,)](
+        q, k_cache, v_cache, page_table, seq_lens, out, part_o, part_lse, sm_buf, B, HKV, splits,
+        chunk, scale, page_size, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), page_table.stride(0),
+        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, D=D,
+        DIRECT=direct, RECORD_SM=record, num_warps=4, num_stages=1 if interpreting() else 3)
+    if not direct:
+        _merge_kernel[(grid_size(B * HQ, num_sms, ctas_per_sm, dev),)](
+            part_o, part_lse, seq_lens, out, sm_buf, B, HQ, splits, chunk, out.stride(0),
+            out.stride(1), GROUP=group, D=D, BLOCK_S=triton.next_power_of_2(splits),
+            RECORD_SM=False, num_warps=4)
+    return out

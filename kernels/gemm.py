@@ -1,0 +1,163 @@
+"""Persistent GEMM `y = x @ W^T` (W stored [N, K] like torch Linear), grid capped to an SM budget.
+
+One kernel serves prefill (M = thousands of tokens: big tiles, grouped order for L2 reuse) and
+decode (M = batch: a skinny tile and split-K, so even a small M spreads the weight read over
+every program of the budget). Tiles are read through TMA descriptors; with split-K each split
+writes fp32 partials and `_sum_splits_kernel` adds them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.kernels._launch import (check_tensor, grid_size, interpreting, telemetry_args)
+
+GEMM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    group_m: int = 8
+    split_k: int = 1
+
+
+def default_config(M: int, N: int, K: int, programs: int, dtype: torch.dtype) -> GemmConfig:
+    """A tile shape for this problem; split-K when there are too few output tiles to go round."""
+    if interpreting():
+        return GemmConfig(16, 16, 16, 4, 1, split_k=2 if M <= 16 and K >= 64 else 1)
+    if M <= 64:
+        block_m = 16 if M <= 16 else 32 if M <= 32 else 64
+        cfg = GemmConfig(block_m, 64, 256 if dtype != torch.float32 else 64, 4, 4)
+    elif M <= 256:
+        cfg = GemmConfig(64, 128, 64, 4, 4)
+    else:
+        cfg = GemmConfig(128, 256, 64, 8, 3) if dtype != torch.float32 else GemmConfig(128, 128, 32, 8, 3)
+    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    k_tiles = triton.cdiv(K, cfg.block_k)
+    split = 1
+    # Fill at least twice the programs, but keep each split a few K-tiles long.
+    while tiles * split < 2 * programs and k_tiles // (split * 2) >= 2:
+        split *= 2
+    return GemmConfig(cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages,
+                      cfg.group_m, split)
+
+
+@triton.jit
+def _tile_coords(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
+    """Grouped order: consecutive tiles share a band of GROUP_M rows of x (L2 reuse)."""
+    per_group = GROUP_M * tiles_n
+    first_m = (tile // per_group) * GROUP_M
+    rows = tl.minimum(tiles_m - first_m, GROUP_M)
+    pid_m = first_m + (tile % per_group) % rows
+    pid_n = (tile % per_group) // rows
+    return pid_m, pid_n
+
+
+@triton.jit
+def _gemm_kernel(x_desc, w_desc, y_ptr, part_ptr, sm_ids_ptr, M, N, k_per_split, stride_ym,
+                 SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, RECORD_SM: tl.constexpr):
+    pid = tl.program_id(0)
+    if RECORD_SM:
+        tl.store(sm_ids_ptr + pid, tl.extra.cuda.smid())
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    tiles_mn = tiles_m * tiles_n
+    k_tiles = tl.cdiv(k_per_split, BLOCK_K)
+    for tile in tl.range(pid, tiles_mn * SPLIT_K, tl.num_programs(0), flatten=True):
+        split = tile // tiles_mn
+        pid_m, pid_n = _tile_coords(tile % tiles_mn, tiles_m, tiles_n, GROUP_M)
+        k0 = split * k_per_split
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(k_tiles):
+            a = x_desc.load([pid_m * BLOCK_M, k0 + ki * BLOCK_K])
+            b = w_desc.load([pid_n * BLOCK_N, k0 + ki * BLOCK_K])
+            acc = tl.dot(a, b.T, acc)
+        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        if SPLIT_K == 1:
+            y = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+            tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=mask)
+        else:
+            part = part_ptr + split * M * N + offs_m[:, None] * N + offs_n[None, :]
+            tl.store(part, acc, mask=mask)
+
+
+@triton.jit
+def _sum_splits_kernel(part_ptr, y_ptr, M, N, stride_ym, SPLIT_K: tl.constexpr,
+                       BLOCK: tl.constexpr):
+    total = M * N
+    for start in tl.range(tl.program_id(0) * BLOCK, total, tl.num_programs(0) * BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        mask = offs < total
+        acc = tl.zeros((BLOCK,), dtype=tl.float32)
+        for s in range(SPLIT_K):
+            acc += tl.load(part_ptr + s * total + offs, mask=mask, other=0.0)
+        y = y_ptr + (offs // N) * stride_ym + offs % N
+        tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+def _check_tma_operand(name: str, t: torch.Tensor) -> None:
+    if t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16:
+        raise PdmuxError(
+            f"{name} must start on a 16-byte boundary with 16-byte-aligned rows for TMA loads "
+            f"(row stride {t.stride(0)} elements of {t.element_size()} bytes); "
+            f"for bf16/fp16 that means K a multiple of 8"
+        )
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None, *,
+           num_sms: int | None = None, ctas_per_sm: int = 1, config: GemmConfig | None = None,
+           sm_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """y[M, N] = x[M, K] @ weight[N, K]^T with fp32 accumulation, on at most num_sms*ctas_per_sm programs."""
+    check_tensor("x", x, 2, GEMM_DTYPES)
+    check_tensor("weight", weight, 2, (x.dtype,), x.device)
+    M, K = x.shape
+    N, Kw = weight.shape
+    if K != Kw:
+        raise PdmuxError(f"x has K={K} columns but weight [N, K] has K={Kw}")
+    if out is None:
+        out = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    else:
+        check_tensor("out", out, 2, (x.dtype,), x.device)
+        if tuple(out.shape) != (M, N):
+            raise PdmuxError(f"out must have shape {(M, N)}, got {tuple(out.shape)}")
+    if M == 0 or N == 0:
+        return out
+    if K == 0:
+        return out.zero_()
+    _check_tma_operand("x", x)
+    _check_tma_operand("weight", weight)
+    programs = grid_size(1 << 30, num_sms, ctas_per_sm, x.device)
+    cfg = config or default_config(M, N, K, programs, x.dtype)
+    k_per_split = triton.cdiv(triton.cdiv(K, cfg.split_k), cfg.block_k) * cfg.block_k
+    split_k = triton.cdiv(K, k_per_split)  # rounding the split up to BLOCK_K can drop a split
+    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n) * split_k
+    grid = grid_size(tiles, num_sms, ctas_per_sm, x.device)
+    sm_buf, record = telemetry_args(sm_ids, grid, x.device)
+    x_desc = TensorDescriptor.from_tensor(x, [cfg.block_m, cfg.block_k])
+    w_desc = TensorDescriptor.from_tensor(weight, [cfg.block_n, cfg.block_k])
+    part = (torch.empty((split_k, M, N), dtype=torch.float32, device=x.device) if split_k > 1
+            else out)
+    _gemm_kernel[(grid,)](
+        x_desc, w_desc, out, part, sm_buf, M, N, k_per_split, out.stride(0),
+        SPLIT_K=split_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        GROUP_M=cfg.group_m, RECORD_SM=record, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if split_k > 1:
+        block = 1024
+        _sum_splits_kernel[(grid_size(triton.cdiv(M * N, block), num_sms, ctas_per_sm, x.device),)](
+            part, out, M, N, out.stride(0), SPLIT_K=split_k, BLOCK=block, num_warps=4)
+    return out

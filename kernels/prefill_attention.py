@@ -1,0 +1,132 @@
+"""Prefill (extend) attention: new tokens of a batch of sequences attend causally to their own
+earlier tokens, which are already in the paged KV cache, prefix included.
+
+Serves whole prefills (prefix 0), chunked prefill (each chunk after the earlier chunks) and
+layer-split prefill alike. The caller writes the new tokens' K/V into the cache first
+(`store_kv`). A tile is (query block of one sequence, query head); tiles are ordered longest
+first so the persistent programs finish together.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import triton
+import triton.language as tl
+
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.kernels._launch import (FLOAT_DTYPES, check_tensor, grid_size, interpreting,
+                                          telemetry_args)
+from pdmux_triton.kernels._paged import attend_range
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _extend_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_ptr, sm_ids_ptr, num_blocks, B,
+                   Q_HEADS, scale_log2, page_size, sq_t, sq_h, so_t, so_h, sc_s, sc_h, spt_b,
+                   GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   D: tl.constexpr, RECORD_SM: tl.constexpr):
+    # meta (int32): q_start[B], extend_len[B], prefix_len[B], then (seq, q block) per block
+    pid = tl.program_id(0)
+    if RECORD_SM:
+        tl.store(sm_ids_ptr + pid, tl.extra.cuda.smid())
+    d = tl.arange(0, D)
+    for tile in tl.range(pid, num_blocks * Q_HEADS, tl.num_programs(0)):
+        entry = tile // Q_HEADS
+        hq = tile % Q_HEADS
+        b = tl.load(meta_ptr + 3 * B + 2 * entry)
+        qb = tl.load(meta_ptr + 3 * B + 2 * entry + 1)
+        q_start = tl.load(meta_ptr + b)
+        ext = tl.load(meta_ptr + B + b)
+        prefix = tl.load(meta_ptr + 2 * B + b)
+        rows = qb * BLOCK_M + tl.arange(0, BLOCK_M)
+        rmask = rows < ext
+        tok = (q_start + rows).to(tl.int64)
+        q = tl.load(q_ptr + tok[:, None] * sq_t + hq * sq_h + d[None, :], mask=rmask[:, None],
+                    other=0.0)
+        q_pos = prefix + rows
+        acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
+        m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        page_row = pt_ptr + b * spt_b
+        head_off = (hq // GROUP) * sc_h
+        # keys before the block's first query are visible to every row: whole blocks, no mask
+        lo = (prefix + qb * BLOCK_M) // BLOCK_N * BLOCK_N
+        acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row, page_size, 0, lo,
+                                     sc_s, head_off, q_pos, scale_log2, BLOCK_N, D, False, False)
+        hi = prefix + tl.minimum((qb + 1) * BLOCK_M, ext)
+        acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row, page_size, lo, hi,
+                                     sc_s, head_off, q_pos, scale_log2, BLOCK_N, D, True, True)
+        out = acc / l_i[:, None]
+        tl.store(o_ptr + tok[:, None] * so_t + hq * so_h + d[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=rmask[:, None])
+
+
+def extend_metadata(extend_lens: Sequence[int], prefix_lens: Sequence[int], block_m: int,
+                    device: torch.device) -> tuple[torch.Tensor, int]:
+    """Pack per-sequence offsets and the longest-first list of query blocks into one int32 tensor."""
+    if len(extend_lens) != len(prefix_lens):
+        raise PdmuxError(f"{len(extend_lens)} extend lengths but {len(prefix_lens)} prefix lengths")
+    if any(e < 0 for e in extend_lens) or any(p < 0 for p in prefix_lens):
+        raise PdmuxError("extend and prefix lengths must be >= 0")
+    starts, total = [], 0
+    for e in extend_lens:
+        starts.append(total)
+        total += e
+    blocks = [(b, qb) for b, e in enumerate(extend_lens) for qb in range(triton.cdiv(e, block_m))]
+    # a block's work grows with the keys it sees: prefix plus its end within the sequence
+    blocks.sort(key=lambda x: -(prefix_lens[x[0]] + min((x[1] + 1) * block_m, extend_lens[x[0]])))
+    flat = [*starts, *extend_lens, *prefix_lens, *(v for blk in blocks for v in blk)]
+    return torch.tensor(flat, dtype=torch.int32).to(device, non_blocking=True), len(blocks)
+
+
+def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     page_table: torch.Tensor, extend_lens: Sequence[int],
+                     prefix_lens: Sequence[int], page_size: int, sm_scale: float | None = None,
+                     out: torch.Tensor | None = None, *, num_sms: int | None = None,
+                     ctas_per_sm: int = 1, sm_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal attention of q [sum(extend_lens), Hq, D] (sequences packed back to back) over each
+    sequence's cached tokens: prefix_lens[b] earlier ones plus the extend_lens[b] new ones."""
+    check_tensor("q", q, 3, FLOAT_DTYPES)
+    dev = q.device
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        check_tensor(name, t, 3, (q.dtype,), dev)
+    check_tensor("page_table", page_table, 2, (torch.int32,), dev)
+    T, HQ, D = q.shape
+    HKV = k_cache.shape[1]
+    B = len(extend_lens)
+    if k_cache.shape != v_cache.shape or k_cache.shape[2] != D or k_cache.stride() != v_cache.stride():
+        raise PdmuxError(f"k_cache and v_cache must both be [slots, kv_heads, {D}] with equal "
+                         f"strides, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    if HQ % HKV:
+        raise PdmuxError(f"{HQ} query heads do not divide into {HKV} KV heads")
+    if D & (D - 1) or D < 16:
+        raise PdmuxError(f"head dim must be a power of two >= 16, got {D}")
+    if sum(extend_lens) != T:
+        raise PdmuxError(f"q has {T} tokens but extend_lens sum to {sum(extend_lens)}")
+    if page_table.shape[0] < B:
+        raise PdmuxError(f"page_table has {page_table.shape[0]} rows for {B} sequences")
+    longest = max((e + p for e, p in zip(extend_lens, prefix_lens)), default=0)
+    if longest > page_table.shape[1] * page_size:
+        raise PdmuxError(f"a sequence of {longest} tokens does not fit the page table: "
+                         f"{page_table.shape[1]} pages of {page_size}")
+    out = torch.empty_like(q) if out is None else out
+    check_tensor("out", out, 3, (q.dtype,), dev)
+    if tuple(out.shape) != (T, HQ, D):
+        raise PdmuxError(f"out must have the shape of q {(T, HQ, D)}, got {tuple(out.shape)}")
+    if T == 0:
+        return out
+    block_m, block_n = (16, 16) if interpreting() else (128, 64)
+    meta, num_blocks = extend_metadata(extend_lens, prefix_lens, block_m, dev)
+    grid = grid_size(num_blocks * HQ, num_sms, ctas_per_sm, dev)
+    sm_buf, record = telemetry_args(sm_ids, grid, dev)
+    scale = (sm_scale if sm_scale is not None else D ** -0.5) * LOG2E
+    _extend_kernel[(grid,)](
+        q, k_cache, v_cache, page_table, meta, out, sm_buf, num_blocks, B, HQ, scale, page_size,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), k_cache.stride(0),
+        k_cache.stride(1), page_table.stride(0), GROUP=HQ // HKV, BLOCK_M=block_m,
+        BLOCK_N=block_n, D=D, RECORD_SM=record, num_warps=1 if interpreting() else 8,
+        num_stages=1 if interpreting() else 3)
+    return out

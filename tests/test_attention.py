@@ -1,0 +1,112 @@
+import pytest
+import torch
+
+from conftest import HAS_CUDA
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.kernels import decode_attention, extend_attention
+from reference import PagedKV, assert_close, attention_ref, poisoned
+
+DEV = "cuda" if HAS_CUDA else "cpu"
+
+
+def check_decode(lens, hq, hkv, d, page_size, dtype, num_sms, chunk=None, device=DEV):
+    kv = PagedKV(lens, hkv, d, page_size, dtype, device)
+    q = torch.randn(len(lens), hq, d, dtype=dtype, device=device)
+    seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    out = poisoned(q.shape, dtype, device)
+    decode_attention(q, kv.k_cache, kv.v_cache, kv.page_table, seq_lens, page_size, max(lens),
+                     out=out, num_sms=num_sms, chunk=chunk)
+    for b, n in enumerate(lens):
+        if n == 0:
+            assert (out[b] == 0).all()
+            continue
+        k, v = kv.dense(b)
+        assert_close(out[b], attention_ref(q[b:b + 1].cpu(), k, v)[0], dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("lens", [[1], [7, 97], [255, 3, 40]])
+def test_decode_attention(lens, page_size, dtype):
+    check_decode(lens, 4, 2, 16, page_size, dtype, num_sms=3)
+
+
+@pytest.mark.parametrize("num_sms", [1, 2, 3, 500])
+def test_decode_attention_splits_and_grids(num_sms):
+    # chunk 32 over lengths up to 130: several splits, some empty for the short request
+    check_decode([130, 5, 33], 8, 2, 32, 16, torch.float32, num_sms=num_sms, chunk=32)
+
+
+def test_decode_attention_zero_length_gives_zeros():
+    check_decode([0, 20], 4, 4, 16, 1, torch.float32, num_sms=2)
+    check_decode([0, 40], 4, 4, 16, 1, torch.float32, num_sms=2, chunk=16)
+
+
+def check_extend(extend, prefix, hq, hkv, d, page_size, dtype, num_sms, device=DEV):
+    lens = [e + p for e, p in zip(extend, prefix)]
+    kv = PagedKV(lens, hkv, d, page_size, dtype, device)
+    q = torch.randn(sum(extend), hq, d, dtype=dtype, device=device)
+    out = poisoned(q.shape, dtype, device)
+    extend_attention(q, kv.k_cache, kv.v_cache, kv.page_table, extend, prefix, page_size, out=out,
+                     num_sms=num_sms)
+    start = 0
+    for b, (e, p) in enumerate(zip(extend, prefix)):
+        k, v = kv.dense(b)
+        ref = attention_ref(q[start:start + e].cpu(), k, v, q_pos=torch.arange(p, p + e))
+        assert_close(out[start:start + e], ref, dtype)
+        start += e
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("extend,prefix", [([1], [0]), ([7], [0]), ([97], [0]), ([40, 7], [0, 0])])
+def test_extend_attention_whole_prefill(extend, prefix, page_size, dtype):
+    check_extend(extend, prefix, 4, 2, 16, page_size, dtype, num_sms=3)
+
+
+@pytest.mark.parametrize("extend,prefix", [([33], [64]), ([5, 20], [17, 100]), ([1], [255])])
+def test_extend_attention_after_a_cached_prefix(extend, prefix):
+    check_extend(extend, prefix, 4, 1, 32, 16, torch.float32, num_sms=2)
+
+
+@pytest.mark.parametrize("num_sms", [1, 2, 400])
+def test_extend_attention_grids(num_sms):
+    check_extend([19, 2], [3, 0], 2, 2, 16, 1, torch.float16, num_sms=num_sms)
+
+
+def test_chunked_equals_whole():
+    """Attention of a 60-token prompt in chunks of 25 equals the whole prefill."""
+    kv = PagedKV([60], 2, 16, 16, torch.float32, DEV)
+    q = torch.randn(60, 4, 16, device=DEV)
+    whole = extend_attention(q, kv.k_cache, kv.v_cache, kv.page_table, [60], [0], 16, num_sms=2)
+    parts = [extend_attention(q[s:s + 25], kv.k_cache, kv.v_cache, kv.page_table,
+                              [min(25, 60 - s)], [s], 16, num_sms=2) for s in range(0, 60, 25)]
+    torch.testing.assert_close(torch.cat(parts), whole, rtol=1e-5, atol=1e-5)
+
+
+def test_attention_bad_inputs():
+    kv = PagedKV([8], 3, 16, 1, torch.float32, DEV)
+    q = torch.randn(1, 4, 16, device=DEV)
+    lens = torch.tensor([8], dtype=torch.int32, device=DEV)
+    with pytest.raises(PdmuxError, match="4 query heads do not divide into 3 KV heads"):
+        decode_attention(q, kv.k_cache, kv.v_cache, kv.page_table, lens, 1, 8)
+    kv = PagedKV([8], 2, 16, 1, torch.float32, DEV)
+    with pytest.raises(PdmuxError, match="max_seq_len 9 must fit in the page table"):
+        decode_attention(q, kv.k_cache, kv.v_cache, kv.page_table, lens, 1, 9)
+    with pytest.raises(PdmuxError, match="q has 1 tokens but extend_lens sum to 2"):
+        extend_attention(q, kv.k_cache, kv.v_cache, kv.page_table, [2], [0], 1)
+    with pytest.raises(PdmuxError, match="page_table has dtype int64"):
+        decode_attention(q, kv.k_cache, kv.v_cache, kv.page_table.long(), lens, 1, 8)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_decode_attention_bf16_real_sizes(page_size):
+    lens = [1, 100, 2048, 16000, 131072]
+    check_decode(lens, 32, 8, 128, page_size, torch.bfloat16, num_sms=132, device="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("extend,prefix", [([8192], [0]), ([2048], [6144]), ([97, 1000], [0, 300])])
+def test_extend_attention_bf16_real_sizes(extend, prefix):
+    check_extend(extend, prefix, 32, 8, 128, 16, torch.bfloat16, num_sms=112, device="cuda")

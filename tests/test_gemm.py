@@ -1,0 +1,68 @@
+import pytest
+import torch
+
+from conftest import HAS_CUDA
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.kernels import GemmConfig, linear
+from reference import assert_close, poisoned
+
+DEV = "cuda" if HAS_CUDA else "cpu"
+CPU_DTYPES = [torch.float32, torch.float16]
+
+
+@pytest.mark.parametrize("dtype", CPU_DTYPES)
+@pytest.mark.parametrize("M,N,K", [(1, 40, 64), (7, 33, 128), (97, 64, 80), (255, 48, 96)])
+@pytest.mark.parametrize("num_sms", [1, 3, 64])
+def test_linear_matches_reference(M, N, K, dtype, num_sms):
+    x = torch.randn(M, K, dtype=dtype, device=DEV)
+    w = torch.randn(N, K, dtype=dtype, device=DEV) / K ** 0.5
+    out = poisoned((M, N), dtype, DEV)
+    linear(x, w, out, num_sms=num_sms)
+    assert_close(out, x.double() @ w.double().T, dtype)
+
+
+@pytest.mark.parametrize("split_k", [1, 2, 3])
+@pytest.mark.parametrize("num_sms,ctas", [(1, 1), (2, 1), (2, 2)])
+def test_split_k_and_grids(split_k, num_sms, ctas):
+    x = torch.randn(5, 96, device=DEV)
+    w = torch.randn(24, 96, device=DEV)
+    out = poisoned((5, 24), torch.float32, DEV)
+    cfg = GemmConfig(16, 16, 16, 4, 1, split_k=split_k)
+    linear(x, w, out, num_sms=num_sms, ctas_per_sm=ctas, config=cfg)
+    assert_close(out, x.double() @ w.double().T, torch.float32)
+
+
+def test_strided_x_view():
+    big = torch.randn(9, 160, dtype=torch.float16, device=DEV)
+    x = big[:, 32:96]  # rows 160 apart: a column slice, as of a fused projection
+    w = torch.randn(16, 64, dtype=torch.float16, device=DEV)
+    assert_close(linear(x, w, num_sms=2), x.double() @ w.double().T, torch.float16)
+
+
+@pytest.mark.parametrize("x_shape,w_shape,dtype,message", [
+    ((4, 8), (16, 9), torch.float32, "K=8 columns but weight"),
+    ((4, 7), (16, 7), torch.float16, "16-byte"),
+    ((4, 8), (16, 8), torch.int32, "dtype int32"),
+])
+def test_bad_inputs(x_shape, w_shape, dtype, message):
+    x = torch.ones(x_shape, dtype=dtype, device=DEV)
+    w = torch.ones(w_shape, dtype=dtype, device=DEV)
+    with pytest.raises(PdmuxError, match=message):
+        linear(x, w)
+
+
+def test_bad_budget():
+    x = torch.ones(4, 8, device=DEV)
+    with pytest.raises(PdmuxError, match="num_sms must be a positive integer, got 0"):
+        linear(x, x, num_sms=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 8, 33, 64, 255, 2048, 8192])
+@pytest.mark.parametrize("N,K", [(6144, 4096), (4096, 12288)])
+def test_linear_bf16_real_sizes(M, N, K):
+    x = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(N, K, dtype=torch.bfloat16, device="cuda") / K ** 0.5
+    out = poisoned((M, N), torch.bfloat16, "cuda")
+    linear(x, w, out, num_sms=80)
+    assert_close(out, x.double() @ w.double().T, torch.bfloat16)

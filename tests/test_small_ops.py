@@ -1,0 +1,124 @@
+import pytest
+import torch
+
+from conftest import HAS_CUDA
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.kernels import rmsnorm, rope_, rope_cache, silu_mul, store_kv, stream_read
+from reference import assert_close, poisoned
+
+DEV = "cuda" if HAS_CUDA else "cpu"
+DTYPES = [torch.float32, torch.float16]
+
+
+def rms_ref(x, w, eps):
+    x = x.double()
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w.double()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T,D", [(1, 64), (7, 96), (97, 32), (255, 8)])
+@pytest.mark.parametrize("num_sms", [1, 3, 1000])
+def test_rmsnorm(T, D, dtype, num_sms):
+    x = torch.randn(T, D, dtype=dtype, device=DEV)
+    w = torch.randn(D, dtype=dtype, device=DEV)
+    out = poisoned((T, D), dtype, DEV)
+    rmsnorm(x, w, 1e-6, out=out, num_sms=num_sms)
+    assert_close(out, rms_ref(x, w, 1e-6), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rmsnorm_fused_residual(dtype):
+    x = torch.randn(13, 48, dtype=dtype, device=DEV)
+    res = torch.randn(13, 48, dtype=dtype, device=DEV)
+    w = torch.randn(48, dtype=dtype, device=DEV)
+    summed = (x.double() + res.double()).to(dtype)
+    out = poisoned(x.shape, dtype, DEV)
+    rmsnorm(x, w, 1e-5, residual=res, out=out, num_sms=2)
+    assert_close(res, summed, dtype)
+    assert_close(out, rms_ref(summed, w, 1e-5), dtype)
+
+
+def test_per_head_norm_on_a_strided_view_in_place():
+    qkv = torch.randn(9, 6 * 16, device=DEV)
+    q = qkv[:, :4 * 16].view(9, 4, 16)  # token stride 96, head stride 16
+    untouched = qkv[:, 64:].clone()
+    w = torch.randn(16, device=DEV)
+    ref = rms_ref(q, w, 1e-6)
+    rmsnorm(q, w, 1e-6, out=q, num_sms=2)
+    assert_close(q, ref, torch.float32)
+    assert torch.equal(qkv[:, 64:], untouched)
+
+
+def rope_ref(x, pos, theta, w=None, eps=1e-6):
+    x = x.double()
+    if w is not None:
+        x = rms_ref(x, w, eps)
+    d = x.shape[-1]
+    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    ang = pos.double().cpu()[:, None] * inv[None, :]
+    cos, sin = ang.cos()[:, None, :], ang.sin()[:, None, :]
+    x1, x2 = x[..., : d // 2].cpu(), x[..., d // 2:].cpu()
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("T", [1, 7, 97])
+def test_rope_with_and_without_qk_norm(T, norm, dtype):
+    qkv = torch.randn(T, 3 * 2 * 32, dtype=dtype, device=DEV)
+    k = qkv[:, 64:128].view(T, 2, 32)  # a strided view, as inside a fused QKV output
+    pos = torch.randint(0, 500, (T,), device=DEV)
+    w = torch.randn(32, dtype=dtype, device=DEV) if norm else None
+    ref = rope_ref(k, pos, 1e4, w)
+    rope_(k, pos, rope_cache(512, 32, 1e4, DEV), w, num_sms=3)
+    assert_close(k, ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("T,I", [(1, 8), (7, 100), (97, 33)])
+def test_silu_mul(T, I, dtype):
+    x = torch.randn(T, 2 * I, dtype=dtype, device=DEV)
+    out = poisoned((T, I), dtype, DEV)
+    silu_mul(x, out, num_sms=3)
+    g, u = x.double()[:, :I], x.double()[:, I:]
+    assert_close(out, torch.nn.functional.silu(g) * u, dtype)
+
+
+@pytest.mark.parametrize("T", [1, 7, 97])
+@pytest.mark.parametrize("num_sms", [1, 2, 300])
+def test_store_kv_scatters_rows(T, num_sms):
+    kv = torch.randn(T, 2 * 2 * 16, dtype=torch.float16, device=DEV)
+    k = kv[:, :32].view(T, 2, 16)
+    v = kv[:, 32:].view(T, 2, 16)
+    k_cache = poisoned((T + 50, 2, 16), torch.float16, DEV)
+    v_cache = poisoned((T + 50, 2, 16), torch.float16, DEV)
+    slots = torch.randperm(T + 50, device=DEV)[:T]
+    store_kv(k, v, k_cache, v_cache, slots, num_sms=num_sms)
+    assert torch.equal(k_cache[slots], k) and torch.equal(v_cache[slots], v)
+    others = torch.ones(T + 50, dtype=torch.bool, device=DEV)
+    others[slots] = False
+    assert torch.isnan(k_cache[others]).all()  # nothing else written
+
+
+@pytest.mark.parametrize("n", [1, 255, 4096, 10000])
+@pytest.mark.parametrize("num_sms", [1, 3])
+def test_stream_read_reads_every_word(n, num_sms):
+    buf = torch.randint(-1000, 1000, (n,), dtype=torch.int32, device=DEV)
+    sums = stream_read(buf, num_sms=num_sms)
+    assert sums.sum().item() == buf.sum().item()
+
+
+def test_small_op_errors():
+    x = torch.randn(4, 8, device=DEV)
+    with pytest.raises(PdmuxError, match="weight has 7 entries but rows have D=8"):
+        rmsnorm(x, torch.ones(7, device=DEV))
+    with pytest.raises(PdmuxError, match="even number of columns"):
+        silu_mul(torch.randn(4, 7, device=DEV))
+    with pytest.raises(PdmuxError, match="positions has 3 entries for 4 tokens"):
+        rope_(x.view(4, 1, 8), torch.zeros(3, dtype=torch.long, device=DEV),
+              rope_cache(8, 8, 1e4, DEV))
+    with pytest.raises(PdmuxError, match="3 bytes"):
+        stream_read(torch.zeros(3, dtype=torch.uint8, device=DEV))
+    if not HAS_CUDA:
+        with pytest.raises(PdmuxError, match="telemetry needs a GPU"):
+            rmsnorm(x, torch.ones(8), sm_ids=torch.zeros(8, dtype=torch.int32))
