@@ -7,6 +7,7 @@ program's SM id into `sm_ids` (GPU only).
 
 from pdmux_triton.kernels.activation import silu_mul
 from pdmux_triton.kernels.decode_attention import decode_attention
+from pdmux_triton.kernels._paged import AttnConfig
 from pdmux_triton.kernels.gemm import GemmConfig, linear
 from pdmux_triton.kernels.kv_cache import store_kv
 from pdmux_triton.kernels.prefill_attention import extend_attention
@@ -14,5 +15,5 @@ from pdmux_triton.kernels.rmsnorm import rmsnorm
 from pdmux_triton.kernels.rotary import rope_, rope_cache
 from pdmux_triton.kernels.stream import stream_read
 
-__all__ = ["GemmConfig", "decode_attention", "extend_attention", "linear", "rmsnorm", "rope_",
+__all__ = ["AttnConfig", "GemmConfig", "decode_attention", "extend_attention", "linear", "rmsnorm", "rope_",
            "rope_cache", "silu_mul", "store_kv", "stream_read"]

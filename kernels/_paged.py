@@ -1,8 +1,21 @@
 """The inner loop both attention kernels share: online softmax over a range of KV positions
 gathered from the paged cache ([slots, kv_heads, head_dim]; slot = page * page_size + offset)."""
 
+from dataclasses import dataclass
+
 import triton
 import triton.language as tl
+
+
+@dataclass(frozen=True)
+class AttnConfig:
+    """Tile shape of an attention kernel: query rows per tile (prefill), keys per step, warps,
+    software-pipeline depth. Launchers pick a default; kernel developers pass their own."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
 
 
 @triton.jit

@@ -17,7 +17,7 @@ import triton.language as tl
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels._launch import (FLOAT_DTYPES, check_tensor, grid_size, interpreting,
                                           telemetry_args)
-from pdmux_triton.kernels._paged import attend_range
+from pdmux_triton.kernels._paged import AttnConfig, attend_range
 
 LOG2E = 1.4426950408889634
 MIN_CHUNK, MAX_CHUNK, MAX_SPLITS = 256, 2048, 64
@@ -102,7 +102,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      max_seq_len: int, sm_scale: float | None = None,
                      out: torch.Tensor | None = None, *, num_sms: int | None = None,
                      ctas_per_sm: int = 1, chunk: int | None = None,
-                     sm_ids: torch.Tensor | None = None) -> torch.Tensor:
+                     config: AttnConfig | None = None, sm_ids: torch.Tensor | None = None) -> torch.Tensor:
     """out[b, h] = softmax(q[b, h] . K_b^T * scale) V_b over the first seq_lens[b] cached tokens.
 
     q [B, Hq, D]; caches [slots, Hkv, D]; page_table [B, pages] int32 (page ids); seq_lens [B]
@@ -137,7 +137,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if B == 0:
         return out
     group = HQ // HKV
-    block_n = 16 if interpreting() else 64
+    # block_m is unused here: a tile's query rows are the GQA group, padded to 16 for tl.dot
+    cfg = config or (AttnConfig(16, 16, 4, 1) if interpreting() else AttnConfig(16, 64, 4, 3))
+    block_n = cfg.block_n
     programs = grid_size(1 << 30, num_sms, ctas_per_sm, dev)
     chunk = chunk or choose_chunk(B, HKV, max_seq_len, programs, block_n)
     if chunk % block_n:
@@ -158,7 +160,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         chunk, scale, page_size, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), page_table.stride(0),
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, D=D,
-        DIRECT=direct, RECORD_SM=record, num_warps=4, num_stages=1 if interpreting() else 3)
+        DIRECT=direct, RECORD_SM=record, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if not direct:
         _merge_kernel[(grid_size(B * HQ, num_sms, ctas_per_sm, dev),)](
             part_o, part_lse, seq_lens, out, sm_buf, B, HQ, splits, chunk, out.stride(0),

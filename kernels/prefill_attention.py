@@ -18,7 +18,7 @@ import triton.language as tl
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels._launch import (FLOAT_DTYPES, check_tensor, grid_size, interpreting,
                                           telemetry_args)
-from pdmux_triton.kernels._paged import attend_range
+from pdmux_triton.kernels._paged import AttnConfig, attend_range
 
 LOG2E = 1.4426950408889634
 
@@ -86,7 +86,8 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      page_table: torch.Tensor, extend_lens: Sequence[int],
                      prefix_lens: Sequence[int], page_size: int, sm_scale: float | None = None,
                      out: torch.Tensor | None = None, *, num_sms: int | None = None,
-                     ctas_per_sm: int = 1, sm_ids: torch.Tensor | None = None) -> torch.Tensor:
+                     ctas_per_sm: int = 1, config: AttnConfig | None = None,
+                     sm_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of q [sum(extend_lens), Hq, D] (sequences packed back to back) over each
     sequence's cached tokens: prefix_lens[b] earlier ones plus the extend_lens[b] new ones."""
     check_tensor("q", q, 3, FLOAT_DTYPES)
@@ -118,15 +119,15 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         raise PdmuxError(f"out must have the shape of q {(T, HQ, D)}, got {tuple(out.shape)}")
     if T == 0:
         return out
-    block_m, block_n = (16, 16) if interpreting() else (128, 64)
-    meta, num_blocks = extend_metadata(extend_lens, prefix_lens, block_m, dev)
+    cfg = config or (AttnConfig(16, 16, 1, 1) if interpreting() else AttnConfig(128, 64, 8, 3))
+    meta, num_blocks = extend_metadata(extend_lens, prefix_lens, cfg.block_m, dev)
     grid = grid_size(num_blocks * HQ, num_sms, ctas_per_sm, dev)
     sm_buf, record = telemetry_args(sm_ids, grid, dev)
     scale = (sm_scale if sm_scale is not None else D ** -0.5) * LOG2E
     _extend_kernel[(grid,)](
         q, k_cache, v_cache, page_table, meta, out, sm_buf, num_blocks, B, HQ, scale, page_size,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), k_cache.stride(0),
-        k_cache.stride(1), page_table.stride(0), GROUP=HQ // HKV, BLOCK_M=block_m,
-        BLOCK_N=block_n, D=D, RECORD_SM=record, num_warps=1 if interpreting() else 8,
-        num_stages=1 if interpreting() else 3)
+        k_cache.stride(1), page_table.stride(0), GROUP=HQ // HKV, BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n, D=D, RECORD_SM=record, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages)
     return out

@@ -1,0 +1,341 @@
+"""Kernel benchmark: every kernel against its baseline in one process, on one GPU.
+
+Writes <out>/kernels-<gpu>.json (rows, the SM-budget curves and the summary the Kernels issue
+names) after every section, so a crash loses little, and prints a short table last.
+Ratios, not absolute numbers, are the result: baselines (cuBLAS, SDPA, the streaming read)
+are measured in the same run.
+
+    python bench/kernels.py --out bench/results [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import torch
+import triton
+from triton.testing import do_bench, do_bench_cudagraph
+
+from pdmux_triton.hardware import detect_gpu
+from pdmux_triton.kernels import (AttnConfig, GemmConfig, decode_attention, extend_attention,
+                                  linear, rmsnorm, rope_, rope_cache, silu_mul, stream_read)
+
+BF16 = torch.bfloat16
+QWEN3_8B_LINEARS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096),
+                    "down": (4096, 12288)}
+Q_HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
+CURVE_BUDGETS = list(range(8, 129, 8)) + [132]
+SCALING_BUDGETS = [72, 80, 88, 96, 104, 112]
+
+
+class Results:
+    """Rows and curves, saved as JSON after each section."""
+
+    def __init__(self, path: Path, gpu: str):
+        self.path = path
+        self.data = {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__,
+                     "date": datetime.date.today().isoformat(),
+                     "device": torch.cuda.get_device_name(), "rows": [], "curves": {},
+                     "summary": {}}
+        self.t0 = time.time()
+
+    def row(self, **row):
+        self.data["rows"].append(row)
+        shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}
+        print(f"[{time.time() - self.t0:6.1f}s] {shown}", flush=True)
+        return row
+
+    def save(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(json.dumps(self.data, indent=1))
+
+
+def t_graph(fn) -> float:
+    """Median ms of one call, replayed from a CUDA graph (launch gaps out of the number)."""
+    return do_bench_cudagraph(fn, rep=40, return_mode="median")
+
+
+def t_eager(fn) -> float:
+    return do_bench(fn, warmup=20, rep=80, return_mode="median")
+
+
+def rotating(make, nbytes_each: int, l2_bytes: int):
+    """Enough copies of an input that cycling through them never hits in L2."""
+    copies = max(2, math.ceil(3 * l2_bytes / max(1, nbytes_each)) + 1)
+    return [make() for _ in range(copies)]
+
+
+def cycle(items):
+    state = {"i": 0}
+
+    def next_item():
+        state["i"] = (state["i"] + 1) % len(items)
+        return items[state["i"]]
+    return next_item
+
+
+# --- streaming read ------------------------------------------------------------------------
+
+def bench_stream(res: Results, sms: int, quick: bool) -> float:
+    buf = torch.randint(-2**31, 2**31 - 1, (1 << 29,), dtype=torch.int32, device="cuda")  # 2 GiB
+    nbytes = buf.numel() * 4
+    blocks = [4096] if quick else [2048, 4096, 8192]
+    for block in blocks:
+        for warps in (4, 8):
+            for ctas in (1, 2, 4):
+                ms = t_graph(lambda: stream_read(buf, num_sms=sms, ctas_per_sm=ctas, block=block,
+                                                 num_warps=warps))
+                res.row(kernel="stream_read", block=block, num_warps=warps, ctas_per_sm=ctas,
+                        sms=sms, ms=ms, tbps=nbytes / ms / 1e9)
+    ms = t_graph(lambda: stream_read(buf, num_sms=sms))
+    default_tbps = nbytes / ms / 1e9
+    res.row(kernel="stream_read", config="default", sms=sms, ms=ms, tbps=default_tbps)
+    ms = t_graph(lambda: buf.sum(dtype=torch.int64))
+    res.row(kernel="torch_sum", sms=sms, ms=ms, tbps=nbytes / ms / 1e9, note="baseline read")
+    dst = torch.empty_like(buf)
+    ms = t_graph(lambda: dst.copy_(buf))
+    res.row(kernel="torch_copy", sms=sms, ms=ms, tbps=2 * nbytes / ms / 1e9,
+            note="baseline copy, bytes read + written")
+    curve = {}
+    for k in CURVE_BUDGETS:
+        curve[k] = nbytes / t_graph(lambda: stream_read(buf, num_sms=k)) / 1e9
+    res.data["curves"]["stream_read_tbps"] = curve
+    print("stream curve", {k: round(v, 2) for k, v in curve.items()}, flush=True)
+    del buf, dst
+    return default_tbps
+
+
+# --- GEMM ----------------------------------------------------------------------------------
+
+PREFILL_ALTERNATES = [GemmConfig(128, 256, 64, 8, 3), GemmConfig(128, 128, 64, 8, 4),
+                      GemmConfig(128, 256, 64, 8, 4), GemmConfig(128, 128, 64, 4, 4),
+                      GemmConfig(128, 256, 64, 8, 3, group_m=16)]
+
+
+def bench_gemm(res: Results, sms: int, quick: bool):
+    M = 8192
+    ratios, scaling = [], []
+    for name, (N, K) in QWEN3_8B_LINEARS.items():
+        x = torch.randn(M, K, dtype=BF16, device="cuda")
+        w = torch.randn(N, K, dtype=BF16, device="cuda") / K ** 0.5
+        flops = 2 * M * N * K
+        ms_ref = t_eager(lambda: torch.matmul(x, w.T))
+        ref_tflops = flops / ms_ref / 1e9
+        res.row(kernel="cublas_matmul", shape=name, M=M, N=N, K=K, ms=ms_ref, tflops=ref_tflops)
+        ms = t_eager(lambda: linear(x, w, num_sms=sms))
+        tflops = flops / ms / 1e9
+        ratios.append(tflops / ref_tflops)
+        res.row(kernel="gemm", config="default", shape=name, M=M, N=N, K=K, sms=sms, ms=ms,
+                tflops=tflops, baseline_tflops=ref_tflops, ratio=tflops / ref_tflops)
+        for cfg in ([] if quick else PREFILL_ALTERNATES):
+            try:
+                ms_alt = t_eager(lambda: linear(x, w, num_sms=sms, config=cfg))
+            except Exception as err:  # an alternate tile may not fit shared memory: record it
+                res.row(kernel="gemm", config=str(cfg), shape=name, error=str(err)[:200])
+                continue
+            res.row(kernel="gemm", config=str(cfg), shape=name, M=M, N=N, K=K, sms=sms, ms=ms_alt,
+                    tflops=flops / ms_alt / 1e9, ratio=flops / ms_alt / 1e9 / ref_tflops)
+        for k in SCALING_BUDGETS:
+            ms_k = t_eager(lambda: linear(x, w, num_sms=k))
+            eff = (ms / ms_k) / (k / sms)
+            scaling.append(eff)
+            res.row(kernel="gemm_capped", shape=name, M=M, sms=k, ms=ms_k, tflops=flops / ms_k / 1e9,
+                    scaling_efficiency=eff)
+        del x, w
+    geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+    return geomean, min(scaling)
+
+
+# --- decode linear -------------------------------------------------------------------------
+
+DECODE_ALTERNATES = [GemmConfig(16, 64, 256, 4, 4), GemmConfig(16, 128, 128, 4, 4),
+                     GemmConfig(16, 64, 128, 4, 6), GemmConfig(16, 32, 256, 4, 4)]
+
+
+def _decode_linear_case(M, N, K, l2):
+    ws = rotating(lambda: torch.randn(N, K, dtype=BF16, device="cuda") / K ** 0.5, N * K * 2, l2)
+    x = torch.randn(M, K, dtype=BF16, device="cuda")
+    return x, cycle(ws)
+
+
+def bench_decode_linear(res: Results, sms: int, l2: int, stream_tbps: float, quick: bool):
+    fracs = []
+    for M in (1, 8, 32, 64):
+        for name, (N, K) in QWEN3_8B_LINEARS.items():
+            x, next_w = _decode_linear_case(M, N, K, l2)
+            nbytes = N * K * 2
+            ms = t_graph(lambda: linear(x, next_w(), num_sms=sms))
+            ms_ref = t_graph(lambda: torch.matmul(x, next_w().T))
+            tbps = nbytes / ms / 1e9
+            fracs.append(tbps / stream_tbps)
+            res.row(kernel="decode_linear", config="default", shape=name, M=M, N=N, K=K, sms=sms,
+                    ms=ms, tbps=tbps, frac_of_stream=tbps / stream_tbps,
+                    cublas_tbps=nbytes / ms_ref / 1e9)
+            if not quick and M in (1, 64):
+                for cfg in DECODE_ALTERNATES:
+                    ms_alt = t_graph(lambda: linear(x, next_w(), num_sms=sms, config=cfg))
+                    res.row(kernel="decode_linear", config=str(cfg), shape=name, M=M, sms=sms,
+                            ms=ms_alt, tbps=nbytes / ms_alt / 1e9)
+            del x, next_w
+            torch.cuda.empty_cache()
+    x, next_w = _decode_linear_case(32, *QWEN3_8B_LINEARS["gate_up"], l2)
+    nbytes = QWEN3_8B_LINEARS["gate_up"][0] * QWEN3_8B_LINEARS["gate_up"][1] * 2
+    curve = {k: nbytes / t_graph(lambda: linear(x, next_w(), num_sms=k)) / 1e9
+             for k in CURVE_BUDGETS}
+    res.data["curves"]["decode_linear_gate_up_m32_tbps"] = curve
+    print("decode linear curve", {k: round(v, 2) for k, v in curve.items()}, flush=True)
+    return min(fracs)
+
+
+# --- decode attention ----------------------------------------------------------------------
+
+def paged_cache(lens, page_size, seed=0):
+    """Random bf16 K/V for `lens`, on shuffled pages (a pool after churn), and the page table."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    pages_per = [triton.cdiv(n, page_size) for n in lens]
+    total = sum(pages_per)
+    order = torch.randperm(total, device="cuda", generator=g).to(torch.int32)
+    table = torch.zeros((len(lens), max(pages_per)), dtype=torch.int32, device="cuda")
+    start = 0
+    for b, n in enumerate(pages_per):
+        table[b, :n] = order[start:start + n]
+        start += n
+    shape = (total * page_size, KV_HEADS, HEAD_DIM)
+    k = torch.randn(shape, dtype=BF16, device="cuda", generator=g)
+    v = torch.randn(shape, dtype=BF16, device="cuda", generator=g)
+    return k, v, table
+
+
+def decode_cases():
+    g = torch.Generator().manual_seed(1)
+    ragged = torch.randint(100, 16001, (32,), generator=g).tolist()
+    return {"32x2048": [2048] * 32, "32x8192": [8192] * 32, "8x32768": [32768] * 8,
+            "ragged32_100_16000": ragged}
+
+
+def bench_decode_attention(res: Results, sms: int, stream_tbps: float):
+    fracs = []
+    for name, lens in decode_cases().items():
+        k, v, table = paged_cache(lens, 16)
+        q = torch.randn(len(lens), Q_HEADS, HEAD_DIM, dtype=BF16, device="cuda")
+        seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
+        nbytes = sum(lens) * KV_HEADS * HEAD_DIM * 2 * 2
+
+        def run(budget=sms):
+            return decode_attention(q, k, v, table, seq, 16, max(lens), num_sms=budget)
+        ms = t_graph(run)
+        tbps = nbytes / ms / 1e9
+        fracs.append(tbps / stream_tbps)
+        res.row(kernel="decode_attention", case=name, page_size=16, sms=sms, ms=ms, tbps=tbps,
+                frac_of_stream=tbps / stream_tbps)
+        if name == "32x8192":
+            curve = {b: nbytes / t_graph(lambda: run(b)) / 1e9 for b in CURVE_BUDGETS}
+            res.data["curves"]["decode_attention_32x8192_tbps"] = curve
+            print("decode attention curve", {b: round(x, 2) for b, x in curve.items()}, flush=True)
+        del k, v, table
+        torch.cuda.empty_cache()
+    return min(fracs)
+
+
+# --- prefill attention ---------------------------------------------------------------------
+
+PREFILL_ATTN_ALTERNATES = [AttnConfig(128, 64, 8, 3), AttnConfig(128, 128, 8, 2),
+                           AttnConfig(128, 64, 4, 3), AttnConfig(64, 64, 4, 3),
+                           AttnConfig(128, 32, 4, 4)]
+
+
+def bench_prefill_attention(res: Results, sms: int, quick: bool):
+    T = 8192
+    k, v, table = paged_cache([T], 16)
+    q = torch.randn(T, Q_HEADS, HEAD_DIM, dtype=BF16, device="cuda")
+    flops = 4 * Q_HEADS * HEAD_DIM * T * T / 2
+    # SDPA sees the same K/V, contiguous in token order
+    slots = (table[0].long()[:, None] * 16 + torch.arange(16, device="cuda")).flatten()[:T]
+    qs = q.transpose(0, 1).unsqueeze(0)
+    ks = k[slots].transpose(0, 1).unsqueeze(0).contiguous()
+    vs = v[slots].transpose(0, 1).unsqueeze(0).contiguous()
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    ms_ref = t_eager(lambda: sdpa(qs, ks, vs, is_causal=True, enable_gqa=True))
+    ref = sdpa(qs, ks, vs, is_causal=True, enable_gqa=True)[0].transpose(0, 1)
+    out = extend_attention(q, k, v, table, [T], [0], 16, num_sms=sms)
+    err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+    res.row(kernel="sdpa", T=T, ms=ms_ref, tflops=flops / ms_ref / 1e9)
+    ms = t_eager(lambda: extend_attention(q, k, v, table, [T], [0], 16, num_sms=sms))
+    ratio = ms_ref / ms
+    res.row(kernel="prefill_attention", config="default", T=T, sms=sms, ms=ms,
+            tflops=flops / ms / 1e9, ratio=ratio, rel_err_vs_sdpa=err)
+    for cfg in ([] if quick else PREFILL_ATTN_ALTERNATES):
+        try:
+            ms_alt = t_eager(lambda: extend_attention(q, k, v, table, [T], [0], 16, num_sms=sms,
+                                                      config=cfg))
+        except Exception as e:
+            res.row(kernel="prefill_attention", config=str(cfg), error=str(e)[:200])
+            continue
+        res.row(kernel="prefill_attention", config=str(cfg), T=T, sms=sms, ms=ms_alt,
+                tflops=flops / ms_alt / 1e9, ratio=ms_ref / ms_alt)
+    return ratio
+
+
+# --- small ops (no target: recorded so regressions show) ----------------------------------
+
+def bench_small_ops(res: Results, sms: int):
+    T, H = 8192, 4096
+    x = torch.randn(T, H, dtype=BF16, device="cuda")
+    r = torch.randn(T, H, dtype=BF16, device="cuda")
+    w = torch.randn(H, dtype=BF16, device="cuda")
+    ms = t_graph(lambda: rmsnorm(x, w, residual=r, num_sms=sms))
+    res.row(kernel="rmsnorm_residual", T=T, H=H, ms=ms, tbps=4 * T * H * 2 / ms / 1e9)
+    gu = torch.randn(T, 2 * 12288, dtype=BF16, device="cuda")
+    ms = t_graph(lambda: silu_mul(gu, num_sms=sms))
+    res.row(kernel="silu_mul", T=T, ms=ms, tbps=3 * T * 12288 * 2 / ms / 1e9)
+    qk = torch.randn(T, 40, 128, dtype=BF16, device="cuda")
+    pos = torch.arange(T, device="cuda")
+    cs = rope_cache(T, 128, 1e6, "cuda")
+    ms = t_graph(lambda: rope_(qk, pos, cs, w[:128], num_sms=sms))
+    res.row(kernel="rope_qk_norm", T=T, ms=ms, tbps=2 * qk.numel() * 2 / ms / 1e9)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="bench/results", help="folder for kernels-<gpu>.json")
+    p.add_argument("--quick", action="store_true", help="skip the config sweeps")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench/kernels.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    gpu = detect_gpu()
+    sms, l2 = gpu.sms, int(gpu.l2_mib * 2**20)
+    res = Results(Path(args.out) / f"kernels-{gpu.name}.json", gpu.name)
+    s = res.data["summary"]
+    s["stream_read_tbps"] = bench_stream(res, sms, args.quick)
+    res.save()
+    s["gemm_vs_cublas_geomean"], s["gemm_capped_scaling_min"] = bench_gemm(res, sms, args.quick)
+    res.save()
+    s["decode_linear_bw_frac"] = bench_decode_linear(res, sms, l2, s["stream_read_tbps"], args.quick)
+    res.save()
+    s["decode_attention_bw_frac"] = bench_decode_attention(res, sms, s["stream_read_tbps"])
+    res.save()
+    s["prefill_attention_vs_sdpa"] = bench_prefill_attention(res, sms, args.quick)
+    res.save()
+    bench_small_ops(res, sms)
+    res.save()
+    targets = {"gemm_vs_cublas_geomean": 0.95, "gemm_capped_scaling_min": 0.90,
+               "decode_linear_bw_frac": 0.85, "decode_attention_bw_frac": 0.85,
+               "prefill_attention_vs_sdpa": 0.80}
+    print(f"\n{'figure':<28} {'value':>8} {'target':>8}")
+    for key, value in s.items():
+        target = targets.get(key)
+        mark = "" if target is None else ("  ok" if value >= target else "  MISS")
+        print(f"{key:<28} {value:>8.3f} {'' if target is None else f'>= {target}':>8}{mark}")
+    print(f"wrote {res.path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

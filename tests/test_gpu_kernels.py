@@ -1,0 +1,113 @@
+"""GPU-only kernel checks: bf16 at real sizes, SM-id telemetry, and every kernel on a 16-SM
+green context with a 132-program grid giving the same result as on the whole GPU."""
+
+import pytest
+import torch
+
+from pdmux_triton.kernels import (decode_attention, extend_attention, linear, rmsnorm, rope_,
+                                  rope_cache, silu_mul, store_kv, stream_read)
+from reference import PagedKV, assert_close
+
+pytestmark = pytest.mark.gpu
+BF16 = torch.bfloat16
+
+
+def _kernel_cases():
+    """name -> a function running one kernel with a given SM budget (fresh inputs, fixed per case)."""
+    torch.manual_seed(0)
+    dev = "cuda"
+    x = torch.randn(300, 4096, dtype=BF16, device=dev)
+    w = torch.randn(6144, 4096, dtype=BF16, device=dev) / 64
+    x1 = torch.randn(8, 4096, dtype=BF16, device=dev)
+    norm_w = torch.randn(4096, dtype=BF16, device=dev)
+    res = torch.randn(300, 4096, dtype=BF16, device=dev)
+    qk = torch.randn(300, 40, 128, dtype=BF16, device=dev)
+    pos = torch.arange(300, device=dev)
+    cs = rope_cache(512, 128, 1e6, dev)
+    gu = torch.randn(300, 2 * 12288, dtype=BF16, device=dev)
+    kv = PagedKV([3000, 17, 900], 8, 128, 16, BF16, dev)
+    q_dec = torch.randn(3, 32, 128, dtype=BF16, device=dev)
+    lens = torch.tensor(kv.lens, dtype=torch.int32, device=dev)
+    q_ext = torch.randn(1000, 32, 128, dtype=BF16, device=dev)
+    new_k = torch.randn(64, 8, 128, dtype=BF16, device=dev)
+    slots = torch.randperm(kv.k_cache.shape[0], device=dev)[:64]
+    buf = torch.randn(1 << 24, device=dev)
+
+    def rmsnorm_residual(s, ids=None):
+        r = res.clone()
+        return rmsnorm(x, norm_w, residual=r, num_sms=s, sm_ids=ids), r
+
+    def store(s, ids=None):
+        kc, vc = kv.k_cache.clone(), kv.v_cache.clone()
+        store_kv(new_k, new_k, kc, vc, slots, num_sms=s, sm_ids=ids)
+        return kc, vc
+
+    return {
+        "linear": lambda s, ids=None: linear(x, w, num_sms=s, sm_ids=ids),
+        "linear_split_k": lambda s, ids=None: linear(x1, w, num_sms=s, sm_ids=ids),
+        "rmsnorm_residual": rmsnorm_residual,
+        "rope_qk_norm": lambda s, ids=None: rope_(qk.clone(), pos, cs, norm_w[:128], num_sms=s,
+                                                  sm_ids=ids),
+        "silu_mul": lambda s, ids=None: silu_mul(gu, num_sms=s, sm_ids=ids),
+        "store_kv": store,
+        "decode_attention": lambda s, ids=None: decode_attention(
+            q_dec, kv.k_cache, kv.v_cache, kv.page_table, lens, 16, 3000, num_sms=s, sm_ids=ids),
+        "extend_attention": lambda s, ids=None: extend_attention(
+            q_ext, kv.k_cache, kv.v_cache, kv.page_table, [900, 17, 83], [0, 0, 817], 16,
+            num_sms=s, sm_ids=ids),
+        "stream_read": lambda s, ids=None: stream_read(buf, num_sms=s, sm_ids=ids),
+    }
+
+
+CASES = _kernel_cases() if torch.cuda.is_available() else {}
+
+
+def _flat(result):
+    if isinstance(result, tuple):
+        return torch.cat([r.float().flatten() for r in result])
+    return result.float().flatten()
+
+
+@pytest.fixture(scope="module")
+def green16():
+    from pdmux_triton.greenctx import split_green
+
+    total = torch.cuda.get_device_properties(0).multi_processor_count
+    split = split_green(16, total - 16)
+    yield split.prefill
+    split.close()
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_kernel_on_a_16_sm_green_context_matches_whole_gpu(name, green16):
+    run = CASES[name]
+    whole = _flat(run(132))
+    ids = torch.full((132,), -1, dtype=torch.int32, device="cuda")
+    with torch.cuda.stream(green16.stream):
+        capped = _flat(run(132, ids))
+    green16.stream.synchronize()
+    assert torch.equal(capped, whole), f"{name} differs on the green context"
+    used = ids[ids >= 0].unique()
+    assert 0 < used.numel() <= green16.sms, f"{name} ran on {used.numel()} SMs of a {green16.sms}-SM partition"
+
+
+@pytest.mark.parametrize("budget", [1, 8, 52, 132])
+def test_sm_telemetry_covers_every_program(budget):
+    ids = torch.full((budget,), -7, dtype=torch.int32, device="cuda")
+    stream_read(torch.randn(1 << 22, device="cuda"), num_sms=budget, sm_ids=ids)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert ((ids >= 0) & (ids < sms)).all()
+
+
+def test_small_ops_bf16_real_sizes():
+    T, H = 8192, 4096
+    x = torch.randn(T, H, dtype=BF16, device="cuda")
+    res = torch.randn(T, H, dtype=BF16, device="cuda")
+    w = torch.randn(H, dtype=BF16, device="cuda")
+    summed = (x.double() + res.double()).to(BF16).double()
+    out = rmsnorm(x, w, 1e-6, residual=res, num_sms=80)
+    ref = summed * torch.rsqrt(summed.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
+    assert_close(out, ref, BF16)
+    gu = torch.randn(T, 2 * 12288, dtype=BF16, device="cuda")
+    g, u = gu.double()[:, :12288], gu.double()[:, 12288:]
+    assert_close(silu_mul(gu, num_sms=80), torch.nn.functional.silu(g) * u, BF16)
