@@ -43,6 +43,7 @@ def default_config(M: int, N: int, K: int, programs: int, dtype: torch.dtype) ->
         cfg = GemmConfig(64, 128, 64, 4, 4)
     else:
         cfg = GemmConfig(128, 256, 64, 8, 3) if dtype != torch.float32 else GemmConfig(128, 128, 32, 8, 3)
+    cfg = _fit_shared_memory(cfg, torch.finfo(dtype).bits // 8)
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
     k_tiles = triton.cdiv(K, cfg.block_k)
     split = 1
@@ -51,6 +52,17 @@ def default_config(M: int, N: int, K: int, programs: int, dtype: torch.dtype) ->
         split *= 2
     return GemmConfig(cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages,
                       cfg.group_m, split)
+
+
+SHARED_MEMORY_BUDGET = 200 * 1024  # of Hopper's 227 KiB per block, leaving room for the epilogue
+
+
+def _fit_shared_memory(cfg: GemmConfig, elem_bytes: int) -> GemmConfig:
+    """Fewer pipeline stages until the staged x and W tiles fit in shared memory."""
+    per_stage = (cfg.block_m + cfg.block_n) * cfg.block_k * elem_bytes
+    stages = max(1, min(cfg.num_stages, SHARED_MEMORY_BUDGET // per_stage))
+    return GemmConfig(cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, stages, cfg.group_m,
+                      cfg.split_k)
 
 
 @triton.jit

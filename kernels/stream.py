@@ -10,28 +10,32 @@ import triton.language as tl
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels._launch import grid_size, telemetry_args, interpreting
 
-# Tuned on the H200 (bench/kernels.py sweeps these): 16 KiB per program per step, 8 warps.
+# One program per SM must keep enough bytes in flight to cover HBM latency: each step issues
+# UNROLL independent loads of BLOCK words before using any. bench/kernels.py sweeps these.
 STREAM_BLOCK = 4096
+STREAM_UNROLL = 4
 STREAM_WARPS = 8
 
 
 @triton.jit
 def _stream_read_kernel(src_ptr, out_ptr, sm_ids_ptr, n, BLOCK: tl.constexpr,
-                        RECORD_SM: tl.constexpr):
+                        UNROLL: tl.constexpr, RECORD_SM: tl.constexpr):
     pid = tl.program_id(0)
     if RECORD_SM:
         tl.store(sm_ids_ptr + pid, tl.extra.cuda.smid())
     acc = tl.zeros((BLOCK,), dtype=tl.int32)
-    for start in tl.range(pid * BLOCK, n, tl.num_programs(0) * BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        acc += tl.load(src_ptr + offs, mask=offs < n, other=0)
+    step = BLOCK * UNROLL
+    for start in tl.range(pid * step, n, tl.num_programs(0) * step):
+        for u in tl.static_range(UNROLL):
+            offs = start + u * BLOCK + tl.arange(0, BLOCK)
+            acc += tl.load(src_ptr + offs, mask=offs < n, other=0)
     # one word per program keeps the loads alive without a write stream of its own
     tl.store(out_ptr + pid, tl.sum(acc, axis=0))
 
 
 def stream_read(buf: torch.Tensor, *, num_sms: int | None = None, ctas_per_sm: int = 1,
-                block: int | None = None, num_warps: int | None = None,
-                sm_ids: torch.Tensor | None = None) -> torch.Tensor:
+                block: int | None = None, unroll: int | None = None,
+                num_warps: int | None = None, sm_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Read every byte of `buf` (contiguous, a multiple of 4 bytes); returns per-program sums."""
     if not isinstance(buf, torch.Tensor) or not buf.is_contiguous():
         raise PdmuxError("stream_read needs a contiguous torch.Tensor")
@@ -40,9 +44,12 @@ def stream_read(buf: torch.Tensor, *, num_sms: int | None = None, ctas_per_sm: i
         raise PdmuxError(f"stream_read reads 4-byte words; the buffer has {nbytes} bytes")
     words = buf.view(-1).view(torch.int32) if nbytes else buf.new_empty(0, dtype=torch.int32)
     block = block or (256 if interpreting() else STREAM_BLOCK)
-    grid = grid_size(max(1, triton.cdiv(words.numel(), block)), num_sms, ctas_per_sm, buf.device)
+    unroll = unroll or (2 if interpreting() else STREAM_UNROLL)
+    grid = grid_size(max(1, triton.cdiv(words.numel(), block * unroll)), num_sms, ctas_per_sm,
+                     buf.device)
     out = torch.empty(grid, dtype=torch.int32, device=buf.device)
     sm_buf, record = telemetry_args(sm_ids, grid, buf.device)
-    _stream_read_kernel[(grid,)](words, out, sm_buf, words.numel(), BLOCK=block, RECORD_SM=record,
+    _stream_read_kernel[(grid,)](words, out, sm_buf, words.numel(), BLOCK=block, UNROLL=unroll,
+                                 RECORD_SM=record,
                                  num_warps=num_warps or STREAM_WARPS)
     return out
