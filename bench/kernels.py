@@ -85,9 +85,9 @@ def cycle(items):
 def bench_stream(res: Results, sms: int, quick: bool) -> float:
     buf = torch.randint(-2**31, 2**31 - 1, (1 << 29,), dtype=torch.int32, device="cuda")  # 2 GiB
     nbytes = buf.numel() * 4
-    sweep = [(4096, 4, 8, 1)] if quick else [
-        (block, unroll, warps, ctas) for block in (2048, 4096, 8192) for unroll in (1, 2, 4, 8)
-        for warps in (4, 8, 16) for ctas in (1, 2) if block * unroll <= 32768]
+    sweep = [] if quick else [
+        (block, unroll, warps, ctas) for block in (1024, 2048, 4096) for unroll in (4, 8, 16)
+        for warps in (8, 16, 32) for ctas in (1, 2, 4) if block * unroll <= 32768]
     for block, unroll, warps, ctas in sweep:
         ms = t_graph(lambda: stream_read(buf, num_sms=sms, ctas_per_sm=ctas, block=block,
                                          unroll=unroll, num_warps=warps))
@@ -155,8 +155,13 @@ def bench_gemm(res: Results, sms: int, quick: bool):
 
 # --- decode linear -------------------------------------------------------------------------
 
-DECODE_ALTERNATES = [GemmConfig(16, 64, 256, 4, 4), GemmConfig(16, 128, 128, 4, 4),
-                     GemmConfig(16, 64, 128, 4, 6), GemmConfig(16, 32, 256, 4, 4)]
+DECODE_ALTERNATES = {
+    1: [GemmConfig(16, 64, 256, 4, 4), GemmConfig(16, 64, 128, 4, 6), GemmConfig(16, 64, 256, 4, 4, split_k=2)],
+    32: [GemmConfig(32, 64, 256, 4, 3), GemmConfig(32, 64, 128, 4, 5), GemmConfig(32, 128, 128, 4, 4),
+         GemmConfig(32, 64, 256, 8, 3)],
+    64: [GemmConfig(64, 64, 128, 4, 4), GemmConfig(64, 128, 64, 4, 4), GemmConfig(64, 64, 256, 8, 3),
+         GemmConfig(64, 32, 256, 4, 3), GemmConfig(64, 64, 128, 4, 6), GemmConfig(64, 128, 128, 8, 3)],
+}
 
 
 def _decode_linear_case(M, N, K, l2):
@@ -178,8 +183,8 @@ def bench_decode_linear(res: Results, sms: int, l2: int, stream_tbps: float, qui
             res.row(kernel="decode_linear", config="default", shape=name, M=M, N=N, K=K, sms=sms,
                     ms=ms, tbps=tbps, frac_of_stream=tbps / stream_tbps,
                     cublas_tbps=nbytes / ms_ref / 1e9)
-            if not quick and M in (1, 64):
-                for cfg in DECODE_ALTERNATES:
+            if not quick:
+                for cfg in DECODE_ALTERNATES.get(M, []):
                     ms_alt = t_graph(lambda: linear(x, next_w(), num_sms=sms, config=cfg))
                     res.row(kernel="decode_linear", config=str(cfg), shape=name, M=M, sms=sms,
                             ms=ms_alt, tbps=nbytes / ms_alt / 1e9)
@@ -220,7 +225,12 @@ def decode_cases():
             "ragged32_100_16000": ragged}
 
 
-def bench_decode_attention(res: Results, sms: int, stream_tbps: float):
+DECODE_ATTN_ALTERNATES = [AttnConfig(16, 32, 4, 4), AttnConfig(16, 64, 4, 4), AttnConfig(16, 128, 4, 3),
+                          AttnConfig(16, 128, 8, 3), AttnConfig(16, 64, 8, 4), AttnConfig(16, 32, 2, 4),
+                          AttnConfig(16, 64, 2, 3)]
+
+
+def bench_decode_attention(res: Results, sms: int, stream_tbps: float, quick: bool):
     fracs = []
     for name, lens in decode_cases().items():
         k, v, table = paged_cache(lens, 16)
@@ -235,6 +245,17 @@ def bench_decode_attention(res: Results, sms: int, stream_tbps: float):
         fracs.append(tbps / stream_tbps)
         res.row(kernel="decode_attention", case=name, page_size=16, sms=sms, ms=ms, tbps=tbps,
                 frac_of_stream=tbps / stream_tbps)
+        for cfg in ([] if quick or name == "8x32768" else DECODE_ATTN_ALTERNATES):
+            for ctas in (1, 2):
+                ms_alt = t_graph(lambda: decode_attention(q, k, v, table, seq, 16, max(lens),
+                                                          num_sms=sms, ctas_per_sm=ctas, config=cfg))
+                res.row(kernel="decode_attention", case=name, config=str(cfg), ctas_per_sm=ctas,
+                        ms=ms_alt, tbps=nbytes / ms_alt / 1e9)
+        for chunk in ([] if quick else (256, 512, 1024, 2048, 4096)):
+            ms_alt = t_graph(lambda: decode_attention(q, k, v, table, seq, 16, max(lens),
+                                                      num_sms=sms, chunk=chunk))
+            res.row(kernel="decode_attention", case=name, chunk=chunk, ms=ms_alt,
+                    tbps=nbytes / ms_alt / 1e9)
         if name == "32x8192":
             curve = {b: nbytes / t_graph(lambda: run(b)) / 1e9 for b in CURVE_BUDGETS}
             res.data["curves"]["decode_attention_32x8192_tbps"] = curve
@@ -306,7 +327,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="bench/results", help="folder for kernels-<gpu>.json")
     p.add_argument("--quick", action="store_true", help="skip the config sweeps")
+    p.add_argument("--skip", default="", help="comma-separated sections to skip (tuning runs): "
+                   "gemm, decode_linear, decode_attention, prefill_attention, small_ops")
     args = p.parse_args(argv)
+    skip = set(filter(None, args.skip.split(",")))
     if not torch.cuda.is_available():
         print("bench/kernels.py needs a CUDA GPU", file=sys.stderr)
         return 2
@@ -316,16 +340,23 @@ def main(argv=None) -> int:
     s = res.data["summary"]
     s["stream_read_tbps"] = bench_stream(res, sms, args.quick)
     res.save()
-    s["gemm_vs_cublas_geomean"], s["gemm_capped_scaling_min"] = bench_gemm(res, sms, args.quick)
-    res.save()
-    s["decode_linear_bw_frac"] = bench_decode_linear(res, sms, l2, s["stream_read_tbps"], args.quick)
-    res.save()
-    s["decode_attention_bw_frac"] = bench_decode_attention(res, sms, s["stream_read_tbps"])
-    res.save()
-    s["prefill_attention_vs_sdpa"] = bench_prefill_attention(res, sms, args.quick)
-    res.save()
-    bench_small_ops(res, sms)
-    res.save()
+    if "gemm" not in skip:
+        s["gemm_vs_cublas_geomean"], s["gemm_capped_scaling_min"] = bench_gemm(res, sms, args.quick)
+        res.save()
+    if "decode_linear" not in skip:
+        s["decode_linear_bw_frac"] = bench_decode_linear(res, sms, l2, s["stream_read_tbps"],
+                                                         args.quick)
+        res.save()
+    if "decode_attention" not in skip:
+        s["decode_attention_bw_frac"] = bench_decode_attention(res, sms, s["stream_read_tbps"],
+                                                               args.quick)
+        res.save()
+    if "prefill_attention" not in skip:
+        s["prefill_attention_vs_sdpa"] = bench_prefill_attention(res, sms, args.quick)
+        res.save()
+    if "small_ops" not in skip:
+        bench_small_ops(res, sms)
+        res.save()
     targets = {"gemm_vs_cublas_geomean": 0.95, "gemm_capped_scaling_min": 0.90,
                "decode_linear_bw_frac": 0.85, "decode_attention_bw_frac": 0.85,
                "prefill_attention_vs_sdpa": 0.80}

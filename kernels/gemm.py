@@ -33,34 +33,40 @@ class GemmConfig:
 
 
 def default_config(M: int, N: int, K: int, programs: int, dtype: torch.dtype) -> GemmConfig:
-    """A tile shape for this problem; split-K when there are too few output tiles to go round."""
+    """A tile shape for this problem; split-K when there are too few output tiles to go round.
+
+    Large M: 128x256 tiles, the best of bench/kernels.py's sweep on the H200 (~1.0x cuBLAS).
+    Skinny M (decode): a 16..64-row tile streams W in [64, 256] slabs.
+    """
+    elem = torch.finfo(dtype).bits // 8
     if interpreting():
         return GemmConfig(16, 16, 16, 4, 1, split_k=2 if M <= 16 and K >= 64 else 1)
+    if M > 1024:
+        return _fit_shared_memory(GemmConfig(128, 256, 64, 8, 3, group_m=16), elem)
     if M <= 64:
         block_m = 16 if M <= 16 else 32 if M <= 32 else 64
-        cfg = GemmConfig(block_m, 64, 256 if dtype != torch.float32 else 64, 4, 4)
-    elif M <= 256:
-        cfg = GemmConfig(64, 128, 64, 4, 4)
+        cfg = GemmConfig(block_m, 64, 256 if elem < 4 else 64, 4, 4)
     else:
-        cfg = GemmConfig(128, 256, 64, 8, 3) if dtype != torch.float32 else GemmConfig(128, 128, 32, 8, 3)
-    cfg = _fit_shared_memory(cfg, torch.finfo(dtype).bits // 8)
+        cfg = GemmConfig(64 if M <= 256 else 128, 128, 64, 4, 4)
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
     k_tiles = triton.cdiv(K, cfg.block_k)
     split = 1
     # Fill at least twice the programs, but keep each split a few K-tiles long.
     while tiles * split < 2 * programs and k_tiles // (split * 2) >= 2:
         split *= 2
-    return GemmConfig(cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages,
-                      cfg.group_m, split)
+    return _fit_shared_memory(GemmConfig(cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps,
+                                         cfg.num_stages, cfg.group_m, split), elem)
 
 
-SHARED_MEMORY_BUDGET = 200 * 1024  # of Hopper's 227 KiB per block, leaving room for the epilogue
+SHARED_MEMORY_LIMIT = 227 * 1024  # per block on Hopper
 
 
 def _fit_shared_memory(cfg: GemmConfig, elem_bytes: int) -> GemmConfig:
-    """Fewer pipeline stages until the staged x and W tiles fit in shared memory."""
+    """Fewer pipeline stages until the staged x and W tiles plus the epilogue tile (converted
+    through shared memory; fp32 when split-K writes partials) fit."""
     per_stage = (cfg.block_m + cfg.block_n) * cfg.block_k * elem_bytes
-    stages = max(1, min(cfg.num_stages, SHARED_MEMORY_BUDGET // per_stage))
+    epilogue = cfg.block_m * cfg.block_n * (4 if cfg.split_k > 1 else elem_bytes)
+    stages = max(1, min(cfg.num_stages, (SHARED_MEMORY_LIMIT - epilogue) // per_stage))
     return GemmConfig(cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, stages, cfg.group_m,
                       cfg.split_k)
 
