@@ -19,28 +19,36 @@ class AttnConfig:
 
 
 @triton.jit
+def _load_rows(ptr, offs, in_range, MASKED: tl.constexpr):
+    if MASKED:
+        return tl.load(ptr + offs, mask=in_range[:, None], other=0.0)
+    return tl.load(ptr + offs)
+
+
+@triton.jit
 def attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row_ptr, page_size, start, end, slot_stride,
                  head_offset, q_pos, scale_log2, BLOCK_N: tl.constexpr, D: tl.constexpr,
-                 MASKED: tl.constexpr, CAUSAL: tl.constexpr):
+                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, EARLY_V: tl.constexpr):
     """Fold KV positions [start, end) into (acc, m_i, l_i) for the query rows `q` [M, D].
 
     Scores are kept in base 2 (scale_log2 = softmax scale * log2(e)). Without MASKED the range
     must be whole blocks; with CAUSAL a key counts only where its position <= the row's q_pos.
+    EARLY_V issues the V load with the K load (memory-bound decode: twice the bytes in flight);
+    compute-bound prefill loads V after the softmax, keeping registers for the tiles.
     """
     d = tl.arange(0, D)
     for n in range(start, end, BLOCK_N):
         pos = n + tl.arange(0, BLOCK_N)
+        in_range = pos < end
         if MASKED:
-            in_range = pos < end
             page = tl.load(page_row_ptr + pos // page_size, mask=in_range, other=0)
         else:
             page = tl.load(page_row_ptr + pos // page_size)
         slot = page.to(tl.int64) * page_size + pos % page_size
         offs = slot[:, None] * slot_stride + head_offset + d[None, :]
-        if MASKED:
-            k = tl.load(kc_ptr + offs, mask=in_range[:, None], other=0.0)
-        else:
-            k = tl.load(kc_ptr + offs)
+        k = _load_rows(kc_ptr, offs, in_range, MASKED)
+        if EARLY_V:
+            v = _load_rows(vc_ptr, offs, in_range, MASKED)
         qk = tl.dot(q, tl.trans(k)) * scale_log2
         if MASKED:
             valid = in_range[None, :]
@@ -52,10 +60,8 @@ def attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row_ptr, page_size, star
         p = tl.exp2(qk - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        if MASKED:
-            v = tl.load(vc_ptr + offs, mask=in_range[:, None], other=0.0)
-        else:
-            v = tl.load(vc_ptr + offs)
+        if not EARLY_V:
+            v = _load_rows(vc_ptr, offs, in_range, MASKED)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
     return acc, m_i, l_i

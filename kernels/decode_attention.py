@@ -20,8 +20,8 @@ from pdmux_triton.kernels._launch import (FLOAT_DTYPES, check_tensor, grid_size,
 from pdmux_triton.kernels._paged import AttnConfig, attend_range
 
 LOG2E = 1.4426950408889634
-MIN_CHUNK, MAX_CHUNK, MAX_SPLITS = 256, 2048, 64
-TILES_PER_PROGRAM = 8  # enough tiles per program that ragged lengths still even out
+MIN_CHUNK, MAX_CHUNK, MAX_SPLITS = 256, 1024, 128
+TILES_PER_PROGRAM = 2  # few long tiles stream best; MAX_CHUNK bounds the imbalance of ragged batches
 
 
 def choose_chunk(batch: int, kv_heads: int, max_seq_len: int, programs: int, block_n: int) -> int:
@@ -60,7 +60,7 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, pa
             l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)
             acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, pt_ptr + b * spt_b,
                                          page_size, start, end, sc_s, h * sc_h, g, scale_log2,
-                                         BLOCK_N, D, True, False)
+                                         BLOCK_N, D, True, False, True)
             out = acc / l_i[:, None]
             if DIRECT:
                 o = o_ptr + b * so_b + heads[:, None] * so_h + d[None, :]
@@ -138,7 +138,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         return out
     group = HQ // HKV
     # block_m is unused here: a tile's query rows are the GQA group, padded to 16 for tl.dot
-    cfg = config or (AttnConfig(16, 16, 4, 1) if interpreting() else AttnConfig(16, 64, 4, 3))
+    cfg = config or (AttnConfig(16, 16, 4, 1) if interpreting() else AttnConfig(16, 128, 4, 3))
     block_n = cfg.block_n
     programs = grid_size(1 << 30, num_sms, ctas_per_sm, dev)
     chunk = chunk or choose_chunk(B, HKV, max_seq_len, programs, block_n)

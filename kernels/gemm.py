@@ -43,16 +43,18 @@ def default_config(M: int, N: int, K: int, programs: int, dtype: torch.dtype) ->
         return GemmConfig(16, 16, 16, 4, 1, split_k=2 if M <= 16 and K >= 64 else 1)
     if M > 1024:
         return _fit_shared_memory(GemmConfig(128, 256, 64, 8, 3, group_m=16), elem)
-    if M <= 64:
-        block_m = 16 if M <= 16 else 32 if M <= 32 else 64
-        cfg = GemmConfig(block_m, 64, 256 if elem < 4 else 64, 4, 4)
+    if M <= 16:
+        cfg = GemmConfig(16, 64, 256 if elem < 4 else 64, 4, 4)
+    elif M <= 64:  # a deeper pipeline of shorter slabs keeps the larger x tile in shared memory
+        cfg = GemmConfig(32 if M <= 32 else 64, 64, 128 if elem < 4 else 64, 4, 6)
     else:
         cfg = GemmConfig(64 if M <= 256 else 128, 128, 64, 4, 4)
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
     k_tiles = triton.cdiv(K, cfg.block_k)
     split = 1
-    # Fill at least twice the programs, but keep each split a few K-tiles long.
-    while tiles * split < 2 * programs and k_tiles // (split * 2) >= 2:
+    # Split only when tiles would leave half the programs idle (split-K adds a reduction pass),
+    # and keep each split a few K-tiles long.
+    while tiles * split < programs // 2 and k_tiles // (split * 2) >= 2:
         split *= 2
     return _fit_shared_memory(GemmConfig(cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps,
                                          cfg.num_stages, cfg.group_m, split), elem)

@@ -55,10 +55,10 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_ptr, sm_ids_ptr, n
         # keys before the block's first query are visible to every row: whole blocks, no mask
         lo = (prefix + qb * BLOCK_M) // BLOCK_N * BLOCK_N
         acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row, page_size, 0, lo,
-                                     sc_s, head_off, q_pos, scale_log2, BLOCK_N, D, False, False)
+                                     sc_s, head_off, q_pos, scale_log2, BLOCK_N, D, False, False, False)
         hi = prefix + tl.minimum((qb + 1) * BLOCK_M, ext)
         acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row, page_size, lo, hi,
-                                     sc_s, head_off, q_pos, scale_log2, BLOCK_N, D, True, True)
+                                     sc_s, head_off, q_pos, scale_log2, BLOCK_N, D, True, True, False)
         out = acc / l_i[:, None]
         tl.store(o_ptr + tok[:, None] * so_t + hq * so_h + d[None, :],
                  out.to(o_ptr.dtype.element_ty), mask=rmask[:, None])
@@ -119,7 +119,7 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         raise PdmuxError(f"out must have the shape of q {(T, HQ, D)}, got {tuple(out.shape)}")
     if T == 0:
         return out
-    cfg = config or (AttnConfig(16, 16, 1, 1) if interpreting() else AttnConfig(128, 64, 8, 3))
+    cfg = config or (AttnConfig(16, 16, 1, 1) if interpreting() else AttnConfig(128, 128, 8, 2))
     meta, num_blocks = extend_metadata(extend_lens, prefix_lens, cfg.block_m, dev)
     grid = grid_size(num_blocks * HQ, num_sms, ctas_per_sm, dev)
     sm_buf, record = telemetry_args(sm_ids, grid, dev)
