@@ -93,10 +93,12 @@ def test_kernel_on_a_16_sm_green_context_matches_whole_gpu(name, green16):
 
 @pytest.mark.parametrize("budget", [1, 8, 52, 132])
 def test_sm_telemetry_covers_every_program(budget):
-    ids = torch.full((budget,), -7, dtype=torch.int32, device="cuda")
-    stream_read(torch.randn(1 << 22, device="cuda"), num_sms=budget, sm_ids=ids)
+    ids = torch.full((budget + 4,), -7, dtype=torch.int32, device="cuda")
+    grid = stream_read(torch.randn(1 << 24, device="cuda"), num_sms=budget, sm_ids=ids).numel()
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    assert ((ids >= 0) & (ids < sms)).all()
+    assert grid == budget
+    assert ((ids[:grid] >= 0) & (ids[:grid] < sms)).all()
+    assert (ids[grid:] == -7).all()  # nothing past the grid is written
 
 
 def test_small_ops_bf16_real_sizes():
