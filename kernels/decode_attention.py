@@ -130,7 +130,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if page_size < 1 or max_seq_len < 0 or max_seq_len > page_table.shape[1] * page_size:
         raise PdmuxError(f"max_seq_len {max_seq_len} must fit in the page table: "
                          f"{page_table.shape[1]} pages of {page_size} tokens")
-    out = torch.empty_like(q) if out is None else out
+    out = torch.empty(q.shape, dtype=q.dtype, device=dev) if out is None else out
     check_tensor("out", out, 3, (q.dtype,), dev)
     if tuple(out.shape) != (B, HQ, D):
         raise PdmuxError(f"out must have the shape of q {(B, HQ, D)}, got {tuple(out.shape)}")

@@ -113,7 +113,7 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if longest > page_table.shape[1] * page_size:
         raise PdmuxError(f"a sequence of {longest} tokens does not fit the page table: "
                          f"{page_table.shape[1]} pages of {page_size}")
-    out = torch.empty_like(q) if out is None else out
+    out = torch.empty(q.shape, dtype=q.dtype, device=dev) if out is None else out
     check_tensor("out", out, 3, (q.dtype,), dev)
     if tuple(out.shape) != (T, HQ, D):
         raise PdmuxError(f"out must have the shape of q {(T, HQ, D)}, got {tuple(out.shape)}")

@@ -122,6 +122,84 @@ def cmd_estimate(args) -> None:
         print(estimate.format_table(sc, rows))
 
 
+def _str_list(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
+def _gpu_or_error():
+    """The local GPU for the measuring commands: a clear error without one."""
+    from pdmux_triton.hardware import detect_gpu
+
+    try:
+        gpu = detect_gpu()
+    except PdmuxError as err:
+        raise PdmuxError(f"measuring needs a CUDA GPU: {err}") from None
+    policy.arch_constraints(gpu.cc_major)
+    return gpu
+
+
+def cmd_calibrate(args) -> None:
+    from pathlib import Path
+
+    from pdmux_triton import calibrate, report
+    from pdmux_triton.partition import KINDS
+    from pdmux_triton.workloads import DECODE_WORKLOADS
+
+    for name in args.workloads:
+        if name not in DECODE_WORKLOADS:
+            raise PdmuxError(f"unknown workload {name!r}; known: {', '.join(DECODE_WORKLOADS)}")
+    for kind in args.kinds:
+        if kind not in KINDS[:2]:
+            raise PdmuxError(f"calibration kinds are grid_cap and green, got {kind!r}")
+    gpu = _gpu_or_error()
+    _, granularity = policy.arch_constraints(gpu.cc_major)
+    budgets = args.budgets or calibrate.default_budgets(gpu.sms, granularity)
+    for b in budgets:
+        if not 0 < b <= gpu.sms or ("green" in args.kinds and b < gpu.sms and b % granularity):
+            raise PdmuxError(f"budget {b} SMs: budgets must be in 1..{gpu.sms}, and multiples of "
+                             f"{granularity} for green contexts")
+    plan = calibrate.SweepPlan(tuple(args.workloads), tuple(args.kinds), tuple(args.ctas),
+                               tuple(sorted(set(budgets))), not args.no_corun, args.model,
+                               args.batch, args.context, args.prefill_tokens)
+    out = Path(args.out)
+    settings = {"model": plan.model, "batch": plan.batch, "context": plan.context,
+                "prefill_tokens": plan.prefill_tokens}
+    calibrate.check_settings(out / f"calibrate-settings-{gpu.name}.json", settings)
+    store = calibrate.PointStore(out / f"calibrate-points-{gpu.name}.jsonl")
+    calibrate.run_sweep(plan, store)
+    points = list(store.points.values())
+    summary = calibrate.summarize(points)
+    path = calibrate.write_results(out / f"calibrate-{gpu.name}.json", gpu.name, settings,
+                                   points, summary)
+    report.plot_calibration(points, out / f"calibrate-{gpu.name}.png")
+    print(report.calibration_table(summary))
+    print(f"wrote {path} and calibrate-{gpu.name}.png")
+
+
+def cmd_compare(args) -> None:
+    from pathlib import Path
+
+    from pdmux_triton import compare, report
+
+    gpu = _gpu_or_error()
+    out = Path(args.out)
+    result = compare.run_compare(args.model, args.batch, args.context, args.prefill_tokens,
+                                 out / f"compare-{gpu.name}.json")
+    levels = result["summary"]["levels"]
+    report.plot_compare(levels, out / f"compare-{gpu.name}.png")
+    print(report.compare_table(levels))
+    print(f"wrote {out / f'compare-{gpu.name}.json'} and compare-{gpu.name}.png")
+
+
+def _add_workload_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default="pdmux-results", help="folder for JSON, points and plots")
+    p.add_argument("--model", default="qwen3-8b", help=f"model preset ({', '.join(MODELS)})")
+    p.add_argument("--batch", type=int, default=32, help="decode batch size")
+    p.add_argument("--context", type=int, default=2048, help="context of each decoding request")
+    p.add_argument("--prefill-tokens", type=int, default=8192,
+                   help="prompt length of the prefill running beside decode")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pdmux-triton",
@@ -152,6 +230,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tflops", type=float, help="override the GPU's dense bf16 TFLOP/s")
     p.add_argument("--sm-group-num", type=int, default=policy.DEFAULT_SM_GROUP_NUM)
     p.set_defaults(func=cmd_estimate)
+
+    p = sub.add_parser("calibrate", help="measure decode bandwidth vs SMs and S_SAT (needs a GPU)")
+    _add_workload_args(p)
+    p.add_argument("--workloads", type=_str_list,
+                   default=("stream_read", "decode_attention", "decode_linear", "decode_step"))
+    p.add_argument("--kinds", type=_str_list, default=("grid_cap", "green"))
+    p.add_argument("--ctas", type=_int_list, default=(1, 2, 4), help="CTAs per SM to sweep")
+    p.add_argument("--budgets", type=_int_list, help="SM budgets (default: every granularity step)")
+    p.add_argument("--no-corun", action="store_true", help="skip the runs beside a prefill")
+    p.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser("compare", help="grid capping vs green contexts at every level (needs a GPU)")
+    _add_workload_args(p)
+    p.set_defaults(func=cmd_compare)
     return parser
 
 

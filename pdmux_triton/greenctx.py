@@ -1,7 +1,7 @@
 """Real SM partitions: CUDA green contexts through `cuda.bindings.driver`, as torch streams.
 
-`split_green(prefill_sms)` splits the device the way SGLang does: the prefill share is split
-off first (on the architecture's granularity), the decode side gets the remainder. Kernels
+`split_green(first_sms)` splits the device the way SGLang does: one share is split off first
+(on the architecture's granularity), the rest of the SMs form the second partition. Kernels
 launched on a returned stream run only on that partition's SMs, whatever their grid.
 """
 
@@ -46,8 +46,8 @@ class GreenPartition:
 
 @dataclass
 class GreenSplit:
-    prefill: GreenPartition
-    decode: GreenPartition
+    first: GreenPartition  # the share split off
+    rest: GreenPartition  # the remainder
     _closed: bool = field(default=False, repr=False)
 
     def close(self) -> None:
@@ -55,11 +55,15 @@ class GreenSplit:
         if self._closed:
             return
         driver = _driver()
-        for part in (self.prefill, self.decode):
-            part.stream.synchronize()
-            _check(driver, "cuStreamDestroy", driver.cuStreamDestroy(part._raw_stream))
-            _check(driver, "cuGreenCtxDestroy", driver.cuGreenCtxDestroy(part._ctx))
+        for part in (self.first, self.rest):
+            self._destroy_one(driver, part)
         self._closed = True
+
+    @staticmethod
+    def _destroy_one(driver, part: GreenPartition) -> None:
+        part.stream.synchronize()
+        _check(driver, "cuStreamDestroy", driver.cuStreamDestroy(part._raw_stream))
+        _check(driver, "cuGreenCtxDestroy", driver.cuGreenCtxDestroy(part._ctx))
 
     def __enter__(self):
         return self
@@ -81,10 +85,10 @@ def _partition(driver, device, resource, sms_expected: int | None, what: str) ->
     return GreenPartition(sms, torch.cuda.ExternalStream(int(raw)), ctx, raw)
 
 
-def split_green(prefill_sms: int, decode_sms: int | None = None, device_index: int = 0) -> GreenSplit:
-    """Split the GPU: prefill_sms for the first partition, the remainder for the second.
+def split_green(first_sms: int, rest_sms: int | None = None, device_index: int = 0) -> GreenSplit:
+    """Split the GPU: first_sms for the first partition, the remainder for the second.
 
-    With decode_sms given, the remainder must be exactly that many SMs.
+    With rest_sms given, the remainder must be exactly that many SMs.
     """
     if not torch.cuda.is_available():
         raise PdmuxError("green contexts need an NVIDIA GPU; torch sees no CUDA device")
@@ -95,12 +99,16 @@ def split_green(prefill_sms: int, decode_sms: int | None = None, device_index: i
     resource = _check(driver, "cuDeviceGetDevResource", driver.cuDeviceGetDevResource(
         device, driver.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM))
     total = resource.sm.smCount
-    if not 0 < prefill_sms < total:
-        raise PdmuxError(f"a green-context split needs 0 < prefill SMs < {total}, got {prefill_sms}")
+    if not 0 < first_sms < total:
+        raise PdmuxError(f"a green-context split needs 0 < SMs < {total}, got {first_sms}")
     parts, count, remaining = _check(driver, "cuDevSmResourceSplitByCount",
-                                     driver.cuDevSmResourceSplitByCount(1, resource, 0, prefill_sms))
+                                     driver.cuDevSmResourceSplitByCount(1, resource, 0, first_sms))
     if count < 1:
-        raise PdmuxError(f"the driver could not split {prefill_sms} SMs off this GPU")
-    prefill = _partition(driver, device, parts[0], prefill_sms, "prefill")
-    decode = _partition(driver, device, remaining, decode_sms, "decode")
-    return GreenSplit(prefill, decode)
+        raise PdmuxError(f"the driver could not split {first_sms} SMs off this GPU")
+    first = _partition(driver, device, parts[0], first_sms, "first")
+    try:
+        rest = _partition(driver, device, remaining, rest_sms, "remaining")
+    except PdmuxError:
+        GreenSplit._destroy_one(driver, first)
+        raise
+    return GreenSplit(first, rest)

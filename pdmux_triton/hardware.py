@@ -123,9 +123,9 @@ def detect_gpu(device: int = 0) -> GPUSpec:
     try:
         import torch
     except ImportError:
-        raise PdmuxError("no local GPU: torch is not installed (use a preset with --gpu)") from None
+        raise PdmuxError("no local GPU: torch is not installed") from None
     if not torch.cuda.is_available():
-        raise PdmuxError("no CUDA GPU is visible to torch (use a preset with --gpu)")
+        raise PdmuxError("no CUDA GPU is visible to torch")
     props = torch.cuda.get_device_properties(device)
     cc = (props.major, props.minor)
     preset = preset_for_device_name(props.name)
@@ -140,4 +140,9 @@ def detect_gpu(device: int = 0) -> GPUSpec:
 
 def resolve_gpu(name: str) -> GPUSpec:
     """A preset by name, or `local` for the GPU torch sees."""
-    return detect_gpu() if name.strip().lower() == "local" else gpu_preset(name)
+    if name.strip().lower() != "local":
+        return gpu_preset(name)
+    try:
+        return detect_gpu()
+    except PdmuxError as err:
+        raise PdmuxError(f"{err}; name a preset instead ({', '.join(GPUS)})") from None

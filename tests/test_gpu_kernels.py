@@ -74,7 +74,7 @@ def green16():
 
     total = torch.cuda.get_device_properties(0).multi_processor_count
     split = split_green(16, total - 16)
-    yield split.prefill
+    yield split.first
     split.close()
 
 

@@ -1,0 +1,229 @@
+"""S_SAT calibration: how decode-side bandwidth grows with the SM budget, alone and beside a
+prefill, under grid capping and under green contexts.
+
+The sweep saves every point as a JSON line the moment it is measured; a rerun with the same
+output folder skips the points already there. `fit_s_sat` is pure and tested on synthetic
+curves; the sweep itself needs a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from pdmux_triton.errors import PdmuxError
+
+STATES = ("alone", "corun")
+
+
+# --- the fit ------------------------------------------------------------------------------
+
+def fit_s_sat(budgets: list[int], rates: list[float], linear_below: float = 0.6) -> dict:
+    """Peak rate and two S_SAT figures of a rate-vs-SMs curve.
+
+    s_sat_fit: the chapter model's parameter, rate = peak * min(1, SMs / S_SAT): peak over the
+    slope of the linear part (a least-squares line through the origin over the points below
+    `linear_below` of the peak; the first two points if none are).
+    s_sat_95: the smallest budget reaching 95% of the peak.
+    """
+    if len(budgets) != len(rates) or not budgets:
+        raise PdmuxError(f"need equally many budgets and rates (>0), got {len(budgets)} and "
+                         f"{len(rates)}")
+    pts = sorted(zip(budgets, rates))
+    if any(b <= 0 for b, _ in pts) or any(r < 0 for _, r in pts):
+        raise PdmuxError("budgets must be positive and rates non-negative")
+    peak = max(r for _, r in pts)
+    if peak <= 0:
+        raise PdmuxError("every rate is zero: nothing to fit")
+    linear = [(b, r) for b, r in pts if r <= linear_below * peak] or pts[:2]
+    slope = sum(b * r for b, r in linear) / sum(b * b for b, _ in linear)
+    return {
+        "peak_tbps": peak,
+        "s_sat_fit": peak / slope,
+        "s_sat_95": next(b for b, r in pts if r >= 0.95 * peak),
+    }
+
+
+# --- the store ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PointKey:
+    workload: str
+    kind: str  # grid_cap or green
+    ctas_per_sm: int
+    state: str  # alone or corun
+    sms: int
+
+    def as_tuple(self):
+        return (self.workload, self.kind, self.ctas_per_sm, self.state, self.sms)
+
+
+class PointStore:
+    """Append-only JSON lines; one measured point per line, keyed by PointKey."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.points: dict[tuple, dict] = {}
+        if self.path.exists():
+            for n, line in enumerate(self.path.read_text().splitlines(), 1):
+                if not line.strip():
+                    continue
+                try:
+                    point = json.loads(line)
+                    key = PointKey(**{f: point[f] for f in PointKey.__dataclass_fields__})
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    # a line cut short by a crash: drop it, it will be measured again
+                    print(f"{self.path}:{n}: skipping an unreadable point")
+                    continue
+                self.points[key.as_tuple()] = point
+
+    def has(self, key: PointKey) -> bool:
+        return key.as_tuple() in self.points
+
+    def add(self, key: PointKey, **values) -> dict:
+        point = {**asdict(key), **values}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as f:
+            f.write(json.dumps(point) + "\n")
+        self.points[key.as_tuple()] = point
+        return point
+
+
+def summarize(points: list[dict]) -> dict:
+    """summary[workload][kind][state] = fit of the ctas_per_sm=1 curve (the honest emulation:
+    more CTAs per SM let a capped grid spread over more SMs), plus the best over ctas."""
+    curves: dict[tuple, dict[int, float]] = {}
+    for p in points:
+        if "tbps" in p:
+            curves.setdefault((p["workload"], p["kind"], p["state"], p["ctas_per_sm"]), {})[p["sms"]] = p["tbps"]
+    summary: dict = {}
+    for (wl, kind, state, ctas), curve in sorted(curves.items()):
+        if ctas != 1 or len(curve) < 2:
+            continue
+        fit = fit_s_sat(list(curve), list(curve.values()))
+        others = [c for (w, k, s, ct), c in curves.items() if (w, k, s) == (wl, kind, state)]
+        fit["peak_tbps_any_ctas"] = max(max(c.values()) for c in others)
+        summary.setdefault(wl, {}).setdefault(kind, {})[state] = fit
+    return summary
+
+
+def check_settings(path: Path, settings: dict) -> None:
+    """Points in a folder must all come from one setting: refuse to mix, save on first use."""
+    path = Path(path)
+    if path.exists():
+        saved = json.loads(path.read_text())
+        if saved != settings:
+            raise PdmuxError(f"{path.parent} holds points measured with {saved}; these settings are "
+                             f"{settings}: use another --out folder or the same settings")
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(settings))
+
+
+def write_results(path: Path, gpu: str, settings: dict, points: list[dict], summary: dict) -> Path:
+    import datetime
+
+    import torch
+    import triton
+
+    data = {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__,
+            "date": datetime.date.today().isoformat(), "settings": settings,
+            "rows": sorted(points, key=lambda p: (p["workload"], p["kind"], p["state"],
+                                                  p["ctas_per_sm"], p["sms"])),
+            "summary": summary}
+    path.write_text(json.dumps(data, indent=1))
+    return path
+
+
+# --- the sweep (GPU) ----------------------------------------------------------------------
+
+@dataclass
+class SweepPlan:
+    workloads: tuple[str, ...]
+    kinds: tuple[str, ...]
+    ctas: tuple[int, ...]
+    budgets: tuple[int, ...]
+    corun: bool
+    model: str = "qwen3-8b"
+    batch: int = 32
+    context: int = 2048
+    prefill_tokens: int = 8192
+
+    def keys(self):
+        for kind in self.kinds:
+            for sms in self.budgets:
+                for wl in self.workloads:
+                    for ctas in self.ctas:
+                        for state in STATES:
+                            if state == "corun" and (not self.corun or sms >= max(self.budgets)):
+                                continue  # no SMs left for a prefill beside it
+                            yield PointKey(wl, kind, ctas, state, sms)
+
+
+def default_budgets(total_sms: int, granularity: int) -> tuple[int, ...]:
+    return tuple(range(granularity, total_sms, granularity)) + (total_sms,)
+
+
+def run_sweep(plan: SweepPlan, store: PointStore, log=print) -> None:
+    """Measure every point of the plan not already in the store."""
+    import torch
+
+    from pdmux_triton.hardware import model_preset
+    from pdmux_triton.measure import time_alone, time_corun
+    from pdmux_triton.model import Budget
+    from pdmux_triton.partition import PartitionSpec
+    from pdmux_triton.workloads import PrefillLayers, make_decode_workload
+
+    todo = [k for k in plan.keys() if not store.has(k)]
+    log(f"calibrate: {len(todo)} points to measure ({len(list(plan.keys())) - len(todo)} already saved)")
+    if not todo:
+        return
+    total = torch.cuda.get_device_properties(0).multi_processor_count
+    spec = model_preset(plan.model)
+    workloads = {name: make_decode_workload(name, spec, plan.batch, plan.context)
+                 for name in plan.workloads}
+    prefill = PrefillLayers(spec, plan.prefill_tokens, layers=2) if plan.corun else None
+    started = time.time()
+    by_partition: dict[tuple, list[PointKey]] = {}
+    for key in todo:
+        by_partition.setdefault((key.kind, key.sms), []).append(key)
+    # coarse coverage first (every other budget, both kinds), so a cut-short run still has
+    # whole curves to fit; the rerun fills in the rest
+    order = list(plan.budgets[::2]) + list(plan.budgets[1::2])
+    done = 0
+    for (kind, sms), keys in sorted(by_partition.items(),
+                                    key=lambda item: (order.index(item[0][1]), item[0][0])):
+        whole = sms >= total
+        spec_p = (PartitionSpec("whole", total, total, total) if whole else
+                  PartitionSpec(kind, total - sms, sms, total, split_first="decode"))
+        # alone points first: a corun point reuses its alone time
+        keys.sort(key=lambda k: STATES.index(k.state))
+        with spec_p.open() as part:
+            prefill_alone = None
+            pbudget = Budget(part.prefill_sms, 1)
+            for key in keys:
+                wl = workloads[key.workload]
+                budget = Budget(part.decode_sms, key.ctas_per_sm)
+                alone_key = PointKey(key.workload, kind, key.ctas_per_sm, "alone", sms)
+                if store.has(alone_key):
+                    alone = store.points[alone_key.as_tuple()]["ms"]
+                else:
+                    alone = time_alone(lambda: wl.run(budget), part.decode_stream, graph=True)
+                    store.add(alone_key, ms=alone, tbps=wl.rate(alone), realized_sms=part.decode_sms)
+                if key.state == "corun":
+                    if prefill_alone is None:
+                        prefill_alone = time_alone(lambda: prefill.run(pbudget),
+                                                   part.prefill_stream, graph=False, repeats=1)
+                    co = time_corun(lambda: wl.run(budget), part.decode_stream, True, alone,
+                                    lambda: prefill.run(pbudget), part.prefill_stream, False,
+                                    prefill_alone)
+                    store.add(key, ms=co.ms, tbps=wl.rate(co.ms), covered=co.covered,
+                              alone_tbps=wl.rate(alone), prefill_sms=part.prefill_sms,
+                              realized_sms=part.decode_sms)
+                done += 1
+                point = store.points[key.as_tuple()]
+                eta = (time.time() - started) / done * (len(todo) - done)
+                log(f"[{done}/{len(todo)} eta {eta:.0f}s] {key.workload} {kind} "
+                    f"ctas={key.ctas_per_sm} {key.state} {sms} SMs: {point['tbps']:.2f} TB/s")
