@@ -10,6 +10,7 @@ first so the persistent programs finish together.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -64,13 +65,32 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_ptr, sm_ids_ptr, n
                  out.to(o_ptr.dtype.element_ty), mask=rmask[:, None])
 
 
-def extend_metadata(extend_lens: Sequence[int], prefix_lens: Sequence[int], block_m: int,
-                    device: torch.device) -> tuple[torch.Tensor, int]:
-    """Pack per-sequence offsets and the longest-first list of query blocks into one int32 tensor."""
+def default_config() -> AttnConfig:
+    # H200 sweep (bench/kernels.py): 128x128 tiles, 8 warps, 2 stages was the best of those tried
+    return AttnConfig(16, 16, 1, 1) if interpreting() else AttnConfig(128, 128, 8, 2)
+
+
+@dataclass(frozen=True)
+class ExtendPlan:
+    """Per-sequence offsets and the longest-first list of query blocks, on the device.
+
+    Made once per batch and reused by every layer: building it copies host data to the GPU.
+    """
+
+    meta: torch.Tensor  # int32: q_start[B], extend_len[B], prefix_len[B], (seq, block) pairs
+    num_blocks: int
+    block_m: int
+    extend_lens: tuple[int, ...]
+    prefix_lens: tuple[int, ...]
+
+
+def plan_extend(extend_lens: Sequence[int], prefix_lens: Sequence[int], device,
+                block_m: int | None = None) -> ExtendPlan:
     if len(extend_lens) != len(prefix_lens):
         raise PdmuxError(f"{len(extend_lens)} extend lengths but {len(prefix_lens)} prefix lengths")
     if any(e < 0 for e in extend_lens) or any(p < 0 for p in prefix_lens):
         raise PdmuxError("extend and prefix lengths must be >= 0")
+    block_m = block_m or default_config().block_m
     starts, total = [], 0
     for e in extend_lens:
         starts.append(total)
@@ -78,8 +98,13 @@ def extend_metadata(extend_lens: Sequence[int], prefix_lens: Sequence[int], bloc
     blocks = [(b, qb) for b, e in enumerate(extend_lens) for qb in range(triton.cdiv(e, block_m))]
     # a block's work grows with the keys it sees: prefix plus its end within the sequence
     blocks.sort(key=lambda x: -(prefix_lens[x[0]] + min((x[1] + 1) * block_m, extend_lens[x[0]])))
-    flat = [*starts, *extend_lens, *prefix_lens, *(v for blk in blocks for v in blk)]
-    return torch.tensor(flat, dtype=torch.int32).to(device, non_blocking=True), len(blocks)
+    flat = torch.tensor([*starts, *extend_lens, *prefix_lens, *(v for blk in blocks for v in blk)],
+                        dtype=torch.int32)
+    device = torch.device(device)
+    if device.type == "cuda":
+        flat = flat.pin_memory()  # an async copy: a pageable one would wait for the stream
+    return ExtendPlan(flat.to(device, non_blocking=True), len(blocks), block_m,
+                      tuple(extend_lens), tuple(prefix_lens))
 
 
 def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -87,9 +112,12 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      prefix_lens: Sequence[int], page_size: int, sm_scale: float | None = None,
                      out: torch.Tensor | None = None, *, num_sms: int | None = None,
                      ctas_per_sm: int = 1, config: AttnConfig | None = None,
+                     plan: ExtendPlan | None = None,
                      sm_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of q [sum(extend_lens), Hq, D] (sequences packed back to back) over each
-    sequence's cached tokens: prefix_lens[b] earlier ones plus the extend_lens[b] new ones."""
+    sequence's cached tokens: prefix_lens[b] earlier ones plus the extend_lens[b] new ones.
+
+    Pass a `plan` from `plan_extend` to reuse the batch's device metadata across layers."""
     check_tensor("q", q, 3, FLOAT_DTYPES)
     dev = q.device
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
@@ -119,8 +147,13 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         raise PdmuxError(f"out must have the shape of q {(T, HQ, D)}, got {tuple(out.shape)}")
     if T == 0:
         return out
-    cfg = config or (AttnConfig(16, 16, 1, 1) if interpreting() else AttnConfig(128, 128, 8, 2))
-    meta, num_blocks = extend_metadata(extend_lens, prefix_lens, cfg.block_m, dev)
+    cfg = config or default_config()
+    if plan is None:
+        plan = plan_extend(extend_lens, prefix_lens, dev, cfg.block_m)
+    elif (plan.block_m, plan.extend_lens, plan.prefix_lens) != (cfg.block_m, tuple(extend_lens),
+                                                               tuple(prefix_lens)):
+        raise PdmuxError("the extend plan was made for other lengths or another block_m")
+    meta, num_blocks = plan.meta, plan.num_blocks
     grid = grid_size(num_blocks * HQ, num_sms, ctas_per_sm, dev)
     sm_buf, record = telemetry_args(sm_ids, grid, dev)
     scale = (sm_scale if sm_scale is not None else D ** -0.5) * LOG2E

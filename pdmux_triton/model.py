@@ -16,6 +16,7 @@ from pdmux_triton.errors import PdmuxError
 from pdmux_triton.hardware import ModelSpec
 from pdmux_triton.kernels import (decode_attention, extend_attention, linear, rmsnorm, rope_,
                                   rope_cache, silu_mul, store_kv)
+from pdmux_triton.kernels.prefill_attention import plan_extend
 
 
 @dataclass(frozen=True)
@@ -180,10 +181,11 @@ class Model:
         elif hidden is None:
             raise PdmuxError(f"a prefill resumed at layer {start} needs the hidden states")
         ps = self.cache.page_size
+        plan = plan_extend(batch.extend_lens, batch.prefix_lens, batch.tokens.device)
 
         def attend(q, kc, vc):
             return extend_attention(q, kc, vc, batch.page_table, batch.extend_lens,
-                                    batch.prefix_lens, ps, **budget.kw)
+                                    batch.prefix_lens, ps, plan=plan, **budget.kw)
         for i in range(start, end):
             hidden, residual = self.layer(i, hidden, residual, batch.positions, batch.slots,
                                           attend, budget)
