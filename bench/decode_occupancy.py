@@ -1,0 +1,107 @@
+"""Decode kernels on a small SM budget: bandwidth per SM of tile/pipeline variants.
+
+S_SAT is set by how much bandwidth one SM's programs pull: a decode kernel that streams
+40 GB/s per SM needs three times the SMs of one that streams 120. This sweeps the knobs of the
+decode attention and decode GEMM at a few budgets (1 CTA per SM, the honest grid cap) and
+writes <out>/decode-occupancy-<gpu>.json with a table per kernel, best first.
+
+    python bench/decode_occupancy.py --out bench/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+from triton.testing import do_bench_cudagraph
+
+sys.path.insert(0, str(Path(__file__).parent))
+from kernels import QWEN3_8B_LINEARS, Results, cycle, decode_cases, paged_cache, rotating  # noqa: E402
+
+from pdmux_triton.hardware import detect_gpu  # noqa: E402
+from pdmux_triton.kernels import AttnConfig, GemmConfig, decode_attention, linear  # noqa: E402
+
+BUDGETS = (16, 52, 132)
+ATTN_VARIANTS = [(cfg, flatten) for cfg in (AttnConfig(16, 128, 4, 3), AttnConfig(16, 64, 4, 4),
+                                             AttnConfig(16, 128, 4, 4), AttnConfig(16, 128, 8, 3),
+                                             AttnConfig(16, 256, 8, 2))
+                 for flatten in (False, True)]
+GEMM_VARIANTS = {
+    1: [None, GemmConfig(16, 64, 256, 4, 4), GemmConfig(16, 128, 256, 8, 3),
+        GemmConfig(16, 64, 512, 4, 3), GemmConfig(16, 32, 512, 4, 4), GemmConfig(16, 128, 128, 4, 6)],
+    32: [None, GemmConfig(32, 64, 256, 4, 3), GemmConfig(32, 128, 128, 8, 4),
+         GemmConfig(32, 64, 128, 4, 6), GemmConfig(32, 32, 256, 4, 4), GemmConfig(64, 64, 128, 4, 6)],
+}
+
+
+def t_graph(fn) -> float:
+    return do_bench_cudagraph(fn, rep=30, return_mode="median")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="bench/results")
+    args = p.parse_args(argv)
+    gpu = detect_gpu()
+    res = Results(Path(args.out) / f"decode-occupancy-{gpu.name}.json", gpu.name)
+    for case in ("32x8192", "ragged32_100_16000"):
+        lens = decode_cases()[case]
+        k, v, table = paged_cache(lens, 16)
+        q = torch.randn(len(lens), 32, 128, dtype=torch.bfloat16, device="cuda")
+        seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
+        nbytes = sum(lens) * 8 * 128 * 4
+        for budget in BUDGETS:
+            for cfg, flatten in ATTN_VARIANTS:
+                for chunk in (None, 2048):
+                    try:
+                        ms = t_graph(lambda: decode_attention(q, k, v, table, seq, 16, max(lens),
+                                                              num_sms=budget, config=cfg,
+                                                              flatten=flatten, chunk=chunk))
+                    except Exception as err:  # a variant that does not fit: record why
+                        res.row(kernel="decode_attention", case=case, sms=budget, config=str(cfg),
+                                flatten=flatten, chunk=chunk, error=str(err)[:160])
+                        continue
+                    res.row(kernel="decode_attention", case=case, sms=budget, config=str(cfg),
+                            flatten=flatten, chunk=chunk, tbps=nbytes / ms / 1e9,
+                            gbps_per_sm=nbytes / ms / 1e6 / budget)
+        res.save()
+        del k, v, table
+    l2 = int(gpu.l2_mib * 2**20)
+    for M, variants in GEMM_VARIANTS.items():
+        for name in ("o", "gate_up"):
+            N, K = QWEN3_8B_LINEARS[name]
+            next_w = cycle(rotating(lambda: torch.randn(N, K, dtype=torch.bfloat16, device="cuda"),
+                                    N * K * 2, l2))
+            x = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
+            for budget in BUDGETS:
+                for cfg in variants:
+                    try:
+                        ms = t_graph(lambda: linear(x, next_w(), num_sms=budget, config=cfg))
+                    except Exception as err:
+                        res.row(kernel="decode_linear", shape=name, M=M, sms=budget,
+                                config=str(cfg), error=str(err)[:160])
+                        continue
+                    res.row(kernel="decode_linear", shape=name, M=M, sms=budget,
+                            config=str(cfg or "default"), tbps=N * K * 2 / ms / 1e9,
+                            gbps_per_sm=N * K * 2 / ms / 1e6 / budget)
+            res.save()
+    print("\nbest per (kernel, case/shape, budget):")
+    best: dict = {}
+    for r in res.data["rows"]:
+        if "tbps" not in r:
+            continue
+        key = (r["kernel"], r.get("case") or f"{r['shape']} M={r['M']}", r["sms"])
+        if key not in best or r["tbps"] > best[key]["tbps"]:
+            best[key] = r
+    for key, r in sorted(best.items()):
+        print(f"{key[0]:<17} {key[1]:<20} {key[2]:>4} SMs {r['tbps']:6.2f} TB/s "
+              f"{r['gbps_per_sm']:6.1f} GB/s/SM  {r['config']} flatten={r.get('flatten', '-')} "
+              f"chunk={r.get('chunk', '-')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
