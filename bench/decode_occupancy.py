@@ -25,10 +25,8 @@ from pdmux_triton.hardware import detect_gpu  # noqa: E402
 from pdmux_triton.kernels import AttnConfig, GemmConfig, decode_attention, linear  # noqa: E402
 
 BUDGETS = (16, 52, 132)
-ATTN_VARIANTS = [(cfg, flatten) for cfg in (AttnConfig(16, 128, 4, 3), AttnConfig(16, 64, 4, 4),
-                                             AttnConfig(16, 128, 4, 4), AttnConfig(16, 128, 8, 3),
-                                             AttnConfig(16, 256, 8, 2))
-                 for flatten in (False, True)]
+ATTN_CONFIGS = [AttnConfig(16, 128, 4, 3), AttnConfig(16, 64, 4, 4), AttnConfig(16, 128, 4, 4),
+                AttnConfig(16, 128, 8, 3), AttnConfig(16, 256, 8, 2)]
 GEMM_VARIANTS = {
     1: [None, GemmConfig(16, 64, 256, 4, 4), GemmConfig(16, 128, 256, 8, 3),
         GemmConfig(16, 64, 512, 4, 3), GemmConfig(16, 32, 512, 4, 4), GemmConfig(16, 128, 128, 4, 6)],
@@ -54,18 +52,18 @@ def main(argv=None) -> int:
         seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
         nbytes = sum(lens) * 8 * 128 * 4
         for budget in BUDGETS:
-            for cfg, flatten in ATTN_VARIANTS:
+            for cfg in ATTN_CONFIGS:
                 for chunk in (None, 2048):
                     try:
                         ms = t_graph(lambda: decode_attention(q, k, v, table, seq, 16, max(lens),
                                                               num_sms=budget, config=cfg,
-                                                              flatten=flatten, chunk=chunk))
+                                                              chunk=chunk))
                     except Exception as err:  # a variant that does not fit: record why
                         res.row(kernel="decode_attention", case=case, sms=budget, config=str(cfg),
-                                flatten=flatten, chunk=chunk, error=str(err)[:160])
+                                chunk=chunk, error=str(err)[:160])
                         continue
                     res.row(kernel="decode_attention", case=case, sms=budget, config=str(cfg),
-                            flatten=flatten, chunk=chunk, tbps=nbytes / ms / 1e9,
+                            chunk=chunk, tbps=nbytes / ms / 1e9,
                             gbps_per_sm=nbytes / ms / 1e6 / budget)
         res.save()
         del k, v, table
@@ -98,8 +96,7 @@ def main(argv=None) -> int:
             best[key] = r
     for key, r in sorted(best.items()):
         print(f"{key[0]:<17} {key[1]:<20} {key[2]:>4} SMs {r['tbps']:6.2f} TB/s "
-              f"{r['gbps_per_sm']:6.1f} GB/s/SM  {r['config']} flatten={r.get('flatten', '-')} "
-              f"chunk={r.get('chunk', '-')}")
+              f"{r['gbps_per_sm']:6.1f} GB/s/SM  {r['config']} chunk={r.get('chunk', '-')}")
     return 0
 
 

@@ -26,13 +26,6 @@ def _load_rows(ptr, offs, in_range, MASKED: tl.constexpr):
 
 
 @triton.jit
-def _load_pages(page_row_ptr, pos, page_size, end, MASKED: tl.constexpr):
-    if MASKED:
-        return tl.load(page_row_ptr + pos // page_size, mask=pos < end, other=0)
-    return tl.load(page_row_ptr + pos // page_size)
-
-
-@triton.jit
 def attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row_ptr, page_size, start, end, slot_stride,
                  head_offset, q_pos, scale_log2, BLOCK_N: tl.constexpr, D: tl.constexpr,
                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, EARLY_V: tl.constexpr):
@@ -44,19 +37,18 @@ def attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row_ptr, page_size, star
     compute-bound prefill loads V after the softmax, keeping registers for the tiles.
     """
     d = tl.arange(0, D)
-    # Page ids are fetched one block ahead: a K/V load then never waits on the page-table load
-    # that gives its address (two dependent memory round trips per block otherwise).
-    pos = start + tl.arange(0, BLOCK_N)
-    page = _load_pages(page_row_ptr, pos, page_size, end, MASKED)
     for n in range(start, end, BLOCK_N):
+        pos = n + tl.arange(0, BLOCK_N)
         in_range = pos < end
+        if MASKED:
+            page = tl.load(page_row_ptr + pos // page_size, mask=in_range, other=0)
+        else:
+            page = tl.load(page_row_ptr + pos // page_size)
         slot = page.to(tl.int64) * page_size + pos % page_size
         offs = slot[:, None] * slot_stride + head_offset + d[None, :]
         k = _load_rows(kc_ptr, offs, in_range, MASKED)
         if EARLY_V:
             v = _load_rows(vc_ptr, offs, in_range, MASKED)
-        next_pos = pos + BLOCK_N
-        next_page = _load_pages(page_row_ptr, next_pos, page_size, end, True)
         qk = tl.dot(q, tl.trans(k)) * scale_log2
         if MASKED:
             valid = in_range[None, :]
@@ -72,6 +64,4 @@ def attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row_ptr, page_size, star
             v = _load_rows(vc_ptr, offs, in_range, MASKED)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
-        pos = next_pos
-        page = next_page
     return acc, m_i, l_i

@@ -37,42 +37,41 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, pa
                    sm_ids_ptr, B, KV_HEADS, num_splits, chunk, scale_log2, page_size,
                    sq_b, sq_h, so_b, so_h, sc_s, sc_h, spt_b,
                    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-                   D: tl.constexpr, DIRECT: tl.constexpr, FLATTEN: tl.constexpr,
-                   RECORD_SM: tl.constexpr):
+                   D: tl.constexpr, DIRECT: tl.constexpr, RECORD_SM: tl.constexpr):
     pid = tl.program_id(0)
     if RECORD_SM:
         tl.store(sm_ids_ptr + pid, tl.extra.cuda.smid())
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, D)
     gmask = g < GROUP
-    # FLATTEN lets the software pipeline run on from one tile's K/V blocks into the next's, so
-    # a program's loads never drain between tiles. An empty tile (a split past its request's
-    # end) runs zero iterations and writes nothing, or zeros when it owns the output.
-    for tile in tl.range(pid, B * KV_HEADS * num_splits, tl.num_programs(0), flatten=FLATTEN):
+    for tile in tl.range(pid, B * KV_HEADS * num_splits, tl.num_programs(0)):
         split = tile % num_splits
         h = (tile // num_splits) % KV_HEADS
         b = tile // (num_splits * KV_HEADS)
         seq_len = tl.load(len_ptr + b)
         start = split * chunk
         end = tl.minimum(seq_len, start + chunk)
-        heads = h * GROUP + g
-        q = tl.load(q_ptr + b * sq_b + heads[:, None] * sq_h + d[None, :], mask=gmask[:, None],
-                    other=0.0)
-        acc = tl.zeros((BLOCK_G, D), dtype=tl.float32)
-        m_i = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)
-        acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, pt_ptr + b * spt_b,
-                                     page_size, start, end, sc_s, h * sc_h, g, scale_log2,
-                                     BLOCK_N, D, True, False, True)
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        if DIRECT:
-            o = o_ptr + b * so_b + heads[:, None] * so_h + d[None, :]
-            tl.store(o, out.to(o_ptr.dtype.element_ty), mask=gmask[:, None])
-        else:
-            row = tile * GROUP + g
-            keep = gmask & (start < end)
-            tl.store(part_o_ptr + row[:, None] * D + d[None, :], out, mask=keep[:, None])
-            tl.store(part_lse_ptr + row, m_i + tl.log2(l_i), mask=keep)
+        if start < end:
+            heads = h * GROUP + g
+            q = tl.load(q_ptr + b * sq_b + heads[:, None] * sq_h + d[None, :], mask=gmask[:, None],
+                        other=0.0)
+            acc = tl.zeros((BLOCK_G, D), dtype=tl.float32)
+            m_i = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
+            l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)
+            acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, pt_ptr + b * spt_b,
+                                         page_size, start, end, sc_s, h * sc_h, g, scale_log2,
+                                         BLOCK_N, D, True, False, True)
+            out = acc / l_i[:, None]
+            if DIRECT:
+                o = o_ptr + b * so_b + heads[:, None] * so_h + d[None, :]
+                tl.store(o, out.to(o_ptr.dtype.element_ty), mask=gmask[:, None])
+            else:
+                row = tile * GROUP + g
+                tl.store(part_o_ptr + row[:, None] * D + d[None, :], out, mask=gmask[:, None])
+                tl.store(part_lse_ptr + row, m_i + tl.log2(l_i), mask=gmask)
+        elif DIRECT:  # an empty request still owns its output rows
+            o = o_ptr + b * so_b + (h * GROUP + g)[:, None] * so_h + d[None, :]
+            tl.store(o, tl.zeros((BLOCK_G, D), dtype=o_ptr.dtype.element_ty), mask=gmask[:, None])
 
 
 @triton.jit
@@ -103,7 +102,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      max_seq_len: int, sm_scale: float | None = None,
                      out: torch.Tensor | None = None, *, num_sms: int | None = None,
                      ctas_per_sm: int = 1, chunk: int | None = None,
-                     config: AttnConfig | None = None, flatten: bool = True, sm_ids: torch.Tensor | None = None) -> torch.Tensor:
+                     config: AttnConfig | None = None, sm_ids: torch.Tensor | None = None) -> torch.Tensor:
     """out[b, h] = softmax(q[b, h] . K_b^T * scale) V_b over the first seq_lens[b] cached tokens.
 
     q [B, Hq, D]; caches [slots, Hkv, D]; page_table [B, pages] int32 (page ids); seq_lens [B]
@@ -161,8 +160,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         chunk, scale, page_size, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), page_table.stride(0),
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, D=D,
-        DIRECT=direct, FLATTEN=flatten, RECORD_SM=record, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
+        DIRECT=direct, RECORD_SM=record, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if not direct:
         _merge_kernel[(grid_size(B * HQ, num_sms, ctas_per_sm, dev),)](
             part_o, part_lse, seq_lens, out, sm_buf, B, HQ, splits, chunk, out.stride(0),
