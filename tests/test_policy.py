@@ -155,3 +155,40 @@ def test_manual_divisions_checked_against_the_gpu(tmp_path, division, message):
 def test_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(PdmuxError, match="cannot read pdmux config"):
         policy.load_config(tmp_path / "nope.yaml")
+
+
+# --- properties over any GPU size ---------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=200, deadline=None)
+@given(sms=st.integers(32, 256), major=st.sampled_from([6, 7, 8, 9, 10, 12]),
+       group_num=st.integers(3, 12))
+def test_levels_are_valid_green_splits(sms, major, group_num):
+    min_part, granularity = policy.arch_constraints(major)
+    possible = [x for x in range(min_part, sms, granularity) if x >= sms - x >= 16]
+    if not possible:
+        with pytest.raises(PdmuxError, match="no PD-mux split"):
+            policy.stream_groups(sms, major, group_num)
+        return
+    groups = policy.stream_groups(sms, major, group_num)
+    assert groups[0] == (sms, 0) and groups[-1] == (0, sms)
+    middle = groups[1:-1]
+    assert 1 <= len(middle) <= group_num - 2
+    assert [p for p, _ in middle] == sorted({p for p, _ in middle}, reverse=True)
+    for p, d in middle:
+        assert p + d == sms and p >= d >= 16 and (p - min_part) % granularity == 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(sms=st.integers(32, 256), major=st.sampled_from([8, 9]), divisor=st.integers(1, 80))
+def test_more_decode_never_means_fewer_decode_sms(sms, major, divisor):
+    try:
+        groups = policy.stream_groups(sms, major)
+    except PdmuxError:
+        return  # too few SMs for any split: covered above
+    picks = [policy.choose_group(groups, bs, True, divisor) for bs in range(1, 3 * divisor + 2)]
+    assert picks == sorted(picks)
+    assert all(1 <= i <= len(groups) - 2 for i in picks)
