@@ -11,7 +11,6 @@ writes <out>/decode-occupancy-<gpu>.json with a table per kernel, best first.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -66,7 +65,6 @@ def main(argv=None) -> int:
                             chunk=chunk, tbps=nbytes / ms / 1e9,
                             gbps_per_sm=nbytes / ms / 1e6 / budget)
         res.save()
-        del k, v, table
     l2 = int(gpu.l2_mib * 2**20)
     for M, variants in GEMM_VARIANTS.items():
         for name in ("o", "gate_up"):

@@ -108,7 +108,6 @@ def bench_stream(res: Results, sms: int, quick: bool) -> float:
         curve[k] = nbytes / t_graph(lambda: stream_read(buf, num_sms=k)) / 1e9
     res.data["curves"]["stream_read_tbps"] = curve
     print("stream curve", {k: round(v, 2) for k, v in curve.items()}, flush=True)
-    del buf, dst
     return default_tbps
 
 
@@ -148,7 +147,6 @@ def bench_gemm(res: Results, sms: int, quick: bool):
             scaling.append(eff)
             res.row(kernel="gemm_capped", shape=name, M=M, sms=k, ms=ms_k, tflops=flops / ms_k / 1e9,
                     scaling_efficiency=eff)
-        del x, w
     geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
     return geomean, min(scaling)
 
@@ -188,7 +186,6 @@ def bench_decode_linear(res: Results, sms: int, l2: int, stream_tbps: float, qui
                     ms_alt = t_graph(lambda: linear(x, next_w(), num_sms=sms, config=cfg))
                     res.row(kernel="decode_linear", config=str(cfg), shape=name, M=M, sms=sms,
                             ms=ms_alt, tbps=nbytes / ms_alt / 1e9)
-            del x, next_w
             torch.cuda.empty_cache()
     x, next_w = _decode_linear_case(32, *QWEN3_8B_LINEARS["gate_up"], l2)
     nbytes = QWEN3_8B_LINEARS["gate_up"][0] * QWEN3_8B_LINEARS["gate_up"][1] * 2
@@ -260,7 +257,6 @@ def bench_decode_attention(res: Results, sms: int, stream_tbps: float, quick: bo
             curve = {b: nbytes / t_graph(lambda: run(b)) / 1e9 for b in CURVE_BUDGETS}
             res.data["curves"]["decode_attention_32x8192_tbps"] = curve
             print("decode attention curve", {b: round(x, 2) for b, x in curve.items()}, flush=True)
-        del k, v, table
         torch.cuda.empty_cache()
     return min(fracs)
 

@@ -11,6 +11,8 @@ import functools
 import os
 
 import torch
+import triton
+import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
 
@@ -44,6 +46,21 @@ def grid_size(num_tiles: int, num_sms: int | None, ctas_per_sm: int, device: tor
     if isinstance(ctas_per_sm, bool) or not isinstance(ctas_per_sm, int) or ctas_per_sm < 1:
         raise PdmuxError(f"ctas_per_sm must be a positive integer, got {ctas_per_sm!r}")
     return max(1, min(num_sms * ctas_per_sm, num_tiles))
+
+
+@triton.jit
+def record_sm(sm_ids_ptr, RECORD_SM: tl.constexpr):
+    """Telemetry: store this program's SM id (only when asked; the interpreter has no %smid)."""
+    if RECORD_SM:
+        tl.store(sm_ids_ptr + tl.program_id(0), tl.extra.cuda.smid())
+
+
+@triton.jit
+def row_piece(tile, ncols, BLOCK: tl.constexpr):
+    """Tile -> (row, column offsets, mask) when every row is cut into BLOCK-wide pieces."""
+    pieces = tl.cdiv(ncols, BLOCK)
+    cols = (tile % pieces) * BLOCK + tl.arange(0, BLOCK)
+    return tile // pieces, cols, cols < ncols
 
 
 def telemetry_args(sm_ids: torch.Tensor | None, grid: int, device: torch.device):

@@ -3,8 +3,12 @@ gathered from the paged cache ([slots, kv_heads, head_dim]; slot = page * page_s
 
 from dataclasses import dataclass
 
+import torch
 import triton
 import triton.language as tl
+
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.kernels._launch import FLOAT_DTYPES, check_tensor
 
 
 @dataclass(frozen=True)
@@ -16,6 +20,29 @@ class AttnConfig:
     block_n: int
     num_warps: int
     num_stages: int
+
+
+def check_paged_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                       page_table: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """The checks both attention launchers make; returns `out`, allocated if not given."""
+    check_tensor("q", q, 3, FLOAT_DTYPES)
+    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
+        check_tensor(name, t, 3, (q.dtype,), q.device)
+    check_tensor("page_table", page_table, 2, (torch.int32,), q.device)
+    _, HQ, D = q.shape
+    HKV = k_cache.shape[1]
+    if k_cache.shape != v_cache.shape or k_cache.shape[2] != D or k_cache.stride() != v_cache.stride():
+        raise PdmuxError(f"k_cache and v_cache must both be [slots, kv_heads, {D}] with equal "
+                         f"strides, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    if HQ % HKV:
+        raise PdmuxError(f"{HQ} query heads do not divide into {HKV} KV heads")
+    if D & (D - 1) or D < 16:
+        raise PdmuxError(f"head dim must be a power of two >= 16, got {D}")
+    out = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
+    check_tensor("out", out, 3, (q.dtype,), q.device)
+    if out.shape != q.shape:
+        raise PdmuxError(f"out must have the shape of q {tuple(q.shape)}, got {tuple(out.shape)}")
+    return out
 
 
 @triton.jit

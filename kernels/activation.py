@@ -7,20 +7,17 @@ import triton
 import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import FLOAT_DTYPES, check_tensor, grid_size, telemetry_args
+from pdmux_triton.kernels._launch import (FLOAT_DTYPES, check_tensor, grid_size, record_sm,
+                                          row_piece, telemetry_args)
 
 
 @triton.jit
 def _silu_mul_kernel(x_ptr, y_ptr, sm_ids_ptr, T, I, sx_t, sy_t,
                      BLOCK: tl.constexpr, RECORD_SM: tl.constexpr):
     pid = tl.program_id(0)
-    if RECORD_SM:
-        tl.store(sm_ids_ptr + pid, tl.extra.cuda.smid())
-    col_blocks = tl.cdiv(I, BLOCK)
-    for tile in tl.range(pid, T * col_blocks, tl.num_programs(0)):
-        t = tile // col_blocks
-        c = (tile % col_blocks) * BLOCK + tl.arange(0, BLOCK)
-        mask = c < I
+    record_sm(sm_ids_ptr, RECORD_SM)
+    for tile in tl.range(pid, T * tl.cdiv(I, BLOCK), tl.num_programs(0)):
+        t, c, mask = row_piece(tile, I, BLOCK)
         gate = tl.load(x_ptr + t * sx_t + c, mask=mask, other=0.0).to(tl.float32)
         up = tl.load(x_ptr + t * sx_t + I + c, mask=mask, other=0.0).to(tl.float32)
         y = gate / (1.0 + tl.exp(-gate)) * up

@@ -15,9 +15,9 @@ import triton
 import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import (FLOAT_DTYPES, check_tensor, grid_size, interpreting,
+from pdmux_triton.kernels._launch import (check_tensor, grid_size, interpreting, record_sm,
                                           telemetry_args)
-from pdmux_triton.kernels._paged import AttnConfig, attend_range
+from pdmux_triton.kernels._paged import AttnConfig, attend_range, check_paged_inputs
 
 LOG2E = 1.4426950408889634
 MIN_CHUNK, MAX_CHUNK, MAX_SPLITS = 256, 1024, 128
@@ -39,8 +39,7 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, pa
                    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
                    D: tl.constexpr, DIRECT: tl.constexpr, RECORD_SM: tl.constexpr):
     pid = tl.program_id(0)
-    if RECORD_SM:
-        tl.store(sm_ids_ptr + pid, tl.extra.cuda.smid())
+    record_sm(sm_ids_ptr, RECORD_SM)
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, D)
     gmask = g < GROUP
@@ -109,31 +108,17 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     int32 on the device, at most `max_seq_len` (a host bound, so the launch needs no sync and
     can be captured in a CUDA graph). A request of length 0 gets zeros.
     """
-    check_tensor("q", q, 3, FLOAT_DTYPES)
+    out = check_paged_inputs(q, k_cache, v_cache, page_table, out)
     dev = q.device
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        check_tensor(name, t, 3, (q.dtype,), dev)
-    check_tensor("page_table", page_table, 2, (torch.int32,), dev)
     check_tensor("seq_lens", seq_lens, 1, (torch.int32,), dev)
     B, HQ, D = q.shape
     HKV = k_cache.shape[1]
-    if k_cache.shape != v_cache.shape or k_cache.shape[2] != D or k_cache.stride() != v_cache.stride():
-        raise PdmuxError(f"k_cache and v_cache must both be [slots, kv_heads, {D}] with equal "
-                         f"strides, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
-    if HQ % HKV:
-        raise PdmuxError(f"{HQ} query heads do not divide into {HKV} KV heads")
-    if D & (D - 1) or D < 16:
-        raise PdmuxError(f"head dim must be a power of two >= 16, got {D}")
     if page_table.shape[0] != B or seq_lens.shape[0] != B:
         raise PdmuxError(f"page_table and seq_lens need one row per request ({B}), got "
                          f"{page_table.shape[0]} and {seq_lens.shape[0]}")
     if page_size < 1 or max_seq_len < 0 or max_seq_len > page_table.shape[1] * page_size:
         raise PdmuxError(f"max_seq_len {max_seq_len} must fit in the page table: "
                          f"{page_table.shape[1]} pages of {page_size} tokens")
-    out = torch.empty(q.shape, dtype=q.dtype, device=dev) if out is None else out
-    check_tensor("out", out, 3, (q.dtype,), dev)
-    if tuple(out.shape) != (B, HQ, D):
-        raise PdmuxError(f"out must have the shape of q {(B, HQ, D)}, got {tuple(out.shape)}")
     if B == 0:
         return out
     group = HQ // HKV

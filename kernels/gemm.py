@@ -16,7 +16,8 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import (check_tensor, grid_size, interpreting, telemetry_args)
+from pdmux_triton.kernels._launch import (check_tensor, grid_size, interpreting, record_sm,
+                                          telemetry_args)
 
 GEMM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -89,8 +90,7 @@ def _gemm_kernel(x_desc, w_desc, y_ptr, part_ptr, sm_ids_ptr, M, N, k_per_split,
                  SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, RECORD_SM: tl.constexpr):
     pid = tl.program_id(0)
-    if RECORD_SM:
-        tl.store(sm_ids_ptr + pid, tl.extra.cuda.smid())
+    record_sm(sm_ids_ptr, RECORD_SM)
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     tiles_mn = tiles_m * tiles_n

@@ -12,20 +12,16 @@ import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels._launch import (FLOAT_DTYPES, INDEX_DTYPES, check_tensor, grid_size,
-                                          telemetry_args)
+                                          record_sm, row_piece, telemetry_args)
 
 
 @triton.jit
 def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, sm_ids_ptr, T, HD, sk_t, sv_t, sc_s,
                      BLOCK: tl.constexpr, RECORD_SM: tl.constexpr):
     pid = tl.program_id(0)
-    if RECORD_SM:
-        tl.store(sm_ids_ptr + pid, tl.extra.cuda.smid())
-    col_blocks = tl.cdiv(HD, BLOCK)
-    for tile in tl.range(pid, T * col_blocks, tl.num_programs(0)):
-        t = tile // col_blocks
-        c = (tile % col_blocks) * BLOCK + tl.arange(0, BLOCK)
-        mask = c < HD
+    record_sm(sm_ids_ptr, RECORD_SM)
+    for tile in tl.range(pid, T * tl.cdiv(HD, BLOCK), tl.num_programs(0)):
+        t, c, mask = row_piece(tile, HD, BLOCK)
         slot = tl.load(slot_ptr + t).to(tl.int64)
         tl.store(kc_ptr + slot * sc_s + c, tl.load(k_ptr + t * sk_t + c, mask=mask), mask=mask)
         tl.store(vc_ptr + slot * sc_s + c, tl.load(v_ptr + t * sv_t + c, mask=mask), mask=mask)

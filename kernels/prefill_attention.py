@@ -17,9 +17,8 @@ import triton
 import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import (FLOAT_DTYPES, check_tensor, grid_size, interpreting,
-                                          telemetry_args)
-from pdmux_triton.kernels._paged import AttnConfig, attend_range
+from pdmux_triton.kernels._launch import grid_size, interpreting, record_sm, telemetry_args
+from pdmux_triton.kernels._paged import AttnConfig, attend_range, check_paged_inputs
 
 LOG2E = 1.4426950408889634
 
@@ -31,8 +30,7 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_ptr, sm_ids_ptr, n
                    D: tl.constexpr, RECORD_SM: tl.constexpr):
     # meta (int32): q_start[B], extend_len[B], prefix_len[B], then (seq, q block) per block
     pid = tl.program_id(0)
-    if RECORD_SM:
-        tl.store(sm_ids_ptr + pid, tl.extra.cuda.smid())
+    record_sm(sm_ids_ptr, RECORD_SM)
     d = tl.arange(0, D)
     for tile in tl.range(pid, num_blocks * Q_HEADS, tl.num_programs(0)):
         entry = tile // Q_HEADS
@@ -118,21 +116,11 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     sequence's cached tokens: prefix_lens[b] earlier ones plus the extend_lens[b] new ones.
 
     Pass a `plan` from `plan_extend` to reuse the batch's device metadata across layers."""
-    check_tensor("q", q, 3, FLOAT_DTYPES)
+    out = check_paged_inputs(q, k_cache, v_cache, page_table, out)
     dev = q.device
-    for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
-        check_tensor(name, t, 3, (q.dtype,), dev)
-    check_tensor("page_table", page_table, 2, (torch.int32,), dev)
     T, HQ, D = q.shape
     HKV = k_cache.shape[1]
     B = len(extend_lens)
-    if k_cache.shape != v_cache.shape or k_cache.shape[2] != D or k_cache.stride() != v_cache.stride():
-        raise PdmuxError(f"k_cache and v_cache must both be [slots, kv_heads, {D}] with equal "
-                         f"strides, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
-    if HQ % HKV:
-        raise PdmuxError(f"{HQ} query heads do not divide into {HKV} KV heads")
-    if D & (D - 1) or D < 16:
-        raise PdmuxError(f"head dim must be a power of two >= 16, got {D}")
     if sum(extend_lens) != T:
         raise PdmuxError(f"q has {T} tokens but extend_lens sum to {sum(extend_lens)}")
     if page_table.shape[0] < B:
@@ -141,10 +129,6 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if longest > page_table.shape[1] * page_size:
         raise PdmuxError(f"a sequence of {longest} tokens does not fit the page table: "
                          f"{page_table.shape[1]} pages of {page_size}")
-    out = torch.empty(q.shape, dtype=q.dtype, device=dev) if out is None else out
-    check_tensor("out", out, 3, (q.dtype,), dev)
-    if tuple(out.shape) != (T, HQ, D):
-        raise PdmuxError(f"out must have the shape of q {(T, HQ, D)}, got {tuple(out.shape)}")
     if T == 0:
         return out
     cfg = config or default_config()

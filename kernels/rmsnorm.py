@@ -11,7 +11,8 @@ import triton
 import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import FLOAT_DTYPES, check_tensor, grid_size, telemetry_args
+from pdmux_triton.kernels._launch import (FLOAT_DTYPES, check_tensor, grid_size, record_sm,
+                                          telemetry_args)
 
 
 @triton.jit
@@ -20,8 +21,7 @@ def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, sm_ids_ptr, rows, H, D,
                     HAS_RESIDUAL: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
                     RECORD_SM: tl.constexpr):
     pid = tl.program_id(0)
-    if RECORD_SM:
-        tl.store(sm_ids_ptr + pid, tl.extra.cuda.smid())
+    record_sm(sm_ids_ptr, RECORD_SM)
     d = tl.arange(0, BLOCK_D)
     w = tl.load(w_ptr + d, mask=d < D, other=0.0).to(tl.float32)
     for start in tl.range(pid * ROWS, rows, tl.num_programs(0) * ROWS):

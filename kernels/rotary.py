@@ -12,7 +12,7 @@ import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels._launch import (FLOAT_DTYPES, INDEX_DTYPES, check_tensor, grid_size,
-                                          telemetry_args)
+                                          record_sm, telemetry_args)
 
 
 def rope_cache(max_positions: int, head_dim: int, theta: float,
@@ -28,8 +28,7 @@ def _rope_kernel(x_ptr, pos_ptr, cs_ptr, w_ptr, sm_ids_ptr, rows, H, sx_t, sx_h,
                  HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, ROWS: tl.constexpr,
                  NORM: tl.constexpr, RECORD_SM: tl.constexpr):
     pid = tl.program_id(0)
-    if RECORD_SM:
-        tl.store(sm_ids_ptr + pid, tl.extra.cuda.smid())
+    record_sm(sm_ids_ptr, RECORD_SM)
     d = tl.arange(0, BLOCK_HALF)
     dmask = d < HALF
     if NORM:

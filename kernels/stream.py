@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import grid_size, telemetry_args, interpreting
+from pdmux_triton.kernels._launch import grid_size, interpreting, record_sm, telemetry_args
 
 # One program per SM must keep enough bytes in flight to cover HBM latency: each step issues
 # UNROLL independent loads of BLOCK words before using any. bench/kernels.py sweeps these.
@@ -21,8 +21,7 @@ STREAM_WARPS = 32  # H200, 1 CTA/SM: 4.64 TB/s (8 warps: 2.9 TB/s)
 def _stream_read_kernel(src_ptr, out_ptr, sm_ids_ptr, n, BLOCK: tl.constexpr,
                         UNROLL: tl.constexpr, RECORD_SM: tl.constexpr):
     pid = tl.program_id(0)
-    if RECORD_SM:
-        tl.store(sm_ids_ptr + pid, tl.extra.cuda.smid())
+    record_sm(sm_ids_ptr, RECORD_SM)
     acc = tl.zeros((BLOCK,), dtype=tl.int32)
     step = BLOCK * UNROLL
     for start in tl.range(pid * step, n, tl.num_programs(0) * step):
