@@ -191,6 +191,71 @@ def cmd_compare(args) -> None:
     print(f"wrote {out / f'compare-{gpu.name}.json'} and compare-{gpu.name}.png")
 
 
+def cmd_run(args) -> None:
+    import json
+    from pathlib import Path
+
+    from pdmux_triton import estimate, experiment, report, traffic
+    from pdmux_triton.simulate import DecodeCurve, SimExecutor
+
+    spec = model_preset(args.model)
+    simulate = args.simulate
+    if not simulate:
+        try:
+            gpu = _gpu_or_error()
+        except PdmuxError as err:
+            print(f"no GPU here ({err}): running the simulated executor on the {args.gpu} preset")
+            simulate = True
+    if simulate:
+        gpu = _gpu_from_args(args)
+    config = _config_from_args(args, gpu)
+    if args.workload == "chapter":
+        requests = traffic.chapter_scenario(spec.vocab, args.batch, args.context, args.prompt,
+                                            args.decode_tokens, seed=args.seed)
+    else:
+        requests = traffic.poisson(spec.vocab, args.rate, args.count, args.prompt_mean,
+                                   args.prompt_max, args.output_mean, args.output_max, args.seed)
+    if simulate:
+        curves = {k: DecodeCurve(args.calibration, k) for k in args.kinds} if args.calibration else {}
+
+        def make_executor(v):
+            return SimExecutor(gpu, spec, args.bw_eff, args.mfu, args.s_sat,
+                               curves.get(v.kind if v.strategy == "pdmux" else "grid_cap"))
+    else:
+        from pdmux_triton.execute import ModelExecutor
+
+        def make_executor(v):
+            return ModelExecutor.shared(spec, gpu, v.kind, page_size=16)
+    rows, results = experiment.run_all(requests, make_executor, config, args.chunks, args.kinds)
+    levels = config.levels(gpu.sms, gpu.cc_major)
+    level = policy.choose_group(levels, args.batch, True, config.decode_bs_divisor,
+                                config.manual_divisions or None)
+    out = {"mode": "simulated" if simulate else "gpu", "gpu": gpu.name, "model": spec.name,
+           "workload": args.workload, "rows": rows,
+           "targets": experiment.targets(rows, gpu.sms, levels[level][0])}
+    if args.workload == "chapter":
+        sc = estimate.Scenario(gpu=gpu, model=spec, decode_batch=args.batch, context=args.context,
+                               prompt=args.prompt, chunk_sizes=args.chunks, s_sat=(args.s_sat,),
+                               bw_efficiency=args.bw_eff, mfu=args.mfu, pdmux=config)
+        out["estimate"] = [r.as_dict() for r in estimate.estimate(sc)]
+    if args.out:
+        folder = Path(args.out)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"run-{gpu.name}.json").write_text(json.dumps(out, indent=1))
+        report.plot_timeline(results, folder / f"run-{gpu.name}.png")
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return
+    mode = "simulated on the cost model" if simulate else "measured"
+    print(f"{spec.name} on {gpu.name}, {args.workload} workload, {mode}:")
+    print(report.strategy_table(rows))
+    if "estimate" in out:
+        print("\nthe chapter's estimate for the same scenario:")
+        print(estimate.format_table(sc, estimate.estimate(sc)))
+    if args.out:
+        print(f"wrote {Path(args.out) / f'run-{gpu.name}.json'} and run-{gpu.name}.png")
+
+
 def _add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="pdmux-results", help="folder for JSON, points and plots")
     p.add_argument("--model", default="qwen3-8b", help=f"model preset ({', '.join(MODELS)})")
@@ -240,6 +305,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budgets", type=_int_list, help="SM budgets (default: every granularity step)")
     p.add_argument("--no-corun", action="store_true", help="skip the runs beside a prefill")
     p.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser("run", help="serve a workload with every strategy: ITL and TTFT")
+    _add_gpu_args(p)
+    p.add_argument("--model", default="qwen3-8b", help=f"model preset ({', '.join(MODELS)})")
+    p.add_argument("--workload", choices=("chapter", "poisson"), default="chapter")
+    p.add_argument("--simulate", action="store_true",
+                   help="use the cost-model clock even when a GPU is present")
+    p.add_argument("--batch", type=int, default=32, help="chapter: requests decoding")
+    p.add_argument("--context", type=int, default=2048, help="chapter: their context")
+    p.add_argument("--prompt", type=int, default=8192, help="chapter: the arriving prompt")
+    p.add_argument("--decode-tokens", type=int, default=96, help="chapter: tokens each decodes")
+    p.add_argument("--rate", type=float, default=2.0, help="poisson: requests per second")
+    p.add_argument("--count", type=int, default=64, help="poisson: requests")
+    p.add_argument("--prompt-mean", type=int, default=1024)
+    p.add_argument("--prompt-max", type=int, default=8192)
+    p.add_argument("--output-mean", type=int, default=128)
+    p.add_argument("--output-max", type=int, default=512)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--chunks", type=_int_list, default=(2048, 512), help="chunked prefill sizes")
+    p.add_argument("--kinds", type=_str_list, default=("grid_cap", "green"),
+                   help="partition kinds for pd-mux")
+    p.add_argument("--s-sat", type=float, default=66.0, help="simulation: decode S_SAT")
+    p.add_argument("--bw-eff", type=float, default=0.85)
+    p.add_argument("--mfu", type=float, default=0.5)
+    p.add_argument("--calibration", help="calibrate-<gpu>.json: simulate with measured curves")
+    p.add_argument("--out", help="folder for run-<gpu>.json and the ITL timeline plot")
+    p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("compare", help="grid capping vs green contexts at every level (needs a GPU)")
     _add_workload_args(p)

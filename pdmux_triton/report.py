@@ -92,3 +92,43 @@ def plot_compare(levels: list[dict], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def strategy_table(rows: list[dict]) -> str:
+    cols = [("strategy", "strategy", 16, "s"), ("ITL p50", "itl_p50_ms", 8, ".1f"),
+            ("ITL p99", "itl_p99_ms", 8, ".1f"), ("ITL in prefill", "itl_during_prefill_p50_ms", 14, ".1f"),
+            ("prefill ms", "prefill_ms", 10, ".0f"), ("tokens in prefill", "tokens_during_prefill", 17, ".1f"),
+            ("TTFT p50", "ttft_p50_ms", 9, ".0f"), ("GPU idle", "gpu_idle_frac", 8, ".1%")]
+    lines = [" ".join(f"{title:>{w}}" if i else f"{title:<{w}}" for i, (title, _, w, _) in enumerate(cols))]
+    for r in rows:
+        cells = []
+        for i, (_, key, w, fmt) in enumerate(cols):
+            v = r.get(key)
+            text = "-" if v is None else format(v, fmt)
+            cells.append(f"{text:>{w}}" if i else f"{text:<{w}}")
+        lines.append(" ".join(cells))
+    return "\n".join(lines)
+
+
+def plot_timeline(results: dict, path: Path) -> None:
+    """Every token's ITL against time, a panel per strategy, prefill windows shaded."""
+    from pdmux_triton import metrics
+
+    plt = _pyplot()
+    names = list(results)
+    fig, axes = plt.subplots(len(names), 1, figsize=(9, 1.8 * len(names) + 0.6), sharex=True,
+                             squeeze=False)
+    for ax, name in zip(axes[:, 0], names):
+        res = results[name]
+        pts = metrics.intervals(res)
+        ax.plot([t for t, _ in pts], [d * 1e3 for _, d in pts], ".", markersize=2)
+        for a, b in metrics.prefill_windows(res):
+            ax.axvspan(a, b, color="orange", alpha=0.15)
+        ax.set_ylabel("ITL ms")
+        ax.set_yscale("log")
+        ax.set_title(name, fontsize=9, loc="left")
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("time, s (shaded: a prompt being prefilled)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,235 @@
+"""One event loop, three strategies, on any executor (the GPU or a simulated clock).
+
+- `prefill_first`: a new prompt's whole prefill runs on the whole GPU; decode waits.
+- `chunked`: every step runs one chunk of the prompt together with the decode batch.
+- `pdmux`: SGLang's PD-multiplexing loop: each round one decode step on the decode side and
+  the next `prefill_layers_per_step` layers of the prompt on the prefill side; the host waits
+  only for decode; a finished prefill joins the decode batch; the level (SM split) changes only
+  when a prefill starts or ends, after both sides drain.
+
+The executor owns time and the model; this module owns requests, levels and the timeline.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from pdmux_triton import policy
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.traffic import Request
+
+STRATEGIES = ("prefill_first", "chunked", "pdmux")
+
+
+@dataclass
+class PrefillJob:
+    reqs: list[Request]
+    next_layer: int = 0
+    state: object = None  # the executor's carry (hidden states) between rounds
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(r.prompt) for r in self.reqs)
+
+
+@dataclass
+class Round:
+    start: float
+    end: float
+    level: int  # index into the levels; -1 for whole-GPU strategies
+    decode_bs: int
+    prefill: str  # what prefill work the round launched: "", "layers a-b", "chunk s+n", "whole"
+
+
+@dataclass
+class RunResult:
+    strategy: str
+    requests: list[Request]
+    rounds: list[Round] = field(default_factory=list)
+    gpu_idle_s: float = 0.0  # time neither side had work queued (host overhead)
+    wall_s: float = 0.0
+
+
+class Engine:
+    """Request bookkeeping shared by the strategies."""
+
+    def __init__(self, executor, requests: list[Request]):
+        self.x = executor
+        self.pending = sorted((r for r in requests if not r.warm),
+                              key=lambda r: (r.arrival is None, r.arrival or 0.0, r.rid))
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = [r for r in requests if r.warm]
+        self.steps = 0  # decode steps completed: requests may arrive after a number of them
+        self.rounds: list[Round] = []
+
+    def busy(self) -> bool:
+        return bool(self.pending or self.waiting or self.running)
+
+    def admit(self) -> None:
+        now = self.x.now()
+        keep = []
+        for r in self.pending:
+            if r.arrival is None and r.after_steps is not None and self.steps >= r.after_steps:
+                r.arrival = now
+            if r.arrival is not None and r.arrival <= now:
+                self.waiting.append(r)
+            else:
+                keep.append(r)
+        self.pending = keep
+
+    def next_arrival(self) -> float | None:
+        times = [r.arrival for r in self.pending if r.arrival is not None]
+        return min(times) if times else None
+
+    def idle(self) -> None:
+        """Nothing to run: jump to the next arrival (a step-triggered one cannot come)."""
+        t = self.next_arrival()
+        if t is None:
+            raise PdmuxError("requests wait on decode steps but nothing is decoding")
+        self.x.idle_until(t)
+
+    def record_tokens(self, reqs: list[Request], tokens: list[int], t: float) -> None:
+        for r, tok in zip(reqs, tokens):
+            r.tokens.append(tok)
+            r.token_times.append(t)
+            r.context += 1
+        self.steps += 1
+        for r in [r for r in self.running if r.done]:
+            self.running.remove(r)
+            self.x.release(r)
+
+    def start_running(self, reqs: list[Request], first_tokens: list[int], t: float) -> None:
+        for r, tok in zip(reqs, first_tokens):
+            r.prefill_end = t
+            r.context = len(r.prompt)
+            r.tokens.append(tok)
+            r.token_times.append(t)
+            if r.done:
+                self.x.release(r)
+            else:
+                self.running.append(r)
+
+
+def _take_prompts(waiting: deque, token_budget: int) -> list[Request]:
+    """Prompts for one prefill batch: the oldest, plus more while they fit the budget."""
+    batch = [waiting.popleft()]
+    total = len(batch[0].prompt)
+    while waiting and total + len(waiting[0].prompt) <= token_budget:
+        total += len(waiting[0].prompt)
+        batch.append(waiting.popleft())
+    return batch
+
+
+def run_prefill_first(e: Engine, token_budget: int) -> None:
+    while e.busy():
+        e.admit()
+        if e.waiting:
+            batch = _take_prompts(e.waiting, token_budget)
+            start = e.x.now()
+            for r in batch:
+                r.prefill_start = start
+            t, first = e.x.prefill(batch)
+            e.rounds.append(Round(start, t, -1, 0, "whole"))
+            e.start_running(batch, first, t)
+        elif e.running:
+            start = e.x.now()
+            t, tokens = e.x.decode(e.running)
+            e.rounds.append(Round(start, t, -1, len(e.running), ""))
+            e.record_tokens(list(e.running), tokens, t)
+        else:
+            e.idle()
+
+
+def run_chunked(e: Engine, chunk: int) -> None:
+    job: Request | None = None
+    done_tokens = 0
+    while e.busy():
+        e.admit()
+        if job is None and e.waiting:
+            job, done_tokens = e.waiting.popleft(), 0
+            job.prefill_start = e.x.now()
+        if job is None and not e.running:
+            e.idle()
+            continue
+        start = e.x.now()
+        decoding = list(e.running)
+        n = 0 if job is None else min(chunk, len(job.prompt) - done_tokens)
+        t, tokens, first = e.x.mixed(decoding, job, done_tokens, n)
+        e.rounds.append(Round(start, t, -1, len(decoding), f"chunk {done_tokens}+{n}" if n else ""))
+        if decoding:
+            e.record_tokens(decoding, tokens, t)
+        if job is not None:
+            done_tokens += n
+            if done_tokens == len(job.prompt):
+                e.start_running([job], [first], t)
+                job = None
+
+
+def run_pdmux(e: Engine, levels: list[policy.Level], config: policy.PDMuxConfig,
+              num_layers: int) -> None:
+    manual = config.manual_divisions or None
+    job: PrefillJob | None = None
+    level = policy.choose_group(levels, len(e.running), False, config.decode_bs_divisor, manual)
+    e.x.set_level(*levels[level])
+    adjust = False
+    while e.busy():
+        e.admit()
+        adjust = adjust or (level > 0 and not e.running)  # as SGLang: an empty batch re-levels
+        if job is None and e.waiting:
+            job = PrefillJob(_take_prompts(e.waiting, config.split_forward_token_budget))
+            for r in job.reqs:
+                r.prefill_start = e.x.now()
+            adjust = True
+        if adjust:  # SGLang drains both streams before switching the stream group
+            level = policy.choose_group(levels, len(e.running), job is not None,
+                                        config.decode_bs_divisor, manual)
+            e.x.set_level(*levels[level])
+            adjust = False
+        if job is None and not e.running:
+            e.idle()
+            continue
+        start = e.x.now()
+        decoding = list(e.running)
+        pending = e.x.launch_decode(decoding) if decoding else None
+        launched = ""
+        if job is not None and job.next_layer < num_layers:
+            per_step = policy.prefill_layers_per_step(job.tokens, num_layers,
+                                                      config.split_forward_token_budget)
+            end = min(num_layers, job.next_layer + per_step)
+            e.x.launch_prefill(job, job.next_layer, end)
+            launched = f"layers {job.next_layer}-{end}"
+            job.next_layer = end
+        if pending is not None:
+            t, tokens = e.x.wait_decode(pending)
+            e.record_tokens(decoding, tokens, t)
+        if job is not None and job.next_layer == num_layers:
+            # with no decode to wait for, the host blocks on the prefill itself
+            done = e.x.prefill_done(job) if decoding else e.x.wait_prefill(job)
+            if done is not None:
+                t_done, first = done
+                e.start_running(job.reqs, first, t_done)
+                job = None
+                adjust = True
+        e.rounds.append(Round(start, e.x.now(), level, len(decoding), launched))
+
+
+def run(strategy: str, executor, requests: list[Request], *, chunk: int = 2048,
+        config: policy.PDMuxConfig | None = None) -> RunResult:
+    """Serve `requests` to completion with one strategy; the executor's clock starts at 0."""
+    if strategy not in STRATEGIES:
+        raise PdmuxError(f"unknown strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
+    config = config or policy.PDMuxConfig()
+    executor.start([r for r in requests if r.warm])
+    e = Engine(executor, requests)
+    if strategy == "prefill_first":
+        run_prefill_first(e, config.split_forward_token_budget)
+    elif strategy == "chunked":
+        if chunk < 1:
+            raise PdmuxError(f"chunk must be >= 1 token, got {chunk}")
+        run_chunked(e, chunk)
+    else:
+        levels = config.levels(executor.total_sms, executor.cc_major)
+        run_pdmux(e, levels, config, executor.num_layers)
+    executor.finish()
+    return RunResult(strategy, requests, e.rounds, executor.idle_s(), executor.now())

@@ -1,0 +1,88 @@
+"""The scheduler's three strategies on the simulated clock (no GPU): the chapter's story."""
+
+import pytest
+
+from pdmux_triton import metrics, policy, scheduler
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.hardware import gpu_preset, model_preset
+from pdmux_triton.simulate import SimExecutor
+from pdmux_triton.traffic import chapter_scenario, poisson
+
+QWEN = model_preset("qwen3-8b")
+H100 = gpu_preset("h100-sxm")
+
+
+def run(strategy, reqs=None, s_sat=44.0, **kw):
+    reqs = reqs or chapter_scenario(QWEN.vocab, decode_tokens=96)
+    x = SimExecutor(H100, QWEN, s_sat=s_sat)
+    return metrics.summarize(scheduler.run(strategy, x, reqs, **kw)), x
+
+
+def test_decode_only_itl_matches_the_cost_model():
+    s, x = run("prefill_first", reqs=chapter_scenario(QWEN.vocab, decode_tokens=8,
+                                                      arrive_after_steps=10**6)[:-1])
+    assert s["itl_p50_ms"] == pytest.approx(8.7, abs=0.1)
+    assert s["prefill_ms"] is None and s["gpu_idle_frac"] == 0.0
+
+
+def test_prefill_first_stalls_decode_for_the_whole_prefill():
+    s, _ = run("prefill_first")
+    assert s["tokens_during_prefill"] == 0
+    assert s["prefill_ms"] == pytest.approx(270, abs=3)  # 36 layers, no LM head over the prompt
+    assert s["itl_p99_ms"] > 270
+
+
+@pytest.mark.parametrize("chunk,steps", [(2048, 4), (512, 16)])
+def test_chunked_prefill_spreads_the_prompt(chunk, steps):
+    s, _ = run("chunked", chunk=chunk)
+    assert s["tokens_during_prefill"] == steps  # every chunk step also decodes a token
+    assert s["itl_during_prefill_p50_ms"] > 8.7
+
+
+@pytest.mark.parametrize("s_sat,itl", [(44, 8.8), (66, 11.1), (88, 14.8)])
+def test_pdmux_keeps_itl_and_stretches_prefill(s_sat, itl):
+    s, x = run("pdmux", s_sat=s_sat)
+    # batch 32 on an H100 picks level 5: 80 prefill SMs, 52 decode SMs
+    assert s["itl_during_prefill_p50_ms"] == pytest.approx(itl, rel=0.03)
+    # the prefill on 80 of 132 SMs, seen by the host after the decode step it waits on
+    prefill_on_80 = 270 * 132 / 80
+    assert prefill_on_80 - 3 <= s["prefill_ms"] <= prefill_on_80 + itl + 1
+    assert s["tokens_during_prefill"] > 30
+
+
+def test_pdmux_levels_follow_sglang():
+    reqs = chapter_scenario(QWEN.vocab, decode_tokens=64)
+    result = scheduler.run("pdmux", SimExecutor(H100, QWEN), reqs)
+    levels = {r.level for r in result.rounds}
+    assert 5 in levels and 7 in levels  # split while prefilling, decode-only otherwise
+    split_rounds = [r for r in result.rounds if r.prefill]
+    assert [r.prefill for r in split_rounds][:2] == ["layers 0-8", "layers 8-16"]
+    assert all(r.level == 5 for r in split_rounds)
+
+
+def test_poisson_stream_serves_every_request():
+    reqs = poisson(QWEN.vocab, rate=4.0, count=12, prompt_mean=600, prompt_max=4000,
+                   output_mean=20, output_max=60, seed=3)
+    for strategy in scheduler.STRATEGIES:
+        fresh = poisson(QWEN.vocab, rate=4.0, count=12, prompt_mean=600, prompt_max=4000,
+                        output_mean=20, output_max=60, seed=3)
+        result = scheduler.run(strategy, SimExecutor(H100, QWEN), fresh, chunk=512)
+        assert all(r.done for r in result.requests)
+        assert all(r.ttft is not None and r.ttft > 0 for r in result.requests)
+        s = metrics.summarize(result)
+        assert s["ttft_p50_ms"] > 0 and 0 <= s["gpu_idle_frac"] < 1
+    assert [r.arrival for r in reqs] == sorted(r.arrival for r in reqs)
+
+
+def test_manual_divisions_pick_the_level():
+    manual = [[112, 20, 1], [104, 28, 100], [96, 36, 100], [88, 44, 100], [80, 52, 100],
+              [72, 60, 100]]
+    config = policy.PDMuxConfig(8, manual)
+    result = scheduler.run("pdmux", SimExecutor(H100, QWEN),
+                           chapter_scenario(QWEN.vocab, decode_tokens=64), config=config)
+    assert {r.level for r in result.rounds if r.prefill} == {1}
+
+
+def test_unknown_strategy():
+    with pytest.raises(PdmuxError, match="unknown strategy 'fcfs'"):
+        scheduler.run("fcfs", SimExecutor(H100, QWEN), [])
