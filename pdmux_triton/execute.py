@@ -1,0 +1,352 @@
+"""The real executor: the scheduler's work on the model, on the partition's streams.
+
+Decode steps are CUDA graphs, one per (level, batch size, context bucket), captured on that
+level's decode stream as SGLang does, and fed through static input buffers. Prefill layers run
+eagerly on the prefill stream, carrying hidden states between rounds. Times are host times
+(when a token is visible to the server); GPU busy intervals are recorded with CUDA events to
+measure how long the GPU sat idle between rounds.
+
+Without CUDA (the Triton interpreter, CPU tests) the same code runs in order on one "stream"
+with host timers and no graphs: slow, but it serves the same tokens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+
+import torch
+
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.hardware import GPUSpec, ModelSpec
+from pdmux_triton.model import Budget, DecodeBatch, ExtendBatch, KVCache, Model, Weights
+from pdmux_triton.traffic import Request
+
+
+class BlockManager:
+    """Pages of the KV cache: a free list, and each request's pages in order."""
+
+    def __init__(self, num_pages: int, page_size: int):
+        self.page_size = page_size
+        self.free_pages = list(range(num_pages - 1, -1, -1))
+        self.owned: dict[int, list[int]] = {}
+
+    def reserve(self, rid: int, tokens: int) -> list[int]:
+        pages = self.owned.setdefault(rid, [])
+        need = -(-tokens // self.page_size) - len(pages)
+        if need > len(self.free_pages):
+            raise PdmuxError(f"the KV cache is full: request {rid} needs {need} more pages of "
+                             f"{self.page_size} tokens, {len(self.free_pages)} are free")
+        for _ in range(max(0, need)):
+            pages.append(self.free_pages.pop())
+        return pages
+
+    def slots(self, rid: int, start: int, end: int) -> list[int]:
+        pages, ps = self.owned[rid], self.page_size
+        return [pages[p // ps] * ps + p % ps for p in range(start, end)]
+
+    def release(self, rid: int) -> None:
+        self.free_pages.extend(reversed(self.owned.pop(rid, [])))
+
+
+class _HostMark:
+    """A CPU stand-in for a CUDA event."""
+
+    def __init__(self):
+        self.t = time.perf_counter()
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+
+@dataclass
+class _Side:
+    stream: object  # torch.cuda.Stream or None on the CPU
+    budget: Budget
+
+
+def _on(stream):
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+
+class ModelExecutor:
+    """Runs decode steps and prefills of a Model for the scheduler."""
+
+    _shared: dict = {}
+
+    @classmethod
+    def shared(cls, spec: ModelSpec, gpu: GPUSpec, kind: str, page_size: int = 16,
+               cache_tokens: int = 400_000, seed: int = 0) -> "ModelExecutor":
+        """An executor over one model kept across runs (weights are drawn once per process)."""
+        key = (spec.name, page_size, cache_tokens, seed)
+        if key not in cls._shared:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            # the interpreter's tl.dot is wrong on bf16 (design.md): fp32 on the CPU
+            dtype = torch.bfloat16 if device == "cuda" else torch.float32
+            pages = -(-cache_tokens // page_size)
+            cls._shared[key] = Model(Weights(spec, device, dtype, seed=seed),
+                                     KVCache(spec, pages, page_size, device, dtype))
+        return cls(cls._shared[key], gpu, kind)
+
+    def __init__(self, model: Model, gpu: GPUSpec, kind: str = "grid_cap",
+                 use_graphs: bool | None = None):
+        self.model = model
+        self.spec = model.spec
+        self.total_sms, self.cc_major, self.num_layers = gpu.sms, gpu.cc_major, len(model.w.layers)
+        self.kind = kind
+        self.device = model.w.embed.device
+        self.cuda = self.device.type == "cuda"
+        self.use_graphs = self.cuda if use_graphs is None else use_graphs
+        self.blocks = BlockManager(model.cache.num_pages, model.cache.page_size)
+        self.last_token: dict[int, int] = {}
+        self.partitions: dict[tuple[int, int], object] = {}
+        self.graphs: dict[tuple, tuple] = {}
+        self.marks: list[tuple[object, object]] = []  # (start, end) of every GPU launch
+        whole = self._side_pair(self.total_sms, 0)
+        self.decode_side, self.prefill_side = whole
+        self.t0 = time.perf_counter()
+
+    # --- partitions --------------------------------------------------------------------
+    def _side_pair(self, prefill_sms: int, decode_sms: int) -> tuple[_Side, _Side]:
+        if not self.cuda:
+            return _Side(None, Budget()), _Side(None, Budget())
+        from pdmux_triton.partition import PartitionSpec, whole
+
+        key = (prefill_sms, decode_sms)
+        if key not in self.partitions:
+            spec = (whole(self.total_sms) if 0 in key else
+                    PartitionSpec(self.kind, prefill_sms, decode_sms, self.total_sms))
+            self.partitions[key] = spec.open()
+        part = self.partitions[key]
+        return (_Side(part.decode_stream, Budget(part.decode_sms)),
+                _Side(part.prefill_stream, Budget(part.prefill_sms)))
+
+    def set_level(self, prefill_sms: int, decode_sms: int) -> None:
+        self._drain()
+        self.decode_side, self.prefill_side = self._side_pair(prefill_sms, decode_sms)
+
+    def _drain(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    # --- time --------------------------------------------------------------------------
+    def now(self) -> float:
+        return time.perf_counter() - self.t0
+
+    def _mark(self, stream):
+        if not self.cuda:
+            return _HostMark()
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record(stream)
+        return ev
+
+    def idle_until(self, t: float) -> None:
+        delay = t - self.now()
+        if delay > 0:
+            time.sleep(delay)
+
+    def idle_s(self) -> float:
+        """GPU time with no kernel queued on any side, from the launch marks."""
+        if not self.marks:
+            return 0.0
+        if self.cuda:
+            base = self.marks[0][0]
+            spans = sorted((base.elapsed_time(a) / 1e3, base.elapsed_time(b) / 1e3) for a, b in self.marks)
+        else:
+            spans = sorted((a.t, b.t) for a, b in self.marks)
+        covered, last = 0.0, spans[0][0]
+        for a, b in spans:
+            a = max(a, last)
+            if b > a:
+                covered += b - a
+                last = b
+        return max(0.0, (max(b for _, b in spans) - spans[0][0]) - covered)
+
+    # --- batches -----------------------------------------------------------------------
+    def _extend_batch(self, seqs: list[tuple[Request, list[int], int]]) -> ExtendBatch:
+        """seqs: (request, new token ids, position of the first) for each sequence."""
+        bm, dev = self.blocks, self.device
+        tokens, positions, slots = [], [], []
+        for r, ids, start in seqs:
+            bm.reserve(r.rid, start + len(ids))
+            tokens += ids
+            positions += range(start, start + len(ids))
+            slots += bm.slots(r.rid, start, start + len(ids))
+        width = max(len(bm.owned[r.rid]) for r, _, _ in seqs)
+        table = [bm.owned[r.rid] + [0] * (width - len(bm.owned[r.rid])) for r, _, _ in seqs]
+        return ExtendBatch(torch.tensor(tokens, device=dev), torch.tensor(positions, device=dev),
+                           torch.tensor(slots, device=dev),
+                           torch.tensor(table, dtype=torch.int32, device=dev),
+                           [len(ids) for _, ids, _ in seqs], [start for _, _, start in seqs])
+
+    def _last_rows(self, batch: ExtendBatch) -> torch.Tensor:
+        ends = torch.tensor(batch.extend_lens).cumsum(0) - 1
+        return ends.to(self.device)
+
+    def _greedy(self, hidden, residual, rows, side: _Side) -> torch.Tensor:
+        logits = self.model.logits(hidden[rows], residual[rows], side.budget)
+        return logits.argmax(-1)
+
+    def _run_extend(self, seqs, side: _Side):
+        """All layers of `seqs` on one side; returns next-token ids (a device tensor)."""
+        batch = self._extend_batch(seqs)
+        with _on(side.stream):
+            start = self._mark(side.stream)
+            h, r = self.model.extend_layers(batch, 0, self.num_layers, budget=side.budget)
+            out = self._greedy(h, r, self._last_rows(batch), side)
+            self.marks.append((start, self._mark(side.stream)))
+        return out
+
+    # --- decode ------------------------------------------------------------------------
+    def _decode_inputs(self, reqs: list[Request]):
+        bm = self.blocks
+        for r in reqs:
+            bm.reserve(r.rid, r.context + 1)
+        width = max(len(bm.owned[r.rid]) for r in reqs)
+        return ([self.last_token[r.rid] for r in reqs], [r.context for r in reqs],
+                [bm.slots(r.rid, r.context, r.context + 1)[0] for r in reqs],
+                [bm.owned[r.rid] + [0] * (width - len(bm.owned[r.rid])) for r in reqs],
+                [r.context + 1 for r in reqs])
+
+    def _decode_graph(self, B: int, width: int, bucket: int, side: _Side):
+        """Static buffers and the captured step for this batch size and context bucket."""
+        key = (id(side.stream), side.budget, B, width, bucket)
+        if key not in self.graphs:
+            dev = self.device
+            batch = DecodeBatch(torch.zeros(B, dtype=torch.int64, device=dev),
+                                torch.zeros(B, dtype=torch.int64, device=dev),
+                                torch.zeros(B, dtype=torch.int64, device=dev),
+                                torch.zeros((B, width), dtype=torch.int32, device=dev),
+                                torch.ones(B, dtype=torch.int32, device=dev), bucket)
+            graph = torch.cuda.CUDAGraph()
+            with _on(side.stream):
+                self.model.decode_step(batch, side.budget).argmax(-1)  # compile and warm up
+                side.stream.synchronize()
+                with torch.cuda.graph(graph, stream=side.stream):
+                    out = self.model.decode_step(batch, side.budget).argmax(-1)
+            self.graphs[key] = (batch, graph, out)
+        return self.graphs[key]
+
+    def launch_decode(self, reqs: list[Request], side: _Side | None = None):
+        side = side or self.decode_side
+        tokens, positions, slots, table, lens = self._decode_inputs(reqs)
+        # graphs are keyed on a power-of-two context bound, so a few cover a whole run
+        bucket = 1 << (max(lens) - 1).bit_length()
+        width = max(-(-bucket // self.blocks.page_size), len(table[0]))
+        table = [row + [0] * (width - len(row)) for row in table]
+        with _on(side.stream):
+            start = self._mark(side.stream)
+            if self.use_graphs:
+                batch, graph, out = self._decode_graph(len(reqs), width, bucket, side)
+                host = [torch.tensor(v).pin_memory() for v in (tokens, positions, slots)]
+                for dst, src in zip((batch.tokens, batch.positions, batch.slots), host):
+                    dst.copy_(src, non_blocking=True)
+                batch.page_table.copy_(torch.tensor(table, dtype=torch.int32).pin_memory(),
+                                       non_blocking=True)
+                batch.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32).pin_memory(),
+                                     non_blocking=True)
+                graph.replay()
+                out = out.clone()  # the next replay overwrites the static output
+            else:
+                dev = self.device
+                batch = DecodeBatch(torch.tensor(tokens, device=dev),
+                                    torch.tensor(positions, device=dev),
+                                    torch.tensor(slots, device=dev),
+                                    torch.tensor(table, dtype=torch.int32, device=dev),
+                                    torch.tensor(lens, dtype=torch.int32, device=dev), bucket)
+                out = self.model.decode_step(batch, side.budget).argmax(-1)
+            end = self._mark(side.stream)
+        self.marks.append((start, end))
+        return reqs, out, end
+
+    def wait_decode(self, pending):
+        reqs, out, end = pending
+        end.synchronize()
+        tokens = out.tolist()
+        for r, tok in zip(reqs, tokens):
+            self.last_token[r.rid] = tok
+        return self.now(), tokens
+
+    def decode(self, reqs: list[Request]):
+        return self.wait_decode(self.launch_decode(reqs, self.decode_side))
+
+    # --- prefill -----------------------------------------------------------------------
+    def start(self, warm: list[Request]) -> None:
+        """Prefill the requests that are decoding from the start, before the clock starts."""
+        self.set_level(self.total_sms, 0)
+        for i in range(0, len(warm), 8):  # a few prompts per batch bounds activation memory
+            group = warm[i:i + 8]
+            out = self._run_extend([(r, r.prompt, 0) for r in group], self.prefill_side)
+            for r, tok in zip(group, out.tolist()):
+                r.context = len(r.prompt)
+                self.last_token[r.rid] = tok
+        self._drain()
+        self.marks.clear()
+        self.t0 = time.perf_counter()
+
+    def prefill(self, reqs: list[Request]):
+        out = self._run_extend([(r, r.prompt, 0) for r in reqs], self.prefill_side)
+        tokens = out.tolist()
+        for r, tok in zip(reqs, tokens):
+            self.last_token[r.rid] = tok
+        return self.now(), tokens
+
+    def launch_prefill(self, job, start: int, end: int) -> None:
+        side = self.prefill_side
+        with _on(side.stream):
+            mark = self._mark(side.stream)
+            if start == 0:
+                job.state = {"batch": self._extend_batch([(r, r.prompt, 0) for r in job.reqs]),
+                             "h": None, "r": None}
+            st = job.state
+            st["h"], st["r"] = self.model.extend_layers(st["batch"], start, end, st["h"], st["r"],
+                                                        budget=side.budget)
+            if end == self.num_layers:
+                st["first"] = self._greedy(st["h"], st["r"], self._last_rows(st["batch"]), side)
+                st["h"] = st["r"] = None  # free the activations
+            st["done"] = self._mark(side.stream)
+            self.marks.append((mark, st["done"]))
+
+    def _finish_prefill(self, job):
+        tokens = job.state["first"].tolist()
+        for r, tok in zip(job.reqs, tokens):
+            self.last_token[r.rid] = tok
+        return self.now(), tokens
+
+    def prefill_done(self, job):
+        return self._finish_prefill(job) if job.state["done"].query() else None
+
+    def wait_prefill(self, job):
+        job.state["done"].synchronize()
+        return self._finish_prefill(job)
+
+    def mixed(self, decoding: list[Request], job: Request | None, start: int, n: int):
+        """One chunked-prefill step: decode tokens and the prompt chunk in one forward."""
+        seqs = [(r, [self.last_token[r.rid]], r.context) for r in decoding]
+        if job is not None and n:
+            seqs.append((job, job.prompt[start:start + n], start))
+        out = self._run_extend(seqs, self.decode_side).tolist()
+        tokens = out[:len(decoding)]
+        for r, tok in zip(decoding, tokens):
+            self.last_token[r.rid] = tok
+        first = None
+        if job is not None and start + n == len(job.prompt):
+            first = out[-1]
+            self.last_token[job.rid] = first
+        return self.now(), tokens, first
+
+    def release(self, r: Request) -> None:
+        self.blocks.release(r.rid)
+        self.last_token.pop(r.rid, None)
+
+    def finish(self) -> None:
+        self._drain()
+        for part in self.partitions.values():
+            part.close()
+        self.partitions.clear()
+        self.graphs.clear()
+
