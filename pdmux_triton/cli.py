@@ -204,7 +204,8 @@ def cmd_run(args) -> None:
         try:
             gpu = _gpu_or_error()
         except PdmuxError as err:
-            print(f"no GPU here ({err}): running the simulated executor on the {args.gpu} preset")
+            print(f"no GPU here ({err}): running the simulated executor on the {args.gpu} preset",
+                  file=sys.stderr)
             simulate = True
     if simulate:
         gpu = _gpu_from_args(args)
@@ -226,18 +227,29 @@ def cmd_run(args) -> None:
 
         def make_executor(v):
             return ModelExecutor.shared(spec, gpu, v.kind, page_size=16)
-    rows, results = experiment.run_all(requests, make_executor, config, args.chunks, args.kinds)
+    rows, results = experiment.run_all(requests, make_executor, config, args.chunks, args.kinds,
+                                       log=lambda msg: print(msg, file=sys.stderr))
     levels = config.levels(gpu.sms, gpu.cc_major)
     level = policy.choose_group(levels, args.batch, True, config.decode_bs_divisor,
                                 config.manual_divisions or None)
     out = {"mode": "simulated" if simulate else "gpu", "gpu": gpu.name, "model": spec.name,
-           "workload": args.workload, "rows": rows,
-           "targets": experiment.targets(rows, gpu.sms, levels[level][0])}
+           "workload": args.workload, "rows": rows}
+    estimates = []
     if args.workload == "chapter":
         sc = estimate.Scenario(gpu=gpu, model=spec, decode_batch=args.batch, context=args.context,
                                prompt=args.prompt, chunk_sizes=args.chunks, s_sat=(args.s_sat,),
                                bw_efficiency=args.bw_eff, mfu=args.mfu, pdmux=config)
-        out["estimate"] = [r.as_dict() for r in estimate.estimate(sc)]
+        estimates.append(("the chapter's estimate", sc))
+        if args.calibration:
+            cal = json.loads(Path(args.calibration).read_text()).get("summary", {})
+            estimates.append(("the estimate with calibrated bandwidth and S_SAT",
+                              estimate.calibrated(sc, cal, args.kinds[0])))
+        out["estimate"] = {title: [r.as_dict() for r in estimate.estimate(s)]
+                           for title, s in estimates}
+    # errors against the last estimate: the calibrated one when a calibration is given
+    out["summary"] = experiment.summary(rows, gpu.sms, levels[level][0],
+                                        list(out.get("estimate", {}).values())[-1]
+                                        if estimates else None)
     if args.out:
         folder = Path(args.out)
         folder.mkdir(parents=True, exist_ok=True)
@@ -249,9 +261,9 @@ def cmd_run(args) -> None:
     mode = "simulated on the cost model" if simulate else "measured"
     print(f"{spec.name} on {gpu.name}, {args.workload} workload, {mode}:")
     print(report.strategy_table(rows))
-    if "estimate" in out:
-        print("\nthe chapter's estimate for the same scenario:")
-        print(estimate.format_table(sc, estimate.estimate(sc)))
+    for title, s in estimates:
+        print(f"\n{title} for the same scenario:")
+        print(estimate.format_table(s, estimate.estimate(s)))
     if args.out:
         print(f"wrote {Path(args.out) / f'run-{gpu.name}.json'} and run-{gpu.name}.png")
 

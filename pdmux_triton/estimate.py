@@ -9,7 +9,7 @@ Pure Python; `scheduler`'s simulated executor drives its clock with these same f
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from pdmux_triton import policy
 from pdmux_triton.errors import PdmuxError
@@ -139,6 +139,17 @@ def estimate(sc: Scenario) -> list[Row]:
     rows += [_chunked(sc, chunk) for chunk in sc.chunk_sizes]
     rows += [_pdmux(sc, s) for s in sc.s_sat]
     return rows
+
+
+def calibrated(sc: Scenario, summary: dict, kind: str = "grid_cap") -> Scenario:
+    """The scenario with decode's bandwidth and S_SAT from a calibration summary: the
+    decode-step curve beside a prefill (the state PD-mux decodes in)."""
+    try:
+        fit = summary["decode_step"][kind]["corun"]
+        peak, s_sat = fit["peak_tbps"], fit["s_sat_fit"]
+    except (KeyError, TypeError):
+        raise PdmuxError(f"the calibration has no decode_step / {kind} / corun fit") from None
+    return replace(sc, bw_efficiency=min(1.0, peak / sc.gpu.hbm_tbps), s_sat=(round(s_sat, 1),))
 
 
 def fmt_ms(value: float | None) -> str:

@@ -50,6 +50,29 @@ def run_all(requests: list[Request], make_executor: Callable[[Variant], object],
     return rows, results
 
 
+SUMMARY_KEYS = ("itl_p50_ms", "itl_p99_ms", "itl_during_prefill_p50_ms", "prefill_ms",
+                "tokens_during_prefill")
+
+
+def summary(rows: list[dict], total_sms: int, prefill_sms: int | None,
+            estimate_rows: list[dict] | None = None) -> dict:
+    """The run's summary: every strategy's headline figures, the targets' ratios and, when an
+    estimate of the same scenario is given, its error against the measurement in percent."""
+    out = {"strategies": {r["strategy"]: {k: r.get(k) for k in SUMMARY_KEYS} for r in rows},
+           "targets": targets(rows, total_sms, prefill_sms)}
+    if estimate_rows:
+        est = next((e for e in estimate_rows if e["approach"].startswith("pdmux")), None)
+        errors = {}
+        for name, r in out["strategies"].items():
+            if name.startswith("pdmux") and est and r["itl_during_prefill_p50_ms"]:
+                errors[name] = {
+                    "itl": (est["itl_ms"] - r["itl_during_prefill_p50_ms"])
+                    / r["itl_during_prefill_p50_ms"] * 100,
+                    "prefill": (est["prefill_ms"] - r["prefill_ms"]) / r["prefill_ms"] * 100}
+        out["estimate_error_pct"] = errors
+    return out
+
+
 def targets(rows: list[dict], total_sms: int, prefill_sms: int | None) -> dict:
     """The issue's ratios: pd-mux ITL during prefill vs decode-only and vs chunked-512, and
     pd-mux prefill time vs prefill-first scaled by the SM share."""

@@ -86,3 +86,37 @@ def test_manual_divisions_pick_the_level():
 def test_unknown_strategy():
     with pytest.raises(PdmuxError, match="unknown strategy 'fcfs'"):
         scheduler.run("fcfs", SimExecutor(H100, QWEN), [])
+
+
+def test_run_cli_simulates_without_a_gpu(tmp_path, capsys):
+    import json
+
+    import torch
+
+    from pdmux_triton import cli
+
+    if torch.cuda.is_available():
+        pytest.skip("has a GPU: run would measure")
+    assert cli.main(["run", "--gpu", "h200", "--decode-tokens", "40", "--out", str(tmp_path),
+                     "--calibration", "bench/results/calibrate-h200.json", "--json"]) == 0
+    printed = capsys.readouterr().out
+    out = json.loads((tmp_path / "run-h200.json").read_text())
+    assert json.loads(printed) == out  # progress goes to stderr, stdout is pure JSON
+    assert out["mode"] == "simulated"
+    strategies = out["summary"]["strategies"]
+    assert set(strategies) == {"decode_only", "prefill_first", "chunked_2048", "chunked_512",
+                               "pdmux_grid_cap", "pdmux_green"}
+    assert strategies["prefill_first"]["tokens_during_prefill"] == 0
+    assert "pdmux_grid_cap" in out["summary"]["estimate_error_pct"]
+    assert (tmp_path / "run-h200.png").stat().st_size > 1000
+
+
+def test_calibrated_estimate_uses_the_measured_curve():
+    from pdmux_triton import estimate
+
+    sc = estimate.Scenario(gpu=gpu_preset("h200"))
+    summary = {"decode_step": {"grid_cap": {"corun": {"peak_tbps": 2.4, "s_sat_fit": 110.0}}}}
+    cal = estimate.calibrated(sc, summary)
+    assert cal.bw_efficiency == pytest.approx(0.5) and cal.s_sat == (110.0,)
+    with pytest.raises(PdmuxError, match="no decode_step / green / corun fit"):
+        estimate.calibrated(sc, summary, "green")
