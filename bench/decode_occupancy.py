@@ -24,13 +24,18 @@ from pdmux_triton.hardware import detect_gpu  # noqa: E402
 from pdmux_triton.kernels import AttnConfig, GemmConfig, decode_attention, linear  # noqa: E402
 
 BUDGETS = (16, 52, 132)
+# the decode GEMM's steps in bandwidth at 64/96/128 SMs are tile-count quantization: sweep
+# budgets finely, with split-K as the lever that evens out the waves
+GEMM_BUDGETS = (8, 16, 24, 32, 40, 52, 64, 80, 96, 112, 132)
 ATTN_CONFIGS = [AttnConfig(16, 128, 4, 3), AttnConfig(16, 64, 4, 4), AttnConfig(16, 128, 4, 4),
                 AttnConfig(16, 128, 8, 3), AttnConfig(16, 256, 8, 2)]
 GEMM_VARIANTS = {
     1: [None, GemmConfig(16, 64, 256, 4, 4), GemmConfig(16, 128, 256, 8, 3),
-        GemmConfig(16, 64, 512, 4, 3), GemmConfig(16, 32, 512, 4, 4), GemmConfig(16, 128, 128, 4, 6)],
+        GemmConfig(16, 64, 512, 4, 3), GemmConfig(16, 32, 512, 4, 4), GemmConfig(16, 128, 128, 4, 6),
+        GemmConfig(16, 64, 256, 4, 4, split_k=2), GemmConfig(16, 64, 256, 4, 4, split_k=4)],
     32: [None, GemmConfig(32, 64, 256, 4, 3), GemmConfig(32, 128, 128, 8, 4),
-         GemmConfig(32, 64, 128, 4, 6), GemmConfig(32, 32, 256, 4, 4), GemmConfig(64, 64, 128, 4, 6)],
+         GemmConfig(32, 64, 128, 4, 6), GemmConfig(32, 32, 256, 4, 4), GemmConfig(64, 64, 128, 4, 6),
+         GemmConfig(32, 64, 128, 4, 6, split_k=2), GemmConfig(32, 64, 128, 4, 6, split_k=4)],
 }
 
 
@@ -72,7 +77,7 @@ def main(argv=None) -> int:
             next_w = cycle(rotating(lambda: torch.randn(N, K, dtype=torch.bfloat16, device="cuda"),
                                     N * K * 2, l2))
             x = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
-            for budget in BUDGETS:
+            for budget in GEMM_BUDGETS:
                 for cfg in variants:
                     try:
                         ms = t_graph(lambda: linear(x, next_w(), num_sms=budget, config=cfg))
