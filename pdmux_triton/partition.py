@@ -122,10 +122,6 @@ class Partition:
             decode, prefill = split.first, split.rest
         return cls(spec, prefill.stream, decode.stream, split, prefill.sms, decode.sms)
 
-    def synchronize(self) -> None:
-        self.prefill_stream.synchronize()
-        self.decode_stream.synchronize()
-
     def close(self) -> None:
         if self._green is not None:
             self._green.close()
