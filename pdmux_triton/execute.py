@@ -25,11 +25,18 @@ from pdmux_triton.traffic import Request
 
 
 class BlockManager:
-    """Pages of the KV cache: a free list, and each request's pages in order."""
+    """Pages of the KV cache: a free list, and each request's pages in order.
+
+    The last page is never handed out: it is the scratch page that padded rows of a captured
+    decode batch point at, so warm-up and padding writes never touch a request's tokens.
+    """
 
     def __init__(self, num_pages: int, page_size: int):
+        if num_pages < 2:
+            raise PdmuxError(f"a KV cache needs at least 2 pages (one is scratch), got {num_pages}")
         self.page_size = page_size
-        self.free_pages = list(range(num_pages - 1, -1, -1))
+        self.scratch_page = num_pages - 1
+        self.free_pages = list(range(num_pages - 2, -1, -1))
         self.owned: dict[int, list[int]] = {}
 
     def reserve(self, rid: int, tokens: int) -> list[int]:
@@ -69,6 +76,11 @@ class _Side:
     budget: Budget
 
 
+def _padded_batch(n: int) -> int:
+    """The captured batch size serving n requests: 1, 2, 4, 8, then multiples of 8."""
+    return 1 << (n - 1).bit_length() if n <= 8 else -(-n // 8) * 8
+
+
 def _on(stream):
     return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
@@ -80,7 +92,7 @@ class ModelExecutor:
 
     @classmethod
     def shared(cls, spec: ModelSpec, gpu: GPUSpec, kind: str, page_size: int = 16,
-               cache_tokens: int = 400_000, seed: int = 0) -> "ModelExecutor":
+               cache_tokens: int = 262_144, seed: int = 0) -> "ModelExecutor":
         """An executor over one model kept across runs (weights are drawn once per process)."""
         key = (spec.name, page_size, cache_tokens, seed)
         if key not in cls._shared:
@@ -216,11 +228,12 @@ class ModelExecutor:
         """Static buffers and the captured step for this batch size and context bucket."""
         key = (id(side.stream), side.budget, B, width, bucket)
         if key not in self.graphs:
-            dev = self.device
+            dev, scratch = self.device, self.blocks.scratch_page
+            # until the first real step fills them, the inputs point at the scratch page
             batch = DecodeBatch(torch.zeros(B, dtype=torch.int64, device=dev),
                                 torch.zeros(B, dtype=torch.int64, device=dev),
-                                torch.zeros(B, dtype=torch.int64, device=dev),
-                                torch.zeros((B, width), dtype=torch.int32, device=dev),
+                                torch.full((B,), scratch * self.blocks.page_size, device=dev),
+                                torch.full((B, width), scratch, dtype=torch.int32, device=dev),
                                 torch.ones(B, dtype=torch.int32, device=dev), bucket)
             graph = torch.cuda.CUDAGraph()
             with _on(side.stream):
@@ -241,7 +254,15 @@ class ModelExecutor:
         with _on(side.stream):
             start = self._mark(side.stream)
             if self.use_graphs:
-                batch, graph, out = self._decode_graph(len(reqs), width, bucket, side)
+                # batch sizes padded to a few captured sizes, as SGLang does; padding rows
+                # decode a dummy token into the scratch page
+                B = _padded_batch(len(reqs))
+                pad = B - len(reqs)
+                scratch = self.blocks.scratch_page
+                tokens, positions = tokens + [0] * pad, positions + [0] * pad
+                slots = slots + [scratch * self.blocks.page_size] * pad
+                table, lens = table + [[scratch] * width] * pad, lens + [1] * pad
+                batch, graph, out = self._decode_graph(B, width, bucket, side)
                 host = [torch.tensor(v).pin_memory() for v in (tokens, positions, slots)]
                 for dst, src in zip((batch.tokens, batch.positions, batch.slots), host):
                     dst.copy_(src, non_blocking=True)
@@ -250,7 +271,7 @@ class ModelExecutor:
                 batch.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32).pin_memory(),
                                      non_blocking=True)
                 graph.replay()
-                out = out.clone()  # the next replay overwrites the static output
+                out = out[:len(reqs)].clone()  # the next replay overwrites the static output
             else:
                 dev = self.device
                 batch = DecodeBatch(torch.tensor(tokens, device=dev),
