@@ -192,6 +192,7 @@ def cmd_compare(args) -> None:
 
 
 def cmd_run(args) -> None:
+    import datetime
     import json
     from pathlib import Path
 
@@ -227,13 +228,23 @@ def cmd_run(args) -> None:
 
         def make_executor(v):
             return ModelExecutor.shared(spec, gpu, v.kind, page_size=16)
-    rows, results = experiment.run_all(requests, make_executor, config, args.chunks, args.kinds,
-                                       log=lambda msg: print(msg, file=sys.stderr))
+    try:
+        rows, results = experiment.run_all(requests, make_executor, config, args.chunks,
+                                           args.kinds, log=lambda msg: print(msg, file=sys.stderr),
+                                           warmup=not simulate)
+    finally:
+        if not simulate:
+            ModelExecutor.release_shared()  # green contexts and graphs
     levels = config.levels(gpu.sms, gpu.cc_major)
     level = policy.choose_group(levels, args.batch, True, config.decode_bs_divisor,
                                 config.manual_divisions or None)
     out = {"mode": "simulated" if simulate else "gpu", "gpu": gpu.name, "model": spec.name,
-           "workload": args.workload, "rows": rows}
+           "workload": args.workload, "date": datetime.date.today().isoformat(), "rows": rows}
+    if not simulate:
+        import torch
+        import triton
+
+        out.update(torch=torch.__version__, triton=triton.__version__)
     estimates = []
     if args.workload == "chapter":
         sc = estimate.Scenario(gpu=gpu, model=spec, decode_batch=args.batch, context=args.context,

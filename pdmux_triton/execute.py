@@ -85,10 +85,29 @@ def _on(stream):
     return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
 
 
+@dataclass
+class Runtime:
+    """What outlives one run: the model, the open partitions, the captured decode graphs.
+
+    SGLang creates its stream groups and captures its graphs once at start-up; keeping them
+    here lets a warm-up run pay for capture so the measured run does not.
+    """
+
+    model: Model
+    partitions: dict
+    graphs: dict
+
+    def close(self) -> None:
+        self.graphs.clear()
+        for part in self.partitions.values():
+            part.close()
+        self.partitions.clear()
+
+
 class ModelExecutor:
     """Runs decode steps and prefills of a Model for the scheduler."""
 
-    _shared: dict = {}
+    _shared: dict[tuple, Runtime] = {}
 
     @classmethod
     def shared(cls, spec: ModelSpec, gpu: GPUSpec, kind: str, page_size: int = 16,
@@ -100,12 +119,19 @@ class ModelExecutor:
             # the interpreter's tl.dot is wrong on bf16 (design.md): fp32 on the CPU
             dtype = torch.bfloat16 if device == "cuda" else torch.float32
             pages = -(-cache_tokens // page_size)
-            cls._shared[key] = Model(Weights(spec, device, dtype, seed=seed),
-                                     KVCache(spec, pages, page_size, device, dtype))
+            cls._shared[key] = Runtime(Model(Weights(spec, device, dtype, seed=seed),
+                                             KVCache(spec, pages, page_size, device, dtype)), {}, {})
         return cls(cls._shared[key], gpu, kind)
 
-    def __init__(self, model: Model, gpu: GPUSpec, kind: str = "grid_cap",
+    @classmethod
+    def release_shared(cls) -> None:
+        for runtime in cls._shared.values():
+            runtime.close()
+        cls._shared.clear()
+
+    def __init__(self, runtime: Runtime, gpu: GPUSpec, kind: str = "grid_cap",
                  use_graphs: bool | None = None):
+        model = runtime.model
         self.model = model
         self.spec = model.spec
         self.total_sms, self.cc_major, self.num_layers = gpu.sms, gpu.cc_major, len(model.w.layers)
@@ -115,8 +141,8 @@ class ModelExecutor:
         self.use_graphs = self.cuda if use_graphs is None else use_graphs
         self.blocks = BlockManager(model.cache.num_pages, model.cache.page_size)
         self.last_token: dict[int, int] = {}
-        self.partitions: dict[tuple[int, int], object] = {}
-        self.graphs: dict[tuple, tuple] = {}
+        self.partitions = runtime.partitions
+        self.graphs = runtime.graphs
         self.marks: list[tuple[object, object]] = []  # (start, end) of every GPU launch
         whole = self._side_pair(self.total_sms, 0)
         self.decode_side, self.prefill_side = whole
@@ -128,9 +154,10 @@ class ModelExecutor:
             return _Side(None, Budget()), _Side(None, Budget())
         from pdmux_triton.partition import PartitionSpec, whole
 
-        key = (prefill_sms, decode_sms)
+        whole_gpu = 0 in (prefill_sms, decode_sms)
+        key = ("whole",) if whole_gpu else (self.kind, prefill_sms, decode_sms)
         if key not in self.partitions:
-            spec = (whole(self.total_sms) if 0 in key else
+            spec = (whole(self.total_sms) if whole_gpu else
                     PartitionSpec(self.kind, prefill_sms, decode_sms, self.total_sms))
             self.partitions[key] = spec.open()
         part = self.partitions[key]
@@ -366,8 +393,4 @@ class ModelExecutor:
 
     def finish(self) -> None:
         self._drain()
-        for part in self.partitions.values():
-            part.close()
-        self.partitions.clear()
-        self.graphs.clear()
 

@@ -31,9 +31,12 @@ def variants(chunks: tuple[int, ...], kinds: tuple[str, ...]) -> list[Variant]:
 
 def run_all(requests: list[Request], make_executor: Callable[[Variant], object],
             config: policy.PDMuxConfig, chunks: tuple[int, ...], kinds: tuple[str, ...],
-            log=print) -> tuple[list[dict], dict[str, scheduler.RunResult]]:
+            log=print, warmup: bool = False) -> tuple[list[dict], dict[str, scheduler.RunResult]]:
     """Serve `requests` once per variant. decode_only serves the requests that are decoding
-    from the start without the arriving prompts: the ITL baseline."""
+    from the start without the arriving prompts: the ITL baseline.
+
+    With `warmup` each variant is served once untimed first, so kernel compilation and graph
+    capture (once per shape) stay out of the measured run."""
     rows, results = [], {}
     for v in variants(chunks, kinds):
         reqs = copy.deepcopy(requests)
@@ -41,6 +44,10 @@ def run_all(requests: list[Request], make_executor: Callable[[Variant], object],
             reqs = [r for r in reqs if r.warm]
             if not reqs:
                 continue
+        if warmup:
+            log(f"warming up {v.name} ...")
+            scheduler.run(v.strategy, make_executor(v), copy.deepcopy(reqs), chunk=v.chunk,
+                          config=config)
         log(f"running {v.name} ...")
         result = scheduler.run(v.strategy, make_executor(v), reqs, chunk=v.chunk, config=config)
         summary = metrics.summarize(result)
@@ -51,7 +58,7 @@ def run_all(requests: list[Request], make_executor: Callable[[Variant], object],
 
 
 SUMMARY_KEYS = ("itl_p50_ms", "itl_p99_ms", "itl_during_prefill_p50_ms", "prefill_ms",
-                "tokens_during_prefill")
+                "tokens_during_prefill", "ttft_p50_ms", "gpu_idle_frac")
 
 
 def summary(rows: list[dict], total_sms: int, prefill_sms: int | None,

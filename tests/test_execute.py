@@ -22,6 +22,12 @@ def requests():
             Request(2, [(i * 37) % 256 for i in range(21)], 5, None, after_steps=2)]
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _release():
+    yield
+    ModelExecutor.release_shared()
+
+
 def serve(strategy, **kw):
     reqs = copy.deepcopy(requests())
     x = ModelExecutor.shared(TINY, GPU, "grid_cap", page_size=4, cache_tokens=512)
