@@ -83,12 +83,15 @@ def attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row_ptr, page_size, star
                 valid = valid & (pos[None, :] <= q_pos[:, None])
             qk = tl.where(valid, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with no key yet stays empty
+        m_safe = m_new
+        if MASKED:  # a row with no key yet stays empty (a full block always has one)
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.exp2(qk - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if not EARLY_V:
             v = _load_rows(vc_ptr, offs, in_range, MASKED)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        # rescale, then accumulate inside the MMA: no second accumulator tile in registers
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
         m_i = m_new
     return acc, m_i, l_i
