@@ -372,17 +372,16 @@ class ModelExecutor:
         job.state["done"].synchronize()
         return self._finish_prefill(job)
 
-    def mixed(self, decoding: list[Request], job: Request | None, start: int, n: int):
+    def mixed(self, decoding: list[Request], job: Request, start: int, n: int):
         """One chunked-prefill step: decode tokens and the prompt chunk in one forward."""
         seqs = [(r, [self.last_token[r.rid]], r.context) for r in decoding]
-        if job is not None and n:
-            seqs.append((job, job.prompt[start:start + n], start))
+        seqs.append((job, job.prompt[start:start + n], start))
         out = self._run_extend(seqs, self.decode_side).tolist()
         tokens = out[:len(decoding)]
         for r, tok in zip(decoding, tokens):
             self.last_token[r.rid] = tok
         first = None
-        if job is not None and start + n == len(job.prompt):
+        if start + n == len(job.prompt):
             first = out[-1]
             self.last_token[job.rid] = first
         return self.now(), tokens, first

@@ -149,21 +149,25 @@ def run_chunked(e: Engine, chunk: int) -> None:
         if job is None and e.waiting:
             job, done_tokens = e.waiting.popleft(), 0
             job.prefill_start = e.x.now()
-        if job is None and not e.running:
-            e.idle()
-            continue
         start = e.x.now()
         decoding = list(e.running)
-        n = 0 if job is None else min(chunk, len(job.prompt) - done_tokens)
+        if job is None:  # no prompt in flight: a plain decode step, as SGLang runs it
+            if not decoding:
+                e.idle()
+                continue
+            t, tokens = e.x.decode(decoding)
+            e.rounds.append(Round(start, t, -1, len(decoding), ""))
+            e.record_tokens(decoding, tokens, t)
+            continue
+        n = min(chunk, len(job.prompt) - done_tokens)
         t, tokens, first = e.x.mixed(decoding, job, done_tokens, n)
-        e.rounds.append(Round(start, t, -1, len(decoding), f"chunk {done_tokens}+{n}" if n else ""))
+        e.rounds.append(Round(start, t, -1, len(decoding), f"chunk {done_tokens}+{n}"))
         if decoding:
             e.record_tokens(decoding, tokens, t)
-        if job is not None:
-            done_tokens += n
-            if done_tokens == len(job.prompt):
-                e.start_running([job], [first], t)
-                job = None
+        done_tokens += n
+        if done_tokens == len(job.prompt):
+            e.start_running([job], [first], t)
+            job = None
 
 
 def run_pdmux(e: Engine, levels: list[policy.Level], config: policy.PDMuxConfig,

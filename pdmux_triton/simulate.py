@@ -129,17 +129,15 @@ class SimExecutor:
         self.t = self._enqueue("decode", self.decode_s(reqs, self.total_sms, False))
         return self.t, [0] * len(reqs)
 
-    def mixed(self, decoding: list[Request], job: Request | None, start: int, n: int):
+    def mixed(self, decoding: list[Request], job: Request, start: int, n: int):
         """One chunked-prefill step: the chunk and the decode batch in one forward, bound by
         compute or by reading weights and KV, whichever is slower."""
         self._drain()
-        m = self.model
-        compute = 2 * m.linear_params * len(decoding) / self.sc.flops_per_s
-        if job is not None and n:
-            compute += self.prefill_s([job], self.num_layers, self.total_sms, prefix=start, tokens=n)
+        compute = (2 * self.model.linear_params * len(decoding) / self.sc.flops_per_s
+                   + self.prefill_s([job], self.num_layers, self.total_sms, prefix=start, tokens=n))
         memory = self.decode_s(decoding, self.total_sms, False) if decoding else 0.0
         self.t = self._enqueue("decode", max(compute, memory))
-        first = 0 if job is not None and start + n == len(job.prompt) else None
+        first = 0 if start + n == len(job.prompt) else None
         return self.t, [0] * len(decoding), first
 
     def idle_until(self, t: float) -> None:
