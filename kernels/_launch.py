@@ -63,10 +63,16 @@ def row_piece(tile, ncols, BLOCK: tl.constexpr):
     return tile // pieces, cols, cols < ncols
 
 
+_NO_TELEMETRY: dict[torch.device, torch.Tensor] = {}
+
+
 def telemetry_args(sm_ids: torch.Tensor | None, grid: int, device: torch.device):
     """(buffer, RECORD_SM flag): a kernel records each program's SM id into `sm_ids`."""
     if sm_ids is None:
-        return torch.empty(1, dtype=torch.int32, device=device), False
+        # a placeholder the kernel never touches, made once per device (launches stay cheap)
+        if device not in _NO_TELEMETRY:
+            _NO_TELEMETRY[device] = torch.empty(1, dtype=torch.int32, device=device)
+        return _NO_TELEMETRY[device], False
     if interpreting():
         raise PdmuxError("SM-id telemetry needs a GPU (the Triton interpreter has no %smid)")
     if sm_ids.dtype != torch.int32 or sm_ids.device != device or sm_ids.numel() < grid:
