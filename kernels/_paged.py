@@ -60,6 +60,7 @@ def attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row_ptr, page_size, star
 
     Scores are kept in base 2 (scale_log2 = softmax scale * log2(e)). Without MASKED the range
     must be whole blocks; with CAUSAL a key counts only where its position <= the row's q_pos.
+    The first block folded into a fresh state (m_i = -inf) must hold a valid key for every row.
     EARLY_V issues the V load with the K load (memory-bound decode: twice the bytes in flight);
     compute-bound prefill loads V after the softmax, keeping registers for the tiles.
     """
@@ -76,18 +77,22 @@ def attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row_ptr, page_size, star
         k = _load_rows(kc_ptr, offs, in_range, MASKED)
         if EARLY_V:
             v = _load_rows(vc_ptr, offs, in_range, MASKED)
-        qk = tl.dot(q, tl.trans(k)) * scale_log2
+        qk = tl.dot(q, tl.trans(k))
+        # scale and max-subtract as one FMA per score; masked scores get -1e6, which exp2
+        # takes to 0 because every row meets a valid key in the first block it sees (decode:
+        # position `start`; extend: `lo` precedes every query of the block)
         if MASKED:
             valid = in_range[None, :]
             if CAUSAL:
                 valid = valid & (pos[None, :] <= q_pos[:, None])
-            qk = tl.where(valid, qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-        m_safe = m_new
-        if MASKED:  # a row with no key yet stays empty (a full block always has one)
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(qk - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
+            qk = qk * scale_log2 + tl.where(valid, 0.0, -1.0e6)
+            m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+            qk = qk - m_new[:, None]
+        else:
+            m_new = tl.maximum(m_i, tl.max(qk, axis=1) * scale_log2)
+            qk = qk * scale_log2 - m_new[:, None]
+        p = tl.exp2(qk)
+        alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if not EARLY_V:
             v = _load_rows(vc_ptr, offs, in_range, MASKED)
