@@ -206,9 +206,17 @@ class ModelExecutor:
         return max(0.0, (max(b for _, b in spans) - spans[0][0]) - covered)
 
     # --- batches -----------------------------------------------------------------------
+    def _upload(self, values: list, dtype=torch.int64) -> torch.Tensor:
+        """Host ints to the device on the current stream, without making the host wait for
+        the stream (a pageable copy would): pinned memory and an async copy."""
+        host = torch.tensor(values, dtype=dtype)
+        if not self.cuda:
+            return host
+        return host.pin_memory().to(self.device, non_blocking=True)
+
     def _extend_batch(self, seqs: list[tuple[Request, list[int], int]]) -> ExtendBatch:
         """seqs: (request, new token ids, position of the first) for each sequence."""
-        bm, dev = self.blocks, self.device
+        bm = self.blocks
         tokens, positions, slots = [], [], []
         for r, ids, start in seqs:
             bm.reserve(r.rid, start + len(ids))
@@ -217,14 +225,16 @@ class ModelExecutor:
             slots += bm.slots(r.rid, start, start + len(ids))
         width = max(len(bm.owned[r.rid]) for r, _, _ in seqs)
         table = [bm.owned[r.rid] + [0] * (width - len(bm.owned[r.rid])) for r, _, _ in seqs]
-        return ExtendBatch(torch.tensor(tokens, device=dev), torch.tensor(positions, device=dev),
-                           torch.tensor(slots, device=dev),
-                           torch.tensor(table, dtype=torch.int32, device=dev),
+        return ExtendBatch(self._upload(tokens), self._upload(positions), self._upload(slots),
+                           self._upload(table, torch.int32),
                            [len(ids) for _, ids, _ in seqs], [start for _, _, start in seqs])
 
     def _last_rows(self, batch: ExtendBatch) -> torch.Tensor:
-        ends = torch.tensor(batch.extend_lens).cumsum(0) - 1
-        return ends.to(self.device)
+        ends, total = [], 0
+        for n in batch.extend_lens:
+            total += n
+            ends.append(total - 1)
+        return self._upload(ends)
 
     def _greedy(self, hidden, residual, rows, side: _Side) -> torch.Tensor:
         logits = self.model.logits(hidden[rows], residual[rows], side.budget)
@@ -290,22 +300,16 @@ class ModelExecutor:
                 slots = slots + [scratch * self.blocks.page_size] * pad
                 table, lens = table + [[scratch] * width] * pad, lens + [1] * pad
                 batch, graph, out = self._decode_graph(B, width, bucket, side)
-                host = [torch.tensor(v).pin_memory() for v in (tokens, positions, slots)]
-                for dst, src in zip((batch.tokens, batch.positions, batch.slots), host):
-                    dst.copy_(src, non_blocking=True)
-                batch.page_table.copy_(torch.tensor(table, dtype=torch.int32).pin_memory(),
-                                       non_blocking=True)
-                batch.seq_lens.copy_(torch.tensor(lens, dtype=torch.int32).pin_memory(),
-                                     non_blocking=True)
+                for dst, src in ((batch.tokens, tokens), (batch.positions, positions),
+                                 (batch.slots, slots), (batch.page_table, table),
+                                 (batch.seq_lens, lens)):
+                    dst.copy_(self._upload(src, dst.dtype))
                 graph.replay()
                 out = out[:len(reqs)].clone()  # the next replay overwrites the static output
             else:
-                dev = self.device
-                batch = DecodeBatch(torch.tensor(tokens, device=dev),
-                                    torch.tensor(positions, device=dev),
-                                    torch.tensor(slots, device=dev),
-                                    torch.tensor(table, dtype=torch.int32, device=dev),
-                                    torch.tensor(lens, dtype=torch.int32, device=dev), bucket)
+                batch = DecodeBatch(self._upload(tokens), self._upload(positions),
+                                    self._upload(slots), self._upload(table, torch.int32),
+                                    self._upload(lens, torch.int32), bucket)
                 out = self.model.decode_step(batch, side.budget).argmax(-1)
             end = self._mark(side.stream)
         self.marks.append((start, end))
