@@ -151,6 +151,8 @@ def cmd_calibrate(args) -> None:
     for kind in args.kinds:
         if kind not in KINDS[:2]:
             raise PdmuxError(f"calibration kinds are grid_cap and green, got {kind!r}")
+    if not args.ctas or any(c < 1 for c in args.ctas):
+        raise PdmuxError(f"--ctas takes CTAs per SM >= 1, got {args.ctas}")
     gpu = _gpu_or_error()
     _, granularity = policy.arch_constraints(gpu.cc_major)
     budgets = args.budgets or calibrate.default_budgets(gpu.sms, granularity)

@@ -88,6 +88,7 @@ MODELS: dict[str, ModelSpec] = {
     m.name: m
     for m in (
         ModelSpec("qwen3-8b", 36, 4096, 32, 8, 128, 12288, 151936, True, 1e6),
+        # Llama 3.1's long-context rope scaling is not modeled: it changes values, not cost
         ModelSpec("llama-3.1-8b", 32, 4096, 32, 8, 128, 14336, 128256, False, 5e5, 1e-5),
         ModelSpec("qwen3-32b", 64, 5120, 64, 8, 128, 25600, 151936, True, 1e6),
         # Small enough for the Triton interpreter; GQA 4:2 and qk-norm like Qwen3.

@@ -128,3 +128,5 @@ def test_calibrate_cli_without_gpu(capsys):
     assert "measuring needs a CUDA GPU" in capsys.readouterr().err
     assert cli.main(["calibrate", "--workloads", "prefill_magic"]) == 2
     assert "unknown workload 'prefill_magic'" in capsys.readouterr().err
+    assert cli.main(["calibrate", "--ctas", "0,2"]) == 2
+    assert "--ctas takes CTAs per SM >= 1" in capsys.readouterr().err
