@@ -198,7 +198,7 @@ def cmd_run(args) -> None:
     import json
     from pathlib import Path
 
-    from pdmux_triton import estimate, experiment, report, traffic
+    from pdmux_triton import estimate, experiment, metrics, report, traffic
     from pdmux_triton.simulate import DecodeCurve, SimExecutor
 
     spec = model_preset(args.model)
@@ -241,7 +241,8 @@ def cmd_run(args) -> None:
     level = policy.choose_group(levels, args.batch, True, config.decode_bs_divisor,
                                 config.manual_divisions or None)
     out = {"mode": "simulated" if simulate else "gpu", "gpu": gpu.name, "model": spec.name,
-           "workload": args.workload, "date": datetime.date.today().isoformat(), "rows": rows}
+           "workload": args.workload, "date": datetime.date.today().isoformat(), "rows": rows,
+           "details": {name: metrics.details(res) for name, res in results.items()}}
     if not simulate:
         import torch
         import triton

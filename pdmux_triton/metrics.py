@@ -51,5 +51,20 @@ def summarize(result: RunResult) -> dict:
     }
 
 
+def details(result: RunResult) -> dict:
+    """Per-request and per-round records of a run, for the JSON: TTFT of every served request,
+    decode steps during each prefill, and the round timeline."""
+    windows = prefill_windows(result)
+    decode_ends = [rd.end for rd in result.rounds if rd.decode_bs > 0]
+    return {
+        "ttft_ms": {r.rid: r.ttft * 1e3 for r in result.requests
+                    if not r.warm and r.ttft is not None},
+        "prefills": [{"start_s": a, "end_s": b, "decode_steps": sum(a < t <= b for t in decode_ends)}
+                     for a, b in windows],
+        "rounds": [{"start_s": rd.start, "end_s": rd.end, "level": rd.level,
+                    "decode_bs": rd.decode_bs, "prefill": rd.prefill} for rd in result.rounds],
+    }
+
+
 def _scale(value: float | None, factor: float) -> float | None:
     return None if value is None else value * factor

@@ -108,6 +108,9 @@ def test_run_cli_simulates_without_a_gpu(tmp_path, capsys):
                                "pdmux_grid_cap", "pdmux_green"}
     assert strategies["prefill_first"]["tokens_during_prefill"] == 0
     assert "pdmux_grid_cap" in out["summary"]["estimate_error_pct"]
+    pd = out["details"]["pdmux_grid_cap"]
+    assert list(pd["ttft_ms"]) == ["32"] and pd["prefills"][0]["decode_steps"] > 0
+    assert any(r["prefill"] == "layers 0-8" and r["level"] == 5 for r in pd["rounds"])
     assert (tmp_path / "run-h200.png").stat().st_size > 1000
 
 
