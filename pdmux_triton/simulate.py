@@ -100,13 +100,15 @@ class SimExecutor:
                     "prefill": self.total_sms if whole else prefill_sms}
 
     def launch_decode(self, reqs: list[Request]):
-        corun = self.free["prefill"] > max(self.t, self.free["decode"])
-        return self._enqueue("decode", self.decode_s(reqs, self.sms["decode"], corun)), len(reqs)
+        # priced when waited for: the round's prefill layers are launched in between, and
+        # decode co-runs when the prefill side is busy as the step starts
+        return reqs
 
-    def wait_decode(self, pending):
-        end, n = pending
-        self.t = max(self.t, end)
-        return self.t, [0] * n
+    def wait_decode(self, reqs: list[Request]):
+        start = max(self.t, self.free["decode"])
+        corun = self.free["prefill"] > start
+        self.t = max(self.t, self._enqueue("decode", self.decode_s(reqs, self.sms["decode"], corun)))
+        return self.t, [0] * len(reqs)
 
     def launch_prefill(self, job, start: int, end: int) -> None:
         self._enqueue("prefill", self.prefill_s(job.reqs, end - start, self.sms["prefill"]))
