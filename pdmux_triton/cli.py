@@ -256,8 +256,11 @@ def cmd_run(args) -> None:
         estimates.append(("the chapter's estimate", sc))
         if args.calibration:
             cal = json.loads(Path(args.calibration).read_text()).get("summary", {})
-            estimates.append(("the estimate with calibrated bandwidth and S_SAT",
-                              estimate.calibrated(sc, cal, args.kinds[0])))
+            levels_measured = (json.loads(Path(args.compare).read_text())["summary"]["levels"]
+                               if args.compare else None)
+            estimates.append(("the estimate with calibrated bandwidth, S_SAT and prefill rate"
+                              if args.compare else "the estimate with calibrated bandwidth and S_SAT",
+                              estimate.calibrated(sc, cal, args.kinds[0], levels_measured)))
         out["estimate"] = {title: [r.as_dict() for r in estimate.estimate(s)]
                            for title, s in estimates}
     # errors against the last estimate: the calibrated one when a calibration is given
@@ -356,6 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bw-eff", type=float, default=0.85)
     p.add_argument("--mfu", type=float, default=0.5)
     p.add_argument("--calibration", help="calibrate-<gpu>.json: simulate with measured curves")
+    p.add_argument("--compare", help="compare-<gpu>.json: calibrate the estimate's prefill rate")
     p.add_argument("--out", help="folder for run-<gpu>.json and the ITL timeline plot")
     p.set_defaults(func=cmd_run)
 

@@ -141,15 +141,28 @@ def estimate(sc: Scenario) -> list[Row]:
     return rows
 
 
-def calibrated(sc: Scenario, summary: dict, kind: str = "grid_cap") -> Scenario:
-    """The scenario with decode's bandwidth and S_SAT from a calibration summary: the
-    decode-step curve beside a prefill (the state PD-mux decodes in)."""
+def calibrated(sc: Scenario, summary: dict, kind: str = "grid_cap",
+               compare_levels: list[dict] | None = None) -> Scenario:
+    """The scenario with decode's bandwidth and S_SAT from a calibration summary (the
+    decode-step curve beside a prefill, the state PD-mux decodes in) and, given a comparison's
+    levels, the MFU its prefill reached co-running at the level this scenario picks."""
     try:
         fit = summary["decode_step"][kind]["corun"]
         peak, s_sat = fit["peak_tbps"], fit["s_sat_fit"]
     except (KeyError, TypeError):
         raise PdmuxError(f"the calibration has no decode_step / {kind} / corun fit") from None
-    return replace(sc, bw_efficiency=min(1.0, peak / sc.gpu.hbm_tbps), s_sat=(round(s_sat, 1),))
+    out = replace(sc, bw_efficiency=min(1.0, peak / sc.gpu.hbm_tbps), s_sat=(round(s_sat, 1),))
+    if compare_levels:
+        levels = sc.pdmux.levels(sc.gpu.sms, sc.gpu.cc_major)
+        index = policy.choose_group(levels, sc.decode_batch, True, sc.pdmux.decode_bs_divisor,
+                                    sc.pdmux.manual_divisions or None)
+        prefill_sms = levels[index][0]
+        match = [lv for lv in compare_levels if lv.get("prefill_sms") == prefill_sms]
+        if not match:
+            raise PdmuxError(f"the comparison has no level with {prefill_sms} prefill SMs")
+        tflops = match[0]["prefill"][kind]["corun_tflops"]
+        out = replace(out, mfu=min(1.0, tflops / (sc.gpu.bf16_tflops * prefill_sms / sc.gpu.sms)))
+    return out
 
 
 def fmt_ms(value: float | None) -> str:

@@ -123,3 +123,10 @@ def test_calibrated_estimate_uses_the_measured_curve():
     assert cal.bw_efficiency == pytest.approx(0.5) and cal.s_sat == (110.0,)
     with pytest.raises(PdmuxError, match="no decode_step / green / corun fit"):
         estimate.calibrated(sc, summary, "green")
+    # the comparison's co-running prefill rate at the chosen level (80 prefill SMs) sets MFU
+    levels = [{"prefill_sms": 80, "prefill": {"grid_cap": {"corun_tflops": 300.0}}}]
+    cal = estimate.calibrated(sc, summary, compare_levels=levels)
+    assert cal.mfu == pytest.approx(300 / (989 * 80 / 132))
+    rows = {r.approach: r for r in estimate.estimate(cal)}
+    assert rows["pdmux_ssat110"].prefill_ms == pytest.approx(
+        estimate.prefill_flops(cal.model, 8192) / 300e12 * 1e3)
