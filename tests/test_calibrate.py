@@ -130,3 +130,18 @@ def test_calibrate_cli_without_gpu(capsys):
     assert "unknown workload 'prefill_magic'" in capsys.readouterr().err
     assert cli.main(["calibrate", "--ctas", "0,2"]) == 2
     assert "--ctas takes CTAs per SM >= 1" in capsys.readouterr().err
+
+
+def test_results_json_has_the_issue_schema(tmp_path):
+    points = [{"workload": wl, "kind": kind, "state": state, "ctas_per_sm": 1, "sms": b,
+               "tbps": 4.0 * min(1, b / 48)}
+              for wl in ("stream_read", "decode_step") for kind in ("grid_cap", "green")
+              for state in ("alone", "corun") for b in BUDGETS]
+    summary = calibrate.summarize(points)
+    path = calibrate.write_results(tmp_path / "c.json", "h200", {"model": "qwen3-8b"}, points,
+                                   summary)
+    data = json.loads(path.read_text())
+    assert {"gpu", "torch", "triton", "date", "rows", "summary"} <= set(data)
+    fit = data["summary"]["decode_step"]["green"]["corun"]
+    assert set(fit) >= {"peak_tbps", "s_sat_fit", "s_sat_95"}
+    assert fit["s_sat_fit"] == pytest.approx(48)
