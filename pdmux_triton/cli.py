@@ -62,9 +62,46 @@ def _config_from_args(args, gpu: GPUSpec) -> policy.PDMuxConfig:
     return policy.PDMuxConfig(sm_group_num=getattr(args, "sm_group_num", policy.DEFAULT_SM_GROUP_NUM))
 
 
+def cmd_advise(args, gpu: GPUSpec, config: policy.PDMuxConfig) -> None:
+    """`levels --calibration ... --itl-ms ...`: splits that meet an ITL target."""
+    import json
+    from pathlib import Path
+
+    from pdmux_triton import advise
+    from pdmux_triton.simulate import DecodeCurve
+
+    if args.itl_ms is None:
+        raise PdmuxError("--calibration needs --itl-ms, the decode step time to stay under")
+    measured_on = json.loads(Path(args.calibration).read_text()).get("gpu")
+    if measured_on != gpu.name:
+        raise PdmuxError(f"{args.calibration} was measured on {measured_on!r}; levels are asked "
+                         f"for {gpu.name!r} (pass --gpu {measured_on})")
+    curve = DecodeCurve(args.calibration, args.kind)
+    spec = model_preset(args.model)
+    advised = advise.advise(lambda d: curve.tbps(d, corun=True), spec, gpu.sms, gpu.cc_major,
+                            args.itl_ms, args.context, config.sm_group_num - 2)
+    if args.write_config:
+        policy.dump_config(advise.as_config(advised, config), args.write_config)
+    if args.json:
+        print(json.dumps([a.__dict__ for a in advised], indent=2))
+        return
+    print(f"{spec.name} on {gpu.name} at {args.context} tokens of context, decode step <= "
+          f"{args.itl_ms} ms beside a prefill ({args.kind} calibration):")
+    print(f"{'prefill SMs':>11} {'decode SMs':>10} {'decode batch':>13} {'ITL ms':>7}")
+    for a in advised:
+        print(f"{a.prefill_sms:>11} {a.decode_sms:>10} {f'{a.first_batch}-{a.last_batch}':>13} "
+              f"{a.itl_ms:>7.1f}")
+    print(f"a decode batch above {advised[-1].last_batch} misses the target on every split")
+    if args.write_config:
+        print(f"wrote {args.write_config}: these levels as SGLang manual_divisions")
+
+
 def cmd_levels(args) -> None:
     gpu = _gpu_from_args(args)
     config = _config_from_args(args, gpu)
+    if args.calibration:
+        cmd_advise(args, gpu, config)
+        return
     levels = config.levels(gpu.sms, gpu.cc_major)
     manual = config.manual_divisions or None
     ranges = policy.decode_bs_ranges(levels, config.decode_bs_divisor, manual)
@@ -307,6 +344,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="number of levels, SGLang's sm_group_num (default 8)")
     p.add_argument("--write-config", metavar="FILE",
                    help="write these levels as an SGLang pdmux YAML with manual_divisions")
+    p.add_argument("--calibration", help="calibrate-<gpu>.json: advise levels for --itl-ms")
+    p.add_argument("--itl-ms", type=float, help="with --calibration: the decode step target")
+    p.add_argument("--model", default="qwen3-8b", help="with --calibration: the model preset")
+    p.add_argument("--context", type=int, default=2048,
+                   help="with --calibration: context of the decoding requests")
+    p.add_argument("--kind", choices=("grid_cap", "green"), default="green",
+                   help="with --calibration: which measured curve to trust")
     p.set_defaults(func=cmd_levels)
 
     p = sub.add_parser("estimate", help="the chapter's cost model: ITL and prefill time by approach")

@@ -1,0 +1,75 @@
+"""PD-mux levels for an ITL target, from measured decode bandwidth.
+
+SGLang's default levels split the SMs evenly between two fixed bounds, whatever decode needs.
+Given the decode-step bandwidth a calibration measured at each SM budget (beside a running
+prefill), this picks, for each range of decode batch sizes, the split that gives prefill the
+most SMs while a decode step still fits the ITL target, and writes them as SGLang's
+`manual_divisions`. Pure: the bandwidth curve is passed in as a function.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pdmux_triton import policy
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.hardware import ModelSpec
+
+
+def max_batch(spec: ModelSpec, context: int, itl_s: float, tbps: float) -> int:
+    """Largest decode batch at `context` tokens whose step (weights + KV) fits `itl_s`."""
+    budget = itl_s * tbps * 1e12 - 2 * spec.linear_params
+    return max(0, int(budget // (context * spec.kv_bytes_per_token())))
+
+
+@dataclass(frozen=True)
+class AdvisedLevel:
+    prefill_sms: int
+    decode_sms: int
+    first_batch: int  # the level serves decode batches first_batch..last_batch
+    last_batch: int
+    itl_ms: float  # predicted decode step at last_batch
+
+
+def advise(rate_tbps: Callable[[int], float], spec: ModelSpec, total_sms: int, major: int,
+           itl_ms: float, context: int, levels: int = 6) -> list[AdvisedLevel]:
+    """Up to `levels` splits covering decode batches 1..the largest any split can serve."""
+    if itl_ms <= 0 or context < 1 or levels < 1:
+        raise PdmuxError(f"need an ITL target > 0 ms, context >= 1 and levels >= 1, got "
+                         f"{itl_ms}, {context}, {levels}")
+    min_part, granularity = policy.arch_constraints(major)
+    splits = [(p, total_sms - p) for p in range(min_part, total_sms - min_part + 1, granularity)
+              if total_sms - p >= min_part]
+    if not splits:
+        raise PdmuxError(f"no green-context split of {total_sms} SMs on compute capability "
+                         f"{major}.x")
+    serve = {d: max_batch(spec, context, itl_ms / 1e3, rate_tbps(d)) for _, d in splits}
+    top = max(serve.values())
+    if top < 1:
+        d = max(serve)
+        step = (2 * spec.linear_params + context * spec.kv_bytes_per_token()) / (rate_tbps(d) * 1e9)
+        raise PdmuxError(f"no split meets {itl_ms} ms: even {d} decode SMs take {step:.1f} ms "
+                         f"for one request at {context} tokens")
+    bounds = sorted({1 + (top * k) // levels for k in range(levels)})
+    advised: list[AdvisedLevel] = []
+    for first, nxt in zip(bounds, [*bounds[1:], top + 1]):
+        last = nxt - 1
+        # the most prefill SMs whose decode share still serves the whole range in time
+        p, d = max((s for s in splits if serve[s[1]] >= last), key=lambda s: s[0])
+        step = (2 * spec.linear_params + last * context * spec.kv_bytes_per_token()) / (
+            rate_tbps(d) * 1e9)
+        if advised and advised[-1].decode_sms == d:
+            prev = advised.pop()
+            first = prev.first_batch
+        advised.append(AdvisedLevel(p, d, first, last, step))
+    return advised
+
+
+def as_config(advised: list[AdvisedLevel], base: policy.PDMuxConfig) -> policy.PDMuxConfig:
+    """SGLang config with these levels: each level's threshold is its first batch size."""
+    return policy.PDMuxConfig(
+        sm_group_num=len(advised) + 2,
+        manual_divisions=[[a.prefill_sms, a.decode_sms, a.first_batch] for a in advised],
+        split_forward_token_budget=base.split_forward_token_budget,
+        decode_bs_divisor=base.decode_bs_divisor)
