@@ -53,15 +53,6 @@ def _load_rows(ptr, offs, in_range, MASKED: tl.constexpr):
 
 
 @triton.jit
-def _load_cols(ptr, offs_t, in_range, MASKED: tl.constexpr):
-    """Rows gathered straight into [D, BLOCK_N]: K^T as the MMA's B operand, no transpose
-    between the load and the dot (so the load can be pipelined like any dot operand)."""
-    if MASKED:
-        return tl.load(ptr + offs_t, mask=in_range[None, :], other=0.0)
-    return tl.load(ptr + offs_t)
-
-
-@triton.jit
 def attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row_ptr, page_size, start, end, slot_stride,
                  head_offset, q_pos, scale_log2, BLOCK_N: tl.constexpr, D: tl.constexpr,
                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, EARLY_V: tl.constexpr):
@@ -82,12 +73,11 @@ def attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row_ptr, page_size, star
         else:
             page = tl.load(page_row_ptr + pos // page_size)
         slot = page.to(tl.int64) * page_size + pos % page_size
-        row = slot * slot_stride + head_offset
-        offs = row[:, None] + d[None, :]
-        k_t = _load_cols(kc_ptr, row[None, :] + d[:, None], in_range, MASKED)
+        offs = slot[:, None] * slot_stride + head_offset + d[None, :]
+        k = _load_rows(kc_ptr, offs, in_range, MASKED)
         if EARLY_V:
             v = _load_rows(vc_ptr, offs, in_range, MASKED)
-        qk = tl.dot(q, k_t)
+        qk = tl.dot(q, tl.trans(k))
         # scale and max-subtract as one FMA per score; masked scores get -1e6, which exp2
         # takes to 0 because every row meets a valid key in the first block it sees (decode:
         # position `start`; extend: `lo` precedes every query of the block)
