@@ -27,8 +27,11 @@ BUDGETS = (16, 52, 132)
 # the decode GEMM's steps in bandwidth at 64/96/128 SMs are tile-count quantization: sweep
 # budgets finely, with split-K as the lever that evens out the waves
 GEMM_BUDGETS = (8, 16, 24, 32, 40, 52, 64, 80, 96, 112, 132)
-ATTN_CONFIGS = [AttnConfig(16, 128, 4, 3), AttnConfig(16, 64, 4, 4), AttnConfig(16, 128, 4, 4),
-                AttnConfig(16, 128, 8, 3), AttnConfig(16, 256, 8, 2)]
+# (tile, prefetch_pages): prefetching page ids lets the pipeline hold stages-1 K/V tiles
+# (bench/profile_decode.py --offline), without it one
+ATTN_VARIANTS = [(AttnConfig(16, 128, 4, 3), False), (AttnConfig(16, 128, 8, 3), False),
+                 (AttnConfig(16, 128, 4, 3), True), (AttnConfig(16, 128, 4, 4), True),
+                 (AttnConfig(16, 64, 4, 5), True), (AttnConfig(16, 128, 8, 4), True)]
 GEMM_VARIANTS = {
     1: [None, GemmConfig(16, 64, 256, 4, 4), GemmConfig(16, 128, 256, 8, 3),
         GemmConfig(16, 64, 512, 4, 3), GemmConfig(16, 32, 512, 4, 4), GemmConfig(16, 128, 128, 4, 6),
@@ -56,18 +59,18 @@ def main(argv=None) -> int:
         seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
         nbytes = sum(lens) * 8 * 128 * 4
         for budget in BUDGETS:
-            for cfg in ATTN_CONFIGS:
+            for cfg, prefetch in ATTN_VARIANTS:
                 for chunk in (None, 2048):
                     try:
                         ms = t_graph(lambda: decode_attention(q, k, v, table, seq, 16, max(lens),
                                                               num_sms=budget, config=cfg,
-                                                              chunk=chunk))
+                                                              chunk=chunk, prefetch_pages=prefetch))
                     except Exception as err:  # a variant that does not fit: record why
                         res.row(kernel="decode_attention", case=case, sms=budget, config=str(cfg),
-                                chunk=chunk, error=str(err)[:160])
+                                prefetch_pages=prefetch, chunk=chunk, error=str(err)[:160])
                         continue
                     res.row(kernel="decode_attention", case=case, sms=budget, config=str(cfg),
-                            chunk=chunk, tbps=nbytes / ms / 1e9,
+                            prefetch_pages=prefetch, chunk=chunk, tbps=nbytes / ms / 1e9,
                             gbps_per_sm=nbytes / ms / 1e6 / budget)
         res.save()
     l2 = int(gpu.l2_mib * 2**20)
@@ -99,7 +102,8 @@ def main(argv=None) -> int:
             best[key] = r
     for key, r in sorted(best.items()):
         print(f"{key[0]:<17} {key[1]:<20} {key[2]:>4} SMs {r['tbps']:6.2f} TB/s "
-              f"{r['gbps_per_sm']:6.1f} GB/s/SM  {r['config']} chunk={r.get('chunk', '-')}")
+              f"{r['gbps_per_sm']:6.1f} GB/s/SM  {r['config']} chunk={r.get('chunk', '-')} "
+              f"prefetch={r.get('prefetch_pages', '-')}")
     return 0
 
 
