@@ -27,9 +27,10 @@ BUDGETS = (16, 52, 132)
 # the decode GEMM's steps in bandwidth at 64/96/128 SMs are tile-count quantization: sweep
 # budgets finely, with split-K as the lever that evens out the waves
 GEMM_BUDGETS = (8, 16, 24, 32, 40, 52, 64, 80, 96, 112, 132)
-# (tile, prefetch_pages): prefetching page ids lets the pipeline hold stages-1 K/V tiles
-# (bench/profile_decode.py --offline), without it one
+# (tile, prefetch_pages) -> K/V tiles the pipeline holds (bench/profile_decode.py --offline):
+# without prefetching, 1 up to 4 stages and 2 at 5; with it, stages - 1
 ATTN_VARIANTS = [(AttnConfig(16, 128, 4, 3), False), (AttnConfig(16, 128, 8, 3), False),
+                 (AttnConfig(16, 128, 4, 5), False), (AttnConfig(16, 64, 4, 5), False),
                  (AttnConfig(16, 128, 4, 3), True), (AttnConfig(16, 128, 4, 4), True),
                  (AttnConfig(16, 64, 4, 5), True), (AttnConfig(16, 128, 8, 4), True)]
 GEMM_VARIANTS = {
