@@ -67,6 +67,42 @@ def offline(block_n: int, num_warps: int, num_stages: int, prefetch_pages: bool)
     print(f"    {'shared buffers':<26} {', '.join(sorted(buffers))}")
 
 
+def offline_gemm() -> None:
+    """The decode GEMM tiles kernels/gemm.py picks, compiled for sm_90: MMA kind and buffers."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from pdmux_triton.kernels.gemm import GemmConfig, _gemm_kernel, decode_tile
+
+    names = list(inspect.signature(_gemm_kernel.fn).parameters)
+    tiles = [("M<=16, whole GPU", decode_tile(1, 2, False)),
+             ("M<=16, small budget", decode_tile(1, 2, True)),
+             ("M<=32, whole GPU", decode_tile(32, 2, False)),
+             ("M<=64 / small budget", decode_tile(64, 2, True)),
+             ("prefill", GemmConfig(128, 256, 64, 8, 3, group_m=16))]
+    for label, cfg in tiles:
+        constexprs = {"SPLIT_K": 1, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
+                      "BLOCK_K": cfg.block_k, "GROUP_M": cfg.group_m, "RECORD_SM": False}
+        kinds = {"x_desc": f"tensordesc<bf16[{cfg.block_m}, {cfg.block_k}]>",
+                 "w_desc": f"tensordesc<bf16[{cfg.block_n}, {cfg.block_k}]>",
+                 "y_ptr": "*bf16", "part_ptr": "*fp32", "sm_ids_ptr": "*i32"}
+        signature = {n: "constexpr" if n in constexprs else kinds.get(n, "i32") for n in names}
+        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+                 if n in ("y_ptr", "part_ptr", "sm_ids_ptr", "stride_ym", "k_per_split")}
+        kernel = triton.compile(ASTSource(_gemm_kernel, signature, constexprs, attrs),
+                                target=GPUTarget("cuda", 90, 32),
+                                options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+        ptx = kernel.asm["ptx"]
+        buffers = {m for line in kernel.asm["ttgir"].splitlines() if "local_alloc" in line
+                   for m in re.findall(r"memdesc<([\dx]+xbf16)", line)}
+        print(f"gemm {label} {cfg.block_m}x{cfg.block_n}x{cfg.block_k}, {cfg.num_warps} warps: "
+              f"wgmma {len(re.findall(PTX_PATTERNS['wgmma (Hopper)'], ptx))}, mma.sync "
+              f"{len(re.findall(PTX_PATTERNS['mma.sync (Ampere-style)'], ptx))}, TMA "
+              f"{len(re.findall(PTX_PATTERNS['TMA bulk tensor copy'], ptx))}; buffers "
+              f"{', '.join(sorted(buffers))}")
+
+
 def on_gpu(budget: int) -> None:
     import torch
 
@@ -107,6 +143,7 @@ def main(argv=None) -> int:
     if args.offline:
         os.environ.pop("TRITON_INTERPRET", None)
         offline(args.block_n, args.warps, args.stages, args.prefetch_pages)
+        offline_gemm()
     else:
         on_gpu(args.budget)
     return 0

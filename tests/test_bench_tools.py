@@ -12,3 +12,4 @@ def test_decode_kernel_compiles_for_sm90_offline():
     assert out.returncode == 0, out.stderr[-2000:]
     assert "cp.async (to shared)" in out.stdout and "shared buffers" in out.stdout
     assert "128x128xbf16" in out.stdout  # K/V tiles staged in shared memory
+    assert "gemm prefill 128x256x64" in out.stdout and "wgmma 0" in out.stdout
