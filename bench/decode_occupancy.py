@@ -29,37 +29,17 @@ BUDGETS = (16, 52, 132)
 GEMM_BUDGETS = (8, 16, 24, 32, 40, 52, 64, 80, 96, 112, 132)
 # (tile, prefetch_pages) -> K/V tiles the pipeline holds (bench/profile_decode.py --offline):
 # without prefetching, 1 up to 4 stages and 2 at 5; with it, stages - 1
-ATTN_VARIANTS = [
-    (AttnConfig(16, 128, 4, 3), False),
-    (AttnConfig(16, 128, 8, 3), False),
-    (AttnConfig(16, 128, 4, 5), False),
-    (AttnConfig(16, 64, 4, 5), False),
-    (AttnConfig(16, 128, 4, 3), True),
-    (AttnConfig(16, 128, 4, 4), True),
-    (AttnConfig(16, 64, 4, 5), True),
-    (AttnConfig(16, 128, 8, 4), True),
-]
+ATTN_VARIANTS = [(AttnConfig(16, 128, 4, 3), False), (AttnConfig(16, 128, 8, 3), False),
+                 (AttnConfig(16, 128, 4, 5), False), (AttnConfig(16, 64, 4, 5), False),
+                 (AttnConfig(16, 128, 4, 3), True), (AttnConfig(16, 128, 4, 4), True),
+                 (AttnConfig(16, 64, 4, 5), True), (AttnConfig(16, 128, 8, 4), True)]
 GEMM_VARIANTS = {
-    1: [
-        None,
-        GemmConfig(16, 64, 256, 4, 4),
-        GemmConfig(16, 128, 256, 8, 3),
-        GemmConfig(16, 64, 512, 4, 3),
-        GemmConfig(16, 32, 512, 4, 4),
-        GemmConfig(16, 128, 128, 4, 6),
-        GemmConfig(16, 64, 256, 4, 4, split_k=2),
-        GemmConfig(16, 64, 256, 4, 4, split_k=4),
-    ],
-    32: [
-        None,
-        GemmConfig(32, 64, 256, 4, 3),
-        GemmConfig(32, 128, 128, 8, 4),
-        GemmConfig(32, 64, 128, 4, 6),
-        GemmConfig(32, 32, 256, 4, 4),
-        GemmConfig(64, 64, 128, 4, 6),
-        GemmConfig(32, 64, 128, 4, 6, split_k=2),
-        GemmConfig(32, 64, 128, 4, 6, split_k=4),
-    ],
+    1: [None, GemmConfig(16, 64, 256, 4, 4), GemmConfig(16, 128, 256, 8, 3),
+        GemmConfig(16, 64, 512, 4, 3), GemmConfig(16, 32, 512, 4, 4), GemmConfig(16, 128, 128, 4, 6),
+        GemmConfig(16, 64, 256, 4, 4, split_k=2), GemmConfig(16, 64, 256, 4, 4, split_k=4)],
+    32: [None, GemmConfig(32, 64, 256, 4, 3), GemmConfig(32, 128, 128, 8, 4),
+         GemmConfig(32, 64, 128, 4, 6), GemmConfig(32, 32, 256, 4, 4), GemmConfig(64, 64, 128, 4, 6),
+         GemmConfig(32, 64, 128, 4, 6, split_k=2), GemmConfig(32, 64, 128, 4, 6, split_k=4)],
 }
 
 
@@ -83,76 +63,35 @@ def main(argv=None) -> int:
             for cfg, prefetch in ATTN_VARIANTS:
                 for chunk in (None, 2048):
                     try:
-                        ms = t_graph(
-                            lambda: decode_attention(
-                                q,
-                                k,
-                                v,
-                                table,
-                                seq,
-                                16,
-                                max(lens),
-                                num_sms=budget,
-                                config=cfg,
-                                chunk=chunk,
-                                prefetch_pages=prefetch,
-                            )
-                        )
+                        ms = t_graph(lambda: decode_attention(q, k, v, table, seq, 16, max(lens),
+                                                              num_sms=budget, config=cfg,
+                                                              chunk=chunk, prefetch_pages=prefetch))
                     except Exception as err:  # a variant that does not fit: record why
-                        res.row(
-                            kernel="decode_attention",
-                            case=case,
-                            sms=budget,
-                            config=str(cfg),
-                            prefetch_pages=prefetch,
-                            chunk=chunk,
-                            error=str(err)[:160],
-                        )
+                        res.row(kernel="decode_attention", case=case, sms=budget, config=str(cfg),
+                                prefetch_pages=prefetch, chunk=chunk, error=str(err)[:160])
                         continue
-                    res.row(
-                        kernel="decode_attention",
-                        case=case,
-                        sms=budget,
-                        config=str(cfg),
-                        prefetch_pages=prefetch,
-                        chunk=chunk,
-                        tbps=nbytes / ms / 1e9,
-                        gbps_per_sm=nbytes / ms / 1e6 / budget,
-                    )
+                    res.row(kernel="decode_attention", case=case, sms=budget, config=str(cfg),
+                            prefetch_pages=prefetch, chunk=chunk, tbps=nbytes / ms / 1e9,
+                            gbps_per_sm=nbytes / ms / 1e6 / budget)
         res.save()
     l2 = int(gpu.l2_mib * 2**20)
     for M, variants in GEMM_VARIANTS.items():
         for name in ("o", "gate_up"):
             N, K = QWEN3_8B_LINEARS[name]
-            next_w = cycle(
-                rotating(
-                    lambda: torch.randn(N, K, dtype=torch.bfloat16, device="cuda"), N * K * 2, l2
-                )
-            )
+            next_w = cycle(rotating(lambda: torch.randn(N, K, dtype=torch.bfloat16, device="cuda"),
+                                    N * K * 2, l2))
             x = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
             for budget in GEMM_BUDGETS:
                 for cfg in variants:
                     try:
                         ms = t_graph(lambda: linear(x, next_w(), num_sms=budget, config=cfg))
                     except Exception as err:
-                        res.row(
-                            kernel="decode_linear",
-                            shape=name,
-                            M=M,
-                            sms=budget,
-                            config=str(cfg),
-                            error=str(err)[:160],
-                        )
+                        res.row(kernel="decode_linear", shape=name, M=M, sms=budget,
+                                config=str(cfg), error=str(err)[:160])
                         continue
-                    res.row(
-                        kernel="decode_linear",
-                        shape=name,
-                        M=M,
-                        sms=budget,
-                        config=str(cfg or "default"),
-                        tbps=N * K * 2 / ms / 1e9,
-                        gbps_per_sm=N * K * 2 / ms / 1e6 / budget,
-                    )
+                    res.row(kernel="decode_linear", shape=name, M=M, sms=budget,
+                            config=str(cfg or "default"), tbps=N * K * 2 / ms / 1e9,
+                            gbps_per_sm=N * K * 2 / ms / 1e6 / budget)
             res.save()
     print("\nbest per (kernel, case/shape, budget):")
     best: dict = {}
@@ -163,11 +102,9 @@ def main(argv=None) -> int:
         if key not in best or r["tbps"] > best[key]["tbps"]:
             best[key] = r
     for key, r in sorted(best.items()):
-        print(
-            f"{key[0]:<17} {key[1]:<20} {key[2]:>4} SMs {r['tbps']:6.2f} TB/s "
-            f"{r['gbps_per_sm']:6.1f} GB/s/SM  {r['config']} chunk={r.get('chunk', '-')} "
-            f"prefetch={r.get('prefetch_pages', '-')}"
-        )
+        print(f"{key[0]:<17} {key[1]:<20} {key[2]:>4} SMs {r['tbps']:6.2f} TB/s "
+              f"{r['gbps_per_sm']:6.1f} GB/s/SM  {r['config']} chunk={r.get('chunk', '-')} "
+              f"prefetch={r.get('prefetch_pages', '-')}")
     return 0
 
 

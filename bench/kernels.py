@@ -23,26 +23,12 @@ import triton
 from triton.testing import do_bench, do_bench_cudagraph
 
 from pdmux_triton.hardware import detect_gpu
-from pdmux_triton.kernels import (
-    AttnConfig,
-    GemmConfig,
-    decode_attention,
-    extend_attention,
-    linear,
-    rmsnorm,
-    rope_,
-    rope_cache,
-    silu_mul,
-    stream_read,
-)
+from pdmux_triton.kernels import (AttnConfig, GemmConfig, decode_attention, extend_attention,
+                                  linear, rmsnorm, rope_, rope_cache, silu_mul, stream_read)
 
 BF16 = torch.bfloat16
-QWEN3_8B_LINEARS = {
-    "qkv": (6144, 4096),
-    "o": (4096, 4096),
-    "gate_up": (24576, 4096),
-    "down": (4096, 12288),
-}
+QWEN3_8B_LINEARS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096),
+                    "down": (4096, 12288)}
 Q_HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 CURVE_BUDGETS = list(range(8, 129, 8)) + [132]
 SCALING_BUDGETS = [72, 80, 88, 96, 104, 112]
@@ -53,16 +39,10 @@ class Results:
 
     def __init__(self, path: Path, gpu: str):
         self.path = path
-        self.data = {
-            "gpu": gpu,
-            "torch": torch.__version__,
-            "triton": triton.__version__,
-            "date": datetime.date.today().isoformat(),
-            "device": torch.cuda.get_device_name(),
-            "rows": [],
-            "curves": {},
-            "summary": {},
-        }
+        self.data = {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__,
+                     "date": datetime.date.today().isoformat(),
+                     "device": torch.cuda.get_device_name(), "rows": [], "curves": {},
+                     "summary": {}}
         self.t0 = time.time()
 
     def row(self, **row):
@@ -97,44 +77,22 @@ def cycle(items):
     def next_item():
         state["i"] = (state["i"] + 1) % len(items)
         return items[state["i"]]
-
     return next_item
 
 
 # --- streaming read ------------------------------------------------------------------------
 
-
 def bench_stream(res: Results, sms: int, quick: bool) -> float:
-    buf = torch.randint(-(2**31), 2**31 - 1, (1 << 29,), dtype=torch.int32, device="cuda")  # 2 GiB
+    buf = torch.randint(-2**31, 2**31 - 1, (1 << 29,), dtype=torch.int32, device="cuda")  # 2 GiB
     nbytes = buf.numel() * 4
-    sweep = (
-        []
-        if quick
-        else [
-            (block, unroll, warps, ctas)
-            for block in (1024, 2048, 4096)
-            for unroll in (4, 8, 16)
-            for warps in (8, 16, 32)
-            for ctas in (1, 2, 4)
-            if block * unroll <= 32768
-        ]
-    )
+    sweep = [] if quick else [
+        (block, unroll, warps, ctas) for block in (1024, 2048, 4096) for unroll in (4, 8, 16)
+        for warps in (8, 16, 32) for ctas in (1, 2, 4) if block * unroll <= 32768]
     for block, unroll, warps, ctas in sweep:
-        ms = t_graph(
-            lambda: stream_read(
-                buf, num_sms=sms, ctas_per_sm=ctas, block=block, unroll=unroll, num_warps=warps
-            )
-        )
-        res.row(
-            kernel="stream_read",
-            block=block,
-            unroll=unroll,
-            num_warps=warps,
-            ctas_per_sm=ctas,
-            sms=sms,
-            ms=ms,
-            tbps=nbytes / ms / 1e9,
-        )
+        ms = t_graph(lambda: stream_read(buf, num_sms=sms, ctas_per_sm=ctas, block=block,
+                                         unroll=unroll, num_warps=warps))
+        res.row(kernel="stream_read", block=block, unroll=unroll, num_warps=warps,
+                ctas_per_sm=ctas, sms=sms, ms=ms, tbps=nbytes / ms / 1e9)
     ms = t_graph(lambda: stream_read(buf, num_sms=sms))
     default_tbps = nbytes / ms / 1e9
     res.row(kernel="stream_read", config="default", sms=sms, ms=ms, tbps=default_tbps)
@@ -143,13 +101,8 @@ def bench_stream(res: Results, sms: int, quick: bool) -> float:
     res.row(kernel="torch_sum", sms=sms, ms=ms, tbps=nbytes / ms / 1e9, note="baseline read")
     dst = torch.empty_like(buf)
     ms = t_graph(lambda: dst.copy_(buf))
-    res.row(
-        kernel="torch_copy",
-        sms=sms,
-        ms=ms,
-        tbps=2 * nbytes / ms / 1e9,
-        note="baseline copy, bytes read + written",
-    )
+    res.row(kernel="torch_copy", sms=sms, ms=ms, tbps=2 * nbytes / ms / 1e9,
+            note="baseline copy, bytes read + written")
     curve = {}
     for k in CURVE_BUDGETS:
         curve[k] = nbytes / t_graph(lambda: stream_read(buf, num_sms=k)) / 1e9
@@ -160,13 +113,9 @@ def bench_stream(res: Results, sms: int, quick: bool) -> float:
 
 # --- GEMM ----------------------------------------------------------------------------------
 
-PREFILL_ALTERNATES = [
-    GemmConfig(128, 256, 64, 8, 3),
-    GemmConfig(128, 128, 64, 8, 4),
-    GemmConfig(128, 256, 64, 8, 4),
-    GemmConfig(128, 128, 64, 4, 4),
-    GemmConfig(128, 256, 64, 8, 3, group_m=16),
-]
+PREFILL_ALTERNATES = [GemmConfig(128, 256, 64, 8, 3), GemmConfig(128, 128, 64, 8, 4),
+                      GemmConfig(128, 256, 64, 8, 4), GemmConfig(128, 128, 64, 4, 4),
+                      GemmConfig(128, 256, 64, 8, 3, group_m=16)]
 
 
 def bench_gemm(res: Results, sms: int, quick: bool):
@@ -174,7 +123,7 @@ def bench_gemm(res: Results, sms: int, quick: bool):
     ratios, scaling = [], []
     for name, (N, K) in QWEN3_8B_LINEARS.items():
         x = torch.randn(M, K, dtype=BF16, device="cuda")
-        w = torch.randn(N, K, dtype=BF16, device="cuda") / K**0.5
+        w = torch.randn(N, K, dtype=BF16, device="cuda") / K ** 0.5
         flops = 2 * M * N * K
         ms_ref = t_eager(lambda: torch.matmul(x, w.T))
         ref_tflops = flops / ms_ref / 1e9
@@ -182,50 +131,22 @@ def bench_gemm(res: Results, sms: int, quick: bool):
         ms = t_eager(lambda: linear(x, w, num_sms=sms))
         tflops = flops / ms / 1e9
         ratios.append(tflops / ref_tflops)
-        res.row(
-            kernel="gemm",
-            config="default",
-            shape=name,
-            M=M,
-            N=N,
-            K=K,
-            sms=sms,
-            ms=ms,
-            tflops=tflops,
-            baseline_tflops=ref_tflops,
-            ratio=tflops / ref_tflops,
-        )
-        for cfg in [] if quick else PREFILL_ALTERNATES:
+        res.row(kernel="gemm", config="default", shape=name, M=M, N=N, K=K, sms=sms, ms=ms,
+                tflops=tflops, baseline_tflops=ref_tflops, ratio=tflops / ref_tflops)
+        for cfg in ([] if quick else PREFILL_ALTERNATES):
             try:
                 ms_alt = t_eager(lambda: linear(x, w, num_sms=sms, config=cfg))
             except Exception as err:  # an alternate tile may not fit shared memory: record it
                 res.row(kernel="gemm", config=str(cfg), shape=name, error=str(err)[:200])
                 continue
-            res.row(
-                kernel="gemm",
-                config=str(cfg),
-                shape=name,
-                M=M,
-                N=N,
-                K=K,
-                sms=sms,
-                ms=ms_alt,
-                tflops=flops / ms_alt / 1e9,
-                ratio=flops / ms_alt / 1e9 / ref_tflops,
-            )
+            res.row(kernel="gemm", config=str(cfg), shape=name, M=M, N=N, K=K, sms=sms, ms=ms_alt,
+                    tflops=flops / ms_alt / 1e9, ratio=flops / ms_alt / 1e9 / ref_tflops)
         for k in SCALING_BUDGETS:
             ms_k = t_eager(lambda: linear(x, w, num_sms=k))
             eff = (ms / ms_k) / (k / sms)
             scaling.append(eff)
-            res.row(
-                kernel="gemm_capped",
-                shape=name,
-                M=M,
-                sms=k,
-                ms=ms_k,
-                tflops=flops / ms_k / 1e9,
-                scaling_efficiency=eff,
-            )
+            res.row(kernel="gemm_capped", shape=name, M=M, sms=k, ms=ms_k, tflops=flops / ms_k / 1e9,
+                    scaling_efficiency=eff)
     geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
     return geomean, min(scaling)
 
@@ -233,30 +154,16 @@ def bench_gemm(res: Results, sms: int, quick: bool):
 # --- decode linear -------------------------------------------------------------------------
 
 DECODE_ALTERNATES = {
-    1: [
-        GemmConfig(16, 64, 256, 4, 4),
-        GemmConfig(16, 64, 128, 4, 6),
-        GemmConfig(16, 64, 256, 4, 4, split_k=2),
-    ],
-    32: [
-        GemmConfig(32, 64, 256, 4, 3),
-        GemmConfig(32, 64, 128, 4, 5),
-        GemmConfig(32, 128, 128, 4, 4),
-        GemmConfig(32, 64, 256, 8, 3),
-    ],
-    64: [
-        GemmConfig(64, 64, 128, 4, 4),
-        GemmConfig(64, 128, 64, 4, 4),
-        GemmConfig(64, 64, 256, 8, 3),
-        GemmConfig(64, 32, 256, 4, 3),
-        GemmConfig(64, 64, 128, 4, 6),
-        GemmConfig(64, 128, 128, 8, 3),
-    ],
+    1: [GemmConfig(16, 64, 256, 4, 4), GemmConfig(16, 64, 128, 4, 6), GemmConfig(16, 64, 256, 4, 4, split_k=2)],
+    32: [GemmConfig(32, 64, 256, 4, 3), GemmConfig(32, 64, 128, 4, 5), GemmConfig(32, 128, 128, 4, 4),
+         GemmConfig(32, 64, 256, 8, 3)],
+    64: [GemmConfig(64, 64, 128, 4, 4), GemmConfig(64, 128, 64, 4, 4), GemmConfig(64, 64, 256, 8, 3),
+         GemmConfig(64, 32, 256, 4, 3), GemmConfig(64, 64, 128, 4, 6), GemmConfig(64, 128, 128, 8, 3)],
 }
 
 
 def _decode_linear_case(M, N, K, l2):
-    ws = rotating(lambda: torch.randn(N, K, dtype=BF16, device="cuda") / K**0.5, N * K * 2, l2)
+    ws = rotating(lambda: torch.randn(N, K, dtype=BF16, device="cuda") / K ** 0.5, N * K * 2, l2)
     x = torch.randn(M, K, dtype=BF16, device="cuda")
     return x, cycle(ws)
 
@@ -271,44 +178,25 @@ def bench_decode_linear(res: Results, sms: int, l2: int, stream_tbps: float, qui
             ms_ref = t_graph(lambda: torch.matmul(x, next_w().T))
             tbps = nbytes / ms / 1e9
             fracs.append(tbps / stream_tbps)
-            res.row(
-                kernel="decode_linear",
-                config="default",
-                shape=name,
-                M=M,
-                N=N,
-                K=K,
-                sms=sms,
-                ms=ms,
-                tbps=tbps,
-                frac_of_stream=tbps / stream_tbps,
-                cublas_tbps=nbytes / ms_ref / 1e9,
-            )
+            res.row(kernel="decode_linear", config="default", shape=name, M=M, N=N, K=K, sms=sms,
+                    ms=ms, tbps=tbps, frac_of_stream=tbps / stream_tbps,
+                    cublas_tbps=nbytes / ms_ref / 1e9)
             if not quick:
                 for cfg in DECODE_ALTERNATES.get(M, []):
                     ms_alt = t_graph(lambda: linear(x, next_w(), num_sms=sms, config=cfg))
-                    res.row(
-                        kernel="decode_linear",
-                        config=str(cfg),
-                        shape=name,
-                        M=M,
-                        sms=sms,
-                        ms=ms_alt,
-                        tbps=nbytes / ms_alt / 1e9,
-                    )
+                    res.row(kernel="decode_linear", config=str(cfg), shape=name, M=M, sms=sms,
+                            ms=ms_alt, tbps=nbytes / ms_alt / 1e9)
             torch.cuda.empty_cache()
     x, next_w = _decode_linear_case(32, *QWEN3_8B_LINEARS["gate_up"], l2)
     nbytes = QWEN3_8B_LINEARS["gate_up"][0] * QWEN3_8B_LINEARS["gate_up"][1] * 2
-    curve = {
-        k: nbytes / t_graph(lambda: linear(x, next_w(), num_sms=k)) / 1e9 for k in CURVE_BUDGETS
-    }
+    curve = {k: nbytes / t_graph(lambda: linear(x, next_w(), num_sms=k)) / 1e9
+             for k in CURVE_BUDGETS}
     res.data["curves"]["decode_linear_gate_up_m32_tbps"] = curve
     print("decode linear curve", {k: round(v, 2) for k, v in curve.items()}, flush=True)
     return min(fracs)
 
 
 # --- decode attention ----------------------------------------------------------------------
-
 
 def paged_cache(lens, page_size, seed=0):
     """Random bf16 K/V for `lens`, on shuffled pages (a pool after churn), and the page table."""
@@ -319,7 +207,7 @@ def paged_cache(lens, page_size, seed=0):
     table = torch.zeros((len(lens), max(pages_per)), dtype=torch.int32, device="cuda")
     start = 0
     for b, n in enumerate(pages_per):
-        table[b, :n] = order[start : start + n]
+        table[b, :n] = order[start:start + n]
         start += n
     shape = (total * page_size, KV_HEADS, HEAD_DIM)
     k = torch.randn(shape, dtype=BF16, device="cuda", generator=g)
@@ -330,23 +218,13 @@ def paged_cache(lens, page_size, seed=0):
 def decode_cases():
     g = torch.Generator().manual_seed(1)
     ragged = torch.randint(100, 16001, (32,), generator=g).tolist()
-    return {
-        "32x2048": [2048] * 32,
-        "32x8192": [8192] * 32,
-        "8x32768": [32768] * 8,
-        "ragged32_100_16000": ragged,
-    }
+    return {"32x2048": [2048] * 32, "32x8192": [8192] * 32, "8x32768": [32768] * 8,
+            "ragged32_100_16000": ragged}
 
 
-DECODE_ATTN_ALTERNATES = [
-    AttnConfig(16, 32, 4, 4),
-    AttnConfig(16, 64, 4, 4),
-    AttnConfig(16, 128, 4, 3),
-    AttnConfig(16, 128, 8, 3),
-    AttnConfig(16, 64, 8, 4),
-    AttnConfig(16, 32, 2, 4),
-    AttnConfig(16, 64, 2, 3),
-]
+DECODE_ATTN_ALTERNATES = [AttnConfig(16, 32, 4, 4), AttnConfig(16, 64, 4, 4), AttnConfig(16, 128, 4, 3),
+                          AttnConfig(16, 128, 8, 3), AttnConfig(16, 64, 8, 4), AttnConfig(16, 32, 2, 4),
+                          AttnConfig(16, 64, 2, 3)]
 
 
 def bench_decode_attention(res: Results, sms: int, stream_tbps: float, quick: bool):
@@ -359,56 +237,22 @@ def bench_decode_attention(res: Results, sms: int, stream_tbps: float, quick: bo
 
         def run(budget=sms):
             return decode_attention(q, k, v, table, seq, 16, max(lens), num_sms=budget)
-
         ms = t_graph(run)
         tbps = nbytes / ms / 1e9
         fracs.append(tbps / stream_tbps)
-        res.row(
-            kernel="decode_attention",
-            case=name,
-            page_size=16,
-            sms=sms,
-            ms=ms,
-            tbps=tbps,
-            frac_of_stream=tbps / stream_tbps,
-        )
-        for cfg in [] if quick or name == "8x32768" else DECODE_ATTN_ALTERNATES:
+        res.row(kernel="decode_attention", case=name, page_size=16, sms=sms, ms=ms, tbps=tbps,
+                frac_of_stream=tbps / stream_tbps)
+        for cfg in ([] if quick or name == "8x32768" else DECODE_ATTN_ALTERNATES):
             for ctas in (1, 2):
-                ms_alt = t_graph(
-                    lambda: decode_attention(
-                        q,
-                        k,
-                        v,
-                        table,
-                        seq,
-                        16,
-                        max(lens),
-                        num_sms=sms,
-                        ctas_per_sm=ctas,
-                        config=cfg,
-                    )
-                )
-                res.row(
-                    kernel="decode_attention",
-                    case=name,
-                    config=str(cfg),
-                    ctas_per_sm=ctas,
-                    ms=ms_alt,
-                    tbps=nbytes / ms_alt / 1e9,
-                )
-        for chunk in [] if quick else (256, 512, 1024, 2048, 4096):
-            ms_alt = t_graph(
-                lambda: decode_attention(
-                    q, k, v, table, seq, 16, max(lens), num_sms=sms, chunk=chunk
-                )
-            )
-            res.row(
-                kernel="decode_attention",
-                case=name,
-                chunk=chunk,
-                ms=ms_alt,
-                tbps=nbytes / ms_alt / 1e9,
-            )
+                ms_alt = t_graph(lambda: decode_attention(q, k, v, table, seq, 16, max(lens),
+                                                          num_sms=sms, ctas_per_sm=ctas, config=cfg))
+                res.row(kernel="decode_attention", case=name, config=str(cfg), ctas_per_sm=ctas,
+                        ms=ms_alt, tbps=nbytes / ms_alt / 1e9)
+        for chunk in ([] if quick else (256, 512, 1024, 2048, 4096)):
+            ms_alt = t_graph(lambda: decode_attention(q, k, v, table, seq, 16, max(lens),
+                                                      num_sms=sms, chunk=chunk))
+            res.row(kernel="decode_attention", case=name, chunk=chunk, ms=ms_alt,
+                    tbps=nbytes / ms_alt / 1e9)
         if name == "32x8192":
             curve = {b: nbytes / t_graph(lambda: run(b)) / 1e9 for b in CURVE_BUDGETS}
             res.data["curves"]["decode_attention_32x8192_tbps"] = curve
@@ -419,13 +263,9 @@ def bench_decode_attention(res: Results, sms: int, stream_tbps: float, quick: bo
 
 # --- prefill attention ---------------------------------------------------------------------
 
-PREFILL_ATTN_ALTERNATES = [
-    AttnConfig(128, 64, 8, 3),
-    AttnConfig(128, 128, 8, 2),
-    AttnConfig(128, 64, 4, 3),
-    AttnConfig(64, 64, 4, 3),
-    AttnConfig(128, 32, 4, 4),
-]
+PREFILL_ATTN_ALTERNATES = [AttnConfig(128, 64, 8, 3), AttnConfig(128, 128, 8, 2),
+                           AttnConfig(128, 64, 4, 3), AttnConfig(64, 64, 4, 3),
+                           AttnConfig(128, 32, 4, 4)]
 
 
 def bench_prefill_attention(res: Results, sms: int, quick: bool):
@@ -446,38 +286,21 @@ def bench_prefill_attention(res: Results, sms: int, quick: bool):
     res.row(kernel="sdpa", T=T, ms=ms_ref, tflops=flops / ms_ref / 1e9)
     ms = t_eager(lambda: extend_attention(q, k, v, table, [T], [0], 16, num_sms=sms))
     ratio = ms_ref / ms
-    res.row(
-        kernel="prefill_attention",
-        config="default",
-        T=T,
-        sms=sms,
-        ms=ms,
-        tflops=flops / ms / 1e9,
-        ratio=ratio,
-        rel_err_vs_sdpa=err,
-    )
-    for cfg in [] if quick else PREFILL_ATTN_ALTERNATES:
+    res.row(kernel="prefill_attention", config="default", T=T, sms=sms, ms=ms,
+            tflops=flops / ms / 1e9, ratio=ratio, rel_err_vs_sdpa=err)
+    for cfg in ([] if quick else PREFILL_ATTN_ALTERNATES):
         try:
-            ms_alt = t_eager(
-                lambda: extend_attention(q, k, v, table, [T], [0], 16, num_sms=sms, config=cfg)
-            )
+            ms_alt = t_eager(lambda: extend_attention(q, k, v, table, [T], [0], 16, num_sms=sms,
+                                                      config=cfg))
         except Exception as e:
             res.row(kernel="prefill_attention", config=str(cfg), error=str(e)[:200])
             continue
-        res.row(
-            kernel="prefill_attention",
-            config=str(cfg),
-            T=T,
-            sms=sms,
-            ms=ms_alt,
-            tflops=flops / ms_alt / 1e9,
-            ratio=ms_ref / ms_alt,
-        )
+        res.row(kernel="prefill_attention", config=str(cfg), T=T, sms=sms, ms=ms_alt,
+                tflops=flops / ms_alt / 1e9, ratio=ms_ref / ms_alt)
     return ratio
 
 
 # --- small ops (no target: recorded so regressions show) ----------------------------------
-
 
 def bench_small_ops(res: Results, sms: int):
     T, H = 8192, 4096
@@ -500,12 +323,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="bench/results", help="folder for kernels-<gpu>.json")
     p.add_argument("--quick", action="store_true", help="skip the config sweeps")
-    p.add_argument(
-        "--skip",
-        default="",
-        help="comma-separated sections to skip (tuning runs): "
-        "gemm, decode_linear, decode_attention, prefill_attention, small_ops",
-    )
+    p.add_argument("--skip", default="", help="comma-separated sections to skip (tuning runs): "
+                   "gemm, decode_linear, decode_attention, prefill_attention, small_ops")
     args = p.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
     if not torch.cuda.is_available():
@@ -521,14 +340,12 @@ def main(argv=None) -> int:
         s["gemm_vs_cublas_geomean"], s["gemm_capped_scaling_min"] = bench_gemm(res, sms, args.quick)
         res.save()
     if "decode_linear" not in skip:
-        s["decode_linear_bw_frac"] = bench_decode_linear(
-            res, sms, l2, s["stream_read_tbps"], args.quick
-        )
+        s["decode_linear_bw_frac"] = bench_decode_linear(res, sms, l2, s["stream_read_tbps"],
+                                                         args.quick)
         res.save()
     if "decode_attention" not in skip:
-        s["decode_attention_bw_frac"] = bench_decode_attention(
-            res, sms, s["stream_read_tbps"], args.quick
-        )
+        s["decode_attention_bw_frac"] = bench_decode_attention(res, sms, s["stream_read_tbps"],
+                                                               args.quick)
         res.save()
     if "prefill_attention" not in skip:
         s["prefill_attention_vs_sdpa"] = bench_prefill_attention(res, sms, args.quick)
@@ -536,13 +353,9 @@ def main(argv=None) -> int:
     if "small_ops" not in skip:
         bench_small_ops(res, sms)
         res.save()
-    targets = {
-        "gemm_vs_cublas_geomean": 0.95,
-        "gemm_capped_scaling_min": 0.90,
-        "decode_linear_bw_frac": 0.85,
-        "decode_attention_bw_frac": 0.85,
-        "prefill_attention_vs_sdpa": 0.80,
-    }
+    targets = {"gemm_vs_cublas_geomean": 0.95, "gemm_capped_scaling_min": 0.90,
+               "decode_linear_bw_frac": 0.85, "decode_attention_bw_frac": 0.85,
+               "prefill_attention_vs_sdpa": 0.80}
     print(f"\n{'figure':<28} {'value':>8} {'target':>8}")
     for key, value in s.items():
         target = targets.get(key)

@@ -45,48 +45,25 @@ def offline(block_n: int, num_warps: int, num_stages: int, prefetch_pages: bool)
 
     from pdmux_triton.kernels.decode_attention import _decode_kernel
 
-    pointers = {
-        "q_ptr": "*bf16",
-        "kc_ptr": "*bf16",
-        "vc_ptr": "*bf16",
-        "pt_ptr": "*i32",
-        "len_ptr": "*i32",
-        "o_ptr": "*bf16",
-        "part_o_ptr": "*fp32",
-        "part_lse_ptr": "*fp32",
-        "sm_ids_ptr": "*i32",
-    }
-    constexprs = {
-        "GROUP": 4,
-        "BLOCK_G": 16,
-        "BLOCK_N": block_n,
-        "D": 128,
-        "DIRECT": False,
-        "PREFETCH_PAGES": prefetch_pages,
-        "RECORD_SM": False,
-    }
+    pointers = {"q_ptr": "*bf16", "kc_ptr": "*bf16", "vc_ptr": "*bf16", "pt_ptr": "*i32",
+                "len_ptr": "*i32", "o_ptr": "*bf16", "part_o_ptr": "*fp32",
+                "part_lse_ptr": "*fp32", "sm_ids_ptr": "*i32"}
+    constexprs = {"GROUP": 4, "BLOCK_G": 16, "BLOCK_N": block_n, "D": 128, "DIRECT": False,
+                  "PREFETCH_PAGES": prefetch_pages, "RECORD_SM": False}
     names = list(inspect.signature(_decode_kernel.fn).parameters)
     signature = {n: "constexpr" if n in constexprs else pointers.get(n, "i32") for n in names}
     signature["scale_log2"] = "fp32"
     # what a real launch specializes: 16-byte aligned pointers, strides divisible by 16
     aligned = set(pointers) | {"sq_b", "sq_h", "so_b", "so_h", "sc_s", "sc_h", "spt_b", "chunk"}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in aligned}
-    kernel = triton.compile(
-        ASTSource(_decode_kernel, signature, constexprs, attrs),
-        target=GPUTarget("cuda", 90, 32),
-        options={"num_warps": num_warps, "num_stages": num_stages},
-    )
-    print(
-        f"decode attention, BLOCK_N={block_n}, {num_warps} warps, {num_stages} stages, "
-        f"prefetch_pages={prefetch_pages}: shared {kernel.metadata.shared} B"
-    )
+    kernel = triton.compile(ASTSource(_decode_kernel, signature, constexprs, attrs),
+                            target=GPUTarget("cuda", 90, 32),
+                            options={"num_warps": num_warps, "num_stages": num_stages})
+    print(f"decode attention, BLOCK_N={block_n}, {num_warps} warps, {num_stages} stages, "
+          f"prefetch_pages={prefetch_pages}: shared {kernel.metadata.shared} B")
     describe_ptx(kernel.asm["ptx"])
-    buffers = {
-        m
-        for line in kernel.asm["ttgir"].splitlines()
-        if "local_alloc" in line
-        for m in re.findall(r"memdesc<([\dx]+x(?:bf16|i32))", line)
-    }
+    buffers = {m for line in kernel.asm["ttgir"].splitlines() if "local_alloc" in line
+               for m in re.findall(r"memdesc<([\dx]+x(?:bf16|i32))", line)}
     print(f"    {'shared buffers':<26} {', '.join(sorted(buffers))}")
 
 
@@ -99,54 +76,31 @@ def offline_gemm() -> None:
     from pdmux_triton.kernels.gemm import GemmConfig, _gemm_kernel, decode_tile
 
     names = list(inspect.signature(_gemm_kernel.fn).parameters)
-    tiles = [
-        ("M<=16, whole GPU", decode_tile(1, 2, False)),
-        ("M<=16, small budget", decode_tile(1, 2, True)),
-        ("M<=32, whole GPU", decode_tile(32, 2, False)),
-        ("M<=64 / small budget", decode_tile(64, 2, True)),
-        ("prefill", GemmConfig(128, 256, 64, 8, 3, group_m=16)),
-    ]
+    tiles = [("M<=16, whole GPU", decode_tile(1, 2, False)),
+             ("M<=16, small budget", decode_tile(1, 2, True)),
+             ("M<=32, whole GPU", decode_tile(32, 2, False)),
+             ("M<=64 / small budget", decode_tile(64, 2, True)),
+             ("prefill", GemmConfig(128, 256, 64, 8, 3, group_m=16))]
     for label, cfg in tiles:
-        constexprs = {
-            "SPLIT_K": 1,
-            "BLOCK_M": cfg.block_m,
-            "BLOCK_N": cfg.block_n,
-            "BLOCK_K": cfg.block_k,
-            "GROUP_M": cfg.group_m,
-            "RECORD_SM": False,
-        }
-        kinds = {
-            "x_desc": f"tensordesc<bf16[{cfg.block_m}, {cfg.block_k}]>",
-            "w_desc": f"tensordesc<bf16[{cfg.block_n}, {cfg.block_k}]>",
-            "y_ptr": "*bf16",
-            "part_ptr": "*fp32",
-            "sm_ids_ptr": "*i32",
-        }
+        constexprs = {"SPLIT_K": 1, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
+                      "BLOCK_K": cfg.block_k, "GROUP_M": cfg.group_m, "RECORD_SM": False}
+        kinds = {"x_desc": f"tensordesc<bf16[{cfg.block_m}, {cfg.block_k}]>",
+                 "w_desc": f"tensordesc<bf16[{cfg.block_n}, {cfg.block_k}]>",
+                 "y_ptr": "*bf16", "part_ptr": "*fp32", "sm_ids_ptr": "*i32"}
         signature = {n: "constexpr" if n in constexprs else kinds.get(n, "i32") for n in names}
-        attrs = {
-            (i,): [["tt.divisibility", 16]]
-            for i, n in enumerate(names)
-            if n in ("y_ptr", "part_ptr", "sm_ids_ptr", "stride_ym", "k_per_split")
-        }
-        kernel = triton.compile(
-            ASTSource(_gemm_kernel, signature, constexprs, attrs),
-            target=GPUTarget("cuda", 90, 32),
-            options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages},
-        )
+        attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
+                 if n in ("y_ptr", "part_ptr", "sm_ids_ptr", "stride_ym", "k_per_split")}
+        kernel = triton.compile(ASTSource(_gemm_kernel, signature, constexprs, attrs),
+                                target=GPUTarget("cuda", 90, 32),
+                                options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
         ptx = kernel.asm["ptx"]
-        buffers = {
-            m
-            for line in kernel.asm["ttgir"].splitlines()
-            if "local_alloc" in line
-            for m in re.findall(r"memdesc<([\dx]+xbf16)", line)
-        }
-        print(
-            f"gemm {label} {cfg.block_m}x{cfg.block_n}x{cfg.block_k}, {cfg.num_warps} warps: "
-            f"wgmma {len(re.findall(PTX_PATTERNS['wgmma (Hopper)'], ptx))}, mma.sync "
-            f"{len(re.findall(PTX_PATTERNS['mma.sync (Ampere-style)'], ptx))}, TMA "
-            f"{len(re.findall(PTX_PATTERNS['TMA bulk tensor copy'], ptx))}; buffers "
-            f"{', '.join(sorted(buffers))}"
-        )
+        buffers = {m for line in kernel.asm["ttgir"].splitlines() if "local_alloc" in line
+                   for m in re.findall(r"memdesc<([\dx]+xbf16)", line)}
+        print(f"gemm {label} {cfg.block_m}x{cfg.block_n}x{cfg.block_k}, {cfg.num_warps} warps: "
+              f"wgmma {len(re.findall(PTX_PATTERNS['wgmma (Hopper)'], ptx))}, mma.sync "
+              f"{len(re.findall(PTX_PATTERNS['mma.sync (Ampere-style)'], ptx))}, TMA "
+              f"{len(re.findall(PTX_PATTERNS['TMA bulk tensor copy'], ptx))}; buffers "
+              f"{', '.join(sorted(buffers))}")
 
 
 def on_gpu(budget: int) -> None:
@@ -171,11 +125,9 @@ def on_gpu(budget: int) -> None:
     for name, fn in (("decode attention", _decode_kernel), ("gemm", _gemm_kernel)):
         for cache in fn.device_caches.values():
             for kernel in cache[0].values():
-                print(
-                    f"{name}: regs {kernel.n_regs}, spills {kernel.n_spills}, shared "
-                    f"{kernel.metadata.shared} B, warps {kernel.metadata.num_warps}, stages "
-                    f"{kernel.metadata.num_stages}"
-                )
+                print(f"{name}: regs {kernel.n_regs}, spills {kernel.n_spills}, shared "
+                      f"{kernel.metadata.shared} B, warps {kernel.metadata.num_warps}, stages "
+                      f"{kernel.metadata.num_stages}")
                 describe_ptx(kernel.asm.get("ptx", ""))
 
 

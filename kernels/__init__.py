@@ -15,16 +15,5 @@ from pdmux_triton.kernels.rmsnorm import rmsnorm
 from pdmux_triton.kernels.rotary import rope_, rope_cache
 from pdmux_triton.kernels.stream import stream_read
 
-__all__ = [
-    "AttnConfig",
-    "GemmConfig",
-    "decode_attention",
-    "extend_attention",
-    "linear",
-    "rmsnorm",
-    "rope_",
-    "rope_cache",
-    "silu_mul",
-    "store_kv",
-    "stream_read",
-]
+__all__ = ["AttnConfig", "GemmConfig", "decode_attention", "extend_attention", "linear", "rmsnorm", "rope_",
+           "rope_cache", "silu_mul", "store_kv", "stream_read"]

@@ -84,29 +84,19 @@ def telemetry_args(sm_ids: torch.Tensor | None, grid: int, device: torch.device)
     return sm_ids, True
 
 
-def check_tensor(
-    name: str,
-    t: torch.Tensor,
-    ndim: int,
-    dtypes: tuple,
-    device: torch.device | None = None,
-    contiguous_last: bool = True,
-) -> None:
+def check_tensor(name: str, t: torch.Tensor, ndim: int, dtypes: tuple, device: torch.device | None = None,
+                 contiguous_last: bool = True) -> None:
     if not isinstance(t, torch.Tensor):
         raise PdmuxError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dim() != ndim:
         raise PdmuxError(f"{name} must have {ndim} dimensions, got shape {tuple(t.shape)}")
     if t.dtype not in dtypes:
         allowed = ", ".join(str(d).replace("torch.", "") for d in dtypes)
-        raise PdmuxError(
-            f"{name} has dtype {str(t.dtype).replace('torch.', '')}; allowed: {allowed}"
-        )
+        raise PdmuxError(f"{name} has dtype {str(t.dtype).replace('torch.', '')}; allowed: {allowed}")
     if device is not None and t.device != device:
         raise PdmuxError(f"{name} is on {t.device} but the other inputs are on {device}")
     if contiguous_last and t.numel() > 0 and t.stride(-1) != 1:
-        raise PdmuxError(
-            f"{name} must be contiguous in its last dimension, got strides {t.stride()}"
-        )
+        raise PdmuxError(f"{name} must be contiguous in its last dimension, got strides {t.stride()}")
 
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)

@@ -22,13 +22,8 @@ class AttnConfig:
     num_stages: int
 
 
-def check_paged_inputs(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    page_table: torch.Tensor,
-    out: torch.Tensor | None,
-) -> torch.Tensor:
+def check_paged_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                       page_table: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     """The checks both attention launchers make; returns `out`, allocated if not given."""
     check_tensor("q", q, 3, FLOAT_DTYPES)
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
@@ -36,15 +31,9 @@ def check_paged_inputs(
     check_tensor("page_table", page_table, 2, (torch.int32,), q.device)
     _, HQ, D = q.shape
     HKV = k_cache.shape[1]
-    if (
-        k_cache.shape != v_cache.shape
-        or k_cache.shape[2] != D
-        or k_cache.stride() != v_cache.stride()
-    ):
-        raise PdmuxError(
-            f"k_cache and v_cache must both be [slots, kv_heads, {D}] with equal "
-            f"strides, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}"
-        )
+    if k_cache.shape != v_cache.shape or k_cache.shape[2] != D or k_cache.stride() != v_cache.stride():
+        raise PdmuxError(f"k_cache and v_cache must both be [slots, kv_heads, {D}] with equal "
+                         f"strides, got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
     if HQ % HKV:
         raise PdmuxError(f"{HQ} query heads do not divide into {HKV} KV heads")
     if D & (D - 1) or D < 16:
@@ -71,28 +60,10 @@ def _load_pages(page_row_ptr, pos, page_size, end, MASKED: tl.constexpr):
 
 
 @triton.jit
-def attend_range(
-    q,
-    acc,
-    m_i,
-    l_i,
-    kc_ptr,
-    vc_ptr,
-    page_row_ptr,
-    page_size,
-    start,
-    end,
-    slot_stride,
-    head_offset,
-    q_pos,
-    scale_log2,
-    BLOCK_N: tl.constexpr,
-    D: tl.constexpr,
-    MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    EARLY_V: tl.constexpr,
-    PREFETCH_PAGES: tl.constexpr,
-):
+def attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row_ptr, page_size, start, end, slot_stride,
+                 head_offset, q_pos, scale_log2, BLOCK_N: tl.constexpr, D: tl.constexpr,
+                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, EARLY_V: tl.constexpr,
+                 PREFETCH_PAGES: tl.constexpr):
     """Fold KV positions [start, end) into (acc, m_i, l_i) for the query rows `q` [M, D].
 
     Scores are kept in base 2 (scale_log2 = softmax scale * log2(e)). Without MASKED the range

@@ -7,20 +7,13 @@ import triton
 import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import (
-    FLOAT_DTYPES,
-    check_tensor,
-    grid_size,
-    record_sm,
-    row_piece,
-    telemetry_args,
-)
+from pdmux_triton.kernels._launch import (FLOAT_DTYPES, check_tensor, grid_size, record_sm,
+                                          row_piece, telemetry_args)
 
 
 @triton.jit
-def _silu_mul_kernel(
-    x_ptr, y_ptr, sm_ids_ptr, T, I, sx_t, sy_t, BLOCK: tl.constexpr, RECORD_SM: tl.constexpr
-):
+def _silu_mul_kernel(x_ptr, y_ptr, sm_ids_ptr, T, I, sx_t, sy_t,
+                     BLOCK: tl.constexpr, RECORD_SM: tl.constexpr):
     pid = tl.program_id(0)
     record_sm(sm_ids_ptr, RECORD_SM)
     for tile in tl.range(pid, T * tl.cdiv(I, BLOCK), tl.num_programs(0)):
@@ -31,14 +24,9 @@ def _silu_mul_kernel(
         tl.store(y_ptr + t * sy_t + c, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def silu_mul(
-    gate_up: torch.Tensor,
-    out: torch.Tensor | None = None,
-    *,
-    num_sms: int | None = None,
-    ctas_per_sm: int = 1,
-    sm_ids: torch.Tensor | None = None,
-) -> torch.Tensor:
+def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None, *,
+             num_sms: int | None = None, ctas_per_sm: int = 1,
+             sm_ids: torch.Tensor | None = None) -> torch.Tensor:
     check_tensor("gate_up", gate_up, 2, FLOAT_DTYPES)
     T, two_i = gate_up.shape
     if two_i % 2:
@@ -53,16 +41,6 @@ def silu_mul(
     block = min(2048, triton.next_power_of_2(I))
     grid = grid_size(T * triton.cdiv(I, block), num_sms, ctas_per_sm, gate_up.device)
     sm_buf, record = telemetry_args(sm_ids, grid, gate_up.device)
-    _silu_mul_kernel[(grid,)](
-        gate_up,
-        out,
-        sm_buf,
-        T,
-        I,
-        gate_up.stride(0),
-        out.stride(0),
-        BLOCK=block,
-        RECORD_SM=record,
-        num_warps=4,
-    )
+    _silu_mul_kernel[(grid,)](gate_up, out, sm_buf, T, I, gate_up.stride(0), out.stride(0),
+                              BLOCK=block, RECORD_SM=record, num_warps=4)
     return out

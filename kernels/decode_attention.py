@@ -15,20 +15,13 @@ import triton
 import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import (
-    check_tensor,
-    grid_size,
-    interpreting,
-    record_sm,
-    telemetry_args,
-)
+from pdmux_triton.kernels._launch import (check_tensor, grid_size, interpreting, record_sm,
+                                          telemetry_args)
 from pdmux_triton.kernels._paged import AttnConfig, attend_range, check_paged_inputs
 
 LOG2E = 1.4426950408889634
 MIN_CHUNK, MAX_CHUNK, MAX_SPLITS = 256, 1024, 128
-TILES_PER_PROGRAM = (
-    2  # few long tiles stream best; MAX_CHUNK bounds the imbalance of ragged batches
-)
+TILES_PER_PROGRAM = 2  # few long tiles stream best; MAX_CHUNK bounds the imbalance of ragged batches
 
 
 def choose_chunk(batch: int, kv_heads: int, max_seq_len: int, programs: int, block_n: int) -> int:
@@ -40,37 +33,12 @@ def choose_chunk(batch: int, kv_heads: int, max_seq_len: int, programs: int, blo
 
 
 @triton.jit
-def _decode_kernel(
-    q_ptr,
-    kc_ptr,
-    vc_ptr,
-    pt_ptr,
-    len_ptr,
-    o_ptr,
-    part_o_ptr,
-    part_lse_ptr,
-    sm_ids_ptr,
-    B,
-    KV_HEADS,
-    num_splits,
-    chunk,
-    scale_log2,
-    page_size,
-    sq_b,
-    sq_h,
-    so_b,
-    so_h,
-    sc_s,
-    sc_h,
-    spt_b,
-    GROUP: tl.constexpr,
-    BLOCK_G: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    D: tl.constexpr,
-    DIRECT: tl.constexpr,
-    PREFETCH_PAGES: tl.constexpr,
-    RECORD_SM: tl.constexpr,
-):
+def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, part_lse_ptr,
+                   sm_ids_ptr, B, KV_HEADS, num_splits, chunk, scale_log2, page_size,
+                   sq_b, sq_h, so_b, so_h, sc_s, sc_h, spt_b,
+                   GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
+                   D: tl.constexpr, DIRECT: tl.constexpr, PREFETCH_PAGES: tl.constexpr,
+                   RECORD_SM: tl.constexpr):
     pid = tl.program_id(0)
     record_sm(sm_ids_ptr, RECORD_SM)
     g = tl.arange(0, BLOCK_G)
@@ -85,36 +53,14 @@ def _decode_kernel(
         end = tl.minimum(seq_len, start + chunk)
         if start < end:
             heads = h * GROUP + g
-            q = tl.load(
-                q_ptr + b * sq_b + heads[:, None] * sq_h + d[None, :],
-                mask=gmask[:, None],
-                other=0.0,
-            )
+            q = tl.load(q_ptr + b * sq_b + heads[:, None] * sq_h + d[None, :], mask=gmask[:, None],
+                        other=0.0)
             acc = tl.zeros((BLOCK_G, D), dtype=tl.float32)
             m_i = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
             l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)
-            acc, m_i, l_i = attend_range(
-                q,
-                acc,
-                m_i,
-                l_i,
-                kc_ptr,
-                vc_ptr,
-                pt_ptr + b * spt_b,
-                page_size,
-                start,
-                end,
-                sc_s,
-                h * sc_h,
-                g,
-                scale_log2,
-                BLOCK_N,
-                D,
-                True,
-                False,
-                True,
-                PREFETCH_PAGES,
-            )
+            acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, pt_ptr + b * spt_b,
+                                         page_size, start, end, sc_s, h * sc_h, g, scale_log2,
+                                         BLOCK_N, D, True, False, True, PREFETCH_PAGES)
             out = acc / l_i[:, None]
             if DIRECT:
                 o = o_ptr + b * so_b + heads[:, None] * so_h + d[None, :]
@@ -129,23 +75,9 @@ def _decode_kernel(
 
 
 @triton.jit
-def _merge_kernel(
-    part_o_ptr,
-    part_lse_ptr,
-    len_ptr,
-    o_ptr,
-    sm_ids_ptr,
-    B,
-    Q_HEADS,
-    num_splits,
-    chunk,
-    so_b,
-    so_h,
-    GROUP: tl.constexpr,
-    D: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    RECORD_SM: tl.constexpr,
-):
+def _merge_kernel(part_o_ptr, part_lse_ptr, len_ptr, o_ptr, sm_ids_ptr, B, Q_HEADS, num_splits,
+                  chunk, so_b, so_h, GROUP: tl.constexpr, D: tl.constexpr,
+                  BLOCK_S: tl.constexpr, RECORD_SM: tl.constexpr):
     pid = tl.program_id(0)
     s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, D)
@@ -165,24 +97,13 @@ def _merge_kernel(
         tl.store(o_ptr + b * so_b + hq * so_h + d, out.to(o_ptr.dtype.element_ty))
 
 
-def decode_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    page_table: torch.Tensor,
-    seq_lens: torch.Tensor,
-    page_size: int,
-    max_seq_len: int,
-    sm_scale: float | None = None,
-    out: torch.Tensor | None = None,
-    *,
-    num_sms: int | None = None,
-    ctas_per_sm: int = 1,
-    chunk: int | None = None,
-    config: AttnConfig | None = None,
-    prefetch_pages: bool = False,
-    sm_ids: torch.Tensor | None = None,
-) -> torch.Tensor:
+def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int,
+                     max_seq_len: int, sm_scale: float | None = None,
+                     out: torch.Tensor | None = None, *, num_sms: int | None = None,
+                     ctas_per_sm: int = 1, chunk: int | None = None,
+                     config: AttnConfig | None = None, prefetch_pages: bool = False,
+                     sm_ids: torch.Tensor | None = None) -> torch.Tensor:
     """out[b, h] = softmax(q[b, h] . K_b^T * scale) V_b over the first seq_lens[b] cached tokens.
 
     q [B, Hq, D]; caches [slots, Hkv, D]; page_table [B, pages] int32 (page ids); seq_lens [B]
@@ -196,15 +117,11 @@ def decode_attention(
     B, HQ, D = q.shape
     HKV = k_cache.shape[1]
     if page_table.shape[0] != B or seq_lens.shape[0] != B:
-        raise PdmuxError(
-            f"page_table and seq_lens need one row per request ({B}), got "
-            f"{page_table.shape[0]} and {seq_lens.shape[0]}"
-        )
+        raise PdmuxError(f"page_table and seq_lens need one row per request ({B}), got "
+                         f"{page_table.shape[0]} and {seq_lens.shape[0]}")
     if page_size < 1 or max_seq_len < 0 or max_seq_len > page_table.shape[1] * page_size:
-        raise PdmuxError(
-            f"max_seq_len {max_seq_len} must fit in the page table: "
-            f"{page_table.shape[1]} pages of {page_size} tokens"
-        )
+        raise PdmuxError(f"max_seq_len {max_seq_len} must fit in the page table: "
+                         f"{page_table.shape[1]} pages of {page_size} tokens")
     if B == 0:
         return out
     group = HQ // HKV
@@ -225,57 +142,17 @@ def decode_attention(
     else:
         part_o = torch.empty((tiles * group, D), dtype=torch.float32, device=dev)
         part_lse = torch.empty((tiles * group,), dtype=torch.float32, device=dev)
-    scale = (sm_scale if sm_scale is not None else D**-0.5) * LOG2E
+    scale = (sm_scale if sm_scale is not None else D ** -0.5) * LOG2E
     _decode_kernel[(grid,)](
-        q,
-        k_cache,
-        v_cache,
-        page_table,
-        seq_lens,
-        out,
-        part_o,
-        part_lse,
-        sm_buf,
-        B,
-        HKV,
-        splits,
-        chunk,
-        scale,
-        page_size,
-        q.stride(0),
-        q.stride(1),
-        out.stride(0),
-        out.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        page_table.stride(0),
-        GROUP=group,
-        BLOCK_G=max(16, triton.next_power_of_2(group)),
-        BLOCK_N=block_n,
-        D=D,
-        DIRECT=direct,
-        PREFETCH_PAGES=prefetch_pages,
-        RECORD_SM=record,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-    )
+        q, k_cache, v_cache, page_table, seq_lens, out, part_o, part_lse, sm_buf, B, HKV, splits,
+        chunk, scale, page_size, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), page_table.stride(0),
+        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, D=D,
+        DIRECT=direct, PREFETCH_PAGES=prefetch_pages, RECORD_SM=record, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages)
     if not direct:
         _merge_kernel[(grid_size(B * HQ, num_sms, ctas_per_sm, dev),)](
-            part_o,
-            part_lse,
-            seq_lens,
-            out,
-            sm_buf,
-            B,
-            HQ,
-            splits,
-            chunk,
-            out.stride(0),
-            out.stride(1),
-            GROUP=group,
-            D=D,
-            BLOCK_S=triton.next_power_of_2(splits),
-            RECORD_SM=False,
-            num_warps=4,
-        )
+            part_o, part_lse, seq_lens, out, sm_buf, B, HQ, splits, chunk, out.stride(0),
+            out.stride(1), GROUP=group, D=D, BLOCK_S=triton.next_power_of_2(splits),
+            RECORD_SM=False, num_warps=4)
     return out

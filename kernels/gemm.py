@@ -16,13 +16,8 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import (
-    check_tensor,
-    grid_size,
-    interpreting,
-    record_sm,
-    telemetry_args,
-)
+from pdmux_triton.kernels._launch import (check_tensor, grid_size, interpreting, record_sm,
+                                          telemetry_args)
 
 GEMM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -54,9 +49,8 @@ def decode_tile(M: int, elem: int, small_budget: bool) -> GemmConfig:
     return GemmConfig(block_m, 64, bk // 2 if elem < 4 else bk, 4, 6)
 
 
-def default_config(
-    M: int, N: int, K: int, programs: int, dtype: torch.dtype, device_programs: int | None = None
-) -> GemmConfig:
+def default_config(M: int, N: int, K: int, programs: int, dtype: torch.dtype,
+                   device_programs: int | None = None) -> GemmConfig:
     """A tile shape for this problem; split-K when there are too few output tiles to go round.
 
     Large M: 128x256 tiles, the best of bench/kernels.py's sweep on the H200 (~1.0x cuBLAS).
@@ -79,12 +73,8 @@ def default_config(
     # and keep each split a few K-tiles long.
     while tiles * split < programs // 2 and k_tiles // (split * 2) >= 2:
         split *= 2
-    return _fit_shared_memory(
-        GemmConfig(
-            cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, cfg.num_stages, cfg.group_m, split
-        ),
-        elem,
-    )
+    return _fit_shared_memory(GemmConfig(cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps,
+                                         cfg.num_stages, cfg.group_m, split), elem)
 
 
 SHARED_MEMORY_LIMIT = 227 * 1024  # per block on Hopper
@@ -96,9 +86,8 @@ def _fit_shared_memory(cfg: GemmConfig, elem_bytes: int) -> GemmConfig:
     per_stage = (cfg.block_m + cfg.block_n) * cfg.block_k * elem_bytes
     epilogue = cfg.block_m * cfg.block_n * (4 if cfg.split_k > 1 else elem_bytes)
     stages = max(1, min(cfg.num_stages, (SHARED_MEMORY_LIMIT - epilogue) // per_stage))
-    return GemmConfig(
-        cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, stages, cfg.group_m, cfg.split_k
-    )
+    return GemmConfig(cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, stages, cfg.group_m,
+                      cfg.split_k)
 
 
 @triton.jit
@@ -113,23 +102,9 @@ def _tile_coords(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def _gemm_kernel(
-    x_desc,
-    w_desc,
-    y_ptr,
-    part_ptr,
-    sm_ids_ptr,
-    M,
-    N,
-    k_per_split,
-    stride_ym,
-    SPLIT_K: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr,
-    RECORD_SM: tl.constexpr,
-):
+def _gemm_kernel(x_desc, w_desc, y_ptr, part_ptr, sm_ids_ptr, M, N, k_per_split, stride_ym,
+                 SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, RECORD_SM: tl.constexpr):
     pid = tl.program_id(0)
     record_sm(sm_ids_ptr, RECORD_SM)
     tiles_m = tl.cdiv(M, BLOCK_M)
@@ -157,9 +132,8 @@ def _gemm_kernel(
 
 
 @triton.jit
-def _sum_splits_kernel(
-    part_ptr, y_ptr, M, N, stride_ym, SPLIT_K: tl.constexpr, BLOCK: tl.constexpr
-):
+def _sum_splits_kernel(part_ptr, y_ptr, M, N, stride_ym, SPLIT_K: tl.constexpr,
+                       BLOCK: tl.constexpr):
     total = M * N
     for start in tl.range(tl.program_id(0) * BLOCK, total, tl.num_programs(0) * BLOCK):
         offs = start + tl.arange(0, BLOCK)
@@ -180,17 +154,10 @@ def _check_tma_operand(name: str, t: torch.Tensor) -> None:
         )
 
 
-def linear(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    out: torch.Tensor | None = None,
-    *,
-    num_sms: int | None = None,
-    ctas_per_sm: int = 1,
-    config: GemmConfig | None = None,
-    sm_ids: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """y[M, N] = x[M, K] @ weight[N, K]^T, fp32 accumulation, <= num_sms * ctas_per_sm programs."""
+def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None, *,
+           num_sms: int | None = None, ctas_per_sm: int = 1, config: GemmConfig | None = None,
+           sm_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """y[M, N] = x[M, K] @ weight[N, K]^T with fp32 accumulation, on at most num_sms*ctas_per_sm programs."""
     check_tensor("x", x, 2, GEMM_DTYPES)
     check_tensor("weight", weight, 2, (x.dtype,), x.device)
     M, K = x.shape
@@ -210,9 +177,8 @@ def linear(
     _check_tma_operand("x", x)
     _check_tma_operand("weight", weight)
     programs = grid_size(1 << 30, num_sms, ctas_per_sm, x.device)
-    cfg = config or default_config(
-        M, N, K, programs, x.dtype, grid_size(1 << 30, None, ctas_per_sm, x.device)
-    )
+    cfg = config or default_config(M, N, K, programs, x.dtype,
+                                   grid_size(1 << 30, None, ctas_per_sm, x.device))
     k_per_split = triton.cdiv(triton.cdiv(K, cfg.split_k), cfg.block_k) * cfg.block_k
     split_k = triton.cdiv(K, k_per_split)  # rounding the split up to BLOCK_K can drop a split
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n) * split_k
@@ -220,31 +186,15 @@ def linear(
     sm_buf, record = telemetry_args(sm_ids, grid, x.device)
     x_desc = TensorDescriptor.from_tensor(x, [cfg.block_m, cfg.block_k])
     w_desc = TensorDescriptor.from_tensor(weight, [cfg.block_n, cfg.block_k])
-    part = (
-        torch.empty((split_k, M, N), dtype=torch.float32, device=x.device) if split_k > 1 else out
-    )
+    part = (torch.empty((split_k, M, N), dtype=torch.float32, device=x.device) if split_k > 1
+            else out)
     _gemm_kernel[(grid,)](
-        x_desc,
-        w_desc,
-        out,
-        part,
-        sm_buf,
-        M,
-        N,
-        k_per_split,
-        out.stride(0),
-        SPLIT_K=split_k,
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
-        GROUP_M=cfg.group_m,
-        RECORD_SM=record,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        x_desc, w_desc, out, part, sm_buf, M, N, k_per_split, out.stride(0),
+        SPLIT_K=split_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        GROUP_M=cfg.group_m, RECORD_SM=record, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if split_k > 1:
         block = 1024
         _sum_splits_kernel[(grid_size(triton.cdiv(M * N, block), num_sms, ctas_per_sm, x.device),)](
-            part, out, M, N, out.stride(0), SPLIT_K=split_k, BLOCK=block, num_warps=4
-        )
+            part, out, M, N, out.stride(0), SPLIT_K=split_k, BLOCK=block, num_warps=4)
     return out

@@ -11,33 +11,13 @@ import triton
 import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import (
-    FLOAT_DTYPES,
-    INDEX_DTYPES,
-    check_tensor,
-    grid_size,
-    record_sm,
-    row_piece,
-    telemetry_args,
-)
+from pdmux_triton.kernels._launch import (FLOAT_DTYPES, INDEX_DTYPES, check_tensor, grid_size,
+                                          record_sm, row_piece, telemetry_args)
 
 
 @triton.jit
-def _store_kv_kernel(
-    k_ptr,
-    v_ptr,
-    kc_ptr,
-    vc_ptr,
-    slot_ptr,
-    sm_ids_ptr,
-    T,
-    HD,
-    sk_t,
-    sv_t,
-    sc_s,
-    BLOCK: tl.constexpr,
-    RECORD_SM: tl.constexpr,
-):
+def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, sm_ids_ptr, T, HD, sk_t, sv_t, sc_s,
+                     BLOCK: tl.constexpr, RECORD_SM: tl.constexpr):
     pid = tl.program_id(0)
     record_sm(sm_ids_ptr, RECORD_SM)
     for tile in tl.range(pid, T * tl.cdiv(HD, BLOCK), tl.num_programs(0)):
@@ -49,24 +29,14 @@ def _store_kv_kernel(
 
 def _check_heads_contiguous(name: str, t: torch.Tensor) -> None:
     if t.stride(2) != 1 or t.stride(1) != t.shape[2]:
-        raise PdmuxError(
-            f"{name} must hold each token's heads contiguously ([.., H, D] with "
-            f"strides (*, D, 1)), got strides {t.stride()}"
-        )
+        raise PdmuxError(f"{name} must hold each token's heads contiguously ([.., H, D] with "
+                         f"strides (*, D, 1)), got strides {t.stride()}")
 
 
-def store_kv(
-    k: torch.Tensor,
-    v: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slots: torch.Tensor,
-    *,
-    num_sms: int | None = None,
-    ctas_per_sm: int = 1,
-    sm_ids: torch.Tensor | None = None,
-) -> None:
-    """k_cache[slots[t]] = k[t], v_cache[slots[t]] = v[t]; k, v are [T, kv_heads, head_dim]."""
+def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slots: torch.Tensor, *, num_sms: int | None = None, ctas_per_sm: int = 1,
+             sm_ids: torch.Tensor | None = None) -> None:
+    """k_cache[slots[t]] = k[t]; v_cache[slots[t]] = v[t] for k, v of shape [T, kv_heads, head_dim]."""
     check_tensor("k", k, 3, FLOAT_DTYPES)
     check_tensor("v", v, 3, (k.dtype,), k.device)
     check_tensor("k_cache", k_cache, 3, (k.dtype,), k.device)
@@ -74,11 +44,9 @@ def store_kv(
     check_tensor("slots", slots, 1, INDEX_DTYPES, k.device)
     T, H, D = k.shape
     if v.shape != k.shape or k_cache.shape[1:] != (H, D) or v_cache.shape != k_cache.shape:
-        raise PdmuxError(
-            f"k, v must be [T, H, D] and the caches [slots, H, D] with the same H, D; "
-            f"got k {tuple(k.shape)}, v {tuple(v.shape)}, k_cache "
-            f"{tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}"
-        )
+        raise PdmuxError(f"k, v must be [T, H, D] and the caches [slots, H, D] with the same H, D; "
+                         f"got k {tuple(k.shape)}, v {tuple(v.shape)}, k_cache "
+                         f"{tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}")
     if slots.shape[0] != T:
         raise PdmuxError(f"slots has {slots.shape[0]} entries for {T} tokens")
     for name, t in (("k", k), ("v", v), ("k_cache", k_cache), ("v_cache", v_cache)):
@@ -90,19 +58,6 @@ def store_kv(
     block = min(1024, triton.next_power_of_2(H * D))
     grid = grid_size(T * triton.cdiv(H * D, block), num_sms, ctas_per_sm, k.device)
     sm_buf, record = telemetry_args(sm_ids, grid, k.device)
-    _store_kv_kernel[(grid,)](
-        k,
-        v,
-        k_cache,
-        v_cache,
-        slots,
-        sm_buf,
-        T,
-        H * D,
-        k.stride(0),
-        v.stride(0),
-        k_cache.stride(0),
-        BLOCK=block,
-        RECORD_SM=record,
-        num_warps=4,
-    )
+    _store_kv_kernel[(grid,)](k, v, k_cache, v_cache, slots, sm_buf, T, H * D, k.stride(0),
+                              v.stride(0), k_cache.stride(0), BLOCK=block, RECORD_SM=record,
+                              num_warps=4)

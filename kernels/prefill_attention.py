@@ -24,32 +24,10 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _extend_kernel(
-    q_ptr,
-    kc_ptr,
-    vc_ptr,
-    pt_ptr,
-    meta_ptr,
-    o_ptr,
-    sm_ids_ptr,
-    num_blocks,
-    B,
-    Q_HEADS,
-    scale_log2,
-    page_size,
-    sq_t,
-    sq_h,
-    so_t,
-    so_h,
-    sc_s,
-    sc_h,
-    spt_b,
-    GROUP: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    D: tl.constexpr,
-    RECORD_SM: tl.constexpr,
-):
+def _extend_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_ptr, sm_ids_ptr, num_blocks, B,
+                   Q_HEADS, scale_log2, page_size, sq_t, sq_h, so_t, so_h, sc_s, sc_h, spt_b,
+                   GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   D: tl.constexpr, RECORD_SM: tl.constexpr):
     # meta (int32): q_start[B], extend_len[B], prefix_len[B], then (seq, q block) per block
     pid = tl.program_id(0)
     record_sm(sm_ids_ptr, RECORD_SM)
@@ -65,9 +43,8 @@ def _extend_kernel(
         rows = qb * BLOCK_M + tl.arange(0, BLOCK_M)
         rmask = rows < ext
         tok = (q_start + rows).to(tl.int64)
-        q = tl.load(
-            q_ptr + tok[:, None] * sq_t + hq * sq_h + d[None, :], mask=rmask[:, None], other=0.0
-        )
+        q = tl.load(q_ptr + tok[:, None] * sq_t + hq * sq_h + d[None, :], mask=rmask[:, None],
+                    other=0.0)
         q_pos = prefix + rows
         acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
         m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
@@ -76,57 +53,14 @@ def _extend_kernel(
         head_off = (hq // GROUP) * sc_h
         # keys before the block's first query are visible to every row: whole blocks, no mask
         lo = (prefix + qb * BLOCK_M) // BLOCK_N * BLOCK_N
-        acc, m_i, l_i = attend_range(
-            q,
-            acc,
-            m_i,
-            l_i,
-            kc_ptr,
-            vc_ptr,
-            page_row,
-            page_size,
-            0,
-            lo,
-            sc_s,
-            head_off,
-            q_pos,
-            scale_log2,
-            BLOCK_N,
-            D,
-            False,
-            False,
-            False,
-            False,
-        )
+        acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row, page_size, 0, lo,
+                                     sc_s, head_off, q_pos, scale_log2, BLOCK_N, D, False, False, False, False)
         hi = prefix + tl.minimum((qb + 1) * BLOCK_M, ext)
-        acc, m_i, l_i = attend_range(
-            q,
-            acc,
-            m_i,
-            l_i,
-            kc_ptr,
-            vc_ptr,
-            page_row,
-            page_size,
-            lo,
-            hi,
-            sc_s,
-            head_off,
-            q_pos,
-            scale_log2,
-            BLOCK_N,
-            D,
-            True,
-            True,
-            False,
-            False,
-        )
+        acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row, page_size, lo, hi,
+                                     sc_s, head_off, q_pos, scale_log2, BLOCK_N, D, True, True, False, False)
         out = acc / l_i[:, None]
-        tl.store(
-            o_ptr + tok[:, None] * so_t + hq * so_h + d[None, :],
-            out.to(o_ptr.dtype.element_ty),
-            mask=rmask[:, None],
-        )
+        tl.store(o_ptr + tok[:, None] * so_t + hq * so_h + d[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=rmask[:, None])
 
 
 def default_config() -> AttnConfig:
@@ -148,9 +82,8 @@ class ExtendPlan:
     prefix_lens: tuple[int, ...]
 
 
-def plan_extend(
-    extend_lens: Sequence[int], prefix_lens: Sequence[int], device, block_m: int | None = None
-) -> ExtendPlan:
+def plan_extend(extend_lens: Sequence[int], prefix_lens: Sequence[int], device,
+                block_m: int | None = None) -> ExtendPlan:
     if len(extend_lens) != len(prefix_lens):
         raise PdmuxError(f"{len(extend_lens)} extend lengths but {len(prefix_lens)} prefix lengths")
     if any(e < 0 for e in extend_lens) or any(p < 0 for p in prefix_lens):
@@ -163,39 +96,22 @@ def plan_extend(
     blocks = [(b, qb) for b, e in enumerate(extend_lens) for qb in range(triton.cdiv(e, block_m))]
     # a block's work grows with the keys it sees: prefix plus its end within the sequence
     blocks.sort(key=lambda x: -(prefix_lens[x[0]] + min((x[1] + 1) * block_m, extend_lens[x[0]])))
-    flat = torch.tensor(
-        [*starts, *extend_lens, *prefix_lens, *(v for blk in blocks for v in blk)],
-        dtype=torch.int32,
-    )
+    flat = torch.tensor([*starts, *extend_lens, *prefix_lens, *(v for blk in blocks for v in blk)],
+                        dtype=torch.int32)
     device = torch.device(device)
     if device.type == "cuda":
         flat = flat.pin_memory()  # an async copy: a pageable one would wait for the stream
-    return ExtendPlan(
-        flat.to(device, non_blocking=True),
-        len(blocks),
-        block_m,
-        tuple(extend_lens),
-        tuple(prefix_lens),
-    )
+    return ExtendPlan(flat.to(device, non_blocking=True), len(blocks), block_m,
+                      tuple(extend_lens), tuple(prefix_lens))
 
 
-def extend_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    page_table: torch.Tensor,
-    extend_lens: Sequence[int],
-    prefix_lens: Sequence[int],
-    page_size: int,
-    sm_scale: float | None = None,
-    out: torch.Tensor | None = None,
-    *,
-    num_sms: int | None = None,
-    ctas_per_sm: int = 1,
-    config: AttnConfig | None = None,
-    plan: ExtendPlan | None = None,
-    sm_ids: torch.Tensor | None = None,
-) -> torch.Tensor:
+def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     page_table: torch.Tensor, extend_lens: Sequence[int],
+                     prefix_lens: Sequence[int], page_size: int, sm_scale: float | None = None,
+                     out: torch.Tensor | None = None, *, num_sms: int | None = None,
+                     ctas_per_sm: int = 1, config: AttnConfig | None = None,
+                     plan: ExtendPlan | None = None,
+                     sm_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of q [sum(extend_lens), Hq, D] (sequences packed back to back) over each
     sequence's cached tokens: prefix_lens[b] earlier ones plus the extend_lens[b] new ones.
 
@@ -211,51 +127,24 @@ def extend_attention(
         raise PdmuxError(f"page_table has {page_table.shape[0]} rows for {B} sequences")
     longest = max((e + p for e, p in zip(extend_lens, prefix_lens)), default=0)
     if longest > page_table.shape[1] * page_size:
-        raise PdmuxError(
-            f"a sequence of {longest} tokens does not fit the page table: "
-            f"{page_table.shape[1]} pages of {page_size}"
-        )
+        raise PdmuxError(f"a sequence of {longest} tokens does not fit the page table: "
+                         f"{page_table.shape[1]} pages of {page_size}")
     if T == 0:
         return out
     cfg = config or default_config()
     if plan is None:
         plan = plan_extend(extend_lens, prefix_lens, dev, cfg.block_m)
-    elif (plan.block_m, plan.extend_lens, plan.prefix_lens) != (
-        cfg.block_m,
-        tuple(extend_lens),
-        tuple(prefix_lens),
-    ):
+    elif (plan.block_m, plan.extend_lens, plan.prefix_lens) != (cfg.block_m, tuple(extend_lens),
+                                                               tuple(prefix_lens)):
         raise PdmuxError("the extend plan was made for other lengths or another block_m")
     meta, num_blocks = plan.meta, plan.num_blocks
     grid = grid_size(num_blocks * HQ, num_sms, ctas_per_sm, dev)
     sm_buf, record = telemetry_args(sm_ids, grid, dev)
-    scale = (sm_scale if sm_scale is not None else D**-0.5) * LOG2E
+    scale = (sm_scale if sm_scale is not None else D ** -0.5) * LOG2E
     _extend_kernel[(grid,)](
-        q,
-        k_cache,
-        v_cache,
-        page_table,
-        meta,
-        out,
-        sm_buf,
-        num_blocks,
-        B,
-        HQ,
-        scale,
-        page_size,
-        q.stride(0),
-        q.stride(1),
-        out.stride(0),
-        out.stride(1),
-        k_cache.stride(0),
-        k_cache.stride(1),
-        page_table.stride(0),
-        GROUP=HQ // HKV,
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        D=D,
-        RECORD_SM=record,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-    )
+        q, k_cache, v_cache, page_table, meta, out, sm_buf, num_blocks, B, HQ, scale, page_size,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), k_cache.stride(0),
+        k_cache.stride(1), page_table.stride(0), GROUP=HQ // HKV, BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n, D=D, RECORD_SM=record, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages)
     return out

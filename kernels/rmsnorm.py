@@ -11,37 +11,15 @@ import triton
 import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import (
-    FLOAT_DTYPES,
-    check_tensor,
-    grid_size,
-    record_sm,
-    telemetry_args,
-)
+from pdmux_triton.kernels._launch import (FLOAT_DTYPES, check_tensor, grid_size, record_sm,
+                                          telemetry_args)
 
 
 @triton.jit
-def _rmsnorm_kernel(
-    x_ptr,
-    res_ptr,
-    w_ptr,
-    y_ptr,
-    sm_ids_ptr,
-    rows,
-    H,
-    D,
-    sx_t,
-    sx_h,
-    sr_t,
-    sr_h,
-    sy_t,
-    sy_h,
-    eps,
-    HAS_RESIDUAL: tl.constexpr,
-    ROWS: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    RECORD_SM: tl.constexpr,
-):
+def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, sm_ids_ptr, rows, H, D,
+                    sx_t, sx_h, sr_t, sr_h, sy_t, sy_h, eps,
+                    HAS_RESIDUAL: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+                    RECORD_SM: tl.constexpr):
     pid = tl.program_id(0)
     record_sm(sm_ids_ptr, RECORD_SM)
     d = tl.arange(0, BLOCK_D)
@@ -56,17 +34,13 @@ def _rmsnorm_kernel(
             res = res_ptr + (t * sr_t + h * sr_h)[:, None] + d[None, :]
             # round the sum to the residual's dtype first, as a bf16 model would hold it
             x = (x.to(tl.float32) + tl.load(res, mask=mask, other=0.0).to(tl.float32)).to(
-                res_ptr.dtype.element_ty
-            )
+                res_ptr.dtype.element_ty)
             tl.store(res, x, mask=mask)
         x = x.to(tl.float32)
         inv = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)
         y = x * inv[:, None] * w[None, :]
-        tl.store(
-            y_ptr + (t * sy_t + h * sy_h)[:, None] + d[None, :],
-            y.to(y_ptr.dtype.element_ty),
-            mask=mask,
-        )
+        tl.store(y_ptr + (t * sy_t + h * sy_h)[:, None] + d[None, :], y.to(y_ptr.dtype.element_ty),
+                 mask=mask)
 
 
 def _as_3d(name: str, t: torch.Tensor) -> torch.Tensor:
@@ -77,17 +51,10 @@ def _as_3d(name: str, t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def rmsnorm(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float = 1e-6,
-    *,
-    residual: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    num_sms: int | None = None,
-    ctas_per_sm: int = 1,
-    sm_ids: torch.Tensor | None = None,
-) -> torch.Tensor:
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
+            residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
+            num_sms: int | None = None, ctas_per_sm: int = 1,
+            sm_ids: torch.Tensor | None = None) -> torch.Tensor:
     """out = rmsnorm(x [+ residual]) * weight; with a residual, it is updated to x + residual.
 
     x is [T, D] or [T, H, D] (any strides, last dim contiguous); `out` may be `x` (in place).
@@ -107,9 +74,8 @@ def rmsnorm(
     if residual is not None:
         check_tensor("residual", r3, 3, FLOAT_DTYPES, x.device)
         if tuple(r3.shape) != (T, H, D):
-            raise PdmuxError(
-                f"residual must have the shape of x {tuple(x.shape)}, got {tuple(residual.shape)}"
-            )
+            raise PdmuxError(f"residual must have the shape of x {tuple(x.shape)}, got "
+                             f"{tuple(residual.shape)}")
     rows = T * H
     if rows == 0:
         return out
@@ -118,25 +84,7 @@ def rmsnorm(
     grid = grid_size(triton.cdiv(rows, row_block), num_sms, ctas_per_sm, x.device)
     sm_buf, record = telemetry_args(sm_ids, grid, x.device)
     _rmsnorm_kernel[(grid,)](
-        x3,
-        r3,
-        weight,
-        y3,
-        sm_buf,
-        rows,
-        H,
-        D,
-        x3.stride(0),
-        x3.stride(1),
-        r3.stride(0),
-        r3.stride(1),
-        y3.stride(0),
-        y3.stride(1),
-        eps,
-        HAS_RESIDUAL=residual is not None,
-        ROWS=row_block,
-        BLOCK_D=block_d,
-        RECORD_SM=record,
-        num_warps=4 if block_d <= 1024 else 8,
-    )
+        x3, r3, weight, y3, sm_buf, rows, H, D, x3.stride(0), x3.stride(1), r3.stride(0),
+        r3.stride(1), y3.stride(0), y3.stride(1), eps, HAS_RESIDUAL=residual is not None,
+        ROWS=row_block, BLOCK_D=block_d, RECORD_SM=record, num_warps=4 if block_d <= 1024 else 8)
     return out

@@ -11,19 +11,12 @@ import triton
 import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import (
-    FLOAT_DTYPES,
-    INDEX_DTYPES,
-    check_tensor,
-    grid_size,
-    record_sm,
-    telemetry_args,
-)
+from pdmux_triton.kernels._launch import (FLOAT_DTYPES, INDEX_DTYPES, check_tensor, grid_size,
+                                          record_sm, telemetry_args)
 
 
-def rope_cache(
-    max_positions: int, head_dim: int, theta: float, device: torch.device | str = "cpu"
-) -> torch.Tensor:
+def rope_cache(max_positions: int, head_dim: int, theta: float,
+               device: torch.device | str = "cpu") -> torch.Tensor:
     """[max_positions, head_dim] fp32: cos in the first half of each row, sin in the second."""
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
     angles = torch.arange(max_positions, dtype=torch.float64)[:, None] * inv_freq[None, :]
@@ -31,23 +24,9 @@ def rope_cache(
 
 
 @triton.jit
-def _rope_kernel(
-    x_ptr,
-    pos_ptr,
-    cs_ptr,
-    w_ptr,
-    sm_ids_ptr,
-    rows,
-    H,
-    sx_t,
-    sx_h,
-    eps,
-    HALF: tl.constexpr,
-    BLOCK_HALF: tl.constexpr,
-    ROWS: tl.constexpr,
-    NORM: tl.constexpr,
-    RECORD_SM: tl.constexpr,
-):
+def _rope_kernel(x_ptr, pos_ptr, cs_ptr, w_ptr, sm_ids_ptr, rows, H, sx_t, sx_h, eps,
+                 HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, ROWS: tl.constexpr,
+                 NORM: tl.constexpr, RECORD_SM: tl.constexpr):
     pid = tl.program_id(0)
     record_sm(sm_ids_ptr, RECORD_SM)
     d = tl.arange(0, BLOCK_HALF)
@@ -75,17 +54,10 @@ def _rope_kernel(
         tl.store(base + HALF, (x2 * cos + x1 * sin).to(x_ptr.dtype.element_ty), mask=mask)
 
 
-def rope_(
-    x: torch.Tensor,
-    positions: torch.Tensor,
-    cos_sin: torch.Tensor,
-    norm_weight: torch.Tensor | None = None,
-    eps: float = 1e-6,
-    *,
-    num_sms: int | None = None,
-    ctas_per_sm: int = 1,
-    sm_ids: torch.Tensor | None = None,
-) -> torch.Tensor:
+def rope_(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
+          norm_weight: torch.Tensor | None = None, eps: float = 1e-6, *,
+          num_sms: int | None = None, ctas_per_sm: int = 1,
+          sm_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Rotate x [T, H, D] in place by each token's position; RMS-normalize first if norm_weight."""
     check_tensor("x", x, 3, FLOAT_DTYPES)
     T, H, D = x.shape
@@ -96,9 +68,8 @@ def rope_(
     if positions.shape[0] != T:
         raise PdmuxError(f"positions has {positions.shape[0]} entries for {T} tokens")
     if cos_sin.shape[1] != D or not cos_sin.is_contiguous():
-        raise PdmuxError(
-            f"cos_sin must be a contiguous [max_positions, {D}] table, got {tuple(cos_sin.shape)}"
-        )
+        raise PdmuxError(f"cos_sin must be a contiguous [max_positions, {D}] table, got "
+                         f"{tuple(cos_sin.shape)}")
     if norm_weight is not None:
         check_tensor("norm_weight", norm_weight, 1, FLOAT_DTYPES, x.device)
         if norm_weight.shape[0] != D:
@@ -112,22 +83,7 @@ def rope_(
     grid = grid_size(triton.cdiv(rows, row_block), num_sms, ctas_per_sm, x.device)
     sm_buf, record = telemetry_args(sm_ids, grid, x.device)
     w = norm_weight if norm_weight is not None else cos_sin
-    _rope_kernel[(grid,)](
-        x,
-        positions,
-        cos_sin,
-        w,
-        sm_buf,
-        rows,
-        H,
-        x.stride(0),
-        x.stride(1),
-        eps,
-        HALF=half,
-        BLOCK_HALF=block_half,
-        ROWS=row_block,
-        NORM=norm_weight is not None,
-        RECORD_SM=record,
-        num_warps=4,
-    )
+    _rope_kernel[(grid,)](x, positions, cos_sin, w, sm_buf, rows, H, x.stride(0), x.stride(1), eps,
+                          HALF=half, BLOCK_HALF=block_half, ROWS=row_block,
+                          NORM=norm_weight is not None, RECORD_SM=record, num_warps=4)
     return x

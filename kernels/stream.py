@@ -18,15 +18,8 @@ STREAM_WARPS = 32  # H200, 1 CTA/SM: 4.64 TB/s (8 warps: 2.9 TB/s)
 
 
 @triton.jit
-def _stream_read_kernel(
-    src_ptr,
-    out_ptr,
-    sm_ids_ptr,
-    n,
-    BLOCK: tl.constexpr,
-    UNROLL: tl.constexpr,
-    RECORD_SM: tl.constexpr,
-):
+def _stream_read_kernel(src_ptr, out_ptr, sm_ids_ptr, n, BLOCK: tl.constexpr,
+                        UNROLL: tl.constexpr, RECORD_SM: tl.constexpr):
     pid = tl.program_id(0)
     record_sm(sm_ids_ptr, RECORD_SM)
     acc = tl.zeros((BLOCK,), dtype=tl.int32)
@@ -39,16 +32,9 @@ def _stream_read_kernel(
     tl.store(out_ptr + pid, tl.sum(acc, axis=0))
 
 
-def stream_read(
-    buf: torch.Tensor,
-    *,
-    num_sms: int | None = None,
-    ctas_per_sm: int = 1,
-    block: int | None = None,
-    unroll: int | None = None,
-    num_warps: int | None = None,
-    sm_ids: torch.Tensor | None = None,
-) -> torch.Tensor:
+def stream_read(buf: torch.Tensor, *, num_sms: int | None = None, ctas_per_sm: int = 1,
+                block: int | None = None, unroll: int | None = None,
+                num_warps: int | None = None, sm_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Read every byte of `buf` (contiguous, a multiple of 4 bytes); returns per-program sums."""
     if not isinstance(buf, torch.Tensor) or not buf.is_contiguous():
         raise PdmuxError("stream_read needs a contiguous torch.Tensor")
@@ -58,19 +44,11 @@ def stream_read(
     words = buf.view(-1).view(torch.int32) if nbytes else buf.new_empty(0, dtype=torch.int32)
     block = block or (256 if interpreting() else STREAM_BLOCK)
     unroll = unroll or (2 if interpreting() else STREAM_UNROLL)
-    grid = grid_size(
-        max(1, triton.cdiv(words.numel(), block * unroll)), num_sms, ctas_per_sm, buf.device
-    )
+    grid = grid_size(max(1, triton.cdiv(words.numel(), block * unroll)), num_sms, ctas_per_sm,
+                     buf.device)
     out = torch.empty(grid, dtype=torch.int32, device=buf.device)
     sm_buf, record = telemetry_args(sm_ids, grid, buf.device)
-    _stream_read_kernel[(grid,)](
-        words,
-        out,
-        sm_buf,
-        words.numel(),
-        BLOCK=block,
-        UNROLL=unroll,
-        RECORD_SM=record,
-        num_warps=num_warps or STREAM_WARPS,
-    )
+    _stream_read_kernel[(grid,)](words, out, sm_buf, words.numel(), BLOCK=block, UNROLL=unroll,
+                                 RECORD_SM=record,
+                                 num_warps=num_warps or STREAM_WARPS)
     return out

@@ -32,40 +32,25 @@ class AdvisedLevel:
     itl_ms: float  # predicted decode step at last_batch
 
 
-def advise(
-    rate_tbps: Callable[[int], float],
-    spec: ModelSpec,
-    total_sms: int,
-    major: int,
-    itl_ms: float,
-    context: int,
-    levels: int = 6,
-) -> list[AdvisedLevel]:
+def advise(rate_tbps: Callable[[int], float], spec: ModelSpec, total_sms: int, major: int,
+           itl_ms: float, context: int, levels: int = 6) -> list[AdvisedLevel]:
     """Up to `levels` splits covering decode batches 1..the largest any split can serve."""
     if itl_ms <= 0 or context < 1 or levels < 1:
-        raise PdmuxError(
-            f"need an ITL target > 0 ms, context >= 1 and levels >= 1, got "
-            f"{itl_ms}, {context}, {levels}"
-        )
+        raise PdmuxError(f"need an ITL target > 0 ms, context >= 1 and levels >= 1, got "
+                         f"{itl_ms}, {context}, {levels}")
     min_part, granularity = policy.arch_constraints(major)
-    splits = [
-        (p, total_sms - p)
-        for p in range(min_part, total_sms - min_part + 1, granularity)
-        if total_sms - p >= min_part
-    ]
+    splits = [(p, total_sms - p) for p in range(min_part, total_sms - min_part + 1, granularity)
+              if total_sms - p >= min_part]
     if not splits:
-        raise PdmuxError(
-            f"no green-context split of {total_sms} SMs on compute capability {major}.x"
-        )
+        raise PdmuxError(f"no green-context split of {total_sms} SMs on compute capability "
+                         f"{major}.x")
     serve = {d: max_batch(spec, context, itl_ms / 1e3, rate_tbps(d)) for _, d in splits}
     top = max(serve.values())
     if top < 1:
         d = max(serve)
         step = (2 * spec.linear_params + context * spec.kv_bytes_per_token()) / (rate_tbps(d) * 1e9)
-        raise PdmuxError(
-            f"no split meets {itl_ms} ms: even {d} decode SMs take {step:.1f} ms "
-            f"for one request at {context} tokens"
-        )
+        raise PdmuxError(f"no split meets {itl_ms} ms: even {d} decode SMs take {step:.1f} ms "
+                         f"for one request at {context} tokens")
     bounds = sorted({1 + (top * k) // levels for k in range(levels)})
     advised: list[AdvisedLevel] = []
     for first, nxt in zip(bounds, [*bounds[1:], top + 1]):
@@ -73,8 +58,7 @@ def advise(
         # the most prefill SMs whose decode share still serves the whole range in time
         p, d = max((s for s in splits if serve[s[1]] >= last), key=lambda s: s[0])
         step = (2 * spec.linear_params + last * context * spec.kv_bytes_per_token()) / (
-            rate_tbps(d) * 1e9
-        )
+            rate_tbps(d) * 1e9)
         if advised and advised[-1].decode_sms == d:
             prev = advised.pop()
             first = prev.first_batch
@@ -88,5 +72,4 @@ def as_config(advised: list[AdvisedLevel], base: policy.PDMuxConfig) -> policy.P
         sm_group_num=len(advised) + 2,
         manual_divisions=[[a.prefill_sms, a.decode_sms, a.first_batch] for a in advised],
         split_forward_token_budget=base.split_forward_token_budget,
-        decode_bs_divisor=base.decode_bs_divisor,
-    )
+        decode_bs_divisor=base.decode_bs_divisor)

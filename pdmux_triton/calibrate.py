@@ -20,7 +20,6 @@ STATES = ("alone", "corun")
 
 # --- the fit ------------------------------------------------------------------------------
 
-
 def fit_s_sat(budgets: list[int], rates: list[float], linear_below: float = 0.6) -> dict:
     """Peak rate and two S_SAT figures of a rate-vs-SMs curve.
 
@@ -30,9 +29,8 @@ def fit_s_sat(budgets: list[int], rates: list[float], linear_below: float = 0.6)
     s_sat_95: the smallest budget reaching 95% of the peak.
     """
     if len(budgets) != len(rates) or not budgets:
-        raise PdmuxError(
-            f"need equally many budgets and rates (>0), got {len(budgets)} and {len(rates)}"
-        )
+        raise PdmuxError(f"need equally many budgets and rates (>0), got {len(budgets)} and "
+                         f"{len(rates)}")
     pts = sorted(zip(budgets, rates))
     if any(b <= 0 for b, _ in pts) or any(r < 0 for _, r in pts):
         raise PdmuxError("budgets must be positive and rates non-negative")
@@ -49,7 +47,6 @@ def fit_s_sat(budgets: list[int], rates: list[float], linear_below: float = 0.6)
 
 
 # --- the store ----------------------------------------------------------------------------
-
 
 @dataclass(frozen=True)
 class PointKey:
@@ -100,9 +97,7 @@ def summarize(points: list[dict]) -> dict:
     curves: dict[tuple, dict[int, float]] = {}
     for p in points:
         if "tbps" in p:
-            curves.setdefault((p["workload"], p["kind"], p["state"], p["ctas_per_sm"]), {})[
-                p["sms"]
-            ] = p["tbps"]
+            curves.setdefault((p["workload"], p["kind"], p["state"], p["ctas_per_sm"]), {})[p["sms"]] = p["tbps"]
     summary: dict = {}
     for (wl, kind, state, ctas), curve in sorted(curves.items()):
         if ctas != 1 or len(curve) < 2:
@@ -120,10 +115,8 @@ def check_settings(path: Path, settings: dict) -> None:
     if path.exists():
         saved = json.loads(path.read_text())
         if saved != settings:
-            raise PdmuxError(
-                f"{path.parent} holds points measured with {saved}; these settings are "
-                f"{settings}: use another --out folder or the same settings"
-            )
+            raise PdmuxError(f"{path.parent} holds points measured with {saved}; these settings are "
+                             f"{settings}: use another --out folder or the same settings")
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(settings))
@@ -135,23 +128,16 @@ def write_results(path: Path, gpu: str, settings: dict, points: list[dict], summ
     import torch
     import triton
 
-    data = {
-        "gpu": gpu,
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "date": datetime.date.today().isoformat(),
-        "settings": settings,
-        "rows": sorted(
-            points, key=lambda p: (p["workload"], p["kind"], p["state"], p["ctas_per_sm"], p["sms"])
-        ),
-        "summary": summary,
-    }
+    data = {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__,
+            "date": datetime.date.today().isoformat(), "settings": settings,
+            "rows": sorted(points, key=lambda p: (p["workload"], p["kind"], p["state"],
+                                                  p["ctas_per_sm"], p["sms"])),
+            "summary": summary}
     path.write_text(json.dumps(data, indent=1))
     return path
 
 
 # --- the sweep (GPU) ----------------------------------------------------------------------
-
 
 @dataclass
 class SweepPlan:
@@ -191,17 +177,13 @@ def run_sweep(plan: SweepPlan, store: PointStore, log=print) -> None:
     from pdmux_triton.workloads import PrefillLayers, make_decode_workload
 
     todo = [k for k in plan.keys() if not store.has(k)]
-    log(
-        f"calibrate: {len(todo)} points to measure "
-        f"({len(list(plan.keys())) - len(todo)} already saved)"
-    )
+    log(f"calibrate: {len(todo)} points to measure ({len(list(plan.keys())) - len(todo)} already saved)")
     if not todo:
         return
     total = torch.cuda.get_device_properties(0).multi_processor_count
     spec = model_preset(plan.model)
-    workloads = {
-        name: make_decode_workload(name, spec, plan.batch, plan.context) for name in plan.workloads
-    }
+    workloads = {name: make_decode_workload(name, spec, plan.batch, plan.context)
+                 for name in plan.workloads}
     prefill = PrefillLayers(spec, plan.prefill_tokens, layers=2) if plan.corun else None
     started = time.time()
     by_partition: dict[tuple, list[PointKey]] = {}
@@ -211,15 +193,11 @@ def run_sweep(plan: SweepPlan, store: PointStore, log=print) -> None:
     # whole curves to fit; the rerun fills in the rest
     order = list(plan.budgets[::2]) + list(plan.budgets[1::2])
     done = 0
-    for (kind, sms), keys in sorted(
-        by_partition.items(), key=lambda item: (order.index(item[0][1]), item[0][0])
-    ):
+    for (kind, sms), keys in sorted(by_partition.items(),
+                                    key=lambda item: (order.index(item[0][1]), item[0][0])):
         whole = sms >= total
-        spec_p = (
-            PartitionSpec("whole", total, total, total)
-            if whole
-            else PartitionSpec(kind, total - sms, sms, total, split_first="decode")
-        )
+        spec_p = (PartitionSpec("whole", total, total, total) if whole else
+                  PartitionSpec(kind, total - sms, sms, total, split_first="decode"))
         # alone points first: a corun point reuses its alone time
         keys.sort(key=lambda k: STATES.index(k.state))
         with spec_p.open() as part:
@@ -233,40 +211,19 @@ def run_sweep(plan: SweepPlan, store: PointStore, log=print) -> None:
                     alone = store.points[alone_key.as_tuple()]["ms"]
                 else:
                     alone = time_alone(lambda: wl.run(budget), part.decode_stream, graph=True)
-                    store.add(
-                        alone_key, ms=alone, tbps=wl.rate(alone), realized_sms=part.decode_sms
-                    )
+                    store.add(alone_key, ms=alone, tbps=wl.rate(alone), realized_sms=part.decode_sms)
                 if key.state == "corun":
                     if prefill_alone is None:
-                        prefill_alone = time_alone(
-                            lambda: prefill.run(pbudget),
-                            part.prefill_stream,
-                            graph=False,
-                            repeats=1,
-                        )
-                    co = time_corun(
-                        lambda: wl.run(budget),
-                        part.decode_stream,
-                        True,
-                        alone,
-                        lambda: prefill.run(pbudget),
-                        part.prefill_stream,
-                        False,
-                        prefill_alone,
-                    )
-                    store.add(
-                        key,
-                        ms=co.ms,
-                        tbps=wl.rate(co.ms),
-                        covered=co.covered,
-                        alone_tbps=wl.rate(alone),
-                        prefill_sms=part.prefill_sms,
-                        realized_sms=part.decode_sms,
-                    )
+                        prefill_alone = time_alone(lambda: prefill.run(pbudget),
+                                                   part.prefill_stream, graph=False, repeats=1)
+                    co = time_corun(lambda: wl.run(budget), part.decode_stream, True, alone,
+                                    lambda: prefill.run(pbudget), part.prefill_stream, False,
+                                    prefill_alone)
+                    store.add(key, ms=co.ms, tbps=wl.rate(co.ms), covered=co.covered,
+                              alone_tbps=wl.rate(alone), prefill_sms=part.prefill_sms,
+                              realized_sms=part.decode_sms)
                 done += 1
                 point = store.points[key.as_tuple()]
                 eta = (time.time() - started) / done * (len(todo) - done)
-                log(
-                    f"[{done}/{len(todo)} eta {eta:.0f}s] {key.workload} {kind} "
-                    f"ctas={key.ctas_per_sm} {key.state} {sms} SMs: {point['tbps']:.2f} TB/s"
-                )
+                log(f"[{done}/{len(todo)} eta {eta:.0f}s] {key.workload} {kind} "
+                    f"ctas={key.ctas_per_sm} {key.state} {sms} SMs: {point['tbps']:.2f} TB/s")

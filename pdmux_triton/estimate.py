@@ -118,28 +118,19 @@ def _chunked(sc: Scenario, chunk: int) -> Row:
         compute = (prefill_flops(sc.model, tokens, start) + decode_linear_flops) / sc.flops_per_s
         steps.append(max(compute, decode))
     total = sum(steps)
-    return Row(
-        f"chunked_{chunk}", total / len(steps) * 1e3, total * 1e3, len(steps), steps=len(steps)
-    )
+    return Row(f"chunked_{chunk}", total / len(steps) * 1e3, total * 1e3, len(steps),
+               steps=len(steps))
 
 
 def _pdmux(sc: Scenario, s_sat: float) -> Row:
     levels = sc.pdmux.levels(sc.gpu.sms, sc.gpu.cc_major)
-    index = policy.choose_group(
-        levels, sc.decode_batch, True, sc.pdmux.decode_bs_divisor, sc.pdmux.manual_divisions or None
-    )
+    index = policy.choose_group(levels, sc.decode_batch, True, sc.pdmux.decode_bs_divisor,
+                                sc.pdmux.manual_divisions or None)
     prefill_sms, decode_sms = levels[index]
     step = decode_step_s(sc, decode_sms, s_sat)
     prefill = prefill_s(sc, sc.prompt, sms=prefill_sms)
-    return Row(
-        f"pdmux_ssat{s_sat:g}",
-        step * 1e3,
-        prefill * 1e3,
-        round(prefill / step),
-        prefill_sms=prefill_sms,
-        decode_sms=decode_sms,
-        s_sat=s_sat,
-    )
+    return Row(f"pdmux_ssat{s_sat:g}", step * 1e3, prefill * 1e3, round(prefill / step),
+               prefill_sms=prefill_sms, decode_sms=decode_sms, s_sat=s_sat)
 
 
 def estimate(sc: Scenario) -> list[Row]:
@@ -150,9 +141,8 @@ def estimate(sc: Scenario) -> list[Row]:
     return rows
 
 
-def calibrated(
-    sc: Scenario, summary: dict, kind: str = "grid_cap", compare_levels: list[dict] | None = None
-) -> Scenario:
+def calibrated(sc: Scenario, summary: dict, kind: str = "grid_cap",
+               compare_levels: list[dict] | None = None) -> Scenario:
     """The scenario with decode's bandwidth and S_SAT from a calibration summary (the
     decode-step curve beside a prefill, the state PD-mux decodes in) and, given a comparison's
     levels, the MFU its prefill reached co-running at the level this scenario picks."""
@@ -164,13 +154,8 @@ def calibrated(
     out = replace(sc, bw_efficiency=min(1.0, peak / sc.gpu.hbm_tbps), s_sat=(round(s_sat, 1),))
     if compare_levels:
         levels = sc.pdmux.levels(sc.gpu.sms, sc.gpu.cc_major)
-        index = policy.choose_group(
-            levels,
-            sc.decode_batch,
-            True,
-            sc.pdmux.decode_bs_divisor,
-            sc.pdmux.manual_divisions or None,
-        )
+        index = policy.choose_group(levels, sc.decode_batch, True, sc.pdmux.decode_bs_divisor,
+                                    sc.pdmux.manual_divisions or None)
         prefill_sms = levels[index][0]
         match = [lv for lv in compare_levels if lv.get("prefill_sms") == prefill_sms]
         if not match:
@@ -185,21 +170,15 @@ def fmt_ms(value: float | None) -> str:
 
 
 def format_table(sc: Scenario, rows: list[Row]) -> str:
-    head = (
-        f"{sc.model.name} on {sc.gpu.name} ({sc.gpu.sms} SMs): {sc.decode_batch} requests "
-        f"decoding at {sc.context} context, one {sc.prompt}-token prompt arrives"
-    )
-    lines = [
-        head,
-        f"{'approach':<18} {'SMs p/d':>8} {'ITL ms':>8} {'prefill ms':>11} "
-        f"{'tokens during prefill':>22} {'steps':>6}",
-    ]
+    head = (f"{sc.model.name} on {sc.gpu.name} ({sc.gpu.sms} SMs): {sc.decode_batch} requests "
+            f"decoding at {sc.context} context, one {sc.prompt}-token prompt arrives")
+    lines = [head, f"{'approach':<18} {'SMs p/d':>8} {'ITL ms':>8} {'prefill ms':>11} "
+                   f"{'tokens during prefill':>22} {'steps':>6}"]
     for r in rows:
         split = f"{r.prefill_sms}/{r.decode_sms}" if r.prefill_sms is not None else "-"
         tokens = "-" if r.tokens_during_prefill is None else str(r.tokens_during_prefill)
         steps = "-" if r.steps is None else str(r.steps)
-        lines.append(
-            f"{r.approach:<18} {split:>8} {fmt_ms(r.itl_ms):>8} "
-            f"{fmt_ms(r.prefill_ms):>11} {tokens:>22} {steps:>6}"
-        )
+        lines.append(f"{r.approach:<18} {split:>8} {fmt_ms(r.itl_ms):>8} "
+                     f"{fmt_ms(r.prefill_ms):>11} {tokens:>22} {steps:>6}")
     return "\n".join(lines)
+

@@ -43,10 +43,8 @@ class BlockManager:
         pages = self.owned.setdefault(rid, [])
         need = -(-tokens // self.page_size) - len(pages)
         if need > len(self.free_pages):
-            raise PdmuxError(
-                f"the KV cache is full: request {rid} needs {need} more pages of "
-                f"{self.page_size} tokens, {len(self.free_pages)} are free"
-            )
+            raise PdmuxError(f"the KV cache is full: request {rid} needs {need} more pages of "
+                             f"{self.page_size} tokens, {len(self.free_pages)} are free")
         for _ in range(max(0, need)):
             pages.append(self.free_pages.pop())
         return pages
@@ -112,15 +110,8 @@ class ModelExecutor:
     _shared: dict[tuple, Runtime] = {}
 
     @classmethod
-    def shared(
-        cls,
-        spec: ModelSpec,
-        gpu: GPUSpec,
-        kind: str,
-        page_size: int = 16,
-        cache_tokens: int = 262_144,
-        seed: int = 0,
-    ) -> "ModelExecutor":
+    def shared(cls, spec: ModelSpec, gpu: GPUSpec, kind: str, page_size: int = 16,
+               cache_tokens: int = 262_144, seed: int = 0) -> "ModelExecutor":
         """An executor over one model kept across runs (weights are drawn once per process)."""
         key = (spec.name, page_size, cache_tokens, seed)
         if key not in cls._shared:
@@ -128,14 +119,8 @@ class ModelExecutor:
             # the interpreter's tl.dot is wrong on bf16 (design.md): fp32 on the CPU
             dtype = torch.bfloat16 if device == "cuda" else torch.float32
             pages = -(-cache_tokens // page_size)
-            cls._shared[key] = Runtime(
-                Model(
-                    Weights(spec, device, dtype, seed=seed),
-                    KVCache(spec, pages, page_size, device, dtype),
-                ),
-                {},
-                {},
-            )
+            cls._shared[key] = Runtime(Model(Weights(spec, device, dtype, seed=seed),
+                                             KVCache(spec, pages, page_size, device, dtype)), {}, {})
         return cls(cls._shared[key], gpu, kind)
 
     @classmethod
@@ -144,9 +129,8 @@ class ModelExecutor:
             runtime.close()
         cls._shared.clear()
 
-    def __init__(
-        self, runtime: Runtime, gpu: GPUSpec, kind: str = "grid_cap", use_graphs: bool | None = None
-    ):
+    def __init__(self, runtime: Runtime, gpu: GPUSpec, kind: str = "grid_cap",
+                 use_graphs: bool | None = None):
         model = runtime.model
         self.model = model
         self.spec = model.spec
@@ -173,17 +157,12 @@ class ModelExecutor:
         whole_gpu = 0 in (prefill_sms, decode_sms)
         key = ("whole",) if whole_gpu else (self.kind, prefill_sms, decode_sms)
         if key not in self.partitions:
-            spec = (
-                whole(self.total_sms)
-                if whole_gpu
-                else PartitionSpec(self.kind, prefill_sms, decode_sms, self.total_sms)
-            )
+            spec = (whole(self.total_sms) if whole_gpu else
+                    PartitionSpec(self.kind, prefill_sms, decode_sms, self.total_sms))
             self.partitions[key] = spec.open()
         part = self.partitions[key]
-        return (
-            _Side(part.decode_stream, Budget(part.decode_sms)),
-            _Side(part.prefill_stream, Budget(part.prefill_sms)),
-        )
+        return (_Side(part.decode_stream, Budget(part.decode_sms)),
+                _Side(part.prefill_stream, Budget(part.prefill_sms)))
 
     def set_level(self, prefill_sms: int, decode_sms: int) -> None:
         self._drain()
@@ -215,9 +194,7 @@ class ModelExecutor:
             return 0.0
         if self.cuda:
             base = self.marks[0][0]
-            spans = sorted(
-                (base.elapsed_time(a) / 1e3, base.elapsed_time(b) / 1e3) for a, b in self.marks
-            )
+            spans = sorted((base.elapsed_time(a) / 1e3, base.elapsed_time(b) / 1e3) for a, b in self.marks)
         else:
             spans = sorted((a.t, b.t) for a, b in self.marks)
         covered, last = 0.0, spans[0][0]
@@ -248,14 +225,9 @@ class ModelExecutor:
             slots += bm.slots(r.rid, start, start + len(ids))
         width = max(len(bm.owned[r.rid]) for r, _, _ in seqs)
         table = [bm.owned[r.rid] + [0] * (width - len(bm.owned[r.rid])) for r, _, _ in seqs]
-        return ExtendBatch(
-            self._upload(tokens),
-            self._upload(positions),
-            self._upload(slots),
-            self._upload(table, torch.int32),
-            [len(ids) for _, ids, _ in seqs],
-            [start for _, _, start in seqs],
-        )
+        return ExtendBatch(self._upload(tokens), self._upload(positions), self._upload(slots),
+                           self._upload(table, torch.int32),
+                           [len(ids) for _, ids, _ in seqs], [start for _, _, start in seqs])
 
     def _last_rows(self, batch: ExtendBatch) -> torch.Tensor:
         ends, total = [], 0
@@ -284,13 +256,10 @@ class ModelExecutor:
         for r in reqs:
             bm.reserve(r.rid, r.context + 1)
         width = max(len(bm.owned[r.rid]) for r in reqs)
-        return (
-            [self.last_token[r.rid] for r in reqs],
-            [r.context for r in reqs],
-            [bm.slots(r.rid, r.context, r.context + 1)[0] for r in reqs],
-            [bm.owned[r.rid] + [0] * (width - len(bm.owned[r.rid])) for r in reqs],
-            [r.context + 1 for r in reqs],
-        )
+        return ([self.last_token[r.rid] for r in reqs], [r.context for r in reqs],
+                [bm.slots(r.rid, r.context, r.context + 1)[0] for r in reqs],
+                [bm.owned[r.rid] + [0] * (width - len(bm.owned[r.rid])) for r in reqs],
+                [r.context + 1 for r in reqs])
 
     def _decode_graph(self, B: int, width: int, bucket: int, side: _Side):
         """Static buffers and the captured step for this batch size and context bucket."""
@@ -298,14 +267,11 @@ class ModelExecutor:
         if key not in self.graphs:
             dev, scratch = self.device, self.blocks.scratch_page
             # until the first real step fills them, the inputs point at the scratch page
-            batch = DecodeBatch(
-                torch.zeros(B, dtype=torch.int64, device=dev),
-                torch.zeros(B, dtype=torch.int64, device=dev),
-                torch.full((B,), scratch * self.blocks.page_size, device=dev),
-                torch.full((B, width), scratch, dtype=torch.int32, device=dev),
-                torch.ones(B, dtype=torch.int32, device=dev),
-                bucket,
-            )
+            batch = DecodeBatch(torch.zeros(B, dtype=torch.int64, device=dev),
+                                torch.zeros(B, dtype=torch.int64, device=dev),
+                                torch.full((B,), scratch * self.blocks.page_size, device=dev),
+                                torch.full((B, width), scratch, dtype=torch.int32, device=dev),
+                                torch.ones(B, dtype=torch.int32, device=dev), bucket)
             graph = torch.cuda.CUDAGraph()
             with _on(side.stream):
                 self.model.decode_step(batch, side.budget).argmax(-1)  # compile and warm up
@@ -334,25 +300,16 @@ class ModelExecutor:
                 slots = slots + [scratch * self.blocks.page_size] * pad
                 table, lens = table + [[scratch] * width] * pad, lens + [1] * pad
                 batch, graph, out = self._decode_graph(B, width, bucket, side)
-                for dst, src in (
-                    (batch.tokens, tokens),
-                    (batch.positions, positions),
-                    (batch.slots, slots),
-                    (batch.page_table, table),
-                    (batch.seq_lens, lens),
-                ):
+                for dst, src in ((batch.tokens, tokens), (batch.positions, positions),
+                                 (batch.slots, slots), (batch.page_table, table),
+                                 (batch.seq_lens, lens)):
                     dst.copy_(self._upload(src, dst.dtype))
                 graph.replay()
-                out = out[: len(reqs)].clone()  # the next replay overwrites the static output
+                out = out[:len(reqs)].clone()  # the next replay overwrites the static output
             else:
-                batch = DecodeBatch(
-                    self._upload(tokens),
-                    self._upload(positions),
-                    self._upload(slots),
-                    self._upload(table, torch.int32),
-                    self._upload(lens, torch.int32),
-                    bucket,
-                )
+                batch = DecodeBatch(self._upload(tokens), self._upload(positions),
+                                    self._upload(slots), self._upload(table, torch.int32),
+                                    self._upload(lens, torch.int32), bucket)
                 out = self.model.decode_step(batch, side.budget).argmax(-1)
             end = self._mark(side.stream)
         self.marks.append((start, end))
@@ -374,7 +331,7 @@ class ModelExecutor:
         """Prefill the requests that are decoding from the start, before the clock starts."""
         self.set_level(self.total_sms, 0)
         for i in range(0, len(warm), 8):  # a few prompts per batch bounds activation memory
-            group = warm[i : i + 8]
+            group = warm[i:i + 8]
             out = self._run_extend([(r, r.prompt, 0) for r in group], self.prefill_side)
             for r, tok in zip(group, out.tolist()):
                 r.context = len(r.prompt)
@@ -395,15 +352,11 @@ class ModelExecutor:
         with _on(side.stream):
             mark = self._mark(side.stream)
             if start == 0:
-                job.state = {
-                    "batch": self._extend_batch([(r, r.prompt, 0) for r in job.reqs]),
-                    "h": None,
-                    "r": None,
-                }
+                job.state = {"batch": self._extend_batch([(r, r.prompt, 0) for r in job.reqs]),
+                             "h": None, "r": None}
             st = job.state
-            st["h"], st["r"] = self.model.extend_layers(
-                st["batch"], start, end, st["h"], st["r"], budget=side.budget
-            )
+            st["h"], st["r"] = self.model.extend_layers(st["batch"], start, end, st["h"], st["r"],
+                                                        budget=side.budget)
             if end == self.num_layers:
                 st["first"] = self._greedy(st["h"], st["r"], self._last_rows(st["batch"]), side)
                 st["h"] = st["r"] = None  # free the activations
@@ -426,9 +379,9 @@ class ModelExecutor:
     def mixed(self, decoding: list[Request], job: Request, start: int, n: int):
         """One chunked-prefill step: decode tokens and the prompt chunk in one forward."""
         seqs = [(r, [self.last_token[r.rid]], r.context) for r in decoding]
-        seqs.append((job, job.prompt[start : start + n], start))
+        seqs.append((job, job.prompt[start:start + n], start))
         out = self._run_extend(seqs, self.decode_side).tolist()
-        tokens = out[: len(decoding)]
+        tokens = out[:len(decoding)]
         for r, tok in zip(decoding, tokens):
             self.last_token[r.rid] = tok
         first = None
@@ -443,3 +396,4 @@ class ModelExecutor:
 
     def finish(self) -> None:
         self._drain()
+

@@ -29,15 +29,9 @@ def variants(chunks: tuple[int, ...], kinds: tuple[str, ...]) -> list[Variant]:
     return out
 
 
-def run_all(
-    requests: list[Request],
-    make_executor: Callable[[Variant], object],
-    config: policy.PDMuxConfig,
-    chunks: tuple[int, ...],
-    kinds: tuple[str, ...],
-    log=print,
-    warmup: bool = False,
-) -> tuple[list[dict], dict[str, scheduler.RunResult]]:
+def run_all(requests: list[Request], make_executor: Callable[[Variant], object],
+            config: policy.PDMuxConfig, chunks: tuple[int, ...], kinds: tuple[str, ...],
+            log=print, warmup: bool = False) -> tuple[list[dict], dict[str, scheduler.RunResult]]:
     """Serve `requests` once per variant. decode_only serves the requests that are decoding
     from the start without the arriving prompts: the ITL baseline.
 
@@ -52,9 +46,8 @@ def run_all(
                 continue
         if warmup:
             log(f"warming up {v.name} ...")
-            scheduler.run(
-                v.strategy, make_executor(v), copy.deepcopy(reqs), chunk=v.chunk, config=config
-            )
+            scheduler.run(v.strategy, make_executor(v), copy.deepcopy(reqs), chunk=v.chunk,
+                          config=config)
         log(f"running {v.name} ...")
         result = scheduler.run(v.strategy, make_executor(v), reqs, chunk=v.chunk, config=config)
         summary = metrics.summarize(result)
@@ -64,29 +57,16 @@ def run_all(
     return rows, results
 
 
-SUMMARY_KEYS = (
-    "itl_p50_ms",
-    "itl_p99_ms",
-    "itl_during_prefill_p50_ms",
-    "prefill_ms",
-    "tokens_during_prefill",
-    "ttft_p50_ms",
-    "gpu_idle_frac",
-)
+SUMMARY_KEYS = ("itl_p50_ms", "itl_p99_ms", "itl_during_prefill_p50_ms", "prefill_ms",
+                "tokens_during_prefill", "ttft_p50_ms", "gpu_idle_frac")
 
 
-def summary(
-    rows: list[dict],
-    total_sms: int,
-    prefill_sms: int | None,
-    estimate_rows: list[dict] | None = None,
-) -> dict:
+def summary(rows: list[dict], total_sms: int, prefill_sms: int | None,
+            estimate_rows: list[dict] | None = None) -> dict:
     """The run's summary: every strategy's headline figures, the targets' ratios and, when an
     estimate of the same scenario is given, its error against the measurement in percent."""
-    out = {
-        "strategies": {r["strategy"]: {k: r.get(k) for k in SUMMARY_KEYS} for r in rows},
-        "targets": targets(rows, total_sms, prefill_sms),
-    }
+    out = {"strategies": {r["strategy"]: {k: r.get(k) for k in SUMMARY_KEYS} for r in rows},
+           "targets": targets(rows, total_sms, prefill_sms)}
     if estimate_rows:
         est = next((e for e in estimate_rows if e["approach"].startswith("pdmux")), None)
         errors = {}
@@ -94,10 +74,8 @@ def summary(
             if name.startswith("pdmux") and est and r["itl_during_prefill_p50_ms"]:
                 errors[name] = {
                     "itl": (est["itl_ms"] - r["itl_during_prefill_p50_ms"])
-                    / r["itl_during_prefill_p50_ms"]
-                    * 100,
-                    "prefill": (est["prefill_ms"] - r["prefill_ms"]) / r["prefill_ms"] * 100,
-                }
+                    / r["itl_during_prefill_p50_ms"] * 100,
+                    "prefill": (est["prefill_ms"] - r["prefill_ms"]) / r["prefill_ms"] * 100}
         out["estimate_error_pct"] = errors
     return out
 
@@ -117,10 +95,8 @@ def targets(rows: list[dict], total_sms: int, prefill_sms: int | None) -> dict:
         out[name] = {
             "itl_during_prefill_vs_decode_only": itl / base if itl and base else None,
             "itl_during_prefill_vs_chunked_512": itl / c512 if itl and c512 else None,
-            "prefill_vs_prefill_first_scaled": (
-                r["prefill_ms"] / (pf * total_sms / prefill_sms)
-                if r.get("prefill_ms") and pf and prefill_sms
-                else None
-            ),
+            "prefill_vs_prefill_first_scaled": (r["prefill_ms"] / (pf * total_sms / prefill_sms)
+                                                if r.get("prefill_ms") and pf and prefill_sms
+                                                else None),
         }
     return out

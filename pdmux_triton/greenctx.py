@@ -18,9 +18,7 @@ def _driver():
     try:
         from cuda.bindings import driver
     except ImportError:
-        raise PdmuxError(
-            "green contexts need cuda-bindings: pip install 'pdmux-triton[green]'"
-        ) from None
+        raise PdmuxError("green contexts need cuda-bindings: pip install 'pdmux-triton[green]'") from None
     return driver
 
 
@@ -75,27 +73,15 @@ class GreenSplit:
 
 
 def _partition(driver, device, resource, sms_expected: int | None, what: str) -> GreenPartition:
-    desc = _check(
-        driver, "cuDevResourceGenerateDesc", driver.cuDevResourceGenerateDesc([resource], 1)
-    )
-    ctx = _check(
-        driver,
-        "cuGreenCtxCreate",
-        driver.cuGreenCtxCreate(
-            desc, device, driver.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM
-        ),
-    )
-    raw = _check(
-        driver,
-        "cuGreenCtxStreamCreate",
-        driver.cuGreenCtxStreamCreate(ctx, driver.CUstream_flags.CU_STREAM_NON_BLOCKING, 0),
-    )
+    desc = _check(driver, "cuDevResourceGenerateDesc", driver.cuDevResourceGenerateDesc([resource], 1))
+    ctx = _check(driver, "cuGreenCtxCreate", driver.cuGreenCtxCreate(
+        desc, device, driver.CUgreenCtxCreate_flags.CU_GREEN_CTX_DEFAULT_STREAM))
+    raw = _check(driver, "cuGreenCtxStreamCreate", driver.cuGreenCtxStreamCreate(
+        ctx, driver.CUstream_flags.CU_STREAM_NON_BLOCKING, 0))
     sms = resource.sm.smCount
     if sms_expected is not None and sms != sms_expected:
-        raise PdmuxError(
-            f"the driver gave the {what} green context {sms} SMs, not the "
-            f"{sms_expected} asked for (rounded to its SM granularity)"
-        )
+        raise PdmuxError(f"the driver gave the {what} green context {sms} SMs, not the "
+                         f"{sms_expected} asked for (rounded to its SM granularity)")
     return GreenPartition(sms, torch.cuda.ExternalStream(int(raw)), ctx, raw)
 
 
@@ -110,19 +96,13 @@ def split_green(first_sms: int, rest_sms: int | None = None, device_index: int =
     torch.cuda.init()  # the primary context must exist before streams are wrapped for torch
     _check(driver, "cuInit", driver.cuInit(0))
     device = _check(driver, "cuDeviceGet", driver.cuDeviceGet(device_index))
-    resource = _check(
-        driver,
-        "cuDeviceGetDevResource",
-        driver.cuDeviceGetDevResource(device, driver.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM),
-    )
+    resource = _check(driver, "cuDeviceGetDevResource", driver.cuDeviceGetDevResource(
+        device, driver.CUdevResourceType.CU_DEV_RESOURCE_TYPE_SM))
     total = resource.sm.smCount
     if not 0 < first_sms < total:
         raise PdmuxError(f"a green-context split needs 0 < SMs < {total}, got {first_sms}")
-    parts, count, remaining = _check(
-        driver,
-        "cuDevSmResourceSplitByCount",
-        driver.cuDevSmResourceSplitByCount(1, resource, 0, first_sms),
-    )
+    parts, count, remaining = _check(driver, "cuDevSmResourceSplitByCount",
+                                     driver.cuDevSmResourceSplitByCount(1, resource, 0, first_sms))
     if count < 1:
         raise PdmuxError(f"the driver could not split {first_sms} SMs off this GPU")
     first = _partition(driver, device, parts[0], first_sms, "first")

@@ -133,17 +133,10 @@ def detect_gpu(device: int = 0) -> GPUSpec:
     if preset is not None:
         spec = GPUS[preset]
         # Trust the device over the preset for what it reports (a cut-down or MIG part).
-        return GPUSpec(
-            spec.name,
-            props.multi_processor_count,
-            cc,
-            spec.hbm_tbps,
-            spec.bf16_tflops,
-            props.L2_cache_size / 2**20,
-        )
-    return GPUSpec(
-        props.name, props.multi_processor_count, cc, None, None, props.L2_cache_size / 2**20
-    )
+        return GPUSpec(spec.name, props.multi_processor_count, cc, spec.hbm_tbps,
+                       spec.bf16_tflops, props.L2_cache_size / 2**20)
+    return GPUSpec(props.name, props.multi_processor_count, cc, None, None,
+                   props.L2_cache_size / 2**20)
 
 
 def resolve_gpu(name: str) -> GPUSpec:

@@ -78,17 +78,8 @@ class CoRun:
     covered: float  # fraction of the measured window during which the background was running
 
 
-def time_corun(
-    fn,
-    stream,
-    graph: bool,
-    fn_alone_ms: float,
-    background,
-    bg_stream,
-    bg_graph: bool,
-    bg_alone_ms: float,
-    target_ms: float = 25.0,
-) -> CoRun:
+def time_corun(fn, stream, graph: bool, fn_alone_ms: float, background, bg_stream, bg_graph: bool,
+               bg_alone_ms: float, target_ms: float = 25.0) -> CoRun:
     """ms per call of `fn` on `stream` while `background` runs on `bg_stream`.
 
     The background is queued for longer than the measured work should take even if slowed
@@ -96,7 +87,8 @@ def time_corun(
     """
     measured = Repeated(fn, stream, runs_for(fn_alone_ms, target_ms), graph)
     window = measured.runs * fn_alone_ms
-    bg = Repeated(background, bg_stream, runs_for(bg_alone_ms, 3 * window + 20, cap=2000), bg_graph)
+    bg = Repeated(background, bg_stream, runs_for(bg_alone_ms, 3 * window + 20, cap=2000),
+                  bg_graph)
     torch.cuda.synchronize()
     bg_start, bg_end = _events()
     start, end = _events()
@@ -109,6 +101,5 @@ def time_corun(
     torch.cuda.synchronize()
     window = start.elapsed_time(end)
     overlap = min(bg_start.elapsed_time(bg_end), bg_start.elapsed_time(end)) - max(
-        0.0, bg_start.elapsed_time(start)
-    )
+        0.0, bg_start.elapsed_time(start))
     return CoRun(window / measured.runs, max(0.0, min(1.0, overlap / window)))

@@ -13,13 +13,8 @@ def _pct(values: list[float], q: float) -> float | None:
 
 
 def prefill_windows(result: RunResult) -> list[tuple[float, float]]:
-    return sorted(
-        {
-            (r.prefill_start, r.prefill_end)
-            for r in result.requests
-            if not r.warm and r.prefill_start is not None and r.prefill_end is not None
-        }
-    )
+    return sorted({(r.prefill_start, r.prefill_end) for r in result.requests
+                   if not r.warm and r.prefill_start is not None and r.prefill_end is not None})
 
 
 def intervals(result: RunResult) -> list[tuple[float, float]]:
@@ -62,23 +57,12 @@ def details(result: RunResult) -> dict:
     windows = prefill_windows(result)
     decode_ends = [rd.end for rd in result.rounds if rd.decode_bs > 0]
     return {
-        "ttft_ms": {
-            r.rid: r.ttft * 1e3 for r in result.requests if not r.warm and r.ttft is not None
-        },
-        "prefills": [
-            {"start_s": a, "end_s": b, "decode_steps": sum(a < t <= b for t in decode_ends)}
-            for a, b in windows
-        ],
-        "rounds": [
-            {
-                "start_s": rd.start,
-                "end_s": rd.end,
-                "level": rd.level,
-                "decode_bs": rd.decode_bs,
-                "prefill": rd.prefill,
-            }
-            for rd in result.rounds
-        ],
+        "ttft_ms": {r.rid: r.ttft * 1e3 for r in result.requests
+                    if not r.warm and r.ttft is not None},
+        "prefills": [{"start_s": a, "end_s": b, "decode_steps": sum(a < t <= b for t in decode_ends)}
+                     for a, b in windows],
+        "rounds": [{"start_s": rd.start, "end_s": rd.end, "level": rd.level,
+                    "decode_bs": rd.decode_bs, "prefill": rd.prefill} for rd in result.rounds],
     }
 
 

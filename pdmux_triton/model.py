@@ -14,16 +14,8 @@ import torch
 
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.hardware import ModelSpec
-from pdmux_triton.kernels import (
-    decode_attention,
-    extend_attention,
-    linear,
-    rmsnorm,
-    rope_,
-    rope_cache,
-    silu_mul,
-    store_kv,
-)
+from pdmux_triton.kernels import (decode_attention, extend_attention, linear, rmsnorm, rope_,
+                                  rope_cache, silu_mul, store_kv)
 from pdmux_triton.kernels.prefill_attention import plan_extend
 
 
@@ -46,14 +38,8 @@ class Weights:
     attention are well-conditioned enough for greedy decoding to be reproducible.
     """
 
-    def __init__(
-        self,
-        spec: ModelSpec,
-        device,
-        dtype=torch.bfloat16,
-        seed: int = 0,
-        layers: int | None = None,
-    ):
+    def __init__(self, spec: ModelSpec, device, dtype=torch.bfloat16, seed: int = 0,
+                 layers: int | None = None):
         self.spec = spec
         device = torch.device(device)
         g = torch.Generator(device=device).manual_seed(seed)  # draw on the GPU: 8B values
@@ -67,40 +53,30 @@ class Weights:
         h, qd, kvd, inter = spec.hidden, spec.q_dim, spec.kv_dim, spec.intermediate
         n = spec.layers if layers is None else layers
         self.embed = rand(spec.vocab, h, scale=1.0)
-        self.lm_head = rand(spec.vocab, h, scale=h**-0.5)
+        self.lm_head = rand(spec.vocab, h, scale=h ** -0.5)
         self.final_norm = torch.ones(h, device=device, dtype=dtype)
         self.layers = []
         for _ in range(n):
-            self.layers.append(
-                {
-                    "in_norm": near_one(h),
-                    "post_norm": near_one(h),
-                    "qkv": rand(qd + 2 * kvd, h, scale=h**-0.5),
-                    "o": rand(h, qd, scale=qd**-0.5),
-                    "gate_up": rand(2 * inter, h, scale=h**-0.5),
-                    "down": rand(h, inter, scale=inter**-0.5),
-                    "q_norm": torch.ones(spec.head_dim, device=device, dtype=dtype),
-                    "k_norm": torch.ones(spec.head_dim, device=device, dtype=dtype),
-                }
-            )
+            self.layers.append({
+                "in_norm": near_one(h),
+                "post_norm": near_one(h),
+                "qkv": rand(qd + 2 * kvd, h, scale=h ** -0.5),
+                "o": rand(h, qd, scale=qd ** -0.5),
+                "gate_up": rand(2 * inter, h, scale=h ** -0.5),
+                "down": rand(h, inter, scale=inter ** -0.5),
+                "q_norm": torch.ones(spec.head_dim, device=device, dtype=dtype),
+                "k_norm": torch.ones(spec.head_dim, device=device, dtype=dtype),
+            })
 
 
 class KVCache:
     """Paged KV cache: per layer K and V of shape [pages * page_size, kv_heads, head_dim]."""
 
-    def __init__(
-        self,
-        spec: ModelSpec,
-        num_pages: int,
-        page_size: int,
-        device,
-        dtype=torch.bfloat16,
-        layers: int | None = None,
-    ):
+    def __init__(self, spec: ModelSpec, num_pages: int, page_size: int, device,
+                 dtype=torch.bfloat16, layers: int | None = None):
         if num_pages < 1 or page_size < 1:
-            raise PdmuxError(
-                f"a KV cache needs pages >= 1 and page size >= 1, got {num_pages} and {page_size}"
-            )
+            raise PdmuxError(f"a KV cache needs pages >= 1 and page size >= 1, got {num_pages} "
+                             f"and {page_size}")
         self.page_size = page_size
         self.num_pages = num_pages
         slots = num_pages * page_size
@@ -110,10 +86,8 @@ class KVCache:
         if torch.device(device).type == "cuda":
             free, _ = torch.cuda.mem_get_info(torch.device(device))
             if need > free:
-                raise PdmuxError(
-                    f"a KV cache of {num_pages} pages x {page_size} tokens needs "
-                    f"{need / 2**30:.1f} GiB; the GPU has {free / 2**30:.1f} GiB free"
-                )
+                raise PdmuxError(f"a KV cache of {num_pages} pages x {page_size} tokens needs "
+                                 f"{need / 2**30:.1f} GiB; the GPU has {free / 2**30:.1f} GiB free")
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n)]
 
@@ -147,24 +121,15 @@ class Model:
         self.w = weights
         self.spec = weights.spec
         self.cache = cache
-        self.cos_sin = rope_cache(
-            max_positions, self.spec.head_dim, self.spec.rope_theta, weights.embed.device
-        )
+        self.cos_sin = rope_cache(max_positions, self.spec.head_dim, self.spec.rope_theta,
+                                  weights.embed.device)
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         # a gather, not a GEMM: its cost is a few rows per token on either side of the split
         return self.w.embed[tokens]
 
-    def layer(
-        self,
-        i: int,
-        hidden: torch.Tensor,
-        residual: torch.Tensor | None,
-        positions: torch.Tensor,
-        slots: torch.Tensor,
-        attend,
-        budget: Budget,
-    ):
+    def layer(self, i: int, hidden: torch.Tensor, residual: torch.Tensor | None,
+              positions: torch.Tensor, slots: torch.Tensor, attend, budget: Budget):
         """One transformer layer; `attend(q, k_cache, v_cache)` is decode or extend attention.
 
         Returns (hidden, residual) for the next layer: the MLP output and the running sum.
@@ -177,9 +142,9 @@ class Model:
             x = rmsnorm(hidden, lw["in_norm"], s.rms_eps, residual=residual, **kw)
         qkv = linear(x, lw["qkv"], **kw)
         T = qkv.shape[0]
-        q = qkv[:, : s.q_dim].view(T, s.q_heads, s.head_dim)
-        k = qkv[:, s.q_dim : s.q_dim + s.kv_dim].view(T, s.kv_heads, s.head_dim)
-        v = qkv[:, s.q_dim + s.kv_dim :].view(T, s.kv_heads, s.head_dim)
+        q = qkv[:, :s.q_dim].view(T, s.q_heads, s.head_dim)
+        k = qkv[:, s.q_dim:s.q_dim + s.kv_dim].view(T, s.kv_heads, s.head_dim)
+        v = qkv[:, s.q_dim + s.kv_dim:].view(T, s.kv_heads, s.head_dim)
         rope_(q, positions, self.cos_sin, lw["q_norm"] if s.qk_norm else None, s.rms_eps, **kw)
         rope_(k, positions, self.cos_sin, lw["k_norm"] if s.qk_norm else None, s.rms_eps, **kw)
         store_kv(k, v, self.cache.k[i], self.cache.v[i], slots, **kw)
@@ -198,26 +163,16 @@ class Model:
         ps = self.cache.page_size
 
         def attend(q, kc, vc):
-            return decode_attention(
-                q, kc, vc, batch.page_table, batch.seq_lens, ps, batch.max_seq_len, **budget.kw
-            )
-
+            return decode_attention(q, kc, vc, batch.page_table, batch.seq_lens, ps,
+                                    batch.max_seq_len, **budget.kw)
         hidden, residual = self.embed(batch.tokens), None
         for i in range(len(self.w.layers)):
-            hidden, residual = self.layer(
-                i, hidden, residual, batch.positions, batch.slots, attend, budget
-            )
+            hidden, residual = self.layer(i, hidden, residual, batch.positions, batch.slots,
+                                          attend, budget)
         return self.logits(hidden, residual, budget)
 
-    def extend_layers(
-        self,
-        batch: ExtendBatch,
-        start: int,
-        end: int,
-        hidden=None,
-        residual=None,
-        budget: Budget = Budget(),
-    ):
+    def extend_layers(self, batch: ExtendBatch, start: int, end: int, hidden=None, residual=None,
+                      budget: Budget = Budget()):
         """Layers [start, end) of a prefill batch; embeds at 0. Returns (hidden, residual)."""
         if not 0 <= start <= end <= len(self.w.layers):
             raise PdmuxError(f"layer range [{start}, {end}) is outside 0..{len(self.w.layers)}")
@@ -229,20 +184,9 @@ class Model:
         plan = plan_extend(batch.extend_lens, batch.prefix_lens, batch.tokens.device)
 
         def attend(q, kc, vc):
-            return extend_attention(
-                q,
-                kc,
-                vc,
-                batch.page_table,
-                batch.extend_lens,
-                batch.prefix_lens,
-                ps,
-                plan=plan,
-                **budget.kw,
-            )
-
+            return extend_attention(q, kc, vc, batch.page_table, batch.extend_lens,
+                                    batch.prefix_lens, ps, plan=plan, **budget.kw)
         for i in range(start, end):
-            hidden, residual = self.layer(
-                i, hidden, residual, batch.positions, batch.slots, attend, budget
-            )
+            hidden, residual = self.layer(i, hidden, residual, batch.positions, batch.slots,
+                                          attend, budget)
         return hidden, residual

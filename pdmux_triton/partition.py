@@ -36,18 +36,13 @@ class PartitionSpec:
         if self.kind not in KINDS:
             raise PdmuxError(f"unknown partition kind {self.kind!r}; known: {', '.join(KINDS)}")
         for name, value in (("prefill SMs", self.prefill_sms), ("decode SMs", self.decode_sms)):
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int)
-                or not 0 < value <= self.total_sms
-            ):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= self.total_sms:
                 raise PdmuxError(f"{name} must be an integer in 1..{self.total_sms}, got {value!r}")
         if self.kind == "whole" and (self.prefill_sms, self.decode_sms) != (self.total_sms,) * 2:
             raise PdmuxError("a whole-GPU partition gives both sides all SMs")
         if self.kind != "whole" and self.prefill_sms + self.decode_sms > self.total_sms:
-            raise PdmuxError(
-                f"{self.prefill_sms} + {self.decode_sms} SMs exceed the GPU's {self.total_sms}"
-            )
+            raise PdmuxError(f"{self.prefill_sms} + {self.decode_sms} SMs exceed the GPU's "
+                             f"{self.total_sms}")
 
     def check_green(self, major: int) -> None:
         """A green split must be one the driver can make: the first side on the granularity,
@@ -55,18 +50,14 @@ class PartitionSpec:
         min_part, granularity = policy.arch_constraints(major)
         first = self.prefill_sms if self.split_first == "prefill" else self.decode_sms
         if first % granularity or first < min_part:
-            raise PdmuxError(
-                f"green contexts split off multiples of {granularity} SMs (at least "
-                f"{min_part}) on compute capability {major}.x; {self.split_first} "
-                f"{first} is off the granularity"
-            )
+            raise PdmuxError(f"green contexts split off multiples of {granularity} SMs (at least "
+                             f"{min_part}) on compute capability {major}.x; {self.split_first} "
+                             f"{first} is off the granularity")
         if self.prefill_sms + self.decode_sms != self.total_sms:
             rest = "decode" if self.split_first == "prefill" else "prefill"
-            raise PdmuxError(
-                f"a green split gives {rest} the remainder, "
-                f"{self.total_sms - first} SMs, not "
-                f"{self.decode_sms if rest == 'decode' else self.prefill_sms}"
-            )
+            raise PdmuxError(f"a green split gives {rest} the remainder, "
+                             f"{self.total_sms - first} SMs, not "
+                             f"{self.decode_sms if rest == 'decode' else self.prefill_sms}")
 
     @property
     def label(self) -> str:
@@ -95,15 +86,8 @@ def for_level(groups: list[policy.Level], index: int, kind: str) -> PartitionSpe
 class Partition:
     """Open streams of a spec. Use as a context manager; green contexts are freed on close."""
 
-    def __init__(
-        self,
-        spec: PartitionSpec,
-        prefill_stream,
-        decode_stream,
-        green=None,
-        prefill_sms: int | None = None,
-        decode_sms: int | None = None,
-    ):
+    def __init__(self, spec: PartitionSpec, prefill_stream, decode_stream, green=None,
+                 prefill_sms: int | None = None, decode_sms: int | None = None):
         self.spec = spec
         self.prefill_stream = prefill_stream
         self.decode_stream = decode_stream
@@ -120,9 +104,8 @@ class Partition:
             raise PdmuxError(f"a {spec.kind} partition needs a CUDA GPU; torch sees none")
         device_sms = torch.cuda.get_device_properties(0).multi_processor_count
         if spec.total_sms != device_sms:
-            raise PdmuxError(
-                f"the partition is planned for {spec.total_sms} SMs but the GPU has {device_sms}"
-            )
+            raise PdmuxError(f"the partition is planned for {spec.total_sms} SMs but the GPU has "
+                             f"{device_sms}")
         if spec.kind == "whole":
             stream = torch.cuda.Stream()
             return cls(spec, stream, stream)

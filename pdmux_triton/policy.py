@@ -183,12 +183,7 @@ class PDMuxConfig:
         return stream_groups(total_sms, major, self.sm_group_num, self.manual_divisions or None)
 
 
-CONFIG_FIELDS = (
-    "sm_group_num",
-    "manual_divisions",
-    "split_forward_token_budget",
-    "decode_bs_divisor",
-)
+CONFIG_FIELDS = ("sm_group_num", "manual_divisions", "split_forward_token_budget", "decode_bs_divisor")
 
 
 def _check_division_shapes(divisions, sm_group_num: int) -> None:
@@ -253,9 +248,7 @@ def parse_config(raw, source: str = "pdmux config") -> PDMuxConfig:
         raise PdmuxError(f"{source}: {err}") from None
 
 
-def load_config(
-    path: str | Path, total_sms: int | None = None, major: int | None = None
-) -> PDMuxConfig:
+def load_config(path: str | Path, total_sms: int | None = None, major: int | None = None) -> PDMuxConfig:
     """Read SGLang's pdmux YAML; with a GPU given, also check manual divisions against it."""
     path = Path(path)
     try:

@@ -14,22 +14,17 @@ def _pyplot():
         raise PdmuxError("plots need matplotlib: pip install 'pdmux-triton[plot]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
     return plt
 
 
 def calibration_table(summary: dict) -> str:
-    lines = [
-        f"{'workload':<18} {'kind':<9} {'state':<6} {'peak TB/s':>9} {'S_SAT fit':>9} "
-        f"{'S_SAT 95%':>9}"
-    ]
+    lines = [f"{'workload':<18} {'kind':<9} {'state':<6} {'peak TB/s':>9} {'S_SAT fit':>9} "
+             f"{'S_SAT 95%':>9}"]
     for wl, kinds in summary.items():
         for kind, states in kinds.items():
             for state, fit in states.items():
-                lines.append(
-                    f"{wl:<18} {kind:<9} {state:<6} {fit['peak_tbps']:>9.2f} "
-                    f"{fit['s_sat_fit']:>9.1f} {fit['s_sat_95']:>9d}"
-                )
+                lines.append(f"{wl:<18} {kind:<9} {state:<6} {fit['peak_tbps']:>9.2f} "
+                             f"{fit['s_sat_fit']:>9.1f} {fit['s_sat_95']:>9d}")
     return "\n".join(lines)
 
 
@@ -38,31 +33,20 @@ def plot_calibration(points: list[dict], path: Path) -> None:
     plt = _pyplot()
     workloads = sorted({p["workload"] for p in points})
     fig, axes = plt.subplots(1, len(workloads), figsize=(4.5 * len(workloads), 4), squeeze=False)
-    styles = {
-        ("grid_cap", "alone"): ("tab:blue", "-"),
-        ("grid_cap", "corun"): ("tab:blue", "--"),
-        ("green", "alone"): ("tab:green", "-"),
-        ("green", "corun"): ("tab:green", "--"),
-    }
+    styles = {("grid_cap", "alone"): ("tab:blue", "-"), ("grid_cap", "corun"): ("tab:blue", "--"),
+              ("green", "alone"): ("tab:green", "-"), ("green", "corun"): ("tab:green", "--")}
     for ax, wl in zip(axes[0], workloads):
         curves: dict[tuple, list] = {}
         for p in points:
             if p["workload"] == wl:
                 curves.setdefault((p["kind"], p["state"], p["ctas_per_sm"]), []).append(
-                    (p["sms"], p["tbps"])
-                )
+                    (p["sms"], p["tbps"]))
         for (kind, state, ctas), pts in sorted(curves.items()):
             color, style = styles[(kind, state)]
             pts.sort()
-            ax.plot(
-                [b for b, _ in pts],
-                [r for _, r in pts],
-                color=color,
-                linestyle=style,
-                linewidth=2.0 if ctas == 1 else 0.8,
-                alpha=1.0 if ctas == 1 else 0.6,
-                label=f"{kind} {state}" + ("" if ctas == 1 else f" x{ctas}"),
-            )
+            ax.plot([b for b, _ in pts], [r for _, r in pts], color=color, linestyle=style,
+                    linewidth=2.0 if ctas == 1 else 0.8, alpha=1.0 if ctas == 1 else 0.6,
+                    label=f"{kind} {state}" + ("" if ctas == 1 else f" x{ctas}"))
         ax.set_title(wl)
         ax.set_xlabel("SMs")
         ax.set_ylabel("TB/s")
@@ -74,10 +58,8 @@ def plot_calibration(points: list[dict], path: Path) -> None:
 
 
 def compare_table(levels: list[dict]) -> str:
-    lines = [
-        f"{'level':>5} {'SMs p/d':>8} {'decode ms gc/green (alone->corun)':>36} "
-        f"{'prefill TFLOP/s gc/green':>26} {'dec err%':>8} {'pre err%':>8} {'shared SMs gc':>13}"
-    ]
+    lines = [f"{'level':>5} {'SMs p/d':>8} {'decode ms gc/green (alone->corun)':>36} "
+             f"{'prefill TFLOP/s gc/green':>26} {'dec err%':>8} {'pre err%':>8} {'shared SMs gc':>13}"]
     for e in levels:
         d, p = e["decode"], e["prefill"]
         lines.append(
@@ -86,8 +68,7 @@ def compare_table(levels: list[dict]) -> str:
             f"{d['green']['alone_ms']:>6.2f}->{d['green']['corun_ms']:<6.2f} "
             f"{p['grid_cap']['corun_tflops']:>12.0f} / {p['green']['corun_tflops']:<11.0f} "
             f"{e['decode_error_pct']:>8.1f} {e['prefill_error_pct']:>8.1f} "
-            f"{e['telemetry']['grid_cap']['shared_sms']:>13}"
-        )
+            f"{e['telemetry']['grid_cap']['shared_sms']:>13}")
     return "\n".join(lines)
 
 
@@ -97,12 +78,8 @@ def plot_compare(levels: list[dict], path: Path) -> None:
     labels = [f"{e['prefill_sms']}/{e['decode_sms']}" for e in levels]
     x = range(len(levels))
     fig, ax = plt.subplots(figsize=(1.2 * len(levels) + 3, 4))
-    series = [
-        ("decode_error_pct", "decode, co-running"),
-        ("prefill_error_pct", "prefill, co-running"),
-        ("decode_alone_error_pct", "decode, alone"),
-        ("prefill_alone_error_pct", "prefill, alone"),
-    ]
+    series = [("decode_error_pct", "decode, co-running"), ("prefill_error_pct", "prefill, co-running"),
+              ("decode_alone_error_pct", "decode, alone"), ("prefill_alone_error_pct", "prefill, alone")]
     width = 0.2
     for i, (key, label) in enumerate(series):
         ax.bar([xi + (i - 1.5) * width for xi in x], [e[key] for e in levels], width, label=label)
@@ -118,21 +95,11 @@ def plot_compare(levels: list[dict], path: Path) -> None:
 
 
 def strategy_table(rows: list[dict]) -> str:
-    cols = [
-        ("strategy", "strategy", 16, "s"),
-        ("ITL p50", "itl_p50_ms", 8, ".1f"),
-        ("ITL p99", "itl_p99_ms", 8, ".1f"),
-        ("ITL in prefill", "itl_during_prefill_p50_ms", 14, ".1f"),
-        ("prefill ms", "prefill_ms", 10, ".0f"),
-        ("tokens in prefill", "tokens_during_prefill", 17, ".1f"),
-        ("TTFT p50", "ttft_p50_ms", 9, ".0f"),
-        ("GPU idle", "gpu_idle_frac", 8, ".1%"),
-    ]
-    lines = [
-        " ".join(
-            f"{title:>{w}}" if i else f"{title:<{w}}" for i, (title, _, w, _) in enumerate(cols)
-        )
-    ]
+    cols = [("strategy", "strategy", 16, "s"), ("ITL p50", "itl_p50_ms", 8, ".1f"),
+            ("ITL p99", "itl_p99_ms", 8, ".1f"), ("ITL in prefill", "itl_during_prefill_p50_ms", 14, ".1f"),
+            ("prefill ms", "prefill_ms", 10, ".0f"), ("tokens in prefill", "tokens_during_prefill", 17, ".1f"),
+            ("TTFT p50", "ttft_p50_ms", 9, ".0f"), ("GPU idle", "gpu_idle_frac", 8, ".1%")]
+    lines = [" ".join(f"{title:>{w}}" if i else f"{title:<{w}}" for i, (title, _, w, _) in enumerate(cols))]
     for r in rows:
         cells = []
         for i, (_, key, w, fmt) in enumerate(cols):
@@ -149,9 +116,8 @@ def plot_timeline(results: dict, path: Path) -> None:
 
     plt = _pyplot()
     names = list(results)
-    fig, axes = plt.subplots(
-        len(names), 1, figsize=(9, 1.8 * len(names) + 0.6), sharex=True, squeeze=False
-    )
+    fig, axes = plt.subplots(len(names), 1, figsize=(9, 1.8 * len(names) + 0.6), sharex=True,
+                             squeeze=False)
     for ax, name in zip(axes[:, 0], names):
         res = results[name]
         pts = metrics.intervals(res)

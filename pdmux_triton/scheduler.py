@@ -56,10 +56,8 @@ class Engine:
 
     def __init__(self, executor, requests: list[Request]):
         self.x = executor
-        self.pending = sorted(
-            (r for r in requests if not r.warm),
-            key=lambda r: (r.arrival is None, r.arrival or 0.0, r.rid),
-        )
+        self.pending = sorted((r for r in requests if not r.warm),
+                              key=lambda r: (r.arrival is None, r.arrival or 0.0, r.rid))
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = [r for r in requests if r.warm]
         self.steps = 0  # decode steps completed: requests may arrive after a number of them
@@ -172,9 +170,8 @@ def run_chunked(e: Engine, chunk: int) -> None:
             job = None
 
 
-def run_pdmux(
-    e: Engine, levels: list[policy.Level], config: policy.PDMuxConfig, num_layers: int
-) -> None:
+def run_pdmux(e: Engine, levels: list[policy.Level], config: policy.PDMuxConfig,
+              num_layers: int) -> None:
     manual = config.manual_divisions or None
     job: PrefillJob | None = None
     level = policy.choose_group(levels, len(e.running), False, config.decode_bs_divisor, manual)
@@ -189,9 +186,8 @@ def run_pdmux(
                 r.prefill_start = e.x.now()
             adjust = True
         if adjust:  # SGLang drains both streams before switching the stream group
-            level = policy.choose_group(
-                levels, len(e.running), job is not None, config.decode_bs_divisor, manual
-            )
+            level = policy.choose_group(levels, len(e.running), job is not None,
+                                        config.decode_bs_divisor, manual)
             e.x.set_level(*levels[level])
             adjust = False
         if job is None and not e.running:
@@ -202,9 +198,8 @@ def run_pdmux(
         pending = e.x.launch_decode(decoding) if decoding else None
         launched = ""
         if job is not None and job.next_layer < num_layers:
-            per_step = policy.prefill_layers_per_step(
-                job.tokens, num_layers, config.split_forward_token_budget
-            )
+            per_step = policy.prefill_layers_per_step(job.tokens, num_layers,
+                                                      config.split_forward_token_budget)
             end = min(num_layers, job.next_layer + per_step)
             e.x.launch_prefill(job, job.next_layer, end)
             launched = f"layers {job.next_layer}-{end}"
@@ -223,14 +218,8 @@ def run_pdmux(
         e.rounds.append(Round(start, e.x.now(), level, len(decoding), launched))
 
 
-def run(
-    strategy: str,
-    executor,
-    requests: list[Request],
-    *,
-    chunk: int = 2048,
-    config: policy.PDMuxConfig | None = None,
-) -> RunResult:
+def run(strategy: str, executor, requests: list[Request], *, chunk: int = 2048,
+        config: policy.PDMuxConfig | None = None) -> RunResult:
     """Serve `requests` to completion with one strategy; the executor's clock starts at 0."""
     if strategy not in STRATEGIES:
         raise PdmuxError(f"unknown strategy {strategy!r}; known: {', '.join(STRATEGIES)}")

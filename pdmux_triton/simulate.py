@@ -30,19 +30,12 @@ class DecodeCurve:
             raise PdmuxError(f"cannot read calibration {path}: {err}") from None
         self.curves = {}
         for state in ("alone", "corun"):
-            pts = sorted(
-                (p["sms"], p["tbps"])
-                for p in data.get("rows", [])
-                if p.get("workload") == "decode_step"
-                and p.get("kind") == kind
-                and p.get("state") == state
-                and p.get("ctas_per_sm") == 1
-            )
+            pts = sorted((p["sms"], p["tbps"]) for p in data.get("rows", [])
+                         if p.get("workload") == "decode_step" and p.get("kind") == kind
+                         and p.get("state") == state and p.get("ctas_per_sm") == 1)
             if pts:
-                self.curves[state] = (
-                    np.array([b for b, _ in pts], float),
-                    np.array([r for _, r in pts], float),
-                )
+                self.curves[state] = (np.array([b for b, _ in pts], float),
+                                      np.array([r for _, r in pts], float))
         if "alone" not in self.curves:
             raise PdmuxError(f"{path} has no decode_step curve for kind {kind!r} (ctas 1, alone)")
         self.source = str(path)
@@ -53,19 +46,11 @@ class DecodeCurve:
 
 
 class SimExecutor:
-    def __init__(
-        self,
-        gpu: GPUSpec,
-        model: ModelSpec,
-        bw_efficiency: float = 0.85,
-        mfu: float = 0.5,
-        s_sat: float = 66.0,
-        curve: DecodeCurve | None = None,
-    ):
+    def __init__(self, gpu: GPUSpec, model: ModelSpec, bw_efficiency: float = 0.85,
+                 mfu: float = 0.5, s_sat: float = 66.0, curve: DecodeCurve | None = None):
         # reuse the Scenario's checks of the efficiencies and the GPU's figures
-        self.sc = estimate.Scenario(
-            gpu=gpu, model=model, bw_efficiency=bw_efficiency, mfu=mfu, s_sat=(s_sat,)
-        )
+        self.sc = estimate.Scenario(gpu=gpu, model=model, bw_efficiency=bw_efficiency, mfu=mfu,
+                                    s_sat=(s_sat,))
         self.model, self.s_sat, self.curve = model, s_sat, curve
         self.total_sms, self.cc_major, self.num_layers = gpu.sms, gpu.cc_major, model.layers
         self.t = 0.0
@@ -81,9 +66,8 @@ class SimExecutor:
             return nbytes / (self.curve.tbps(sms, corun) * 1e12)
         return nbytes / (self.sc.bytes_per_s * min(1.0, sms / self.s_sat))
 
-    def prefill_s(
-        self, reqs: list[Request], layers: int, sms: int, prefix: int = 0, tokens: int | None = None
-    ) -> float:
+    def prefill_s(self, reqs: list[Request], layers: int, sms: int, prefix: int = 0,
+                  tokens: int | None = None) -> float:
         m = self.model
         flops = 0.0
         for r in reqs:
@@ -112,10 +96,8 @@ class SimExecutor:
     def set_level(self, prefill_sms: int, decode_sms: int) -> None:
         self._drain()
         whole = prefill_sms == 0 or decode_sms == 0
-        self.sms = {
-            "decode": self.total_sms if whole else decode_sms,
-            "prefill": self.total_sms if whole else prefill_sms,
-        }
+        self.sms = {"decode": self.total_sms if whole else decode_sms,
+                    "prefill": self.total_sms if whole else prefill_sms}
 
     def launch_decode(self, reqs: list[Request]):
         # priced when waited for: the round's prefill layers are launched in between, and
@@ -125,9 +107,7 @@ class SimExecutor:
     def wait_decode(self, reqs: list[Request]):
         start = max(self.t, self.free["decode"])
         corun = self.free["prefill"] > start
-        self.t = max(
-            self.t, self._enqueue("decode", self.decode_s(reqs, self.sms["decode"], corun))
-        )
+        self.t = max(self.t, self._enqueue("decode", self.decode_s(reqs, self.sms["decode"], corun)))
         return self.t, [0] * len(reqs)
 
     def launch_prefill(self, job, start: int, end: int) -> None:
@@ -155,11 +135,8 @@ class SimExecutor:
         """One chunked-prefill step: the chunk and the decode batch in one forward, bound by
         compute or by reading weights and KV, whichever is slower."""
         self._drain()
-        compute = 2 * self.model.linear_params * len(
-            decoding
-        ) / self.sc.flops_per_s + self.prefill_s(
-            [job], self.num_layers, self.total_sms, prefix=start, tokens=n
-        )
+        compute = (2 * self.model.linear_params * len(decoding) / self.sc.flops_per_s
+                   + self.prefill_s([job], self.num_layers, self.total_sms, prefix=start, tokens=n))
         memory = self.decode_s(decoding, self.total_sms, False) if decoding else 0.0
         self.t = self._enqueue("decode", max(compute, memory))
         first = 0 if start + n == len(job.prompt) else None

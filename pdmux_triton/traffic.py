@@ -36,53 +36,26 @@ def _tokens(rng: random.Random, n: int, vocab: int) -> list[int]:
     return [rng.randrange(vocab) for _ in range(n)]
 
 
-def chapter_scenario(
-    vocab: int,
-    batch: int = 32,
-    context: int = 2048,
-    prompt: int = 8192,
-    decode_tokens: int = 64,
-    arrive_after_steps: int = 8,
-    seed: int = 0,
-) -> list[Request]:
+def chapter_scenario(vocab: int, batch: int = 32, context: int = 2048, prompt: int = 8192,
+                     decode_tokens: int = 64, arrive_after_steps: int = 8,
+                     seed: int = 0) -> list[Request]:
     """`batch` requests already decoding at `context` tokens (prefilled before the clock
     starts) when one `prompt`-token request arrives, after `arrive_after_steps` decode steps.
     The decoding requests run long enough to decode through the whole prefill."""
-    for name, value, low in (
-        ("batch", batch, 1),
-        ("context", context, 1),
-        ("prompt", prompt, 1),
-        ("decode tokens", decode_tokens, 2),
-    ):
+    for name, value, low in (("batch", batch, 1), ("context", context, 1), ("prompt", prompt, 1),
+                             ("decode tokens", decode_tokens, 2)):
         if value < low:
             raise PdmuxError(f"{name} must be >= {low}, got {value}")
     rng = random.Random(seed)
-    reqs = [
-        Request(i, _tokens(rng, context, vocab), decode_tokens, 0.0, warm=True)
-        for i in range(batch)
-    ]
-    reqs.append(
-        Request(
-            batch,
-            _tokens(rng, prompt, vocab),
-            max(2, decode_tokens // 4),
-            None,
-            after_steps=arrive_after_steps,
-        )
-    )
+    reqs = [Request(i, _tokens(rng, context, vocab), decode_tokens, 0.0, warm=True)
+            for i in range(batch)]
+    reqs.append(Request(batch, _tokens(rng, prompt, vocab), max(2, decode_tokens // 4), None,
+                        after_steps=arrive_after_steps))
     return reqs
 
 
-def poisson(
-    vocab: int,
-    rate: float,
-    count: int,
-    prompt_mean: int,
-    prompt_max: int,
-    output_mean: int,
-    output_max: int,
-    seed: int = 0,
-) -> list[Request]:
+def poisson(vocab: int, rate: float, count: int, prompt_mean: int, prompt_max: int,
+            output_mean: int, output_max: int, seed: int = 0) -> list[Request]:
     """`count` requests arriving at `rate` per second; prompt and output lengths drawn from
     geometric-like (exponential, rounded, clipped) distributions with the given means."""
     if rate <= 0 or count < 1:

@@ -34,9 +34,7 @@ class StreamRead(Workload):
     name = "stream_read"
 
     def __init__(self, nbytes: int = 1 << 30):
-        self.buf = torch.randint(
-            -(2**31), 2**31 - 1, (nbytes // 4,), dtype=torch.int32, device="cuda"
-        )
+        self.buf = torch.randint(-2**31, 2**31 - 1, (nbytes // 4,), dtype=torch.int32, device="cuda")
         self.amount = float(nbytes)
 
     def run(self, budget: Budget) -> None:
@@ -65,17 +63,14 @@ class DecodeAttention(Workload):
         shape = (pages * page_size, spec.kv_heads, spec.head_dim)
         self.k = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
         self.v = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
-        self.q = torch.randn(
-            batch, spec.q_heads, spec.head_dim, dtype=torch.bfloat16, device="cuda"
-        )
+        self.q = torch.randn(batch, spec.q_heads, spec.head_dim, dtype=torch.bfloat16, device="cuda")
         self.lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
         self.context, self.page_size = context, page_size
         self.amount = float(batch * context * spec.kv_bytes_per_token() / spec.layers)
 
     def run(self, budget: Budget) -> None:
-        decode_attention(
-            self.q, self.k, self.v, self.table, self.lens, self.page_size, self.context, **budget.kw
-        )
+        decode_attention(self.q, self.k, self.v, self.table, self.lens, self.page_size,
+                         self.context, **budget.kw)
 
 
 class DecodeLinear(Workload):
@@ -87,14 +82,10 @@ class DecodeLinear(Workload):
     def __init__(self, spec: ModelSpec, batch: int = 32, layers: int = 2):
         h, qd, kvd, inter = spec.hidden, spec.q_dim, spec.kv_dim, spec.intermediate
         shapes = [(qd + 2 * kvd, h), (h, qd), (2 * inter, h), (h, inter)]
-        self.weights = [
-            [torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * k**-0.5 for n, k in shapes]
-            for _ in range(layers)
-        ]
-        self.x = {
-            k: torch.randn(batch, k, dtype=torch.bfloat16, device="cuda")
-            for k in {k for _, k in shapes}
-        }
+        self.weights = [[torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * k ** -0.5
+                         for n, k in shapes] for _ in range(layers)]
+        self.x = {k: torch.randn(batch, k, dtype=torch.bfloat16, device="cuda")
+                  for k in {k for _, k in shapes}}
         self.amount = float(sum(n * k * 2 for n, k in shapes))  # bytes of one layer's weights
         self._next = 0
 
@@ -110,34 +101,22 @@ class DecodeStep(Workload):
 
     name = "decode_step"
 
-    def __init__(
-        self,
-        spec: ModelSpec,
-        batch: int = 32,
-        context: int = 2048,
-        page_size: int = 16,
-        seed: int = 0,
-    ):
+    def __init__(self, spec: ModelSpec, batch: int = 32, context: int = 2048, page_size: int = 16,
+                 seed: int = 0):
         lens = [context + 1] * batch
         table, pages = contiguous_pages(lens, page_size)
-        self.model = Model(
-            Weights(spec, "cuda", seed=seed),
-            KVCache(spec, pages, page_size, "cuda"),
-            max_positions=context + 1,
-        )
+        self.model = Model(Weights(spec, "cuda", seed=seed), KVCache(spec, pages, page_size, "cuda"),
+                           max_positions=context + 1)
         for k, v in zip(self.model.cache.k, self.model.cache.v):  # a filled cache, not zeros
             k.normal_()
             v.normal_()
         pos = torch.full((batch,), context, dtype=torch.int64, device="cuda")
-        slots = table[:, context // page_size].long() * page_size + context % page_size
+        slots = (table[:, context // page_size].long() * page_size + context % page_size)
         self.batch = DecodeBatch(
-            tokens=torch.randint(0, spec.vocab, (batch,), device="cuda"),
-            positions=pos,
-            slots=slots,
-            page_table=table,
-            seq_lens=torch.tensor(lens, dtype=torch.int32, device="cuda"),
-            max_seq_len=context + 1,
-        )
+            tokens=torch.randint(0, spec.vocab, (batch,), device="cuda"), positions=pos,
+            slots=slots, page_table=table, seq_lens=torch.tensor(lens, dtype=torch.int32,
+                                                                  device="cuda"),
+            max_seq_len=context + 1)
         self.amount = float(2 * spec.linear_params + batch * context * spec.kv_bytes_per_token())
 
     def run(self, budget: Budget) -> None:
@@ -150,29 +129,16 @@ class PrefillLayers(Workload):
     name = "prefill"
     unit = "TFLOP/s"
 
-    def __init__(
-        self,
-        spec: ModelSpec,
-        tokens: int = 8192,
-        layers: int = 4,
-        page_size: int = 16,
-        seed: int = 1,
-    ):
+    def __init__(self, spec: ModelSpec, tokens: int = 8192, layers: int = 4, page_size: int = 16,
+                 seed: int = 1):
         table, pages = contiguous_pages([tokens], page_size)
-        self.model = Model(
-            Weights(spec, "cuda", seed=seed, layers=layers),
-            KVCache(spec, pages, page_size, "cuda", layers=layers),
-            max_positions=tokens,
-        )
+        self.model = Model(Weights(spec, "cuda", seed=seed, layers=layers),
+                           KVCache(spec, pages, page_size, "cuda", layers=layers),
+                           max_positions=tokens)
         pos = torch.arange(tokens, device="cuda")
         self.batch = ExtendBatch(
-            tokens=torch.randint(0, spec.vocab, (tokens,), device="cuda"),
-            positions=pos,
-            slots=pos.clone(),
-            page_table=table,
-            extend_lens=[tokens],
-            prefix_lens=[0],
-        )
+            tokens=torch.randint(0, spec.vocab, (tokens,), device="cuda"), positions=pos,
+            slots=pos.clone(), page_table=table, extend_lens=[tokens], prefix_lens=[0])
         self.layers = layers
         attention = 4 * spec.hidden * tokens * tokens / 2
         self.amount = float(layers * (2 * spec.layer_linear_params * tokens + attention))

@@ -37,7 +37,7 @@ class PagedKV:
         self.page_table = torch.zeros((len(self.lens), width), dtype=torch.int32)
         i = 0
         for b, n in enumerate(pages_per):
-            self.page_table[b, :n] = torch.tensor(order[i : i + n], dtype=torch.int32)
+            self.page_table[b, :n] = torch.tensor(order[i:i + n], dtype=torch.int32)
             i += n
         slots = total_pages * page_size
         self.k_cache = torch.randn((slots, kv_heads, head_dim), dtype=dtype)

@@ -23,9 +23,7 @@ def test_every_level_meets_the_target(s_sat, itl_ms):
         assert lv.itl_ms <= itl_ms + 1e-9
         assert (lv.prefill_sms - 8) % 8 == 0 and lv.prefill_sms + lv.decode_sms == 132
         # the split serves the last batch of its range within the target
-        assert (
-            advise.max_batch(QWEN, 2048, itl_ms / 1e3, curve(s_sat)(lv.decode_sms)) >= lv.last_batch
-        )
+        assert advise.max_batch(QWEN, 2048, itl_ms / 1e3, curve(s_sat)(lv.decode_sms)) >= lv.last_batch
 
 
 def test_fast_decode_kernels_leave_prefill_more_sms():
@@ -56,26 +54,11 @@ def test_levels_cli_advises_from_the_h200_calibration(tmp_path, capsys):
     from pdmux_triton import cli
 
     out = tmp_path / "advised.yaml"
-    assert (
-        cli.main(
-            [
-                "levels",
-                "--gpu",
-                "h200",
-                "--calibration",
-                "bench/results/calibrate-h200.json",
-                "--itl-ms",
-                "20",
-                "--write-config",
-                str(out),
-            ]
-        )
-        == 0
-    )
+    assert cli.main(["levels", "--gpu", "h200", "--calibration",
+                     "bench/results/calibrate-h200.json", "--itl-ms", "20",
+                     "--write-config", str(out)]) == 0
     assert "decode batch" in capsys.readouterr().out
     assert policy.load_config(out, 132, 9).manual_divisions
-    assert (
-        cli.main(["levels", "--gpu", "h200", "--calibration", "bench/results/calibrate-h200.json"])
-        == 2
-    )
+    assert cli.main(["levels", "--gpu", "h200", "--calibration",
+                     "bench/results/calibrate-h200.json"]) == 2
     assert "--calibration needs --itl-ms" in capsys.readouterr().err

@@ -9,32 +9,20 @@ from reference import PagedKV, assert_close, attention_ref, poisoned
 DEV = "cuda" if HAS_CUDA else "cpu"
 
 
-def check_decode(
-    lens, hq, hkv, d, page_size, dtype, num_sms, chunk=None, device=DEV, prefetch_pages=False
-):
+def check_decode(lens, hq, hkv, d, page_size, dtype, num_sms, chunk=None, device=DEV,
+                 prefetch_pages=False):
     kv = PagedKV(lens, hkv, d, page_size, dtype, device)
     q = torch.randn(len(lens), hq, d, dtype=dtype, device=device)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
     out = poisoned(q.shape, dtype, device)
-    decode_attention(
-        q,
-        kv.k_cache,
-        kv.v_cache,
-        kv.page_table,
-        seq_lens,
-        page_size,
-        max(lens),
-        out=out,
-        num_sms=num_sms,
-        chunk=chunk,
-        prefetch_pages=prefetch_pages,
-    )
+    decode_attention(q, kv.k_cache, kv.v_cache, kv.page_table, seq_lens, page_size, max(lens),
+                     out=out, num_sms=num_sms, chunk=chunk, prefetch_pages=prefetch_pages)
     for b, n in enumerate(lens):
         if n == 0:
             assert (out[b] == 0).all()
             continue
         k, v = kv.dense(b)
-        assert_close(out[b], attention_ref(q[b : b + 1].cpu(), k, v)[0], dtype)
+        assert_close(out[b], attention_ref(q[b:b + 1].cpu(), k, v)[0], dtype)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -48,17 +36,8 @@ def test_decode_attention(lens, page_size, dtype):
 @pytest.mark.parametrize("num_sms", [1, 2, 3, 500])
 def test_decode_attention_splits_and_grids(num_sms, prefetch_pages):
     # chunk 32 over lengths up to 130: several splits, some empty for the short request
-    check_decode(
-        [130, 5, 33],
-        8,
-        2,
-        32,
-        16,
-        torch.float32,
-        num_sms=num_sms,
-        chunk=32,
-        prefetch_pages=prefetch_pages,
-    )
+    check_decode([130, 5, 33], 8, 2, 32, 16, torch.float32, num_sms=num_sms, chunk=32,
+                 prefetch_pages=prefetch_pages)
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
@@ -76,22 +55,13 @@ def check_extend(extend, prefix, hq, hkv, d, page_size, dtype, num_sms, device=D
     kv = PagedKV(lens, hkv, d, page_size, dtype, device)
     q = torch.randn(sum(extend), hq, d, dtype=dtype, device=device)
     out = poisoned(q.shape, dtype, device)
-    extend_attention(
-        q,
-        kv.k_cache,
-        kv.v_cache,
-        kv.page_table,
-        extend,
-        prefix,
-        page_size,
-        out=out,
-        num_sms=num_sms,
-    )
+    extend_attention(q, kv.k_cache, kv.v_cache, kv.page_table, extend, prefix, page_size, out=out,
+                     num_sms=num_sms)
     start = 0
     for b, (e, p) in enumerate(zip(extend, prefix)):
         k, v = kv.dense(b)
-        ref = attention_ref(q[start : start + e].cpu(), k, v, q_pos=torch.arange(p, p + e))
-        assert_close(out[start : start + e], ref, dtype)
+        ref = attention_ref(q[start:start + e].cpu(), k, v, q_pos=torch.arange(p, p + e))
+        assert_close(out[start:start + e], ref, dtype)
         start += e
 
 
@@ -117,19 +87,8 @@ def test_chunked_equals_whole():
     kv = PagedKV([60], 2, 16, 16, torch.float32, DEV)
     q = torch.randn(60, 4, 16, device=DEV)
     whole = extend_attention(q, kv.k_cache, kv.v_cache, kv.page_table, [60], [0], 16, num_sms=2)
-    parts = [
-        extend_attention(
-            q[s : s + 25],
-            kv.k_cache,
-            kv.v_cache,
-            kv.page_table,
-            [min(25, 60 - s)],
-            [s],
-            16,
-            num_sms=2,
-        )
-        for s in range(0, 60, 25)
-    ]
+    parts = [extend_attention(q[s:s + 25], kv.k_cache, kv.v_cache, kv.page_table,
+                              [min(25, 60 - s)], [s], 16, num_sms=2) for s in range(0, 60, 25)]
     torch.testing.assert_close(torch.cat(parts), whole, rtol=1e-5, atol=1e-5)
 
 

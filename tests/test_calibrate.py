@@ -31,15 +31,12 @@ def test_fit_on_a_soft_knee():
     assert fit["s_sat_95"] == 88
 
 
-@pytest.mark.parametrize(
-    "budgets,rates,message",
-    [
-        ([8, 16], [1.0], "equally many"),
-        ([], [], "equally many"),
-        ([0, 8], [0.0, 1.0], "positive"),
-        ([8, 16], [0.0, 0.0], "every rate is zero"),
-    ],
-)
+@pytest.mark.parametrize("budgets,rates,message", [
+    ([8, 16], [1.0], "equally many"),
+    ([], [], "equally many"),
+    ([0, 8], [0.0, 1.0], "positive"),
+    ([8, 16], [0.0, 0.0], "every rate is zero"),
+])
 def test_fit_errors(budgets, rates, message):
     with pytest.raises(PdmuxError, match=message):
         fit_s_sat(budgets, rates)
@@ -63,9 +60,7 @@ def test_plan_has_no_corun_at_the_whole_gpu():
     keys = list(plan.keys())
     assert len(keys) == 2 * 2 * (3 + 2)  # kinds x ctas x (alone at 3 budgets + corun at 2)
     assert not any(k.state == "corun" and k.sms == 132 for k in keys)
-    assert not any(
-        k.state == "corun" for k in SweepPlan(("x",), ("green",), (1,), (8,), False).keys()
-    )
+    assert not any(k.state == "corun" for k in SweepPlan(("x",), ("green",), (1,), (8,), False).keys())
 
 
 def test_run_sweep_with_nothing_left_needs_no_gpu(tmp_path):
@@ -80,16 +75,8 @@ def test_summary_fits_ctas_1_and_reports_best_peak(tmp_path):
     points = []
     for ctas, peak in ((1, 4.0), (2, 4.5)):
         for b in BUDGETS:
-            points.append(
-                {
-                    "workload": "decode_step",
-                    "kind": "green",
-                    "state": "alone",
-                    "ctas_per_sm": ctas,
-                    "sms": b,
-                    "tbps": peak * min(1, b / 66),
-                }
-            )
+            points.append({"workload": "decode_step", "kind": "green", "state": "alone",
+                           "ctas_per_sm": ctas, "sms": b, "tbps": peak * min(1, b / 66)})
     s = calibrate.summarize(points)["decode_step"]["green"]["alone"]
     assert s["peak_tbps"] == pytest.approx(4.0) and s["s_sat_fit"] == pytest.approx(66)
     assert s["peak_tbps_any_ctas"] == pytest.approx(4.5)
@@ -114,20 +101,12 @@ def test_sm_usage_overlap_and_tpcs():
 
 
 def test_compare_errors_and_report(tmp_path):
-    entry = {
-        "level": 5,
-        "prefill_sms": 80,
-        "decode_sms": 52,
-        "decode": {
-            "grid_cap": {"alone_tbps": 3.0, "corun_tbps": 2.0, "alone_ms": 1, "corun_ms": 1.5},
-            "green": {"alone_tbps": 2.5, "corun_tbps": 2.5, "alone_ms": 1.2, "corun_ms": 1.2},
-        },
-        "prefill": {
-            "grid_cap": {"alone_tflops": 400.0, "corun_tflops": 330.0},
-            "green": {"alone_tflops": 400.0, "corun_tflops": 300.0},
-        },
-        "telemetry": {"grid_cap": {"shared_sms": 12}, "green": {"shared_sms": 0}},
-    }
+    entry = {"level": 5, "prefill_sms": 80, "decode_sms": 52,
+             "decode": {"grid_cap": {"alone_tbps": 3.0, "corun_tbps": 2.0, "alone_ms": 1, "corun_ms": 1.5},
+                        "green": {"alone_tbps": 2.5, "corun_tbps": 2.5, "alone_ms": 1.2, "corun_ms": 1.2}},
+             "prefill": {"grid_cap": {"alone_tflops": 400.0, "corun_tflops": 330.0},
+                         "green": {"alone_tflops": 400.0, "corun_tflops": 300.0}},
+             "telemetry": {"grid_cap": {"shared_sms": 12}, "green": {"shared_sms": 0}}}
     entry.update(compare.level_errors(entry))
     assert entry["decode_error_pct"] == pytest.approx(-20.0)
     assert entry["prefill_error_pct"] == pytest.approx(10.0)
@@ -154,24 +133,13 @@ def test_calibrate_cli_without_gpu(capsys):
 
 
 def test_results_json_has_the_issue_schema(tmp_path):
-    points = [
-        {
-            "workload": wl,
-            "kind": kind,
-            "state": state,
-            "ctas_per_sm": 1,
-            "sms": b,
-            "tbps": 4.0 * min(1, b / 48),
-        }
-        for wl in ("stream_read", "decode_step")
-        for kind in ("grid_cap", "green")
-        for state in ("alone", "corun")
-        for b in BUDGETS
-    ]
+    points = [{"workload": wl, "kind": kind, "state": state, "ctas_per_sm": 1, "sms": b,
+               "tbps": 4.0 * min(1, b / 48)}
+              for wl in ("stream_read", "decode_step") for kind in ("grid_cap", "green")
+              for state in ("alone", "corun") for b in BUDGETS]
     summary = calibrate.summarize(points)
-    path = calibrate.write_results(
-        tmp_path / "c.json", "h200", {"model": "qwen3-8b"}, points, summary
-    )
+    path = calibrate.write_results(tmp_path / "c.json", "h200", {"model": "qwen3-8b"}, points,
+                                   summary)
     data = json.loads(path.read_text())
     assert {"gpu", "torch", "triton", "date", "rows", "summary"} <= set(data)
     fit = data["summary"]["decode_step"]["green"]["corun"]

@@ -8,9 +8,8 @@ from pdmux_triton import cli, policy
 
 
 def run(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "pdmux_triton", *args], capture_output=True, text=True
-    )
+    return subprocess.run([sys.executable, "-m", "pdmux_triton", *args], capture_output=True,
+                          text=True)
 
 
 def test_levels_table(capsys):
@@ -31,10 +30,7 @@ def test_levels_written_config_loads_back(tmp_path, capsys):
     assert cli.main(["levels", "--gpu", "h20", "--write-config", str(path)]) == 0
     config = policy.load_config(path, 78, 9)
     assert config.sm_group_num == 5 and [d[:2] for d in config.manual_divisions] == [
-        [56, 22],
-        [48, 30],
-        [40, 38],
-    ]
+        [56, 22], [48, 30], [40, 38]]
     capsys.readouterr()
     assert cli.main(["levels", "--gpu", "h20", "--config", str(path), "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)["levels"]) == 5
@@ -50,18 +46,15 @@ def test_estimate_json_rows(capsys):
     assert next(r for r in rows if r["approach"] == "decode_only")["prefill_ms"] is None
 
 
-@pytest.mark.parametrize(
-    "args,message",
-    [
-        (["levels", "--sms", "20"], "no PD-mux split of 20 SMs"),
-        (["levels", "--cc", "11.0"], "unsupported compute capability 11.x"),
-        (["levels", "--cc", "nine"], "compute capability must look like 9.0"),
-        (["levels", "--gpu", "v100"], "unknown GPU 'v100'"),
-        (["estimate", "--batch", "-1"], "decode batch must be an integer >= 1, got -1"),
-        (["estimate", "--model", "gpt5"], "unknown model 'gpt5'"),
-        (["levels", "--config", "/nonexistent/pdmux.yaml"], "cannot read pdmux config"),
-    ],
-)
+@pytest.mark.parametrize("args,message", [
+    (["levels", "--sms", "20"], "no PD-mux split of 20 SMs"),
+    (["levels", "--cc", "11.0"], "unsupported compute capability 11.x"),
+    (["levels", "--cc", "nine"], "compute capability must look like 9.0"),
+    (["levels", "--gpu", "v100"], "unknown GPU 'v100'"),
+    (["estimate", "--batch", "-1"], "decode batch must be an integer >= 1, got -1"),
+    (["estimate", "--model", "gpt5"], "unknown model 'gpt5'"),
+    (["levels", "--config", "/nonexistent/pdmux.yaml"], "cannot read pdmux config"),
+])
 def test_bad_input_is_one_line_and_exit_2(args, message):
     result = run(*args)
     assert result.returncode == 2

@@ -17,11 +17,9 @@ GPU = GPUSpec("test", 48, (9, 0), 1.0, 100.0, 1.0)
 
 
 def requests():
-    return [
-        Request(0, [5, 17, 99, 3, 42, 7, 250], 6, 0.0, warm=True),
-        Request(1, list(range(30, 42)), 7, 0.0, warm=True),
-        Request(2, [(i * 37) % 256 for i in range(21)], 5, None, after_steps=2),
-    ]
+    return [Request(0, [5, 17, 99, 3, 42, 7, 250], 6, 0.0, warm=True),
+            Request(1, list(range(30, 42)), 7, 0.0, warm=True),
+            Request(2, [(i * 37) % 256 for i in range(21)], 5, None, after_steps=2)]
 
 
 @pytest.fixture(autouse=True, scope="module")

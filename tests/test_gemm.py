@@ -15,7 +15,7 @@ CPU_DTYPES = [torch.float32, torch.float16]
 @pytest.mark.parametrize("num_sms", [1, 3, 64])
 def test_linear_matches_reference(M, N, K, dtype, num_sms):
     x = torch.randn(M, K, dtype=dtype, device=DEV)
-    w = torch.randn(N, K, dtype=dtype, device=DEV) / K**0.5
+    w = torch.randn(N, K, dtype=dtype, device=DEV) / K ** 0.5
     out = poisoned((M, N), dtype, DEV)
     linear(x, w, out, num_sms=num_sms)
     assert_close(out, x.double() @ w.double().T, dtype)
@@ -39,14 +39,11 @@ def test_strided_x_view():
     assert_close(linear(x, w, num_sms=2), x.double() @ w.double().T, torch.float16)
 
 
-@pytest.mark.parametrize(
-    "x_shape,w_shape,dtype,message",
-    [
-        ((4, 8), (16, 9), torch.float32, "K=8 columns but weight"),
-        ((4, 7), (16, 7), torch.float16, "16-byte"),
-        ((4, 8), (16, 8), torch.int32, "dtype int32"),
-    ],
-)
+@pytest.mark.parametrize("x_shape,w_shape,dtype,message", [
+    ((4, 8), (16, 9), torch.float32, "K=8 columns but weight"),
+    ((4, 7), (16, 7), torch.float16, "16-byte"),
+    ((4, 8), (16, 8), torch.int32, "dtype int32"),
+])
 def test_bad_inputs(x_shape, w_shape, dtype, message):
     x = torch.ones(x_shape, dtype=dtype, device=DEV)
     w = torch.ones(w_shape, dtype=dtype, device=DEV)
@@ -65,7 +62,7 @@ def test_bad_budget():
 @pytest.mark.parametrize("N,K", [(6144, 4096), (4096, 12288)])
 def test_linear_bf16_real_sizes(M, N, K):
     x = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
-    w = torch.randn(N, K, dtype=torch.bfloat16, device="cuda") / K**0.5
+    w = torch.randn(N, K, dtype=torch.bfloat16, device="cuda") / K ** 0.5
     out = poisoned((M, N), torch.bfloat16, "cuda")
     linear(x, w, out, num_sms=80)
     assert_close(out, x.double() @ w.double().T, torch.bfloat16)

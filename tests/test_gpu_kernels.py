@@ -4,17 +4,8 @@ green context with a 132-program grid giving the same result as on the whole GPU
 import pytest
 import torch
 
-from pdmux_triton.kernels import (
-    decode_attention,
-    extend_attention,
-    linear,
-    rmsnorm,
-    rope_,
-    rope_cache,
-    silu_mul,
-    store_kv,
-    stream_read,
-)
+from pdmux_triton.kernels import (decode_attention, extend_attention, linear, rmsnorm, rope_,
+                                  rope_cache, silu_mul, store_kv, stream_read)
 from reference import PagedKV, assert_close
 
 pytestmark = pytest.mark.gpu
@@ -22,7 +13,7 @@ BF16 = torch.bfloat16
 
 
 def _kernel_cases():
-    """name -> a function running one kernel on a given SM budget (inputs fixed per case)."""
+    """name -> a function running one kernel with a given SM budget (fresh inputs, fixed per case)."""
     torch.manual_seed(0)
     dev = "cuda"
     x = torch.randn(300, 4096, dtype=BF16, device=dev)
@@ -55,25 +46,15 @@ def _kernel_cases():
         "linear": lambda s, ids=None: linear(x, w, num_sms=s, sm_ids=ids),
         "linear_split_k": lambda s, ids=None: linear(x1, w, num_sms=s, sm_ids=ids),
         "rmsnorm_residual": rmsnorm_residual,
-        "rope_qk_norm": lambda s, ids=None: rope_(
-            qk.clone(), pos, cs, norm_w[:128], num_sms=s, sm_ids=ids
-        ),
+        "rope_qk_norm": lambda s, ids=None: rope_(qk.clone(), pos, cs, norm_w[:128], num_sms=s,
+                                                  sm_ids=ids),
         "silu_mul": lambda s, ids=None: silu_mul(gu, num_sms=s, sm_ids=ids),
         "store_kv": store,
         "decode_attention": lambda s, ids=None: decode_attention(
-            q_dec, kv.k_cache, kv.v_cache, kv.page_table, lens, 16, 3000, num_sms=s, sm_ids=ids
-        ),
+            q_dec, kv.k_cache, kv.v_cache, kv.page_table, lens, 16, 3000, num_sms=s, sm_ids=ids),
         "extend_attention": lambda s, ids=None: extend_attention(
-            q_ext,
-            kv.k_cache,
-            kv.v_cache,
-            kv.page_table,
-            [900, 17, 83],
-            [0, 0, 817],
-            16,
-            num_sms=s,
-            sm_ids=ids,
-        ),
+            q_ext, kv.k_cache, kv.v_cache, kv.page_table, [900, 17, 83], [0, 0, 817], 16,
+            num_sms=s, sm_ids=ids),
         "stream_read": lambda s, ids=None: stream_read(buf, num_sms=s, sm_ids=ids),
     }
 
@@ -107,9 +88,7 @@ def test_kernel_on_a_16_sm_green_context_matches_whole_gpu(name, green16):
     green16.stream.synchronize()
     assert torch.equal(capped, whole), f"{name} differs on the green context"
     used = ids[ids >= 0].unique()
-    assert 0 < used.numel() <= green16.sms, (
-        f"{name} ran on {used.numel()} SMs of a {green16.sms}-SM partition"
-    )
+    assert 0 < used.numel() <= green16.sms, f"{name} ran on {used.numel()} SMs of a {green16.sms}-SM partition"
 
 
 @pytest.mark.parametrize("budget", [1, 8, 52, 132])

@@ -35,12 +35,8 @@ def _usage(kind):
     w = torch.randn(24576, 4096, dtype=torch.bfloat16, device="cuda")
     buf = torch.randn(1 << 27, device="cuda")
     with for_level(policy.stream_groups(total, 9), 5, kind).open() as part:
-        return probe(
-            part,
-            lambda ids: linear(x, w, num_sms=part.prefill_sms, sm_ids=ids),
-            lambda ids: stream_read(buf, num_sms=part.decode_sms, sm_ids=ids),
-            total,
-        )
+        return probe(part, lambda ids: linear(x, w, num_sms=part.prefill_sms, sm_ids=ids),
+                     lambda ids: stream_read(buf, num_sms=part.decode_sms, sm_ids=ids), total)
 
 
 def test_green_sides_never_share_an_sm():

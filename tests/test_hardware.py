@@ -25,16 +25,8 @@ def test_unknown_presets_list_the_known_ones():
         hardware.model_preset("gpt5")
 
 
-@pytest.mark.parametrize(
-    "device_name,preset",
-    [
-        ("NVIDIA H200", "h200"),
-        ("NVIDIA H100 80GB HBM3", "h100-sxm"),
-        ("NVIDIA H20", "h20"),
-        ("NVIDIA A100-SXM4-80GB", "a100-80gb"),
-        ("NVIDIA B200", "b200"),
-        ("Tesla T4", None),
-    ],
-)
+@pytest.mark.parametrize("device_name,preset", [
+    ("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100-sxm"), ("NVIDIA H20", "h20"),
+    ("NVIDIA A100-SXM4-80GB", "a100-80gb"), ("NVIDIA B200", "b200"), ("Tesla T4", None)])
 def test_device_names_map_to_presets(device_name, preset):
     assert hardware.preset_for_device_name(device_name) == preset

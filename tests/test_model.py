@@ -17,9 +17,8 @@ PAGE = 4
 
 def make_model(seed=0):
     spec = model_preset("tiny")
-    return Model(
-        Weights(spec, DEV, DTYPE, seed=seed), KVCache(spec, 16, PAGE, DEV, DTYPE), max_positions=64
-    )
+    return Model(Weights(spec, DEV, DTYPE, seed=seed), KVCache(spec, 16, PAGE, DEV, DTYPE),
+                 max_positions=64)
 
 
 def prefill_batch(tokens, pages):
@@ -55,14 +54,9 @@ def test_decode_step_continues_the_prefill():
     h, r = model.extend_layers(prefill_batch(tokens[:-1], pages), 0, 2, budget=Budget(2))
     table = torch.tensor([pages], dtype=torch.int32, device=DEV)
     n = len(tokens) - 1
-    step = DecodeBatch(
-        torch.tensor(tokens[-1:], device=DEV),
-        torch.tensor([n], device=DEV),
-        torch.tensor([pages[n // PAGE] * PAGE + n % PAGE], device=DEV),
-        table,
-        torch.tensor([n + 1], dtype=torch.int32, device=DEV),
-        max_seq_len=n + 1,
-    )
+    step = DecodeBatch(torch.tensor(tokens[-1:], device=DEV), torch.tensor([n], device=DEV),
+                       torch.tensor([pages[n // PAGE] * PAGE + n % PAGE], device=DEV), table,
+                       torch.tensor([n + 1], dtype=torch.int32, device=DEV), max_seq_len=n + 1)
     out = model.decode_step(step, Budget(2))
     # two attention paths (decode vs extend) over the same cache: equal up to rounding
     assert rel_err(out, ref) < (1e-5 if DTYPE == torch.float32 else REL_TOL[DTYPE])

@@ -11,12 +11,7 @@ def test_for_level_maps_every_level():
     assert for_level(H100, 0, "green") == whole(132)
     assert for_level(H100, 7, "grid_cap") == whole(132)
     spec = for_level(H100, 5, "green")
-    assert (spec.kind, spec.prefill_sms, spec.decode_sms, spec.split_first) == (
-        "green",
-        80,
-        52,
-        "prefill",
-    )
+    assert (spec.kind, spec.prefill_sms, spec.decode_sms, spec.split_first) == ("green", 80, 52, "prefill")
     spec.check_green(9)  # every SGLang level is a split the driver can make
     for i in range(1, 7):
         for_level(H100, i, "green").check_green(9)
@@ -27,28 +22,13 @@ def test_for_level_rejects_missing_levels():
         for_level(H100, 8, "green")
 
 
-@pytest.mark.parametrize(
-    "kwargs,message",
-    [
-        (dict(kind="mig", prefill_sms=80, decode_sms=52), "unknown partition kind 'mig'"),
-        (
-            dict(kind="grid_cap", prefill_sms=100, decode_sms=52),
-            "100 \\+ 52 SMs exceed the GPU's 132",
-        ),
-        (
-            dict(kind="grid_cap", prefill_sms=0, decode_sms=52),
-            "prefill SMs must be an integer in 1..132",
-        ),
-        (
-            dict(kind="whole", prefill_sms=80, decode_sms=52),
-            "whole-GPU partition gives both sides all",
-        ),
-        (
-            dict(kind="green", prefill_sms=80, decode_sms=52, split_first="both"),
-            "split_first must be",
-        ),
-    ],
-)
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(kind="mig", prefill_sms=80, decode_sms=52), "unknown partition kind 'mig'"),
+    (dict(kind="grid_cap", prefill_sms=100, decode_sms=52), "100 \\+ 52 SMs exceed the GPU's 132"),
+    (dict(kind="grid_cap", prefill_sms=0, decode_sms=52), "prefill SMs must be an integer in 1..132"),
+    (dict(kind="whole", prefill_sms=80, decode_sms=52), "whole-GPU partition gives both sides all"),
+    (dict(kind="green", prefill_sms=80, decode_sms=52, split_first="both"), "split_first must be"),
+])
 def test_bad_specs(kwargs, message):
     with pytest.raises(PdmuxError, match=message):
         PartitionSpec(total_sms=132, **kwargs)

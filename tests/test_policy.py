@@ -16,10 +16,8 @@ def test_stream_groups_match_the_chapter(sms, major, expected):
     assert policy.stream_groups(sms, major) == expected
 
 
-@pytest.mark.parametrize(
-    "major,expected",
-    [(6, (1, 1)), (7, (2, 2)), (8, (4, 2)), (9, (8, 8)), (10, (8, 8)), (12, (8, 8))],
-)
+@pytest.mark.parametrize("major,expected", [(6, (1, 1)), (7, (2, 2)), (8, (4, 2)), (9, (8, 8)),
+                                            (10, (8, 8)), (12, (8, 8))])
 def test_arch_constraints(major, expected):
     assert policy.arch_constraints(major) == expected
 
@@ -50,22 +48,8 @@ def test_sm_group_num_below_three_is_rejected():
         policy.stream_groups(132, 9, sm_group_num=2)
 
 
-@pytest.mark.parametrize(
-    "bs,level",
-    [
-        (1, 1),
-        (6, 1),
-        (11, 1),
-        (12, 2),
-        (18, 3),
-        (24, 4),
-        (30, 5),
-        (35, 5),
-        (36, 6),
-        (64, 6),
-        (1000, 6),
-    ],
-)
+@pytest.mark.parametrize("bs,level", [(1, 1), (6, 1), (11, 1), (12, 2), (18, 3), (24, 4), (30, 5),
+                                      (35, 5), (36, 6), (64, 6), (1000, 6)])
 def test_choose_group_with_prefill_on_h100(bs, level):
     assert policy.choose_group(H100, bs, has_prefill=True) == level
 
@@ -91,10 +75,8 @@ def test_choose_group_manual_divisions_last_threshold_wins():
     assert policy.choose_group(groups, 2, True, manual_divisions=manual) == 1
 
 
-@pytest.mark.parametrize(
-    "tokens,layers",
-    [(512, 36), (8192, 8), (32768, 2), (131072, 1), (0, 36), (65536, 1), (65535, 1), (1, 36)],
-)
+@pytest.mark.parametrize("tokens,layers", [(512, 36), (8192, 8), (32768, 2), (131072, 1), (0, 36),
+                                           (65536, 1), (65535, 1), (1, 36)])
 def test_prefill_layers_per_step(tokens, layers):
     assert policy.prefill_layers_per_step(tokens, 36) == layers
 
@@ -113,13 +95,11 @@ def test_manual_divisions_for_reproduce_the_default_rule(sms, major):
     manual = policy.manual_divisions_for(groups, policy.decode_bs_ranges(groups))
     assert policy.stream_groups(sms, major, len(groups), manual) == groups
     for bs in range(0, 100):
-        assert policy.choose_group(
-            groups, bs, True, manual_divisions=manual
-        ) == policy.choose_group(groups, bs, True)
+        assert (policy.choose_group(groups, bs, True, manual_divisions=manual)
+                == policy.choose_group(groups, bs, True))
 
 
 # --- the YAML ---------------------------------------------------------------------------
-
 
 def write(tmp_path, text):
     path = tmp_path / "pdmux.yaml"
@@ -135,40 +115,24 @@ def test_load_defaults_and_round_trip(tmp_path):
     text = policy.dump_config(config, tmp_path / "out.yaml")
     assert policy.load_config(tmp_path / "out.yaml", 132, 9) == config
     # plain YAML with exactly SGLang's keys
-    assert set(yaml.safe_load(text)) == {
-        "sm_group_num",
-        "manual_divisions",
-        "split_forward_token_budget",
-        "decode_bs_divisor",
-    }
+    assert set(yaml.safe_load(text)) == {"sm_group_num", "manual_divisions",
+                                         "split_forward_token_budget", "decode_bs_divisor"}
 
 
-@pytest.mark.parametrize(
-    "text,message",
-    [
-        ("sm_group_num: [8\n", "malformed YAML"),
-        ("- 8\n", "expected a mapping"),
-        ("decode_bs_divisor: 36\n", "missing required field sm_group_num"),
-        ("sm_group_num: 2\n", "sm_group_num must be >= 3, got 2"),
-        ("sm_group_num: eight\n", "sm_group_num must be an integer, got 'eight'"),
-        ("sm_group_num: 8\nsm_groups: 3\n", "unknown field.*sm_groups"),
-        (
-            "sm_group_num: 8\nsplit_forward_token_budget: 0\n",
-            "split_forward_token_budget must be >= 1",
-        ),
-        ("sm_group_num: 8\ndecode_bs_divisor: 1.5\n", "decode_bs_divisor must be an integer"),
-        (
-            "sm_group_num: 4\nmanual_divisions: [[112, 20, 1]]\n",
-            "must have sm_group_num - 2 = 2 entries",
-        ),
-        ("sm_group_num: 3\nmanual_divisions: [[112, 20]]\n", r"manual_divisions\[0\] must be"),
-        (
-            "sm_group_num: 3\nmanual_divisions: [[112, 20, -1]]\n",
-            "decode_bs_threshold must be >= 0",
-        ),
-        ("sm_group_num: 3\nmanual_divisions: 5\n", "manual_divisions must be a list"),
-    ],
-)
+@pytest.mark.parametrize("text,message", [
+    ("sm_group_num: [8\n", "malformed YAML"),
+    ("- 8\n", "expected a mapping"),
+    ("decode_bs_divisor: 36\n", "missing required field sm_group_num"),
+    ("sm_group_num: 2\n", "sm_group_num must be >= 3, got 2"),
+    ("sm_group_num: eight\n", "sm_group_num must be an integer, got 'eight'"),
+    ("sm_group_num: 8\nsm_groups: 3\n", "unknown field.*sm_groups"),
+    ("sm_group_num: 8\nsplit_forward_token_budget: 0\n", "split_forward_token_budget must be >= 1"),
+    ("sm_group_num: 8\ndecode_bs_divisor: 1.5\n", "decode_bs_divisor must be an integer"),
+    ("sm_group_num: 4\nmanual_divisions: [[112, 20, 1]]\n", "must have sm_group_num - 2 = 2 entries"),
+    ("sm_group_num: 3\nmanual_divisions: [[112, 20]]\n", r"manual_divisions\[0\] must be"),
+    ("sm_group_num: 3\nmanual_divisions: [[112, 20, -1]]\n", "decode_bs_threshold must be >= 0"),
+    ("sm_group_num: 3\nmanual_divisions: 5\n", "manual_divisions must be a list"),
+])
 def test_malformed_config_names_the_field(tmp_path, text, message):
     path = write(tmp_path, text)
     with pytest.raises(PdmuxError, match=message) as err:
@@ -176,14 +140,11 @@ def test_malformed_config_names_the_field(tmp_path, text, message):
     assert str(path) in str(err.value)
 
 
-@pytest.mark.parametrize(
-    "division,message",
-    [
-        ([110, 22, 1], "prefill_sm 110 is off the granularity.*multiple of 8"),
-        ([112, 24, 1], "must sum to the GPU's 132 SMs"),
-        ([128, 4, 1], "decode_sm 4 is below the 8-SM minimum"),
-    ],
-)
+@pytest.mark.parametrize("division,message", [
+    ([110, 22, 1], "prefill_sm 110 is off the granularity.*multiple of 8"),
+    ([112, 24, 1], "must sum to the GPU's 132 SMs"),
+    ([128, 4, 1], "decode_sm 4 is below the 8-SM minimum"),
+])
 def test_manual_divisions_checked_against_the_gpu(tmp_path, division, message):
     path = write(tmp_path, f"sm_group_num: 3\nmanual_divisions: [{division}]\n")
     policy.load_config(path)  # shape alone is fine
@@ -203,11 +164,8 @@ from hypothesis import strategies as st  # noqa: E402
 
 
 @settings(max_examples=200, deadline=None)
-@given(
-    sms=st.integers(32, 256),
-    major=st.sampled_from([6, 7, 8, 9, 10, 12]),
-    group_num=st.integers(3, 12),
-)
+@given(sms=st.integers(32, 256), major=st.sampled_from([6, 7, 8, 9, 10, 12]),
+       group_num=st.integers(3, 12))
 def test_levels_are_valid_green_splits(sms, major, group_num):
     min_part, granularity = policy.arch_constraints(major)
     possible = [x for x in range(min_part, sms, granularity) if x >= sms - x >= 16]

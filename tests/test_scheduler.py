@@ -19,10 +19,8 @@ def run(strategy, reqs=None, s_sat=44.0, **kw):
 
 
 def test_decode_only_itl_matches_the_cost_model():
-    s, x = run(
-        "prefill_first",
-        reqs=chapter_scenario(QWEN.vocab, decode_tokens=8, arrive_after_steps=10**6)[:-1],
-    )
+    s, x = run("prefill_first", reqs=chapter_scenario(QWEN.vocab, decode_tokens=8,
+                                                      arrive_after_steps=10**6)[:-1])
     assert s["itl_p50_ms"] == pytest.approx(8.7, abs=0.1)
     assert s["prefill_ms"] is None and s["gpu_idle_frac"] == 0.0
 
@@ -63,27 +61,11 @@ def test_pdmux_levels_follow_sglang():
 
 
 def test_poisson_stream_serves_every_request():
-    reqs = poisson(
-        QWEN.vocab,
-        rate=4.0,
-        count=12,
-        prompt_mean=600,
-        prompt_max=4000,
-        output_mean=20,
-        output_max=60,
-        seed=3,
-    )
+    reqs = poisson(QWEN.vocab, rate=4.0, count=12, prompt_mean=600, prompt_max=4000,
+                   output_mean=20, output_max=60, seed=3)
     for strategy in scheduler.STRATEGIES:
-        fresh = poisson(
-            QWEN.vocab,
-            rate=4.0,
-            count=12,
-            prompt_mean=600,
-            prompt_max=4000,
-            output_mean=20,
-            output_max=60,
-            seed=3,
-        )
+        fresh = poisson(QWEN.vocab, rate=4.0, count=12, prompt_mean=600, prompt_max=4000,
+                        output_mean=20, output_max=60, seed=3)
         result = scheduler.run(strategy, SimExecutor(H100, QWEN), fresh, chunk=512)
         assert all(r.done for r in result.requests)
         assert all(r.ttft is not None and r.ttft > 0 for r in result.requests)
@@ -93,21 +75,11 @@ def test_poisson_stream_serves_every_request():
 
 
 def test_manual_divisions_pick_the_level():
-    manual = [
-        [112, 20, 1],
-        [104, 28, 100],
-        [96, 36, 100],
-        [88, 44, 100],
-        [80, 52, 100],
-        [72, 60, 100],
-    ]
+    manual = [[112, 20, 1], [104, 28, 100], [96, 36, 100], [88, 44, 100], [80, 52, 100],
+              [72, 60, 100]]
     config = policy.PDMuxConfig(8, manual)
-    result = scheduler.run(
-        "pdmux",
-        SimExecutor(H100, QWEN),
-        chapter_scenario(QWEN.vocab, decode_tokens=64),
-        config=config,
-    )
+    result = scheduler.run("pdmux", SimExecutor(H100, QWEN),
+                           chapter_scenario(QWEN.vocab, decode_tokens=64), config=config)
     assert {r.level for r in result.rounds if r.prefill} == {1}
 
 
@@ -125,36 +97,15 @@ def test_run_cli_simulates_without_a_gpu(tmp_path, capsys):
 
     if torch.cuda.is_available():
         pytest.skip("has a GPU: run would measure")
-    assert (
-        cli.main(
-            [
-                "run",
-                "--gpu",
-                "h200",
-                "--decode-tokens",
-                "40",
-                "--out",
-                str(tmp_path),
-                "--calibration",
-                "bench/results/calibrate-h200.json",
-                "--json",
-            ]
-        )
-        == 0
-    )
+    assert cli.main(["run", "--gpu", "h200", "--decode-tokens", "40", "--out", str(tmp_path),
+                     "--calibration", "bench/results/calibrate-h200.json", "--json"]) == 0
     printed = capsys.readouterr().out
     out = json.loads((tmp_path / "run-h200.json").read_text())
     assert json.loads(printed) == out  # progress goes to stderr, stdout is pure JSON
     assert out["mode"] == "simulated"
     strategies = out["summary"]["strategies"]
-    assert set(strategies) == {
-        "decode_only",
-        "prefill_first",
-        "chunked_2048",
-        "chunked_512",
-        "pdmux_grid_cap",
-        "pdmux_green",
-    }
+    assert set(strategies) == {"decode_only", "prefill_first", "chunked_2048", "chunked_512",
+                               "pdmux_grid_cap", "pdmux_green"}
     assert strategies["prefill_first"]["tokens_during_prefill"] == 0
     assert "pdmux_grid_cap" in out["summary"]["estimate_error_pct"]
     pd = out["details"]["pdmux_grid_cap"]
@@ -178,5 +129,4 @@ def test_calibrated_estimate_uses_the_measured_curve():
     assert cal.mfu == pytest.approx(300 / (989 * 80 / 132))
     rows = {r.approach: r for r in estimate.estimate(cal)}
     assert rows["pdmux_ssat110"].prefill_ms == pytest.approx(
-        estimate.prefill_flops(cal.model, 8192) / 300e12 * 1e3
-    )
+        estimate.prefill_flops(cal.model, 8192) / 300e12 * 1e3)

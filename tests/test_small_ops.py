@@ -40,7 +40,7 @@ def test_rmsnorm_fused_residual(dtype):
 
 def test_per_head_norm_on_a_strided_view_in_place():
     qkv = torch.randn(9, 6 * 16, device=DEV)
-    q = qkv[:, : 4 * 16].view(9, 4, 16)  # token stride 96, head stride 16
+    q = qkv[:, :4 * 16].view(9, 4, 16)  # token stride 96, head stride 16
     untouched = qkv[:, 64:].clone()
     w = torch.randn(16, device=DEV)
     ref = rms_ref(q, w, 1e-6)
@@ -57,7 +57,7 @@ def rope_ref(x, pos, theta, w=None, eps=1e-6):
     inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
     ang = pos.double().cpu()[:, None] * inv[None, :]
     cos, sin = ang.cos()[:, None, :], ang.sin()[:, None, :]
-    x1, x2 = x[..., : d // 2].cpu(), x[..., d // 2 :].cpu()
+    x1, x2 = x[..., : d // 2].cpu(), x[..., d // 2:].cpu()
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
@@ -115,11 +115,8 @@ def test_small_op_errors():
     with pytest.raises(PdmuxError, match="even number of columns"):
         silu_mul(torch.randn(4, 7, device=DEV))
     with pytest.raises(PdmuxError, match="positions has 3 entries for 4 tokens"):
-        rope_(
-            x.view(4, 1, 8),
-            torch.zeros(3, dtype=torch.long, device=DEV),
-            rope_cache(8, 8, 1e4, DEV),
-        )
+        rope_(x.view(4, 1, 8), torch.zeros(3, dtype=torch.long, device=DEV),
+              rope_cache(8, 8, 1e4, DEV))
     with pytest.raises(PdmuxError, match="3 bytes"):
         stream_read(torch.zeros(3, dtype=torch.uint8, device=DEV))
     if not HAS_CUDA:
