@@ -60,7 +60,8 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, pa
             l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)
             acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, pt_ptr + b * spt_b,
                                          page_size, start, end, sc_s, h * sc_h, g, scale_log2,
-                                         BLOCK_N, D, True, False, True, PREFETCH_PAGES)
+                                         BLOCK_N, D, MASKED=True, CAUSAL=False, EARLY_V=True,
+                                         PREFETCH_PAGES=PREFETCH_PAGES)
             out = acc / l_i[:, None]
             if DIRECT:
                 o = o_ptr + b * so_b + heads[:, None] * so_h + d[None, :]

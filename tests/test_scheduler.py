@@ -61,12 +61,12 @@ def test_pdmux_levels_follow_sglang():
 
 
 def test_poisson_stream_serves_every_request():
-    reqs = poisson(QWEN.vocab, rate=4.0, count=12, prompt_mean=600, prompt_max=4000,
-                   output_mean=20, output_max=60, seed=3)
+    def stream():
+        return poisson(QWEN.vocab, rate=4.0, count=12, prompt_mean=600, prompt_max=4000,
+                       output_mean=20, output_max=60, seed=3)
+    reqs = stream()
     for strategy in scheduler.STRATEGIES:
-        fresh = poisson(QWEN.vocab, rate=4.0, count=12, prompt_mean=600, prompt_max=4000,
-                        output_mean=20, output_max=60, seed=3)
-        result = scheduler.run(strategy, SimExecutor(H100, QWEN), fresh, chunk=512)
+        result = scheduler.run(strategy, SimExecutor(H100, QWEN), stream(), chunk=512)
         assert all(r.done for r in result.requests)
         assert all(r.ttft is not None and r.ttft > 0 for r in result.requests)
         s = metrics.summarize(result)
