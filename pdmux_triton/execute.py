@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from pdmux_triton.errors import PdmuxError
+from pdmux_triton.metrics import uncovered
 from pdmux_triton.hardware import GPUSpec, ModelSpec
 from pdmux_triton.model import Budget, DecodeBatch, ExtendBatch, KVCache, Model, Weights
 from pdmux_triton.traffic import Request
@@ -194,16 +195,15 @@ class ModelExecutor:
             return 0.0
         if self.cuda:
             base = self.marks[0][0]
-            spans = sorted((base.elapsed_time(a) / 1e3, base.elapsed_time(b) / 1e3) for a, b in self.marks)
+            spans = [(base.elapsed_time(a) / 1e3, base.elapsed_time(b) / 1e3) for a, b in self.marks]
         else:
-            spans = sorted((a.t, b.t) for a, b in self.marks)
-        covered, last = 0.0, spans[0][0]
-        for a, b in spans:
-            a = max(a, last)
-            if b > a:
-                covered += b - a
-                last = b
-        return max(0.0, (max(b for _, b in spans) - spans[0][0]) - covered)
+            spans = [(a.t, b.t) for a, b in self.marks]
+        return uncovered(spans, min(a for a, _ in spans), max(b for _, b in spans))
+
+    def _remember(self, reqs: list[Request], tokens: list[int]) -> None:
+        """The token each request feeds into its next decode step."""
+        for r, tok in zip(reqs, tokens):
+            self.last_token[r.rid] = tok
 
     # --- batches -----------------------------------------------------------------------
     def _upload(self, values: list, dtype=torch.int64) -> torch.Tensor:
@@ -319,8 +319,7 @@ class ModelExecutor:
         reqs, out, end = pending
         end.synchronize()
         tokens = out.tolist()
-        for r, tok in zip(reqs, tokens):
-            self.last_token[r.rid] = tok
+        self._remember(reqs, tokens)
         return self.now(), tokens
 
     def decode(self, reqs: list[Request]):
@@ -333,18 +332,16 @@ class ModelExecutor:
         for i in range(0, len(warm), 8):  # a few prompts per batch bounds activation memory
             group = warm[i:i + 8]
             out = self._run_extend([(r, r.prompt, 0) for r in group], self.prefill_side)
-            for r, tok in zip(group, out.tolist()):
+            self._remember(group, out.tolist())
+            for r in group:
                 r.context = len(r.prompt)
-                self.last_token[r.rid] = tok
         self._drain()
         self.marks.clear()
         self.t0 = time.perf_counter()
 
     def prefill(self, reqs: list[Request]):
-        out = self._run_extend([(r, r.prompt, 0) for r in reqs], self.prefill_side)
-        tokens = out.tolist()
-        for r, tok in zip(reqs, tokens):
-            self.last_token[r.rid] = tok
+        tokens = self._run_extend([(r, r.prompt, 0) for r in reqs], self.prefill_side).tolist()
+        self._remember(reqs, tokens)
         return self.now(), tokens
 
     def launch_prefill(self, job, start: int, end: int) -> None:
@@ -365,8 +362,7 @@ class ModelExecutor:
 
     def _finish_prefill(self, job):
         tokens = job.state["first"].tolist()
-        for r, tok in zip(job.reqs, tokens):
-            self.last_token[r.rid] = tok
+        self._remember(job.reqs, tokens)
         return self.now(), tokens
 
     def prefill_done(self, job):
@@ -382,12 +378,11 @@ class ModelExecutor:
         seqs.append((job, job.prompt[start:start + n], start))
         out = self._run_extend(seqs, self.decode_side).tolist()
         tokens = out[:len(decoding)]
-        for r, tok in zip(decoding, tokens):
-            self.last_token[r.rid] = tok
+        self._remember(decoding, tokens)
         first = None
         if start + n == len(job.prompt):
             first = out[-1]
-            self.last_token[job.rid] = first
+            self._remember([job], [first])
         return self.now(), tokens, first
 
     def release(self, r: Request) -> None:

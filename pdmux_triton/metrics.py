@@ -8,6 +8,17 @@ import numpy as np
 from pdmux_triton.scheduler import RunResult
 
 
+def uncovered(spans: list[tuple[float, float]], start: float, end: float) -> float:
+    """Time in [start, end] that no (begin, finish) span covers: when the GPU had nothing queued."""
+    covered, last = 0.0, start
+    for a, b in sorted(spans):
+        a, b = max(a, last), min(b, end)
+        if b > a:
+            covered += b - a
+            last = b
+    return max(0.0, (end - start) - covered)
+
+
 def _pct(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 

@@ -17,6 +17,7 @@ import numpy as np
 from pdmux_triton import estimate
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.hardware import GPUSpec, ModelSpec
+from pdmux_triton.metrics import uncovered
 from pdmux_triton.traffic import Request
 
 
@@ -153,10 +154,4 @@ class SimExecutor:
 
     def idle_s(self) -> float:
         """Time within the run when neither timeline had work (arrival gaps only)."""
-        covered, last = 0.0, 0.0
-        for a, b in sorted(self.busy):
-            a = max(a, last)
-            if b > a:
-                covered += b - a
-                last = b
-        return max(0.0, self.t - covered)
+        return uncovered(self.busy, 0.0, self.t)

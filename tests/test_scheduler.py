@@ -130,3 +130,10 @@ def test_calibrated_estimate_uses_the_measured_curve():
     rows = {r.approach: r for r in estimate.estimate(cal)}
     assert rows["pdmux_ssat110"].prefill_ms == pytest.approx(
         estimate.prefill_flops(cal.model, 8192) / 300e12 * 1e3)
+
+
+def test_uncovered_time_of_overlapping_spans():
+    spans = [(0.0, 2.0), (1.0, 3.0), (5.0, 6.0), (5.5, 5.7)]
+    assert metrics.uncovered(spans, 0.0, 6.0) == pytest.approx(2.0)  # the gap 3-5
+    assert metrics.uncovered(spans, 0.0, 8.0) == pytest.approx(4.0)  # plus the tail
+    assert metrics.uncovered([], 1.0, 2.0) == pytest.approx(1.0)
