@@ -163,6 +163,15 @@ def _str_list(text: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in text.split(",") if part.strip())
 
 
+def _check_kinds(kinds) -> None:
+    """The partition kinds a measurement can compare: grid capping and green contexts."""
+    from pdmux_triton.partition import KINDS
+
+    for kind in kinds:
+        if kind not in KINDS[:2]:
+            raise PdmuxError(f"partition kinds are {' and '.join(KINDS[:2])}, got {kind!r}")
+
+
 def _gpu_or_error():
     """The local GPU for the measuring commands: a clear error without one."""
     from pdmux_triton.hardware import detect_gpu
@@ -179,15 +188,12 @@ def cmd_calibrate(args) -> None:
     from pathlib import Path
 
     from pdmux_triton import calibrate, report
-    from pdmux_triton.partition import KINDS
     from pdmux_triton.workloads import DECODE_WORKLOADS
 
     for name in args.workloads:
         if name not in DECODE_WORKLOADS:
             raise PdmuxError(f"unknown workload {name!r}; known: {', '.join(DECODE_WORKLOADS)}")
-    for kind in args.kinds:
-        if kind not in KINDS[:2]:
-            raise PdmuxError(f"calibration kinds are grid_cap and green, got {kind!r}")
+    _check_kinds(args.kinds)
     if not args.ctas or any(c < 1 for c in args.ctas):
         raise PdmuxError(f"--ctas takes CTAs per SM >= 1, got {args.ctas}")
     gpu = _gpu_or_error()
@@ -239,6 +245,7 @@ def cmd_run(args) -> None:
     from pdmux_triton.simulate import DecodeCurve, SimExecutor
 
     spec = model_preset(args.model)
+    _check_kinds(args.kinds)
     simulate = args.simulate
     if not simulate:
         try:
@@ -298,12 +305,11 @@ def cmd_run(args) -> None:
             estimates.append(("the estimate with calibrated bandwidth, S_SAT and prefill rate"
                               if args.compare else "the estimate with calibrated bandwidth and S_SAT",
                               estimate.calibrated(sc, cal, args.kinds[0], levels_measured)))
-        out["estimate"] = {title: [r.as_dict() for r in estimate.estimate(s)]
-                           for title, s in estimates}
+        estimates = [(title, s, estimate.estimate(s)) for title, s in estimates]
+        out["estimate"] = {title: [r.as_dict() for r in est] for title, _, est in estimates}
     # errors against the last estimate: the calibrated one when a calibration is given
     out["summary"] = experiment.summary(rows, gpu.sms, levels[level][0],
-                                        list(out.get("estimate", {}).values())[-1]
-                                        if estimates else None)
+                                        out["estimate"][estimates[-1][0]] if estimates else None)
     if args.out:
         folder = Path(args.out)
         folder.mkdir(parents=True, exist_ok=True)
@@ -315,9 +321,9 @@ def cmd_run(args) -> None:
     mode = "simulated on the cost model" if simulate else "measured"
     print(f"{spec.name} on {gpu.name}, {args.workload} workload, {mode}:")
     print(report.strategy_table(rows))
-    for title, s in estimates:
+    for title, s, est in estimates:
         print(f"\n{title} for the same scenario:")
-        print(estimate.format_table(s, estimate.estimate(s)))
+        print(estimate.format_table(s, est))
     if args.out:
         print(f"wrote {Path(args.out) / f'run-{gpu.name}.json'} and run-{gpu.name}.png")
 

@@ -54,6 +54,7 @@ def test_estimate_json_rows(capsys):
     (["estimate", "--batch", "-1"], "decode batch must be an integer >= 1, got -1"),
     (["estimate", "--model", "gpt5"], "unknown model 'gpt5'"),
     (["levels", "--config", "/nonexistent/pdmux.yaml"], "cannot read pdmux config"),
+    (["run", "--kinds", "mig"], "partition kinds are grid_cap and green, got 'mig'"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message):
     result = run(*args)
