@@ -176,9 +176,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
         return out.zero_()
     _check_tma_operand("x", x)
     _check_tma_operand("weight", weight)
-    programs = grid_size(1 << 30, num_sms, ctas_per_sm, x.device)
-    cfg = config or default_config(M, N, K, programs, x.dtype,
-                                   grid_size(1 << 30, None, ctas_per_sm, x.device))
+    cfg = config
+    if cfg is None:  # the budget and the whole GPU are only needed to choose a tile
+        programs = grid_size(1 << 30, num_sms, ctas_per_sm, x.device)
+        whole_gpu = grid_size(1 << 30, None, ctas_per_sm, x.device)
+        cfg = default_config(M, N, K, programs, x.dtype, whole_gpu)
     k_per_split = triton.cdiv(triton.cdiv(K, cfg.split_k), cfg.block_k) * cfg.block_k
     split_k = triton.cdiv(K, k_per_split)  # rounding the split up to BLOCK_K can drop a split
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n) * split_k

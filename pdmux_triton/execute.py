@@ -300,10 +300,15 @@ class ModelExecutor:
                 slots = slots + [scratch * self.blocks.page_size] * pad
                 table, lens = table + [[scratch] * width] * pad, lens + [1] * pad
                 batch, graph, out = self._decode_graph(B, width, bucket, side)
-                for dst, src in ((batch.tokens, tokens), (batch.positions, positions),
-                                 (batch.slots, slots), (batch.page_table, table),
-                                 (batch.seq_lens, lens)):
-                    dst.copy_(self._upload(src, dst.dtype))
+                # one upload for the step's inputs, then device copies into the static buffers
+                fields = (batch.tokens, batch.positions, batch.slots, batch.page_table,
+                          batch.seq_lens)
+                flat = self._upload([*tokens, *positions, *slots, *(p for row in table for p in row),
+                                     *lens])
+                at = 0
+                for dst in fields:
+                    dst.copy_(flat[at:at + dst.numel()].view(dst.shape))
+                    at += dst.numel()
                 graph.replay()
                 out = out[:len(reqs)].clone()  # the next replay overwrites the static output
             else:
