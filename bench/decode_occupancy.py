@@ -6,6 +6,7 @@ decode attention and decode GEMM at a few budgets (1 CTA per SM, the honest grid
 writes <out>/decode-occupancy-<gpu>.json with a table per kernel, best first.
 
     python bench/decode_occupancy.py --out bench/results
+    python bench/decode_occupancy.py --sections attention --budgets 16,132 --cases 32x8192
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ BUDGETS = (16, 52, 132)
 GEMM_BUDGETS = (8, 16, 24, 32, 40, 52, 64, 80, 96, 112, 132)
 # (tile, prefetch_pages) -> K/V tiles the pipeline holds (bench/profile_decode.py --offline):
 # without prefetching, 1 up to 4 stages and 2 at 5; with it, stages - 1
-ATTN_VARIANTS = [(AttnConfig(16, 128, 4, 3), False), (AttnConfig(16, 128, 8, 3), False),
+ATTN_VARIANTS = [(AttnConfig(16, 128, 4, 3), False), (AttnConfig(16, 256, 8, 2), False),
                  (AttnConfig(16, 128, 4, 5), False), (AttnConfig(16, 64, 4, 5), False),
                  (AttnConfig(16, 128, 4, 3), True), (AttnConfig(16, 128, 4, 4), True),
                  (AttnConfig(16, 64, 4, 5), True), (AttnConfig(16, 128, 8, 4), True)]
@@ -50,18 +51,27 @@ def t_graph(fn) -> float:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", default="bench/results")
+    p.add_argument("--sections", default="attention,gemm", help="attention and/or gemm")
+    p.add_argument("--budgets", help="comma-separated SM budgets (default: each section's own)")
+    p.add_argument("--cases", default="32x8192,ragged32_100_16000", help="decode attention cases")
+    p.add_argument("--chunks", default="auto,2048", help="decode attention split sizes")
     args = p.parse_args(argv)
+    sections = set(args.sections.split(","))
+    if not sections <= {"attention", "gemm"}:
+        p.error(f"--sections takes attention and/or gemm, got {args.sections!r}")
+    budgets = tuple(int(b) for b in args.budgets.split(",")) if args.budgets else None
+    chunks = [None if c == "auto" else int(c) for c in args.chunks.split(",")]
     gpu = detect_gpu()
     res = Results(Path(args.out) / f"decode-occupancy-{gpu.name}.json", gpu.name)
-    for case in ("32x8192", "ragged32_100_16000"):
+    for case in args.cases.split(",") if "attention" in sections else ():
         lens = decode_cases()[case]
         k, v, table = paged_cache(lens, 16)
         q = torch.randn(len(lens), 32, 128, dtype=torch.bfloat16, device="cuda")
         seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
         nbytes = sum(lens) * 8 * 128 * 4
-        for budget in BUDGETS:
+        for budget in budgets or BUDGETS:
             for cfg, prefetch in ATTN_VARIANTS:
-                for chunk in (None, 2048):
+                for chunk in chunks:
                     try:
                         ms = t_graph(lambda: decode_attention(q, k, v, table, seq, 16, max(lens),
                                                               num_sms=budget, config=cfg,
@@ -75,13 +85,13 @@ def main(argv=None) -> int:
                             gbps_per_sm=nbytes / ms / 1e6 / budget)
         res.save()
     l2 = int(gpu.l2_mib * 2**20)
-    for M, variants in GEMM_VARIANTS.items():
+    for M, variants in GEMM_VARIANTS.items() if "gemm" in sections else ():
         for name in ("o", "gate_up"):
             N, K = QWEN3_8B_LINEARS[name]
             next_w = cycle(rotating(lambda: torch.randn(N, K, dtype=torch.bfloat16, device="cuda"),
                                     N * K * 2, l2))
             x = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
-            for budget in GEMM_BUDGETS:
+            for budget in budgets or GEMM_BUDGETS:
                 for cfg in variants:
                     try:
                         ms = t_graph(lambda: linear(x, next_w(), num_sms=budget, config=cfg))

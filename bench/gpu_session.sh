@@ -5,14 +5,14 @@
 # run a subset (a device call allows 600 s). All logs go to $OUT/session.log (the device
 # returns at most 8 files), results beside it.
 #
-#   bash bench/gpu_session.sh tests profile kernels   # ~7 min
+#   bash bench/gpu_session.sh tests occupancy ncu kernels   # ~9 min
 #   bash bench/gpu_session.sh run                     # ~4 min
 set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT"
 LOG="$OUT/session.log"
 export PYTHONUNBUFFERED=1
-STEPS=${*:-"tests profile kernels run"}
+STEPS=${*:-"tests profile occupancy ncu kernels run"}
 
 step() {  # step NAME SECONDS COMMAND...
     local name=$1 limit=$2
@@ -25,8 +25,12 @@ step() {  # step NAME SECONDS COMMAND...
 }
 
 python3 -m pip install -q --no-deps --no-build-isolation -e . >> "$LOG" 2>&1
-step tests 240 python3 -m pytest -q -m gpu tests
+step tests 230 python3 -m pytest -q -m gpu tests
 step profile 60 python3 bench/profile_decode.py --budget 16
+step occupancy 90 python3 bench/decode_occupancy.py --out "$OUT" --sections attention \
+    --budgets 16,132 --cases 32x8192 --chunks auto
+step ncu 50 ncu --clock-control none -k regex:_decode_kernel -c 1 --section SpeedOfLight \
+    --section MemoryWorkloadAnalysis --section WarpStateStats python3 bench/profile_decode.py --budget 16
 step kernels 150 python3 bench/kernels.py --quick --out "$OUT"
 step run 300 pdmux-triton run --out "$OUT" --calibration bench/results/calibrate-h200.json \
     --compare bench/results/compare-h200.json
