@@ -25,10 +25,10 @@ step() {  # step NAME SECONDS COMMAND...
 }
 
 python3 -m pip install -q --no-deps --no-build-isolation -e . >> "$LOG" 2>&1
-step tests 230 python3 -m pytest -q -m gpu tests
+step tests 200 python3 -m pytest -q -m gpu tests
 step profile 60 python3 bench/profile_decode.py --budget 16
-step occupancy 90 python3 bench/decode_occupancy.py --out "$OUT" --sections attention \
-    --budgets 16,132 --cases 32x8192 --chunks auto
+step occupancy 80 python3 bench/decode_occupancy.py --out "$OUT" --sections attention \
+    --budgets 16,132 --cases 32x8192,ragged32_100_16000 --chunks auto
 step ncu 50 ncu --clock-control none -k regex:_decode_kernel -c 1 --section SpeedOfLight \
     --section MemoryWorkloadAnalysis --section WarpStateStats python3 bench/profile_decode.py --budget 16
 step kernels 150 python3 bench/kernels.py --quick --out "$OUT"

@@ -62,8 +62,7 @@ def _load_pages(page_row_ptr, pos, page_size, end, MASKED: tl.constexpr):
 @triton.jit
 def attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row_ptr, page_size, start, end, slot_stride,
                  head_offset, q_pos, scale_log2, BLOCK_N: tl.constexpr, D: tl.constexpr,
-                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, EARLY_V: tl.constexpr,
-                 PREFETCH_PAGES: tl.constexpr):
+                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, EARLY_V: tl.constexpr):
     """Fold KV positions [start, end) into (acc, m_i, l_i) for the query rows `q` [M, D].
 
     Scores are kept in base 2 (scale_log2 = softmax scale * log2(e)). Without MASKED the range
@@ -71,25 +70,19 @@ def attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row_ptr, page_size, star
     The first block folded into a fresh state (m_i = -inf) must hold a valid key for every row.
     EARLY_V issues the V load with the K load (memory-bound decode: twice the bytes in flight);
     compute-bound prefill loads V after the softmax, keeping registers for the tiles.
-    PREFETCH_PAGES reads the next block's page ids one iteration ahead, so no K/V address waits
-    on a page-table load of its own iteration: the compiler can then keep two K/V tiles in
-    flight instead of one (bench/profile_decode.py --offline shows the buffers).
+    The software pipeline spends two stages per block (page ids, then K/V): num_stages 2s + 1
+    keeps s K/V blocks in flight (bench/profile_decode.py --offline shows the buffers).
     """
     d = tl.arange(0, D)
-    if PREFETCH_PAGES:
-        page = _load_pages(page_row_ptr, start + tl.arange(0, BLOCK_N), page_size, end, MASKED)
     for n in range(start, end, BLOCK_N):
         pos = n + tl.arange(0, BLOCK_N)
         in_range = pos < end
-        if not PREFETCH_PAGES:
-            page = _load_pages(page_row_ptr, pos, page_size, end, MASKED)
+        page = _load_pages(page_row_ptr, pos, page_size, end, MASKED)
         slot = page.to(tl.int64) * page_size + pos % page_size
         offs = slot[:, None] * slot_stride + head_offset + d[None, :]
         k = _load_rows(kc_ptr, offs, in_range, MASKED)
         if EARLY_V:
             v = _load_rows(vc_ptr, offs, in_range, MASKED)
-        if PREFETCH_PAGES:
-            page = _load_pages(page_row_ptr, pos + BLOCK_N, page_size, end, True)
         qk = tl.dot(q, tl.trans(k))
         # scale and max-subtract as one FMA per score; masked scores get -1e6, which exp2
         # takes to 0 because every row meets a valid key in the first block it sees (decode:

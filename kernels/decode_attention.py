@@ -37,7 +37,7 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, pa
                    sm_ids_ptr, B, KV_HEADS, num_splits, chunk, scale_log2, page_size,
                    sq_b, sq_h, so_b, so_h, sc_s, sc_h, spt_b,
                    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-                   D: tl.constexpr, DIRECT: tl.constexpr, PREFETCH_PAGES: tl.constexpr,
+                   D: tl.constexpr, DIRECT: tl.constexpr, UNMASKED_BODY: tl.constexpr,
                    RECORD_SM: tl.constexpr):
     pid = tl.program_id(0)
     record_sm(sm_ids_ptr, RECORD_SM)
@@ -58,10 +58,16 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, pa
             acc = tl.zeros((BLOCK_G, D), dtype=tl.float32)
             m_i = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
             l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)
-            acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, pt_ptr + b * spt_b,
-                                         page_size, start, end, sc_s, h * sc_h, g, scale_log2,
-                                         BLOCK_N, D, MASKED=True, CAUSAL=False, EARLY_V=True,
-                                         PREFETCH_PAGES=PREFETCH_PAGES)
+            page_row = pt_ptr + b * spt_b
+            tail = start
+            if UNMASKED_BODY:  # whole blocks without bounds checks, then the masked tail
+                tail = end - (end - start) % BLOCK_N
+                acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row, page_size,
+                                             start, tail, sc_s, h * sc_h, g, scale_log2, BLOCK_N,
+                                             D, MASKED=False, CAUSAL=False, EARLY_V=True)
+            acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row, page_size,
+                                         tail, end, sc_s, h * sc_h, g, scale_log2, BLOCK_N, D,
+                                         MASKED=True, CAUSAL=False, EARLY_V=True)
             out = acc / l_i[:, None]
             if DIRECT:
                 o = o_ptr + b * so_b + heads[:, None] * so_h + d[None, :]
@@ -103,14 +109,14 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      max_seq_len: int, sm_scale: float | None = None,
                      out: torch.Tensor | None = None, *, num_sms: int | None = None,
                      ctas_per_sm: int = 1, chunk: int | None = None,
-                     config: AttnConfig | None = None, prefetch_pages: bool = False,
+                     config: AttnConfig | None = None, unmasked_body: bool = False,
                      sm_ids: torch.Tensor | None = None) -> torch.Tensor:
     """out[b, h] = softmax(q[b, h] . K_b^T * scale) V_b over the first seq_lens[b] cached tokens.
 
     q [B, Hq, D]; caches [slots, Hkv, D]; page_table [B, pages] int32 (page ids); seq_lens [B]
     int32 on the device, at most `max_seq_len` (a host bound, so the launch needs no sync and
-    can be captured in a CUDA graph). A request of length 0 gets zeros. `prefetch_pages` reads
-    page ids a block ahead (two K/V tiles in flight instead of one; under evaluation).
+    can be captured in a CUDA graph). A request of length 0 gets zeros. `unmasked_body` runs a
+    split's whole blocks without bounds checks and masks only its tail (under evaluation).
     """
     out = check_paged_inputs(q, k_cache, v_cache, page_table, out)
     dev = q.device
@@ -149,7 +155,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         chunk, scale, page_size, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), page_table.stride(0),
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, D=D,
-        DIRECT=direct, PREFETCH_PAGES=prefetch_pages, RECORD_SM=record, num_warps=cfg.num_warps,
+        DIRECT=direct, UNMASKED_BODY=unmasked_body, RECORD_SM=record, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages)
     if not direct:
         _merge_kernel[(grid_size(B * HQ, num_sms, ctas_per_sm, dev),)](

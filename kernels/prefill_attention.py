@@ -55,11 +55,11 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_ptr, sm_ids_ptr, n
         lo = (prefix + qb * BLOCK_M) // BLOCK_N * BLOCK_N
         acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row, page_size, 0, lo,
                                      sc_s, head_off, q_pos, scale_log2, BLOCK_N, D, MASKED=False,
-                                     CAUSAL=False, EARLY_V=False, PREFETCH_PAGES=False)
+                                     CAUSAL=False, EARLY_V=False)
         hi = prefix + tl.minimum((qb + 1) * BLOCK_M, ext)
         acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row, page_size, lo, hi,
                                      sc_s, head_off, q_pos, scale_log2, BLOCK_N, D, MASKED=True,
-                                     CAUSAL=True, EARLY_V=False, PREFETCH_PAGES=False)
+                                     CAUSAL=True, EARLY_V=False)
         out = acc / l_i[:, None]
         tl.store(o_ptr + tok[:, None] * so_t + hq * so_h + d[None, :],
                  out.to(o_ptr.dtype.element_ty), mask=rmask[:, None])

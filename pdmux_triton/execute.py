@@ -240,15 +240,17 @@ class ModelExecutor:
         logits = self.model.logits(hidden[rows], residual[rows], side.budget)
         return logits.argmax(-1)
 
-    def _run_extend(self, seqs, side: _Side):
-        """All layers of `seqs` on one side; returns next-token ids (a device tensor)."""
-        batch = self._extend_batch(seqs)
-        with _on(side.stream):
+    def _extend_tokens(self, seqs, side: _Side) -> list[int]:
+        """All layers of `seqs` on one side; returns their next-token ids on the host."""
+        with _on(side.stream):  # uploads too: the side's stream must see them in order
             start = self._mark(side.stream)
+            batch = self._extend_batch(seqs)
             h, r = self.model.extend_layers(batch, 0, self.num_layers, budget=side.budget)
             out = self._greedy(h, r, self._last_rows(batch), side)
-            self.marks.append((start, self._mark(side.stream)))
-        return out
+            end = self._mark(side.stream)
+        self.marks.append((start, end))
+        end.synchronize()  # the host copy below runs on another stream
+        return out.tolist()
 
     # --- decode ------------------------------------------------------------------------
     def _decode_inputs(self, reqs: list[Request]):
@@ -336,8 +338,8 @@ class ModelExecutor:
         self.set_level(self.total_sms, 0)
         for i in range(0, len(warm), 8):  # a few prompts per batch bounds activation memory
             group = warm[i:i + 8]
-            out = self._run_extend([(r, r.prompt, 0) for r in group], self.prefill_side)
-            self._remember(group, out.tolist())
+            self._remember(group, self._extend_tokens([(r, r.prompt, 0) for r in group],
+                                                      self.prefill_side))
             for r in group:
                 r.context = len(r.prompt)
         self._drain()
@@ -345,7 +347,7 @@ class ModelExecutor:
         self.t0 = time.perf_counter()
 
     def prefill(self, reqs: list[Request]):
-        tokens = self._run_extend([(r, r.prompt, 0) for r in reqs], self.prefill_side).tolist()
+        tokens = self._extend_tokens([(r, r.prompt, 0) for r in reqs], self.prefill_side)
         self._remember(reqs, tokens)
         return self.now(), tokens
 
@@ -381,7 +383,7 @@ class ModelExecutor:
         """One chunked-prefill step: decode tokens and the prompt chunk in one forward."""
         seqs = [(r, [self.last_token[r.rid]], r.context) for r in decoding]
         seqs.append((job, job.prompt[start:start + n], start))
-        out = self._run_extend(seqs, self.decode_side).tolist()
+        out = self._extend_tokens(seqs, self.decode_side)
         tokens = out[:len(decoding)]
         self._remember(decoding, tokens)
         first = None
