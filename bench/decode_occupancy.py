@@ -28,13 +28,10 @@ BUDGETS = (16, 52, 132)
 # the decode GEMM's steps in bandwidth at 64/96/128 SMs are tile-count quantization: sweep
 # budgets finely, with split-K as the lever that evens out the waves
 GEMM_BUDGETS = (8, 16, 24, 32, 40, 52, 64, 80, 96, 112, 132)
-# (tile, unmasked_body): the pipeline spends two stages per K/V block (page ids, then K/V),
-# so 2s + 1 stages keep s blocks in flight (bench/profile_decode.py --offline); shared memory
-# caps it at 3 blocks of 128 keys
-ATTN_VARIANTS = [(AttnConfig(16, 128, 4, 3), False), (AttnConfig(16, 128, 4, 5), False),
-                 (AttnConfig(16, 128, 4, 5), True), (AttnConfig(16, 128, 4, 7), False),
-                 (AttnConfig(16, 128, 4, 7), True), (AttnConfig(16, 128, 8, 7), True),
-                 (AttnConfig(16, 64, 4, 9), True), (AttnConfig(16, 64, 4, 13), True)]
+# the pipeline spends two stages per K/V block (page ids, then K/V), so 2s + 1 stages keep s
+# blocks in flight (bench/profile_decode.py --offline); shared memory caps it at 3 of 128 keys
+ATTN_VARIANTS = [AttnConfig(16, 128, 4, 3), AttnConfig(16, 128, 4, 5), AttnConfig(16, 128, 4, 7),
+                 AttnConfig(16, 128, 8, 5), AttnConfig(16, 64, 4, 9)]
 GEMM_VARIANTS = {
     1: [None, GemmConfig(16, 64, 256, 4, 4), GemmConfig(16, 128, 256, 8, 3),
         GemmConfig(16, 64, 512, 4, 3), GemmConfig(16, 32, 512, 4, 4), GemmConfig(16, 128, 128, 4, 6),
@@ -71,18 +68,18 @@ def main(argv=None) -> int:
         seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
         nbytes = sum(lens) * 8 * 128 * 4
         for budget in budgets or BUDGETS:
-            for cfg, unmasked in ATTN_VARIANTS:
+            for cfg in ATTN_VARIANTS:
                 for chunk in chunks:
                     try:
                         ms = t_graph(lambda: decode_attention(q, k, v, table, seq, 16, max(lens),
                                                               num_sms=budget, config=cfg,
-                                                              chunk=chunk, unmasked_body=unmasked))
+                                                              chunk=chunk))
                     except Exception as err:  # a variant that does not fit: record why
                         res.row(kernel="decode_attention", case=case, sms=budget, config=str(cfg),
-                                unmasked_body=unmasked, chunk=chunk, error=str(err)[:160])
+                                chunk=chunk, error=str(err)[:160])
                         continue
                     res.row(kernel="decode_attention", case=case, sms=budget, config=str(cfg),
-                            unmasked_body=unmasked, chunk=chunk, tbps=nbytes / ms / 1e9,
+                            chunk=chunk, tbps=nbytes / ms / 1e9,
                             gbps_per_sm=nbytes / ms / 1e6 / budget)
         res.save()
     l2 = int(gpu.l2_mib * 2**20)
@@ -114,8 +111,7 @@ def main(argv=None) -> int:
             best[key] = r
     for key, r in sorted(best.items()):
         print(f"{key[0]:<17} {key[1]:<20} {key[2]:>4} SMs {r['tbps']:6.2f} TB/s "
-              f"{r['gbps_per_sm']:6.1f} GB/s/SM  {r['config']} chunk={r.get('chunk', '-')} "
-              f"unmasked_body={r.get('unmasked_body', '-')}")
+              f"{r['gbps_per_sm']:6.1f} GB/s/SM  {r['config']} chunk={r.get('chunk', '-')}")
     return 0
 
 

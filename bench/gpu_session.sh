@@ -5,10 +5,11 @@
 # run a subset (a device call allows 600 s). All logs go to $OUT/session.log (the device
 # returns at most 8 files), results beside it.
 #
-#   bash bench/gpu_session.sh tests occupancy ncu kernels   # ~9 min
-#   bash bench/gpu_session.sh run                     # ~4 min
+#   bash bench/gpu_session.sh tests occupancy kernels run   # ~5 min
+#   bash bench/gpu_session.sh calibrate run                 # ~7 min: after a decode-kernel change,
+#       re-measures the decode workloads (CTAs 1) into a copy of the committed calibration
 set -u
-OUT=${OUT:-out}
+export OUT=${OUT:-out}
 mkdir -p "$OUT"
 LOG="$OUT/session.log"
 export PYTHONUNBUFFERED=1
@@ -32,6 +33,11 @@ step occupancy 80 python3 bench/decode_occupancy.py --out "$OUT" --sections atte
 step ncu 50 ncu --clock-control none -k regex:_decode_kernel -c 1 --section SpeedOfLight \
     --section MemoryWorkloadAnalysis --section WarpStateStats python3 bench/profile_decode.py --budget 16
 step kernels 150 python3 bench/kernels.py --quick --out "$OUT"
-step run 300 pdmux-triton run --out "$OUT" --calibration bench/results/calibrate-h200.json \
+step calibrate 420 bash -c 'cp bench/results/calibrate-points-h200.jsonl \
+    bench/results/calibrate-settings-h200.json "$OUT"/ && pdmux-triton calibrate --out "$OUT" \
+    --workloads decode_attention,decode_linear,decode_step --ctas 1 --remeasure'
+CALIBRATION=bench/results/calibrate-h200.json
+[ -f "$OUT/calibrate-h200.json" ] && CALIBRATION="$OUT/calibrate-h200.json"
+step run 300 pdmux-triton run --out "$OUT" --calibration "$CALIBRATION" \
     --compare bench/results/compare-h200.json
 grep -E "^(== |   )|passed|failed|MISS|  ok" "$LOG" | tail -40

@@ -37,7 +37,7 @@ def describe_ptx(ptx: str) -> None:
         print(f"    {label:<26} {len(re.findall(pattern, ptx))}")
 
 
-def offline(block_n: int, num_warps: int, num_stages: int, unmasked_body: bool) -> None:
+def offline(block_n: int, num_warps: int, num_stages: int) -> None:
     """Compile the decode attention kernel for sm_90 with the launcher's specialization."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -47,9 +47,9 @@ def offline(block_n: int, num_warps: int, num_stages: int, unmasked_body: bool) 
 
     pointers = {"q_ptr": "*bf16", "kc_ptr": "*bf16", "vc_ptr": "*bf16", "pt_ptr": "*i32",
                 "len_ptr": "*i32", "o_ptr": "*bf16", "part_o_ptr": "*fp32",
-                "part_lse_ptr": "*fp32", "sm_ids_ptr": "*i32"}
+                "part_lse_ptr": "*fp32", "next_tile_ptr": "*i32", "sm_ids_ptr": "*i32"}
     constexprs = {"GROUP": 4, "BLOCK_G": 16, "BLOCK_N": block_n, "D": 128, "DIRECT": False,
-                  "UNMASKED_BODY": unmasked_body, "RECORD_SM": False}
+                  "RECORD_SM": False}
     names = list(inspect.signature(_decode_kernel.fn).parameters)
     signature = {n: "constexpr" if n in constexprs else pointers.get(n, "i32") for n in names}
     signature["scale_log2"] = "fp32"
@@ -60,7 +60,7 @@ def offline(block_n: int, num_warps: int, num_stages: int, unmasked_body: bool) 
                             target=GPUTarget("cuda", 90, 32),
                             options={"num_warps": num_warps, "num_stages": num_stages})
     print(f"decode attention, BLOCK_N={block_n}, {num_warps} warps, {num_stages} stages, "
-          f"unmasked_body={unmasked_body}: shared {kernel.metadata.shared} B")
+          f"shared {kernel.metadata.shared} B")
     describe_ptx(kernel.asm["ptx"])
     buffers = {m for line in kernel.asm["ttgir"].splitlines() if "local_alloc" in line
                for m in re.findall(r"memdesc<([\dx]+x(?:bf16|i32))", line)}
@@ -137,12 +137,11 @@ def main(argv=None) -> int:
     p.add_argument("--budget", type=int, default=132, help="SMs for the launched kernels")
     p.add_argument("--block-n", type=int, default=128)
     p.add_argument("--warps", type=int, default=4)
-    p.add_argument("--stages", type=int, default=3)
-    p.add_argument("--unmasked-body", action="store_true")
+    p.add_argument("--stages", type=int, default=5)
     args = p.parse_args(argv)
     if args.offline:
         os.environ.pop("TRITON_INTERPRET", None)
-        offline(args.block_n, args.warps, args.stages, args.unmasked_body)
+        offline(args.block_n, args.warps, args.stages)
         offline_gemm()
     else:
         on_gpu(args.budget)

@@ -34,17 +34,21 @@ def choose_chunk(batch: int, kv_heads: int, max_seq_len: int, programs: int, blo
 
 @triton.jit
 def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, part_lse_ptr,
-                   sm_ids_ptr, B, KV_HEADS, num_splits, chunk, scale_log2, page_size,
-                   sq_b, sq_h, so_b, so_h, sc_s, sc_h, spt_b,
+                   next_tile_ptr, sm_ids_ptr, B, KV_HEADS, num_splits, chunk, scale_log2,
+                   page_size, sq_b, sq_h, so_b, so_h, sc_s, sc_h, spt_b,
                    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-                   D: tl.constexpr, DIRECT: tl.constexpr, UNMASKED_BODY: tl.constexpr,
-                   RECORD_SM: tl.constexpr):
-    pid = tl.program_id(0)
+                   D: tl.constexpr, DIRECT: tl.constexpr, RECORD_SM: tl.constexpr):
     record_sm(sm_ids_ptr, RECORD_SM)
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, D)
     gmask = g < GROUP
-    for tile in tl.range(pid, B * KV_HEADS * num_splits, tl.num_programs(0)):
+    programs = tl.num_programs(0)
+    # tiles are handed out by an atomic counter, not by striding: a ragged batch's splits are
+    # empty, short or full, and a fixed stride can alias with the split count (with 16 splits
+    # and 16 programs, program p would get split p of every request)
+    tile = tl.program_id(0)
+    while tile < B * KV_HEADS * num_splits:
+        next_tile = tl.atomic_add(next_tile_ptr, 1) + programs  # asked early: it takes a round trip
         split = tile % num_splits
         h = (tile // num_splits) % KV_HEADS
         b = tile // (num_splits * KV_HEADS)
@@ -58,16 +62,9 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, pa
             acc = tl.zeros((BLOCK_G, D), dtype=tl.float32)
             m_i = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
             l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)
-            page_row = pt_ptr + b * spt_b
-            tail = start
-            if UNMASKED_BODY:  # whole blocks without bounds checks, then the masked tail
-                tail = end - (end - start) % BLOCK_N
-                acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row, page_size,
-                                             start, tail, sc_s, h * sc_h, g, scale_log2, BLOCK_N,
-                                             D, MASKED=False, CAUSAL=False, EARLY_V=True)
-            acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row, page_size,
-                                         tail, end, sc_s, h * sc_h, g, scale_log2, BLOCK_N, D,
-                                         MASKED=True, CAUSAL=False, EARLY_V=True)
+            acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, pt_ptr + b * spt_b,
+                                         page_size, start, end, sc_s, h * sc_h, g, scale_log2,
+                                         BLOCK_N, D, MASKED=True, CAUSAL=False, EARLY_V=True)
             out = acc / l_i[:, None]
             if DIRECT:
                 o = o_ptr + b * so_b + heads[:, None] * so_h + d[None, :]
@@ -79,6 +76,7 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, pa
         elif DIRECT:  # an empty request still owns its output rows
             o = o_ptr + b * so_b + (h * GROUP + g)[:, None] * so_h + d[None, :]
             tl.store(o, tl.zeros((BLOCK_G, D), dtype=o_ptr.dtype.element_ty), mask=gmask[:, None])
+        tile = next_tile
 
 
 @triton.jit
@@ -109,14 +107,13 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      max_seq_len: int, sm_scale: float | None = None,
                      out: torch.Tensor | None = None, *, num_sms: int | None = None,
                      ctas_per_sm: int = 1, chunk: int | None = None,
-                     config: AttnConfig | None = None, unmasked_body: bool = False,
+                     config: AttnConfig | None = None,
                      sm_ids: torch.Tensor | None = None) -> torch.Tensor:
     """out[b, h] = softmax(q[b, h] . K_b^T * scale) V_b over the first seq_lens[b] cached tokens.
 
     q [B, Hq, D]; caches [slots, Hkv, D]; page_table [B, pages] int32 (page ids); seq_lens [B]
     int32 on the device, at most `max_seq_len` (a host bound, so the launch needs no sync and
-    can be captured in a CUDA graph). A request of length 0 gets zeros. `unmasked_body` runs a
-    split's whole blocks without bounds checks and masks only its tail (under evaluation).
+    can be captured in a CUDA graph). A request of length 0 gets zeros.
     """
     out = check_paged_inputs(q, k_cache, v_cache, page_table, out)
     dev = q.device
@@ -133,7 +130,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         return out
     group = HQ // HKV
     # block_m is unused here: a tile's query rows are the GQA group, padded to 16 for tl.dot
-    cfg = config or (AttnConfig(16, 16, 4, 1) if interpreting() else AttnConfig(16, 128, 4, 3))
+    # 5 stages: the pipeline spends two per block (page ids, then K/V), so two blocks of K/V
+    # are in flight; +20-27% over 3 stages on the H200 (bench/NOTES.md)
+    cfg = config or (AttnConfig(16, 16, 4, 1) if interpreting() else AttnConfig(16, 128, 4, 5))
     block_n = cfg.block_n
     programs = grid_size(1 << 30, num_sms, ctas_per_sm, dev)
     chunk = chunk or choose_chunk(B, HKV, max_seq_len, programs, block_n)
@@ -149,14 +148,14 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     else:
         part_o = torch.empty((tiles * group, D), dtype=torch.float32, device=dev)
         part_lse = torch.empty((tiles * group,), dtype=torch.float32, device=dev)
+    next_tile = torch.zeros(1, dtype=torch.int32, device=dev)
     scale = (sm_scale if sm_scale is not None else D ** -0.5) * LOG2E
     _decode_kernel[(grid,)](
-        q, k_cache, v_cache, page_table, seq_lens, out, part_o, part_lse, sm_buf, B, HKV, splits,
-        chunk, scale, page_size, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        q, k_cache, v_cache, page_table, seq_lens, out, part_o, part_lse, next_tile, sm_buf, B,
+        HKV, splits, chunk, scale, page_size, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), page_table.stride(0),
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, D=D,
-        DIRECT=direct, UNMASKED_BODY=unmasked_body, RECORD_SM=record, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
+        DIRECT=direct, RECORD_SM=record, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if not direct:
         _merge_kernel[(grid_size(B * HQ, num_sms, ctas_per_sm, dev),)](
             part_o, part_lse, seq_lens, out, sm_buf, B, HQ, splits, chunk, out.stride(0),

@@ -82,6 +82,16 @@ class PointStore:
     def has(self, key: PointKey) -> bool:
         return key.as_tuple() in self.points
 
+    def forget(self, workloads: tuple[str, ...]) -> int:
+        """Drop every saved point of these workloads (all kinds, CTAs, budgets), e.g. after
+        their kernels changed; returns how many were dropped."""
+        kept = {k: p for k, p in self.points.items() if k[0] not in workloads}
+        dropped = len(self.points) - len(kept)
+        self.points = kept
+        if self.path.exists():
+            self.path.write_text("".join(json.dumps(p) + "\n" for p in kept.values()))
+        return dropped
+
     def add(self, key: PointKey, **values) -> dict:
         point = {**asdict(key), **values}
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -211,6 +211,10 @@ def cmd_calibrate(args) -> None:
                 "prefill_tokens": plan.prefill_tokens}
     calibrate.check_settings(out / f"calibrate-settings-{gpu.name}.json", settings)
     store = calibrate.PointStore(out / f"calibrate-points-{gpu.name}.jsonl")
+    if args.remeasure:
+        dropped = store.forget(plan.workloads)
+        print(f"calibrate: forgot {dropped} saved points of {', '.join(plan.workloads)}",
+              file=sys.stderr)
     calibrate.run_sweep(plan, store)
     points = list(store.points.values())
     summary = calibrate.summarize(points)
@@ -383,6 +387,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ctas", type=_int_list, default=(1, 2, 4), help="CTAs per SM to sweep")
     p.add_argument("--budgets", type=_int_list, help="SM budgets (default: every granularity step)")
     p.add_argument("--no-corun", action="store_true", help="skip the runs beside a prefill")
+    p.add_argument("--remeasure", action="store_true",
+                   help="forget the saved points of these workloads first (after a kernel change)")
     p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("run", help="serve a workload with every strategy: ITL and TTFT")

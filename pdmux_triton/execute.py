@@ -16,6 +16,7 @@ import contextlib
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from pdmux_triton.errors import PdmuxError
@@ -145,6 +146,7 @@ class ModelExecutor:
         self.partitions = runtime.partitions
         self.graphs = runtime.graphs
         self.marks: list[tuple[object, object]] = []  # (start, end) of every GPU launch
+        self.decode_marks: list[tuple[object, object]] = []  # those of decode steps
         whole = self._side_pair(self.total_sms, 0)
         self.decode_side, self.prefill_side = whole
         self.t0 = time.perf_counter()
@@ -200,16 +202,23 @@ class ModelExecutor:
             spans = [(a.t, b.t) for a, b in self.marks]
         return uncovered(spans, min(a for a, _ in spans), max(b for _, b in spans))
 
+    def decode_gpu_s(self) -> list[float]:
+        """Each decode step's GPU time, launch to end, from its marks."""
+        if self.cuda:
+            return [a.elapsed_time(b) / 1e3 for a, b in self.decode_marks]
+        return [b.t - a.t for a, b in self.decode_marks]
+
     def _remember(self, reqs: list[Request], tokens: list[int]) -> None:
         """The token each request feeds into its next decode step."""
         for r, tok in zip(reqs, tokens):
             self.last_token[r.rid] = tok
 
     # --- batches -----------------------------------------------------------------------
-    def _upload(self, values: list, dtype=torch.int64) -> torch.Tensor:
-        """Host ints to the device on the current stream, without making the host wait for
-        the stream (a pageable copy would): pinned memory and an async copy."""
-        host = torch.tensor(values, dtype=dtype)
+    def _upload(self, values, dtype=torch.int64) -> torch.Tensor:
+        """Host ints (a list or an int64 array) to the device on the current stream, without
+        making the host wait for the stream (a pageable copy would): pinned memory and an
+        async copy."""
+        host = torch.from_numpy(values) if isinstance(values, np.ndarray) else torch.tensor(values, dtype=dtype)
         if not self.cuda:
             return host
         return host.pin_memory().to(self.device, non_blocking=True)
@@ -253,27 +262,29 @@ class ModelExecutor:
         return out.tolist()
 
     # --- decode ------------------------------------------------------------------------
-    def _decode_inputs(self, reqs: list[Request]):
-        bm = self.blocks
-        for r in reqs:
-            bm.reserve(r.rid, r.context + 1)
-        width = max(len(bm.owned[r.rid]) for r in reqs)
-        return ([self.last_token[r.rid] for r in reqs], [r.context for r in reqs],
-                [bm.slots(r.rid, r.context, r.context + 1)[0] for r in reqs],
-                [bm.owned[r.rid] + [0] * (width - len(bm.owned[r.rid])) for r in reqs],
-                [r.context + 1 for r in reqs])
+    def _decode_inputs(self, reqs: list[Request], rows: int, width: int) -> np.ndarray:
+        """A decode step's inputs as one int64 array [tokens, positions, slots, lengths, page
+        table] of `rows` requests (one host-to-device copy); rows past len(reqs) are padding
+        that decodes a dummy token into the scratch page."""
+        bm, ps = self.blocks, self.blocks.page_size
+        flat = np.zeros(rows * (4 + width), dtype=np.int64)
+        tokens, positions, slots, lens = flat[:4 * rows].reshape(4, rows)
+        table = flat[4 * rows:].reshape(rows, width)
+        for i, r in enumerate(reqs):
+            pages = bm.owned[r.rid]
+            tokens[i], positions[i], lens[i] = self.last_token[r.rid], r.context, r.context + 1
+            slots[i] = pages[r.context // ps] * ps + r.context % ps
+            table[i, :len(pages)] = pages
+        n = len(reqs)
+        slots[n:], lens[n:], table[n:] = bm.scratch_page * ps, 1, bm.scratch_page
+        return flat
 
     def _decode_graph(self, B: int, width: int, bucket: int, side: _Side):
         """Static buffers and the captured step for this batch size and context bucket."""
         key = (id(side.stream), side.budget, B, width, bucket)
         if key not in self.graphs:
-            dev, scratch = self.device, self.blocks.scratch_page
             # until the first real step fills them, the inputs point at the scratch page
-            batch = DecodeBatch(torch.zeros(B, dtype=torch.int64, device=dev),
-                                torch.zeros(B, dtype=torch.int64, device=dev),
-                                torch.full((B,), scratch * self.blocks.page_size, device=dev),
-                                torch.full((B, width), scratch, dtype=torch.int32, device=dev),
-                                torch.ones(B, dtype=torch.int32, device=dev), bucket)
+            batch = self._decode_batch(self._decode_inputs([], B, width), B, width, bucket)
             graph = torch.cuda.CUDAGraph()
             with _on(side.stream):
                 self.model.decode_step(batch, side.budget).argmax(-1)  # compile and warm up
@@ -283,43 +294,43 @@ class ModelExecutor:
             self.graphs[key] = (batch, graph, out)
         return self.graphs[key]
 
+    def _decode_batch(self, flat: np.ndarray, rows: int, width: int, bucket: int) -> DecodeBatch:
+        """Device tensors of a decode step from _decode_inputs' array (views of one upload)."""
+        dev = self._upload(flat)
+        tokens, positions, slots, lens = dev[:4 * rows].view(4, rows)
+        return DecodeBatch(tokens, positions, slots,
+                           dev[4 * rows:].view(rows, width).to(torch.int32),
+                           lens.to(torch.int32), bucket)
+
     def launch_decode(self, reqs: list[Request], side: _Side | None = None):
         side = side or self.decode_side
-        tokens, positions, slots, table, lens = self._decode_inputs(reqs)
+        for r in reqs:
+            self.blocks.reserve(r.rid, r.context + 1)
         # graphs are keyed on a power-of-two context bound, so a few cover a whole run
-        bucket = 1 << (max(lens) - 1).bit_length()
-        width = max(-(-bucket // self.blocks.page_size), len(table[0]))
-        table = [row + [0] * (width - len(row)) for row in table]
+        bucket = 1 << max(r.context for r in reqs).bit_length()
+        width = max(-(-bucket // self.blocks.page_size),
+                    max(len(self.blocks.owned[r.rid]) for r in reqs))
+        # batch sizes padded to a few captured sizes, as SGLang does
+        rows = _padded_batch(len(reqs)) if self.use_graphs else len(reqs)
+        flat = self._decode_inputs(reqs, rows, width)
         with _on(side.stream):
             start = self._mark(side.stream)
             if self.use_graphs:
-                # batch sizes padded to a few captured sizes, as SGLang does; padding rows
-                # decode a dummy token into the scratch page
-                B = _padded_batch(len(reqs))
-                pad = B - len(reqs)
-                scratch = self.blocks.scratch_page
-                tokens, positions = tokens + [0] * pad, positions + [0] * pad
-                slots = slots + [scratch * self.blocks.page_size] * pad
-                table, lens = table + [[scratch] * width] * pad, lens + [1] * pad
-                batch, graph, out = self._decode_graph(B, width, bucket, side)
-                # one upload for the step's inputs, then device copies into the static buffers
-                fields = (batch.tokens, batch.positions, batch.slots, batch.page_table,
-                          batch.seq_lens)
-                flat = self._upload([*tokens, *positions, *slots, *(p for row in table for p in row),
-                                     *lens])
-                at = 0
-                for dst in fields:
-                    dst.copy_(flat[at:at + dst.numel()].view(dst.shape))
-                    at += dst.numel()
+                batch, graph, out = self._decode_graph(rows, width, bucket, side)
+                src = self._upload(flat)  # one upload, then device copies into static buffers
+                tokens, positions, slots, lens_ = src[:4 * rows].view(4, rows)
+                for dst, val in ((batch.tokens, tokens), (batch.positions, positions),
+                                 (batch.slots, slots), (batch.seq_lens, lens_),
+                                 (batch.page_table, src[4 * rows:].view(rows, width))):
+                    dst.copy_(val)
                 graph.replay()
                 out = out[:len(reqs)].clone()  # the next replay overwrites the static output
             else:
-                batch = DecodeBatch(self._upload(tokens), self._upload(positions),
-                                    self._upload(slots), self._upload(table, torch.int32),
-                                    self._upload(lens, torch.int32), bucket)
-                out = self.model.decode_step(batch, side.budget).argmax(-1)
+                out = self.model.decode_step(self._decode_batch(flat, rows, width, bucket),
+                                             side.budget).argmax(-1)
             end = self._mark(side.stream)
         self.marks.append((start, end))
+        self.decode_marks.append((start, end))
         return reqs, out, end
 
     def wait_decode(self, pending):
@@ -344,6 +355,7 @@ class ModelExecutor:
                 r.context = len(r.prompt)
         self._drain()
         self.marks.clear()
+        self.decode_marks.clear()
         self.t0 = time.perf_counter()
 
     def prefill(self, reqs: list[Request]):

@@ -57,7 +57,8 @@ def run_all(requests: list[Request], make_executor: Callable[[Variant], object],
     return rows, results
 
 
-SUMMARY_KEYS = ("itl_p50_ms", "itl_p99_ms", "itl_during_prefill_p50_ms", "prefill_ms",
+SUMMARY_KEYS = ("itl_p50_ms", "itl_p99_ms", "itl_during_prefill_p50_ms", "decode_gpu_p50_ms",
+                "prefill_ms",
                 "tokens_during_prefill", "ttft_p50_ms", "gpu_idle_frac")
 
 

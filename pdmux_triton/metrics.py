@@ -51,6 +51,8 @@ def summarize(result: RunResult) -> dict:
         "itl_p99_ms": _scale(_pct([d for _, d in itl], 99), ms),
         "itl_during_prefill_p50_ms": _scale(_pct(during, 50), ms),
         "itl_during_prefill_max_ms": _scale(max(during) if during else None, ms),
+        # the decode step on the GPU alone, without the host's share of the ITL
+        "decode_gpu_p50_ms": _scale(_pct(result.decode_gpu_s, 50), ms),
         "prefill_ms": _scale(_pct([b - a for a, b in windows], 50), ms),
         "tokens_during_prefill": float(np.mean(tokens_during)) if tokens_during else None,
         "ttft_p50_ms": _scale(_pct([r.ttft for r in served if r.ttft is not None], 50), ms),

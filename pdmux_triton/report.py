@@ -97,6 +97,7 @@ def plot_compare(levels: list[dict], path: Path) -> None:
 def strategy_table(rows: list[dict]) -> str:
     cols = [("strategy", "strategy", 16, "s"), ("ITL p50", "itl_p50_ms", 8, ".1f"),
             ("ITL p99", "itl_p99_ms", 8, ".1f"), ("ITL in prefill", "itl_during_prefill_p50_ms", 14, ".1f"),
+            ("step GPU p50", "decode_gpu_p50_ms", 12, ".1f"),
             ("prefill ms", "prefill_ms", 10, ".0f"), ("tokens in prefill", "tokens_during_prefill", 17, ".1f"),
             ("TTFT p50", "ttft_p50_ms", 9, ".0f"), ("GPU idle", "gpu_idle_frac", 8, ".1%")]
     lines = [" ".join(f"{title:>{w}}" if i else f"{title:<{w}}" for i, (title, _, w, _) in enumerate(cols))]

@@ -49,6 +49,7 @@ class RunResult:
     rounds: list[Round] = field(default_factory=list)
     gpu_idle_s: float = 0.0  # time neither side had work queued (host overhead)
     wall_s: float = 0.0
+    decode_gpu_s: list[float] = field(default_factory=list)  # each decode step, launch to end
 
 
 class Engine:
@@ -236,4 +237,5 @@ def run(strategy: str, executor, requests: list[Request], *, chunk: int = 2048,
         levels = config.levels(executor.total_sms, executor.cc_major)
         run_pdmux(e, levels, config, executor.num_layers)
     executor.finish()
-    return RunResult(strategy, requests, e.rounds, executor.idle_s(), executor.now())
+    return RunResult(strategy, requests, e.rounds, executor.idle_s(), executor.now(),
+                     executor.decode_gpu_s())

@@ -58,6 +58,7 @@ class SimExecutor:
         self.free = {"decode": 0.0, "prefill": 0.0}
         self.sms = {"decode": gpu.sms, "prefill": gpu.sms}
         self.busy: list[tuple[float, float]] = []
+        self.decode_steps: list[float] = []
 
     # --- costs -----------------------------------------------------------------------
     def decode_s(self, reqs: list[Request], sms: int, corun: bool) -> float:
@@ -108,8 +109,16 @@ class SimExecutor:
     def wait_decode(self, reqs: list[Request]):
         start = max(self.t, self.free["decode"])
         corun = self.free["prefill"] > start
-        self.t = max(self.t, self._enqueue("decode", self.decode_s(reqs, self.sms["decode"], corun)))
+        self.t = max(self.t, self._enqueue("decode", self._step(self.decode_s(reqs, self.sms["decode"],
+                                                                              corun))))
         return self.t, [0] * len(reqs)
+
+    def _step(self, seconds: float) -> float:
+        self.decode_steps.append(seconds)
+        return seconds
+
+    def decode_gpu_s(self) -> list[float]:
+        return self.decode_steps
 
     def launch_prefill(self, job, start: int, end: int) -> None:
         self._enqueue("prefill", self.prefill_s(job.reqs, end - start, self.sms["prefill"]))
@@ -129,7 +138,7 @@ class SimExecutor:
 
     def decode(self, reqs: list[Request]):
         self._drain()
-        self.t = self._enqueue("decode", self.decode_s(reqs, self.total_sms, False))
+        self.t = self._enqueue("decode", self._step(self.decode_s(reqs, self.total_sms, False)))
         return self.t, [0] * len(reqs)
 
     def mixed(self, decoding: list[Request], job: Request, start: int, n: int):

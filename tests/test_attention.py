@@ -9,14 +9,13 @@ from reference import PagedKV, assert_close, attention_ref, poisoned
 DEV = "cuda" if HAS_CUDA else "cpu"
 
 
-def check_decode(lens, hq, hkv, d, page_size, dtype, num_sms, chunk=None, device=DEV,
-                 unmasked_body=False):
+def check_decode(lens, hq, hkv, d, page_size, dtype, num_sms, chunk=None, device=DEV):
     kv = PagedKV(lens, hkv, d, page_size, dtype, device)
     q = torch.randn(len(lens), hq, d, dtype=dtype, device=device)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
     out = poisoned(q.shape, dtype, device)
     decode_attention(q, kv.k_cache, kv.v_cache, kv.page_table, seq_lens, page_size, max(lens),
-                     out=out, num_sms=num_sms, chunk=chunk, unmasked_body=unmasked_body)
+                     out=out, num_sms=num_sms, chunk=chunk)
     for b, n in enumerate(lens):
         if n == 0:
             assert (out[b] == 0).all()
@@ -32,17 +31,10 @@ def test_decode_attention(lens, page_size, dtype):
     check_decode(lens, 4, 2, 16, page_size, dtype, num_sms=3)
 
 
-@pytest.mark.parametrize("unmasked_body", [False, True])
 @pytest.mark.parametrize("num_sms", [1, 2, 3, 500])
-def test_decode_attention_splits_and_grids(num_sms, unmasked_body):
+def test_decode_attention_splits_and_grids(num_sms):
     # chunk 32 over lengths up to 130: several splits, some empty for the short request
-    check_decode([130, 5, 33], 8, 2, 32, 16, torch.float32, num_sms=num_sms, chunk=32,
-                 unmasked_body=unmasked_body)
-
-
-@pytest.mark.parametrize("page_size", [1, 16])
-def test_decode_attention_unmasked_body(page_size):
-    check_decode([97, 1, 40, 32], 4, 2, 16, page_size, torch.float16, num_sms=3, unmasked_body=True)
+    check_decode([130, 5, 33], 8, 2, 32, 16, torch.float32, num_sms=num_sms, chunk=32)
 
 
 def test_decode_attention_zero_length_gives_zeros():

@@ -55,6 +55,18 @@ def test_store_resumes_and_skips_a_torn_line(tmp_path, capsys):
     assert "skipping an unreadable point" in capsys.readouterr().out
 
 
+def test_store_forgets_a_workloads_points_on_disk(tmp_path):
+    path = tmp_path / "points.jsonl"
+    store = PointStore(path)
+    keep = PointKey("stream_read", "green", 2, "alone", 8)
+    store.add(keep, ms=1.0, tbps=0.5)
+    for ctas in (1, 2):
+        store.add(PointKey("decode_step", "grid_cap", ctas, "corun", 16), ms=2.0, tbps=0.2)
+    assert store.forget(("decode_step", "decode_linear")) == 2
+    again = PointStore(path)
+    assert list(again.points) == [keep.as_tuple()] and list(store.points) == [keep.as_tuple()]
+
+
 def test_plan_has_no_corun_at_the_whole_gpu():
     plan = SweepPlan(("stream_read",), ("grid_cap", "green"), (1, 2), (8, 16, 132), corun=True)
     keys = list(plan.keys())
