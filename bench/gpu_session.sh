@@ -26,18 +26,18 @@ step() {  # step NAME SECONDS COMMAND...
 }
 
 python3 -m pip install -q --no-deps --no-build-isolation -e . >> "$LOG" 2>&1
-step tests 200 python3 -m pytest -q -m gpu tests
+step tests 150 python3 -m pytest -q -m gpu tests
 step profile 60 python3 bench/profile_decode.py --budget 16
-step occupancy 80 python3 bench/decode_occupancy.py --out "$OUT" --sections attention \
+step occupancy 50 python3 bench/decode_occupancy.py --out "$OUT" --sections attention \
     --budgets 16,132 --cases 32x8192,ragged32_100_16000 --chunks auto
 step ncu 50 ncu --clock-control none -k regex:_decode_kernel -c 1 --section SpeedOfLight \
     --section MemoryWorkloadAnalysis --section WarpStateStats python3 bench/profile_decode.py --budget 16
-step kernels 150 python3 bench/kernels.py --quick --out "$OUT"
+step kernels 80 python3 bench/kernels.py --quick --out "$OUT"
 step calibrate 420 bash -c 'cp bench/results/calibrate-points-h200.jsonl \
     bench/results/calibrate-settings-h200.json "$OUT"/ && pdmux-triton calibrate --out "$OUT" \
     --workloads decode_attention,decode_linear,decode_step --ctas 1 --remeasure'
 CALIBRATION=bench/results/calibrate-h200.json
 [ -f "$OUT/calibrate-h200.json" ] && CALIBRATION="$OUT/calibrate-h200.json"
-step run 300 pdmux-triton run --out "$OUT" --calibration "$CALIBRATION" \
+step run 150 pdmux-triton run --out "$OUT" --calibration "$CALIBRATION" \
     --compare bench/results/compare-h200.json
 grep -E "^(== |   )|passed|failed|MISS|  ok" "$LOG" | tail -40

@@ -34,24 +34,23 @@ def choose_chunk(batch: int, kv_heads: int, max_seq_len: int, programs: int, blo
 
 @triton.jit
 def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, part_lse_ptr,
-                   next_tile_ptr, sm_ids_ptr, B, KV_HEADS, num_splits, chunk, scale_log2,
-                   page_size, sq_b, sq_h, so_b, so_h, sc_s, sc_h, spt_b,
+                   sm_ids_ptr, B, KV_HEADS, num_splits, chunk, scale_log2, page_size,
+                   sq_b, sq_h, so_b, so_h, sc_s, sc_h, spt_b,
                    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
                    D: tl.constexpr, DIRECT: tl.constexpr, RECORD_SM: tl.constexpr):
     record_sm(sm_ids_ptr, RECORD_SM)
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, D)
     gmask = g < GROUP
-    programs = tl.num_programs(0)
-    # tiles are handed out by an atomic counter, not by striding: a ragged batch's splits are
-    # empty, short or full, and a fixed stride can alias with the split count (with 16 splits
-    # and 16 programs, program p would get split p of every request)
-    tile = tl.program_id(0)
-    while tile < B * KV_HEADS * num_splits:
-        next_tile = tl.atomic_add(next_tile_ptr, 1) + programs  # asked early: it takes a round trip
-        split = tile % num_splits
-        h = (tile // num_splits) % KV_HEADS
-        b = tile // (num_splits * KV_HEADS)
+    heads_total = B * KV_HEADS
+    # split-major order: every program meets each split index in turn. Request-major order
+    # with a stride can alias with the split count (16 splits, 16 programs: program p gets
+    # split p of every request), and a ragged batch's late splits are mostly empty
+    for t in tl.range(tl.program_id(0), heads_total * num_splits, tl.num_programs(0)):
+        split = t // heads_total
+        h = t % KV_HEADS
+        b = (t % heads_total) // KV_HEADS
+        tile = (t % heads_total) * num_splits + split  # the merge's row order: request-major
         seq_len = tl.load(len_ptr + b)
         start = split * chunk
         end = tl.minimum(seq_len, start + chunk)
@@ -76,7 +75,6 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, pa
         elif DIRECT:  # an empty request still owns its output rows
             o = o_ptr + b * so_b + (h * GROUP + g)[:, None] * so_h + d[None, :]
             tl.store(o, tl.zeros((BLOCK_G, D), dtype=o_ptr.dtype.element_ty), mask=gmask[:, None])
-        tile = next_tile
 
 
 @triton.jit
@@ -148,11 +146,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     else:
         part_o = torch.empty((tiles * group, D), dtype=torch.float32, device=dev)
         part_lse = torch.empty((tiles * group,), dtype=torch.float32, device=dev)
-    next_tile = torch.zeros(1, dtype=torch.int32, device=dev)
     scale = (sm_scale if sm_scale is not None else D ** -0.5) * LOG2E
     _decode_kernel[(grid,)](
-        q, k_cache, v_cache, page_table, seq_lens, out, part_o, part_lse, next_tile, sm_buf, B,
-        HKV, splits, chunk, scale, page_size, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        q, k_cache, v_cache, page_table, seq_lens, out, part_o, part_lse, sm_buf, B, HKV, splits,
+        chunk, scale, page_size, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), page_table.stride(0),
         GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, D=D,
         DIRECT=direct, RECORD_SM=record, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
