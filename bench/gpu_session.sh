@@ -33,11 +33,12 @@ step occupancy 50 python3 bench/decode_occupancy.py --out "$OUT" --sections atte
 step ncu 50 ncu --clock-control none -k regex:_decode_kernel -c 1 --section SpeedOfLight \
     --section MemoryWorkloadAnalysis --section WarpStateStats python3 bench/profile_decode.py --budget 16
 step kernels 80 python3 bench/kernels.py --quick --out "$OUT"
-step calibrate 420 bash -c 'cp bench/results/calibrate-points-h200.jsonl \
+step calibrate 330 bash -c 'cp bench/results/calibrate-points-h200.jsonl \
     bench/results/calibrate-settings-h200.json "$OUT"/ && pdmux-triton calibrate --out "$OUT" \
-    --workloads decode_attention,decode_linear,decode_step --ctas 1 --remeasure'
+    --workloads decode_attention,decode_linear,decode_step --ctas 1 --remeasure \
+    --budgets 8,16,32,48,64,80,96,112,132'
 CALIBRATION=bench/results/calibrate-h200.json
 [ -f "$OUT/calibrate-h200.json" ] && CALIBRATION="$OUT/calibrate-h200.json"
-step run 150 pdmux-triton run --out "$OUT" --calibration "$CALIBRATION" \
+step run 100 pdmux-triton run --out "$OUT" --calibration "$CALIBRATION" \
     --compare bench/results/compare-h200.json
 grep -E "^(== |   )|passed|failed|MISS|  ok" "$LOG" | tail -40

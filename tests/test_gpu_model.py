@@ -44,9 +44,10 @@ def reference_logits(x: ModelExecutor, tokens: list[int]) -> torch.Tensor:
 
 
 # a divergence is a near-tie when both tokens sit within this fraction of (max - mean) of the
-# reference's top logit: bf16 paths differ by ~1% of that, while a token chosen from a wrong
-# context lands anywhere (a random token sits ~4.5 sigma, 100% of it, below the top of 152k)
-NEAR_TIE = 0.02
+# reference's top logit: divergences seen on the H200 were up to 0.027 (top-2 gaps of 152k
+# random logits are ~0.04), while a token chosen from a wrong context lands anywhere (a random
+# token sits ~4.5 sigma, all of the spread, below the top)
+NEAR_TIE = 0.1
 
 
 def test_strategies_serve_the_same_tokens_on_the_preset():
