@@ -5,9 +5,11 @@
 # run a subset (a device call allows 600 s). All logs go to $OUT/session.log (the device
 # returns at most 8 files), results beside it.
 #
-#   bash bench/gpu_session.sh tests occupancy kernels run   # ~5 min
-#   bash bench/gpu_session.sh calibrate run                 # ~7 min: after a decode-kernel change,
-#       re-measures the decode workloads (CTAs 1) into a copy of the committed calibration
+#   bash bench/gpu_session.sh tests kernels run occupancy   # ~5 min
+#   bash bench/gpu_session.sh calibrate run advised         # ~3.5 min: after a decode-kernel change,
+#       re-measures the decode workloads (CTAs 1) into a copy of the committed calibration, then
+#       serves the chapter's scenario at SGLang's default levels and at levels the calibration
+#       advises for a decode step of ADVISE_ITL_MS (default 12) ms
 set -u
 export OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -26,19 +28,25 @@ step() {  # step NAME SECONDS COMMAND...
 }
 
 python3 -m pip install -q --no-deps --no-build-isolation -e . >> "$LOG" 2>&1
-step tests 150 python3 -m pytest -q -m gpu tests
+step tests 140 python3 -m pytest -q -m gpu tests
 step profile 60 python3 bench/profile_decode.py --budget 16
-step occupancy 50 python3 bench/decode_occupancy.py --out "$OUT" --sections attention \
+step kernels 70 python3 bench/kernels.py --quick --out "$OUT"
+step calibrate 150 bash -c 'cp bench/results/calibrate-points-h200.jsonl \
+    bench/results/calibrate-settings-h200.json "$OUT"/ && pdmux-triton calibrate --out "$OUT" \
+    --workloads decode_attention,decode_linear,decode_step --ctas 1 --remeasure;
+    rm -f "$OUT/calibrate-h200.png" "$OUT/calibrate-settings-h200.json"'
+export CALIBRATION=bench/results/calibrate-h200.json
+[ -f "$OUT/calibrate-h200.json" ] && CALIBRATION="$OUT/calibrate-h200.json"
+export ADVISE_ITL_MS=${ADVISE_ITL_MS:-12}
+step run 90 pdmux-triton run --out "$OUT" --calibration "$CALIBRATION" \
+    --compare bench/results/compare-h200.json
+step advised 90 bash -c 'pdmux-triton levels --gpu h200 --calibration "$CALIBRATION" --kind grid_cap \
+    --itl-ms "$ADVISE_ITL_MS" --write-config /tmp/advised.yaml && cat /tmp/advised.yaml &&
+    pdmux-triton run --out "$OUT/advised" --config /tmp/advised.yaml --kinds grid_cap \
+    --calibration "$CALIBRATION" --compare bench/results/compare-h200.json;
+    rm -f "$OUT/advised/run-h200.png"'
+step occupancy 40 python3 bench/decode_occupancy.py --out "$OUT" --sections attention \
     --budgets 16,132 --cases 32x8192,ragged32_100_16000 --chunks auto
 step ncu 50 ncu --clock-control none -k regex:_decode_kernel -c 1 --section SpeedOfLight \
     --section MemoryWorkloadAnalysis --section WarpStateStats python3 bench/profile_decode.py --budget 16
-step kernels 80 python3 bench/kernels.py --quick --out "$OUT"
-step calibrate 330 bash -c 'cp bench/results/calibrate-points-h200.jsonl \
-    bench/results/calibrate-settings-h200.json "$OUT"/ && pdmux-triton calibrate --out "$OUT" \
-    --workloads decode_attention,decode_linear,decode_step --ctas 1 --remeasure \
-    --budgets 8,16,32,48,64,80,96,112,132'
-CALIBRATION=bench/results/calibrate-h200.json
-[ -f "$OUT/calibrate-h200.json" ] && CALIBRATION="$OUT/calibrate-h200.json"
-step run 100 pdmux-triton run --out "$OUT" --calibration "$CALIBRATION" \
-    --compare bench/results/compare-h200.json
 grep -E "^(== |   )|passed|failed|MISS|  ok" "$LOG" | tail -40

@@ -48,8 +48,8 @@ def offline(block_n: int, num_warps: int, num_stages: int) -> None:
     pointers = {"q_ptr": "*bf16", "kc_ptr": "*bf16", "vc_ptr": "*bf16", "pt_ptr": "*i32",
                 "len_ptr": "*i32", "o_ptr": "*bf16", "part_o_ptr": "*fp32",
                 "part_lse_ptr": "*fp32", "sm_ids_ptr": "*i32"}
-    constexprs = {"GROUP": 4, "BLOCK_G": 16, "BLOCK_N": block_n, "D": 128, "DIRECT": False,
-                  "RECORD_SM": False}
+    constexprs = {"PAGE_SIZE": 16, "GROUP": 4, "BLOCK_G": 16, "BLOCK_N": block_n, "D": 128,
+                  "DIRECT": False, "WIDE": False, "RECORD_SM": False}
     names = list(inspect.signature(_decode_kernel.fn).parameters)
     signature = {n: "constexpr" if n in constexprs else pointers.get(n, "i32") for n in names}
     signature["scale_log2"] = "fp32"

@@ -45,24 +45,16 @@ def check_paged_inputs(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     return out
 
 
-@triton.jit
-def _load_rows(ptr, offs, in_range, MASKED: tl.constexpr):
-    if MASKED:
-        return tl.load(ptr + offs, mask=in_range[:, None], other=0.0)
-    return tl.load(ptr + offs)
+def wide_offsets(k_cache: torch.Tensor) -> bool:
+    """Whether cache offsets need 64 bits (attend_range's WIDE)."""
+    return k_cache.numel() >= 2**31
 
 
 @triton.jit
-def _load_pages(page_row_ptr, pos, page_size, end, MASKED: tl.constexpr):
-    if MASKED:
-        return tl.load(page_row_ptr + pos // page_size, mask=pos < end, other=0)
-    return tl.load(page_row_ptr + pos // page_size)
-
-
-@triton.jit
-def attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row_ptr, page_size, start, end, slot_stride,
-                 head_offset, q_pos, scale_log2, BLOCK_N: tl.constexpr, D: tl.constexpr,
-                 MASKED: tl.constexpr, CAUSAL: tl.constexpr, EARLY_V: tl.constexpr):
+def attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row_ptr, PAGE_SIZE: tl.constexpr, start,
+                 end, slot_stride, head_offset, q_pos, scale_log2, BLOCK_N: tl.constexpr,
+                 D: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                 EARLY_V: tl.constexpr, WIDE: tl.constexpr):
     """Fold KV positions [start, end) into (acc, m_i, l_i) for the query rows `q` [M, D].
 
     Scores are kept in base 2 (scale_log2 = softmax scale * log2(e)). Without MASKED the range
@@ -70,25 +62,34 @@ def attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row_ptr, page_size, star
     The first block folded into a fresh state (m_i = -inf) must hold a valid key for every row.
     EARLY_V issues the V load with the K load (memory-bound decode: twice the bytes in flight);
     compute-bound prefill loads V after the softmax, keeping registers for the tiles.
+    WIDE computes cache offsets in 64 bits (caches of 2^31 elements or more).
+
+    The loop is lean because its instruction count, not memory, bounded decode at one program
+    per SM (SASS, 4 warps, 128 keys: 926 instructions per warp per block before these): the
+    page size is a compile-time constant and positions unsigned, so page and offset are a
+    shift and a mask, not a division; positions past `end` re-read the last key instead of
+    predicating every 16-byte copy; offsets are 32-bit unless WIDE.
     The software pipeline spends two stages per block (page ids, then K/V): num_stages 2s + 1
     keeps s K/V blocks in flight (bench/profile_decode.py --offline shows the buffers).
     """
     d = tl.arange(0, D)
     for n in range(start, end, BLOCK_N):
         pos = n + tl.arange(0, BLOCK_N)
-        in_range = pos < end
-        page = _load_pages(page_row_ptr, pos, page_size, end, MASKED)
-        slot = page.to(tl.int64) * page_size + pos % page_size
+        upos = (tl.minimum(pos, end - 1) if MASKED else pos).to(tl.uint32)
+        page = tl.load(page_row_ptr + upos // PAGE_SIZE)
+        slot = page * PAGE_SIZE + (upos % PAGE_SIZE).to(tl.int32)
+        if WIDE:
+            slot = slot.to(tl.int64)
         offs = slot[:, None] * slot_stride + head_offset + d[None, :]
-        k = _load_rows(kc_ptr, offs, in_range, MASKED)
+        k = tl.load(kc_ptr + offs)
         if EARLY_V:
-            v = _load_rows(vc_ptr, offs, in_range, MASKED)
+            v = tl.load(vc_ptr + offs)
         qk = tl.dot(q, tl.trans(k))
         # scale and max-subtract as one FMA per score; masked scores get -1e6, which exp2
         # takes to 0 because every row meets a valid key in the first block it sees (decode:
         # position `start`; extend: `lo` precedes every query of the block)
         if MASKED:
-            valid = in_range[None, :]
+            valid = pos[None, :] < end
             if CAUSAL:
                 valid = valid & (pos[None, :] <= q_pos[:, None])
             qk = qk * scale_log2 + tl.where(valid, 0.0, -1.0e6)
@@ -101,7 +102,7 @@ def attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row_ptr, page_size, star
         alpha = tl.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         if not EARLY_V:
-            v = _load_rows(vc_ptr, offs, in_range, MASKED)
+            v = tl.load(vc_ptr + offs)
         # rescale, then accumulate inside the MMA: no second accumulator tile in registers
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
         m_i = m_new

@@ -17,7 +17,7 @@ import triton.language as tl
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels._launch import (check_tensor, grid_size, interpreting, record_sm,
                                           telemetry_args)
-from pdmux_triton.kernels._paged import AttnConfig, attend_range, check_paged_inputs
+from pdmux_triton.kernels._paged import AttnConfig, attend_range, check_paged_inputs, wide_offsets
 
 LOG2E = 1.4426950408889634
 MIN_CHUNK, MAX_CHUNK, MAX_SPLITS = 256, 1024, 128
@@ -34,10 +34,11 @@ def choose_chunk(batch: int, kv_heads: int, max_seq_len: int, programs: int, blo
 
 @triton.jit
 def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, part_lse_ptr,
-                   sm_ids_ptr, B, KV_HEADS, num_splits, chunk, scale_log2, page_size,
-                   sq_b, sq_h, so_b, so_h, sc_s, sc_h, spt_b,
+                   sm_ids_ptr, B, KV_HEADS, num_splits, chunk, scale_log2,
+                   sq_b, sq_h, so_b, so_h, sc_s, sc_h, spt_b, PAGE_SIZE: tl.constexpr,
                    GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-                   D: tl.constexpr, DIRECT: tl.constexpr, RECORD_SM: tl.constexpr):
+                   D: tl.constexpr, DIRECT: tl.constexpr, WIDE: tl.constexpr,
+                   RECORD_SM: tl.constexpr):
     record_sm(sm_ids_ptr, RECORD_SM)
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, D)
@@ -62,8 +63,9 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, pa
             m_i = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
             l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)
             acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, pt_ptr + b * spt_b,
-                                         page_size, start, end, sc_s, h * sc_h, g, scale_log2,
-                                         BLOCK_N, D, MASKED=True, CAUSAL=False, EARLY_V=True)
+                                         PAGE_SIZE, start, end, sc_s, h * sc_h, g, scale_log2,
+                                         BLOCK_N, D, MASKED=True, CAUSAL=False, EARLY_V=True,
+                                         WIDE=WIDE)
             out = acc / l_i[:, None]
             if DIRECT:
                 o = o_ptr + b * so_b + heads[:, None] * so_h + d[None, :]
@@ -149,10 +151,11 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     scale = (sm_scale if sm_scale is not None else D ** -0.5) * LOG2E
     _decode_kernel[(grid,)](
         q, k_cache, v_cache, page_table, seq_lens, out, part_o, part_lse, sm_buf, B, HKV, splits,
-        chunk, scale, page_size, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        chunk, scale, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), page_table.stride(0),
-        GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, D=D,
-        DIRECT=direct, RECORD_SM=record, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        PAGE_SIZE=page_size, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
+        BLOCK_N=block_n, D=D, DIRECT=direct, WIDE=wide_offsets(k_cache), RECORD_SM=record,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if not direct:
         _merge_kernel[(grid_size(B * HQ, num_sms, ctas_per_sm, dev),)](
             part_o, part_lse, seq_lens, out, sm_buf, B, HQ, splits, chunk, out.stride(0),

@@ -18,16 +18,16 @@ import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels._launch import grid_size, interpreting, record_sm, telemetry_args
-from pdmux_triton.kernels._paged import AttnConfig, attend_range, check_paged_inputs
+from pdmux_triton.kernels._paged import AttnConfig, attend_range, check_paged_inputs, wide_offsets
 
 LOG2E = 1.4426950408889634
 
 
 @triton.jit
 def _extend_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_ptr, sm_ids_ptr, num_blocks, B,
-                   Q_HEADS, scale_log2, page_size, sq_t, sq_h, so_t, so_h, sc_s, sc_h, spt_b,
-                   GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   D: tl.constexpr, RECORD_SM: tl.constexpr):
+                   Q_HEADS, scale_log2, sq_t, sq_h, so_t, so_h, sc_s, sc_h, spt_b,
+                   PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   D: tl.constexpr, WIDE: tl.constexpr, RECORD_SM: tl.constexpr):
     # meta (int32): q_start[B], extend_len[B], prefix_len[B], then (seq, q block) per block
     pid = tl.program_id(0)
     record_sm(sm_ids_ptr, RECORD_SM)
@@ -53,13 +53,13 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_ptr, sm_ids_ptr, n
         head_off = (hq // GROUP) * sc_h
         # keys before the block's first query are visible to every row: whole blocks, no mask
         lo = (prefix + qb * BLOCK_M) // BLOCK_N * BLOCK_N
-        acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row, page_size, 0, lo,
+        acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row, PAGE_SIZE, 0, lo,
                                      sc_s, head_off, q_pos, scale_log2, BLOCK_N, D, MASKED=False,
-                                     CAUSAL=False, EARLY_V=False)
+                                     CAUSAL=False, EARLY_V=False, WIDE=WIDE)
         hi = prefix + tl.minimum((qb + 1) * BLOCK_M, ext)
-        acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row, page_size, lo, hi,
+        acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row, PAGE_SIZE, lo, hi,
                                      sc_s, head_off, q_pos, scale_log2, BLOCK_N, D, MASKED=True,
-                                     CAUSAL=True, EARLY_V=False)
+                                     CAUSAL=True, EARLY_V=False, WIDE=WIDE)
         out = acc / l_i[:, None]
         tl.store(o_ptr + tok[:, None] * so_t + hq * so_h + d[None, :],
                  out.to(o_ptr.dtype.element_ty), mask=rmask[:, None])
@@ -144,9 +144,9 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     sm_buf, record = telemetry_args(sm_ids, grid, dev)
     scale = (sm_scale if sm_scale is not None else D ** -0.5) * LOG2E
     _extend_kernel[(grid,)](
-        q, k_cache, v_cache, page_table, meta, out, sm_buf, num_blocks, B, HQ, scale, page_size,
+        q, k_cache, v_cache, page_table, meta, out, sm_buf, num_blocks, B, HQ, scale,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), k_cache.stride(0),
-        k_cache.stride(1), page_table.stride(0), GROUP=HQ // HKV, BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n, D=D, RECORD_SM=record, num_warps=cfg.num_warps,
+        k_cache.stride(1), page_table.stride(0), PAGE_SIZE=page_size, GROUP=HQ // HKV, BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n, D=D, WIDE=wide_offsets(k_cache), RECORD_SM=record, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages)
     return out

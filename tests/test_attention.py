@@ -1,3 +1,5 @@
+import sys
+
 import pytest
 import torch
 
@@ -72,6 +74,15 @@ def test_extend_attention_after_a_cached_prefix(extend, prefix):
 @pytest.mark.parametrize("num_sms", [1, 2, 400])
 def test_extend_attention_grids(num_sms):
     check_extend([19, 2], [3, 0], 2, 2, 16, 1, torch.float16, num_sms=num_sms)
+
+
+def test_64_bit_cache_offsets(monkeypatch):
+    # caches of 2^31+ elements take 64-bit offsets; too big for a test, so force the flag
+    for name in ("decode_attention", "prefill_attention"):  # the modules, not the functions
+        monkeypatch.setattr(sys.modules[f"pdmux_triton.kernels.{name}"], "wide_offsets",
+                            lambda k_cache: True)
+    check_decode([97, 5], 4, 2, 16, 16, torch.float16, num_sms=2)
+    check_extend([33], [20], 4, 2, 16, 16, torch.float16, num_sms=2)
 
 
 def test_chunked_equals_whole():
