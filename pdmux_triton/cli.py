@@ -267,6 +267,21 @@ def cmd_run(args) -> None:
     else:
         requests = traffic.poisson(spec.vocab, args.rate, args.count, args.prompt_mean,
                                    args.prompt_max, args.output_mean, args.output_max, args.seed)
+    # estimates first: a bad calibration or comparison file fails before minutes of measuring
+    estimates = []
+    if args.workload == "chapter":
+        sc = estimate.Scenario(gpu=gpu, model=spec, decode_batch=args.batch, context=args.context,
+                               prompt=args.prompt, chunk_sizes=args.chunks, s_sat=(args.s_sat,),
+                               bw_efficiency=args.bw_eff, mfu=args.mfu, pdmux=config)
+        estimates.append(("the chapter's estimate", sc))
+        if args.calibration:
+            cal = json.loads(Path(args.calibration).read_text()).get("summary", {})
+            levels_measured = (json.loads(Path(args.compare).read_text())["summary"]["levels"]
+                               if args.compare else None)
+            estimates.append(("the estimate with calibrated bandwidth, S_SAT and prefill rate"
+                              if args.compare else "the estimate with calibrated bandwidth and S_SAT",
+                              estimate.calibrated(sc, cal, args.kinds[0], levels_measured)))
+        estimates = [(title, s, estimate.estimate(s)) for title, s in estimates]
     if simulate:
         curves = {k: DecodeCurve(args.calibration, k) for k in args.kinds} if args.calibration else {}
 
@@ -296,20 +311,7 @@ def cmd_run(args) -> None:
         import triton
 
         out.update(torch=torch.__version__, triton=triton.__version__)
-    estimates = []
-    if args.workload == "chapter":
-        sc = estimate.Scenario(gpu=gpu, model=spec, decode_batch=args.batch, context=args.context,
-                               prompt=args.prompt, chunk_sizes=args.chunks, s_sat=(args.s_sat,),
-                               bw_efficiency=args.bw_eff, mfu=args.mfu, pdmux=config)
-        estimates.append(("the chapter's estimate", sc))
-        if args.calibration:
-            cal = json.loads(Path(args.calibration).read_text()).get("summary", {})
-            levels_measured = (json.loads(Path(args.compare).read_text())["summary"]["levels"]
-                               if args.compare else None)
-            estimates.append(("the estimate with calibrated bandwidth, S_SAT and prefill rate"
-                              if args.compare else "the estimate with calibrated bandwidth and S_SAT",
-                              estimate.calibrated(sc, cal, args.kinds[0], levels_measured)))
-        estimates = [(title, s, estimate.estimate(s)) for title, s in estimates]
+    if estimates:
         out["estimate"] = {title: [r.as_dict() for r in est] for title, _, est in estimates}
     # errors against the last estimate: the calibrated one when a calibration is given
     out["summary"] = experiment.summary(rows, gpu.sms, levels[level][0],

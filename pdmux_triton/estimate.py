@@ -145,7 +145,8 @@ def calibrated(sc: Scenario, summary: dict, kind: str = "grid_cap",
                compare_levels: list[dict] | None = None) -> Scenario:
     """The scenario with decode's bandwidth and S_SAT from a calibration summary (the
     decode-step curve beside a prefill, the state PD-mux decodes in) and, given a comparison's
-    levels, the MFU its prefill reached co-running at the level this scenario picks."""
+    levels, the MFU its prefill reached co-running at the level this scenario picks
+    (interpolated in prefill SMs between the measured levels, held at the ends)."""
     try:
         fit = summary["decode_step"][kind]["corun"]
         peak, s_sat = fit["peak_tbps"], fit["s_sat_fit"]
@@ -157,12 +158,24 @@ def calibrated(sc: Scenario, summary: dict, kind: str = "grid_cap",
         index = policy.choose_group(levels, sc.decode_batch, True, sc.pdmux.decode_bs_divisor,
                                     sc.pdmux.manual_divisions or None)
         prefill_sms = levels[index][0]
-        match = [lv for lv in compare_levels if lv.get("prefill_sms") == prefill_sms]
-        if not match:
-            raise PdmuxError(f"the comparison has no level with {prefill_sms} prefill SMs")
-        tflops = match[0]["prefill"][kind]["corun_tflops"]
-        out = replace(out, mfu=min(1.0, tflops / (sc.gpu.bf16_tflops * prefill_sms / sc.gpu.sms)))
+        try:
+            measured = sorted((lv["prefill_sms"], lv["prefill"][kind]["corun_tflops"]
+                               / (sc.gpu.bf16_tflops * lv["prefill_sms"] / sc.gpu.sms))
+                              for lv in compare_levels)
+        except (KeyError, TypeError):
+            raise PdmuxError(f"the comparison's levels lack prefill / {kind} / corun_tflops") from None
+        out = replace(out, mfu=min(1.0, _interpolate(measured, prefill_sms)))
     return out
+
+
+def _interpolate(points: list[tuple[float, float]], x: float) -> float:
+    """Piecewise-linear y(x) through sorted (x, y) points, constant beyond the ends."""
+    if x <= points[0][0]:
+        return points[0][1]
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x <= x1:
+            return y0 + (y1 - y0) * (x - x0) / (x1 - x0) if x1 > x0 else y1
+    return points[-1][1]
 
 
 def fmt_ms(value: float | None) -> str:

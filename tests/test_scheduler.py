@@ -1,5 +1,7 @@
 """The scheduler's three strategies on the simulated clock (no GPU): the chapter's story."""
 
+from dataclasses import replace
+
 import pytest
 
 from pdmux_triton import metrics, policy, scheduler
@@ -130,6 +132,15 @@ def test_calibrated_estimate_uses_the_measured_curve():
     rows = {r.approach: r for r in estimate.estimate(cal)}
     assert rows["pdmux_ssat110"].prefill_ms == pytest.approx(
         estimate.prefill_flops(cal.model, 8192) / 300e12 * 1e3)
+    # a level the comparison did not measure (advised levels): MFU interpolated between levels
+    mfu = {64: 0.40, 96: 0.50}
+    levels = [{"prefill_sms": n, "prefill": {"grid_cap": {"corun_tflops": m * 989 * n / 132}}}
+              for n, m in mfu.items()]
+    assert estimate.calibrated(sc, summary, compare_levels=levels).mfu == pytest.approx(0.45)
+    sc72 = replace(sc, pdmux=policy.PDMuxConfig(sm_group_num=3, manual_divisions=[[72, 60, 1]]))
+    assert estimate.calibrated(sc72, summary, compare_levels=levels).mfu == pytest.approx(0.425)
+    with pytest.raises(PdmuxError, match="lack prefill / grid_cap / corun_tflops"):
+        estimate.calibrated(sc, summary, compare_levels=[{"prefill_sms": 64}])
 
 
 def test_uncovered_time_of_overlapping_spans():
