@@ -3,7 +3,8 @@
 Prints registers/shared memory and counts of the instructions that tell whether K/V and
 weight loads are pipelined: cp.async / TMA bulk copies, 16-byte vs narrow global loads,
 mma.sync vs wgmma, and (offline) the shared-memory buffers of the software pipeline — a
-`1x128x128` buffer means one tile in flight, `3x...` three.
+`1x128x128` buffer means one tile in flight, `3x...` three — and the SASS instructions per
+warp of the attention's inner loop by opcode (what bounds it at one program per SM).
 
     python bench/profile_decode.py --offline             # no GPU needed: compile for sm_90
     python bench/profile_decode.py                       # compile, run once, print the stats
@@ -19,6 +20,7 @@ import inspect
 import os
 import re
 import sys
+from collections import Counter
 
 PTX_PATTERNS = {
     "cp.async (to shared)": r"cp\.async\.(ca|cg)",
@@ -35,6 +37,33 @@ PTX_PATTERNS = {
 def describe_ptx(ptx: str) -> None:
     for label, pattern in PTX_PATTERNS.items():
         print(f"    {label:<26} {len(re.findall(pattern, ptx))}")
+
+
+def inner_loop_sass(sass: str) -> list[str]:
+    """The instructions of the innermost loop: the shortest span from a label to a backward
+    branch to it (nvdisasm's listing: `ctrl<TAB>INSTR;` lines and `LBBn:` labels), leaving out
+    the one-instruction spin the compiler puts after the exit."""
+    lines = sass.splitlines()
+    labels = {line.strip()[:-1]: i for i, line in enumerate(lines) if re.match(r"^LBB\d+:$", line.strip())}
+    loop = None
+    for i, line in enumerate(lines):
+        m = re.search(r"BRA (LBB\d+);", line)
+        if m and labels.get(m.group(1), i) < i - 2:
+            start = labels[m.group(1)]
+            if loop is None or i - start < loop[1] - loop[0]:
+                loop = (start, i)
+    if loop is None:
+        return []
+    return [line.split("\t", 1)[1] for line in lines[loop[0]:loop[1] + 1] if "\t" in line]
+
+
+def describe_loop(sass: str) -> None:
+    """Instructions per warp per trip of the innermost loop, by opcode: a decode kernel at one
+    program per SM is bound by these, not by memory, once its loads are pipelined."""
+    body = inner_loop_sass(sass)
+    ops = Counter(re.sub(r"^@!?U?P\w+\s+", "", ins).split()[0].rstrip(";") for ins in body)
+    top = ", ".join(f"{op} {n}" for op, n in ops.most_common(12))
+    print(f"    {'inner loop (SASS/warp)':<26} {len(body)}: {top}")
 
 
 def offline(block_n: int, num_warps: int, num_stages: int) -> None:
@@ -65,6 +94,7 @@ def offline(block_n: int, num_warps: int, num_stages: int) -> None:
     buffers = {m for line in kernel.asm["ttgir"].splitlines() if "local_alloc" in line
                for m in re.findall(r"memdesc<([\dx]+x(?:bf16|i32))", line)}
     print(f"    {'shared buffers':<26} {', '.join(sorted(buffers))}")
+    describe_loop(kernel.asm["sass"])
 
 
 def offline_gemm() -> None:

@@ -13,3 +13,18 @@ def test_decode_kernel_compiles_for_sm90_offline():
     assert "cp.async (to shared)" in out.stdout and "shared buffers" in out.stdout
     assert "128x128xbf16" in out.stdout  # K/V tiles staged in shared memory
     assert "gemm prefill 128x256x64" in out.stdout and "wgmma 0" in out.stdout
+    # the attention loop's instructions were counted: HMMA among them, a few hundred in all
+    loop = next(line for line in out.stdout.splitlines() if "inner loop (SASS/warp)" in line)
+    assert "HMMA" in loop and 100 < int(loop.split()[3].rstrip(":")) < 2000
+
+
+def test_inner_loop_is_the_shortest_backward_branch():
+    sys.path.insert(0, "bench")
+    from profile_decode import inner_loop_sass
+
+    listing = "\n".join([
+        "Function:k", "--:-:-:-:1\tMOV R0, R1;", "LBB2:", "--:-:-:-:1\tIADD3 R1, R1, 1, RZ;",
+        "LBB1:", "--:-:-:-:1\tHMMA R2, R4, R6, R2;", "--:-:-:-:1\tLDGSTS [R3], [R8];",
+        "--:-:-:-:5\t@!P0 BRA LBB1;", "--:-:-:-:5\tBRA LBB2;", "LBB3:", "--:-:-:-:5\tBRA LBB3;"])
+    assert inner_loop_sass(listing) == ["HMMA R2, R4, R6, R2;", "LDGSTS [R3], [R8];",
+                                        "@!P0 BRA LBB1;"]
