@@ -26,8 +26,9 @@ LOG2E = 1.4426950408889634
 @triton.jit
 def _extend_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_ptr, sm_ids_ptr, num_blocks, B,
                    Q_HEADS, scale_log2, sq_t, sq_h, so_t, so_h, sc_s, sc_h, spt_b,
-                   PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                   D: tl.constexpr, WIDE: tl.constexpr, RECORD_SM: tl.constexpr):
+                   PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, D: tl.constexpr, WIDE: tl.constexpr,
+                   RECORD_SM: tl.constexpr):
     # meta (int32): q_start[B], extend_len[B], prefix_len[B], then (seq, q block) per block
     pid = tl.program_id(0)
     record_sm(sm_ids_ptr, RECORD_SM)
@@ -146,7 +147,7 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     _extend_kernel[(grid,)](
         q, k_cache, v_cache, page_table, meta, out, sm_buf, num_blocks, B, HQ, scale,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), k_cache.stride(0),
-        k_cache.stride(1), page_table.stride(0), PAGE_SIZE=page_size, GROUP=HQ // HKV, BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n, D=D, WIDE=wide_offsets(k_cache), RECORD_SM=record, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
+        k_cache.stride(1), page_table.stride(0), PAGE_SIZE=page_size, GROUP=HQ // HKV,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D=D, WIDE=wide_offsets(k_cache),
+        RECORD_SM=record, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
+import numpy as np
+
 from pdmux_triton import policy
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.hardware import GPUSpec, ModelSpec, gpu_preset, model_preset
@@ -164,18 +166,9 @@ def calibrated(sc: Scenario, summary: dict, kind: str = "grid_cap",
                               for lv in compare_levels)
         except (KeyError, TypeError):
             raise PdmuxError(f"the comparison's levels lack prefill / {kind} / corun_tflops") from None
-        out = replace(out, mfu=min(1.0, _interpolate(measured, prefill_sms)))
+        sms, mfu = zip(*measured)
+        out = replace(out, mfu=min(1.0, float(np.interp(prefill_sms, sms, mfu))))
     return out
-
-
-def _interpolate(points: list[tuple[float, float]], x: float) -> float:
-    """Piecewise-linear y(x) through sorted (x, y) points, constant beyond the ends."""
-    if x <= points[0][0]:
-        return points[0][1]
-    for (x0, y0), (x1, y1) in zip(points, points[1:]):
-        if x <= x1:
-            return y0 + (y1 - y0) * (x - x0) / (x1 - x0) if x1 > x0 else y1
-    return points[-1][1]
 
 
 def fmt_ms(value: float | None) -> str:

@@ -294,13 +294,16 @@ class ModelExecutor:
             self.graphs[key] = (batch, graph, out)
         return self.graphs[key]
 
-    def _decode_batch(self, flat: np.ndarray, rows: int, width: int, bucket: int) -> DecodeBatch:
-        """Device tensors of a decode step from _decode_inputs' array (views of one upload)."""
+    def _decode_fields(self, flat: np.ndarray, rows: int, width: int) -> tuple:
+        """_decode_inputs' array uploaded, as views in DecodeBatch's field order (int64)."""
         dev = self._upload(flat)
         tokens, positions, slots, lens = dev[:4 * rows].view(4, rows)
-        return DecodeBatch(tokens, positions, slots,
-                           dev[4 * rows:].view(rows, width).to(torch.int32),
-                           lens.to(torch.int32), bucket)
+        return tokens, positions, slots, dev[4 * rows:].view(rows, width), lens
+
+    def _decode_batch(self, flat: np.ndarray, rows: int, width: int, bucket: int) -> DecodeBatch:
+        tokens, positions, slots, table, lens = self._decode_fields(flat, rows, width)
+        return DecodeBatch(tokens, positions, slots, table.to(torch.int32), lens.to(torch.int32),
+                           bucket)
 
     def launch_decode(self, reqs: list[Request], side: _Side | None = None):
         side = side or self.decode_side
@@ -317,11 +320,10 @@ class ModelExecutor:
             start = self._mark(side.stream)
             if self.use_graphs:
                 batch, graph, out = self._decode_graph(rows, width, bucket, side)
-                src = self._upload(flat)  # one upload, then device copies into static buffers
-                tokens, positions, slots, lens_ = src[:4 * rows].view(4, rows)
-                for dst, val in ((batch.tokens, tokens), (batch.positions, positions),
-                                 (batch.slots, slots), (batch.seq_lens, lens_),
-                                 (batch.page_table, src[4 * rows:].view(rows, width))):
+                # one upload, then device copies into the static buffers
+                static = (batch.tokens, batch.positions, batch.slots, batch.page_table,
+                          batch.seq_lens)
+                for dst, val in zip(static, self._decode_fields(flat, rows, width)):
                     dst.copy_(val)
                 graph.replay()
                 out = out[:len(reqs)].clone()  # the next replay overwrites the static output
