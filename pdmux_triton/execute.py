@@ -51,9 +51,14 @@ class BlockManager:
             pages.append(self.free_pages.pop())
         return pages
 
-    def slots(self, rid: int, start: int, end: int) -> list[int]:
-        pages, ps = self.owned[rid], self.page_size
-        return [pages[p // ps] * ps + p % ps for p in range(start, end)]
+    def slot(self, rid: int, pos: int) -> int:
+        """The cache slot of one position (a decode step's new token: no array needed)."""
+        return self.owned[rid][pos // self.page_size] * self.page_size + pos % self.page_size
+
+    def slots(self, rid: int, start: int, end: int) -> np.ndarray:
+        """Cache slots of the request's positions [start, end), as slot() maps each."""
+        pos, ps = np.arange(start, end), self.page_size
+        return np.asarray(self.owned[rid], dtype=np.int64)[pos // ps] * ps + pos % ps
 
     def release(self, rid: int) -> None:
         self.free_pages.extend(reversed(self.owned.pop(rid, [])))
@@ -214,36 +219,36 @@ class ModelExecutor:
             self.last_token[r.rid] = tok
 
     # --- batches -----------------------------------------------------------------------
-    def _upload(self, values, dtype=torch.int64) -> torch.Tensor:
-        """Host ints (a list or an int64 array) to the device on the current stream, without
-        making the host wait for the stream (a pageable copy would): pinned memory and an
-        async copy."""
-        host = torch.from_numpy(values) if isinstance(values, np.ndarray) else torch.tensor(values, dtype=dtype)
-        if not self.cuda:
-            return host
-        return host.pin_memory().to(self.device, non_blocking=True)
+    def _upload(self, *arrays: np.ndarray) -> list[torch.Tensor]:
+        """Host int64 arrays to the device on the current stream in one copy, as device views
+        of the same shapes, without making the host wait for the stream (a pageable copy
+        would): pinned memory and an async copy."""
+        host = torch.from_numpy(np.concatenate([a.ravel() for a in arrays]))
+        flat = host.pin_memory().to(self.device, non_blocking=True) if self.cuda else host
+        views, at = [], 0
+        for a in arrays:
+            views.append(flat[at:at + a.size].view(a.shape))
+            at += a.size
+        return views
 
     def _extend_batch(self, seqs: list[tuple[Request, list[int], int]]) -> ExtendBatch:
         """seqs: (request, new token ids, position of the first) for each sequence."""
         bm = self.blocks
-        tokens, positions, slots = [], [], []
         for r, ids, start in seqs:
             bm.reserve(r.rid, start + len(ids))
-            tokens += ids
-            positions += range(start, start + len(ids))
-            slots += bm.slots(r.rid, start, start + len(ids))
         width = max(len(bm.owned[r.rid]) for r, _, _ in seqs)
-        table = [bm.owned[r.rid] + [0] * (width - len(bm.owned[r.rid])) for r, _, _ in seqs]
-        return ExtendBatch(self._upload(tokens), self._upload(positions), self._upload(slots),
-                           self._upload(table, torch.int32),
+        table = np.zeros((len(seqs), width), dtype=np.int64)
+        for i, (r, _, _) in enumerate(seqs):
+            table[i, :len(bm.owned[r.rid])] = bm.owned[r.rid]
+        positions = np.concatenate([np.arange(start, start + len(ids)) for _, ids, start in seqs])
+        slots = np.concatenate([bm.slots(r.rid, start, start + len(ids)) for r, ids, start in seqs])
+        tokens = np.fromiter((t for _, ids, _ in seqs for t in ids), dtype=np.int64)
+        tokens, positions, slots, table = self._upload(tokens, positions, slots, table)
+        return ExtendBatch(tokens, positions, slots, table.to(torch.int32),
                            [len(ids) for _, ids, _ in seqs], [start for _, _, start in seqs])
 
     def _last_rows(self, batch: ExtendBatch) -> torch.Tensor:
-        ends, total = [], 0
-        for n in batch.extend_lens:
-            total += n
-            ends.append(total - 1)
-        return self._upload(ends)
+        return self._upload(np.cumsum(batch.extend_lens) - 1)[0]
 
     def _greedy(self, hidden, residual, rows, side: _Side) -> torch.Tensor:
         logits = self.model.logits(hidden[rows], residual[rows], side.budget)
@@ -262,29 +267,28 @@ class ModelExecutor:
         return out.tolist()
 
     # --- decode ------------------------------------------------------------------------
-    def _decode_inputs(self, reqs: list[Request], rows: int, width: int) -> np.ndarray:
-        """A decode step's inputs as one int64 array [tokens, positions, slots, lengths, page
-        table] of `rows` requests (one host-to-device copy); rows past len(reqs) are padding
-        that decodes a dummy token into the scratch page."""
+    def _decode_inputs(self, reqs: list[Request], rows: int, width: int) -> tuple:
+        """A decode step's inputs on the host, in DecodeBatch's field order (tokens, positions,
+        slots, page table, lengths) for `rows` requests; rows past len(reqs) are padding that
+        decodes a dummy token into the scratch page."""
         bm, ps = self.blocks, self.blocks.page_size
-        flat = np.zeros(rows * (4 + width), dtype=np.int64)
-        tokens, positions, slots, lens = flat[:4 * rows].reshape(4, rows)
-        table = flat[4 * rows:].reshape(rows, width)
+        tokens, positions, slots, lens = np.zeros((4, rows), dtype=np.int64)
+        table = np.zeros((rows, width), dtype=np.int64)
         for i, r in enumerate(reqs):
             pages = bm.owned[r.rid]
             tokens[i], positions[i], lens[i] = self.last_token[r.rid], r.context, r.context + 1
-            slots[i] = pages[r.context // ps] * ps + r.context % ps
+            slots[i] = bm.slot(r.rid, r.context)
             table[i, :len(pages)] = pages
         n = len(reqs)
         slots[n:], lens[n:], table[n:] = bm.scratch_page * ps, 1, bm.scratch_page
-        return flat
+        return tokens, positions, slots, table, lens
 
     def _decode_graph(self, B: int, width: int, bucket: int, side: _Side):
         """Static buffers and the captured step for this batch size and context bucket."""
         key = (id(side.stream), side.budget, B, width, bucket)
         if key not in self.graphs:
             # until the first real step fills them, the inputs point at the scratch page
-            batch = self._decode_batch(self._decode_inputs([], B, width), B, width, bucket)
+            batch = self._decode_batch(self._decode_inputs([], B, width), bucket)
             graph = torch.cuda.CUDAGraph()
             with _on(side.stream):
                 self.model.decode_step(batch, side.budget).argmax(-1)  # compile and warm up
@@ -294,14 +298,8 @@ class ModelExecutor:
             self.graphs[key] = (batch, graph, out)
         return self.graphs[key]
 
-    def _decode_fields(self, flat: np.ndarray, rows: int, width: int) -> tuple:
-        """_decode_inputs' array uploaded, as views in DecodeBatch's field order (int64)."""
-        dev = self._upload(flat)
-        tokens, positions, slots, lens = dev[:4 * rows].view(4, rows)
-        return tokens, positions, slots, dev[4 * rows:].view(rows, width), lens
-
-    def _decode_batch(self, flat: np.ndarray, rows: int, width: int, bucket: int) -> DecodeBatch:
-        tokens, positions, slots, table, lens = self._decode_fields(flat, rows, width)
+    def _decode_batch(self, inputs: tuple, bucket: int) -> DecodeBatch:
+        tokens, positions, slots, table, lens = self._upload(*inputs)
         return DecodeBatch(tokens, positions, slots, table.to(torch.int32), lens.to(torch.int32),
                            bucket)
 
@@ -315,7 +313,7 @@ class ModelExecutor:
                     max(len(self.blocks.owned[r.rid]) for r in reqs))
         # batch sizes padded to a few captured sizes, as SGLang does
         rows = _padded_batch(len(reqs)) if self.use_graphs else len(reqs)
-        flat = self._decode_inputs(reqs, rows, width)
+        inputs = self._decode_inputs(reqs, rows, width)
         with _on(side.stream):
             start = self._mark(side.stream)
             if self.use_graphs:
@@ -323,12 +321,12 @@ class ModelExecutor:
                 # one upload, then device copies into the static buffers
                 static = (batch.tokens, batch.positions, batch.slots, batch.page_table,
                           batch.seq_lens)
-                for dst, val in zip(static, self._decode_fields(flat, rows, width)):
+                for dst, val in zip(static, self._upload(*inputs)):
                     dst.copy_(val)
                 graph.replay()
                 out = out[:len(reqs)].clone()  # the next replay overwrites the static output
             else:
-                out = self.model.decode_step(self._decode_batch(flat, rows, width, bucket),
+                out = self.model.decode_step(self._decode_batch(inputs, bucket),
                                              side.budget).argmax(-1)
             end = self._mark(side.stream)
         self.marks.append((start, end))

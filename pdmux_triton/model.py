@@ -9,6 +9,7 @@ layers of a token batch (SGLang's split prefill), carrying hidden states and res
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -115,6 +116,12 @@ class ExtendBatch:
     extend_lens: list[int]
     prefix_lens: list[int]
 
+    @cached_property
+    def plan(self):
+        """The extend attention's block plan, made and uploaded once: a split prefill runs
+        extend_layers every round on the same batch."""
+        return plan_extend(self.extend_lens, self.prefix_lens, self.tokens.device)
+
 
 class Model:
     def __init__(self, weights: Weights, cache: KVCache, max_positions: int = 131072):
@@ -181,11 +188,10 @@ class Model:
         elif hidden is None:
             raise PdmuxError(f"a prefill resumed at layer {start} needs the hidden states")
         ps = self.cache.page_size
-        plan = plan_extend(batch.extend_lens, batch.prefix_lens, batch.tokens.device)
 
         def attend(q, kc, vc):
             return extend_attention(q, kc, vc, batch.page_table, batch.extend_lens,
-                                    batch.prefix_lens, ps, plan=plan, **budget.kw)
+                                    batch.prefix_lens, ps, plan=batch.plan, **budget.kw)
         for i in range(start, end):
             hidden, residual = self.layer(i, hidden, residual, batch.positions, batch.slots,
                                           attend, budget)

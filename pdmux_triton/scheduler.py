@@ -100,6 +100,13 @@ class Engine:
             self.running.remove(r)
             self.x.release(r)
 
+    def decode_round(self) -> None:
+        """A plain decode step of the running batch on the whole GPU, as one round."""
+        start, decoding = self.x.now(), list(self.running)
+        t, tokens = self.x.decode(decoding)
+        self.rounds.append(Round(start, t, -1, len(decoding), ""))
+        self.record_tokens(decoding, tokens, t)
+
     def start_running(self, reqs: list[Request], first_tokens: list[int], t: float) -> None:
         for r, tok in zip(reqs, first_tokens):
             r.prefill_end = t
@@ -134,10 +141,7 @@ def run_prefill_first(e: Engine, token_budget: int) -> None:
             e.rounds.append(Round(start, t, -1, 0, "whole"))
             e.start_running(batch, first, t)
         elif e.running:
-            start = e.x.now()
-            t, tokens = e.x.decode(e.running)
-            e.rounds.append(Round(start, t, -1, len(e.running), ""))
-            e.record_tokens(list(e.running), tokens, t)
+            e.decode_round()
         else:
             e.idle()
 
@@ -150,16 +154,14 @@ def run_chunked(e: Engine, chunk: int) -> None:
         if job is None and e.waiting:
             job, done_tokens = e.waiting.popleft(), 0
             job.prefill_start = e.x.now()
+        if job is None:  # no prompt in flight: a plain decode step, as SGLang runs it
+            if e.running:
+                e.decode_round()
+            else:
+                e.idle()
+            continue
         start = e.x.now()
         decoding = list(e.running)
-        if job is None:  # no prompt in flight: a plain decode step, as SGLang runs it
-            if not decoding:
-                e.idle()
-                continue
-            t, tokens = e.x.decode(decoding)
-            e.rounds.append(Round(start, t, -1, len(decoding), ""))
-            e.record_tokens(decoding, tokens, t)
-            continue
         n = min(chunk, len(job.prompt) - done_tokens)
         t, tokens, first = e.x.mixed(decoding, job, done_tokens, n)
         e.rounds.append(Round(start, t, -1, len(decoding), f"chunk {done_tokens}+{n}"))

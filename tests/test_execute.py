@@ -50,7 +50,7 @@ def test_strategies_serve_the_same_tokens():
 def test_block_manager_pages():
     bm = BlockManager(num_pages=5, page_size=4)  # page 4 is scratch
     assert bm.reserve(7, 5) == [0, 1]
-    assert bm.slots(7, 3, 6) == [3, 4, 5]
+    assert bm.slots(7, 3, 6).tolist() == [bm.slot(7, p) for p in (3, 4, 5)] == [3, 4, 5]
     assert bm.reserve(7, 8) == [0, 1]
     with pytest.raises(PdmuxError, match="the KV cache is full: request 8 needs 3 more pages"):
         bm.reserve(8, 12)
