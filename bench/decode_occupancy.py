@@ -52,13 +52,11 @@ def main(argv=None) -> int:
     p.add_argument("--sections", default="attention,gemm", help="attention and/or gemm")
     p.add_argument("--budgets", help="comma-separated SM budgets (default: each section's own)")
     p.add_argument("--cases", default="32x8192,ragged32_100_16000", help="decode attention cases")
-    p.add_argument("--chunks", default="auto,2048", help="decode attention split sizes")
     args = p.parse_args(argv)
     sections = set(args.sections.split(","))
     if not sections <= {"attention", "gemm"}:
         p.error(f"--sections takes attention and/or gemm, got {args.sections!r}")
     budgets = tuple(int(b) for b in args.budgets.split(",")) if args.budgets else None
-    chunks = [None if c == "auto" else int(c) for c in args.chunks.split(",")]
     gpu = detect_gpu()
     res = Results(Path(args.out) / f"decode-occupancy-{gpu.name}.json", gpu.name)
     for case in args.cases.split(",") if "attention" in sections else ():
@@ -69,18 +67,15 @@ def main(argv=None) -> int:
         nbytes = sum(lens) * 8 * 128 * 4
         for budget in budgets or BUDGETS:
             for cfg in ATTN_VARIANTS:
-                for chunk in chunks:
-                    try:
-                        ms = t_graph(lambda: decode_attention(q, k, v, table, seq, 16, max(lens),
-                                                              num_sms=budget, config=cfg,
-                                                              chunk=chunk))
-                    except Exception as err:  # a variant that does not fit: record why
-                        res.row(kernel="decode_attention", case=case, sms=budget, config=str(cfg),
-                                chunk=chunk, error=str(err)[:160])
-                        continue
+                try:
+                    ms = t_graph(lambda: decode_attention(q, k, v, table, seq, 16, max(lens),
+                                                          num_sms=budget, config=cfg))
+                except Exception as err:  # a variant that does not fit: record why
                     res.row(kernel="decode_attention", case=case, sms=budget, config=str(cfg),
-                            chunk=chunk, tbps=nbytes / ms / 1e9,
-                            gbps_per_sm=nbytes / ms / 1e6 / budget)
+                            error=str(err)[:160])
+                    continue
+                res.row(kernel="decode_attention", case=case, sms=budget, config=str(cfg),
+                        tbps=nbytes / ms / 1e9, gbps_per_sm=nbytes / ms / 1e6 / budget)
         res.save()
     l2 = int(gpu.l2_mib * 2**20)
     for M, variants in GEMM_VARIANTS.items() if "gemm" in sections else ():
@@ -111,7 +106,7 @@ def main(argv=None) -> int:
             best[key] = r
     for key, r in sorted(best.items()):
         print(f"{key[0]:<17} {key[1]:<20} {key[2]:>4} SMs {r['tbps']:6.2f} TB/s "
-              f"{r['gbps_per_sm']:6.1f} GB/s/SM  {r['config']} chunk={r.get('chunk', '-')}")
+              f"{r['gbps_per_sm']:6.1f} GB/s/SM  {r['config']}")
     return 0
 
 

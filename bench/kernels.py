@@ -248,11 +248,6 @@ def bench_decode_attention(res: Results, sms: int, stream_tbps: float, quick: bo
                                                           num_sms=sms, ctas_per_sm=ctas, config=cfg))
                 res.row(kernel="decode_attention", case=name, config=str(cfg), ctas_per_sm=ctas,
                         ms=ms_alt, tbps=nbytes / ms_alt / 1e9)
-        for chunk in ([] if quick else (256, 512, 1024, 2048, 4096)):
-            ms_alt = t_graph(lambda: decode_attention(q, k, v, table, seq, 16, max(lens),
-                                                      num_sms=sms, chunk=chunk))
-            res.row(kernel="decode_attention", case=name, chunk=chunk, ms=ms_alt,
-                    tbps=nbytes / ms_alt / 1e9)
         if name == "32x8192":
             curve = {b: nbytes / t_graph(lambda: run(b)) / 1e9 for b in CURVE_BUDGETS}
             res.data["curves"]["decode_attention_32x8192_tbps"] = curve

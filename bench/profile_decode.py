@@ -40,9 +40,10 @@ def describe_ptx(ptx: str) -> None:
 
 
 def inner_loop_sass(sass: str) -> list[str]:
-    """The instructions of the innermost loop: the shortest span from a label to a backward
-    branch to it (nvdisasm's listing: `ctrl<TAB>INSTR;` lines and `LBBn:` labels), leaving out
-    the one-instruction spin the compiler puts after the exit."""
+    """The instructions of the attention's inner loop: the shortest span from a label to a
+    backward branch to it (nvdisasm's listing: `ctrl<TAB>INSTR;` lines and `LBBn:` labels)
+    that holds tensor-core MMAs, which leaves out the one-instruction spin after the exit and
+    loops that only store."""
     lines = sass.splitlines()
     labels = {line.strip()[:-1]: i for i, line in enumerate(lines) if re.match(r"^LBB\d+:$", line.strip())}
     loop = None
@@ -50,7 +51,8 @@ def inner_loop_sass(sass: str) -> list[str]:
         m = re.search(r"BRA (LBB\d+);", line)
         if m and labels.get(m.group(1), i) < i - 2:
             start = labels[m.group(1)]
-            if loop is None or i - start < loop[1] - loop[0]:
+            has_mma = any("MMA" in body for body in lines[start:i])
+            if has_mma and (loop is None or i - start < loop[1] - loop[0]):
                 loop = (start, i)
     if loop is None:
         return []
@@ -76,14 +78,14 @@ def offline(block_n: int, num_warps: int, num_stages: int) -> None:
 
     pointers = {"q_ptr": "*bf16", "kc_ptr": "*bf16", "vc_ptr": "*bf16", "pt_ptr": "*i32",
                 "len_ptr": "*i32", "o_ptr": "*bf16", "part_o_ptr": "*fp32",
-                "part_lse_ptr": "*fp32", "sm_ids_ptr": "*i32"}
-    constexprs = {"PAGE_SIZE": 16, "GROUP": 4, "BLOCK_G": 16, "BLOCK_N": block_n, "D": 128,
-                  "DIRECT": False, "WIDE": False, "RECORD_SM": False}
+                "part_lse_ptr": "*fp32", "count_ptr": "*i32", "sm_ids_ptr": "*i32"}
+    constexprs = {"PAGE_SIZE": 16, "GROUP": 4, "BLOCK_G": 16, "BLOCK_N": block_n, "BLOCK_B": 32,
+                  "D": 128, "WIDE": False, "RECORD_SM": False}
     names = list(inspect.signature(_decode_kernel.fn).parameters)
     signature = {n: "constexpr" if n in constexprs else pointers.get(n, "i32") for n in names}
     signature["scale_log2"] = "fp32"
     # what a real launch specializes: 16-byte aligned pointers, strides divisible by 16
-    aligned = set(pointers) | {"sq_b", "sq_h", "so_b", "so_h", "sc_s", "sc_h", "spt_b", "chunk"}
+    aligned = set(pointers) | {"sq_b", "sq_h", "so_b", "so_h", "sc_s", "sc_h", "spt_b"}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in aligned}
     kernel = triton.compile(ASTSource(_decode_kernel, signature, constexprs, attrs),
                             target=GPUTarget("cuda", 90, 32),

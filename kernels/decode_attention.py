@@ -1,14 +1,13 @@
 """Decode attention over a paged KV cache: one query token per request, GQA, split-KV.
 
-A tile is (request, KV head, split): it streams one chunk of that request's K/V for all the
-query heads sharing the KV head, so K/V are read once. The chunk size is chosen from the SM
-budget and the longest request so that even a small budget has many equal tiles in flight;
-partial results (output, log-sum-exp) are merged by a second persistent kernel.
+A unit is (request, KV head): it streams that request's K/V once for all the query heads
+sharing the KV head. The programs split the units' K/V blocks evenly between them on the
+device, from the lengths in device memory (so a CUDA graph can capture the launch), which
+keeps even a small SM budget streaming: every program reads the same number of blocks in ~2
+long runs. Units cut between programs are merged by their last program (log-sum-exp weights).
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import triton
@@ -20,100 +19,135 @@ from pdmux_triton.kernels._launch import (check_tensor, grid_size, interpreting,
 from pdmux_triton.kernels._paged import AttnConfig, attend_range, check_paged_inputs, wide_offsets
 
 LOG2E = 1.4426950408889634
-MIN_CHUNK, MAX_CHUNK, MAX_SPLITS = 256, 1024, 128
-TILES_PER_PROGRAM = 2  # few long tiles stream best; MAX_CHUNK bounds the imbalance of ragged batches
 
 
-def choose_chunk(batch: int, kv_heads: int, max_seq_len: int, programs: int, block_n: int) -> int:
-    """KV tokens per split: ~TILES_PER_PROGRAM tiles per program, within [MIN_CHUNK, MAX_CHUNK]."""
-    work = batch * kv_heads * max(1, max_seq_len)
-    chunk = min(MAX_CHUNK, max(MIN_CHUNK, math.ceil(work / (programs * TILES_PER_PROGRAM))))
-    chunk = max(chunk, math.ceil(max_seq_len / MAX_SPLITS))
-    return triton.cdiv(chunk, block_n) * block_n
+@triton.jit
+def _unit_at(pos, nb, bi, KV_HEADS):
+    """The unit (request * KV_HEADS + head) holding work block `pos`; units of request b hold
+    nb[b] blocks each, back to back."""
+    b = tl.sum((tl.cumsum(nb, axis=0) * KV_HEADS <= pos).to(tl.int32), axis=0)
+    before = tl.sum(tl.where(bi < b, nb, 0), axis=0)
+    blocks = tl.sum(tl.where(bi == b, nb, 0), axis=0)
+    return b * KV_HEADS + (pos - before * KV_HEADS) // blocks
 
 
 @triton.jit
 def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, part_lse_ptr,
-                   sm_ids_ptr, B, KV_HEADS, num_splits, chunk, scale_log2,
-                   sq_b, sq_h, so_b, so_h, sc_s, sc_h, spt_b, PAGE_SIZE: tl.constexpr,
-                   GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr,
-                   D: tl.constexpr, DIRECT: tl.constexpr, WIDE: tl.constexpr,
-                   RECORD_SM: tl.constexpr):
+                   count_ptr, sm_ids_ptr, B, KV_HEADS, scale_log2, sq_b, sq_h, so_b, so_h, sc_s,
+                   sc_h, spt_b, PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr,
+                   BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
+                   D: tl.constexpr, WIDE: tl.constexpr, RECORD_SM: tl.constexpr):
+    # The work is every unit's K/V blocks back to back (unit = request, KV head); each program
+    # takes an equal contiguous range of it, whatever the lengths, so ragged and uniform
+    # batches stream alike and a program restarts its pipeline only at unit edges (~2 per
+    # program). A unit cut between programs leaves partials; the last of its programs to
+    # finish (a counter per unit, no waiting) merges them and resets the counter.
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
     record_sm(sm_ids_ptr, RECORD_SM)
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, D)
     gmask = g < GROUP
-    heads_total = B * KV_HEADS
-    # split-major order: every program meets each split index in turn. Request-major order
-    # with a stride can alias with the split count (16 splits, 16 programs: program p gets
-    # split p of every request), and a ragged batch's late splits are mostly empty
-    for t in tl.range(tl.program_id(0), heads_total * num_splits, tl.num_programs(0)):
-        split = t // heads_total
-        h = t % KV_HEADS
-        b = (t % heads_total) // KV_HEADS
-        tile = (t % heads_total) * num_splits + split  # the merge's row order: request-major
-        seq_len = tl.load(len_ptr + b)
-        start = split * chunk
-        end = tl.minimum(seq_len, start + chunk)
-        if start < end:
-            heads = h * GROUP + g
-            q = tl.load(q_ptr + b * sq_b + heads[:, None] * sq_h + d[None, :], mask=gmask[:, None],
-                        other=0.0)
-            acc = tl.zeros((BLOCK_G, D), dtype=tl.float32)
-            m_i = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
-            l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)
-            acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, pt_ptr + b * spt_b,
-                                         PAGE_SIZE, start, end, sc_s, h * sc_h, g, scale_log2,
-                                         BLOCK_N, D, MASKED=True, CAUSAL=False, EARLY_V=True,
-                                         WIDE=WIDE)
-            out = acc / l_i[:, None]
-            if DIRECT:
+    bi = tl.arange(0, BLOCK_B)
+    nb = tl.cdiv(tl.load(len_ptr + bi, mask=bi < B, other=0), BLOCK_N)
+    total = tl.sum(nb, axis=0) * KV_HEADS
+    per_program = tl.maximum(1, tl.cdiv(total, programs))
+    for b in range(pid, B, programs):  # an empty request still owns its output rows
+        if tl.load(len_ptr + b) == 0:
+            for h in range(KV_HEADS):
+                o = o_ptr + b * so_b + (h * GROUP + g)[:, None] * so_h + d[None, :]
+                tl.store(o, tl.zeros((BLOCK_G, D), dtype=o_ptr.dtype.element_ty),
+                         mask=gmask[:, None])
+    lo = pid * per_program
+    hi = tl.minimum(lo + per_program, total)
+    if lo < hi:
+        for u in range(_unit_at(lo, nb, bi, KV_HEADS), _unit_at(hi - 1, nb, bi, KV_HEADS) + 1):
+            b = u // KV_HEADS
+            h = u % KV_HEADS
+            blocks = tl.sum(tl.where(bi == b, nb, 0), axis=0)
+            u_lo = tl.sum(tl.where(bi < b, nb, 0), axis=0) * KV_HEADS + h * blocks
+            seg_lo = tl.maximum(lo, u_lo)
+            seg_hi = tl.minimum(hi, u_lo + blocks)
+            if seg_lo < seg_hi:  # units of empty requests hold no blocks
+                heads = h * GROUP + g
+                q = tl.load(q_ptr + b * sq_b + heads[:, None] * sq_h + d[None, :],
+                            mask=gmask[:, None], other=0.0)
+                acc = tl.zeros((BLOCK_G, D), dtype=tl.float32)
+                m_i = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
+                l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)
+                end = tl.minimum(tl.load(len_ptr + b), (seg_hi - u_lo) * BLOCK_N)
+                acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, pt_ptr + b * spt_b,
+                                             PAGE_SIZE, (seg_lo - u_lo) * BLOCK_N, end, sc_s,
+                                             h * sc_h, g, scale_log2, BLOCK_N, D, MASKED=True,
+                                             CAUSAL=False, EARLY_V=True, WIDE=WIDE)
                 o = o_ptr + b * so_b + heads[:, None] * so_h + d[None, :]
-                tl.store(o, out.to(o_ptr.dtype.element_ty), mask=gmask[:, None])
-            else:
-                row = tile * GROUP + g
-                tl.store(part_o_ptr + row[:, None] * D + d[None, :], out, mask=gmask[:, None])
-                tl.store(part_lse_ptr + row, m_i + tl.log2(l_i), mask=gmask)
-        elif DIRECT:  # an empty request still owns its output rows
-            o = o_ptr + b * so_b + (h * GROUP + g)[:, None] * so_h + d[None, :]
-            tl.store(o, tl.zeros((BLOCK_G, D), dtype=o_ptr.dtype.element_ty), mask=gmask[:, None])
+                first = u_lo // per_program
+                last = (u_lo + blocks - 1) // per_program
+                if first == last:  # the whole unit was this program's
+                    tl.store(o, (acc / l_i[:, None]).to(o_ptr.dtype.element_ty),
+                             mask=gmask[:, None])
+                else:
+                    # partial rows (u + program) are unique: along the work, every new
+                    # segment moves to the next unit, the next program, or both
+                    row = (u + pid) * GROUP + g
+                    tl.store(part_o_ptr + row[:, None] * D + d[None, :], acc / l_i[:, None],
+                             mask=gmask[:, None])
+                    tl.store(part_lse_ptr + row, m_i + tl.log2(l_i), mask=gmask)
+                    tl.debug_barrier()  # every thread's partial is written before the count
+                    if tl.atomic_add(count_ptr + u, 1) == last - first:
+                        _merge_unit(part_o_ptr, part_lse_ptr, o, u, first, last, g, gmask, d,
+                                    GROUP, BLOCK_G, D)
+                        tl.store(count_ptr + u, 0)  # ready for the next call
 
 
 @triton.jit
-def _merge_kernel(part_o_ptr, part_lse_ptr, len_ptr, o_ptr, sm_ids_ptr, B, Q_HEADS, num_splits,
-                  chunk, so_b, so_h, GROUP: tl.constexpr, D: tl.constexpr,
-                  BLOCK_S: tl.constexpr, RECORD_SM: tl.constexpr):
-    pid = tl.program_id(0)
-    s = tl.arange(0, BLOCK_S)
-    d = tl.arange(0, D)
-    for r in tl.range(pid, B * Q_HEADS, tl.num_programs(0)):
-        b = r // Q_HEADS
-        hq = r % Q_HEADS
-        used = tl.cdiv(tl.load(len_ptr + b), chunk)  # splits past the request's end are empty
-        smask = s < used
-        row = ((b * (Q_HEADS // GROUP) + hq // GROUP) * num_splits + s) * GROUP + hq % GROUP
-        lse = tl.load(part_lse_ptr + row, mask=smask, other=float("-inf"))
-        top = tl.max(lse, axis=0)
-        top = tl.where(top == float("-inf"), 0.0, top)
-        w = tl.where(smask, tl.exp2(lse - top), 0.0)
-        o = tl.load(part_o_ptr + row[:, None] * D + d[None, :], mask=smask[:, None], other=0.0)
-        total = tl.sum(w, axis=0)
-        out = tl.sum(w[:, None] * o, axis=0) / tl.where(total > 0, total, 1.0)
-        tl.store(o_ptr + b * so_b + hq * so_h + d, out.to(o_ptr.dtype.element_ty))
+def _merge_unit(part_o_ptr, part_lse_ptr, o, u, first, last, g, gmask, d, GROUP: tl.constexpr,
+                BLOCK_G: tl.constexpr, D: tl.constexpr):
+    """out = the partials of programs first..last, each weighted by its share of exp(lse)."""
+    acc = tl.zeros((BLOCK_G, D), dtype=tl.float32)
+    top = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
+    total = tl.zeros((BLOCK_G,), dtype=tl.float32)
+    for p in range(first, last + 1):
+        row = (u + p) * GROUP + g
+        # .cg: read from L2, where the other programs' stores landed, never a stale L1 line
+        lse = tl.load(part_lse_ptr + row, mask=gmask, other=0.0, cache_modifier=".cg")
+        part = tl.load(part_o_ptr + row[:, None] * D + d[None, :], mask=gmask[:, None],
+                       other=0.0, cache_modifier=".cg")
+        new_top = tl.maximum(top, lse)
+        scale = tl.exp2(top - new_top)
+        w = tl.exp2(lse - new_top)
+        acc = acc * scale[:, None] + w[:, None] * part
+        total = total * scale + w
+        top = new_top
+    tl.store(o, (acc / total[:, None]).to(o.dtype.element_ty), mask=gmask[:, None])
+
+
+_COUNTERS: dict[tuple, torch.Tensor] = {}
+
+
+def _unit_counters(units: int, device: torch.device) -> torch.Tensor:
+    """Zeroed per-unit counters, one buffer per (device, stream): every call leaves them zero,
+    so they are made once, not zeroed per call (a memset would be a second launch)."""
+    key = (device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
+    buf = _COUNTERS.get(key)
+    if buf is None or buf.numel() < units:
+        buf = _COUNTERS[key] = torch.zeros(max(units, 1024), dtype=torch.int32, device=device)
+    return buf
 
 
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int,
                      max_seq_len: int, sm_scale: float | None = None,
                      out: torch.Tensor | None = None, *, num_sms: int | None = None,
-                     ctas_per_sm: int = 1, chunk: int | None = None,
-                     config: AttnConfig | None = None,
+                     ctas_per_sm: int = 1, config: AttnConfig | None = None,
                      sm_ids: torch.Tensor | None = None) -> torch.Tensor:
     """out[b, h] = softmax(q[b, h] . K_b^T * scale) V_b over the first seq_lens[b] cached tokens.
 
     q [B, Hq, D]; caches [slots, Hkv, D]; page_table [B, pages] int32 (page ids); seq_lens [B]
     int32 on the device, at most `max_seq_len` (a host bound, so the launch needs no sync and
-    can be captured in a CUDA graph). A request of length 0 gets zeros.
+    can be captured in a CUDA graph: the kernel splits the work by the lengths it reads). A
+    request of length 0 gets zeros. Calls on one stream run in order; calls on concurrent
+    streams each get their own counters.
     """
     out = check_paged_inputs(q, k_cache, v_cache, page_table, out)
     dev = q.device
@@ -133,32 +167,19 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     # 5 stages: the pipeline spends two per block (page ids, then K/V), so two blocks of K/V
     # are in flight; +20-27% over 3 stages on the H200 (bench/NOTES.md)
     cfg = config or (AttnConfig(16, 16, 4, 1) if interpreting() else AttnConfig(16, 128, 4, 5))
-    block_n = cfg.block_n
-    programs = grid_size(1 << 30, num_sms, ctas_per_sm, dev)
-    chunk = chunk or choose_chunk(B, HKV, max_seq_len, programs, block_n)
-    if chunk % block_n:
-        raise PdmuxError(f"chunk must be a multiple of {block_n} tokens, got {chunk}")
-    splits = max(1, triton.cdiv(max_seq_len, chunk))
-    direct = splits == 1
-    tiles = B * HKV * splits
-    grid = grid_size(tiles, num_sms, ctas_per_sm, dev)
+    units = B * HKV
+    grid = grid_size(units * max(1, triton.cdiv(max_seq_len, cfg.block_n)), num_sms,
+                     ctas_per_sm, dev)
     sm_buf, record = telemetry_args(sm_ids, grid, dev)
-    if direct:
-        part_o = part_lse = out
-    else:
-        part_o = torch.empty((tiles * group, D), dtype=torch.float32, device=dev)
-        part_lse = torch.empty((tiles * group,), dtype=torch.float32, device=dev)
+    # a program's range cuts at most one unit at each end: units + programs partial rows
+    part_o = torch.empty(((units + grid) * group, D), dtype=torch.float32, device=dev)
+    part_lse = torch.empty(((units + grid) * group,), dtype=torch.float32, device=dev)
     scale = (sm_scale if sm_scale is not None else D ** -0.5) * LOG2E
     _decode_kernel[(grid,)](
-        q, k_cache, v_cache, page_table, seq_lens, out, part_o, part_lse, sm_buf, B, HKV, splits,
-        chunk, scale, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), page_table.stride(0),
+        q, k_cache, v_cache, page_table, seq_lens, out, part_o, part_lse,
+        _unit_counters(units, dev), sm_buf, B, HKV, scale, q.stride(0), q.stride(1),
+        out.stride(0), out.stride(1), k_cache.stride(0), k_cache.stride(1), page_table.stride(0),
         PAGE_SIZE=page_size, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
-        BLOCK_N=block_n, D=D, DIRECT=direct, WIDE=wide_offsets(k_cache), RECORD_SM=record,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if not direct:
-        _merge_kernel[(grid_size(B * HQ, num_sms, ctas_per_sm, dev),)](
-            part_o, part_lse, seq_lens, out, sm_buf, B, HQ, splits, chunk, out.stride(0),
-            out.stride(1), GROUP=group, D=D, BLOCK_S=triton.next_power_of_2(splits),
-            RECORD_SM=False, num_warps=4)
+        BLOCK_N=cfg.block_n, BLOCK_B=triton.next_power_of_2(B), D=D, WIDE=wide_offsets(k_cache),
+        RECORD_SM=record, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out

@@ -32,43 +32,59 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_ptr, sm_ids_ptr, n
     # meta (int32): q_start[B], extend_len[B], prefix_len[B], then (seq, q block) per block
     pid = tl.program_id(0)
     record_sm(sm_ids_ptr, RECORD_SM)
+    programs = tl.num_programs(0)
+    tiles = num_blocks * Q_HEADS
+    # tiles come longest first; taking them in a zigzag (program p gets the p-th tile of even
+    # rounds and the p-th from the end of odd ones) pairs long with short: +2% at T = 8192
+    for rnd in tl.range(0, tl.cdiv(tiles, programs)):
+        tile = rnd * programs + tl.where(rnd % 2 == 0, pid, programs - 1 - pid)
+        if tile < tiles:
+            _extend_tile(tile, q_ptr, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_ptr, B, Q_HEADS,
+                         scale_log2, sq_t, sq_h, so_t, so_h, sc_s, sc_h, spt_b, PAGE_SIZE, GROUP,
+                         BLOCK_M, BLOCK_N, D, WIDE)
+
+
+@triton.jit
+def _extend_tile(tile, q_ptr, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_ptr, B, Q_HEADS, scale_log2,
+                 sq_t, sq_h, so_t, so_h, sc_s, sc_h, spt_b, PAGE_SIZE: tl.constexpr,
+                 GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 D: tl.constexpr, WIDE: tl.constexpr):
     d = tl.arange(0, D)
-    for tile in tl.range(pid, num_blocks * Q_HEADS, tl.num_programs(0)):
-        entry = tile // Q_HEADS
-        hq = tile % Q_HEADS
-        b = tl.load(meta_ptr + 3 * B + 2 * entry)
-        qb = tl.load(meta_ptr + 3 * B + 2 * entry + 1)
-        q_start = tl.load(meta_ptr + b)
-        ext = tl.load(meta_ptr + B + b)
-        prefix = tl.load(meta_ptr + 2 * B + b)
-        rows = qb * BLOCK_M + tl.arange(0, BLOCK_M)
-        rmask = rows < ext
-        tok = (q_start + rows).to(tl.int64)
-        q = tl.load(q_ptr + tok[:, None] * sq_t + hq * sq_h + d[None, :], mask=rmask[:, None],
-                    other=0.0)
-        q_pos = prefix + rows
-        acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
-        m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        page_row = pt_ptr + b * spt_b
-        head_off = (hq // GROUP) * sc_h
-        # keys before the block's first query are visible to every row: whole blocks, no mask
-        lo = (prefix + qb * BLOCK_M) // BLOCK_N * BLOCK_N
-        acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row, PAGE_SIZE, 0, lo,
-                                     sc_s, head_off, q_pos, scale_log2, BLOCK_N, D, MASKED=False,
-                                     CAUSAL=False, EARLY_V=False, WIDE=WIDE)
-        hi = prefix + tl.minimum((qb + 1) * BLOCK_M, ext)
-        acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row, PAGE_SIZE, lo, hi,
-                                     sc_s, head_off, q_pos, scale_log2, BLOCK_N, D, MASKED=True,
-                                     CAUSAL=True, EARLY_V=False, WIDE=WIDE)
-        out = acc / l_i[:, None]
-        tl.store(o_ptr + tok[:, None] * so_t + hq * so_h + d[None, :],
-                 out.to(o_ptr.dtype.element_ty), mask=rmask[:, None])
+    entry = tile // Q_HEADS
+    hq = tile % Q_HEADS
+    b = tl.load(meta_ptr + 3 * B + 2 * entry)
+    qb = tl.load(meta_ptr + 3 * B + 2 * entry + 1)
+    q_start = tl.load(meta_ptr + b)
+    ext = tl.load(meta_ptr + B + b)
+    prefix = tl.load(meta_ptr + 2 * B + b)
+    rows = qb * BLOCK_M + tl.arange(0, BLOCK_M)
+    rmask = rows < ext
+    tok = (q_start + rows).to(tl.int64)
+    q = tl.load(q_ptr + tok[:, None] * sq_t + hq * sq_h + d[None, :], mask=rmask[:, None],
+                other=0.0)
+    q_pos = prefix + rows
+    acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
+    m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    page_row = pt_ptr + b * spt_b
+    head_off = (hq // GROUP) * sc_h
+    # keys before the block's first query are visible to every row: whole blocks, no mask
+    lo = (prefix + qb * BLOCK_M) // BLOCK_N * BLOCK_N
+    acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row, PAGE_SIZE, 0, lo,
+                                 sc_s, head_off, q_pos, scale_log2, BLOCK_N, D, MASKED=False,
+                                 CAUSAL=False, EARLY_V=False, WIDE=WIDE)
+    hi = prefix + tl.minimum((qb + 1) * BLOCK_M, ext)
+    acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row, PAGE_SIZE, lo, hi,
+                                 sc_s, head_off, q_pos, scale_log2, BLOCK_N, D, MASKED=True,
+                                 CAUSAL=True, EARLY_V=False, WIDE=WIDE)
+    out = acc / l_i[:, None]
+    tl.store(o_ptr + tok[:, None] * so_t + hq * so_h + d[None, :],
+             out.to(o_ptr.dtype.element_ty), mask=rmask[:, None])
 
 
 def default_config() -> AttnConfig:
-    # H200 sweep (bench/kernels.py): 128x128 tiles, 8 warps, 2 stages was the best of those tried
-    return AttnConfig(16, 16, 1, 1) if interpreting() else AttnConfig(128, 128, 8, 2)
+    # H200 sweep (bench/NOTES.md): 128x128 tiles, 8 warps, 3 stages was the best of those tried
+    return AttnConfig(16, 16, 1, 1) if interpreting() else AttnConfig(128, 128, 8, 3)
 
 
 @dataclass(frozen=True)

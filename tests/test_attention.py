@@ -11,13 +11,13 @@ from reference import PagedKV, assert_close, attention_ref, poisoned
 DEV = "cuda" if HAS_CUDA else "cpu"
 
 
-def check_decode(lens, hq, hkv, d, page_size, dtype, num_sms, chunk=None, device=DEV):
+def check_decode(lens, hq, hkv, d, page_size, dtype, num_sms, device=DEV):
     kv = PagedKV(lens, hkv, d, page_size, dtype, device)
     q = torch.randn(len(lens), hq, d, dtype=dtype, device=device)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
     out = poisoned(q.shape, dtype, device)
     decode_attention(q, kv.k_cache, kv.v_cache, kv.page_table, seq_lens, page_size, max(lens),
-                     out=out, num_sms=num_sms, chunk=chunk)
+                     out=out, num_sms=num_sms)
     for b, n in enumerate(lens):
         if n == 0:
             assert (out[b] == 0).all()
@@ -33,15 +33,23 @@ def test_decode_attention(lens, page_size, dtype):
     check_decode(lens, 4, 2, 16, page_size, dtype, num_sms=3)
 
 
-@pytest.mark.parametrize("num_sms", [1, 2, 3, 500])
+@pytest.mark.parametrize("num_sms", [1, 2, 3, 7, 500])
 def test_decode_attention_splits_and_grids(num_sms):
-    # chunk 32 over lengths up to 130: several splits, some empty for the short request
-    check_decode([130, 5, 33], 8, 2, 32, 16, torch.float32, num_sms=num_sms, chunk=32)
+    # 16-key blocks: 9, 1 and 3 per KV head, 26 in all; 2, 3 and 7 programs cut units at
+    # different blocks, 500 programs give every block its own program (9-way merges)
+    check_decode([130, 5, 33], 8, 2, 32, 16, torch.float32, num_sms=num_sms)
+
+
+def test_decode_attention_repeated_calls():
+    # the merge counters are reset by each call: a second call on new inputs is as exact
+    for lens in ([130, 5, 33], [64, 200], [3]):
+        check_decode(lens, 4, 2, 16, 16, torch.float32, num_sms=5)
 
 
 def test_decode_attention_zero_length_gives_zeros():
     check_decode([0, 20], 4, 4, 16, 1, torch.float32, num_sms=2)
-    check_decode([0, 40], 4, 4, 16, 1, torch.float32, num_sms=2, chunk=16)
+    check_decode([0, 40, 0, 0, 7], 4, 4, 16, 1, torch.float32, num_sms=3)
+    check_decode([0, 0], 4, 2, 16, 16, torch.float32, num_sms=3)
 
 
 def check_extend(extend, prefix, hq, hkv, d, page_size, dtype, num_sms, device=DEV):

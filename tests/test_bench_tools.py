@@ -18,12 +18,14 @@ def test_decode_kernel_compiles_for_sm90_offline():
     assert "HMMA" in loop and 100 < int(loop.split()[3].rstrip(":")) < 2000
 
 
-def test_inner_loop_is_the_shortest_backward_branch():
+def test_inner_loop_is_the_shortest_backward_branch_with_mma():
     sys.path.insert(0, "bench")
     from profile_decode import inner_loop_sass
 
     listing = "\n".join([
-        "Function:k", "--:-:-:-:1\tMOV R0, R1;", "LBB2:", "--:-:-:-:1\tIADD3 R1, R1, 1, RZ;",
+        "Function:k", "LBB4:", "--:-:-:-:1\tIADD3 R9, R9, 1, RZ;", "--:-:-:-:1\tSTG [R9], R0;",
+        "--:-:-:-:5\t@P1 BRA LBB4;",  # as short, but only stores (zeroing outputs): not it
+        "--:-:-:-:1\tMOV R0, R1;", "LBB2:", "--:-:-:-:1\tIADD3 R1, R1, 1, RZ;",
         "LBB1:", "--:-:-:-:1\tHMMA R2, R4, R6, R2;", "--:-:-:-:1\tLDGSTS [R3], [R8];",
         "--:-:-:-:5\t@!P0 BRA LBB1;", "--:-:-:-:5\tBRA LBB2;", "LBB3:", "--:-:-:-:5\tBRA LBB3;"])
     assert inner_loop_sass(listing) == ["HMMA R2, R4, R6, R2;", "LDGSTS [R3], [R8];",
