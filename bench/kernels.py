@@ -168,8 +168,22 @@ def _decode_linear_case(M, N, K, l2):
     return x, cycle(ws)
 
 
+def stream_same_bytes(nbytes: int, sms: int, l2: int) -> float:
+    """TB/s of the streaming read over a buffer of `nbytes` (rotated past L2): the ceiling of
+    one kernel that reads that much, launch ramp and tail included."""
+    bufs = cycle(rotating(lambda: torch.randint(-2**31, 2**31 - 1, (nbytes // 4,),
+                                                dtype=torch.int32, device="cuda"), nbytes, l2))
+    return nbytes / t_graph(lambda: stream_read(bufs(), num_sms=sms)) / 1e9
+
+
 def bench_decode_linear(res: Results, sms: int, l2: int, stream_tbps: float, quick: bool):
     fracs = []
+    for name, (N, K) in QWEN3_8B_LINEARS.items():
+        tbps = stream_same_bytes(N * K * 2, sms, l2)
+        res.row(kernel="stream_read_same_bytes", shape=name, MB=N * K * 2 / 1e6, sms=sms,
+                tbps=tbps, frac_of_stream=tbps / stream_tbps,
+                note="the ceiling of one kernel reading this weight's bytes")
+        torch.cuda.empty_cache()
     for M in (1, 8, 32, 64):
         for name, (N, K) in QWEN3_8B_LINEARS.items():
             x, next_w = _decode_linear_case(M, N, K, l2)

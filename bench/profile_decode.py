@@ -118,10 +118,10 @@ def offline_gemm() -> None:
                       "BLOCK_K": cfg.block_k, "GROUP_M": cfg.group_m, "RECORD_SM": False}
         kinds = {"x_desc": f"tensordesc<bf16[{cfg.block_m}, {cfg.block_k}]>",
                  "w_desc": f"tensordesc<bf16[{cfg.block_n}, {cfg.block_k}]>",
-                 "y_ptr": "*bf16", "part_ptr": "*fp32", "sm_ids_ptr": "*i32"}
+                 "y_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32", "sm_ids_ptr": "*i32"}
         signature = {n: "constexpr" if n in constexprs else kinds.get(n, "i32") for n in names}
         attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
-                 if n in ("y_ptr", "part_ptr", "sm_ids_ptr", "stride_ym", "k_per_split")}
+                 if n in ("y_ptr", "part_ptr", "count_ptr", "sm_ids_ptr", "stride_ym", "k_per_split")}
         kernel = triton.compile(ASTSource(_gemm_kernel, signature, constexprs, attrs),
                                 target=GPUTarget("cuda", 90, 32),
                                 options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})

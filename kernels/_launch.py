@@ -63,6 +63,22 @@ def row_piece(tile, ncols, BLOCK: tl.constexpr):
     return tile // pieces, cols, cols < ncols
 
 
+_COUNTERS: dict[tuple, torch.Tensor] = {}
+
+
+def arrival_counters(n: int, device: torch.device) -> torch.Tensor:
+    """n zeroed int32 counters for a kernel whose programs count arrivals at a shared piece
+    of output (the last to arrive finishes it, nobody waits) and whose finisher resets the
+    count: every launch leaves them zero, so they are made once per (device, stream) instead of
+    zeroed per call (a memset would be a second launch). Concurrent streams get their own."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    buf = _COUNTERS.get((device, stream))
+    if buf is None or buf.numel() < n:
+        buf = _COUNTERS[(device, stream)] = torch.zeros(max(n, 1024), dtype=torch.int32,
+                                                        device=device)
+    return buf
+
+
 _NO_TELEMETRY: dict[torch.device, torch.Tensor] = {}
 
 

@@ -14,8 +14,8 @@ import triton
 import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import (check_tensor, grid_size, interpreting, record_sm,
-                                          telemetry_args)
+from pdmux_triton.kernels._launch import (arrival_counters, check_tensor, grid_size, interpreting,
+                                          record_sm, telemetry_args)
 from pdmux_triton.kernels._paged import AttnConfig, attend_range, check_paged_inputs, wide_offsets
 
 LOG2E = 1.4426950408889634
@@ -122,19 +122,6 @@ def _merge_unit(part_o_ptr, part_lse_ptr, o, u, first, last, g, gmask, d, GROUP:
     tl.store(o, (acc / total[:, None]).to(o.dtype.element_ty), mask=gmask[:, None])
 
 
-_COUNTERS: dict[tuple, torch.Tensor] = {}
-
-
-def _unit_counters(units: int, device: torch.device) -> torch.Tensor:
-    """Zeroed per-unit counters, one buffer per (device, stream): every call leaves them zero,
-    so they are made once, not zeroed per call (a memset would be a second launch)."""
-    key = (device, torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0)
-    buf = _COUNTERS.get(key)
-    if buf is None or buf.numel() < units:
-        buf = _COUNTERS[key] = torch.zeros(max(units, 1024), dtype=torch.int32, device=device)
-    return buf
-
-
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int,
                      max_seq_len: int, sm_scale: float | None = None,
@@ -177,7 +164,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     scale = (sm_scale if sm_scale is not None else D ** -0.5) * LOG2E
     _decode_kernel[(grid,)](
         q, k_cache, v_cache, page_table, seq_lens, out, part_o, part_lse,
-        _unit_counters(units, dev), sm_buf, B, HKV, scale, q.stride(0), q.stride(1),
+        arrival_counters(units, dev), sm_buf, B, HKV, scale, q.stride(0), q.stride(1),
         out.stride(0), out.stride(1), k_cache.stride(0), k_cache.stride(1), page_table.stride(0),
         PAGE_SIZE=page_size, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_N=cfg.block_n, BLOCK_B=triton.next_power_of_2(B), D=D, WIDE=wide_offsets(k_cache),

@@ -3,7 +3,7 @@
 One kernel serves prefill (M = thousands of tokens: big tiles, grouped order for L2 reuse) and
 decode (M = batch: a skinny tile and split-K, so even a small M spreads the weight read over
 every program of the budget). Tiles are read through TMA descriptors; with split-K each split
-writes fp32 partials and `_sum_splits_kernel` adds them.
+writes fp32 partials and the last split of a tile to finish adds them (one launch).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import (check_tensor, grid_size, interpreting, record_sm,
-                                          telemetry_args)
+from pdmux_triton.kernels._launch import (arrival_counters, check_tensor, grid_size, interpreting,
+                                          record_sm, telemetry_args)
 
 GEMM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -69,7 +69,7 @@ def default_config(M: int, N: int, K: int, programs: int, dtype: torch.dtype,
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
     k_tiles = triton.cdiv(K, cfg.block_k)
     split = 1
-    # Split only when tiles would leave half the programs idle (split-K adds a reduction pass),
+    # Split only when tiles would leave half the programs idle (split-K adds partial traffic),
     # and keep each split a few K-tiles long.
     while tiles * split < programs // 2 and k_tiles // (split * 2) >= 2:
         split *= 2
@@ -102,8 +102,8 @@ def _tile_coords(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def _gemm_kernel(x_desc, w_desc, y_ptr, part_ptr, sm_ids_ptr, M, N, k_per_split, stride_ym,
-                 SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def _gemm_kernel(x_desc, w_desc, y_ptr, part_ptr, count_ptr, sm_ids_ptr, M, N, k_per_split,
+                 stride_ym, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, RECORD_SM: tl.constexpr):
     pid = tl.program_id(0)
     record_sm(sm_ids_ptr, RECORD_SM)
@@ -111,7 +111,9 @@ def _gemm_kernel(x_desc, w_desc, y_ptr, part_ptr, sm_ids_ptr, M, N, k_per_split,
     tiles_n = tl.cdiv(N, BLOCK_N)
     tiles_mn = tiles_m * tiles_n
     k_tiles = tl.cdiv(k_per_split, BLOCK_K)
-    for tile in tl.range(pid, tiles_mn * SPLIT_K, tl.num_programs(0), flatten=True):
+    # flattened: the pipeline runs on across tiles. Not with split-K: the compiler's loop
+    # fusion fails on the finisher's branch (triton 3.6), and decode GEMMs have ~1 tile each
+    for tile in tl.range(pid, tiles_mn * SPLIT_K, tl.num_programs(0), flatten=SPLIT_K == 1):
         split = tile // tiles_mn
         pid_m, pid_n = _tile_coords(tile % tiles_mn, tiles_m, tiles_n, GROUP_M)
         k0 = split * k_per_split
@@ -123,26 +125,22 @@ def _gemm_kernel(x_desc, w_desc, y_ptr, part_ptr, sm_ids_ptr, M, N, k_per_split,
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        y = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
         if SPLIT_K == 1:
-            y = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
             tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=mask)
         else:
-            part = part_ptr + split * M * N + offs_m[:, None] * N + offs_n[None, :]
-            tl.store(part, acc, mask=mask)
-
-
-@triton.jit
-def _sum_splits_kernel(part_ptr, y_ptr, M, N, stride_ym, SPLIT_K: tl.constexpr,
-                       BLOCK: tl.constexpr):
-    total = M * N
-    for start in tl.range(tl.program_id(0) * BLOCK, total, tl.num_programs(0) * BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        mask = offs < total
-        acc = tl.zeros((BLOCK,), dtype=tl.float32)
-        for s in range(SPLIT_K):
-            acc += tl.load(part_ptr + s * total + offs, mask=mask, other=0.0)
-        y = y_ptr + (offs // N) * stride_ym + offs % N
-        tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=mask)
+            # each split leaves fp32 partials; the tile's last split to finish (a counter per
+            # output tile, nobody waits) adds them up and resets the counter
+            part = part_ptr + offs_m[:, None] * N + offs_n[None, :]
+            tl.store(part + split * M * N, acc, mask=mask)
+            tl.debug_barrier()  # every thread's partial is written before the count
+            if tl.atomic_add(count_ptr + tile % tiles_mn, 1) == SPLIT_K - 1:
+                # .cg: from L2, where the other programs' stores landed, not a stale L1 line
+                total = tl.load(part, mask=mask, other=0.0, cache_modifier=".cg")
+                for s in tl.static_range(1, SPLIT_K):
+                    total += tl.load(part + s * M * N, mask=mask, other=0.0, cache_modifier=".cg")
+                tl.store(y, total.to(y_ptr.dtype.element_ty), mask=mask)
+                tl.store(count_ptr + tile % tiles_mn, 0)  # ready for the next call
 
 
 def _check_tma_operand(name: str, t: torch.Tensor) -> None:
@@ -190,13 +188,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
     w_desc = TensorDescriptor.from_tensor(weight, [cfg.block_n, cfg.block_k])
     part = (torch.empty((split_k, M, N), dtype=torch.float32, device=x.device) if split_k > 1
             else out)
+    counters = arrival_counters(tiles // split_k, x.device) if split_k > 1 else sm_buf
     _gemm_kernel[(grid,)](
-        x_desc, w_desc, out, part, sm_buf, M, N, k_per_split, out.stride(0),
+        x_desc, w_desc, out, part, counters, sm_buf, M, N, k_per_split, out.stride(0),
         SPLIT_K=split_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         GROUP_M=cfg.group_m, RECORD_SM=record, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
-    if split_k > 1:
-        block = 1024
-        _sum_splits_kernel[(grid_size(triton.cdiv(M * N, block), num_sms, ctas_per_sm, x.device),)](
-            part, out, M, N, out.stride(0), SPLIT_K=split_k, BLOCK=block, num_warps=4)
     return out

@@ -32,6 +32,15 @@ def test_split_k_and_grids(split_k, num_sms, ctas):
     assert_close(out, x.double() @ w.double().T, torch.float32)
 
 
+def test_split_k_repeated_calls():
+    # the last split of a tile resets its counter: later calls (other shapes too) stay exact
+    for m, n, k in ((5, 24, 96), (3, 40, 64), (5, 24, 96)):
+        x, w = torch.randn(m, k, device=DEV), torch.randn(n, k, device=DEV)
+        out = linear(x, w, poisoned((m, n), torch.float32, DEV), num_sms=3,
+                     config=GemmConfig(16, 16, 16, 4, 1, split_k=4))
+        assert_close(out, x.double() @ w.double().T, torch.float32)
+
+
 def test_strided_x_view():
     big = torch.randn(9, 160, dtype=torch.float16, device=DEV)
     x = big[:, 32:96]  # rows 160 apart: a column slice, as of a fused projection
