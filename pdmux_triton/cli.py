@@ -275,7 +275,7 @@ def cmd_run(args) -> None:
                                bw_efficiency=args.bw_eff, mfu=args.mfu, pdmux=config)
         estimates.append(("the chapter's estimate", sc))
         if args.calibration:
-            cal = json.loads(Path(args.calibration).read_text()).get("summary", {})
+            cal = json.loads(Path(args.calibration).read_text())
             levels_measured = (json.loads(Path(args.compare).read_text())["summary"]["levels"]
                                if args.compare else None)
             estimates.append(("the estimate with calibrated bandwidth, S_SAT and prefill rate"

@@ -2,7 +2,7 @@
 
 Decode is bandwidth-bound: a step reads every weight once and the whole KV cache of the batch,
 at the HBM rate times an efficiency, scaled down by min(1, SMs / S_SAT) when decode has fewer
-SMs than it needs to saturate memory. Prefill is compute-bound: linear FLOPs plus causal
+SMs than it needs to saturate memory (or, calibrated, at the rate measured at that budget). Prefill is compute-bound: linear FLOPs plus causal
 attention FLOPs at the bf16 rate times an MFU, in proportion to its share of the SMs.
 Pure Python; `scheduler`'s simulated executor drives its clock with these same functions.
 """
@@ -32,6 +32,9 @@ class Scenario:
     bw_efficiency: float = 0.85
     mfu: float = 0.5
     pdmux: policy.PDMuxConfig = field(default_factory=policy.PDMuxConfig)
+    # measured decode-step TB/s by SM budget, (sms, tbps) pairs (a calibration's curve beside
+    # a prefill); when given, a step's rate is read off it instead of the S_SAT model
+    decode_tbps: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self):
         for name, value, minimum in (
@@ -75,8 +78,11 @@ def prefill_flops(model: ModelSpec, tokens: int, start: int = 0) -> float:
 
 
 def decode_step_s(sc: Scenario, sms: int, s_sat: float) -> float:
-    fraction = min(1.0, sms / s_sat)
-    return decode_step_bytes(sc.model, sc.decode_batch, sc.context) / (sc.bytes_per_s * fraction)
+    step_bytes = decode_step_bytes(sc.model, sc.decode_batch, sc.context)
+    if sc.decode_tbps:
+        budgets, rates = zip(*sc.decode_tbps)
+        return step_bytes / (float(np.interp(sms, budgets, rates)) * 1e12)
+    return step_bytes / (sc.bytes_per_s * min(1.0, sms / s_sat))
 
 
 def prefill_s(sc: Scenario, tokens: int, start: int = 0, sms: int | None = None) -> float:
@@ -143,18 +149,30 @@ def estimate(sc: Scenario) -> list[Row]:
     return rows
 
 
-def calibrated(sc: Scenario, summary: dict, kind: str = "grid_cap",
+def decode_step_points(calibration: dict, kind: str, state: str) -> tuple[tuple[int, float], ...]:
+    """A calibration's measured decode-step curve, (sms, TB/s) by budget, at one CTA per SM."""
+    return tuple(sorted((p["sms"], p["tbps"]) for p in calibration.get("rows", [])
+                        if p.get("workload") == "decode_step" and p.get("kind") == kind
+                        and p.get("state") == state and p.get("ctas_per_sm") == 1))
+
+
+def calibrated(sc: Scenario, calibration: dict, kind: str = "grid_cap",
                compare_levels: list[dict] | None = None) -> Scenario:
-    """The scenario with decode's bandwidth and S_SAT from a calibration summary (the
-    decode-step curve beside a prefill, the state PD-mux decodes in) and, given a comparison's
-    levels, the MFU its prefill reached co-running at the level this scenario picks
-    (interpolated in prefill SMs between the measured levels, held at the ends)."""
+    """The scenario with decode's rate from a calibration (the decode-step curve beside a
+    prefill, the state PD-mux decodes in: measured points, read between budgets; its S_SAT
+    fit names the row) and, given a comparison's levels, the MFU its prefill reached
+    co-running at the level this scenario picks (interpolated in prefill SMs between the
+    measured levels, held at the ends).
+
+    The curve, not peak * SMs / S_SAT: near S_SAT the measured rate bends below that line
+    (H200, decode step at 52 SMs: 1.76 TB/s measured, 2.06 on the line)."""
     try:
-        fit = summary["decode_step"][kind]["corun"]
+        fit = calibration["summary"]["decode_step"][kind]["corun"]
         peak, s_sat = fit["peak_tbps"], fit["s_sat_fit"]
     except (KeyError, TypeError):
         raise PdmuxError(f"the calibration has no decode_step / {kind} / corun fit") from None
-    out = replace(sc, bw_efficiency=min(1.0, peak / sc.gpu.hbm_tbps), s_sat=(round(s_sat, 1),))
+    out = replace(sc, bw_efficiency=min(1.0, peak / sc.gpu.hbm_tbps), s_sat=(round(s_sat, 1),),
+                  decode_tbps=decode_step_points(calibration, kind, "corun"))
     if compare_levels:
         levels = sc.pdmux.levels(sc.gpu.sms, sc.gpu.cc_major)
         index = policy.choose_group(levels, sc.decode_batch, True, sc.pdmux.decode_bs_divisor,

@@ -31,9 +31,7 @@ class DecodeCurve:
             raise PdmuxError(f"cannot read calibration {path}: {err}") from None
         self.curves = {}
         for state in ("alone", "corun"):
-            pts = sorted((p["sms"], p["tbps"]) for p in data.get("rows", [])
-                         if p.get("workload") == "decode_step" and p.get("kind") == kind
-                         and p.get("state") == state and p.get("ctas_per_sm") == 1)
+            pts = estimate.decode_step_points(data, kind, state)
             if pts:
                 self.curves[state] = (np.array([b for b, _ in pts], float),
                                       np.array([r for _, r in pts], float))

@@ -120,9 +120,18 @@ def test_calibrated_estimate_uses_the_measured_curve():
     from pdmux_triton import estimate
 
     sc = estimate.Scenario(gpu=gpu_preset("h200"))
-    summary = {"decode_step": {"grid_cap": {"corun": {"peak_tbps": 2.4, "s_sat_fit": 110.0}}}}
+    point = {"workload": "decode_step", "kind": "grid_cap", "state": "corun", "ctas_per_sm": 1}
+    summary = {"summary": {"decode_step": {"grid_cap": {"corun": {"peak_tbps": 2.4,
+                                                                  "s_sat_fit": 110.0}}}},
+               "rows": [{**point, "sms": 32, "tbps": 1.0}, {**point, "sms": 64, "tbps": 1.6},
+                        {**point, "sms": 132, "tbps": 2.4}, {**point, "sms": 48, "tbps": 9.0,
+                                                             "ctas_per_sm": 2}]}
     cal = estimate.calibrated(sc, summary)
     assert cal.bw_efficiency == pytest.approx(0.5) and cal.s_sat == (110.0,)
+    # a step's rate is read off the measured curve (ctas 1 only), not the S_SAT line
+    step_bytes = estimate.decode_step_bytes(cal.model, cal.decode_batch, cal.context)
+    assert estimate.decode_step_s(cal, 52, 110.0) == pytest.approx(step_bytes / 1.375e12)
+    assert estimate.decode_step_s(cal, 200, 110.0) == pytest.approx(step_bytes / 2.4e12)
     with pytest.raises(PdmuxError, match="no decode_step / green / corun fit"):
         estimate.calibrated(sc, summary, "green")
     # the comparison's co-running prefill rate at the chosen level (80 prefill SMs) sets MFU
