@@ -21,14 +21,20 @@ from pdmux_triton.kernels._paged import AttnConfig, attend_range, check_paged_in
 LOG2E = 1.4426950408889634
 
 
+# A unit's fixed cost (loading q and the first page ids and K/V, writing the result) in
+# blocks' worth of streaming: on the H200 a one-block unit took ~4 us and a block ~2 us, so a
+# batch padded with length-1 rows left one program with 34 of them (2x the step's attention)
+UNIT_COST = 2
+
+
 @triton.jit
-def _unit_at(pos, nb, bi, KV_HEADS):
-    """The unit (request * KV_HEADS + head) holding work block `pos`; units of request b hold
-    nb[b] blocks each, back to back."""
-    b = tl.sum((tl.cumsum(nb, axis=0) * KV_HEADS <= pos).to(tl.int32), axis=0)
-    before = tl.sum(tl.where(bi < b, nb, 0), axis=0)
-    blocks = tl.sum(tl.where(bi == b, nb, 0), axis=0)
-    return b * KV_HEADS + (pos - before * KV_HEADS) // blocks
+def _unit_at(pos, work, bi, KV_HEADS):
+    """The unit (request * KV_HEADS + head) holding work slot `pos`; each unit of request b
+    holds work[b] slots, back to back."""
+    b = tl.sum((tl.cumsum(work, axis=0) * KV_HEADS <= pos).to(tl.int32), axis=0)
+    before = tl.sum(tl.where(bi < b, work, 0), axis=0)
+    size = tl.sum(tl.where(bi == b, work, 0), axis=0)
+    return b * KV_HEADS + (pos - before * KV_HEADS) // size
 
 
 @triton.jit
@@ -36,12 +42,14 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, pa
                    count_ptr, sm_ids_ptr, B, KV_HEADS, scale_log2, sq_b, sq_h, so_b, so_h, sc_s,
                    sc_h, spt_b, PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr,
                    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
-                   D: tl.constexpr, WIDE: tl.constexpr, RECORD_SM: tl.constexpr):
-    # The work is every unit's K/V blocks back to back (unit = request, KV head); each program
-    # takes an equal contiguous range of it, whatever the lengths, so ragged and uniform
-    # batches stream alike and a program restarts its pipeline only at unit edges (~2 per
-    # program). A unit cut between programs leaves partials; the last of its programs to
-    # finish (a counter per unit, no waiting) merges them and resets the counter.
+                   UNIT_COST: tl.constexpr, D: tl.constexpr, WIDE: tl.constexpr,
+                   RECORD_SM: tl.constexpr):
+    # The work is every unit's K/V blocks back to back (unit = request, KV head), each unit
+    # led by UNIT_COST slots for its fixed cost; each program takes an equal contiguous range
+    # of slots, whatever the lengths, so ragged and uniform batches stream alike and a program
+    # restarts its pipeline only at unit edges (~2 per program). A unit cut between programs
+    # leaves partials; the last of its programs to finish (a counter per unit, no waiting)
+    # merges them and resets the counter.
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     record_sm(sm_ids_ptr, RECORD_SM)
@@ -50,7 +58,8 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, pa
     gmask = g < GROUP
     bi = tl.arange(0, BLOCK_B)
     nb = tl.cdiv(tl.load(len_ptr + bi, mask=bi < B, other=0), BLOCK_N)
-    total = tl.sum(nb, axis=0) * KV_HEADS
+    work = tl.where(nb > 0, nb + UNIT_COST, 0)  # slots per unit of each request
+    total = tl.sum(work, axis=0) * KV_HEADS
     per_program = tl.maximum(1, tl.cdiv(total, programs))
     for b in range(pid, B, programs):  # an empty request still owns its output rows
         if tl.load(len_ptr + b) == 0:
@@ -61,28 +70,30 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, pa
     lo = pid * per_program
     hi = tl.minimum(lo + per_program, total)
     if lo < hi:
-        for u in range(_unit_at(lo, nb, bi, KV_HEADS), _unit_at(hi - 1, nb, bi, KV_HEADS) + 1):
+        for u in range(_unit_at(lo, work, bi, KV_HEADS), _unit_at(hi - 1, work, bi, KV_HEADS) + 1):
             b = u // KV_HEADS
             h = u % KV_HEADS
-            blocks = tl.sum(tl.where(bi == b, nb, 0), axis=0)
-            u_lo = tl.sum(tl.where(bi < b, nb, 0), axis=0) * KV_HEADS + h * blocks
-            seg_lo = tl.maximum(lo, u_lo)
-            seg_hi = tl.minimum(hi, u_lo + blocks)
-            if seg_lo < seg_hi:  # units of empty requests hold no blocks
+            size = tl.sum(tl.where(bi == b, work, 0), axis=0)
+            u_end = tl.sum(tl.where(bi < b, work, 0), axis=0) * KV_HEADS + (h + 1) * size
+            first_block = u_end - size + UNIT_COST  # the slot of the unit's first block
+            seg_lo = tl.maximum(lo, first_block)
+            seg_hi = tl.minimum(hi, u_end)
+            if seg_lo < seg_hi:  # a range may hold only a unit's fixed-cost slots; empty
+                #                  requests' units hold none at all
                 heads = h * GROUP + g
                 q = tl.load(q_ptr + b * sq_b + heads[:, None] * sq_h + d[None, :],
                             mask=gmask[:, None], other=0.0)
                 acc = tl.zeros((BLOCK_G, D), dtype=tl.float32)
                 m_i = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
                 l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)
-                end = tl.minimum(tl.load(len_ptr + b), (seg_hi - u_lo) * BLOCK_N)
+                end = tl.minimum(tl.load(len_ptr + b), (seg_hi - first_block) * BLOCK_N)
                 acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, pt_ptr + b * spt_b,
-                                             PAGE_SIZE, (seg_lo - u_lo) * BLOCK_N, end, sc_s,
-                                             h * sc_h, g, scale_log2, BLOCK_N, D, MASKED=True,
-                                             CAUSAL=False, EARLY_V=True, WIDE=WIDE)
+                                             PAGE_SIZE, (seg_lo - first_block) * BLOCK_N, end,
+                                             sc_s, h * sc_h, g, scale_log2, BLOCK_N, D,
+                                             MASKED=True, CAUSAL=False, EARLY_V=True, WIDE=WIDE)
                 o = o_ptr + b * so_b + heads[:, None] * so_h + d[None, :]
-                first = u_lo // per_program
-                last = (u_lo + blocks - 1) // per_program
+                first = first_block // per_program  # the programs holding the unit's blocks
+                last = (u_end - 1) // per_program
                 if first == last:  # the whole unit was this program's
                     tl.store(o, (acc / l_i[:, None]).to(o_ptr.dtype.element_ty),
                              mask=gmask[:, None])
@@ -167,6 +178,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         arrival_counters(units, dev), sm_buf, B, HKV, scale, q.stride(0), q.stride(1),
         out.stride(0), out.stride(1), k_cache.stride(0), k_cache.stride(1), page_table.stride(0),
         PAGE_SIZE=page_size, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
-        BLOCK_N=cfg.block_n, BLOCK_B=triton.next_power_of_2(B), D=D, WIDE=wide_offsets(k_cache),
-        RECORD_SM=record, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        BLOCK_N=cfg.block_n, BLOCK_B=triton.next_power_of_2(B), UNIT_COST=UNIT_COST, D=D,
+        WIDE=wide_offsets(k_cache), RECORD_SM=record, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages)
     return out

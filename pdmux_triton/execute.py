@@ -280,7 +280,9 @@ class ModelExecutor:
             slots[i] = bm.slot(r.rid, r.context)
             table[i, :len(pages)] = pages
         n = len(reqs)
-        slots[n:], lens[n:], table[n:] = bm.scratch_page * ps, 1, bm.scratch_page
+        # padding writes its K/V into the scratch page and attends to nothing (length 0:
+        # decode attention gives it no work, where a length-1 row would cost a block's start)
+        slots[n:], lens[n:], table[n:] = bm.scratch_page * ps, 0, bm.scratch_page
         return tokens, positions, slots, table, lens
 
     def _decode_graph(self, B: int, width: int, bucket: int, side: _Side):

@@ -33,11 +33,13 @@ def test_decode_attention(lens, page_size, dtype):
     check_decode(lens, 4, 2, 16, page_size, dtype, num_sms=3)
 
 
+@pytest.mark.parametrize("lens", [[130, 5, 33], [1, 130, 1, 1, 40, 1, 0, 1]])
 @pytest.mark.parametrize("num_sms", [1, 2, 3, 7, 500])
-def test_decode_attention_splits_and_grids(num_sms):
-    # 16-key blocks: 9, 1 and 3 per KV head, 26 in all; 2, 3 and 7 programs cut units at
-    # different blocks, 500 programs give every block its own program (9-way merges)
-    check_decode([130, 5, 33], 8, 2, 32, 16, torch.float32, num_sms=num_sms)
+def test_decode_attention_splits_and_grids(lens, num_sms):
+    # 16-key blocks: 9, 1 and 3 per KV head (each unit led by UNIT_COST slots of fixed cost);
+    # 2, 3 and 7 programs cut units at different blocks, some ranges hold only fixed-cost
+    # slots, 500 programs give every block its own program (9-way merges)
+    check_decode(lens, 8, 2, 32, 16, torch.float32, num_sms=num_sms)
 
 
 def test_decode_attention_repeated_calls():
