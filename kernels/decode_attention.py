@@ -22,8 +22,9 @@ LOG2E = 1.4426950408889634
 
 
 # A unit's fixed cost (loading q and the first page ids and K/V, writing the result) in
-# blocks' worth of streaming: on the H200 a one-block unit took ~4 us and a block ~2 us, so a
-# batch padded with length-1 rows left one program with 34 of them (2x the step's attention)
+# blocks' worth of streaming. Counted as 0, a batch padded with length-1 rows left one program
+# 34 one-block units (2x the step's attention on the H200); swept 0-4 there, 2 was best on
+# ragged and padded batches and within 1% on uniform ones (bench/NOTES.md)
 UNIT_COST = 2
 
 
