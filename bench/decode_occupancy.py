@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 
 import torch
-from triton.testing import do_bench_cudagraph
 
 sys.path.insert(0, str(Path(__file__).parent))
-from kernels import QWEN3_8B_LINEARS, Results, cycle, decode_cases, paged_cache, rotating  # noqa: E402
+from kernels import (QWEN3_8B_LINEARS, Results, cycle, decode_cases, paged_cache,  # noqa: E402
+                     rotating, t_graph)
 
 from pdmux_triton.hardware import detect_gpu  # noqa: E402
 from pdmux_triton.kernels import AttnConfig, GemmConfig, decode_attention, linear  # noqa: E402
@@ -40,10 +40,6 @@ GEMM_VARIANTS = {
          GemmConfig(32, 64, 128, 4, 6), GemmConfig(32, 32, 256, 4, 4), GemmConfig(64, 64, 128, 4, 6),
          GemmConfig(32, 64, 128, 4, 6, split_k=2), GemmConfig(32, 64, 128, 4, 6, split_k=4)],
 }
-
-
-def t_graph(fn) -> float:
-    return do_bench_cudagraph(fn, rep=30, return_mode="median")
 
 
 def main(argv=None) -> int:

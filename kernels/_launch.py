@@ -64,18 +64,28 @@ def row_piece(tile, ncols, BLOCK: tl.constexpr):
 
 
 _COUNTERS: dict[tuple, torch.Tensor] = {}
+_OUTGROWN: list[torch.Tensor] = []  # CUDA graphs may hold their pointers: never freed
 
 
 def arrival_counters(n: int, device: torch.device) -> torch.Tensor:
     """n zeroed int32 counters for a kernel whose programs count arrivals at a shared piece
     of output (the last to arrive finishes it, nobody waits) and whose finisher resets the
-    count: every launch leaves them zero, so they are made once per (device, stream) instead of
-    zeroed per call (a memset would be a second launch). Concurrent streams get their own."""
+    count. Every launch leaves them zero, so they are made once per (device, stream), not
+    zeroed per call (a memset is one more launch); concurrent streams get their own.
+
+    Under CUDA graph capture on a stream that has none yet (no call ran on it before the
+    capture), each call gets fresh counters zeroed inside the graph: correct at every replay,
+    at the cost of a memset per call. Warm up on the capturing stream to avoid it."""
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
     buf = _COUNTERS.get((device, stream))
-    if buf is None or buf.numel() < n:
-        buf = _COUNTERS[(device, stream)] = torch.zeros(max(n, 1024), dtype=torch.int32,
-                                                        device=device)
+    if buf is not None and buf.numel() >= n:
+        return buf
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return torch.zeros(n, dtype=torch.int32, device=device)
+    if buf is not None:
+        _OUTGROWN.append(buf)
+    buf = _COUNTERS[(device, stream)] = torch.zeros(max(n, 1024), dtype=torch.int32,
+                                                    device=device)
     return buf
 
 
