@@ -74,13 +74,13 @@ def offline(block_n: int, num_warps: int, num_stages: int) -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from pdmux_triton.kernels.decode_attention import _decode_kernel
+    from pdmux_triton.kernels.decode_attention import UNIT_COST, _decode_kernel
 
     pointers = {"q_ptr": "*bf16", "kc_ptr": "*bf16", "vc_ptr": "*bf16", "pt_ptr": "*i32",
                 "len_ptr": "*i32", "o_ptr": "*bf16", "part_o_ptr": "*fp32",
                 "part_lse_ptr": "*fp32", "count_ptr": "*i32", "sm_ids_ptr": "*i32"}
     constexprs = {"PAGE_SIZE": 16, "GROUP": 4, "BLOCK_G": 16, "BLOCK_N": block_n, "BLOCK_B": 32,
-                  "D": 128, "WIDE": False, "RECORD_SM": False}
+                  "UNIT_COST": UNIT_COST, "D": 128, "WIDE": False, "RECORD_SM": False}
     names = list(inspect.signature(_decode_kernel.fn).parameters)
     signature = {n: "constexpr" if n in constexprs else pointers.get(n, "i32") for n in names}
     signature["scale_log2"] = "fp32"

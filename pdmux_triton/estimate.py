@@ -2,8 +2,9 @@
 
 Decode is bandwidth-bound: a step reads every weight once and the whole KV cache of the batch,
 at the HBM rate times an efficiency, scaled down by min(1, SMs / S_SAT) when decode has fewer
-SMs than it needs to saturate memory (or, calibrated, at the rate measured at that budget). Prefill is compute-bound: linear FLOPs plus causal
-attention FLOPs at the bf16 rate times an MFU, in proportion to its share of the SMs.
+SMs than it needs to saturate memory (or, calibrated, at the rate measured at that budget).
+Prefill is compute-bound: linear FLOPs plus causal attention FLOPs at the bf16 rate times an
+MFU, in proportion to its share of the SMs.
 Pure Python; `scheduler`'s simulated executor drives its clock with these same functions.
 """
 
