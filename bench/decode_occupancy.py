@@ -22,7 +22,8 @@ from kernels import (QWEN3_8B_LINEARS, Results, cycle, decode_cases, paged_cache
                      rotating, t_graph)
 
 from pdmux_triton.hardware import detect_gpu  # noqa: E402
-from pdmux_triton.kernels import AttnConfig, GemmConfig, decode_attention, linear  # noqa: E402
+from pdmux_triton.kernels import (AttnConfig, GemmConfig, decode_attention, linear,  # noqa: E402
+                                  stream_read)
 
 BUDGETS = (16, 52, 132)
 # the decode GEMM's steps in bandwidth at 64/96/128 SMs are tile-count quantization: sweep
@@ -33,13 +34,19 @@ GEMM_BUDGETS = (8, 16, 24, 32, 40, 52, 64, 80, 96, 112, 132)
 ATTN_VARIANTS = [AttnConfig(16, 128, 4, 3), AttnConfig(16, 128, 4, 5), AttnConfig(16, 128, 4, 7),
                  AttnConfig(16, 128, 8, 5), AttnConfig(16, 64, 4, 9)]
 GEMM_VARIANTS = {
-    1: [None, GemmConfig(16, 64, 256, 4, 4), GemmConfig(16, 128, 256, 8, 3),
-        GemmConfig(16, 64, 512, 4, 3), GemmConfig(16, 32, 512, 4, 4), GemmConfig(16, 128, 128, 4, 6),
-        GemmConfig(16, 64, 256, 4, 4, split_k=2), GemmConfig(16, 64, 256, 4, 4, split_k=4)],
-    32: [None, GemmConfig(32, 64, 256, 4, 3), GemmConfig(32, 128, 128, 8, 4),
-         GemmConfig(32, 64, 128, 4, 6), GemmConfig(32, 32, 256, 4, 4), GemmConfig(64, 64, 128, 4, 6),
-         GemmConfig(32, 64, 128, 4, 6, split_k=2), GemmConfig(32, 64, 128, 4, 6, split_k=4)],
+    1: [None, GemmConfig(16, 32, 256, 4, 6), GemmConfig(16, 64, 256, 4, 4, stream_k=True),
+        GemmConfig(16, 64, 256, 4, 5, stream_k=True), GemmConfig(16, 32, 256, 4, 8, stream_k=True),
+        GemmConfig(16, 128, 128, 8, 5, stream_k=True), GemmConfig(16, 64, 128, 4, 8, stream_k=True)],
+    32: [None, GemmConfig(32, 32, 128, 4, 6), GemmConfig(32, 64, 128, 4, 6, stream_k=True),
+         GemmConfig(32, 64, 256, 4, 4, stream_k=True), GemmConfig(64, 64, 128, 4, 6, stream_k=True),
+         GemmConfig(32, 32, 256, 4, 6, stream_k=True)],
+    64: [None, GemmConfig(64, 32, 128, 4, 6), GemmConfig(64, 64, 128, 4, 6, stream_k=True),
+         GemmConfig(64, 128, 64, 4, 6, stream_k=True), GemmConfig(64, 64, 128, 8, 6, stream_k=True),
+         GemmConfig(64, 32, 256, 4, 4, stream_k=True)],
 }
+GEMM_VARIANTS[8] = GEMM_VARIANTS[1]
+# the streaming read over one weight's bytes, in finer steps than its 2 GiB default
+STREAM_VARIANTS = [(4096, 8, 32), (2048, 8, 16), (1024, 8, 8), (2048, 4, 8), (1024, 4, 4)]
 
 
 def main(argv=None) -> int:
@@ -48,6 +55,8 @@ def main(argv=None) -> int:
     p.add_argument("--sections", default="attention,gemm", help="attention and/or gemm")
     p.add_argument("--budgets", help="comma-separated SM budgets (default: each section's own)")
     p.add_argument("--cases", default="32x8192,ragged32_100_16000", help="decode attention cases")
+    p.add_argument("--shapes", default="o,gate_up", help="Qwen3-8B weights for the GEMM section")
+    p.add_argument("--ms", default="1,32", help="decode batch sizes M for the GEMM section")
     args = p.parse_args(argv)
     sections = set(args.sections.split(","))
     if not sections <= {"attention", "gemm"}:
@@ -74,8 +83,23 @@ def main(argv=None) -> int:
                         tbps=nbytes / ms / 1e9, gbps_per_sm=nbytes / ms / 1e6 / budget)
         res.save()
     l2 = int(gpu.l2_mib * 2**20)
-    for M, variants in GEMM_VARIANTS.items() if "gemm" in sections else ():
-        for name in ("o", "gate_up"):
+    shapes = args.shapes.split(",") if "gemm" in sections else []
+    for name in shapes:
+        N, K = QWEN3_8B_LINEARS[name]
+        bufs = cycle(rotating(lambda: torch.randint(1 << 30, (N * K // 2,), dtype=torch.int32,
+                                                  device="cuda"),
+                              N * K * 2, l2))
+        for budget in budgets or GEMM_BUDGETS:
+            for block, unroll, warps in STREAM_VARIANTS:
+                ms = t_graph(lambda: stream_read(bufs(), num_sms=budget, block=block,
+                                                 unroll=unroll, num_warps=warps))
+                res.row(kernel="stream_read_same_bytes", shape=name, M=0, sms=budget,
+                        config=f"block {block} unroll {unroll} warps {warps}",
+                        tbps=N * K * 2 / ms / 1e9, gbps_per_sm=N * K * 2 / ms / 1e6 / budget)
+        del bufs
+    for M in (int(m) for m in args.ms.split(",")) if "gemm" in sections else ():
+        variants = GEMM_VARIANTS[M]
+        for name in shapes:
             N, K = QWEN3_8B_LINEARS[name]
             next_w = cycle(rotating(lambda: torch.randn(N, K, dtype=torch.bfloat16, device="cuda"),
                                     N * K * 2, l2))

@@ -31,6 +31,8 @@ class GemmConfig:
     num_stages: int
     group_m: int = 8
     split_k: int = 1
+    # stream-K: every (tile, K-slab) unit split evenly between the programs (split_k unused)
+    stream_k: bool = False
 
 
 def decode_tile(M: int, elem: int, small_budget: bool) -> GemmConfig:
@@ -143,6 +145,59 @@ def _gemm_kernel(x_desc, w_desc, y_ptr, part_ptr, count_ptr, sm_ids_ptr, M, N, k
                 tl.store(count_ptr + tile % tiles_mn, 0)  # ready for the next call
 
 
+@triton.jit
+def _stream_k_kernel(x_desc, w_desc, y_ptr, part_ptr, count_ptr, sm_ids_ptr, M, N, K, stride_ym,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     RECORD_SM: tl.constexpr):
+    # The work is every output tile's K-slabs back to back; program p takes units
+    # [p*T//P, (p+1)*T//P), so all programs read the same bytes (within one slab) whatever the
+    # tile count. A tile cut between programs leaves fp32 partials at row (tile + program),
+    # unique as in decode attention; its last program to finish (a counter per tile, nobody
+    # waits) adds them and resets the counter.
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    record_sm(sm_ids_ptr, RECORD_SM)
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    total = tiles_m * tl.cdiv(N, BLOCK_N) * k_tiles
+    lo = pid * total // programs
+    hi = (pid + 1) * total // programs
+    if lo < hi:
+        for tile in range(lo // k_tiles, (hi - 1) // k_tiles + 1):
+            pid_m = tile % tiles_m  # the M tiles of one weight slab run back to back (L2)
+            pid_n = tile // tiles_m
+            k_lo = tl.maximum(lo, tile * k_tiles) - tile * k_tiles
+            k_hi = tl.minimum(hi, (tile + 1) * k_tiles) - tile * k_tiles
+            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            for ki in range(k_lo, k_hi):
+                a = x_desc.load([pid_m * BLOCK_M, ki * BLOCK_K])
+                b = w_desc.load([pid_n * BLOCK_N, ki * BLOCK_K])
+                acc = tl.dot(a, b.T, acc)
+            offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+            y = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+            # the programs holding this tile's first and last unit (the largest q whose range
+            # starts at or before unit x is ((x + 1) * P - 1) // T)
+            first = ((tile * k_tiles + 1) * programs - 1) // total
+            last = (((tile + 1) * k_tiles) * programs - 1) // total
+            if first == last:
+                tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=mask)
+            else:
+                tile_elems = BLOCK_M * BLOCK_N
+                rows = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
+                tl.store(part_ptr + (tile + pid) * tile_elems + rows, acc)
+                tl.debug_barrier()  # every thread's partial is written before the count
+                if tl.atomic_add(count_ptr + tile, 1) == last - first:
+                    total_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                    for q in range(first, last + 1):
+                        # .cg: from L2, where the other programs' stores landed
+                        total_acc += tl.load(part_ptr + (tile + q) * tile_elems + rows,
+                                             cache_modifier=".cg")
+                    tl.store(y, total_acc.to(y_ptr.dtype.element_ty), mask=mask)
+                    tl.store(count_ptr + tile, 0)  # ready for the next call
+
+
 def _check_tma_operand(name: str, t: torch.Tensor) -> None:
     if t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16:
         raise PdmuxError(
@@ -179,13 +234,24 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
         programs = grid_size(1 << 30, num_sms, ctas_per_sm, x.device)
         whole_gpu = grid_size(1 << 30, None, ctas_per_sm, x.device)
         cfg = default_config(M, N, K, programs, x.dtype, whole_gpu)
+    x_desc = TensorDescriptor.from_tensor(x, [cfg.block_m, cfg.block_k])
+    w_desc = TensorDescriptor.from_tensor(weight, [cfg.block_n, cfg.block_k])
+    if cfg.stream_k:
+        tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+        grid = grid_size(tiles * triton.cdiv(K, cfg.block_k), num_sms, ctas_per_sm, x.device)
+        sm_buf, record = telemetry_args(sm_ids, grid, x.device)
+        part = torch.empty((tiles + grid, cfg.block_m * cfg.block_n), dtype=torch.float32,
+                           device=x.device)
+        _stream_k_kernel[(grid,)](
+            x_desc, w_desc, out, part, arrival_counters(tiles, x.device), sm_buf, M, N, K,
+            out.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+            RECORD_SM=record, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        return out
     k_per_split = triton.cdiv(triton.cdiv(K, cfg.split_k), cfg.block_k) * cfg.block_k
     split_k = triton.cdiv(K, k_per_split)  # rounding the split up to BLOCK_K can drop a split
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n) * split_k
     grid = grid_size(tiles, num_sms, ctas_per_sm, x.device)
     sm_buf, record = telemetry_args(sm_ids, grid, x.device)
-    x_desc = TensorDescriptor.from_tensor(x, [cfg.block_m, cfg.block_k])
-    w_desc = TensorDescriptor.from_tensor(weight, [cfg.block_n, cfg.block_k])
     part = (torch.empty((split_k, M, N), dtype=torch.float32, device=x.device) if split_k > 1
             else out)
     # without split-K nothing counts arrivals: any int32 buffer fills the argument

@@ -32,6 +32,18 @@ def test_split_k_and_grids(split_k, num_sms, ctas):
     assert_close(out, x.double() @ w.double().T, torch.float32)
 
 
+@pytest.mark.parametrize("M,N,K", [(1, 40, 64), (7, 33, 128), (20, 48, 112)])
+@pytest.mark.parametrize("num_sms,ctas", [(1, 1), (2, 1), (3, 1), (5, 1), (64, 1), (2, 2)])
+def test_stream_k_grids(M, N, K, num_sms, ctas):
+    # programs of 1 to 16 slabs: tiles whole, cut in two, cut in three; grids above the unit count
+    x = torch.randn(M, K, device=DEV)
+    w = torch.randn(N, K, device=DEV)
+    out = poisoned((M, N), torch.float32, DEV)
+    linear(x, w, out, num_sms=num_sms, ctas_per_sm=ctas,
+           config=GemmConfig(16, 16, 16, 4, 1, stream_k=True))
+    assert_close(out, x.double() @ w.double().T, torch.float32)
+
+
 def test_split_k_repeated_calls():
     # the last split of a tile resets its counter: later calls (other shapes too) stay exact
     for m, n, k in ((5, 24, 96), (3, 40, 64), (5, 24, 96)):
@@ -86,6 +98,20 @@ def test_linear_bf16_real_sizes(M, N, K):
     out = poisoned((M, N), torch.bfloat16, "cuda")
     linear(x, w, out, num_sms=80)
     assert_close(out, x.double() @ w.double().T, torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 8, 33, 64])
+@pytest.mark.parametrize("cfg", [GemmConfig(16, 64, 256, 4, 4, stream_k=True),
+                                 GemmConfig(64, 64, 128, 4, 6, stream_k=True)])
+def test_stream_k_bf16_real_sizes(M, cfg):
+    N, K = 6144, 4096
+    x = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(N, K, dtype=torch.bfloat16, device="cuda") / K ** 0.5
+    for sms in (132, 80, 7):
+        out = poisoned((M, N), torch.bfloat16, "cuda")
+        linear(x, w, out, num_sms=sms, config=cfg)
+        assert_close(out, x.double() @ w.double().T, torch.bfloat16)
 
 
 def test_decode_tiles_follow_the_budget():
