@@ -100,39 +100,45 @@ def offline(block_n: int, num_warps: int, num_stages: int) -> None:
 
 
 def offline_gemm() -> None:
-    """The decode GEMM tiles kernels/gemm.py picks, compiled for sm_90: MMA kind and buffers."""
+    """The GEMM tiles kernels/gemm.py picks, compiled for sm_90: MMA kind, loads, buffers and
+    the decode (stream-K) loop's instructions."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from pdmux_triton.kernels.gemm import GemmConfig, _gemm_kernel, decode_tile
+    from pdmux_triton.kernels.gemm import GemmConfig, _gemm_kernel, _stream_k_kernel, decode_tile
 
-    names = list(inspect.signature(_gemm_kernel.fn).parameters)
     tiles = [("M<=16, whole GPU", decode_tile(1, 2, False)),
              ("M<=16, small budget", decode_tile(1, 2, True)),
-             ("M<=32, whole GPU", decode_tile(32, 2, False)),
-             ("M<=64 / small budget", decode_tile(64, 2, True)),
+             ("M=64, whole GPU", decode_tile(64, 2, False)),
              ("prefill", GemmConfig(128, 256, 64, 8, 3, group_m=16))]
     for label, cfg in tiles:
-        constexprs = {"SPLIT_K": 1, "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n,
-                      "BLOCK_K": cfg.block_k, "GROUP_M": cfg.group_m, "RECORD_SM": False}
+        fn = _stream_k_kernel if cfg.stream_k else _gemm_kernel
+        names = list(inspect.signature(fn.fn).parameters)
+        constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
+                      "RECORD_SM": False}
+        constexprs.update({"EVEN_K": True} if cfg.stream_k else {"GROUP_M": cfg.group_m})
         kinds = {"x_desc": f"tensordesc<bf16[{cfg.block_m}, {cfg.block_k}]>",
-                 "w_desc": f"tensordesc<bf16[{cfg.block_n}, {cfg.block_k}]>",
-                 "y_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32", "sm_ids_ptr": "*i32"}
+                 "w_desc": f"tensordesc<bf16[{cfg.block_n}, {cfg.block_k}]>", "x_ptr": "*bf16",
+                 "w_ptr": "*bf16", "y_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32",
+                 "sm_ids_ptr": "*i32"}
         signature = {n: "constexpr" if n in constexprs else kinds.get(n, "i32") for n in names}
+        # what a real launch specializes: 16-byte aligned pointers, strides and K divisible by 16
         attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
-                 if n in ("y_ptr", "part_ptr", "count_ptr", "sm_ids_ptr", "stride_ym", "k_per_split")}
-        kernel = triton.compile(ASTSource(_gemm_kernel, signature, constexprs, attrs),
+                 if n.endswith("_ptr") or n.startswith("stride") or n == "K"}
+        kernel = triton.compile(ASTSource(fn, signature, constexprs, attrs),
                                 target=GPUTarget("cuda", 90, 32),
                                 options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
         ptx = kernel.asm["ptx"]
         buffers = {m for line in kernel.asm["ttgir"].splitlines() if "local_alloc" in line
                    for m in re.findall(r"memdesc<([\dx]+xbf16)", line)}
-        print(f"gemm {label} {cfg.block_m}x{cfg.block_n}x{cfg.block_k}, {cfg.num_warps} warps: "
-              f"wgmma {len(re.findall(PTX_PATTERNS['wgmma (Hopper)'], ptx))}, mma.sync "
-              f"{len(re.findall(PTX_PATTERNS['mma.sync (Ampere-style)'], ptx))}, TMA "
-              f"{len(re.findall(PTX_PATTERNS['TMA bulk tensor copy'], ptx))}; buffers "
-              f"{', '.join(sorted(buffers))}")
+        print(f"gemm {label} {cfg.block_m}x{cfg.block_n}x{cfg.block_k}, {cfg.num_warps} warps, "
+              f"{'stream-K' if cfg.stream_k else 'tiles'}: "
+              + ", ".join(f"{what} {len(re.findall(pattern, ptx))}"
+                          for what, pattern in PTX_PATTERNS.items())
+              + f"; buffers {', '.join(sorted(buffers))}")
+        if cfg.stream_k:
+            describe_loop(kernel.asm["sass"])
 
 
 def on_gpu(budget: int) -> None:
@@ -143,7 +149,7 @@ def on_gpu(budget: int) -> None:
 
     from pdmux_triton.kernels import decode_attention, linear
     from pdmux_triton.kernels.decode_attention import _decode_kernel
-    from pdmux_triton.kernels.gemm import _gemm_kernel
+    from pdmux_triton.kernels.gemm import _gemm_kernel, _stream_k_kernel
 
     lens = [8192] * 32
     k, v, table = paged_cache(lens, 16)
@@ -154,7 +160,8 @@ def on_gpu(budget: int) -> None:
     w = torch.randn(24576, 4096, dtype=torch.bfloat16, device="cuda")
     linear(x, w, num_sms=budget)
     torch.cuda.synchronize()
-    for name, fn in (("decode attention", _decode_kernel), ("gemm", _gemm_kernel)):
+    for name, fn in (("decode attention", _decode_kernel), ("gemm", _gemm_kernel),
+                     ("gemm stream-K", _stream_k_kernel)):
         for cache in fn.device_caches.values():
             for kernel in cache[0].values():
                 print(f"{name}: regs {kernel.n_regs}, spills {kernel.n_spills}, shared "

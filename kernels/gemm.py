@@ -1,14 +1,16 @@
 """Persistent GEMM `y = x @ W^T` (W stored [N, K] like torch Linear), grid capped to an SM budget.
 
-One kernel serves prefill (M = thousands of tokens: big tiles, grouped order for L2 reuse) and
-decode (M = batch: a skinny tile and split-K, so even a small M spreads the weight read over
-every program of the budget). Tiles are read through TMA descriptors; with split-K each split
-writes fp32 partials and the last split of a tile to finish adds them (one launch).
+Two schedules. Prefill (M = thousands of tokens): big output tiles read through TMA, grouped
+order for L2 reuse, each program looping over whole tiles. Decode (M = batch, few output
+tiles): stream-K, the weight's (tile, K-slab) units split evenly between the programs so every
+program of the budget reads the same bytes; operands swapped (W rows are the MMA's M, so even
+M = 1 runs on Hopper's warpgroup MMA) and loaded with cp.async; a tile cut between programs is
+summed by the last of them to finish (one launch, nobody waits).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -30,53 +32,42 @@ class GemmConfig:
     num_warps: int
     num_stages: int
     group_m: int = 8
-    split_k: int = 1
-    # stream-K: every (tile, K-slab) unit split evenly between the programs (split_k unused)
+    # stream-K: every (tile, K-slab) unit split evenly between the programs; block_m is then
+    # the rows of x per tile (the MMA's N) and block_n the rows of W (its M)
     stream_k: bool = False
 
 
 def decode_tile(M: int, elem: int, small_budget: bool) -> GemmConfig:
-    """The tile for a skinny (decode) GEMM, M <= 64.
-
-    A small SM budget cannot saturate HBM, so what counts is each program's own bandwidth:
-    on the H200 at 16 and 52 SMs, 128-wide slabs with 8 warps (M <= 16) and 64-row tiles that
-    run on Hopper's warpgroup MMA (M <= 64) stream 1.15-1.85x faster than the small tiles.
-    With the whole GPU the small tiles win (10-13%): more of them even out the waves.
-    """
-    bk = 256 if elem < 4 else 64
-    if M <= 16:
-        return GemmConfig(16, 128, bk, 8, 3) if small_budget else GemmConfig(16, 64, bk, 4, 4)
-    # a deeper pipeline of shorter slabs keeps the larger x tile in shared memory
-    block_m = 64 if small_budget or M > 32 else 32
-    return GemmConfig(block_m, 64, bk // 2 if elem < 4 else bk, 4, 6)
+    """The stream-K tile for a skinny (decode) GEMM, M <= 64: x's rows padded to the MMA's N
+    (16-64), 64 rows of W (one warpgroup MMA) per tile on the whole GPU, 128 on a small budget,
+    where each program's own bandwidth is what counts (bench/NOTES.md)."""
+    block_m = max(16, triton.next_power_of_2(M))
+    bk = 128 if elem < 4 else 64
+    if small_budget:
+        return GemmConfig(block_m, 128, bk, 8, 4, stream_k=True)
+    return GemmConfig(block_m, 64, bk, 4, 6, stream_k=True)
 
 
 def default_config(M: int, N: int, K: int, programs: int, dtype: torch.dtype,
                    device_programs: int | None = None) -> GemmConfig:
-    """A tile shape for this problem; split-K when there are too few output tiles to go round.
+    """A tile shape and schedule for this problem.
 
     Large M: 128x256 tiles, the best of bench/kernels.py's sweep on the H200 (~1.0x cuBLAS).
     Skinny M (decode): see `decode_tile`; a budget of at most half the GPU's programs counts
-    as small.
+    as small. In between: 64/128x128 tiles, stream-K when there are fewer tiles than programs.
     """
     elem = torch.finfo(dtype).bits // 8
     if interpreting():
-        return GemmConfig(16, 16, 16, 4, 1, split_k=2 if M <= 16 and K >= 64 else 1)
-    if M > 1024:
+        cfg = GemmConfig(16, 16, 16, 4, 1)
+    elif M > 1024:
         return _fit_shared_memory(GemmConfig(128, 256, 64, 8, 3, group_m=16), elem)
-    if M <= 64:
-        cfg = decode_tile(M, elem, device_programs is not None and 2 * programs <= device_programs)
+    elif M <= 64:
+        small = device_programs is not None and 2 * programs <= device_programs
+        return _fit_shared_memory(decode_tile(M, elem, small), elem)
     else:
         cfg = GemmConfig(64 if M <= 256 else 128, 128, 64, 4, 4)
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
-    k_tiles = triton.cdiv(K, cfg.block_k)
-    split = 1
-    # Split only when tiles would leave half the programs idle (split-K adds partial traffic),
-    # and keep each split a few K-tiles long.
-    while tiles * split < programs // 2 and k_tiles // (split * 2) >= 2:
-        split *= 2
-    return _fit_shared_memory(GemmConfig(cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps,
-                                         cfg.num_stages, cfg.group_m, split), elem)
+    return _fit_shared_memory(replace(cfg, stream_k=tiles < programs), elem)
 
 
 SHARED_MEMORY_LIMIT = 227 * 1024  # per block on Hopper
@@ -84,12 +75,11 @@ SHARED_MEMORY_LIMIT = 227 * 1024  # per block on Hopper
 
 def _fit_shared_memory(cfg: GemmConfig, elem_bytes: int) -> GemmConfig:
     """Fewer pipeline stages until the staged x and W tiles plus the epilogue tile (converted
-    through shared memory; fp32 when split-K writes partials) fit."""
+    through shared memory, in fp32 when stream-K may write partials) fit."""
     per_stage = (cfg.block_m + cfg.block_n) * cfg.block_k * elem_bytes
-    epilogue = cfg.block_m * cfg.block_n * (4 if cfg.split_k > 1 else elem_bytes)
+    epilogue = cfg.block_m * cfg.block_n * (4 if cfg.stream_k else elem_bytes)
     stages = max(1, min(cfg.num_stages, (SHARED_MEMORY_LIMIT - epilogue) // per_stage))
-    return GemmConfig(cfg.block_m, cfg.block_n, cfg.block_k, cfg.num_warps, stages, cfg.group_m,
-                      cfg.split_k)
+    return replace(cfg, num_stages=stages)
 
 
 @triton.jit
@@ -104,97 +94,90 @@ def _tile_coords(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
 
 
 @triton.jit
-def _gemm_kernel(x_desc, w_desc, y_ptr, part_ptr, count_ptr, sm_ids_ptr, M, N, k_per_split,
-                 stride_ym, SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, RECORD_SM: tl.constexpr):
+def _gemm_kernel(x_desc, w_desc, y_ptr, sm_ids_ptr, M, N, K, stride_ym, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                 RECORD_SM: tl.constexpr):
     pid = tl.program_id(0)
     record_sm(sm_ids_ptr, RECORD_SM)
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
-    tiles_mn = tiles_m * tiles_n
-    k_tiles = tl.cdiv(k_per_split, BLOCK_K)
-    # flattened: the pipeline runs on across tiles. Not with split-K: the compiler's loop
-    # fusion fails on the finisher's branch (triton 3.6), and decode GEMMs have ~1 tile each
-    for tile in tl.range(pid, tiles_mn * SPLIT_K, tl.num_programs(0), flatten=SPLIT_K == 1):
-        split = tile // tiles_mn
-        pid_m, pid_n = _tile_coords(tile % tiles_mn, tiles_m, tiles_n, GROUP_M)
-        k0 = split * k_per_split
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    # flattened: the pipeline runs on across tiles
+    for tile in tl.range(pid, tiles_m * tiles_n, tl.num_programs(0), flatten=True):
+        pid_m, pid_n = _tile_coords(tile, tiles_m, tiles_n, GROUP_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for ki in range(k_tiles):
-            a = x_desc.load([pid_m * BLOCK_M, k0 + ki * BLOCK_K])
-            b = w_desc.load([pid_n * BLOCK_N, k0 + ki * BLOCK_K])
+            a = x_desc.load([pid_m * BLOCK_M, ki * BLOCK_K])
+            b = w_desc.load([pid_n * BLOCK_N, ki * BLOCK_K])
             acc = tl.dot(a, b.T, acc)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-        y = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
-        if SPLIT_K == 1:
-            tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=mask)
-        else:
-            # each split leaves fp32 partials; the tile's last split to finish (a counter per
-            # output tile, nobody waits) adds them up and resets the counter
-            part = part_ptr + offs_m[:, None] * N + offs_n[None, :]
-            tl.store(part + split * M * N, acc, mask=mask)
-            tl.debug_barrier()  # every thread's partial is written before the count
-            if tl.atomic_add(count_ptr + tile % tiles_mn, 1) == SPLIT_K - 1:
-                # .cg: from L2, where the other programs' stores landed, not a stale L1 line
-                total = tl.load(part, mask=mask, other=0.0, cache_modifier=".cg")
-                for s in tl.static_range(1, SPLIT_K):
-                    total += tl.load(part + s * M * N, mask=mask, other=0.0, cache_modifier=".cg")
-                tl.store(y, total.to(y_ptr.dtype.element_ty), mask=mask)
-                tl.store(count_ptr + tile % tiles_mn, 0)  # ready for the next call
+        tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :],
+                 acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
-def _stream_k_kernel(x_desc, w_desc, y_ptr, part_ptr, count_ptr, sm_ids_ptr, M, N, K, stride_ym,
-                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     RECORD_SM: tl.constexpr):
+def _stream_k_kernel(x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, sm_ids_ptr, M, N, K, stride_xm,
+                     stride_wn, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, RECORD_SM: tl.constexpr):
     # The work is every output tile's K-slabs back to back; program p takes units
     # [p*T//P, (p+1)*T//P), so all programs read the same bytes (within one slab) whatever the
     # tile count. A tile cut between programs leaves fp32 partials at row (tile + program),
     # unique as in decode attention; its last program to finish (a counter per tile, nobody
-    # waits) adds them and resets the counter.
+    # waits) adds them and resets the counter. Operands are swapped, acc[n, m] = W . x^T, so
+    # W's rows fill the MMA's M (64 per warpgroup on Hopper) however small the batch.
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     record_sm(sm_ids_ptr, RECORD_SM)
     tiles_m = tl.cdiv(M, BLOCK_M)
     k_tiles = tl.cdiv(K, BLOCK_K)
     total = tiles_m * tl.cdiv(N, BLOCK_N) * k_tiles
-    lo = pid * total // programs
-    hi = (pid + 1) * total // programs
+    lo = (pid.to(tl.int64) * total // programs).to(tl.int32)
+    hi = ((pid + 1).to(tl.int64) * total // programs).to(tl.int32)
+    rk = tl.arange(0, BLOCK_K)
+    cell = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
     if lo < hi:
         for tile in range(lo // k_tiles, (hi - 1) // k_tiles + 1):
             pid_m = tile % tiles_m  # the M tiles of one weight slab run back to back (L2)
             pid_n = tile // tiles_m
+            rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            # rows past the edge are clamped, not masked (no predicates in the loop); their
+            # results are never stored
+            x_rows = x_ptr + tl.minimum(rm, M - 1)[:, None] * stride_xm
+            w_rows = w_ptr + tl.minimum(rn, N - 1).to(tl.int64)[:, None] * stride_wn
             k_lo = tl.maximum(lo, tile * k_tiles) - tile * k_tiles
             k_hi = tl.minimum(hi, (tile + 1) * k_tiles) - tile * k_tiles
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
             for ki in range(k_lo, k_hi):
-                a = x_desc.load([pid_m * BLOCK_M, ki * BLOCK_K])
-                b = w_desc.load([pid_n * BLOCK_N, ki * BLOCK_K])
-                acc = tl.dot(a, b.T, acc)
-            offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-            offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-            mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-            y = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+                k = ki * BLOCK_K + rk
+                if EVEN_K:
+                    xt = tl.load(x_rows + k[None, :])
+                    wt = tl.load(w_rows + k[None, :])
+                else:
+                    xt = tl.load(x_rows + k[None, :], mask=k[None, :] < K, other=0.0)
+                    wt = tl.load(w_rows + k[None, :], mask=k[None, :] < K, other=0.0)
+                acc = tl.dot(wt, tl.trans(xt), acc)
+            y = y_ptr + rm[None, :] * stride_ym + rn[:, None]
+            mask = (rm[None, :] < M) & (rn[:, None] < N)
             # the programs holding this tile's first and last unit (the largest q whose range
-            # starts at or before unit x is ((x + 1) * P - 1) // T)
-            first = ((tile * k_tiles + 1) * programs - 1) // total
-            last = (((tile + 1) * k_tiles) * programs - 1) // total
+            # starts at or before unit u is ((u + 1) * P - 1) // T)
+            first = ((tile * k_tiles + 1).to(tl.int64) * programs - 1) // total
+            last = (((tile + 1) * k_tiles).to(tl.int64) * programs - 1) // total
             if first == last:
                 tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=mask)
             else:
-                tile_elems = BLOCK_M * BLOCK_N
-                rows = tl.arange(0, BLOCK_M)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :]
-                tl.store(part_ptr + (tile + pid) * tile_elems + rows, acc)
+                tile_elems = BLOCK_N * BLOCK_M
+                tl.store(part_ptr + (tile + pid) * tile_elems + cell, acc)
                 tl.debug_barrier()  # every thread's partial is written before the count
                 if tl.atomic_add(count_ptr + tile, 1) == last - first:
-                    total_acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+                    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
                     for q in range(first, last + 1):
                         # .cg: from L2, where the other programs' stores landed
-                        total_acc += tl.load(part_ptr + (tile + q) * tile_elems + rows,
-                                             cache_modifier=".cg")
-                    tl.store(y, total_acc.to(y_ptr.dtype.element_ty), mask=mask)
+                        acc += tl.load(part_ptr + (tile + q) * tile_elems + cell,
+                                       cache_modifier=".cg")
+                    tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=mask)
                     tl.store(count_ptr + tile, 0)  # ready for the next call
 
 
@@ -227,38 +210,31 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
         return out
     if K == 0:
         return out.zero_()
-    _check_tma_operand("x", x)
-    _check_tma_operand("weight", weight)
     cfg = config
     if cfg is None:  # the budget and the whole GPU are only needed to choose a tile
         programs = grid_size(1 << 30, num_sms, ctas_per_sm, x.device)
         whole_gpu = grid_size(1 << 30, None, ctas_per_sm, x.device)
         cfg = default_config(M, N, K, programs, x.dtype, whole_gpu)
-    x_desc = TensorDescriptor.from_tensor(x, [cfg.block_m, cfg.block_k])
-    w_desc = TensorDescriptor.from_tensor(weight, [cfg.block_n, cfg.block_k])
+    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
     if cfg.stream_k:
-        tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
         grid = grid_size(tiles * triton.cdiv(K, cfg.block_k), num_sms, ctas_per_sm, x.device)
         sm_buf, record = telemetry_args(sm_ids, grid, x.device)
+        # a program's range cuts at most one tile at each end: tiles + programs partial rows
         part = torch.empty((tiles + grid, cfg.block_m * cfg.block_n), dtype=torch.float32,
                            device=x.device)
         _stream_k_kernel[(grid,)](
-            x_desc, w_desc, out, part, arrival_counters(tiles, x.device), sm_buf, M, N, K,
-            out.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+            x, weight, out, part, arrival_counters(tiles, x.device), sm_buf, M, N, K,
+            x.stride(0), weight.stride(0), out.stride(0), BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=K % cfg.block_k == 0,
             RECORD_SM=record, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         return out
-    k_per_split = triton.cdiv(triton.cdiv(K, cfg.split_k), cfg.block_k) * cfg.block_k
-    split_k = triton.cdiv(K, k_per_split)  # rounding the split up to BLOCK_K can drop a split
-    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n) * split_k
+    _check_tma_operand("x", x)
+    _check_tma_operand("weight", weight)
     grid = grid_size(tiles, num_sms, ctas_per_sm, x.device)
     sm_buf, record = telemetry_args(sm_ids, grid, x.device)
-    part = (torch.empty((split_k, M, N), dtype=torch.float32, device=x.device) if split_k > 1
-            else out)
-    # without split-K nothing counts arrivals: any int32 buffer fills the argument
-    counters = arrival_counters(tiles // split_k, x.device) if split_k > 1 else sm_buf
     _gemm_kernel[(grid,)](
-        x_desc, w_desc, out, part, counters, sm_buf, M, N, k_per_split, out.stride(0),
-        SPLIT_K=split_k, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        GROUP_M=cfg.group_m, RECORD_SM=record, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+        TensorDescriptor.from_tensor(x, [cfg.block_m, cfg.block_k]),
+        TensorDescriptor.from_tensor(weight, [cfg.block_n, cfg.block_k]), out, sm_buf, M, N, K,
+        out.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        GROUP_M=cfg.group_m, RECORD_SM=record, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out

@@ -12,7 +12,11 @@ def test_decode_kernel_compiles_for_sm90_offline():
     assert out.returncode == 0, out.stderr[-2000:]
     assert "cp.async (to shared)" in out.stdout and "shared buffers" in out.stdout
     assert "128x128xbf16" in out.stdout  # K/V tiles staged in shared memory
-    assert "gemm prefill 128x256x64" in out.stdout and "wgmma 0" in out.stdout
+    gemms = {line.split(",")[0]: line for line in out.stdout.splitlines() if line.startswith("gemm")}
+    assert "TMA bulk tensor copy 0" not in gemms["gemm prefill 128x256x64"]
+    # swapped operands: even M = 1 runs on the warpgroup MMA, its loads on cp.async
+    decode = gemms["gemm M<=16"]
+    assert "wgmma (Hopper) 0" not in decode and "cp.async (to shared) 0" not in decode
     # the attention loop's instructions were counted: HMMA among them, a few hundred in all
     loop = next(line for line in out.stdout.splitlines() if "inner loop (SASS/warp)" in line)
     assert "HMMA" in loop and 100 < int(loop.split()[3].rstrip(":")) < 2000

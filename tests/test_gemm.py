@@ -21,21 +21,11 @@ def test_linear_matches_reference(M, N, K, dtype, num_sms):
     assert_close(out, x.double() @ w.double().T, dtype)
 
 
-@pytest.mark.parametrize("split_k", [1, 2, 3])
-@pytest.mark.parametrize("num_sms,ctas", [(1, 1), (2, 1), (2, 2)])
-def test_split_k_and_grids(split_k, num_sms, ctas):
-    x = torch.randn(5, 96, device=DEV)
-    w = torch.randn(24, 96, device=DEV)
-    out = poisoned((5, 24), torch.float32, DEV)
-    cfg = GemmConfig(16, 16, 16, 4, 1, split_k=split_k)
-    linear(x, w, out, num_sms=num_sms, ctas_per_sm=ctas, config=cfg)
-    assert_close(out, x.double() @ w.double().T, torch.float32)
-
-
-@pytest.mark.parametrize("M,N,K", [(1, 40, 64), (7, 33, 128), (20, 48, 112)])
+@pytest.mark.parametrize("M,N,K", [(1, 40, 64), (7, 33, 128), (20, 48, 112), (3, 24, 100)])
 @pytest.mark.parametrize("num_sms,ctas", [(1, 1), (2, 1), (3, 1), (5, 1), (64, 1), (2, 2)])
 def test_stream_k_grids(M, N, K, num_sms, ctas):
-    # programs of 1 to 16 slabs: tiles whole, cut in two, cut in three; grids above the unit count
+    # programs of 1 to 16 slabs: tiles whole, cut in two, cut in three; grids above the unit
+    # count; K not a multiple of the slab (masked tail), M and N not of the tile (clamped rows)
     x = torch.randn(M, K, device=DEV)
     w = torch.randn(N, K, device=DEV)
     out = poisoned((M, N), torch.float32, DEV)
@@ -44,12 +34,12 @@ def test_stream_k_grids(M, N, K, num_sms, ctas):
     assert_close(out, x.double() @ w.double().T, torch.float32)
 
 
-def test_split_k_repeated_calls():
-    # the last split of a tile resets its counter: later calls (other shapes too) stay exact
+def test_stream_k_repeated_calls():
+    # the last program of a cut tile resets its counter: later calls (other shapes too) stay exact
     for m, n, k in ((5, 24, 96), (3, 40, 64), (5, 24, 96)):
         x, w = torch.randn(m, k, device=DEV), torch.randn(n, k, device=DEV)
         out = linear(x, w, poisoned((m, n), torch.float32, DEV), num_sms=3,
-                     config=GemmConfig(16, 16, 16, 4, 1, split_k=4))
+                     config=GemmConfig(16, 16, 16, 4, 1, stream_k=True))
         assert_close(out, x.double() @ w.double().T, torch.float32)
 
 
@@ -79,8 +69,16 @@ def test_strided_x_view():
 def test_bad_inputs(x_shape, w_shape, dtype, message):
     x = torch.ones(x_shape, dtype=dtype, device=DEV)
     w = torch.ones(w_shape, dtype=dtype, device=DEV)
-    with pytest.raises(PdmuxError, match=message):
-        linear(x, w)
+    with pytest.raises(PdmuxError, match=message):  # the tile schedule's TMA needs aligned rows
+        linear(x, w, config=GemmConfig(16, 16, 16, 4, 1))
+
+
+def test_stream_k_takes_unaligned_rows():
+    x = torch.randn(4, 7, dtype=torch.float16, device=DEV)
+    w = torch.randn(16, 7, dtype=torch.float16, device=DEV)
+    out = linear(x, w, poisoned((4, 16), torch.float16, DEV),
+                 config=GemmConfig(16, 16, 16, 4, 1, stream_k=True))
+    assert_close(out, x.double() @ w.double().T, torch.float16)
 
 
 def test_bad_budget():
@@ -119,9 +117,8 @@ def test_decode_tiles_follow_the_budget():
 
     from pdmux_triton.kernels.gemm import decode_tile
 
-    assert astuple(decode_tile(1, 2, small_budget=True))[:4] == (16, 128, 256, 8)
-    assert astuple(decode_tile(1, 2, small_budget=False))[:4] == (16, 64, 256, 4)
-    assert decode_tile(32, 2, small_budget=True).block_m == 64  # warpgroup MMA rows
-    assert decode_tile(32, 2, small_budget=False).block_m == 32
-    assert decode_tile(64, 2, small_budget=False).block_m == 64
+    assert astuple(decode_tile(1, 2, small_budget=True))[:4] == (16, 128, 128, 8)
+    assert astuple(decode_tile(1, 2, small_budget=False))[:4] == (16, 64, 128, 4)
+    assert decode_tile(33, 2, small_budget=False).block_m == 64  # x rows: the MMA's N
     assert decode_tile(8, 4, small_budget=True).block_k == 64  # fp32 slabs stay small
+    assert all(decode_tile(m, 2, s).stream_k for m in (1, 64) for s in (True, False))

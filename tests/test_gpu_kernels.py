@@ -44,7 +44,7 @@ def _kernel_cases():
 
     return {
         "linear": lambda s, ids=None: linear(x, w, num_sms=s, sm_ids=ids),
-        "linear_split_k": lambda s, ids=None: linear(x1, w, num_sms=s, sm_ids=ids),
+        "linear_stream_k": lambda s, ids=None: linear(x1, w, num_sms=s, sm_ids=ids),
         "rmsnorm_residual": rmsnorm_residual,
         "rope_qk_norm": lambda s, ids=None: rope_(qk.clone(), pos, cs, norm_w[:128], num_sms=s,
                                                   sm_ids=ids),
