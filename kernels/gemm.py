@@ -53,8 +53,9 @@ def default_config(M: int, N: int, K: int, programs: int, dtype: torch.dtype,
     """A tile shape and schedule for this problem.
 
     Large M: 128x256 tiles, the best of bench/kernels.py's sweep on the H200 (~1.0x cuBLAS).
-    Skinny M (decode): see `decode_tile`; a budget of at most half the GPU's programs counts
-    as small. In between: 64/128x128 tiles, stream-K when there are fewer tiles than programs.
+    Skinny M (decode): see `decode_tile`, or one wave of whole tiles where it fits; a budget
+    of at most half the GPU's programs counts as small. In between: 64/128x128 tiles,
+    stream-K when there are fewer tiles than programs.
     """
     elem = torch.finfo(dtype).bits // 8
     if interpreting():
@@ -63,7 +64,15 @@ def default_config(M: int, N: int, K: int, programs: int, dtype: torch.dtype,
         return _fit_shared_memory(GemmConfig(128, 256, 64, 8, 3, group_m=16), elem)
     elif M <= 64:
         small = device_programs is not None and 2 * programs <= device_programs
-        return _fit_shared_memory(decode_tile(M, elem, small), elem)
+        cfg = decode_tile(M, elem, small)
+        one_wave = GemmConfig(64, 32, 128 if elem < 4 else 64, 4, 6)
+        whole_tiles = triton.cdiv(N, one_wave.block_n)
+        # At 64 rows stream-K's merges read 16 KB fp32 partials per program; when one wave of
+        # whole 32-wide tiles fills >= 90% of the programs, the idle rest cost less (H200:
+        # o-proj M = 64 2.16 -> 2.66 TB/s; bench/NOTES.md)
+        if cfg.block_m == 64 and 0.9 * programs <= whole_tiles <= programs:
+            cfg = one_wave
+        return _fit_shared_memory(cfg, elem)
     else:
         cfg = GemmConfig(64 if M <= 256 else 128, 128, 64, 4, 4)
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)

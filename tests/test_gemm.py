@@ -122,3 +122,16 @@ def test_decode_tiles_follow_the_budget():
     assert decode_tile(33, 2, small_budget=False).block_m == 64  # x rows: the MMA's N
     assert decode_tile(8, 4, small_budget=True).block_k == 64  # fp32 slabs stay small
     assert all(decode_tile(m, 2, s).stream_k for m in (1, 64) for s in (True, False))
+
+
+def test_decode_schedule_one_wave_of_whole_tiles_where_it_fits():
+    from unittest import mock
+
+    from pdmux_triton.kernels import gemm
+
+    with mock.patch.object(gemm, "interpreting", return_value=False):
+        # 4096 / 32 = 128 tiles: one wave on 132 programs, not on 264 or 100
+        assert not gemm.default_config(64, 4096, 4096, 132, torch.bfloat16, 132).stream_k
+        assert gemm.default_config(64, 4096, 4096, 100, torch.bfloat16, 132).stream_k
+        assert gemm.default_config(64, 24576, 4096, 132, torch.bfloat16, 132).stream_k
+        assert gemm.default_config(8, 4096, 4096, 132, torch.bfloat16, 132).stream_k
