@@ -33,19 +33,19 @@ GEMM_BUDGETS = (8, 16, 24, 32, 40, 52, 64, 80, 96, 112, 132)
 # blocks in flight (bench/profile_decode.py --offline); shared memory caps it at 3 of 128 keys
 ATTN_VARIANTS = [AttnConfig(16, 128, 4, 3), AttnConfig(16, 128, 4, 5), AttnConfig(16, 128, 4, 7),
                  AttnConfig(16, 128, 8, 5), AttnConfig(16, 64, 4, 9)]
-def _stream_k(*tiles):
-    return [GemmConfig(*t, stream_k=True) for t in tiles]
+def _skinny(*tiles):
+    return [GemmConfig(*t, skinny=True) for t in tiles]
 
 
-# stream-K tiles (x rows, W rows, K slab, warps, stages), against the default and one
+# skinny tiles (x rows, W rows, K slab, warps, stages), against the default and one
 # whole-tile TMA schedule without split
 GEMM_VARIANTS = {
-    1: [None, GemmConfig(16, 32, 256, 4, 6)] + _stream_k(
+    1: [None, GemmConfig(16, 32, 256, 4, 6)] + _skinny(
         (16, 64, 256, 4, 4), (16, 64, 128, 4, 4), (16, 64, 128, 4, 8), (16, 128, 128, 8, 4),
         (16, 128, 128, 4, 4), (16, 128, 64, 4, 8), (16, 64, 64, 4, 8)),
-    32: [None] + _stream_k((32, 64, 256, 4, 4), (32, 64, 128, 4, 4), (32, 128, 128, 8, 4),
+    32: [None] + _skinny((32, 64, 256, 4, 4), (32, 64, 128, 4, 4), (32, 128, 128, 8, 4),
                            (32, 128, 64, 4, 6), (32, 64, 64, 4, 8)),
-    64: [None, GemmConfig(64, 32, 128, 4, 6)] + _stream_k(
+    64: [None, GemmConfig(64, 32, 128, 4, 6)] + _skinny(
         (64, 64, 256, 4, 3), (64, 64, 128, 4, 4), (64, 128, 128, 8, 3), (64, 128, 64, 4, 6),
         (64, 64, 64, 4, 8)),
 }

@@ -163,10 +163,10 @@ def bench_gemm(res: Results, sms: int, quick: bool):
 # --- decode linear -------------------------------------------------------------------------
 
 DECODE_ALTERNATES = {
-    1: [GemmConfig(16, 64, 256, 4, 4, stream_k=True), GemmConfig(16, 128, 128, 8, 4, stream_k=True),
+    1: [GemmConfig(16, 64, 256, 4, 4, skinny=True), GemmConfig(16, 128, 128, 8, 4, skinny=True),
         GemmConfig(16, 32, 256, 4, 6)],
-    32: [GemmConfig(32, 64, 256, 4, 4, stream_k=True), GemmConfig(32, 128, 64, 4, 6, stream_k=True)],
-    64: [GemmConfig(64, 64, 128, 4, 4, stream_k=True), GemmConfig(64, 128, 64, 4, 6, stream_k=True),
+    32: [GemmConfig(32, 64, 256, 4, 4, skinny=True), GemmConfig(32, 128, 64, 4, 6, skinny=True)],
+    64: [GemmConfig(64, 64, 128, 4, 4, skinny=True), GemmConfig(64, 128, 64, 4, 6, skinny=True),
          GemmConfig(64, 32, 128, 4, 6)],
 }
 

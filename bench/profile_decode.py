@@ -101,23 +101,23 @@ def offline(block_n: int, num_warps: int, num_stages: int) -> None:
 
 def offline_gemm() -> None:
     """The GEMM tiles kernels/gemm.py picks, compiled for sm_90: MMA kind, loads, buffers and
-    the decode (stream-K) loop's instructions."""
+    the decode (skinny) loop's instructions."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from pdmux_triton.kernels.gemm import GemmConfig, _gemm_kernel, _stream_k_kernel, decode_tile
+    from pdmux_triton.kernels.gemm import GemmConfig, _gemm_kernel, _skinny_kernel, decode_tile
 
     tiles = [("M<=16, whole GPU", decode_tile(1, 2, False)),
              ("M<=16, small budget", decode_tile(1, 2, True)),
              ("M=64, whole GPU", decode_tile(64, 2, False)),
              ("prefill", GemmConfig(128, 256, 64, 8, 3, group_m=16))]
     for label, cfg in tiles:
-        fn = _stream_k_kernel if cfg.stream_k else _gemm_kernel
+        fn = _skinny_kernel if cfg.skinny else _gemm_kernel
         names = list(inspect.signature(fn.fn).parameters)
         constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
                       "RECORD_SM": False}
-        constexprs.update({"EVEN_K": True} if cfg.stream_k else {"GROUP_M": cfg.group_m})
+        constexprs.update({"EVEN_K": True} if cfg.skinny else {"GROUP_M": cfg.group_m})
         kinds = {"x_desc": f"tensordesc<bf16[{cfg.block_m}, {cfg.block_k}]>",
                  "w_desc": f"tensordesc<bf16[{cfg.block_n}, {cfg.block_k}]>", "x_ptr": "*bf16",
                  "w_ptr": "*bf16", "y_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32",
@@ -133,11 +133,11 @@ def offline_gemm() -> None:
         buffers = {m for line in kernel.asm["ttgir"].splitlines() if "local_alloc" in line
                    for m in re.findall(r"memdesc<([\dx]+xbf16)", line)}
         print(f"gemm {label} {cfg.block_m}x{cfg.block_n}x{cfg.block_k}, {cfg.num_warps} warps, "
-              f"{'stream-K' if cfg.stream_k else 'tiles'}: "
+              f"{'skinny' if cfg.skinny else 'tiles'}: "
               + ", ".join(f"{what} {len(re.findall(pattern, ptx))}"
                           for what, pattern in PTX_PATTERNS.items())
               + f"; buffers {', '.join(sorted(buffers))}")
-        if cfg.stream_k:
+        if cfg.skinny:
             describe_loop(kernel.asm["sass"])
 
 
@@ -149,7 +149,7 @@ def on_gpu(budget: int) -> None:
 
     from pdmux_triton.kernels import decode_attention, linear
     from pdmux_triton.kernels.decode_attention import _decode_kernel
-    from pdmux_triton.kernels.gemm import _gemm_kernel, _stream_k_kernel
+    from pdmux_triton.kernels.gemm import _gemm_kernel, _skinny_kernel
 
     lens = [8192] * 32
     k, v, table = paged_cache(lens, 16)
@@ -161,7 +161,7 @@ def on_gpu(budget: int) -> None:
     linear(x, w, num_sms=budget)
     torch.cuda.synchronize()
     for name, fn in (("decode attention", _decode_kernel), ("gemm", _gemm_kernel),
-                     ("gemm stream-K", _stream_k_kernel)):
+                     ("gemm skinny", _skinny_kernel)):
         for cache in fn.device_caches.values():
             for kernel in cache[0].values():
                 print(f"{name}: regs {kernel.n_regs}, spills {kernel.n_spills}, shared "

@@ -1,11 +1,12 @@
 """Persistent GEMM `y = x @ W^T` (W stored [N, K] like torch Linear), grid capped to an SM budget.
 
-Two schedules. Prefill (M = thousands of tokens): big output tiles read through TMA, grouped
+Two kernels. Prefill (M = thousands of tokens): big output tiles read through TMA, grouped
 order for L2 reuse, each program looping over whole tiles. Decode (M = batch, few output
-tiles): stream-K, the weight's (tile, K-slab) units split evenly between the programs so every
-program of the budget reads the same bytes; operands swapped (W rows are the MMA's M, so even
-M = 1 runs on Hopper's warpgroup MMA) and loaded with cp.async; a tile cut between programs is
-summed by the last of them to finish (one launch, nobody waits).
+tiles): the skinny kernel, operands swapped (W rows are the MMA's M, so even M = 1 runs on
+Hopper's warpgroup MMA) and loaded with cp.async; programs take whole tiles while that keeps
+most of them busy, else stream-K splits the weight's (tile, K-slab) units evenly between them
+and a tile cut between programs is summed by the last of them to finish (one launch, nobody
+waits).
 """
 
 from __future__ import annotations
@@ -32,20 +33,20 @@ class GemmConfig:
     num_warps: int
     num_stages: int
     group_m: int = 8
-    # stream-K: every (tile, K-slab) unit split evenly between the programs; block_m is then
-    # the rows of x per tile (the MMA's N) and block_n the rows of W (its M)
-    stream_k: bool = False
+    # the skinny schedule (`_skinny_kernel`): whole tiles or, where too few, stream-K's even
+    # split; block_m is then the rows of x per tile (the MMA's N) and block_n the rows of W
+    skinny: bool = False
 
 
 def decode_tile(M: int, elem: int, small_budget: bool) -> GemmConfig:
-    """The stream-K tile for a skinny (decode) GEMM, M <= 64: x's rows padded to the MMA's N
+    """The skinny kernel's tile for a decode GEMM, M <= 64: x's rows padded to the MMA's N
     (16-64), 64 rows of W (one warpgroup MMA) per tile on the whole GPU, 128 on a small budget,
     where each program's own bandwidth is what counts (bench/NOTES.md)."""
     block_m = max(16, triton.next_power_of_2(M))
     bk = 128 if elem < 4 else 64
     if small_budget:
-        return GemmConfig(block_m, 128, bk, 8, 4, stream_k=True)
-    return GemmConfig(block_m, 64, bk, 4, 6, stream_k=True)
+        return GemmConfig(block_m, 128, bk, 8, 4, skinny=True)
+    return GemmConfig(block_m, 64, bk, 4, 6, skinny=True)
 
 
 def default_config(M: int, N: int, K: int, programs: int, dtype: torch.dtype,
@@ -53,9 +54,9 @@ def default_config(M: int, N: int, K: int, programs: int, dtype: torch.dtype,
     """A tile shape and schedule for this problem.
 
     Large M: 128x256 tiles, the best of bench/kernels.py's sweep on the H200 (~1.0x cuBLAS).
-    Skinny M (decode): see `decode_tile`, or one wave of whole tiles where it fits; a budget
-    of at most half the GPU's programs counts as small. In between: 64/128x128 tiles,
-    stream-K when there are fewer tiles than programs.
+    Skinny M (decode): see `decode_tile`; a budget of at most half the GPU's programs counts
+    as small. In between: 64/128x128 tiles, the skinny schedule when there are fewer tiles
+    than programs.
     """
     elem = torch.finfo(dtype).bits // 8
     if interpreting():
@@ -64,19 +65,11 @@ def default_config(M: int, N: int, K: int, programs: int, dtype: torch.dtype,
         return _fit_shared_memory(GemmConfig(128, 256, 64, 8, 3, group_m=16), elem)
     elif M <= 64:
         small = device_programs is not None and 2 * programs <= device_programs
-        cfg = decode_tile(M, elem, small)
-        one_wave = GemmConfig(64, 32, 128 if elem < 4 else 64, 4, 6)
-        whole_tiles = triton.cdiv(N, one_wave.block_n)
-        # At 64 rows stream-K's merges read 16 KB fp32 partials per program; when one wave of
-        # whole 32-wide tiles fills >= 90% of the programs, the idle rest cost less (H200:
-        # o-proj M = 64 2.16 -> 2.66 TB/s; bench/NOTES.md)
-        if cfg.block_m == 64 and 0.9 * programs <= whole_tiles <= programs:
-            cfg = one_wave
-        return _fit_shared_memory(cfg, elem)
+        return _fit_shared_memory(decode_tile(M, elem, small), elem)
     else:
         cfg = GemmConfig(64 if M <= 256 else 128, 128, 64, 4, 4)
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
-    return _fit_shared_memory(replace(cfg, stream_k=tiles < programs), elem)
+    return _fit_shared_memory(replace(cfg, skinny=tiles < programs), elem)
 
 
 SHARED_MEMORY_LIMIT = 227 * 1024  # per block on Hopper
@@ -84,9 +77,9 @@ SHARED_MEMORY_LIMIT = 227 * 1024  # per block on Hopper
 
 def _fit_shared_memory(cfg: GemmConfig, elem_bytes: int) -> GemmConfig:
     """Fewer pipeline stages until the staged x and W tiles plus the epilogue tile (converted
-    through shared memory, in fp32 when stream-K may write partials) fit."""
+    through shared memory, in fp32 when the skinny kernel may write partials) fit."""
     per_stage = (cfg.block_m + cfg.block_n) * cfg.block_k * elem_bytes
-    epilogue = cfg.block_m * cfg.block_n * (4 if cfg.stream_k else elem_bytes)
+    epilogue = cfg.block_m * cfg.block_n * (4 if cfg.skinny else elem_bytes)
     stages = max(1, min(cfg.num_stages, (SHARED_MEMORY_LIMIT - epilogue) // per_stage))
     return replace(cfg, num_stages=stages)
 
@@ -127,67 +120,100 @@ def _gemm_kernel(x_desc, w_desc, y_ptr, sm_ids_ptr, M, N, K, stride_ym, BLOCK_M:
 
 
 @triton.jit
-def _stream_k_kernel(x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, sm_ids_ptr, M, N, K, stride_xm,
-                     stride_wn, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, RECORD_SM: tl.constexpr):
-    # The work is every output tile's K-slabs back to back; program p takes units
-    # [p*T//P, (p+1)*T//P), so all programs read the same bytes (within one slab) whatever the
-    # tile count. A tile cut between programs leaves fp32 partials at row (tile + program),
-    # unique as in decode attention; its last program to finish (a counter per tile, nobody
-    # waits) adds them and resets the counter. Operands are swapped, acc[n, m] = W . x^T, so
-    # W's rows fill the MMA's M (64 per warpgroup on Hopper) however small the batch.
+def _swapped_product(x_ptr, w_ptr, tile, tiles_m, k_lo, k_hi, M, N, K, stride_xm, stride_wn,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                     EVEN_K: tl.constexpr):
+    """acc[n, m] = sum over K-slabs k_lo..k_hi of W[n, k] x[m, k] for one output tile: W's rows
+    fill the MMA's M (64 per warpgroup on Hopper) however small the batch."""
+    pid_m = tile % tiles_m  # the M tiles of one weight slab run back to back (L2)
+    pid_n = tile // tiles_m
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    # rows past the edge are clamped, not masked (no predicates in the loop); their results
+    # are never stored
+    x_rows = x_ptr + tl.minimum(rm, M - 1)[:, None] * stride_xm
+    w_rows = w_ptr + tl.minimum(rn, N - 1).to(tl.int64)[:, None] * stride_wn
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    for ki in range(k_lo, k_hi):
+        k = ki * BLOCK_K + rk
+        if EVEN_K:
+            xt = tl.load(x_rows + k[None, :])
+            wt = tl.load(w_rows + k[None, :])
+        else:
+            xt = tl.load(x_rows + k[None, :], mask=k[None, :] < K, other=0.0)
+            wt = tl.load(w_rows + k[None, :], mask=k[None, :] < K, other=0.0)
+        acc = tl.dot(wt, tl.trans(xt), acc)
+    return acc, rm, rn
+
+
+@triton.jit
+def _skinny_kernel(x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, sm_ids_ptr, M, N, K, stride_xm,
+                   stride_wn, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, WHOLE_TILES: tl.constexpr,
+                   RECORD_SM: tl.constexpr):
+    # WHOLE_TILES: each program takes whole output tiles, striding by the grid.
+    # Otherwise stream-K: the work is every tile's K-slabs back to back and program p takes
+    # units [p*T//P, (p+1)*T//P), so all programs read the same bytes (within one slab). A
+    # tile cut between programs leaves fp32 partials at row (tile + program), unique as in
+    # decode attention; its last program to finish (a counter per tile, nobody waits) adds
+    # them and resets the counter.
     pid = tl.program_id(0)
     programs = tl.num_programs(0)
     record_sm(sm_ids_ptr, RECORD_SM)
     tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles = tiles_m * tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
-    total = tiles_m * tl.cdiv(N, BLOCK_N) * k_tiles
-    lo = (pid.to(tl.int64) * total // programs).to(tl.int32)
-    hi = ((pid + 1).to(tl.int64) * total // programs).to(tl.int32)
-    rk = tl.arange(0, BLOCK_K)
-    cell = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
-    if lo < hi:
-        for tile in range(lo // k_tiles, (hi - 1) // k_tiles + 1):
-            pid_m = tile % tiles_m  # the M tiles of one weight slab run back to back (L2)
-            pid_n = tile // tiles_m
-            rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-            rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-            # rows past the edge are clamped, not masked (no predicates in the loop); their
-            # results are never stored
-            x_rows = x_ptr + tl.minimum(rm, M - 1)[:, None] * stride_xm
-            w_rows = w_ptr + tl.minimum(rn, N - 1).to(tl.int64)[:, None] * stride_wn
-            k_lo = tl.maximum(lo, tile * k_tiles) - tile * k_tiles
-            k_hi = tl.minimum(hi, (tile + 1) * k_tiles) - tile * k_tiles
-            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-            for ki in range(k_lo, k_hi):
-                k = ki * BLOCK_K + rk
-                if EVEN_K:
-                    xt = tl.load(x_rows + k[None, :])
-                    wt = tl.load(w_rows + k[None, :])
-                else:
-                    xt = tl.load(x_rows + k[None, :], mask=k[None, :] < K, other=0.0)
-                    wt = tl.load(w_rows + k[None, :], mask=k[None, :] < K, other=0.0)
-                acc = tl.dot(wt, tl.trans(xt), acc)
-            y = y_ptr + rm[None, :] * stride_ym + rn[:, None]
-            mask = (rm[None, :] < M) & (rn[:, None] < N)
-            # the programs holding this tile's first and last unit (the largest q whose range
-            # starts at or before unit u is ((u + 1) * P - 1) // T)
-            first = ((tile * k_tiles + 1).to(tl.int64) * programs - 1) // total
-            last = (((tile + 1) * k_tiles).to(tl.int64) * programs - 1) // total
-            if first == last:
-                tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=mask)
-            else:
-                tile_elems = BLOCK_N * BLOCK_M
-                tl.store(part_ptr + (tile + pid) * tile_elems + cell, acc)
-                tl.debug_barrier()  # every thread's partial is written before the count
-                if tl.atomic_add(count_ptr + tile, 1) == last - first:
-                    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-                    for q in range(first, last + 1):
-                        # .cg: from L2, where the other programs' stores landed
-                        acc += tl.load(part_ptr + (tile + q) * tile_elems + cell,
-                                       cache_modifier=".cg")
+    if WHOLE_TILES:
+        for tile in range(pid, tiles, programs):
+            acc, rm, rn = _swapped_product(x_ptr, w_ptr, tile, tiles_m, 0, k_tiles, M, N, K,
+                                           stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
+                                           EVEN_K)
+            tl.store(y_ptr + rm[None, :] * stride_ym + rn[:, None],
+                     acc.to(y_ptr.dtype.element_ty), mask=(rm[None, :] < M) & (rn[:, None] < N))
+    else:
+        total = tiles * k_tiles
+        lo = (pid.to(tl.int64) * total // programs).to(tl.int32)
+        hi = ((pid + 1).to(tl.int64) * total // programs).to(tl.int32)
+        cell = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
+        if lo < hi:
+            for tile in range(lo // k_tiles, (hi - 1) // k_tiles + 1):
+                k_lo = tl.maximum(lo, tile * k_tiles) - tile * k_tiles
+                k_hi = tl.minimum(hi, (tile + 1) * k_tiles) - tile * k_tiles
+                acc, rm, rn = _swapped_product(x_ptr, w_ptr, tile, tiles_m, k_lo, k_hi, M, N, K,
+                                               stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
+                                               EVEN_K)
+                y = y_ptr + rm[None, :] * stride_ym + rn[:, None]
+                mask = (rm[None, :] < M) & (rn[:, None] < N)
+                # the programs holding this tile's first and last unit (the largest q whose
+                # range starts at or before unit u is ((u + 1) * P - 1) // T)
+                first = ((tile * k_tiles + 1).to(tl.int64) * programs - 1) // total
+                last = (((tile + 1) * k_tiles).to(tl.int64) * programs - 1) // total
+                if first == last:
                     tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=mask)
-                    tl.store(count_ptr + tile, 0)  # ready for the next call
+                else:
+                    tile_elems = BLOCK_N * BLOCK_M
+                    tl.store(part_ptr + (tile + pid) * tile_elems + cell, acc)
+                    tl.debug_barrier()  # every thread's partial is written before the count
+                    if tl.atomic_add(count_ptr + tile, 1) == last - first:
+                        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+                        for q in range(first, last + 1):
+                            # .cg: from L2, where the other programs' stores landed
+                            acc += tl.load(part_ptr + (tile + q) * tile_elems + cell,
+                                           cache_modifier=".cg")
+                        tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=mask)
+                        tl.store(count_ptr + tile, 0)  # ready for the next call
+
+
+def whole_tiles(tiles: int, programs: int) -> bool:
+    """Whether the skinny schedule gives each program whole tiles rather than an even split.
+
+    Stream-K's merges sit at the end of a short call (H200, 33.5 MB o-proj: ~2 us of ~13), so
+    whole tiles win even with half the programs idle: o-proj M = 1, 64 whole tiles on 64 of 132
+    SMs 2.89 TB/s, stream-K on all 132 2.36 (bench/NOTES.md). Below that, or with most of a
+    last wave idle, the even split wins."""
+    waves = -(-tiles // programs)
+    return tiles >= waves * programs * 0.45
 
 
 def _check_tma_operand(name: str, t: torch.Tensor) -> None:
@@ -225,17 +251,23 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
         whole_gpu = grid_size(1 << 30, None, ctas_per_sm, x.device)
         cfg = default_config(M, N, K, programs, x.dtype, whole_gpu)
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
-    if cfg.stream_k:
+    if cfg.skinny:
         grid = grid_size(tiles * triton.cdiv(K, cfg.block_k), num_sms, ctas_per_sm, x.device)
+        whole = whole_tiles(tiles, grid)
+        if whole:
+            grid = min(grid, tiles)
+            part = counters = out  # nothing is split: no partials, no counters
+        else:
+            # a program's range cuts at most one tile at each end: tiles + programs partials
+            part = torch.empty((tiles + grid, cfg.block_m * cfg.block_n), dtype=torch.float32,
+                               device=x.device)
+            counters = arrival_counters(tiles, x.device)
         sm_buf, record = telemetry_args(sm_ids, grid, x.device)
-        # a program's range cuts at most one tile at each end: tiles + programs partial rows
-        part = torch.empty((tiles + grid, cfg.block_m * cfg.block_n), dtype=torch.float32,
-                           device=x.device)
-        _stream_k_kernel[(grid,)](
-            x, weight, out, part, arrival_counters(tiles, x.device), sm_buf, M, N, K,
-            x.stride(0), weight.stride(0), out.stride(0), BLOCK_M=cfg.block_m,
-            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=K % cfg.block_k == 0,
-            RECORD_SM=record, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        _skinny_kernel[(grid,)](
+            x, weight, out, part, counters, sm_buf, M, N, K, x.stride(0), weight.stride(0),
+            out.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+            EVEN_K=K % cfg.block_k == 0, WHOLE_TILES=whole, RECORD_SM=record,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         return out
     _check_tma_operand("x", x)
     _check_tma_operand("weight", weight)

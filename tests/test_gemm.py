@@ -1,9 +1,11 @@
+from unittest import mock
+
 import pytest
 import torch
 
 from conftest import HAS_CUDA
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels import GemmConfig, linear
+from pdmux_triton.kernels import GemmConfig, gemm, linear
 from reference import assert_close, poisoned
 
 DEV = "cuda" if HAS_CUDA else "cpu"
@@ -21,25 +23,31 @@ def test_linear_matches_reference(M, N, K, dtype, num_sms):
     assert_close(out, x.double() @ w.double().T, dtype)
 
 
+@pytest.mark.parametrize("whole", [True, False])
 @pytest.mark.parametrize("M,N,K", [(1, 40, 64), (7, 33, 128), (20, 48, 112), (3, 24, 100)])
 @pytest.mark.parametrize("num_sms,ctas", [(1, 1), (2, 1), (3, 1), (5, 1), (64, 1), (2, 2)])
-def test_stream_k_grids(M, N, K, num_sms, ctas):
-    # programs of 1 to 16 slabs: tiles whole, cut in two, cut in three; grids above the unit
-    # count; K not a multiple of the slab (masked tail), M and N not of the tile (clamped rows)
+def test_skinny_grids(M, N, K, num_sms, ctas, whole):
+    # both schedules on every grid. Stream-K: programs of 1 to 16 slabs, tiles whole, cut in
+    # two, cut in three; grids above the unit count. K not a multiple of the slab (masked
+    # tail), M and N not of the tile (clamped rows)
+    from pdmux_triton.kernels import gemm
+
     x = torch.randn(M, K, device=DEV)
     w = torch.randn(N, K, device=DEV)
     out = poisoned((M, N), torch.float32, DEV)
-    linear(x, w, out, num_sms=num_sms, ctas_per_sm=ctas,
-           config=GemmConfig(16, 16, 16, 4, 1, stream_k=True))
+    with mock.patch.object(gemm, "whole_tiles", return_value=whole):
+        linear(x, w, out, num_sms=num_sms, ctas_per_sm=ctas,
+               config=GemmConfig(16, 16, 16, 4, 1, skinny=True))
     assert_close(out, x.double() @ w.double().T, torch.float32)
 
 
-def test_stream_k_repeated_calls():
+def test_skinny_split_repeated_calls():
     # the last program of a cut tile resets its counter: later calls (other shapes too) stay exact
     for m, n, k in ((5, 24, 96), (3, 40, 64), (5, 24, 96)):
         x, w = torch.randn(m, k, device=DEV), torch.randn(n, k, device=DEV)
-        out = linear(x, w, poisoned((m, n), torch.float32, DEV), num_sms=3,
-                     config=GemmConfig(16, 16, 16, 4, 1, stream_k=True))
+        with mock.patch.object(gemm, "whole_tiles", return_value=False):
+            out = linear(x, w, poisoned((m, n), torch.float32, DEV), num_sms=3,
+                         config=GemmConfig(16, 16, 16, 4, 1, skinny=True))
         assert_close(out, x.double() @ w.double().T, torch.float32)
 
 
@@ -73,11 +81,11 @@ def test_bad_inputs(x_shape, w_shape, dtype, message):
         linear(x, w, config=GemmConfig(16, 16, 16, 4, 1))
 
 
-def test_stream_k_takes_unaligned_rows():
+def test_skinny_takes_unaligned_rows():
     x = torch.randn(4, 7, dtype=torch.float16, device=DEV)
     w = torch.randn(16, 7, dtype=torch.float16, device=DEV)
     out = linear(x, w, poisoned((4, 16), torch.float16, DEV),
-                 config=GemmConfig(16, 16, 16, 4, 1, stream_k=True))
+                 config=GemmConfig(16, 16, 16, 4, 1, skinny=True))
     assert_close(out, x.double() @ w.double().T, torch.float16)
 
 
@@ -100,9 +108,9 @@ def test_linear_bf16_real_sizes(M, N, K):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [1, 8, 33, 64])
-@pytest.mark.parametrize("cfg", [GemmConfig(16, 64, 256, 4, 4, stream_k=True),
-                                 GemmConfig(64, 64, 128, 4, 6, stream_k=True)])
-def test_stream_k_bf16_real_sizes(M, cfg):
+@pytest.mark.parametrize("cfg", [GemmConfig(16, 64, 256, 4, 4, skinny=True),
+                                 GemmConfig(64, 64, 128, 4, 6, skinny=True)])
+def test_skinny_bf16_real_sizes(M, cfg):
     N, K = 6144, 4096
     x = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
     w = torch.randn(N, K, dtype=torch.bfloat16, device="cuda") / K ** 0.5
@@ -121,17 +129,12 @@ def test_decode_tiles_follow_the_budget():
     assert astuple(decode_tile(1, 2, small_budget=False))[:4] == (16, 64, 128, 4)
     assert decode_tile(33, 2, small_budget=False).block_m == 64  # x rows: the MMA's N
     assert decode_tile(8, 4, small_budget=True).block_k == 64  # fp32 slabs stay small
-    assert all(decode_tile(m, 2, s).stream_k for m in (1, 64) for s in (True, False))
+    assert all(decode_tile(m, 2, s).skinny for m in (1, 64) for s in (True, False))
 
 
-def test_decode_schedule_one_wave_of_whole_tiles_where_it_fits():
-    from unittest import mock
+def test_skinny_schedule_splits_only_when_whole_tiles_leave_most_programs_idle():
+    from pdmux_triton.kernels.gemm import whole_tiles
 
-    from pdmux_triton.kernels import gemm
-
-    with mock.patch.object(gemm, "interpreting", return_value=False):
-        # 4096 / 32 = 128 tiles: one wave on 132 programs, not on 264 or 100
-        assert not gemm.default_config(64, 4096, 4096, 132, torch.bfloat16, 132).stream_k
-        assert gemm.default_config(64, 4096, 4096, 100, torch.bfloat16, 132).stream_k
-        assert gemm.default_config(64, 24576, 4096, 132, torch.bfloat16, 132).stream_k
-        assert gemm.default_config(8, 4096, 4096, 132, torch.bfloat16, 132).stream_k
+    assert whole_tiles(64, 132) and whole_tiles(96, 132) and whole_tiles(384, 132)
+    assert whole_tiles(133, 132) and whole_tiles(1, 1)
+    assert not whole_tiles(32, 132) and not whole_tiles(3, 12)
