@@ -205,15 +205,16 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, sm_ids_ptr, M, N, K
                         tl.store(count_ptr + tile, 0)  # ready for the next call
 
 
-def whole_tiles(tiles: int, programs: int) -> bool:
+def whole_tiles(tiles: int, programs: int, tile_bytes: int) -> bool:
     """Whether the skinny schedule gives each program whole tiles rather than an even split.
 
-    Stream-K's merges sit at the end of a short call (H200, 33.5 MB o-proj: ~2 us of ~13), so
-    whole tiles win even with half the programs idle: o-proj M = 1, 64 whole tiles on 64 of 132
-    SMs 2.89 TB/s, stream-K on all 132 2.36 (bench/NOTES.md). Below that, or with most of a
-    last wave idle, the even split wins."""
+    Stream-K's merges sit at the end of the call (~2 us on the H200), so whole tiles win while
+    they keep 70% of a wave busy, and with down to 45% busy while a program's share stays short
+    (<= 1 MB): o-proj M = 1, 64 whole tiles of 512 KB on 64 of 132 SMs 2.89 TB/s, stream-K on
+    all 132 2.36; down-proj (1.5 MB tiles) 3.07 whole, 3.47 stream-K (bench/NOTES.md)."""
     waves = -(-tiles // programs)
-    return tiles >= waves * programs * 0.45
+    busy = tiles / (waves * programs)
+    return busy >= 0.7 or (busy >= 0.45 and waves * tile_bytes <= 2**20)
 
 
 def _check_tma_operand(name: str, t: torch.Tensor) -> None:
@@ -253,7 +254,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
     if cfg.skinny:
         grid = grid_size(tiles * triton.cdiv(K, cfg.block_k), num_sms, ctas_per_sm, x.device)
-        whole = whole_tiles(tiles, grid)
+        whole = whole_tiles(tiles, grid, cfg.block_n * K * weight.element_size())
         if whole:
             grid = min(grid, tiles)
             part = counters = out  # nothing is split: no partials, no counters

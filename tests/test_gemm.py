@@ -135,6 +135,8 @@ def test_decode_tiles_follow_the_budget():
 def test_skinny_schedule_splits_only_when_whole_tiles_leave_most_programs_idle():
     from pdmux_triton.kernels.gemm import whole_tiles
 
-    assert whole_tiles(64, 132) and whole_tiles(96, 132) and whole_tiles(384, 132)
-    assert whole_tiles(133, 132) and whole_tiles(1, 1)
-    assert not whole_tiles(32, 132) and not whole_tiles(3, 12)
+    kib = 1024
+    assert whole_tiles(96, 132, 8192 * kib) and whole_tiles(384, 132, 512 * kib)
+    assert whole_tiles(64, 132, 512 * kib) and not whole_tiles(64, 132, 1536 * kib)
+    assert whole_tiles(133, 132, 512 * kib) and whole_tiles(1, 1, 8192 * kib)
+    assert not whole_tiles(32, 132, 64 * kib) and not whole_tiles(3, 12, 64 * kib)
