@@ -99,7 +99,8 @@ def test_run_cli_simulates_without_a_gpu(tmp_path, capsys):
 
     if torch.cuda.is_available():
         pytest.skip("has a GPU: run would measure")
-    assert cli.main(["run", "--gpu", "h200", "--decode-tokens", "40", "--out", str(tmp_path),
+    # 64 decode steps of ~12 ms outlast the simulated 480 ms prefill beside them
+    assert cli.main(["run", "--gpu", "h200", "--decode-tokens", "64", "--out", str(tmp_path),
                      "--calibration", "bench/results/calibrate-h200.json", "--json"]) == 0
     printed = capsys.readouterr().out
     out = json.loads((tmp_path / "run-h200.json").read_text())
