@@ -27,7 +27,7 @@ from pdmux_triton.kernels import (AttnConfig, GemmConfig, decode_attention, line
 
 BUDGETS = (16, 52, 132)
 # the decode GEMM's steps in bandwidth at 64/96/128 SMs are tile-count quantization: sweep
-# budgets finely, with split-K as the lever that evens out the waves
+# budgets finely, with the skinny schedule (whole tiles or stream-K) as the lever
 GEMM_BUDGETS = (8, 16, 24, 32, 40, 52, 64, 80, 96, 112, 132)
 # the pipeline spends two stages per K/V block (page ids, then K/V), so 2s + 1 stages keep s
 # blocks in flight (bench/profile_decode.py --offline); shared memory caps it at 3 of 128 keys
