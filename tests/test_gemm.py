@@ -107,6 +107,21 @@ def test_linear_bf16_real_sizes(M, N, K):
 
 
 @pytest.mark.gpu
+def test_mid_size_m_with_few_tiles_runs_skinny():
+    # a 512-token chunk through a 4096-wide projection: 128 tiles of 128 x 128 < 132 programs,
+    # so the skinny kernel takes it with 128-row x tiles
+    from pdmux_triton.kernels.gemm import default_config
+
+    M, N, K = 512, 4096, 4096
+    assert default_config(M, N, K, 132, torch.bfloat16, 132).skinny
+    x = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(N, K, dtype=torch.bfloat16, device="cuda") / K ** 0.5
+    out = poisoned((M, N), torch.bfloat16, "cuda")
+    linear(x, w, out, num_sms=132)
+    assert_close(out, x.double() @ w.double().T, torch.bfloat16)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("M", [1, 8, 33, 64])
 @pytest.mark.parametrize("cfg", [GemmConfig(16, 64, 256, 4, 4, skinny=True),
                                  GemmConfig(64, 64, 128, 4, 6, skinny=True)])
