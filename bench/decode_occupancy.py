@@ -19,11 +19,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 from kernels import (QWEN3_8B_LINEARS, Results, cycle, decode_cases, paged_cache,  # noqa: E402
-                     rotating, t_graph)
+                     rotating, same_bytes_buffers, stream_same_bytes, t_graph)
 
 from pdmux_triton.hardware import detect_gpu  # noqa: E402
-from pdmux_triton.kernels import (AttnConfig, GemmConfig, decode_attention, linear,  # noqa: E402
-                                  stream_read)
+from pdmux_triton.kernels import AttnConfig, GemmConfig, decode_attention, linear  # noqa: E402
 
 BUDGETS = (16, 52, 132)
 # the decode GEMM's steps in bandwidth at 64/96/128 SMs are tile-count quantization: sweep
@@ -91,16 +90,14 @@ def main(argv=None) -> int:
     shapes = args.shapes.split(",") if "gemm" in sections else []
     for name in shapes:
         N, K = QWEN3_8B_LINEARS[name]
-        bufs = cycle(rotating(lambda: torch.randint(1 << 30, (N * K // 2,), dtype=torch.int32,
-                                                  device="cuda"),
-                              N * K * 2, l2))
+        bufs = same_bytes_buffers(N * K * 2, l2)
         for budget in budgets or GEMM_BUDGETS:
             for block, unroll, warps in STREAM_VARIANTS:
-                ms = t_graph(lambda: stream_read(bufs(), num_sms=budget, block=block,
-                                                 unroll=unroll, num_warps=warps))
+                tbps = stream_same_bytes(bufs, N * K * 2, budget, block=block, unroll=unroll,
+                                         num_warps=warps)
                 res.row(kernel="stream_read_same_bytes", shape=name, M=0, sms=budget,
-                        config=f"block {block} unroll {unroll} warps {warps}",
-                        tbps=N * K * 2 / ms / 1e9, gbps_per_sm=N * K * 2 / ms / 1e6 / budget)
+                        config=f"block {block} unroll {unroll} warps {warps}", tbps=tbps,
+                        gbps_per_sm=tbps * 1e3 / budget)
         del bufs
     for M in (int(m) for m in args.ms.split(",")) if "gemm" in sections else ():
         variants = GEMM_VARIANTS[M]

@@ -177,18 +177,22 @@ def _decode_linear_case(M, N, K, l2):
     return x, cycle(ws)
 
 
-def stream_same_bytes(nbytes: int, sms: int, l2: int) -> float:
-    """TB/s of the streaming read over a buffer of `nbytes` (rotated past L2): the ceiling of
-    one kernel that reads that much, launch ramp and tail included."""
-    bufs = cycle(rotating(lambda: torch.randint(-2**31, 2**31 - 1, (nbytes // 4,),
+def same_bytes_buffers(nbytes: int, l2: int):
+    """Random buffers of `nbytes`, enough of them to cycle past L2."""
+    return cycle(rotating(lambda: torch.randint(-2**31, 2**31 - 1, (nbytes // 4,),
                                                 dtype=torch.int32, device="cuda"), nbytes, l2))
-    return nbytes / t_graph(lambda: stream_read(bufs(), num_sms=sms)) / 1e9
+
+
+def stream_same_bytes(bufs, nbytes: int, sms: int, **stream_config) -> float:
+    """TB/s of the streaming read over buffers of `nbytes` (from `same_bytes_buffers`): the
+    ceiling of one kernel that reads that much, launch ramp and tail included."""
+    return nbytes / t_graph(lambda: stream_read(bufs(), num_sms=sms, **stream_config)) / 1e9
 
 
 def bench_decode_linear(res: Results, sms: int, l2: int, stream_tbps: float, quick: bool):
     fracs = []
     for name, (N, K) in QWEN3_8B_LINEARS.items():
-        tbps = stream_same_bytes(N * K * 2, sms, l2)
+        tbps = stream_same_bytes(same_bytes_buffers(N * K * 2, l2), N * K * 2, sms)
         res.row(kernel="stream_read_same_bytes", shape=name, MB=N * K * 2 / 1e6, sms=sms,
                 tbps=tbps, frac_of_stream=tbps / stream_tbps,
                 note="the ceiling of one kernel reading this weight's bytes")

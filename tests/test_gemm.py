@@ -95,15 +95,19 @@ def test_bad_budget():
         linear(x, x, num_sms=0)
 
 
+def _bf16_linear_matches(M, N, K, num_sms, config=None):
+    x = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(N, K, dtype=torch.bfloat16, device="cuda") / K ** 0.5
+    out = poisoned((M, N), torch.bfloat16, "cuda")
+    linear(x, w, out, num_sms=num_sms, config=config)
+    assert_close(out, x.double() @ w.double().T, torch.bfloat16)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [1, 8, 33, 64, 255, 2048, 8192])
 @pytest.mark.parametrize("N,K", [(6144, 4096), (4096, 12288)])
 def test_linear_bf16_real_sizes(M, N, K):
-    x = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
-    w = torch.randn(N, K, dtype=torch.bfloat16, device="cuda") / K ** 0.5
-    out = poisoned((M, N), torch.bfloat16, "cuda")
-    linear(x, w, out, num_sms=80)
-    assert_close(out, x.double() @ w.double().T, torch.bfloat16)
+    _bf16_linear_matches(M, N, K, num_sms=80)
 
 
 @pytest.mark.gpu
@@ -112,27 +116,17 @@ def test_mid_size_m_with_few_tiles_runs_skinny():
     # so the skinny kernel takes it with 128-row x tiles
     from pdmux_triton.kernels.gemm import default_config
 
-    M, N, K = 512, 4096, 4096
-    assert default_config(M, N, K, 132, torch.bfloat16, 132).skinny
-    x = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
-    w = torch.randn(N, K, dtype=torch.bfloat16, device="cuda") / K ** 0.5
-    out = poisoned((M, N), torch.bfloat16, "cuda")
-    linear(x, w, out, num_sms=132)
-    assert_close(out, x.double() @ w.double().T, torch.bfloat16)
+    assert default_config(512, 4096, 4096, 132, torch.bfloat16, 132).skinny
+    _bf16_linear_matches(512, 4096, 4096, num_sms=132)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [1, 8, 33, 64])
 @pytest.mark.parametrize("cfg", [GemmConfig(16, 64, 256, 4, 4, skinny=True),
                                  GemmConfig(64, 64, 128, 4, 6, skinny=True)])
-def test_skinny_bf16_real_sizes(M, cfg):
-    N, K = 6144, 4096
-    x = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
-    w = torch.randn(N, K, dtype=torch.bfloat16, device="cuda") / K ** 0.5
-    for sms in (132, 80, 7):
-        out = poisoned((M, N), torch.bfloat16, "cuda")
-        linear(x, w, out, num_sms=sms, config=cfg)
-        assert_close(out, x.double() @ w.double().T, torch.bfloat16)
+@pytest.mark.parametrize("sms", [132, 80, 7])
+def test_skinny_bf16_real_sizes(M, cfg, sms):
+    _bf16_linear_matches(M, 6144, 4096, num_sms=sms, config=cfg)
 
 
 def test_decode_tiles_follow_the_budget():
