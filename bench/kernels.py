@@ -286,34 +286,35 @@ def bench_decode_attention(res: Results, sms: int, stream_tbps: float, quick: bo
 # --- prefill attention ---------------------------------------------------------------------
 
 PREFILL_ATTN_ALTERNATES = [AttnConfig(128, 64, 8, 3), AttnConfig(128, 128, 8, 2),
-                           AttnConfig(128, 64, 4, 3), AttnConfig(64, 64, 4, 3),
-                           AttnConfig(128, 32, 4, 4)]
+                           AttnConfig(128, 128, 8, 4), AttnConfig(128, 64, 8, 4),
+                           AttnConfig(64, 64, 4, 3)]
 
 
 def bench_prefill_attention(res: Results, sms: int, quick: bool):
     T = 8192
-    k, v, table = paged_cache([T], 16)
-    q = torch.randn(T, Q_HEADS, HEAD_DIM, dtype=BF16, device="cuda")
+    kc, vc, table = paged_cache([T], 16)
+    # q, k, v as the model has them: views of one QKV projection output
+    qkv = torch.randn(T, (Q_HEADS + 2 * KV_HEADS) * HEAD_DIM, dtype=BF16, device="cuda")
+    q, k, v = qkv.split([Q_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], dim=1)
+    q, k, v = (t.view(T, -1, HEAD_DIM) for t in (q, k, v))
     flops = 4 * Q_HEADS * HEAD_DIM * T * T / 2
-    # SDPA sees the same K/V, contiguous in token order
-    slots = (table[0].long()[:, None] * 16 + torch.arange(16, device="cuda")).flatten()[:T]
-    qs = q.transpose(0, 1).unsqueeze(0)
-    ks = k[slots].transpose(0, 1).unsqueeze(0).contiguous()
-    vs = v[slots].transpose(0, 1).unsqueeze(0).contiguous()
     sdpa = torch.nn.functional.scaled_dot_product_attention
+    qs, ks, vs = (t.transpose(0, 1).unsqueeze(0).contiguous() for t in (q, k, v))
     ms_ref = t_eager(lambda: sdpa(qs, ks, vs, is_causal=True, enable_gqa=True))
     ref = sdpa(qs, ks, vs, is_causal=True, enable_gqa=True)[0].transpose(0, 1)
-    out = extend_attention(q, k, v, table, [T], [0], 16, num_sms=sms)
+
+    def run(**kw):
+        return extend_attention(q, k, v, kc, vc, table, [T], [0], 16, num_sms=sms, **kw)
+    out = run()
     err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
     res.row(kernel="sdpa", T=T, ms=ms_ref, tflops=flops / ms_ref / 1e9)
-    ms = t_eager(lambda: extend_attention(q, k, v, table, [T], [0], 16, num_sms=sms))
+    ms = t_eager(run)
     ratio = ms_ref / ms
     res.row(kernel="prefill_attention", config="default", T=T, sms=sms, ms=ms,
             tflops=flops / ms / 1e9, ratio=ratio, rel_err_vs_sdpa=err)
     for cfg in ([] if quick else PREFILL_ATTN_ALTERNATES):
         try:
-            ms_alt = t_eager(lambda: extend_attention(q, k, v, table, [T], [0], 16, num_sms=sms,
-                                                      config=cfg))
+            ms_alt = t_eager(lambda: run(config=cfg))
         except Exception as e:
             res.row(kernel="prefill_attention", config=str(cfg), error=str(e)[:200])
             continue

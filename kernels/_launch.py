@@ -48,6 +48,15 @@ def grid_size(num_tiles: int, num_sms: int | None, ctas_per_sm: int, device: tor
     return max(1, min(num_sms * ctas_per_sm, num_tiles))
 
 
+def check_tma_rows(name: str, t: torch.Tensor, hint: str = "") -> None:
+    """TMA reads a tensor as rows: its start and its row stride must be 16-byte aligned."""
+    if t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16:
+        raise PdmuxError(
+            f"{name} must start on a 16-byte boundary with 16-byte-aligned rows for TMA loads "
+            f"(row stride {t.stride(0)} elements of {t.element_size()} bytes){hint}"
+        )
+
+
 @triton.jit
 def record_sm(sm_ids_ptr, RECORD_SM: tl.constexpr):
     """Telemetry: store this program's SM id (only when asked; the interpreter has no %smid)."""

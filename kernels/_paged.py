@@ -85,25 +85,32 @@ def attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row_ptr, PAGE_SIZE: tl.c
         if EARLY_V:
             v = tl.load(vc_ptr + offs)
         qk = tl.dot(q, tl.trans(k))
-        # scale and max-subtract as one FMA per score; masked scores get -1e6, which exp2
-        # takes to 0 because every row meets a valid key in the first block it sees (decode:
-        # position `start`; extend: `lo` precedes every query of the block)
-        if MASKED:
-            valid = pos[None, :] < end
-            if CAUSAL:
-                valid = valid & (pos[None, :] <= q_pos[:, None])
-            qk = qk * scale_log2 + tl.where(valid, 0.0, -1.0e6)
-            m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-            qk = qk - m_new[:, None]
-        else:
-            m_new = tl.maximum(m_i, tl.max(qk, axis=1) * scale_log2)
-            qk = qk * scale_log2 - m_new[:, None]
-        p = tl.exp2(qk)
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        valid = pos[None, :] < end
+        if CAUSAL:
+            valid = valid & (pos[None, :] <= q_pos[:, None])
+        p, alpha, m_i, l_i = softmax_step(qk, m_i, l_i, valid, scale_log2, MASKED)
         if not EARLY_V:
             v = tl.load(vc_ptr + offs)
         # rescale, then accumulate inside the MMA: no second accumulator tile in registers
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-        m_i = m_new
     return acc, m_i, l_i
+
+
+@triton.jit
+def softmax_step(qk, m_i, l_i, valid, scale_log2, MASKED: tl.constexpr):
+    """One key block's online-softmax update of raw scores qk [M, N]: returns (p, alpha, m, l),
+    p the block's unnormalized probabilities and alpha the factor for the running output.
+
+    Scale and max-subtract are one FMA per score; masked scores (`valid` false, read only when
+    MASKED) get -1e6, which exp2 takes to 0 because the first block folded into a fresh state
+    (m_i = -inf) holds a valid key for every row."""
+    if MASKED:
+        qk = qk * scale_log2 + tl.where(valid, 0.0, -1.0e6)
+        m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+        qk = qk - m_new[:, None]
+    else:
+        m_new = tl.maximum(m_i, tl.max(qk, axis=1) * scale_log2)
+        qk = qk * scale_log2 - m_new[:, None]
+    p = tl.exp2(qk)
+    alpha = tl.exp2(m_i - m_new)
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, axis=1)

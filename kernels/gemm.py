@@ -19,8 +19,8 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import (arrival_counters, check_tensor, grid_size, interpreting,
-                                          record_sm, telemetry_args)
+from pdmux_triton.kernels._launch import (arrival_counters, check_tensor, check_tma_rows, grid_size,
+                                          interpreting, record_sm, telemetry_args)
 
 GEMM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -217,15 +217,6 @@ def whole_tiles(tiles: int, programs: int, tile_bytes: int) -> bool:
     return busy >= 0.7 or (busy >= 0.45 and waves * tile_bytes <= 2**20)
 
 
-def _check_tma_operand(name: str, t: torch.Tensor) -> None:
-    if t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16:
-        raise PdmuxError(
-            f"{name} must start on a 16-byte boundary with 16-byte-aligned rows for TMA loads "
-            f"(row stride {t.stride(0)} elements of {t.element_size()} bytes); "
-            f"for bf16/fp16 that means K a multiple of 8"
-        )
-
-
 def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None, *,
            num_sms: int | None = None, ctas_per_sm: int = 1, config: GemmConfig | None = None,
            sm_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -270,8 +261,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
             EVEN_K=K % cfg.block_k == 0, WHOLE_TILES=whole, RECORD_SM=record,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         return out
-    _check_tma_operand("x", x)
-    _check_tma_operand("weight", weight)
+    for name, t in (("x", x), ("weight", weight)):
+        check_tma_rows(name, t, "; for bf16/fp16 that means K a multiple of 8")
     grid = grid_size(tiles, num_sms, ctas_per_sm, x.device)
     sm_buf, record = telemetry_args(sm_ids, grid, x.device)
     _gemm_kernel[(grid,)](

@@ -1,10 +1,12 @@
-"""Prefill (extend) attention: new tokens of a batch of sequences attend causally to their own
-earlier tokens, which are already in the paged KV cache, prefix included.
+"""Prefill (extend) attention: new tokens of a batch of sequences attend causally to their
+earlier tokens in the paged KV cache (the prefix) and to each other.
 
 Serves whole prefills (prefix 0), chunked prefill (each chunk after the earlier chunks) and
-layer-split prefill alike. The caller writes the new tokens' K/V into the cache first
-(`store_kv`). A tile is (query block of one sequence, query head); tiles are ordered longest
-first so the persistent programs finish together.
+layer-split prefill alike. The prefix is gathered from the cache page by page; the new tokens'
+K/V come from the contiguous tensors the QKV projection produced, read through TMA, as SGLang's
+extend attention reads k_extend (fewer instructions per key block than a paged gather, which
+matters here: the loop is compute-bound). A tile is (query block of one sequence, query head);
+tiles are ordered longest first so the persistent programs finish together.
 """
 
 from __future__ import annotations
@@ -15,17 +17,20 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import grid_size, interpreting, record_sm, telemetry_args
-from pdmux_triton.kernels._paged import AttnConfig, attend_range, check_paged_inputs, wide_offsets
+from pdmux_triton.kernels._launch import (check_tensor, check_tma_rows, grid_size, interpreting,
+                                          record_sm, telemetry_args)
+from pdmux_triton.kernels._paged import (AttnConfig, attend_range, check_paged_inputs,
+                                         softmax_step, wide_offsets)
 
 LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _extend_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_ptr, sm_ids_ptr, num_blocks, B,
-                   Q_HEADS, scale_log2, sq_t, sq_h, so_t, so_h, sc_s, sc_h, spt_b,
+def _extend_kernel(q_ptr, k_desc, v_desc, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_ptr, sm_ids_ptr,
+                   num_blocks, B, Q_HEADS, scale_log2, sq_t, sq_h, so_t, so_h, sc_s, sc_h, spt_b,
                    PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, D: tl.constexpr, WIDE: tl.constexpr,
                    RECORD_SM: tl.constexpr):
@@ -39,14 +44,14 @@ def _extend_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_ptr, sm_ids_ptr, n
     for rnd in tl.range(0, tl.cdiv(tiles, programs)):
         tile = rnd * programs + tl.where(rnd % 2 == 0, pid, programs - 1 - pid)
         if tile < tiles:
-            _extend_tile(tile, q_ptr, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_ptr, B, Q_HEADS,
-                         scale_log2, sq_t, sq_h, so_t, so_h, sc_s, sc_h, spt_b, PAGE_SIZE, GROUP,
-                         BLOCK_M, BLOCK_N, D, WIDE)
+            _extend_tile(tile, q_ptr, k_desc, v_desc, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_ptr, B,
+                         Q_HEADS, scale_log2, sq_t, sq_h, so_t, so_h, sc_s, sc_h, spt_b,
+                         PAGE_SIZE, GROUP, BLOCK_M, BLOCK_N, D, WIDE)
 
 
 @triton.jit
-def _extend_tile(tile, q_ptr, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_ptr, B, Q_HEADS, scale_log2,
-                 sq_t, sq_h, so_t, so_h, sc_s, sc_h, spt_b, PAGE_SIZE: tl.constexpr,
+def _extend_tile(tile, q_ptr, k_desc, v_desc, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_ptr, B, Q_HEADS,
+                 scale_log2, sq_t, sq_h, so_t, so_h, sc_s, sc_h, spt_b, PAGE_SIZE: tl.constexpr,
                  GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  D: tl.constexpr, WIDE: tl.constexpr):
     d = tl.arange(0, D)
@@ -62,24 +67,47 @@ def _extend_tile(tile, q_ptr, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_ptr, B, Q_HEAD
     tok = (q_start + rows).to(tl.int64)
     q = tl.load(q_ptr + tok[:, None] * sq_t + hq * sq_h + d[None, :], mask=rmask[:, None],
                 other=0.0)
-    q_pos = prefix + rows
     acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    # the prefix, from the cache: visible to every row, so only its last part-block is masked
     page_row = pt_ptr + b * spt_b
-    head_off = (hq // GROUP) * sc_h
-    # keys before the block's first query are visible to every row: whole blocks, no mask
-    lo = (prefix + qb * BLOCK_M) // BLOCK_N * BLOCK_N
-    acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row, PAGE_SIZE, 0, lo,
-                                 sc_s, head_off, q_pos, scale_log2, BLOCK_N, D, MASKED=False,
+    kv_head = hq // GROUP
+    whole = prefix // BLOCK_N * BLOCK_N
+    acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row, PAGE_SIZE, 0, whole,
+                                 sc_s, kv_head * sc_h, rows, scale_log2, BLOCK_N, D, MASKED=False,
                                  CAUSAL=False, EARLY_V=False, WIDE=WIDE)
-    hi = prefix + tl.minimum((qb + 1) * BLOCK_M, ext)
-    acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row, PAGE_SIZE, lo, hi,
-                                 sc_s, head_off, q_pos, scale_log2, BLOCK_N, D, MASKED=True,
-                                 CAUSAL=True, EARLY_V=False, WIDE=WIDE)
+    acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row, PAGE_SIZE, whole,
+                                 prefix, sc_s, kv_head * sc_h, rows, scale_log2, BLOCK_N, D,
+                                 MASKED=True, CAUSAL=False, EARLY_V=False, WIDE=WIDE)
+    # the new tokens (index i within the sequence's new ones): keys before the block's first
+    # query are visible to every row, whole blocks unmasked; the rest causally masked
+    lo = qb * BLOCK_M // BLOCK_N * BLOCK_N
+    hi = tl.minimum((qb + 1) * BLOCK_M, ext)
+    acc, m_i, l_i = _attend_new(q, acc, m_i, l_i, k_desc, v_desc, q_start, kv_head * D, 0, lo,
+                                rows, scale_log2, BLOCK_N, MASKED=False)
+    acc, m_i, l_i = _attend_new(q, acc, m_i, l_i, k_desc, v_desc, q_start, kv_head * D, lo, hi,
+                                rows, scale_log2, BLOCK_N, MASKED=True)
     out = acc / l_i[:, None]
     tl.store(o_ptr + tok[:, None] * so_t + hq * so_h + d[None, :],
              out.to(o_ptr.dtype.element_ty), mask=rmask[:, None])
+
+
+@triton.jit
+def _attend_new(q, acc, m_i, l_i, k_desc, v_desc, row0, col, start, end, q_idx, scale_log2,
+                BLOCK_N: tl.constexpr, MASKED: tl.constexpr):
+    """Fold new keys [start, end) (rows row0 + i of the [tokens, kv_heads * D] K/V views) into
+    (acc, m_i, l_i); with MASKED, key i counts where i < end and i <= the row's q_idx. Rows
+    past the sequence (the next one's, or TMA's zero fill past the tensor) are masked off."""
+    for n in range(start, end, BLOCK_N):
+        k = k_desc.load([row0 + n, col])
+        qk = tl.dot(q, tl.trans(k))
+        i = n + tl.arange(0, BLOCK_N)
+        valid = (i[None, :] < end) & (i[None, :] <= q_idx[:, None])
+        p, alpha, m_i, l_i = softmax_step(qk, m_i, l_i, valid, scale_log2, MASKED)
+        v = v_desc.load([row0 + n, col])
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
+    return acc, m_i, l_i
 
 
 def default_config() -> AttnConfig:
@@ -124,15 +152,17 @@ def plan_extend(extend_lens: Sequence[int], prefix_lens: Sequence[int], device,
                       tuple(extend_lens), tuple(prefix_lens))
 
 
-def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     page_table: torch.Tensor, extend_lens: Sequence[int],
+def extend_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                     v_cache: torch.Tensor, page_table: torch.Tensor, extend_lens: Sequence[int],
                      prefix_lens: Sequence[int], page_size: int, sm_scale: float | None = None,
                      out: torch.Tensor | None = None, *, num_sms: int | None = None,
                      ctas_per_sm: int = 1, config: AttnConfig | None = None,
                      plan: ExtendPlan | None = None,
                      sm_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of q [sum(extend_lens), Hq, D] (sequences packed back to back) over each
-    sequence's cached tokens: prefix_lens[b] earlier ones plus the extend_lens[b] new ones.
+    sequence's prefix_lens[b] cached tokens and its extend_lens[b] new ones, whose keys and
+    values k, v [sum(extend_lens), Hkv, D] are read from those tensors (views of the QKV output
+    do: rows may be strided, each row's heads contiguous).
 
     Pass a `plan` from `plan_extend` to reuse the batch's device metadata across layers."""
     out = check_paged_inputs(q, k_cache, v_cache, page_table, out)
@@ -140,6 +170,12 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     T, HQ, D = q.shape
     HKV = k_cache.shape[1]
     B = len(extend_lens)
+    for name, t in (("k", k), ("v", v)):
+        check_tensor(name, t, 3, (q.dtype,), dev)
+        if t.shape != (T, HKV, D) or (HKV > 1 and t.stride(1) != D):
+            raise PdmuxError(f"{name} must be [{T}, {HKV}, {D}] with each row's heads contiguous, "
+                             f"got shape {tuple(t.shape)} strides {t.stride()}")
+        check_tma_rows(name, t)
     if sum(extend_lens) != T:
         raise PdmuxError(f"q has {T} tokens but extend_lens sum to {sum(extend_lens)}")
     if page_table.shape[0] < B:
@@ -160,9 +196,11 @@ def extend_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     grid = grid_size(num_blocks * HQ, num_sms, ctas_per_sm, dev)
     sm_buf, record = telemetry_args(sm_ids, grid, dev)
     scale = (sm_scale if sm_scale is not None else D ** -0.5) * LOG2E
+    k_desc, v_desc = (TensorDescriptor(t, [T, HKV * D], [t.stride(0), 1], [cfg.block_n, D])
+                      for t in (k, v))
     _extend_kernel[(grid,)](
-        q, k_cache, v_cache, page_table, meta, out, sm_buf, num_blocks, B, HQ, scale,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), k_cache.stride(0),
+        q, k_desc, v_desc, k_cache, v_cache, page_table, meta, out, sm_buf, num_blocks, B, HQ,
+        scale, q.stride(0), q.stride(1), out.stride(0), out.stride(1), k_cache.stride(0),
         k_cache.stride(1), page_table.stride(0), PAGE_SIZE=page_size, GROUP=HQ // HKV,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D=D, WIDE=wide_offsets(k_cache),
         RECORD_SM=record, num_warps=cfg.num_warps, num_stages=cfg.num_stages)

@@ -137,7 +137,8 @@ class Model:
 
     def layer(self, i: int, hidden: torch.Tensor, residual: torch.Tensor | None,
               positions: torch.Tensor, slots: torch.Tensor, attend, budget: Budget):
-        """One transformer layer; `attend(q, k_cache, v_cache)` is decode or extend attention.
+        """One transformer layer; `attend(q, k, v, k_cache, v_cache)` is decode or extend
+        attention (k, v: this call's new keys and values, already in the cache too).
 
         Returns (hidden, residual) for the next layer: the MLP output and the running sum.
         """
@@ -155,7 +156,7 @@ class Model:
         rope_(q, positions, self.cos_sin, lw["q_norm"] if s.qk_norm else None, s.rms_eps, **kw)
         rope_(k, positions, self.cos_sin, lw["k_norm"] if s.qk_norm else None, s.rms_eps, **kw)
         store_kv(k, v, self.cache.k[i], self.cache.v[i], slots, **kw)
-        attn = attend(q, self.cache.k[i], self.cache.v[i])
+        attn = attend(q, k, v, self.cache.k[i], self.cache.v[i])
         o = linear(attn.view(T, s.q_dim), lw["o"], **kw)
         x = rmsnorm(o, lw["post_norm"], s.rms_eps, residual=residual, **kw)
         mlp = linear(silu_mul(linear(x, lw["gate_up"], **kw), **kw), lw["down"], **kw)
@@ -169,7 +170,7 @@ class Model:
         """Logits [B, vocab] of one new token per request (its K/V enter the cache)."""
         ps = self.cache.page_size
 
-        def attend(q, kc, vc):
+        def attend(q, k, v, kc, vc):
             return decode_attention(q, kc, vc, batch.page_table, batch.seq_lens, ps,
                                     batch.max_seq_len, **budget.kw)
         hidden, residual = self.embed(batch.tokens), None
@@ -189,8 +190,8 @@ class Model:
             raise PdmuxError(f"a prefill resumed at layer {start} needs the hidden states")
         ps = self.cache.page_size
 
-        def attend(q, kc, vc):
-            return extend_attention(q, kc, vc, batch.page_table, batch.extend_lens,
+        def attend(q, k, v, kc, vc):
+            return extend_attention(q, k, v, kc, vc, batch.page_table, batch.extend_lens,
                                     batch.prefix_lens, ps, plan=batch.plan, **budget.kw)
         for i in range(start, end):
             hidden, residual = self.layer(i, hidden, residual, batch.positions, batch.slots,

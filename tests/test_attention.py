@@ -54,17 +54,36 @@ def test_decode_attention_zero_length_gives_zeros():
     check_decode([0, 0], 4, 2, 16, 16, torch.float32, num_sms=3)
 
 
+def new_tokens(kv, extend, prefix, hq):
+    """q, k, v of the new tokens as views of one QKV-projection-like [T, (hq + 2 hkv) d] tensor
+    (strided rows), k and v holding the cache's values at the new positions; those cache slots
+    are then poisoned, so a kernel that read the new tokens from the cache would give NaN."""
+    _, hkv, d = kv.k_cache.shape
+    T, dtype, dev = sum(extend), kv.k_cache.dtype, kv.k_cache.device
+    qkv = torch.randn(T, (hq + 2 * hkv) * d, dtype=dtype, device=dev)
+    q = qkv[:, :hq * d].view(T, hq, d)
+    k = qkv[:, hq * d:(hq + hkv) * d].view(T, hkv, d)
+    v = qkv[:, (hq + hkv) * d:].view(T, hkv, d)
+    slots = torch.cat([kv.slots(b, p, p + e) for b, (e, p) in enumerate(zip(extend, prefix))])
+    slots = slots.to(dev)
+    k.copy_(kv.k_cache[slots])
+    v.copy_(kv.v_cache[slots])
+    dense = [kv.dense(b) for b in range(len(extend))]
+    kv.k_cache[slots] = float("nan")
+    kv.v_cache[slots] = float("nan")
+    return q, k, v, dense
+
+
 def check_extend(extend, prefix, hq, hkv, d, page_size, dtype, num_sms, device=DEV):
     lens = [e + p for e, p in zip(extend, prefix)]
     kv = PagedKV(lens, hkv, d, page_size, dtype, device)
-    q = torch.randn(sum(extend), hq, d, dtype=dtype, device=device)
+    q, k, v, dense = new_tokens(kv, extend, prefix, hq)
     out = poisoned(q.shape, dtype, device)
-    extend_attention(q, kv.k_cache, kv.v_cache, kv.page_table, extend, prefix, page_size, out=out,
-                     num_sms=num_sms)
+    extend_attention(q, k, v, kv.k_cache, kv.v_cache, kv.page_table, extend, prefix, page_size,
+                     out=out, num_sms=num_sms)
     start = 0
     for b, (e, p) in enumerate(zip(extend, prefix)):
-        k, v = kv.dense(b)
-        ref = attention_ref(q[start:start + e].cpu(), k, v, q_pos=torch.arange(p, p + e))
+        ref = attention_ref(q[start:start + e].cpu(), *dense[b], q_pos=torch.arange(p, p + e))
         assert_close(out[start:start + e], ref, dtype)
         start += e
 
@@ -98,9 +117,12 @@ def test_64_bit_cache_offsets(monkeypatch):
 def test_chunked_equals_whole():
     """Attention of a 60-token prompt in chunks of 25 equals the whole prefill."""
     kv = PagedKV([60], 2, 16, 16, torch.float32, DEV)
-    q = torch.randn(60, 4, 16, device=DEV)
-    whole = extend_attention(q, kv.k_cache, kv.v_cache, kv.page_table, [60], [0], 16, num_sms=2)
-    parts = [extend_attention(q[s:s + 25], kv.k_cache, kv.v_cache, kv.page_table,
+    q, k, v, _ = new_tokens(kv, [60], [0], 4)
+    kc, vc = kv.k_cache.clone(), kv.v_cache.clone()
+    kc[kv.slots(0, 0, 60).to(DEV)] = k  # a chunk's prefix is in the cache: the earlier chunks
+    vc[kv.slots(0, 0, 60).to(DEV)] = v
+    whole = extend_attention(q, k, v, kc, vc, kv.page_table, [60], [0], 16, num_sms=2)
+    parts = [extend_attention(q[s:s + 25], k[s:s + 25], v[s:s + 25], kc, vc, kv.page_table,
                               [min(25, 60 - s)], [s], 16, num_sms=2) for s in range(0, 60, 25)]
     torch.testing.assert_close(torch.cat(parts), whole, rtol=1e-5, atol=1e-5)
 
@@ -114,8 +136,15 @@ def test_attention_bad_inputs():
     kv = PagedKV([8], 2, 16, 1, torch.float32, DEV)
     with pytest.raises(PdmuxError, match="max_seq_len 9 must fit in the page table"):
         decode_attention(q, kv.k_cache, kv.v_cache, kv.page_table, lens, 1, 9)
+    k = torch.randn(1, 2, 16, device=DEV)
     with pytest.raises(PdmuxError, match="q has 1 tokens but extend_lens sum to 2"):
-        extend_attention(q, kv.k_cache, kv.v_cache, kv.page_table, [2], [0], 1)
+        extend_attention(q, k, k, kv.k_cache, kv.v_cache, kv.page_table, [2], [0], 1)
+    with pytest.raises(PdmuxError, match=r"v must be \[1, 2, 16\] with each row's heads"):
+        extend_attention(q, k, torch.randn(1, 2, 32, device=DEV)[:, :, :16], kv.k_cache,
+                         kv.v_cache, kv.page_table, [1], [0], 1)
+    with pytest.raises(PdmuxError, match="k must start on a 16-byte boundary"):
+        extend_attention(q, torch.randn(33, device=DEV)[1:].view(1, 2, 16), k, kv.k_cache,
+                         kv.v_cache, kv.page_table, [1], [0], 1)
     with pytest.raises(PdmuxError, match="page_table has dtype int64"):
         decode_attention(q, kv.k_cache, kv.v_cache, kv.page_table.long(), lens, 1, 8)
 

@@ -29,6 +29,7 @@ def _kernel_cases():
     q_dec = torch.randn(3, 32, 128, dtype=BF16, device=dev)
     lens = torch.tensor(kv.lens, dtype=torch.int32, device=dev)
     q_ext = torch.randn(1000, 32, 128, dtype=BF16, device=dev)
+    k_ext, v_ext = torch.randn(2, 1000, 8, 128, dtype=BF16, device=dev)
     new_k = torch.randn(64, 8, 128, dtype=BF16, device=dev)
     slots = torch.randperm(kv.k_cache.shape[0], device=dev)[:64]
     buf = torch.randn(1 << 24, device=dev)
@@ -53,8 +54,8 @@ def _kernel_cases():
         "decode_attention": lambda s, ids=None: decode_attention(
             q_dec, kv.k_cache, kv.v_cache, kv.page_table, lens, 16, 3000, num_sms=s, sm_ids=ids),
         "extend_attention": lambda s, ids=None: extend_attention(
-            q_ext, kv.k_cache, kv.v_cache, kv.page_table, [900, 17, 83], [0, 0, 817], 16,
-            num_sms=s, sm_ids=ids),
+            q_ext, k_ext, v_ext, kv.k_cache, kv.v_cache, kv.page_table, [900, 17, 83],
+            [0, 0, 817], 16, num_sms=s, sm_ids=ids),
         "stream_read": lambda s, ids=None: stream_read(buf, num_sms=s, sm_ids=ids),
     }
 
