@@ -29,8 +29,8 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _extend_kernel(q_ptr, k_desc, v_desc, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_ptr, sm_ids_ptr,
-                   num_blocks, B, Q_HEADS, scale_log2, sq_t, sq_h, so_t, so_h, sc_s, sc_h, spt_b,
+def _extend_kernel(q_desc, k_desc, v_desc, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_ptr, sm_ids_ptr,
+                   num_blocks, B, Q_HEADS, scale_log2, so_t, so_h, sc_s, sc_h, spt_b,
                    PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, D: tl.constexpr, WIDE: tl.constexpr,
                    RECORD_SM: tl.constexpr):
@@ -44,14 +44,14 @@ def _extend_kernel(q_ptr, k_desc, v_desc, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_pt
     for rnd in tl.range(0, tl.cdiv(tiles, programs)):
         tile = rnd * programs + tl.where(rnd % 2 == 0, pid, programs - 1 - pid)
         if tile < tiles:
-            _extend_tile(tile, q_ptr, k_desc, v_desc, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_ptr, B,
-                         Q_HEADS, scale_log2, sq_t, sq_h, so_t, so_h, sc_s, sc_h, spt_b,
+            _extend_tile(tile, q_desc, k_desc, v_desc, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_ptr, B,
+                         Q_HEADS, scale_log2, so_t, so_h, sc_s, sc_h, spt_b,
                          PAGE_SIZE, GROUP, BLOCK_M, BLOCK_N, D, WIDE)
 
 
 @triton.jit
-def _extend_tile(tile, q_ptr, k_desc, v_desc, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_ptr, B, Q_HEADS,
-                 scale_log2, sq_t, sq_h, so_t, so_h, sc_s, sc_h, spt_b, PAGE_SIZE: tl.constexpr,
+def _extend_tile(tile, q_desc, k_desc, v_desc, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_ptr, B, Q_HEADS,
+                 scale_log2, so_t, so_h, sc_s, sc_h, spt_b, PAGE_SIZE: tl.constexpr,
                  GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  D: tl.constexpr, WIDE: tl.constexpr):
     d = tl.arange(0, D)
@@ -65,21 +65,22 @@ def _extend_tile(tile, q_ptr, k_desc, v_desc, kc_ptr, vc_ptr, pt_ptr, meta_ptr, 
     rows = qb * BLOCK_M + tl.arange(0, BLOCK_M)
     rmask = rows < ext
     tok = (q_start + rows).to(tl.int64)
-    q = tl.load(q_ptr + tok[:, None] * sq_t + hq * sq_h + d[None, :], mask=rmask[:, None],
-                other=0.0)
+    q = q_desc.load([q_start + qb * BLOCK_M, hq * D])  # rows past the sequence: not stored
     acc = tl.zeros((BLOCK_M, D), dtype=tl.float32)
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    # the prefix, from the cache: visible to every row, so only its last part-block is masked
-    page_row = pt_ptr + b * spt_b
     kv_head = hq // GROUP
-    whole = prefix // BLOCK_N * BLOCK_N
-    acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row, PAGE_SIZE, 0, whole,
-                                 sc_s, kv_head * sc_h, rows, scale_log2, BLOCK_N, D, MASKED=False,
-                                 CAUSAL=False, EARLY_V=False, WIDE=WIDE)
-    acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row, PAGE_SIZE, whole,
-                                 prefix, sc_s, kv_head * sc_h, rows, scale_log2, BLOCK_N, D,
-                                 MASKED=True, CAUSAL=False, EARLY_V=False, WIDE=WIDE)
+    # the prefix, from the cache: visible to every row, so only its last part-block is masked;
+    # skipped as a whole when empty (whole prefills): even empty, the pipelined loops cost 2-4%
+    if prefix > 0:
+        page_row = pt_ptr + b * spt_b
+        whole = prefix // BLOCK_N * BLOCK_N
+        acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row, PAGE_SIZE, 0,
+                                     whole, sc_s, kv_head * sc_h, rows, scale_log2, BLOCK_N, D,
+                                     MASKED=False, CAUSAL=False, EARLY_V=False, WIDE=WIDE)
+        acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row, PAGE_SIZE, whole,
+                                     prefix, sc_s, kv_head * sc_h, rows, scale_log2, BLOCK_N, D,
+                                     MASKED=True, CAUSAL=False, EARLY_V=False, WIDE=WIDE)
     # the new tokens (index i within the sequence's new ones): keys before the block's first
     # query are visible to every row, whole blocks unmasked; the rest causally masked
     lo = qb * BLOCK_M // BLOCK_N * BLOCK_N
@@ -170,11 +171,11 @@ def extend_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
     T, HQ, D = q.shape
     HKV = k_cache.shape[1]
     B = len(extend_lens)
-    for name, t in (("k", k), ("v", v)):
+    for name, t, heads in (("q", q, HQ), ("k", k, HKV), ("v", v, HKV)):
         check_tensor(name, t, 3, (q.dtype,), dev)
-        if t.shape != (T, HKV, D) or (HKV > 1 and t.stride(1) != D):
-            raise PdmuxError(f"{name} must be [{T}, {HKV}, {D}] with each row's heads contiguous, "
-                             f"got shape {tuple(t.shape)} strides {t.stride()}")
+        if t.shape != (T, heads, D) or (heads > 1 and t.stride(1) != D):
+            raise PdmuxError(f"{name} must be [{T}, {heads}, {D}] with each row's heads "
+                             f"contiguous, got shape {tuple(t.shape)} strides {t.stride()}")
         check_tma_rows(name, t)
     if sum(extend_lens) != T:
         raise PdmuxError(f"q has {T} tokens but extend_lens sum to {sum(extend_lens)}")
@@ -196,11 +197,12 @@ def extend_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
     grid = grid_size(num_blocks * HQ, num_sms, ctas_per_sm, dev)
     sm_buf, record = telemetry_args(sm_ids, grid, dev)
     scale = (sm_scale if sm_scale is not None else D ** -0.5) * LOG2E
+    q_desc = TensorDescriptor(q, [T, HQ * D], [q.stride(0), 1], [cfg.block_m, D])
     k_desc, v_desc = (TensorDescriptor(t, [T, HKV * D], [t.stride(0), 1], [cfg.block_n, D])
                       for t in (k, v))
     _extend_kernel[(grid,)](
-        q, k_desc, v_desc, k_cache, v_cache, page_table, meta, out, sm_buf, num_blocks, B, HQ,
-        scale, q.stride(0), q.stride(1), out.stride(0), out.stride(1), k_cache.stride(0),
+        q_desc, k_desc, v_desc, k_cache, v_cache, page_table, meta, out, sm_buf, num_blocks, B, HQ,
+        scale, out.stride(0), out.stride(1), k_cache.stride(0),
         k_cache.stride(1), page_table.stride(0), PAGE_SIZE=page_size, GROUP=HQ // HKV,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D=D, WIDE=wide_offsets(k_cache),
         RECORD_SM=record, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
