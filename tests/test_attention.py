@@ -42,6 +42,14 @@ def test_decode_attention_splits_and_grids(lens, num_sms):
     check_decode(lens, 8, 2, 32, 16, torch.float32, num_sms=num_sms)
 
 
+@pytest.mark.parametrize("num_sms", [1, 4, 5, 7, 500])
+def test_decode_attention_uniform_batches(num_sms):
+    # equal lengths (24 units of 5 slots: cut at different slots on each grid) and a batch
+    # padded with empty rows, which own no slots
+    check_decode([40] * 6, 8, 4, 16, 16, torch.float32, num_sms=num_sms)
+    check_decode([40, 0, 40, 40, 0], 4, 2, 16, 16, torch.float32, num_sms=num_sms)
+
+
 def test_decode_attention_repeated_calls():
     # the merge counters are reset by each call: a second call on new inputs is as exact
     for lens in ([130, 5, 33], [64, 200], [3]):
