@@ -52,13 +52,15 @@ def wide_offsets(k_cache: torch.Tensor) -> bool:
 
 @triton.jit
 def attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row_ptr, PAGE_SIZE: tl.constexpr, start,
-                 end, slot_stride, head_offset, q_pos, scale_log2, BLOCK_N: tl.constexpr,
-                 D: tl.constexpr, MASKED: tl.constexpr, CAUSAL: tl.constexpr,
-                 EARLY_V: tl.constexpr, WIDE: tl.constexpr):
+                 end, slot_stride, head_offset, scale_log2, BLOCK_N: tl.constexpr,
+                 D: tl.constexpr, MASKED: tl.constexpr, EARLY_V: tl.constexpr,
+                 WIDE: tl.constexpr):
     """Fold KV positions [start, end) into (acc, m_i, l_i) for the query rows `q` [M, D].
 
     Scores are kept in base 2 (scale_log2 = softmax scale * log2(e)). Without MASKED the range
-    must be whole blocks; with CAUSAL a key counts only where its position <= the row's q_pos.
+    must be whole blocks; with it, keys at `end` and past it are masked off. Every query row
+    sees the whole range (decode; prefill's prefix, whose new tokens are masked causally in
+    prefill_attention).
     The first block folded into a fresh state (m_i = -inf) must hold a valid key for every row.
     EARLY_V issues the V load with the K load (memory-bound decode: twice the bytes in flight);
     compute-bound prefill loads V after the softmax, keeping registers for the tiles.
@@ -85,10 +87,7 @@ def attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row_ptr, PAGE_SIZE: tl.c
         if EARLY_V:
             v = tl.load(vc_ptr + offs)
         qk = tl.dot(q, tl.trans(k))
-        valid = pos[None, :] < end
-        if CAUSAL:
-            valid = valid & (pos[None, :] <= q_pos[:, None])
-        p, alpha, m_i, l_i = softmax_step(qk, m_i, l_i, valid, scale_log2, MASKED)
+        p, alpha, m_i, l_i = softmax_step(qk, m_i, l_i, pos[None, :] < end, scale_log2, MASKED)
         if not EARLY_V:
             v = tl.load(vc_ptr + offs)
         # rescale, then accumulate inside the MMA: no second accumulator tile in registers

@@ -90,8 +90,8 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, pa
                 end = tl.minimum(tl.load(len_ptr + b), (seg_hi - first_block) * BLOCK_N)
                 acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, pt_ptr + b * spt_b,
                                              PAGE_SIZE, (seg_lo - first_block) * BLOCK_N, end,
-                                             sc_s, h * sc_h, g, scale_log2, BLOCK_N, D,
-                                             MASKED=True, CAUSAL=False, EARLY_V=True, WIDE=WIDE)
+                                             sc_s, h * sc_h, scale_log2, BLOCK_N, D,
+                                             MASKED=True, EARLY_V=True, WIDE=WIDE)
                 o = o_ptr + b * so_b + heads[:, None] * so_h + d[None, :]
                 first = first_block // per_program  # the programs holding the unit's blocks
                 last = (u_end - 1) // per_program

@@ -76,11 +76,11 @@ def _extend_tile(tile, q_desc, k_desc, v_desc, kc_ptr, vc_ptr, pt_ptr, meta_ptr,
         page_row = pt_ptr + b * spt_b
         whole = prefix // BLOCK_N * BLOCK_N
         acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row, PAGE_SIZE, 0,
-                                     whole, sc_s, kv_head * sc_h, rows, scale_log2, BLOCK_N, D,
-                                     MASKED=False, CAUSAL=False, EARLY_V=False, WIDE=WIDE)
+                                     whole, sc_s, kv_head * sc_h, scale_log2, BLOCK_N, D,
+                                     MASKED=False, EARLY_V=False, WIDE=WIDE)
         acc, m_i, l_i = attend_range(q, acc, m_i, l_i, kc_ptr, vc_ptr, page_row, PAGE_SIZE, whole,
-                                     prefix, sc_s, kv_head * sc_h, rows, scale_log2, BLOCK_N, D,
-                                     MASKED=True, CAUSAL=False, EARLY_V=False, WIDE=WIDE)
+                                     prefix, sc_s, kv_head * sc_h, scale_log2, BLOCK_N, D,
+                                     MASKED=True, EARLY_V=False, WIDE=WIDE)
     # the new tokens (index i within the sequence's new ones): keys before the block's first
     # query are visible to every row, whole blocks unmasked; the rest causally masked
     lo = qb * BLOCK_M // BLOCK_N * BLOCK_N
