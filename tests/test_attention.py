@@ -126,9 +126,9 @@ def test_chunked_equals_whole():
     """Attention of a 60-token prompt in chunks of 25 equals the whole prefill."""
     kv = PagedKV([60], 2, 16, 16, torch.float32, DEV)
     q, k, v, _ = new_tokens(kv, [60], [0], 4)
-    kc, vc = kv.k_cache.clone(), kv.v_cache.clone()
-    kc[kv.slots(0, 0, 60).to(DEV)] = k  # a chunk's prefix is in the cache: the earlier chunks
-    vc[kv.slots(0, 0, 60).to(DEV)] = v
+    # a chunk's prefix is in the cache (the earlier chunks): undo new_tokens' poisoning
+    kc, vc, slots = kv.k_cache.clone(), kv.v_cache.clone(), kv.slots(0, 0, 60).to(DEV)
+    kc[slots], vc[slots] = k, v
     whole = extend_attention(q, k, v, kc, vc, kv.page_table, [60], [0], 16, num_sms=2)
     parts = [extend_attention(q[s:s + 25], k[s:s + 25], v[s:s + 25], kc, vc, kv.page_table,
                               [min(25, 60 - s)], [s], 16, num_sms=2) for s in range(0, 60, 25)]
