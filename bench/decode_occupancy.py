@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from kernels import (QWEN3_8B_LINEARS, Results, cycle, decode_cases, paged_cache,  # noqa: E402
-                     rotating, same_bytes_buffers, stream_same_bytes, t_graph)
+from kernels import (QWEN3_8B_LINEARS, Results, cycle, decode_cases, decode_inputs,  # noqa: E402
+                     kv_bytes, rotating, same_bytes_buffers, stream_same_bytes, t_graph)
 
 from pdmux_triton.hardware import detect_gpu  # noqa: E402
 from pdmux_triton.kernels import AttnConfig, GemmConfig, decode_attention, linear  # noqa: E402
@@ -70,10 +70,8 @@ def main(argv=None) -> int:
     res = Results(Path(args.out) / f"decode-occupancy-{gpu.name}.json", gpu.name)
     for case in args.cases.split(",") if "attention" in sections else ():
         lens = decode_cases()[case]
-        k, v, table = paged_cache(lens, 16)
-        q = torch.randn(len(lens), 32, 128, dtype=torch.bfloat16, device="cuda")
-        seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
-        nbytes = sum(lens) * 8 * 128 * 4
+        k, v, table, q, seq = decode_inputs(lens)
+        nbytes = kv_bytes(lens)
         for budget in budgets or BUDGETS:
             for cfg in ATTN_VARIANTS:
                 try:

@@ -260,6 +260,18 @@ def decode_cases():
             "ragged32_100_16000": ragged}
 
 
+def decode_inputs(lens):
+    """Paged K/V (page size 16), the page table, one query token per request, the lengths."""
+    k, v, table = paged_cache(lens, 16)
+    q = torch.randn(len(lens), Q_HEADS, HEAD_DIM, dtype=BF16, device="cuda")
+    return k, v, table, q, torch.tensor(lens, dtype=torch.int32, device="cuda")
+
+
+def kv_bytes(lens) -> int:
+    """Bytes of K and V a decode step reads for these lengths."""
+    return sum(lens) * KV_HEADS * HEAD_DIM * 2 * 2
+
+
 DECODE_ATTN_ALTERNATES = [AttnConfig(16, 32, 4, 4), AttnConfig(16, 64, 4, 4), AttnConfig(16, 128, 4, 3),
                           AttnConfig(16, 128, 8, 3), AttnConfig(16, 64, 8, 4), AttnConfig(16, 32, 2, 4),
                           AttnConfig(16, 64, 2, 3)]
@@ -268,10 +280,8 @@ DECODE_ATTN_ALTERNATES = [AttnConfig(16, 32, 4, 4), AttnConfig(16, 64, 4, 4), At
 def bench_decode_attention(res: Results, sms: int, stream_tbps: float, quick: bool):
     fracs = []
     for name, lens in decode_cases().items():
-        k, v, table = paged_cache(lens, 16)
-        q = torch.randn(len(lens), Q_HEADS, HEAD_DIM, dtype=BF16, device="cuda")
-        seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
-        nbytes = sum(lens) * KV_HEADS * HEAD_DIM * 2 * 2
+        k, v, table, q, seq = decode_inputs(lens)
+        nbytes = kv_bytes(lens)
 
         def run(budget=sms):
             return decode_attention(q, k, v, table, seq, 16, max(lens), num_sms=budget)
@@ -292,6 +302,45 @@ def bench_decode_attention(res: Results, sms: int, stream_tbps: float, quick: bo
             print("decode attention curve", {b: round(x, 2) for b, x in curve.items()}, flush=True)
         torch.cuda.empty_cache()
     return min(fracs)
+
+
+GREEN_BUDGETS = (16, 64)
+GREEN_CTAS = (1, 2, 3)
+
+
+def bench_decode_attention_green(res: Results, sms: int):
+    """Decode attention on green contexts of 16 and 64 SMs at 1-3 programs per SM: the
+    occupancy a real partition allows (a capped grid on the whole GPU must stay at one per SM
+    to emulate one). Rows only: the issue's figures are at the whole GPU."""
+    from pdmux_triton.errors import PdmuxError
+    from pdmux_triton.greenctx import split_green
+
+    try:
+        splits = {k: split_green(k, sms - k) for k in GREEN_BUDGETS}
+    except PdmuxError as e:
+        print(f"decode attention on green contexts skipped: {e}", flush=True)
+        return
+    table = res.data["decode_attention_green_tbps"] = {}
+    try:
+        for name, lens in decode_cases().items():
+            k, v, page_table, q, seq = decode_inputs(lens)
+            nbytes = kv_bytes(lens)
+            for budget, split in splits.items():
+                for ctas in GREEN_CTAS:
+                    def run():
+                        return decode_attention(q, k, v, page_table, seq, 16, max(lens),
+                                                num_sms=budget, ctas_per_sm=ctas)
+                    ms = time_alone(run, split.first.stream, graph=True, target_ms=40.0,
+                                    repeats=5)
+                    tbps = nbytes / ms / 1e9
+                    table.setdefault(name, {}).setdefault(budget, {})[ctas] = tbps
+                    res.row(kernel="decode_attention", case=name, placement="green", sms=budget,
+                            ctas_per_sm=ctas, ms=ms, tbps=tbps, gbps_per_sm=tbps * 1e3 / budget,
+                            vs_one_cta=tbps / table[name][budget][1])
+            torch.cuda.empty_cache()
+    finally:
+        for split in splits.values():
+            split.close()
 
 
 # --- prefill attention ---------------------------------------------------------------------
@@ -380,6 +429,8 @@ def main(argv=None) -> int:
         s["decode_attention_bw_frac"] = bench_decode_attention(res, sms, s["stream_read_tbps"],
                                                                args.quick)
         res.save()
+        bench_decode_attention_green(res, sms)
+        res.save()
     if "prefill_attention" not in skip:
         s["prefill_attention_vs_sdpa"] = bench_prefill_attention(res, sms, args.quick)
         res.save()
@@ -394,6 +445,9 @@ def main(argv=None) -> int:
         target = targets.get(key)
         mark = "" if target is None else ("  ok" if value >= target else "  MISS")
         print(f"{key:<28} {value:>8.3f} {'' if target is None else f'>= {target}':>8}{mark}")
+    for name, budgets in res.data.get("decode_attention_green_tbps", {}).items():
+        gains = ", ".join(f"{b} SMs {c[max(c)] / c[1]:.2f}x" for b, c in budgets.items())
+        print(f"decode attention {name}, green, {max(GREEN_CTAS)} vs 1 CTA/SM: {gains}")
     print(f"wrote {res.path}")
     return 0
 

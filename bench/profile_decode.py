@@ -145,16 +145,14 @@ def on_gpu(budget: int) -> None:
     import torch
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from kernels import paged_cache
+    from kernels import decode_inputs
 
     from pdmux_triton.kernels import decode_attention, linear
     from pdmux_triton.kernels.decode_attention import _decode_kernel
     from pdmux_triton.kernels.gemm import _gemm_kernel, _skinny_kernel
 
     lens = [8192] * 32
-    k, v, table = paged_cache(lens, 16)
-    q = torch.randn(len(lens), 32, 128, dtype=torch.bfloat16, device="cuda")
-    seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    k, v, table, q, seq = decode_inputs(lens)
     decode_attention(q, k, v, table, seq, 16, max(lens), num_sms=budget)
     x = torch.randn(32, 4096, dtype=torch.bfloat16, device="cuda")
     w = torch.randn(24576, 4096, dtype=torch.bfloat16, device="cuda")

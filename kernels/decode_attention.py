@@ -134,6 +134,19 @@ def _merge_unit(part_o_ptr, part_lse_ptr, o, u, first, last, g, gmask, d, GROUP:
     tl.store(o, (acc / total[:, None]).to(o.dtype.element_ty), mask=gmask[:, None])
 
 
+def default_decode_config(ctas_per_sm: int) -> AttnConfig:
+    """128 keys per step, 4 warps (block_m is unused: a tile's query rows are the GQA group,
+    padded to 16 for tl.dot). One program per SM: 5 stages; the pipeline spends two per block
+    (page ids, then K/V), so two blocks of K/V are in flight (+20-27% over 3 stages on the
+    H200). Several per SM (green contexts, where a grid larger than the budget stays on the
+    partition's SMs): 3 stages, ~70 KB of shared memory each, so three fit an SM and each
+    scheduler issues from three programs' warps: on the H200, 3 per SM reads 1.26-1.40x the
+    bytes of 1 per SM at 16 SMs and 1.16-1.27x at 64 (bench/NOTES.md)."""
+    if interpreting():
+        return AttnConfig(16, 16, 4, 1)
+    return AttnConfig(16, 128, 4, 5 if ctas_per_sm == 1 else 3)
+
+
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int,
                      max_seq_len: int, sm_scale: float | None = None,
@@ -162,10 +175,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     if B == 0:
         return out
     group = HQ // HKV
-    # block_m is unused here: a tile's query rows are the GQA group, padded to 16 for tl.dot
-    # 5 stages: the pipeline spends two per block (page ids, then K/V), so two blocks of K/V
-    # are in flight; +20-27% over 3 stages on the H200 (bench/NOTES.md)
-    cfg = config or (AttnConfig(16, 16, 4, 1) if interpreting() else AttnConfig(16, 128, 4, 5))
+    cfg = config or default_decode_config(ctas_per_sm)
     units = B * HKV
     grid = grid_size(units * max(1, triton.cdiv(max_seq_len, cfg.block_n)), num_sms,
                      ctas_per_sm, dev)

@@ -6,7 +6,7 @@ import torch
 
 from pdmux_triton.kernels import (decode_attention, extend_attention, linear, rmsnorm, rope_,
                                   rope_cache, silu_mul, store_kv, stream_read)
-from reference import PagedKV, assert_close
+from reference import PagedKV, assert_close, attention_ref, poisoned
 
 pytestmark = pytest.mark.gpu
 BF16 = torch.bfloat16
@@ -90,6 +90,25 @@ def test_kernel_on_a_16_sm_green_context_matches_whole_gpu(name, green16):
     assert torch.equal(capped, whole), f"{name} differs on the green context"
     used = ids[ids >= 0].unique()
     assert 0 < used.numel() <= green16.sms, f"{name} ran on {used.numel()} SMs of a {green16.sms}-SM partition"
+
+
+def test_decode_attention_three_ctas_per_sm_on_a_green_context(green16):
+    # the launcher's 3-stage config for several programs per SM: all 48 run on the
+    # partition's SMs and the merged result matches a float64 reference
+    lens = [5000, 1, 777, 2048]
+    kv = PagedKV(lens, 8, 128, 16, BF16, "cuda")
+    q = torch.randn(len(lens), 32, 128, dtype=BF16, device="cuda")
+    seq = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    out = poisoned(q.shape, BF16, "cuda")
+    ids = torch.full((48,), -1, dtype=torch.int32, device="cuda")
+    with torch.cuda.stream(green16.stream):
+        decode_attention(q, kv.k_cache, kv.v_cache, kv.page_table, seq, 16, max(lens), out=out,
+                         num_sms=16, ctas_per_sm=3, sm_ids=ids)
+    green16.stream.synchronize()
+    assert (ids >= 0).all() and ids.unique().numel() <= green16.sms
+    for b in range(len(lens)):
+        k, v = kv.dense(b)
+        assert_close(out[b], attention_ref(q[b:b + 1].cpu(), k, v)[0], BF16)
 
 
 @pytest.mark.parametrize("budget", [1, 8, 52, 132])
