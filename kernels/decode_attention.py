@@ -140,8 +140,9 @@ def default_decode_config(ctas_per_sm: int) -> AttnConfig:
     (page ids, then K/V), so two blocks of K/V are in flight (+20-27% over 3 stages on the
     H200). Several per SM (green contexts, where a grid larger than the budget stays on the
     partition's SMs): 3 stages, ~70 KB of shared memory each, so three fit an SM and each
-    scheduler issues from three programs' warps: on the H200, 3 per SM reads 1.26-1.40x the
-    bytes of 1 per SM at 16 SMs and 1.16-1.27x at 64 (bench/NOTES.md)."""
+    scheduler issues from three programs' warps: on the H200, 3 per SM read 1.25-1.30x the
+    bytes of 1 per SM at 16 SMs and 1.15-1.18x at 64 (bench/kernels.py's cases; 1.4x and
+    1.27x on 64 x 1024, bench/NOTES.md)."""
     if interpreting():
         return AttnConfig(16, 16, 4, 1)
     return AttnConfig(16, 128, 4, 5 if ctas_per_sm == 1 else 3)
