@@ -29,12 +29,17 @@ UNIT_COST = 2
 
 
 @triton.jit
+def _request_slots(b, work, bi):
+    """(slots of one unit of the requests before b, slots of one unit of request b)."""
+    return tl.sum(tl.where(bi < b, work, 0), axis=0), tl.sum(tl.where(bi == b, work, 0), axis=0)
+
+
+@triton.jit
 def _unit_at(pos, work, bi, KV_HEADS):
     """The unit (request * KV_HEADS + head) holding work slot `pos`; each unit of request b
     holds work[b] slots, back to back."""
     b = tl.sum((tl.cumsum(work, axis=0) * KV_HEADS <= pos).to(tl.int32), axis=0)
-    before = tl.sum(tl.where(bi < b, work, 0), axis=0)
-    size = tl.sum(tl.where(bi == b, work, 0), axis=0)
+    before, size = _request_slots(b, work, bi)
     return b * KV_HEADS + (pos - before * KV_HEADS) // size
 
 
@@ -74,8 +79,8 @@ def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, pa
         for u in range(_unit_at(lo, work, bi, KV_HEADS), _unit_at(hi - 1, work, bi, KV_HEADS) + 1):
             b = u // KV_HEADS
             h = u % KV_HEADS
-            size = tl.sum(tl.where(bi == b, work, 0), axis=0)
-            u_end = tl.sum(tl.where(bi < b, work, 0), axis=0) * KV_HEADS + (h + 1) * size
+            before, size = _request_slots(b, work, bi)
+            u_end = before * KV_HEADS + (h + 1) * size
             first_block = u_end - size + UNIT_COST  # the slot of the unit's first block
             seg_lo = tl.maximum(lo, first_block)
             seg_hi = tl.minimum(hi, u_end)
