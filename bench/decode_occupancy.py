@@ -17,12 +17,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from kernels import (QWEN3_8B_LINEARS, Results, cycle, decode_cases, decode_inputs,  # noqa: E402
-                     kv_bytes, rotating, same_bytes_buffers, stream_same_bytes, t_graph)
-
-from pdmux_triton.hardware import detect_gpu  # noqa: E402
-from pdmux_triton.kernels import AttnConfig, GemmConfig, decode_attention, linear  # noqa: E402
+from common import (LINEARS, PAGE_SIZE, Results, cycle, decode_cases, decode_inputs,
+                    require_gpu, rotating, same_bytes_buffers, stream_same_bytes, t_graph)
+from pdmux_triton.hardware import detect_gpu
+from pdmux_triton.kernels import AttnConfig, GemmConfig, decode_attention, linear
 
 BUDGETS = (16, 52, 132)
 # the decode GEMM's steps in bandwidth at 64/96/128 SMs are tile-count quantization: sweep
@@ -66,17 +64,19 @@ def main(argv=None) -> int:
     if not sections <= {"attention", "gemm"}:
         p.error(f"--sections takes attention and/or gemm, got {args.sections!r}")
     budgets = tuple(int(b) for b in args.budgets.split(",")) if args.budgets else None
+    require_gpu("bench/decode_occupancy.py")
     gpu = detect_gpu()
     res = Results(Path(args.out) / f"decode-occupancy-{gpu.name}.json", gpu.name)
     for case in args.cases.split(",") if "attention" in sections else ():
         lens = decode_cases()[case]
-        k, v, table, q, seq = decode_inputs(lens)
-        nbytes = kv_bytes(lens)
+        kv, q = decode_inputs(lens)
+        nbytes = kv.kv_bytes()
         for budget in budgets or BUDGETS:
             for cfg in ATTN_VARIANTS:
                 try:
-                    ms = t_graph(lambda: decode_attention(q, k, v, table, seq, 16, max(lens),
-                                                          num_sms=budget, config=cfg))
+                    ms = t_graph(lambda: decode_attention(
+                        q, kv.k_cache, kv.v_cache, kv.page_table, kv.seq_lens, PAGE_SIZE,
+                        max(lens), num_sms=budget, config=cfg))
                 except Exception as err:  # a variant that does not fit: record why
                     res.row(kernel="decode_attention", case=case, sms=budget, config=str(cfg),
                             error=str(err)[:160])
@@ -87,7 +87,7 @@ def main(argv=None) -> int:
     l2 = int(gpu.l2_mib * 2**20)
     shapes = args.shapes.split(",") if "gemm" in sections else []
     for name in shapes:
-        N, K = QWEN3_8B_LINEARS[name]
+        N, K = LINEARS[name]
         bufs = same_bytes_buffers(N * K * 2, l2)
         for budget in budgets or GEMM_BUDGETS:
             for block, unroll, warps in STREAM_VARIANTS:
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     for M in (int(m) for m in args.ms.split(",")) if "gemm" in sections else ():
         variants = GEMM_VARIANTS[M]
         for name in shapes:
-            N, K = QWEN3_8B_LINEARS[name]
+            N, K = LINEARS[name]
             next_w = cycle(rotating(lambda: torch.randn(N, K, dtype=torch.bfloat16, device="cuda"),
                                     N * K * 2, l2))
             x = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")

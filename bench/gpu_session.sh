@@ -30,7 +30,7 @@ step() {  # step NAME SECONDS COMMAND...
 python3 -m pip install -q --no-deps --no-build-isolation -e . >> "$LOG" 2>&1
 step tests 140 python3 -m pytest -q -m gpu tests
 step profile 60 python3 bench/profile_decode.py --budget 16
-step kernels 110 python3 bench/kernels.py --quick --out "$OUT"
+step kernels 110 python3 bench/bench_kernels.py --quick --out "$OUT"
 step calibrate 150 bash -c 'cp bench/results/calibrate-points-h200.jsonl \
     bench/results/calibrate-settings-h200.json "$OUT"/ && pdmux-triton calibrate --out "$OUT" \
     --workloads decode_attention,decode_linear,decode_step --ctas 1 --remeasure;

@@ -144,16 +144,16 @@ def offline_gemm() -> None:
 def on_gpu(budget: int) -> None:
     import torch
 
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from kernels import decode_inputs
-
+    from common import PAGE_SIZE, decode_inputs, require_gpu
     from pdmux_triton.kernels import decode_attention, linear
     from pdmux_triton.kernels.decode_attention import _decode_kernel
     from pdmux_triton.kernels.gemm import _gemm_kernel, _skinny_kernel
 
+    require_gpu("bench/profile_decode.py")
     lens = [8192] * 32
-    k, v, table, q, seq = decode_inputs(lens)
-    decode_attention(q, k, v, table, seq, 16, max(lens), num_sms=budget)
+    kv, q = decode_inputs(lens)
+    decode_attention(q, kv.k_cache, kv.v_cache, kv.page_table, kv.seq_lens, PAGE_SIZE, max(lens),
+                     num_sms=budget)
     x = torch.randn(32, 4096, dtype=torch.bfloat16, device="cuda")
     w = torch.randn(24576, 4096, dtype=torch.bfloat16, device="cuda")
     linear(x, w, num_sms=budget)

@@ -5,6 +5,12 @@ at most num_sms * ctas_per_sm programs that loop over their tiles, and can recor
 program's SM id into `sm_ids` (GPU only).
 """
 
+# Run from the repository's root, `import kernels` would find this folder as a second copy of
+# the same files (re-jitted kernels, two module objects): there is one name for them.
+if __name__ != "pdmux_triton.kernels":
+    raise ImportError(f"the kernels are the package pdmux_triton.kernels (install the project, "
+                      f"e.g. pip install -e .), not {__name__!r}")
+
 from pdmux_triton.kernels.activation import silu_mul
 from pdmux_triton.kernels.decode_attention import decode_attention
 from pdmux_triton.kernels._paged import AttnConfig

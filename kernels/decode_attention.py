@@ -23,8 +23,8 @@ LOG2E = 1.4426950408889634
 
 # A unit's fixed cost (loading q and the first page ids and K/V, writing the result) in
 # blocks' worth of streaming. Counted as 0, a batch padded with length-1 rows left one program
-# 34 one-block units (2x the step's attention on the H200); swept 0-4 there, 2 was best on
-# ragged and padded batches and within 1% on uniform ones (bench/NOTES.md)
+# dozens of one-block units; the value was swept on ragged, padded and uniform batches
+# (bench/NOTES.md has what each gave)
 UNIT_COST = 2
 
 
@@ -142,12 +142,11 @@ def _merge_unit(part_o_ptr, part_lse_ptr, o, u, first, last, g, gmask, d, GROUP:
 def default_decode_config(ctas_per_sm: int) -> AttnConfig:
     """128 keys per step, 4 warps (block_m is unused: a tile's query rows are the GQA group,
     padded to 16 for tl.dot). One program per SM: 5 stages; the pipeline spends two per block
-    (page ids, then K/V), so two blocks of K/V are in flight (+20-27% over 3 stages on the
-    H200). Several per SM (green contexts, where a grid larger than the budget stays on the
-    partition's SMs): 3 stages, ~70 KB of shared memory each, so three fit an SM and each
-    scheduler issues from three programs' warps: on the H200, 3 per SM read 1.25-1.30x the
-    bytes of 1 per SM at 16 SMs and 1.15-1.18x at 64 (bench/kernels.py's cases; 1.4x and
-    1.27x on 64 x 1024, bench/NOTES.md)."""
+    (page ids, then K/V), so two blocks of K/V are in flight. Several per SM (green contexts,
+    where a grid larger than the budget stays on the partition's SMs): 3 stages, ~70 KB of
+    shared memory each, so three fit an SM and each warp scheduler issues from three programs'
+    warps, which hides the stalls one program leaves (bench/results/kernels-<gpu>.json rows
+    `placement: green` measure the gain)."""
     if interpreting():
         return AttnConfig(16, 16, 4, 1)
     return AttnConfig(16, 128, 4, 5 if ctas_per_sm == 1 else 3)

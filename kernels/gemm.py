@@ -53,7 +53,7 @@ def default_config(M: int, N: int, K: int, programs: int, dtype: torch.dtype,
                    device_programs: int | None = None) -> GemmConfig:
     """A tile shape and schedule for this problem.
 
-    Large M: 128x256 tiles, the best of bench/kernels.py's sweep on the H200 (~1.0x cuBLAS).
+    Large M: 128x256 tiles, the best of bench/bench_kernels.py's sweep on the H200.
     Skinny M (decode): see `decode_tile`; a budget of at most half the GPU's programs counts
     as small. In between: 64/128x128 tiles, the skinny schedule when there are fewer tiles
     than programs.
@@ -208,10 +208,10 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, sm_ids_ptr, M, N, K
 def whole_tiles(tiles: int, programs: int, tile_bytes: int) -> bool:
     """Whether the skinny schedule gives each program whole tiles rather than an even split.
 
-    Stream-K's merges sit at the end of the call (~2 us on the H200), so whole tiles win while
-    they keep 70% of a wave busy, and with down to 45% busy while a program's share stays short
-    (<= 1 MB): o-proj M = 1, 64 whole tiles of 512 KB on 64 of 132 SMs 2.89 TB/s, stream-K on
-    all 132 2.36; down-proj (1.5 MB tiles) 3.07 whole, 3.47 stream-K (bench/NOTES.md)."""
+    Stream-K's merges sit at the end of the call, so whole tiles win while they keep 70% of a
+    wave busy, and with down to 45% busy while a program's share stays short (<= 1 MB): the
+    o-projection's 512 KB tiles at M = 1 stay whole, the down projection's 1.5 MB tiles split
+    (bench/NOTES.md has the measurements behind both thresholds)."""
     waves = -(-tiles // programs)
     busy = tiles / (waves * programs)
     return busy >= 0.7 or (busy >= 0.45 and waves * tile_bytes <= 2**20)

@@ -40,7 +40,7 @@ def _extend_kernel(q_desc, k_desc, v_desc, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_p
     programs = tl.num_programs(0)
     tiles = num_blocks * Q_HEADS
     # tiles come longest first; taking them in a zigzag (program p gets the p-th tile of even
-    # rounds and the p-th from the end of odd ones) pairs long with short: +2% at T = 8192
+    # rounds and the p-th from the end of odd ones) pairs long with short
     for rnd in tl.range(0, tl.cdiv(tiles, programs)):
         tile = rnd * programs + tl.where(rnd % 2 == 0, pid, programs - 1 - pid)
         if tile < tiles:
@@ -71,7 +71,7 @@ def _extend_tile(tile, q_desc, k_desc, v_desc, kc_ptr, vc_ptr, pt_ptr, meta_ptr,
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     kv_head = hq // GROUP
     # the prefix, from the cache: visible to every row, so only its last part-block is masked;
-    # skipped as a whole when empty (whole prefills): even empty, the pipelined loops cost 2-4%
+    # skipped as a whole when empty (whole prefills): even empty, the pipelined loops cost time
     if prefix > 0:
         page_row = pt_ptr + b * spt_b
         whole = prefix // BLOCK_N * BLOCK_N
@@ -112,7 +112,7 @@ def _attend_new(q, acc, m_i, l_i, k_desc, v_desc, row0, col, start, end, q_idx, 
 
 
 def default_config() -> AttnConfig:
-    # H200 sweep (bench/NOTES.md): 128x128 tiles, 8 warps, 3 stages was the best of those tried
+    # the best of the H200 sweep (bench/NOTES.md): 128x128 tiles, 8 warps, 3 stages
     return AttnConfig(16, 16, 1, 1) if interpreting() else AttnConfig(128, 128, 8, 3)
 
 

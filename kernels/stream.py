@@ -11,10 +11,11 @@ from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels._launch import grid_size, interpreting, record_sm, telemetry_args
 
 # One program per SM must keep enough bytes in flight to cover HBM latency: each step issues
-# UNROLL independent loads of BLOCK words before using any. bench/kernels.py sweeps these.
+# UNROLL independent loads of BLOCK words before using any, from 32 warps (8 leave HBM idle at
+# one program per SM). bench/bench_kernels.py sweeps these.
 STREAM_BLOCK = 4096
 STREAM_UNROLL = 8
-STREAM_WARPS = 32  # H200, 1 CTA/SM: 4.64 TB/s (8 warps: 2.9 TB/s)
+STREAM_WARPS = 32
 
 
 @triton.jit

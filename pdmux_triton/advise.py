@@ -4,23 +4,22 @@ SGLang's default levels split the SMs evenly between two fixed bounds, whatever 
 Given the decode-step bandwidth a calibration measured at each SM budget (beside a running
 prefill), this picks, for each range of decode batch sizes, the split that gives prefill the
 most SMs while a decode step still fits the ITL target, and writes them as SGLang's
-`manual_divisions`. Pure: the bandwidth curve is passed in as a function.
+`manual_divisions`. Pure: the bandwidth curve is passed in (a `cost.DecodeRate`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
-from pdmux_triton import policy
+from pdmux_triton import cost, policy
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.hardware import ModelSpec
 
 
 def max_batch(spec: ModelSpec, context: int, itl_s: float, tbps: float) -> int:
     """Largest decode batch at `context` tokens whose step (weights + KV) fits `itl_s`."""
-    budget = itl_s * tbps * 1e12 - 2 * spec.linear_params
-    return max(0, int(budget // (context * spec.kv_bytes_per_token())))
+    budget = itl_s * tbps * 1e12 - cost.weight_bytes(spec)
+    return max(0, int(budget // cost.kv_bytes(spec, context)))
 
 
 @dataclass(frozen=True)
@@ -32,9 +31,10 @@ class AdvisedLevel:
     itl_ms: float  # predicted decode step at last_batch
 
 
-def advise(rate_tbps: Callable[[int], float], spec: ModelSpec, total_sms: int, major: int,
+def advise(rate: cost.DecodeRate, spec: ModelSpec, total_sms: int, major: int,
            itl_ms: float, context: int, levels: int = 6) -> list[AdvisedLevel]:
-    """Up to `levels` splits covering decode batches 1..the largest any split can serve."""
+    """Up to `levels` splits covering decode batches 1..the largest any split can serve, each
+    judged by the decode step's rate beside a running prefill."""
     if itl_ms <= 0 or context < 1 or levels < 1:
         raise PdmuxError(f"need an ITL target > 0 ms, context >= 1 and levels >= 1, got "
                          f"{itl_ms}, {context}, {levels}")
@@ -44,21 +44,24 @@ def advise(rate_tbps: Callable[[int], float], spec: ModelSpec, total_sms: int, m
     if not splits:
         raise PdmuxError(f"no green-context split of {total_sms} SMs on compute capability "
                          f"{major}.x")
-    serve = {d: max_batch(spec, context, itl_ms / 1e3, rate_tbps(d)) for _, d in splits}
+
+    def step_ms(batch: int, decode_sms: int) -> float:
+        return cost.decode_step_s(spec, rate, batch * context, decode_sms, corun=True) * 1e3
+
+    serve = {d: max_batch(spec, context, itl_ms / 1e3, rate.tbps(d, corun=True))
+             for _, d in splits}
     top = max(serve.values())
     if top < 1:
         d = max(serve)
-        step = (2 * spec.linear_params + context * spec.kv_bytes_per_token()) / (rate_tbps(d) * 1e9)
-        raise PdmuxError(f"no split meets {itl_ms} ms: even {d} decode SMs take {step:.1f} ms "
-                         f"for one request at {context} tokens")
+        raise PdmuxError(f"no split meets {itl_ms} ms: even {d} decode SMs take "
+                         f"{step_ms(1, d):.1f} ms for one request at {context} tokens")
     bounds = sorted({1 + (top * k) // levels for k in range(levels)})
     advised: list[AdvisedLevel] = []
     for first, nxt in zip(bounds, [*bounds[1:], top + 1]):
         last = nxt - 1
         # the most prefill SMs whose decode share still serves the whole range in time
         p, d = max((s for s in splits if serve[s[1]] >= last), key=lambda s: s[0])
-        step = (2 * spec.linear_params + last * context * spec.kv_bytes_per_token()) / (
-            rate_tbps(d) * 1e9)
+        step = step_ms(last, d)
         if advised and advised[-1].decode_sms == d:
             prev = advised.pop()
             first = prev.first_batch

@@ -1,19 +1,19 @@
-"""S_SAT calibration: how decode-side bandwidth grows with the SM budget, alone and beside a
-prefill, under grid capping and under green contexts.
+"""S_SAT calibration, the pure part: the fit, the store of measured points, the sweep's plan
+and the results file. `calibrate_gpu` measures the points.
 
 The sweep saves every point as a JSON line the moment it is measured; a rerun with the same
-output folder skips the points already there. `fit_s_sat` is pure and tested on synthetic
-curves; the sweep itself needs a GPU.
+output folder skips the points already there.
 """
 
 from __future__ import annotations
 
 import json
-import time
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pdmux_triton.errors import PdmuxError
+from pdmux_triton.results import provenance, read_json, write_json
 
 STATES = ("alone", "corun")
 
@@ -75,7 +75,7 @@ class PointStore:
                     key = PointKey(**{f: point[f] for f in PointKey.__dataclass_fields__})
                 except (json.JSONDecodeError, KeyError, TypeError):
                     # a line cut short by a crash: drop it, it will be measured again
-                    print(f"{self.path}:{n}: skipping an unreadable point")
+                    print(f"{self.path}:{n}: skipping an unreadable point", file=sys.stderr)
                     continue
                 self.points[key.as_tuple()] = point
 
@@ -123,31 +123,23 @@ def check_settings(path: Path, settings: dict) -> None:
     """Points in a folder must all come from one setting: refuse to mix, save on first use."""
     path = Path(path)
     if path.exists():
-        saved = json.loads(path.read_text())
+        saved = read_json(path, "calibration settings")
         if saved != settings:
             raise PdmuxError(f"{path.parent} holds points measured with {saved}; these settings are "
                              f"{settings}: use another --out folder or the same settings")
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(settings))
+    write_json(path, settings)
 
 
 def write_results(path: Path, gpu: str, settings: dict, points: list[dict], summary: dict) -> Path:
-    import datetime
-
-    import torch
-    import triton
-
-    data = {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__,
-            "date": datetime.date.today().isoformat(), "settings": settings,
+    data = {**provenance(gpu), "settings": settings,
             "rows": sorted(points, key=lambda p: (p["workload"], p["kind"], p["state"],
                                                   p["ctas_per_sm"], p["sms"])),
             "summary": summary}
-    path.write_text(json.dumps(data, indent=1))
-    return path
+    return write_json(path, data)
 
 
-# --- the sweep (GPU) ----------------------------------------------------------------------
+# --- the sweep's plan ----------------------------------------------------------------------
 
 @dataclass
 class SweepPlan:
@@ -174,66 +166,3 @@ class SweepPlan:
 
 def default_budgets(total_sms: int, granularity: int) -> tuple[int, ...]:
     return tuple(range(granularity, total_sms, granularity)) + (total_sms,)
-
-
-def run_sweep(plan: SweepPlan, store: PointStore, log=print) -> None:
-    """Measure every point of the plan not already in the store."""
-    import torch
-
-    from pdmux_triton.hardware import model_preset
-    from pdmux_triton.measure import time_alone, time_corun
-    from pdmux_triton.model import Budget
-    from pdmux_triton.partition import PartitionSpec
-    from pdmux_triton.workloads import PrefillLayers, make_decode_workload
-
-    todo = [k for k in plan.keys() if not store.has(k)]
-    log(f"calibrate: {len(todo)} points to measure ({len(list(plan.keys())) - len(todo)} already saved)")
-    if not todo:
-        return
-    total = torch.cuda.get_device_properties(0).multi_processor_count
-    spec = model_preset(plan.model)
-    workloads = {name: make_decode_workload(name, spec, plan.batch, plan.context)
-                 for name in plan.workloads}
-    prefill = PrefillLayers(spec, plan.prefill_tokens, layers=2) if plan.corun else None
-    started = time.time()
-    by_partition: dict[tuple, list[PointKey]] = {}
-    for key in todo:
-        by_partition.setdefault((key.kind, key.sms), []).append(key)
-    # coarse coverage first (every other budget, both kinds), so a cut-short run still has
-    # whole curves to fit; the rerun fills in the rest
-    order = list(plan.budgets[::2]) + list(plan.budgets[1::2])
-    done = 0
-    for (kind, sms), keys in sorted(by_partition.items(),
-                                    key=lambda item: (order.index(item[0][1]), item[0][0])):
-        whole = sms >= total
-        spec_p = (PartitionSpec("whole", total, total, total) if whole else
-                  PartitionSpec(kind, total - sms, sms, total, split_first="decode"))
-        # alone points first: a corun point reuses its alone time
-        keys.sort(key=lambda k: STATES.index(k.state))
-        with spec_p.open() as part:
-            prefill_alone = None
-            pbudget = Budget(part.prefill_sms, 1)
-            for key in keys:
-                wl = workloads[key.workload]
-                budget = Budget(part.decode_sms, key.ctas_per_sm)
-                alone_key = PointKey(key.workload, kind, key.ctas_per_sm, "alone", sms)
-                if store.has(alone_key):
-                    alone = store.points[alone_key.as_tuple()]["ms"]
-                else:
-                    alone = time_alone(lambda: wl.run(budget), part.decode_stream, graph=True)
-                    store.add(alone_key, ms=alone, tbps=wl.rate(alone), realized_sms=part.decode_sms)
-                if key.state == "corun":
-                    if prefill_alone is None:
-                        prefill_alone = time_alone(lambda: prefill.run(pbudget),
-                                                   part.prefill_stream, graph=False, repeats=1)
-                    co = time_corun(lambda: wl.run(budget), part.decode_stream, True, alone,
-                                    lambda: prefill.run(pbudget), part.prefill_stream, False,
-                                    prefill_alone)
-                    store.add(key, ms=co.ms, tbps=wl.rate(co.ms), covered=co.covered,
-                              alone_tbps=wl.rate(alone), prefill_sms=part.prefill_sms,
-                              realized_sms=part.decode_sms)
-                done += 1
-                point = store.points[key.as_tuple()]
-                eta = (time.time() - started) / done * (len(todo) - done)
-                log(f"[{done}/{len(todo)} eta {eta:.0f}s] {key.workload} {kind} "
-                    f"ctas={key.ctas_per_sm} {key.state} {sms} SMs: {point['tbps']:.2f} TB/s")

@@ -1,4 +1,5 @@
-"""`pdmux-triton`: the command line. Each subcommand parses, calls the library, prints.
+"""`pdmux-triton`: the command line. Each subcommand parses its arguments, calls the library
+and prints; the work lives in the library (`experiment` runs `run`).
 
 Bad input raises PdmuxError, printed as one line on stderr with exit code 2.
 """
@@ -9,11 +10,16 @@ import argparse
 import dataclasses
 import json
 import sys
+from pathlib import Path
 
-from pdmux_triton import __version__, policy
+from pdmux_triton import __version__, advise, estimate, policy, report
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.hardware import GPUS, MODELS, GPUSpec, model_preset, resolve_gpu
+from pdmux_triton.hardware import GPUS, MODELS, GPUSpec, detect_gpu, model_preset, resolve_gpu
+from pdmux_triton.partition import SPLIT_KINDS
+from pdmux_triton.results import load_calibration, write_json
 
+
+# --- argument types ------------------------------------------------------------------------
 
 def _int_list(text: str) -> tuple[int, ...]:
     try:
@@ -29,6 +35,10 @@ def _float_list(text: str) -> tuple[float, ...]:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
 
 
+def _str_list(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
 def _parse_cc(text: str) -> tuple[int, int]:
     try:
         major, minor = (int(p) for p in text.split("."))
@@ -36,6 +46,8 @@ def _parse_cc(text: str) -> tuple[int, int]:
         raise PdmuxError(f"compute capability must look like 9.0, got {text!r}") from None
     return major, minor
 
+
+# --- shared pieces -------------------------------------------------------------------------
 
 def _add_gpu_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", default="h100-sxm",
@@ -62,49 +74,30 @@ def _config_from_args(args, gpu: GPUSpec) -> policy.PDMuxConfig:
     return policy.PDMuxConfig(sm_group_num=getattr(args, "sm_group_num", policy.DEFAULT_SM_GROUP_NUM))
 
 
-def cmd_advise(args, gpu: GPUSpec, config: policy.PDMuxConfig) -> None:
-    """`levels --calibration ... --itl-ms ...`: splits that meet an ITL target."""
-    import json
-    from pathlib import Path
+def _measuring_gpu() -> GPUSpec:
+    """The local GPU for the measuring commands: a clear error without one."""
+    try:
+        gpu = detect_gpu()
+    except PdmuxError as err:
+        raise PdmuxError(f"measuring needs a CUDA GPU: {err}") from None
+    policy.arch_constraints(gpu.cc_major)
+    return gpu
 
-    from pdmux_triton import advise
-    from pdmux_triton.simulate import DecodeCurve
 
-    if args.itl_ms is None:
-        raise PdmuxError("--calibration needs --itl-ms, the decode step time to stay under")
-    measured_on = json.loads(Path(args.calibration).read_text()).get("gpu")
-    if measured_on != gpu.name:
-        raise PdmuxError(f"{args.calibration} was measured on {measured_on!r}; levels are asked "
-                         f"for {gpu.name!r} (pass --gpu {measured_on})")
-    curve = DecodeCurve(args.calibration, args.kind)
-    spec = model_preset(args.model)
-    advised = advise.advise(lambda d: curve.tbps(d, corun=True), spec, gpu.sms, gpu.cc_major,
-                            args.itl_ms, args.context, config.sm_group_num - 2)
-    if args.write_config:
-        policy.dump_config(advise.as_config(advised, config), args.write_config)
-    if args.json:
-        print(json.dumps([a.__dict__ for a in advised], indent=2))
-        return
-    print(f"{spec.name} on {gpu.name} at {args.context} tokens of context, decode step <= "
-          f"{args.itl_ms} ms beside a prefill ({args.kind} calibration):")
-    print(f"{'prefill SMs':>11} {'decode SMs':>10} {'decode batch':>13} {'ITL ms':>7}")
-    for a in advised:
-        print(f"{a.prefill_sms:>11} {a.decode_sms:>10} {f'{a.first_batch}-{a.last_batch}':>13} "
-              f"{a.itl_ms:>7.1f}")
-    print(f"a decode batch above {advised[-1].last_batch} misses the target on every split")
-    if args.write_config:
-        print(f"wrote {args.write_config}: these levels as SGLang manual_divisions")
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr)
 
+
+# --- subcommands ---------------------------------------------------------------------------
 
 def cmd_levels(args) -> None:
+    if args.calibration:  # kept as an alias of `advise`
+        cmd_advise(args)
+        return
     gpu = _gpu_from_args(args)
     config = _config_from_args(args, gpu)
-    if args.calibration:
-        cmd_advise(args, gpu, config)
-        return
     levels = config.levels(gpu.sms, gpu.cc_major)
-    manual = config.manual_divisions or None
-    ranges = policy.decode_bs_ranges(levels, config.decode_bs_divisor, manual)
+    ranges = config.batch_ranges(levels)
     if args.write_config:
         written = policy.PDMuxConfig(
             sm_group_num=len(levels),  # a small GPU can have fewer levels than asked for
@@ -122,26 +115,32 @@ def cmd_levels(args) -> None:
             "decode_bs_to_level": [{"first": a, "last": b, "level": lv} for a, b, lv in ranges],
         }, indent=2))
         return
-    min_part, granularity = policy.arch_constraints(gpu.cc_major)
-    print(f"{gpu.name}: {gpu.sms} SMs, compute capability {gpu.cc[0]}.{gpu.cc[1]} "
-          f"(green-context parts: at least {min_part} SMs, multiples of {granularity})")
-    print(f"{'level':>5} {'prefill SMs':>12} {'decode SMs':>11}")
-    for i, (p, d) in enumerate(levels):
-        note = "  prefill only" if d == 0 else "  decode only" if p == 0 else ""
-        print(f"{i:>5} {p:>12} {d:>11}{note}")
-    rule = "manual divisions" if manual else f"decode_bs_divisor {config.decode_bs_divisor}"
-    print(f"decode batch size while a prefill runs -> level ({rule}):")
-    for first, last, level in ranges:
-        span = f"{first}+" if last is None else f"{first}" if first == last else f"{first}-{last}"
-        p, d = levels[level]
-        print(f"  {span:>8}  level {level} ({p}/{d})")
+    print(report.levels_table(gpu, config, levels, ranges))
+    if args.write_config:
+        print(f"wrote {args.write_config}: these levels as SGLang manual_divisions")
+
+
+def cmd_advise(args) -> None:
+    """Splits that keep a decode step beside a prefill under an ITL target."""
+    if args.itl_ms is None:
+        raise PdmuxError("--calibration needs --itl-ms, the decode step time to stay under")
+    gpu = _gpu_from_args(args)
+    config = _config_from_args(args, gpu)
+    curve = load_calibration(args.calibration, gpu.name).decode_curve(args.kind)
+    spec = model_preset(args.model)
+    advised = advise.advise(curve, spec, gpu.sms, gpu.cc_major, args.itl_ms, args.context,
+                            config.sm_group_num - 2)
+    if args.write_config:
+        policy.dump_config(advise.as_config(advised, config), args.write_config)
+    if args.json:
+        print(json.dumps([a.__dict__ for a in advised], indent=2))
+        return
+    print(report.advice_table(spec, gpu, args.context, args.itl_ms, args.kind, advised))
     if args.write_config:
         print(f"wrote {args.write_config}: these levels as SGLang manual_divisions")
 
 
 def cmd_estimate(args) -> None:
-    from pdmux_triton import estimate
-
     gpu = _gpu_from_args(args)
     if args.bandwidth_tbps is not None:
         gpu = dataclasses.replace(gpu, hbm_tbps=args.bandwidth_tbps)
@@ -156,38 +155,11 @@ def cmd_estimate(args) -> None:
     if args.json:
         print(json.dumps([r.as_dict() for r in rows], indent=2))
     else:
-        print(estimate.format_table(sc, rows))
-
-
-def _str_list(text: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in text.split(",") if part.strip())
-
-
-def _check_kinds(kinds) -> None:
-    """The partition kinds a measurement can compare: grid capping and green contexts."""
-    from pdmux_triton.partition import KINDS
-
-    for kind in kinds:
-        if kind not in KINDS[:2]:
-            raise PdmuxError(f"partition kinds are {' and '.join(KINDS[:2])}, got {kind!r}")
-
-
-def _gpu_or_error():
-    """The local GPU for the measuring commands: a clear error without one."""
-    from pdmux_triton.hardware import detect_gpu
-
-    try:
-        gpu = detect_gpu()
-    except PdmuxError as err:
-        raise PdmuxError(f"measuring needs a CUDA GPU: {err}") from None
-    policy.arch_constraints(gpu.cc_major)
-    return gpu
+        print(report.estimate_table(sc, rows))
 
 
 def cmd_calibrate(args) -> None:
-    from pathlib import Path
-
-    from pdmux_triton import calibrate, report
+    from pdmux_triton import calibrate
     from pdmux_triton.workloads import DECODE_WORKLOADS
 
     for name in args.workloads:
@@ -196,7 +168,11 @@ def cmd_calibrate(args) -> None:
     _check_kinds(args.kinds)
     if not args.ctas or any(c < 1 for c in args.ctas):
         raise PdmuxError(f"--ctas takes CTAs per SM >= 1, got {args.ctas}")
-    gpu = _gpu_or_error()
+    gpu = _measuring_gpu()
+    # torch is needed only where a GPU measures
+    from pdmux_triton import plots
+    from pdmux_triton.calibrate_gpu import run_sweep
+
     _, granularity = policy.arch_constraints(gpu.cc_major)
     budgets = args.budgets or calibrate.default_budgets(gpu.sms, granularity)
     for b in budgets:
@@ -213,126 +189,78 @@ def cmd_calibrate(args) -> None:
     store = calibrate.PointStore(out / f"calibrate-points-{gpu.name}.jsonl")
     if args.remeasure:
         dropped = store.forget(plan.workloads)
-        print(f"calibrate: forgot {dropped} saved points of {', '.join(plan.workloads)}",
-              file=sys.stderr)
-    calibrate.run_sweep(plan, store)
+        _log(f"calibrate: forgot {dropped} saved points of {', '.join(plan.workloads)}")
+    run_sweep(plan, store, log=_log)
     points = list(store.points.values())
     summary = calibrate.summarize(points)
     path = calibrate.write_results(out / f"calibrate-{gpu.name}.json", gpu.name, settings,
                                    points, summary)
-    report.plot_calibration(points, out / f"calibrate-{gpu.name}.png")
+    plots.calibration(points, gpu.name, plan.model, out / f"calibrate-{gpu.name}.png")
     print(report.calibration_table(summary))
     print(f"wrote {path} and calibrate-{gpu.name}.png")
 
 
 def cmd_compare(args) -> None:
-    from pathlib import Path
+    gpu = _measuring_gpu()
+    from pdmux_triton import plots
+    from pdmux_triton.compare_gpu import run_compare
 
-    from pdmux_triton import compare, report
-
-    gpu = _gpu_or_error()
     out = Path(args.out)
-    result = compare.run_compare(args.model, args.batch, args.context, args.prefill_tokens,
-                                 out / f"compare-{gpu.name}.json")
+    result = run_compare(args.model, args.batch, args.context, args.prefill_tokens,
+                         out / f"compare-{gpu.name}.json", log=_log)
     levels = result["summary"]["levels"]
-    report.plot_compare(levels, out / f"compare-{gpu.name}.png")
+    plots.compare(levels, gpu.name, args.model, out / f"compare-{gpu.name}.png")
     print(report.compare_table(levels))
     print(f"wrote {out / f'compare-{gpu.name}.json'} and compare-{gpu.name}.png")
 
 
+def _check_kinds(kinds) -> None:
+    for kind in kinds:
+        if kind not in SPLIT_KINDS:
+            raise PdmuxError(f"partition kinds are {' and '.join(SPLIT_KINDS)}, got {kind!r}")
+
+
 def cmd_run(args) -> None:
-    import datetime
-    import json
-    from pathlib import Path
+    from pdmux_triton import experiment, plots
 
-    from pdmux_triton import estimate, experiment, metrics, report, traffic
-    from pdmux_triton.simulate import DecodeCurve, SimExecutor
-
-    spec = model_preset(args.model)
-    _check_kinds(args.kinds)
-    simulate = args.simulate
+    simulate, no_gpu = args.simulate, None
     if not simulate:
         try:
-            gpu = _gpu_or_error()
+            gpu = _measuring_gpu()
         except PdmuxError as err:
-            print(f"no GPU here ({err}): running the simulated executor on the {args.gpu} preset",
-                  file=sys.stderr)
-            simulate = True
+            simulate, no_gpu = True, err
     if simulate:
         gpu = _gpu_from_args(args)
-    config = _config_from_args(args, gpu)
-    if args.workload == "chapter":
-        requests = traffic.chapter_scenario(spec.vocab, args.batch, args.context, args.prompt,
-                                            args.decode_tokens, seed=args.seed)
-    else:
-        requests = traffic.poisson(spec.vocab, args.rate, args.count, args.prompt_mean,
-                                   args.prompt_max, args.output_mean, args.output_max, args.seed)
-    # estimates first: a bad calibration or comparison file fails before minutes of measuring
-    estimates = []
-    if args.workload == "chapter":
-        sc = estimate.Scenario(gpu=gpu, model=spec, decode_batch=args.batch, context=args.context,
-                               prompt=args.prompt, chunk_sizes=args.chunks, s_sat=(args.s_sat,),
-                               bw_efficiency=args.bw_eff, mfu=args.mfu, pdmux=config)
-        estimates.append(("the chapter's estimate", sc))
-        if args.calibration:
-            cal = json.loads(Path(args.calibration).read_text())
-            levels_measured = (json.loads(Path(args.compare).read_text())["summary"]["levels"]
-                               if args.compare else None)
-            estimates.append(("the estimate with calibrated bandwidth, S_SAT and prefill rate"
-                              if args.compare else "the estimate with calibrated bandwidth and S_SAT",
-                              estimate.calibrated(sc, cal, args.kinds[0], levels_measured)))
-        estimates = [(title, s, estimate.estimate(s)) for title, s in estimates]
-    if simulate:
-        curves = {k: DecodeCurve(args.calibration, k) for k in args.kinds} if args.calibration else {}
-
-        def make_executor(v):
-            return SimExecutor(gpu, spec, args.bw_eff, args.mfu, args.s_sat,
-                               curves.get(v.kind if v.strategy == "pdmux" else "grid_cap"))
-    else:
-        from pdmux_triton.execute import ModelExecutor
-
-        def make_executor(v):
-            return ModelExecutor.shared(spec, gpu, v.kind, page_size=16)
-    try:
-        rows, results = experiment.run_all(requests, make_executor, config, args.chunks,
-                                           args.kinds, log=lambda msg: print(msg, file=sys.stderr),
-                                           warmup=not simulate)
-    finally:
-        if not simulate:
-            ModelExecutor.release_shared()  # green contexts and graphs
-    levels = config.levels(gpu.sms, gpu.cc_major)
-    level = policy.choose_group(levels, args.batch, True, config.decode_bs_divisor,
-                                config.manual_divisions or None)
-    out = {"mode": "simulated" if simulate else "gpu", "gpu": gpu.name, "model": spec.name,
-           "workload": args.workload, "date": datetime.date.today().isoformat(), "rows": rows,
-           "details": {name: metrics.details(res) for name, res in results.items()}}
-    if not simulate:
-        import torch
-        import triton
-
-        out.update(torch=torch.__version__, triton=triton.__version__)
-    if estimates:
-        out["estimate"] = {title: [r.as_dict() for r in est] for title, _, est in estimates}
-    # errors against the last estimate: the calibrated one when a calibration is given
-    out["summary"] = experiment.summary(rows, gpu.sms, levels[level][0],
-                                        out["estimate"][estimates[-1][0]] if estimates else None)
+    settings = experiment.RunSettings(
+        gpu=gpu, model=model_preset(args.model), workload=args.workload, simulate=simulate,
+        seed=args.seed, batch=args.batch, context=args.context, prompt=args.prompt,
+        decode_tokens=args.decode_tokens, rate=args.rate, count=args.count,
+        prompt_mean=args.prompt_mean, prompt_max=args.prompt_max, output_mean=args.output_mean,
+        output_max=args.output_max, chunks=args.chunks, kinds=args.kinds,
+        config=_config_from_args(args, gpu), s_sat=args.s_sat, bw_eff=args.bw_eff, mfu=args.mfu,
+        calibration=args.calibration, compare=args.compare)
+    if no_gpu is not None:
+        _log(f"no GPU here ({no_gpu}): running the simulated executor on the {gpu.name} preset")
+    out, results, estimates = experiment.run_experiment(settings, log=_log)
     if args.out:
         folder = Path(args.out)
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / f"run-{gpu.name}.json").write_text(json.dumps(out, indent=1))
-        report.plot_timeline(results, folder / f"run-{gpu.name}.png")
+        write_json(folder / f"run-{gpu.name}.json", out)
+        plots.timeline(results, f"ITL of every token: {settings.model.name} on {gpu.name}, "
+                       f"{settings.workload} workload, {out['mode']}", folder / f"run-{gpu.name}.png")
     if args.json:
         print(json.dumps(out, indent=1))
         return
     mode = "simulated on the cost model" if simulate else "measured"
-    print(f"{spec.name} on {gpu.name}, {args.workload} workload, {mode}:")
-    print(report.strategy_table(rows))
+    print(f"{settings.model.name} on {gpu.name}, {settings.workload} workload, {mode}:")
+    print(report.strategy_table(out["rows"]))
     for title, s, est in estimates:
         print(f"\n{title} for the same scenario:")
-        print(estimate.format_table(s, est))
+        print(report.estimate_table(s, est))
     if args.out:
         print(f"wrote {Path(args.out) / f'run-{gpu.name}.json'} and run-{gpu.name}.png")
 
+
+# --- the parser ----------------------------------------------------------------------------
 
 def _add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default="pdmux-results", help="folder for JSON, points and plots")
@@ -341,6 +269,16 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", type=int, default=2048, help="context of each decoding request")
     p.add_argument("--prefill-tokens", type=int, default=8192,
                    help="prompt length of the prefill running beside decode")
+
+
+def _add_advise_args(p: argparse.ArgumentParser, required: bool) -> None:
+    p.add_argument("--calibration", required=required,
+                   help="calibrate-<gpu>.json: advise levels for --itl-ms")
+    p.add_argument("--itl-ms", type=float, help="the decode step time to stay under")
+    p.add_argument("--model", default="qwen3-8b", help="the model preset")
+    p.add_argument("--context", type=int, default=2048, help="context of the decoding requests")
+    p.add_argument("--kind", choices=SPLIT_KINDS, default="green",
+                   help="which measured curve to trust")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -356,14 +294,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="number of levels, SGLang's sm_group_num (default 8)")
     p.add_argument("--write-config", metavar="FILE",
                    help="write these levels as an SGLang pdmux YAML with manual_divisions")
-    p.add_argument("--calibration", help="calibrate-<gpu>.json: advise levels for --itl-ms")
-    p.add_argument("--itl-ms", type=float, help="with --calibration: the decode step target")
-    p.add_argument("--model", default="qwen3-8b", help="with --calibration: the model preset")
-    p.add_argument("--context", type=int, default=2048,
-                   help="with --calibration: context of the decoding requests")
-    p.add_argument("--kind", choices=("grid_cap", "green"), default="green",
-                   help="with --calibration: which measured curve to trust")
+    _add_advise_args(p, required=False)
     p.set_defaults(func=cmd_levels)
+
+    p = sub.add_parser("advise", help="levels whose decode step beside a prefill meets an ITL "
+                       "target, from a calibration")
+    _add_gpu_args(p)
+    p.add_argument("--sm-group-num", type=int, default=policy.DEFAULT_SM_GROUP_NUM,
+                   help="levels at most, SGLang's sm_group_num (default 8)")
+    p.add_argument("--write-config", metavar="FILE",
+                   help="write the advised levels as an SGLang pdmux YAML")
+    _add_advise_args(p, required=True)
+    p.set_defaults(func=cmd_advise)
 
     p = sub.add_parser("estimate", help="the chapter's cost model: ITL and prefill time by approach")
     _add_gpu_args(p)
@@ -385,7 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_workload_args(p)
     p.add_argument("--workloads", type=_str_list,
                    default=("stream_read", "decode_attention", "decode_linear", "decode_step"))
-    p.add_argument("--kinds", type=_str_list, default=("grid_cap", "green"))
+    p.add_argument("--kinds", type=_str_list, default=SPLIT_KINDS)
     p.add_argument("--ctas", type=_int_list, default=(1, 2, 4), help="CTAs per SM to sweep")
     p.add_argument("--budgets", type=_int_list, help="SM budgets (default: every granularity step)")
     p.add_argument("--no-corun", action="store_true", help="skip the runs beside a prefill")
@@ -411,7 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output-max", type=int, default=512)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--chunks", type=_int_list, default=(2048, 512), help="chunked prefill sizes")
-    p.add_argument("--kinds", type=_str_list, default=("grid_cap", "green"),
+    p.add_argument("--kinds", type=_str_list, default=SPLIT_KINDS,
                    help="partition kinds for pd-mux")
     p.add_argument("--s-sat", type=float, default=66.0, help="simulation: decode S_SAT")
     p.add_argument("--bw-eff", type=float, default=0.85)

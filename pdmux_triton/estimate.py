@@ -1,22 +1,19 @@
-"""The chapter's first-order cost model of prefill-first, chunked prefill and PD multiplexing.
+"""The chapter's first-order estimate of prefill-first, chunked prefill and PD multiplexing for
+one prompt arriving while a batch decodes, from the shared cost model (`cost`).
 
-Decode is bandwidth-bound: a step reads every weight once and the whole KV cache of the batch,
-at the HBM rate times an efficiency, scaled down by min(1, SMs / S_SAT) when decode has fewer
-SMs than it needs to saturate memory (or, calibrated, at the rate measured at that budget).
-Prefill is compute-bound: linear FLOPs plus causal attention FLOPs at the bf16 rate times an
-MFU, in proportion to its share of the SMs.
-Pure Python; `scheduler`'s simulated executor drives its clock with these same functions.
+A calibration replaces the S_SAT law with the measured decode-step curve, and a comparison
+replaces the fixed MFU with the one each level's prefill reached co-running (`calibrated`).
+Pure Python, no torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
-import numpy as np
-
-from pdmux_triton import policy
+from pdmux_triton import cost, policy
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.hardware import GPUSpec, ModelSpec, gpu_preset, model_preset
+from pdmux_triton.results import Calibration, Comparison
 
 
 @dataclass(frozen=True)
@@ -33,9 +30,8 @@ class Scenario:
     bw_efficiency: float = 0.85
     mfu: float = 0.5
     pdmux: policy.PDMuxConfig = field(default_factory=policy.PDMuxConfig)
-    # measured decode-step TB/s by SM budget, (sms, tbps) pairs (a calibration's curve beside
-    # a prefill); when given, a step's rate is read off it instead of the S_SAT model
-    decode_tbps: tuple[tuple[int, float], ...] = ()
+    decode_curve: cost.MeasuredCurve | None = None  # measured: replaces the S_SAT law
+    prefill_curve: cost.PrefillRate | None = None  # measured MFU by prefill SMs: replaces mfu
 
     def __post_init__(self):
         for name, value, minimum in (
@@ -47,7 +43,7 @@ class Scenario:
                 raise PdmuxError(f"{name} must be an integer >= {minimum}, got {value!r}")
         if not self.chunk_sizes or any(c < 1 for c in self.chunk_sizes):
             raise PdmuxError(f"chunk sizes must be positive integers, got {self.chunk_sizes}")
-        if not self.s_sat or any(s <= 0 for s in self.s_sat):
+        if not self.s_sat or any(not 0 < s < float("inf") for s in self.s_sat):
             raise PdmuxError(f"S_SAT values must be positive SM counts, got {self.s_sat}")
         for name, value in (("bandwidth efficiency", self.bw_efficiency), ("MFU", self.mfu)):
             if not 0 < value <= 1:
@@ -58,37 +54,29 @@ class Scenario:
                 "--bandwidth-tbps and --tflops"
             )
 
-    @property
-    def bytes_per_s(self) -> float:
-        return self.gpu.hbm_tbps * 1e12 * self.bw_efficiency
+    def decode_rate(self, s_sat: float) -> cost.DecodeRate:
+        if self.decode_curve is not None:
+            return self.decode_curve
+        return cost.SaturationLaw(self.gpu.hbm_tbps * self.bw_efficiency,
+                                  min(s_sat, self.gpu.sms))
 
     @property
-    def flops_per_s(self) -> float:
-        return self.gpu.bf16_tflops * 1e12 * self.mfu
+    def prefill_rate(self) -> cost.PrefillRate:
+        return self.prefill_curve or cost.PrefillRate.fixed(self.gpu.bf16_tflops, self.gpu.sms,
+                                                            self.mfu)
 
+    @property
+    def level(self) -> policy.Level:
+        """The PD-mux level SGLang picks for this decode batch while the prompt prefills."""
+        levels = self.pdmux.levels(self.gpu.sms, self.gpu.cc_major)
+        return levels[self.pdmux.choose_level(levels, self.decode_batch, True)]
 
-def decode_step_bytes(model: ModelSpec, batch: int, context: int) -> float:
-    """bf16 weights once plus every request's KV cache."""
-    return 2 * model.linear_params + batch * context * model.kv_bytes_per_token()
+    def decode_step_s(self, sms: int, corun: bool, s_sat: float | None = None) -> float:
+        rate = self.decode_rate(self.s_sat[0] if s_sat is None else s_sat)
+        return cost.decode_step_s(self.model, rate, self.decode_batch * self.context, sms, corun)
 
-
-def prefill_flops(model: ModelSpec, tokens: int, start: int = 0) -> float:
-    """`tokens` new tokens after `start` cached ones: linears plus causal attention."""
-    attention = 4 * model.layers * model.hidden * (tokens * start + tokens * tokens / 2)
-    return 2 * model.linear_params * tokens + attention
-
-
-def decode_step_s(sc: Scenario, sms: int, s_sat: float) -> float:
-    step_bytes = decode_step_bytes(sc.model, sc.decode_batch, sc.context)
-    if sc.decode_tbps:
-        budgets, rates = zip(*sc.decode_tbps)
-        return step_bytes / (float(np.interp(sms, budgets, rates)) * 1e12)
-    return step_bytes / (sc.bytes_per_s * min(1.0, sms / s_sat))
-
-
-def prefill_s(sc: Scenario, tokens: int, start: int = 0, sms: int | None = None) -> float:
-    share = 1.0 if sms is None else sms / sc.gpu.sms
-    return prefill_flops(sc.model, tokens, start) / (sc.flops_per_s * share)
+    def prefill_s(self, sms: int) -> float:
+        return cost.compute_s(cost.prefill_flops(self.model, self.prompt), self.prefill_rate, sms)
 
 
 @dataclass
@@ -107,37 +95,33 @@ class Row:
 
 
 def _decode_only(sc: Scenario) -> Row:
-    step = decode_step_s(sc, sc.gpu.sms, sc.gpu.sms)
+    step = sc.decode_step_s(sc.gpu.sms, corun=False)
     return Row("decode_only", step * 1e3, None, None, prefill_sms=0, decode_sms=sc.gpu.sms)
 
 
 def _prefill_first(sc: Scenario) -> Row:
-    prefill = prefill_s(sc, sc.prompt)
-    step = decode_step_s(sc, sc.gpu.sms, sc.gpu.sms)
+    prefill = sc.prefill_s(sc.gpu.sms)
+    step = sc.decode_step_s(sc.gpu.sms, corun=False)
     # decode waits for the whole prefill: one step of prefill + decode, no tokens meanwhile
     return Row("prefill_first", (prefill + step) * 1e3, prefill * 1e3, 0, steps=1)
 
 
 def _chunked(sc: Scenario, chunk: int) -> Row:
-    decode = decode_step_s(sc, sc.gpu.sms, sc.gpu.sms)
-    decode_linear_flops = 2 * sc.model.linear_params * sc.decode_batch
     steps = []
     for start in range(0, sc.prompt, chunk):
-        tokens = min(chunk, sc.prompt - start)
-        compute = (prefill_flops(sc.model, tokens, start) + decode_linear_flops) / sc.flops_per_s
-        steps.append(max(compute, decode))
+        n = min(chunk, sc.prompt - start)
+        steps.append(cost.mixed_step_s(sc.model, sc.decode_rate(sc.s_sat[0]), sc.prefill_rate,
+                                       sc.gpu.sms, sc.decode_batch * sc.context, sc.decode_batch,
+                                       n, start, samples_chunk=start + n == sc.prompt))
     total = sum(steps)
     return Row(f"chunked_{chunk}", total / len(steps) * 1e3, total * 1e3, len(steps),
                steps=len(steps))
 
 
 def _pdmux(sc: Scenario, s_sat: float) -> Row:
-    levels = sc.pdmux.levels(sc.gpu.sms, sc.gpu.cc_major)
-    index = policy.choose_group(levels, sc.decode_batch, True, sc.pdmux.decode_bs_divisor,
-                                sc.pdmux.manual_divisions or None)
-    prefill_sms, decode_sms = levels[index]
-    step = decode_step_s(sc, decode_sms, s_sat)
-    prefill = prefill_s(sc, sc.prompt, sms=prefill_sms)
+    prefill_sms, decode_sms = sc.level
+    step = sc.decode_step_s(decode_sms, corun=True, s_sat=s_sat)
+    prefill = sc.prefill_s(prefill_sms)
     return Row(f"pdmux_ssat{s_sat:g}", step * 1e3, prefill * 1e3, round(prefill / step),
                prefill_sms=prefill_sms, decode_sms=decode_sms, s_sat=s_sat)
 
@@ -150,60 +134,16 @@ def estimate(sc: Scenario) -> list[Row]:
     return rows
 
 
-def decode_step_points(calibration: dict, kind: str, state: str) -> tuple[tuple[int, float], ...]:
-    """A calibration's measured decode-step curve, (sms, TB/s) by budget, at one CTA per SM."""
-    return tuple(sorted((p["sms"], p["tbps"]) for p in calibration.get("rows", [])
-                        if p.get("workload") == "decode_step" and p.get("kind") == kind
-                        and p.get("state") == state and p.get("ctas_per_sm") == 1))
-
-
-def calibrated(sc: Scenario, calibration: dict, kind: str = "grid_cap",
-               compare_levels: list[dict] | None = None) -> Scenario:
-    """The scenario with decode's rate from a calibration (the decode-step curve beside a
-    prefill, the state PD-mux decodes in: measured points, read between budgets; its S_SAT
-    fit names the row) and, given a comparison's levels, the MFU its prefill reached
-    co-running at the level this scenario picks (interpolated in prefill SMs between the
-    measured levels, held at the ends).
-
-    The curve, not peak * SMs / S_SAT: near S_SAT the measured rate bends below that line
-    (H200, decode step at 52 SMs: 1.76 TB/s measured, 2.06 on the line)."""
-    try:
-        fit = calibration["summary"]["decode_step"][kind]["corun"]
-        peak, s_sat = fit["peak_tbps"], fit["s_sat_fit"]
-    except (KeyError, TypeError):
-        raise PdmuxError(f"the calibration has no decode_step / {kind} / corun fit") from None
-    out = replace(sc, bw_efficiency=min(1.0, peak / sc.gpu.hbm_tbps), s_sat=(round(s_sat, 1),),
-                  decode_tbps=decode_step_points(calibration, kind, "corun"))
-    if compare_levels:
-        levels = sc.pdmux.levels(sc.gpu.sms, sc.gpu.cc_major)
-        index = policy.choose_group(levels, sc.decode_batch, True, sc.pdmux.decode_bs_divisor,
-                                    sc.pdmux.manual_divisions or None)
-        prefill_sms = levels[index][0]
-        try:
-            measured = sorted((lv["prefill_sms"], lv["prefill"][kind]["corun_tflops"]
-                               / (sc.gpu.bf16_tflops * lv["prefill_sms"] / sc.gpu.sms))
-                              for lv in compare_levels)
-        except (KeyError, TypeError):
-            raise PdmuxError(f"the comparison's levels lack prefill / {kind} / corun_tflops") from None
-        sms, mfu = zip(*measured)
-        out = replace(out, mfu=min(1.0, float(np.interp(prefill_sms, sms, mfu))))
+def calibrated(sc: Scenario, calibration: Calibration, kind: str = "grid_cap",
+               comparison: Comparison | None = None) -> Scenario:
+    """The scenario with decode's rate from a calibration (its measured decode-step curves,
+    read between budgets; the S_SAT fit beside a prefill names the row) and, given a
+    comparison, the MFU each level's prefill reached co-running (read between levels)."""
+    fit = calibration.decode_fit(kind, "corun")
+    out = replace(sc, bw_efficiency=min(1.0, fit["peak_tbps"] / sc.gpu.hbm_tbps),
+                  s_sat=(round(fit["s_sat_fit"], 1),),
+                  decode_curve=calibration.decode_curve(kind))
+    if comparison is not None:
+        rate = comparison.prefill_rate(kind, sc.gpu.bf16_tflops, sc.gpu.sms)
+        out = replace(out, prefill_curve=rate, mfu=rate.mfu_at(out.level[0]))
     return out
-
-
-def fmt_ms(value: float | None) -> str:
-    return "-" if value is None else f"{value:.1f}"
-
-
-def format_table(sc: Scenario, rows: list[Row]) -> str:
-    head = (f"{sc.model.name} on {sc.gpu.name} ({sc.gpu.sms} SMs): {sc.decode_batch} requests "
-            f"decoding at {sc.context} context, one {sc.prompt}-token prompt arrives")
-    lines = [head, f"{'approach':<18} {'SMs p/d':>8} {'ITL ms':>8} {'prefill ms':>11} "
-                   f"{'tokens during prefill':>22} {'steps':>6}"]
-    for r in rows:
-        split = f"{r.prefill_sms}/{r.decode_sms}" if r.prefill_sms is not None else "-"
-        tokens = "-" if r.tokens_during_prefill is None else str(r.tokens_during_prefill)
-        steps = "-" if r.steps is None else str(r.steps)
-        lines.append(f"{r.approach:<18} {split:>8} {fmt_ms(r.itl_ms):>8} "
-                     f"{fmt_ms(r.prefill_ms):>11} {tokens:>22} {steps:>6}")
-    return "\n".join(lines)
-

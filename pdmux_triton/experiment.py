@@ -1,17 +1,118 @@
 """`pdmux-triton run`: one workload served by every strategy, measured or simulated.
 
 Each strategy gets a fresh copy of the same requests (same seed) and a fresh executor; the
-result rows are what the README's table shows, and what bench/results/run-<gpu>.json keeps.
+result rows are what the README's table shows, and what bench/results/run-<gpu>.json keeps,
+together with the run's inputs (`RunSettings`), so `run --replay` can serve it again.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, fields
 
-from pdmux_triton import metrics, policy, scheduler
-from pdmux_triton.traffic import Request
+from pdmux_triton import cost, estimate, metrics, policy, scheduler, traffic
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.hardware import GPUSpec, ModelSpec
+from pdmux_triton.partition import SPLIT_KINDS
+from pdmux_triton.results import load_calibration, load_compare, provenance
+from pdmux_triton.simulate import SimExecutor
+
+WORKLOADS = ("chapter", "poisson")
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Everything a run depends on; saved in its result as `inputs`."""
+
+    gpu: GPUSpec
+    model: ModelSpec
+    workload: str = "chapter"
+    simulate: bool = False
+    seed: int = 0
+    # chapter: `batch` requests decoding at `context`, one `prompt`-token prompt arrives
+    batch: int = 32
+    context: int = 2048
+    prompt: int = 8192
+    decode_tokens: int = 96
+    # poisson: `count` requests at `rate` per second
+    rate: float = 2.0
+    count: int = 64
+    prompt_mean: int = 1024
+    prompt_max: int = 8192
+    output_mean: int = 128
+    output_max: int = 512
+    chunks: tuple[int, ...] = (2048, 512)
+    kinds: tuple[str, ...] = SPLIT_KINDS
+    config: policy.PDMuxConfig = field(default_factory=policy.PDMuxConfig)
+    # the simulated clock's cost model, unless a calibration / comparison replaces it
+    s_sat: float = 66.0
+    bw_eff: float = 0.85
+    mfu: float = 0.5
+    calibration: str | None = None
+    compare: str | None = None
+
+    def __post_init__(self):
+        if self.workload not in WORKLOADS:
+            raise PdmuxError(f"unknown workload {self.workload!r}; known: {', '.join(WORKLOADS)}")
+        for kind in self.kinds:
+            if kind not in SPLIT_KINDS:
+                raise PdmuxError(f"partition kinds are {' and '.join(SPLIT_KINDS)}, got {kind!r}")
+        for name in ("chunks", "kinds"):
+            values = getattr(self, name)
+            if len(set(values)) != len(values):
+                raise PdmuxError(f"--{name} lists {', '.join(map(str, values))}: each at most once")
+        if any(c < 1 for c in self.chunks):
+            raise PdmuxError(f"chunk sizes must be >= 1 token, got {self.chunks}")
+        if self.compare and not self.calibration:
+            raise PdmuxError("--compare calibrates the prefill rate beside --calibration's decode "
+                             "curve: pass --calibration too")
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        out["gpu"]["cc"] = list(self.gpu.cc)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RunSettings":
+        """The settings a result was made with (its `inputs`)."""
+        try:
+            known = {f.name for f in fields(cls)}
+            unknown = sorted(set(data) - known)
+            if unknown:
+                raise PdmuxError(f"unknown run inputs {', '.join(unknown)}")
+            values = dict(data)
+            values["gpu"] = GPUSpec(**{**data["gpu"], "cc": tuple(data["gpu"]["cc"])})
+            values["model"] = ModelSpec(**data["model"])
+            values["config"] = policy.parse_config(data["config"], "the run's pdmux config")
+            values["chunks"], values["kinds"] = tuple(data["chunks"]), tuple(data["kinds"])
+            return cls(**values)
+        except (KeyError, TypeError) as err:
+            raise PdmuxError(f"the run inputs are incomplete or malformed ({err})") from None
+
+
+def make_requests(s: RunSettings) -> list[traffic.Request]:
+    if s.workload == "chapter":
+        return traffic.chapter_scenario(s.model.vocab, s.batch, s.context, s.prompt,
+                                        s.decode_tokens, seed=s.seed)
+    return traffic.poisson(s.model.vocab, s.rate, s.count, s.prompt_mean, s.prompt_max,
+                           s.output_mean, s.output_max, s.seed)
+
+
+def chapter_estimates(s: RunSettings) -> list[tuple[str, estimate.Scenario, list[estimate.Row]]]:
+    """The chapter's estimate of the same scenario and, given a calibration, the calibrated one."""
+    sc = estimate.Scenario(gpu=s.gpu, model=s.model, decode_batch=s.batch, context=s.context,
+                           prompt=s.prompt, chunk_sizes=s.chunks, s_sat=(s.s_sat,),
+                           bw_efficiency=s.bw_eff, mfu=s.mfu, pdmux=s.config)
+    out = [("the chapter's estimate", sc)]
+    if s.calibration:
+        cal = load_calibration(s.calibration, s.gpu.name)
+        cmp = load_compare(s.compare, s.gpu.name) if s.compare else None
+        title = ("the estimate with calibrated bandwidth, S_SAT and prefill rate" if cmp else
+                 "the estimate with calibrated bandwidth and S_SAT")
+        out.append((title, estimate.calibrated(sc, cal, s.kinds[0] if s.kinds else "grid_cap",
+                                               cmp)))
+    return [(title, scenario, estimate.estimate(scenario)) for title, scenario in out]
 
 
 @dataclass(frozen=True)
@@ -29,7 +130,23 @@ def variants(chunks: tuple[int, ...], kinds: tuple[str, ...]) -> list[Variant]:
     return out
 
 
-def run_all(requests: list[Request], make_executor: Callable[[Variant], object],
+def simulated_executors(s: RunSettings) -> Callable[[Variant], SimExecutor]:
+    """The cost model's clock for each variant: the S_SAT law and a fixed MFU, or the measured
+    decode curves of a calibration (each pd-mux kind its own) and a comparison's MFU."""
+    cal = load_calibration(s.calibration, s.gpu.name) if s.calibration else None
+    cmp = load_compare(s.compare, s.gpu.name) if s.compare else None
+
+    def make(v: Variant) -> SimExecutor:
+        kind = v.kind if v.strategy == "pdmux" else "grid_cap"
+        decode = (cal.decode_curve(kind) if cal else
+                  cost.SaturationLaw(s.gpu.hbm_tbps * s.bw_eff, min(s.s_sat, s.gpu.sms)))
+        prefill = (cmp.prefill_rate(kind, s.gpu.bf16_tflops, s.gpu.sms) if cmp else
+                   cost.PrefillRate.fixed(s.gpu.bf16_tflops, s.gpu.sms, s.mfu))
+        return SimExecutor(s.gpu, s.model, decode, prefill, kind)
+    return make
+
+
+def run_all(requests: list[traffic.Request], make_executor: Callable[[Variant], object],
             config: policy.PDMuxConfig, chunks: tuple[int, ...], kinds: tuple[str, ...],
             log=print, warmup: bool = False) -> tuple[list[dict], dict[str, scheduler.RunResult]]:
     """Serve `requests` once per variant. decode_only serves the requests that are decoding
@@ -57,9 +174,42 @@ def run_all(requests: list[Request], make_executor: Callable[[Variant], object],
     return rows, results
 
 
+def run_experiment(s: RunSettings, log=print) -> tuple[dict, dict[str, scheduler.RunResult],
+                                                       list[tuple]]:
+    """Serve the settings' workload with every strategy; returns the result JSON, each
+    strategy's run and the estimates of the scenario (chapter workload only)."""
+    requests = make_requests(s)
+    # estimates first: a bad calibration or comparison file fails before minutes of measuring
+    estimates = chapter_estimates(s) if s.workload == "chapter" else []
+    if s.simulate:
+        make_executor = simulated_executors(s)
+        rows, results = run_all(requests, make_executor, s.config, s.chunks, s.kinds, log)
+    else:
+        # torch is needed only where a GPU measures
+        from pdmux_triton.execute import ModelExecutor
+
+        def make_executor(v: Variant):
+            return ModelExecutor.shared(s.model, s.gpu, v.kind, page_size=16)
+        try:
+            rows, results = run_all(requests, make_executor, s.config, s.chunks, s.kinds, log,
+                                    warmup=True)
+        finally:
+            ModelExecutor.release_shared()  # green contexts and graphs
+    levels = s.config.levels(s.gpu.sms, s.gpu.cc_major)
+    prefill_sms = levels[s.config.choose_level(levels, s.batch, True)][0]
+    out = {"mode": "simulated" if s.simulate else "gpu", **provenance(s.gpu.name),
+           "model": s.model.name, "workload": s.workload, "inputs": s.as_dict(), "rows": rows,
+           "details": {name: metrics.details(res) for name, res in results.items()}}
+    if estimates:
+        out["estimate"] = {title: [r.as_dict() for r in est] for title, _, est in estimates}
+    # errors against the last estimate: the calibrated one when a calibration is given
+    out["summary"] = summary(rows, s.gpu.sms, prefill_sms,
+                             out["estimate"][estimates[-1][0]] if estimates else None)
+    return out, results, estimates
+
+
 SUMMARY_KEYS = ("itl_p50_ms", "itl_p99_ms", "itl_during_prefill_p50_ms", "decode_gpu_p50_ms",
-                "prefill_ms",
-                "tokens_during_prefill", "ttft_p50_ms", "gpu_idle_frac")
+                "prefill_ms", "tokens_during_prefill", "ttft_p50_ms", "gpu_idle_frac")
 
 
 def summary(rows: list[dict], total_sms: int, prefill_sms: int | None,

@@ -52,7 +52,7 @@ def summarize(result: RunResult) -> dict:
         "itl_during_prefill_p50_ms": _scale(_pct(during, 50), ms),
         "itl_during_prefill_max_ms": _scale(max(during) if during else None, ms),
         # the decode step on the GPU alone, without the host's share of the ITL
-        "decode_gpu_p50_ms": _scale(_pct(result.decode_gpu_s, 50), ms),
+        "decode_gpu_p50_ms": _scale(_pct(result.activity.decode_step_s, 50), ms),
         "prefill_ms": _scale(_pct([b - a for a, b in windows], 50), ms),
         "tokens_during_prefill": float(np.mean(tokens_during)) if tokens_during else None,
         "ttft_p50_ms": _scale(_pct([r.ttft for r in served if r.ttft is not None], 50), ms),
@@ -60,8 +60,16 @@ def summarize(result: RunResult) -> dict:
         "requests": len(result.requests),
         "rounds": len(result.rounds),
         "wall_s": result.wall_s,
-        "gpu_idle_frac": result.gpu_idle_s / result.wall_s if result.wall_s > 0 else 0.0,
+        "gpu_idle_frac": gpu_idle_frac(result),
     }
+
+
+def gpu_idle_frac(result: RunResult) -> float:
+    """Share of the executor's window in which no launch was running (host overhead)."""
+    start, end = result.activity.window
+    if end <= start:
+        return 0.0
+    return uncovered(result.activity.busy, start, end) / (end - start)
 
 
 def details(result: RunResult) -> dict:

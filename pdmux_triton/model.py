@@ -1,9 +1,9 @@
 """A Qwen3/Llama-family decoder made only of the project's kernels, with seeded random weights.
 
-Every kernel is launched with an SM budget (`Budget`), so the same forward runs on the whole
-GPU, on a grid-capped share or inside a green context. Layers are the unit of work: a decode
-step runs all of them for a batch of one token per request; a prefill can run any range of
-layers of a token batch (SGLang's split prefill), carrying hidden states and residual.
+Every kernel is launched with an SM budget (`partition.Budget`), so the same forward runs on
+the whole GPU, on a grid-capped share or inside a green context. Layers are the unit of work: a
+decode step runs all of them for a batch of one token per request; a prefill can run any range
+of layers of a token batch (SGLang's split prefill), carrying hidden states and residual.
 """
 
 from __future__ import annotations
@@ -18,18 +18,7 @@ from pdmux_triton.hardware import ModelSpec
 from pdmux_triton.kernels import (decode_attention, extend_attention, linear, rmsnorm, rope_,
                                   rope_cache, silu_mul, store_kv)
 from pdmux_triton.kernels.prefill_attention import plan_extend
-
-
-@dataclass(frozen=True)
-class Budget:
-    """The SM budget kernels get: None means the whole GPU."""
-
-    num_sms: int | None = None
-    ctas_per_sm: int = 1
-
-    @property
-    def kw(self) -> dict:
-        return {"num_sms": self.num_sms, "ctas_per_sm": self.ctas_per_sm}
+from pdmux_triton.partition import Budget
 
 
 class Weights:

@@ -1,6 +1,8 @@
-"""Where kernels run: a prefill stream, a decode stream and the SM budget each side's kernels use.
+"""Where kernels run, as a plan: which partition kind, how many SMs each side gets, and the
+SM budget (`Budget`) every kernel is launched with. Pure data, checked without a GPU; the
+`streams` module opens a plan on the device.
 
-Three kinds, one interface:
+Three kinds:
 - `grid_cap`: two ordinary streams; every kernel is launched with at most its side's budget of
   programs (the emulation this project studies; the hardware still picks the SMs).
 - `green`: two CUDA green contexts; one side's share is split off first (on the architecture's
@@ -8,8 +10,6 @@ Three kinds, one interface:
   sweeps split decode off first, so its budget can be any multiple of the granularity.
 - `whole`: one stream, the whole GPU for both sides (prefill-first and chunked baselines, and
   SGLang's prefill-only and decode-only levels).
-
-A `PartitionSpec` is the plan (pure data, checked without a GPU); `open()` makes the streams.
 """
 
 from __future__ import annotations
@@ -19,7 +19,20 @@ from dataclasses import dataclass
 from pdmux_triton import policy
 from pdmux_triton.errors import PdmuxError
 
-KINDS = ("grid_cap", "green", "whole")
+SPLIT_KINDS = ("grid_cap", "green")  # the two ways of splitting SMs that the tool compares
+KINDS = (*SPLIT_KINDS, "whole")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """The SM budget a kernel gets: at most num_sms * ctas_per_sm programs (None: the whole GPU)."""
+
+    num_sms: int | None = None
+    ctas_per_sm: int = 1
+
+    @property
+    def kw(self) -> dict:
+        return {"num_sms": self.num_sms, "ctas_per_sm": self.ctas_per_sm}
 
 
 @dataclass(frozen=True)
@@ -60,75 +73,26 @@ class PartitionSpec:
                              f"{self.decode_sms if rest == 'decode' else self.prefill_sms}")
 
     @property
+    def whole_gpu(self) -> bool:
+        return self.kind == "whole"
+
+    @property
     def label(self) -> str:
         return f"{self.kind} {self.prefill_sms}/{self.decode_sms}"
-
-    def open(self) -> "Partition":
-        return Partition.open(self)
 
 
 def whole(total_sms: int) -> PartitionSpec:
     return PartitionSpec("whole", total_sms, total_sms, total_sms)
 
 
-def for_level(groups: list[policy.Level], index: int, kind: str) -> PartitionSpec:
-    """The partition of SGLang level `index`: its split for `grid_cap`/`green`; the prefill-only
-    and decode-only levels run on the whole GPU, as SGLang runs them on ordinary streams."""
-    if not 0 <= index < len(groups):
-        raise PdmuxError(f"level {index} does not exist; levels are 0..{len(groups) - 1}")
-    prefill, decode = groups[index]
-    total = prefill + decode
+def for_level(level: policy.Level, kind: str, total_sms: int | None = None,
+              split_first: str = "prefill") -> PartitionSpec:
+    """The partition a (prefill SMs, decode SMs) level runs on: its split for `grid_cap` and
+    `green`. A level that gives one side no SMs (SGLang's prefill-only and decode-only levels,
+    or a decode budget of the whole GPU) runs on the whole GPU, as SGLang runs it on ordinary
+    streams: this is the one place that rule lives."""
+    prefill, decode = level
+    total = prefill + decode if total_sms is None else total_sms
     if prefill == 0 or decode == 0:
         return whole(total)
-    return PartitionSpec(kind, prefill, decode, total)
-
-
-class Partition:
-    """Open streams of a spec. Use as a context manager; green contexts are freed on close."""
-
-    def __init__(self, spec: PartitionSpec, prefill_stream, decode_stream, green=None,
-                 prefill_sms: int | None = None, decode_sms: int | None = None):
-        self.spec = spec
-        self.prefill_stream = prefill_stream
-        self.decode_stream = decode_stream
-        self._green = green
-        # the budgets kernels use: what the driver realized for green contexts
-        self.prefill_sms = prefill_sms or spec.prefill_sms
-        self.decode_sms = decode_sms or spec.decode_sms
-
-    @classmethod
-    def open(cls, spec: PartitionSpec) -> "Partition":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise PdmuxError(f"a {spec.kind} partition needs a CUDA GPU; torch sees none")
-        device_sms = torch.cuda.get_device_properties(0).multi_processor_count
-        if spec.total_sms != device_sms:
-            raise PdmuxError(f"the partition is planned for {spec.total_sms} SMs but the GPU has "
-                             f"{device_sms}")
-        if spec.kind == "whole":
-            stream = torch.cuda.Stream()
-            return cls(spec, stream, stream)
-        if spec.kind == "grid_cap":
-            return cls(spec, torch.cuda.Stream(), torch.cuda.Stream())
-        from pdmux_triton.greenctx import split_green
-
-        spec.check_green(torch.cuda.get_device_capability(0)[0])
-        if spec.split_first == "prefill":
-            split = split_green(spec.prefill_sms, spec.decode_sms)
-            prefill, decode = split.first, split.rest
-        else:
-            split = split_green(spec.decode_sms, spec.prefill_sms)
-            decode, prefill = split.first, split.rest
-        return cls(spec, prefill.stream, decode.stream, split, prefill.sms, decode.sms)
-
-    def close(self) -> None:
-        if self._green is not None:
-            self._green.close()
-            self._green = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+    return PartitionSpec(kind, prefill, decode, total, split_first)

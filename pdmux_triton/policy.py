@@ -182,6 +182,16 @@ class PDMuxConfig:
     def levels(self, total_sms: int, major: int) -> list[Level]:
         return stream_groups(total_sms, major, self.sm_group_num, self.manual_divisions or None)
 
+    def choose_level(self, levels: list[Level], decode_bs: int, has_prefill: bool) -> int:
+        """Index of the level SGLang runs under this config (its manual divisions when given,
+        else the divisor rule)."""
+        return choose_group(levels, decode_bs, has_prefill, self.decode_bs_divisor,
+                            self.manual_divisions or None)
+
+    def batch_ranges(self, levels: list[Level]) -> list[tuple[int, int | None, int]]:
+        """decode_bs_ranges under this config."""
+        return decode_bs_ranges(levels, self.decode_bs_divisor, self.manual_divisions or None)
+
 
 CONFIG_FIELDS = ("sm_group_num", "manual_divisions", "split_forward_token_budget", "decode_bs_divisor")
 

@@ -7,13 +7,15 @@
   only for decode; a finished prefill joins the decode batch; the level (SM split) changes only
   when a prefill starts or ends, after both sides drain.
 
-The executor owns time and the model; this module owns requests, levels and the timeline.
+The executor owns time and the model (`Executor` below is the whole contract); this module
+owns requests, levels and the timeline.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from pdmux_triton import policy
 from pdmux_triton.errors import PdmuxError
@@ -23,10 +25,68 @@ STRATEGIES = ("prefill_first", "chunked", "pdmux")
 
 
 @dataclass
+class Activity:
+    """What an executor reports when a run ends."""
+
+    busy: list[tuple[float, float]]  # (start, end) s of every launch, on one clock
+    window: tuple[float, float]  # the span over which idle time is counted
+    decode_step_s: list[float]  # each decode step's own time, launch to end
+
+
+class Executor(Protocol):
+    """What the loop needs from whatever runs the work. Times are seconds on the executor's
+    clock, which reads 0 when `start` returns; tokens are sampled ids (zeros when simulated)."""
+
+    total_sms: int
+    cc_major: int
+    num_layers: int
+
+    def start(self, warm: list[Request]) -> None:
+        """Put the requests already decoding into the KV cache, then start the clock."""
+
+    def now(self) -> float: ...
+
+    def idle_until(self, t: float) -> None:
+        """Nothing to run before `t`: let the clock reach it."""
+
+    def set_level(self, level: policy.Level) -> None:
+        """Drain both sides, then split the SMs as the level says (0 on a side: whole GPU)."""
+
+    def launch_decode(self, reqs: list[Request]) -> object:
+        """Enqueue one decode step of `reqs` on the decode side; returns what wait_decode takes."""
+
+    def wait_decode(self, pending: object) -> tuple[float, list[int]]:
+        """Block until that step ends: (time, next token of each request)."""
+
+    def begin_prefill(self, reqs: list[Request]) -> object:
+        """The executor's carry for one prefill batch (its inputs and the hidden states it
+        passes between rounds); the loop only hands it back."""
+
+    def launch_prefill(self, carry: object, start: int, end: int) -> None:
+        """Enqueue layers [start, end) of that prefill on the prefill side."""
+
+    def prefill_result(self, carry: object, wait: bool) -> tuple[float, list[int]] | None:
+        """After the last layer was launched: (time, first token of each request) once it has
+        run; None if it has not and `wait` is false."""
+
+    def mixed(self, decoding: list[Request], prompt: Request, start: int,
+              n: int) -> tuple[float, list[int], int | None]:
+        """One chunked-prefill step on the whole GPU: a decode token for each of `decoding` and
+        the prompt's tokens [start, start + n) in one forward; the prompt's first token when
+        this chunk ends it."""
+
+    def release(self, r: Request) -> None:
+        """A finished request gives back its KV cache."""
+
+    def finish(self) -> Activity:
+        """Drain and report."""
+
+
+@dataclass
 class PrefillJob:
     reqs: list[Request]
+    carry: object  # what the executor's begin_prefill returned
     next_layer: int = 0
-    state: object = None  # the executor's carry (hidden states) between rounds
 
     @property
     def tokens(self) -> int:
@@ -47,15 +107,14 @@ class RunResult:
     strategy: str
     requests: list[Request]
     rounds: list[Round] = field(default_factory=list)
-    gpu_idle_s: float = 0.0  # time neither side had work queued (host overhead)
     wall_s: float = 0.0
-    decode_gpu_s: list[float] = field(default_factory=list)  # each decode step, launch to end
+    activity: Activity = field(default_factory=lambda: Activity([], (0.0, 0.0), []))
 
 
 class Engine:
     """Request bookkeeping shared by the strategies."""
 
-    def __init__(self, executor, requests: list[Request]):
+    def __init__(self, executor: Executor, requests: list[Request]):
         self.x = executor
         self.pending = sorted((r for r in requests if not r.warm),
                               key=lambda r: (r.arrival is None, r.arrival or 0.0, r.rid))
@@ -64,8 +123,9 @@ class Engine:
         self.steps = 0  # decode steps completed: requests may arrive after a number of them
         self.rounds: list[Round] = []
 
-    def busy(self) -> bool:
-        return bool(self.pending or self.waiting or self.running)
+    def busy(self, in_flight: object = None) -> bool:
+        """Work is left: requests to come, waiting or decoding, or a prefill in flight."""
+        return bool(self.pending or self.waiting or self.running or in_flight is not None)
 
     def admit(self) -> None:
         now = self.x.now()
@@ -103,7 +163,7 @@ class Engine:
     def decode_round(self) -> None:
         """A plain decode step of the running batch on the whole GPU, as one round."""
         start, decoding = self.x.now(), list(self.running)
-        t, tokens = self.x.decode(decoding)
+        t, tokens = self.x.wait_decode(self.x.launch_decode(decoding))
         self.rounds.append(Round(start, t, -1, len(decoding), ""))
         self.record_tokens(decoding, tokens, t)
 
@@ -137,7 +197,9 @@ def run_prefill_first(e: Engine, token_budget: int) -> None:
             start = e.x.now()
             for r in batch:
                 r.prefill_start = start
-            t, first = e.x.prefill(batch)
+            carry = e.x.begin_prefill(batch)
+            e.x.launch_prefill(carry, 0, e.x.num_layers)
+            t, first = e.x.prefill_result(carry, wait=True)
             e.rounds.append(Round(start, t, -1, 0, "whole"))
             e.start_running(batch, first, t)
         elif e.running:
@@ -149,7 +211,7 @@ def run_prefill_first(e: Engine, token_budget: int) -> None:
 def run_chunked(e: Engine, chunk: int) -> None:
     job: Request | None = None
     done_tokens = 0
-    while e.busy():
+    while e.busy(job):
         e.admit()
         if job is None and e.waiting:
             job, done_tokens = e.waiting.popleft(), 0
@@ -175,24 +237,26 @@ def run_chunked(e: Engine, chunk: int) -> None:
 
 def run_pdmux(e: Engine, levels: list[policy.Level], config: policy.PDMuxConfig,
               num_layers: int) -> None:
-    manual = config.manual_divisions or None
     job: PrefillJob | None = None
-    level = policy.choose_group(levels, len(e.running), False, config.decode_bs_divisor, manual)
-    e.x.set_level(*levels[level])
+    level = config.choose_level(levels, len(e.running), False)
+    e.x.set_level(levels[level])
     adjust = False
-    while e.busy():
+    while e.busy(job):
         e.admit()
         adjust = adjust or (level > 0 and not e.running)  # as SGLang: an empty batch re-levels
+        starting = None
         if job is None and e.waiting:
-            job = PrefillJob(_take_prompts(e.waiting, config.split_forward_token_budget))
-            for r in job.reqs:
+            starting = _take_prompts(e.waiting, config.split_forward_token_budget)
+            for r in starting:
                 r.prefill_start = e.x.now()
             adjust = True
         if adjust:  # SGLang drains both streams before switching the stream group
-            level = policy.choose_group(levels, len(e.running), job is not None,
-                                        config.decode_bs_divisor, manual)
-            e.x.set_level(*levels[level])
+            prefilling = job is not None or starting is not None
+            level = config.choose_level(levels, len(e.running), prefilling)
+            e.x.set_level(levels[level])
             adjust = False
+        if starting is not None:  # on the new level's prefill side
+            job = PrefillJob(starting, e.x.begin_prefill(starting))
         if job is None and not e.running:
             e.idle()
             continue
@@ -204,7 +268,7 @@ def run_pdmux(e: Engine, levels: list[policy.Level], config: policy.PDMuxConfig,
             per_step = policy.prefill_layers_per_step(job.tokens, num_layers,
                                                       config.split_forward_token_budget)
             end = min(num_layers, job.next_layer + per_step)
-            e.x.launch_prefill(job, job.next_layer, end)
+            e.x.launch_prefill(job.carry, job.next_layer, end)
             launched = f"layers {job.next_layer}-{end}"
             job.next_layer = end
         if pending is not None:
@@ -212,7 +276,7 @@ def run_pdmux(e: Engine, levels: list[policy.Level], config: policy.PDMuxConfig,
             e.record_tokens(decoding, tokens, t)
         if job is not None and job.next_layer == num_layers:
             # with no decode to wait for, the host blocks on the prefill itself
-            done = e.x.prefill_done(job) if decoding else e.x.wait_prefill(job)
+            done = e.x.prefill_result(job.carry, wait=not decoding)
             if done is not None:
                 t_done, first = done
                 e.start_running(job.reqs, first, t_done)
@@ -221,7 +285,7 @@ def run_pdmux(e: Engine, levels: list[policy.Level], config: policy.PDMuxConfig,
         e.rounds.append(Round(start, e.x.now(), level, len(decoding), launched))
 
 
-def run(strategy: str, executor, requests: list[Request], *, chunk: int = 2048,
+def run(strategy: str, executor: Executor, requests: list[Request], *, chunk: int = 2048,
         config: policy.PDMuxConfig | None = None) -> RunResult:
     """Serve `requests` to completion with one strategy; the executor's clock starts at 0."""
     if strategy not in STRATEGIES:
@@ -238,6 +302,5 @@ def run(strategy: str, executor, requests: list[Request], *, chunk: int = 2048,
     else:
         levels = config.levels(executor.total_sms, executor.cc_major)
         run_pdmux(e, levels, config, executor.num_layers)
-    executor.finish()
-    return RunResult(strategy, requests, e.rounds, executor.idle_s(), executor.now(),
-                     executor.decode_gpu_s())
+    activity = executor.finish()
+    return RunResult(strategy, requests, e.rounds, executor.now(), activity)

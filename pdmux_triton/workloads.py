@@ -1,18 +1,22 @@
 """The GPU work calibration and comparison measure, each for a given SM budget.
 
 A workload enqueues its kernels on the current stream (`run(budget)`) and says how much it
-moves: bytes for decode-side work (rates in TB/s), FLOPs for prefill-side work (TFLOP/s).
-Inputs are random (never zeros) and sized past the L2 cache, so rates are HBM rates.
+moves (`cost` counts it): bytes for decode-side work (rates in TB/s), FLOPs for prefill-side
+work (TFLOP/s). Inputs are random (never zeros) and sized past the L2 cache, so rates are HBM
+rates.
 """
 
 from __future__ import annotations
 
 import torch
 
+from pdmux_triton import cost
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.hardware import ModelSpec
 from pdmux_triton.kernels import decode_attention, linear, stream_read
-from pdmux_triton.model import Budget, DecodeBatch, ExtendBatch, KVCache, Model, Weights
+from pdmux_triton.model import DecodeBatch, ExtendBatch, KVCache, Model, Weights
+from pdmux_triton.paged_kv import PagedKV, page_table
+from pdmux_triton.partition import Budget
 
 DECODE_WORKLOADS = ("stream_read", "decode_attention", "decode_linear", "decode_step")
 
@@ -41,36 +45,22 @@ class StreamRead(Workload):
         stream_read(self.buf, **budget.kw)
 
 
-def contiguous_pages(lens: list[int], page_size: int) -> tuple[torch.Tensor, int]:
-    """A page table giving each request its own run of pages; returns (table, pages used)."""
-    per = [-(-n // page_size) for n in lens]
-    table = torch.zeros((len(lens), max(per)), dtype=torch.int32)
-    start = 0
-    for b, n in enumerate(per):
-        table[b, :n] = torch.arange(start, start + n, dtype=torch.int32)
-        start += n
-    return table.cuda(), start
-
-
 class DecodeAttention(Workload):
     """One layer's decode attention: `batch` requests of `context` tokens, page size 16."""
 
     name = "decode_attention"
 
     def __init__(self, spec: ModelSpec, batch: int = 32, context: int = 4096, page_size: int = 16):
-        lens = [context] * batch
-        self.table, pages = contiguous_pages(lens, page_size)
-        shape = (pages * page_size, spec.kv_heads, spec.head_dim)
-        self.k = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
-        self.v = torch.randn(shape, dtype=torch.bfloat16, device="cuda")
+        self.kv = PagedKV([context] * batch, spec.kv_heads, spec.head_dim, page_size,
+                          torch.bfloat16, "cuda", shuffle=False, spare_pages=0)
         self.q = torch.randn(batch, spec.q_heads, spec.head_dim, dtype=torch.bfloat16, device="cuda")
-        self.lens = torch.tensor(lens, dtype=torch.int32, device="cuda")
         self.context, self.page_size = context, page_size
-        self.amount = float(batch * context * spec.kv_bytes_per_token() / spec.layers)
+        self.amount = cost.kv_bytes(spec, batch * context) / spec.layers
 
     def run(self, budget: Budget) -> None:
-        decode_attention(self.q, self.k, self.v, self.table, self.lens, self.page_size,
-                         self.context, **budget.kw)
+        kv = self.kv
+        decode_attention(self.q, kv.k_cache, kv.v_cache, kv.page_table, kv.seq_lens,
+                         self.page_size, self.context, **budget.kw)
 
 
 class DecodeLinear(Workload):
@@ -86,7 +76,7 @@ class DecodeLinear(Workload):
                          for n, k in shapes] for _ in range(layers)]
         self.x = {k: torch.randn(batch, k, dtype=torch.bfloat16, device="cuda")
                   for k in {k for _, k in shapes}}
-        self.amount = float(sum(n * k * 2 for n, k in shapes))  # bytes of one layer's weights
+        self.amount = float(sum(n * k * cost.DTYPE_BYTES for n, k in shapes))  # one layer's
         self._next = 0
 
     def run(self, budget: Budget) -> None:
@@ -104,7 +94,7 @@ class DecodeStep(Workload):
     def __init__(self, spec: ModelSpec, batch: int = 32, context: int = 2048, page_size: int = 16,
                  seed: int = 0):
         lens = [context + 1] * batch
-        table, pages = contiguous_pages(lens, page_size)
+        table, pages = page_table(lens, page_size, "cuda", shuffle=False)
         self.model = Model(Weights(spec, "cuda", seed=seed), KVCache(spec, pages, page_size, "cuda"),
                            max_positions=context + 1)
         for k, v in zip(self.model.cache.k, self.model.cache.v):  # a filled cache, not zeros
@@ -117,7 +107,7 @@ class DecodeStep(Workload):
             slots=slots, page_table=table, seq_lens=torch.tensor(lens, dtype=torch.int32,
                                                                   device="cuda"),
             max_seq_len=context + 1)
-        self.amount = float(2 * spec.linear_params + batch * context * spec.kv_bytes_per_token())
+        self.amount = cost.decode_step_bytes(spec, batch * context)
 
     def run(self, budget: Budget) -> None:
         self.model.decode_step(self.batch, budget)
@@ -131,7 +121,7 @@ class PrefillLayers(Workload):
 
     def __init__(self, spec: ModelSpec, tokens: int = 8192, layers: int = 4, page_size: int = 16,
                  seed: int = 1):
-        table, pages = contiguous_pages([tokens], page_size)
+        table, pages = page_table([tokens], page_size, "cuda", shuffle=False)
         self.model = Model(Weights(spec, "cuda", seed=seed, layers=layers),
                            KVCache(spec, pages, page_size, "cuda", layers=layers),
                            max_positions=tokens)
@@ -140,8 +130,7 @@ class PrefillLayers(Workload):
             tokens=torch.randint(0, spec.vocab, (tokens,), device="cuda"), positions=pos,
             slots=pos.clone(), page_table=table, extend_lens=[tokens], prefix_lens=[0])
         self.layers = layers
-        attention = 4 * spec.hidden * tokens * tokens / 2
-        self.amount = float(layers * (2 * spec.layer_linear_params * tokens + attention))
+        self.amount = cost.layer_flops(spec, tokens, 0, layers)
 
     def run(self, budget: Budget) -> None:
         self.model.extend_layers(self.batch, 0, self.layers, budget=budget)

@@ -1,4 +1,5 @@
-"""Float64 references, paged-cache builders and tolerances shared by the kernel tests."""
+"""Float64 references and tolerances shared by the kernel tests (the paged inputs they read
+come from pdmux_triton.paged_kv, as the benchmarks' and calibration's do)."""
 
 from __future__ import annotations
 
@@ -11,48 +12,34 @@ GPU_FP32_TOL = 2e-3
 
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     out, ref = out.double().cpu(), ref.double().cpu()
-    assert not torch.isnan(out).any(), "output has NaN: an element was not written"
+    assert not torch.isnan(out).any(), (
+        f"output has NaN at {_first_nan(out)}: an element was not written")
     return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
 
 
+def _first_nan(t: torch.Tensor) -> tuple[int, ...]:
+    return tuple(int(i) for i in torch.nonzero(torch.isnan(t))[0])
+
+
 def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
+    """Relative error in the norm under the dtype's tolerance; a failure names the worst
+    element (its index, value and reference)."""
     tol = GPU_FP32_TOL if dtype == torch.float32 and out.is_cuda else REL_TOL[dtype]
     err = rel_err(out, ref)
-    assert err < tol, f"relative error {err:.3g} over {tol:g} for {dtype}"
+    if err < tol:
+        return
+    out64, ref64 = out.double().cpu(), ref.double().cpu().expand_as(out)
+    diff = (out64 - ref64).abs()
+    worst = tuple(int(i) for i in torch.nonzero(diff == diff.max())[0])
+    raise AssertionError(
+        f"relative error {err:.3g} over {tol:g} for {dtype}; worst element {worst}: "
+        f"{out64[worst].item():.6g} vs reference {ref64[worst].item():.6g} "
+        f"(of {out.numel()} elements, {int((diff > tol * ref64.abs().max()).sum())} off by more "
+        f"than the tolerance times the largest reference value)")
 
 
 def poisoned(shape, dtype, device) -> torch.Tensor:
     return torch.full(shape, float("nan"), dtype=dtype, device=device)
-
-
-class PagedKV:
-    """Random K/V for requests of given lengths, scattered over shuffled pages of a cache."""
-
-    def __init__(self, lens, kv_heads, head_dim, page_size, dtype, device, spare_pages=3):
-        self.lens, self.page_size = list(lens), page_size
-        pages_per = [-(-n // page_size) for n in self.lens]
-        width = max([1, *pages_per])
-        total_pages = sum(pages_per) + spare_pages
-        order = torch.randperm(total_pages).tolist()  # non-contiguous pages, as a real pool
-        self.page_table = torch.zeros((len(self.lens), width), dtype=torch.int32)
-        i = 0
-        for b, n in enumerate(pages_per):
-            self.page_table[b, :n] = torch.tensor(order[i:i + n], dtype=torch.int32)
-            i += n
-        slots = total_pages * page_size
-        self.k_cache = torch.randn((slots, kv_heads, head_dim), dtype=dtype)
-        self.v_cache = torch.randn((slots, kv_heads, head_dim), dtype=dtype)
-        self.page_table = self.page_table.to(device)
-        self.k_cache, self.v_cache = self.k_cache.to(device), self.v_cache.to(device)
-
-    def slots(self, b: int, start: int, end: int) -> torch.Tensor:
-        pos = torch.arange(start, end)
-        pages = self.page_table[b].cpu().long()[pos // self.page_size]
-        return pages * self.page_size + pos % self.page_size
-
-    def dense(self, b: int, n: int | None = None):
-        s = self.slots(b, 0, self.lens[b] if n is None else n)
-        return self.k_cache.cpu()[s].double(), self.v_cache.cpu()[s].double()
 
 
 def attention_ref(q, k, v, q_pos=None):

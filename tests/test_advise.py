@@ -1,6 +1,6 @@
 import pytest
 
-from pdmux_triton import advise, policy
+from pdmux_triton import advise, cost, policy
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.hardware import model_preset
 
@@ -8,7 +8,7 @@ QWEN = model_preset("qwen3-8b")
 
 
 def curve(s_sat, peak=4.0):
-    return lambda sms: peak * min(1.0, sms / s_sat)
+    return cost.SaturationLaw(peak, s_sat)
 
 
 @pytest.mark.parametrize("s_sat", [40, 66, 110])
@@ -23,7 +23,7 @@ def test_every_level_meets_the_target(s_sat, itl_ms):
         assert lv.itl_ms <= itl_ms + 1e-9
         assert (lv.prefill_sms - 8) % 8 == 0 and lv.prefill_sms + lv.decode_sms == 132
         # the split serves the last batch of its range within the target
-        assert advise.max_batch(QWEN, 2048, itl_ms / 1e3, curve(s_sat)(lv.decode_sms)) >= lv.last_batch
+        assert advise.max_batch(QWEN, 2048, itl_ms / 1e3, curve(s_sat).tbps(lv.decode_sms, corun=True)) >= lv.last_batch
 
 
 def test_fast_decode_kernels_leave_prefill_more_sms():
@@ -41,24 +41,10 @@ def test_advice_is_an_sglang_config(tmp_path):
     groups = loaded.levels(132, 9)
     for lv in levels:  # SGLang's rule picks the advised split for every batch in its range
         for bs in (lv.first_batch, lv.last_batch):
-            i = policy.choose_group(groups, bs, True, manual_divisions=loaded.manual_divisions)
+            i = loaded.choose_level(groups, bs, True)
             assert groups[i] == (lv.prefill_sms, lv.decode_sms)
 
 
 def test_an_unreachable_target_is_explained():
     with pytest.raises(PdmuxError, match="no split meets 2.0 ms: even 124 decode SMs take"):
         advise.advise(curve(66), QWEN, 132, 9, 2.0, 2048)
-
-
-def test_levels_cli_advises_from_the_h200_calibration(tmp_path, capsys):
-    from pdmux_triton import cli
-
-    out = tmp_path / "advised.yaml"
-    assert cli.main(["levels", "--gpu", "h200", "--calibration",
-                     "bench/results/calibrate-h200.json", "--itl-ms", "20",
-                     "--write-config", str(out)]) == 0
-    assert "decode batch" in capsys.readouterr().out
-    assert policy.load_config(out, 132, 9).manual_divisions
-    assert cli.main(["levels", "--gpu", "h200", "--calibration",
-                     "bench/results/calibrate-h200.json"]) == 2
-    assert "--calibration needs --itl-ms" in capsys.readouterr().err

@@ -6,7 +6,8 @@ import torch
 from conftest import HAS_CUDA
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels import decode_attention, extend_attention
-from reference import PagedKV, assert_close, attention_ref, poisoned
+from pdmux_triton.paged_kv import PagedKV
+from reference import assert_close, attention_ref, poisoned
 
 DEV = "cuda" if HAS_CUDA else "cpu"
 

@@ -1,8 +1,11 @@
-"""The offline compile diagnostic runs on any machine: it needs Triton's bundled ptxas, no GPU."""
+"""The benchmark scripts on a machine without a GPU: the offline compile diagnostic runs (it
+needs Triton's bundled ptxas, no GPU), the measuring scripts say they need one."""
 
 import os
 import subprocess
 import sys
+
+import pytest
 
 
 def test_decode_kernel_compiles_for_sm90_offline():
@@ -34,3 +37,15 @@ def test_inner_loop_is_the_shortest_backward_branch_with_mma():
         "--:-:-:-:5\t@!P0 BRA LBB1;", "--:-:-:-:5\tBRA LBB2;", "LBB3:", "--:-:-:-:5\tBRA LBB3;"])
     assert inner_loop_sass(listing) == ["HMMA R2, R4, R6, R2;", "LDGSTS [R3], [R8];",
                                         "@!P0 BRA LBB1;"]
+
+
+@pytest.mark.parametrize("script", ["bench/bench_kernels.py", "bench/decode_occupancy.py",
+                                    "bench/profile_decode.py"])
+def test_benchmarks_without_a_gpu_say_so_in_one_line(script):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("has a GPU")
+    out = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "torch sees none" in out.stderr
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1

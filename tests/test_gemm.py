@@ -51,17 +51,6 @@ def test_skinny_split_repeated_calls():
         assert_close(out, x.double() @ w.double().T, torch.float32)
 
 
-def test_arrival_counters_made_once_per_stream_and_grown_zeroed():
-    from pdmux_triton.kernels._launch import arrival_counters
-
-    dev = torch.device(DEV)
-    a = arrival_counters(8, dev)
-    assert arrival_counters(8, dev) is a and (a == 0).all()
-    b = arrival_counters(a.numel() + 1, dev)  # outgrown: a new zeroed buffer
-    assert b is not a and b.numel() > a.numel() and (b == 0).all()
-    assert arrival_counters(8, dev) is b
-
-
 def test_strided_x_view():
     big = torch.randn(9, 160, dtype=torch.float16, device=DEV)
     x = big[:, 32:96]  # rows 160 apart: a column slice, as of a fused projection

@@ -1,5 +1,5 @@
-"""The tiny preset end to end on the Triton interpreter (fp32): split prefill and decode agree
-with a whole prefill."""
+"""The decoder: on the tiny preset (the Triton interpreter, fp32) split prefill and decode agree
+with a whole prefill; on the GPU the real preset's split prefill is bit-exact."""
 
 import pytest
 import torch
@@ -7,7 +7,8 @@ import torch
 from conftest import HAS_CUDA
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.hardware import model_preset
-from pdmux_triton.model import Budget, DecodeBatch, ExtendBatch, KVCache, Model, Weights
+from pdmux_triton.model import DecodeBatch, ExtendBatch, KVCache, Model, Weights
+from pdmux_triton.partition import Budget
 from reference import REL_TOL, rel_err
 
 DEV = "cuda" if HAS_CUDA else "cpu"
@@ -69,3 +70,20 @@ def test_layer_range_errors():
         model.extend_layers(batch, 1, 3)
     with pytest.raises(PdmuxError, match="resumed at layer 1 needs the hidden states"):
         model.extend_layers(batch, 1, 2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cuts", [[8], [1, 2, 3], [5, 7]])
+def test_split_prefill_is_bit_exact_on_the_preset(cuts):
+    qwen, layers, n = model_preset("qwen3-8b"), 8, 1500
+    model = Model(Weights(qwen, "cuda", layers=layers), KVCache(qwen, 512, 16, "cuda", layers=layers),
+                  max_positions=4096)
+    pos = torch.arange(n, device="cuda")
+    table = torch.randperm(512, device="cuda")[:94].to(torch.int32)[None]
+    slots = table[0].long()[pos // 16] * 16 + pos % 16
+    batch = ExtendBatch(torch.randint(0, qwen.vocab, (n,), device="cuda"), pos, slots, table, [n], [0])
+    whole = model.extend_layers(batch, 0, layers, budget=Budget(80))
+    h = r = None
+    for a, b in zip([0, *cuts], [*cuts, layers]):
+        h, r = model.extend_layers(batch, a, b, h, r, budget=Budget(80))
+    assert torch.equal(h, whole[0]) and torch.equal(r, whole[1])

@@ -1,25 +1,28 @@
+"""Partition plans: which kind, how many SMs each side gets, and when a level is the whole GPU."""
+
 import pytest
 
 from pdmux_triton import policy
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.partition import PartitionSpec, for_level, whole
+from pdmux_triton.partition import Budget, PartitionSpec, for_level, whole
 
 H100 = policy.stream_groups(132, 9)
 
 
 def test_for_level_maps_every_level():
-    assert for_level(H100, 0, "green") == whole(132)
-    assert for_level(H100, 7, "grid_cap") == whole(132)
-    spec = for_level(H100, 5, "green")
+    assert for_level(H100[0], "green") == whole(132)
+    assert for_level(H100[7], "grid_cap") == whole(132)
+    spec = for_level(H100[5], "green")
     assert (spec.kind, spec.prefill_sms, spec.decode_sms, spec.split_first) == ("green", 80, 52, "prefill")
-    spec.check_green(9)  # every SGLang level is a split the driver can make
-    for i in range(1, 7):
-        for_level(H100, i, "green").check_green(9)
+    for level in H100[1:-1]:  # every SGLang level is a split the driver can make
+        for_level(level, "green").check_green(9)
+    # a decode budget of the whole GPU (a calibration point) is the whole GPU too
+    assert for_level((0, 132), "green", split_first="decode").whole_gpu
 
 
-def test_for_level_rejects_missing_levels():
-    with pytest.raises(PdmuxError, match="level 8 does not exist; levels are 0..7"):
-        for_level(H100, 8, "green")
+def test_budget_is_what_kernels_take():
+    assert Budget(52).kw == {"num_sms": 52, "ctas_per_sm": 1}
+    assert Budget().kw["num_sms"] is None  # the whole GPU
 
 
 @pytest.mark.parametrize("kwargs,message", [
@@ -45,12 +48,3 @@ def test_green_split_rules():
         PartitionSpec("green", 112, 20, 132, split_first="decode").check_green(9)
     # Ampere splits in steps of 2 with parts of at least 4
     PartitionSpec("green", 84, 24, 108).check_green(8)
-
-
-def test_opening_without_a_gpu_is_a_clear_error():
-    import torch
-
-    if torch.cuda.is_available():
-        pytest.skip("has a GPU")
-    with pytest.raises(PdmuxError, match="needs a CUDA GPU"):
-        PartitionSpec("grid_cap", 80, 52, 132).open()

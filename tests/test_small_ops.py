@@ -122,3 +122,18 @@ def test_small_op_errors():
     if not HAS_CUDA:
         with pytest.raises(PdmuxError, match="telemetry needs a GPU"):
             rmsnorm(x, torch.ones(8), sm_ids=torch.zeros(8, dtype=torch.int32))
+
+
+@pytest.mark.gpu
+def test_small_ops_bf16_real_sizes():
+    T, H = 8192, 4096
+    x = torch.randn(T, H, dtype=torch.bfloat16, device="cuda")
+    res = torch.randn(T, H, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(H, dtype=torch.bfloat16, device="cuda")
+    summed = (x.double() + res.double()).to(torch.bfloat16).double()
+    out = rmsnorm(x, w, 1e-6, residual=res, num_sms=80)
+    ref = summed * torch.rsqrt(summed.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
+    assert_close(out, ref, torch.bfloat16)
+    gu = torch.randn(T, 2 * 12288, dtype=torch.bfloat16, device="cuda")
+    g, u = gu.double()[:, :12288], gu.double()[:, 12288:]
+    assert_close(silu_mul(gu, num_sms=80), torch.nn.functional.silu(g) * u, torch.bfloat16)

@@ -1,14 +1,16 @@
-"""GPU-only kernel checks: bf16 at real sizes, SM-id telemetry, and every kernel on a 16-SM
-green context with a 132-program grid giving the same result as on the whole GPU."""
+"""Green contexts through cuda.bindings: every kernel on a 16-SM partition with a 132-program
+grid gives the same result as on the whole GPU and stays on the partition's SMs; several decode
+programs per SM stay there too (GPU only)."""
 
 import pytest
 import torch
 
+from pdmux_triton.greenctx import split_green
 from pdmux_triton.kernels import (decode_attention, extend_attention, linear, rmsnorm, rope_,
                                   rope_cache, silu_mul, store_kv, stream_read)
-from reference import PagedKV, assert_close, attention_ref, poisoned
+from pdmux_triton.paged_kv import PagedKV
+from reference import assert_close, attention_ref, poisoned
 
-pytestmark = pytest.mark.gpu
 BF16 = torch.bfloat16
 
 
@@ -71,14 +73,13 @@ def _flat(result):
 
 @pytest.fixture(scope="module")
 def green16():
-    from pdmux_triton.greenctx import split_green
-
     total = torch.cuda.get_device_properties(0).multi_processor_count
     split = split_green(16, total - 16)
     yield split.first
     split.close()
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_kernel_on_a_16_sm_green_context_matches_whole_gpu(name, green16):
     run = CASES[name]
@@ -92,6 +93,7 @@ def test_kernel_on_a_16_sm_green_context_matches_whole_gpu(name, green16):
     assert 0 < used.numel() <= green16.sms, f"{name} ran on {used.numel()} SMs of a {green16.sms}-SM partition"
 
 
+@pytest.mark.gpu
 def test_decode_attention_three_ctas_per_sm_on_a_green_context(green16):
     # the launcher's 3-stage config for several programs per SM: all 48 run on the
     # partition's SMs and the merged result matches a float64 reference
@@ -109,61 +111,3 @@ def test_decode_attention_three_ctas_per_sm_on_a_green_context(green16):
     for b in range(len(lens)):
         k, v = kv.dense(b)
         assert_close(out[b], attention_ref(q[b:b + 1].cpu(), k, v)[0], BF16)
-
-
-@pytest.mark.parametrize("budget", [1, 8, 52, 132])
-def test_sm_telemetry_covers_every_program(budget):
-    ids = torch.full((budget + 4,), -7, dtype=torch.int32, device="cuda")
-    grid = stream_read(torch.randn(1 << 24, device="cuda"), num_sms=budget, sm_ids=ids).numel()
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    assert grid == budget
-    assert ((ids[:grid] >= 0) & (ids[:grid] < sms)).all()
-    assert (ids[grid:] == -7).all()  # nothing past the grid is written
-
-
-def test_small_ops_bf16_real_sizes():
-    T, H = 8192, 4096
-    x = torch.randn(T, H, dtype=BF16, device="cuda")
-    res = torch.randn(T, H, dtype=BF16, device="cuda")
-    w = torch.randn(H, dtype=BF16, device="cuda")
-    summed = (x.double() + res.double()).to(BF16).double()
-    out = rmsnorm(x, w, 1e-6, residual=res, num_sms=80)
-    ref = summed * torch.rsqrt(summed.pow(2).mean(-1, keepdim=True) + 1e-6) * w.double()
-    assert_close(out, ref, BF16)
-    gu = torch.randn(T, 2 * 12288, dtype=BF16, device="cuda")
-    g, u = gu.double()[:, :12288], gu.double()[:, 12288:]
-    assert_close(silu_mul(gu, num_sms=80), torch.nn.functional.silu(g) * u, BF16)
-
-
-@pytest.mark.parametrize("warm_up_on_capture_stream", [True, False])
-def test_counted_merges_replay_from_a_cuda_graph(warm_up_on_capture_stream):
-    """Decode attention and the skinny GEMM's even split finish cut pieces through per-stream
-    arrival counters that each call leaves zero: replays of a captured graph on new inputs stay exact,
-    whether the counters were made before the capture (warm-up on the capturing stream) or
-    inside it (zeroed by the graph itself)."""
-    torch.manual_seed(1)
-    kv = PagedKV([3000, 17, 900, 5000], 8, 128, 16, BF16, "cuda")
-    lens = torch.tensor(kv.lens, dtype=torch.int32, device="cuda")
-    q = torch.randn(4, 32, 128, dtype=BF16, device="cuda")
-    x = torch.randn(8, 4096, dtype=BF16, device="cuda")
-    w = torch.randn(1024, 4096, dtype=BF16, device="cuda") / 64  # 16 tiles: split on any GPU
-    stream = torch.cuda.Stream()
-
-    def step():
-        return (decode_attention(q, kv.k_cache, kv.v_cache, kv.page_table, lens, 16, 5000),
-                linear(x, w))
-    if warm_up_on_capture_stream:
-        with torch.cuda.stream(stream):
-            step()
-        stream.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        att, y = step()
-    for _ in range(2):
-        q.normal_()
-        x.normal_()
-        graph.replay()
-        torch.cuda.synchronize()
-        ref_att = decode_attention(q, kv.k_cache, kv.v_cache, kv.page_table, lens, 16, 5000)
-        torch.testing.assert_close(att, ref_att, rtol=0, atol=0)  # same kernel, same order
-        assert_close(y, x.double() @ w.double().T, BF16)

@@ -1,104 +1,35 @@
 """Kernel benchmark: every kernel against its baseline in one process, on one GPU.
 
-Writes <out>/kernels-<gpu>.json (rows, the SM-budget curves and the summary the Kernels issue
-names) after every section, so a crash loses little, and prints a short table last.
-Ratios, not absolute numbers, are the result: baselines (cuBLAS, SDPA, the streaming read)
-are measured in the same run.
+Writes <out>/kernels-<gpu>.json (rows, the SM-budget curves and the summary of figures the
+kernels are judged by) after every section, so a crash loses little, and prints a short table
+last. Ratios, not absolute numbers, are the result: baselines (cuBLAS, SDPA, the streaming
+read) are measured in the same run.
 
-    python bench/kernels.py --out bench/results [--quick]
+    python bench/bench_kernels.py --out bench/results [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import functools
-import json
 import math
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
-import triton
-from triton.testing import do_bench
 
+from common import (BF16, LINEARS, MODEL, PAGE_SIZE, Results, attention_flops, cycle,
+                    decode_cases, decode_inputs, require_gpu, rotating, same_bytes_buffers,
+                    stream_same_bytes, t_eager, t_graph, t_interleaved)
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.greenctx import split_green
 from pdmux_triton.hardware import detect_gpu
 from pdmux_triton.kernels import (AttnConfig, GemmConfig, decode_attention, extend_attention,
                                   linear, rmsnorm, rope_, rope_cache, silu_mul, stream_read)
 from pdmux_triton.measure import time_alone
+from pdmux_triton.paged_kv import PagedKV
 
-BF16 = torch.bfloat16
-QWEN3_8B_LINEARS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096),
-                    "down": (4096, 12288)}
-Q_HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
 CURVE_BUDGETS = list(range(8, 129, 8)) + [132]
 SCALING_BUDGETS = [72, 80, 88, 96, 104, 112]
-
-
-class Results:
-    """Rows and curves, saved as JSON after each section."""
-
-    def __init__(self, path: Path, gpu: str):
-        self.path = path
-        self.data = {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__,
-                     "date": datetime.date.today().isoformat(),
-                     "device": torch.cuda.get_device_name(), "rows": [], "curves": {},
-                     "summary": {}}
-        self.t0 = time.time()
-
-    def row(self, **row):
-        self.data["rows"].append(row)
-        shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in row.items()}
-        print(f"[{time.time() - self.t0:6.1f}s] {shown}", flush=True)
-        return row
-
-    def save(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(json.dumps(self.data, indent=1))
-
-
-@functools.cache
-def _bench_stream() -> torch.cuda.Stream:
-    return torch.cuda.Stream()
-
-
-def t_graph(fn) -> float:
-    """Median ms of one call, replayed from a CUDA graph of back-to-back calls (launch gaps out
-    of the number). Warm-up and capture share one stream, as in the executor: the kernels'
-    per-stream arrival counters are then made before the capture, not zeroed inside it."""
-    return time_alone(fn, _bench_stream(), graph=True, target_ms=40.0, repeats=5)
-
-
-def t_eager(fn) -> float:
-    return do_bench(fn, warmup=20, rep=80, return_mode="median")
-
-
-def t_interleaved(*fns, rounds: int = 3) -> list[float]:
-    """Median ms of each fn, timed in turns (a, b, a, b, ...). Compute-bound kernels move the
-    GPU's clock with its power draw (cuBLAS's qkv GEMM read 785 and then 696 TFLOP/s in one
-    run); timing one side after the other would hand that drift to one side of a ratio."""
-    times = [[] for _ in fns]
-    for _ in range(rounds):
-        for t, fn in zip(times, fns):
-            t.append(t_eager(fn))
-    return [statistics.median(t) for t in times]
-
-
-def rotating(make, nbytes_each: int, l2_bytes: int):
-    """Enough copies of an input that cycling through them never hits in L2."""
-    copies = max(2, math.ceil(3 * l2_bytes / max(1, nbytes_each)) + 1)
-    return [make() for _ in range(copies)]
-
-
-def cycle(items):
-    state = {"i": 0}
-
-    def next_item():
-        state["i"] = (state["i"] + 1) % len(items)
-        return items[state["i"]]
-    return next_item
 
 
 # --- streaming read ------------------------------------------------------------------------
@@ -142,7 +73,7 @@ PREFILL_ALTERNATES = [GemmConfig(128, 256, 64, 8, 3), GemmConfig(128, 128, 64, 8
 def bench_gemm(res: Results, sms: int, quick: bool):
     M = 8192
     ratios, scaling = [], []
-    for name, (N, K) in QWEN3_8B_LINEARS.items():
+    for name, (N, K) in LINEARS.items():
         x = torch.randn(M, K, dtype=BF16, device="cuda")
         w = torch.randn(N, K, dtype=BF16, device="cuda") / K ** 0.5
         flops = 2 * M * N * K
@@ -188,28 +119,16 @@ def _decode_linear_case(M, N, K, l2):
     return x, cycle(ws)
 
 
-def same_bytes_buffers(nbytes: int, l2: int):
-    """Random buffers of `nbytes`, enough of them to cycle past L2."""
-    return cycle(rotating(lambda: torch.randint(-2**31, 2**31 - 1, (nbytes // 4,),
-                                                dtype=torch.int32, device="cuda"), nbytes, l2))
-
-
-def stream_same_bytes(bufs, nbytes: int, sms: int, **stream_config) -> float:
-    """TB/s of the streaming read over buffers of `nbytes` (from `same_bytes_buffers`): the
-    ceiling of one kernel that reads that much, launch ramp and tail included."""
-    return nbytes / t_graph(lambda: stream_read(bufs(), num_sms=sms, **stream_config)) / 1e9
-
-
 def bench_decode_linear(res: Results, sms: int, l2: int, stream_tbps: float, quick: bool):
     fracs = []
-    for name, (N, K) in QWEN3_8B_LINEARS.items():
+    for name, (N, K) in LINEARS.items():
         tbps = stream_same_bytes(same_bytes_buffers(N * K * 2, l2), N * K * 2, sms)
         res.row(kernel="stream_read_same_bytes", shape=name, MB=N * K * 2 / 1e6, sms=sms,
                 tbps=tbps, frac_of_stream=tbps / stream_tbps,
                 note="the ceiling of one kernel reading this weight's bytes")
         torch.cuda.empty_cache()
     for M in (1, 8, 32, 64):
-        for name, (N, K) in QWEN3_8B_LINEARS.items():
+        for name, (N, K) in LINEARS.items():
             x, next_w = _decode_linear_case(M, N, K, l2)
             nbytes = N * K * 2
             ms = t_graph(lambda: linear(x, next_w(), num_sms=sms))
@@ -225,8 +144,8 @@ def bench_decode_linear(res: Results, sms: int, l2: int, stream_tbps: float, qui
                     res.row(kernel="decode_linear", config=str(cfg), shape=name, M=M, sms=sms,
                             ms=ms_alt, tbps=nbytes / ms_alt / 1e9)
             torch.cuda.empty_cache()
-    x, next_w = _decode_linear_case(32, *QWEN3_8B_LINEARS["gate_up"], l2)
-    nbytes = QWEN3_8B_LINEARS["gate_up"][0] * QWEN3_8B_LINEARS["gate_up"][1] * 2
+    x, next_w = _decode_linear_case(32, *LINEARS["gate_up"], l2)
+    nbytes = LINEARS["gate_up"][0] * LINEARS["gate_up"][1] * 2
     curve = {k: nbytes / t_graph(lambda: linear(x, next_w(), num_sms=k)) / 1e9
              for k in CURVE_BUDGETS}
     res.data["curves"]["decode_linear_gate_up_m32_tbps"] = curve
@@ -236,42 +155,6 @@ def bench_decode_linear(res: Results, sms: int, l2: int, stream_tbps: float, qui
 
 # --- decode attention ----------------------------------------------------------------------
 
-def paged_cache(lens, page_size, seed=0):
-    """Random bf16 K/V for `lens`, on shuffled pages (a pool after churn), and the page table."""
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    pages_per = [triton.cdiv(n, page_size) for n in lens]
-    total = sum(pages_per)
-    order = torch.randperm(total, device="cuda", generator=g).to(torch.int32)
-    table = torch.zeros((len(lens), max(pages_per)), dtype=torch.int32, device="cuda")
-    start = 0
-    for b, n in enumerate(pages_per):
-        table[b, :n] = order[start:start + n]
-        start += n
-    shape = (total * page_size, KV_HEADS, HEAD_DIM)
-    k = torch.randn(shape, dtype=BF16, device="cuda", generator=g)
-    v = torch.randn(shape, dtype=BF16, device="cuda", generator=g)
-    return k, v, table
-
-
-def decode_cases():
-    g = torch.Generator().manual_seed(1)
-    ragged = torch.randint(100, 16001, (32,), generator=g).tolist()
-    return {"32x2048": [2048] * 32, "32x8192": [8192] * 32, "8x32768": [32768] * 8,
-            "ragged32_100_16000": ragged}
-
-
-def decode_inputs(lens):
-    """Paged K/V (page size 16), the page table, one query token per request, the lengths."""
-    k, v, table = paged_cache(lens, 16)
-    q = torch.randn(len(lens), Q_HEADS, HEAD_DIM, dtype=BF16, device="cuda")
-    return k, v, table, q, torch.tensor(lens, dtype=torch.int32, device="cuda")
-
-
-def kv_bytes(lens) -> int:
-    """Bytes of K and V a decode step reads for these lengths."""
-    return sum(lens) * KV_HEADS * HEAD_DIM * 2 * 2
-
-
 DECODE_ATTN_ALTERNATES = [AttnConfig(16, 32, 4, 4), AttnConfig(16, 64, 4, 4), AttnConfig(16, 128, 4, 3),
                           AttnConfig(16, 128, 8, 3), AttnConfig(16, 64, 8, 4), AttnConfig(16, 32, 2, 4),
                           AttnConfig(16, 64, 2, 3)]
@@ -280,11 +163,12 @@ DECODE_ATTN_ALTERNATES = [AttnConfig(16, 32, 4, 4), AttnConfig(16, 64, 4, 4), At
 def bench_decode_attention(res: Results, sms: int, stream_tbps: float, quick: bool):
     fracs = []
     for name, lens in decode_cases().items():
-        k, v, table, q, seq = decode_inputs(lens)
-        nbytes = kv_bytes(lens)
+        kv, q = decode_inputs(lens)
+        nbytes = kv.kv_bytes()
 
         def run(budget=sms):
-            return decode_attention(q, k, v, table, seq, 16, max(lens), num_sms=budget)
+            return decode_attention(q, kv.k_cache, kv.v_cache, kv.page_table, kv.seq_lens,
+                                    PAGE_SIZE, max(lens), num_sms=budget)
         ms = t_graph(run)
         tbps = nbytes / ms / 1e9
         fracs.append(tbps / stream_tbps)
@@ -292,8 +176,9 @@ def bench_decode_attention(res: Results, sms: int, stream_tbps: float, quick: bo
                 frac_of_stream=tbps / stream_tbps)
         for cfg in ([] if quick or name == "8x32768" else DECODE_ATTN_ALTERNATES):
             for ctas in (1, 2):
-                ms_alt = t_graph(lambda: decode_attention(q, k, v, table, seq, 16, max(lens),
-                                                          num_sms=sms, ctas_per_sm=ctas, config=cfg))
+                ms_alt = t_graph(lambda: decode_attention(
+                    q, kv.k_cache, kv.v_cache, kv.page_table, kv.seq_lens, PAGE_SIZE, max(lens),
+                    num_sms=sms, ctas_per_sm=ctas, config=cfg))
                 res.row(kernel="decode_attention", case=name, config=str(cfg), ctas_per_sm=ctas,
                         ms=ms_alt, tbps=nbytes / ms_alt / 1e9)
         if name == "32x8192":
@@ -312,9 +197,6 @@ def bench_decode_attention_green(res: Results, sms: int):
     """Decode attention on green contexts of 16 and 64 SMs at 1-3 programs per SM: the
     occupancy a real partition allows (a capped grid on the whole GPU must stay at one per SM
     to emulate one). Rows only: the issue's figures are at the whole GPU."""
-    from pdmux_triton.errors import PdmuxError
-    from pdmux_triton.greenctx import split_green
-
     try:
         splits = {k: split_green(k, sms - k) for k in GREEN_BUDGETS}
     except PdmuxError as e:
@@ -323,12 +205,13 @@ def bench_decode_attention_green(res: Results, sms: int):
     table = res.data["decode_attention_green_tbps"] = {}
     try:
         for name, lens in decode_cases().items():
-            k, v, page_table, q, seq = decode_inputs(lens)
-            nbytes = kv_bytes(lens)
+            kv, q = decode_inputs(lens)
+            nbytes = kv.kv_bytes()
             for budget, split in splits.items():
                 for ctas in GREEN_CTAS:
                     def run():
-                        return decode_attention(q, k, v, page_table, seq, 16, max(lens),
+                        return decode_attention(q, kv.k_cache, kv.v_cache, kv.page_table,
+                                                kv.seq_lens, PAGE_SIZE, max(lens),
                                                 num_sms=budget, ctas_per_sm=ctas)
                     ms = time_alone(run, split.first.stream, graph=True, target_ms=40.0,
                                     repeats=5)
@@ -352,18 +235,19 @@ PREFILL_ATTN_ALTERNATES = [AttnConfig(128, 64, 8, 3), AttnConfig(128, 128, 8, 2)
 
 def bench_prefill_attention(res: Results, sms: int, quick: bool):
     T = 8192
-    kc, vc, table = paged_cache([T], 16)
+    cache = PagedKV([T], MODEL.kv_heads, MODEL.head_dim, PAGE_SIZE, BF16, "cuda", spare_pages=0)
     # q, k, v as the model has them: views of one QKV projection output
-    qkv = torch.randn(T, (Q_HEADS + 2 * KV_HEADS) * HEAD_DIM, dtype=BF16, device="cuda")
-    q, k, v = qkv.split([Q_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM], dim=1)
-    q, k, v = (t.view(T, -1, HEAD_DIM) for t in (q, k, v))
-    flops = 4 * Q_HEADS * HEAD_DIM * T * T / 2
+    qkv = torch.randn(T, MODEL.q_dim + 2 * MODEL.kv_dim, dtype=BF16, device="cuda")
+    q, k, v = qkv.split([MODEL.q_dim, MODEL.kv_dim, MODEL.kv_dim], dim=1)
+    q, k, v = (t.view(T, -1, MODEL.head_dim) for t in (q, k, v))
+    flops = attention_flops(T)
     sdpa = torch.nn.functional.scaled_dot_product_attention
     qs, ks, vs = (t.transpose(0, 1).unsqueeze(0).contiguous() for t in (q, k, v))
     ref = sdpa(qs, ks, vs, is_causal=True, enable_gqa=True)[0].transpose(0, 1)
 
     def run(**kw):
-        return extend_attention(q, k, v, kc, vc, table, [T], [0], 16, num_sms=sms, **kw)
+        return extend_attention(q, k, v, cache.k_cache, cache.v_cache, cache.page_table, [T], [0],
+                                PAGE_SIZE, num_sms=sms, **kw)
     out = run()
     err = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
     ms_ref, ms = t_interleaved(lambda: sdpa(qs, ks, vs, is_causal=True, enable_gqa=True), run)
@@ -409,9 +293,7 @@ def main(argv=None) -> int:
                    "gemm, decode_linear, decode_attention, prefill_attention, small_ops")
     args = p.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
-    if not torch.cuda.is_available():
-        print("bench/kernels.py needs a CUDA GPU", file=sys.stderr)
-        return 2
+    require_gpu("bench/bench_kernels.py")
     gpu = detect_gpu()
     sms, l2 = gpu.sms, int(gpu.l2_mib * 2**20)
     res = Results(Path(args.out) / f"kernels-{gpu.name}.json", gpu.name)

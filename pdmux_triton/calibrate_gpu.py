@@ -1,0 +1,71 @@
+"""S_SAT calibration on the GPU: measure every point of a sweep plan not yet in the store, each
+workload on its SM budget (grid cap or green context), alone and beside a prefill on the
+other SMs. Points are saved as they are measured (`calibrate.PointStore`)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import torch
+
+from pdmux_triton.calibrate import STATES, PointKey, PointStore, SweepPlan
+from pdmux_triton.hardware import model_preset
+from pdmux_triton.measure import time_alone, time_corun
+from pdmux_triton.partition import for_level
+from pdmux_triton.streams import Partition
+from pdmux_triton.workloads import PrefillLayers, make_decode_workload
+
+
+def run_sweep(plan: SweepPlan, store: PointStore, log=print) -> None:
+    """Measure every point of the plan not already in the store."""
+    todo = [k for k in plan.keys() if not store.has(k)]
+    log(f"calibrate: {len(todo)} points to measure ({len(list(plan.keys())) - len(todo)} already saved)")
+    if not todo:
+        return
+    total = torch.cuda.get_device_properties(0).multi_processor_count
+    spec = model_preset(plan.model)
+    workloads = {name: make_decode_workload(name, spec, plan.batch, plan.context)
+                 for name in plan.workloads}
+    prefill = PrefillLayers(spec, plan.prefill_tokens, layers=2) if plan.corun else None
+    started = time.time()
+    by_partition: dict[tuple, list[PointKey]] = {}
+    for key in todo:
+        by_partition.setdefault((key.kind, key.sms), []).append(key)
+    # coarse coverage first (every other budget, both kinds), so a cut-short run still has
+    # whole curves to fit; the rerun fills in the rest
+    order = list(plan.budgets[::2]) + list(plan.budgets[1::2])
+    done = 0
+    for (kind, sms), keys in sorted(by_partition.items(),
+                                    key=lambda item: (order.index(item[0][1]), item[0][0])):
+        # decode split off first, so its budget can be any multiple of the granularity
+        spec_p = for_level((total - sms, sms), kind, total, split_first="decode")
+        # alone points first: a corun point reuses its alone time
+        keys.sort(key=lambda k: STATES.index(k.state))
+        with Partition.open(spec_p) as part:
+            prefill_alone = None
+            pbudget = part.prefill_budget
+            for key in keys:
+                wl = workloads[key.workload]
+                budget = replace(part.decode_budget, ctas_per_sm=key.ctas_per_sm)
+                alone_key = PointKey(key.workload, kind, key.ctas_per_sm, "alone", sms)
+                if store.has(alone_key):
+                    alone = store.points[alone_key.as_tuple()]["ms"]
+                else:
+                    alone = time_alone(lambda: wl.run(budget), part.decode_stream, graph=True)
+                    store.add(alone_key, ms=alone, tbps=wl.rate(alone), realized_sms=part.decode_sms)
+                if key.state == "corun":
+                    if prefill_alone is None:
+                        prefill_alone = time_alone(lambda: prefill.run(pbudget),
+                                                   part.prefill_stream, graph=False, repeats=1)
+                    co = time_corun(lambda: wl.run(budget), part.decode_stream, True, alone,
+                                    lambda: prefill.run(pbudget), part.prefill_stream, False,
+                                    prefill_alone)
+                    store.add(key, ms=co.ms, tbps=wl.rate(co.ms), covered=co.covered,
+                              alone_tbps=wl.rate(alone), prefill_sms=part.prefill_sms,
+                              realized_sms=part.decode_sms)
+                done += 1
+                point = store.points[key.as_tuple()]
+                eta = (time.time() - started) / done * (len(todo) - done)
+                log(f"[{done}/{len(todo)} eta {eta:.0f}s] {key.workload} {kind} "
+                    f"ctas={key.ctas_per_sm} {key.state} {sms} SMs: {point['tbps']:.2f} TB/s")

@@ -1,0 +1,181 @@
+"""The cost model every consumer shares: what a decode step reads, what a prefill computes, and
+the rates both run at on a share of the SMs. Pure Python (numpy for interpolation).
+
+Decode is bandwidth-bound: a step reads every weight once and the whole KV cache of its batch.
+Its rate on `sms` SMs is either the chapter's law, peak * min(1, SMs / S_SAT), or a calibration's
+measured curve (alone on the GPU, or beside a running prefill). Prefill is compute-bound: linear
+FLOPs, causal attention FLOPs and the LM head over the rows it samples, at the bf16 rate times an
+MFU, in proportion to its share of the SMs.
+
+`estimate`, the simulated executor, `advise`, the calibration workloads and the benchmarks all
+count bytes and FLOPs here, so an estimate and a simulation of the same scenario agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.hardware import ModelSpec
+
+DTYPE_BYTES = 2  # bf16 weights and KV cache
+
+
+# --- what the work is ----------------------------------------------------------------------
+
+def weight_bytes(model: ModelSpec) -> float:
+    """Every weight a decode step reads once: all layers' linears and the LM head."""
+    return DTYPE_BYTES * model.linear_params
+
+
+def kv_bytes(model: ModelSpec, tokens: int) -> float:
+    """K and V of `tokens` cached tokens over all layers."""
+    return tokens * model.kv_bytes_per_token(DTYPE_BYTES)
+
+
+def decode_step_bytes(model: ModelSpec, context_tokens: int) -> float:
+    """One decode step of a batch whose requests hold `context_tokens` cached tokens in all."""
+    return weight_bytes(model) + kv_bytes(model, context_tokens)
+
+
+def attention_flops(model: ModelSpec, tokens: int, prefix: int = 0, layers: int | None = None) -> float:
+    """Causal attention of `tokens` new queries after `prefix` cached keys: QK^T and PV, each
+    2 FLOPs per (query, key, q-dimension) pair."""
+    layers = model.layers if layers is None else layers
+    return 4 * layers * model.q_dim * (tokens * prefix + tokens * tokens / 2)
+
+
+def layer_flops(model: ModelSpec, tokens: int, prefix: int = 0, layers: int | None = None) -> float:
+    """`layers` transformer layers over `tokens` new tokens: linears plus attention."""
+    layers = model.layers if layers is None else layers
+    return 2 * model.layer_linear_params * tokens * layers + attention_flops(model, tokens, prefix,
+                                                                             layers)
+
+
+def lm_head_flops(model: ModelSpec, rows: int) -> float:
+    """The LM head over the rows that sample a token (one per sequence, not every prompt token)."""
+    return 2 * model.vocab * model.hidden * rows
+
+
+def prefill_flops(model: ModelSpec, tokens: int, prefix: int = 0) -> float:
+    """A whole prefill of one sequence: every layer, then the LM head over its last row."""
+    return layer_flops(model, tokens, prefix) + lm_head_flops(model, 1)
+
+
+def decode_flops(model: ModelSpec, batch: int) -> float:
+    """The linears and LM head of one decode token for each of `batch` requests."""
+    return 2 * model.linear_params * batch
+
+
+# --- how fast it runs ----------------------------------------------------------------------
+
+class DecodeRate(Protocol):
+    def tbps(self, sms: int, corun: bool) -> float:
+        """TB/s a decode step reaches on `sms` SMs, alone or beside a running prefill."""
+
+
+@dataclass(frozen=True)
+class SaturationLaw:
+    """The chapter's model: bandwidth grows linearly with SMs up to S_SAT, then holds."""
+
+    peak_tbps: float
+    s_sat: float
+
+    def __post_init__(self):
+        _check_positive("decode peak TB/s", self.peak_tbps)
+        _check_positive("S_SAT", self.s_sat)
+
+    def tbps(self, sms: int, corun: bool) -> float:
+        return self.peak_tbps * min(1.0, sms / self.s_sat)
+
+
+@dataclass(frozen=True)
+class MeasuredCurve:
+    """A calibration's decode-step TB/s at measured SM budgets, read between them and held at
+    the ends; beside a prefill when that curve was measured, else alone. Near S_SAT the measured
+    rate bends below the law's straight line, so a calibrated estimate reads these points."""
+
+    alone: tuple[tuple[int, float], ...]
+    corun: tuple[tuple[int, float], ...] = ()
+    source: str = ""
+
+    def __post_init__(self):
+        if not self.alone:
+            raise PdmuxError(f"a measured decode curve needs points alone on the GPU{self._named}")
+        for sms, rate in (*self.alone, *self.corun):
+            if not (sms > 0 and np.isfinite(rate) and rate > 0):
+                raise PdmuxError(f"a measured decode curve has a bad point ({sms} SMs, {rate} TB/s)"
+                                 f"{self._named}")
+
+    @property
+    def _named(self) -> str:
+        return f" ({self.source})" if self.source else ""
+
+    def tbps(self, sms: int, corun: bool) -> float:
+        points = self.corun if corun and self.corun else self.alone
+        budgets, rates = zip(*points)
+        return float(np.interp(sms, budgets, rates))
+
+
+@dataclass(frozen=True)
+class PrefillRate:
+    """bf16 FLOP/s a prefill reaches on a share of the SMs: the peak times an MFU times the share.
+
+    `mfu` holds (prefill SMs, MFU) points, read between them and held at the ends: one point
+    for a fixed MFU, or the MFU a comparison measured co-running at each level."""
+
+    peak_tflops: float
+    total_sms: int
+    mfu: tuple[tuple[int, float], ...]
+
+    def __post_init__(self):
+        _check_positive("peak bf16 TFLOP/s", self.peak_tflops)
+        if not self.mfu:
+            raise PdmuxError("a prefill rate needs at least one MFU")
+        for sms, mfu in self.mfu:
+            if not 0 < mfu <= 1:
+                raise PdmuxError(f"MFU must be in (0, 1], got {mfu} at {sms} SMs")
+
+    @classmethod
+    def fixed(cls, peak_tflops: float, total_sms: int, mfu: float) -> "PrefillRate":
+        return cls(peak_tflops, total_sms, ((total_sms, mfu),))
+
+    def mfu_at(self, sms: int) -> float:
+        budgets, mfus = zip(*sorted(self.mfu))
+        return float(np.interp(sms, budgets, mfus))
+
+    def flops_per_s(self, sms: int) -> float:
+        return self.peak_tflops * 1e12 * self.mfu_at(sms) * sms / self.total_sms
+
+
+def _check_positive(name: str, value: float) -> None:
+    if not (isinstance(value, (int, float)) and np.isfinite(value) and value > 0):
+        raise PdmuxError(f"{name} must be a finite number > 0, got {value!r}")
+
+
+# --- times ---------------------------------------------------------------------------------
+
+def decode_step_s(model: ModelSpec, rate: DecodeRate, context_tokens: int, sms: int,
+                  corun: bool) -> float:
+    return decode_step_bytes(model, context_tokens) / (rate.tbps(sms, corun) * 1e12)
+
+
+def compute_s(flops: float, rate: PrefillRate, sms: int) -> float:
+    return flops / rate.flops_per_s(sms)
+
+
+def mixed_step_s(model: ModelSpec, decode: DecodeRate, prefill: PrefillRate, total_sms: int,
+                 decode_context_tokens: int, decode_batch: int, chunk: int, chunk_prefix: int,
+                 samples_chunk: bool) -> float:
+    """One chunked-prefill step on the whole GPU: a prompt chunk and the decode batch in one
+    forward, bound by its compute or by reading the weights and the batch's KV, whichever is
+    slower."""
+    flops = (decode_flops(model, decode_batch) + layer_flops(model, chunk, chunk_prefix)
+             + lm_head_flops(model, int(samples_chunk)))
+    compute = compute_s(flops, prefill, total_sms)
+    memory = (decode_step_s(model, decode, decode_context_tokens, total_sms, False)
+              if decode_batch else 0.0)
+    return max(compute, memory)

@@ -1,0 +1,175 @@
+"""Result files: what every one carries (provenance), writing them, and reading back the two a
+later run builds on, a calibration (`calibrate-<gpu>.json`) and a comparison
+(`compare-<gpu>.json`). Torch-free: readers raise the project's error on a file that is missing,
+empty, not JSON, of another kind, or measured on another GPU.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from pdmux_triton import __version__
+from pdmux_triton.cost import MeasuredCurve, PrefillRate
+from pdmux_triton.errors import PdmuxError
+
+_REPO = Path(__file__).resolve().parent.parent
+
+
+def _git_commit() -> str | None:
+    """The checkout's commit when the package runs from one (with '+dirty' for local edits)."""
+    if not (_REPO / ".git").exists():
+        return None
+    try:
+        head = subprocess.run(["git", "-C", str(_REPO), "rev-parse", "HEAD"], capture_output=True,
+                              text=True, timeout=5)
+        dirty = subprocess.run(["git", "-C", str(_REPO), "status", "--porcelain",
+                                "--untracked-files=no"], capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def _version_of(package: str) -> str | None:
+    """The version of an imported package as it reports itself, else its installed metadata's
+    (so nothing heavy is imported to write a result)."""
+    module = sys.modules.get(package)
+    if module is not None and isinstance(getattr(module, "__version__", None), str):
+        return module.__version__
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def provenance(gpu: str | None) -> dict:
+    """Who made a result and with what: tool version and commit, Python, torch and triton,
+    the GPU, the date."""
+    return {"tool": "pdmux-triton", "version": __version__, "commit": _git_commit(),
+            "python": platform.python_version(), "torch": _version_of("torch"),
+            "triton": _version_of("triton"), "gpu": gpu,
+            "date": datetime.date.today().isoformat()}
+
+
+def write_json(path: str | Path, data: dict) -> Path:
+    """Write atomically (a crash mid-write leaves the previous file, never half of one)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
+    return path
+
+
+def read_json(path: str | Path, what: str) -> dict:
+    """A JSON object from `path`, or one clear error naming the file and what was expected."""
+    path = Path(path)
+    if path.is_dir():
+        raise PdmuxError(f"{what} {path} is a directory, not a file")
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise PdmuxError(f"cannot read {what} {path}: {err.strerror}") from None
+    if not raw.strip():
+        raise PdmuxError(f"{what} {path} is empty")
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise PdmuxError(f"{what} {path} is not JSON") from None
+    if not isinstance(data, dict):
+        raise PdmuxError(f"{what} {path} holds a JSON {type(data).__name__}, not an object")
+    return data
+
+
+def _check_gpu(data: dict, path: Path, what: str, gpu: str | None) -> str:
+    measured_on = data.get("gpu")
+    if not isinstance(measured_on, str):
+        raise PdmuxError(f"{what} {path} names no GPU: is it a {what} file?")
+    if gpu is not None and measured_on != gpu:
+        raise PdmuxError(f"{path} was measured on {measured_on!r}, not on {gpu!r} (pass "
+                         f"--gpu {measured_on}, or a {what} of {gpu})")
+    return measured_on
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A calibration file: measured points (`rows`) and the S_SAT fits (`summary`)."""
+
+    path: str
+    gpu: str
+    settings: dict
+    rows: tuple[dict, ...]
+    summary: dict
+
+    def decode_points(self, kind: str, state: str) -> tuple[tuple[int, float], ...]:
+        """The decode-step curve, (SMs, TB/s) by budget, at one CTA per SM."""
+        return tuple(sorted((p["sms"], p["tbps"]) for p in self.rows
+                            if p.get("workload") == "decode_step" and p.get("kind") == kind
+                            and p.get("state") == state and p.get("ctas_per_sm") == 1
+                            and "tbps" in p and "sms" in p))
+
+    def decode_curve(self, kind: str) -> MeasuredCurve:
+        alone = self.decode_points(kind, "alone")
+        if not alone:
+            raise PdmuxError(f"{self.path} has no decode_step curve for partition kind {kind!r} "
+                             f"(one CTA per SM, alone)")
+        return MeasuredCurve(alone, self.decode_points(kind, "corun"), self.path)
+
+    def decode_fit(self, kind: str, state: str = "corun") -> dict:
+        """The decode step's S_SAT fit: peak_tbps, s_sat_fit, s_sat_95."""
+        try:
+            fit = self.summary["decode_step"][kind][state]
+            float(fit["peak_tbps"]), float(fit["s_sat_fit"])
+        except (KeyError, TypeError, ValueError):
+            raise PdmuxError(f"{self.path} has no decode_step / {kind} / {state} fit") from None
+        return fit
+
+
+def load_calibration(path: str | Path, gpu: str | None = None) -> Calibration:
+    path = Path(path)
+    data = read_json(path, "calibration")
+    if not isinstance(data.get("rows"), list) or not isinstance(data.get("summary"), dict):
+        raise PdmuxError(f"{path} lacks the rows and summary of a calibration "
+                         f"(made by `pdmux-triton calibrate`)")
+    measured_on = _check_gpu(data, path, "calibration", gpu)
+    rows = tuple(p for p in data["rows"] if isinstance(p, dict))
+    return Calibration(str(path), measured_on, data.get("settings", {}), rows, data["summary"])
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A comparison file: per middle level, each side's rates alone and co-running."""
+
+    path: str
+    gpu: str
+    levels: tuple[dict, ...]
+
+    def prefill_rate(self, kind: str, peak_tflops: float, total_sms: int) -> PrefillRate:
+        """The MFU each level's prefill reached co-running, as a rate over prefill SMs."""
+        try:
+            points = tuple(sorted(
+                (int(lv["prefill_sms"]), float(lv["prefill"][kind]["corun_tflops"])
+                 / (peak_tflops * lv["prefill_sms"] / total_sms)) for lv in self.levels))
+        except (KeyError, TypeError, ValueError):
+            raise PdmuxError(f"{self.path}: the levels lack prefill / {kind} / corun_tflops") from None
+        return PrefillRate(peak_tflops, total_sms, tuple((s, min(1.0, m)) for s, m in points))
+
+
+def load_compare(path: str | Path, gpu: str | None = None) -> Comparison:
+    path = Path(path)
+    data = read_json(path, "comparison")
+    levels = data.get("summary", {}).get("levels") if isinstance(data.get("summary"), dict) else None
+    if not isinstance(levels, list) or not levels:
+        raise PdmuxError(f"{path} lacks the summary levels of a comparison "
+                         f"(made by `pdmux-triton compare`)")
+    measured_on = _check_gpu(data, path, "comparison", gpu)
+    return Comparison(str(path), measured_on, tuple(lv for lv in levels if isinstance(lv, dict)))

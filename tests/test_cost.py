@@ -1,0 +1,73 @@
+"""The shared cost model: what a step reads and computes, and the rates it runs at."""
+
+import pytest
+
+from pdmux_triton import cost
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.hardware import model_preset
+
+QWEN = model_preset("qwen3-8b")
+QWEN32 = model_preset("qwen3-32b")
+
+
+def test_decode_step_reads_weights_and_the_batchs_kv():
+    # Qwen3-8B: 36 layers of 8 KV heads x 128 dims, K and V, bf16
+    assert QWEN.kv_bytes_per_token() == 2 * 36 * 8 * 128 * 2
+    step = cost.decode_step_bytes(QWEN, 32 * 2048)
+    assert step == 2 * QWEN.linear_params + 32 * 2048 * 147456
+
+
+def test_prefill_flops_split_into_chunks_adds_up():
+    whole = cost.layer_flops(QWEN, 8192)
+    parts = sum(cost.layer_flops(QWEN, 1000, s) for s in range(0, 8000, 1000))
+    parts += cost.layer_flops(QWEN, 192, 8000)
+    assert parts == pytest.approx(whole, rel=1e-12)
+    # the LM head runs over the sampled row only, not every prompt token
+    assert cost.prefill_flops(QWEN, 8192) - whole == 2 * QWEN.vocab * QWEN.hidden
+
+
+def test_attention_counts_the_query_width_not_the_hidden_size():
+    # Qwen3-32B: 64 heads x 128 = 8192 query dims over a 5120 hidden size
+    assert cost.attention_flops(QWEN32, 100, layers=1) == 4 * 8192 * 100 * 100 / 2
+    assert cost.attention_flops(QWEN32, 10, prefix=90, layers=2) == 4 * 2 * 8192 * (10 * 90 + 50)
+
+
+def test_the_saturation_law():
+    law = cost.SaturationLaw(4.0, 66)
+    assert law.tbps(33, corun=True) == pytest.approx(2.0)
+    assert law.tbps(132, corun=False) == 4.0
+    with pytest.raises(PdmuxError, match="S_SAT must be a finite number > 0"):
+        cost.SaturationLaw(4.0, float("inf"))
+
+
+def test_a_measured_curve_reads_between_budgets_and_holds_at_the_ends():
+    curve = cost.MeasuredCurve(((16, 1.0), (64, 2.0), (132, 3.0)), ((16, 0.8), (64, 1.6)))
+    assert curve.tbps(40, corun=False) == pytest.approx(1.5)
+    assert curve.tbps(40, corun=True) == pytest.approx(1.2)
+    assert curve.tbps(8, corun=False) == 1.0 and curve.tbps(100, corun=True) == 1.6
+    only_alone = cost.MeasuredCurve(((16, 1.0), (132, 3.0)))
+    assert only_alone.tbps(16, corun=True) == 1.0  # no corun points: alone's
+    with pytest.raises(PdmuxError, match="needs points alone"):
+        cost.MeasuredCurve(())
+    with pytest.raises(PdmuxError, match="bad point"):
+        cost.MeasuredCurve(((16, float("nan")),))
+
+
+def test_prefill_rate_scales_with_the_sm_share_and_reads_mfu_between_levels():
+    fixed = cost.PrefillRate.fixed(1000.0, 100, 0.5)
+    assert fixed.flops_per_s(50) == pytest.approx(250e12)
+    measured = cost.PrefillRate(1000.0, 100, ((40, 0.4), (80, 0.6)))
+    assert measured.mfu_at(60) == pytest.approx(0.5) and measured.mfu_at(100) == 0.6
+    with pytest.raises(PdmuxError, match=r"MFU must be in \(0, 1\]"):
+        cost.PrefillRate(1000.0, 100, ((40, 1.5),))
+
+
+def test_a_mixed_step_is_bound_by_compute_or_by_reading():
+    law = cost.SaturationLaw(3.0, 66)
+    rate = cost.PrefillRate.fixed(989.0, 132, 0.5)
+    small = cost.mixed_step_s(QWEN, law, rate, 132, 32 * 2048, 32, 16, 0, samples_chunk=False)
+    assert small == pytest.approx(cost.decode_step_s(QWEN, law, 32 * 2048, 132, False))
+    big = cost.mixed_step_s(QWEN, law, rate, 132, 32 * 2048, 32, 4096, 0, samples_chunk=True)
+    flops = (cost.decode_flops(QWEN, 32) + cost.layer_flops(QWEN, 4096)
+             + cost.lm_head_flops(QWEN, 1))
+    assert big == pytest.approx(flops / rate.flops_per_s(132))

@@ -1,0 +1,35 @@
+"""What a finished run reports: idle time from busy spans, ITL during prefills, TTFT."""
+
+import pytest
+
+from pdmux_triton import metrics
+from pdmux_triton.scheduler import Activity, Round, RunResult
+from pdmux_triton.traffic import Request
+
+
+def test_uncovered_time_of_overlapping_spans():
+    spans = [(0.0, 2.0), (1.0, 3.0), (5.0, 6.0), (5.5, 5.7)]
+    assert metrics.uncovered(spans, 0.0, 6.0) == pytest.approx(2.0)  # the gap 3-5
+    assert metrics.uncovered(spans, 0.0, 8.0) == pytest.approx(4.0)  # plus the tail
+    assert metrics.uncovered([], 1.0, 2.0) == pytest.approx(1.0)
+
+
+def test_summary_of_a_hand_made_run():
+    warm = Request(0, [1] * 4, 4, 0.0, warm=True)
+    warm.tokens, warm.token_times = [9, 9, 9, 9], [0.0, 0.01, 0.05, 0.06]
+    new = Request(1, [2] * 8, 2, 0.015)
+    new.prefill_start, new.prefill_end = 0.015, 0.05
+    new.tokens, new.token_times = [7, 7], [0.05, 0.06]
+    rounds = [Round(0.0, 0.01, -1, 1, ""), Round(0.01, 0.05, -1, 1, "chunk 0+8"),
+              Round(0.05, 0.06, -1, 2, "")]
+    result = RunResult("chunked", [warm, new], rounds, 0.06,
+                       Activity([(0.0, 0.01), (0.01, 0.05), (0.05, 0.055)], (0.0, 0.06),
+                                [0.01, 0.04, 0.005]))
+    s = metrics.summarize(result)
+    assert s["ttft_p50_ms"] == pytest.approx(35.0)
+    assert s["prefill_ms"] == pytest.approx(35.0)
+    assert s["itl_during_prefill_p50_ms"] == pytest.approx(40.0)  # the token whose wait overlaps
+    assert s["tokens_during_prefill"] == 1
+    assert s["gpu_idle_frac"] == pytest.approx(0.005 / 0.06)
+    d = metrics.details(result)
+    assert d["ttft_ms"] == {1: pytest.approx(35.0)} and d["prefills"][0]["decode_steps"] == 1

@@ -1,0 +1,43 @@
+"""Plots are written and say what they show."""
+
+import pytest
+
+from pdmux_triton import compare, cost, plots, scheduler
+from pdmux_triton.hardware import gpu_preset, model_preset
+from pdmux_triton.simulate import SimExecutor
+from pdmux_triton.traffic import chapter_scenario
+from test_compare import level_entry
+
+pytest.importorskip("matplotlib")
+
+
+def test_calibration_plot(tmp_path):
+    points = [{"workload": "decode_step", "kind": k, "state": s, "ctas_per_sm": c, "sms": b,
+               "tbps": 4.0 * min(1, b / 66)} for k in ("grid_cap", "green")
+              for s in ("alone", "corun") for c in (1, 2) for b in (8, 64, 132)]
+    plots.calibration(points, "h200", "qwen3-8b", tmp_path / "c.png")
+    assert (tmp_path / "c.png").stat().st_size > 1000
+
+
+def test_compare_plot(tmp_path):
+    entry = level_entry()
+    entry.update(compare.level_errors(entry))
+    plots.compare([entry], "h200", "qwen3-8b", tmp_path / "cmp.png")
+    assert (tmp_path / "cmp.png").stat().st_size > 1000
+
+
+def test_timeline_plot_keeps_every_point_inside_its_axes(tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    gpu, model = gpu_preset("h200"), model_preset("qwen3-8b")
+    x = SimExecutor(gpu, model, cost.SaturationLaw(4.0, 66), cost.PrefillRate.fixed(989, 132, 0.5))
+    result = scheduler.run("prefill_first", x, chapter_scenario(model.vocab, decode_tokens=16))
+    figures = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
+                        lambda self, *a, **k: figures.append(self))
+    plots.timeline({"prefill_first": result}, "ITL of every token: qwen3-8b on h200", tmp_path / "t.png")
+    (fig,) = figures
+    assert fig._suptitle.get_text() == "ITL of every token: qwen3-8b on h200"
+    ax = fig.axes[0]
+    top = max(y for line in ax.lines for y in line.get_ydata())
+    assert ax.get_yscale() == "linear" and top <= ax.get_ylim()[1]

@@ -1,0 +1,54 @@
+"""The simulated executor prices work with the same cost model as `estimate`."""
+
+import pytest
+
+from pdmux_triton import cost, estimate, metrics, scheduler
+from pdmux_triton.hardware import gpu_preset, model_preset
+from pdmux_triton.simulate import SimExecutor
+from pdmux_triton.traffic import chapter_scenario
+
+QWEN = model_preset("qwen3-8b")
+H100 = gpu_preset("h100-sxm")
+
+
+def executor(s_sat=66.0):
+    return SimExecutor(H100, QWEN, cost.SaturationLaw(H100.hbm_tbps * 0.85, s_sat),
+                       cost.PrefillRate.fixed(H100.bf16_tflops, H100.sms, 0.5))
+
+
+@pytest.mark.parametrize("s_sat", [44.0, 66.0, 88.0])
+def test_the_estimate_and_the_simulation_agree_on_the_chapters_scenario(s_sat):
+    rows = {r.approach: r for r in estimate.estimate(estimate.Scenario(s_sat=(s_sat,)))}
+    first = scheduler.run("prefill_first", executor(s_sat), chapter_scenario(QWEN.vocab))
+    s = metrics.summarize(first)
+    # the prompt's whole prefill, and the first decode step (every request at 2048 tokens)
+    assert s["prefill_ms"] == pytest.approx(rows["prefill_first"].prefill_ms, rel=1e-12)
+    assert first.activity.decode_step_s[0] * 1e3 == pytest.approx(rows["decode_only"].itl_ms,
+                                                                  rel=1e-12)
+    # pd-mux: the step beside the prefill at the level's decode SMs, the prefill on its SMs
+    pd = scheduler.run("pdmux", executor(s_sat), chapter_scenario(QWEN.vocab))
+    corun_step = next(t for r, t in zip(_decode_rounds(pd), pd.activity.decode_step_s)
+                      if r.level == 5)
+    row = rows[f"pdmux_ssat{s_sat:g}"]
+    contexts = 32 * 2048 + 32 * 8  # the prompt arrives after 8 decode steps
+    assert corun_step == pytest.approx(
+        cost.decode_step_s(QWEN, cost.SaturationLaw(H100.hbm_tbps * 0.85, s_sat), contexts,
+                           row.decode_sms, corun=True))
+    assert row.itl_ms / 1e3 == pytest.approx(
+        cost.decode_step_s(QWEN, cost.SaturationLaw(H100.hbm_tbps * 0.85, s_sat), 32 * 2048,
+                           row.decode_sms, corun=True), rel=1e-12)
+
+
+def _decode_rounds(result):
+    return [r for r in result.rounds if r.decode_bs > 0]
+
+
+def test_chunked_steps_match_the_estimates_chunks():
+    rows = {r.approach: r for r in estimate.estimate(estimate.Scenario(chunk_sizes=(2048,)))}
+    reqs = chapter_scenario(QWEN.vocab, arrive_after_steps=0)
+    result = scheduler.run("chunked", executor(), reqs, chunk=2048)
+    chunk_rounds = [r for r in result.rounds if r.prefill.startswith("chunk")]
+    assert len(chunk_rounds) == rows["chunked_2048"].steps == 4
+    # the simulated decode batch grows one token a step; the estimate holds it at 2048
+    total = sum(r.end - r.start for r in chunk_rounds)
+    assert total * 1e3 == pytest.approx(rows["chunked_2048"].prefill_ms, rel=2e-3)
