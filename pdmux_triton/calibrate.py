@@ -16,6 +16,7 @@ from pdmux_triton.errors import PdmuxError
 from pdmux_triton.results import provenance, read_json, write_json
 
 STATES = ("alone", "corun")
+DECODE_WORKLOADS = ("stream_read", "decode_attention", "decode_linear", "decode_step")
 
 
 # --- the fit ------------------------------------------------------------------------------

@@ -1,77 +1,75 @@
-"""`pdmux-triton`: the command line. Each subcommand parses its arguments, calls the library
-and prints; the work lives in the library (`experiment` runs `run`).
+"""`pdmux-triton`: the command line. Each subcommand checks its arguments, calls the library
+and prints; the work lives in the library (`experiment` runs `run`), the flags in `cli_args`.
 
-Bad input raises PdmuxError, printed as one line on stderr with exit code 2.
+Bad input raises PdmuxError, printed as one line on stderr with exit code 2; Ctrl-C is one
+line and exit code 130; a reader that stops reading (`| head`) ends the output quietly.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 
-from pdmux_triton import __version__, advise, estimate, policy, report
+from pdmux_triton import advise, cost, estimate, policy, report
+from pdmux_triton.cli_args import CHAPTER_FLAGS, POISSON_FLAGS, REPLAY_KEEPS, parse
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.hardware import GPUS, MODELS, GPUSpec, detect_gpu, model_preset, resolve_gpu
-from pdmux_triton.partition import SPLIT_KINDS
-from pdmux_triton.results import load_calibration, write_json
+from pdmux_triton.hardware import GPUSpec, detect_gpu, model_preset, resolve_gpu
+from pdmux_triton.results import load_calibration, provenance, read_json, write_json
 
 
-# --- argument types ------------------------------------------------------------------------
-
-def _int_list(text: str) -> tuple[int, ...]:
-    try:
-        return tuple(int(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+_NOTES: list[str] = []
 
 
-def _float_list(text: str) -> tuple[float, ...]:
-    try:
-        return tuple(float(part) for part in text.split(",") if part.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+def _note(msg: str) -> None:
+    """Progress and results on stderr, now."""
+    print(msg, file=sys.stderr)
 
 
-def _str_list(text: str) -> tuple[str, ...]:
-    return tuple(part.strip() for part in text.split(",") if part.strip())
+def _warn(msg: str) -> None:
+    """A note on how an input was read, shown once the command succeeded (bad input gets its
+    one error line and nothing else)."""
+    _NOTES.append(f"note: {msg}")
 
 
-def _parse_cc(text: str) -> tuple[int, int]:
-    try:
-        major, minor = (int(p) for p in text.split("."))
-    except ValueError:
-        raise PdmuxError(f"compute capability must look like 9.0, got {text!r}") from None
-    return major, minor
+def _refuse(given: set[str], flags, reason: str) -> None:
+    """Flags that would do nothing here are an error, not silently dropped."""
+    extra = [f for f in flags if f in given]
+    if extra:
+        names = ", ".join("--" + f.replace("_", "-") for f in extra)
+        raise PdmuxError(f"{names} {'does' if len(extra) == 1 else 'do'} nothing {reason}")
 
 
-# --- shared pieces -------------------------------------------------------------------------
-
-def _add_gpu_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpu", default="h100-sxm",
-                   help=f"GPU preset ({', '.join(GPUS)}) or 'local' for the GPU torch sees")
-    p.add_argument("--sms", type=int, help="override the GPU's SM count")
-    p.add_argument("--cc", help="override the compute capability, e.g. 9.0")
-    p.add_argument("--config", help="SGLang pdmux YAML (--pdmux-config-path) to take levels from")
-    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
-
+# --- GPU, levels and output folders --------------------------------------------------------
 
 def _gpu_from_args(args) -> GPUSpec:
     gpu = resolve_gpu(args.gpu)
-    if args.sms is not None:
-        gpu = dataclasses.replace(gpu, name=f"{gpu.name} ({args.sms} SMs)", sms=args.sms)
+    if args.sms is not None and args.sms != gpu.sms:
+        _warn(f"the {gpu.name} preset with {args.sms} SMs instead of {gpu.sms}; its "
+              f"{gpu.hbm_tbps} TB/s and {gpu.bf16_tflops:g} TFLOP/s stay as they are")
+        gpu = dataclasses.replace(gpu, name=f"{gpu.name}-{args.sms}sm", sms=args.sms)
     if args.cc is not None:
-        gpu = dataclasses.replace(gpu, cc=_parse_cc(args.cc))
+        gpu = dataclasses.replace(gpu, cc=args.cc)
     policy.arch_constraints(gpu.cc_major)  # reject an unknown compute capability up front
     return gpu
 
 
-def _config_from_args(args, gpu: GPUSpec) -> policy.PDMuxConfig:
+def _config_from_args(args, given: set[str], gpu: GPUSpec) -> policy.PDMuxConfig:
     if args.config:
-        return policy.load_config(args.config, gpu.sms, gpu.cc_major)
-    return policy.PDMuxConfig(sm_group_num=getattr(args, "sm_group_num", policy.DEFAULT_SM_GROUP_NUM))
+        if "sm_group_num" in given:
+            raise PdmuxError("--sm-group-num conflicts with --config, whose sm_group_num rules")
+        config = policy.load_config(args.config, gpu.sms, gpu.cc_major)
+    else:
+        config = policy.PDMuxConfig(sm_group_num=getattr(args, "sm_group_num",
+                                                         policy.DEFAULT_SM_GROUP_NUM))
+    levels = config.levels(gpu.sms, gpu.cc_major)
+    if len(levels) < config.sm_group_num:
+        _warn(f"{gpu.sms} SMs at compute capability {gpu.cc[0]}.x allow {len(levels) - 2} "
+              f"splits, so {len(levels)} levels, not the {config.sm_group_num} asked for (SGLang "
+              f"makes the same)")
+    return config
 
 
 def _measuring_gpu() -> GPUSpec:
@@ -84,18 +82,40 @@ def _measuring_gpu() -> GPUSpec:
     return gpu
 
 
-def _log(msg: str) -> None:
-    print(msg, file=sys.stderr)
+def _out_folder(path: str) -> Path:
+    """An output folder, made now: a bad one fails before minutes of work, not after."""
+    folder = Path(path)
+    if folder.exists() and not folder.is_dir():
+        raise PdmuxError(f"--out {folder} is a file; it must be a folder (made if missing)")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise PdmuxError(f"cannot make the output folder {folder}: {err.strerror}") from None
+    return folder
+
+
+def _plot(draw, *args) -> bool:
+    """Draw a plot; without matplotlib say so and go on (the JSON is what counts)."""
+    try:
+        draw(*args)
+    except PdmuxError as err:
+        _note(f"no plot: {err}")
+        return False
+    return True
 
 
 # --- subcommands ---------------------------------------------------------------------------
 
-def cmd_levels(args) -> None:
+ADVISE_FLAGS = ("itl_ms", "model", "context", "kind")
+
+
+def cmd_levels(args, given) -> None:
     if args.calibration:  # kept as an alias of `advise`
-        cmd_advise(args)
+        cmd_advise(args, given)
         return
+    _refuse(given, ADVISE_FLAGS, "without --calibration")
     gpu = _gpu_from_args(args)
-    config = _config_from_args(args, gpu)
+    config = _config_from_args(args, given, gpu)
     levels = config.levels(gpu.sms, gpu.cc_major)
     ranges = config.batch_ranges(levels)
     if args.write_config:
@@ -120,12 +140,14 @@ def cmd_levels(args) -> None:
         print(f"wrote {args.write_config}: these levels as SGLang manual_divisions")
 
 
-def cmd_advise(args) -> None:
+def cmd_advise(args, given) -> None:
     """Splits that keep a decode step beside a prefill under an ITL target."""
+    if not args.calibration:
+        raise PdmuxError("advise needs --calibration, a calibrate-<gpu>.json")
     if args.itl_ms is None:
         raise PdmuxError("--calibration needs --itl-ms, the decode step time to stay under")
     gpu = _gpu_from_args(args)
-    config = _config_from_args(args, gpu)
+    config = _config_from_args(args, given, gpu)
     curve = load_calibration(args.calibration, gpu.name).decode_curve(args.kind)
     spec = model_preset(args.model)
     advised = advise.advise(curve, spec, gpu.sms, gpu.cc_major, args.itl_ms, args.context,
@@ -140,7 +162,7 @@ def cmd_advise(args) -> None:
         print(f"wrote {args.write_config}: these levels as SGLang manual_divisions")
 
 
-def cmd_estimate(args) -> None:
+def cmd_estimate(args, given) -> None:
     gpu = _gpu_from_args(args)
     if args.bandwidth_tbps is not None:
         gpu = dataclasses.replace(gpu, hbm_tbps=args.bandwidth_tbps)
@@ -149,231 +171,172 @@ def cmd_estimate(args) -> None:
     sc = estimate.Scenario(
         gpu=gpu, model=model_preset(args.model), decode_batch=args.batch, context=args.context,
         prompt=args.prompt, chunk_sizes=args.chunks, s_sat=args.s_sat,
-        bw_efficiency=args.bw_eff, mfu=args.mfu, pdmux=_config_from_args(args, gpu),
+        bw_efficiency=args.bw_eff, mfu=args.mfu, pdmux=_config_from_args(args, given, gpu),
     )
     rows = estimate.estimate(sc)
     if args.json:
-        print(json.dumps([r.as_dict() for r in rows], indent=2))
+        print(json.dumps({**provenance(gpu.name), "inputs": dataclasses.asdict(sc),
+                          "rows": [r.as_dict() for r in rows]}, indent=1))
     else:
         print(report.estimate_table(sc, rows))
 
 
-def cmd_calibrate(args) -> None:
+def _check_measure_args(args, gpu: GPUSpec) -> None:
+    cost.check_fits(gpu, model_preset(args.model), args.batch * args.context + args.prefill_tokens,
+                    f"{args.batch} requests at {args.context} tokens beside a "
+                    f"{args.prefill_tokens}-token prefill")
+
+
+def cmd_calibrate(args, given) -> None:
     from pdmux_triton import calibrate
-    from pdmux_triton.workloads import DECODE_WORKLOADS
 
-    for name in args.workloads:
-        if name not in DECODE_WORKLOADS:
-            raise PdmuxError(f"unknown workload {name!r}; known: {', '.join(DECODE_WORKLOADS)}")
-    _check_kinds(args.kinds)
-    if not args.ctas or any(c < 1 for c in args.ctas):
-        raise PdmuxError(f"--ctas takes CTAs per SM >= 1, got {args.ctas}")
     gpu = _measuring_gpu()
-    # torch is needed only where a GPU measures
-    from pdmux_triton import plots
-    from pdmux_triton.calibrate_gpu import run_sweep
-
+    _check_measure_args(args, gpu)
     _, granularity = policy.arch_constraints(gpu.cc_major)
     budgets = args.budgets or calibrate.default_budgets(gpu.sms, granularity)
     for b in budgets:
         if not 0 < b <= gpu.sms or ("green" in args.kinds and b < gpu.sms and b % granularity):
             raise PdmuxError(f"budget {b} SMs: budgets must be in 1..{gpu.sms}, and multiples of "
                              f"{granularity} for green contexts")
+    out = _out_folder(args.out)
+    # torch is needed only where a GPU measures
+    from pdmux_triton import plots
+    from pdmux_triton.calibrate_gpu import run_sweep
+
     plan = calibrate.SweepPlan(tuple(args.workloads), tuple(args.kinds), tuple(args.ctas),
                                tuple(sorted(set(budgets))), not args.no_corun, args.model,
                                args.batch, args.context, args.prefill_tokens)
-    out = Path(args.out)
     settings = {"model": plan.model, "batch": plan.batch, "context": plan.context,
                 "prefill_tokens": plan.prefill_tokens}
     calibrate.check_settings(out / f"calibrate-settings-{gpu.name}.json", settings)
     store = calibrate.PointStore(out / f"calibrate-points-{gpu.name}.jsonl")
     if args.remeasure:
         dropped = store.forget(plan.workloads)
-        _log(f"calibrate: forgot {dropped} saved points of {', '.join(plan.workloads)}")
-    run_sweep(plan, store, log=_log)
+        _note(f"calibrate: forgot {dropped} saved points of {', '.join(plan.workloads)}")
+    run_sweep(plan, store, log=_note)
     points = list(store.points.values())
     summary = calibrate.summarize(points)
     path = calibrate.write_results(out / f"calibrate-{gpu.name}.json", gpu.name, settings,
                                    points, summary)
-    plots.calibration(points, gpu.name, plan.model, out / f"calibrate-{gpu.name}.png")
     print(report.calibration_table(summary))
-    print(f"wrote {path} and calibrate-{gpu.name}.png")
+    print(f"wrote {path}")
+    if _plot(plots.calibration, points, gpu.name, plan.model, out / f"calibrate-{gpu.name}.png"):
+        print(f"wrote {out / f'calibrate-{gpu.name}.png'}")
 
 
-def cmd_compare(args) -> None:
+def cmd_compare(args, given) -> None:
     gpu = _measuring_gpu()
+    _check_measure_args(args, gpu)
+    out = _out_folder(args.out)
     from pdmux_triton import plots
     from pdmux_triton.compare_gpu import run_compare
 
-    out = Path(args.out)
     result = run_compare(args.model, args.batch, args.context, args.prefill_tokens,
-                         out / f"compare-{gpu.name}.json", log=_log)
+                         out / f"compare-{gpu.name}.json", log=_note)
     levels = result["summary"]["levels"]
-    plots.compare(levels, gpu.name, args.model, out / f"compare-{gpu.name}.png")
     print(report.compare_table(levels))
-    print(f"wrote {out / f'compare-{gpu.name}.json'} and compare-{gpu.name}.png")
+    print(f"wrote {out / f'compare-{gpu.name}.json'}")
+    if _plot(plots.compare, levels, gpu.name, args.model, out / f"compare-{gpu.name}.png"):
+        print(f"wrote {out / f'compare-{gpu.name}.png'}")
 
 
-def _check_kinds(kinds) -> None:
-    for kind in kinds:
-        if kind not in SPLIT_KINDS:
-            raise PdmuxError(f"partition kinds are {' and '.join(SPLIT_KINDS)}, got {kind!r}")
+def _run_settings(args, given):
+    """The run's settings from the flags (or from --replay's file), and why it simulates."""
+    from pdmux_triton.experiment import RunSettings
 
-
-def cmd_run(args) -> None:
-    from pdmux_triton import experiment, plots
-
+    if args.replay:
+        _refuse(given, sorted(given - set(REPLAY_KEEPS)), "with --replay, which takes every "
+                "input from its file")
+        data = read_json(args.replay, "run result")
+        if not isinstance(data.get("inputs"), dict):
+            raise PdmuxError(f"{args.replay} has no run inputs to replay (made by `run --out` of "
+                             f"pdmux-triton 0.1 or later?)")
+        settings = RunSettings.from_dict(data["inputs"])
+        simulate = settings.simulate or args.simulate
+        if not simulate:
+            gpu = _measuring_gpu()
+            if gpu.name != settings.gpu.name:
+                raise PdmuxError(f"{args.replay} was measured on {settings.gpu.name}, this GPU is "
+                                 f"{gpu.name}: pass --simulate to simulate its inputs")
+        return dataclasses.replace(settings, simulate=simulate), None
+    if args.workload == "chapter":
+        _refuse(given, POISSON_FLAGS, "with --workload chapter (they shape a poisson stream)")
+    else:
+        _refuse(given, CHAPTER_FLAGS, "with --workload poisson (they shape the chapter's scenario)")
     simulate, no_gpu = args.simulate, None
     if not simulate:
         try:
             gpu = _measuring_gpu()
         except PdmuxError as err:
             simulate, no_gpu = True, err
+        else:
+            chosen = [f for f in ("gpu", "sms", "cc") if f in given
+                      and not (f == "gpu" and args.gpu == "local")]
+            _refuse(given, chosen, f"when measuring on the local {gpu.name} (they choose what "
+                    f"--simulate runs on)")
     if simulate:
         gpu = _gpu_from_args(args)
-    settings = experiment.RunSettings(
+    settings = RunSettings(
         gpu=gpu, model=model_preset(args.model), workload=args.workload, simulate=simulate,
         seed=args.seed, batch=args.batch, context=args.context, prompt=args.prompt,
         decode_tokens=args.decode_tokens, rate=args.rate, count=args.count,
         prompt_mean=args.prompt_mean, prompt_max=args.prompt_max, output_mean=args.output_mean,
         output_max=args.output_max, chunks=args.chunks, kinds=args.kinds,
-        config=_config_from_args(args, gpu), s_sat=args.s_sat, bw_eff=args.bw_eff, mfu=args.mfu,
-        calibration=args.calibration, compare=args.compare)
+        config=_config_from_args(args, given, gpu), s_sat=args.s_sat, bw_eff=args.bw_eff,
+        mfu=args.mfu, calibration=args.calibration, compare=args.compare)
+    return settings, no_gpu
+
+
+def cmd_run(args, given) -> None:
+    from pdmux_triton import experiment, plots
+
+    settings, no_gpu = _run_settings(args, given)
+    folder = _out_folder(args.out) if args.out else None
     if no_gpu is not None:
-        _log(f"no GPU here ({no_gpu}): running the simulated executor on the {gpu.name} preset")
-    out, results, estimates = experiment.run_experiment(settings, log=_log)
-    if args.out:
-        folder = Path(args.out)
-        write_json(folder / f"run-{gpu.name}.json", out)
-        plots.timeline(results, f"ITL of every token: {settings.model.name} on {gpu.name}, "
-                       f"{settings.workload} workload, {out['mode']}", folder / f"run-{gpu.name}.png")
+        _note(f"no GPU here ({no_gpu}): simulating on the {settings.gpu.name} preset")
+    out, results, estimates = experiment.run_experiment(settings, log=_note)
+    gpu_name = settings.gpu.name
+    if folder:
+        write_json(folder / f"run-{gpu_name}.json", out)
     if args.json:
         print(json.dumps(out, indent=1))
-        return
-    mode = "simulated on the cost model" if simulate else "measured"
-    print(f"{settings.model.name} on {gpu.name}, {settings.workload} workload, {mode}:")
-    print(report.strategy_table(out["rows"]))
-    for title, s, est in estimates:
-        print(f"\n{title} for the same scenario:")
-        print(report.estimate_table(s, est))
-    if args.out:
-        print(f"wrote {Path(args.out) / f'run-{gpu.name}.json'} and run-{gpu.name}.png")
+    else:
+        mode = ("simulated on the cost model (a prediction: the README's 'How far a simulation "
+                "sits from a measurement' gives its error on the H200)" if settings.simulate
+                else "measured")
+        print(f"{settings.model.name} on {gpu_name}, {settings.workload} workload, {mode}:")
+        print(report.strategy_table(out["rows"]))
+        for title, s, est in estimates:
+            print(f"\n{title} for the same scenario:")
+            print(report.estimate_table(s, est))
+    if folder:
+        _note(f"wrote {folder / f'run-{gpu_name}.json'}")
+        title = (f"ITL of every token: {settings.model.name} on {gpu_name}, {settings.workload} "
+                 f"workload, {out['mode']}")
+        if _plot(plots.timeline, results, title, folder / f"run-{gpu_name}.png"):
+            _note(f"wrote {folder / f'run-{gpu_name}.png'}")
 
 
-# --- the parser ----------------------------------------------------------------------------
-
-def _add_workload_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--out", default="pdmux-results", help="folder for JSON, points and plots")
-    p.add_argument("--model", default="qwen3-8b", help=f"model preset ({', '.join(MODELS)})")
-    p.add_argument("--batch", type=int, default=32, help="decode batch size")
-    p.add_argument("--context", type=int, default=2048, help="context of each decoding request")
-    p.add_argument("--prefill-tokens", type=int, default=8192,
-                   help="prompt length of the prefill running beside decode")
-
-
-def _add_advise_args(p: argparse.ArgumentParser, required: bool) -> None:
-    p.add_argument("--calibration", required=required,
-                   help="calibrate-<gpu>.json: advise levels for --itl-ms")
-    p.add_argument("--itl-ms", type=float, help="the decode step time to stay under")
-    p.add_argument("--model", default="qwen3-8b", help="the model preset")
-    p.add_argument("--context", type=int, default=2048, help="context of the decoding requests")
-    p.add_argument("--kind", choices=SPLIT_KINDS, default="green",
-                   help="which measured curve to trust")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="pdmux-triton",
-        description="Measure and tune PD multiplexing: prefill and decode on split SMs.")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    p = sub.add_parser("levels", help="SGLang's PD-mux levels and which decode batch picks which")
-    _add_gpu_args(p)
-    p.add_argument("--sm-group-num", type=int, default=policy.DEFAULT_SM_GROUP_NUM,
-                   help="number of levels, SGLang's sm_group_num (default 8)")
-    p.add_argument("--write-config", metavar="FILE",
-                   help="write these levels as an SGLang pdmux YAML with manual_divisions")
-    _add_advise_args(p, required=False)
-    p.set_defaults(func=cmd_levels)
-
-    p = sub.add_parser("advise", help="levels whose decode step beside a prefill meets an ITL "
-                       "target, from a calibration")
-    _add_gpu_args(p)
-    p.add_argument("--sm-group-num", type=int, default=policy.DEFAULT_SM_GROUP_NUM,
-                   help="levels at most, SGLang's sm_group_num (default 8)")
-    p.add_argument("--write-config", metavar="FILE",
-                   help="write the advised levels as an SGLang pdmux YAML")
-    _add_advise_args(p, required=True)
-    p.set_defaults(func=cmd_advise)
-
-    p = sub.add_parser("estimate", help="the chapter's cost model: ITL and prefill time by approach")
-    _add_gpu_args(p)
-    p.add_argument("--model", default="qwen3-8b", help=f"model preset ({', '.join(MODELS)})")
-    p.add_argument("--batch", type=int, default=32, help="requests decoding")
-    p.add_argument("--context", type=int, default=2048, help="context of each decoding request")
-    p.add_argument("--prompt", type=int, default=8192, help="tokens of the arriving prompt")
-    p.add_argument("--chunks", type=_int_list, default=(2048, 512), help="chunk sizes, e.g. 2048,512")
-    p.add_argument("--s-sat", type=_float_list, default=(44, 66, 88),
-                   help="S_SAT values to try, e.g. 44,66,88")
-    p.add_argument("--bw-eff", type=float, default=0.85, help="achieved fraction of HBM bandwidth")
-    p.add_argument("--mfu", type=float, default=0.5, help="achieved fraction of bf16 FLOP/s")
-    p.add_argument("--bandwidth-tbps", type=float, help="override the GPU's HBM TB/s")
-    p.add_argument("--tflops", type=float, help="override the GPU's dense bf16 TFLOP/s")
-    p.add_argument("--sm-group-num", type=int, default=policy.DEFAULT_SM_GROUP_NUM)
-    p.set_defaults(func=cmd_estimate)
-
-    p = sub.add_parser("calibrate", help="measure decode bandwidth vs SMs and S_SAT (needs a GPU)")
-    _add_workload_args(p)
-    p.add_argument("--workloads", type=_str_list,
-                   default=("stream_read", "decode_attention", "decode_linear", "decode_step"))
-    p.add_argument("--kinds", type=_str_list, default=SPLIT_KINDS)
-    p.add_argument("--ctas", type=_int_list, default=(1, 2, 4), help="CTAs per SM to sweep")
-    p.add_argument("--budgets", type=_int_list, help="SM budgets (default: every granularity step)")
-    p.add_argument("--no-corun", action="store_true", help="skip the runs beside a prefill")
-    p.add_argument("--remeasure", action="store_true",
-                   help="forget the saved points of these workloads first (after a kernel change)")
-    p.set_defaults(func=cmd_calibrate)
-
-    p = sub.add_parser("run", help="serve a workload with every strategy: ITL and TTFT")
-    _add_gpu_args(p)
-    p.add_argument("--model", default="qwen3-8b", help=f"model preset ({', '.join(MODELS)})")
-    p.add_argument("--workload", choices=("chapter", "poisson"), default="chapter")
-    p.add_argument("--simulate", action="store_true",
-                   help="use the cost-model clock even when a GPU is present")
-    p.add_argument("--batch", type=int, default=32, help="chapter: requests decoding")
-    p.add_argument("--context", type=int, default=2048, help="chapter: their context")
-    p.add_argument("--prompt", type=int, default=8192, help="chapter: the arriving prompt")
-    p.add_argument("--decode-tokens", type=int, default=96, help="chapter: tokens each decodes")
-    p.add_argument("--rate", type=float, default=2.0, help="poisson: requests per second")
-    p.add_argument("--count", type=int, default=64, help="poisson: requests")
-    p.add_argument("--prompt-mean", type=int, default=1024)
-    p.add_argument("--prompt-max", type=int, default=8192)
-    p.add_argument("--output-mean", type=int, default=128)
-    p.add_argument("--output-max", type=int, default=512)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--chunks", type=_int_list, default=(2048, 512), help="chunked prefill sizes")
-    p.add_argument("--kinds", type=_str_list, default=SPLIT_KINDS,
-                   help="partition kinds for pd-mux")
-    p.add_argument("--s-sat", type=float, default=66.0, help="simulation: decode S_SAT")
-    p.add_argument("--bw-eff", type=float, default=0.85)
-    p.add_argument("--mfu", type=float, default=0.5)
-    p.add_argument("--calibration", help="calibrate-<gpu>.json: simulate with measured curves")
-    p.add_argument("--compare", help="compare-<gpu>.json: calibrate the estimate's prefill rate")
-    p.add_argument("--out", help="folder for run-<gpu>.json and the ITL timeline plot")
-    p.set_defaults(func=cmd_run)
-
-    p = sub.add_parser("compare", help="grid capping vs green contexts at every level (needs a GPU)")
-    _add_workload_args(p)
-    p.set_defaults(func=cmd_compare)
-    return parser
+COMMANDS = {"levels": cmd_levels, "advise": cmd_advise, "estimate": cmd_estimate,
+            "calibrate": cmd_calibrate, "compare": cmd_compare, "run": cmd_run}
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    _NOTES.clear()
     try:
-        args.func(args)
+        args, given = parse(argv)
+        COMMANDS[args.command](args, given)
+        sys.stdout.flush()
+        for note in _NOTES:
+            print(note, file=sys.stderr)
     except PdmuxError as err:
         print(f"pdmux-triton: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("pdmux-triton: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # the reader stopped reading (`| head`): nothing more to say, and nothing to flush
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     return 0

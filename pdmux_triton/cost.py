@@ -19,7 +19,7 @@ from typing import Protocol
 import numpy as np
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.hardware import ModelSpec
+from pdmux_triton.hardware import GPUSpec, ModelSpec
 
 DTYPE_BYTES = 2  # bf16 weights and KV cache
 
@@ -63,6 +63,24 @@ def lm_head_flops(model: ModelSpec, rows: int) -> float:
 def prefill_flops(model: ModelSpec, tokens: int, prefix: int = 0) -> float:
     """A whole prefill of one sequence: every layer, then the LM head over its last row."""
     return layer_flops(model, tokens, prefix) + lm_head_flops(model, 1)
+
+
+def footprint_bytes(model: ModelSpec, kv_tokens: int) -> float:
+    """GPU memory a model holding `kv_tokens` tokens of KV cache needs: every weight (the
+    embedding table too) and the cache, activations aside."""
+    return weight_bytes(model) + DTYPE_BYTES * model.vocab * model.hidden + kv_bytes(model, kv_tokens)
+
+
+def check_fits(gpu: GPUSpec, model: ModelSpec, kv_tokens: int, what: str) -> None:
+    """A clear error when `what` cannot fit on the GPU: weights plus its KV cache."""
+    if gpu.memory_gb is None:
+        return
+    need = footprint_bytes(model, kv_tokens)
+    if need > gpu.memory_gb * 1e9:
+        raise PdmuxError(
+            f"{what} does not fit on the {gpu.name}: {model.name}'s weights and "
+            f"{kv_tokens:,} tokens of KV cache need {need / 1e9:,.1f} GB, the GPU has "
+            f"{gpu.memory_gb:g} GB")
 
 
 def decode_flops(model: ModelSpec, batch: int) -> float:
@@ -168,14 +186,14 @@ def compute_s(flops: float, rate: PrefillRate, sms: int) -> float:
 
 
 def mixed_step_s(model: ModelSpec, decode: DecodeRate, prefill: PrefillRate, total_sms: int,
-                 decode_context_tokens: int, decode_batch: int, chunk: int, chunk_prefix: int,
-                 samples_chunk: bool) -> float:
+                 decode_context_tokens: int, decode_batch: int, chunk, chunk_prefix,
+                 samples_chunk):
     """One chunked-prefill step on the whole GPU: a prompt chunk and the decode batch in one
     forward, bound by its compute or by reading the weights and the batch's KV, whichever is
-    slower."""
+    slower. `chunk`, `chunk_prefix` and `samples_chunk` may be arrays (every chunk at once)."""
     flops = (decode_flops(model, decode_batch) + layer_flops(model, chunk, chunk_prefix)
-             + lm_head_flops(model, int(samples_chunk)))
+             + lm_head_flops(model, np.asarray(samples_chunk, dtype=float)))
     compute = compute_s(flops, prefill, total_sms)
     memory = (decode_step_s(model, decode, decode_context_tokens, total_sms, False)
               if decode_batch else 0.0)
-    return max(compute, memory)
+    return np.maximum(compute, memory)

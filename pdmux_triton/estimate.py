@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 
+import numpy as np
+
 from pdmux_triton import cost, policy
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.hardware import GPUSpec, ModelSpec, gpu_preset, model_preset
@@ -45,6 +47,10 @@ class Scenario:
             raise PdmuxError(f"chunk sizes must be positive integers, got {self.chunk_sizes}")
         if not self.s_sat or any(not 0 < s < float("inf") for s in self.s_sat):
             raise PdmuxError(f"S_SAT values must be positive SM counts, got {self.s_sat}")
+        for name, values in (("chunk sizes", self.chunk_sizes), ("S_SAT values", self.s_sat)):
+            if len(set(values)) != len(values):
+                raise PdmuxError(f"{name} {', '.join(f'{v:g}' for v in values)} repeat one: "
+                                 f"give each once")
         for name, value in (("bandwidth efficiency", self.bw_efficiency), ("MFU", self.mfu)):
             if not 0 < value <= 1:
                 raise PdmuxError(f"{name} must be in (0, 1], got {value}")
@@ -53,6 +59,9 @@ class Scenario:
                 f"GPU {self.gpu.name!r} has no bandwidth/FLOP-rate preset; pass "
                 "--bandwidth-tbps and --tflops"
             )
+        cost.check_fits(self.gpu, self.model, self.decode_batch * self.context + self.prompt,
+                        f"{self.decode_batch} requests at {self.context} tokens and a "
+                        f"{self.prompt}-token prompt")
 
     def decode_rate(self, s_sat: float) -> cost.DecodeRate:
         if self.decode_curve is not None:
@@ -107,15 +116,14 @@ def _prefill_first(sc: Scenario) -> Row:
 
 
 def _chunked(sc: Scenario, chunk: int) -> Row:
-    steps = []
-    for start in range(0, sc.prompt, chunk):
-        n = min(chunk, sc.prompt - start)
-        steps.append(cost.mixed_step_s(sc.model, sc.decode_rate(sc.s_sat[0]), sc.prefill_rate,
-                                       sc.gpu.sms, sc.decode_batch * sc.context, sc.decode_batch,
-                                       n, start, samples_chunk=start + n == sc.prompt))
-    total = sum(steps)
-    return Row(f"chunked_{chunk}", total / len(steps) * 1e3, total * 1e3, len(steps),
-               steps=len(steps))
+    starts = np.arange(0, sc.prompt, chunk, dtype=float)  # every chunk at once: any count is fast
+    sizes = np.minimum(chunk, sc.prompt - starts)
+    steps = cost.mixed_step_s(sc.model, sc.decode_rate(sc.s_sat[0]), sc.prefill_rate, sc.gpu.sms,
+                              sc.decode_batch * sc.context, sc.decode_batch, sizes, starts,
+                              samples_chunk=starts + sizes == sc.prompt)
+    total = float(np.sum(steps))
+    return Row(f"chunked_{chunk}", total / len(starts) * 1e3, total * 1e3, len(starts),
+               steps=len(starts))
 
 
 def _pdmux(sc: Scenario, s_sat: float) -> Row:

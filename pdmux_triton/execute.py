@@ -167,7 +167,7 @@ class ModelExecutor:
             table[i, :len(bm.owned[r.rid])] = bm.owned[r.rid]
         positions = np.concatenate([np.arange(start, start + len(ids)) for _, ids, start in seqs])
         slots = np.concatenate([bm.slots(r.rid, start, start + len(ids)) for r, ids, start in seqs])
-        tokens = np.fromiter((t for _, ids, _ in seqs for t in ids), dtype=np.int64)
+        tokens = np.concatenate([np.asarray(ids, dtype=np.int64) for _, ids, _ in seqs])
         tokens, positions, slots, table = self._upload(tokens, positions, slots, table)
         return ExtendBatch(tokens, positions, slots, table.to(torch.int32),
                            [len(ids) for _, ids, _ in seqs], [start for _, _, start in seqs])

@@ -19,6 +19,8 @@ from pdmux_triton.results import load_calibration, load_compare, provenance
 from pdmux_triton.simulate import SimExecutor
 
 WORKLOADS = ("chapter", "poisson")
+MAX_CHUNK_STEPS = 65_536  # chunked steps per prompt: a run's work stays bounded
+MAX_GPU_RUN_S = 3600  # arrivals of a measured Poisson run must come within this
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,45 @@ class RunSettings:
         if self.compare and not self.calibration:
             raise PdmuxError("--compare calibrates the prefill rate beside --calibration's decode "
                              "curve: pass --calibration too")
+        if not self.kinds:
+            raise PdmuxError("--kinds needs at least one partition kind for pd-mux: "
+                             f"{', '.join(SPLIT_KINDS)}")
+        longest = self.prompt if self.workload == "chapter" else self.prompt_max
+        for chunk in self.chunks:
+            if -(-longest // chunk) > MAX_CHUNK_STEPS:
+                raise PdmuxError(f"--chunks {chunk} cuts a {longest}-token prompt into "
+                                 f"{-(-longest // chunk):,} steps; at most {MAX_CHUNK_STEPS:,}")
+        self._check_fits()
+        if self.calibration:  # read now: a bad file fails before minutes of serving
+            load_calibration(self.calibration, self.gpu.name)
+        if self.compare:
+            load_compare(self.compare, self.gpu.name)
+        if not self.simulate and self.workload == "poisson" and self.count / self.rate > MAX_GPU_RUN_S:
+            raise PdmuxError(f"{self.count} requests at {self.rate:g}/s arrive over "
+                             f"~{self.count / self.rate:,.0f} s, longer than a measured run may "
+                             f"take ({MAX_GPU_RUN_S} s): raise --rate or lower --count")
+
+    def _check_fits(self) -> None:
+        if self.workload == "chapter":
+            if self.decode_tokens <= traffic.CHAPTER_ARRIVAL_STEPS:
+                raise PdmuxError(f"--decode-tokens {self.decode_tokens}: the decoding requests "
+                                 f"would finish before the prompt arrives (after "
+                                 f"{traffic.CHAPTER_ARRIVAL_STEPS} decode steps); decode at "
+                                 f"least {traffic.CHAPTER_ARRIVAL_STEPS + 1}")
+            tokens = (self.batch * (self.context + self.decode_tokens) + self.prompt
+                      + self.decode_tokens)
+            what = (f"{self.batch} requests decoding {self.decode_tokens} tokens after "
+                    f"{self.context} and a {self.prompt}-token prompt")
+        else:
+            if not 1 <= self.prompt_mean <= self.prompt_max:
+                raise PdmuxError(f"--prompt-mean {self.prompt_mean} must be at most --prompt-max "
+                                 f"{self.prompt_max}")
+            if not 1 <= self.output_mean <= self.output_max:
+                raise PdmuxError(f"--output-mean {self.output_mean} must be at most --output-max "
+                                 f"{self.output_max}")
+            tokens = self.prompt_max + self.output_max
+            what = f"a request of {self.prompt_max} prompt and {self.output_max} output tokens"
+        cost.check_fits(self.gpu, self.model, tokens, what)
 
     def as_dict(self) -> dict:
         out = asdict(self)

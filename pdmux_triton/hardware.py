@@ -11,6 +11,9 @@ from dataclasses import dataclass
 from pdmux_triton.errors import PdmuxError
 
 
+MAX_SMS = 4096  # more than any GPU has: bounds what an SM count may ask for
+
+
 @dataclass(frozen=True)
 class GPUSpec:
     name: str
@@ -19,6 +22,7 @@ class GPUSpec:
     hbm_tbps: float | None  # None for a detected GPU with no preset: bandwidth unknown
     bf16_tflops: float | None
     l2_mib: float
+    memory_gb: float | None = None  # HBM capacity (datasheet GB, or what the device reports)
 
     @property
     def cc_major(self) -> int:
@@ -66,12 +70,12 @@ class ModelSpec:
 GPUS: dict[str, GPUSpec] = {
     g.name: g
     for g in (
-        GPUSpec("h100-sxm", 132, (9, 0), 3.35, 989.0, 50.0),
+        GPUSpec("h100-sxm", 132, (9, 0), 3.35, 989.0, 50.0, 80.0),
         # H200: L2 as torch reports it on the test machine (60 MiB).
-        GPUSpec("h200", 132, (9, 0), 4.8, 989.0, 60.0),
-        GPUSpec("h20", 78, (9, 0), 4.0, 148.0, 60.0),
-        GPUSpec("a100-80gb", 108, (8, 0), 2.039, 312.0, 40.0),
-        GPUSpec("b200", 148, (10, 0), 8.0, 2250.0, 126.0),
+        GPUSpec("h200", 132, (9, 0), 4.8, 989.0, 60.0, 141.0),
+        GPUSpec("h20", 78, (9, 0), 4.0, 148.0, 60.0, 96.0),
+        GPUSpec("a100-80gb", 108, (8, 0), 2.039, 312.0, 40.0, 80.0),
+        GPUSpec("b200", 148, (10, 0), 8.0, 2250.0, 126.0, 180.0),
     )
 }
 
@@ -134,9 +138,9 @@ def detect_gpu(device: int = 0) -> GPUSpec:
         spec = GPUS[preset]
         # Trust the device over the preset for what it reports (a cut-down or MIG part).
         return GPUSpec(spec.name, props.multi_processor_count, cc, spec.hbm_tbps,
-                       spec.bf16_tflops, props.L2_cache_size / 2**20)
+                       spec.bf16_tflops, props.L2_cache_size / 2**20, props.total_memory / 1e9)
     return GPUSpec(props.name, props.multi_processor_count, cc, None, None,
-                   props.L2_cache_size / 2**20)
+                   props.L2_cache_size / 2**20, props.total_memory / 1e9)
 
 
 def resolve_gpu(name: str) -> GPUSpec:

@@ -135,18 +135,24 @@ def decode_bs_ranges(
     decode_bs_divisor: int = DEFAULT_DECODE_BS_DIVISOR,
     manual_divisions: list[list[int]] | None = None,
 ) -> list[tuple[int, int | None, int]]:
-    """(first bs, last bs or None for 'and above', level) runs of choose_group with a prefill."""
-    thresholds = [t for _, _, t in manual_divisions or []]
-    top = max([decode_bs_divisor, *thresholds]) + 1  # beyond this the choice no longer changes
+    """(first bs, last bs or None for 'and above', level) runs of choose_group with a prefill.
+
+    The choice can change only where a manual threshold is reached, or where
+    bs * (n - 2) // divisor steps up, so only those batch sizes are evaluated (any divisor or
+    threshold is cheap)."""
+    if manual_divisions:
+        starts = {t for _, _, t in manual_divisions if t >= 1}
+    else:
+        middle = len(groups) - 2
+        starts = {-(-k * decode_bs_divisor // middle) for k in range(1, middle + 1)}
     runs: list[tuple[int, int | None, int]] = []
-    for bs in range(1, top + 1):
+    for bs in sorted(starts | {1}):
         level = choose_group(groups, bs, True, decode_bs_divisor, manual_divisions)
         if runs and runs[-1][2] == level:
-            runs[-1] = (runs[-1][0], bs, level)
-        else:
-            runs.append((bs, bs, level))
-    first, _, level = runs[-1]
-    runs[-1] = (first, None, level)
+            continue
+        if runs:
+            runs[-1] = (runs[-1][0], bs - 1, runs[-1][2])
+        runs.append((bs, None, level))
     return runs
 
 
@@ -261,10 +267,16 @@ def parse_config(raw, source: str = "pdmux config") -> PDMuxConfig:
 def load_config(path: str | Path, total_sms: int | None = None, major: int | None = None) -> PDMuxConfig:
     """Read SGLang's pdmux YAML; with a GPU given, also check manual divisions against it."""
     path = Path(path)
+    if path.is_dir():
+        raise PdmuxError(f"pdmux config {path} is a directory, not a YAML file")
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise PdmuxError(f"cannot read pdmux config {path}: {err.strerror}") from None
+    except UnicodeDecodeError:
+        raise PdmuxError(f"pdmux config {path} is not text (UTF-8 YAML expected)") from None
+    if not text.strip():
+        raise PdmuxError(f"pdmux config {path} is empty; it needs at least sm_group_num")
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as err:
@@ -288,5 +300,12 @@ def dump_config(config: PDMuxConfig, path: str | Path | None = None) -> str:
     }
     text = yaml.safe_dump(data, sort_keys=False, default_flow_style=None)
     if path is not None:
-        Path(path).write_text(text)
+        path = Path(path)
+        if path.is_dir():
+            raise PdmuxError(f"cannot write the pdmux config to {path}: it is a directory")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        except OSError as err:
+            raise PdmuxError(f"cannot write the pdmux config to {path}: {err.strerror}") from None
     return text

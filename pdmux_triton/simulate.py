@@ -97,9 +97,9 @@ class SimExecutor:
     def mixed(self, decoding: list[Request], prompt: Request, start: int, n: int):
         self._drain()
         last = start + n == len(prompt.prompt)
-        step = cost.mixed_step_s(self.model, self.decode_rate, self.prefill_rate, self.total_sms,
-                                 sum(r.context for r in decoding), len(decoding), n, start,
-                                 samples_chunk=last)
+        step = float(cost.mixed_step_s(self.model, self.decode_rate, self.prefill_rate,
+                                       self.total_sms, sum(r.context for r in decoding),
+                                       len(decoding), n, start, samples_chunk=last))
         self.t = self._enqueue("decode", step)
         return self.t, [0] * len(decoding), 0 if last else None
 

@@ -11,14 +11,13 @@ from __future__ import annotations
 import torch
 
 from pdmux_triton import cost
+from pdmux_triton.calibrate import DECODE_WORKLOADS
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.hardware import ModelSpec
 from pdmux_triton.kernels import decode_attention, linear, stream_read
 from pdmux_triton.model import DecodeBatch, ExtendBatch, KVCache, Model, Weights
 from pdmux_triton.paged_kv import PagedKV, page_table
 from pdmux_triton.partition import Budget
-
-DECODE_WORKLOADS = ("stream_read", "decode_attention", "decode_linear", "decode_step")
 
 
 class Workload:

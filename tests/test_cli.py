@@ -1,28 +1,42 @@
-"""The command line: what each subcommand prints, and one clear line for bad input."""
+"""The command line: what each subcommand prints, and for every bad input one clear line on
+stderr with exit code 2 (no traceback, no silent nonsense, no unbounded work)."""
 
 import json
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
 
-from pdmux_triton import cli, policy
+from pdmux_triton import cli, plots, policy
 
 CALIBRATION = "bench/results/calibrate-h200.json"
 COMPARISON = "bench/results/compare-h200.json"
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="has a GPU: would measure")
 
 
-def run(*args):
+def run(*args, **kw):
     return subprocess.run([sys.executable, "-m", "pdmux_triton", *args], capture_output=True,
-                          text=True)
+                          text=True, **kw)
 
+
+def fails(capsys, argv, message):
+    """The CLI exits 2 with exactly one line on stderr that says `message`."""
+    assert cli.main(argv) == 2, argv
+    err = capsys.readouterr().err
+    assert message in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+
+
+# --- what the subcommands print ------------------------------------------------------------
 
 def test_levels_table(capsys):
     assert cli.main(["levels"]) == 0
     out = capsys.readouterr().out
-    assert "prefill only" in out and "36+           level 6 (72/60)" in out and "    5           80          52" in out
+    assert "prefill only" in out and "36+           level 6 (72/60)" in out
+    assert "    5           80          52" in out
 
 
 def test_levels_json_for_a_custom_gpu(capsys):
@@ -33,12 +47,12 @@ def test_levels_json_for_a_custom_gpu(capsys):
 
 
 def test_levels_written_config_loads_back(tmp_path, capsys):
-    path = tmp_path / "h20.yaml"
+    path = tmp_path / "sub" / "dir" / "h20.yaml"  # folders are made
     assert cli.main(["levels", "--gpu", "h20", "--write-config", str(path)]) == 0
     config = policy.load_config(path, 78, 9)
     assert config.sm_group_num == 5 and [d[:2] for d in config.manual_divisions] == [
         [56, 22], [48, 30], [40, 38]]
-    capsys.readouterr()
+    assert "allow 3 splits, so 5 levels, not the 8 asked for" in capsys.readouterr().err
     assert cli.main(["levels", "--gpu", "h20", "--config", str(path), "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)["levels"]) == 5
 
@@ -48,20 +62,35 @@ def test_advise_from_the_h200_calibration(command, tmp_path, capsys):
     out = tmp_path / "advised.yaml"
     assert cli.main([*command, "--gpu", "h200", "--calibration", CALIBRATION, "--itl-ms", "20",
                      "--write-config", str(out)]) == 0
-    assert "decode batch" in capsys.readouterr().out
+    assert "predicted step ms" in capsys.readouterr().out
     assert policy.load_config(out, 132, 9).manual_divisions
-    assert cli.main([*command, "--gpu", "h200", "--calibration", CALIBRATION]) == 2
-    assert "--calibration needs --itl-ms" in capsys.readouterr().err
+    fails(capsys, [*command, "--gpu", "h200", "--calibration", CALIBRATION],
+          "--calibration needs --itl-ms")
 
 
-def test_estimate_json_rows(capsys):
+def test_estimate_json_carries_its_inputs(capsys):
     assert cli.main(["estimate", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
-    for row in rows:
+    data = json.loads(capsys.readouterr().out)
+    assert data["inputs"]["decode_batch"] == 32 and data["inputs"]["gpu"]["name"] == "h100-sxm"
+    assert {"version", "commit", "date"} <= set(data)
+    for row in data["rows"]:
         assert {"approach", "itl_ms", "prefill_ms", "tokens_during_prefill", "steps"} <= set(row)
-    chunked = next(r for r in rows if r["approach"] == "chunked_512")
+    chunked = next(r for r in data["rows"] if r["approach"] == "chunked_512")
     assert chunked["steps"] == 16 and round(chunked["prefill_ms"]) == 286
-    assert next(r for r in rows if r["approach"] == "decode_only")["prefill_ms"] is None
+
+
+def test_an_sm_override_names_the_gpu_once_and_says_what_stays(capsys):
+    assert cli.main(["estimate", "--sms", "78", "--cc", "9.0"]) == 0
+    captured = capsys.readouterr()
+    assert "h100-sxm-78sm (78 SMs, 3.35 TB/s, 989 bf16 TFLOP/s)" in captured.out
+    assert "the h100-sxm preset with 78 SMs instead of 132" in captured.err
+
+
+def test_help_shows_defaults_and_allowed_values(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["run", "--help"])
+    out = capsys.readouterr().out
+    assert "(default: 32)" in out and "grid_cap, green" in out and "(default: 2048,512)" in out
 
 
 @no_gpu
@@ -72,7 +101,8 @@ def test_run_simulates_without_a_gpu(tmp_path, capsys):
     printed = capsys.readouterr().out
     out = json.loads((tmp_path / "run-h200.json").read_text())
     assert json.loads(printed) == out  # progress goes to stderr, stdout is pure JSON
-    assert out["mode"] == "simulated"
+    assert out["mode"] == "simulated" and out["inputs"]["decode_tokens"] == 64
+    assert out["inputs"]["calibration"] == CALIBRATION and out["version"]
     strategies = out["summary"]["strategies"]
     assert set(strategies) == {"decode_only", "prefill_first", "chunked_2048", "chunked_512",
                                "pdmux_grid_cap", "pdmux_green"}
@@ -85,32 +115,134 @@ def test_run_simulates_without_a_gpu(tmp_path, capsys):
 
 
 @no_gpu
-def test_measuring_commands_need_a_gpu(capsys):
-    assert cli.main(["calibrate", "--out", "/tmp/none"]) == 2
-    assert "measuring needs a CUDA GPU" in capsys.readouterr().err
-    assert cli.main(["compare", "--out", "/tmp/none"]) == 2
-    assert "measuring needs a CUDA GPU" in capsys.readouterr().err
-    assert cli.main(["calibrate", "--workloads", "prefill_magic"]) == 2
-    assert "unknown workload 'prefill_magic'" in capsys.readouterr().err
-    assert cli.main(["calibrate", "--ctas", "0,2"]) == 2
-    assert "--ctas takes CTAs per SM >= 1" in capsys.readouterr().err
+def test_replay_serves_the_same_run(tmp_path, capsys):
+    first, again = tmp_path / "first", tmp_path / "again"
+    assert cli.main(["run", "--gpu", "h20", "--workload", "poisson", "--rate", "3", "--count",
+                     "12", "--seed", "7", "--chunks", "1024", "--out", str(first)]) == 0
+    assert cli.main(["run", "--replay", str(first / "run-h20.json"), "--out", str(again)]) == 0
+    a, b = (json.loads((d / "run-h20.json").read_text()) for d in (first, again))
+    assert a["inputs"] == b["inputs"] and a["rows"] == b["rows"] and a["details"] == b["details"]
+    capsys.readouterr()
+    fails(capsys, ["run", "--replay", str(first / "run-h20.json"), "--rate", "5"],
+          "--rate does nothing with --replay")
+    fails(capsys, ["run", "--replay", CALIBRATION], "has no run inputs to replay")
 
 
-@pytest.mark.parametrize("args,message", [
+@no_gpu
+def test_run_prints_its_table_when_matplotlib_is_missing(tmp_path, capsys, monkeypatch):
+    from pdmux_triton.errors import PdmuxError
+
+    def no_matplotlib(*args):
+        raise PdmuxError("plots need matplotlib: pip install 'pdmux-triton[plot]'")
+    monkeypatch.setattr(plots, "timeline", no_matplotlib)
+    assert cli.main(["run", "--decode-tokens", "16", "--out", str(tmp_path)]) == 0
+    captured = capsys.readouterr()
+    assert "pdmux_grid_cap" in captured.out and "simulated on the cost model" in captured.out
+    assert "no plot: plots need matplotlib" in captured.err
+    assert (tmp_path / "run-h100-sxm.json").exists()
+
+
+# --- bad input: one line, exit 2 -----------------------------------------------------------
+
+@pytest.fixture
+def files(tmp_path):
+    (tmp_path / "empty.yaml").write_text("")
+    (tmp_path / "empty.json").write_text("")
+    (tmp_path / "latin1.yaml").write_bytes(b"sm_group_num: 8 \xff\xfe\n")
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "a_dir").mkdir()
+    return tmp_path
+
+
+BAD = [
+    # unknown names and shapes
     (["levels", "--sms", "20"], "no PD-mux split of 20 SMs"),
     (["levels", "--cc", "11.0"], "unsupported compute capability 11.x"),
-    (["levels", "--cc", "nine"], "compute capability must look like 9.0"),
+    (["levels", "--cc", "nine"], "levels --cc: compute capability must look like 9.0"),
     (["levels", "--gpu", "v100"], "unknown GPU 'v100'"),
-    (["estimate", "--batch", "-1"], "decode batch must be an integer >= 1, got -1"),
+    (["levels", "--sms", "99999999999999999999999"], "levels --sms: expected an integer <= 4096"),
     (["estimate", "--model", "gpt5"], "unknown model 'gpt5'"),
+    (["run", "--kinds", "mig"], "run --kinds: expected one of grid_cap, green, got 'mig'"),
+    (["levels", "--frob"], "unrecognized arguments: --frob"),
+    # files
     (["levels", "--config", "/nonexistent/pdmux.yaml"], "cannot read pdmux config"),
-    (["run", "--kinds", "mig"], "partition kinds are grid_cap and green, got 'mig'"),
-])
-def test_bad_input_is_one_line_and_exit_2(args, message):
-    result = run(*args)
-    assert result.returncode == 2
-    assert message in result.stderr
-    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    (["levels", "--config", "{d}/latin1.yaml"], "is not text (UTF-8 YAML expected)"),
+    (["levels", "--config", "{d}/empty.yaml"], "is empty; it needs at least sm_group_num"),
+    (["levels", "--config", "{d}/a_dir"], "is a directory, not a YAML file"),
+    (["levels", "--write-config", "{d}/a_dir"], "cannot write the pdmux config to"),
+    (["run", "--calibration", "{d}/missing.json"], "cannot read calibration"),
+    (["run", "--calibration", "{d}/empty.yaml"], "calibration {d}/empty.yaml is empty"),
+    (["run", "--calibration", CALIBRATION, "--gpu", "h200", "--compare", "{d}/missing.json"],
+     "cannot read comparison"),
+    (["advise", "--gpu", "h200", "--calibration", "{d}/missing.json", "--itl-ms", "12"],
+     "cannot read calibration"),
+    (["advise", "--gpu", "h200", "--calibration", "{d}/empty.json", "--itl-ms", "12"],
+     "is empty"),
+    (["run", "--out", "{d}/a_file"], "--out {d}/a_file is a file; it must be a folder"),
+    (["run", "--gpu", "h100-sxm", "--calibration", CALIBRATION],
+     "was measured on 'h200', not on 'h100-sxm'"),
+    # numbers
+    (["estimate", "--batch", "-1"], "estimate --batch: expected an integer >= 1, got -1"),
+    (["estimate", "--s-sat", "inf"], "estimate --s-sat: expected a finite number, got 'inf'"),
+    (["estimate", "--s-sat", "nan"], "estimate --s-sat: expected a finite number, got 'nan'"),
+    (["run", "--s-sat", "inf"], "run --s-sat: expected a finite number"),
+    (["estimate", "--bandwidth-tbps", "0"], "estimate --bandwidth-tbps: expected a number > 0"),
+    (["estimate", "--bandwidth-tbps", "-3"], "expected a number > 0, got -3"),
+    (["estimate", "--tflops", "0"], "estimate --tflops: expected a number > 0, got 0"),
+    (["estimate", "--tflops", "-989"], "expected a number > 0, got -989"),
+    (["estimate", "--tflops", "nan"], "expected a finite number, got 'nan'"),
+    (["estimate", "--mfu", "1.5"], "estimate --mfu: expected a number <= 1"),
+    (["run", "--kinds", "", "--calibration", CALIBRATION], "run --kinds: expected at least one"),
+    (["run", "--chunks", "2048,2048"], "run --chunks: 2048 listed more than once"),
+    (["run", "--kinds", "green,green"], "run --kinds: green listed more than once"),
+    (["estimate", "--chunks", "512,512"], "estimate --chunks: 512 listed more than once"),
+    (["calibrate", "--ctas", "0,2"], "calibrate --ctas: expected an integer >= 1, got 0"),
+    (["calibrate", "--workloads", "prefill_magic"], "expected one of stream_read"),
+    (["run", "--seed", "-1"], "run --seed: expected an integer >= 0"),
+    # flags that conflict or would do nothing
+    (["levels", "--itl-ms", "12"], "--itl-ms does nothing without --calibration"),
+    (["levels", "--kind", "grid_cap", "--context", "4096"],
+     "--context, --kind do nothing without --calibration"),
+    (["run", "--compare", COMPARISON, "--gpu", "h200"], "--compare calibrates the prefill rate"),
+    (["run", "--rate", "4"], "--rate does nothing with --workload chapter"),
+    (["run", "--workload", "poisson", "--batch", "8"], "--batch does nothing with --workload poisson"),
+    (["levels", "--config", "{d}/pd.yaml", "--sm-group-num", "6"],
+     "--sm-group-num conflicts with --config"),
+    (["advise", "--gpu", "h200", "--itl-ms", "12"], "advise needs --calibration"),
+    # work that cannot fit or would not end
+    (["estimate", "--context", "131072"], "does not fit on the h100-sxm"),
+    (["estimate", "--batch", "99999999999999999999999"], "does not fit on the h100-sxm"),
+    (["estimate", "--chunks", "1", "--prompt", "1000000000"], "does not fit on the h100-sxm"),
+    (["run", "--context", "1000000"], "does not fit on the h100-sxm"),
+    (["run", "--batch", "4096"], "does not fit on the h100-sxm"),
+    (["run", "--chunks", "1", "--prompt", "100000", "--gpu", "h200", "--batch", "1"],
+     "--chunks 1 cuts a 100000-token prompt into 100,000 steps; at most 65,536"),
+    (["run", "--decode-tokens", "8"], "--decode-tokens 8: the decoding requests would finish"),
+    (["run", "--workload", "poisson", "--prompt-mean", "9000"],
+     "--prompt-mean 9000 must be at most --prompt-max 8192"),
+]
+
+
+@pytest.mark.parametrize("argv,message", BAD, ids=[" ".join(a)[:60] for a, _ in BAD])
+def test_bad_input_is_one_line_and_exit_2(argv, message, files, capsys):
+    (files / "pd.yaml").write_text("sm_group_num: 8\n")
+    argv = [a.replace("{d}", str(files)) for a in argv]
+    fails(capsys, argv, message.replace("{d}", str(files)))
+
+
+@no_gpu
+def test_measuring_commands_need_a_gpu(capsys):
+    fails(capsys, ["calibrate", "--out", "/tmp/none"], "measuring needs a CUDA GPU")
+    fails(capsys, ["compare", "--out", "/tmp/none"], "measuring needs a CUDA GPU")
+
+
+def test_calibrate_without_torch_installed():
+    """The README's main install has no torch: a measuring command says so in one line."""
+    code = ("import sys; sys.modules['torch'] = None; from pdmux_triton.cli import main; "
+            "sys.exit(main(['calibrate']))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 2 and "torch is not installed" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
 
 
 def test_malformed_yaml_via_cli(tmp_path):
@@ -118,3 +250,28 @@ def test_malformed_yaml_via_cli(tmp_path):
     path.write_text("sm_group_num: [8\n")
     result = run("levels", "--config", str(path))
     assert result.returncode == 2 and "malformed YAML" in result.stderr
+
+
+# --- pipes and Ctrl-C ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv", [["estimate", "--json"], ["levels"],
+                                  ["run", "--json", "--decode-tokens", "16"]])
+def test_a_reader_that_stops_early_gets_no_traceback(argv):
+    proc = subprocess.Popen([sys.executable, "-m", "pdmux_triton", *argv],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.readline()
+    proc.stdout.close()  # as `| head -1` does
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 0 and "Traceback" not in err and "Error" not in err, err
+
+
+@no_gpu
+def test_ctrl_c_is_one_line_and_exit_130():
+    proc = subprocess.Popen([sys.executable, "-m", "pdmux_triton", "run", "--workload",
+                             "poisson", "--count", "100000", "--rate", "1000", "--gpu", "b200"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(3)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "pdmux-triton: interrupted" and "Traceback" not in err

@@ -19,6 +19,7 @@ LAYERS = [
     {"blocks", "decode_graphs", "timeline", "measure", "workloads", "simulate", "metrics"},
     {"execute", "calibrate_gpu", "compare_gpu", "experiment"},
     {"report", "plots"},
+    {"cli_args"},
     {"cli", "__main__", "__init__"},
 ]
 PURE = ["policy", "hardware", "cost", "results", "partition", "estimate", "advise", "traffic",

@@ -1,0 +1,260 @@
+"""The command line's arguments: every flag, its type, its default and what it allows.
+
+Types validate at the edge (finite, positive, within bounds; lists without repeats), so a bad
+value is one line naming it. Flags are registered with no default of their own: after parsing,
+`given` says which the user passed (so a flag that would do nothing can be refused) and the
+documented defaults are filled in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from pdmux_triton import __version__, policy
+from pdmux_triton.calibrate import DECODE_WORKLOADS
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.hardware import GPUS, MAX_SMS, MODELS
+from pdmux_triton.partition import SPLIT_KINDS
+
+MAX_COUNT = 100_000  # requests in one run
+MAX_CTAS = 32  # programs per SM Hopper can hold
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with usage errors as one line (PdmuxError) instead of usage text on stderr."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
+        self.documented_defaults: dict[str, object] = {}
+
+    def error(self, message):
+        command = self.prog.removeprefix("pdmux-triton").strip()
+        if message.startswith("argument "):  # "argument --rate: ..." -> "run --rate: ..."
+            message = message.removeprefix("argument ")
+            raise PdmuxError(f"{command} {message}" if command else message)
+        raise PdmuxError(f"{command}: {message}" if command else message)
+
+    def flag(self, *names, default=None, help="", **kwargs):
+        """An option whose default is filled in after parsing (see `parse`)."""
+        action = self.add_argument(*names, default=None, help=_with_default(help, default, kwargs),
+                                   **kwargs)
+        self.documented_defaults[action.dest] = default
+        return action
+
+
+def _with_default(help: str, default, kwargs) -> str:
+    if kwargs.get("action") in ("store_true", "store_false") or default is None:
+        return help
+    shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
+    return f"{help} (default: {shown})"
+
+
+# --- value types ---------------------------------------------------------------------------
+
+def _number(text: str, kind, low, high, what: str, above: bool = False):
+    """`text` as an int or a finite float in [low, high] (above `low` when `above`)."""
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if kind is float and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    if value < low or (above and value == low):
+        raise argparse.ArgumentTypeError(f"expected {what} {'>' if above else '>='} {low:g}, "
+                                         f"got {text}")
+    if high is not None and value > high:
+        raise argparse.ArgumentTypeError(f"expected {what} <= {high:g}, got {text}")
+    return value
+
+
+def integer(low: int = 1, high: int | None = None):
+    def parse(text):
+        return _number(text, int, low, high, "an integer")
+    parse.__name__ = "integer"
+    return parse
+
+
+def number(low: float = 0.0, high: float | None = None, above: bool = True):
+    """A finite float in [low, high], strictly above `low` when `above`."""
+    def parse(text):
+        return _number(text, float, low, high, "a number", above)
+    parse.__name__ = "number"
+    return parse
+
+
+FRACTION = number(0.0, 1.0)
+
+
+def listed(item, name: str = "value"):
+    """Comma-separated values of `item`'s type, at least one, each once."""
+    def parse(text):
+        parts = [p.strip() for p in text.split(",") if p.strip()]
+        if not parts:
+            raise argparse.ArgumentTypeError(f"expected at least one {name}, got {text!r}")
+        values = tuple(item(p) for p in parts)
+        repeated = sorted({v for v in values if values.count(v) > 1}, key=str)
+        if repeated:
+            raise argparse.ArgumentTypeError(
+                f"{', '.join(map(str, repeated))} listed more than once: give each once")
+        return values
+    parse.__name__ = f"{name} list"
+    return parse
+
+
+def choice(allowed: tuple[str, ...]):
+    def parse(text):
+        if text not in allowed:
+            raise argparse.ArgumentTypeError(f"expected one of {', '.join(allowed)}, got {text!r}")
+        return text
+    parse.__name__ = "choice"
+    return parse
+
+
+def compute_capability(text: str) -> tuple[int, int]:
+    try:
+        major, minor = (int(p) for p in text.split("."))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"compute capability must look like 9.0, got {text!r}") from None
+    return major, minor
+
+
+# --- the flags -----------------------------------------------------------------------------
+
+def _gpu_flags(p: Parser) -> None:
+    p.flag("--gpu", default="h100-sxm",
+           help=f"GPU preset ({', '.join(GPUS)}) or 'local' for the GPU torch sees")
+    p.flag("--sms", type=integer(1, MAX_SMS), help="override the GPU's SM count")
+    p.flag("--cc", type=compute_capability, help="override the compute capability, e.g. 9.0")
+    p.flag("--config", help="SGLang pdmux YAML (--pdmux-config-path) to take levels from")
+    p.flag("--json", action="store_true", help="print machine-readable JSON")
+
+
+def _model_flag(p: Parser) -> None:
+    p.flag("--model", default="qwen3-8b", help=f"model preset: {', '.join(MODELS)}")
+
+
+def _levels_flags(p: Parser, what: str) -> None:
+    p.flag("--sm-group-num", type=integer(3, 64), default=policy.DEFAULT_SM_GROUP_NUM,
+           help="number of levels, SGLang's sm_group_num (conflicts with --config)")
+    p.flag("--write-config", metavar="FILE", help=f"write {what} as an SGLang pdmux YAML")
+
+
+def _advise_flags(p: Parser) -> None:
+    p.flag("--calibration", metavar="FILE", help="calibrate-<gpu>.json: the measured decode curves")
+    p.flag("--itl-ms", type=number(), help="the decode step time (ms) to stay under")
+    _model_flag(p)
+    p.flag("--context", type=integer(1), default=2048, help="context of the decoding requests")
+    p.flag("--kind", type=choice(SPLIT_KINDS), default="green",
+           help=f"which measured curve to trust: {', '.join(SPLIT_KINDS)}")
+
+
+def _measure_flags(p: Parser) -> None:
+    p.flag("--out", default="pdmux-results", help="folder for JSON, points and plots")
+    _model_flag(p)
+    p.flag("--batch", type=integer(1), default=32, help="decode batch size")
+    p.flag("--context", type=integer(1), default=2048, help="context of each decoding request")
+    p.flag("--prefill-tokens", type=integer(1), default=8192,
+           help="prompt length of the prefill running beside decode")
+
+
+CHAPTER_FLAGS = ("batch", "context", "prompt", "decode_tokens")
+POISSON_FLAGS = ("rate", "count", "prompt_mean", "prompt_max", "output_mean", "output_max")
+REPLAY_KEEPS = ("replay", "out", "json", "simulate")  # what --replay leaves to the command line
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="pdmux-triton",
+                    description="Measure and tune PD multiplexing: prefill and decode on split SMs.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    p = sub.add_parser("levels", help="SGLang's PD-mux levels and which decode batch picks which")
+    _gpu_flags(p)
+    _levels_flags(p, "these levels (with manual_divisions)")
+    _advise_flags(p)  # with --calibration: `advise`, kept as an alias
+
+    p = sub.add_parser("advise", help="levels whose decode step beside a prefill meets an ITL "
+                       "target, from a calibration")
+    _gpu_flags(p)
+    _levels_flags(p, "the advised levels")
+    _advise_flags(p)
+
+    p = sub.add_parser("estimate", help="the chapter's cost model: ITL and prefill time by approach")
+    _gpu_flags(p)
+    _model_flag(p)
+    p.flag("--batch", type=integer(1), default=32, help="requests decoding")
+    p.flag("--context", type=integer(0), default=2048, help="context of each decoding request")
+    p.flag("--prompt", type=integer(1), default=8192, help="tokens of the arriving prompt")
+    p.flag("--chunks", type=listed(integer(1), "chunk size"), default=(2048, 512),
+           help="chunk sizes, e.g. 2048,512")
+    p.flag("--s-sat", type=listed(number(0.0, MAX_SMS), "S_SAT"), default=(44.0, 66.0, 88.0),
+           help="S_SAT values (SMs) to try, e.g. 44,66,88")
+    p.flag("--bw-eff", type=FRACTION, default=0.85, help="achieved fraction of HBM bandwidth")
+    p.flag("--mfu", type=FRACTION, default=0.5, help="achieved fraction of bf16 FLOP/s")
+    p.flag("--bandwidth-tbps", type=number(0.0, 1e3), help="override the GPU's HBM TB/s")
+    p.flag("--tflops", type=number(0.0, 1e6), help="override the GPU's dense bf16 TFLOP/s")
+    p.flag("--sm-group-num", type=integer(3, 64), default=policy.DEFAULT_SM_GROUP_NUM,
+           help="number of levels, SGLang's sm_group_num (conflicts with --config)")
+
+    p = sub.add_parser("calibrate", help="measure decode bandwidth vs SMs and S_SAT (needs a GPU)")
+    _measure_flags(p)
+    p.flag("--workloads", type=listed(choice(DECODE_WORKLOADS), "workload"),
+           default=DECODE_WORKLOADS, help=f"what to sweep: {', '.join(DECODE_WORKLOADS)}")
+    p.flag("--kinds", type=listed(choice(SPLIT_KINDS), "kind"), default=SPLIT_KINDS,
+           help=f"partition kinds: {', '.join(SPLIT_KINDS)}")
+    p.flag("--ctas", type=listed(integer(1, MAX_CTAS), "CTAs per SM"), default=(1, 2, 4),
+           help="CTAs per SM to sweep")
+    p.flag("--budgets", type=listed(integer(1, MAX_SMS), "budget"),
+           help="SM budgets (default: every granularity step)")
+    p.flag("--no-corun", action="store_true", help="skip the runs beside a prefill")
+    p.flag("--remeasure", action="store_true",
+           help="forget the saved points of these workloads first (after a kernel change)")
+
+    p = sub.add_parser("run", help="serve a workload with every strategy: ITL and TTFT")
+    _gpu_flags(p)
+    _model_flag(p)
+    p.flag("--workload", type=choice(("chapter", "poisson")), default="chapter",
+           help="chapter (a batch decoding, one prompt arrives) or poisson (a request stream)")
+    p.flag("--simulate", action="store_true",
+           help="use the cost-model clock even when a GPU is present")
+    p.flag("--replay", metavar="FILE", help="serve again the inputs saved in a run-<gpu>.json")
+    p.flag("--batch", type=integer(1), default=32, help="chapter: requests decoding")
+    p.flag("--context", type=integer(1), default=2048, help="chapter: their context")
+    p.flag("--prompt", type=integer(1), default=8192, help="chapter: the arriving prompt")
+    p.flag("--decode-tokens", type=integer(2, 1_000_000), default=96,
+           help="chapter: tokens each decodes")
+    p.flag("--rate", type=number(0.0, 1e6), default=2.0, help="poisson: requests per second")
+    p.flag("--count", type=integer(1, MAX_COUNT), default=64, help="poisson: requests")
+    p.flag("--prompt-mean", type=integer(1), default=1024, help="poisson: mean prompt tokens")
+    p.flag("--prompt-max", type=integer(1), default=8192, help="poisson: longest prompt")
+    p.flag("--output-mean", type=integer(1), default=128, help="poisson: mean output tokens")
+    p.flag("--output-max", type=integer(1), default=512, help="poisson: longest output")
+    p.flag("--seed", type=integer(0, 2**32 - 1), default=0, help="seed of the requests")
+    p.flag("--chunks", type=listed(integer(1), "chunk size"), default=(2048, 512),
+           help="chunked prefill sizes")
+    p.flag("--kinds", type=listed(choice(SPLIT_KINDS), "kind"), default=SPLIT_KINDS,
+           help=f"partition kinds for pd-mux: {', '.join(SPLIT_KINDS)}")
+    p.flag("--s-sat", type=number(0.0, MAX_SMS), default=66.0,
+           help="decode S_SAT (SMs) of the estimate and of a simulation without --calibration")
+    p.flag("--bw-eff", type=FRACTION, default=0.85, help="achieved fraction of HBM bandwidth")
+    p.flag("--mfu", type=FRACTION, default=0.5, help="achieved fraction of bf16 FLOP/s")
+    p.flag("--calibration", metavar="FILE", help="calibrate-<gpu>.json: measured decode curves")
+    p.flag("--compare", metavar="FILE", help="compare-<gpu>.json: measured prefill rates")
+    p.flag("--out", metavar="DIR", help="folder for run-<gpu>.json and the ITL timeline plot")
+
+    p = sub.add_parser("compare", help="grid capping vs green contexts at every level (needs a GPU)")
+    _measure_flags(p)
+    return parser
+
+
+def parse(argv: list[str] | None) -> tuple[argparse.Namespace, set[str]]:
+    """The parsed arguments with their defaults, and the names of those the user gave."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    sub = parser._subparsers._group_actions[0].choices[args.command]
+    given = {dest for dest in sub.documented_defaults if getattr(args, dest) not in (None, False)}
+    for dest, default in sub.documented_defaults.items():
+        if getattr(args, dest) is None:
+            setattr(args, dest, default)
+    return args, given
