@@ -5,6 +5,8 @@
 # run a subset (a device call allows 600 s). All logs go to $OUT/session.log (the device
 # returns at most 8 files), results beside it.
 #
+#   bash bench/gpu_session.sh tests host                  # gpu tests, host costs per round
+#   RATES=2,4,6,8 bash bench/gpu_session.sh capacity      # measured capacity at those rates
 #   bash bench/gpu_session.sh tests kernels run occupancy   # ~5 min
 #   bash bench/gpu_session.sh calibrate run advised         # ~3.5 min: after a decode-kernel change,
 #       re-measures the decode workloads (CTAs 1) into a copy of the committed calibration, then
@@ -28,7 +30,8 @@ step() {  # step NAME SECONDS COMMAND...
 }
 
 python3 -m pip install -q --no-deps --no-build-isolation -e . >> "$LOG" 2>&1
-step tests 140 python3 -m pytest -q -m gpu tests
+step tests 420 python3 -m pytest -q -m gpu tests
+step host 90 python3 bench/host_costs.py --out "$OUT"
 step profile 60 python3 bench/profile_decode.py --budget 16
 step kernels 110 python3 bench/bench_kernels.py --quick --out "$OUT"
 step calibrate 150 bash -c 'cp bench/results/calibrate-points-h200.jsonl \
@@ -49,4 +52,12 @@ step occupancy 40 python3 bench/decode_occupancy.py --out "$OUT" --sections atte
     --budgets 16,132 --cases 32x8192,ragged32_100_16000
 step ncu 50 ncu --clock-control none -k regex:_decode_kernel -c 1 --section SpeedOfLight \
     --section MemoryWorkloadAnalysis --section WarpStateStats python3 bench/profile_decode.py --budget 16
-grep -E "^(== |   )|passed|failed|MISS|  ok" "$LOG" | tail -40
+# capacity points go to bench/results/capacity, which travels with the tree: a call cut short
+# by its time limit resumes there on the next call (copy the points back between calls)
+export RATES=${RATES:-}
+export STRATEGIES=${STRATEGIES:-prefill_first,chunked_512,chunked_2048,pdmux_grid_cap}
+step capacity ${CAPACITY_S:-540} pdmux-triton capacity --out bench/results/capacity \
+    --count "${COUNT:-100}" --strategies "$STRATEGIES" ${RATES:+--rates "$RATES"} \
+    --calibration "$CALIBRATION" --compare bench/results/compare-h200.json
+[ -d bench/results/capacity ] && cp -r bench/results/capacity "$OUT"/
+grep -E "^(== |   )|passed|failed|MISS|  ok|capacity req/s|pdmux_|chunked_|prefill_first" "$LOG" | tail -40

@@ -2,7 +2,10 @@
 
 The contract: a kernel given `num_sms` launches at most `num_sms * ctas_per_sm` programs and
 loops over its tiles, so the grid cap emulates an SM partition. Kernels never read the device's
-SM count; only the default budget here does (the whole GPU).
+SM count; only the default budget here does (the whole GPU). Integer arguments that change from
+batch to batch (token counts, batch sizes, block counts, page-table strides) are marked
+`do_not_specialize`: Triton would otherwise compile a variant per value class (== 1, divisible
+by 16) whenever a new batch shape shows up, in the middle of a measured run.
 """
 
 from __future__ import annotations

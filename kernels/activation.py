@@ -11,7 +11,7 @@ from pdmux_triton.kernels._launch import (FLOAT_DTYPES, check_tensor, grid_size,
                                           row_piece, telemetry_args)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _silu_mul_kernel(x_ptr, y_ptr, sm_ids_ptr, T, I, sx_t, sy_t,
                      BLOCK: tl.constexpr, RECORD_SM: tl.constexpr):
     pid = tl.program_id(0)

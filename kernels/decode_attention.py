@@ -43,7 +43,7 @@ def _unit_at(pos, work, bi, KV_HEADS):
     return b * KV_HEADS + (pos - before * KV_HEADS) // size
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["B", "spt_b"])
 def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, part_lse_ptr,
                    count_ptr, sm_ids_ptr, B, KV_HEADS, scale_log2, sq_b, sq_h, so_b, so_h, sc_s,
                    sc_h, spt_b, PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr,

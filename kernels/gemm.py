@@ -95,7 +95,7 @@ def _tile_coords(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
     return pid_m, pid_n
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _gemm_kernel(x_desc, w_desc, y_ptr, sm_ids_ptr, M, N, K, stride_ym, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                  RECORD_SM: tl.constexpr):
@@ -147,7 +147,7 @@ def _swapped_product(x_ptr, w_ptr, tile, tiles_m, k_lo, k_hi, M, N, K, stride_xm
     return acc, rm, rn
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def _skinny_kernel(x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, sm_ids_ptr, M, N, K, stride_xm,
                    stride_wn, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, WHOLE_TILES: tl.constexpr,
@@ -217,6 +217,54 @@ def whole_tiles(tiles: int, programs: int, tile_bytes: int) -> bool:
     return busy >= 0.7 or (busy >= 0.45 and waves * tile_bytes <= 2**20)
 
 
+@dataclass(frozen=True)
+class GemmPlan:
+    """How one problem launches: the tile config, the grid, and (skinny) whole tiles or an
+    even split. `variant` is what Triton compiles per: two problems with the same variant
+    share one compiled kernel."""
+
+    config: GemmConfig
+    grid: int
+    whole: bool
+
+    def variant(self, K: int) -> tuple:
+        cfg = self.config
+        return (cfg, self.whole if cfg.skinny else None, K % cfg.block_k == 0)
+
+
+def plan(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device,
+         num_sms: int | None = None, ctas_per_sm: int = 1,
+         config: GemmConfig | None = None) -> GemmPlan:
+    cfg = config
+    if cfg is None:  # the budget and the whole GPU are only needed to choose a tile
+        programs = grid_size(1 << 30, num_sms, ctas_per_sm, device)
+        whole_gpu = grid_size(1 << 30, None, ctas_per_sm, device)
+        cfg = default_config(M, N, K, programs, dtype, whole_gpu)
+    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    if not cfg.skinny:
+        return GemmPlan(cfg, grid_size(tiles, num_sms, ctas_per_sm, device), False)
+    grid = grid_size(tiles * triton.cdiv(K, cfg.block_k), num_sms, ctas_per_sm, device)
+    whole = whole_tiles(tiles, grid, cfg.block_n * K * torch.finfo(dtype).bits // 8)
+    return GemmPlan(cfg, min(grid, tiles) if whole else grid, whole)
+
+
+# above this many rows every problem gets the same large-M tile (default_config)
+LARGE_M = 1025
+
+
+def warm_up_rows(N: int, K: int, dtype: torch.dtype, device: torch.device, budgets,
+                 max_rows: int) -> list[tuple[int, int]]:
+    """(rows, budget) pairs, one for each kernel variant that problems of 1..max_rows rows of
+    x against an [N, K] weight compile on these budgets: running each once compiles everything
+    such problems can need, so none compiles later (in a measured run)."""
+    seen: dict[tuple, tuple[int, int]] = {}
+    rows = [*range(1, min(max_rows, LARGE_M - 1) + 1), *([LARGE_M] if max_rows >= LARGE_M else [])]
+    for budget in budgets:
+        for m in rows:
+            seen.setdefault(plan(m, N, K, dtype, device, budget).variant(K), (m, budget))
+    return list(seen.values())
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None, *,
            num_sms: int | None = None, ctas_per_sm: int = 1, config: GemmConfig | None = None,
            sm_ids: torch.Tensor | None = None) -> torch.Tensor:
@@ -237,34 +285,26 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
         return out
     if K == 0:
         return out.zero_()
-    cfg = config
-    if cfg is None:  # the budget and the whole GPU are only needed to choose a tile
-        programs = grid_size(1 << 30, num_sms, ctas_per_sm, x.device)
-        whole_gpu = grid_size(1 << 30, None, ctas_per_sm, x.device)
-        cfg = default_config(M, N, K, programs, x.dtype, whole_gpu)
-    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    p = plan(M, N, K, x.dtype, x.device, num_sms, ctas_per_sm, config)
+    cfg, grid = p.config, p.grid
+    sm_buf, record = telemetry_args(sm_ids, grid, x.device)
     if cfg.skinny:
-        grid = grid_size(tiles * triton.cdiv(K, cfg.block_k), num_sms, ctas_per_sm, x.device)
-        whole = whole_tiles(tiles, grid, cfg.block_n * K * weight.element_size())
-        if whole:
-            grid = min(grid, tiles)
+        if p.whole:
             part = counters = out  # nothing is split: no partials, no counters
         else:
             # a program's range cuts at most one tile at each end: tiles + programs partials
+            tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
             part = torch.empty((tiles + grid, cfg.block_m * cfg.block_n), dtype=torch.float32,
                                device=x.device)
             counters = arrival_counters(tiles, x.device)
-        sm_buf, record = telemetry_args(sm_ids, grid, x.device)
         _skinny_kernel[(grid,)](
             x, weight, out, part, counters, sm_buf, M, N, K, x.stride(0), weight.stride(0),
             out.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-            EVEN_K=K % cfg.block_k == 0, WHOLE_TILES=whole, RECORD_SM=record,
+            EVEN_K=K % cfg.block_k == 0, WHOLE_TILES=p.whole, RECORD_SM=record,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages)
         return out
     for name, t in (("x", x), ("weight", weight)):
         check_tma_rows(name, t, "; for bf16/fp16 that means K a multiple of 8")
-    grid = grid_size(tiles, num_sms, ctas_per_sm, x.device)
-    sm_buf, record = telemetry_args(sm_ids, grid, x.device)
     _gemm_kernel[(grid,)](
         TensorDescriptor.from_tensor(x, [cfg.block_m, cfg.block_k]),
         TensorDescriptor.from_tensor(weight, [cfg.block_n, cfg.block_k]), out, sm_buf, M, N, K,

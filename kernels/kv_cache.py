@@ -15,7 +15,7 @@ from pdmux_triton.kernels._launch import (FLOAT_DTYPES, INDEX_DTYPES, check_tens
                                           record_sm, row_piece, telemetry_args)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["T"])
 def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, sm_ids_ptr, T, HD, sk_t, sv_t, sc_s,
                      BLOCK: tl.constexpr, RECORD_SM: tl.constexpr):
     pid = tl.program_id(0)

@@ -28,7 +28,7 @@ from pdmux_triton.kernels._paged import (AttnConfig, attend_range, check_paged_i
 LOG2E = 1.4426950408889634
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_blocks", "B", "spt_b"])
 def _extend_kernel(q_desc, k_desc, v_desc, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_ptr, sm_ids_ptr,
                    num_blocks, B, Q_HEADS, scale_log2, so_t, so_h, sc_s, sc_h, spt_b,
                    PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,

@@ -15,7 +15,7 @@ from pdmux_triton.kernels._launch import (FLOAT_DTYPES, check_tensor, grid_size,
                                           telemetry_args)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rows"])
 def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, sm_ids_ptr, rows, H, D,
                     sx_t, sx_h, sr_t, sr_h, sy_t, sy_h, eps,
                     HAS_RESIDUAL: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,

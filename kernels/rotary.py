@@ -23,7 +23,7 @@ def rope_cache(max_positions: int, head_dim: int, theta: float,
     return torch.cat([angles.cos(), angles.sin()], dim=1).to(torch.float32).to(device)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["rows"])
 def _rope_kernel(x_ptr, pos_ptr, cs_ptr, w_ptr, sm_ids_ptr, rows, H, sx_t, sx_h, eps,
                  HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, ROWS: tl.constexpr,
                  NORM: tl.constexpr, RECORD_SM: tl.constexpr):

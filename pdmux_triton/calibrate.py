@@ -7,13 +7,11 @@ output folder skips the points already there.
 
 from __future__ import annotations
 
-import json
-import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.results import provenance, read_json, write_json
+from pdmux_triton.results import PointStore, provenance, write_json
 
 STATES = ("alone", "corun")
 DECODE_WORKLOADS = ("stream_read", "decode_attention", "decode_linear", "decode_step")
@@ -57,49 +55,17 @@ class PointKey:
     state: str  # alone or corun
     sms: int
 
-    def as_tuple(self):
-        return (self.workload, self.kind, self.ctas_per_sm, self.state, self.sms)
 
 
-class PointStore:
-    """Append-only JSON lines; one measured point per line, keyed by PointKey."""
+def point_store(path: Path) -> PointStore:
+    """The sweep's saved points, keyed by PointKey."""
+    return PointStore(path, PointKey)
 
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self.points: dict[tuple, dict] = {}
-        if self.path.exists():
-            for n, line in enumerate(self.path.read_text().splitlines(), 1):
-                if not line.strip():
-                    continue
-                try:
-                    point = json.loads(line)
-                    key = PointKey(**{f: point[f] for f in PointKey.__dataclass_fields__})
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    # a line cut short by a crash: drop it, it will be measured again
-                    print(f"{self.path}:{n}: skipping an unreadable point", file=sys.stderr)
-                    continue
-                self.points[key.as_tuple()] = point
 
-    def has(self, key: PointKey) -> bool:
-        return key.as_tuple() in self.points
-
-    def forget(self, workloads: tuple[str, ...]) -> int:
-        """Drop every saved point of these workloads (all kinds, CTAs, budgets), e.g. after
-        their kernels changed; returns how many were dropped."""
-        kept = {k: p for k, p in self.points.items() if k[0] not in workloads}
-        dropped = len(self.points) - len(kept)
-        self.points = kept
-        if self.path.exists():
-            self.path.write_text("".join(json.dumps(p) + "\n" for p in kept.values()))
-        return dropped
-
-    def add(self, key: PointKey, **values) -> dict:
-        point = {**asdict(key), **values}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a") as f:
-            f.write(json.dumps(point) + "\n")
-        self.points[key.as_tuple()] = point
-        return point
+def forget(store: PointStore, workloads: tuple[str, ...]) -> int:
+    """Drop every saved point of these workloads (all kinds, CTAs, budgets), e.g. after their
+    kernels changed; returns how many were dropped."""
+    return store.forget(lambda point: point["workload"] in workloads)
 
 
 def summarize(points: list[dict]) -> dict:
@@ -118,18 +84,6 @@ def summarize(points: list[dict]) -> dict:
         fit["peak_tbps_any_ctas"] = max(max(c.values()) for c in others)
         summary.setdefault(wl, {}).setdefault(kind, {})[state] = fit
     return summary
-
-
-def check_settings(path: Path, settings: dict) -> None:
-    """Points in a folder must all come from one setting: refuse to mix, save on first use."""
-    path = Path(path)
-    if path.exists():
-        saved = read_json(path, "calibration settings")
-        if saved != settings:
-            raise PdmuxError(f"{path.parent} holds points measured with {saved}; these settings are "
-                             f"{settings}: use another --out folder or the same settings")
-        return
-    write_json(path, settings)
 
 
 def write_results(path: Path, gpu: str, settings: dict, points: list[dict], summary: dict) -> Path:

@@ -1,6 +1,6 @@
 """S_SAT calibration on the GPU: measure every point of a sweep plan not yet in the store, each
 workload on its SM budget (grid cap or green context), alone and beside a prefill on the
-other SMs. Points are saved as they are measured (`calibrate.PointStore`)."""
+other SMs. Points are saved as they are measured (`results.PointStore`)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from dataclasses import replace
 
 import torch
 
-from pdmux_triton.calibrate import STATES, PointKey, PointStore, SweepPlan
+from pdmux_triton.calibrate import STATES, PointKey, SweepPlan
 from pdmux_triton.hardware import model_preset
 from pdmux_triton.measure import time_alone, time_corun
 from pdmux_triton.partition import for_level
+from pdmux_triton.results import PointStore
 from pdmux_triton.streams import Partition
 from pdmux_triton.workloads import PrefillLayers, make_decode_workload
 
@@ -50,7 +51,7 @@ def run_sweep(plan: SweepPlan, store: PointStore, log=print) -> None:
                 budget = replace(part.decode_budget, ctas_per_sm=key.ctas_per_sm)
                 alone_key = PointKey(key.workload, kind, key.ctas_per_sm, "alone", sms)
                 if store.has(alone_key):
-                    alone = store.points[alone_key.as_tuple()]["ms"]
+                    alone = store.get(alone_key)["ms"]
                 else:
                     alone = time_alone(lambda: wl.run(budget), part.decode_stream, graph=True)
                     store.add(alone_key, ms=alone, tbps=wl.rate(alone), realized_sms=part.decode_sms)
@@ -65,7 +66,7 @@ def run_sweep(plan: SweepPlan, store: PointStore, log=print) -> None:
                               alone_tbps=wl.rate(alone), prefill_sms=part.prefill_sms,
                               realized_sms=part.decode_sms)
                 done += 1
-                point = store.points[key.as_tuple()]
+                point = store.get(key)
                 eta = (time.time() - started) / done * (len(todo) - done)
                 log(f"[{done}/{len(todo)} eta {eta:.0f}s] {key.workload} {kind} "
                     f"ctas={key.ctas_per_sm} {key.state} {sms} SMs: {point['tbps']:.2f} TB/s")

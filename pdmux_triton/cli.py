@@ -14,10 +14,12 @@ import sys
 from pathlib import Path
 
 from pdmux_triton import advise, cost, estimate, policy, report
-from pdmux_triton.cli_args import CHAPTER_FLAGS, POISSON_FLAGS, REPLAY_KEEPS, parse
+from pdmux_triton.cli_args import (CHAPTER_FLAGS, EXPONENTIAL_FLAGS, REPLAY_KEEPS, STREAM_FLAGS,
+                                   parse)
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.hardware import GPUSpec, detect_gpu, model_preset, resolve_gpu
-from pdmux_triton.results import load_calibration, provenance, read_json, write_json
+from pdmux_triton.results import (check_settings, load_calibration, provenance, read_json,
+                                  write_json)
 
 
 _NOTES: list[str] = []
@@ -208,10 +210,10 @@ def cmd_calibrate(args, given) -> None:
                                args.batch, args.context, args.prefill_tokens)
     settings = {"model": plan.model, "batch": plan.batch, "context": plan.context,
                 "prefill_tokens": plan.prefill_tokens}
-    calibrate.check_settings(out / f"calibrate-settings-{gpu.name}.json", settings)
-    store = calibrate.PointStore(out / f"calibrate-points-{gpu.name}.jsonl")
+    check_settings(out / f"calibrate-settings-{gpu.name}.json", settings)
+    store = calibrate.point_store(out / f"calibrate-points-{gpu.name}.jsonl")
     if args.remeasure:
-        dropped = store.forget(plan.workloads)
+        dropped = calibrate.forget(store, plan.workloads)
         _note(f"calibrate: forgot {dropped} saved points of {', '.join(plan.workloads)}")
     run_sweep(plan, store, log=_note)
     points = list(store.points.values())
@@ -240,60 +242,77 @@ def cmd_compare(args, given) -> None:
         print(f"wrote {out / f'compare-{gpu.name}.png'}")
 
 
-def _run_settings(args, given):
-    """The run's settings from the flags (or from --replay's file), and why it simulates."""
-    from pdmux_triton.experiment import RunSettings
+def _replayed(args, given):
+    """The settings saved in --replay's file; measured again only on the same GPU."""
+    from pdmux_triton.settings import RunSettings
 
-    if args.replay:
-        _refuse(given, sorted(given - set(REPLAY_KEEPS)), "with --replay, which takes every "
-                "input from its file")
-        data = read_json(args.replay, "run result")
-        if not isinstance(data.get("inputs"), dict):
-            raise PdmuxError(f"{args.replay} has no run inputs to replay (made by `run --out` of "
-                             f"pdmux-triton 0.1 or later?)")
-        settings = RunSettings.from_dict(data["inputs"])
-        simulate = settings.simulate or args.simulate
-        if not simulate:
-            gpu = _measuring_gpu()
-            if gpu.name != settings.gpu.name:
-                raise PdmuxError(f"{args.replay} was measured on {settings.gpu.name}, this GPU is "
-                                 f"{gpu.name}: pass --simulate to simulate its inputs")
-        return dataclasses.replace(settings, simulate=simulate), None
-    if args.workload == "chapter":
-        _refuse(given, POISSON_FLAGS, "with --workload chapter (they shape a poisson stream)")
-    else:
-        _refuse(given, CHAPTER_FLAGS, "with --workload poisson (they shape the chapter's scenario)")
-    simulate, no_gpu = args.simulate, None
+    _refuse(given, sorted(given - set(REPLAY_KEEPS)), "with --replay, which takes every input "
+            "from its file")
+    data = read_json(args.replay, "run result")
+    if not isinstance(data.get("inputs"), dict):
+        raise PdmuxError(f"{args.replay} has no run inputs to replay (made by `run --out` of "
+                         f"pdmux-triton 0.1 or later?)")
+    settings = RunSettings.from_dict(data["inputs"])
+    simulate = settings.simulate or args.simulate
     if not simulate:
+        gpu = _measuring_gpu()
+        if gpu.name != settings.gpu.name:
+            raise PdmuxError(f"{args.replay} was measured on {settings.gpu.name}, this GPU is "
+                             f"{gpu.name}: pass --simulate to simulate its inputs")
+    return dataclasses.replace(settings, simulate=simulate)
+
+
+def _where(args, given) -> tuple[GPUSpec, bool, PdmuxError | None]:
+    """The GPU a run measures on, or the preset it simulates (and why, when there is no GPU)."""
+    if not args.simulate:
         try:
             gpu = _measuring_gpu()
         except PdmuxError as err:
-            simulate, no_gpu = True, err
-        else:
-            chosen = [f for f in ("gpu", "sms", "cc") if f in given
-                      and not (f == "gpu" and args.gpu == "local")]
-            _refuse(given, chosen, f"when measuring on the local {gpu.name} (they choose what "
-                    f"--simulate runs on)")
-    if simulate:
-        gpu = _gpu_from_args(args)
-    settings = RunSettings(
-        gpu=gpu, model=model_preset(args.model), workload=args.workload, simulate=simulate,
-        seed=args.seed, batch=args.batch, context=args.context, prompt=args.prompt,
-        decode_tokens=args.decode_tokens, rate=args.rate, count=args.count,
-        prompt_mean=args.prompt_mean, prompt_max=args.prompt_max, output_mean=args.output_mean,
-        output_max=args.output_max, chunks=args.chunks, kinds=args.kinds,
-        config=_config_from_args(args, given, gpu), s_sat=args.s_sat, bw_eff=args.bw_eff,
-        mfu=args.mfu, calibration=args.calibration, compare=args.compare)
+            return _gpu_from_args(args), True, err
+        chosen = [f for f in ("gpu", "sms", "cc") if f in given
+                  and not (f == "gpu" and args.gpu == "local")]
+        _refuse(given, chosen, f"when measuring on the local {gpu.name} (they choose what "
+                f"--simulate runs on)")
+        return gpu, False, None
+    return _gpu_from_args(args), True, None
+
+
+def _settings(args, given, workload: str):
+    """Settings from the flags, refusing the flags this workload would not use."""
+    from pdmux_triton.settings import RunSettings
+
+    unused = {"chapter": (*STREAM_FLAGS, *EXPONENTIAL_FLAGS, "trace"),
+              "stream": (*CHAPTER_FLAGS, "trace"),
+              "trace": (*CHAPTER_FLAGS, *STREAM_FLAGS, *EXPONENTIAL_FLAGS)}[workload]
+    _refuse(given, [f for f in unused if hasattr(args, f)], f"with --workload {workload}")
+    if getattr(args, "lengths", "exponential") != "exponential":
+        _refuse(given, EXPONENTIAL_FLAGS, f"with --lengths {args.lengths} (they shape "
+                f"--lengths exponential)")
+    gpu, simulate, no_gpu = _where(args, given)
+    fields = {f: getattr(args, f) for f in (
+        "seed", "batch", "context", "prompt", "decode_tokens", "rate", "count", "burstiness",
+        "lengths", "prompt_mean", "prompt_max", "output_mean", "output_max", "trace", "chunks",
+        "kinds", "slo_ttft_ms", "slo_tpot_ms", "s_sat", "bw_eff", "mfu", "calibration",
+        "compare", "max_running") if hasattr(args, f)}
+    settings = RunSettings(gpu=gpu, model=model_preset(args.model), workload=workload,
+                           simulate=simulate, config=_config_from_args(args, given, gpu),
+                           prefill_tokens=args.max_prefill_tokens, **fields)
     return settings, no_gpu
+
+
+def _say_why_simulated(settings, no_gpu) -> None:
+    """Once every input checked out: a run asked to measure, with no GPU, simulates."""
+    if no_gpu is not None:
+        _note(f"no GPU here ({no_gpu}): simulating on the {settings.gpu.name} preset")
 
 
 def cmd_run(args, given) -> None:
     from pdmux_triton import experiment, plots
 
-    settings, no_gpu = _run_settings(args, given)
+    settings, no_gpu = ((_replayed(args, given), None) if args.replay
+                        else _settings(args, given, args.workload))
     folder = _out_folder(args.out) if args.out else None
-    if no_gpu is not None:
-        _note(f"no GPU here ({no_gpu}): simulating on the {settings.gpu.name} preset")
+    _say_why_simulated(settings, no_gpu)
     out, results, estimates = experiment.run_experiment(settings, log=_note)
     gpu_name = settings.gpu.name
     if folder:
@@ -306,9 +325,14 @@ def cmd_run(args, given) -> None:
                 else "measured")
         print(f"{settings.model.name} on {gpu_name}, {settings.workload} workload, {mode}:")
         print(report.strategy_table(out["rows"]))
+        if settings.workload != "chapter":
+            print()
+            print(report.serving_table(out["rows"]))
         for title, s, est in estimates:
             print(f"\n{title} for the same scenario:")
             print(report.estimate_table(s, est))
+    for line in out["warnings"]:
+        _note(f"warning: {line}")
     if folder:
         _note(f"wrote {folder / f'run-{gpu_name}.json'}")
         title = (f"ITL of every token: {settings.model.name} on {gpu_name}, {settings.workload} "
@@ -317,8 +341,57 @@ def cmd_run(args, given) -> None:
             _note(f"wrote {folder / f'run-{gpu_name}.png'}")
 
 
+def cmd_capacity(args, given) -> None:
+    from pdmux_triton import capacity_sweep, plots
+    from pdmux_triton.capacity import Criteria
+    from pdmux_triton.capacity_sweep import PointKey
+    from pdmux_triton.metrics import Slo
+    from pdmux_triton.results import PointStore
+    from pdmux_triton.settings import MAX_GPU_RUN_S
+
+    for name in args.strategies:
+        capacity_sweep.variant(name)  # an unknown name fails before anything runs
+    chunks = tuple(capacity_sweep.variant(n).chunk for n in args.strategies
+                   if n.startswith("chunked_"))
+    kinds = tuple(capacity_sweep.variant(n).kind for n in args.strategies
+                  if n.startswith("pdmux_")) or ("grid_cap",)
+    args.chunks, args.kinds = chunks or (2048,), kinds
+    settings, no_gpu = _settings(args, given, "stream")
+    if settings.simulate:
+        _refuse(given, ("rates",), "when simulating (the simulation searches the rate)")
+    for rate in args.rates or ():
+        if args.count / rate > MAX_GPU_RUN_S:
+            raise PdmuxError(f"--rates {rate:g}: {args.count} requests arrive over "
+                             f"~{args.count / rate:,.0f} s, longer than a measured point may "
+                             f"take ({MAX_GPU_RUN_S} s)")
+    criteria = Criteria(Slo(args.slo_ttft_ms, args.slo_tpot_ms), args.attainment,
+                        args.max_sched_delay_s)
+    out = _out_folder(args.out)
+    gpu = settings.gpu.name
+    # every point in the folder must come from the same traffic, model, GPU and cost model
+    stable = {k: v for k, v in settings.as_dict().items()
+              if k not in ("simulate", "rate", "chunks", "kinds")}
+    check_settings(out / f"capacity-settings-{gpu}.json", stable)
+    _say_why_simulated(settings, no_gpu)
+    store = PointStore(out / f"capacity-points-{gpu}.jsonl", PointKey)
+    result = capacity_sweep.run_capacity(settings, tuple(args.strategies), criteria, store,
+                                         args.rates, args.start_rate, args.tol, log=_note)
+    write_json(out / f"capacity-{gpu}.json", result)
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        print(report.capacity_table(result))
+    _note(f"wrote {out / f'capacity-{gpu}.json'}")
+    title = (f"SLO attainment vs request rate: {settings.model.name} on {gpu}, "
+             f"{settings.lengths} lengths, TTFT <= {args.slo_ttft_ms:g} ms and TPOT <= "
+             f"{args.slo_tpot_ms:g} ms")
+    if _plot(plots.capacity, result, title, out / f"capacity-{gpu}.png"):
+        _note(f"wrote {out / f'capacity-{gpu}.png'}")
+
+
 COMMANDS = {"levels": cmd_levels, "advise": cmd_advise, "estimate": cmd_estimate,
-            "calibrate": cmd_calibrate, "compare": cmd_compare, "run": cmd_run}
+            "calibrate": cmd_calibrate, "compare": cmd_compare, "run": cmd_run,
+            "capacity": cmd_capacity}
 
 
 def main(argv: list[str] | None = None) -> int:

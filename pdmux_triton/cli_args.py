@@ -11,11 +11,13 @@ from __future__ import annotations
 import argparse
 import math
 
-from pdmux_triton import __version__, policy
+from pdmux_triton import __version__, policy, scheduler
 from pdmux_triton.calibrate import DECODE_WORKLOADS
+from pdmux_triton.capacity_sweep import DEFAULT_STRATEGIES
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.hardware import GPUS, MAX_SMS, MODELS
 from pdmux_triton.partition import SPLIT_KINDS
+from pdmux_triton.settings import LENGTHS, WORKLOADS
 
 MAX_COUNT = 100_000  # requests in one run
 MAX_CTAS = 32  # programs per SM Hopper can hold
@@ -158,8 +160,41 @@ def _measure_flags(p: Parser) -> None:
            help="prompt length of the prefill running beside decode")
 
 
+def _stream_flags(p: Parser) -> None:
+    p.flag("--burstiness", type=number(0.0, 100.0), default=1.0,
+           help="gamma shape of the gaps between arrivals: 1 is Poisson, lower is burstier")
+    p.flag("--lengths", type=choice(LENGTHS), default="sharegpt",
+           help=f"prompt and output lengths: {', '.join(LENGTHS)}")
+    p.flag("--prompt-mean", type=integer(1), default=1024, help="exponential: mean prompt tokens")
+    p.flag("--prompt-max", type=integer(1), default=8192, help="exponential: longest prompt")
+    p.flag("--output-mean", type=integer(1), default=128, help="exponential: mean output tokens")
+    p.flag("--output-max", type=integer(1), default=512, help="exponential: longest output")
+    p.flag("--seed", type=integer(0, 2**32 - 1), default=0, help="seed of the requests")
+
+
+def _strategy_flags(p: Parser) -> None:
+    p.flag("--chunks", type=listed(integer(1), "chunk size"), default=(2048, 512),
+           help="chunked prefill sizes")
+    p.flag("--kinds", type=listed(choice(SPLIT_KINDS), "kind"), default=SPLIT_KINDS,
+           help=f"partition kinds for pd-mux: {', '.join(SPLIT_KINDS)}")
+    p.flag("--max-prefill-tokens", type=integer(1), default=scheduler.DEFAULT_PREFILL_TOKENS,
+           help="tokens in one prefill batch at most (SGLang's --max-prefill-tokens)")
+    p.flag("--max-running", type=integer(1, 1024), default=scheduler.DEFAULT_MAX_RUNNING,
+           help="requests in the running batch at most (SGLang's --max-running-requests)")
+
+
+def _cost_flags(p: Parser) -> None:
+    p.flag("--s-sat", type=number(0.0, MAX_SMS), default=66.0,
+           help="decode S_SAT (SMs) of the estimate and of a simulation without --calibration")
+    p.flag("--bw-eff", type=FRACTION, default=0.85, help="achieved fraction of HBM bandwidth")
+    p.flag("--mfu", type=FRACTION, default=0.5, help="achieved fraction of bf16 FLOP/s")
+    p.flag("--calibration", metavar="FILE", help="calibrate-<gpu>.json: measured decode curves")
+    p.flag("--compare", metavar="FILE", help="compare-<gpu>.json: measured prefill rates")
+
+
 CHAPTER_FLAGS = ("batch", "context", "prompt", "decode_tokens")
-POISSON_FLAGS = ("rate", "count", "prompt_mean", "prompt_max", "output_mean", "output_max")
+STREAM_FLAGS = ("rate", "count", "burstiness", "lengths")
+EXPONENTIAL_FLAGS = ("prompt_mean", "prompt_max", "output_mean", "output_max")
 REPLAY_KEEPS = ("replay", "out", "json", "simulate")  # what --replay leaves to the command line
 
 
@@ -211,11 +246,12 @@ def build_parser() -> Parser:
     p.flag("--remeasure", action="store_true",
            help="forget the saved points of these workloads first (after a kernel change)")
 
-    p = sub.add_parser("run", help="serve a workload with every strategy: ITL and TTFT")
+    p = sub.add_parser("run", help="serve a workload with every strategy: ITL, TTFT, TPOT")
     _gpu_flags(p)
     _model_flag(p)
-    p.flag("--workload", type=choice(("chapter", "poisson")), default="chapter",
-           help="chapter (a batch decoding, one prompt arrives) or poisson (a request stream)")
+    p.flag("--workload", type=choice(WORKLOADS), default="chapter",
+           help="chapter (a batch decoding, one prompt arrives), stream (requests arriving at "
+                "--rate) or trace (a CSV of arrivals and lengths)")
     p.flag("--simulate", action="store_true",
            help="use the cost-model clock even when a GPU is present")
     p.flag("--replay", metavar="FILE", help="serve again the inputs saved in a run-<gpu>.json")
@@ -224,24 +260,42 @@ def build_parser() -> Parser:
     p.flag("--prompt", type=integer(1), default=8192, help="chapter: the arriving prompt")
     p.flag("--decode-tokens", type=integer(2, 1_000_000), default=96,
            help="chapter: tokens each decodes")
-    p.flag("--rate", type=number(0.0, 1e6), default=2.0, help="poisson: requests per second")
-    p.flag("--count", type=integer(1, MAX_COUNT), default=64, help="poisson: requests")
-    p.flag("--prompt-mean", type=integer(1), default=1024, help="poisson: mean prompt tokens")
-    p.flag("--prompt-max", type=integer(1), default=8192, help="poisson: longest prompt")
-    p.flag("--output-mean", type=integer(1), default=128, help="poisson: mean output tokens")
-    p.flag("--output-max", type=integer(1), default=512, help="poisson: longest output")
-    p.flag("--seed", type=integer(0, 2**32 - 1), default=0, help="seed of the requests")
-    p.flag("--chunks", type=listed(integer(1), "chunk size"), default=(2048, 512),
-           help="chunked prefill sizes")
-    p.flag("--kinds", type=listed(choice(SPLIT_KINDS), "kind"), default=SPLIT_KINDS,
-           help=f"partition kinds for pd-mux: {', '.join(SPLIT_KINDS)}")
-    p.flag("--s-sat", type=number(0.0, MAX_SMS), default=66.0,
-           help="decode S_SAT (SMs) of the estimate and of a simulation without --calibration")
-    p.flag("--bw-eff", type=FRACTION, default=0.85, help="achieved fraction of HBM bandwidth")
-    p.flag("--mfu", type=FRACTION, default=0.5, help="achieved fraction of bf16 FLOP/s")
-    p.flag("--calibration", metavar="FILE", help="calibrate-<gpu>.json: measured decode curves")
-    p.flag("--compare", metavar="FILE", help="compare-<gpu>.json: measured prefill rates")
+    p.flag("--rate", type=number(0.0, 1e6), default=2.0, help="stream: requests per second")
+    p.flag("--count", type=integer(1, MAX_COUNT), default=64, help="stream: requests")
+    _stream_flags(p)
+    p.flag("--trace", metavar="CSV", help="trace: arrival_s,prompt_tokens,output_tokens per row")
+    _strategy_flags(p)
+    p.flag("--slo-ttft-ms", type=number(), help="TTFT target of SLO attainment and goodput")
+    p.flag("--slo-tpot-ms", type=number(), help="TPOT target of SLO attainment and goodput")
+    _cost_flags(p)
     p.flag("--out", metavar="DIR", help="folder for run-<gpu>.json and the ITL timeline plot")
+
+    p = sub.add_parser("capacity", help="per strategy, the highest request rate within the SLOs")
+    _gpu_flags(p)
+    _model_flag(p)
+    p.flag("--simulate", action="store_true",
+           help="use the cost-model clock even when a GPU is present")
+    p.flag("--count", type=integer(1, MAX_COUNT), default=200, help="requests per point")
+    _stream_flags(p)
+    p.flag("--slo-ttft-ms", type=number(), default=2000.0, help="TTFT target")
+    p.flag("--slo-tpot-ms", type=number(), default=25.0, help="TPOT target")
+    p.flag("--attainment", type=FRACTION, default=0.9,
+           help="share of requests that must meet both targets (goodput capacity)")
+    p.flag("--max-sched-delay-s", type=number(), default=2.0,
+           help="median scheduling delay allowed (Sarathi-Serve's capacity)")
+    p.flag("--strategies", type=listed(str, "strategy"), default=DEFAULT_STRATEGIES,
+           help="prefill_first, chunked_<tokens>, pdmux_grid_cap, pdmux_green")
+    p.flag("--rates", type=listed(number(0.0, 1e4), "rate"),
+           help="measured: serve these rates (req/s) instead of searching")
+    p.flag("--start-rate", type=number(0.0, 1e4), default=1.0, help="where the search starts")
+    p.flag("--tol", type=number(0.0, 1.0), default=0.05, help="the search's relative tolerance")
+    p.flag("--max-prefill-tokens", type=integer(1), default=scheduler.DEFAULT_PREFILL_TOKENS,
+           help="tokens in one prefill batch at most (SGLang's --max-prefill-tokens)")
+    p.flag("--max-running", type=integer(1, 1024), default=scheduler.DEFAULT_MAX_RUNNING,
+           help="requests in the running batch at most (SGLang's --max-running-requests)")
+    _cost_flags(p)
+    p.flag("--out", default="pdmux-results",
+           help="folder for capacity-<gpu>.json, its points (resumed on rerun) and plot")
 
     p = sub.add_parser("compare", help="grid capping vs green contexts at every level (needs a GPU)")
     _measure_flags(p)

@@ -83,6 +83,21 @@ def check_fits(gpu: GPUSpec, model: ModelSpec, kv_tokens: int, what: str) -> Non
             f"{gpu.memory_gb:g} GB")
 
 
+# Of the memory the weights leave, the KV cache takes this share; activations of a prefill
+# batch and the captured decode graphs need the rest (SGLang's mem_fraction_static plays the
+# same role).
+KV_MEMORY_FRACTION = 0.6
+UNBOUNDED_KV_TOKENS = 10**12  # a GPU whose memory is not known
+
+
+def kv_capacity_tokens(gpu: GPUSpec, model: ModelSpec) -> int:
+    """Tokens of KV cache a server of this model keeps on this GPU."""
+    if gpu.memory_gb is None:
+        return UNBOUNDED_KV_TOKENS
+    spare = gpu.memory_gb * 1e9 - footprint_bytes(model, 0)
+    return max(0, int(spare * KV_MEMORY_FRACTION // model.kv_bytes_per_token(DTYPE_BYTES)))
+
+
 def decode_flops(model: ModelSpec, batch: int) -> float:
     """The linears and LM head of one decode token for each of `batch` requests."""
     return 2 * model.linear_params * batch

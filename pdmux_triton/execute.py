@@ -20,7 +20,8 @@ import torch
 
 from pdmux_triton import policy
 from pdmux_triton.blocks import BlockManager
-from pdmux_triton.decode_graphs import DecodeGraphs, padded_batch
+from pdmux_triton.decode_graphs import DecodeGraphs, padded_batch, padded_sizes
+from pdmux_triton.errors import PdmuxError
 from pdmux_triton.hardware import GPUSpec, ModelSpec
 from pdmux_triton.model import DecodeBatch, ExtendBatch, KVCache, Model, Weights
 from pdmux_triton.partition import Budget, for_level
@@ -28,6 +29,7 @@ from pdmux_triton.scheduler import Activity
 from pdmux_triton.streams import PartitionPool
 from pdmux_triton.timeline import LaunchMarks
 from pdmux_triton.traffic import Request
+from pdmux_triton.warmup import compile_prefill_side
 
 
 @dataclass
@@ -77,17 +79,21 @@ class ModelExecutor:
 
     @classmethod
     def shared(cls, spec: ModelSpec, gpu: GPUSpec, kind: str, page_size: int = 16,
-               cache_tokens: int = 262_144, seed: int = 0) -> "ModelExecutor":
-        """An executor over one model kept across runs (weights are drawn once per process)."""
-        key = (spec.name, page_size, cache_tokens, seed)
+               cache_tokens: int = 262_144, max_context: int = 32_768,
+               seed: int = 0) -> "ModelExecutor":
+        """An executor over one model kept across runs (weights are drawn once per process):
+        a KV cache of `cache_tokens` tokens, requests of up to `max_context` tokens."""
+        key = (spec.name, page_size, cache_tokens, max_context, seed)
         if key not in cls._shared:
             device = "cuda" if torch.cuda.is_available() else "cpu"
             # the Triton interpreter's tl.dot is wrong on bf16 (it works on raw bits): fp32 there
             dtype = torch.bfloat16 if device == "cuda" else torch.float32
-            pages = -(-cache_tokens // page_size)
+            pages = -(-cache_tokens // page_size) + 1  # and the scratch page
             model = Model(Weights(spec, device, dtype, seed=seed),
-                          KVCache(spec, pages, page_size, device, dtype))
-            cls._shared[key] = Runtime(model, PartitionPool(), DecodeGraphs(model))
+                          KVCache(spec, pages, page_size, device, dtype),
+                          max_positions=max_context + 1)
+            graphs = DecodeGraphs(model, width=-(-max_context // page_size))
+            cls._shared[key] = Runtime(model, PartitionPool(), graphs)
         return cls(cls._shared[key], gpu, kind)
 
     @classmethod
@@ -106,6 +112,7 @@ class ModelExecutor:
         self.cuda = self.device.type == "cuda"
         self.use_graphs = self.cuda if use_graphs is None else use_graphs
         self.blocks = BlockManager(model.cache.num_pages, model.cache.page_size)
+        self.kv_capacity_tokens = (model.cache.num_pages - 1) * model.cache.page_size  # less scratch
         self.last_token: dict[int, int] = {}
         self.partitions = runtime.partitions
         self.graphs = runtime.graphs
@@ -196,35 +203,39 @@ class ModelExecutor:
         slots[n:], lens[n:], table[n:] = bm.scratch_page * ps, 0, bm.scratch_page
         return tokens, positions, slots, table, lens
 
-    def _decode_batch(self, inputs: tuple, bucket: int) -> DecodeBatch:
+    def _decode_batch(self, inputs: tuple, width: int) -> DecodeBatch:
+        """Device inputs; the attention's host bound on lengths is what the table holds."""
         tokens, positions, slots, table, lens = self._upload(*inputs)
         return DecodeBatch(tokens, positions, slots, table.to(torch.int32), lens.to(torch.int32),
-                           bucket)
+                           width * self.blocks.page_size)
 
     def launch_decode(self, reqs: list[Request]):
         side = self.decode_side
         for r in reqs:
             self.blocks.reserve(r.rid, r.context + 1)
-        # graphs are keyed on a power-of-two context bound, so a few cover a whole run
-        bucket = 1 << max(r.context for r in reqs).bit_length()
-        width = max(-(-bucket // self.blocks.page_size),
-                    max(len(self.blocks.owned[r.rid]) for r in reqs))
+        width = max(len(self.blocks.owned[r.rid]) for r in reqs)
+        if self.use_graphs and width > self.graphs.width:
+            raise PdmuxError(f"a request of {width * self.blocks.page_size} tokens is longer than "
+                             f"the {self.graphs.width * self.blocks.page_size} this executor "
+                             f"captured its decode graphs for")
         # batch sizes padded to a few captured sizes, as SGLang does
         rows = padded_batch(len(reqs)) if self.use_graphs else len(reqs)
         inputs = self._decode_inputs(reqs, rows, width)
         with _on(side.stream):
             start = self.marks.mark(side.stream)
             if self.use_graphs:
-                step = self.graphs.get(side.stream, side.budget, rows, width, bucket, lambda:
-                                       self._decode_batch(self._decode_inputs([], rows, width),
-                                                          bucket))
+                step = self.graphs.get(side.stream, side.budget, rows, self._static_decode_batch)
                 out = step.replay(self._upload(*inputs), len(reqs))  # one upload, device copies
             else:
-                out = self.model.decode_step(self._decode_batch(inputs, bucket),
+                out = self.model.decode_step(self._decode_batch(inputs, width),
                                              side.budget).argmax(-1)
             end = self.marks.mark(side.stream)
         self.marks.add(start, end, decode=True)
         return reqs, out, end
+
+    def _static_decode_batch(self, rows: int, width: int) -> DecodeBatch:
+        """A captured step's inputs until the first real step fills them: the scratch page."""
+        return self._decode_batch(self._decode_inputs([], rows, width), width)
 
     def wait_decode(self, pending):
         reqs, out, end = pending
@@ -232,6 +243,34 @@ class ModelExecutor:
         tokens = out.tolist()
         self._remember(reqs, tokens)
         return self.now(), tokens
+
+    # --- before measuring ----------------------------------------------------------------
+    def warm_up(self, strategy: str, config: policy.PDMuxConfig, max_running: int,
+                prefill_tokens: int, chunk: int) -> None:
+        """Compile every kernel variant and capture every decode graph a run of this strategy
+        can launch, on each side it can use, so the measured run compiles and captures
+        nothing (SGLang captures its graphs at start-up too). GPU only: the interpreter
+        compiles nothing."""
+        if not self.cuda:
+            return
+        levels = config.levels(self.total_sms, self.cc_major)
+        if strategy == "pdmux":
+            prefilling = {config.choose_level(levels, n, True) for n in range(max_running + 1)}
+            decoding = {config.choose_level(levels, n, has)
+                        for n in range(1, max_running + 1) for has in (True, False)}
+        else:  # everything on the whole GPU
+            prefilling = decoding = {0}
+        rows = chunk + max_running if strategy == "chunked" else prefill_tokens
+        seqs = max_running + 1
+        for level in sorted(prefilling):
+            _, side = self._sides(levels[level])
+            with _on(side.stream):
+                compile_prefill_side(self.model, side.budget, rows, seqs, self.blocks.scratch_page)
+        for level in sorted(decoding):
+            side, _ = self._sides(levels[level])
+            for n in reversed(padded_sizes(max_running)):  # largest first: one memory pool
+                self.graphs.get(side.stream, side.budget, n, self._static_decode_batch)
+        self._drain()
 
     # --- prefill -----------------------------------------------------------------------
     def start(self, warm: list[Request]) -> None:

@@ -105,3 +105,39 @@ def timeline(results: dict, title: str, path: Path) -> None:
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     _save(fig, plt, path)
+
+
+def capacity(result: dict, title: str, path: Path) -> None:
+    """SLO attainment against request rate, a line per strategy (measured solid, simulated
+    dashed), the attainment asked for as a line and each goodput capacity as a dot on it."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    target = result["criteria"]["attainment"]
+    summary = result["summary"]["strategies"]
+    colors = dict(zip(summary, plt.rcParams["axes.prop_cycle"].by_key()["color"] * 4))
+    top = 0.0
+    for mode, style in (("gpu", "-"), ("simulated", "--")):
+        for name in summary:
+            pts = sorted((p["rate"], p["slo_attainment"]) for p in result["points"]
+                         if p["mode"] == mode and p["strategy"] == name
+                         and p.get("slo_attainment") is not None)
+            if not pts:
+                continue
+            top = max(top, pts[-1][0])
+            ax.plot(*zip(*pts), style, marker="o", markersize=3, color=colors[name],
+                    label=f"{name} ({'measured' if mode == 'gpu' else 'simulated'})")
+            key = "goodput_capacity_rps" if mode == result["mode"] else "simulated_goodput_capacity_rps"
+            cap = summary[name].get(key)
+            if cap:
+                ax.plot([cap], [target], "D" if mode == "gpu" else "s", color=colors[name],
+                        markersize=7, markerfacecolor="white" if mode == "simulated" else None)
+    ax.axhline(target, color="black", linewidth=0.8, linestyle=":")
+    ax.set_xlim(0, top * 1.05 if top else 1)
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("request rate, req/s (markers on the dotted line: goodput capacity)")
+    ax.set_ylabel("share of requests meeting both SLOs")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower left")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    _save(fig, plt, path)

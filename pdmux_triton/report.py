@@ -120,3 +120,51 @@ def compare_table(levels: list[dict]) -> str:
                   "decode ms green (alone -> corun)", "prefill TFLOP/s grid cap",
                   "prefill TFLOP/s green", "decode err %", "prefill err %",
                   "SMs both sides used (grid cap)"], rows)
+
+
+def serving_table(rows: list[dict]) -> str:
+    """What a serving benchmark reports, per strategy: latencies, throughput, SLO attainment."""
+    spec = [("strategy", lambda r: r["strategy"]),
+            ("TTFT p50/p99 ms", lambda r: f"{cell(r.get('ttft_p50_ms'), '.0f')} / "
+                                          f"{cell(r.get('ttft_p99_ms'), '.0f')}"),
+            ("TPOT p50/p99 ms", lambda r: f"{cell(r.get('tpot_p50_ms'))} / "
+                                          f"{cell(r.get('tpot_p99_ms'))}"),
+            ("ITL p99 ms", lambda r: cell(r.get("itl_p99_ms"))),
+            ("E2E p50/p99 s", lambda r: f"{cell(_s(r.get('e2e_p50_ms')))} / "
+                                        f"{cell(_s(r.get('e2e_p99_ms')))}"),
+            ("queue p50 s", lambda r: cell(r.get("sched_delay_p50_s"), ".2f")),
+            ("req/s", lambda r: cell(r.get("request_throughput_rps"), ".2f")),
+            ("tok/s", lambda r: cell(r.get("output_throughput_tps"), ".0f")),
+            ("SLO met", lambda r: cell(r.get("slo_attainment"), ".0%")),
+            ("goodput req/s", lambda r: cell(r.get("goodput_rps"), ".2f")),
+            ("lost", lambda r: cell(r.get("requests_lost"), "d"))]
+    return _columns(spec, [r for r in rows if r.get("requests_served")])
+
+
+def _s(ms):
+    return None if ms is None else ms / 1e3
+
+
+def capacity_table(result: dict) -> str:
+    """Each strategy's capacities (req/s), and the simulation's beside a measurement."""
+    measured = result["mode"] == "gpu"
+    c = result["criteria"]
+    head = (f"capacity, {result['model']} on {result['gpu']} ({'measured' if measured else 'simulated'}"
+            f"): TTFT <= {c['slo_ttft_ms']:g} ms and TPOT <= {c['slo_tpot_ms']:g} ms for "
+            f"{c['attainment']:.0%} of requests (goodput); P99 TBT <= {c['slo_tpot_ms']:g} ms and "
+            f"median queueing <= {c['max_sched_delay_s']:g} s (Sarathi-Serve)")
+    spec = [("strategy", lambda n: n),
+            ("goodput capacity req/s", lambda n: cell(rows[n]["goodput_capacity_rps"], ".2f")),
+            ("Sarathi capacity req/s", lambda n: cell(rows[n]["sarathi_capacity_rps"], ".2f"))]
+    if measured:
+        spec += [("simulated goodput / Sarathi",
+                  lambda n: f"{cell(rows[n]['simulated_goodput_capacity_rps'], '.2f')} / "
+                            f"{cell(rows[n]['simulated_sarathi_capacity_rps'], '.2f')}"),
+                 ("sim error % goodput / Sarathi",
+                  lambda n: f"{cell(rows[n]['sim_error_pct']['goodput'], '+.0f')} / "
+                            f"{cell(rows[n]['sim_error_pct']['sarathi'], '+.0f')}"),
+                 ("compiles", lambda n: cell(rows[n]["compiles_during_measurement"], "d")),
+                 ("lost", lambda n: cell(rows[n]["requests_lost"], "d"))]
+    spec.append(("points", lambda n: cell(rows[n]["points"], "d")))
+    rows = result["summary"]["strategies"]
+    return head + "\n" + table([t for t, _ in spec], [[f(n) for _, f in spec] for n in rows])

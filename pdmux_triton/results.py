@@ -12,7 +12,8 @@ import os
 import platform
 import subprocess
 import sys
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import asdict, astuple, dataclass, fields
 from importlib import metadata
 from pathlib import Path
 
@@ -98,6 +99,65 @@ def _check_gpu(data: dict, path: Path, what: str, gpu: str | None) -> str:
         raise PdmuxError(f"{path} was measured on {measured_on!r}, not on {gpu!r} (pass "
                          f"--gpu {measured_on}, or a {what} of {gpu})")
     return measured_on
+
+
+class PointStore:
+    """Measured points as append-only JSON lines, one a line, keyed by a frozen dataclass:
+    a point is saved the moment it is measured, and a rerun skips what is already there."""
+
+    def __init__(self, path: str | Path, key_type: type):
+        self.path, self.key_type = Path(path), key_type
+        self.points: dict[tuple, dict] = {}
+        names = [f.name for f in fields(key_type)]
+        if self.path.exists():
+            for n, line in enumerate(self.path.read_text().splitlines(), 1):
+                if not line.strip():
+                    continue
+                try:
+                    point = json.loads(line)
+                    key = key_type(**{f: point[f] for f in names})
+                except (json.JSONDecodeError, KeyError, TypeError):
+                    # a line cut short by a crash: drop it, it will be measured again
+                    print(f"{self.path}:{n}: skipping an unreadable point", file=sys.stderr)
+                    continue
+                self.points[astuple(key)] = point
+
+    def has(self, key) -> bool:
+        return astuple(key) in self.points
+
+    def get(self, key) -> dict | None:
+        return self.points.get(astuple(key))
+
+    def add(self, key, **values) -> dict:
+        point = {**asdict(key), **values}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a") as f:
+            f.write(json.dumps(point) + "\n")
+        self.points[astuple(key)] = point
+        return point
+
+    def forget(self, which: Callable[[dict], bool]) -> int:
+        """Drop the saved points `which` picks, on disk too; returns how many."""
+        kept = {k: p for k, p in self.points.items() if not which(p)}
+        dropped = len(self.points) - len(kept)
+        self.points = kept
+        if self.path.exists():
+            self.path.write_text("".join(json.dumps(p) + "\n" for p in kept.values()))
+        return dropped
+
+
+def check_settings(path: str | Path, settings: dict) -> None:
+    """Points in a folder must all come from one setting: refuse to mix, save on first use."""
+    path = Path(path)
+    if path.exists():
+        saved = read_json(path, "settings")
+        if saved != settings:
+            changed = sorted(k for k in set(saved) | set(settings) if saved.get(k) != settings.get(k))
+            raise PdmuxError(f"{path.parent} holds points measured with other settings (they differ "
+                             f"in {', '.join(changed)}): use another --out folder or the same "
+                             f"settings")
+        return
+    write_json(path, settings)
 
 
 @dataclass(frozen=True)

@@ -40,6 +40,7 @@ class Executor(Protocol):
     total_sms: int
     cc_major: int
     num_layers: int
+    kv_capacity_tokens: int  # tokens its KV cache holds
 
     def start(self, warm: list[Request]) -> None:
         """Put the requests already decoding into the KV cache, then start the clock."""
@@ -112,9 +113,14 @@ class RunResult:
 
 
 class Engine:
-    """Request bookkeeping shared by the strategies."""
+    """Request bookkeeping shared by the strategies.
 
-    def __init__(self, executor: Executor, requests: list[Request]):
+    Admission keeps the KV cache from overflowing: a prompt is taken only when the cache has
+    room for its prompt and its whole output (reserved up front, so an admitted request is
+    never evicted; SGLang reserves less and retracts instead) and the running batch stays
+    within `max_running` requests."""
+
+    def __init__(self, executor: Executor, requests: list[Request], max_running: int):
         self.x = executor
         self.pending = sorted((r for r in requests if not r.warm),
                               key=lambda r: (r.arrival is None, r.arrival or 0.0, r.rid))
@@ -122,6 +128,18 @@ class Engine:
         self.running: list[Request] = [r for r in requests if r.warm]
         self.steps = 0  # decode steps completed: requests may arrive after a number of them
         self.rounds: list[Round] = []
+        self.max_running = max_running
+        capacity = executor.kv_capacity_tokens
+        self.kv_free = capacity - sum(map(kv_need, self.running))
+        if self.kv_free < 0 or len(self.running) > max_running:
+            raise PdmuxError(f"{len(self.running)} requests decoding from the start need "
+                             f"{sum(map(kv_need, self.running)):,} tokens of KV cache and as "
+                             f"many batch slots; the executor holds {capacity:,} tokens and "
+                             f"runs at most {max_running} requests")
+        for r in requests:
+            if kv_need(r) > capacity:
+                raise PdmuxError(f"request {r.rid} needs {kv_need(r):,} tokens of KV cache; the "
+                                 f"executor holds {capacity:,}")
 
     def busy(self, in_flight: object = None) -> bool:
         """Work is left: requests to come, waiting or decoding, or a prefill in flight."""
@@ -139,6 +157,22 @@ class Engine:
                 keep.append(r)
         self.pending = keep
 
+    def take_prompts(self, token_budget: int, limit: int | None = None) -> list[Request]:
+        """The oldest waiting prompts within the prefill token budget (the oldest always) for
+        which the KV cache and the running batch have room; [] while the oldest must wait."""
+        batch: list[Request] = []
+        tokens = 0
+        while self.waiting and (limit is None or len(batch) < limit):
+            r = self.waiting[0]
+            room = kv_need(r) <= self.kv_free and len(self.running) + len(batch) < self.max_running
+            if not room or (batch and tokens + len(r.prompt) > token_budget):
+                break
+            self.waiting.popleft()
+            self.kv_free -= kv_need(r)
+            tokens += len(r.prompt)
+            batch.append(r)
+        return batch
+
     def next_arrival(self) -> float | None:
         times = [r.arrival for r in self.pending if r.arrival is not None]
         return min(times) if times else None
@@ -150,6 +184,10 @@ class Engine:
             raise PdmuxError("requests wait on decode steps but nothing is decoding")
         self.x.idle_until(t)
 
+    def finished(self, r: Request) -> None:
+        self.kv_free += kv_need(r)
+        self.x.release(r)
+
     def record_tokens(self, reqs: list[Request], tokens: list[int], t: float) -> None:
         for r, tok in zip(reqs, tokens):
             r.tokens.append(tok)
@@ -158,7 +196,7 @@ class Engine:
         self.steps += 1
         for r in [r for r in self.running if r.done]:
             self.running.remove(r)
-            self.x.release(r)
+            self.finished(r)
 
     def decode_round(self) -> None:
         """A plain decode step of the running batch on the whole GPU, as one round."""
@@ -174,26 +212,21 @@ class Engine:
             r.tokens.append(tok)
             r.token_times.append(t)
             if r.done:
-                self.x.release(r)
+                self.finished(r)
             else:
                 self.running.append(r)
 
 
-def _take_prompts(waiting: deque, token_budget: int) -> list[Request]:
-    """Prompts for one prefill batch: the oldest, plus more while they fit the budget."""
-    batch = [waiting.popleft()]
-    total = len(batch[0].prompt)
-    while waiting and total + len(waiting[0].prompt) <= token_budget:
-        total += len(waiting[0].prompt)
-        batch.append(waiting.popleft())
-    return batch
+def kv_need(r: Request) -> int:
+    """KV cache tokens a request holds at its end: its prompt and every output token."""
+    return len(r.prompt) + r.output_len
 
 
 def run_prefill_first(e: Engine, token_budget: int) -> None:
     while e.busy():
         e.admit()
-        if e.waiting:
-            batch = _take_prompts(e.waiting, token_budget)
+        batch = e.take_prompts(token_budget)
+        if batch:
             start = e.x.now()
             for r in batch:
                 r.prefill_start = start
@@ -213,9 +246,11 @@ def run_chunked(e: Engine, chunk: int) -> None:
     done_tokens = 0
     while e.busy(job):
         e.admit()
-        if job is None and e.waiting:
-            job, done_tokens = e.waiting.popleft(), 0
-            job.prefill_start = e.x.now()
+        if job is None:
+            taken = e.take_prompts(chunk, limit=1)
+            if taken:
+                job, done_tokens = taken[0], 0
+                job.prefill_start = e.x.now()
         if job is None:  # no prompt in flight: a plain decode step, as SGLang runs it
             if e.running:
                 e.decode_round()
@@ -236,7 +271,7 @@ def run_chunked(e: Engine, chunk: int) -> None:
 
 
 def run_pdmux(e: Engine, levels: list[policy.Level], config: policy.PDMuxConfig,
-              num_layers: int) -> None:
+              num_layers: int, token_budget: int) -> None:
     job: PrefillJob | None = None
     level = config.choose_level(levels, len(e.running), False)
     e.x.set_level(levels[level])
@@ -244,18 +279,16 @@ def run_pdmux(e: Engine, levels: list[policy.Level], config: policy.PDMuxConfig,
     while e.busy(job):
         e.admit()
         adjust = adjust or (level > 0 and not e.running)  # as SGLang: an empty batch re-levels
-        starting = None
-        if job is None and e.waiting:
-            starting = _take_prompts(e.waiting, config.split_forward_token_budget)
+        starting = e.take_prompts(token_budget) if job is None else []
+        if starting:
             for r in starting:
                 r.prefill_start = e.x.now()
             adjust = True
         if adjust:  # SGLang drains both streams before switching the stream group
-            prefilling = job is not None or starting is not None
-            level = config.choose_level(levels, len(e.running), prefilling)
+            level = config.choose_level(levels, len(e.running), job is not None or bool(starting))
             e.x.set_level(levels[level])
             adjust = False
-        if starting is not None:  # on the new level's prefill side
+        if starting:  # on the new level's prefill side
             job = PrefillJob(starting, e.x.begin_prefill(starting))
         if job is None and not e.running:
             e.idle()
@@ -285,22 +318,34 @@ def run_pdmux(e: Engine, levels: list[policy.Level], config: policy.PDMuxConfig,
         e.rounds.append(Round(start, e.x.now(), level, len(decoding), launched))
 
 
+DEFAULT_PREFILL_TOKENS = 16384  # SGLang's --max-prefill-tokens: one prefill batch's budget
+DEFAULT_MAX_RUNNING = 128  # requests in the running batch at most (--max-running-requests)
+
+
 def run(strategy: str, executor: Executor, requests: list[Request], *, chunk: int = 2048,
-        config: policy.PDMuxConfig | None = None) -> RunResult:
-    """Serve `requests` to completion with one strategy; the executor's clock starts at 0."""
+        config: policy.PDMuxConfig | None = None,
+        prefill_tokens: int = DEFAULT_PREFILL_TOKENS,
+        max_running: int = DEFAULT_MAX_RUNNING) -> RunResult:
+    """Serve `requests` to completion with one strategy; the executor's clock starts at 0.
+
+    A prefill batch takes waiting prompts up to `prefill_tokens` tokens (the oldest always);
+    PD-mux runs it layer by layer, as many layers a round as the config's
+    split_forward_token_budget allows."""
     if strategy not in STRATEGIES:
         raise PdmuxError(f"unknown strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
+    for name, value in (("chunk", chunk if strategy == "chunked" else 1),
+                        ("prefill tokens", prefill_tokens), ("max running", max_running)):
+        if value < 1:
+            raise PdmuxError(f"{name} must be >= 1, got {value}")
     config = config or policy.PDMuxConfig()
+    e = Engine(executor, requests, max_running)
     executor.start([r for r in requests if r.warm])
-    e = Engine(executor, requests)
     if strategy == "prefill_first":
-        run_prefill_first(e, config.split_forward_token_budget)
+        run_prefill_first(e, prefill_tokens)
     elif strategy == "chunked":
-        if chunk < 1:
-            raise PdmuxError(f"chunk must be >= 1 token, got {chunk}")
         run_chunked(e, chunk)
     else:
         levels = config.levels(executor.total_sms, executor.cc_major)
-        run_pdmux(e, levels, config, executor.num_layers)
+        run_pdmux(e, levels, config, executor.num_layers, prefill_tokens)
     activity = executor.finish()
     return RunResult(strategy, requests, e.rounds, executor.now(), activity)

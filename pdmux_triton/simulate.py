@@ -31,6 +31,7 @@ class SimExecutor:
                  prefill: cost.PrefillRate, kind: str = "grid_cap"):
         self.model, self.decode_rate, self.prefill_rate, self.kind = model, decode, prefill, kind
         self.total_sms, self.cc_major, self.num_layers = gpu.sms, gpu.cc_major, model.layers
+        self.kv_capacity_tokens = cost.kv_capacity_tokens(gpu, model)
         self.t = 0.0
         self.free = {"decode": 0.0, "prefill": 0.0}
         self.sms = {"decode": gpu.sms, "prefill": gpu.sms}

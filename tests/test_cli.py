@@ -117,7 +117,7 @@ def test_run_simulates_without_a_gpu(tmp_path, capsys):
 @no_gpu
 def test_replay_serves_the_same_run(tmp_path, capsys):
     first, again = tmp_path / "first", tmp_path / "again"
-    assert cli.main(["run", "--gpu", "h20", "--workload", "poisson", "--rate", "3", "--count",
+    assert cli.main(["run", "--gpu", "h20", "--workload", "stream", "--rate", "3", "--count",
                      "12", "--seed", "7", "--chunks", "1024", "--out", str(first)]) == 0
     assert cli.main(["run", "--replay", str(first / "run-h20.json"), "--out", str(again)]) == 0
     a, b = (json.loads((d / "run-h20.json").read_text()) for d in (first, again))
@@ -140,6 +140,30 @@ def test_run_prints_its_table_when_matplotlib_is_missing(tmp_path, capsys, monke
     assert "pdmux_grid_cap" in captured.out and "simulated on the cost model" in captured.out
     assert "no plot: plots need matplotlib" in captured.err
     assert (tmp_path / "run-h100-sxm.json").exists()
+
+
+@no_gpu
+def test_capacity_simulated_writes_json_table_and_plot(tmp_path, capsys):
+    argv = ["capacity", "--gpu", "h200", "--count", "30", "--strategies",
+            "prefill_first,pdmux_grid_cap", "--tol", "0.2", "--out", str(tmp_path)]
+    assert cli.main(argv) == 0
+    captured = capsys.readouterr()
+    assert "goodput capacity req/s" in captured.out and "pdmux_grid_cap" in captured.out
+    data = json.loads((tmp_path / "capacity-h200.json").read_text())
+    assert data["mode"] == "simulated" and data["inputs"]["count"] == 30
+    assert data["summary"]["highest_goodput_capacity"] in ("prefill_first", "pdmux_grid_cap")
+    assert (tmp_path / "capacity-h200.png").stat().st_size > 1000
+    assert cli.main([*argv, "--json"]) == 0  # resumed: every point from the store
+    assert "[simulated]" not in capsys.readouterr().err
+    fails(capsys, [*argv[:-2], "--count", "31", "--out", str(tmp_path)], "differ in count")
+
+
+@no_gpu
+def test_stream_run_prints_the_serving_table(capsys):
+    assert cli.main(["run", "--workload", "stream", "--rate", "4", "--count", "20", "--lengths",
+                     "conv", "--slo-ttft-ms", "1000", "--slo-tpot-ms", "30"]) == 0
+    out = capsys.readouterr().out
+    assert "TPOT p50/p99 ms" in out and "goodput req/s" in out and "SLO met" in out
 
 
 # --- bad input: one line, exit 2 -----------------------------------------------------------
@@ -205,7 +229,9 @@ BAD = [
      "--context, --kind do nothing without --calibration"),
     (["run", "--compare", COMPARISON, "--gpu", "h200"], "--compare calibrates the prefill rate"),
     (["run", "--rate", "4"], "--rate does nothing with --workload chapter"),
-    (["run", "--workload", "poisson", "--batch", "8"], "--batch does nothing with --workload poisson"),
+    (["capacity", "--strategies", "fcfs"], "unknown strategy 'fcfs'"),
+    (["capacity", "--simulate", "--rates", "1,2"], "--rates does nothing when simulating"),
+    (["run", "--workload", "stream", "--batch", "8"], "--batch does nothing with --workload stream"),
     (["levels", "--config", "{d}/pd.yaml", "--sm-group-num", "6"],
      "--sm-group-num conflicts with --config"),
     (["advise", "--gpu", "h200", "--itl-ms", "12"], "advise needs --calibration"),
@@ -218,8 +244,13 @@ BAD = [
     (["run", "--chunks", "1", "--prompt", "100000", "--gpu", "h200", "--batch", "1"],
      "--chunks 1 cuts a 100000-token prompt into 100,000 steps; at most 65,536"),
     (["run", "--decode-tokens", "8"], "--decode-tokens 8: the decoding requests would finish"),
-    (["run", "--workload", "poisson", "--prompt-mean", "9000"],
-     "--prompt-mean 9000 must be at most --prompt-max 8192"),
+    (["run", "--workload", "stream", "--lengths", "exponential", "--prompt-mean", "9000"],
+     "lengths need 1 <= mean <= max"),
+    (["run", "--workload", "stream", "--prompt-mean", "900"],
+     "--prompt-mean does nothing with --lengths sharegpt"),
+    (["run", "--workload", "trace"], "--workload trace needs --trace FILE"),
+    (["run", "--workload", "trace", "--trace", "{d}/empty.json"], "has no requests"),
+    (["run", "--workload", "stream", "--slo-ttft-ms", "100"], "needs both --slo-ttft-ms and"),
 ]
 
 
@@ -268,7 +299,7 @@ def test_a_reader_that_stops_early_gets_no_traceback(argv):
 @no_gpu
 def test_ctrl_c_is_one_line_and_exit_130():
     proc = subprocess.Popen([sys.executable, "-m", "pdmux_triton", "run", "--workload",
-                             "poisson", "--count", "100000", "--rate", "1000", "--gpu", "b200"],
+                             "stream", "--count", "100000", "--rate", "1000", "--gpu", "b200"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(3)
     proc.send_signal(signal.SIGINT)

@@ -30,7 +30,10 @@ PLAUSIBLE = {
     "--calibration": [CALIBRATION], "--compare": [COMPARISON], "--itl-ms": ["8", "12", "20"],
     "--kind": ["grid_cap", "green"], "--sm-group-num": ["3", "5", "8", "12"],
     "--bandwidth-tbps": ["3.35", "8"], "--tflops": ["989", "100"],
-    "--workload": ["chapter", "poisson"], "--workloads": ["stream_read"], "--ctas": ["1"],
+    "--workload": ["chapter", "stream"], "--lengths": ["sharegpt", "code", "exponential"],
+    "--burstiness": ["0.5", "1"], "--slo-ttft-ms": ["2000"], "--slo-tpot-ms": ["25"],
+    "--strategies": ["prefill_first", "pdmux_grid_cap"], "--rates": ["2,4"],
+    "--max-running": ["8", "64"], "--max-prefill-tokens": ["4096"], "--workloads": ["stream_read"], "--ctas": ["1"],
     "--budgets": ["16,132"], "--prefill-tokens": ["2048"],
 }
 ADVERSARIAL = ["0", "-1", "1e-9", "nan", "inf", "-inf", "1e30", "99999999999999999999999", "",

@@ -16,15 +16,18 @@ LAYERS = [
     {"results", "kernels"},
     {"estimate", "advise", "calibrate", "compare", "greenctx", "paged_kv", "telemetry"},
     {"streams", "model", "scheduler"},
-    {"blocks", "decode_graphs", "timeline", "measure", "workloads", "simulate", "metrics"},
-    {"execute", "calibrate_gpu", "compare_gpu", "experiment"},
+    {"blocks", "decode_graphs", "timeline", "compiles", "warmup", "measure", "workloads",
+     "simulate", "metrics"},
+    {"execute", "gpu_serving", "calibrate_gpu", "compare_gpu", "settings", "capacity",
+     "experiment"},
+    {"capacity_sweep"},
     {"report", "plots"},
     {"cli_args"},
     {"cli", "__main__", "__init__"},
 ]
 PURE = ["policy", "hardware", "cost", "results", "partition", "estimate", "advise", "traffic",
-        "scheduler", "simulate", "metrics", "calibrate", "compare", "experiment", "report",
-        "plots", "cli"]
+        "scheduler", "simulate", "metrics", "calibrate", "compare", "settings", "capacity",
+        "experiment", "capacity_sweep", "report", "plots", "cli_args", "cli"]
 
 
 def _layer(name: str) -> int:

@@ -33,3 +33,31 @@ def test_summary_of_a_hand_made_run():
     assert s["gpu_idle_frac"] == pytest.approx(0.005 / 0.06)
     d = metrics.details(result)
     assert d["ttft_ms"] == {1: pytest.approx(35.0)} and d["prefills"][0]["decode_steps"] == 1
+
+
+def _served(rid, arrival, start, times):
+    r = Request(rid, [1] * 8, len(times), arrival)
+    r.prefill_start, r.prefill_end = start, times[0]
+    r.tokens, r.token_times = [0] * len(times), list(times)
+    return r
+
+
+def test_serving_figures_and_slo_attainment():
+    fast = _served(0, 0.0, 0.0, [0.1, 0.12, 0.14, 0.16])  # TTFT 100 ms, TPOT 20 ms
+    slow = _served(1, 0.5, 1.5, [2.0, 2.1])  # queued 1 s, TTFT 1500 ms, TPOT 100 ms
+    lost = _served(2, 0.5, 0.6, [0.7])
+    lost.output_len = 3  # got one token of three
+    result = RunResult("pdmux", [fast, slow, lost], [], 2.1,
+                       Activity([(0.0, 2.1)], (0.0, 2.1), []))
+    s = metrics.serving(result, metrics.Slo(ttft_ms=1000, tpot_ms=50))
+    assert s["requests_served"] == 3 and s["requests_lost"] == 1
+    assert s["ttft_p50_ms"] == pytest.approx(200.0)
+    assert s["tpot_mean_ms"] == pytest.approx(60.0)  # (20 + 100) / 2: one-token requests have none
+    assert s["e2e_p50_ms"] == pytest.approx(200.0)
+    assert s["sched_delay_p50_s"] == pytest.approx(0.1)
+    assert s["request_throughput_rps"] == pytest.approx(3 / 2.1)
+    assert s["output_throughput_tps"] == pytest.approx(7 / 2.1)
+    # fast meets both; slow misses TTFT and TPOT; the lost one meets TTFT and has no TPOT
+    assert s["slo_attainment"] == pytest.approx(2 / 3)
+    assert s["goodput_rps"] == pytest.approx(2 / 2.1)
+    assert metrics.Slo(1000, 50).met(0.2, None) and not metrics.Slo(1000, 50).met(None, 0.01)

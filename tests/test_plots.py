@@ -41,3 +41,13 @@ def test_timeline_plot_keeps_every_point_inside_its_axes(tmp_path, monkeypatch):
     ax = fig.axes[0]
     top = max(y for line in ax.lines for y in line.get_ydata())
     assert ax.get_yscale() == "linear" and top <= ax.get_ylim()[1]
+
+
+def test_capacity_plot(tmp_path):
+    pts = [{"mode": m, "strategy": "pdmux_grid_cap", "rate": r, "slo_attainment": a}
+           for m in ("gpu", "simulated") for r, a in ((1, 1.0), (2, 0.95), (4, 0.5))]
+    result = {"mode": "gpu", "criteria": {"attainment": 0.9}, "points": pts,
+              "summary": {"strategies": {"pdmux_grid_cap": {"goodput_capacity_rps": 2.2,
+                                                            "simulated_goodput_capacity_rps": 2.4}}}}
+    plots.capacity(result, "capacity", tmp_path / "cap.png")
+    assert (tmp_path / "cap.png").stat().st_size > 1000

@@ -67,3 +67,11 @@ def test_a_directory_or_another_gpus_file_is_refused(tmp_path):
         results.load_compare(CALIBRATION)
     with pytest.raises(PdmuxError, match="no decode_step curve for partition kind 'mig'"):
         results.load_calibration(CALIBRATION).decode_curve("mig")
+
+
+def test_settings_must_match_to_resume(tmp_path):
+    path = tmp_path / "settings.json"
+    results.check_settings(path, {"model": "qwen3-8b", "batch": 32})
+    results.check_settings(path, {"model": "qwen3-8b", "batch": 32})
+    with pytest.raises(PdmuxError, match=r"differ in batch\): use another --out folder"):
+        results.check_settings(path, {"model": "qwen3-8b", "batch": 64})

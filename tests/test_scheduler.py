@@ -7,7 +7,7 @@ from pdmux_triton import cost, metrics, policy, scheduler
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.hardware import gpu_preset, model_preset
 from pdmux_triton.simulate import SimExecutor
-from pdmux_triton.traffic import Request, chapter_scenario, poisson
+from pdmux_triton.traffic import Exponential, Request, chapter_scenario, stream
 
 QWEN = model_preset("qwen3-8b")
 H100 = gpu_preset("h100-sxm")
@@ -81,12 +81,11 @@ def _served_in_full(result):
 
 
 def test_poisson_stream_serves_every_request():
-    def stream():
-        return poisson(QWEN.vocab, rate=4.0, count=12, prompt_mean=600, prompt_max=4000,
-                       output_mean=20, output_max=60, seed=3)
-    reqs = stream()
+    def requests():
+        return stream(QWEN.vocab, 4.0, 12, Exponential(600, 4000, 20, 60), seed=3)
+    reqs = requests()
     for strategy in scheduler.STRATEGIES:
-        result = scheduler.run(strategy, sim(), stream(), chunk=512)
+        result = scheduler.run(strategy, sim(), requests(), chunk=512)
         _served_in_full(result)
         s = metrics.summarize(result)
         assert s["ttft_p50_ms"] > 0 and 0 <= s["gpu_idle_frac"] < 1
@@ -105,8 +104,7 @@ def test_a_prefill_that_outlasts_the_decode_batch_is_served(strategy, case):
     elif case == "long_prompt":
         reqs = chapter_scenario(QWEN.vocab, prompt=32768, decode_tokens=20)
     else:
-        reqs = poisson(QWEN.vocab, rate=0.1, count=3, prompt_mean=4000, prompt_max=8192,
-                       output_mean=128, output_max=512, seed=0)
+        reqs = stream(QWEN.vocab, 0.1, 3, Exponential(4000, 8192, 128, 512), seed=0)
     result = scheduler.run(strategy, sim(gpu=gpu), reqs, chunk=512)
     _served_in_full(result)
 
@@ -120,3 +118,42 @@ def test_a_request_after_every_decode_is_an_error_not_a_hang():
 def test_unknown_strategy():
     with pytest.raises(PdmuxError, match="unknown strategy 'fcfs'"):
         scheduler.run("fcfs", sim(), [])
+
+
+class _SmallCache:
+    """The simulated executor with a KV cache of a few thousand tokens."""
+
+    def __init__(self, tokens):
+        self.x = sim()
+        self.x.kv_capacity_tokens = tokens
+
+    def __getattr__(self, name):
+        return getattr(self.x, name)
+
+
+@pytest.mark.parametrize("strategy", scheduler.STRATEGIES)
+def test_admission_keeps_the_kv_cache_and_the_batch_within_bounds(strategy):
+    """Requests wait for room instead of overflowing the cache: every decode step's batch
+    holds at most the cache's tokens and `max_running` requests, and all are served."""
+    reqs = stream(QWEN.vocab, 50.0, 30, Exponential(900, 2000, 40, 100), seed=1)
+    x = _SmallCache(6000)
+    seen = []
+    original = x.x.launch_decode
+
+    def spy(batch):
+        seen.append((len(batch), sum(len(r.prompt) + r.output_len for r in batch)))
+        return original(batch)
+    x.x.launch_decode = spy
+    result = scheduler.run(strategy, x, reqs, chunk=512, max_running=4)
+    _served_in_full(result)
+    assert max(n for n, _ in seen) <= 4 and max(t for _, t in seen) <= 6000
+    waited = [r.prefill_start - r.arrival for r in result.requests]
+    assert max(waited) > 0.2  # the rate far outran the room: requests queued
+
+
+def test_a_request_larger_than_the_cache_is_refused_up_front():
+    reqs = [Request(0, [1] * 5000, 100, 0.0)]
+    x = _SmallCache(4000)
+    with pytest.raises(PdmuxError, match="request 0 needs 5,100 tokens of KV cache; the "
+                                         "executor holds 4,000"):
+        scheduler.run("pdmux", x, reqs)

@@ -1,0 +1,148 @@
+"""`pdmux-triton capacity`: per strategy, the highest request rate within the SLOs, measured
+on the GPU or simulated, every point saved as it is served and resumed on rerun.
+
+A point is one stream of the same requests (same seed: the same lengths at every rate, only
+the arrival times scale) served at one rate. Simulated, the rate is searched (`capacity.search`);
+measured, it is searched too, or read off the rates given (`capacity.crossing`), and the same
+traffic is simulated beside it so the simulator's error can be read against the measurement.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from pdmux_triton import capacity
+from pdmux_triton.capacity import CRITERIA, Criteria
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.experiment import GUARDS, Servers, Variant
+from pdmux_triton.results import PointStore, provenance
+from pdmux_triton.settings import RunSettings, make_requests
+
+DEFAULT_STRATEGIES = ("prefill_first", "chunked_512", "chunked_2048", "pdmux_grid_cap")
+POINT_KEYS = ("rate", "slo_attainment", "goodput_rps", "ttft_p50_ms", "ttft_p99_ms",
+              "tpot_p50_ms", "tpot_p99_ms", "itl_p99_ms", "e2e_p50_ms", "sched_delay_p50_s",
+              "request_throughput_rps", "output_throughput_tps", "requests_served", *GUARDS)
+
+
+@dataclass(frozen=True)
+class PointKey:
+    mode: str  # gpu or simulated
+    strategy: str
+    rate: float
+
+
+def variant(name: str) -> Variant:
+    """A strategy by its row name: prefill_first, chunked_<tokens>, pdmux_grid_cap or pdmux_green."""
+    if name == "prefill_first":
+        return Variant(name, "prefill_first")
+    if name.startswith("chunked_") and name[8:].isdigit() and int(name[8:]) > 0:
+        return Variant(name, "chunked", chunk=int(name[8:]))
+    if name in ("pdmux_grid_cap", "pdmux_green"):
+        return Variant(name, "pdmux", kind=name[6:])
+    raise PdmuxError(f"unknown strategy {name!r}: prefill_first, chunked_<tokens>, "
+                     f"pdmux_grid_cap or pdmux_green")
+
+
+class Sweep:
+    """Serves points of one mode (measured or simulated) and keeps them in the store."""
+
+    def __init__(self, s: RunSettings, store: PointStore, log):
+        self.s, self.store, self.log = s, store, log
+        self.mode = "simulated" if s.simulate else "gpu"
+        self.servers = Servers(s, make_requests(s))
+
+    def measure(self, v: Variant, rate: float) -> dict:
+        key = PointKey(self.mode, v.name, rate)
+        saved = self.store.get(key)
+        if saved is not None:
+            return saved
+        row, _ = self.servers.serve(v, make_requests(self.s, rate))
+        point = self.store.add(key, **{k: row.get(k) for k in POINT_KEYS if k != "rate"})
+        self.log(f"[{self.mode}] {v.name} at {rate:g} req/s: attainment "
+                 f"{_fmt(point['slo_attainment'], '.0%')}, TTFT p99 {_fmt(point['ttft_p99_ms'])} "
+                 f"ms, TPOT p99 {_fmt(point['tpot_p99_ms'])} ms, ITL p99 "
+                 f"{_fmt(point['itl_p99_ms'])} ms")
+        return point
+
+    def points(self, name: str) -> list[tuple[float, dict]]:
+        return sorted((p["rate"], p) for p in self.store.points.values()
+                      if p["mode"] == self.mode and p["strategy"] == name)
+
+    def close(self) -> None:
+        self.servers.close()
+
+
+def _fmt(value, spec: str = ".0f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def run_capacity(s: RunSettings, names: tuple[str, ...], criteria: Criteria, store: PointStore,
+                 rates: tuple[float, ...] | None = None, start: float = 1.0, tol: float = 0.05,
+                 log=print) -> dict:
+    """Capacities of each strategy, and every point behind them. Measured (`s.simulate` off),
+    the same traffic is also simulated, searched, and served at the measured rates."""
+    chosen = [variant(n) for n in names]
+    sweeps = [Sweep(replace(s, simulate=True), store, log)]
+    if not s.simulate:
+        sweeps.append(Sweep(s, store, log))
+    found: dict[str, dict] = {}
+    try:
+        for sweep in sweeps:
+            for v in chosen:
+                res = found.setdefault(v.name, {})
+                for criterion in CRITERIA:
+                    margin = getattr(criteria, criterion)
+                    if sweep.mode == "simulated" or rates is None:
+                        guess = res.get(f"simulated_{criterion}_capacity_rps") or start
+                        cap, _ = capacity.search(lambda r: sweep.measure(v, r), margin,
+                                                 max(guess, 0.01), tol)
+                        if sweep.mode == "simulated" and rates:
+                            for r in rates:  # the simulated point beside each measured one
+                                sweep.measure(v, r)
+                    else:
+                        for r in rates:
+                            sweep.measure(v, r)
+                        cap = capacity.crossing(sweep.points(v.name), margin)
+                    res[f"{'simulated_' if sweep.mode == 'simulated' else ''}{criterion}"
+                        f"_capacity_rps"] = cap
+    finally:
+        for sweep in sweeps:
+            sweep.close()
+    return _result(s, chosen, criteria, store, found)
+
+
+def _result(s: RunSettings, chosen: list[Variant], criteria: Criteria, store: PointStore,
+            found: dict[str, dict]) -> dict:
+    measured = not s.simulate
+    summary = {}
+    for v in chosen:
+        res = found[v.name]
+        mine = [p for p in store.points.values() if p["strategy"] == v.name
+                and p["mode"] == ("gpu" if measured else "simulated")]
+        row = {f"{c}_capacity_rps": res.get(f"{c}_capacity_rps" if measured
+                                            else f"simulated_{c}_capacity_rps")
+               for c in CRITERIA}
+        row.update({f"simulated_{c}_capacity_rps": res[f"simulated_{c}_capacity_rps"]
+                    for c in CRITERIA})
+        row["points"] = len(mine)
+        for guard in GUARDS:
+            row[guard] = sum(p.get(guard) or 0 for p in mine)
+        if measured:
+            row["sim_error_pct"] = {c: _error(res[f"simulated_{c}_capacity_rps"],
+                                              res[f"{c}_capacity_rps"]) for c in CRITERIA}
+        summary[v.name] = row
+    best = max(summary, key=lambda n: summary[n]["goodput_capacity_rps"] or 0.0)
+    return {"mode": "gpu" if measured else "simulated", **provenance(s.gpu.name),
+            "model": s.model.name, "inputs": s.as_dict(),
+            "criteria": {"slo_ttft_ms": criteria.slo.ttft_ms, "slo_tpot_ms": criteria.slo.tpot_ms,
+                         "attainment": criteria.attainment,
+                         "max_sched_delay_s": criteria.max_sched_delay_s},
+            "summary": {"strategies": summary, "highest_goodput_capacity": best},
+            "points": sorted(store.points.values(),
+                             key=lambda p: (p["mode"], p["strategy"], p["rate"]))}
+
+
+def _error(simulated: float | None, measured: float | None) -> float | None:
+    if simulated is None or not measured:
+        return None
+    return (simulated - measured) / measured * 100

@@ -1,0 +1,174 @@
+"""What a served run depends on (`RunSettings`), checked before any work starts and saved with
+its result as `inputs`, so `run --replay` can serve it again; and the requests it serves."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+from pdmux_triton import cost, policy, scheduler, traffic
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.hardware import GPUSpec, ModelSpec
+from pdmux_triton.metrics import Slo
+from pdmux_triton.partition import SPLIT_KINDS
+from pdmux_triton.results import load_calibration, load_compare
+
+WORKLOADS = ("chapter", "stream", "trace")
+LENGTHS = (*traffic.LENGTH_PRESETS, "exponential")
+MAX_CHUNK_STEPS = 65_536  # chunked steps per prompt: a run's work stays bounded
+MAX_GPU_RUN_S = 3600  # arrivals of a measured stream must come within this
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    gpu: GPUSpec
+    model: ModelSpec
+    workload: str = "chapter"
+    simulate: bool = False
+    seed: int = 0
+    # chapter: `batch` requests decoding at `context`, one `prompt`-token prompt arrives
+    batch: int = 32
+    context: int = 2048
+    prompt: int = 8192
+    decode_tokens: int = 96
+    # stream: `count` requests at `rate` per second, lengths from a preset or exponential
+    rate: float = 2.0
+    count: int = 64
+    burstiness: float = 1.0
+    lengths: str = "sharegpt"
+    prompt_mean: int = 1024
+    prompt_max: int = 8192
+    output_mean: int = 128
+    output_max: int = 512
+    # trace: a user's CSV of arrivals and lengths
+    trace: str | None = None
+    # the strategies
+    chunks: tuple[int, ...] = (2048, 512)
+    kinds: tuple[str, ...] = SPLIT_KINDS
+    config: policy.PDMuxConfig = field(default_factory=policy.PDMuxConfig)
+    prefill_tokens: int = scheduler.DEFAULT_PREFILL_TOKENS
+    max_running: int = scheduler.DEFAULT_MAX_RUNNING
+    # SLOs a request must meet to count towards goodput
+    slo_ttft_ms: float | None = None
+    slo_tpot_ms: float | None = None
+    # the simulated clock's cost model, unless a calibration / comparison replaces it
+    s_sat: float = 66.0
+    bw_eff: float = 0.85
+    mfu: float = 0.5
+    calibration: str | None = None
+    compare: str | None = None
+
+    def __post_init__(self):
+        if self.workload not in WORKLOADS:
+            raise PdmuxError(f"unknown workload {self.workload!r}; known: {', '.join(WORKLOADS)}")
+        if self.lengths not in LENGTHS:
+            raise PdmuxError(f"unknown length preset {self.lengths!r}; known: {', '.join(LENGTHS)}")
+        if (self.workload == "trace") != (self.trace is not None):
+            raise PdmuxError("--workload trace needs --trace FILE, and --trace needs "
+                             "--workload trace")
+        for kind in self.kinds:
+            if kind not in SPLIT_KINDS:
+                raise PdmuxError(f"partition kinds are {' and '.join(SPLIT_KINDS)}, got {kind!r}")
+        if not self.kinds:
+            raise PdmuxError(f"--kinds needs at least one partition kind: {', '.join(SPLIT_KINDS)}")
+        for name in ("chunks", "kinds"):
+            values = getattr(self, name)
+            if len(set(values)) != len(values):
+                raise PdmuxError(f"--{name} lists {', '.join(map(str, values))}: each at most once")
+        if any(c < 1 for c in self.chunks):
+            raise PdmuxError(f"chunk sizes must be >= 1 token, got {self.chunks}")
+        if (self.slo_ttft_ms is None) != (self.slo_tpot_ms is None):
+            raise PdmuxError("SLO attainment needs both --slo-ttft-ms and --slo-tpot-ms")
+        if self.compare and not self.calibration:
+            raise PdmuxError("--compare calibrates the prefill rate beside --calibration's decode "
+                             "curve: pass --calibration too")
+        self._check_work()
+        if self.calibration:  # read now: a bad file fails before minutes of serving
+            load_calibration(self.calibration, self.gpu.name)
+        if self.compare:
+            load_compare(self.compare, self.gpu.name)
+
+    def _check_work(self) -> None:
+        """The run must fit the GPU's memory and end in bounded time."""
+        if self.workload == "chapter":
+            if self.decode_tokens <= traffic.CHAPTER_ARRIVAL_STEPS:
+                raise PdmuxError(f"--decode-tokens {self.decode_tokens}: the decoding requests "
+                                 f"would finish before the prompt arrives (after "
+                                 f"{traffic.CHAPTER_ARRIVAL_STEPS} decode steps); decode at "
+                                 f"least {traffic.CHAPTER_ARRIVAL_STEPS + 1}")
+            tokens = (self.batch * (self.context + self.decode_tokens) + self.prompt
+                      + self.decode_tokens)
+            longest = self.prompt
+            what = (f"{self.batch} requests decoding {self.decode_tokens} tokens after "
+                    f"{self.context} and a {self.prompt}-token prompt")
+        elif self.workload == "stream" and self.lengths == "exponential":
+            traffic.Exponential(self.prompt_mean, self.prompt_max, self.output_mean,
+                                self.output_max)
+            longest = tokens = self.prompt_max + self.output_max
+            what = f"a request of {self.prompt_max} prompt and {self.output_max} output tokens"
+        else:
+            longest = tokens = self._longest_request()
+            what = f"the longest request ({tokens} tokens)"
+        cost.check_fits(self.gpu, self.model, tokens, what)
+        room = cost.kv_capacity_tokens(self.gpu, self.model)
+        if tokens > room:
+            raise PdmuxError(f"{what} need {tokens:,} tokens of KV cache; the {self.gpu.name} keeps "
+                             f"{room:,} for {self.model.name} ({cost.KV_MEMORY_FRACTION:.0%} of "
+                             f"what its weights leave)")
+        if self.workload == "chapter" and self.batch + 1 > self.max_running:
+            raise PdmuxError(f"--max-running {self.max_running} leaves no room for the chapter's "
+                             f"{self.batch} decoding requests and its prompt: at least "
+                             f"{self.batch + 1}")
+        for chunk in self.chunks:
+            if -(-longest // chunk) > MAX_CHUNK_STEPS:
+                raise PdmuxError(f"--chunks {chunk} cuts a {longest}-token prompt into "
+                                 f"{-(-longest // chunk):,} steps; at most {MAX_CHUNK_STEPS:,}")
+        if (not self.simulate and self.workload == "stream"
+                and self.count / self.rate > MAX_GPU_RUN_S):
+            raise PdmuxError(f"{self.count} requests at {self.rate:g}/s arrive over "
+                             f"~{self.count / self.rate:,.0f} s, longer than a measured run may "
+                             f"take ({MAX_GPU_RUN_S} s): raise --rate or lower --count")
+
+    def _longest_request(self) -> int:
+        """Prompt plus output tokens of the longest request a preset or a trace can hold."""
+        if self.workload == "trace":
+            return max(len(r.prompt) + r.output_len for r in traffic.read_trace(self.trace, 1))
+        preset = traffic.LENGTH_PRESETS[self.lengths]
+        return preset.prompt.cap + preset.output.cap
+
+    @property
+    def slo(self) -> Slo | None:
+        return None if self.slo_ttft_ms is None else Slo(self.slo_ttft_ms, self.slo_tpot_ms)
+
+    def as_dict(self) -> dict:
+        out = asdict(self)
+        out["gpu"]["cc"] = list(self.gpu.cc)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "RunSettings":
+        """The settings a result was made with (its `inputs`)."""
+        try:
+            known = {f.name for f in fields(cls)}
+            unknown = sorted(set(data) - known)
+            if unknown:
+                raise PdmuxError(f"unknown run inputs {', '.join(unknown)}")
+            values = dict(data)
+            values["gpu"] = GPUSpec(**{**data["gpu"], "cc": tuple(data["gpu"]["cc"])})
+            values["model"] = ModelSpec(**data["model"])
+            values["config"] = policy.parse_config(data["config"], "the run's pdmux config")
+            values["chunks"], values["kinds"] = tuple(data["chunks"]), tuple(data["kinds"])
+            return cls(**values)
+        except (KeyError, TypeError) as err:
+            raise PdmuxError(f"the run inputs are incomplete or malformed ({err})") from None
+
+
+def make_requests(s: RunSettings, rate: float | None = None) -> list[traffic.Request]:
+    """The settings' requests; a stream at `rate` instead of the settings' own when given."""
+    if s.workload == "chapter":
+        return traffic.chapter_scenario(s.model.vocab, s.batch, s.context, s.prompt,
+                                        s.decode_tokens, seed=s.seed)
+    if s.workload == "trace":
+        return traffic.read_trace(s.trace, s.model.vocab, s.seed)
+    lengths = (traffic.Exponential(s.prompt_mean, s.prompt_max, s.output_mean, s.output_max)
+               if s.lengths == "exponential" else traffic.LENGTH_PRESETS[s.lengths])
+    return traffic.stream(s.model.vocab, rate or s.rate, s.count, lengths, s.burstiness, s.seed)

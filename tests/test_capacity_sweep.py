@@ -1,0 +1,90 @@
+"""The capacity sweep: simulated searches, measured points read off given rates beside their
+simulation, points resumed from the store."""
+
+import dataclasses
+
+import pytest
+
+from pdmux_triton import capacity_sweep, experiment
+from pdmux_triton.capacity import Criteria
+from pdmux_triton.capacity_sweep import PointKey, run_capacity, variant
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.hardware import gpu_preset, model_preset
+from pdmux_triton.metrics import Slo
+from pdmux_triton.results import PointStore
+from pdmux_triton.settings import RunSettings
+
+CRITERIA = Criteria(Slo(2000, 25))
+
+
+def settings(simulate=True):
+    return RunSettings(gpu=gpu_preset("h200"), model=model_preset("qwen3-8b"), workload="stream",
+                       simulate=simulate, count=40, seed=2, chunks=(512,), kinds=("grid_cap",),
+                       slo_ttft_ms=2000, slo_tpot_ms=25)
+
+
+def test_strategy_names():
+    assert variant("chunked_768").chunk == 768 and variant("pdmux_green").kind == "green"
+    for bad in ("chunked_", "chunked_0", "pdmux_mig", "fcfs"):
+        with pytest.raises(PdmuxError, match="unknown strategy"):
+            variant(bad)
+
+
+def test_simulated_capacities_and_resume(tmp_path):
+    store = PointStore(tmp_path / "p.jsonl", PointKey)
+    result = run_capacity(settings(), ("prefill_first", "pdmux_grid_cap"), CRITERIA, store,
+                          tol=0.1, log=lambda m: None)
+    rows = result["summary"]["strategies"]
+    for name, row in rows.items():
+        assert row["goodput_capacity_rps"] > 0 and row["points"] >= 3
+        assert row["requests_lost"] == 0
+        points = [p for p in result["points"] if p["strategy"] == name]
+        cap = row["goodput_capacity_rps"]
+        # the capacity is a measured rate that met the target, the next one up did not
+        met = {p["rate"]: p["slo_attainment"] >= 0.9 for p in points}
+        assert met[cap] and not all(met[r] for r in met if r > cap)
+    lines = (tmp_path / "p.jsonl").read_text().count("\n")
+    served = []
+    again = run_capacity(settings(), ("prefill_first", "pdmux_grid_cap"), CRITERIA,
+                         PointStore(tmp_path / "p.jsonl", PointKey), tol=0.1, log=served.append)
+    assert served == [] and (tmp_path / "p.jsonl").read_text().count("\n") == lines
+    assert again["summary"] == result["summary"]
+
+
+def test_a_measured_sweep_reads_its_rates_beside_the_simulation(monkeypatch, tmp_path):
+    """Measured mode on a stand-in GPU (the simulator with a slower decode): capacities come
+    from the given rates, the simulated search runs beside them, and the error is reported."""
+    original = experiment.Servers.executor
+
+    def slower(self, v):
+        x = original(self, v)
+        if not self.s.simulate:  # the stand-in "GPU": decode 30% slower than the model says
+            law = x.decode_rate
+            x.decode_rate = dataclasses.replace(law, peak_tbps=law.peak_tbps / 1.3)
+        return x
+    monkeypatch.setattr(experiment.Servers, "__init__", _sim_servers)
+    monkeypatch.setattr(experiment.Servers, "executor", slower)
+    store = PointStore(tmp_path / "p.jsonl", PointKey)
+    result = run_capacity(settings(simulate=False), ("chunked_512",), CRITERIA, store,
+                          rates=(2.0, 4.0, 8.0, 12.0, 16.0), log=lambda m: None)
+    row = result["summary"]["strategies"]["chunked_512"]
+    assert result["mode"] == "gpu" and row["points"] == 5
+    assert {p["rate"] for p in result["points"] if p["mode"] == "gpu"} == {2, 4, 8, 12, 16}
+    simulated = {p["rate"] for p in result["points"] if p["mode"] == "simulated"}
+    assert {2, 4, 8, 12, 16} <= simulated  # the simulation beside each measured rate
+    assert row["sim_error_pct"]["goodput"] > 0  # the model is faster than the stand-in GPU
+    assert row["goodput_capacity_rps"] < row["simulated_goodput_capacity_rps"]
+
+
+def _sim_servers(self, s, requests):
+    self.s, self.gpu = s, None
+    self.cal = self.cmp = None
+
+
+def test_points_of_other_settings_are_refused(tmp_path):
+    from pdmux_triton.results import check_settings
+
+    check_settings(tmp_path / "s.json", {"count": 40})
+    with pytest.raises(PdmuxError, match="differ in count"):
+        check_settings(tmp_path / "s.json", {"count": 80})
+    assert capacity_sweep.DEFAULT_STRATEGIES[-1] == "pdmux_grid_cap"

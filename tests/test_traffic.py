@@ -1,0 +1,84 @@
+"""Requests to serve: length presets against the published statistics they were fitted to,
+gamma arrivals, users' traces."""
+
+import numpy as np
+import pytest
+
+from pdmux_triton import traffic
+from pdmux_triton.errors import PdmuxError
+
+# the largest relative error of each fit against its published figures (the README's table)
+FIT_ERROR_BOUND = {"sharegpt": 0.02, "arxiv": 0.025, "conv": 0.06, "code": 0.015}
+
+
+@pytest.mark.parametrize("name", sorted(traffic.LENGTH_PRESETS))
+def test_presets_hold_the_published_statistics(name):
+    preset = traffic.LENGTH_PRESETS[name]
+    for dist in (preset.prompt, preset.output):
+        errors = dist.fit_error()
+        assert set(errors) == set(dist.published) and {"median", "mean", "p90"} <= set(errors)
+        assert max(map(abs, errors.values())) <= FIT_ERROR_BOUND[name], errors
+
+
+@pytest.mark.parametrize("name", sorted(traffic.LENGTH_PRESETS))
+def test_samples_follow_the_fitted_distribution(name):
+    preset = traffic.LENGTH_PRESETS[name]
+    for dist in (preset.prompt, preset.output):
+        x = dist.sample(np.random.default_rng(0), 100_000)
+        assert x.min() >= dist.floor and x.max() <= dist.cap
+        mine = dist.stats()
+        assert np.median(x) == pytest.approx(mine["median"], rel=0.03, abs=1)
+        assert x.mean() == pytest.approx(mine["mean"], rel=0.02)
+        assert np.percentile(x, 90) == pytest.approx(mine["p90"], rel=0.03, abs=1)
+
+
+def test_a_stream_is_reproducible_and_its_lengths_do_not_depend_on_the_rate():
+    preset = traffic.LENGTH_PRESETS["sharegpt"]
+    slow = traffic.stream(100, 1.0, 50, preset, seed=4)
+    fast = traffic.stream(100, 4.0, 50, preset, seed=4)
+    assert [len(r.prompt) for r in slow] == [len(r.prompt) for r in fast]
+    assert [r.output_len for r in slow] == [r.output_len for r in fast]
+    assert [r.arrival / 4 for r in slow] == pytest.approx([r.arrival for r in fast])
+    again = traffic.stream(100, 1.0, 50, preset, seed=4)
+    assert all((a.prompt == b.prompt).all() for a, b in zip(slow, again))
+
+
+@pytest.mark.parametrize("burstiness", [0.25, 1.0, 4.0])
+def test_gamma_arrivals_keep_the_rate_and_change_the_spread(burstiness):
+    preset = traffic.Exponential(10, 20, 5, 10)
+    reqs = traffic.stream(10, 8.0, 20_000, preset, burstiness=burstiness, seed=0)
+    gaps = np.diff([0.0] + [r.arrival for r in reqs])
+    assert gaps.mean() == pytest.approx(1 / 8.0, rel=0.03)
+    # a gamma gap of shape k has a coefficient of variation 1/sqrt(k): Poisson's is 1
+    assert gaps.std() / gaps.mean() == pytest.approx(burstiness ** -0.5, rel=0.05)
+
+
+def test_a_trace_is_read_sorted_with_its_lengths(tmp_path):
+    path = tmp_path / "trace.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n0.5,100,20\n0.1,7,3\n")
+    reqs = traffic.read_trace(path, vocab=50)
+    assert [(r.arrival, len(r.prompt), r.output_len) for r in reqs] == [(0.1, 7, 3), (0.5, 100, 20)]
+
+
+@pytest.mark.parametrize("text,message", [
+    ("", "has no requests"),
+    ("arrival_s,prompt_tokens\n0,5\n", r"lacks the column\(s\) output_tokens"),
+    ("arrival_s,prompt_tokens,output_tokens\nsoon,5,5\n", ":2: expected a number of seconds"),
+    ("arrival_s,prompt_tokens,output_tokens\n-1,5,5\n", ":2: arrival_s must be >= 0"),
+    ("arrival_s,prompt_tokens,output_tokens\n0,0,5\n", "token counts >= 1"),
+])
+def test_bad_traces(tmp_path, text, message):
+    path = tmp_path / "t.csv"
+    path.write_text(text)
+    with pytest.raises(PdmuxError, match=message):
+        traffic.read_trace(path, vocab=50)
+    with pytest.raises(PdmuxError, match="cannot read trace"):
+        traffic.read_trace(tmp_path / "missing.csv", vocab=50)
+
+
+def test_bad_streams():
+    preset = traffic.LENGTH_PRESETS["code"]
+    with pytest.raises(PdmuxError, match="finite rate > 0"):
+        traffic.stream(10, float("inf"), 5, preset)
+    with pytest.raises(PdmuxError, match="burstiness must be a finite number > 0"):
+        traffic.stream(10, 1.0, 5, preset, burstiness=0.0)

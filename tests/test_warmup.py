@@ -1,0 +1,73 @@
+"""Compiling before measuring: the warm-up launches every GEMM variant a run can need, and on
+the GPU a served stream then compiles, captures and allocates nothing."""
+
+import pytest
+import torch
+
+from conftest import HAS_CUDA
+from pdmux_triton.compiles import CompileWatch
+from pdmux_triton.hardware import model_preset
+from pdmux_triton.kernels.gemm import plan, warm_up_rows
+from pdmux_triton.model import KVCache, Model, Weights
+from pdmux_triton.partition import Budget
+from pdmux_triton.warmup import compile_prefill_side
+
+DEV = torch.device("cuda" if HAS_CUDA else "cpu")
+
+
+def test_warm_up_rows_cover_every_variant_of_the_range():
+    budgets, N, K = [20, 52, 132], 6144, 4096
+    pairs = warm_up_rows(N, K, torch.bfloat16, DEV, budgets, 4096)
+    covered = {plan(m, N, K, torch.bfloat16, DEV, b).variant(K) for m, b in pairs}
+    for b in budgets:
+        for m in (1, 7, 16, 17, 64, 65, 300, 1024, 1025, 4096):
+            assert plan(m, N, K, torch.bfloat16, DEV, b).variant(K) in covered
+    assert len(pairs) == len(covered)  # one problem per variant
+
+
+def test_compile_prefill_side_runs_on_the_tiny_model():
+    spec = model_preset("tiny")
+    dtype = torch.bfloat16 if HAS_CUDA else torch.float32
+    model = Model(Weights(spec, DEV, dtype), KVCache(spec, 8, 4, DEV, dtype), max_positions=64)
+    before = [c.clone() for c in model.cache.k]
+    compile_prefill_side(model, Budget(None), max_rows=9, max_seqs=3, scratch_page=7)
+    for layer, old in zip(model.cache.k, before):  # only the scratch page was written
+        assert torch.equal(layer[:28], old[:28])
+
+
+def test_compile_watch_counts_and_chains_the_previous_hook():
+    from triton import knobs
+
+    calls = []
+    knobs.runtime.jit_post_compile_hook = lambda **kw: calls.append(kw["repr"])
+    try:
+        with CompileWatch() as watch:
+            knobs.runtime.jit_post_compile_hook(key=1, repr="k[...]", fn=None, compile={},
+                                                is_manual_warmup=False, already_compiled=False)
+        assert watch.count == 1 and watch.compiled == ["k[...]"] and calls == ["k[...]"]
+        assert knobs.runtime.jit_post_compile_hook is not watch._hook
+    finally:
+        knobs.runtime.jit_post_compile_hook = None
+
+
+@pytest.mark.gpu
+def test_a_served_stream_compiles_captures_and_allocates_nothing():
+    """After the warm-up, a Poisson stream of ShareGPT-like requests (batches of every size
+    and length forming in time) is served by every strategy with no compile, graph capture or
+    new device allocation inside the measured run, and every request gets its whole output."""
+    from pdmux_triton import experiment
+    from pdmux_triton.hardware import detect_gpu
+    from pdmux_triton.settings import RunSettings
+
+    s = RunSettings(gpu=detect_gpu(), model=model_preset("qwen3-8b"), workload="stream",
+                    rate=6.0, count=40, seed=5, chunks=(512,), kinds=("grid_cap", "green"),
+                    max_running=64, slo_ttft_ms=2000, slo_tpot_ms=25)
+    out, _, _ = experiment.run_experiment(s, log=print)
+    assert {r["strategy"] for r in out["rows"]} == {"prefill_first", "chunked_512",
+                                                    "pdmux_grid_cap", "pdmux_green"}
+    for row in out["rows"]:
+        assert row["requests_served"] == 40 and row["requests_lost"] == 0, row["strategy"]
+        assert row["compiles_during_measurement"] == 0, (row["strategy"], row["compiled"])
+        assert row["captures_during_measurement"] == 0, row["strategy"]
+        assert row["device_allocations_during_measurement"] == 0, row["strategy"]
+    assert out["warnings"] == []
