@@ -30,7 +30,7 @@ step() {  # step NAME SECONDS COMMAND...
 }
 
 python3 -m pip install -q --no-deps --no-build-isolation -e . >> "$LOG" 2>&1
-step tests 420 python3 -m pytest -q -m gpu tests
+step tests ${TESTS_S:-420} python3 -m pytest -q -m gpu tests ${TESTS_K:+-k "$TESTS_K"}
 step host 90 python3 bench/host_costs.py --out "$OUT"
 step profile 60 python3 bench/profile_decode.py --budget 16
 step kernels 110 python3 bench/bench_kernels.py --quick --out "$OUT"
@@ -58,6 +58,7 @@ export RATES=${RATES:-}
 export STRATEGIES=${STRATEGIES:-prefill_first,chunked_512,chunked_2048,pdmux_grid_cap}
 step capacity ${CAPACITY_S:-540} pdmux-triton capacity --out bench/results/capacity \
     --count "${COUNT:-100}" --strategies "$STRATEGIES" ${RATES:+--rates "$RATES"} \
-    --calibration "$CALIBRATION" --compare bench/results/compare-h200.json
+    --calibration "$CALIBRATION" --compare bench/results/compare-h200.json \
+    --host-costs bench/results/host-costs-h200.json
 [ -d bench/results/capacity ] && cp -r bench/results/capacity "$OUT"/
 grep -E "^(== |   )|passed|failed|MISS|  ok|capacity req/s|pdmux_|chunked_|prefill_first" "$LOG" | tail -40

@@ -293,7 +293,7 @@ def _settings(args, given, workload: str):
         "seed", "batch", "context", "prompt", "decode_tokens", "rate", "count", "burstiness",
         "lengths", "prompt_mean", "prompt_max", "output_mean", "output_max", "trace", "chunks",
         "kinds", "slo_ttft_ms", "slo_tpot_ms", "s_sat", "bw_eff", "mfu", "calibration",
-        "compare", "max_running") if hasattr(args, f)}
+        "compare", "host_costs", "max_running") if hasattr(args, f)}
     settings = RunSettings(gpu=gpu, model=model_preset(args.model), workload=workload,
                            simulate=simulate, config=_config_from_args(args, given, gpu),
                            prefill_tokens=args.max_prefill_tokens, **fields)

@@ -190,6 +190,8 @@ def _cost_flags(p: Parser) -> None:
     p.flag("--mfu", type=FRACTION, default=0.5, help="achieved fraction of bf16 FLOP/s")
     p.flag("--calibration", metavar="FILE", help="calibrate-<gpu>.json: measured decode curves")
     p.flag("--compare", metavar="FILE", help="compare-<gpu>.json: measured prefill rates")
+    p.flag("--host-costs", metavar="FILE",
+           help="host-costs-<gpu>.json (bench/host_costs.py): the host's share of a round")
 
 
 CHAPTER_FLAGS = ("batch", "context", "prompt", "decode_tokens")

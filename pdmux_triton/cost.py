@@ -189,6 +189,23 @@ def _check_positive(name: str, value: float) -> None:
         raise PdmuxError(f"{name} must be a finite number > 0, got {value!r}")
 
 
+@dataclass(frozen=True)
+class HostCost:
+    """What the host spends launching work, on top of what the GPU runs: a captured decode
+    step's round (inputs up, replay, tokens back) and an eager transformer layer's launches.
+    An eager step cannot end before its launches do, and the host launches nothing else
+    meanwhile. Zero by default (the first-order model); measured by bench/host_costs.py."""
+
+    decode_round_s: float = 0.0
+    layer_launch_s: float = 0.0
+
+    def __post_init__(self):
+        for name in ("decode_round_s", "layer_launch_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and np.isfinite(value) and value >= 0):
+                raise PdmuxError(f"host cost {name} must be a finite number >= 0, got {value!r}")
+
+
 # --- times ---------------------------------------------------------------------------------
 
 def decode_step_s(model: ModelSpec, rate: DecodeRate, context_tokens: int, sms: int,

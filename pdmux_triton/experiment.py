@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from pdmux_triton import cost, estimate, metrics, scheduler
-from pdmux_triton.results import load_calibration, load_compare, provenance
+from pdmux_triton.results import load_calibration, load_compare, load_host_costs, provenance
 from pdmux_triton.settings import RunSettings, make_requests
 from pdmux_triton.simulate import SimExecutor
 from pdmux_triton.traffic import Request
@@ -60,9 +60,12 @@ class Servers:
     def __init__(self, s: RunSettings, requests: list[Request]):
         self.s = s
         self.gpu = None
+        self.warm: set[str] = set()  # variants served once untimed (GPU)
         if s.simulate:
             self.cal = load_calibration(s.calibration, s.gpu.name) if s.calibration else None
             self.cmp = load_compare(s.compare, s.gpu.name) if s.compare else None
+            self.host = (load_host_costs(s.host_costs, s.gpu.name) if s.host_costs
+                         else cost.HostCost())
         else:
             from pdmux_triton.gpu_serving import GpuExecutors  # torch: only where a GPU measures
 
@@ -77,7 +80,7 @@ class Servers:
                   cost.SaturationLaw(s.gpu.hbm_tbps * s.bw_eff, min(s.s_sat, s.gpu.sms)))
         prefill = (self.cmp.prefill_rate(kind, s.gpu.bf16_tflops, s.gpu.sms) if self.cmp else
                    cost.PrefillRate.fixed(s.gpu.bf16_tflops, s.gpu.sms, s.mfu))
-        return SimExecutor(s.gpu, s.model, decode, prefill, kind)
+        return SimExecutor(s.gpu, s.model, decode, prefill, kind, self.host)
 
     @contextmanager
     def watch(self, x) -> Iterator[dict]:
@@ -88,12 +91,20 @@ class Servers:
             yield counts
 
     def serve(self, v: Variant, requests: list[Request]) -> tuple[dict, scheduler.RunResult]:
-        """One variant over a copy of `requests`: its summary row and its run."""
+        """One variant over a copy of `requests`: its summary row and its run. On the GPU the
+        variant's first requests are served once untimed before: the allocator then holds
+        memory for the batches this traffic forms (the warm-up compiled and captured the rest)."""
         s, x = self.s, self.executor(v)
-        reqs = copy.deepcopy(requests)
+
+        def run_once():
+            return scheduler.run(v.strategy, x, copy.deepcopy(requests), chunk=v.chunk,
+                                 config=s.config, prefill_tokens=s.prefill_tokens,
+                                 max_running=s.max_running)
+        if self.gpu is not None and v.name not in self.warm:
+            run_once()
+            self.warm.add(v.name)
         with self.watch(x) as counts:
-            result = scheduler.run(v.strategy, x, reqs, chunk=v.chunk, config=s.config,
-                                   prefill_tokens=s.prefill_tokens, max_running=s.max_running)
+            result = run_once()
         row = {**metrics.summarize(result, s.slo), **counts, "strategy": v.name}
         return row, result
 

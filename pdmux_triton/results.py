@@ -18,7 +18,7 @@ from importlib import metadata
 from pathlib import Path
 
 from pdmux_triton import __version__
-from pdmux_triton.cost import MeasuredCurve, PrefillRate
+from pdmux_triton.cost import HostCost, MeasuredCurve, PrefillRate
 from pdmux_triton.errors import PdmuxError
 
 _REPO = Path(__file__).resolve().parent.parent
@@ -233,3 +233,18 @@ def load_compare(path: str | Path, gpu: str | None = None) -> Comparison:
                          f"(made by `pdmux-triton compare`)")
     measured_on = _check_gpu(data, path, "comparison", gpu)
     return Comparison(str(path), measured_on, tuple(lv for lv in levels if isinstance(lv, dict)))
+
+
+def load_host_costs(path: str | Path, gpu: str | None = None) -> HostCost:
+    """The host's costs per round from bench/host_costs.py's file: the median over its cases of
+    an eager layer's launch time and of a decode round's wall time less its GPU time."""
+    path = Path(path)
+    data = read_json(path, "host-costs file")
+    _check_gpu(data, path, "host-costs file", gpu)
+    try:
+        layers = sorted(float(r["host_s"]) for r in data["eager_layer"])
+        rounds = sorted(max(0.0, float(r["wall_s"]) - float(r["gpu_s"])) for r in data["decode_round"])
+        return HostCost(rounds[len(rounds) // 2], layers[len(layers) // 2])
+    except (KeyError, TypeError, ValueError, IndexError):
+        raise PdmuxError(f"{path} lacks the eager_layer and decode_round rows of a host-costs "
+                         f"file (made by bench/host_costs.py)") from None

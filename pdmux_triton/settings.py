@@ -10,7 +10,7 @@ from pdmux_triton.errors import PdmuxError
 from pdmux_triton.hardware import GPUSpec, ModelSpec
 from pdmux_triton.metrics import Slo
 from pdmux_triton.partition import SPLIT_KINDS
-from pdmux_triton.results import load_calibration, load_compare
+from pdmux_triton.results import load_calibration, load_compare, load_host_costs
 
 WORKLOADS = ("chapter", "stream", "trace")
 LENGTHS = (*traffic.LENGTH_PRESETS, "exponential")
@@ -56,6 +56,7 @@ class RunSettings:
     mfu: float = 0.5
     calibration: str | None = None
     compare: str | None = None
+    host_costs: str | None = None  # bench/host_costs.py's file: the host's share of a round
 
     def __post_init__(self):
         if self.workload not in WORKLOADS:
@@ -86,6 +87,8 @@ class RunSettings:
             load_calibration(self.calibration, self.gpu.name)
         if self.compare:
             load_compare(self.compare, self.gpu.name)
+        if self.host_costs:
+            load_host_costs(self.host_costs, self.gpu.name)
 
     def _check_work(self) -> None:
         """The run must fit the GPU's memory and end in bounded time."""

@@ -1,10 +1,11 @@
 """A simulated executor: the scheduler's loop on a clock driven by the cost model (`cost`).
 
-Two timelines, one per side, as two CUDA streams would be. A decode step costs its bytes over
-the rate its SMs reach (the S_SAT law, or a calibration's measured curve, alone or beside a
-prefill that is in flight as the step starts); a prefill costs its FLOPs over the prefill rate
-on its share of the SMs. The host is free: a simulated run has no launch overhead or idle gaps
-of its own.
+Two timelines, one per side, as two CUDA streams would be, and the host's clock. A decode step
+costs its bytes over the rate its SMs reach (the S_SAT law, or a calibration's measured curve,
+alone or beside a prefill that is in flight as the step starts); a prefill costs its FLOPs over
+the prefill rate on its share of the SMs. The host spends `HostCost` on each decode round and
+each eager layer it launches (nothing by default): an eager step ends no earlier than its
+launches, and while the host launches, nothing else is launched.
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ class SimPrefill:
 
 class SimExecutor:
     def __init__(self, gpu: GPUSpec, model: ModelSpec, decode: cost.DecodeRate,
-                 prefill: cost.PrefillRate, kind: str = "grid_cap"):
+                 prefill: cost.PrefillRate, kind: str = "grid_cap",
+                 host: cost.HostCost = cost.HostCost()):
         self.model, self.decode_rate, self.prefill_rate, self.kind = model, decode, prefill, kind
+        self.host = host
         self.total_sms, self.cc_major, self.num_layers = gpu.sms, gpu.cc_major, model.layers
         self.kv_capacity_tokens = cost.kv_capacity_tokens(gpu, model)
         self.t = 0.0
@@ -39,8 +42,8 @@ class SimExecutor:
         self.decode_steps: list[float] = []
 
     # --- timelines -------------------------------------------------------------------
-    def _enqueue(self, side: str, seconds: float) -> float:
-        start = max(self.t, self.free[side])
+    def _enqueue(self, side: str, seconds: float, at: float | None = None) -> float:
+        start = max(self.t if at is None else at, self.free[side])
         self.free[side] = start + seconds
         self.busy.append((start, start + seconds))
         return start + seconds
@@ -67,27 +70,37 @@ class SimExecutor:
     def launch_decode(self, reqs: list[Request]):
         # priced when waited for: the round's prefill layers are launched in between, and
         # decode co-runs when the prefill side is busy as the step starts
-        return list(reqs)
+        self.t += self.host.decode_round_s
+        return list(reqs), self.t
 
-    def wait_decode(self, reqs: list[Request]):
-        start = max(self.t, self.free["decode"])
+    def wait_decode(self, pending):
+        reqs, launched = pending
+        start = max(launched, self.free["decode"])
         corun = self.free["prefill"] > start
         step = cost.decode_step_s(self.model, self.decode_rate, sum(r.context for r in reqs),
                                   self.sms["decode"], corun)
         self.decode_steps.append(step)
-        self.t = max(self.t, self._enqueue("decode", step))
+        self.t = max(self.t, self._enqueue("decode", step, launched))
         return self.t, [0] * len(reqs)
 
     # --- prefill ---------------------------------------------------------------------
     def begin_prefill(self, reqs: list[Request]) -> SimPrefill:
         return SimPrefill(list(reqs))
 
+    def _launch_layers(self, layers: int) -> tuple[float, float]:
+        """The host launches `layers` eager layers: when it began, and when it is done."""
+        began = self.t
+        self.t += layers * self.host.layer_launch_s
+        return began, self.t
+
     def launch_prefill(self, carry: SimPrefill, start: int, end: int) -> None:
         flops = sum(cost.layer_flops(self.model, len(r.prompt), 0, end - start) for r in carry.reqs)
         if end == self.num_layers:  # the LM head samples each prompt's first token
             flops += cost.lm_head_flops(self.model, len(carry.reqs))
+        began, launched = self._launch_layers(end - start)
         seconds = cost.compute_s(flops, self.prefill_rate, self.sms["prefill"])
-        carry.ends_at = self._enqueue("prefill", seconds)
+        carry.ends_at = max(self._enqueue("prefill", seconds, began), launched)
+        self.free["prefill"] = carry.ends_at
 
     def prefill_result(self, carry: SimPrefill, wait: bool):
         # the host sees a finished prefill when it next looks, after the decode it waited for
@@ -101,7 +114,8 @@ class SimExecutor:
         step = float(cost.mixed_step_s(self.model, self.decode_rate, self.prefill_rate,
                                        self.total_sms, sum(r.context for r in decoding),
                                        len(decoding), n, start, samples_chunk=last))
-        self.t = self._enqueue("decode", step)
+        began, launched = self._launch_layers(self.num_layers)
+        self.t = max(self._enqueue("decode", step, began), launched) + self.host.decode_round_s
         return self.t, [0] * len(decoding), 0 if last else None
 
     def release(self, r: Request) -> None:

@@ -8,6 +8,7 @@ import pytest
 from pdmux_triton import capacity_sweep, experiment
 from pdmux_triton.capacity import Criteria
 from pdmux_triton.capacity_sweep import PointKey, run_capacity, variant
+from pdmux_triton.cost import HostCost
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.hardware import gpu_preset, model_preset
 from pdmux_triton.metrics import Slo
@@ -77,8 +78,9 @@ def test_a_measured_sweep_reads_its_rates_beside_the_simulation(monkeypatch, tmp
 
 
 def _sim_servers(self, s, requests):
-    self.s, self.gpu = s, None
+    self.s, self.gpu, self.warm = s, None, set()
     self.cal = self.cmp = None
+    self.host = HostCost()
 
 
 def test_points_of_other_settings_are_refused(tmp_path):
