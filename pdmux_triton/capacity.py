@@ -96,16 +96,26 @@ def search(measure: Callable[[float], dict], margin: Callable[[dict], float], st
 
 
 def crossing(points: list[tuple[float, dict]], margin: Callable[[dict], float]) -> float | None:
-    """The rate where the criterion stops holding, from measured (rate, point) pairs: linear
-    in the margin between the highest meeting rate below the first failing one and that
-    failing rate; the highest rate when every point meets it, 0.0 when the lowest fails, None
-    without points."""
+    """The highest rate where the criterion holds, from measured (rate, point) pairs: the
+    highest meeting rate, moved towards the failing rate just above it as far as the margin
+    falls linearly to zero; the highest rate when it meets, 0.0 when no rate does, None
+    without points. (A criterion can hold again above a failing rate: Sarathi-Serve's P99 time
+    between tokens falls as decode batches grow.)"""
     if not points:
         return None
     pts = sorted((rate, margin(p)) for rate, p in points)
-    if pts[0][1] < 0:
+    meeting = [i for i, (_, m) in enumerate(pts) if m >= 0]
+    if not meeting:
         return 0.0
-    for (r0, m0), (r1, m1) in zip(pts, pts[1:]):
-        if m1 < 0:
-            return r0 + (r1 - r0) * m0 / (m0 - m1)
-    return pts[-1][0]
+    i = meeting[-1]
+    if i == len(pts) - 1:
+        return pts[i][0]
+    (r0, m0), (r1, m1) = pts[i], pts[i + 1]
+    return r0 + (r1 - r0) * m0 / (m0 - m1)
+
+
+def bracketed(points: list[tuple[float, dict]], margin: Callable[[dict], float],
+              rate: float) -> bool:
+    """Whether a rate at or below `rate` already fails the criterion (a higher one need not
+    be measured to find the capacity)."""
+    return any(r <= rate and margin(p) < 0 for r, p in points)

@@ -3,8 +3,10 @@ on the GPU or simulated, every point saved as it is served and resumed on rerun.
 
 A point is one stream of the same requests (same seed: the same lengths at every rate, only
 the arrival times scale) served at one rate. Simulated, the rate is searched (`capacity.search`);
-measured, it is searched too, or read off the rates given (`capacity.crossing`), and the same
-traffic is simulated beside it so the simulator's error can be read against the measurement.
+measured, it is searched too, or read off the rates given (`capacity.crossing`: they are served
+in order up to the first that fails the goodput criterion, so adding higher rates later only
+serves what an unbracketed strategy still needs), and the same traffic is simulated beside it
+so the simulator's error can be read against the measurement.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from pdmux_triton.settings import RunSettings, make_requests
 
 DEFAULT_STRATEGIES = ("prefill_first", "chunked_512", "chunked_2048", "pdmux_grid_cap")
 POINT_KEYS = ("rate", "slo_attainment", "goodput_rps", "ttft_p50_ms", "ttft_p99_ms",
-              "tpot_p50_ms", "tpot_p99_ms", "itl_p99_ms", "e2e_p50_ms", "sched_delay_p50_s",
+              "tpot_p50_ms", "tpot_p99_ms", "itl_p50_ms", "itl_p99_ms", "e2e_p50_ms",
+              "sched_delay_p50_s", "decode_gpu_p50_ms", "gpu_idle_frac",
               "request_throughput_rps", "output_throughput_tps", "requests_served", *GUARDS)
 
 
@@ -99,8 +102,10 @@ def run_capacity(s: RunSettings, names: tuple[str, ...], criteria: Criteria, sto
                         if sweep.mode == "simulated" and rates:
                             for r in rates:  # the simulated point beside each measured one
                                 sweep.measure(v, r)
-                    else:
-                        for r in rates:
+                    else:  # the given rates, up to the first that fails the goodput criterion
+                        for r in sorted(rates):
+                            if capacity.bracketed(sweep.points(v.name), criteria.goodput, r):
+                                break
                             sweep.measure(v, r)
                         cap = capacity.crossing(sweep.points(v.name), margin)
                     res[f"{'simulated_' if sweep.mode == 'simulated' else ''}{criterion}"
@@ -125,6 +130,9 @@ def _result(s: RunSettings, chosen: list[Variant], criteria: Criteria, store: Po
         row.update({f"simulated_{c}_capacity_rps": res[f"simulated_{c}_capacity_rps"]
                     for c in CRITERIA})
         row["points"] = len(mine)
+        # the highest rate served still met the criterion: the capacity is at least that
+        top = max(mine, key=lambda p: p["rate"], default=None)
+        row["at_least"] = {c: bool(top) and getattr(criteria, c)(top) >= 0 for c in CRITERIA}
         for guard in GUARDS:
             row[guard] = sum(p.get(guard) or 0 for p in mine)
         if measured:

@@ -46,3 +46,8 @@ def test_crossing_interpolates_between_measured_rates():
     assert capacity.crossing(pts[:2], CRITERIA.goodput) == 4.0
     assert capacity.crossing(pts[2:], CRITERIA.goodput) == 0.0
     assert capacity.crossing([], CRITERIA.goodput) is None
+    # met again above a failing rate: the highest meeting rate counts
+    bumpy = [(4.0, point(0.5)), (8.0, point(0.95)), (10.0, point(0.95))]
+    assert capacity.crossing(bumpy, CRITERIA.goodput) == 10.0
+    assert capacity.bracketed(pts, CRITERIA.goodput, 6.0)
+    assert not capacity.bracketed(pts, CRITERIA.goodput, 5.0)

@@ -67,12 +67,17 @@ def test_a_measured_sweep_reads_its_rates_beside_the_simulation(monkeypatch, tmp
     monkeypatch.setattr(experiment.Servers, "executor", slower)
     store = PointStore(tmp_path / "p.jsonl", PointKey)
     result = run_capacity(settings(simulate=False), ("chunked_512",), CRITERIA, store,
-                          rates=(2.0, 4.0, 8.0, 12.0, 16.0), log=lambda m: None)
+                          rates=(4.0, 16.0, 32.0, 48.0, 64.0, 96.0), log=lambda m: None)
     row = result["summary"]["strategies"]["chunked_512"]
-    assert result["mode"] == "gpu" and row["points"] == 5
-    assert {p["rate"] for p in result["points"] if p["mode"] == "gpu"} == {2, 4, 8, 12, 16}
+    served = {p["rate"] for p in result["points"] if p["mode"] == "gpu"}
+    assert result["mode"] == "gpu" and row["points"] == len(served)
+    # the given rates in order, up to the first whose attainment misses the target
+    assert served <= {4, 16, 32, 48, 64, 96} and {4, 16} <= served
+    failing = [p["rate"] for p in result["points"] if p["mode"] == "gpu"
+               and p["slo_attainment"] < 0.9]
+    assert len(failing) == 1 and failing[0] == max(served)
     simulated = {p["rate"] for p in result["points"] if p["mode"] == "simulated"}
-    assert {2, 4, 8, 12, 16} <= simulated  # the simulation beside each measured rate
+    assert {4, 16, 32, 48, 64, 96} <= simulated  # the simulation beside each given rate
     assert row["sim_error_pct"]["goodput"] > 0  # the model is faster than the stand-in GPU
     assert row["goodput_capacity_rps"] < row["simulated_goodput_capacity_rps"]
 
