@@ -52,13 +52,13 @@ step occupancy 40 python3 bench/decode_occupancy.py --out "$OUT" --sections atte
     --budgets 16,132 --cases 32x8192,ragged32_100_16000
 step ncu 50 ncu --clock-control none -k regex:_decode_kernel -c 1 --section SpeedOfLight \
     --section MemoryWorkloadAnalysis --section WarpStateStats python3 bench/profile_decode.py --budget 16
-# capacity points go to bench/results/capacity, which travels with the tree: a call cut short
-# by its time limit resumes there on the next call (copy the points back between calls)
+# capacity points go to bench/results, which travels with the tree: a call cut short by its
+# time limit resumes there on the next call (copy the points back between calls)
 export RATES=${RATES:-}
 export STRATEGIES=${STRATEGIES:-prefill_first,chunked_512,chunked_2048,pdmux_grid_cap}
-step capacity ${CAPACITY_S:-540} pdmux-triton capacity --out bench/results/capacity \
+step capacity ${CAPACITY_S:-540} pdmux-triton capacity --out bench/results \
     --count "${COUNT:-100}" --strategies "$STRATEGIES" ${RATES:+--rates "$RATES"} \
     --calibration "$CALIBRATION" --compare bench/results/compare-h200.json \
     --host-costs bench/results/host-costs-h200.json
-[ -d bench/results/capacity ] && cp -r bench/results/capacity "$OUT"/
+cp bench/results/capacity-*h200* "$OUT"/ 2>/dev/null
 grep -E "^(== |   )|passed|failed|MISS|  ok|capacity req/s|pdmux_|chunked_|prefill_first" "$LOG" | tail -40

@@ -47,20 +47,29 @@ def variant(name: str) -> Variant:
 
 
 class Sweep:
-    """Serves points of one mode (measured or simulated) and keeps them in the store."""
+    """Serves points of one mode (measured or simulated) and keeps them in the store; its
+    executors are made only when a point is missing (`offline`: a missing measured point is an
+    error, so a measured sweep can be read again, with a newer simulation beside it, anywhere)."""
 
-    def __init__(self, s: RunSettings, store: PointStore, log):
-        self.s, self.store, self.log = s, store, log
+    def __init__(self, s: RunSettings, store: PointStore, log, offline: bool = False):
+        self.s, self.store, self.log, self.offline = s, store, log, offline
         self.mode = "simulated" if s.simulate else "gpu"
-        self.servers = Servers(s, make_requests(s))
+        self.servers = None
 
     def measure(self, v: Variant, rate: float) -> dict:
         key = PointKey(self.mode, v.name, rate)
         saved = self.store.get(key)
         if saved is not None:
             return saved
+        if self.offline and self.mode == "gpu":
+            raise PdmuxError(f"{v.name} at {rate:g} req/s was never measured in "
+                             f"{self.store.path}: measure it on the GPU (drop --offline)")
+        if self.servers is None:
+            self.servers = Servers(self.s, make_requests(self.s))
         row, _ = self.servers.serve(v, make_requests(self.s, rate))
-        point = self.store.add(key, **{k: row.get(k) for k in POINT_KEYS if k != "rate"})
+        made_with = provenance(self.s.gpu.name)  # a point outlives the code that measured it
+        point = self.store.add(key, **{k: row.get(k) for k in POINT_KEYS if k != "rate"},
+                               **{k: made_with[k] for k in ("commit", "torch", "triton")})
         self.log(f"[{self.mode}] {v.name} at {rate:g} req/s: attainment "
                  f"{_fmt(point['slo_attainment'], '.0%')}, TTFT p99 {_fmt(point['ttft_p99_ms'])} "
                  f"ms, TPOT p99 {_fmt(point['tpot_p99_ms'])} ms, ITL p99 "
@@ -72,7 +81,8 @@ class Sweep:
                       if p["mode"] == self.mode and p["strategy"] == name)
 
     def close(self) -> None:
-        self.servers.close()
+        if self.servers is not None:
+            self.servers.close()
 
 
 def _fmt(value, spec: str = ".0f") -> str:
@@ -81,13 +91,14 @@ def _fmt(value, spec: str = ".0f") -> str:
 
 def run_capacity(s: RunSettings, names: tuple[str, ...], criteria: Criteria, store: PointStore,
                  rates: tuple[float, ...] | None = None, start: float = 1.0, tol: float = 0.05,
-                 log=print) -> dict:
+                 log=print, offline: bool = False) -> dict:
     """Capacities of each strategy, and every point behind them. Measured (`s.simulate` off),
-    the same traffic is also simulated, searched, and served at the measured rates."""
+    the same traffic is also simulated, searched, and served at the measured rates; `offline`,
+    the measured points come from the store alone."""
     chosen = [variant(n) for n in names]
     sweeps = [Sweep(replace(s, simulate=True), store, log)]
     if not s.simulate:
-        sweeps.append(Sweep(s, store, log))
+        sweeps.append(Sweep(s, store, log, offline))
     found: dict[str, dict] = {}
     try:
         for sweep in sweeps:
@@ -113,11 +124,11 @@ def run_capacity(s: RunSettings, names: tuple[str, ...], criteria: Criteria, sto
     finally:
         for sweep in sweeps:
             sweep.close()
-    return _result(s, chosen, criteria, store, found)
+    return _result(s, chosen, criteria, store, found, offline)
 
 
 def _result(s: RunSettings, chosen: list[Variant], criteria: Criteria, store: PointStore,
-            found: dict[str, dict]) -> dict:
+            found: dict[str, dict], offline: bool) -> dict:
     measured = not s.simulate
     summary = {}
     for v in chosen:
@@ -136,16 +147,27 @@ def _result(s: RunSettings, chosen: list[Variant], criteria: Criteria, store: Po
         for guard in GUARDS:
             row[guard] = sum(p.get(guard) or 0 for p in mine)
         if measured:
-            row["sim_error_pct"] = {c: _error(res[f"simulated_{c}_capacity_rps"],
+            # like for like: the simulation read at the rates measured, the same way
+            rates = {p["rate"] for p in mine}
+            beside = sorted((p["rate"], p) for p in store.points.values()
+                            if p["strategy"] == v.name and p["mode"] == "simulated"
+                            and p["rate"] in rates)
+            for c in CRITERIA:
+                cap = capacity.crossing(beside, getattr(criteria, c)) if len(beside) == len(rates) else None
+                row[f"simulated_{c}_capacity_at_measured_rates_rps"] = cap
+            row["sim_error_pct"] = {c: _error(row[f"simulated_{c}_capacity_at_measured_rates_rps"],
                                               res[f"{c}_capacity_rps"]) for c in CRITERIA}
         summary[v.name] = row
     best = max(summary, key=lambda n: summary[n]["goodput_capacity_rps"] or 0.0)
+    totals = {guard: sum(row[guard] for row in summary.values()) for guard in GUARDS}
+    # offline, the provenance is the analysis's: each measured point names its own
     return {"mode": "gpu" if measured else "simulated", **provenance(s.gpu.name),
+            "analysed_offline": offline,
             "model": s.model.name, "inputs": s.as_dict(),
             "criteria": {"slo_ttft_ms": criteria.slo.ttft_ms, "slo_tpot_ms": criteria.slo.tpot_ms,
                          "attainment": criteria.attainment,
                          "max_sched_delay_s": criteria.max_sched_delay_s},
-            "summary": {"strategies": summary, "highest_goodput_capacity": best},
+            "summary": {"strategies": summary, "highest_goodput_capacity": best, **totals},
             "points": sorted(store.points.values(),
                              key=lambda p: (p["mode"], p["strategy"], p["rate"]))}
 

@@ -356,8 +356,20 @@ def cmd_capacity(args, given) -> None:
     kinds = tuple(capacity_sweep.variant(n).kind for n in args.strategies
                   if n.startswith("pdmux_")) or ("grid_cap",)
     args.chunks, args.kinds = chunks or (2048,), kinds
+    if args.offline:
+        if not args.rates:
+            raise PdmuxError("--offline reads measured points at --rates: name them")
+        args.simulate = True  # nothing is measured: the flags describe the GPU it was measured on
     settings, no_gpu = _settings(args, given, "stream")
-    if settings.simulate:
+    if args.offline:  # the GPU as it was measured, from the folder's settings
+        saved = read_json(Path(args.out) / f"capacity-settings-{settings.gpu.name}.json",
+                          "capacity settings")
+        try:
+            gpu = GPUSpec(**{**saved["gpu"], "cc": tuple(saved["gpu"]["cc"])})
+        except (KeyError, TypeError):
+            raise PdmuxError(f"{args.out} holds no capacity settings with a GPU") from None
+        settings, no_gpu = dataclasses.replace(settings, gpu=gpu, simulate=False), None
+    elif settings.simulate:
         _refuse(given, ("rates",), "when simulating (the simulation searches the rate)")
     for rate in args.rates or ():
         if args.count / rate > MAX_GPU_RUN_S:
@@ -374,8 +386,11 @@ def cmd_capacity(args, given) -> None:
     check_settings(out / f"capacity-settings-{gpu}.json", stable)
     _say_why_simulated(settings, no_gpu)
     store = PointStore(out / f"capacity-points-{gpu}.jsonl", PointKey)
+    if args.offline:  # the simulation beside the measurement is made again, with today's model
+        store.forget(lambda point: point["mode"] == "simulated")
     result = capacity_sweep.run_capacity(settings, tuple(args.strategies), criteria, store,
-                                         args.rates, args.start_rate, args.tol, log=_note)
+                                         args.rates, args.start_rate, args.tol, log=_note,
+                                         offline=args.offline)
     write_json(out / f"capacity-{gpu}.json", result)
     if args.json:
         print(json.dumps(result, indent=1))

@@ -190,20 +190,26 @@ def _check_positive(name: str, value: float) -> None:
 
 
 @dataclass(frozen=True)
-class HostCost:
-    """What the host spends launching work, on top of what the GPU runs: a captured decode
-    step's round (inputs up, replay, tokens back) and an eager transformer layer's launches.
-    An eager step cannot end before its launches do, and the host launches nothing else
-    meanwhile. Zero by default (the first-order model); measured by bench/host_costs.py."""
+class Overheads:
+    """What this tool's executor spends beyond the first-order model: the host's share of a
+    captured decode round (inputs up, replay, tokens back), each eager layer's launches, an
+    eager step's batch (made, uploaded, its tokens read back), and decode rows of a mixed step
+    run through the extend attention in tiles of `decode_row_tile` query rows. An eager step
+    ends no earlier than its launches, and the host launches nothing else meanwhile. None by
+    default (the chapter's model); bench/host_costs.py measures the host's."""
 
     decode_round_s: float = 0.0
     layer_launch_s: float = 0.0
+    eager_step_s: float = 0.0
+    decode_row_tile: int = 1
 
     def __post_init__(self):
-        for name in ("decode_round_s", "layer_launch_s"):
+        for name in ("decode_round_s", "layer_launch_s", "eager_step_s"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and np.isfinite(value) and value >= 0):
-                raise PdmuxError(f"host cost {name} must be a finite number >= 0, got {value!r}")
+                raise PdmuxError(f"overhead {name} must be a finite number >= 0, got {value!r}")
+        if not (isinstance(self.decode_row_tile, int) and self.decode_row_tile >= 1):
+            raise PdmuxError(f"decode_row_tile must be an integer >= 1, got {self.decode_row_tile!r}")
 
 
 # --- times ---------------------------------------------------------------------------------
@@ -217,14 +223,28 @@ def compute_s(flops: float, rate: PrefillRate, sms: int) -> float:
     return flops / rate.flops_per_s(sms)
 
 
+# The extend attention's tiles hold this many query rows of one head: in a mixed step a
+# one-token decode row costs a whole tile against its context.
+EXTEND_TILE_ROWS = 128
+
+
+def decode_row_attention_flops(model: ModelSpec, context_tokens: int, tile_rows: int) -> float:
+    """Attention of decode rows through an extend kernel whose tiles hold `tile_rows` query
+    rows, over all layers (what the tensor cores compute; 1: the rows alone)."""
+    return 4 * model.layers * model.q_dim * tile_rows * context_tokens
+
+
 def mixed_step_s(model: ModelSpec, decode: DecodeRate, prefill: PrefillRate, total_sms: int,
                  decode_context_tokens: int, decode_batch: int, chunk, chunk_prefix,
-                 samples_chunk):
+                 samples_chunk, decode_row_tile: int = 1):
     """One chunked-prefill step on the whole GPU: a prompt chunk and the decode batch in one
     forward, bound by its compute or by reading the weights and the batch's KV, whichever is
-    slower. `chunk`, `chunk_prefix` and `samples_chunk` may be arrays (every chunk at once)."""
+    slower; the decode rows' attention counted in tiles of `decode_row_tile` rows. `chunk`,
+    `chunk_prefix` and `samples_chunk` may be arrays (every chunk at once)."""
     flops = (decode_flops(model, decode_batch) + layer_flops(model, chunk, chunk_prefix)
              + lm_head_flops(model, np.asarray(samples_chunk, dtype=float)))
+    if decode_row_tile > 1:  # beyond the rows' own attention, which decode_flops leaves out
+        flops = flops + decode_row_attention_flops(model, decode_context_tokens, decode_row_tile)
     compute = compute_s(flops, prefill, total_sms)
     memory = (decode_step_s(model, decode, decode_context_tokens, total_sms, False)
               if decode_batch else 0.0)

@@ -64,8 +64,8 @@ class Servers:
         if s.simulate:
             self.cal = load_calibration(s.calibration, s.gpu.name) if s.calibration else None
             self.cmp = load_compare(s.compare, s.gpu.name) if s.compare else None
-            self.host = (load_host_costs(s.host_costs, s.gpu.name) if s.host_costs
-                         else cost.HostCost())
+            self.overheads = (load_host_costs(s.host_costs, s.gpu.name) if s.host_costs
+                         else cost.Overheads())
         else:
             from pdmux_triton.gpu_serving import GpuExecutors  # torch: only where a GPU measures
 
@@ -80,7 +80,7 @@ class Servers:
                   cost.SaturationLaw(s.gpu.hbm_tbps * s.bw_eff, min(s.s_sat, s.gpu.sms)))
         prefill = (self.cmp.prefill_rate(kind, s.gpu.bf16_tflops, s.gpu.sms) if self.cmp else
                    cost.PrefillRate.fixed(s.gpu.bf16_tflops, s.gpu.sms, s.mfu))
-        return SimExecutor(s.gpu, s.model, decode, prefill, kind, self.host)
+        return SimExecutor(s.gpu, s.model, decode, prefill, kind, self.overheads)
 
     @contextmanager
     def watch(self, x) -> Iterator[dict]:

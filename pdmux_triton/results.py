@@ -18,7 +18,7 @@ from importlib import metadata
 from pathlib import Path
 
 from pdmux_triton import __version__
-from pdmux_triton.cost import HostCost, MeasuredCurve, PrefillRate
+from pdmux_triton.cost import EXTEND_TILE_ROWS, MeasuredCurve, Overheads, PrefillRate
 from pdmux_triton.errors import PdmuxError
 
 _REPO = Path(__file__).resolve().parent.parent
@@ -235,16 +235,19 @@ def load_compare(path: str | Path, gpu: str | None = None) -> Comparison:
     return Comparison(str(path), measured_on, tuple(lv for lv in levels if isinstance(lv, dict)))
 
 
-def load_host_costs(path: str | Path, gpu: str | None = None) -> HostCost:
-    """The host's costs per round from bench/host_costs.py's file: the median over its cases of
-    an eager layer's launch time and of a decode round's wall time less its GPU time."""
+def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
+    """The executor's overheads from bench/host_costs.py's file: the median over its cases of
+    an eager layer's launch time and of a decode round's wall time less its GPU time, the
+    fixed cost of an eager step where bench/fit_eager_step.py added it, and the extend
+    kernel's padded decode rows."""
     path = Path(path)
     data = read_json(path, "host-costs file")
     _check_gpu(data, path, "host-costs file", gpu)
     try:
         layers = sorted(float(r["host_s"]) for r in data["eager_layer"])
         rounds = sorted(max(0.0, float(r["wall_s"]) - float(r["gpu_s"])) for r in data["decode_round"])
-        return HostCost(rounds[len(rounds) // 2], layers[len(layers) // 2])
+        step = float(data.get("eager_step", {}).get("seconds", 0.0))
+        return Overheads(rounds[len(rounds) // 2], layers[len(layers) // 2], step, EXTEND_TILE_ROWS)
     except (KeyError, TypeError, ValueError, IndexError):
         raise PdmuxError(f"{path} lacks the eager_layer and decode_round rows of a host-costs "
                          f"file (made by bench/host_costs.py)") from None

@@ -3,9 +3,10 @@
 Two timelines, one per side, as two CUDA streams would be, and the host's clock. A decode step
 costs its bytes over the rate its SMs reach (the S_SAT law, or a calibration's measured curve,
 alone or beside a prefill that is in flight as the step starts); a prefill costs its FLOPs over
-the prefill rate on its share of the SMs. The host spends `HostCost` on each decode round and
-each eager layer it launches (nothing by default): an eager step ends no earlier than its
-launches, and while the host launches, nothing else is launched.
+the prefill rate on its share of the SMs. The host spends its share on each decode round and
+each eager layer it launches, and mixed steps their padded decode rows (`cost.Overheads`,
+none by default): an eager step ends no earlier than its launches, and while the host
+launches, nothing else is launched.
 """
 
 from __future__ import annotations
@@ -30,9 +31,9 @@ class SimPrefill:
 class SimExecutor:
     def __init__(self, gpu: GPUSpec, model: ModelSpec, decode: cost.DecodeRate,
                  prefill: cost.PrefillRate, kind: str = "grid_cap",
-                 host: cost.HostCost = cost.HostCost()):
+                 overheads: cost.Overheads = cost.Overheads()):
         self.model, self.decode_rate, self.prefill_rate, self.kind = model, decode, prefill, kind
-        self.host = host
+        self.overheads = overheads
         self.total_sms, self.cc_major, self.num_layers = gpu.sms, gpu.cc_major, model.layers
         self.kv_capacity_tokens = cost.kv_capacity_tokens(gpu, model)
         self.t = 0.0
@@ -70,7 +71,7 @@ class SimExecutor:
     def launch_decode(self, reqs: list[Request]):
         # priced when waited for: the round's prefill layers are launched in between, and
         # decode co-runs when the prefill side is busy as the step starts
-        self.t += self.host.decode_round_s
+        self.t += self.overheads.decode_round_s
         return list(reqs), self.t
 
     def wait_decode(self, pending):
@@ -85,12 +86,13 @@ class SimExecutor:
 
     # --- prefill ---------------------------------------------------------------------
     def begin_prefill(self, reqs: list[Request]) -> SimPrefill:
+        self.t += self.overheads.eager_step_s  # the batch made and uploaded
         return SimPrefill(list(reqs))
 
     def _launch_layers(self, layers: int) -> tuple[float, float]:
         """The host launches `layers` eager layers: when it began, and when it is done."""
         began = self.t
-        self.t += layers * self.host.layer_launch_s
+        self.t += layers * self.overheads.layer_launch_s
         return began, self.t
 
     def launch_prefill(self, carry: SimPrefill, start: int, end: int) -> None:
@@ -113,9 +115,11 @@ class SimExecutor:
         last = start + n == len(prompt.prompt)
         step = float(cost.mixed_step_s(self.model, self.decode_rate, self.prefill_rate,
                                        self.total_sms, sum(r.context for r in decoding),
-                                       len(decoding), n, start, samples_chunk=last))
+                                       len(decoding), n, start, samples_chunk=last,
+                                       decode_row_tile=self.overheads.decode_row_tile))
+        self.t += self.overheads.eager_step_s  # the batch made and uploaded, its tokens read back
         began, launched = self._launch_layers(self.num_layers)
-        self.t = max(self._enqueue("decode", step, began), launched) + self.host.decode_round_s
+        self.t = max(self._enqueue("decode", step, began), launched)
         return self.t, [0] * len(decoding), 0 if last else None
 
     def release(self, r: Request) -> None:

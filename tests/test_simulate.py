@@ -54,21 +54,31 @@ def test_chunked_steps_match_the_estimates_chunks():
     assert total * 1e3 == pytest.approx(rows["chunked_2048"].prefill_ms, rel=2e-3)
 
 
-def test_host_costs_bound_eager_steps_and_add_to_decode_rounds():
-    host = cost.HostCost(decode_round_s=0.001, layer_launch_s=0.002)
+def test_overheads_bound_eager_steps_and_add_to_decode_rounds():
+    host = cost.Overheads(decode_round_s=0.001, layer_launch_s=0.002, eager_step_s=0.003)
     x = SimExecutor(H100, QWEN, cost.SaturationLaw(H100.hbm_tbps * 0.85, 66.0),
-                    cost.PrefillRate.fixed(H100.bf16_tflops, H100.sms, 0.5), host=host)
+                    cost.PrefillRate.fixed(H100.bf16_tflops, H100.sms, 0.5), overheads=host)
     reqs = chapter_scenario(QWEN.vocab, batch=1, context=16, prompt=16, decode_tokens=12)
     result = scheduler.run("chunked", x, reqs, chunk=16)
     chunk = next(r for r in result.rounds if r.prefill.startswith("chunk"))
-    # a 16-token chunk computes in microseconds: its 36 eager layers' launches bound the step
-    assert chunk.end - chunk.start == pytest.approx(36 * 0.002 + 0.001, rel=1e-6)
+    # a 16-token chunk computes in microseconds: its batch and 36 eager layers' launches bound it
+    assert chunk.end - chunk.start == pytest.approx(0.003 + 36 * 0.002, rel=1e-6)
     plain = [r for r in result.rounds if not r.prefill]
     assert all(r.end - r.start > 0.001 for r in plain)  # each round pays the host's share
 
 
-def test_host_costs_are_read_from_the_measured_file():
+def test_overheads_are_read_from_the_measured_file():
     from pdmux_triton.results import load_host_costs
 
     host = load_host_costs("bench/results/host-costs-h200.json", "h200")
     assert 0 < host.decode_round_s < 0.002 and 0.0002 < host.layer_launch_s < 0.005
+    assert 0 < host.eager_step_s < 0.02 and host.decode_row_tile == cost.EXTEND_TILE_ROWS
+
+
+def test_padded_decode_rows_cost_a_whole_tile_each():
+    law = cost.SaturationLaw(3.0, 66)
+    rate = cost.PrefillRate.fixed(989.0, 132, 0.5)
+    plain = cost.mixed_step_s(QWEN, law, rate, 132, 32 * 2048, 32, 2048, 0, True)
+    padded = cost.mixed_step_s(QWEN, law, rate, 132, 32 * 2048, 32, 2048, 0, True, 128)
+    extra = cost.decode_row_attention_flops(QWEN, 32 * 2048, 128) / rate.flops_per_s(132)
+    assert padded - plain == pytest.approx(extra)
