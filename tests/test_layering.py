@@ -22,12 +22,14 @@ LAYERS = [
      "experiment"},
     {"capacity_sweep"},
     {"report", "plots"},
-    {"cli_args"},
+    {"cli_args", "cli_common"},
+    {"cli_serve"},
     {"cli", "__main__", "__init__"},
 ]
 PURE = ["policy", "hardware", "cost", "results", "partition", "estimate", "advise", "traffic",
         "scheduler", "simulate", "metrics", "calibrate", "compare", "settings", "capacity",
-        "experiment", "capacity_sweep", "report", "plots", "cli_args", "cli"]
+        "experiment", "capacity_sweep", "report", "plots", "cli_args", "cli_common", "cli_serve",
+        "cli"]
 
 
 def _layer(name: str) -> int:

@@ -1,0 +1,178 @@
+"""The serving subcommands: `run` (every strategy on one workload) and `capacity` (the highest
+rate each serves within SLOs), from flags or from a saved result."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from pdmux_triton import report
+from pdmux_triton.cli_args import CHAPTER_FLAGS, EXPONENTIAL_FLAGS, REPLAY_KEEPS, STREAM_FLAGS
+from pdmux_triton.cli_common import (config_from_args, gpu_from_args, measuring_gpu, note,
+                                     out_folder, plot, refuse)
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.hardware import GPUSpec, model_preset
+from pdmux_triton.results import check_settings, read_json, write_json
+
+
+def _replayed(args, given):
+    """The settings saved in --replay's file; measured again only on the same GPU."""
+    from pdmux_triton.settings import RunSettings
+
+    refuse(given, sorted(given - set(REPLAY_KEEPS)), "with --replay, which takes every input "
+            "from its file")
+    data = read_json(args.replay, "run result")
+    if not isinstance(data.get("inputs"), dict):
+        raise PdmuxError(f"{args.replay} has no run inputs to replay (made by `run --out` of "
+                         f"pdmux-triton 0.1 or later?)")
+    settings = RunSettings.from_dict(data["inputs"])
+    simulate = settings.simulate or args.simulate
+    if not simulate:
+        gpu = measuring_gpu()
+        if gpu.name != settings.gpu.name:
+            raise PdmuxError(f"{args.replay} was measured on {settings.gpu.name}, this GPU is "
+                             f"{gpu.name}: pass --simulate to simulate its inputs")
+    return dataclasses.replace(settings, simulate=simulate)
+
+
+def _where(args, given) -> tuple[GPUSpec, bool, PdmuxError | None]:
+    """The GPU a run measures on, or the preset it simulates (and why, when there is no GPU)."""
+    if not args.simulate:
+        try:
+            gpu = measuring_gpu()
+        except PdmuxError as err:
+            return gpu_from_args(args), True, err
+        chosen = [f for f in ("gpu", "sms", "cc") if f in given
+                  and not (f == "gpu" and args.gpu == "local")]
+        refuse(given, chosen, f"when measuring on the local {gpu.name} (they choose what "
+                f"--simulate runs on)")
+        return gpu, False, None
+    return gpu_from_args(args), True, None
+
+
+def _settings(args, given, workload: str):
+    """Settings from the flags, refusing the flags this workload would not use."""
+    from pdmux_triton.settings import RunSettings
+
+    unused = {"chapter": (*STREAM_FLAGS, *EXPONENTIAL_FLAGS, "trace"),
+              "stream": (*CHAPTER_FLAGS, "trace"),
+              "trace": (*CHAPTER_FLAGS, *STREAM_FLAGS, *EXPONENTIAL_FLAGS)}[workload]
+    refuse(given, [f for f in unused if hasattr(args, f)], f"with --workload {workload}")
+    if getattr(args, "lengths", "exponential") != "exponential":
+        refuse(given, EXPONENTIAL_FLAGS, f"with --lengths {args.lengths} (they shape "
+                f"--lengths exponential)")
+    gpu, simulate, no_gpu = _where(args, given)
+    fields = {f: getattr(args, f) for f in (
+        "seed", "batch", "context", "prompt", "decode_tokens", "rate", "count", "burstiness",
+        "lengths", "prompt_mean", "prompt_max", "output_mean", "output_max", "trace", "chunks",
+        "kinds", "slo_ttft_ms", "slo_tpot_ms", "s_sat", "bw_eff", "mfu", "calibration",
+        "compare", "host_costs", "max_running") if hasattr(args, f)}
+    settings = RunSettings(gpu=gpu, model=model_preset(args.model), workload=workload,
+                           simulate=simulate, config=config_from_args(args, given, gpu),
+                           prefill_tokens=args.max_prefill_tokens, **fields)
+    return settings, no_gpu
+
+
+def _say_why_simulated(settings, no_gpu) -> None:
+    """Once every input checked out: a run asked to measure, with no GPU, simulates."""
+    if no_gpu is not None:
+        note(f"no GPU here ({no_gpu}): simulating on the {settings.gpu.name} preset")
+
+
+def cmd_run(args, given) -> None:
+    from pdmux_triton import experiment, plots
+
+    settings, no_gpu = ((_replayed(args, given), None) if args.replay
+                        else _settings(args, given, args.workload))
+    folder = out_folder(args.out) if args.out else None
+    _say_why_simulated(settings, no_gpu)
+    out, results, estimates = experiment.run_experiment(settings, log=note)
+    gpu_name = settings.gpu.name
+    if folder:
+        write_json(folder / f"run-{gpu_name}.json", out)
+    if args.json:
+        print(json.dumps(out, indent=1))
+    else:
+        mode = ("simulated on the cost model (a prediction: the README's 'How far a simulation "
+                "sits from a measurement' gives its error on the H200)" if settings.simulate
+                else "measured")
+        print(f"{settings.model.name} on {gpu_name}, {settings.workload} workload, {mode}:")
+        print(report.strategy_table(out["rows"]))
+        if settings.workload != "chapter":
+            print()
+            print(report.serving_table(out["rows"]))
+        for title, s, est in estimates:
+            print(f"\n{title} for the same scenario:")
+            print(report.estimate_table(s, est))
+    for line in out["warnings"]:
+        note(f"warning: {line}")
+    if folder:
+        note(f"wrote {folder / f'run-{gpu_name}.json'}")
+        title = (f"ITL of every token: {settings.model.name} on {gpu_name}, {settings.workload} "
+                 f"workload, {out['mode']}")
+        if plot(plots.timeline, results, title, folder / f"run-{gpu_name}.png"):
+            note(f"wrote {folder / f'run-{gpu_name}.png'}")
+
+
+def cmd_capacity(args, given) -> None:
+    from pdmux_triton import capacity_sweep, plots
+    from pdmux_triton.capacity import Criteria
+    from pdmux_triton.capacity_sweep import PointKey
+    from pdmux_triton.metrics import Slo
+    from pdmux_triton.results import PointStore
+    from pdmux_triton.settings import MAX_GPU_RUN_S
+
+    for name in args.strategies:
+        capacity_sweep.variant(name)  # an unknown name fails before anything runs
+    chunks = tuple(capacity_sweep.variant(n).chunk for n in args.strategies
+                   if n.startswith("chunked_"))
+    kinds = tuple(capacity_sweep.variant(n).kind for n in args.strategies
+                  if n.startswith("pdmux_")) or ("grid_cap",)
+    args.chunks, args.kinds = chunks or (2048,), kinds
+    if args.offline:
+        if not args.rates:
+            raise PdmuxError("--offline reads measured points at --rates: name them")
+        args.simulate = True  # nothing is measured: the flags describe the GPU it was measured on
+    settings, no_gpu = _settings(args, given, "stream")
+    if args.offline:  # the GPU as it was measured, from the folder's settings
+        saved = read_json(Path(args.out) / f"capacity-settings-{settings.gpu.name}.json",
+                          "capacity settings")
+        try:
+            gpu = GPUSpec(**{**saved["gpu"], "cc": tuple(saved["gpu"]["cc"])})
+        except (KeyError, TypeError):
+            raise PdmuxError(f"{args.out} holds no capacity settings with a GPU") from None
+        settings, no_gpu = dataclasses.replace(settings, gpu=gpu, simulate=False), None
+    elif settings.simulate:
+        refuse(given, ("rates",), "when simulating (the simulation searches the rate)")
+    for rate in args.rates or ():
+        if args.count / rate > MAX_GPU_RUN_S:
+            raise PdmuxError(f"--rates {rate:g}: {args.count} requests arrive over "
+                             f"~{args.count / rate:,.0f} s, longer than a measured point may "
+                             f"take ({MAX_GPU_RUN_S} s)")
+    criteria = Criteria(Slo(args.slo_ttft_ms, args.slo_tpot_ms), args.attainment,
+                        args.max_sched_delay_s)
+    out = out_folder(args.out)
+    gpu = settings.gpu.name
+    # every point in the folder must come from the same traffic, model, GPU and cost model
+    stable = {k: v for k, v in settings.as_dict().items()
+              if k not in ("simulate", "rate", "chunks", "kinds")}
+    check_settings(out / f"capacity-settings-{gpu}.json", stable)
+    _say_why_simulated(settings, no_gpu)
+    store = PointStore(out / f"capacity-points-{gpu}.jsonl", PointKey)
+    if args.offline:  # the simulation beside the measurement is made again, with today's model
+        store.forget(lambda point: point["mode"] == "simulated")
+    result = capacity_sweep.run_capacity(settings, tuple(args.strategies), criteria, store,
+                                         args.rates, args.start_rate, args.tol, log=note,
+                                         offline=args.offline)
+    write_json(out / f"capacity-{gpu}.json", result)
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        print(report.capacity_table(result))
+    note(f"wrote {out / f'capacity-{gpu}.json'}")
+    title = (f"SLO attainment vs request rate: {settings.model.name} on {gpu}, "
+             f"{settings.lengths} lengths, TTFT <= {args.slo_ttft_ms:g} ms and TPOT <= "
+             f"{args.slo_tpot_ms:g} ms")
+    if plot(plots.capacity, result, title, out / f"capacity-{gpu}.png"):
+        note(f"wrote {out / f'capacity-{gpu}.png'}")
