@@ -16,14 +16,16 @@ from dataclasses import dataclass, replace
 from pdmux_triton import capacity
 from pdmux_triton.capacity import CRITERIA, Criteria
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.experiment import GUARDS, Servers, Variant
+from pdmux_triton.experiment import GUARDS, Servers, Variant, pdmux_variant
+from pdmux_triton.partition import SPLIT_KINDS
 from pdmux_triton.results import PointStore, provenance
 from pdmux_triton.settings import RunSettings, make_requests
 
 DEFAULT_STRATEGIES = ("prefill_first", "chunked_512", "chunked_2048", "pdmux_grid_cap")
 POINT_KEYS = ("rate", "slo_attainment", "goodput_rps", "ttft_p50_ms", "ttft_p99_ms",
               "tpot_p50_ms", "tpot_p99_ms", "itl_p50_ms", "itl_p99_ms", "e2e_p50_ms",
-              "sched_delay_p50_s", "decode_gpu_p50_ms", "gpu_idle_frac",
+              "sched_delay_p50_s", "decode_gpu_p50_ms", "gpu_idle_frac", "level_changes",
+              "level_drain_ms",
               "request_throughput_rps", "output_throughput_tps", "requests_served", *GUARDS)
 
 
@@ -35,15 +37,19 @@ class PointKey:
 
 
 def variant(name: str) -> Variant:
-    """A strategy by its row name: prefill_first, chunked_<tokens>, pdmux_grid_cap or pdmux_green."""
+    """A strategy by its row name: prefill_first, chunked_<tokens>, pdmux_<kind> (SGLang's
+    levels) or pdmux_slo_<kind> (levels for an ITL target), kind grid_cap or green."""
     if name == "prefill_first":
         return Variant(name, "prefill_first")
     if name.startswith("chunked_") and name[8:].isdigit() and int(name[8:]) > 0:
         return Variant(name, "chunked", chunk=int(name[8:]))
-    if name in ("pdmux_grid_cap", "pdmux_green"):
-        return Variant(name, "pdmux", kind=name[6:])
+    for levels in ("sglang", "slo"):
+        for kind in SPLIT_KINDS:
+            v = pdmux_variant(kind, levels)
+            if name == v.name:
+                return v
     raise PdmuxError(f"unknown strategy {name!r}: prefill_first, chunked_<tokens>, "
-                     f"pdmux_grid_cap or pdmux_green")
+                     f"pdmux_grid_cap, pdmux_green, pdmux_slo_grid_cap or pdmux_slo_green")
 
 
 class Sweep:

@@ -23,7 +23,7 @@ from pdmux_triton.hardware import GPUSpec, model_preset
 from pdmux_triton.results import check_settings, load_calibration, provenance
 
 
-ADVISE_FLAGS = ("itl_ms", "model", "context", "kind")
+ADVISE_FLAGS = ("itl_ms", "model", "context", "kind", "context_dist", "max_batch")
 
 
 def cmd_levels(args, given) -> None:
@@ -58,15 +58,23 @@ def cmd_levels(args, given) -> None:
 
 
 def cmd_advise(args, given) -> None:
-    """Splits that keep a decode step beside a prefill under an ITL target."""
+    """Splits that keep a decode step beside a prefill under an ITL target: for one context,
+    or (--context-dist) the manual divisions that follow the slo level policy on a traffic."""
     if not args.calibration:
         raise PdmuxError("advise needs --calibration, a calibrate-<gpu>.json")
     if args.itl_ms is None:
         raise PdmuxError("--calibration needs --itl-ms, the decode step time to stay under")
+    if args.context_dist:
+        refuse(given, ("context",), "with --context-dist, which draws the contexts")
+    else:
+        refuse(given, ("max_batch",), "without --context-dist")
     gpu = gpu_from_args(args)
     config = config_from_args(args, given, gpu)
     curve = load_calibration(args.calibration, gpu.name).decode_curve(args.kind)
     spec = model_preset(args.model)
+    if args.context_dist:
+        advise_for_traffic(args, gpu, config, curve, spec)
+        return
     advised = advise.advise(curve, spec, gpu.sms, gpu.cc_major, args.itl_ms, args.context,
                             config.sm_group_num - 2)
     if args.write_config:
@@ -77,6 +85,34 @@ def cmd_advise(args, given) -> None:
     print(report.advice_table(spec, gpu, args.context, args.itl_ms, args.kind, advised))
     if args.write_config:
         print(f"wrote {args.write_config}: these levels as SGLang manual_divisions")
+
+
+def advise_for_traffic(args, gpu, config, curve, spec) -> None:
+    """SGLang's batch-size thresholds that best follow the slo level policy on a traffic."""
+    from pdmux_triton.level_policy import SloLevels, approximate
+    from pdmux_triton.traffic import LENGTH_PRESETS, decoding_contexts
+
+    levels = config.levels(gpu.sms, gpu.cc_major)
+    slo = SloLevels(spec, curve, args.itl_ms)
+    draw = decoding_contexts(LENGTH_PRESETS[args.context_dist], seed=0)
+    approx = approximate(slo, levels, draw, args.max_batch, config)
+    if args.write_config:
+        policy.dump_config(approx.config, args.write_config)
+    ranges = approx.config.batch_ranges(levels)
+    if args.json:
+        print(json.dumps({"levels": levels, "manual_divisions": approx.config.manual_divisions,
+                          "disagreement": approx.disagreement,
+                          "decode_bs_to_level": [{"first": a, "last": b, "level": lv}
+                                                 for a, b, lv in ranges]}, indent=2))
+        return
+    print(f"{spec.name} on {gpu.name}, {args.context_dist} contexts, decode step <= "
+          f"{args.itl_ms:g} ms beside a prefill ({args.kind} calibration): the slo level policy "
+          f"as SGLang manual divisions")
+    print(report.levels_table(gpu, approx.config, levels, ranges))
+    print(f"they pick another level than the slo policy for {approx.disagreement:.0%} of "
+          f"sampled batches (1-{args.max_batch} requests, 64 batches each)")
+    if args.write_config:
+        print(f"wrote {args.write_config}")
 
 
 def cmd_estimate(args, given) -> None:

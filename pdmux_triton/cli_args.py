@@ -17,7 +17,8 @@ from pdmux_triton.capacity_sweep import DEFAULT_STRATEGIES
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.hardware import GPUS, MAX_SMS, MODELS
 from pdmux_triton.partition import SPLIT_KINDS
-from pdmux_triton.settings import LENGTHS, WORKLOADS
+from pdmux_triton.settings import LENGTHS, LEVEL_POLICIES, WORKLOADS
+from pdmux_triton.traffic import LENGTH_PRESETS
 
 MAX_COUNT = 100_000  # requests in one run
 MAX_CTAS = 32  # programs per SM Hopper can hold
@@ -147,6 +148,11 @@ def _advise_flags(p: Parser) -> None:
     p.flag("--itl-ms", type=number(), help="the decode step time (ms) to stay under")
     _model_flag(p)
     p.flag("--context", type=integer(1), default=2048, help="context of the decoding requests")
+    p.flag("--context-dist", type=choice(tuple(LENGTH_PRESETS)),
+           help="instead of --context: contexts of a traffic preset's decoding requests; writes "
+                "the manual divisions that best follow the slo level policy on it")
+    p.flag("--max-batch", type=integer(1, 1024), default=scheduler.DEFAULT_MAX_RUNNING,
+           help="with --context-dist: the largest decode batch to cover")
     p.flag("--kind", type=choice(SPLIT_KINDS), default="green",
            help=f"which measured curve to trust: {', '.join(SPLIT_KINDS)}")
 
@@ -181,6 +187,16 @@ def _strategy_flags(p: Parser) -> None:
            help="tokens in one prefill batch at most (SGLang's --max-prefill-tokens)")
     p.flag("--max-running", type=integer(1, 1024), default=scheduler.DEFAULT_MAX_RUNNING,
            help="requests in the running batch at most (SGLang's --max-running-requests)")
+
+
+def _level_flags(p: Parser) -> None:
+    p.flag("--itl-slo-ms", type=number(),
+           help="slo levels: the decode step beside a prefill (predicted from --calibration) "
+                "to stay under (default: --slo-tpot-ms)")
+    p.flag("--hysteresis", type=number(0.0, 0.99, above=False), default=0.1,
+           help="slo levels: the margin a level with more prefill SMs must leave under the target")
+    p.flag("--relevel-at-layers", action="store_true", default=False,
+           help="slo levels: also switch between layers of a split prefill when the batch changed")
 
 
 def _cost_flags(p: Parser) -> None:
@@ -269,6 +285,10 @@ def build_parser() -> Parser:
     _strategy_flags(p)
     p.flag("--slo-ttft-ms", type=number(), help="TTFT target of SLO attainment and goodput")
     p.flag("--slo-tpot-ms", type=number(), help="TPOT target of SLO attainment and goodput")
+    p.flag("--level-policies", type=listed(choice(LEVEL_POLICIES), "level policy"),
+           default=("sglang",), help="how pd-mux picks its level: sglang (the config's rule), "
+                                      "slo (the split an ITL target needs)")
+    _level_flags(p)
     _cost_flags(p)
     p.flag("--out", metavar="DIR", help="folder for run-<gpu>.json and the ITL timeline plot")
 
@@ -286,7 +306,8 @@ def build_parser() -> Parser:
     p.flag("--max-sched-delay-s", type=number(), default=2.0,
            help="median scheduling delay allowed (Sarathi-Serve's capacity)")
     p.flag("--strategies", type=listed(str, "strategy"), default=DEFAULT_STRATEGIES,
-           help="prefill_first, chunked_<tokens>, pdmux_grid_cap, pdmux_green")
+           help="prefill_first, chunked_<tokens>, pdmux_<kind> (SGLang's levels), "
+                "pdmux_slo_<kind> (levels for --itl-slo-ms); kind grid_cap or green")
     p.flag("--rates", type=listed(number(0.0, 1e4), "rate"),
            help="measured: serve these rates (req/s) instead of searching")
     p.flag("--offline", action="store_true",
@@ -298,6 +319,7 @@ def build_parser() -> Parser:
            help="tokens in one prefill batch at most (SGLang's --max-prefill-tokens)")
     p.flag("--max-running", type=integer(1, 1024), default=scheduler.DEFAULT_MAX_RUNNING,
            help="requests in the running batch at most (SGLang's --max-running-requests)")
+    _level_flags(p)
     _cost_flags(p)
     p.flag("--out", default="pdmux-results",
            help="folder for capacity-<gpu>.json, its points (resumed on rerun) and plot")

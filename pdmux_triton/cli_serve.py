@@ -67,7 +67,8 @@ def _settings(args, given, workload: str):
         "seed", "batch", "context", "prompt", "decode_tokens", "rate", "count", "burstiness",
         "lengths", "prompt_mean", "prompt_max", "output_mean", "output_max", "trace", "chunks",
         "kinds", "slo_ttft_ms", "slo_tpot_ms", "s_sat", "bw_eff", "mfu", "calibration",
-        "compare", "host_costs", "max_running") if hasattr(args, f)}
+        "compare", "host_costs", "max_running", "level_policies", "itl_slo_ms", "hysteresis",
+        "relevel_at_layers") if hasattr(args, f)}
     settings = RunSettings(gpu=gpu, model=model_preset(args.model), workload=workload,
                            simulate=simulate, config=config_from_args(args, given, gpu),
                            prefill_tokens=args.max_prefill_tokens, **fields)
@@ -127,9 +128,12 @@ def cmd_capacity(args, given) -> None:
         capacity_sweep.variant(name)  # an unknown name fails before anything runs
     chunks = tuple(capacity_sweep.variant(n).chunk for n in args.strategies
                    if n.startswith("chunked_"))
-    kinds = tuple(capacity_sweep.variant(n).kind for n in args.strategies
-                  if n.startswith("pdmux_")) or ("grid_cap",)
+    kinds = tuple(dict.fromkeys(capacity_sweep.variant(n).kind for n in args.strategies
+                                if n.startswith("pdmux_"))) or ("grid_cap",)
     args.chunks, args.kinds = chunks or (2048,), kinds
+    args.level_policies = tuple(dict.fromkeys(capacity_sweep.variant(n).levels
+                                              for n in args.strategies if n.startswith("pdmux_")))
+    args.level_policies = args.level_policies or ("sglang",)
     if args.offline:
         if not args.rates:
             raise PdmuxError("--offline reads measured points at --rates: name them")
@@ -156,7 +160,7 @@ def cmd_capacity(args, given) -> None:
     gpu = settings.gpu.name
     # every point in the folder must come from the same traffic, model, GPU and cost model
     stable = {k: v for k, v in settings.as_dict().items()
-              if k not in ("simulate", "rate", "chunks", "kinds")}
+              if k not in ("simulate", "rate", "chunks", "kinds", "level_policies")}
     check_settings(out / f"capacity-settings-{gpu}.json", stable)
     _say_why_simulated(settings, no_gpu)
     store = PointStore(out / f"capacity-points-{gpu}.jsonl", PointKey)

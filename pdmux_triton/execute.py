@@ -129,7 +129,9 @@ class ModelExecutor:
                 _Side(part.prefill_stream, part.prefill_budget))
 
     def set_level(self, level: policy.Level) -> None:
+        started = time.perf_counter()
         self._drain()
+        self.marks.drains.append(time.perf_counter() - started)
         self.decode_side, self.prefill_side = self._sides(level)
 
     def _drain(self) -> None:

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from pdmux_triton import cost, estimate, metrics, scheduler
+from pdmux_triton.level_policy import SGLangLevels, SloLevels
 from pdmux_triton.results import load_calibration, load_compare, load_host_costs, provenance
 from pdmux_triton.settings import RunSettings, make_requests
 from pdmux_triton.simulate import SimExecutor
@@ -26,16 +27,23 @@ GUARDS = ("compiles_during_measurement", "captures_during_measurement",
 
 @dataclass(frozen=True)
 class Variant:
-    name: str  # decode_only, prefill_first, chunked_2048, pdmux_grid_cap, ...
+    name: str  # decode_only, prefill_first, chunked_2048, pdmux_grid_cap, pdmux_slo_green, ...
     strategy: str
     chunk: int = 0
     kind: str = "grid_cap"  # partition kind of the pd-mux levels
+    levels: str = "sglang"  # how pd-mux picks its level (level_policy)
 
 
-def variants(chunks: tuple[int, ...], kinds: tuple[str, ...]) -> list[Variant]:
+def pdmux_variant(kind: str, levels: str = "sglang") -> Variant:
+    name = f"pdmux_{kind}" if levels == "sglang" else f"pdmux_{levels}_{kind}"
+    return Variant(name, "pdmux", kind=kind, levels=levels)
+
+
+def variants(chunks: tuple[int, ...], kinds: tuple[str, ...],
+             level_policies: tuple[str, ...] = ("sglang",)) -> list[Variant]:
     out = [Variant("decode_only", "prefill_first"), Variant("prefill_first", "prefill_first")]
     out += [Variant(f"chunked_{c}", "chunked", chunk=c) for c in chunks]
-    out += [Variant(f"pdmux_{k}", "pdmux", kind=k) for k in kinds]
+    out += [pdmux_variant(k, p) for p in level_policies for k in kinds]
     return out
 
 
@@ -90,6 +98,13 @@ class Servers:
         with self.gpu.watch(x) as counts:
             yield counts
 
+    def level_policy(self, v: Variant):
+        s = self.s
+        if v.levels == "sglang":
+            return SGLangLevels(s.config)
+        curve = load_calibration(s.calibration, s.gpu.name).decode_curve(v.kind)
+        return SloLevels(s.model, curve, s.itl_target_ms, s.hysteresis, s.relevel_at_layers)
+
     def serve(self, v: Variant, requests: list[Request]) -> tuple[dict, scheduler.RunResult]:
         """One variant over a copy of `requests`: its summary row and its run. On the GPU the
         variant's first requests are served once untimed before: the allocator then holds
@@ -99,7 +114,7 @@ class Servers:
         def run_once():
             return scheduler.run(v.strategy, x, copy.deepcopy(requests), chunk=v.chunk,
                                  config=s.config, prefill_tokens=s.prefill_tokens,
-                                 max_running=s.max_running)
+                                 max_running=s.max_running, levels_by=self.level_policy(v))
         if self.gpu is not None and v.name not in self.warm:
             run_once()
             self.warm.add(v.name)
@@ -130,7 +145,7 @@ def run_experiment(s: RunSettings, log=print) -> tuple[dict, dict[str, scheduler
     servers = Servers(s, requests)
     rows, results = [], {}
     try:
-        for v in variants(s.chunks, s.kinds):
+        for v in variants(s.chunks, s.kinds, s.level_policies):
             reqs = [r for r in requests if r.warm] if v.name == "decode_only" else requests
             if not reqs:
                 continue
@@ -155,7 +170,8 @@ def run_experiment(s: RunSettings, log=print) -> tuple[dict, dict[str, scheduler
 
 SUMMARY_KEYS = ("itl_p50_ms", "itl_p99_ms", "itl_during_prefill_p50_ms", "decode_gpu_p50_ms",
                 "prefill_ms", "tokens_during_prefill", "ttft_p50_ms", "tpot_p50_ms",
-                "e2e_p50_ms", "slo_attainment", "goodput_rps", "gpu_idle_frac", *GUARDS)
+                "e2e_p50_ms", "slo_attainment", "goodput_rps", "gpu_idle_frac", "level_changes",
+                "level_drain_ms", *GUARDS)
 
 
 def summary(rows: list[dict], total_sms: int, prefill_sms: int | None,

@@ -110,6 +110,8 @@ def summarize(result: RunResult, slo: Slo | None = None) -> dict:
         "rounds": len(result.rounds),
         "wall_s": result.wall_s,
         "gpu_idle_frac": gpu_idle_frac(result),
+        "level_changes": sum(a.level != b.level for a, b in zip(result.rounds, result.rounds[1:])),
+        "level_drain_ms": sum(result.activity.drain_s) * MS,
         **serving(result, slo),
     }
 

@@ -30,6 +30,7 @@ MIN_DECODE_SMS = 16  # SGLang never leaves decode fewer SMs than this in a split
 DEFAULT_SM_GROUP_NUM = 8
 DEFAULT_TOKEN_BUDGET = 65536
 DEFAULT_DECODE_BS_DIVISOR = 36
+UNREACHABLE_BS = 1 << 20  # a manual threshold no decode batch reaches
 
 Level = tuple[int, int]  # (prefill SMs, decode SMs)
 
@@ -162,11 +163,12 @@ def manual_divisions_for(
     """SGLang manual_divisions that reproduce `ranges` (from decode_bs_ranges) on `groups`.
 
     Each middle level gets the first batch size that picks it as its threshold; a level no
-    batch size picks gets a threshold above every other, so it is never chosen.
+    batch size picks gets a threshold no batch reaches, so it is never chosen (SGLang takes the
+    last level whose threshold the batch reaches, so a finite one would win above it).
     """
     first_bs = {level: first for first, _, level in reversed(ranges)}
-    unreachable = max(first for first, _, _ in ranges) + 1
-    return [[p, d, first_bs.get(i, unreachable)] for i, (p, d) in enumerate(groups[1:-1], start=1)]
+    return [[p, d, first_bs.get(i, UNREACHABLE_BS)]
+            for i, (p, d) in enumerate(groups[1:-1], start=1)]
 
 
 @dataclass

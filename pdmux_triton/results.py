@@ -149,6 +149,7 @@ class PointStore:
 def check_settings(path: str | Path, settings: dict) -> None:
     """Points in a folder must all come from one setting: refuse to mix, save on first use."""
     path = Path(path)
+    settings = json.loads(json.dumps(settings))  # as it reads back (tuples are lists there)
     if path.exists():
         saved = read_json(path, "settings")
         if saved != settings:

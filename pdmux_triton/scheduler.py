@@ -4,8 +4,9 @@
 - `chunked`: every step runs one chunk of the prompt together with the decode batch.
 - `pdmux`: SGLang's PD-multiplexing loop: each round one decode step on the decode side and
   the next `prefill_layers_per_step` layers of the prompt on the prefill side; the host waits
-  only for decode; a finished prefill joins the decode batch; the level (SM split) changes only
-  when a prefill starts or ends, after both sides drain.
+  only for decode; a finished prefill joins the decode batch; the level (SM split) changes
+  when a prefill starts or ends, after both sides drain (and, for a `level_policy` that asks,
+  between layers of a split prefill when the decode batch changed).
 
 The executor owns time and the model (`Executor` below is the whole contract); this module
 owns requests, levels and the timeline.
@@ -19,6 +20,7 @@ from typing import Protocol
 
 from pdmux_triton import policy
 from pdmux_triton.errors import PdmuxError
+from pdmux_triton.level_policy import LevelPolicy, SGLangLevels
 from pdmux_triton.traffic import Request
 
 STRATEGIES = ("prefill_first", "chunked", "pdmux")
@@ -31,6 +33,7 @@ class Activity:
     busy: list[tuple[float, float]]  # (start, end) s of every launch, on one clock
     window: tuple[float, float]  # the span over which idle time is counted
     decode_step_s: list[float]  # each decode step's own time, launch to end
+    drain_s: list[float] = field(default_factory=list)  # the host's wait at each set_level
 
 
 class Executor(Protocol):
@@ -109,7 +112,7 @@ class RunResult:
     requests: list[Request]
     rounds: list[Round] = field(default_factory=list)
     wall_s: float = 0.0
-    activity: Activity = field(default_factory=lambda: Activity([], (0.0, 0.0), []))
+    activity: Activity = field(default_factory=lambda: Activity([], (0.0, 0.0), [], []))
 
 
 class Engine:
@@ -271,11 +274,15 @@ def run_chunked(e: Engine, chunk: int) -> None:
 
 
 def run_pdmux(e: Engine, levels: list[policy.Level], config: policy.PDMuxConfig,
-              num_layers: int, token_budget: int) -> None:
+              num_layers: int, token_budget: int, picker: LevelPolicy) -> None:
     job: PrefillJob | None = None
-    level = config.choose_level(levels, len(e.running), False)
+
+    def contexts() -> list[int]:
+        return [r.context for r in e.running]
+    level = picker.choose(levels, contexts(), False, None)
     e.x.set_level(levels[level])
     adjust = False
+    chosen_for: tuple[int, ...] = ()  # the decode batch the level was last chosen for
     while e.busy(job):
         e.admit()
         adjust = adjust or (level > 0 and not e.running)  # as SGLang: an empty batch re-levels
@@ -284,10 +291,18 @@ def run_pdmux(e: Engine, levels: list[policy.Level], config: policy.PDMuxConfig,
             for r in starting:
                 r.prefill_start = e.x.now()
             adjust = True
+        batch = tuple(r.rid for r in e.running)
         if adjust:  # SGLang drains both streams before switching the stream group
-            level = config.choose_level(levels, len(e.running), job is not None or bool(starting))
+            level = picker.choose(levels, contexts(), job is not None or bool(starting), level)
             e.x.set_level(levels[level])
-            adjust = False
+            adjust, chosen_for = False, batch
+        elif picker.relevel_at_layers and job is not None and batch != chosen_for:
+            # between two layers of a split prefill: drain and switch only if the level moves
+            new = picker.choose(levels, contexts(), True, level)
+            if new != level:
+                level = new
+                e.x.set_level(levels[level])
+            chosen_for = batch
         if starting:  # on the new level's prefill side
             job = PrefillJob(starting, e.x.begin_prefill(starting))
         if job is None and not e.running:
@@ -325,12 +340,14 @@ DEFAULT_MAX_RUNNING = 128  # requests in the running batch at most (--max-runnin
 def run(strategy: str, executor: Executor, requests: list[Request], *, chunk: int = 2048,
         config: policy.PDMuxConfig | None = None,
         prefill_tokens: int = DEFAULT_PREFILL_TOKENS,
-        max_running: int = DEFAULT_MAX_RUNNING) -> RunResult:
+        max_running: int = DEFAULT_MAX_RUNNING,
+        levels_by: LevelPolicy | None = None) -> RunResult:
     """Serve `requests` to completion with one strategy; the executor's clock starts at 0.
 
     A prefill batch takes waiting prompts up to `prefill_tokens` tokens (the oldest always);
     PD-mux runs it layer by layer, as many layers a round as the config's
-    split_forward_token_budget allows."""
+    split_forward_token_budget allows, at the levels `levels_by` picks (SGLang's rule
+    under the config by default)."""
     if strategy not in STRATEGIES:
         raise PdmuxError(f"unknown strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
     for name, value in (("chunk", chunk if strategy == "chunked" else 1),
@@ -346,6 +363,7 @@ def run(strategy: str, executor: Executor, requests: list[Request], *, chunk: in
         run_chunked(e, chunk)
     else:
         levels = config.levels(executor.total_sms, executor.cc_major)
-        run_pdmux(e, levels, config, executor.num_layers, prefill_tokens)
+        run_pdmux(e, levels, config, executor.num_layers, prefill_tokens,
+                  levels_by or SGLangLevels(config))
     activity = executor.finish()
     return RunResult(strategy, requests, e.rounds, executor.now(), activity)

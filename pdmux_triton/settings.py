@@ -13,6 +13,7 @@ from pdmux_triton.partition import SPLIT_KINDS
 from pdmux_triton.results import load_calibration, load_compare, load_host_costs
 
 WORKLOADS = ("chapter", "stream", "trace")
+LEVEL_POLICIES = ("sglang", "slo")
 LENGTHS = (*traffic.LENGTH_PRESETS, "exponential")
 MAX_CHUNK_STEPS = 65_536  # chunked steps per prompt: a run's work stays bounded
 MAX_GPU_RUN_S = 3600  # arrivals of a measured stream must come within this
@@ -47,6 +48,12 @@ class RunSettings:
     config: policy.PDMuxConfig = field(default_factory=policy.PDMuxConfig)
     prefill_tokens: int = scheduler.DEFAULT_PREFILL_TOKENS
     max_running: int = scheduler.DEFAULT_MAX_RUNNING
+    # how pd-mux picks its level: SGLang's rule (the config), and/or an ITL target (`slo`)
+    level_policies: tuple[str, ...] = ("sglang",)
+    itl_slo_ms: float | None = None  # slo: the decode step beside a prefill to stay under
+    # (None: the TPOT target)
+    hysteresis: float = 0.1
+    relevel_at_layers: bool = False
     # SLOs a request must meet to count towards goodput
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
@@ -77,6 +84,15 @@ class RunSettings:
                 raise PdmuxError(f"--{name} lists {', '.join(map(str, values))}: each at most once")
         if any(c < 1 for c in self.chunks):
             raise PdmuxError(f"chunk sizes must be >= 1 token, got {self.chunks}")
+        for name in self.level_policies:
+            if name not in LEVEL_POLICIES:
+                raise PdmuxError(f"level policies are {' and '.join(LEVEL_POLICIES)}, got {name!r}")
+        if not self.level_policies or len(set(self.level_policies)) != len(self.level_policies):
+            raise PdmuxError(f"--level-policies needs each of {', '.join(LEVEL_POLICIES)} at most "
+                             f"once, got {self.level_policies}")
+        if "slo" in self.level_policies and (self.itl_target_ms is None or not self.calibration):
+            raise PdmuxError("the slo level policy predicts decode steps from --calibration's "
+                             "curve against --itl-slo-ms (or --slo-tpot-ms): pass them")
         if (self.slo_ttft_ms is None) != (self.slo_tpot_ms is None):
             raise PdmuxError("SLO attainment needs both --slo-ttft-ms and --slo-tpot-ms")
         if self.compare and not self.calibration:
@@ -137,6 +153,11 @@ class RunSettings:
             return max(len(r.prompt) + r.output_len for r in traffic.read_trace(self.trace, 1))
         preset = traffic.LENGTH_PRESETS[self.lengths]
         return preset.prompt.cap + preset.output.cap
+
+    @property
+    def itl_target_ms(self) -> float | None:
+        """The slo level policy's target: --itl-slo-ms, else the TPOT target."""
+        return self.itl_slo_ms if self.itl_slo_ms is not None else self.slo_tpot_ms
 
     @property
     def slo(self) -> Slo | None:

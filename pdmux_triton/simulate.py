@@ -41,6 +41,7 @@ class SimExecutor:
         self.sms = {"decode": gpu.sms, "prefill": gpu.sms}
         self.busy: list[tuple[float, float]] = []
         self.decode_steps: list[float] = []
+        self.drains: list[float] = []
 
     # --- timelines -------------------------------------------------------------------
     def _enqueue(self, side: str, seconds: float, at: float | None = None) -> float:
@@ -60,6 +61,7 @@ class SimExecutor:
             r.context = len(r.prompt)
 
     def set_level(self, level: policy.Level) -> None:
+        self.drains.append(max(0.0, max(self.free.values()) - self.t))
         self._drain()
         spec = for_level(level, self.kind, self.total_sms)
         self.sms = {"decode": spec.decode_sms, "prefill": spec.prefill_sms}
@@ -127,4 +129,4 @@ class SimExecutor:
 
     def finish(self) -> Activity:
         self._drain()
-        return Activity(list(self.busy), (0.0, self.t), list(self.decode_steps))
+        return Activity(list(self.busy), (0.0, self.t), list(self.decode_steps), list(self.drains))

@@ -28,6 +28,7 @@ class LaunchMarks:
         self.cuda = cuda
         self.launches: list[tuple[object, object]] = []
         self.decode_steps: list[tuple[object, object]] = []
+        self.drains: list[float] = []  # host seconds each level switch waited
 
     def mark(self, stream):
         if not self.cuda:
@@ -44,6 +45,7 @@ class LaunchMarks:
     def clear(self) -> None:
         self.launches.clear()
         self.decode_steps.clear()
+        self.drains.clear()
 
     def _seconds(self, a, b) -> float:
         return a.elapsed_time(b) / 1e3 if self.cuda else b.t - a.t
@@ -51,8 +53,9 @@ class LaunchMarks:
     def activity(self) -> Activity:
         """Busy spans relative to the first launch (call after the GPU drained)."""
         if not self.launches:
-            return Activity([], (0.0, 0.0), [])
+            return Activity([], (0.0, 0.0), [], list(self.drains))
         base = self.launches[0][0]
         spans = [(self._seconds(base, a), self._seconds(base, b)) for a, b in self.launches]
         window = (min(a for a, _ in spans), max(b for _, b in spans))
-        return Activity(spans, window, [self._seconds(a, b) for a, b in self.decode_steps])
+        return Activity(spans, window, [self._seconds(a, b) for a, b in self.decode_steps],
+                        list(self.drains))

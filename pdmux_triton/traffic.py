@@ -154,6 +154,17 @@ def _lengths(lengths, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.
     return prompts.astype(np.int64), outputs.astype(np.int64)
 
 
+def decoding_contexts(preset: LengthPreset, seed: int = 0):
+    """A sampler of the contexts a batch of decoding requests of this traffic holds: each a
+    prompt and part of its output (uniform over where the request is in its decode)."""
+    rng = np.random.default_rng(seed)
+
+    def draw(batch: int) -> list[int]:
+        prompts, outputs = preset.prompt.sample(rng, batch), preset.output.sample(rng, batch)
+        return [int(p + rng.integers(0, o)) for p, o in zip(prompts, outputs)]
+    return draw
+
+
 # --- workloads -----------------------------------------------------------------------------
 
 CHAPTER_ARRIVAL_STEPS = 8  # the prompt arrives after this many decode steps

@@ -360,7 +360,8 @@ def paths(tmp_path_factory):
     assert cli.main(["run", "--gpu", "h20", "--decode-tokens", "16", "--out", str(d / "run")]) == 0
     return {"good": {"--out": [str(d / "out")], "--write-config": [str(d / "new" / "x.yaml")],
                      "--config": [str(d / "pd.yaml")], "--replay": [str(d / "run" / "run-h20.json")]},
-            "bad": [str(d / "empty.json"), str(d / "dir"), str(d / "missing.yaml")]}
+            "bad": [str(d / "empty.json"), str(d / "dir"), str(d / "missing.yaml")],
+            "cwd": d}
 
 
 @st.composite
@@ -386,7 +387,9 @@ def test_any_argument_vector_gets_an_answer(data, paths):
     argv = data.draw(argvs(paths))
     out, err = io.StringIO(), io.StringIO()
     started = time.perf_counter()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    # adversarial values land in path flags too ("--out inf"): keep what they write in a temp dir
+    with contextlib.chdir(paths["cwd"]), contextlib.redirect_stdout(out), \
+            contextlib.redirect_stderr(err):
         try:
             code = cli.main(argv)
         except SystemExit as done:  # --help and --version exit through argparse

@@ -14,7 +14,8 @@ LAYERS = [
     {"hardware", "policy", "traffic"},
     {"cost", "partition"},
     {"results", "kernels"},
-    {"estimate", "advise", "calibrate", "compare", "greenctx", "paged_kv", "telemetry"},
+    {"estimate", "advise", "level_policy", "calibrate", "compare", "greenctx", "paged_kv",
+     "telemetry"},
     {"streams", "model", "scheduler"},
     {"blocks", "decode_graphs", "timeline", "compiles", "warmup", "measure", "workloads",
      "simulate", "metrics"},
@@ -26,8 +27,8 @@ LAYERS = [
     {"cli_serve"},
     {"cli", "__main__", "__init__"},
 ]
-PURE = ["policy", "hardware", "cost", "results", "partition", "estimate", "advise", "traffic",
-        "scheduler", "simulate", "metrics", "calibrate", "compare", "settings", "capacity",
+PURE = ["policy", "hardware", "cost", "results", "partition", "estimate", "advise", "level_policy",
+        "traffic", "scheduler", "simulate", "metrics", "calibrate", "compare", "settings", "capacity",
         "experiment", "capacity_sweep", "report", "plots", "cli_args", "cli_common", "cli_serve",
         "cli"]
 
