@@ -7,6 +7,8 @@
 #
 #   bash bench/gpu_session.sh tests host                  # gpu tests, host costs per round
 #   RATES=2,4,6,8 bash bench/gpu_session.sh capacity      # measured capacity at those rates
+#   STRATEGIES=pdmux_slo_grid_cap bash bench/gpu_session.sh capacity  # SLO-driven levels beside
+#       the committed points (the store reuses them: level policies are not a stable setting)
 #   bash bench/gpu_session.sh tests kernels run occupancy   # ~5 min
 #   bash bench/gpu_session.sh calibrate run advised         # ~3.5 min: after a decode-kernel change,
 #       re-measures the decode workloads (CTAs 1) into a copy of the committed calibration, then

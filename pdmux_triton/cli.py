@@ -15,8 +15,8 @@ import sys
 
 from pdmux_triton import advise, cost, estimate, policy, report
 from pdmux_triton.cli_args import parse
-from pdmux_triton.cli_common import (NOTES, config_from_args, gpu_from_args, measuring_gpu, note,
-                                     out_folder, plot, refuse)
+from pdmux_triton.cli_common import (NOTES, config_from_args, gpu_from_args, gpu_named_by_files,
+                                     measuring_gpu, note, out_folder, plot, refuse)
 from pdmux_triton.cli_serve import cmd_capacity, cmd_run
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.hardware import GPUSpec, model_preset
@@ -202,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     NOTES.clear()
     try:
         args, given = parse(argv)
+        gpu_named_by_files(args, given)
         COMMANDS[args.command](args, given)
         sys.stdout.flush()
         for line in NOTES:

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from pdmux_triton import policy
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.hardware import GPUSpec, detect_gpu, resolve_gpu
+from pdmux_triton.hardware import GPUS, GPUSpec, detect_gpu, resolve_gpu
+from pdmux_triton.results import read_json
 
 NOTES: list[str] = []
 
@@ -35,6 +36,20 @@ def refuse(given: set[str], flags, reason: str) -> None:
 
 
 # --- GPU, levels and output folders --------------------------------------------------------
+
+MEASURED_FILES = ("calibration", "compare", "host_costs")
+
+
+def gpu_named_by_files(args, given: set[str]) -> None:
+    """Without --gpu (or --sms, --cc), the preset of the GPU that the measured files passed
+    were measured on: passing calibrate-h200.json means the H200. Files that name different
+    GPUs, or one without a preset, leave the default, and their loader says which to pass."""
+    if given & {"gpu", "sms", "cc"} or not hasattr(args, "gpu"):
+        return
+    names = {read_json(getattr(args, f), f.replace("_", " ")).get("gpu")
+             for f in MEASURED_FILES if getattr(args, f, None)}
+    if len(names) == 1 and (name := names.pop()) in GPUS:
+        args.gpu = name
 
 def gpu_from_args(args) -> GPUSpec:
     gpu = resolve_gpu(args.gpu)

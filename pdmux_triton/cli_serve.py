@@ -122,7 +122,7 @@ def cmd_capacity(args, given) -> None:
     from pdmux_triton.capacity_sweep import PointKey
     from pdmux_triton.metrics import Slo
     from pdmux_triton.results import PointStore
-    from pdmux_triton.settings import MAX_GPU_RUN_S
+    from pdmux_triton.settings import MAX_GPU_RUN_S, RunSettings
 
     for name in args.strategies:
         capacity_sweep.variant(name)  # an unknown name fails before anything runs
@@ -161,7 +161,7 @@ def cmd_capacity(args, given) -> None:
     # every point in the folder must come from the same traffic, model, GPU and cost model
     stable = {k: v for k, v in settings.as_dict().items()
               if k not in ("simulate", "rate", "chunks", "kinds", "level_policies")}
-    check_settings(out / f"capacity-settings-{gpu}.json", stable)
+    check_settings(out / f"capacity-settings-{gpu}.json", stable, RunSettings.defaults())
     _say_why_simulated(settings, no_gpu)
     store = PointStore(out / f"capacity-points-{gpu}.jsonl", PointKey)
     if args.offline:  # the simulation beside the measurement is made again, with today's model

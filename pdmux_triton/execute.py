@@ -23,6 +23,7 @@ from pdmux_triton.blocks import BlockManager
 from pdmux_triton.decode_graphs import DecodeGraphs, padded_batch, padded_sizes
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.hardware import GPUSpec, ModelSpec
+from pdmux_triton.level_policy import LevelPolicy, SGLangLevels
 from pdmux_triton.model import DecodeBatch, ExtendBatch, KVCache, Model, Weights
 from pdmux_triton.partition import Budget, for_level
 from pdmux_triton.scheduler import Activity
@@ -248,18 +249,17 @@ class ModelExecutor:
 
     # --- before measuring ----------------------------------------------------------------
     def warm_up(self, strategy: str, config: policy.PDMuxConfig, max_running: int,
-                prefill_tokens: int, chunk: int) -> None:
+                prefill_tokens: int, chunk: int, levels_by: LevelPolicy | None = None) -> None:
         """Compile every kernel variant and capture every decode graph a run of this strategy
-        can launch, on each side it can use, so the measured run compiles and captures
-        nothing (SGLang captures its graphs at start-up too). GPU only: the interpreter
-        compiles nothing."""
+        can launch, on each side it can use (for pd-mux: each level `levels_by`, SGLang's
+        rule by default, can pick), so the measured run compiles and captures nothing (SGLang
+        captures its graphs at start-up too). GPU only: the interpreter compiles nothing."""
         if not self.cuda:
             return
         levels = config.levels(self.total_sms, self.cc_major)
         if strategy == "pdmux":
-            prefilling = {config.choose_level(levels, n, True) for n in range(max_running + 1)}
-            decoding = {config.choose_level(levels, n, has)
-                        for n in range(1, max_running + 1) for has in (True, False)}
+            prefilling, decoding = (levels_by or SGLangLevels(config)).reachable(len(levels),
+                                                                                 max_running)
         else:  # everything on the whole GPU
             prefilling = decoding = {0}
         rows = chunk + max_running if strategy == "chunked" else prefill_tokens

@@ -73,7 +73,7 @@ class Servers:
             self.cal = load_calibration(s.calibration, s.gpu.name) if s.calibration else None
             self.cmp = load_compare(s.compare, s.gpu.name) if s.compare else None
             self.overheads = (load_host_costs(s.host_costs, s.gpu.name) if s.host_costs
-                         else cost.Overheads())
+                              else cost.Overheads())
         else:
             from pdmux_triton.gpu_serving import GpuExecutors  # torch: only where a GPU measures
 
@@ -82,7 +82,7 @@ class Servers:
 
     def executor(self, v: Variant):
         if self.gpu is not None:
-            return self.gpu.executor(v.strategy, v.kind, v.chunk)
+            return self.gpu.executor(v.strategy, v.kind, v.chunk, self.level_policy(v))
         s, kind = self.s, (v.kind if v.strategy == "pdmux" else "grid_cap")
         decode = (self.cal.decode_curve(kind) if self.cal else
                   cost.SaturationLaw(s.gpu.hbm_tbps * s.bw_eff, min(s.s_sat, s.gpu.sms)))

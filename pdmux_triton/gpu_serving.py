@@ -12,6 +12,7 @@ from pdmux_triton import cost
 from pdmux_triton.compiles import CompileWatch
 from pdmux_triton.execute import ModelExecutor
 from pdmux_triton.hardware import GPUSpec, ModelSpec
+from pdmux_triton.level_policy import LevelPolicy
 from pdmux_triton.policy import PDMuxConfig
 from pdmux_triton.scheduler import kv_need
 from pdmux_triton.traffic import Request
@@ -20,7 +21,8 @@ PAGE_SIZE = 16
 
 
 class GpuExecutors:
-    """`executor(strategy, kind, chunk)` for each served variant, over one shared model."""
+    """`executor(strategy, kind, chunk, levels_by)` for each served variant, over one shared
+    model."""
 
     def __init__(self, gpu: GPUSpec, model: ModelSpec, requests: list[Request],
                  config: PDMuxConfig, prefill_tokens: int, max_running: int):
@@ -32,13 +34,15 @@ class GpuExecutors:
         self.max_context = -(-longest // PAGE_SIZE) * PAGE_SIZE
         self._warm: set[tuple] = set()
 
-    def executor(self, strategy: str, kind: str, chunk: int) -> ModelExecutor:
+    def executor(self, strategy: str, kind: str, chunk: int,
+                 levels_by: LevelPolicy) -> ModelExecutor:
         x = ModelExecutor.shared(self.model, self.gpu, kind, page_size=PAGE_SIZE,
                                  cache_tokens=max(self.cache_tokens, self.max_context),
                                  max_context=self.max_context)
-        key = (strategy, kind, chunk)
+        key = (strategy, kind, chunk, type(levels_by).__name__)
         if key not in self._warm:
-            x.warm_up(strategy, self.config, self.max_running, self.prefill_tokens, chunk)
+            x.warm_up(strategy, self.config, self.max_running, self.prefill_tokens, chunk,
+                      levels_by)
             self._warm.add(key)
         return x
 

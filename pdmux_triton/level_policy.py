@@ -36,6 +36,10 @@ class LevelPolicy(Protocol):
         """The level for a decode batch whose requests hold `contexts` tokens, while a
         prefill is (or is not) in flight; `current` is the level running now, if any."""
 
+    def reachable(self, n_levels: int, max_running: int) -> tuple[set[int], set[int]]:
+        """The levels a prefill and a decode step can run at, with up to `max_running`
+        requests decoding: what a warm-up must compile and capture."""
+
 
 @dataclass(frozen=True)
 class SGLangLevels:
@@ -44,6 +48,13 @@ class SGLangLevels:
 
     def choose(self, levels, contexts, prefilling, current):
         return self.config.choose_level(levels, len(contexts), prefilling)
+
+    def reachable(self, n_levels, max_running):
+        levels = [(0, 0)] * n_levels  # the rule reads only how many levels there are
+        prefilling = {self.config.choose_level(levels, n, True) for n in range(max_running + 1)}
+        decoding = {self.config.choose_level(levels, n, has)
+                    for n in range(1, max_running + 1) for has in (True, False)}
+        return prefilling, decoding
 
 
 @dataclass(frozen=True)
@@ -59,6 +70,10 @@ class SloLevels:
             raise PdmuxError(f"the ITL target must be a finite number of ms > 0, got {self.itl_ms}")
         if not 0 <= self.hysteresis < 1:
             raise PdmuxError(f"hysteresis must be in [0, 1), got {self.hysteresis}")
+
+    def reachable(self, n_levels, max_running):
+        split = set(range(1, n_levels - 1))  # any split, as the contexts decide
+        return split | {0}, split | {n_levels - 1}
 
     def step_ms(self, decode_sms: int, context_tokens: int) -> float:
         return cost.decode_step_s(self.model, self.rate, context_tokens, decode_sms,

@@ -137,6 +137,8 @@ def serving_table(rows: list[dict]) -> str:
             ("tok/s", lambda r: cell(r.get("output_throughput_tps"), ".0f")),
             ("SLO met", lambda r: cell(r.get("slo_attainment"), ".0%")),
             ("goodput req/s", lambda r: cell(r.get("goodput_rps"), ".2f")),
+            ("level changes / drain ms", lambda r: f"{cell(r.get('level_changes'), 'd')} / "
+                                                   f"{cell(r.get('level_drain_ms'), '.0f')}"),
             ("lost", lambda r: cell(r.get("requests_lost"), "d"))]
     return _columns(spec, [r for r in rows if r.get("requests_served")])
 

@@ -146,12 +146,16 @@ class PointStore:
         return dropped
 
 
-def check_settings(path: str | Path, settings: dict) -> None:
-    """Points in a folder must all come from one setting: refuse to mix, save on first use."""
+def check_settings(path: str | Path, settings: dict, defaults: dict | None = None) -> None:
+    """Points in a folder must all come from one setting: refuse to mix, save on first use. A
+    setting the saved file lacks (it came later) reads as its entry in `defaults`, if any: the
+    points were made as that default makes them."""
     path = Path(path)
     settings = json.loads(json.dumps(settings))  # as it reads back (tuples are lists there)
     if path.exists():
         saved = read_json(path, "settings")
+        saved = {**json.loads(json.dumps({k: v for k, v in (defaults or {}).items()
+                                          if k in settings})), **saved}
         if saved != settings:
             changed = sorted(k for k in set(saved) | set(settings) if saved.get(k) != settings.get(k))
             raise PdmuxError(f"{path.parent} holds points measured with other settings (they differ "

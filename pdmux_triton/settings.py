@@ -3,7 +3,7 @@ its result as `inputs`, so `run --replay` can serve it again; and the requests i
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 
 from pdmux_triton import cost, policy, scheduler, traffic
 from pdmux_triton.errors import PdmuxError
@@ -162,6 +162,11 @@ class RunSettings:
     @property
     def slo(self) -> Slo | None:
         return None if self.slo_ttft_ms is None else Slo(self.slo_ttft_ms, self.slo_tpot_ms)
+
+    @staticmethod
+    def defaults() -> dict:
+        """Each setting's default, where it has a plain one."""
+        return {f.name: f.default for f in fields(RunSettings) if f.default is not MISSING}
 
     def as_dict(self) -> dict:
         out = asdict(self)

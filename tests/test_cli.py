@@ -73,6 +73,24 @@ def test_advise_from_the_h200_calibration(command, tmp_path, capsys):
           "--calibration needs --itl-ms")
 
 
+def test_advise_for_a_traffic_writes_divisions_that_follow_the_slo_policy(tmp_path, capsys):
+    """No --gpu: the calibration names the H200. --context-dist draws the contexts a traffic
+    decodes at and writes SGLang thresholds that rise with the batch size."""
+    out = tmp_path / "slo.yaml"
+    argv = ["advise", "--calibration", CALIBRATION, "--itl-ms", "25", "--context-dist", "sharegpt",
+            "--max-batch", "96"]
+    assert cli.main([*argv, "--write-config", str(out)]) == 0
+    assert "qwen3-8b on h200, sharegpt contexts" in capsys.readouterr().out
+    thresholds = [t for _, _, t in policy.load_config(out, 132, 9).manual_divisions]
+    assert thresholds == sorted(thresholds) and thresholds[0] == 1
+    assert cli.main([*argv, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert 0 <= data["disagreement"] < 1 and data["decode_bs_to_level"][0]["first"] == 1
+    fails(capsys, [*argv, "--context", "4096"], "--context does nothing with --context-dist")
+    fails(capsys, ["advise", "--calibration", CALIBRATION, "--itl-ms", "25", "--max-batch", "9"],
+          "--max-batch does nothing without --context-dist")
+
+
 def test_estimate_json_carries_its_inputs(capsys):
     assert cli.main(["estimate", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)

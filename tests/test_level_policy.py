@@ -7,7 +7,7 @@ from pdmux_triton.errors import PdmuxError
 from pdmux_triton.hardware import gpu_preset, model_preset
 from pdmux_triton.level_policy import SGLangLevels, SloLevels, approximate
 from pdmux_triton.simulate import SimExecutor
-from pdmux_triton.traffic import LENGTH_PRESETS, chapter_scenario, decoding_contexts
+from pdmux_triton.traffic import LENGTH_PRESETS, chapter_scenario, decoding_contexts, stream
 
 QWEN = model_preset("qwen3-8b")
 LEVELS = policy.stream_groups(132, 9)  # 112/20, 104/28, ..., 72/60 between the whole-GPU ends
@@ -93,3 +93,19 @@ def test_approximate_gives_sglang_thresholds_that_follow_the_policy():
     assert 0 <= approx.disagreement < 0.5
     with pytest.raises(PdmuxError, match="max_batch >= 1"):
         level_policy.approximate(p, LEVELS, draw, 0, policy.PDMuxConfig())
+
+
+@pytest.mark.parametrize("levels_by", [SGLangLevels(policy.PDMuxConfig()), slo(itl_ms=15.0),
+                                       slo(itl_ms=15.0, relevel_at_layers=True)],
+                         ids=["sglang", "slo", "slo-relevel"])
+def test_a_served_stream_runs_only_levels_the_warm_up_covers(levels_by):
+    """The GPU warm-up compiles and captures each level `reachable` names: a level a run picks
+    outside them would compile inside the measured run."""
+    x = SimExecutor(gpu_preset("h200"), QWEN, LAW, cost.PrefillRate.fixed(989, 132, 0.5))
+    reqs = stream(QWEN.vocab, rate=12.0, count=120, lengths=LENGTH_PRESETS["sharegpt"], seed=3)
+    result = scheduler.run("pdmux", x, reqs, levels_by=levels_by, max_running=64)
+    prefilling, decoding = levels_by.reachable(len(LEVELS), 64)
+    used_prefilling = {r.level for r in result.rounds if r.prefill}
+    used_decoding = {r.level for r in result.rounds if r.decode_bs}
+    assert used_prefilling <= prefilling and used_decoding <= decoding
+    assert len(used_prefilling | used_decoding) > 2  # the stream moved between levels

@@ -75,3 +75,13 @@ def test_settings_must_match_to_resume(tmp_path):
     results.check_settings(path, {"model": "qwen3-8b", "batch": 32})
     with pytest.raises(PdmuxError, match=r"differ in batch\): use another --out folder"):
         results.check_settings(path, {"model": "qwen3-8b", "batch": 64})
+
+
+def test_a_setting_added_later_reads_as_its_default_in_older_folders(tmp_path):
+    path = tmp_path / "settings.json"
+    results.check_settings(path, {"batch": 32})  # written before `hysteresis` existed
+    results.check_settings(path, {"batch": 32, "hysteresis": 0.1}, {"hysteresis": 0.1})
+    with pytest.raises(PdmuxError, match=r"differ in hysteresis\)"):
+        results.check_settings(path, {"batch": 32, "hysteresis": 0.3}, {"hysteresis": 0.1})
+    with pytest.raises(PdmuxError, match=r"differ in hysteresis\)"):  # no default: a change
+        results.check_settings(path, {"batch": 32, "hysteresis": 0.1})

@@ -57,17 +57,21 @@ def test_a_served_stream_compiles_and_captures_nothing():
     capture inside the measured run, and every request gets its whole output. New device
     allocations are counted and reported: pd-mux can still make a few (its levels' streams,
     each with its own cached memory, are visited as the batches form, which differs between
-    the untimed pass and the measured one)."""
+    the untimed pass and the measured one). Under the slo level policy too, which can pick any
+    split as the contexts decide."""
     from pdmux_triton import experiment
     from pdmux_triton.hardware import detect_gpu
     from pdmux_triton.settings import RunSettings
 
     s = RunSettings(gpu=detect_gpu(), model=model_preset("qwen3-8b"), workload="stream",
                     rate=6.0, count=40, seed=5, chunks=(512,), kinds=("grid_cap", "green"),
-                    max_running=64, slo_ttft_ms=2000, slo_tpot_ms=25)
+                    max_running=64, slo_ttft_ms=2000, slo_tpot_ms=25,
+                    level_policies=("sglang", "slo"), itl_slo_ms=15.0,
+                    calibration="bench/results/calibrate-h200.json")
     out, _, _ = experiment.run_experiment(s, log=print)
-    assert {r["strategy"] for r in out["rows"]} == {"prefill_first", "chunked_512",
-                                                    "pdmux_grid_cap", "pdmux_green"}
+    assert {r["strategy"] for r in out["rows"]} == {
+        "prefill_first", "chunked_512", "pdmux_grid_cap", "pdmux_green", "pdmux_slo_grid_cap",
+        "pdmux_slo_green"}
     for row in out["rows"]:
         assert row["requests_served"] == 40 and row["requests_lost"] == 0, row["strategy"]
         assert row["compiles_during_measurement"] == 0, (row["strategy"], row["compiled"])
