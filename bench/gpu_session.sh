@@ -7,8 +7,8 @@
 #
 #   bash bench/gpu_session.sh tests host                  # gpu tests, host costs per round
 #   RATES=2,4,6,8 bash bench/gpu_session.sh capacity      # measured capacity at those rates
-#   STRATEGIES=pdmux_slo_grid_cap bash bench/gpu_session.sh capacity  # SLO-driven levels beside
-#       the committed points (the store reuses them: level policies are not a stable setting)
+#   SLO_ARGS="--traffic sharegpt:12,16:10,12,14,16,18 --policies default,slo" \
+#       bash bench/gpu_session.sh slo                 # SGLang's levels against SLO-driven ones
 #   bash bench/gpu_session.sh tests kernels run occupancy   # ~5 min
 #   bash bench/gpu_session.sh calibrate run advised         # ~3.5 min: after a decode-kernel change,
 #       re-measures the decode workloads (CTAs 1) into a copy of the committed calibration, then
@@ -63,4 +63,9 @@ step capacity ${CAPACITY_S:-540} pdmux-triton capacity --out bench/results \
     --calibration "$CALIBRATION" --compare bench/results/compare-h200.json \
     --host-costs bench/results/host-costs-h200.json
 cp bench/results/capacity-*h200* "$OUT"/ 2>/dev/null
-grep -E "^(== |   )|passed|failed|MISS|  ok|capacity req/s|pdmux_|chunked_|prefill_first" "$LOG" | tail -40
+# SGLang's level rule against SLO-driven levels (bench/slo_levels.py; its points resume too)
+step slo ${SLO_S:-540} python3 bench/slo_levels.py ${SLO_ARGS:-}
+[ -d bench/results/slo-levels ] && tar czf "$OUT/slo-levels.tgz" bench/results/slo-levels \
+    bench/results/slo-levels-h200*.json 2>/dev/null
+grep -E "^(== |   )|passed|failed|MISS|  ok|capacity req/s|pdmux_|chunked_|prefill_first|^sharegpt|^arxiv" \
+    "$LOG" | tail -40

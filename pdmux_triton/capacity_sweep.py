@@ -12,13 +12,15 @@ so the simulator's error can be read against the measurement.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from pdmux_triton import capacity
 from pdmux_triton.capacity import CRITERIA, Criteria
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiment import GUARDS, Servers, Variant, pdmux_variant
 from pdmux_triton.partition import SPLIT_KINDS
-from pdmux_triton.results import PointStore, provenance
+from pdmux_triton.hardware import GPUSpec
+from pdmux_triton.results import PointStore, check_settings, provenance, read_json
 from pdmux_triton.settings import RunSettings, make_requests
 
 DEFAULT_STRATEGIES = ("prefill_first", "chunked_512", "chunked_2048", "pdmux_grid_cap")
@@ -50,6 +52,28 @@ def variant(name: str) -> Variant:
                 return v
     raise PdmuxError(f"unknown strategy {name!r}: prefill_first, chunked_<tokens>, "
                      f"pdmux_grid_cap, pdmux_green, pdmux_slo_grid_cap or pdmux_slo_green")
+
+
+# what a strategy, a rate or the mode choose: points that differ only in these share a folder
+PER_POINT_SETTINGS = ("simulate", "rate", "chunks", "kinds", "level_policies")
+
+
+def open_folder(folder: Path, s: RunSettings) -> PointStore:
+    """The point store of a folder whose points all come from the traffic, model, GPU, cost
+    model and level settings of `s` (refused if they do not; saved on first use)."""
+    stable = {k: v for k, v in s.as_dict().items() if k not in PER_POINT_SETTINGS}
+    check_settings(folder / f"capacity-settings-{s.gpu.name}.json", stable, RunSettings.defaults())
+    return PointStore(folder / f"capacity-points-{s.gpu.name}.jsonl", PointKey)
+
+
+def measured_gpu(folder: Path, name: str) -> GPUSpec:
+    """The GPU a folder's points were measured on, as it was detected there (its memory is
+    the device's, not the preset's)."""
+    saved = read_json(folder / f"capacity-settings-{name}.json", "capacity settings")
+    try:
+        return GPUSpec(**{**saved["gpu"], "cc": tuple(saved["gpu"]["cc"])})
+    except (KeyError, TypeError):
+        raise PdmuxError(f"{folder} holds no capacity settings with a GPU") from None
 
 
 class Sweep:
@@ -97,10 +121,11 @@ def _fmt(value, spec: str = ".0f") -> str:
 
 def run_capacity(s: RunSettings, names: tuple[str, ...], criteria: Criteria, store: PointStore,
                  rates: tuple[float, ...] | None = None, start: float = 1.0, tol: float = 0.05,
-                 log=print, offline: bool = False) -> dict:
+                 log=print, offline: bool = False, also: tuple[float, ...] = ()) -> dict:
     """Capacities of each strategy, and every point behind them. Measured (`s.simulate` off),
     the same traffic is also simulated, searched, and served at the measured rates; `offline`,
-    the measured points come from the store alone."""
+    the measured points come from the store alone. Each strategy is also served at the rates
+    `also` names, whatever the search needs (strategies compared at fixed rates)."""
     chosen = [variant(n) for n in names]
     sweeps = [Sweep(replace(s, simulate=True), store, log)]
     if not s.simulate:
@@ -110,6 +135,8 @@ def run_capacity(s: RunSettings, names: tuple[str, ...], criteria: Criteria, sto
         for sweep in sweeps:
             for v in chosen:
                 res = found.setdefault(v.name, {})
+                for r in also:
+                    sweep.measure(v, r)
                 for criterion in CRITERIA:
                     margin = getattr(criteria, criterion)
                     if sweep.mode == "simulated" or rates is None:

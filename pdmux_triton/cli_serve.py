@@ -13,7 +13,7 @@ from pdmux_triton.cli_common import (config_from_args, gpu_from_args, measuring_
                                      out_folder, plot, refuse)
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.hardware import GPUSpec, model_preset
-from pdmux_triton.results import check_settings, read_json, write_json
+from pdmux_triton.results import read_json, write_json
 
 
 def _replayed(args, given):
@@ -119,10 +119,8 @@ def cmd_run(args, given) -> None:
 def cmd_capacity(args, given) -> None:
     from pdmux_triton import capacity_sweep, plots
     from pdmux_triton.capacity import Criteria
-    from pdmux_triton.capacity_sweep import PointKey
     from pdmux_triton.metrics import Slo
-    from pdmux_triton.results import PointStore
-    from pdmux_triton.settings import MAX_GPU_RUN_S, RunSettings
+    from pdmux_triton.settings import MAX_GPU_RUN_S
 
     for name in args.strategies:
         capacity_sweep.variant(name)  # an unknown name fails before anything runs
@@ -140,12 +138,7 @@ def cmd_capacity(args, given) -> None:
         args.simulate = True  # nothing is measured: the flags describe the GPU it was measured on
     settings, no_gpu = _settings(args, given, "stream")
     if args.offline:  # the GPU as it was measured, from the folder's settings
-        saved = read_json(Path(args.out) / f"capacity-settings-{settings.gpu.name}.json",
-                          "capacity settings")
-        try:
-            gpu = GPUSpec(**{**saved["gpu"], "cc": tuple(saved["gpu"]["cc"])})
-        except (KeyError, TypeError):
-            raise PdmuxError(f"{args.out} holds no capacity settings with a GPU") from None
+        gpu = capacity_sweep.measured_gpu(Path(args.out), settings.gpu.name)
         settings, no_gpu = dataclasses.replace(settings, gpu=gpu, simulate=False), None
     elif settings.simulate:
         refuse(given, ("rates",), "when simulating (the simulation searches the rate)")
@@ -158,12 +151,8 @@ def cmd_capacity(args, given) -> None:
                         args.max_sched_delay_s)
     out = out_folder(args.out)
     gpu = settings.gpu.name
-    # every point in the folder must come from the same traffic, model, GPU and cost model
-    stable = {k: v for k, v in settings.as_dict().items()
-              if k not in ("simulate", "rate", "chunks", "kinds", "level_policies")}
-    check_settings(out / f"capacity-settings-{gpu}.json", stable, RunSettings.defaults())
+    store = capacity_sweep.open_folder(out, settings)
     _say_why_simulated(settings, no_gpu)
-    store = PointStore(out / f"capacity-points-{gpu}.jsonl", PointKey)
     if args.offline:  # the simulation beside the measurement is made again, with today's model
         store.forget(lambda point: point["mode"] == "simulated")
     result = capacity_sweep.run_capacity(settings, tuple(args.strategies), criteria, store,

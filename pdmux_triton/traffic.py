@@ -156,12 +156,16 @@ def _lengths(lengths, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.
 
 def decoding_contexts(preset: LengthPreset, seed: int = 0):
     """A sampler of the contexts a batch of decoding requests of this traffic holds: each a
-    prompt and part of its output (uniform over where the request is in its decode)."""
+    prompt and part of its output (uniform over where the request is in its decode). A request
+    decodes for as many steps as it has output tokens, so a batch seen at a random step holds
+    requests in proportion to their output length: the draw is weighted by it."""
     rng = np.random.default_rng(seed)
 
     def draw(batch: int) -> list[int]:
-        prompts, outputs = preset.prompt.sample(rng, batch), preset.output.sample(rng, batch)
-        return [int(p + rng.integers(0, o)) for p, o in zip(prompts, outputs)]
+        pool = 16 * batch
+        prompts, outputs = preset.prompt.sample(rng, pool), preset.output.sample(rng, pool)
+        picked = rng.choice(pool, size=batch, p=outputs / outputs.sum())
+        return [int(prompts[i] + rng.integers(0, outputs[i])) for i in picked]
     return draw
 
 

@@ -49,3 +49,42 @@ def test_benchmarks_without_a_gpu_say_so_in_one_line(script):
     out = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "torch sees none" in out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_slo_levels_simulated_compares_the_policies(tmp_path):
+    """bench/slo_levels.py --simulate on a short stream: every policy at the fixed rate and
+    its simulated capacity, the ratios in the summary, measured fields empty."""
+    import json
+
+    out = subprocess.run([sys.executable, "bench/slo_levels.py", "--simulate", "--out",
+                          str(tmp_path), "--traffic", "sharegpt:8", "--count", "30"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    data = json.loads((tmp_path / "slo-levels-h200-simulated.json").read_text())
+    policies = data["traffic"]["sharegpt"]["policies"]
+    assert list(policies) == ["default", "advised", "slo", "slo_relevel"]
+    for name, p in policies.items():
+        assert p["goodput_capacity_rps"]["simulated"] > 0 and p["goodput_capacity_rps"]["measured"] is None
+        assert p["at_rates"]["8"]["simulated"]["requests_served"] == 30, name
+    thresholds = [t for _, _, t in policies["advised"]["manual_divisions"]]
+    assert thresholds == sorted(thresholds) and policies["default"]["manual_divisions"] == []
+    summary = data["summary"]["per_traffic"]["sharegpt"]
+    ratio = summary["slo_vs_default_goodput_capacity"]["simulated"]
+    assert ratio == policies["slo"]["goodput_capacity_rps"]["simulated"] / policies["default"][
+        "goodput_capacity_rps"]["simulated"]
+    assert data["summary"]["slo_vs_default_measured"] is False
+    assert "slo / default goodput capacity" in out.stdout
+
+
+def test_slo_levels_without_a_gpu_or_with_bad_traffic_says_so_in_one_line(tmp_path):
+    import torch
+
+    runs = [["--traffic", "nope:5"], ["--traffic", "sharegpt:-1"], ["--policies", "slo"]]
+    if not torch.cuda.is_available():
+        runs.append([])
+    for extra in runs:
+        out = subprocess.run([sys.executable, "bench/slo_levels.py", "--out", str(tmp_path),
+                              *extra], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and "Traceback" not in out.stderr, (extra, out.stderr)
+        assert out.stderr.strip().splitlines()[-1].startswith(("slo_levels.py: error",
+                                                               "bench/slo_levels.py: error"))

@@ -83,6 +83,18 @@ def test_a_measured_sweep_reads_its_rates_beside_the_simulation(monkeypatch, tmp
     assert row["goodput_capacity_rps"] < row["simulated_goodput_capacity_rps"]
 
 
+def test_fixed_rates_are_served_beside_the_search(tmp_path):
+    """`also`: every strategy at those rates too, far below and far above what the search
+    visits, so strategies can be compared point for point."""
+    store = PointStore(tmp_path / "p.jsonl", PointKey)
+    result = run_capacity(settings(), ("prefill_first", "pdmux_grid_cap"), CRITERIA, store,
+                          tol=0.2, log=lambda m: None, also=(0.3, 90.0))
+    for name in ("prefill_first", "pdmux_grid_cap"):
+        at = {p["rate"]: p for p in result["points"] if p["strategy"] == name}
+        assert at[0.3]["slo_attainment"] == 1.0 and at[90.0]["slo_attainment"] < 0.9
+        assert result["summary"]["strategies"][name]["goodput_capacity_rps"] < 90.0
+
+
 def _sim_servers(self, s, requests):
     self.s, self.gpu, self.warm = s, None, set()
     self.cal = self.cmp = None

@@ -6,6 +6,7 @@ import pytest
 
 from pdmux_triton import traffic
 from pdmux_triton.errors import PdmuxError
+from pdmux_triton.traffic import LENGTH_PRESETS, decoding_contexts
 
 # the largest relative error of each fit against its published figures (the README's table)
 FIT_ERROR_BOUND = {"sharegpt": 0.02, "arxiv": 0.025, "conv": 0.06, "code": 0.015}
@@ -82,3 +83,18 @@ def test_bad_streams():
         traffic.stream(10, float("inf"), 5, preset)
     with pytest.raises(PdmuxError, match="burstiness must be a finite number > 0"):
         traffic.stream(10, 1.0, 5, preset, burstiness=0.0)
+
+
+@pytest.mark.parametrize("name", ["sharegpt", "arxiv"])
+def test_decoding_contexts_weight_requests_by_how_long_they_decode(name):
+    """A batch seen at a random step: the mean context is the prompt's mean plus E[o^2]/2E[o]
+    of the outputs (length-biased), not E[o]/2, which an unweighted draw would give."""
+    preset = LENGTH_PRESETS[name]
+    rng = np.random.default_rng(5)
+    prompts = preset.prompt.sample(rng, 200_000).astype(float)
+    outputs = preset.output.sample(rng, 200_000).astype(float)
+    biased = prompts.mean() + (outputs ** 2).mean() / (2 * outputs.mean())
+    draw = decoding_contexts(preset, seed=3)
+    drawn = np.concatenate([draw(64) for _ in range(300)])
+    assert drawn.mean() == pytest.approx(biased, rel=0.02)
+    assert abs(drawn.mean() - biased) < abs(prompts.mean() + outputs.mean() / 2 - biased) / 2

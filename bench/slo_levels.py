@@ -1,0 +1,246 @@
+"""PD-mux levels by SGLang's rule against levels chosen for an ITL target, on the same traffic.
+
+For each traffic (a length preset, served at fixed request rates), pd-mux with grid capping
+runs its levels four ways:
+
+- default: SGLang's rule (the decode batch size, decode_bs_divisor 36);
+- advised: the manual divisions `advise --context-dist` writes for this traffic (SGLang can run
+  them as they are);
+- slo: the slo level policy, switching where SGLang does (a prefill starts or ends);
+- slo_relevel: the same, also between layer rounds of a split prefill whose batch changed.
+
+Each is served at the fixed rates (SLO attainment, goodput, TTFT and TPOT p50/p99, level
+changes and their drain time) and its goodput capacity is found: simulated for all, measured
+on the GPU for default and slo at the traffic's capacity rates (the simulation is served beside
+every measured point). Measured points are saved as they are served under
+<out>/slo-levels/<traffic>[-advised|-relevel]/ (a rerun resumes them; the simulation is made
+again each time); writes <out>/slo-levels-<gpu>.json and prints a table.
+
+    python bench/slo_levels.py --simulate --out bench/results    # the prediction, anywhere
+    python bench/slo_levels.py --out bench/results               # measured, on the GPU
+    python bench/slo_levels.py --traffic sharegpt:12,16:10,12,14 --traffic arxiv:10 \
+        --policies default,slo                                  # a shorter measured run
+
+The simulated run writes slo-levels-<gpu>-simulated.json instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pdmux_triton import capacity_sweep, policy
+from pdmux_triton.capacity import Criteria
+from pdmux_triton.cli_args import Parser, integer, number
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.hardware import detect_gpu, gpu_preset, model_preset
+from pdmux_triton.level_policy import SloLevels, approximate
+from pdmux_triton.metrics import Slo
+from pdmux_triton.results import load_calibration, provenance, write_json
+from pdmux_triton.settings import RunSettings
+from pdmux_triton.traffic import LENGTH_PRESETS, decoding_contexts
+
+# traffic: fixed rates (one near pd-mux's goodput capacity, one above), then measured capacity rates
+TRAFFIC = {"sharegpt": ((12.0, 16.0), (10.0, 12.0, 14.0, 16.0, 18.0, 20.0)),
+           "arxiv": ((10.0, 12.0), (8.0, 10.0, 12.0, 14.0))}
+POLICIES = {  # name: (strategy, folder suffix, measured capacity on the GPU)
+    "default": ("pdmux_grid_cap", "", True),
+    "advised": ("pdmux_grid_cap", "-advised", False),
+    "slo": ("pdmux_slo_grid_cap", "", True),
+    "slo_relevel": ("pdmux_slo_grid_cap", "-relevel", False),
+}
+ROW_KEYS = ("slo_attainment", "goodput_rps", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms",
+            "tpot_p99_ms", "level_changes", "level_drain_ms", "requests_served",
+            "compiles_during_measurement", "captures_during_measurement",
+            "device_allocations_during_measurement")
+
+
+def traffic_arg(text: str) -> tuple[str, tuple[float, ...], tuple[float, ...]]:
+    """PRESET:FIXED_RATES[:CAPACITY_RATES], rates comma-separated."""
+    parts = text.split(":")
+    if not 2 <= len(parts) <= 3 or parts[0] not in LENGTH_PRESETS:
+        raise argparse.ArgumentTypeError(
+            f"expected PRESET:RATES[:CAPACITY_RATES] with PRESET one of "
+            f"{', '.join(LENGTH_PRESETS)}, got {text!r}")
+    try:
+        rates = [tuple(float(r) for r in p.split(",")) for p in parts[1:]]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"rates must be numbers, got {text!r}") from None
+    if any(not (0 < r < 1e4) for rs in rates for r in rs):
+        raise argparse.ArgumentTypeError(f"rates must be in (0, 10000) req/s, got {text!r}")
+    return parts[0], rates[0], rates[1] if len(rates) > 1 else ()
+
+
+def simulated_gpu(out: Path):
+    """The H200 as `capacity` measured it in `out` (the device's memory, which sizes the KV
+    cache), so simulated and measured points share folders; else the preset."""
+    try:
+        return capacity_sweep.measured_gpu(out, "h200")
+    except PdmuxError:
+        return gpu_preset("h200")
+
+
+def policies_arg(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    unknown = [n for n in names if n not in POLICIES]
+    if not names or unknown or "default" not in names:
+        raise argparse.ArgumentTypeError(
+            f"expected names from {', '.join(POLICIES)}, default among them, got {text!r}")
+    return names
+
+
+def settings_for(args, gpu, preset: str, name: str, config: policy.PDMuxConfig) -> RunSettings:
+    strategy = POLICIES[name][0]
+    # as `capacity` makes them for pd-mux strategies alone, so its folders can be shared
+    return RunSettings(
+        gpu=gpu, model=model_preset("qwen3-8b"), workload="stream", simulate=args.simulate,
+        count=args.count, lengths=preset, chunks=(2048,), kinds=("grid_cap",), config=config,
+        level_policies=(capacity_sweep.variant(strategy).levels,), itl_slo_ms=args.itl_ms,
+        relevel_at_layers=name == "slo_relevel", slo_ttft_ms=args.slo_ttft_ms,
+        slo_tpot_ms=args.slo_tpot_ms, calibration=args.calibration, compare=args.compare,
+        host_costs=args.host_costs)
+
+
+def advised_config(args, gpu, preset: str) -> tuple[policy.PDMuxConfig, float]:
+    """The manual divisions that follow the slo policy on this traffic, and how often not."""
+    base = policy.PDMuxConfig()
+    levels = base.levels(gpu.sms, gpu.cc_major)
+    curve = load_calibration(args.calibration, gpu.name).decode_curve("grid_cap")
+    slo = SloLevels(model_preset("qwen3-8b"), curve, args.itl_ms or args.slo_tpot_ms)
+    approx = approximate(slo, levels, decoding_contexts(LENGTH_PRESETS[preset]), 128, base)
+    return approx.config, approx.disagreement
+
+
+def one_policy(args, gpu, preset, name, config, fixed, capacity_rates, criteria) -> dict:
+    strategy, suffix, measure_capacity = POLICIES[name]
+    s = settings_for(args, gpu, preset, name, config)
+    store = capacity_sweep.open_folder(Path(args.out) / "slo-levels" / f"{preset}{suffix}", s)
+    store.forget(lambda p: p["mode"] == "simulated")  # cheap: always today's cost model
+    measured = bool(measure_capacity and capacity_rates and not s.simulate)
+    # simulated: searched; measured: at the capacity rates, or only at the fixed ones
+    rates = None if s.simulate else (capacity_rates if measured else ())
+    result = capacity_sweep.run_capacity(s, (strategy,), criteria, store, rates, also=fixed,
+                                         log=print)
+    row = result["summary"]["strategies"][strategy]
+    points = {(p["mode"], p["rate"]): p for p in result["points"] if p["strategy"] == strategy}
+    modes = ("simulated",) if s.simulate else ("gpu", "simulated")
+    return {
+        "strategy": strategy, "relevel_at_layers": s.relevel_at_layers,
+        "manual_divisions": config.manual_divisions,
+        "goodput_capacity_rps": {
+            "measured": row["goodput_capacity_rps"] if measured else None,
+            "measured_at_least": row["at_least"]["goodput"] if measured else None,
+            "simulated": row["simulated_goodput_capacity_rps"],
+            "simulated_at_measured_rates": row.get(
+                "simulated_goodput_capacity_at_measured_rates_rps") if measured else None},
+        "at_rates": {f"{r:g}": {m: {k: points[(m, r)].get(k) for k in ROW_KEYS} for m in modes}
+                     for r in fixed},
+        "points": len(points),
+    }
+
+
+def summarize(traffics: dict) -> dict:
+    out = {}
+    for preset, t in traffics.items():
+        cap = {n: p["goodput_capacity_rps"] for n, p in t["policies"].items()}
+
+        def vs(a: str, b: str, mode: str):
+            x, y = cap.get(a, {}).get(mode), cap.get(b, {}).get(mode)
+            return None if x is None or not y else x / y
+        drains = [(row["level_drain_ms"], row["level_changes"])
+                  for p in t["policies"].values() for at in p["at_rates"].values()
+                  for mode, row in at.items() if mode == "gpu" and row["level_changes"]]
+        out[preset] = {
+            "slo_vs_default_goodput_capacity": {m: vs("slo", "default", k) for m, k in
+                                                (("measured", "measured"),
+                                                 ("simulated", "simulated"))},
+            "advised_vs_default_goodput_capacity_simulated": vs("advised", "default", "simulated"),
+            "relevel_vs_slo_goodput_capacity_simulated": vs("slo_relevel", "slo", "simulated"),
+            "measured_drain_ms_per_level_change": (sum(d for d, _ in drains)
+                                                   / sum(c for _, c in drains) if drains else None),
+        }
+    first = out[next(iter(out))]["slo_vs_default_goodput_capacity"]
+    return {"per_traffic": out, "slo_vs_default_goodput_capacity":
+            first["measured"] if first["measured"] is not None else first["simulated"],
+            "slo_vs_default_measured": first["measured"] is not None}
+
+
+def table(data: dict) -> str:
+    lines = [f"{'traffic':<9} {'policy':<12} {'capacity req/s meas / sim':>26}  at rates: "
+             "attainment, goodput, TPOT p99 ms, level changes / drain ms"]
+    for preset, t in data["traffic"].items():
+        for name, p in t["policies"].items():
+            c = p["goodput_capacity_rps"]
+            cap = f"{_f(c['measured'])} / {_f(c['simulated'])}"
+            cells = []
+            for rate, at in p["at_rates"].items():
+                row = at.get("gpu") or at["simulated"]
+                cells.append(f"@{rate}: {row['slo_attainment']:.0%} {_f(row['goodput_rps'])} "
+                             f"{_f(row['tpot_p99_ms'], '.1f')} {row['level_changes']}/"
+                             f"{_f(row['level_drain_ms'], '.0f')}")
+            lines.append(f"{preset:<9} {name:<12} {cap:>26}  {'  '.join(cells)}")
+        s = data["summary"]["per_traffic"][preset]["slo_vs_default_goodput_capacity"]
+        lines.append(f"{preset:<9} slo / default goodput capacity: measured {_f(s['measured'])}, "
+                     f"simulated {_f(s['simulated'])}")
+    return "\n".join(lines)
+
+
+def _f(v, spec=".2f"):
+    return "-" if v is None else format(v, spec)
+
+
+def main(argv=None) -> int:
+    p = Parser(prog="bench/slo_levels.py", description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="bench/results")
+    p.add_argument("--simulate", action="store_true", help="the H200 on the cost model")
+    p.add_argument("--traffic", type=traffic_arg, action="append",
+                   help="PRESET:FIXED_RATES[:CAPACITY_RATES] (default: sharegpt and arxiv)")
+    p.add_argument("--policies", type=policies_arg, default=tuple(POLICIES),
+                   help=f"which of {', '.join(POLICIES)} (default: all)")
+    p.add_argument("--count", type=integer(1, 100_000), default=100, help="requests per point")
+    p.add_argument("--itl-ms", type=number(), default=None,
+                   help="the slo policy's target (default: the TPOT target)")
+    p.add_argument("--slo-ttft-ms", type=number(), default=2000.0)
+    p.add_argument("--slo-tpot-ms", type=number(), default=25.0)
+    p.add_argument("--calibration", default="bench/results/calibrate-h200.json")
+    p.add_argument("--compare", default="bench/results/compare-h200.json")
+    p.add_argument("--host-costs", default="bench/results/host-costs-h200.json")
+    try:
+        args = p.parse_args(argv)
+        return run(args)
+    except PdmuxError as err:
+        print(f"{p.prog}: error: {str(err).removeprefix(p.prog + ' ')}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{p.prog}: interrupted (the points measured are kept)", file=sys.stderr)
+        return 130
+
+
+def run(args) -> int:
+    traffic = args.traffic or [(k, *v) for k, v in TRAFFIC.items()]
+    gpu = simulated_gpu(Path(args.out)) if args.simulate else detect_gpu()
+    criteria = Criteria(Slo(args.slo_ttft_ms, args.slo_tpot_ms))
+    data = {**provenance(gpu.name), "mode": "simulated" if args.simulate else "gpu",
+            "inputs": {k: v for k, v in vars(args).items() if k != "traffic"},
+            "traffic": {}, "summary": {}}
+    path = Path(args.out) / f"slo-levels-{gpu.name}{'-simulated' if args.simulate else ''}.json"
+    for preset, fixed, capacity_rates in traffic:
+        advised, disagreement = advised_config(args, gpu, preset)
+        t = data["traffic"][preset] = {"fixed_rates": fixed, "capacity_rates": capacity_rates,
+                                       "advised_disagreement": disagreement, "policies": {}}
+        for name in args.policies:
+            config = advised if name == "advised" else policy.PDMuxConfig()
+            print(f"== {preset} {name}", flush=True)
+            t["policies"][name] = one_policy(args, gpu, preset, name, config, fixed,
+                                             capacity_rates, criteria)
+            write_json(path, data)  # a save point after each policy
+    data["summary"] = summarize(data["traffic"])
+    write_json(path, data)
+    print(table(data))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
