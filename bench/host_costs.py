@@ -48,9 +48,12 @@ def eager_layer_s(x: ModelExecutor, tokens: int, repeats: int = 20) -> dict:
     return {"tokens": tokens, "host_s": statistics.median(host), "gpu_s": statistics.median(gpu)}
 
 
+DECODE_PROMPT = 512  # tokens each request of a decode round holds before its steps
+
+
 def decode_round_s(x: ModelExecutor, batch: int, repeats: int = 30) -> dict:
     """Wall seconds of launch + wait of one decode step, and its GPU seconds."""
-    reqs = [Request(10**6 + i, [1] * 512, 10**6, 0.0, warm=True) for i in range(batch)]
+    reqs = [Request(10**6 + i, [1] * DECODE_PROMPT, 10**6, 0.0, warm=True) for i in range(batch)]
     x.start(reqs)
     walls = []
     for _ in range(repeats):
@@ -62,7 +65,9 @@ def decode_round_s(x: ModelExecutor, batch: int, repeats: int = 30) -> dict:
     steps = x.finish().decode_step_s
     for r in reqs:
         x.release(r)
-    return {"batch": batch, "wall_s": statistics.median(walls), "gpu_s": statistics.median(steps)}
+    return {"batch": batch, "context": DECODE_PROMPT + repeats // 2,
+            "wall_s": statistics.median(walls),
+            "gpu_s": statistics.median(steps)}
 
 
 def main(argv=None) -> int:

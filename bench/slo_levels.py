@@ -37,7 +37,7 @@ from pdmux_triton.errors import PdmuxError
 from pdmux_triton.hardware import detect_gpu, gpu_preset, model_preset
 from pdmux_triton.level_policy import SloLevels, approximate
 from pdmux_triton.metrics import Slo
-from pdmux_triton.results import load_calibration, provenance, write_json
+from pdmux_triton.results import load_calibration, load_host_costs, provenance, write_json
 from pdmux_triton.settings import RunSettings
 from pdmux_triton.traffic import LENGTH_PRESETS, decoding_contexts
 
@@ -107,7 +107,8 @@ def advised_config(args, gpu, preset: str) -> tuple[policy.PDMuxConfig, float]:
     base = policy.PDMuxConfig()
     levels = base.levels(gpu.sms, gpu.cc_major)
     curve = load_calibration(args.calibration, gpu.name).decode_curve("grid_cap")
-    slo = SloLevels(model_preset("qwen3-8b"), curve, args.itl_ms or args.slo_tpot_ms)
+    slo = SloLevels(model_preset("qwen3-8b"), curve, args.itl_ms or args.slo_tpot_ms,
+                    overheads=load_host_costs(args.host_costs, gpu.name))  # as the runs have it
     approx = approximate(slo, levels, decoding_contexts(LENGTH_PRESETS[preset]), 128, base)
     return approx.config, approx.disagreement
 
@@ -210,7 +211,7 @@ def main(argv=None) -> int:
         args = p.parse_args(argv)
         return run(args)
     except PdmuxError as err:
-        print(f"{p.prog}: error: {str(err).removeprefix(p.prog + ' ')}", file=sys.stderr)
+        print(f"{p.prog}: error: {str(err).removeprefix(p.prog).lstrip(': ')}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"{p.prog}: interrupted (the points measured are kept)", file=sys.stderr)

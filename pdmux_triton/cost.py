@@ -157,18 +157,21 @@ class MeasuredCurve:
 class PrefillRate:
     """bf16 FLOP/s a prefill reaches on a share of the SMs: the peak times an MFU times the share.
 
-    `mfu` holds (prefill SMs, MFU) points, read between them and held at the ends: one point
-    for a fixed MFU, or the MFU a comparison measured co-running at each level."""
+    `mfu` holds (prefill SMs, MFU) points beside a decode, read between them and held at the
+    ends: one point for a fixed MFU, or the MFU a comparison measured co-running at each level;
+    `mfu_alone` the same with nothing beside it (a prefill-first or chunked step has the GPU
+    to itself), the co-run points where there are none."""
 
     peak_tflops: float
     total_sms: int
     mfu: tuple[tuple[int, float], ...]
+    mfu_alone: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self):
         _check_positive("peak bf16 TFLOP/s", self.peak_tflops)
         if not self.mfu:
             raise PdmuxError("a prefill rate needs at least one MFU")
-        for sms, mfu in self.mfu:
+        for sms, mfu in self.mfu + self.mfu_alone:
             if not 0 < mfu <= 1:
                 raise PdmuxError(f"MFU must be in (0, 1], got {mfu} at {sms} SMs")
 
@@ -176,12 +179,12 @@ class PrefillRate:
     def fixed(cls, peak_tflops: float, total_sms: int, mfu: float) -> "PrefillRate":
         return cls(peak_tflops, total_sms, ((total_sms, mfu),))
 
-    def mfu_at(self, sms: int) -> float:
-        budgets, mfus = zip(*sorted(self.mfu))
+    def mfu_at(self, sms: int, corun: bool = True) -> float:
+        budgets, mfus = zip(*sorted(self.mfu if corun or not self.mfu_alone else self.mfu_alone))
         return float(np.interp(sms, budgets, mfus))
 
-    def flops_per_s(self, sms: int) -> float:
-        return self.peak_tflops * 1e12 * self.mfu_at(sms) * sms / self.total_sms
+    def flops_per_s(self, sms: int, corun: bool = True) -> float:
+        return self.peak_tflops * 1e12 * self.mfu_at(sms, corun) * sms / self.total_sms
 
 
 def _check_positive(name: str, value: float) -> None:
@@ -190,18 +193,43 @@ def _check_positive(name: str, value: float) -> None:
 
 
 @dataclass(frozen=True)
+class MixedStepFit:
+    """A mixed step as the executor runs it, fitted to a measured run's chunked rounds: after
+    `fixed_s` (its batch made and uploaded, its tokens read back, the forward's fixed costs),
+    its phases one after another: the linears and the chunk's attention at the prefill's MFU
+    alone, the decode rows' attention in padded tiles at `decode_row_mfu` of the peak, and the
+    weights and the decode batch's KV read at the decode rate. A whole forward's launches stay
+    under its GPU time (no measured round was bound by them)."""
+
+    fixed_s: float
+    decode_row_mfu: float
+
+    def __post_init__(self):
+        if not (np.isfinite(self.fixed_s) and self.fixed_s >= 0):
+            raise PdmuxError(f"a mixed step's fixed cost must be a finite number >= 0 s, got "
+                             f"{self.fixed_s!r}")
+        if not 0 < self.decode_row_mfu <= 1:
+            raise PdmuxError(f"decode_row_mfu must be in (0, 1], got {self.decode_row_mfu!r}")
+
+
+@dataclass(frozen=True)
 class Overheads:
     """What this tool's executor spends beyond the first-order model: the host's share of a
     captured decode round (inputs up, replay, tokens back), each eager layer's launches, an
-    eager step's batch (made, uploaded, its tokens read back), and decode rows of a mixed step
-    run through the extend attention in tiles of `decode_row_tile` query rows. An eager step
-    ends no earlier than its launches, and the host launches nothing else meanwhile. None by
-    default (the chapter's model); bench/host_costs.py measures the host's."""
+    eager step's batch (made, uploaded, its tokens read back), decode rows of a mixed step run
+    through the extend attention in tiles of `decode_row_tile` query rows, what a captured
+    decode step takes beyond its bytes at the calibrated rate (`decode_step_extra`, (batch,
+    seconds) points read between them), and mixed steps as the executor runs them (`mixed`).
+    An eager step ends no earlier than its launches, and the host launches nothing else
+    meanwhile. None by default (the chapter's model); bench/host_costs.py measures them and
+    bench/fit_host_costs.py fits the last two to a measured run."""
 
     decode_round_s: float = 0.0
     layer_launch_s: float = 0.0
     eager_step_s: float = 0.0
     decode_row_tile: int = 1
+    decode_step_extra: tuple[tuple[int, float], ...] = ()
+    mixed: MixedStepFit | None = None
 
     def __post_init__(self):
         for name in ("decode_round_s", "layer_launch_s", "eager_step_s"):
@@ -210,6 +238,17 @@ class Overheads:
                 raise PdmuxError(f"overhead {name} must be a finite number >= 0, got {value!r}")
         if not (isinstance(self.decode_row_tile, int) and self.decode_row_tile >= 1):
             raise PdmuxError(f"decode_row_tile must be an integer >= 1, got {self.decode_row_tile!r}")
+        for batch, seconds in self.decode_step_extra:
+            if not (batch >= 1 and np.isfinite(seconds) and abs(seconds) < 1.0):
+                raise PdmuxError(f"decode_step_extra needs batches >= 1 and finite seconds under "
+                                 f"1 s, got ({batch!r}, {seconds!r})")
+
+    def decode_extra_s(self, batch: int) -> float:
+        """Beyond the bytes: a captured step's fixed costs, which its batch's rows move."""
+        if not self.decode_step_extra or batch < 1:
+            return 0.0
+        batches, extra = zip(*sorted(self.decode_step_extra))
+        return float(np.interp(batch, batches, extra))
 
 
 # --- times ---------------------------------------------------------------------------------
@@ -219,8 +258,8 @@ def decode_step_s(model: ModelSpec, rate: DecodeRate, context_tokens: int, sms: 
     return decode_step_bytes(model, context_tokens) / (rate.tbps(sms, corun) * 1e12)
 
 
-def compute_s(flops: float, rate: PrefillRate, sms: int) -> float:
-    return flops / rate.flops_per_s(sms)
+def compute_s(flops: float, rate: PrefillRate, sms: int, corun: bool = True) -> float:
+    return flops / rate.flops_per_s(sms, corun)
 
 
 # The extend attention's tiles hold this many query rows of one head: in a mixed step a
@@ -236,16 +275,21 @@ def decode_row_attention_flops(model: ModelSpec, context_tokens: int, tile_rows:
 
 def mixed_step_s(model: ModelSpec, decode: DecodeRate, prefill: PrefillRate, total_sms: int,
                  decode_context_tokens: int, decode_batch: int, chunk, chunk_prefix,
-                 samples_chunk, decode_row_tile: int = 1):
+                 samples_chunk, decode_row_tile: int = 1, phases: MixedStepFit | None = None):
     """One chunked-prefill step on the whole GPU: a prompt chunk and the decode batch in one
     forward, bound by its compute or by reading the weights and the batch's KV, whichever is
-    slower; the decode rows' attention counted in tiles of `decode_row_tile` rows. `chunk`,
-    `chunk_prefix` and `samples_chunk` may be arrays (every chunk at once)."""
+    slower; the decode rows' attention counted in tiles of `decode_row_tile` rows. With
+    `phases`, the GPU time of the step as the executor runs it (`MixedStepFit`, less its fixed
+    cost). `chunk`, `chunk_prefix` and `samples_chunk` may be arrays (every chunk at once)."""
     flops = (decode_flops(model, decode_batch) + layer_flops(model, chunk, chunk_prefix)
              + lm_head_flops(model, np.asarray(samples_chunk, dtype=float)))
-    if decode_row_tile > 1:  # beyond the rows' own attention, which decode_flops leaves out
-        flops = flops + decode_row_attention_flops(model, decode_context_tokens, decode_row_tile)
-    compute = compute_s(flops, prefill, total_sms)
+    rows = (decode_row_attention_flops(model, decode_context_tokens, decode_row_tile)
+            if decode_row_tile > 1 else 0.0)  # beyond decode_flops, which leaves attention out
+    if phases is not None:
+        return (compute_s(flops, prefill, total_sms, corun=False)
+                + rows / (prefill.peak_tflops * 1e12 * phases.decode_row_mfu)
+                + decode_step_s(model, decode, decode_context_tokens, total_sms, False))
+    compute = compute_s(flops + rows, prefill, total_sms, corun=False)  # the GPU its own
     memory = (decode_step_s(model, decode, decode_context_tokens, total_sms, False)
               if decode_batch else 0.0)
     return np.maximum(compute, memory)

@@ -84,8 +84,9 @@ class Scenario:
         rate = self.decode_rate(self.s_sat[0] if s_sat is None else s_sat)
         return cost.decode_step_s(self.model, rate, self.decode_batch * self.context, sms, corun)
 
-    def prefill_s(self, sms: int) -> float:
-        return cost.compute_s(cost.prefill_flops(self.model, self.prompt), self.prefill_rate, sms)
+    def prefill_s(self, sms: int, corun: bool) -> float:
+        return cost.compute_s(cost.prefill_flops(self.model, self.prompt), self.prefill_rate, sms,
+                              corun)
 
 
 @dataclass
@@ -109,7 +110,7 @@ def _decode_only(sc: Scenario) -> Row:
 
 
 def _prefill_first(sc: Scenario) -> Row:
-    prefill = sc.prefill_s(sc.gpu.sms)
+    prefill = sc.prefill_s(sc.gpu.sms, corun=False)
     step = sc.decode_step_s(sc.gpu.sms, corun=False)
     # decode waits for the whole prefill: one step of prefill + decode, no tokens meanwhile
     return Row("prefill_first", (prefill + step) * 1e3, prefill * 1e3, 0, steps=1)
@@ -129,7 +130,7 @@ def _chunked(sc: Scenario, chunk: int) -> Row:
 def _pdmux(sc: Scenario, s_sat: float) -> Row:
     prefill_sms, decode_sms = sc.level
     step = sc.decode_step_s(decode_sms, corun=True, s_sat=s_sat)
-    prefill = sc.prefill_s(prefill_sms)
+    prefill = sc.prefill_s(prefill_sms, corun=True)
     return Row(f"pdmux_ssat{s_sat:g}", step * 1e3, prefill * 1e3, round(prefill / step),
                prefill_sms=prefill_sms, decode_sms=decode_sms, s_sat=s_sat)
 
@@ -146,7 +147,8 @@ def calibrated(sc: Scenario, calibration: Calibration, kind: str = "grid_cap",
                comparison: Comparison | None = None) -> Scenario:
     """The scenario with decode's rate from a calibration (its measured decode-step curves,
     read between budgets; the S_SAT fit beside a prefill names the row) and, given a
-    comparison, the MFU each level's prefill reached co-running (read between levels)."""
+    comparison, the MFU each level's prefill reached co-running (read between levels), and
+    alone for a prefill with the GPU to itself."""
     fit = calibration.decode_fit(kind, "corun")
     out = replace(sc, bw_efficiency=min(1.0, fit["peak_tbps"] / sc.gpu.hbm_tbps),
                   s_sat=(round(fit["s_sat_fit"], 1),),

@@ -69,11 +69,11 @@ class Servers:
         self.s = s
         self.gpu = None
         self.warm: set[str] = set()  # variants served once untimed (GPU)
+        self.overheads = (load_host_costs(s.host_costs, s.gpu.name) if s.host_costs
+                          else cost.Overheads())
         if s.simulate:
             self.cal = load_calibration(s.calibration, s.gpu.name) if s.calibration else None
             self.cmp = load_compare(s.compare, s.gpu.name) if s.compare else None
-            self.overheads = (load_host_costs(s.host_costs, s.gpu.name) if s.host_costs
-                              else cost.Overheads())
         else:
             from pdmux_triton.gpu_serving import GpuExecutors  # torch: only where a GPU measures
 
@@ -103,7 +103,8 @@ class Servers:
         if v.levels == "sglang":
             return SGLangLevels(s.config)
         curve = load_calibration(s.calibration, s.gpu.name).decode_curve(v.kind)
-        return SloLevels(s.model, curve, s.itl_target_ms, s.hysteresis, s.relevel_at_layers)
+        return SloLevels(s.model, curve, s.itl_target_ms, s.hysteresis, s.relevel_at_layers,
+                         self.overheads)
 
     def serve(self, v: Variant, requests: list[Request]) -> tuple[dict, scheduler.RunResult]:
         """One variant over a copy of `requests`: its summary row and its run. On the GPU the

@@ -3,7 +3,8 @@
 - `SGLangLevels`: the decode batch size alone picks the level (`PDMuxConfig.choose_level`: the
   divisor rule or manual divisions), as SGLang 0.5.20 does.
 - `SloLevels`: predicts the decode step beside a prefill at every split level from a measured
-  decode-step curve and this batch's bytes (its weights and its whole KV cache), and runs the
+  decode-step curve and this batch's bytes (its weights and its whole KV cache; with the
+  executor's measured overheads, what a step costs beyond them), and runs the
   level that leaves prefill the most SMs while the predicted step stays under the target; if
   none does, the one that gives decode the most. Moving to more prefill SMs needs the target
   met with a margin (`hysteresis`), so the choice does not flap between neighbouring levels.
@@ -64,6 +65,7 @@ class SloLevels:
     itl_ms: float
     hysteresis: float = 0.1
     relevel_at_layers: bool = False
+    overheads: cost.Overheads = cost.Overheads()  # a captured step's cost beyond its bytes
 
     def __post_init__(self):
         if not (np.isfinite(self.itl_ms) and self.itl_ms > 0):
@@ -75,9 +77,9 @@ class SloLevels:
         split = set(range(1, n_levels - 1))  # any split, as the contexts decide
         return split | {0}, split | {n_levels - 1}
 
-    def step_ms(self, decode_sms: int, context_tokens: int) -> float:
-        return cost.decode_step_s(self.model, self.rate, context_tokens, decode_sms,
-                                  corun=True) * 1e3
+    def step_ms(self, decode_sms: int, context_tokens: int, batch: int = 0) -> float:
+        return (cost.decode_step_s(self.model, self.rate, context_tokens, decode_sms, corun=True)
+                + self.overheads.decode_extra_s(batch)) * 1e3
 
     def choose(self, levels, contexts, prefilling, current):
         n = len(levels)
@@ -88,7 +90,7 @@ class SloLevels:
         tokens = sum(contexts) + len(contexts)  # the step reads each request's next slot too
 
         def meets(i: int, margin: float = 1.0) -> bool:
-            return self.step_ms(levels[i][1], tokens) <= self.itl_ms * margin
+            return self.step_ms(levels[i][1], tokens, len(contexts)) <= self.itl_ms * margin
         # the split levels come with the most prefill SMs first
         best = next((i for i in range(1, n - 1) if meets(i)), n - 2)
         if (current is not None and 1 <= best < current <= n - 2 and meets(current)

@@ -165,5 +165,6 @@ def details(result: RunResult) -> dict:
                       "decode_steps": int(np.sum((decode_ends > a) & (decode_ends <= b)))}
                      for a, b in windows],
         "rounds": [{"start_s": rd.start, "end_s": rd.end, "level": rd.level,
-                    "decode_bs": rd.decode_bs, "prefill": rd.prefill} for rd in result.rounds],
+                    "decode_bs": rd.decode_bs, "prefill": rd.prefill,
+                    "decode_context": rd.decode_context} for rd in result.rounds],
     }

@@ -18,7 +18,8 @@ from importlib import metadata
 from pathlib import Path
 
 from pdmux_triton import __version__
-from pdmux_triton.cost import EXTEND_TILE_ROWS, MeasuredCurve, Overheads, PrefillRate
+from pdmux_triton.cost import (EXTEND_TILE_ROWS, MeasuredCurve, MixedStepFit, Overheads,
+                               PrefillRate)
 from pdmux_triton.errors import PdmuxError
 
 _REPO = Path(__file__).resolve().parent.parent
@@ -219,14 +220,18 @@ class Comparison:
     levels: tuple[dict, ...]
 
     def prefill_rate(self, kind: str, peak_tflops: float, total_sms: int) -> PrefillRate:
-        """The MFU each level's prefill reached co-running, as a rate over prefill SMs."""
-        try:
-            points = tuple(sorted(
-                (int(lv["prefill_sms"]), float(lv["prefill"][kind]["corun_tflops"])
-                 / (peak_tflops * lv["prefill_sms"] / total_sms)) for lv in self.levels))
-        except (KeyError, TypeError, ValueError):
-            raise PdmuxError(f"{self.path}: the levels lack prefill / {kind} / corun_tflops") from None
-        return PrefillRate(peak_tflops, total_sms, tuple((s, min(1.0, m)) for s, m in points))
+        """The MFU each level's prefill reached co-running and alone, as a rate over prefill
+        SMs."""
+        def mfus(state: str) -> tuple[tuple[int, float], ...]:
+            try:
+                return tuple(sorted(
+                    (int(lv["prefill_sms"]), min(1.0, float(lv["prefill"][kind][f"{state}_tflops"])
+                                                 / (peak_tflops * lv["prefill_sms"] / total_sms)))
+                    for lv in self.levels))
+            except (KeyError, TypeError, ValueError):
+                raise PdmuxError(f"{self.path}: the levels lack prefill / {kind} / "
+                                 f"{state}_tflops") from None
+        return PrefillRate(peak_tflops, total_sms, mfus("corun"), mfus("alone"))
 
 
 def load_compare(path: str | Path, gpu: str | None = None) -> Comparison:
@@ -243,8 +248,9 @@ def load_compare(path: str | Path, gpu: str | None = None) -> Comparison:
 def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
     """The executor's overheads from bench/host_costs.py's file: the median over its cases of
     an eager layer's launch time and of a decode round's wall time less its GPU time, the
-    fixed cost of an eager step where bench/fit_eager_step.py added it, and the extend
-    kernel's padded decode rows."""
+    extend kernel's padded decode rows, and where bench/fit_host_costs.py added them, the
+    fixed cost of an eager step, a captured decode step's cost beyond its bytes and the mixed
+    step's fit."""
     path = Path(path)
     data = read_json(path, "host-costs file")
     _check_gpu(data, path, "host-costs file", gpu)
@@ -252,7 +258,13 @@ def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
         layers = sorted(float(r["host_s"]) for r in data["eager_layer"])
         rounds = sorted(max(0.0, float(r["wall_s"]) - float(r["gpu_s"])) for r in data["decode_round"])
         step = float(data.get("eager_step", {}).get("seconds", 0.0))
-        return Overheads(rounds[len(rounds) // 2], layers[len(layers) // 2], step, EXTEND_TILE_ROWS)
+        extra = tuple((int(r["batch"]), float(r["extra_s"]))
+                      for r in data.get("decode_step_extra", []))
+        mixed = data.get("mixed_step")
+        fit = (MixedStepFit(float(mixed["fixed_s"]), float(mixed["decode_row_mfu"]))
+               if mixed else None)
+        return Overheads(rounds[len(rounds) // 2], layers[len(layers) // 2], step,
+                         EXTEND_TILE_ROWS, extra, fit)
     except (KeyError, TypeError, ValueError, IndexError):
         raise PdmuxError(f"{path} lacks the eager_layer and decode_round rows of a host-costs "
                          f"file (made by bench/host_costs.py)") from None

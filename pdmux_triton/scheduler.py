@@ -104,6 +104,7 @@ class Round:
     level: int  # index into the levels; -1 for whole-GPU strategies
     decode_bs: int
     prefill: str  # what prefill work the round launched: "", "layers a-b", "chunk s+n", "whole"
+    decode_context: int = 0  # KV tokens the decode batch held as the round began
 
 
 @dataclass
@@ -204,8 +205,9 @@ class Engine:
     def decode_round(self) -> None:
         """A plain decode step of the running batch on the whole GPU, as one round."""
         start, decoding = self.x.now(), list(self.running)
+        held = context_of(decoding)
         t, tokens = self.x.wait_decode(self.x.launch_decode(decoding))
-        self.rounds.append(Round(start, t, -1, len(decoding), ""))
+        self.rounds.append(Round(start, t, -1, len(decoding), "", held))
         self.record_tokens(decoding, tokens, t)
 
     def start_running(self, reqs: list[Request], first_tokens: list[int], t: float) -> None:
@@ -218,6 +220,10 @@ class Engine:
                 self.finished(r)
             else:
                 self.running.append(r)
+
+
+def context_of(reqs: list[Request]) -> int:
+    return sum(r.context for r in reqs)
 
 
 def kv_need(r: Request) -> int:
@@ -263,8 +269,9 @@ def run_chunked(e: Engine, chunk: int) -> None:
         start = e.x.now()
         decoding = list(e.running)
         n = min(chunk, len(job.prompt) - done_tokens)
+        held = context_of(decoding)
         t, tokens, first = e.x.mixed(decoding, job, done_tokens, n)
-        e.rounds.append(Round(start, t, -1, len(decoding), f"chunk {done_tokens}+{n}"))
+        e.rounds.append(Round(start, t, -1, len(decoding), f"chunk {done_tokens}+{n}", held))
         if decoding:
             e.record_tokens(decoding, tokens, t)
         done_tokens += n
@@ -310,6 +317,7 @@ def run_pdmux(e: Engine, levels: list[policy.Level], config: policy.PDMuxConfig,
             continue
         start = e.x.now()
         decoding = list(e.running)
+        held = context_of(decoding)
         pending = e.x.launch_decode(decoding) if decoding else None
         launched = ""
         if job is not None and job.next_layer < num_layers:
@@ -330,7 +338,7 @@ def run_pdmux(e: Engine, levels: list[policy.Level], config: policy.PDMuxConfig,
                 e.start_running(job.reqs, first, t_done)
                 job = None
                 adjust = True
-        e.rounds.append(Round(start, e.x.now(), level, len(decoding), launched))
+        e.rounds.append(Round(start, e.x.now(), level, len(decoding), launched, held))
 
 
 DEFAULT_PREFILL_TOKENS = 16384  # SGLang's --max-prefill-tokens: one prefill batch's budget

@@ -80,8 +80,9 @@ class SimExecutor:
         reqs, launched = pending
         start = max(launched, self.free["decode"])
         corun = self.free["prefill"] > start
-        step = cost.decode_step_s(self.model, self.decode_rate, sum(r.context for r in reqs),
-                                  self.sms["decode"], corun)
+        step = (cost.decode_step_s(self.model, self.decode_rate, sum(r.context for r in reqs),
+                                   self.sms["decode"], corun)
+                + self.overheads.decode_extra_s(len(reqs)))
         self.decode_steps.append(step)
         self.t = max(self.t, self._enqueue("decode", step, launched))
         return self.t, [0] * len(reqs)
@@ -102,7 +103,9 @@ class SimExecutor:
         if end == self.num_layers:  # the LM head samples each prompt's first token
             flops += cost.lm_head_flops(self.model, len(carry.reqs))
         began, launched = self._launch_layers(end - start)
-        seconds = cost.compute_s(flops, self.prefill_rate, self.sms["prefill"])
+        # on a split, decode steps run beside it; on the whole GPU, nothing does
+        beside_decode = self.sms["prefill"] < self.total_sms
+        seconds = cost.compute_s(flops, self.prefill_rate, self.sms["prefill"], beside_decode)
         carry.ends_at = max(self._enqueue("prefill", seconds, began), launched)
         self.free["prefill"] = carry.ends_at
 
@@ -115,13 +118,18 @@ class SimExecutor:
     def mixed(self, decoding: list[Request], prompt: Request, start: int, n: int):
         self._drain()
         last = start + n == len(prompt.prompt)
+        fit = self.overheads.mixed
         step = float(cost.mixed_step_s(self.model, self.decode_rate, self.prefill_rate,
                                        self.total_sms, sum(r.context for r in decoding),
                                        len(decoding), n, start, samples_chunk=last,
-                                       decode_row_tile=self.overheads.decode_row_tile))
-        self.t += self.overheads.eager_step_s  # the batch made and uploaded, its tokens read back
-        began, launched = self._launch_layers(self.num_layers)
-        self.t = max(self._enqueue("decode", step, began), launched)
+                                       decode_row_tile=self.overheads.decode_row_tile,
+                                       phases=fit))
+        if fit is not None:  # as fitted: the fixed cost, then the GPU's phases
+            self.t = self._enqueue("decode", step, self.t + fit.fixed_s)
+        else:
+            self.t += self.overheads.eager_step_s  # the batch made and uploaded, tokens read back
+            began, launched = self._launch_layers(self.num_layers)
+            self.t = max(self._enqueue("decode", step, began), launched)
         return self.t, [0] * len(decoding), 0 if last else None
 
     def release(self, r: Request) -> None:

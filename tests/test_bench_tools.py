@@ -88,3 +88,52 @@ def test_slo_levels_without_a_gpu_or_with_bad_traffic_says_so_in_one_line(tmp_pa
         assert out.returncode == 2 and "Traceback" not in out.stderr, (extra, out.stderr)
         assert out.stderr.strip().splitlines()[-1].startswith(("slo_levels.py: error",
                                                                "bench/slo_levels.py: error"))
+
+
+def test_the_mixed_step_fit_recovers_a_known_executor():
+    """Rounds made by a known MixedStepFit come back as it, exactly."""
+    sys.path.insert(0, "bench")
+    from fit_host_costs import fit_mixed
+
+    from pdmux_triton import cost
+    from pdmux_triton.hardware import model_preset
+
+    qwen = model_preset("qwen3-8b")
+    law = cost.SaturationLaw(3.4, 60.0)
+    rate = cost.PrefillRate(989.0, 132, ((132, 0.55),), ((132, 0.65),))
+    truth = cost.MixedStepFit(0.0095, 0.48)
+    rows = [{"chunk": c, "prefix": p, "batch": b, "context": b * ctx}
+            for c, p, b, ctx in [(2048, 0, 20, 2500), (512, 1024, 35, 1800), (256, 0, 8, 900),
+                                 (1024, 4096, 50, 3000), (2048, 2048, 0, 0), (768, 0, 12, 4000)]]
+    for r in rows:
+        r["seconds"] = truth.fixed_s + cost.mixed_step_s(
+            qwen, law, rate, 132, r["context"], r["batch"], r["chunk"], r["prefix"],
+            samples_chunk=0, decode_row_tile=128, phases=truth)
+    fit, quality = fit_mixed(rows, qwen, law, rate, 132, 128)
+    assert fit.fixed_s == pytest.approx(truth.fixed_s, rel=1e-6)
+    assert fit.decode_row_mfu == pytest.approx(truth.decode_row_mfu, rel=1e-6)
+    assert quality["median_abs_error"] < 1e-9 and quality["rounds"] == 6
+
+
+def test_fit_host_costs_on_the_h200_stream_run(tmp_path):
+    """The committed measured run (rounds saved before they recorded their decode context:
+    replayed from its requests) fits the committed host-costs file's mixed step again."""
+    import json
+    import shutil
+
+    host = tmp_path / "host.json"
+    shutil.copy("bench/results/host-costs-h200.json", host)
+    committed = json.loads(host.read_text())
+    out = subprocess.run([sys.executable, "bench/fit_host_costs.py", "bench/results/stream-h200.json",
+                          str(host), "--calibration", "bench/results/calibrate-h200.json",
+                          "--compare", "bench/results/compare-h200.json"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    fitted = json.loads(host.read_text())
+    assert fitted["mixed_step"]["rounds"] > 300 and fitted["mixed_step"]["median_abs_error"] < 0.05
+    for key in ("fixed_s", "decode_row_mfu"):
+        assert fitted["mixed_step"][key] == pytest.approx(committed["mixed_step"][key])
+    assert [r["batch"] for r in fitted["decode_step_extra"]] == [1, 8, 32, 64]
+    bad = subprocess.run([sys.executable, "bench/fit_host_costs.py", str(host), str(host),
+                          "--calibration", "x", "--compare", "y"], capture_output=True, text=True)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1

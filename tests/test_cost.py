@@ -60,6 +60,12 @@ def test_prefill_rate_scales_with_the_sm_share_and_reads_mfu_between_levels():
     assert measured.mfu_at(60) == pytest.approx(0.5) and measured.mfu_at(100) == 0.6
     with pytest.raises(PdmuxError, match=r"MFU must be in \(0, 1\]"):
         cost.PrefillRate(1000.0, 100, ((40, 1.5),))
+    # alone (the GPU its own) the measured points beside nothing; co-run where there are none
+    both = cost.PrefillRate(1000.0, 100, ((40, 0.4), (80, 0.6)), ((40, 0.5), (80, 0.7)))
+    assert both.mfu_at(60, corun=False) == pytest.approx(0.6) and both.mfu_at(60) == 0.5
+    assert measured.mfu_at(60, corun=False) == measured.mfu_at(60)
+    with pytest.raises(PdmuxError, match=r"MFU must be in \(0, 1\]"):
+        cost.PrefillRate(1000.0, 100, ((40, 0.5),), ((40, 0.0),))
 
 
 def test_a_mixed_step_is_bound_by_compute_or_by_reading():
@@ -71,3 +77,31 @@ def test_a_mixed_step_is_bound_by_compute_or_by_reading():
     flops = (cost.decode_flops(QWEN, 32) + cost.layer_flops(QWEN, 4096)
              + cost.lm_head_flops(QWEN, 1))
     assert big == pytest.approx(flops / rate.flops_per_s(132))
+
+
+def test_a_mixed_step_in_phases_adds_compute_padded_rows_and_reading():
+    """As the executor runs it (a fitted MixedStepFit): one phase after another, the padded
+    decode-row tiles at their own fraction of the peak."""
+    law = cost.SaturationLaw(3.0, 66)
+    rate = cost.PrefillRate(989.0, 132, ((132, 0.5),), ((132, 0.6),))
+    fit = cost.MixedStepFit(0.009, 0.5)
+    step = cost.mixed_step_s(QWEN, law, rate, 132, 20 * 3000, 20, 1024, 512, samples_chunk=False,
+                             decode_row_tile=128, phases=fit)
+    compute = (cost.decode_flops(QWEN, 20) + cost.layer_flops(QWEN, 1024, 512)) / (989e12 * 0.6)
+    rows = cost.decode_row_attention_flops(QWEN, 20 * 3000, 128) / (989e12 * 0.5)
+    read = cost.decode_step_s(QWEN, law, 20 * 3000, 132, False)
+    assert step == pytest.approx(compute + rows + read)  # the fixed cost is the host's clock's
+    for bad, match in (((-1e-3, 0.5), "fixed cost"), ((0.0, 0.0), "decode_row_mfu"),
+                       ((0.0, 1.2), "decode_row_mfu"), ((float("nan"), 0.5), "fixed cost")):
+        with pytest.raises(PdmuxError, match=match):
+            cost.MixedStepFit(*bad)
+
+
+def test_a_decode_steps_extra_cost_reads_between_batches():
+    host = cost.Overheads(decode_step_extra=((1, 0.0008), (32, 0.0008), (64, 0.0012)))
+    assert host.decode_extra_s(16) == pytest.approx(0.0008)
+    assert host.decode_extra_s(48) == pytest.approx(0.0010)
+    assert host.decode_extra_s(128) == pytest.approx(0.0012)  # held past the last batch
+    assert cost.Overheads().decode_extra_s(16) == 0.0 and host.decode_extra_s(0) == 0.0
+    with pytest.raises(PdmuxError, match="decode_step_extra needs"):
+        cost.Overheads(decode_step_extra=((0, 0.001),))

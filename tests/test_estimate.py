@@ -75,16 +75,22 @@ def test_a_calibration_replaces_the_law_with_the_measured_curves():
 
 def test_a_comparison_sets_the_prefill_mfu_by_level():
     sc = estimate.Scenario(gpu=gpu_preset("h200"))
-    levels = [{"prefill_sms": 80, "prefill": {"grid_cap": {"corun_tflops": 300.0}}}]
+    levels = [{"prefill_sms": 80, "prefill": {"grid_cap": {"corun_tflops": 300.0,
+                                                            "alone_tflops": 360.0}}}]
     cal = estimate.calibrated(sc, _calibration(), comparison=Comparison("c.json", "h200",
                                                                          tuple(levels)))
     assert cal.mfu == pytest.approx(300 / (989 * 80 / 132))
     rows = {r.approach: r for r in estimate.estimate(cal)}
     assert rows["pdmux_ssat110"].prefill_ms == pytest.approx(
         cost.prefill_flops(cal.model, 8192) / 300e12 * 1e3)
+    # prefill-first has the GPU to itself: the MFU measured alone, held past the last level
+    alone_mfu = 360 / (989 * 80 / 132)
+    assert rows["prefill_first"].prefill_ms == pytest.approx(
+        cost.prefill_flops(cal.model, 8192) / (989e12 * alone_mfu) * 1e3)
     # a level the comparison did not measure (advised levels): MFU read between levels
     mfu = {64: 0.40, 96: 0.50}
-    levels = tuple({"prefill_sms": n, "prefill": {"grid_cap": {"corun_tflops": m * 989 * n / 132}}}
+    levels = tuple({"prefill_sms": n, "prefill": {"grid_cap": {
+        "corun_tflops": m * 989 * n / 132, "alone_tflops": m * 989 * n / 132}}}
                    for n, m in mfu.items())
     cmp = Comparison("c.json", "h200", levels)
     assert estimate.calibrated(sc, _calibration(), comparison=cmp).mfu == pytest.approx(0.45)

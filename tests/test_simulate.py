@@ -67,12 +67,35 @@ def test_overheads_bound_eager_steps_and_add_to_decode_rounds():
     assert all(r.end - r.start > 0.001 for r in plain)  # each round pays the host's share
 
 
+def test_fitted_mixed_steps_and_decode_extras_price_the_executors_steps():
+    """A fitted mixed step: its fixed cost, then its phases, launches not a bound; a decode
+    step: its bytes at the rate, plus the extra for its batch."""
+    fit = cost.MixedStepFit(0.010, 0.5)
+    host = cost.Overheads(layer_launch_s=0.002, eager_step_s=0.003, decode_row_tile=128,
+                          decode_step_extra=((1, 0.0007), (64, 0.0007)), mixed=fit)
+    law = cost.SaturationLaw(H100.hbm_tbps * 0.85, 66.0)
+    rate = cost.PrefillRate.fixed(H100.bf16_tflops, H100.sms, 0.5)
+    x = SimExecutor(H100, QWEN, law, rate, overheads=host)
+    reqs = chapter_scenario(QWEN.vocab, batch=4, context=1000, prompt=600, decode_tokens=12)
+    result = scheduler.run("chunked", x, reqs, chunk=256)
+    first = next(r for r in result.rounds if r.prefill == "chunk 0+256")
+    phases = cost.mixed_step_s(QWEN, law, rate, H100.sms, first.decode_context, 4, 256, 0,
+                               samples_chunk=False, decode_row_tile=128, phases=fit)
+    assert first.end - first.start == pytest.approx(0.010 + phases, rel=1e-6)
+    assert first.end - first.start < 0.003 + 36 * 0.002  # the launches bound nothing
+    plain = next(r for r in result.rounds if not r.prefill)
+    step = cost.decode_step_s(QWEN, law, plain.decode_context, H100.sms, False) + 0.0007
+    assert plain.end - plain.start == pytest.approx(step, rel=1e-6)
+
+
 def test_overheads_are_read_from_the_measured_file():
     from pdmux_triton.results import load_host_costs
 
     host = load_host_costs("bench/results/host-costs-h200.json", "h200")
     assert 0 < host.decode_round_s < 0.002 and 0.0002 < host.layer_launch_s < 0.005
     assert 0 < host.eager_step_s < 0.02 and host.decode_row_tile == cost.EXTEND_TILE_ROWS
+    assert host.mixed is not None and 0 < host.mixed.decode_row_mfu <= 1
+    assert 0 < host.mixed.fixed_s < 0.05 and 0 < host.decode_extra_s(32) < 0.005
 
 
 def test_padded_decode_rows_cost_a_whole_tile_each():
