@@ -14,12 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
+
 from pdmux_triton import capacity
 from pdmux_triton.capacity import CRITERIA, Criteria
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiment import GUARDS, Servers, Variant, pdmux_variant
-from pdmux_triton.partition import SPLIT_KINDS
 from pdmux_triton.hardware import GPUSpec
+from pdmux_triton.partition import SPLIT_KINDS
 from pdmux_triton.results import PointStore, check_settings, provenance, read_json
 from pdmux_triton.settings import RunSettings, make_requests
 
@@ -190,6 +192,7 @@ def _result(s: RunSettings, chosen: list[Variant], criteria: Criteria, store: Po
                 row[f"simulated_{c}_capacity_at_measured_rates_rps"] = cap
             row["sim_error_pct"] = {c: _error(row[f"simulated_{c}_capacity_at_measured_rates_rps"],
                                               res[f"{c}_capacity_rps"]) for c in CRITERIA}
+            row["latency_sim_error_pct"] = _latency_errors(mine, dict(beside))
         summary[v.name] = row
     best = max(summary, key=lambda n: summary[n]["goodput_capacity_rps"] or 0.0)
     totals = {guard: sum(row[guard] for row in summary.values()) for guard in GUARDS}
@@ -203,6 +206,20 @@ def _result(s: RunSettings, chosen: list[Variant], criteria: Criteria, store: Po
             "summary": {"strategies": summary, "highest_goodput_capacity": best, **totals},
             "points": sorted(store.points.values(),
                              key=lambda p: (p["mode"], p["strategy"], p["rate"]))}
+
+
+LATENCIES = ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms")
+
+
+def _latency_errors(measured: list[dict], simulated: dict[float, dict]) -> dict:
+    """Per latency, the simulation's error at each measured rate: its median and the worst."""
+    out = {}
+    for key in LATENCIES:
+        errors = [e for p in measured if p["rate"] in simulated
+                  if (e := _error(simulated[p["rate"]].get(key), p.get(key))) is not None]
+        out[key] = ({"median": float(np.median(errors)), "worst": max(errors, key=abs)}
+                    if errors else None)
+    return out
 
 
 def _error(simulated: float | None, measured: float | None) -> float | None:

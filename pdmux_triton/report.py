@@ -147,6 +147,11 @@ def _s(ms):
     return None if ms is None else ms / 1e3
 
 
+def _median(row: dict, key: str):
+    found = (row.get("latency_sim_error_pct") or {}).get(key)
+    return None if found is None else found["median"]
+
+
 def capacity_table(result: dict) -> str:
     """Each strategy's capacities (req/s), and the simulation's beside a measurement."""
     measured = result["mode"] == "gpu"
@@ -165,6 +170,9 @@ def capacity_table(result: dict) -> str:
                  ("sim error % goodput / Sarathi",
                   lambda n: f"{cell(rows[n]['sim_error_pct']['goodput'], '+.0f')} / "
                             f"{cell(rows[n]['sim_error_pct']['sarathi'], '+.0f')}"),
+                 ("sim error % TTFT / TPOT p99 (median)",
+                  lambda n: " / ".join(cell(_median(rows[n], k), "+.0f")
+                                       for k in ("ttft_p99_ms", "tpot_p99_ms"))),
                  ("compiles", lambda n: cell(rows[n]["compiles_during_measurement"], "d")),
                  ("lost", lambda n: cell(rows[n]["requests_lost"], "d"))]
     spec.append(("points", lambda n: cell(rows[n]["points"], "d")))

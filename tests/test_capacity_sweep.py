@@ -80,6 +80,8 @@ def test_a_measured_sweep_reads_its_rates_beside_the_simulation(monkeypatch, tmp
     simulated = {p["rate"] for p in result["points"] if p["mode"] == "simulated"}
     assert set(RATES) <= simulated  # the simulation beside each given rate
     assert row["sim_error_pct"]["goodput"] > 0  # the model is faster than the stand-in GPU
+    latency = row["latency_sim_error_pct"]["tpot_p50_ms"]  # and its tokens come sooner
+    assert latency["median"] < 0 and latency["worst"] <= latency["median"]
     assert row["goodput_capacity_rps"] < row["simulated_goodput_capacity_rps"]
 
 
