@@ -1,6 +1,6 @@
 """What the benchmark scripts share: the results file they save after every section, the
 timers, inputs sized past L2, and the decode attention cases. Shapes come from the model
-presets (`hardware.MODELS`), bytes and FLOPs from `cost`."""
+presets (`models.MODELS`), bytes and FLOPs from `cost`."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 from triton.testing import do_bench
 
 from pdmux_triton import cost
-from pdmux_triton.hardware import MODELS
+from pdmux_triton.models import MODELS
 from pdmux_triton.kernels import stream_read
 from pdmux_triton.measure import time_alone
 from pdmux_triton.paged_kv import PagedKV

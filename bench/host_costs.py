@@ -23,7 +23,8 @@ import torch
 from common import require_gpu
 from pdmux_triton import policy, scheduler
 from pdmux_triton.execute import ModelExecutor
-from pdmux_triton.hardware import detect_gpu, model_preset
+from pdmux_triton.hardware import detect_gpu
+from pdmux_triton.models import model_preset
 from pdmux_triton.results import provenance, write_json
 from pdmux_triton.traffic import Request
 

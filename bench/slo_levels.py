@@ -34,7 +34,8 @@ from pdmux_triton import capacity_sweep, policy
 from pdmux_triton.capacity import Criteria
 from pdmux_triton.cli_args import Parser, integer, number
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.hardware import detect_gpu, gpu_preset, model_preset
+from pdmux_triton.hardware import detect_gpu, gpu_preset
+from pdmux_triton.models import model_preset
 from pdmux_triton.level_policy import SloLevels, approximate
 from pdmux_triton.metrics import Slo
 from pdmux_triton.results import load_calibration, load_host_costs, provenance, write_json

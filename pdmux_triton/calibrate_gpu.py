@@ -10,7 +10,7 @@ from dataclasses import replace
 import torch
 
 from pdmux_triton.calibrate import STATES, PointKey, SweepPlan
-from pdmux_triton.hardware import model_preset
+from pdmux_triton.models import resolve_model
 from pdmux_triton.measure import time_alone, time_corun
 from pdmux_triton.partition import for_level
 from pdmux_triton.results import PointStore
@@ -25,7 +25,7 @@ def run_sweep(plan: SweepPlan, store: PointStore, log=print) -> None:
     if not todo:
         return
     total = torch.cuda.get_device_properties(0).multi_processor_count
-    spec = model_preset(plan.model)
+    spec = resolve_model(plan.model)
     workloads = {name: make_decode_workload(name, spec, plan.batch, plan.context)
                  for name in plan.workloads}
     prefill = PrefillLayers(spec, plan.prefill_tokens, layers=2) if plan.corun else None

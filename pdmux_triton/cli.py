@@ -19,7 +19,8 @@ from pdmux_triton.cli_common import (NOTES, config_from_args, gpu_from_args, gpu
                                      measuring_gpu, note, out_folder, plot, refuse)
 from pdmux_triton.cli_serve import cmd_capacity, cmd_run
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.hardware import GPUSpec, model_preset
+from pdmux_triton.hardware import GPUSpec
+from pdmux_triton.models import resolve_model
 from pdmux_triton.results import check_settings, load_calibration, provenance
 
 
@@ -71,7 +72,7 @@ def cmd_advise(args, given) -> None:
     gpu = gpu_from_args(args)
     config = config_from_args(args, given, gpu)
     curve = load_calibration(args.calibration, gpu.name).decode_curve(args.kind)
-    spec = model_preset(args.model)
+    spec = resolve_model(args.model)
     if args.context_dist:
         advise_for_traffic(args, gpu, config, curve, spec)
         return
@@ -122,7 +123,7 @@ def cmd_estimate(args, given) -> None:
     if args.tflops is not None:
         gpu = dataclasses.replace(gpu, bf16_tflops=args.tflops)
     sc = estimate.Scenario(
-        gpu=gpu, model=model_preset(args.model), decode_batch=args.batch, context=args.context,
+        gpu=gpu, model=resolve_model(args.model), decode_batch=args.batch, context=args.context,
         prompt=args.prompt, chunk_sizes=args.chunks, s_sat=args.s_sat,
         bw_efficiency=args.bw_eff, mfu=args.mfu, pdmux=config_from_args(args, given, gpu),
     )
@@ -135,7 +136,8 @@ def cmd_estimate(args, given) -> None:
 
 
 def _check_measure_args(args, gpu: GPUSpec) -> None:
-    cost.check_fits(gpu, model_preset(args.model), args.batch * args.context + args.prefill_tokens,
+    cost.check_fits(gpu, resolve_model(args.model),
+                    args.batch * args.context + args.prefill_tokens,
                     f"{args.batch} requests at {args.context} tokens beside a "
                     f"{args.prefill_tokens}-token prefill")
 

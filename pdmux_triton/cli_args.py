@@ -15,7 +15,8 @@ from pdmux_triton import __version__, policy, scheduler
 from pdmux_triton.calibrate import DECODE_WORKLOADS
 from pdmux_triton.capacity_sweep import DEFAULT_STRATEGIES
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.hardware import GPUS, MAX_SMS, MODELS
+from pdmux_triton.hardware import GPUS, MAX_SMS
+from pdmux_triton.models import MODELS
 from pdmux_triton.partition import SPLIT_KINDS
 from pdmux_triton.settings import LENGTHS, LEVEL_POLICIES, WORKLOADS
 from pdmux_triton.traffic import LENGTH_PRESETS
@@ -134,7 +135,9 @@ def _gpu_flags(p: Parser) -> None:
 
 
 def _model_flag(p: Parser) -> None:
-    p.flag("--model", default="qwen3-8b", help=f"model preset: {', '.join(MODELS)}")
+    p.flag("--model", default="qwen3-8b",
+           help=f"model preset ({', '.join(MODELS)}), or a Hugging Face model directory or "
+                f"config.json (Qwen3, Llama 3, Qwen2, Mistral)")
 
 
 def _levels_flags(p: Parser, what: str) -> None:

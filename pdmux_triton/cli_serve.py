@@ -12,7 +12,8 @@ from pdmux_triton.cli_args import CHAPTER_FLAGS, EXPONENTIAL_FLAGS, REPLAY_KEEPS
 from pdmux_triton.cli_common import (config_from_args, gpu_from_args, measuring_gpu, note,
                                      out_folder, plot, refuse)
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.hardware import GPUSpec, model_preset
+from pdmux_triton.hardware import GPUSpec
+from pdmux_triton.models import resolve_model
 from pdmux_triton.results import read_json, write_json
 
 
@@ -69,7 +70,7 @@ def _settings(args, given, workload: str):
         "kinds", "slo_ttft_ms", "slo_tpot_ms", "s_sat", "bw_eff", "mfu", "calibration",
         "compare", "host_costs", "max_running", "level_policies", "itl_slo_ms", "hysteresis",
         "relevel_at_layers") if hasattr(args, f)}
-    settings = RunSettings(gpu=gpu, model=model_preset(args.model), workload=workload,
+    settings = RunSettings(gpu=gpu, model=resolve_model(args.model), workload=workload,
                            simulate=simulate, config=config_from_args(args, given, gpu),
                            prefill_tokens=args.max_prefill_tokens, **fields)
     return settings, no_gpu

@@ -15,7 +15,8 @@ import torch
 
 from pdmux_triton import policy
 from pdmux_triton.compare import level_errors
-from pdmux_triton.hardware import detect_gpu, model_preset
+from pdmux_triton.hardware import detect_gpu
+from pdmux_triton.models import resolve_model
 from pdmux_triton.kernels import decode_attention, linear
 from pdmux_triton.measure import time_alone, time_corun
 from pdmux_triton.partition import SPLIT_KINDS, for_level
@@ -29,7 +30,7 @@ def run_compare(model: str, batch: int, context: int, prefill_tokens: int, out_j
                 log=print) -> dict:
     """Measure every middle level, saving the results after each."""
     gpu = detect_gpu()
-    spec = model_preset(model)
+    spec = resolve_model(model)
     groups = policy.stream_groups(gpu.sms, gpu.cc_major)
     decode = DecodeStep(spec, batch, context)
     prefill = PrefillLayers(spec, prefill_tokens, layers=2)

@@ -67,8 +67,9 @@ def prefill_flops(model: ModelSpec, tokens: int, prefix: int = 0) -> float:
 
 def footprint_bytes(model: ModelSpec, kv_tokens: int) -> float:
     """GPU memory a model holding `kv_tokens` tokens of KV cache needs: every weight (the
-    embedding table too) and the cache, activations aside."""
-    return weight_bytes(model) + DTYPE_BYTES * model.vocab * model.hidden + kv_bytes(model, kv_tokens)
+    embedding table too, unless the LM head is it) and the cache, activations aside."""
+    embedding = 0 if model.tie_embeddings else DTYPE_BYTES * model.vocab * model.hidden
+    return weight_bytes(model) + embedding + kv_bytes(model, kv_tokens)
 
 
 def check_fits(gpu: GPUSpec, model: ModelSpec, kv_tokens: int, what: str) -> None:

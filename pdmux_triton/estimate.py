@@ -14,7 +14,8 @@ import numpy as np
 
 from pdmux_triton import cost, policy
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.hardware import GPUSpec, ModelSpec, gpu_preset, model_preset
+from pdmux_triton.hardware import GPUSpec, ModelSpec, gpu_preset
+from pdmux_triton.models import model_preset
 from pdmux_triton.results import Calibration, Comparison
 
 

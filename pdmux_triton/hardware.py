@@ -1,4 +1,5 @@
-"""Facts about GPUs and models: presets, and detection of the local GPU (torch imported lazily).
+"""Facts about GPUs and models: GPU presets, a model's shape (`ModelSpec`; presets and Hugging
+Face configs are read in `models`), and detection of the local GPU (torch imported lazily).
 
 GPU figures are datasheet values (dense bf16, no sparsity) except where a comment says they
 were measured; they are starting points for `estimate`, which calibration replaces.
@@ -30,6 +31,18 @@ class GPUSpec:
 
 
 @dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3's rope scaling (`rope_type` llama3): wavelengths beyond the original context
+    are stretched by `factor`, those under it by `high_freq_factor` stay, and between the two
+    the frequencies are blended."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_positions: int
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     layers: int
@@ -42,6 +55,13 @@ class ModelSpec:
     qk_norm: bool  # Qwen3 normalizes q and k per head before rotary
     rope_theta: float
     rms_eps: float = 1e-6
+    qkv_bias: bool = False  # Qwen2: the q, k and v projections add a bias
+    tie_embeddings: bool = False  # the LM head is the embedding table
+    rope_scaling: RopeScaling | None = None
+
+    def __post_init__(self):
+        if isinstance(self.rope_scaling, dict):  # as a result file holds it
+            object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
 
     @property
     def q_dim(self) -> int:
@@ -88,32 +108,13 @@ _DEVICE_NAME_PRESETS = (
     ("B200", "b200"),
 )
 
-MODELS: dict[str, ModelSpec] = {
-    m.name: m
-    for m in (
-        ModelSpec("qwen3-8b", 36, 4096, 32, 8, 128, 12288, 151936, True, 1e6),
-        # Llama 3.1's long-context rope scaling is not modeled: it changes values, not cost
-        ModelSpec("llama-3.1-8b", 32, 4096, 32, 8, 128, 14336, 128256, False, 5e5, 1e-5),
-        ModelSpec("qwen3-32b", 64, 5120, 64, 8, 128, 25600, 151936, True, 1e6),
-        # Small enough for the Triton interpreter; GQA 4:2 and qk-norm like Qwen3.
-        ModelSpec("tiny", 2, 64, 4, 2, 16, 128, 256, True, 1e4),
-    )
-}
-
-
-def _lookup(kind: str, table: dict, name: str):
-    key = name.strip().lower()
-    if key not in table:
-        raise PdmuxError(f"unknown {kind} {name!r}; known: {', '.join(table)}")
-    return table[key]
 
 
 def gpu_preset(name: str) -> GPUSpec:
-    return _lookup("GPU", GPUS, name)
-
-
-def model_preset(name: str) -> ModelSpec:
-    return _lookup("model", MODELS, name)
+    key = name.strip().lower()
+    if key not in GPUS:
+        raise PdmuxError(f"unknown GPU {name!r}; known: {', '.join(GPUS)}")
+    return GPUS[key]
 
 
 def preset_for_device_name(device_name: str) -> str | None:

@@ -147,6 +147,19 @@ class PointStore:
         return dropped
 
 
+def _with_defaults(saved: dict, defaults: dict, settings: dict) -> dict:
+    """`saved` with the settings it lacks filled in from `defaults`, nested dicts too."""
+    out = dict(saved)
+    for key, default in defaults.items():
+        if key not in settings:
+            continue
+        if key not in out:
+            out[key] = default
+        elif isinstance(default, dict) and isinstance(out[key], dict):
+            out[key] = _with_defaults(out[key], default, settings[key])
+    return out
+
+
 def check_settings(path: str | Path, settings: dict, defaults: dict | None = None) -> None:
     """Points in a folder must all come from one setting: refuse to mix, save on first use. A
     setting the saved file lacks (it came later) reads as its entry in `defaults`, if any: the
@@ -155,8 +168,7 @@ def check_settings(path: str | Path, settings: dict, defaults: dict | None = Non
     settings = json.loads(json.dumps(settings))  # as it reads back (tuples are lists there)
     if path.exists():
         saved = read_json(path, "settings")
-        saved = {**json.loads(json.dumps({k: v for k, v in (defaults or {}).items()
-                                          if k in settings})), **saved}
+        saved = _with_defaults(saved, json.loads(json.dumps(defaults or {})), settings)
         if saved != settings:
             changed = sorted(k for k in set(saved) | set(settings) if saved.get(k) != settings.get(k))
             raise PdmuxError(f"{path.parent} holds points measured with other settings (they differ "

@@ -165,8 +165,10 @@ class RunSettings:
 
     @staticmethod
     def defaults() -> dict:
-        """Each setting's default, where it has a plain one."""
-        return {f.name: f.default for f in fields(RunSettings) if f.default is not MISSING}
+        """Each setting's default, where it has a plain one (the model's fields too)."""
+        plain = {f.name: f.default for f in fields(RunSettings) if f.default is not MISSING}
+        return {**plain, "model": {f.name: f.default for f in fields(ModelSpec)
+                                   if f.default is not MISSING}}
 
     def as_dict(self) -> dict:
         out = asdict(self)

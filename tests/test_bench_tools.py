@@ -96,7 +96,7 @@ def test_the_mixed_step_fit_recovers_a_known_executor():
     from fit_host_costs import fit_mixed
 
     from pdmux_triton import cost
-    from pdmux_triton.hardware import model_preset
+    from pdmux_triton.models import model_preset
 
     qwen = model_preset("qwen3-8b")
     law = cost.SaturationLaw(3.4, 60.0)

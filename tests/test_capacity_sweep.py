@@ -10,7 +10,8 @@ from pdmux_triton.capacity import Criteria
 from pdmux_triton.capacity_sweep import PointKey, run_capacity, variant
 from pdmux_triton.cost import Overheads
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.hardware import gpu_preset, model_preset
+from pdmux_triton.hardware import gpu_preset
+from pdmux_triton.models import model_preset
 from pdmux_triton.metrics import Slo
 from pdmux_triton.results import PointStore
 from pdmux_triton.settings import RunSettings

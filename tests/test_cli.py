@@ -91,6 +91,22 @@ def test_advise_for_a_traffic_writes_divisions_that_follow_the_slo_policy(tmp_pa
           "--max-batch does nothing without --context-dist")
 
 
+def test_a_users_model_directory_is_a_model(tmp_path, capsys):
+    """--model takes a Hugging Face directory: estimated by its shapes, named by its folder."""
+    model = tmp_path / "Qwen2.5-7B"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944,
+        "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+        "vocab_size": 152064, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
+        "tie_word_embeddings": False, "use_sliding_window": False, "sliding_window": 131072}))
+    assert cli.main(["estimate", "--gpu", "h200", "--model", str(model), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["inputs"]["model"]["name"] == "Qwen2.5-7B" and data["inputs"]["model"]["qkv_bias"]
+    assert cli.main(["run", "--gpu", "h200", "--model", str(model), "--decode-tokens", "16"]) == 0
+    assert "Qwen2.5-7B on h200" in capsys.readouterr().out
+
+
 def test_estimate_json_carries_its_inputs(capsys):
     assert cli.main(["estimate", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -209,6 +225,9 @@ BAD = [
     (["levels", "--gpu", "v100"], "unknown GPU 'v100'"),
     (["levels", "--sms", "99999999999999999999999"], "levels --sms: expected an integer <= 4096"),
     (["estimate", "--model", "gpt5"], "unknown model 'gpt5'"),
+    (["estimate", "--model", "nope/config.json"], "cannot read model config nope/config.json"),
+    (["levels", "--calibration", CALIBRATION, "--itl-ms", "20", "--model", "README.md"],
+     "cannot read model config README.md"),
     (["run", "--kinds", "mig"], "run --kinds: expected one of grid_cap, green, got 'mig'"),
     (["levels", "--frob"], "unrecognized arguments: --frob"),
     # files

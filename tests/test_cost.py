@@ -4,7 +4,7 @@ import pytest
 
 from pdmux_triton import cost
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.hardware import model_preset
+from pdmux_triton.models import model_preset
 
 QWEN = model_preset("qwen3-8b")
 QWEN32 = model_preset("qwen3-32b")

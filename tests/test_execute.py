@@ -10,7 +10,8 @@ import torch
 from conftest import HAS_CUDA
 from pdmux_triton import scheduler
 from pdmux_triton.execute import ModelExecutor
-from pdmux_triton.hardware import GPUSpec, detect_gpu, model_preset
+from pdmux_triton.hardware import GPUSpec, detect_gpu
+from pdmux_triton.models import model_preset
 from pdmux_triton.partition import Budget
 from pdmux_triton.traffic import Request
 

@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "pdmux_triton"
 # bottom to top; a module may import its own layer and those below it
 LAYERS = [
     {"errors"},
-    {"hardware", "policy", "traffic"},
+    {"hardware", "models", "policy", "traffic"},
     {"cost", "partition"},
     {"results", "kernels"},
     {"estimate", "advise", "level_policy", "calibrate", "compare", "greenctx", "paged_kv",
@@ -27,7 +27,7 @@ LAYERS = [
     {"cli_serve"},
     {"cli", "__main__", "__init__"},
 ]
-PURE = ["policy", "hardware", "cost", "results", "partition", "estimate", "advise", "level_policy",
+PURE = ["policy", "hardware", "models", "cost", "results", "partition", "estimate", "advise", "level_policy",
         "traffic", "scheduler", "simulate", "metrics", "calibrate", "compare", "settings", "capacity",
         "experiment", "capacity_sweep", "report", "plots", "cli_args", "cli_common", "cli_serve",
         "cli"]

@@ -4,7 +4,8 @@ import pytest
 
 from pdmux_triton import cost, level_policy, policy, scheduler
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.hardware import gpu_preset, model_preset
+from pdmux_triton.hardware import gpu_preset
+from pdmux_triton.models import model_preset
 from pdmux_triton.level_policy import SGLangLevels, SloLevels, approximate
 from pdmux_triton.simulate import SimExecutor
 from pdmux_triton.traffic import LENGTH_PRESETS, chapter_scenario, decoding_contexts, stream

@@ -6,7 +6,7 @@ import torch
 
 from conftest import HAS_CUDA
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.hardware import model_preset
+from pdmux_triton.models import model_preset
 from pdmux_triton.model import DecodeBatch, ExtendBatch, KVCache, Model, Weights
 from pdmux_triton.partition import Budget
 from reference import REL_TOL, rel_err

@@ -5,7 +5,8 @@ import pytest
 
 from pdmux_triton import cost, metrics, policy, scheduler
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.hardware import gpu_preset, model_preset
+from pdmux_triton.hardware import gpu_preset
+from pdmux_triton.models import model_preset
 from pdmux_triton.simulate import SimExecutor
 from pdmux_triton.traffic import Exponential, Request, chapter_scenario, stream
 

@@ -3,7 +3,8 @@
 import pytest
 
 from pdmux_triton import cost, estimate, metrics, scheduler
-from pdmux_triton.hardware import gpu_preset, model_preset
+from pdmux_triton.hardware import gpu_preset
+from pdmux_triton.models import model_preset
 from pdmux_triton.simulate import SimExecutor
 from pdmux_triton.traffic import chapter_scenario
 

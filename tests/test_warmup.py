@@ -6,7 +6,7 @@ import torch
 
 from conftest import HAS_CUDA
 from pdmux_triton.compiles import CompileWatch
-from pdmux_triton.hardware import model_preset
+from pdmux_triton.models import model_preset
 from pdmux_triton.kernels.gemm import plan, warm_up_rows
 from pdmux_triton.model import KVCache, Model, Weights
 from pdmux_triton.partition import Budget
