@@ -116,11 +116,12 @@ def offline_gemm() -> None:
         fn = _skinny_kernel if cfg.skinny else _gemm_kernel
         names = list(inspect.signature(fn.fn).parameters)
         constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
-                      "RECORD_SM": False}
+                      "HAS_BIAS": False, "RECORD_SM": False}
         constexprs.update({"EVEN_K": True} if cfg.skinny else {"GROUP_M": cfg.group_m})
         kinds = {"x_desc": f"tensordesc<bf16[{cfg.block_m}, {cfg.block_k}]>",
                  "w_desc": f"tensordesc<bf16[{cfg.block_n}, {cfg.block_k}]>", "x_ptr": "*bf16",
-                 "w_ptr": "*bf16", "y_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32",
+                 "w_ptr": "*bf16", "y_ptr": "*bf16", "b_ptr": "*bf16", "part_ptr": "*fp32",
+                 "count_ptr": "*i32",
                  "sm_ids_ptr": "*i32"}
         signature = {n: "constexpr" if n in constexprs else kinds.get(n, "i32") for n in names}
         # what a real launch specializes: 16-byte aligned pointers, strides and K divisible by 16

@@ -1,4 +1,5 @@
-"""Persistent GEMM `y = x @ W^T` (W stored [N, K] like torch Linear), grid capped to an SM budget.
+"""Persistent GEMM `y = x @ W^T (+ b)` (W stored [N, K] like torch Linear), grid capped to an SM
+budget.
 
 Two kernels. Prefill (M = thousands of tokens): big output tiles read through TMA, grouped
 order for L2 reuse, each program looping over whole tiles. Decode (M = batch, few output
@@ -95,10 +96,22 @@ def _tile_coords(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
     return pid_m, pid_n
 
 
+@triton.jit
+def _plus_bias(acc, b_ptr, rn, N, HAS_BIAS: tl.constexpr, ALONG_ROWS: tl.constexpr):
+    """acc plus bias[n] (fp32): along acc's columns, or its rows when the operands are swapped."""
+    if HAS_BIAS:
+        b = tl.load(b_ptr + rn, mask=rn < N, other=0.0).to(tl.float32)
+        if ALONG_ROWS:
+            acc = acc + b[:, None]
+        else:
+            acc = acc + b[None, :]
+    return acc
+
+
 @triton.jit(do_not_specialize=["M"])
-def _gemm_kernel(x_desc, w_desc, y_ptr, sm_ids_ptr, M, N, K, stride_ym, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                 RECORD_SM: tl.constexpr):
+def _gemm_kernel(x_desc, w_desc, y_ptr, b_ptr, sm_ids_ptr, M, N, K, stride_ym,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr, RECORD_SM: tl.constexpr):
     pid = tl.program_id(0)
     record_sm(sm_ids_ptr, RECORD_SM)
     tiles_m = tl.cdiv(M, BLOCK_M)
@@ -114,6 +127,7 @@ def _gemm_kernel(x_desc, w_desc, y_ptr, sm_ids_ptr, M, N, K, stride_ym, BLOCK_M:
             acc = tl.dot(a, b.T, acc)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = _plus_bias(acc, b_ptr, offs_n, N, HAS_BIAS, False)
         mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
         tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :],
                  acc.to(y_ptr.dtype.element_ty), mask=mask)
@@ -148,10 +162,10 @@ def _swapped_product(x_ptr, w_ptr, tile, tiles_m, k_lo, k_hi, M, N, K, stride_xm
 
 
 @triton.jit(do_not_specialize=["M"])
-def _skinny_kernel(x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, sm_ids_ptr, M, N, K, stride_xm,
-                   stride_wn, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+def _skinny_kernel(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, sm_ids_ptr, M, N, K,
+                   stride_xm, stride_wn, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, WHOLE_TILES: tl.constexpr,
-                   RECORD_SM: tl.constexpr):
+                   HAS_BIAS: tl.constexpr, RECORD_SM: tl.constexpr):
     # WHOLE_TILES: each program takes whole output tiles, striding by the grid.
     # Otherwise stream-K: the work is every tile's K-slabs back to back and program p takes
     # units [p*T//P, (p+1)*T//P), so all programs read the same bytes (within one slab). A
@@ -169,6 +183,7 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, sm_ids_ptr, M, N, K
             acc, rm, rn = _swapped_product(x_ptr, w_ptr, tile, tiles_m, 0, k_tiles, M, N, K,
                                            stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
                                            EVEN_K)
+            acc = _plus_bias(acc, b_ptr, rn, N, HAS_BIAS, True)
             tl.store(y_ptr + rm[None, :] * stride_ym + rn[:, None],
                      acc.to(y_ptr.dtype.element_ty), mask=(rm[None, :] < M) & (rn[:, None] < N))
     else:
@@ -190,6 +205,7 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, sm_ids_ptr, M, N, K
                 first = ((tile * k_tiles + 1).to(tl.int64) * programs - 1) // total
                 last = (((tile + 1) * k_tiles).to(tl.int64) * programs - 1) // total
                 if first == last:
+                    acc = _plus_bias(acc, b_ptr, rn, N, HAS_BIAS, True)
                     tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=mask)
                 else:
                     tile_elems = BLOCK_N * BLOCK_M
@@ -201,6 +217,7 @@ def _skinny_kernel(x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, sm_ids_ptr, M, N, K
                             # .cg: from L2, where the other programs' stores landed
                             acc += tl.load(part_ptr + (tile + q) * tile_elems + cell,
                                            cache_modifier=".cg")
+                        acc = _plus_bias(acc, b_ptr, rn, N, HAS_BIAS, True)  # once, in the sum
                         tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=mask)
                         tl.store(count_ptr + tile, 0)  # ready for the next call
 
@@ -266,15 +283,20 @@ def warm_up_rows(N: int, K: int, dtype: torch.dtype, device: torch.device, budge
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None, *,
-           num_sms: int | None = None, ctas_per_sm: int = 1, config: GemmConfig | None = None,
-           sm_ids: torch.Tensor | None = None) -> torch.Tensor:
-    """y[M, N] = x[M, K] @ weight[N, K]^T with fp32 accumulation, on at most num_sms*ctas_per_sm programs."""
+           bias: torch.Tensor | None = None, num_sms: int | None = None, ctas_per_sm: int = 1,
+           config: GemmConfig | None = None, sm_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """y[M, N] = x[M, K] @ weight[N, K]^T (+ bias[N]) with fp32 accumulation, on at most
+    num_sms*ctas_per_sm programs."""
     check_tensor("x", x, 2, GEMM_DTYPES)
     check_tensor("weight", weight, 2, (x.dtype,), x.device)
     M, K = x.shape
     N, Kw = weight.shape
     if K != Kw:
         raise PdmuxError(f"x has K={K} columns but weight [N, K] has K={Kw}")
+    if bias is not None:
+        check_tensor("bias", bias, 1, (x.dtype,), x.device)
+        if bias.shape[0] != N:
+            raise PdmuxError(f"bias must have N={N} entries, got {bias.shape[0]}")
     if out is None:
         out = torch.empty((M, N), dtype=x.dtype, device=x.device)
     else:
@@ -284,10 +306,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
     if M == 0 or N == 0:
         return out
     if K == 0:
-        return out.zero_()
+        return out.copy_(bias.expand(M, N)) if bias is not None else out.zero_()
     p = plan(M, N, K, x.dtype, x.device, num_sms, ctas_per_sm, config)
     cfg, grid = p.config, p.grid
     sm_buf, record = telemetry_args(sm_ids, grid, x.device)
+    bias_arg = out if bias is None else bias  # any pointer: HAS_BIAS compiles the loads away
     if cfg.skinny:
         if p.whole:
             part = counters = out  # nothing is split: no partials, no counters
@@ -298,16 +321,18 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
                                device=x.device)
             counters = arrival_counters(tiles, x.device)
         _skinny_kernel[(grid,)](
-            x, weight, out, part, counters, sm_buf, M, N, K, x.stride(0), weight.stride(0),
-            out.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-            EVEN_K=K % cfg.block_k == 0, WHOLE_TILES=p.whole, RECORD_SM=record,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            x, weight, out, bias_arg, part, counters, sm_buf, M, N, K, x.stride(0),
+            weight.stride(0), out.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k, EVEN_K=K % cfg.block_k == 0, WHOLE_TILES=p.whole,
+            HAS_BIAS=bias is not None, RECORD_SM=record, num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages)
         return out
     for name, t in (("x", x), ("weight", weight)):
         check_tma_rows(name, t, "; for bf16/fp16 that means K a multiple of 8")
     _gemm_kernel[(grid,)](
         TensorDescriptor.from_tensor(x, [cfg.block_m, cfg.block_k]),
-        TensorDescriptor.from_tensor(weight, [cfg.block_n, cfg.block_k]), out, sm_buf, M, N, K,
-        out.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        GROUP_M=cfg.group_m, RECORD_SM=record, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        TensorDescriptor.from_tensor(weight, [cfg.block_n, cfg.block_k]), out, bias_arg, sm_buf,
+        M, N, K, out.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        GROUP_M=cfg.group_m, HAS_BIAS=bias is not None, RECORD_SM=record,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return out

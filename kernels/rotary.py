@@ -16,9 +16,16 @@ from pdmux_triton.kernels._launch import (FLOAT_DTYPES, INDEX_DTYPES, check_tens
 
 
 def rope_cache(max_positions: int, head_dim: int, theta: float,
-               device: torch.device | str = "cpu") -> torch.Tensor:
-    """[max_positions, head_dim] fp32: cos in the first half of each row, sin in the second."""
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+               device: torch.device | str = "cpu",
+               inv_freq: torch.Tensor | None = None) -> torch.Tensor:
+    """[max_positions, head_dim] fp32: cos in the first half of each row, sin in the second;
+    `inv_freq` (head_dim / 2 frequencies) replaces theta's where a model scales them."""
+    if inv_freq is None:
+        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    elif tuple(inv_freq.shape) != (head_dim // 2,):
+        raise PdmuxError(f"inv_freq must hold head_dim / 2 = {head_dim // 2} frequencies, got "
+                         f"{tuple(inv_freq.shape)}")
+    inv_freq = inv_freq.to(torch.float64)
     angles = torch.arange(max_positions, dtype=torch.float64)[:, None] * inv_freq[None, :]
     return torch.cat([angles.cos(), angles.sin()], dim=1).to(torch.float32).to(device)
 

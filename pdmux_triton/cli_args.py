@@ -134,6 +134,12 @@ def _gpu_flags(p: Parser) -> None:
     p.flag("--json", action="store_true", help="print machine-readable JSON")
 
 
+def _weights_flag(p: Parser) -> None:
+    p.flag("--weights", type=choice(("random", "hf")), default="random",
+           help="measured runs: random (seeded; a step's time does not depend on values) or hf "
+                "(the safetensors of the --model directory)")
+
+
 def _model_flag(p: Parser) -> None:
     p.flag("--model", default="qwen3-8b",
            help=f"model preset ({', '.join(MODELS)}), or a Hugging Face model directory or "
@@ -270,6 +276,7 @@ def build_parser() -> Parser:
     p = sub.add_parser("run", help="serve a workload with every strategy: ITL, TTFT, TPOT")
     _gpu_flags(p)
     _model_flag(p)
+    _weights_flag(p)
     p.flag("--workload", type=choice(WORKLOADS), default="chapter",
            help="chapter (a batch decoding, one prompt arrives), stream (requests arriving at "
                 "--rate) or trace (a CSV of arrivals and lengths)")
@@ -298,6 +305,7 @@ def build_parser() -> Parser:
     p = sub.add_parser("capacity", help="per strategy, the highest request rate within the SLOs")
     _gpu_flags(p)
     _model_flag(p)
+    _weights_flag(p)
     p.flag("--simulate", action="store_true",
            help="use the cost-model clock even when a GPU is present")
     p.flag("--count", type=integer(1, MAX_COUNT), default=200, help="requests per point")

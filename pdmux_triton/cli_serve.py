@@ -13,7 +13,7 @@ from pdmux_triton.cli_common import (config_from_args, gpu_from_args, measuring_
                                      out_folder, plot, refuse)
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.hardware import GPUSpec
-from pdmux_triton.models import resolve_model
+from pdmux_triton.models import config_path, resolve_model
 from pdmux_triton.results import read_json, write_json
 
 
@@ -70,10 +70,25 @@ def _settings(args, given, workload: str):
         "kinds", "slo_ttft_ms", "slo_tpot_ms", "s_sat", "bw_eff", "mfu", "calibration",
         "compare", "host_costs", "max_running", "level_policies", "itl_slo_ms", "hysteresis",
         "relevel_at_layers") if hasattr(args, f)}
-    settings = RunSettings(gpu=gpu, model=resolve_model(args.model), workload=workload,
+    settings = RunSettings(gpu=gpu, model=resolve_model(args.model),
+                           checkpoint=_checkpoint(args, simulate), workload=workload,
                            simulate=simulate, config=config_from_args(args, given, gpu),
                            prefill_tokens=args.max_prefill_tokens, **fields)
     return settings, no_gpu
+
+
+def _checkpoint(args, simulate: bool) -> str | None:
+    """The model directory whose weights a measured run reads (--weights hf)."""
+    if args.weights == "random":
+        return None
+    if simulate and not getattr(args, "offline", False):  # offline: as the points were measured
+        raise PdmuxError("--weights hf does nothing when simulating (no GPU here, or "
+                         "--simulate): a simulated step's time does not depend on weights")
+    path = config_path(args.model)
+    if path is None:
+        raise PdmuxError(f"--weights hf reads a Hugging Face model directory, and --model "
+                         f"{args.model} is a preset: pass the directory")
+    return str(path.parent)
 
 
 def _say_why_simulated(settings, no_gpu) -> None:

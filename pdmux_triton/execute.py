@@ -20,6 +20,7 @@ import torch
 
 from pdmux_triton import policy
 from pdmux_triton.blocks import BlockManager
+from pdmux_triton.checkpoint import load_weights
 from pdmux_triton.decode_graphs import DecodeGraphs, padded_batch, padded_sizes
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.hardware import GPUSpec, ModelSpec
@@ -81,17 +82,21 @@ class ModelExecutor:
     @classmethod
     def shared(cls, spec: ModelSpec, gpu: GPUSpec, kind: str, page_size: int = 16,
                cache_tokens: int = 262_144, max_context: int = 32_768,
-               seed: int = 0) -> "ModelExecutor":
-        """An executor over one model kept across runs (weights are drawn once per process):
-        a KV cache of `cache_tokens` tokens, requests of up to `max_context` tokens."""
-        key = (spec.name, page_size, cache_tokens, max_context, seed)
+               seed: int = 0, checkpoint: str | None = None,
+               progress=None) -> "ModelExecutor":
+        """An executor over one model kept across runs (weights are made once per process:
+        drawn from `seed`, or read from the Hugging Face `checkpoint` directory, with
+        `progress(shards done, shards)`): a KV cache of `cache_tokens` tokens, requests of up
+        to `max_context` tokens."""
+        key = (spec, page_size, cache_tokens, max_context, seed, checkpoint)
         if key not in cls._shared:
             device = "cuda" if torch.cuda.is_available() else "cpu"
             # the Triton interpreter's tl.dot is wrong on bf16 (it works on raw bits): fp32 there
             dtype = torch.bfloat16 if device == "cuda" else torch.float32
             pages = -(-cache_tokens // page_size) + 1  # and the scratch page
-            model = Model(Weights(spec, device, dtype, seed=seed),
-                          KVCache(spec, pages, page_size, device, dtype),
+            weights = (load_weights(spec, checkpoint, device, dtype, progress=progress)
+                       if checkpoint else Weights.random(spec, device, dtype, seed=seed))
+            model = Model(weights, KVCache(spec, pages, page_size, device, dtype),
                           max_positions=max_context + 1)
             graphs = DecodeGraphs(model, width=-(-max_context // page_size))
             cls._shared[key] = Runtime(model, PartitionPool(), graphs)

@@ -78,7 +78,7 @@ class Servers:
             from pdmux_triton.gpu_serving import GpuExecutors  # torch: only where a GPU measures
 
             self.gpu = GpuExecutors(s.gpu, s.model, requests, s.config, s.prefill_tokens,
-                                    s.max_running)
+                                    s.max_running, s.checkpoint)
 
     def executor(self, v: Variant):
         if self.gpu is not None:

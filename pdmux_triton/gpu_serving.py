@@ -5,6 +5,7 @@ compile, a graph capture, a new device allocation)."""
 from __future__ import annotations
 
 import contextlib
+import sys
 
 import torch
 
@@ -25,8 +26,9 @@ class GpuExecutors:
     model."""
 
     def __init__(self, gpu: GPUSpec, model: ModelSpec, requests: list[Request],
-                 config: PDMuxConfig, prefill_tokens: int, max_running: int):
-        self.gpu, self.model, self.config = gpu, model, config
+                 config: PDMuxConfig, prefill_tokens: int, max_running: int,
+                 checkpoint: str | None = None):
+        self.gpu, self.model, self.config, self.checkpoint = gpu, model, config, checkpoint
         self.prefill_tokens, self.max_running = prefill_tokens, max_running
         longest = max(kv_need(r) for r in requests)
         # the whole run's KV at once if it fits, else what the GPU keeps (admission waits)
@@ -38,13 +40,17 @@ class GpuExecutors:
                  levels_by: LevelPolicy) -> ModelExecutor:
         x = ModelExecutor.shared(self.model, self.gpu, kind, page_size=PAGE_SIZE,
                                  cache_tokens=max(self.cache_tokens, self.max_context),
-                                 max_context=self.max_context)
+                                 max_context=self.max_context, checkpoint=self.checkpoint,
+                                 progress=self._loading)
         key = (strategy, kind, chunk, type(levels_by).__name__)
         if key not in self._warm:
             x.warm_up(strategy, self.config, self.max_running, self.prefill_tokens, chunk,
                       levels_by)
             self._warm.add(key)
         return x
+
+    def _loading(self, done: int, shards: int) -> None:
+        print(f"loading {self.checkpoint}: {done}/{shards} shards", file=sys.stderr, flush=True)
 
     @contextlib.contextmanager
     def watch(self, x: ModelExecutor):

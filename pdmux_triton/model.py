@@ -1,4 +1,5 @@
-"""A Qwen3/Llama-family decoder made only of the project's kernels, with seeded random weights.
+"""A Qwen3/Llama/Qwen2/Mistral decoder made only of the project's kernels, with seeded random
+weights or a checkpoint's.
 
 Every kernel is launched with an SM budget (`partition.Budget`), so the same forward runs on
 the whole GPU, on a grid-capped share or inside a green context. Layers are the unit of work: a
@@ -8,6 +9,7 @@ of layers of a token batch (SGLang's split prefill), carrying hidden states and 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -21,16 +23,25 @@ from pdmux_triton.kernels.prefill_attention import plan_extend
 from pdmux_triton.partition import Budget
 
 
+@dataclass
 class Weights:
-    """bf16 weights of every layer, drawn from a seeded generator (no downloads).
+    """Every weight of the decoder in the kernels' layout: per layer the fused q/k/v rows and
+    gate/up rows, the q/k/v bias where the model has one (Qwen2), q/k norms (used by Qwen3).
+    `lm_head` is the embedding table itself where the model ties them. Made by `random` or
+    read from a Hugging Face checkpoint (`checkpoint.load_weights`)."""
 
-    Scaled like a trained model's activations stay bounded (1/sqrt(fan-in)), so logits and
-    attention are well-conditioned enough for greedy decoding to be reproducible.
-    """
+    spec: ModelSpec
+    embed: torch.Tensor
+    lm_head: torch.Tensor
+    final_norm: torch.Tensor
+    layers: list[dict[str, torch.Tensor]]
 
-    def __init__(self, spec: ModelSpec, device, dtype=torch.bfloat16, seed: int = 0,
-                 layers: int | None = None):
-        self.spec = spec
+    @classmethod
+    def random(cls, spec: ModelSpec, device, dtype=torch.bfloat16, seed: int = 0,
+               layers: int | None = None) -> "Weights":
+        """Seeded random weights (no downloads; a step's time does not depend on values),
+        scaled so activations stay bounded (1/sqrt(fan-in)) and greedy decoding is
+        reproducible."""
         device = torch.device(device)
         g = torch.Generator(device=device).manual_seed(seed)  # draw on the GPU: 8B values
 
@@ -41,13 +52,11 @@ class Weights:
             return (1 + 0.1 * torch.randn(n, generator=g, device=device)).to(dtype)
 
         h, qd, kvd, inter = spec.hidden, spec.q_dim, spec.kv_dim, spec.intermediate
-        n = spec.layers if layers is None else layers
-        self.embed = rand(spec.vocab, h, scale=1.0)
-        self.lm_head = rand(spec.vocab, h, scale=h ** -0.5)
-        self.final_norm = torch.ones(h, device=device, dtype=dtype)
-        self.layers = []
-        for _ in range(n):
-            self.layers.append({
+        embed = rand(spec.vocab, h, scale=h ** -0.5 if spec.tie_embeddings else 1.0)
+        lm_head = embed if spec.tie_embeddings else rand(spec.vocab, h, scale=h ** -0.5)
+        out = []
+        for _ in range(spec.layers if layers is None else layers):
+            layer = {
                 "in_norm": near_one(h),
                 "post_norm": near_one(h),
                 "qkv": rand(qd + 2 * kvd, h, scale=h ** -0.5),
@@ -56,7 +65,31 @@ class Weights:
                 "down": rand(h, inter, scale=inter ** -0.5),
                 "q_norm": torch.ones(spec.head_dim, device=device, dtype=dtype),
                 "k_norm": torch.ones(spec.head_dim, device=device, dtype=dtype),
-            })
+            }
+            if spec.qkv_bias:
+                layer["qkv_bias"] = rand(qd + 2 * kvd, scale=0.1)
+            out.append(layer)
+        return cls(spec, embed, lm_head, torch.ones(h, device=device, dtype=dtype), out)
+
+
+def rope_frequencies(spec: ModelSpec) -> torch.Tensor | None:
+    """The rotary frequencies of a model that scales them (Llama 3's rope scaling, as
+    transformers computes it); None for plain rope_theta ones."""
+    scaling = spec.rope_scaling
+    if scaling is None:
+        return None
+    dim = spec.head_dim
+    inv_freq = 1.0 / spec.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    wavelen = 2 * math.pi / inv_freq
+    old = scaling.original_max_positions
+    low_wavelen, high_wavelen = old / scaling.low_freq_factor, old / scaling.high_freq_factor
+    # long wavelengths stretched by the factor, short ones kept, those between blended
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+    smooth = ((old / wavelen - scaling.low_freq_factor)
+              / (scaling.high_freq_factor - scaling.low_freq_factor))
+    blended = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    between = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(between, blended, scaled)
 
 
 class KVCache:
@@ -118,7 +151,7 @@ class Model:
         self.spec = weights.spec
         self.cache = cache
         self.cos_sin = rope_cache(max_positions, self.spec.head_dim, self.spec.rope_theta,
-                                  weights.embed.device)
+                                  weights.embed.device, rope_frequencies(self.spec))
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         # a gather, not a GEMM: its cost is a few rows per token on either side of the split
@@ -137,7 +170,7 @@ class Model:
             x = rmsnorm(hidden, lw["in_norm"], s.rms_eps, **kw)
         else:
             x = rmsnorm(hidden, lw["in_norm"], s.rms_eps, residual=residual, **kw)
-        qkv = linear(x, lw["qkv"], **kw)
+        qkv = linear(x, lw["qkv"], bias=lw.get("qkv_bias"), **kw)
         T = qkv.shape[0]
         q = qkv[:, :s.q_dim].view(T, s.q_heads, s.head_dim)
         k = qkv[:, s.q_dim:s.q_dim + s.kv_dim].view(T, s.kv_heads, s.head_dim)

@@ -23,6 +23,7 @@ MAX_GPU_RUN_S = 3600  # arrivals of a measured stream must come within this
 class RunSettings:
     gpu: GPUSpec
     model: ModelSpec
+    checkpoint: str | None = None  # a Hugging Face model directory: its weights (else random)
     workload: str = "chapter"
     simulate: bool = False
     seed: int = 0

@@ -36,11 +36,13 @@ def compile_prefill_side(model: Model, budget: Budget, max_rows: int, max_seqs: 
     whole prefill of `max_rows` tokens over `max_seqs` sequences on this budget, on the
     current stream."""
     w, dev, dtype = model.w, model.w.embed.device, model.w.embed.dtype
-    weights = [w.layers[0][name] for name in ("qkv", "o", "gate_up", "down")]
-    for weight, rows in [*((wt, max_rows) for wt in weights), (w.lm_head, max_seqs)]:
+    first = w.layers[0]
+    problems = [(first[name], first.get(f"{name}_bias"), max_rows)
+                for name in ("qkv", "o", "gate_up", "down")] + [(w.lm_head, None, max_seqs)]
+    for weight, bias, rows in problems:  # a bias compiles its own variants
         N, K = weight.shape
         for m, sms in warm_up_rows(N, K, dtype, dev, [budget.num_sms], rows):
-            linear(torch.empty(m, K, dtype=dtype, device=dev), weight, num_sms=sms,
+            linear(torch.empty(m, K, dtype=dtype, device=dev), weight, bias=bias, num_sms=sms,
                    ctas_per_sm=budget.ctas_per_sm)
     seqs = max(1, min(max_seqs, max_rows))
     lens = [max_rows // seqs + (i < max_rows % seqs) for i in range(seqs)]

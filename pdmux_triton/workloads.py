@@ -94,7 +94,8 @@ class DecodeStep(Workload):
                  seed: int = 0):
         lens = [context + 1] * batch
         table, pages = page_table(lens, page_size, "cuda", shuffle=False)
-        self.model = Model(Weights(spec, "cuda", seed=seed), KVCache(spec, pages, page_size, "cuda"),
+        self.model = Model(Weights.random(spec, "cuda", seed=seed),
+                           KVCache(spec, pages, page_size, "cuda"),
                            max_positions=context + 1)
         for k, v in zip(self.model.cache.k, self.model.cache.v):  # a filled cache, not zeros
             k.normal_()
@@ -121,7 +122,7 @@ class PrefillLayers(Workload):
     def __init__(self, spec: ModelSpec, tokens: int = 8192, layers: int = 4, page_size: int = 16,
                  seed: int = 1):
         table, pages = page_table([tokens], page_size, "cuda", shuffle=False)
-        self.model = Model(Weights(spec, "cuda", seed=seed, layers=layers),
+        self.model = Model(Weights.random(spec, "cuda", seed=seed, layers=layers),
                            KVCache(spec, pages, page_size, "cuda", layers=layers),
                            max_positions=tokens)
         pos = torch.arange(tokens, device="cuda")

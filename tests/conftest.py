@@ -1,6 +1,8 @@
 """Without a CUDA GPU, kernels run under the Triton interpreter: set it before any kernel import."""
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -12,6 +14,12 @@ def _has_cuda() -> bool:
         return False
     return torch.cuda.is_available()
 
+
+# Run from the repository root (python -m pytest), sys.path holds the root, where `kernels/`
+# would pass for Hugging Face's `kernels` package, which transformers probes for on import.
+# The project is installed (editable): its kernels are pdmux_triton.kernels from anywhere.
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != ROOT]
 
 HAS_CUDA = _has_cuda()
 if not HAS_CUDA:

@@ -225,6 +225,8 @@ BAD = [
     (["levels", "--gpu", "v100"], "unknown GPU 'v100'"),
     (["levels", "--sms", "99999999999999999999999"], "levels --sms: expected an integer <= 4096"),
     (["estimate", "--model", "gpt5"], "unknown model 'gpt5'"),
+    (["run", "--simulate", "--weights", "hf"], "--weights hf does nothing when simulating"),
+    (["estimate", "--weights", "hf"], "unrecognized arguments: --weights hf"),
     (["estimate", "--model", "nope/config.json"], "cannot read model config nope/config.json"),
     (["levels", "--calibration", CALIBRATION, "--itl-ms", "20", "--model", "README.md"],
      "cannot read model config README.md"),

@@ -41,6 +41,28 @@ def test_skinny_grids(M, N, K, num_sms, ctas, whole):
     assert_close(out, x.double() @ w.double().T, torch.float32)
 
 
+@pytest.mark.parametrize("schedule", ["tiles", "skinny whole", "skinny split"])
+@pytest.mark.parametrize("M,N,K", [(1, 40, 64), (7, 33, 128), (70, 48, 96)])
+@pytest.mark.parametrize("num_sms", [3, 5])  # 5: stream-K cuts tiles between programs
+def test_bias_is_added_once_per_output(schedule, M, N, K, num_sms):
+    """Every schedule adds the bias once: a stream-K tile cut between programs too (where
+    adding it in each program's partial would count it several times)."""
+    x = torch.randn(M, K, device=DEV)
+    w = torch.randn(N, K, device=DEV) / K ** 0.5
+    b = torch.randn(N, device=DEV) * 3
+    out = poisoned((M, N), torch.float32, DEV)
+    config = GemmConfig(16, 16, 16, 4, 1, skinny=schedule != "tiles")
+    with mock.patch.object(gemm, "whole_tiles", return_value=schedule == "skinny whole"):
+        linear(x, w, out, bias=b, num_sms=num_sms, config=config)
+    assert_close(out, x.double() @ w.double().T + b.double(), torch.float32)
+    with pytest.raises(PdmuxError, match="bias must have N=40 entries, got 39"):
+        linear(torch.randn(2, 64, device=DEV), torch.randn(40, 64, device=DEV),
+               bias=torch.randn(39, device=DEV))
+    empty_k = linear(torch.randn(3, 0, device=DEV), torch.randn(5, 0, device=DEV),
+                     bias=torch.arange(5.0, device=DEV))
+    assert torch.equal(empty_k, torch.arange(5.0, device=DEV).expand(3, 5))
+
+
 def test_skinny_split_repeated_calls():
     # the last program of a cut tile resets its counter: later calls (other shapes too) stay exact
     for m, n, k in ((5, 24, 96), (3, 40, 64), (5, 24, 96)):

@@ -18,7 +18,7 @@ PAGE = 4
 
 def make_model(seed=0):
     spec = model_preset("tiny")
-    return Model(Weights(spec, DEV, DTYPE, seed=seed), KVCache(spec, 16, PAGE, DEV, DTYPE),
+    return Model(Weights.random(spec, DEV, DTYPE, seed=seed), KVCache(spec, 16, PAGE, DEV, DTYPE),
                  max_positions=64)
 
 
@@ -76,7 +76,7 @@ def test_layer_range_errors():
 @pytest.mark.parametrize("cuts", [[8], [1, 2, 3], [5, 7]])
 def test_split_prefill_is_bit_exact_on_the_preset(cuts):
     qwen, layers, n = model_preset("qwen3-8b"), 8, 1500
-    model = Model(Weights(qwen, "cuda", layers=layers), KVCache(qwen, 512, 16, "cuda", layers=layers),
+    model = Model(Weights.random(qwen, "cuda", layers=layers), KVCache(qwen, 512, 16, "cuda", layers=layers),
                   max_positions=4096)
     pos = torch.arange(n, device="cuda")
     table = torch.randperm(512, device="cuda")[:94].to(torch.int32)[None]

@@ -28,7 +28,7 @@ def test_warm_up_rows_cover_every_variant_of_the_range():
 def test_compile_prefill_side_runs_on_the_tiny_model():
     spec = model_preset("tiny")
     dtype = torch.bfloat16 if HAS_CUDA else torch.float32
-    model = Model(Weights(spec, DEV, dtype), KVCache(spec, 8, 4, DEV, dtype), max_positions=64)
+    model = Model(Weights.random(spec, DEV, dtype), KVCache(spec, 8, 4, DEV, dtype), max_positions=64)
     before = [c.clone() for c in model.cache.k]
     compile_prefill_side(model, Budget(None), max_rows=9, max_seqs=3, scratch_page=7)
     for layer, old in zip(model.cache.k, before):  # only the scratch page was written
