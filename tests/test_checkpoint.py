@@ -196,7 +196,8 @@ def _save_real_dims(folder, family: str, layers: int):
     }
     torch.manual_seed(11)
     model_cls = {"qwen3": "Qwen3ForCausalLM", "llama3": "LlamaForCausalLM"}[family]
-    hf = getattr(transformers, model_cls)(configs[family]).to(torch.bfloat16).eval()
+    with torch.device("cuda"):  # billions of values: made on the GPU, not the host
+        hf = getattr(transformers, model_cls)(configs[family]).to(torch.bfloat16).eval()
     hf.save_pretrained(folder)
     return hf
 
@@ -218,7 +219,7 @@ def test_real_dims_in_bf16_within_transformers_own_error(family, layers, tmp_pat
     h, r = model.extend_layers(batch, 0, layers)
     mine = model.logits(h, r, Budget()).float()
     with torch.no_grad():
-        ref = hf.cuda().float()(tokens[None].cuda()).logits[0]
+        ref = hf.float()(tokens[None].cuda()).logits[0]
         own = hf.to(torch.bfloat16)(tokens[None].cuda()).logits[0].float()
     ours_err, hf_err = rel_err(mine, ref), rel_err(own, ref)
     print(family, "ours vs fp32", ours_err, "transformers-bf16 vs fp32", hf_err)
