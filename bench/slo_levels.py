@@ -20,6 +20,11 @@ again each time); writes <out>/slo-levels-<gpu>.json and prints a table.
     python bench/slo_levels.py --out bench/results               # measured, on the GPU
     python bench/slo_levels.py --traffic sharegpt:12,16:10,12,14 --traffic arxiv:10 \
         --policies default,slo                                  # a shorter measured run
+    python bench/slo_levels.py --offline --out bench/results    # measured points read back
+
+--offline reads the measured points from the folders (a device call can measure one traffic
+and the next another), simulates beside them with today's cost model and writes the whole
+file anywhere; a point never measured is an error.
 
 The simulated run writes slo-levels-<gpu>-simulated.json instead.
 """
@@ -34,7 +39,7 @@ from pdmux_triton import capacity_sweep, policy
 from pdmux_triton.capacity import Criteria
 from pdmux_triton.cli_args import Parser, integer, number
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.hardware import detect_gpu, gpu_preset
+from pdmux_triton.hardware import GPUSpec, detect_gpu, gpu_preset
 from pdmux_triton.models import model_preset
 from pdmux_triton.level_policy import SloLevels, approximate
 from pdmux_triton.metrics import Slo
@@ -71,6 +76,11 @@ def traffic_arg(text: str) -> tuple[str, tuple[float, ...], tuple[float, ...]]:
     if any(not (0 < r < 1e4) for rs in rates for r in rs):
         raise argparse.ArgumentTypeError(f"rates must be in (0, 10000) req/s, got {text!r}")
     return parts[0], rates[0], rates[1] if len(rates) > 1 else ()
+
+
+def measured_gpu(out: Path, presets: list[str]) -> GPUSpec:
+    """The GPU the measured points in `out` came from, as detected there."""
+    return capacity_sweep.measured_gpu(Path(out) / "slo-levels" / presets[0], "h200")
 
 
 def simulated_gpu(out: Path):
@@ -123,7 +133,7 @@ def one_policy(args, gpu, preset, name, config, fixed, capacity_rates, criteria)
     # simulated: searched; measured: at the capacity rates, or only at the fixed ones
     rates = None if s.simulate else (capacity_rates if measured else ())
     result = capacity_sweep.run_capacity(s, (strategy,), criteria, store, rates, also=fixed,
-                                         log=print)
+                                         log=print, offline=args.offline)
     row = result["summary"]["strategies"][strategy]
     points = {(p["mode"], p["rate"]): p for p in result["points"] if p["strategy"] == strategy}
     modes = ("simulated",) if s.simulate else ("gpu", "simulated")
@@ -196,6 +206,8 @@ def main(argv=None) -> int:
     p = Parser(prog="bench/slo_levels.py", description=__doc__.splitlines()[0])
     p.add_argument("--out", default="bench/results")
     p.add_argument("--simulate", action="store_true", help="the H200 on the cost model")
+    p.add_argument("--offline", action="store_true",
+                   help="read the measured points back (no GPU), simulate beside them")
     p.add_argument("--traffic", type=traffic_arg, action="append",
                    help="PRESET:FIXED_RATES[:CAPACITY_RATES] (default: sharegpt and arxiv)")
     p.add_argument("--policies", type=policies_arg, default=tuple(POLICIES),
@@ -221,9 +233,15 @@ def main(argv=None) -> int:
 
 def run(args) -> int:
     traffic = args.traffic or [(k, *v) for k, v in TRAFFIC.items()]
-    gpu = simulated_gpu(Path(args.out)) if args.simulate else detect_gpu()
+    if args.simulate and args.offline:
+        raise PdmuxError("--offline reads measured points; --simulate makes none: pick one")
+    if args.simulate:
+        gpu = simulated_gpu(Path(args.out))
+    else:
+        gpu = measured_gpu(args.out, [t[0] for t in traffic]) if args.offline else detect_gpu()
     criteria = Criteria(Slo(args.slo_ttft_ms, args.slo_tpot_ms))
     data = {**provenance(gpu.name), "mode": "simulated" if args.simulate else "gpu",
+            "analysed_offline": args.offline,  # then each measured point names its own commit
             "inputs": {k: v for k, v in vars(args).items() if k != "traffic"},
             "traffic": {}, "summary": {}}
     path = Path(args.out) / f"slo-levels-{gpu.name}{'-simulated' if args.simulate else ''}.json"
