@@ -9,6 +9,8 @@
 #   RATES=2,4,6,8 bash bench/gpu_session.sh capacity      # measured capacity at those rates
 #   SLO_ARGS="--traffic sharegpt:12,16:10,12,14,16,18 --policies default,slo" \
 #       bash bench/gpu_session.sh slo                 # SGLang's levels against SLO-driven ones
+#   bash bench/gpu_session.sh steps batches    # served decode steps against the cost model's
+#       price (bench/step_errors.py), and decode steps at several batches by SMs
 #   bash bench/gpu_session.sh tests kernels run occupancy   # ~5 min
 #   bash bench/gpu_session.sh calibrate run advised         # ~3.5 min: after a decode-kernel change,
 #       re-measures the decode workloads (CTAs 1) into a copy of the committed calibration, then
@@ -54,6 +56,12 @@ step occupancy 40 python3 bench/decode_occupancy.py --out "$OUT" --sections atte
     --budgets 16,132 --cases 32x8192,ragged32_100_16000
 step ncu 50 ncu --clock-control none -k regex:_decode_kernel -c 1 --section SpeedOfLight \
     --section MemoryWorkloadAnalysis --section WarpStateStats python3 bench/profile_decode.py --budget 16
+step steps ${STEPS_S:-240} python3 bench/step_errors.py --out "$OUT" ${STEP_ARGS:-}
+# the decode step by SMs, alone and beside a prefill, at other batches than the calibration's
+step batches ${BATCHES_S:-200} bash -c 'for b in ${BATCHES:-8 64 128}; do
+    pdmux-triton calibrate --out "$OUT/batches/b$b" --batch "$b" --workloads decode_step \
+    --kinds grid_cap --ctas 1 --budgets ${BATCH_BUDGETS:-20,28,36,44,52,60,132}; done;
+    rm -f "$OUT"/batches/*/*.png; tar czf "$OUT/batches.tgz" -C "$OUT" batches && rm -r "$OUT/batches"'
 # capacity points go to bench/results, which travels with the tree: a call cut short by its
 # time limit resumes there on the next call (copy the points back between calls)
 export RATES=${RATES:-}

@@ -171,3 +171,26 @@ def test_fit_host_costs_on_the_h200_stream_run(tmp_path):
     bad = subprocess.run([sys.executable, "bench/fit_host_costs.py", str(host), str(host),
                           "--calibration", "x", "--compare", "y"], capture_output=True, text=True)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_step_errors_prices_each_simulated_step_as_the_simulator_did(tmp_path):
+    """On the cost model's clock every decode round pairs with its timed step, and a step
+    priced beside a prefill is priced as the simulator priced it (ratio 1); bad policies are
+    one line."""
+    import json
+
+    out = subprocess.run([sys.executable, "bench/step_errors.py", "--simulate", "--rates", "12",
+                          "--count", "40", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    data = json.loads((tmp_path / "step-errors-h200-simulated.json").read_text())
+    for name in ("default at 12 req/s", "slo at 12 req/s"):
+        run = data["runs"][name]
+        assert run["served"]["requests_served"] == 40
+        corun = [r for r in run["rounds"] if r["corun"]]
+        assert corun and run["summary"]["corun_steps"] == len(corun)
+        assert all(abs(r["measured_ms"] / r["predicted_ms"] - 1) < 1e-9 for r in corun), name
+    bad = subprocess.run([sys.executable, "bench/step_errors.py", "--simulate", "--policies",
+                          "nope", "--out", str(tmp_path)], capture_output=True, text=True,
+                         timeout=120)
+    assert bad.returncode == 2 and "nope" in bad.stderr and "Traceback" not in bad.stderr

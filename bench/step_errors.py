@@ -1,0 +1,175 @@
+"""Every served decode step against the price the simulator puts on it: at which levels,
+batches and contexts the cost model is wrong, and by how much.
+
+Serves a stream (a length preset at each rate) with pd-mux under SGLang's levels and under the
+slo policy, on the GPU (or, --simulate, on the cost model's clock: there the only errors are
+the guess of which steps ran beside a prefill). Each round's decode step, as the executor timed
+it, is set beside its price: the calibration's decode TB/s at the round's decode SMs (beside a
+prefill when the round launched prefill layers) over the weights and the batch's KV, plus the
+host-costs file's step extra for the batch. Writes <out>/step-errors-<gpu>[-simulated].json
+with every round and the median measured / predicted ratio by level, by batch band and by
+decode SMs x batch band; prints the table.
+
+    python bench/step_errors.py --out bench/results                    # on the GPU
+    python bench/step_errors.py --simulate --rates 12 --count 40 --out /tmp/x
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from pdmux_triton import capacity_sweep, cost, policy
+from pdmux_triton.cli_args import Parser, integer, number
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.experiment import Servers, make_requests
+from pdmux_triton.hardware import detect_gpu, gpu_preset
+from pdmux_triton.models import model_preset
+from pdmux_triton.results import load_calibration, load_host_costs, provenance, write_json
+from pdmux_triton.settings import RunSettings
+from pdmux_triton.traffic import LENGTH_PRESETS
+
+STRATEGIES = {"default": "pdmux_grid_cap", "slo": "pdmux_slo_grid_cap"}
+BATCH_BANDS = (1, 9, 33, 65, 97)  # band lower edges: 1-8, 9-32, 33-64, 65-96, 97+
+
+
+def band(batch: int) -> str:
+    lo = max(b for b in BATCH_BANDS if b <= batch)
+    following = [b for b in BATCH_BANDS if b > lo]
+    return f"{lo}-{following[0] - 1}" if following else f"{lo}+"
+
+
+def priced_rounds(result, levels, model, curve, overheads) -> list[dict]:
+    """The run's decode rounds, each with its measured step and the cost model's price."""
+    rounds = [r for r in result.rounds if r.decode_bs]
+    steps = result.activity.decode_step_s
+    if len(steps) != len(rounds):
+        raise PdmuxError(f"{len(rounds)} decode rounds but {len(steps)} timed decode steps: "
+                         "the executor did not time one step per round")
+    rows = []
+    for r, measured in zip(rounds, steps):
+        sms = levels[r.level][1]
+        corun = bool(r.prefill)  # the round launched prefill layers beside its decode step
+        predicted = (cost.decode_step_s(model, curve, r.decode_context, sms, corun)
+                     + overheads.decode_extra_s(r.decode_bs))
+        rows.append({"level": r.level, "decode_sms": sms, "batch": r.decode_bs,
+                     "context_tokens": r.decode_context, "corun": corun,
+                     "measured_ms": measured * 1e3, "predicted_ms": predicted * 1e3})
+    return rows
+
+
+def ratios(rows: list[dict], key) -> dict:
+    groups = defaultdict(list)
+    for row in rows:
+        groups[key(row)].append(row["measured_ms"] / row["predicted_ms"])
+    return {k: {"steps": len(v), "measured_over_predicted_p50": float(np.median(v)),
+                "p90": float(np.percentile(v, 90))} for k, v in sorted(groups.items())}
+
+
+def summarize(rows: list[dict]) -> dict:
+    corun = [r for r in rows if r["corun"]]
+    return {
+        "steps": len(rows), "corun_steps": len(corun),
+        "measured_over_predicted_p50": {
+            "all": float(np.median([r["measured_ms"] / r["predicted_ms"] for r in rows])),
+            **{state: ratios([r for r in rows if r["corun"] == flag], lambda r: "x")["x"]
+               ["measured_over_predicted_p50"] for state, flag in (("corun", True),
+                                                                   ("alone", False))
+               if any(r["corun"] == flag for r in rows)}},
+        "corun_by_decode_sms": ratios(corun, lambda r: str(r["decode_sms"])),
+        "corun_by_batch": ratios(corun, lambda r: band(r["batch"])),
+        "corun_by_sms_and_batch": ratios(corun, lambda r: f"{r['decode_sms']} SMs, "
+                                                          f"{band(r['batch'])}"),
+        "alone_by_batch": ratios([r for r in rows if not r["corun"]], lambda r: band(r["batch"])),
+    }
+
+
+def table(data: dict) -> str:
+    lines = []
+    for name, run in data["runs"].items():
+        s = run["summary"]
+        p50 = s["measured_over_predicted_p50"]
+        lines.append(f"{name}: {s['steps']} steps ({s['corun_steps']} beside a prefill), "
+                     "measured / predicted p50: " + ", ".join(f"{k} {v:.2f}" for k, v in p50.items()))
+        for k, v in s["corun_by_sms_and_batch"].items():
+            lines.append(f"  beside a prefill, {k:<22} {v['steps']:>5} steps  "
+                         f"{v['measured_over_predicted_p50']:.2f} (p90 {v['p90']:.2f})")
+        for k, v in s["alone_by_batch"].items():
+            lines.append(f"  alone, batch {k:<17} {v['steps']:>5} steps  "
+                         f"{v['measured_over_predicted_p50']:.2f} (p90 {v['p90']:.2f})")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = Parser(prog="bench/step_errors.py", description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="bench/results")
+    p.add_argument("--simulate", action="store_true", help="the H200 on the cost model")
+    p.add_argument("--lengths", choices=tuple(LENGTH_PRESETS), default="sharegpt")
+    p.add_argument("--rates", type=lambda t: tuple(number()(x) for x in t.split(",")),
+                   default=(12.0,), help="request rates, comma-separated (default: 12)")
+    p.add_argument("--policies", default="default,slo",
+                   type=lambda t: tuple(x for x in t.split(",") if x),
+                   help=f"level policies among {', '.join(STRATEGIES)} (default: both)")
+    p.add_argument("--count", type=integer(1, 100_000), default=100, help="requests per run")
+    p.add_argument("--slo-tpot-ms", type=number(), default=25.0,
+                   help="the slo policy's target")
+    p.add_argument("--calibration", default="bench/results/calibrate-h200.json")
+    p.add_argument("--host-costs", default="bench/results/host-costs-h200.json")
+    try:
+        args = p.parse_args(argv)
+        unknown = [n for n in args.policies if n not in STRATEGIES]
+        if unknown or not args.policies:
+            raise PdmuxError(f"--policies: expected names from {', '.join(STRATEGIES)}, "
+                             f"got {','.join(args.policies) or 'none'}")
+        return run(args)
+    except PdmuxError as err:
+        print(f"{p.prog}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{p.prog}: interrupted", file=sys.stderr)
+        return 130
+
+
+def run(args) -> int:
+    gpu = gpu_preset("h200") if args.simulate else detect_gpu()
+    model = model_preset("qwen3-8b")
+    config = policy.PDMuxConfig()
+    s = RunSettings(gpu=gpu, model=model, workload="stream", simulate=args.simulate,
+                    count=args.count, lengths=args.lengths, chunks=(2048,), kinds=("grid_cap",),
+                    config=config, level_policies=("sglang", "slo"), slo_ttft_ms=2000.0,
+                    slo_tpot_ms=args.slo_tpot_ms, calibration=args.calibration,
+                    host_costs=args.host_costs)
+    curve = load_calibration(args.calibration, gpu.name).decode_curve("grid_cap")
+    overheads = load_host_costs(args.host_costs, gpu.name)
+    levels = config.levels(gpu.sms, gpu.cc_major)
+    data = {**provenance(gpu.name), "mode": "simulated" if args.simulate else "gpu",
+            "inputs": {**vars(args), "settings": s.as_dict()}, "runs": {}}
+    path = Path(args.out) / f"step-errors-{gpu.name}{'-simulated' if args.simulate else ''}.json"
+    servers = Servers(s, make_requests(s))
+    try:
+        for rate in args.rates:
+            for name in args.policies:
+                v = capacity_sweep.variant(STRATEGIES[name])
+                row, result = servers.serve(v, make_requests(s, rate))
+                rows = priced_rounds(result, levels, model, curve, overheads)
+                data["runs"][f"{name} at {rate:g} req/s"] = {
+                    "strategy": v.name, "rate": rate, "summary": summarize(rows),
+                    "served": {k: row.get(k) for k in (
+                        "requests_served", "tpot_p99_ms", "slo_attainment",
+                        "compiles_during_measurement", "captures_during_measurement")},
+                    "rounds": rows}
+                write_json(path, data)  # a save point after each run
+                print(f"served {name} at {rate:g} req/s: {len(rows)} decode steps", flush=True)
+    finally:
+        servers.close()
+    print(table(data))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
