@@ -138,7 +138,7 @@ def main(argv=None) -> int:
         host["decode_step_extra"] = [
             {"batch": r["batch"], "extra_s": r["gpu_s"] - cost.decode_step_s(
                 model, decode, r["batch"] * r.get("context", HOST_COSTS_DECODE_CONTEXT),
-                gpu.sms, False)} for r in host["decode_round"]]
+                gpu.sms, False, r["batch"])} for r in host["decode_round"]]
 
         fit, quality = fit_mixed(chunk_rounds(run), model, decode, prefill, gpu.sms,
                                  overheads.decode_row_tile)

@@ -10,7 +10,8 @@
 #   SLO_ARGS="--traffic sharegpt:12,16:10,12,14,16,18 --policies default,slo" \
 #       bash bench/gpu_session.sh slo                 # SGLang's levels against SLO-driven ones
 #   bash bench/gpu_session.sh steps batches    # served decode steps against the cost model's
-#       price (bench/step_errors.py), and decode steps at several batches by SMs
+#       price (bench/step_errors.py); decode steps at other batches by SMs (calibrate
+#       --decode-batches, into a copy of the calibration: BATCHES=48 measures one more)
 #   bash bench/gpu_session.sh tests kernels run occupancy   # ~5 min
 #   bash bench/gpu_session.sh calibrate run advised         # ~3.5 min: after a decode-kernel change,
 #       re-measures the decode workloads (CTAs 1) into a copy of the committed calibration, then
@@ -57,11 +58,13 @@ step occupancy 40 python3 bench/decode_occupancy.py --out "$OUT" --sections atte
 step ncu 50 ncu --clock-control none -k regex:_decode_kernel -c 1 --section SpeedOfLight \
     --section MemoryWorkloadAnalysis --section WarpStateStats python3 bench/profile_decode.py --budget 16
 step steps ${STEPS_S:-240} python3 bench/step_errors.py --out "$OUT" ${STEP_ARGS:-}
-# the decode step by SMs, alone and beside a prefill, at other batches than the calibration's
-step batches ${BATCHES_S:-200} bash -c 'for b in ${BATCHES:-8 64 128}; do
-    pdmux-triton calibrate --out "$OUT/batches/b$b" --batch "$b" --workloads decode_step \
-    --kinds grid_cap --ctas 1 --budgets ${BATCH_BUDGETS:-20,28,36,44,52,60,132}; done;
-    rm -f "$OUT"/batches/*/*.png; tar czf "$OUT/batches.tgz" -C "$OUT" batches && rm -r "$OUT/batches"'
+# the decode step by SMs, alone and beside a prefill, at other batches than the calibration's,
+# into a copy of the committed calibration (what its rows cost beyond their bytes)
+step batches ${BATCHES_S:-200} bash -c 'mkdir -p "$OUT/batches" && cp bench/results/calibrate-points-h200.jsonl \
+    bench/results/calibrate-settings-h200.json "$OUT/batches"/ && pdmux-triton calibrate \
+    --out "$OUT/batches" --workloads decode_step --kinds grid_cap --ctas 1 \
+    --budgets ${BATCH_BUDGETS:-20,28,36,44,52,60,132} --decode-batches ${BATCHES:-1,8,16,64,72,96,128};
+    rm -f "$OUT"/batches/*.png "$OUT/batches/calibrate-settings-h200.json"'
 # capacity points go to bench/results, which travels with the tree: a call cut short by its
 # time limit resumes there on the next call (copy the points back between calls)
 export RATES=${RATES:-}

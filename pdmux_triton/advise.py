@@ -16,10 +16,22 @@ from pdmux_triton.errors import PdmuxError
 from pdmux_triton.hardware import ModelSpec
 
 
-def max_batch(spec: ModelSpec, context: int, itl_s: float, tbps: float) -> int:
-    """Largest decode batch at `context` tokens whose step (weights + KV) fits `itl_s`."""
-    budget = itl_s * tbps * 1e12 - cost.weight_bytes(spec)
-    return max(0, int(budget // cost.kv_bytes(spec, context)))
+MAX_ADVISED_BATCH = 1 << 16
+
+
+def max_batch(spec: ModelSpec, context: int, itl_s: float, rate: cost.DecodeRate,
+              decode_sms: int) -> int:
+    """Largest decode batch at `context` tokens whose step beside a prefill (weights, KV and
+    the batch's rows) fits `itl_s`; a step grows with its batch, so bisect."""
+    def fits(batch: int) -> bool:
+        return cost.decode_step_s(spec, rate, batch * context, decode_sms, True, batch) <= itl_s
+    lo, hi = 0, 1
+    while hi <= MAX_ADVISED_BATCH and fits(hi):
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:  # fits(lo), not fits(hi)
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return min(lo, MAX_ADVISED_BATCH)
 
 
 @dataclass(frozen=True)
@@ -46,10 +58,9 @@ def advise(rate: cost.DecodeRate, spec: ModelSpec, total_sms: int, major: int,
                          f"{major}.x")
 
     def step_ms(batch: int, decode_sms: int) -> float:
-        return cost.decode_step_s(spec, rate, batch * context, decode_sms, corun=True) * 1e3
+        return cost.decode_step_s(spec, rate, batch * context, decode_sms, True, batch) * 1e3
 
-    serve = {d: max_batch(spec, context, itl_ms / 1e3, rate.tbps(d, corun=True))
-             for _, d in splits}
+    serve = {d: max_batch(spec, context, itl_ms / 1e3, rate, d) for _, d in splits}
     top = max(serve.values())
     if top < 1:
         d = max(serve)

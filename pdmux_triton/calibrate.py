@@ -54,7 +54,7 @@ class PointKey:
     ctas_per_sm: int
     state: str  # alone or corun
     sms: int
-
+    batch: int = 0  # decode_step at another batch than the settings' (0: the settings' own)
 
 
 def point_store(path: Path) -> PointStore:
@@ -73,7 +73,7 @@ def summarize(points: list[dict]) -> dict:
     more CTAs per SM let a capped grid spread over more SMs), plus the best over ctas."""
     curves: dict[tuple, dict[int, float]] = {}
     for p in points:
-        if "tbps" in p:
+        if "tbps" in p and not p.get("batch"):  # other batches price steps, not S_SAT
             curves.setdefault((p["workload"], p["kind"], p["state"], p["ctas_per_sm"]), {})[p["sms"]] = p["tbps"]
     summary: dict = {}
     for (wl, kind, state, ctas), curve in sorted(curves.items()):
@@ -88,8 +88,8 @@ def summarize(points: list[dict]) -> dict:
 
 def write_results(path: Path, gpu: str, settings: dict, points: list[dict], summary: dict) -> Path:
     data = {**provenance(gpu), "settings": settings,
-            "rows": sorted(points, key=lambda p: (p["workload"], p["kind"], p["state"],
-                                                  p["ctas_per_sm"], p["sms"])),
+            "rows": sorted(points, key=lambda p: (p["workload"], p.get("batch", 0), p["kind"],
+                                                  p["state"], p["ctas_per_sm"], p["sms"])),
             "summary": summary}
     return write_json(path, data)
 
@@ -107,8 +107,12 @@ class SweepPlan:
     batch: int = 32
     context: int = 2048
     prefill_tokens: int = 8192
+    # decode_step also at these batches (one CTA per SM): what a step of another batch costs
+    # beyond its bytes at `batch`'s rate, by SMs (`cost.BatchTerm`)
+    decode_batches: tuple[int, ...] = ()
 
     def keys(self):
+        others = tuple(b for b in self.decode_batches if b != self.batch)
         for kind in self.kinds:
             for sms in self.budgets:
                 for wl in self.workloads:
@@ -117,6 +121,9 @@ class SweepPlan:
                             if state == "corun" and (not self.corun or sms >= max(self.budgets)):
                                 continue  # no SMs left for a prefill beside it
                             yield PointKey(wl, kind, ctas, state, sms)
+                            if wl == "decode_step" and ctas == 1:
+                                for b in others:
+                                    yield PointKey(wl, kind, ctas, state, sms, b)
 
 
 def default_budgets(total_sms: int, granularity: int) -> tuple[int, ...]:

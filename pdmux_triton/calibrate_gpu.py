@@ -26,8 +26,9 @@ def run_sweep(plan: SweepPlan, store: PointStore, log=print) -> None:
         return
     total = torch.cuda.get_device_properties(0).multi_processor_count
     spec = resolve_model(plan.model)
-    workloads = {name: make_decode_workload(name, spec, plan.batch, plan.context)
-                 for name in plan.workloads}
+    workloads = {(k.workload, k.batch): make_decode_workload(k.workload, spec,
+                                                             k.batch or plan.batch, plan.context)
+                 for k in todo}
     prefill = PrefillLayers(spec, plan.prefill_tokens, layers=2) if plan.corun else None
     started = time.time()
     by_partition: dict[tuple, list[PointKey]] = {}
@@ -47,9 +48,9 @@ def run_sweep(plan: SweepPlan, store: PointStore, log=print) -> None:
             prefill_alone = None
             pbudget = part.prefill_budget
             for key in keys:
-                wl = workloads[key.workload]
+                wl = workloads[(key.workload, key.batch)]
                 budget = replace(part.decode_budget, ctas_per_sm=key.ctas_per_sm)
-                alone_key = PointKey(key.workload, kind, key.ctas_per_sm, "alone", sms)
+                alone_key = replace(key, state="alone")
                 if store.has(alone_key):
                     alone = store.get(alone_key)["ms"]
                 else:
@@ -68,5 +69,6 @@ def run_sweep(plan: SweepPlan, store: PointStore, log=print) -> None:
                 done += 1
                 point = store.get(key)
                 eta = (time.time() - started) / done * (len(todo) - done)
-                log(f"[{done}/{len(todo)} eta {eta:.0f}s] {key.workload} {kind} "
+                at = f" batch {key.batch}" if key.batch else ""
+                log(f"[{done}/{len(todo)} eta {eta:.0f}s] {key.workload}{at} {kind} "
                     f"ctas={key.ctas_per_sm} {key.state} {sms} SMs: {point['tbps']:.2f} TB/s")

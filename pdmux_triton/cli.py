@@ -145,8 +145,15 @@ def _check_measure_args(args, gpu: GPUSpec) -> None:
 def cmd_calibrate(args, given) -> None:
     from pdmux_triton import calibrate
 
+    if args.decode_batches and ("decode_step" not in args.workloads or 1 not in args.ctas):
+        raise PdmuxError("--decode-batches measures decode_step at one CTA per SM: keep "
+                         "decode_step in --workloads and 1 in --ctas")
     gpu = measuring_gpu()
     _check_measure_args(args, gpu)
+    for b in args.decode_batches:
+        cost.check_fits(gpu, resolve_model(args.model), b * args.context + args.prefill_tokens,
+                        f"--decode-batches {b}: {b} requests at {args.context} tokens beside a "
+                        f"{args.prefill_tokens}-token prefill")
     _, granularity = policy.arch_constraints(gpu.cc_major)
     budgets = args.budgets or calibrate.default_budgets(gpu.sms, granularity)
     for b in budgets:
@@ -160,7 +167,8 @@ def cmd_calibrate(args, given) -> None:
 
     plan = calibrate.SweepPlan(tuple(args.workloads), tuple(args.kinds), tuple(args.ctas),
                                tuple(sorted(set(budgets))), not args.no_corun, args.model,
-                               args.batch, args.context, args.prefill_tokens)
+                               args.batch, args.context, args.prefill_tokens,
+                               tuple(args.decode_batches))
     settings = {"model": plan.model, "batch": plan.batch, "context": plan.context,
                 "prefill_tokens": plan.prefill_tokens}
     check_settings(out / f"calibrate-settings-{gpu.name}.json", settings)

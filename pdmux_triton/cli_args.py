@@ -269,6 +269,9 @@ def build_parser() -> Parser:
            help="CTAs per SM to sweep")
     p.flag("--budgets", type=listed(integer(1, MAX_SMS), "budget"),
            help="SM budgets (default: every granularity step)")
+    p.flag("--decode-batches", type=listed(integer(1, 4096), "batch"), default=(),
+           help="also measure decode_step (one CTA per SM) at these batches: the simulator "
+                "prices a step of another batch by them")
     p.flag("--no-corun", action="store_true", help="skip the runs beside a prefill")
     p.flag("--remeasure", action="store_true",
            help="forget the saved points of these workloads first (after a kernel change)")

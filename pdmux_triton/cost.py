@@ -3,7 +3,8 @@ the rates both run at on a share of the SMs. Pure Python (numpy for interpolatio
 
 Decode is bandwidth-bound: a step reads every weight once and the whole KV cache of its batch.
 Its rate on `sms` SMs is either the chapter's law, peak * min(1, SMs / S_SAT), or a calibration's
-measured curve (alone on the GPU, or beside a running prefill). Prefill is compute-bound: linear
+measured curve (alone on the GPU, or beside a running prefill); a calibration that also measured
+other batches adds what their rows cost beyond their bytes (`BatchTerm`). Prefill is compute-bound: linear
 FLOPs, causal attention FLOPs and the LM head over the rows it samples, at the bf16 rate times an
 MFU, in proportion to its share of the SMs.
 
@@ -110,6 +111,9 @@ class DecodeRate(Protocol):
     def tbps(self, sms: int, corun: bool) -> float:
         """TB/s a decode step reaches on `sms` SMs, alone or beside a running prefill."""
 
+    def batch_extra_s(self, sms: int, corun: bool, batch: int) -> float:
+        """Seconds a step of `batch` requests takes beyond its bytes at `tbps`."""
+
 
 @dataclass(frozen=True)
 class SaturationLaw:
@@ -125,6 +129,43 @@ class SaturationLaw:
     def tbps(self, sms: int, corun: bool) -> float:
         return self.peak_tbps * min(1.0, sms / self.s_sat)
 
+    def batch_extra_s(self, sms: int, corun: bool, batch: int) -> float:
+        return 0.0  # the law knows bytes only
+
+
+@dataclass(frozen=True)
+class BatchTerm:
+    """What a decode step of another batch than the curve's takes beyond its bytes at the
+    curve's rate, by SMs, alone and beside a prefill: (batch, SMs, seconds) points. On few SMs
+    a step's linears do MMA work in proportion to its rows, and past 64 rows the decode GEMM
+    takes a second row tile, so a step's time grows with its batch faster than its KV bytes;
+    at the curve's own batch the term is 0. Read between SM budgets, then between batches
+    (held past the smallest and largest measured)."""
+
+    own_batch: int
+    alone: tuple[tuple[int, int, float], ...]
+    corun: tuple[tuple[int, int, float], ...] = ()
+
+    def __post_init__(self):
+        for batch, sms, seconds in (*self.alone, *self.corun):
+            if not (batch >= 1 and sms >= 1 and np.isfinite(seconds) and abs(seconds) < 10.0):
+                raise PdmuxError(f"a decode batch term has a bad point (batch {batch}, {sms} "
+                                 f"SMs, {seconds} s)")
+
+    def extra_s(self, sms: int, corun: bool, batch: int) -> float:
+        by_batch: dict[int, list[tuple[int, float]]] = {self.own_batch: []}
+        for b, budget, seconds in self.alone:
+            by_batch.setdefault(b, []).append((budget, seconds))
+        if corun:  # a batch measured beside a prefill too is read there
+            beside: dict[int, list[tuple[int, float]]] = {}
+            for b, budget, seconds in self.corun:
+                beside.setdefault(b, []).append((budget, seconds))
+            by_batch.update(beside)
+        batches = sorted(by_batch)
+        extras = [float(np.interp(sms, *zip(*sorted(by_batch[b])))) if by_batch[b] else 0.0
+                  for b in batches]
+        return float(np.interp(batch, batches, extras))
+
 
 @dataclass(frozen=True)
 class MeasuredCurve:
@@ -135,6 +176,7 @@ class MeasuredCurve:
     alone: tuple[tuple[int, float], ...]
     corun: tuple[tuple[int, float], ...] = ()
     source: str = ""
+    batches: BatchTerm | None = None  # measured at other batches too
 
     def __post_init__(self):
         if not self.alone:
@@ -152,6 +194,9 @@ class MeasuredCurve:
         points = self.corun if corun and self.corun else self.alone
         budgets, rates = zip(*points)
         return float(np.interp(sms, budgets, rates))
+
+    def batch_extra_s(self, sms: int, corun: bool, batch: int) -> float:
+        return self.batches.extra_s(sms, corun, batch) if self.batches and batch else 0.0
 
 
 @dataclass(frozen=True)
@@ -255,8 +300,11 @@ class Overheads:
 # --- times ---------------------------------------------------------------------------------
 
 def decode_step_s(model: ModelSpec, rate: DecodeRate, context_tokens: int, sms: int,
-                  corun: bool) -> float:
-    return decode_step_bytes(model, context_tokens) / (rate.tbps(sms, corun) * 1e12)
+                  corun: bool, batch: int = 0) -> float:
+    """A captured decode step of `batch` requests holding `context_tokens` of KV (batch 0:
+    its bytes alone, as a mixed step's decode rows read them)."""
+    return (decode_step_bytes(model, context_tokens) / (rate.tbps(sms, corun) * 1e12)
+            + rate.batch_extra_s(sms, corun, batch))
 
 
 def compute_s(flops: float, rate: PrefillRate, sms: int, corun: bool = True) -> float:

@@ -83,7 +83,8 @@ class Scenario:
 
     def decode_step_s(self, sms: int, corun: bool, s_sat: float | None = None) -> float:
         rate = self.decode_rate(self.s_sat[0] if s_sat is None else s_sat)
-        return cost.decode_step_s(self.model, rate, self.decode_batch * self.context, sms, corun)
+        return cost.decode_step_s(self.model, rate, self.decode_batch * self.context, sms, corun,
+                                  self.decode_batch)
 
     def prefill_s(self, sms: int, corun: bool) -> float:
         return cost.compute_s(cost.prefill_flops(self.model, self.prompt), self.prefill_rate, sms,

@@ -13,13 +13,13 @@ import platform
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, astuple, dataclass, fields
+from dataclasses import MISSING, asdict, astuple, dataclass, fields, replace
 from importlib import metadata
 from pathlib import Path
 
 from pdmux_triton import __version__
-from pdmux_triton.cost import (EXTEND_TILE_ROWS, MeasuredCurve, MixedStepFit, Overheads,
-                               PrefillRate)
+from pdmux_triton.cost import (EXTEND_TILE_ROWS, BatchTerm, MeasuredCurve, MixedStepFit,
+                               Overheads, PrefillRate)
 from pdmux_triton.errors import PdmuxError
 
 _REPO = Path(__file__).resolve().parent.parent
@@ -109,14 +109,16 @@ class PointStore:
     def __init__(self, path: str | Path, key_type: type):
         self.path, self.key_type = Path(path), key_type
         self.points: dict[tuple, dict] = {}
-        names = [f.name for f in fields(key_type)]
+        # a key field with a default came later: points saved before it read as the default
+        optional = {f.name for f in fields(key_type) if f.default is not MISSING}
         if self.path.exists():
             for n, line in enumerate(self.path.read_text().splitlines(), 1):
                 if not line.strip():
                     continue
                 try:
                     point = json.loads(line)
-                    key = key_type(**{f: point[f] for f in names})
+                    key = key_type(**{f.name: point[f.name] for f in fields(key_type)
+                                      if f.name in point or f.name not in optional})
                 except (json.JSONDecodeError, KeyError, TypeError):
                     # a line cut short by a crash: drop it, it will be measured again
                     print(f"{self.path}:{n}: skipping an unreadable point", file=sys.stderr)
@@ -188,19 +190,37 @@ class Calibration:
     rows: tuple[dict, ...]
     summary: dict
 
+    def _decode_rows(self, kind: str, state: str) -> list[dict]:
+        return [p for p in self.rows if p.get("workload") == "decode_step"
+                and p.get("kind") == kind and p.get("state") == state
+                and p.get("ctas_per_sm") == 1 and "tbps" in p and "sms" in p]
+
     def decode_points(self, kind: str, state: str) -> tuple[tuple[int, float], ...]:
-        """The decode-step curve, (SMs, TB/s) by budget, at one CTA per SM."""
-        return tuple(sorted((p["sms"], p["tbps"]) for p in self.rows
-                            if p.get("workload") == "decode_step" and p.get("kind") == kind
-                            and p.get("state") == state and p.get("ctas_per_sm") == 1
-                            and "tbps" in p and "sms" in p))
+        """The decode-step curve, (SMs, TB/s) by budget, at one CTA per SM, at the settings'
+        batch."""
+        return tuple(sorted((p["sms"], p["tbps"]) for p in self._decode_rows(kind, state)
+                            if not p.get("batch")))
 
     def decode_curve(self, kind: str) -> MeasuredCurve:
         alone = self.decode_points(kind, "alone")
         if not alone:
             raise PdmuxError(f"{self.path} has no decode_step curve for partition kind {kind!r} "
                              f"(one CTA per SM, alone)")
-        return MeasuredCurve(alone, self.decode_points(kind, "corun"), self.path)
+        curve = MeasuredCurve(alone, self.decode_points(kind, "corun"), self.path)
+        others = {state: self._batch_extras(kind, state, curve) for state in ("alone", "corun")}
+        if not others["alone"]:
+            return curve
+        own = self.settings.get("batch")
+        if not isinstance(own, int) or own < 1:
+            raise PdmuxError(f"{self.path} measured decode_step at other batches but names no "
+                             f"batch of its own in its settings")
+        return replace(curve, batches=BatchTerm(own, others["alone"], others["corun"]))
+
+    def _batch_extras(self, kind: str, state: str, curve: MeasuredCurve):
+        """Each other batch's measured step less its bytes at the own batch's rate."""
+        return tuple(sorted((p["batch"], p["sms"], p["ms"] / 1e3 - p["tbps"] * p["ms"] / 1e3
+                             / curve.tbps(p["sms"], state == "corun"))
+                            for p in self._decode_rows(kind, state) if p.get("batch")))
 
     def decode_fit(self, kind: str, state: str = "corun") -> dict:
         """The decode step's S_SAT fit: peak_tbps, s_sat_fit, s_sat_95."""

@@ -81,7 +81,7 @@ class SimExecutor:
         start = max(launched, self.free["decode"])
         corun = self.free["prefill"] > start
         step = (cost.decode_step_s(self.model, self.decode_rate, sum(r.context for r in reqs),
-                                   self.sms["decode"], corun)
+                                   self.sms["decode"], corun, len(reqs))
                 + self.overheads.decode_extra_s(len(reqs)))
         self.decode_steps.append(step)
         self.t = max(self.t, self._enqueue("decode", step, launched))

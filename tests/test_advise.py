@@ -23,7 +23,7 @@ def test_every_level_meets_the_target(s_sat, itl_ms):
         assert lv.itl_ms <= itl_ms + 1e-9
         assert (lv.prefill_sms - 8) % 8 == 0 and lv.prefill_sms + lv.decode_sms == 132
         # the split serves the last batch of its range within the target
-        assert advise.max_batch(QWEN, 2048, itl_ms / 1e3, curve(s_sat).tbps(lv.decode_sms, corun=True)) >= lv.last_batch
+        assert advise.max_batch(QWEN, 2048, itl_ms / 1e3, curve(s_sat), lv.decode_sms) >= lv.last_batch
 
 
 def test_fast_decode_kernels_leave_prefill_more_sms():
@@ -48,3 +48,19 @@ def test_advice_is_an_sglang_config(tmp_path):
 def test_an_unreachable_target_is_explained():
     with pytest.raises(PdmuxError, match="no split meets 2.0 ms: even 124 decode SMs take"):
         advise.advise(curve(66), QWEN, 132, 9, 2.0, 2048)
+
+
+def test_the_largest_batch_counts_what_its_rows_cost_beyond_their_bytes():
+    """With a batch term a step grows faster than its KV: the largest batch that fits is the
+    last one whose step (bytes and rows) meets the target."""
+    term = cost.BatchTerm(32, alone=((64, 20, 0.002), (72, 20, 0.020), (128, 20, 0.025)))
+    rate = cost.MeasuredCurve(((20, 1.0), (132, 3.0)), corun=((20, 1.0), (132, 3.0)), batches=term)
+    itl_s = 0.030
+    b = advise.max_batch(QWEN, 2048, itl_s, rate, 20)
+
+    def step(n):
+        return cost.decode_step_s(QWEN, rate, n * 2048, 20, True, n)
+    assert step(b) <= itl_s < step(b + 1)
+    bytes_only = cost.MeasuredCurve(rate.alone, rate.corun)
+    assert b < advise.max_batch(QWEN, 2048, itl_s, bytes_only, 20)
+    assert advise.max_batch(QWEN, 2048, 0.001, rate, 20) == 0  # not even the weights in time

@@ -100,3 +100,32 @@ def test_results_json_has_the_issue_schema(tmp_path):
     fit = data["summary"]["decode_step"]["green"]["corun"]
     assert set(fit) >= {"peak_tbps", "s_sat_fit", "s_sat_95"}
     assert fit["s_sat_fit"] == pytest.approx(48)
+
+
+def test_plan_measures_decode_step_at_other_batches_at_one_cta_only():
+    plan = SweepPlan(("decode_step", "stream_read"), ("grid_cap",), (1, 2), (20, 132),
+                     corun=True, batch=32, decode_batches=(8, 32, 72))
+    keys = list(plan.keys())
+    others = [k for k in keys if k.batch]
+    assert {(k.batch, k.sms, k.state) for k in others} == {
+        (b, s, st) for b in (8, 72) for s, st in ((20, "alone"), (20, "corun"), (132, "alone"))}
+    assert all(k.workload == "decode_step" and k.ctas_per_sm == 1 for k in others)
+    assert len(keys) == len(set(keys))
+
+
+def test_points_saved_before_the_batch_key_read_as_the_own_batch(tmp_path):
+    path = tmp_path / "points.jsonl"
+    path.write_text(json.dumps({"workload": "decode_step", "kind": "grid_cap", "ctas_per_sm": 1,
+                                "state": "alone", "sms": 20, "ms": 1.0, "tbps": 2.0}) + "\n")
+    store = point_store(path)
+    assert store.has(PointKey("decode_step", "grid_cap", 1, "alone", 20))
+    assert not store.has(PointKey("decode_step", "grid_cap", 1, "alone", 20, batch=72))
+
+
+def test_the_summary_fits_the_own_batch_only():
+    points = [{"workload": "decode_step", "kind": "grid_cap", "state": "alone", "ctas_per_sm": 1,
+               "sms": s, "tbps": float(s)} for s in (8, 16)]
+    points.append({"workload": "decode_step", "kind": "grid_cap", "state": "alone",
+                   "ctas_per_sm": 1, "sms": 16, "tbps": 100.0, "batch": 72})
+    fit = calibrate.summarize(points)["decode_step"]["grid_cap"]["alone"]
+    assert fit["peak_tbps"] == 16.0 and fit["peak_tbps_any_ctas"] == 16.0

@@ -266,6 +266,11 @@ BAD = [
     (["estimate", "--chunks", "512,512"], "estimate --chunks: 512 listed more than once"),
     (["calibrate", "--ctas", "0,2"], "calibrate --ctas: expected an integer >= 1, got 0"),
     (["calibrate", "--workloads", "prefill_magic"], "expected one of stream_read"),
+    (["calibrate", "--decode-batches", "0"], "calibrate --decode-batches: expected an integer >= 1"),
+    (["calibrate", "--decode-batches", "72", "--workloads", "decode_linear"],
+     "--decode-batches measures decode_step at one CTA per SM"),
+    (["calibrate", "--decode-batches", "72", "--ctas", "2"],
+     "--decode-batches measures decode_step at one CTA per SM"),
     (["run", "--seed", "-1"], "run --seed: expected an integer >= 0"),
     # flags that conflict or would do nothing
     (["levels", "--itl-ms", "12"], "--itl-ms does nothing without --calibration"),

@@ -46,7 +46,7 @@ def test_a_measured_curve_reads_between_budgets_and_holds_at_the_ends():
     assert curve.tbps(40, corun=True) == pytest.approx(1.2)
     assert curve.tbps(8, corun=False) == 1.0 and curve.tbps(100, corun=True) == 1.6
     only_alone = cost.MeasuredCurve(((16, 1.0), (132, 3.0)))
-    assert only_alone.tbps(16, corun=True) == 1.0  # no corun points: alone's
+    assert only_alone.tbps(16, corun=True) == 1.0  # batch 8 has no corun points: alone's
     with pytest.raises(PdmuxError, match="needs points alone"):
         cost.MeasuredCurve(())
     with pytest.raises(PdmuxError, match="bad point"):
@@ -105,3 +105,29 @@ def test_a_decode_steps_extra_cost_reads_between_batches():
     assert cost.Overheads().decode_extra_s(16) == 0.0 and host.decode_extra_s(0) == 0.0
     with pytest.raises(PdmuxError, match="decode_step_extra needs"):
         cost.Overheads(decode_step_extra=((0, 0.001),))
+
+
+def test_a_batch_term_reads_between_sms_then_batches_and_is_zero_at_its_own_batch():
+    term = cost.BatchTerm(32, alone=((8, 20, -0.002), (8, 60, 0.0), (72, 20, 0.020),
+                                     (72, 60, 0.008)),
+                          corun=((72, 20, 0.030), (72, 60, 0.010)))
+    assert term.extra_s(20, False, 32) == 0.0 and term.extra_s(60, True, 32) == 0.0
+    assert term.extra_s(40, False, 72) == pytest.approx(0.014)  # halfway in SMs
+    assert term.extra_s(20, False, 52) == pytest.approx(0.010)  # halfway from 32 to 72
+    assert term.extra_s(20, False, 1) == pytest.approx(-0.002)  # held below the smallest
+    assert term.extra_s(20, True, 128) == pytest.approx(0.030)  # held above, beside a prefill
+    assert term.extra_s(20, True, 8) == pytest.approx(-0.002)  # batch 8 has no corun points: alone's
+    with pytest.raises(PdmuxError, match="bad point"):
+        cost.BatchTerm(32, alone=((0, 20, 0.0),))
+
+
+def test_a_decode_step_adds_its_batch_term_only_with_a_batch():
+    curve = cost.MeasuredCurve(((20, 1.0), (132, 3.0)), source="t",
+                               batches=cost.BatchTerm(32, alone=((72, 20, 0.02),)))
+    bytes_only = cost.decode_step_s(QWEN, curve, 72 * 2048, 20, False)
+    assert bytes_only == pytest.approx(cost.decode_step_bytes(QWEN, 72 * 2048) / 1e12)
+    assert cost.decode_step_s(QWEN, curve, 72 * 2048, 20, False, 72) == pytest.approx(
+        bytes_only + 0.02)
+    law = cost.SaturationLaw(3.0, 66)
+    assert cost.decode_step_s(QWEN, law, 2048, 20, True, 72) == cost.decode_step_s(
+        QWEN, law, 2048, 20, True)

@@ -110,3 +110,19 @@ def test_a_served_stream_runs_only_levels_the_warm_up_covers(levels_by):
     used_decoding = {r.level for r in result.rounds if r.decode_bs}
     assert used_prefilling <= prefilling and used_decoding <= decoding
     assert len(used_prefilling | used_decoding) > 2  # the stream moved between levels
+
+
+def test_a_batch_past_64_rows_gets_more_decode_sms_when_the_calibration_prices_its_rows():
+    """The same 72 requests: a rate that knows their rows cost beyond their bytes on few SMs
+    (a BatchTerm) gives decode a larger share than bytes alone would."""
+    term = cost.BatchTerm(32, alone=((64, 20, 0.004), (64, 60, 0.001), (72, 20, 0.026),
+                                     (72, 60, 0.008)))
+    bytes_only = cost.MeasuredCurve(((20, 1.0), (60, 2.2), (132, 3.2)),
+                                    corun=((20, 0.9), (60, 2.0), (132, 3.0)))
+    priced = cost.MeasuredCurve(bytes_only.alone, bytes_only.corun, batches=term)
+    contexts = [1500] * 72
+    plain = SloLevels(QWEN, bytes_only, 30.0).choose(LEVELS, contexts, True, None)
+    rows = SloLevels(QWEN, priced, 30.0).choose(LEVELS, contexts, True, None)
+    assert rows > plain
+    tokens = sum(contexts) + len(contexts)
+    assert SloLevels(QWEN, priced, 30.0).step_ms(LEVELS[rows][1], tokens, 72) <= 30.0

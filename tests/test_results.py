@@ -85,3 +85,40 @@ def test_a_setting_added_later_reads_as_its_default_in_older_folders(tmp_path):
         results.check_settings(path, {"batch": 32, "hysteresis": 0.3}, {"hysteresis": 0.1})
     with pytest.raises(PdmuxError, match=r"differ in hysteresis\)"):  # no default: a change
         results.check_settings(path, {"batch": 32, "hysteresis": 0.1})
+
+
+def _calibration_with_batches(tmp_path, settings):
+    """Own-batch curve at 2 TB/s; batch 72 at 1 TB/s alone, so its step takes half again
+    beyond its bytes at the own rate."""
+    rows = [{"workload": "decode_step", "kind": "grid_cap", "ctas_per_sm": 1, "state": "alone",
+             "sms": s, "ms": 10.0, "tbps": 2.0} for s in (20, 132)]
+    rows += [{"workload": "decode_step", "kind": "grid_cap", "ctas_per_sm": 1, "state": "alone",
+              "sms": 20, "ms": 30.0, "tbps": 1.0, "batch": 72}]
+    path = tmp_path / "calibrate-h200.json"
+    path.write_text(json.dumps({"gpu": "h200", "settings": settings, "rows": rows,
+                                "summary": {}}))
+    return path
+
+
+def test_a_calibration_of_other_batches_prices_their_rows_beyond_their_bytes(tmp_path):
+    path = _calibration_with_batches(tmp_path, {"batch": 32, "context": 2048})
+    curve = results.load_calibration(path).decode_curve("grid_cap")
+    assert curve.alone == ((20, 2.0), (132, 2.0))  # the own batch only
+    # 30 ms at 1 TB/s read 30 GB; at the own 2 TB/s that is 15 ms: 15 ms beyond its bytes
+    assert curve.batches.own_batch == 32
+    assert curve.batches.alone == ((72, 20, pytest.approx(0.015)),)
+    assert curve.batch_extra_s(20, True, 72) == pytest.approx(0.015)  # no corun: alone's
+    assert curve.batch_extra_s(20, False, 32) == 0.0
+
+
+def test_other_batches_without_an_own_batch_are_refused(tmp_path):
+    path = _calibration_with_batches(tmp_path, {"context": 2048})
+    with pytest.raises(PdmuxError, match="names no batch of its own"):
+        results.load_calibration(path).decode_curve("grid_cap")
+
+
+def test_the_committed_calibration_prices_batches_past_64_rows_dearer_on_few_sms():
+    curve = results.load_calibration(CALIBRATION, "h200").decode_curve("grid_cap")
+    assert curve.batches is not None
+    assert curve.batch_extra_s(20, True, 72) > curve.batch_extra_s(20, True, 64) > 0
+    assert curve.batch_extra_s(132, False, 72) < curve.batch_extra_s(20, False, 72)
