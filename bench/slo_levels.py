@@ -24,7 +24,8 @@ again each time); writes <out>/slo-levels-<gpu>.json and prints a table.
 
 --offline reads the measured points from the folders (a device call can measure one traffic
 and the next another), simulates beside them with today's cost model and writes the whole
-file anywhere; a point never measured is an error.
+file anywhere; a policy never measured is simulated only, a rate missing from one that was
+is an error.
 
 The simulated run writes slo-levels-<gpu>-simulated.json instead.
 """
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from pdmux_triton import capacity_sweep, policy
@@ -129,6 +131,10 @@ def one_policy(args, gpu, preset, name, config, fixed, capacity_rates, criteria)
     s = settings_for(args, gpu, preset, name, config)
     store = capacity_sweep.open_folder(Path(args.out) / "slo-levels" / f"{preset}{suffix}", s)
     store.forget(lambda p: p["mode"] == "simulated")  # cheap: always today's cost model
+    if args.offline and not any(p["mode"] == "gpu" and p["strategy"] == strategy
+                                for p in store.points.values()):
+        print(f"{preset} {name}: never measured, simulated only", flush=True)
+        s = replace(s, simulate=True)
     measured = bool(measure_capacity and capacity_rates and not s.simulate)
     # simulated: searched; measured: at the capacity rates, or only at the fixed ones
     rates = None if s.simulate else (capacity_rates if measured else ())
@@ -138,7 +144,7 @@ def one_policy(args, gpu, preset, name, config, fixed, capacity_rates, criteria)
     points = {(p["mode"], p["rate"]): p for p in result["points"] if p["strategy"] == strategy}
     modes = ("simulated",) if s.simulate else ("gpu", "simulated")
     return {
-        "strategy": strategy, "relevel_at_layers": s.relevel_at_layers,
+        "strategy": strategy, "measured": not s.simulate, "relevel_at_layers": s.relevel_at_layers,
         "manual_divisions": config.manual_divisions,
         "goodput_capacity_rps": {
             "measured": row["goodput_capacity_rps"] if measured else None,

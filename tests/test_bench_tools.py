@@ -78,7 +78,8 @@ def test_slo_levels_simulated_compares_the_policies(tmp_path):
 
 def test_slo_levels_offline_reads_the_measured_points_back(tmp_path):
     """--offline takes the measured rows from the folders as they were saved (here: planted
-    beside a simulated run) and simulates beside them; a point never measured is one line."""
+    beside a simulated run) and simulates beside them; a policy never measured is simulated
+    only, a rate missing from a measured one is one line."""
     import json
 
     def slo_levels(*extra):
@@ -90,13 +91,17 @@ def test_slo_levels_offline_reads_the_measured_points_back(tmp_path):
     points = tmp_path / "slo-levels" / "sharegpt" / "capacity-points-h200.jsonl"
     simulated = json.loads(points.read_text().splitlines()[0])
     assert simulated["rate"] == 8.0
-    missing = slo_levels("--offline", "--traffic", "sharegpt:8")
-    assert missing.returncode == 2 and "was never measured" in missing.stderr
-    assert len(missing.stderr.strip().splitlines()) == 1
+    unmeasured = slo_levels("--offline", "--traffic", "sharegpt:8")
+    assert unmeasured.returncode == 0 and "never measured, simulated only" in unmeasured.stdout
+    data = json.loads((tmp_path / "slo-levels-h200.json").read_text())
+    assert data["traffic"]["sharegpt"]["policies"]["default"]["measured"] is False
     measured = {**simulated, "mode": "gpu", "slo_attainment": 0.37, "level_changes": 5,
                 "level_drain_ms": 1.5}
     with points.open("a") as f:
         f.write(json.dumps(measured) + "\n")
+    missing = slo_levels("--offline", "--traffic", "sharegpt:8,9")
+    assert missing.returncode == 2 and "9 req/s was never measured" in missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1
     out = slo_levels("--offline", "--traffic", "sharegpt:8:8")
     assert out.returncode == 0, out.stderr[-2000:]
     data = json.loads((tmp_path / "slo-levels-h200.json").read_text())
@@ -104,7 +109,7 @@ def test_slo_levels_offline_reads_the_measured_points_back(tmp_path):
     assert row["at_rates"]["8"]["gpu"]["slo_attainment"] == 0.37
     assert row["at_rates"]["8"]["simulated"]["slo_attainment"] == simulated["slo_attainment"]
     assert row["goodput_capacity_rps"]["measured_at_least"] is False  # 37% fails at 8 req/s
-    assert data["analysed_offline"] is True
+    assert data["analysed_offline"] is True and row["measured"] is True
     assert data["summary"]["per_traffic"]["sharegpt"]["measured_drain_ms_per_level_change"] == 0.3
     both = slo_levels("--offline", "--simulate")
     assert both.returncode == 2 and "pick one" in both.stderr
