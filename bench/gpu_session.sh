@@ -35,7 +35,7 @@ step() {  # step NAME SECONDS COMMAND...
 }
 
 python3 -m pip install -q --no-deps --no-build-isolation -e . >> "$LOG" 2>&1
-step tests ${TESTS_S:-420} python3 -m pytest -q -m gpu tests ${TESTS_K:+-k "$TESTS_K"}
+step tests ${TESTS_S:-420} python3 -m pytest -q -rP -m gpu tests ${TESTS_K:+-k "$TESTS_K"}
 step host 90 python3 bench/host_costs.py --out "$OUT"
 step profile 60 python3 bench/profile_decode.py --budget 16
 step kernels 110 python3 bench/bench_kernels.py --quick --out "$OUT"
