@@ -57,6 +57,7 @@ def variant(name: str) -> Variant:
 
 
 # what a strategy, a rate or the mode choose: points that differ only in these share a folder
+MADE_WITH = ("commit", "source_sha256", "torch", "triton")  # saved with every point
 PER_POINT_SETTINGS = ("simulate", "rate", "chunks", "kinds", "level_policies")
 
 
@@ -101,7 +102,7 @@ class Sweep:
         row, _ = self.servers.serve(v, make_requests(self.s, rate))
         made_with = provenance(self.s.gpu.name)  # a point outlives the code that measured it
         point = self.store.add(key, **{k: row.get(k) for k in POINT_KEYS if k != "rate"},
-                               **{k: made_with[k] for k in ("commit", "torch", "triton")})
+                               **{k: made_with[k] for k in MADE_WITH})
         self.log(f"[{self.mode}] {v.name} at {rate:g} req/s: attainment "
                  f"{_fmt(point['slo_attainment'], '.0%')}, TTFT p99 {_fmt(point['ttft_p99_ms'])} "
                  f"ms, TPOT p99 {_fmt(point['tpot_p99_ms'])} ms, ITL p99 "

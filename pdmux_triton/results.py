@@ -7,6 +7,7 @@ empty, not JSON, of another kind, or measured on another GPU.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import os
 import platform
@@ -41,6 +42,21 @@ def _git_commit() -> str | None:
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
+SOURCE_FOLDERS = ("pdmux_triton", "kernels")
+
+
+def source_digest(root: Path = _REPO) -> str:
+    """SHA-256 over the code that makes a result (each source file's path and bytes under
+    SOURCE_FOLDERS): names the code even where the checkout's git metadata is not its own,
+    as on a machine the tree was copied to."""
+    digest = hashlib.sha256()
+    for folder in SOURCE_FOLDERS:
+        for path in sorted((root / folder).rglob("*")):
+            if path.suffix in (".py", ".json") and path.is_file():
+                digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
 def _version_of(package: str) -> str | None:
     """The version of an imported package as it reports itself, else its installed metadata's
     (so nothing heavy is imported to write a result)."""
@@ -54,9 +70,10 @@ def _version_of(package: str) -> str | None:
 
 
 def provenance(gpu: str | None) -> dict:
-    """Who made a result and with what: tool version and commit, Python, torch and triton,
-    the GPU, the date."""
+    """Who made a result and with what: tool version, commit and source digest, Python, torch
+    and triton, the GPU, the date."""
     return {"tool": "pdmux-triton", "version": __version__, "commit": _git_commit(),
+            "source_sha256": source_digest(),
             "python": platform.python_version(), "torch": _version_of("torch"),
             "triton": _version_of("triton"), "gpu": gpu,
             "date": datetime.date.today().isoformat()}

@@ -122,3 +122,18 @@ def test_the_committed_calibration_prices_batches_past_64_rows_dearer_on_few_sms
     assert curve.batches is not None
     assert curve.batch_extra_s(20, True, 72) > curve.batch_extra_s(20, True, 64) > 0
     assert curve.batch_extra_s(132, False, 72) < curve.batch_extra_s(20, False, 72)
+
+
+def test_the_source_digest_names_the_code_and_nothing_else(tmp_path):
+    (tmp_path / "pdmux_triton").mkdir()
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "pdmux_triton" / "a.py").write_text("x = 1\n")
+    (tmp_path / "kernels" / "k.py").write_text("y = 2\n")
+    first = results.source_digest(tmp_path)
+    (tmp_path / "pdmux_triton" / "notes.txt").write_text("not code")
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "b.py").write_text("z = 3\n")
+    assert results.source_digest(tmp_path) == first
+    (tmp_path / "kernels" / "k.py").write_text("y = 3\n")
+    assert results.source_digest(tmp_path) != first
+    assert len(first) == 64 and results.provenance("h200")["source_sha256"] == results.source_digest()
