@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from pdmux_triton import cost
-from pdmux_triton.cli_args import Parser
+from pdmux_triton.cli_args import Parser, run_script
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.results import (load_calibration, load_compare, load_host_costs, read_json,
                                   write_json)
@@ -107,52 +107,51 @@ def main(argv=None) -> int:
     p.add_argument("host_costs", help="bench/host_costs.py's file, updated in place")
     p.add_argument("--calibration", required=True)
     p.add_argument("--compare", required=True)
-    try:
-        args = p.parse_args(argv)
-        run, host = read_json(args.run, "run result"), read_json(args.host_costs, "host-costs file")
-        if not isinstance(run.get("inputs"), dict) or not isinstance(run.get("details"), dict):
-            raise PdmuxError(f"{args.run} holds no inputs and rounds of a run (made by "
-                             f"`pdmux-triton run --out`)")
-        settings = RunSettings.from_dict(run["inputs"])
-        gpu, model = settings.gpu, settings.model
-        if settings.simulate:
-            raise PdmuxError(f"{args.run} is a simulation: fit to a run measured on the GPU")
-        decode = load_calibration(args.calibration, gpu.name).decode_curve("grid_cap")
-        prefill = load_compare(args.compare, gpu.name).prefill_rate("grid_cap", gpu.bf16_tflops,
-                                                                   gpu.sms)
-        overheads = load_host_costs(args.host_costs, gpu.name)
-        source = f"{Path(args.run).name} with {Path(args.calibration).name}, {Path(args.compare).name}"
+    return run_script(p, fit)
 
-        chunk = min(settings.chunks)
-        small = [r["end_s"] - r["start_s"]
-                 for r in run["details"].get(f"chunked_{chunk}", {}).get("rounds", [])
-                 if r["prefill"].startswith("chunk")]
-        if not small:
-            raise PdmuxError(f"{args.run} has no chunked_{chunk} rounds: measure a stream with "
-                             f"--chunks")
-        step = statistics.median(small) - model.layers * overheads.layer_launch_s
-        host["eager_step"] = {"seconds": step, "source": f"{Path(args.run).name}: median "
-                              f"chunked_{chunk} round ({statistics.median(small) * 1e3:.2f} ms) "
-                              f"less {model.layers} layer launches", "rounds": len(small)}
 
-        host["decode_step_extra"] = [
-            {"batch": r["batch"], "extra_s": r["gpu_s"] - cost.decode_step_s(
-                model, decode, r["batch"] * r.get("context", HOST_COSTS_DECODE_CONTEXT),
-                gpu.sms, False, r["batch"])} for r in host["decode_round"]]
+def fit(args) -> int:
+    run, host = read_json(args.run, "run result"), read_json(args.host_costs, "host-costs file")
+    if not isinstance(run.get("inputs"), dict) or not isinstance(run.get("details"), dict):
+        raise PdmuxError(f"{args.run} holds no inputs and rounds of a run (made by "
+                         f"`pdmux-triton run --out`)")
+    settings = RunSettings.from_dict(run["inputs"])
+    gpu, model = settings.gpu, settings.model
+    if settings.simulate:
+        raise PdmuxError(f"{args.run} is a simulation: fit to a run measured on the GPU")
+    decode = load_calibration(args.calibration, gpu.name).decode_curve("grid_cap")
+    prefill = load_compare(args.compare, gpu.name).prefill_rate("grid_cap", gpu.bf16_tflops,
+                                                               gpu.sms)
+    overheads = load_host_costs(args.host_costs, gpu.name)
+    source = f"{Path(args.run).name} with {Path(args.calibration).name}, {Path(args.compare).name}"
 
-        fit, quality = fit_mixed(chunk_rounds(run), model, decode, prefill, gpu.sms,
-                                 overheads.decode_row_tile)
-        host["mixed_step"] = {"fixed_s": fit.fixed_s, "decode_row_mfu": fit.decode_row_mfu,
-                              "source": source, **quality}
-        write_json(args.host_costs, host)
-    except PdmuxError as err:
-        print(f"{p.prog}: error: {str(err).removeprefix(p.prog).lstrip(': ')}", file=sys.stderr)
-        return 2
+    chunk = min(settings.chunks)
+    small = [r["end_s"] - r["start_s"]
+             for r in run["details"].get(f"chunked_{chunk}", {}).get("rounds", [])
+             if r["prefill"].startswith("chunk")]
+    if not small:
+        raise PdmuxError(f"{args.run} has no chunked_{chunk} rounds: measure a stream with "
+                         f"--chunks")
+    step = statistics.median(small) - model.layers * overheads.layer_launch_s
+    host["eager_step"] = {"seconds": step, "source": f"{Path(args.run).name}: median "
+                          f"chunked_{chunk} round ({statistics.median(small) * 1e3:.2f} ms) "
+                          f"less {model.layers} layer launches", "rounds": len(small)}
+
+    host["decode_step_extra"] = [
+        {"batch": r["batch"], "extra_s": r["gpu_s"] - cost.decode_step_s(
+            model, decode, r["batch"] * r.get("context", HOST_COSTS_DECODE_CONTEXT),
+            gpu.sms, False, r["batch"])} for r in host["decode_round"]]
+
+    mixed, quality = fit_mixed(chunk_rounds(run), model, decode, prefill, gpu.sms,
+                               overheads.decode_row_tile)
+    host["mixed_step"] = {"fixed_s": mixed.fixed_s, "decode_row_mfu": mixed.decode_row_mfu,
+                          "source": source, **quality}
+    write_json(args.host_costs, host)
     print(f"eager step {step * 1e3:.2f} ms")
     print("decode step beyond its bytes: " + ", ".join(
         f"batch {r['batch']} {r['extra_s'] * 1e3:+.2f} ms" for r in host["decode_step_extra"]))
-    print(f"mixed step: fixed {fit.fixed_s * 1e3:.2f} ms, decode rows at {fit.decode_row_mfu:.2f} "
-          f"of peak; over {quality['rounds']} rounds |error| median "
+    print(f"mixed step: fixed {mixed.fixed_s * 1e3:.2f} ms, decode rows at "
+          f"{mixed.decode_row_mfu:.2f} of peak; over {quality['rounds']} rounds |error| median "
           f"{quality['median_abs_error']:.1%}, p90 {quality['p90_abs_error']:.1%}")
     print(f"wrote {args.host_costs}")
     return 0

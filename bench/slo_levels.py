@@ -39,7 +39,7 @@ from pathlib import Path
 
 from pdmux_triton import capacity_sweep, policy
 from pdmux_triton.capacity import Criteria
-from pdmux_triton.cli_args import Parser, integer, number
+from pdmux_triton.cli_args import Parser, integer, number, run_script
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.hardware import GPUSpec, detect_gpu, gpu_preset
 from pdmux_triton.models import model_preset
@@ -226,15 +226,7 @@ def main(argv=None) -> int:
     p.add_argument("--calibration", default="bench/results/calibrate-h200.json")
     p.add_argument("--compare", default="bench/results/compare-h200.json")
     p.add_argument("--host-costs", default="bench/results/host-costs-h200.json")
-    try:
-        args = p.parse_args(argv)
-        return run(args)
-    except PdmuxError as err:
-        print(f"{p.prog}: error: {str(err).removeprefix(p.prog).lstrip(': ')}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"{p.prog}: interrupted (the points measured are kept)", file=sys.stderr)
-        return 130
+    return run_script(p, run, argv, interrupted="interrupted (the points measured are kept)")
 
 
 def run(args) -> int:

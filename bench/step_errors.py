@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from pdmux_triton import capacity_sweep, cost, policy
-from pdmux_triton.cli_args import Parser, integer, number
+from pdmux_triton.cli_args import Parser, integer, number, run_script
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiment import Servers, make_requests
 from pdmux_triton.hardware import detect_gpu, gpu_preset
@@ -41,6 +41,14 @@ def band(batch: int) -> str:
     lo = max(b for b in BATCH_BANDS if b <= batch)
     following = [b for b in BATCH_BANDS if b > lo]
     return f"{lo}-{following[0] - 1}" if following else f"{lo}+"
+
+
+def policies_arg(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if not names or any(n not in STRATEGIES for n in names):
+        raise argparse.ArgumentTypeError(f"expected names from {', '.join(STRATEGIES)}, "
+                                         f"got {text!r}")
+    return names
 
 
 def priced_rounds(result, levels, model, curve, overheads) -> list[dict]:
@@ -111,27 +119,14 @@ def main(argv=None) -> int:
     p.add_argument("--lengths", choices=tuple(LENGTH_PRESETS), default="sharegpt")
     p.add_argument("--rates", type=lambda t: tuple(number()(x) for x in t.split(",")),
                    default=(12.0,), help="request rates, comma-separated (default: 12)")
-    p.add_argument("--policies", default="default,slo",
-                   type=lambda t: tuple(x for x in t.split(",") if x),
+    p.add_argument("--policies", default=tuple(STRATEGIES), type=policies_arg,
                    help=f"level policies among {', '.join(STRATEGIES)} (default: both)")
     p.add_argument("--count", type=integer(1, 100_000), default=100, help="requests per run")
     p.add_argument("--slo-tpot-ms", type=number(), default=25.0,
                    help="the slo policy's target")
     p.add_argument("--calibration", default="bench/results/calibrate-h200.json")
     p.add_argument("--host-costs", default="bench/results/host-costs-h200.json")
-    try:
-        args = p.parse_args(argv)
-        unknown = [n for n in args.policies if n not in STRATEGIES]
-        if unknown or not args.policies:
-            raise PdmuxError(f"--policies: expected names from {', '.join(STRATEGIES)}, "
-                             f"got {','.join(args.policies) or 'none'}")
-        return run(args)
-    except PdmuxError as err:
-        print(f"{p.prog}: error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"{p.prog}: interrupted", file=sys.stderr)
-        return 130
+    return run_script(p, run, argv)
 
 
 def run(args) -> int:

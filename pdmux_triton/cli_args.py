@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 
 from pdmux_triton import __version__, policy, scheduler
 from pdmux_triton.calibrate import DECODE_WORKLOADS
@@ -45,6 +46,20 @@ class Parser(argparse.ArgumentParser):
                                    **kwargs)
         self.documented_defaults[action.dest] = default
         return action
+
+
+def run_script(parser: Parser, run, argv=None, interrupted: str = "interrupted") -> int:
+    """A script's whole entry, as the CLI's: parse `argv` and `run(args)`; a PdmuxError ends
+    in one line on stderr and exit 2, Ctrl-C in one line and exit 130."""
+    try:
+        return run(parser.parse_args(argv))
+    except PdmuxError as err:
+        print(f"{parser.prog}: error: {str(err).removeprefix(parser.prog).lstrip(': ')}",
+              file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{parser.prog}: {interrupted}", file=sys.stderr)
+        return 130
 
 
 def _with_default(help: str, default, kwargs) -> str:
