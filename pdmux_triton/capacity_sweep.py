@@ -146,9 +146,6 @@ def run_capacity(s: RunSettings, names: tuple[str, ...], criteria: Criteria, sto
                         guess = res.get(f"simulated_{criterion}_capacity_rps") or start
                         cap, _ = capacity.search(lambda r: sweep.measure(v, r), margin,
                                                  max(guess, 0.01), tol)
-                        if sweep.mode == "simulated" and rates:
-                            for r in rates:  # the simulated point beside each measured one
-                                sweep.measure(v, r)
                     else:  # the given rates, up to the first that fails the goodput criterion
                         for r in sorted(rates):
                             if capacity.bracketed(sweep.points(v.name), criteria.goodput, r):
@@ -157,6 +154,10 @@ def run_capacity(s: RunSettings, names: tuple[str, ...], criteria: Criteria, sto
                         cap = capacity.crossing(sweep.points(v.name), margin)
                     res[f"{'simulated_' if sweep.mode == 'simulated' else ''}{criterion}"
                         f"_capacity_rps"] = cap
+        if not s.simulate:  # the simulation at the given rates and beside every measured
+            for v in chosen:  # point, those of earlier runs too, to be read the same way
+                for r in sorted(set(rates or ()) | {r for r, _ in sweeps[1].points(v.name)}):
+                    sweeps[0].measure(v, r)
     finally:
         for sweep in sweeps:
             sweep.close()

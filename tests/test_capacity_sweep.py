@@ -86,6 +86,25 @@ def test_a_measured_sweep_reads_its_rates_beside_the_simulation(monkeypatch, tmp
     assert row["goodput_capacity_rps"] < row["simulated_goodput_capacity_rps"]
 
 
+def test_a_measured_point_of_an_earlier_run_gets_its_simulation_beside_it(monkeypatch,
+                                                                        tmp_path):
+    """A point measured before at a rate this run does not name still counts in the measured
+    capacity, so the simulation is read at it too (like for like, not None)."""
+    monkeypatch.setattr(experiment.Servers, "__init__", _sim_servers)
+    store = PointStore(tmp_path / "p.jsonl", PointKey)
+    first = run_capacity(settings(simulate=False), ("chunked_512",), CRITERIA, store,
+                         rates=(3.0,), log=lambda m: None)
+    assert {p["rate"] for p in first["points"] if p["mode"] == "gpu"} == {3.0}
+    store.forget(lambda p: p["mode"] == "simulated")  # as a later run with a newer model does
+    later = run_capacity(settings(simulate=False), ("chunked_512",), CRITERIA, store,
+                         rates=RATES, log=lambda m: None)
+    measured = {p["rate"] for p in later["points"] if p["mode"] == "gpu"}
+    simulated = {p["rate"] for p in later["points"] if p["mode"] == "simulated"}
+    assert 3.0 in measured and 3.0 not in RATES and measured <= simulated
+    row = later["summary"]["strategies"]["chunked_512"]
+    assert row["simulated_goodput_capacity_at_measured_rates_rps"] is not None
+
+
 def test_fixed_rates_are_served_beside_the_search(tmp_path):
     """`also`: every strategy at those rates too, far below and far above what the search
     visits, so strategies can be compared point for point."""
