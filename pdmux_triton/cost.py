@@ -4,9 +4,9 @@ the rates both run at on a share of the SMs. Pure Python (numpy for interpolatio
 Decode is bandwidth-bound: a step reads every weight once and the whole KV cache of its batch.
 Its rate on `sms` SMs is either the chapter's law, peak * min(1, SMs / S_SAT), or a calibration's
 measured curve (alone on the GPU, or beside a running prefill); a calibration that also measured
-other batches adds what their rows cost beyond their bytes (`BatchTerm`). Prefill is compute-bound: linear
-FLOPs, causal attention FLOPs and the LM head over the rows it samples, at the bf16 rate times an
-MFU, in proportion to its share of the SMs.
+other batches adds what their rows cost beyond their bytes (`BatchTerm`). Prefill is
+compute-bound: linear FLOPs, causal attention FLOPs and the LM head over the rows it samples,
+at the bf16 rate times an MFU, in proportion to its share of the SMs.
 
 `estimate`, the simulated executor, `advise`, the calibration workloads and the benchmarks all
 count bytes and FLOPs here, so an estimate and a simulation of the same scenario agree.
@@ -14,6 +14,7 @@ count bytes and FLOPs here, so an estimate and a simulation of the same scenario
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -152,19 +153,23 @@ class BatchTerm:
                 raise PdmuxError(f"a decode batch term has a bad point (batch {batch}, {sms} "
                                  f"SMs, {seconds} s)")
 
+    @functools.cached_property
+    def _by_batch(self) -> dict[bool, list[tuple[int, tuple | None]]]:
+        """Per state (beside a prefill or not), each batch's (budgets, seconds) sorted by batch;
+        None for the own batch, whose term is 0.
+        A batch measured beside a prefill too is read there."""
+        def group(points) -> dict[int, tuple]:
+            out: dict[int, list] = {}
+            for b, budget, seconds in points:
+                out.setdefault(b, []).append((budget, seconds))
+            return {b: tuple(zip(*sorted(v))) for b, v in out.items()}
+        alone = {self.own_batch: None, **group(self.alone)}
+        return {False: sorted(alone.items()), True: sorted({**alone, **group(self.corun)}.items())}
+
     def extra_s(self, sms: int, corun: bool, batch: int) -> float:
-        by_batch: dict[int, list[tuple[int, float]]] = {self.own_batch: []}
-        for b, budget, seconds in self.alone:
-            by_batch.setdefault(b, []).append((budget, seconds))
-        if corun:  # a batch measured beside a prefill too is read there
-            beside: dict[int, list[tuple[int, float]]] = {}
-            for b, budget, seconds in self.corun:
-                beside.setdefault(b, []).append((budget, seconds))
-            by_batch.update(beside)
-        batches = sorted(by_batch)
-        extras = [float(np.interp(sms, *zip(*sorted(by_batch[b])))) if by_batch[b] else 0.0
-                  for b in batches]
-        return float(np.interp(batch, batches, extras))
+        table = self._by_batch[bool(corun)]
+        extras = [0.0 if curve is None else float(np.interp(sms, *curve)) for _, curve in table]
+        return float(np.interp(batch, [b for b, _ in table], extras))
 
 
 @dataclass(frozen=True)
