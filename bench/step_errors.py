@@ -62,8 +62,8 @@ def priced_rounds(result, levels, model, curve, overheads) -> list[dict]:
     for r, measured in zip(rounds, steps):
         sms = levels[r.level][1]
         corun = bool(r.prefill)  # the round launched prefill layers beside its decode step
-        predicted = (cost.decode_step_s(model, curve, r.decode_context, sms, corun, r.decode_bs)
-                     + overheads.decode_extra_s(r.decode_bs))
+        predicted = cost.served_decode_step_s(model, curve, overheads, r.decode_context, sms,
+                                              corun, r.decode_bs)
         rows.append({"level": r.level, "decode_sms": sms, "batch": r.decode_bs,
                      "context_tokens": r.decode_context, "corun": corun,
                      "measured_ms": measured * 1e3, "predicted_ms": predicted * 1e3})

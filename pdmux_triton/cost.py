@@ -312,6 +312,14 @@ def decode_step_s(model: ModelSpec, rate: DecodeRate, context_tokens: int, sms: 
             + rate.batch_extra_s(sms, corun, batch))
 
 
+def served_decode_step_s(model: ModelSpec, rate: DecodeRate, overheads: Overheads,
+                         context_tokens: int, sms: int, corun: bool, batch: int) -> float:
+    """A decode step as this tool's executor serves it: `decode_step_s`, and what a captured
+    step costs beyond it (`Overheads.decode_extra_s`)."""
+    return (decode_step_s(model, rate, context_tokens, sms, corun, batch)
+            + overheads.decode_extra_s(batch))
+
+
 def compute_s(flops: float, rate: PrefillRate, sms: int, corun: bool = True) -> float:
     return flops / rate.flops_per_s(sms, corun)
 

@@ -78,8 +78,8 @@ class SloLevels:
         return split | {0}, split | {n_levels - 1}
 
     def step_ms(self, decode_sms: int, context_tokens: int, batch: int = 0) -> float:
-        return (cost.decode_step_s(self.model, self.rate, context_tokens, decode_sms, True, batch)
-                + self.overheads.decode_extra_s(batch)) * 1e3
+        return cost.served_decode_step_s(self.model, self.rate, self.overheads, context_tokens,
+                                         decode_sms, True, batch) * 1e3
 
     def choose(self, levels, contexts, prefilling, current):
         n = len(levels)

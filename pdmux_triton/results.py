@@ -234,10 +234,12 @@ class Calibration:
         return replace(curve, batches=BatchTerm(own, others["alone"], others["corun"]))
 
     def _batch_extras(self, kind: str, state: str, curve: MeasuredCurve):
-        """Each other batch's measured step less its bytes at the own batch's rate."""
-        return tuple(sorted((p["batch"], p["sms"], p["ms"] / 1e3 - p["tbps"] * p["ms"] / 1e3
-                             / curve.tbps(p["sms"], state == "corun"))
-                            for p in self._decode_rows(kind, state) if p.get("batch")))
+        """Each other batch's measured step less its bytes (TB/s x time) at the own batch's
+        rate."""
+        return tuple(sorted((p["batch"], p["sms"], p["ms"] / 1e3
+                             * (1 - p["tbps"] / curve.tbps(p["sms"], state == "corun")))
+                            for p in self._decode_rows(kind, state)
+                            if p.get("batch") and "ms" in p))
 
     def decode_fit(self, kind: str, state: str = "corun") -> dict:
         """The decode step's S_SAT fit: peak_tbps, s_sat_fit, s_sat_95."""

@@ -80,9 +80,9 @@ class SimExecutor:
         reqs, launched = pending
         start = max(launched, self.free["decode"])
         corun = self.free["prefill"] > start
-        step = (cost.decode_step_s(self.model, self.decode_rate, sum(r.context for r in reqs),
-                                   self.sms["decode"], corun, len(reqs))
-                + self.overheads.decode_extra_s(len(reqs)))
+        step = cost.served_decode_step_s(self.model, self.decode_rate, self.overheads,
+                                         sum(r.context for r in reqs), self.sms["decode"],
+                                         corun, len(reqs))
         self.decode_steps.append(step)
         self.t = max(self.t, self._enqueue("decode", step, launched))
         return self.t, [0] * len(reqs)
