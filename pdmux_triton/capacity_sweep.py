@@ -56,8 +56,8 @@ def variant(name: str) -> Variant:
                      f"pdmux_grid_cap, pdmux_green, pdmux_slo_grid_cap or pdmux_slo_green")
 
 
-# what a strategy, a rate or the mode choose: points that differ only in these share a folder
 MADE_WITH = ("commit", "source_sha256", "torch", "triton")  # saved with every point
+# what a strategy, a rate or the mode choose: points that differ only in these share a folder
 PER_POINT_SETTINGS = ("simulate", "rate", "chunks", "kinds", "level_policies")
 
 
