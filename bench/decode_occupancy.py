@@ -47,6 +47,13 @@ GEMM_VARIANTS = {
         (64, 64, 64, 4, 8)),
 }
 GEMM_VARIANTS[8] = GEMM_VARIANTS[1]
+# past 64 rows: 64-row x tiles (two that each read W: TMA tiles, or skinny), against one x tile
+# of 128 rows, skinny (the MMA's N = 128) or TMA, that reads W once
+GEMM_VARIANTS[72] = GEMM_VARIANTS[96] = GEMM_VARIANTS[128] = [
+    None, GemmConfig(64, 128, 64, 4, 4), GemmConfig(64, 128, 64, 4, 4, skinny=True),
+    GemmConfig(128, 128, 64, 8, 4), GemmConfig(128, 64, 64, 4, 4)] + _skinny(
+    (128, 64, 64, 4, 4), (128, 64, 64, 4, 6), (128, 64, 128, 4, 3), (128, 128, 64, 8, 4),
+    (128, 128, 64, 8, 3), (128, 128, 128, 8, 2))
 # the streaming read over one weight's bytes, in finer steps than its 2 GiB default
 STREAM_VARIANTS = [(4096, 8, 32), (2048, 8, 16), (1024, 8, 8), (2048, 4, 8), (1024, 4, 4)]
 
@@ -64,6 +71,10 @@ def main(argv=None) -> int:
     if not sections <= {"attention", "gemm"}:
         p.error(f"--sections takes attention and/or gemm, got {args.sections!r}")
     budgets = tuple(int(b) for b in args.budgets.split(",")) if args.budgets else None
+    batches = [int(m) for m in args.ms.split(",")] if "gemm" in sections else []
+    if any(m not in GEMM_VARIANTS for m in batches):
+        p.error(f"--ms takes batch sizes from {', '.join(map(str, GEMM_VARIANTS))}, "
+                f"got {args.ms!r}")
     require_gpu("bench/decode_occupancy.py")
     gpu = detect_gpu()
     res = Results(Path(args.out) / f"decode-occupancy-{gpu.name}.json", gpu.name)
@@ -97,7 +108,7 @@ def main(argv=None) -> int:
                         config=f"block {block} unroll {unroll} warps {warps}", tbps=tbps,
                         gbps_per_sm=tbps * 1e3 / budget)
         del bufs
-    for M in (int(m) for m in args.ms.split(",")) if "gemm" in sections else ():
+    for M in batches:
         variants = GEMM_VARIANTS[M]
         for name in shapes:
             N, K = LINEARS[name]
@@ -114,7 +125,8 @@ def main(argv=None) -> int:
                         continue
                     res.row(kernel="decode_linear", shape=name, M=M, sms=budget,
                             config=str(cfg or "default"), tbps=N * K * 2 / ms / 1e9,
-                            gbps_per_sm=N * K * 2 / ms / 1e6 / budget)
+                            gbps_per_sm=N * K * 2 / ms / 1e6 / budget,
+                            tflops=2 * M * N * K / ms / 1e9)
             res.save()
     print("\nbest per (kernel, case/shape, budget):")
     best: dict = {}

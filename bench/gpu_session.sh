@@ -12,6 +12,7 @@
 #   bash bench/gpu_session.sh steps batches    # served decode steps against the cost model's
 #       price (bench/step_errors.py); decode steps at other batches by SMs (calibrate
 #       --decode-batches, into a copy of the calibration: BATCHES=48 measures one more)
+#   bash bench/gpu_session.sh gemm_rows   # decode GEMM tiles for 65-128 rows on 20-132 SMs
 #   bash bench/gpu_session.sh tests kernels run occupancy   # ~5 min
 #   bash bench/gpu_session.sh calibrate run advised         # ~3.5 min: after a decode-kernel change,
 #       re-measures the decode workloads (CTAs 1) into a copy of the committed calibration, then
@@ -57,6 +58,9 @@ step occupancy 40 python3 bench/decode_occupancy.py --out "$OUT" --sections atte
     --budgets 16,132 --cases 32x8192,ragged32_100_16000
 step ncu 50 ncu --clock-control none -k regex:_decode_kernel -c 1 --section SpeedOfLight \
     --section MemoryWorkloadAnalysis --section WarpStateStats python3 bench/profile_decode.py --budget 16
+# the decode GEMM's tile variants at batches past 64 rows on few SMs (GEMM_MS: 72, 96, 128)
+step gemm_rows ${GEMM_ROWS_S:-200} python3 bench/decode_occupancy.py --out "$OUT" --sections gemm \
+    --budgets ${GEMM_BUDGETS:-20,28,44,60,132} --shapes qkv,o,gate_up,down --ms ${GEMM_MS:-72,128}
 step steps ${STEPS_S:-240} python3 bench/step_errors.py --out "$OUT" ${STEP_ARGS:-}
 # the decode step by SMs, alone and beside a prefill, at other batches than the calibration's,
 # into a copy of the committed calibration (what its rows cost beyond their bytes)

@@ -64,9 +64,11 @@ class DecodeGraphs:
         first use from `static_batch(rows, width)` (inputs that point at the scratch page)."""
         key = (id(stream), budget, rows)
         if key not in self._steps:
-            batch = static_batch(rows, self.width)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.stream(stream):
+                # made on this stream: its uploads are ordered before the warm-up step reads
+                # them (made on another, the step could read tokens and slots not yet copied)
+                batch = static_batch(rows, self.width)
                 self.model.decode_step(batch, budget).argmax(-1)  # compile and warm up
                 stream.synchronize()
                 with torch.cuda.graph(graph, pool=self._pool, stream=stream):

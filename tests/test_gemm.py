@@ -115,7 +115,7 @@ def _bf16_linear_matches(M, N, K, num_sms, config=None):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M", [1, 8, 33, 64, 255, 2048, 8192])
+@pytest.mark.parametrize("M", [1, 8, 33, 64, 72, 128, 255, 2048, 8192])
 @pytest.mark.parametrize("N,K", [(6144, 4096), (4096, 12288)])
 def test_linear_bf16_real_sizes(M, N, K):
     _bf16_linear_matches(M, N, K, num_sms=80)
@@ -132,9 +132,10 @@ def test_mid_size_m_with_few_tiles_runs_skinny():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("M", [1, 8, 33, 64])
+@pytest.mark.parametrize("M", [1, 8, 33, 64, 72, 128])
 @pytest.mark.parametrize("cfg", [GemmConfig(16, 64, 256, 4, 4, skinny=True),
-                                 GemmConfig(64, 64, 128, 4, 6, skinny=True)])
+                                 GemmConfig(64, 64, 128, 4, 6, skinny=True),
+                                 GemmConfig(128, 128, 64, 8, 3, skinny=True)])
 @pytest.mark.parametrize("sms", [132, 80, 7])
 def test_skinny_bf16_real_sizes(M, cfg, sms):
     _bf16_linear_matches(M, 6144, 4096, num_sms=sms, config=cfg)

@@ -1,0 +1,45 @@
+"""Captured decode steps: padded sizes, and a capture whose static inputs reach its stream in
+order."""
+
+import pytest
+import torch
+
+from pdmux_triton.decode_graphs import DecodeGraphs, padded_batch, padded_sizes
+from pdmux_triton.model import DecodeBatch, KVCache, Model, Weights
+from pdmux_triton.models import model_preset
+from pdmux_triton.partition import Budget
+
+
+def test_padded_sizes_cover_every_batch_with_few_graphs():
+    assert [padded_batch(n) for n in (1, 2, 3, 5, 8, 9, 16, 17, 72)] == [1, 2, 4, 8, 8, 16, 16,
+                                                                          24, 72]
+    sizes = padded_sizes(40)
+    assert sizes == [1, 2, 4, 8, 16, 24, 32, 40]
+    assert all(padded_batch(n) in sizes and padded_batch(n) >= n for n in range(1, 41))
+
+
+@pytest.mark.gpu
+def test_static_inputs_are_made_on_the_capture_stream():
+    """The warm-up step before a capture reads the static inputs on the capture stream, so they
+    must be uploaded there: made on another stream, the step could read tokens and slots whose
+    copies had not landed (an out-of-range embedding gather, K/V written anywhere)."""
+    spec, dtype, dev = model_preset("tiny"), torch.bfloat16, torch.device("cuda")
+    scratch, ps = 7, 4
+    model = Model(Weights.random(spec, dev, dtype), KVCache(spec, scratch + 1, ps, dev, dtype),
+                  max_positions=64)
+    graphs = DecodeGraphs(model, width=4)
+    stream = torch.cuda.Stream()
+    seen = []
+
+    def static_batch(rows: int, width: int) -> DecodeBatch:
+        seen.append(torch.cuda.current_stream())
+        zeros = torch.zeros(rows, dtype=torch.int64, device=dev)
+        table = torch.full((rows, width), scratch, dtype=torch.int32, device=dev)
+        return DecodeBatch(zeros, zeros.clone(), zeros + scratch * ps, table,
+                           torch.zeros(rows, dtype=torch.int32, device=dev), width * ps)
+
+    torch.cuda._sleep(50_000_000)  # the default stream stays busy while the capture runs
+    step = graphs.get(stream, Budget(None), 2, static_batch)
+    assert seen == [stream]
+    assert graphs.captures == 1 and graphs.get(stream, Budget(None), 2, static_batch) is step
+    torch.cuda.synchronize()
