@@ -40,9 +40,15 @@ class GemmConfig:
 
 
 def decode_tile(M: int, elem: int, small_budget: bool) -> GemmConfig:
-    """The skinny kernel's tile for a decode GEMM, M <= 64: x's rows padded to the MMA's N
-    (16-64), 64 rows of W (one warpgroup MMA) per tile on the whole GPU, 128 on a small budget,
-    where each program's own bandwidth is what counts (bench/NOTES.md)."""
+    """The tile for a decode GEMM: M <= 64, or M <= 128 on a small budget.
+
+    M <= 64: the skinny kernel, x's rows padded to the MMA's N (16-64), 64 rows of W (one
+    warpgroup MMA) per tile on the whole GPU, 128 on a small budget, where each program's own
+    bandwidth is what counts. 65-128 rows on a small budget: one 128-row tile of x, so W is
+    read once, and two warpgroups per 128x128 output tile, which keep the tensor cores busy
+    where these rows' MMA work, not W's bytes, sets the time (bench/NOTES.md)."""
+    if M > 64:
+        return GemmConfig(128, 128, 64, 8, 4)
     block_m = max(16, triton.next_power_of_2(M))
     bk = 128 if elem < 4 else 64
     if small_budget:
@@ -55,17 +61,17 @@ def default_config(M: int, N: int, K: int, programs: int, dtype: torch.dtype,
     """A tile shape and schedule for this problem.
 
     Large M: 128x256 tiles, the best of bench/bench_kernels.py's sweep on the H200.
-    Skinny M (decode): see `decode_tile`; a budget of at most half the GPU's programs counts
-    as small. In between: 64/128x128 tiles, the skinny schedule when there are fewer tiles
-    than programs.
+    Decode M (up to 64, or 128 on a small budget): see `decode_tile`; a budget of at most half
+    the GPU's programs counts as small. In between: 64/128x128 tiles, the skinny schedule when
+    there are fewer tiles than programs.
     """
     elem = torch.finfo(dtype).bits // 8
+    small = device_programs is not None and 2 * programs <= device_programs
     if interpreting():
         cfg = GemmConfig(16, 16, 16, 4, 1)
     elif M > 1024:
         return _fit_shared_memory(GemmConfig(128, 256, 64, 8, 3, group_m=16), elem)
-    elif M <= 64:
-        small = device_programs is not None and 2 * programs <= device_programs
+    elif M <= (128 if small else 64):
         return _fit_shared_memory(decode_tile(M, elem, small), elem)
     else:
         cfg = GemmConfig(64 if M <= 256 else 128, 128, 64, 4, 4)

@@ -62,10 +62,12 @@ def point_store(path: Path) -> PointStore:
     return PointStore(path, PointKey)
 
 
-def forget(store: PointStore, workloads: tuple[str, ...]) -> int:
-    """Drop every saved point of these workloads (all kinds, CTAs, budgets), e.g. after their
-    kernels changed; returns how many were dropped."""
-    return store.forget(lambda point: point["workload"] in workloads)
+def forget(store: PointStore, plan: "SweepPlan") -> int:
+    """Drop the saved points this plan measures, so it measures them again (after a kernel
+    change); points of other workloads, kinds, CTAs, budgets or batches stay. Returns how many
+    were dropped."""
+    keys = set(plan.keys())
+    return store.forget(lambda point: store.key_of(point) in keys)
 
 
 def summarize(points: list[dict]) -> dict:

@@ -174,8 +174,8 @@ def cmd_calibrate(args, given) -> None:
     check_settings(out / f"calibrate-settings-{gpu.name}.json", settings)
     store = calibrate.point_store(out / f"calibrate-points-{gpu.name}.jsonl")
     if args.remeasure:
-        dropped = calibrate.forget(store, plan.workloads)
-        note(f"calibrate: forgot {dropped} saved points of {', '.join(plan.workloads)}")
+        dropped = calibrate.forget(store, plan)
+        note(f"calibrate: forgot {dropped} saved points this sweep measures again")
     run_sweep(plan, store, log=note)
     points = list(store.points.values())
     summary = calibrate.summarize(points)

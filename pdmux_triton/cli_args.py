@@ -289,7 +289,8 @@ def build_parser() -> Parser:
                 "prices a step of another batch by them")
     p.flag("--no-corun", action="store_true", help="skip the runs beside a prefill")
     p.flag("--remeasure", action="store_true",
-           help="forget the saved points of these workloads first (after a kernel change)")
+           help="measure this sweep's points again though saved (after a kernel change); "
+                "saved points outside the sweep stay")
 
     p = sub.add_parser("run", help="serve a workload with every strategy: ITL, TTFT, TPOT")
     _gpu_flags(p)

@@ -126,21 +126,25 @@ class PointStore:
     def __init__(self, path: str | Path, key_type: type):
         self.path, self.key_type = Path(path), key_type
         self.points: dict[tuple, dict] = {}
-        # a key field with a default came later: points saved before it read as the default
-        optional = {f.name for f in fields(key_type) if f.default is not MISSING}
         if self.path.exists():
             for n, line in enumerate(self.path.read_text().splitlines(), 1):
                 if not line.strip():
                     continue
                 try:
                     point = json.loads(line)
-                    key = key_type(**{f.name: point[f.name] for f in fields(key_type)
-                                      if f.name in point or f.name not in optional})
+                    key = self.key_of(point)
                 except (json.JSONDecodeError, KeyError, TypeError):
                     # a line cut short by a crash: drop it, it will be measured again
                     print(f"{self.path}:{n}: skipping an unreadable point", file=sys.stderr)
                     continue
                 self.points[astuple(key)] = point
+
+    def key_of(self, point: dict):
+        """A saved point's key; a key field with a default came later, so a point saved
+        before it reads as the default."""
+        optional = {f.name for f in fields(self.key_type) if f.default is not MISSING}
+        return self.key_type(**{f.name: point[f.name] for f in fields(self.key_type)
+                                if f.name in point or f.name not in optional})
 
     def has(self, key) -> bool:
         return astuple(key) in self.points

@@ -56,16 +56,28 @@ def test_store_resumes_and_skips_a_torn_line(tmp_path, capsys):
     assert "skipping an unreadable point" in capsys.readouterr().err
 
 
-def test_store_forgets_a_workloads_points_on_disk(tmp_path):
+def test_store_forgets_the_points_a_sweep_measures_again_on_disk(tmp_path):
     path = tmp_path / "points.jsonl"
     store = point_store(path)
-    keep = PointKey("stream_read", "green", 2, "alone", 8)
-    store.add(keep, ms=1.0, tbps=0.5)
-    for ctas in (1, 2):
-        store.add(PointKey("decode_step", "grid_cap", ctas, "corun", 16), ms=2.0, tbps=0.2)
-    assert forget(store, ("decode_step", "decode_linear")) == 2
+    keep = [PointKey("stream_read", "green", 2, "alone", 8),  # another workload
+            PointKey("decode_step", "grid_cap", 2, "corun", 16),  # other CTAs
+            PointKey("decode_step", "grid_cap", 1, "corun", 24, batch=96),  # another budget
+            PointKey("decode_step", "grid_cap", 1, "corun", 16, batch=64)]  # another batch
+    for k in keep:
+        store.add(k, ms=1.0, tbps=0.5)
+    again_measured = [PointKey("decode_step", "grid_cap", 1, "corun", 16, batch=96),
+                      PointKey("decode_step", "grid_cap", 1, "alone", 16)]
+    for k in again_measured:
+        store.add(k, ms=2.0, tbps=0.2)
+    with path.open("a") as f:  # a point saved before keys had a batch reads as batch 0
+        f.write('{"workload": "decode_step", "kind": "grid_cap", "ctas_per_sm": 1, '
+                '"state": "corun", "sms": 16, "ms": 3.0, "tbps": 0.1}\n')
+    store = point_store(path)
+    plan = SweepPlan(("decode_step",), ("grid_cap",), (1,), (16, 132), corun=True,
+                     decode_batches=(96,))
+    assert forget(store, plan) == 3
     again = point_store(path)
-    assert again.has(keep) and len(again.points) == len(store.points) == 1
+    assert all(again.has(k) for k in keep) and len(again.points) == len(store.points) == 4
 
 
 def test_plan_has_no_corun_at_the_whole_gpu():

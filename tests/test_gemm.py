@@ -117,8 +117,9 @@ def _bf16_linear_matches(M, N, K, num_sms, config=None):
 @pytest.mark.gpu
 @pytest.mark.parametrize("M", [1, 8, 33, 64, 72, 128, 255, 2048, 8192])
 @pytest.mark.parametrize("N,K", [(6144, 4096), (4096, 12288)])
-def test_linear_bf16_real_sizes(M, N, K):
-    _bf16_linear_matches(M, N, K, num_sms=80)
+@pytest.mark.parametrize("sms", [80, 20])  # 20: a small budget's decode tiles
+def test_linear_bf16_real_sizes(M, N, K, sms):
+    _bf16_linear_matches(M, N, K, num_sms=sms)
 
 
 @pytest.mark.gpu
@@ -151,6 +152,20 @@ def test_decode_tiles_follow_the_budget():
     assert decode_tile(33, 2, small_budget=False).block_m == 64  # x rows: the MMA's N
     assert decode_tile(8, 4, small_budget=True).block_k == 64  # fp32 slabs stay small
     assert all(decode_tile(m, 2, s).skinny for m in (1, 64) for s in (True, False))
+    # 65-128 rows on a small budget: one x tile of 128 rows (W read once), two warpgroups
+    assert astuple(decode_tile(65, 2, small_budget=True))[:5] == (128, 128, 64, 8, 4)
+    assert not decode_tile(128, 2, small_budget=True).skinny
+
+
+def test_rows_past_64_keep_one_x_tile_only_on_a_small_budget():
+    from pdmux_triton.kernels.gemm import default_config
+
+    with mock.patch.object(gemm, "interpreting", return_value=False):
+        for M in (65, 72, 128):
+            assert default_config(M, 4096, 4096, 60, torch.bfloat16, 132).block_m == 128
+            assert default_config(M, 4096, 4096, 132, torch.bfloat16, 132).block_m == 64
+        assert default_config(129, 4096, 4096, 20, torch.bfloat16, 132).block_m == 64
+        assert default_config(64, 4096, 4096, 20, torch.bfloat16, 132).skinny
 
 
 def test_skinny_schedule_splits_only_when_whole_tiles_leave_most_programs_idle():
