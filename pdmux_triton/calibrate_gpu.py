@@ -19,25 +19,46 @@ from pdmux_triton.workloads import PrefillLayers, make_decode_workload
 
 
 def run_sweep(plan: SweepPlan, store: PointStore, log=print) -> None:
-    """Measure every point of the plan not already in the store."""
+    """Measure every point of the plan not already in the store, one decode batch at a time:
+    each batch's workloads hold their own weights and KV cache, and several large batches
+    together need more memory than the GPU has."""
     todo = [k for k in plan.keys() if not store.has(k)]
     log(f"calibrate: {len(todo)} points to measure ({len(list(plan.keys())) - len(todo)} already saved)")
     if not todo:
         return
-    total = torch.cuda.get_device_properties(0).multi_processor_count
     spec = resolve_model(plan.model)
-    workloads = {(k.workload, k.batch): make_decode_workload(k.workload, spec,
-                                                             k.batch or plan.batch, plan.context)
-                 for k in todo}
     prefill = PrefillLayers(spec, plan.prefill_tokens, layers=2) if plan.corun else None
-    started = time.time()
+    progress = _Progress(len(todo), log)
+    for batch in sorted({k.batch for k in todo}):
+        keys = [k for k in todo if k.batch == batch]
+        workloads = {name: make_decode_workload(name, spec, batch or plan.batch, plan.context)
+                     for name in dict.fromkeys(k.workload for k in keys)}  # one of each
+        _measure(plan, store, keys, workloads, prefill, progress)
+        del workloads
+        torch.cuda.empty_cache()
+
+
+class _Progress:
+    def __init__(self, total: int, log):
+        self.total, self.log, self.done, self.started = total, log, 0, time.time()
+
+    def point(self, key: PointKey, point: dict) -> None:
+        self.done += 1
+        eta = (time.time() - self.started) / self.done * (self.total - self.done)
+        at = f" batch {key.batch}" if key.batch else ""
+        self.log(f"[{self.done}/{self.total} eta {eta:.0f}s] {key.workload}{at} {key.kind} "
+                 f"ctas={key.ctas_per_sm} {key.state} {key.sms} SMs: {point['tbps']:.2f} TB/s")
+
+
+def _measure(plan: SweepPlan, store: PointStore, todo: list[PointKey], workloads: dict,
+             prefill: PrefillLayers | None, progress: _Progress) -> None:
+    total = torch.cuda.get_device_properties(0).multi_processor_count
     by_partition: dict[tuple, list[PointKey]] = {}
     for key in todo:
         by_partition.setdefault((key.kind, key.sms), []).append(key)
     # coarse coverage first (every other budget, both kinds), so a cut-short run still has
     # whole curves to fit; the rerun fills in the rest
     order = list(plan.budgets[::2]) + list(plan.budgets[1::2])
-    done = 0
     for (kind, sms), keys in sorted(by_partition.items(),
                                     key=lambda item: (order.index(item[0][1]), item[0][0])):
         # decode split off first, so its budget can be any multiple of the granularity
@@ -48,7 +69,7 @@ def run_sweep(plan: SweepPlan, store: PointStore, log=print) -> None:
             prefill_alone = None
             pbudget = part.prefill_budget
             for key in keys:
-                wl = workloads[(key.workload, key.batch)]
+                wl = workloads[key.workload]
                 budget = replace(part.decode_budget, ctas_per_sm=key.ctas_per_sm)
                 alone_key = replace(key, state="alone")
                 if store.has(alone_key):
@@ -66,9 +87,4 @@ def run_sweep(plan: SweepPlan, store: PointStore, log=print) -> None:
                     store.add(key, ms=co.ms, tbps=wl.rate(co.ms), covered=co.covered,
                               alone_tbps=wl.rate(alone), prefill_sms=part.prefill_sms,
                               realized_sms=part.decode_sms)
-                done += 1
-                point = store.get(key)
-                eta = (time.time() - started) / done * (len(todo) - done)
-                at = f" batch {key.batch}" if key.batch else ""
-                log(f"[{done}/{len(todo)} eta {eta:.0f}s] {key.workload}{at} {kind} "
-                    f"ctas={key.ctas_per_sm} {key.state} {sms} SMs: {point['tbps']:.2f} TB/s")
+                progress.point(key, store.get(key))
