@@ -11,6 +11,7 @@ so the simulator's error can be read against the measurement.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -19,7 +20,7 @@ import numpy as np
 from pdmux_triton import capacity
 from pdmux_triton.capacity import CRITERIA, Criteria
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.experiment import GUARDS, Servers, Variant, pdmux_variant
+from pdmux_triton.experiment import GUARDS, Servers, Variant, disagg_variant, pdmux_variant
 from pdmux_triton.hardware import GPUSpec
 from pdmux_triton.partition import SPLIT_KINDS
 from pdmux_triton.results import PointStore, check_settings, provenance, read_json
@@ -42,18 +43,23 @@ class PointKey:
 
 def variant(name: str) -> Variant:
     """A strategy by its row name: prefill_first, chunked_<tokens>, pdmux_<kind> (SGLang's
-    levels) or pdmux_slo_<kind> (levels for an ITL target), kind grid_cap or green."""
+    levels), pdmux_slo_<kind> (levels for an ITL target), kind grid_cap or green, or
+    disagg_<P>p<D>d (P prefill servers, D decode servers; simulated)."""
     if name == "prefill_first":
         return Variant(name, "prefill_first")
     if name.startswith("chunked_") and name[8:].isdigit() and int(name[8:]) > 0:
         return Variant(name, "chunked", chunk=int(name[8:]))
+    servers = re.fullmatch(r"disagg_([1-9][0-9]*)p([1-9][0-9]*)d", name)
+    if servers:
+        return disagg_variant(int(servers[1]), int(servers[2]))
     for levels in ("sglang", "slo"):
         for kind in SPLIT_KINDS:
             v = pdmux_variant(kind, levels)
             if name == v.name:
                 return v
     raise PdmuxError(f"unknown strategy {name!r}: prefill_first, chunked_<tokens>, "
-                     f"pdmux_grid_cap, pdmux_green, pdmux_slo_grid_cap or pdmux_slo_green")
+                     f"pdmux_grid_cap, pdmux_green, pdmux_slo_grid_cap, pdmux_slo_green or "
+                     f"disagg_<P>p<D>d")
 
 
 MADE_WITH = ("commit", "source_sha256", "torch", "triton")  # saved with every point

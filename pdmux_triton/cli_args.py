@@ -18,8 +18,9 @@ from pdmux_triton.capacity_sweep import DEFAULT_STRATEGIES
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.hardware import GPUS, MAX_SMS
 from pdmux_triton.models import MODELS
+from pdmux_triton.parallel import LINKS
 from pdmux_triton.partition import SPLIT_KINDS
-from pdmux_triton.settings import LENGTHS, LEVEL_POLICIES, WORKLOADS
+from pdmux_triton.settings import LENGTHS, LEVEL_POLICIES, MAX_TP, WORKLOADS
 from pdmux_triton.traffic import LENGTH_PRESETS
 
 MAX_COUNT = 100_000  # requests in one run
@@ -223,6 +224,20 @@ def _level_flags(p: Parser) -> None:
            help="slo levels: also switch between layers of a split prefill when the batch changed")
 
 
+def _parallel_flags(p: Parser) -> None:
+    p.flag("--tp", type=integer(1, MAX_TP), default=1,
+           help="simulated: GPUs of one tensor-parallel server, each serving a shard of the "
+                "model; its collectives are priced on --link")
+    p.flag("--replicas", type=integer(1, MAX_TP), default=1,
+           help="simulated: independent servers (of --tp GPUs each) behind a round-robin router")
+    p.flag("--link", type=choice(tuple(LINKS)), default="nvlink4",
+           help=f"with --tp or disaggregation: how the GPUs reach each other ({', '.join(LINKS)})")
+    p.flag("--link-gbps", type=number(),
+           help="the link's bus bandwidth (collectives, KV pages), GB/s")
+    p.flag("--link-latency-us", type=number(),
+           help="the time of a small collective or transfer on the link, us")
+
+
 def _cost_flags(p: Parser) -> None:
     p.flag("--s-sat", type=number(0.0, MAX_SMS), default=66.0,
            help="decode S_SAT (SMs) of the estimate and of a simulation without --calibration")
@@ -319,6 +334,7 @@ def build_parser() -> Parser:
                                       "slo (the split an ITL target needs)")
     _level_flags(p)
     _cost_flags(p)
+    _parallel_flags(p)
     p.flag("--out", metavar="DIR", help="folder for run-<gpu>.json and the ITL timeline plot")
 
     p = sub.add_parser("capacity", help="per strategy, the highest request rate within the SLOs")
@@ -351,6 +367,7 @@ def build_parser() -> Parser:
            help="requests in the running batch at most (SGLang's --max-running-requests)")
     _level_flags(p)
     _cost_flags(p)
+    _parallel_flags(p)
     p.flag("--out", default="pdmux-results",
            help="folder for capacity-<gpu>.json, its points (resumed on rerun) and plot")
 

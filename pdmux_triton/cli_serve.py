@@ -69,7 +69,14 @@ def _settings(args, given, workload: str):
         "lengths", "prompt_mean", "prompt_max", "output_mean", "output_max", "trace", "chunks",
         "kinds", "slo_ttft_ms", "slo_tpot_ms", "s_sat", "bw_eff", "mfu", "calibration",
         "compare", "host_costs", "max_running", "level_policies", "itl_slo_ms", "hysteresis",
-        "relevel_at_layers") if hasattr(args, f)}
+        "relevel_at_layers", "tp", "replicas", "link", "link_gbps", "link_latency_us")
+        if hasattr(args, f)}
+    uses_link = getattr(args, "tp", 1) > 1 or any(
+        name.startswith("disagg_") for name in getattr(args, "strategies", ()))
+    if not uses_link:
+        refuse(given, ["link", "link_gbps", "link_latency_us"],
+               "without --tp 2 or more or a disagg_<P>p<D>d strategy (they price what goes "
+               "between GPUs)")
     settings = RunSettings(gpu=gpu, model=resolve_model(args.model),
                            checkpoint=_checkpoint(args, simulate), workload=workload,
                            simulate=simulate, config=config_from_args(args, given, gpu),
@@ -114,7 +121,12 @@ def cmd_run(args, given) -> None:
         mode = ("simulated on the cost model (a prediction: the README's 'How far a simulation "
                 "sits from a measurement' gives its error on the H200)" if settings.simulate
                 else "measured")
-        print(f"{settings.model.name} on {gpu_name}, {settings.workload} workload, {mode}:")
+        where = (f"TP-{settings.tp} over {settings.tp} x {gpu_name} ({settings.comm.link.name} "
+                 f"{settings.comm.link.busbw_gbps:g} GB/s, {settings.comm.link.latency_us:g} us)"
+                 if settings.tp > 1 else gpu_name)
+        if settings.replicas > 1:
+            where = f"{settings.replicas} servers behind a round-robin router, each {where}"
+        print(f"{settings.model.name} on {where}, {settings.workload} workload, {mode}:")
         print(report.strategy_table(out["rows"]))
         if settings.workload != "chapter":
             print()
@@ -153,6 +165,10 @@ def cmd_capacity(args, given) -> None:
             raise PdmuxError("--offline reads measured points at --rates: name them")
         args.simulate = True  # nothing is measured: the flags describe the GPU it was measured on
     settings, no_gpu = _settings(args, given, "stream")
+    several = [n for n in args.strategies if capacity_sweep.variant(n).strategy == "disagg"]
+    if several and not settings.simulate:
+        raise PdmuxError(f"{', '.join(several)} serve on several GPUs; this tool measures one: "
+                         f"simulate them with --simulate")
     if args.offline:  # the GPU as it was measured, from the folder's settings
         gpu = capacity_sweep.measured_gpu(Path(args.out), settings.gpu.name)
         settings, no_gpu = dataclasses.replace(settings, gpu=gpu, simulate=False), None

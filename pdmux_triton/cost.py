@@ -313,11 +313,13 @@ def decode_step_s(model: ModelSpec, rate: DecodeRate, context_tokens: int, sms: 
 
 
 def served_decode_step_s(model: ModelSpec, rate: DecodeRate, overheads: Overheads,
-                         context_tokens: int, sms: int, corun: bool, batch: int) -> float:
-    """A decode step as this tool's executor serves it: `decode_step_s`, and what a captured
-    step costs beyond it (`Overheads.decode_extra_s`)."""
+                         context_tokens: int, sms: int, corun: bool, batch: int,
+                         comm=None) -> float:
+    """A decode step as this tool's executor serves it: `decode_step_s`, what a captured step
+    costs beyond it (`Overheads.decode_extra_s`) and, on a tensor-parallel rank (`model` its
+    shard), its collectives (`comm`, a `parallel.TensorParallel`)."""
     return (decode_step_s(model, rate, context_tokens, sms, corun, batch)
-            + overheads.decode_extra_s(batch))
+            + overheads.decode_extra_s(batch) + (comm.decode_s(batch) if comm else 0.0))
 
 
 def compute_s(flops: float, rate: PrefillRate, sms: int, corun: bool = True) -> float:

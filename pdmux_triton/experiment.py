@@ -13,7 +13,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from pdmux_triton import cost, estimate, metrics, scheduler
+from pdmux_triton import cost, estimate, metrics, parallel, router, scheduler
+from pdmux_triton.errors import PdmuxError
 from pdmux_triton.level_policy import SGLangLevels, SloLevels
 from pdmux_triton.results import load_calibration, load_compare, load_host_costs, provenance
 from pdmux_triton.settings import RunSettings, make_requests
@@ -32,6 +33,14 @@ class Variant:
     chunk: int = 0
     kind: str = "grid_cap"  # partition kind of the pd-mux levels
     levels: str = "sglang"  # how pd-mux picks its level (level_policy)
+    # disaggregated (strategy "disagg"): prefill servers and decode servers (router)
+    prefill_servers: int = 0
+    decode_servers: int = 0
+
+
+def disagg_variant(prefill_servers: int, decode_servers: int) -> Variant:
+    return Variant(f"disagg_{prefill_servers}p{decode_servers}d", "disagg",
+                   prefill_servers=prefill_servers, decode_servers=decode_servers)
 
 
 def pdmux_variant(kind: str, levels: str = "sglang") -> Variant:
@@ -80,15 +89,20 @@ class Servers:
             self.gpu = GpuExecutors(s.gpu, s.model, requests, s.config, s.prefill_tokens,
                                     s.max_running, s.checkpoint)
 
-    def executor(self, v: Variant):
+    def executor(self, v: Variant, kv_arrives: bool = False):
+        """`kv_arrives`: a disaggregated decode server's (its prompts' KV comes over the link)."""
         if self.gpu is not None:
+            if v.strategy == "disagg":
+                raise PdmuxError(f"{v.name} needs {v.prefill_servers + v.decode_servers} GPUs; "
+                                 f"this tool measures one: simulate it")
             return self.gpu.executor(v.strategy, v.kind, v.chunk, self.level_policy(v))
         s, kind = self.s, (v.kind if v.strategy == "pdmux" else "grid_cap")
         decode = (self.cal.decode_curve(kind) if self.cal else
                   cost.SaturationLaw(s.gpu.hbm_tbps * s.bw_eff, min(s.s_sat, s.gpu.sms)))
         prefill = (self.cmp.prefill_rate(kind, s.gpu.bf16_tflops, s.gpu.sms) if self.cmp else
                    cost.PrefillRate.fixed(s.gpu.bf16_tflops, s.gpu.sms, s.mfu))
-        return SimExecutor(s.gpu, s.model, decode, prefill, kind, self.overheads)
+        return SimExecutor(s.gpu, s.rank_model, parallel.rank_rate(decode, s.tp), prefill, kind,
+                           self.overheads, s.comm, kv_arrives)
 
     @contextmanager
     def watch(self, x) -> Iterator[dict]:
@@ -102,15 +116,19 @@ class Servers:
         s = self.s
         if v.levels == "sglang":
             return SGLangLevels(s.config)
-        curve = load_calibration(s.calibration, s.gpu.name).decode_curve(v.kind)
-        return SloLevels(s.model, curve, s.itl_target_ms, s.hysteresis, s.relevel_at_layers,
-                         self.overheads)
+        curve = parallel.rank_rate(load_calibration(s.calibration, s.gpu.name)
+                                   .decode_curve(v.kind), s.tp)
+        return SloLevels(s.rank_model, curve, s.itl_target_ms, s.hysteresis,
+                         s.relevel_at_layers, self.overheads, s.comm)
 
     def serve(self, v: Variant, requests: list[Request]) -> tuple[dict, scheduler.RunResult]:
         """One variant over a copy of `requests`: its summary row and its run. On the GPU the
         variant's first requests are served once untimed before: the allocator then holds
         memory for the batches this traffic forms (the warm-up compiled and captured the rest)."""
-        s, x = self.s, self.executor(v)
+        s = self.s
+        if v.strategy == "disagg" or s.replicas > 1:  # simulated: several servers
+            return self._serve_behind_router(v, requests)
+        x = self.executor(v)
 
         def run_once():
             return scheduler.run(v.strategy, x, copy.deepcopy(requests), chunk=v.chunk,
@@ -123,6 +141,26 @@ class Servers:
             result = run_once()
         row = {**metrics.summarize(result, s.slo), **counts, "strategy": v.name}
         return row, result
+
+    def _serve_behind_router(self, v: Variant, requests: list[Request]):
+        s = self.s
+
+        def on_new_server(strategy: str, kv_arrives: bool = False):
+            def serve(part: list[Request]) -> scheduler.RunResult:
+                return scheduler.run(strategy, self.executor(v, kv_arrives), copy.deepcopy(part),
+                                     chunk=v.chunk, config=s.config,
+                                     prefill_tokens=s.prefill_tokens, max_running=s.max_running,
+                                     levels_by=self.level_policy(v))
+            return serve
+        if v.strategy == "disagg":  # prefill servers and decode servers take the whole GPU each
+            result = router.serve_disaggregated(
+                v.name, on_new_server("prefill_first"), on_new_server("prefill_first", True),
+                requests, v.prefill_servers, v.decode_servers,
+                s.rank_model.kv_bytes_per_token(cost.DTYPE_BYTES), s.model.layers, s.link_spec())
+        else:
+            result = router.serve_replicas(v.name, on_new_server(v.strategy), requests,
+                                           s.replicas)
+        return {**metrics.summarize(result, s.slo), "strategy": v.name}, result
 
     def close(self) -> None:
         if self.gpu is not None:
@@ -142,7 +180,9 @@ def run_experiment(s: RunSettings, log=print) -> tuple[dict, dict[str, scheduler
     serves the requests that decode from the start without the arriving prompt: the ITL
     baseline."""
     requests = make_requests(s)
-    estimates = chapter_estimates(s) if s.workload == "chapter" else []
+    # the chapter's estimate is of one GPU: none beside a run on several
+    one_gpu = s.tp == 1 and s.replicas == 1
+    estimates = chapter_estimates(s) if s.workload == "chapter" and one_gpu else []
     servers = Servers(s, requests)
     rows, results = [], {}
     try:
@@ -158,7 +198,9 @@ def run_experiment(s: RunSettings, log=print) -> tuple[dict, dict[str, scheduler
     levels = s.config.levels(s.gpu.sms, s.gpu.cc_major)
     prefill_sms = levels[s.config.choose_level(levels, s.batch, True)][0]
     out = {"mode": "simulated" if s.simulate else "gpu", **provenance(s.gpu.name),
-           "model": s.model.name, "workload": s.workload, "inputs": s.as_dict(), "rows": rows,
+           "model": s.model.name, "tp": s.tp, "replicas": s.replicas, "workload": s.workload,
+           "inputs": s.as_dict(),
+           "rows": rows,
            "warnings": warnings(rows),
            "details": {name: metrics.details(res) for name, res in results.items()}}
     if estimates:

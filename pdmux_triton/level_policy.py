@@ -66,6 +66,7 @@ class SloLevels:
     hysteresis: float = 0.1
     relevel_at_layers: bool = False
     overheads: cost.Overheads = cost.Overheads()  # a captured step's cost beyond its bytes
+    comm: object = None  # a tensor-parallel rank's collectives (parallel.TensorParallel)
 
     def __post_init__(self):
         if not (np.isfinite(self.itl_ms) and self.itl_ms > 0):
@@ -79,7 +80,7 @@ class SloLevels:
 
     def step_ms(self, decode_sms: int, context_tokens: int, batch: int = 0) -> float:
         return cost.served_decode_step_s(self.model, self.rate, self.overheads, context_tokens,
-                                         decode_sms, True, batch) * 1e3
+                                         decode_sms, True, batch, self.comm) * 1e3
 
     def choose(self, levels, contexts, prefilling, current):
         n = len(levels)

@@ -53,6 +53,20 @@ def _spread(prefix: str, values, scale: float = MS) -> dict:
     return out
 
 
+def _gaps_during_prefills(result: RunResult) -> np.ndarray:
+    """Inter-token waits on this server that overlap one of its prefills."""
+    itl = intervals(result)
+    ends = np.array([t for t, _ in itl])
+    gaps = np.array([d for _, d in itl])
+    return gaps[_during(ends, gaps, prefill_windows(result))]
+
+
+def _tokens_during_prefills(result: RunResult) -> list[int]:
+    """Decode steps this server finished during each of its prefills."""
+    decode_ends = np.array([rd.end for rd in result.rounds if rd.decode_bs > 0])
+    return [int(np.sum((decode_ends > a) & (decode_ends <= b))) for a, b in prefill_windows(result)]
+
+
 def prefill_windows(result: RunResult) -> list[tuple[float, float]]:
     return sorted({(r.prefill_start, r.prefill_end) for r in result.requests
                    if not r.warm and r.prefill_start is not None and r.prefill_end is not None})
@@ -85,13 +99,13 @@ def tpot(r: Request) -> float | None:
 
 
 def summarize(result: RunResult, slo: Slo | None = None) -> dict:
+    """The run's figures; behind a router, those of one GPU's timeline (idle time, level
+    changes, tokens during a prefill: the server's own) are taken on each server and combined."""
     windows = prefill_windows(result)
-    itl = intervals(result)
-    ends = np.array([t for t, _ in itl])
-    gaps = np.array([d for _, d in itl])
-    during = gaps[_during(ends, gaps, windows)]
-    decode_ends = np.array([rd.end for rd in result.rounds if rd.decode_bs > 0])
-    tokens_during = [int(np.sum((decode_ends > a) & (decode_ends <= b))) for a, b in windows]
+    gaps = np.array([d for _, d in intervals(result)])
+    servers = result.parts or [result]
+    during = np.concatenate([_gaps_during_prefills(part) for part in servers])
+    tokens_during = [n for part in servers for n in _tokens_during_prefills(part)]
     served = [r for r in result.requests if not r.warm]
     ttfts = [r.ttft for r in served if r.ttft is not None]
     return {
@@ -109,8 +123,9 @@ def summarize(result: RunResult, slo: Slo | None = None) -> dict:
         "requests": len(result.requests),
         "rounds": len(result.rounds),
         "wall_s": result.wall_s,
-        "gpu_idle_frac": gpu_idle_frac(result),
-        "level_changes": sum(a.level != b.level for a, b in zip(result.rounds, result.rounds[1:])),
+        "gpu_idle_frac": float(np.mean([gpu_idle_frac(part) for part in servers])),
+        "level_changes": sum(sum(a.level != b.level for a, b in zip(part.rounds, part.rounds[1:]))
+                             for part in servers),
         "level_drain_ms": sum(result.activity.drain_s) * MS,
         **serving(result, slo),
     }

@@ -114,6 +114,9 @@ class RunResult:
     rounds: list[Round] = field(default_factory=list)
     wall_s: float = 0.0
     activity: Activity = field(default_factory=lambda: Activity([], (0.0, 0.0), [], []))
+    # servers behind a router (`router`), each on its own GPUs: their runs, of which this one
+    # holds every request, round and launch on one clock; empty for one server
+    parts: list["RunResult"] = field(default_factory=list)
 
 
 class Engine:

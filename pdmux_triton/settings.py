@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import MISSING, asdict, dataclass, field, fields
 
-from pdmux_triton import cost, policy, scheduler, traffic
+from pdmux_triton import cost, parallel, policy, scheduler, traffic
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.hardware import GPUSpec, ModelSpec
 from pdmux_triton.metrics import Slo
@@ -17,6 +17,7 @@ LEVEL_POLICIES = ("sglang", "slo")
 LENGTHS = (*traffic.LENGTH_PRESETS, "exponential")
 MAX_CHUNK_STEPS = 65_536  # chunked steps per prompt: a run's work stays bounded
 MAX_GPU_RUN_S = 3600  # arrivals of a measured stream must come within this
+MAX_TP = 64  # GPUs of one tensor-parallel server
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,15 @@ class RunSettings:
     calibration: str | None = None
     compare: str | None = None
     host_costs: str | None = None  # bench/host_costs.py's file: the host's share of a round
+    # tensor parallelism (simulated): each of `tp` GPUs serves a shard, its collectives priced
+    # on `link` (a preset of parallel.LINKS), with its bandwidth or latency replaced if given
+    tp: int = 1
+    link: str = "nvlink4"
+    link_gbps: float | None = None
+    link_latency_us: float | None = None
+    # data parallelism (simulated): this many servers of `tp` GPUs each, behind a round-robin
+    # router (`router`)
+    replicas: int = 1
 
     def __post_init__(self):
         if self.workload not in WORKLOADS:
@@ -99,6 +109,7 @@ class RunSettings:
         if self.compare and not self.calibration:
             raise PdmuxError("--compare calibrates the prefill rate beside --calibration's decode "
                              "curve: pass --calibration too")
+        self._check_parallel()
         self._check_work()
         if self.calibration:  # read now: a bad file fails before minutes of serving
             load_calibration(self.calibration, self.gpu.name)
@@ -106,6 +117,43 @@ class RunSettings:
             load_compare(self.compare, self.gpu.name)
         if self.host_costs:
             load_host_costs(self.host_costs, self.gpu.name)
+
+    def _check_parallel(self) -> None:
+        if not (isinstance(self.tp, int) and 1 <= self.tp <= MAX_TP):
+            raise PdmuxError(f"--tp must be a whole number of GPUs in 1..{MAX_TP}, got {self.tp!r}")
+        if self.link not in parallel.LINKS:
+            raise PdmuxError(f"unknown link {self.link!r}; known: {', '.join(parallel.LINKS)}")
+        if not (isinstance(self.replicas, int) and 1 <= self.replicas <= MAX_TP):
+            raise PdmuxError(f"--replicas must be a whole number of servers in 1..{MAX_TP}, "
+                             f"got {self.replicas!r}")
+        if self.replicas > 1 and not self.simulate:
+            raise PdmuxError(f"--replicas {self.replicas}: this tool measures one GPU; simulate "
+                             f"servers behind a router with --simulate")
+        if self.tp > 1 and not self.simulate:
+            raise PdmuxError(f"--tp {self.tp}: this tool measures one GPU (a process per GPU "
+                             f"over NCCL is not built); simulate tensor parallelism with "
+                             f"--simulate")
+        self.link_spec()  # a bandwidth or latency that is not a finite number > 0 fails here
+
+    def link_spec(self) -> parallel.Link:
+        """The link between GPUs: the preset, with --link-gbps / --link-latency-us."""
+        preset = parallel.LINKS[self.link]
+        if self.link_gbps is None and self.link_latency_us is None:
+            return preset
+        return parallel.Link(
+            preset.name, preset.busbw_gbps if self.link_gbps is None else self.link_gbps,
+            preset.latency_us if self.link_latency_us is None else self.link_latency_us)
+
+    @property
+    def rank_model(self) -> ModelSpec:
+        """What one GPU holds and computes: the model, or its shard under --tp."""
+        return parallel.shard(self.model, self.tp)
+
+    @property
+    def comm(self) -> parallel.TensorParallel:
+        """The collectives of a rank's forward (none on one GPU)."""
+        return parallel.TensorParallel.of(self.model, self.tp,
+                                          self.link_spec() if self.tp > 1 else None)
 
     def _check_work(self) -> None:
         """The run must fit the GPU's memory and end in bounded time."""
@@ -128,11 +176,12 @@ class RunSettings:
         else:
             longest = tokens = self._longest_request()
             what = f"the longest request ({tokens} tokens)"
-        cost.check_fits(self.gpu, self.model, tokens, what)
-        room = cost.kv_capacity_tokens(self.gpu, self.model)
+        rank = self.rank_model  # under --tp each GPU holds a shard and its share of the cache
+        cost.check_fits(self.gpu, rank, tokens, what)
+        room = cost.kv_capacity_tokens(self.gpu, rank)
         if tokens > room:
             raise PdmuxError(f"{what} need {tokens:,} tokens of KV cache; the {self.gpu.name} keeps "
-                             f"{room:,} for {self.model.name} ({cost.KV_MEMORY_FRACTION:.0%} of "
+                             f"{room:,} for {rank.name} ({cost.KV_MEMORY_FRACTION:.0%} of "
                              f"what its weights leave)")
         if self.workload == "chapter" and self.batch + 1 > self.max_running:
             raise PdmuxError(f"--max-running {self.max_running} leaves no room for the chapter's "

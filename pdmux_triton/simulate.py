@@ -6,7 +6,8 @@ alone or beside a prefill that is in flight as the step starts); a prefill costs
 the prefill rate on its share of the SMs. The host spends its share on each decode round and
 each eager layer it launches, and mixed steps their padded decode rows (`cost.Overheads`,
 none by default): an eager step ends no earlier than its launches, and while the host
-launches, nothing else is launched.
+launches, nothing else is launched. On one rank of a tensor-parallel server (`model` its shard,
+`parallel.shard`) every forward also spends its collectives (`comm`) on the link.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 from pdmux_triton import cost, policy
 from pdmux_triton.hardware import GPUSpec, ModelSpec
+from pdmux_triton.parallel import TensorParallel
 from pdmux_triton.partition import for_level
 from pdmux_triton.scheduler import Activity
 from pdmux_triton.traffic import Request
@@ -31,9 +33,14 @@ class SimPrefill:
 class SimExecutor:
     def __init__(self, gpu: GPUSpec, model: ModelSpec, decode: cost.DecodeRate,
                  prefill: cost.PrefillRate, kind: str = "grid_cap",
-                 overheads: cost.Overheads = cost.Overheads()):
+                 overheads: cost.Overheads = cost.Overheads(),
+                 comm: TensorParallel | None = None, kv_arrives: bool = False):
         self.model, self.decode_rate, self.prefill_rate, self.kind = model, decode, prefill, kind
         self.overheads = overheads
+        self.comm = comm or TensorParallel.of(model, 1)  # one GPU: no collectives
+        # a disaggregated decode server: a request's KV comes over the link (`router`), so its
+        # prefill computes nothing here
+        self.kv_arrives = kv_arrives
         self.total_sms, self.cc_major, self.num_layers = gpu.sms, gpu.cc_major, model.layers
         self.kv_capacity_tokens = cost.kv_capacity_tokens(gpu, model)
         self.t = 0.0
@@ -82,7 +89,7 @@ class SimExecutor:
         corun = self.free["prefill"] > start
         step = cost.served_decode_step_s(self.model, self.decode_rate, self.overheads,
                                          sum(r.context for r in reqs), self.sms["decode"],
-                                         corun, len(reqs))
+                                         corun, len(reqs), self.comm)
         self.decode_steps.append(step)
         self.t = max(self.t, self._enqueue("decode", step, launched))
         return self.t, [0] * len(reqs)
@@ -99,6 +106,9 @@ class SimExecutor:
         return began, self.t
 
     def launch_prefill(self, carry: SimPrefill, start: int, end: int) -> None:
+        if self.kv_arrives:
+            carry.ends_at = self.t
+            return
         flops = sum(cost.layer_flops(self.model, len(r.prompt), 0, end - start) for r in carry.reqs)
         if end == self.num_layers:  # the LM head samples each prompt's first token
             flops += cost.lm_head_flops(self.model, len(carry.reqs))
@@ -106,6 +116,9 @@ class SimExecutor:
         # on a split, decode steps run beside it; on the whole GPU, nothing does
         beside_decode = self.sms["prefill"] < self.total_sms
         seconds = cost.compute_s(flops, self.prefill_rate, self.sms["prefill"], beside_decode)
+        seconds += self.comm.layers_s(sum(len(r.prompt) for r in carry.reqs), end - start)
+        if end == self.num_layers:
+            seconds += self.comm.logits_s(len(carry.reqs))
         carry.ends_at = max(self._enqueue("prefill", seconds, began), launched)
         self.free["prefill"] = carry.ends_at
 
@@ -124,6 +137,8 @@ class SimExecutor:
                                        len(decoding), n, start, samples_chunk=last,
                                        decode_row_tile=self.overheads.decode_row_tile,
                                        phases=fit))
+        step += (self.comm.layers_s(len(decoding) + n, self.num_layers)
+                 + self.comm.logits_s(len(decoding) + last))
         if fit is not None:  # as fitted: the fixed cost, then the GPU's phases
             self.t = self._enqueue("decode", step, self.t + fit.fixed_s)
         else:

@@ -199,3 +199,25 @@ def test_step_errors_prices_each_simulated_step_as_the_simulator_did(tmp_path):
                           "nope", "--out", str(tmp_path)], capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode == 2 and "nope" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_multi_gpu_compares_two_gpus_four_ways(tmp_path):
+    """bench/multi_gpu.py on a short stream: every setup's capacity, two GPUs for each but the
+    reference, and servers behind a router never below one of them alone."""
+    import json
+
+    out = subprocess.run([sys.executable, "bench/multi_gpu.py", "--out", str(tmp_path),
+                          "--count", "24"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    data = json.loads((tmp_path / "multi-gpu-h200x2-simulated.json").read_text())
+    setups = data["setups"]
+    assert list(setups) == ["one_gpu", "tp2", "replicas", "disagg"]
+    assert [setups[n]["gpus"] for n in setups] == [1, 2, 2, 2]
+    caps = {n: {k: r["goodput_capacity_rps"] for k, r in s["strategies"].items()}
+            for n, s in setups.items()}
+    assert all(c > 0 for s in caps.values() for c in s.values())
+    for strategy in ("pdmux_grid_cap", "pdmux_slo_grid_cap", "chunked_512"):
+        assert caps["replicas"][strategy] >= caps["one_gpu"][strategy]
+    assert data["summary"]["best_two_gpu"] in {f"{n}/{k}" for n in caps if n != "one_gpu"
+                                               for k in caps[n]}
+    assert "best on two GPUs" in out.stdout

@@ -12,13 +12,13 @@ PACKAGE = Path(__file__).resolve().parent.parent / "pdmux_triton"
 LAYERS = [
     {"errors"},
     {"hardware", "models", "policy", "traffic"},
-    {"cost", "partition"},
+    {"cost", "partition", "parallel"},
     {"results", "kernels"},
     {"estimate", "advise", "level_policy", "calibrate", "compare", "greenctx", "paged_kv",
      "telemetry"},
     {"streams", "model", "scheduler"},
     {"blocks", "checkpoint", "decode_graphs", "timeline", "compiles", "warmup", "measure",
-     "workloads", "simulate", "metrics"},
+     "workloads", "simulate", "metrics", "router"},
     {"execute", "gpu_serving", "calibrate_gpu", "compare_gpu", "settings", "capacity",
      "experiment"},
     {"capacity_sweep"},
@@ -27,8 +27,8 @@ LAYERS = [
     {"cli_serve"},
     {"cli", "__main__", "__init__"},
 ]
-PURE = ["policy", "hardware", "models", "cost", "results", "partition", "estimate", "advise", "level_policy",
-        "traffic", "scheduler", "simulate", "metrics", "calibrate", "compare", "settings", "capacity",
+PURE = ["policy", "hardware", "models", "cost", "parallel", "results", "partition", "estimate", "advise", "level_policy",
+        "traffic", "scheduler", "simulate", "metrics", "router", "calibrate", "compare", "settings", "capacity",
         "experiment", "capacity_sweep", "report", "plots", "cli_args", "cli_common", "cli_serve",
         "cli"]
 
