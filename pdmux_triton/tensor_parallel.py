@@ -72,3 +72,43 @@ class DistCollectives:
         parts = [torch.empty_like(logits) for _ in range(self.size)]
         dist.all_gather(parts, logits.contiguous(), group=self.group)
         return torch.cat(parts, dim=-1)
+
+
+class AgreedExecutor:
+    """One rank's executor whose loop decides as every rank's does, as SGLang's TP ranks do.
+
+    Each rank runs the same scheduler loop on its own executor; what the loop decides from
+    must be the same on every rank or they diverge (one admits a request or takes a level the
+    others do not, and their collectives stop matching). The clock the loop reads is the
+    slowest rank's, and a prefill counts as finished only once it has finished on every rank
+    (the vote SGLang casts before it merges a finished prefill into the batch): both are CPU
+    all-reduces on `group` (gloo), each rank's tokens being the same already."""
+
+    def __init__(self, executor, group=None):
+        self.x, self.group = executor, group
+
+    def __getattr__(self, name):  # everything the loop does not decide from
+        return getattr(self.x, name)
+
+    def _agree(self, value: float, op) -> float:
+        t = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(t, op=op, group=self.group)
+        return float(t)
+
+    def now(self) -> float:
+        return self._agree(self.x.now(), dist.ReduceOp.MAX)
+
+    def wait_decode(self, pending):
+        t, tokens = self.x.wait_decode(pending)
+        return self._agree(t, dist.ReduceOp.MAX), tokens
+
+    def prefill_result(self, carry, wait: bool):
+        mine = self.x.prefill_result(carry, wait)
+        if not wait and self._agree(float(mine is not None), dist.ReduceOp.MIN) == 0.0:
+            return None  # not finished everywhere: looked at again next round
+        t, tokens = mine
+        return self._agree(t, dist.ReduceOp.MAX), tokens
+
+    def mixed(self, decoding, prompt, start, n):
+        t, tokens, first = self.x.mixed(decoding, prompt, start, n)
+        return self._agree(t, dist.ReduceOp.MAX), tokens, first

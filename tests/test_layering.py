@@ -17,7 +17,7 @@ LAYERS = [
     {"estimate", "advise", "level_policy", "calibrate", "compare", "greenctx", "paged_kv",
      "telemetry"},
     {"streams", "model", "scheduler"},
-    {"blocks", "checkpoint", "decode_graphs", "tensor_parallel", "timeline", "compiles", "warmup", "measure",
+    {"blocks", "checkpoint", "decode_graphs", "tensor_parallel", "kv_transfer", "timeline", "compiles", "warmup", "measure",
      "workloads", "simulate", "metrics", "router"},
     {"execute", "gpu_serving", "calibrate_gpu", "compare_gpu", "settings", "capacity",
      "experiment"},

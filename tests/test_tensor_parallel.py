@@ -90,3 +90,113 @@ def test_the_shards_hold_the_whole_model_between_them(tp):
                            layer["qkv"][k0:k0 + SPEC.head_dim])
     with pytest.raises(PdmuxError, match="rank 4 is not one of the 4 ranks 0..3"):
         shard_weights(w, 4, 4)
+
+
+def _rank_loop(rank, tp, rendezvous, out, agree):
+    """A pd-mux loop on a simulated rank whose prefills run slower on rank 1 (a GPU that is
+    slower or busier): the rounds it serves, with or without agreeing with the other ranks."""
+    from pdmux_triton import cost, scheduler
+    from pdmux_triton.hardware import gpu_preset
+    from pdmux_triton.simulate import SimExecutor
+    from pdmux_triton.tensor_parallel import AgreedExecutor
+    from pdmux_triton.traffic import LENGTH_PRESETS, stream
+
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=tp)
+    try:
+        gpu, qwen = gpu_preset("h200"), model_preset("qwen3-8b")
+        prefill = cost.PrefillRate.fixed(gpu.bf16_tflops, gpu.sms, 0.5 if rank == 0 else 0.3)
+        x = SimExecutor(gpu, shard(qwen, tp), cost.SaturationLaw(4.0, 66), prefill)
+        reqs = stream(qwen.vocab, 6.0, 30, LENGTH_PRESETS["sharegpt"], seed=4)
+        result = scheduler.run("pdmux", AgreedExecutor(x) if agree else x, reqs)
+        rounds = [(rd.level, rd.decode_bs, rd.prefill) for rd in result.rounds]
+        torch.save(rounds, f"{out}/rounds{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("agree", [True, False])
+def test_ranks_that_agree_take_the_same_rounds(agree, tmp_path):
+    """With the vote and the agreed clock every rank takes the same levels, batches and prefill
+    layers; without them, the rank whose prefill ends first moves on alone."""
+    mp.start_processes(_rank_loop, args=(2, tmp_path / "rendezvous", tmp_path, agree),
+                       nprocs=2, start_method="spawn")
+    rounds = [torch.load(tmp_path / f"rounds{r}.pt") for r in range(2)]
+    assert len(rounds[0]) > 50
+    assert (rounds[0] == rounds[1]) == agree
+
+
+# each side's own page ids: the prompt's three, and on the decode rank one more for its output
+PREFILL_PAGES, DECODE_PAGES = [5, 2, 9], [1, 7, 3, 12]
+
+
+def _disaggregated(rank, rendezvous, out, prompt, steps):
+    """Rank 0 prefills `prompt` and sends each layer's KV pages as the layer ends; rank 1
+    receives them into its own pages and decodes from them."""
+    from pdmux_triton.kv_transfer import receive_request, send_layer
+
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=2)
+    try:
+        model = Model(Weights.random(SPEC, "cpu", torch.float32, seed=1),
+                      KVCache(SPEC, 16, PAGE, "cpu", torch.float32), max_positions=64)
+        n = len(prompt)
+        if rank == 0:
+            table = torch.tensor([PREFILL_PAGES], dtype=torch.int32)
+            pos = torch.arange(n)
+            slots = table[0].long()[pos // PAGE] * PAGE + pos % PAGE
+            batch = ExtendBatch(torch.tensor(prompt), pos, slots, table, [n], [0])
+            h = r = None
+            sends = []
+            for layer in range(SPEC.layers):  # a layer's pages leave as soon as it has run
+                h, r = model.extend_layers(batch, layer, layer + 1, h, r, budget=Budget(2))
+                sends += send_layer(model.cache, layer, PREFILL_PAGES, 1)
+            first = int(model.logits(h[-1:], r[-1:], Budget(2)).argmax(-1))
+            for w in sends:
+                w.wait()
+            dist.send(torch.tensor([first]), 1)  # the first token, as the router hands it on
+            torch.save({"k": [k.clone() for k in model.cache.k]}, f"{out}/prefill.pt")
+        else:
+            receive_request(model.cache, DECODE_PAGES[:len(PREFILL_PAGES)], 0)
+            first = torch.zeros(1, dtype=torch.int64)
+            dist.recv(first, 0)
+            table = torch.tensor([DECODE_PAGES], dtype=torch.int32)
+            tokens, logits = [int(first)], []
+            for _ in range(steps):
+                at = n + len(tokens) - 1
+                step = DecodeBatch(torch.tensor(tokens[-1:]), torch.tensor([at]),
+                                   torch.tensor([DECODE_PAGES[at // PAGE] * PAGE + at % PAGE]),
+                                   table, torch.tensor([at + 1], dtype=torch.int32),
+                                   max_seq_len=at + 1)
+                logits.append(model.decode_step(step, Budget(2)))
+                tokens.append(int(logits[-1].argmax(-1)))
+            torch.save({"tokens": tokens, "logits": torch.cat(logits),
+                        "k": [k.clone() for k in model.cache.k]}, f"{out}/decode.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_kv_pages_sent_layer_by_layer_land_in_the_decode_ranks_own_pages(tmp_path):
+    prompt = torch.randint(0, SPEC.vocab, (10,),
+                           generator=torch.Generator().manual_seed(7)).tolist()
+    steps = 3
+    one = Model(Weights.random(SPEC, "cpu", torch.float32, seed=1),
+                KVCache(SPEC, 16, PAGE, "cpu", torch.float32), max_positions=64)
+    ref_logits, ref_tokens = _greedy(one, prompt, steps)
+    mp.start_processes(_disaggregated, args=(tmp_path / "rendezvous", tmp_path, prompt, steps),
+                       nprocs=2, start_method="spawn")
+    sent, got = torch.load(tmp_path / "prefill.pt"), torch.load(tmp_path / "decode.pt")
+    for layer in range(SPEC.layers):  # the prompt's rows, page for page
+        for a, b in zip(PREFILL_PAGES, DECODE_PAGES):
+            rows = slice(a * PAGE, (a + 1) * PAGE), slice(b * PAGE, (b + 1) * PAGE)
+            used = min(PAGE, len(prompt) - PREFILL_PAGES.index(a) * PAGE)
+            assert torch.equal(sent["k"][layer][rows[0]][:used], got["k"][layer][rows[1]][:used])
+    assert got["tokens"] == ref_tokens
+    err = (got["logits"] - ref_logits[1:]).abs().max() / ref_logits.abs().max()
+    assert err < 1e-5, float(err)
+
+
+def test_pages_outside_the_cache_are_refused_before_anything_is_sent():
+    from pdmux_triton.kv_transfer import send_layer
+
+    cache = KVCache(SPEC, 4, PAGE, "cpu", torch.float32)
+    with pytest.raises(PdmuxError, match=r"pages must be ids in 0..3, got \[1, 4\]"):
+        send_layer(cache, 0, [1, 4], dst=1)
