@@ -29,6 +29,7 @@ from pdmux_triton.model import DecodeBatch, ExtendBatch, KVCache, Model, Weights
 from pdmux_triton.partition import Budget, for_level
 from pdmux_triton.scheduler import Activity
 from pdmux_triton.streams import PartitionPool
+from pdmux_triton.tensor_parallel import DistCollectives, shard_weights
 from pdmux_triton.timeline import LaunchMarks
 from pdmux_triton.traffic import Request
 from pdmux_triton.warmup import compile_prefill_side
@@ -83,12 +84,14 @@ class ModelExecutor:
     def shared(cls, spec: ModelSpec, gpu: GPUSpec, kind: str, page_size: int = 16,
                cache_tokens: int = 262_144, max_context: int = 32_768,
                seed: int = 0, checkpoint: str | None = None,
-               progress=None) -> "ModelExecutor":
+               progress=None, rank: tuple[int, int] | None = None) -> "ModelExecutor":
         """An executor over one model kept across runs (weights are made once per process:
         drawn from `seed`, or read from the Hugging Face `checkpoint` directory, with
         `progress(shards done, shards)`): a KV cache of `cache_tokens` tokens, requests of up
-        to `max_context` tokens."""
-        key = (spec, page_size, cache_tokens, max_context, seed, checkpoint)
+        to `max_context` tokens. `rank` (r, N): this process is rank r of a tensor-parallel
+        group of N in torch.distributed's default group, holding its shard of the weights;
+        wrap the executor in `tensor_parallel.AgreedExecutor` so the ranks' loops agree."""
+        key = (spec, page_size, cache_tokens, max_context, seed, checkpoint, rank)
         if key not in cls._shared:
             device = "cuda" if torch.cuda.is_available() else "cpu"
             # the Triton interpreter's tl.dot is wrong on bf16 (it works on raw bits): fp32 there
@@ -96,8 +99,11 @@ class ModelExecutor:
             pages = -(-cache_tokens // page_size) + 1  # and the scratch page
             weights = (load_weights(spec, checkpoint, device, dtype, progress=progress)
                        if checkpoint else Weights.random(spec, device, dtype, seed=seed))
-            model = Model(weights, KVCache(spec, pages, page_size, device, dtype),
-                          max_positions=max_context + 1)
+            collectives = None
+            if rank is not None:
+                weights, collectives = shard_weights(weights, *rank), DistCollectives()
+            model = Model(weights, KVCache(weights.spec, pages, page_size, device, dtype),
+                          max_positions=max_context + 1, collectives=collectives)
             graphs = DecodeGraphs(model, width=-(-max_context // page_size))
             cls._shared[key] = Runtime(model, PartitionPool(), graphs)
         return cls(cls._shared[key], gpu, kind)

@@ -7,14 +7,17 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from pdmux_triton.errors import PdmuxError
+from pdmux_triton.hardware import GPUSpec
 from pdmux_triton.model import DecodeBatch, ExtendBatch, KVCache, Model, Weights
 from pdmux_triton.models import model_preset
 from pdmux_triton.parallel import shard
 from pdmux_triton.partition import Budget
 from pdmux_triton.tensor_parallel import DistCollectives, shard_weights
+from pdmux_triton.traffic import Request
 
 SPEC = model_preset("tiny")  # 4 query heads, 2 KV heads, MLP 128, vocabulary 256
 PAGE, PAGES = 4, [5, 2, 9, 0, 7]
+GPU = GPUSpec("test", 48, (9, 0), 1.0, 100.0, 1.0)  # a small GPU whose PD-mux levels exist
 
 
 def _greedy(model: Model, prompt: list[int], steps: int):
@@ -200,3 +203,40 @@ def test_pages_outside_the_cache_are_refused_before_anything_is_sent():
     cache = KVCache(SPEC, 4, PAGE, "cpu", torch.float32)
     with pytest.raises(PdmuxError, match=r"pages must be ids in 0..3, got \[1, 4\]"):
         send_layer(cache, 0, [1, 4], dst=1)
+
+
+def _served(x, agree: bool):
+    """The pd-mux loop over three requests on executor `x`: each request's greedy tokens."""
+    from pdmux_triton import scheduler
+    from pdmux_triton.tensor_parallel import AgreedExecutor
+
+    reqs = [Request(0, [5, 17, 99, 3, 42, 7, 250], 6, 0.0, warm=True),
+            Request(1, list(range(30, 42)), 7, 0.0, warm=True),
+            Request(2, [(i * 37) % 256 for i in range(21)], 5, None, after_steps=2)]
+    result = scheduler.run("pdmux", AgreedExecutor(x) if agree else x, reqs)
+    return {r.rid: r.tokens for r in result.requests}
+
+
+def _serving_rank(rank, tp, rendezvous, out):
+    from pdmux_triton.execute import ModelExecutor
+
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=tp)
+    try:
+        x = ModelExecutor.shared(SPEC, GPU, "grid_cap", page_size=4, cache_tokens=512, seed=1,
+                                 rank=(rank, tp))
+        torch.save(_served(x, agree=True), f"{out}/tokens{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_tp2_serves_the_same_greedy_tokens_as_one_device(tmp_path):
+    from pdmux_triton.execute import ModelExecutor
+
+    one = _served(ModelExecutor.shared(SPEC, GPU, "grid_cap", page_size=4, cache_tokens=512,
+                                       seed=1), agree=False)
+    ModelExecutor.release_shared()
+    mp.start_processes(_serving_rank, args=(2, tmp_path / "rendezvous", tmp_path), nprocs=2,
+                       start_method="spawn")
+    for rank in range(2):
+        assert torch.load(tmp_path / f"tokens{rank}.pt") == one
+    assert len({t for toks in one.values() for t in toks}) > 3  # real, varied tokens
