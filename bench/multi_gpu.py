@@ -22,7 +22,7 @@ from pathlib import Path
 
 from pdmux_triton import capacity_sweep
 from pdmux_triton.capacity import Criteria
-from pdmux_triton.cli_args import Parser, choice, integer, number, run_script
+from pdmux_triton.cli_args import bench_inputs, bench_parser, choice, finish, integer, run_script
 from pdmux_triton.hardware import gpu_preset
 from pdmux_triton.metrics import Slo
 from pdmux_triton.models import model_preset
@@ -68,10 +68,7 @@ def run(args) -> int:
                            for n, row in result["summary"]["strategies"].items()}}
         write_json(path, data)  # a save point after each setup
     data["summary"] = summarize(data["setups"])
-    write_json(path, data)
-    print(table(data))
-    print(f"wrote {path}")
-    return 0
+    return finish(path, data, table(data))
 
 
 def summarize(setups: dict) -> dict:
@@ -100,19 +97,14 @@ def table(data: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = Parser(prog="bench/multi_gpu.py", description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="bench/results")
+    p = bench_parser("multi_gpu.py", __doc__)
     p.add_argument("--gpu", default="h200", type=choice(("h200", "h100-sxm")))
     p.add_argument("--link", default="nvlink4", type=choice(tuple(LINKS)))
     p.add_argument("--lengths", default="sharegpt", type=choice(tuple(LENGTH_PRESETS)))
     # long enough that two servers' queues reach a steady state (a short stream flatters
     # servers that each see fewer of its requests)
     p.add_argument("--count", type=integer(1, 100_000), default=600, help="requests per point")
-    p.add_argument("--slo-ttft-ms", type=number(), default=2000.0)
-    p.add_argument("--slo-tpot-ms", type=number(), default=25.0)
-    p.add_argument("--calibration", default="bench/results/calibrate-h200.json")
-    p.add_argument("--compare", default="bench/results/compare-h200.json")
-    p.add_argument("--host-costs", default="bench/results/host-costs-h200.json")
+    bench_inputs(p, "calibration", "compare", "host_costs")
     return run_script(p, run, argv)
 
 

@@ -39,7 +39,7 @@ from pathlib import Path
 
 from pdmux_triton import capacity_sweep, policy
 from pdmux_triton.capacity import Criteria
-from pdmux_triton.cli_args import Parser, integer, number, run_script
+from pdmux_triton.cli_args import bench_inputs, bench_parser, finish, integer, number, run_script
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.hardware import GPUSpec, detect_gpu, gpu_preset
 from pdmux_triton.models import model_preset
@@ -209,8 +209,7 @@ def _f(v, spec=".2f"):
 
 
 def main(argv=None) -> int:
-    p = Parser(prog="bench/slo_levels.py", description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="bench/results")
+    p = bench_parser("slo_levels.py", __doc__)
     p.add_argument("--simulate", action="store_true", help="the H200 on the cost model")
     p.add_argument("--offline", action="store_true",
                    help="read the measured points back (no GPU), simulate beside them")
@@ -221,11 +220,7 @@ def main(argv=None) -> int:
     p.add_argument("--count", type=integer(1, 100_000), default=100, help="requests per point")
     p.add_argument("--itl-ms", type=number(), default=None,
                    help="the slo policy's target (default: the TPOT target)")
-    p.add_argument("--slo-ttft-ms", type=number(), default=2000.0)
-    p.add_argument("--slo-tpot-ms", type=number(), default=25.0)
-    p.add_argument("--calibration", default="bench/results/calibrate-h200.json")
-    p.add_argument("--compare", default="bench/results/compare-h200.json")
-    p.add_argument("--host-costs", default="bench/results/host-costs-h200.json")
+    bench_inputs(p, "calibration", "compare", "host_costs")
     return run_script(p, run, argv, interrupted="interrupted (the points measured are kept)")
 
 
@@ -254,10 +249,7 @@ def run(args) -> int:
                                              capacity_rates, criteria)
             write_json(path, data)  # a save point after each policy
     data["summary"] = summarize(data["traffic"])
-    write_json(path, data)
-    print(table(data))
-    print(f"wrote {path}")
-    return 0
+    return finish(path, data, table(data))
 
 
 if __name__ == "__main__":

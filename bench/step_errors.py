@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from pdmux_triton import capacity_sweep, cost, policy
-from pdmux_triton.cli_args import Parser, integer, number, run_script
+from pdmux_triton.cli_args import bench_inputs, bench_parser, finish, integer, number, run_script
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiment import Servers, make_requests
 from pdmux_triton.hardware import detect_gpu, gpu_preset
@@ -113,8 +113,7 @@ def table(data: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = Parser(prog="bench/step_errors.py", description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="bench/results")
+    p = bench_parser("step_errors.py", __doc__)
     p.add_argument("--simulate", action="store_true", help="the H200 on the cost model")
     p.add_argument("--lengths", choices=tuple(LENGTH_PRESETS), default="sharegpt")
     p.add_argument("--rates", type=lambda t: tuple(number()(x) for x in t.split(",")),
@@ -122,10 +121,7 @@ def main(argv=None) -> int:
     p.add_argument("--policies", default=tuple(STRATEGIES), type=policies_arg,
                    help=f"level policies among {', '.join(STRATEGIES)} (default: both)")
     p.add_argument("--count", type=integer(1, 100_000), default=100, help="requests per run")
-    p.add_argument("--slo-tpot-ms", type=number(), default=25.0,
-                   help="the slo policy's target")
-    p.add_argument("--calibration", default="bench/results/calibrate-h200.json")
-    p.add_argument("--host-costs", default="bench/results/host-costs-h200.json")
+    bench_inputs(p, "calibration", "host_costs", ttft=False)  # TPOT: the slo policy's target
     return run_script(p, run, argv)
 
 
@@ -161,9 +157,7 @@ def run(args) -> int:
                 print(f"served {name} at {rate:g} req/s: {len(rows)} decode steps", flush=True)
     finally:
         servers.close()
-    print(table(data))
-    print(f"wrote {path}")
-    return 0
+    return finish(path, data, table(data))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from pdmux_triton.hardware import GPUS, MAX_SMS
 from pdmux_triton.models import MODELS
 from pdmux_triton.parallel import LINKS
 from pdmux_triton.partition import SPLIT_KINDS
+from pdmux_triton.results import write_json
 from pdmux_triton.settings import LENGTHS, LEVEL_POLICIES, MAX_TP, WORKLOADS
 from pdmux_triton.traffic import LENGTH_PRESETS
 
@@ -61,6 +62,37 @@ def run_script(parser: Parser, run, argv=None, interrupted: str = "interrupted")
     except KeyboardInterrupt:
         print(f"{parser.prog}: {interrupted}", file=sys.stderr)
         return 130
+
+
+# the cost model's measured inputs as bench/results commits them for the H200
+MEASURED_ON_H200 = {"calibration": "bench/results/calibrate-h200.json",
+                    "compare": "bench/results/compare-h200.json",
+                    "host_costs": "bench/results/host-costs-h200.json"}
+
+
+def bench_parser(script: str, doc: str) -> Parser:
+    """A bench script's parser: its name, its docstring's first line, and --out."""
+    parser = Parser(prog=f"bench/{script}", description=doc.splitlines()[0])
+    parser.add_argument("--out", default="bench/results")
+    return parser
+
+
+def bench_inputs(parser: argparse.ArgumentParser, *measured: str, ttft: bool = True) -> None:
+    """A bench script's SLO targets and the measured files it prices work with (`measured`
+    among MEASURED_ON_H200's names; the H200's by default)."""
+    if ttft:
+        parser.add_argument("--slo-ttft-ms", type=number(), default=2000.0)
+    parser.add_argument("--slo-tpot-ms", type=number(), default=25.0)
+    for name in measured:
+        parser.add_argument("--" + name.replace("_", "-"), default=MEASURED_ON_H200[name])
+
+
+def finish(path, data: dict, table: str) -> int:
+    """A bench script's last step: its file written, its table and where it went printed."""
+    write_json(path, data)
+    print(table)
+    print(f"wrote {path}")
+    return 0
 
 
 def _with_default(help: str, default, kwargs) -> str:
