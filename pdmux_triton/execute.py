@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from pdmux_triton import policy
 from pdmux_triton.blocks import BlockManager
@@ -69,6 +70,8 @@ class Runtime:
     model: Model
     partitions: PartitionPool
     graphs: DecodeGraphs
+    # a tensor-parallel rank's communicators, one per side (decode, prefill); None on one GPU
+    comms: tuple = (None, None)
 
     def close(self) -> None:
         self.graphs.clear()
@@ -99,13 +102,14 @@ class ModelExecutor:
             pages = -(-cache_tokens // page_size) + 1  # and the scratch page
             weights = (load_weights(spec, checkpoint, device, dtype, progress=progress)
                        if checkpoint else Weights.random(spec, device, dtype, seed=seed))
-            collectives = None
-            if rank is not None:
-                weights, collectives = shard_weights(weights, *rank), DistCollectives()
+            comms = (None, None)
+            if rank is not None:  # every rank makes the two groups, in the same order
+                weights = shard_weights(weights, *rank)
+                comms = (DistCollectives(dist.new_group()), DistCollectives(dist.new_group()))
             model = Model(weights, KVCache(weights.spec, pages, page_size, device, dtype),
-                          max_positions=max_context + 1, collectives=collectives)
+                          max_positions=max_context + 1)
             graphs = DecodeGraphs(model, width=-(-max_context // page_size))
-            cls._shared[key] = Runtime(model, PartitionPool(), graphs)
+            cls._shared[key] = Runtime(model, PartitionPool(), graphs, comms)
         return cls(cls._shared[key], gpu, kind)
 
     @classmethod
@@ -128,17 +132,20 @@ class ModelExecutor:
         self.last_token: dict[int, int] = {}
         self.partitions = runtime.partitions
         self.graphs = runtime.graphs
+        self.comms = runtime.comms
         self.marks = LaunchMarks(self.cuda)
         self.decode_side, self.prefill_side = self._sides((self.total_sms, 0))
         self.t0 = time.perf_counter()
 
     # --- partitions --------------------------------------------------------------------
     def _sides(self, level: policy.Level) -> tuple[_Side, _Side]:
+        """Each side's stream and budget (its SMs, and on a TP rank its own communicator)."""
+        decode_comm, prefill_comm = self.comms
         if not self.cuda:  # the interpreter runs in order: one budget, no streams
-            return _Side(None, Budget()), _Side(None, Budget())
+            return _Side(None, Budget(comm=decode_comm)), _Side(None, Budget(comm=prefill_comm))
         part = self.partitions.get(for_level(level, self.kind, self.total_sms))
-        return (_Side(part.decode_stream, part.decode_budget),
-                _Side(part.prefill_stream, part.prefill_budget))
+        return (_Side(part.decode_stream, replace(part.decode_budget, comm=decode_comm)),
+                _Side(part.prefill_stream, replace(part.prefill_budget, comm=prefill_comm)))
 
     def set_level(self, level: policy.Level) -> None:
         started = time.perf_counter()

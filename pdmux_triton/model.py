@@ -146,7 +146,7 @@ class ExtendBatch:
 
 
 class OneGpu:
-    """A model's collectives on one GPU: nothing to reduce or gather (see tensor_parallel)."""
+    """Collectives on one GPU: nothing to reduce or gather (a rank's: tensor_parallel)."""
 
     def reduce(self, partial: torch.Tensor) -> torch.Tensor:
         return partial
@@ -155,15 +155,16 @@ class OneGpu:
         return logits
 
 
+ONE_GPU = OneGpu()
+
+
 class Model:
-    def __init__(self, weights: Weights, cache: KVCache, max_positions: int = 131072,
-                 collectives=None):
-        """`collectives`: on a tensor-parallel rank (`weights` its shard), the sums of the
-        row-parallel o and down projections and the vocabulary-parallel logits' gather."""
+    def __init__(self, weights: Weights, cache: KVCache, max_positions: int = 131072):
+        """On a tensor-parallel rank `weights` is its shard, and each call's `Budget.comm`
+        sums the row-parallel o and down projections and gathers the logits."""
         self.w = weights
         self.spec = weights.spec
         self.cache = cache
-        self.collectives = collectives or OneGpu()
         self.cos_sin = rope_cache(max_positions, self.spec.head_dim, self.spec.rope_theta,
                                   weights.embed.device, rope_frequencies(self.spec))
 
@@ -193,15 +194,16 @@ class Model:
         rope_(k, positions, self.cos_sin, lw["k_norm"] if s.qk_norm else None, s.rms_eps, **kw)
         store_kv(k, v, self.cache.k[i], self.cache.v[i], slots, **kw)
         attn = attend(q, k, v, self.cache.k[i], self.cache.v[i])
-        o = self.collectives.reduce(linear(attn.view(T, s.q_dim), lw["o"], **kw))
+        comm = budget.comm or ONE_GPU
+        o = comm.reduce(linear(attn.view(T, s.q_dim), lw["o"], **kw))
         x = rmsnorm(o, lw["post_norm"], s.rms_eps, residual=residual, **kw)
-        mlp = self.collectives.reduce(
+        mlp = comm.reduce(
             linear(silu_mul(linear(x, lw["gate_up"], **kw), **kw), lw["down"], **kw))
         return mlp, residual
 
     def logits(self, hidden: torch.Tensor, residual: torch.Tensor, budget: Budget) -> torch.Tensor:
         x = rmsnorm(hidden, self.w.final_norm, self.spec.rms_eps, residual=residual, **budget.kw)
-        return self.collectives.gather_vocab(linear(x, self.w.lm_head, **budget.kw))
+        return (budget.comm or ONE_GPU).gather_vocab(linear(x, self.w.lm_head, **budget.kw))
 
     def decode_step(self, batch: DecodeBatch, budget: Budget = Budget()) -> torch.Tensor:
         """Logits [B, vocab] of one new token per request (its K/V enter the cache)."""

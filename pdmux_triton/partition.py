@@ -25,10 +25,13 @@ KINDS = (*SPLIT_KINDS, "whole")
 
 @dataclass(frozen=True)
 class Budget:
-    """The SM budget a kernel gets: at most num_sms * ctas_per_sm programs (None: the whole GPU)."""
+    """What one side's work may use: at most num_sms * ctas_per_sm programs a kernel (None:
+    the whole GPU) and, on a tensor-parallel rank, the side's own collectives (its
+    communicator: the two sides of a split never share one, or their all-reduces deadlock)."""
 
     num_sms: int | None = None
     ctas_per_sm: int = 1
+    comm: object = None  # tensor_parallel.DistCollectives; None on one GPU
 
     @property
     def kw(self) -> dict:

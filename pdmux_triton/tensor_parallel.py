@@ -5,8 +5,10 @@ layout: its query heads and KV heads of the q/k/v rows (column-parallel; with fe
 than ranks each rank keeps the one its query heads read), its half of gate and of up, the
 matching columns of o and down (row-parallel: each rank's output is a partial sum), and its
 slice of the vocabulary's LM-head rows. Norms and the embedding are whole on every rank. A
-`Model` of the shard with `DistCollectives` sums the partial o and down outputs (all-reduce)
-and gathers the logits, so every rank holds the same hidden states and tokens as one GPU.
+`Model` of the shard, called with a `Budget` whose `comm` is a `DistCollectives`, sums the
+partial o and down outputs (all-reduce) and gathers the logits, so every rank holds the same
+hidden states and tokens as one GPU. Each side of a split has its own group: the executor
+gives the decode and the prefill side's budgets their own (`ModelExecutor.shared(rank=)`).
 
 The shard's shape is `parallel.shard`'s, the one the simulator prices.
 """
@@ -58,17 +60,21 @@ def shard_weights(w: Weights, rank: int, tp: int) -> Weights:
 
 
 class DistCollectives:
-    """A rank's collectives on a torch.distributed process group (gloo on CPUs, NCCL on GPUs)."""
+    """A rank's collectives on a torch.distributed process group (gloo on CPUs, NCCL on GPUs);
+    `calls` counts those issued (a side's work must issue them on its own group)."""
 
     def __init__(self, group=None):
         self.group = group
         self.size = dist.get_world_size(group)
+        self.calls = 0
 
     def reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
         dist.all_reduce(partial, group=self.group)
         return partial
 
     def gather_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
         parts = [torch.empty_like(logits) for _ in range(self.size)]
         dist.all_gather(parts, logits.contiguous(), group=self.group)
         return torch.cat(parts, dim=-1)

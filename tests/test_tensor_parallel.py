@@ -20,22 +20,22 @@ PAGE, PAGES = 4, [5, 2, 9, 0, 7]
 GPU = GPUSpec("test", 48, (9, 0), 1.0, 100.0, 1.0)  # a small GPU whose PD-mux levels exist
 
 
-def _greedy(model: Model, prompt: list[int], steps: int):
+def _greedy(model: Model, prompt: list[int], steps: int, budget: Budget = Budget(2)):
     """Prefill `prompt`, then `steps` greedy decode steps: every step's logits and token."""
     n = len(prompt)
     table = torch.tensor([PAGES], dtype=torch.int32)
     pos = torch.arange(n)
     slots = table[0].long()[pos // PAGE] * PAGE + pos % PAGE
     h, r = model.extend_layers(ExtendBatch(torch.tensor(prompt), pos, slots, table, [n], [0]),
-                               0, SPEC.layers, budget=Budget(2))
-    logits = [model.logits(h[-1:], r[-1:], Budget(2))]
+                               0, SPEC.layers, budget=budget)
+    logits = [model.logits(h[-1:], r[-1:], budget)]
     tokens = [int(logits[-1].argmax(-1))]
     for _ in range(steps):
         at = n + len(tokens) - 1
         step = DecodeBatch(torch.tensor(tokens[-1:]), torch.tensor([at]),
                            torch.tensor([PAGES[at // PAGE] * PAGE + at % PAGE]), table,
                            torch.tensor([at + 1], dtype=torch.int32), max_seq_len=at + 1)
-        logits.append(model.decode_step(step, Budget(2)))
+        logits.append(model.decode_step(step, budget))
         tokens.append(int(logits[-1].argmax(-1)))
     return torch.cat(logits), tokens
 
@@ -44,9 +44,8 @@ def _one_rank(rank, tp, rendezvous, out, prompt, steps):
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=tp)
     try:
         w = shard_weights(Weights.random(SPEC, "cpu", torch.float32, seed=1), rank, tp)
-        model = Model(w, KVCache(w.spec, 16, PAGE, "cpu", torch.float32), max_positions=64,
-                      collectives=DistCollectives())
-        logits, tokens = _greedy(model, prompt, steps)
+        model = Model(w, KVCache(w.spec, 16, PAGE, "cpu", torch.float32), max_positions=64)
+        logits, tokens = _greedy(model, prompt, steps, Budget(2, comm=DistCollectives()))
         torch.save({"logits": logits, "tokens": tokens}, f"{out}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()
@@ -205,8 +204,9 @@ def test_pages_outside_the_cache_are_refused_before_anything_is_sent():
         send_layer(cache, 0, [1, 4], dst=1)
 
 
-def _served(x, agree: bool):
-    """The pd-mux loop over three requests on executor `x`: each request's greedy tokens."""
+def _served(x, agree: bool, out: dict | None = None):
+    """The pd-mux loop over three requests on executor `x`: each request's greedy tokens (and
+    in `out`, its rounds)."""
     from pdmux_triton import scheduler
     from pdmux_triton.tensor_parallel import AgreedExecutor
 
@@ -214,6 +214,8 @@ def _served(x, agree: bool):
             Request(1, list(range(30, 42)), 7, 0.0, warm=True),
             Request(2, [(i * 37) % 256 for i in range(21)], 5, None, after_steps=2)]
     result = scheduler.run("pdmux", AgreedExecutor(x) if agree else x, reqs)
+    if out is not None:
+        out["rounds"] = result.rounds
     return {r.rid: r.tokens for r in result.requests}
 
 
@@ -224,7 +226,14 @@ def _serving_rank(rank, tp, rendezvous, out):
     try:
         x = ModelExecutor.shared(SPEC, GPU, "grid_cap", page_size=4, cache_tokens=512, seed=1,
                                  rank=(rank, tp))
-        torch.save(_served(x, agree=True), f"{out}/tokens{rank}.pt")
+        run = {}
+        tokens = _served(x, agree=True, out=run)
+        decode_comm, prefill_comm = x.comms
+        steps = sum(rd.decode_bs > 0 for rd in run["rounds"])
+        torch.save({"tokens": tokens, "decode_calls": decode_comm.calls,
+                    "prefill_calls": prefill_comm.calls, "decode_steps": steps,
+                    "groups_differ": decode_comm.group is not prefill_comm.group},
+                   f"{out}/tokens{rank}.pt")
     finally:
         dist.destroy_process_group()
 
@@ -238,5 +247,11 @@ def test_tp2_serves_the_same_greedy_tokens_as_one_device(tmp_path):
     mp.start_processes(_serving_rank, args=(2, tmp_path / "rendezvous", tmp_path), nprocs=2,
                        start_method="spawn")
     for rank in range(2):
-        assert torch.load(tmp_path / f"tokens{rank}.pt") == one
+        got = torch.load(tmp_path / f"tokens{rank}.pt")
+        assert got["tokens"] == one
+        # each side on its own communicator: every decode step's 2 all-reduces a layer and
+        # its logits' gather on the decode side's, the prefills on the prefill side's
+        assert got["groups_differ"]
+        assert got["decode_calls"] == got["decode_steps"] * (2 * SPEC.layers + 1)
+        assert got["prefill_calls"] >= 2 * SPEC.layers + 1
     assert len({t for toks in one.values() for t in toks}) > 3  # real, varied tokens
