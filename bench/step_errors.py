@@ -70,29 +70,31 @@ def priced_rounds(result, levels, model, curve, overheads) -> list[dict]:
     return rows
 
 
+def _ratio(row: dict) -> float:
+    return row["measured_ms"] / row["predicted_ms"]
+
+
 def ratios(rows: list[dict], key) -> dict:
     groups = defaultdict(list)
     for row in rows:
-        groups[key(row)].append(row["measured_ms"] / row["predicted_ms"])
+        groups[key(row)].append(_ratio(row))
     return {k: {"steps": len(v), "measured_over_predicted_p50": float(np.median(v)),
                 "p90": float(np.percentile(v, 90))} for k, v in sorted(groups.items())}
 
 
 def summarize(rows: list[dict]) -> dict:
     corun = [r for r in rows if r["corun"]]
+    alone = [r for r in rows if not r["corun"]]
     return {
         "steps": len(rows), "corun_steps": len(corun),
         "measured_over_predicted_p50": {
-            "all": float(np.median([r["measured_ms"] / r["predicted_ms"] for r in rows])),
-            **{state: ratios([r for r in rows if r["corun"] == flag], lambda r: "x")["x"]
-               ["measured_over_predicted_p50"] for state, flag in (("corun", True),
-                                                                   ("alone", False))
-               if any(r["corun"] == flag for r in rows)}},
+            state: float(np.median([_ratio(r) for r in some]))
+            for state, some in (("all", rows), ("corun", corun), ("alone", alone)) if some},
         "corun_by_decode_sms": ratios(corun, lambda r: str(r["decode_sms"])),
         "corun_by_batch": ratios(corun, lambda r: band(r["batch"])),
         "corun_by_sms_and_batch": ratios(corun, lambda r: f"{r['decode_sms']} SMs, "
                                                           f"{band(r['batch'])}"),
-        "alone_by_batch": ratios([r for r in rows if not r["corun"]], lambda r: band(r["batch"])),
+        "alone_by_batch": ratios(alone, lambda r: band(r["batch"])),
     }
 
 

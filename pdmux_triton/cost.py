@@ -138,9 +138,9 @@ class SaturationLaw:
 class BatchTerm:
     """What a decode step of another batch than the curve's takes beyond its bytes at the
     curve's rate, by SMs, alone and beside a prefill: (batch, SMs, seconds) points. On few SMs
-    a step's linears do MMA work in proportion to its rows, and past 64 rows the decode GEMM
-    takes a second row tile, so a step's time grows with its batch faster than its KV bytes;
-    at the curve's own batch the term is 0. Read between SM budgets, then between batches
+    a step's linears do MMA work in proportion to its rows (padded to the GEMM's row tile), so
+    a step's time grows with its batch faster than its KV bytes; at the curve's own batch the
+    term is 0. Read between SM budgets, then between batches
     (held past the smallest and largest measured)."""
 
     own_batch: int

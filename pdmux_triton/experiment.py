@@ -129,29 +129,26 @@ class Servers:
         if v.strategy == "disagg" or s.replicas > 1:  # simulated: several servers
             return self._serve_behind_router(v, requests)
         x = self.executor(v)
-
-        def run_once():
-            return scheduler.run(v.strategy, x, copy.deepcopy(requests), chunk=v.chunk,
-                                 config=s.config, prefill_tokens=s.prefill_tokens,
-                                 max_running=s.max_running, levels_by=self.level_policy(v))
         if self.gpu is not None and v.name not in self.warm:
-            run_once()
+            self._run(v, v.strategy, x, requests)
             self.warm.add(v.name)
         with self.watch(x) as counts:
-            result = run_once()
+            result = self._run(v, v.strategy, x, requests)
         row = {**metrics.summarize(result, s.slo), **counts, "strategy": v.name}
         return row, result
+
+    def _run(self, v: Variant, strategy: str, x, requests: list[Request]) -> scheduler.RunResult:
+        """One server's loop over a copy of `requests` (they serve every variant)."""
+        s = self.s
+        return scheduler.run(strategy, x, copy.deepcopy(requests), chunk=v.chunk,
+                             config=s.config, prefill_tokens=s.prefill_tokens,
+                             max_running=s.max_running, levels_by=self.level_policy(v))
 
     def _serve_behind_router(self, v: Variant, requests: list[Request]):
         s = self.s
 
         def on_new_server(strategy: str, kv_arrives: bool = False):
-            def serve(part: list[Request]) -> scheduler.RunResult:
-                return scheduler.run(strategy, self.executor(v, kv_arrives), copy.deepcopy(part),
-                                     chunk=v.chunk, config=s.config,
-                                     prefill_tokens=s.prefill_tokens, max_running=s.max_running,
-                                     levels_by=self.level_policy(v))
-            return serve
+            return lambda part: self._run(v, strategy, self.executor(v, kv_arrives), part)
         if v.strategy == "disagg":  # prefill servers and decode servers take the whole GPU each
             result = router.serve_disaggregated(
                 v.name, on_new_server("prefill_first"), on_new_server("prefill_first", True),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from pdmux_triton.cost import DecodeRate
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.hardware import ModelSpec
 
@@ -124,7 +125,7 @@ class RankRate:
     same bandwidth on the same SMs, and 1/tp of what a batch's rows cost beyond their bytes
     (that term is the linears' MMA work on the rows, and a rank holds 1/tp of the linears)."""
 
-    rate: object  # cost.DecodeRate
+    rate: DecodeRate
     tp: int
 
     def tbps(self, sms: int, corun: bool) -> float:
@@ -134,6 +135,6 @@ class RankRate:
         return self.rate.batch_extra_s(sms, corun, batch) / self.tp
 
 
-def rank_rate(rate, tp: int):
+def rank_rate(rate: DecodeRate, tp: int) -> DecodeRate:
     """`rate` as one of `tp` ranks sees it (itself on one GPU)."""
     return rate if tp == 1 else RankRate(rate, tp)

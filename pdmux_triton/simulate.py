@@ -109,16 +109,17 @@ class SimExecutor:
         if self.kv_arrives:
             carry.ends_at = self.t
             return
+        tokens = sum(len(r.prompt) for r in carry.reqs)
         flops = sum(cost.layer_flops(self.model, len(r.prompt), 0, end - start) for r in carry.reqs)
+        talk = self.comm.layers_s(tokens, end - start)
         if end == self.num_layers:  # the LM head samples each prompt's first token
             flops += cost.lm_head_flops(self.model, len(carry.reqs))
+            talk += self.comm.logits_s(len(carry.reqs))
         began, launched = self._launch_layers(end - start)
         # on a split, decode steps run beside it; on the whole GPU, nothing does
         beside_decode = self.sms["prefill"] < self.total_sms
-        seconds = cost.compute_s(flops, self.prefill_rate, self.sms["prefill"], beside_decode)
-        seconds += self.comm.layers_s(sum(len(r.prompt) for r in carry.reqs), end - start)
-        if end == self.num_layers:
-            seconds += self.comm.logits_s(len(carry.reqs))
+        seconds = (cost.compute_s(flops, self.prefill_rate, self.sms["prefill"], beside_decode)
+                   + talk)
         carry.ends_at = max(self._enqueue("prefill", seconds, began), launched)
         self.free["prefill"] = carry.ends_at
 
