@@ -9,6 +9,8 @@
 #   RATES=2,4,6,8 bash bench/gpu_session.sh capacity      # measured capacity at those rates
 #   SLO_ARGS="--traffic sharegpt:12,16:10,12,14,16,18 --policies default,slo" \
 #       bash bench/gpu_session.sh slo                 # SGLang's levels against SLO-driven ones
+#   SLO_OUT=bench/results/long-300 SLO_ARGS="--count 300 --traffic sharegpt:7:6,7,8 \
+#       --policies default,slo" bash bench/gpu_session.sh slo     # the same on longer streams
 #   bash bench/gpu_session.sh steps batches    # served decode steps against the cost model's
 #       price (bench/step_errors.py); decode steps at other batches by SMs (calibrate
 #       --decode-batches, into a copy of the calibration: BATCHES=48 measures one more)
@@ -78,9 +80,11 @@ step capacity ${CAPACITY_S:-540} pdmux-triton capacity --out bench/results \
     --calibration "$CALIBRATION" --compare bench/results/compare-h200.json \
     --host-costs bench/results/host-costs-h200.json
 cp bench/results/capacity-*h200* "$OUT"/ 2>/dev/null
-# SGLang's level rule against SLO-driven levels (bench/slo_levels.py; its points resume too)
-step slo ${SLO_S:-540} python3 bench/slo_levels.py ${SLO_ARGS:-}
-[ -d bench/results/slo-levels ] && tar czf "$OUT/slo-levels.tgz" bench/results/slo-levels \
-    bench/results/slo-levels-h200*.json 2>/dev/null
+# SGLang's level rule against SLO-driven levels (bench/slo_levels.py; its points resume too),
+# into SLO_OUT (another folder for other settings: --count, --itl-ms), returned as a tarball
+SLO_OUT=${SLO_OUT:-bench/results}
+step slo ${SLO_S:-540} python3 bench/slo_levels.py --out "$SLO_OUT" ${SLO_ARGS:-}
+[ -d "$SLO_OUT/slo-levels" ] && tar czf "$OUT/$(basename "$SLO_OUT")-slo-levels.tgz" \
+    "$SLO_OUT/slo-levels" "$SLO_OUT"/slo-levels-h200*.json 2>/dev/null
 grep -E "^(== |   )|passed|failed|MISS|  ok|capacity req/s|pdmux_|chunked_|prefill_first|^sharegpt|^arxiv" \
     "$LOG" | tail -40

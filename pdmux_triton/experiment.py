@@ -71,6 +71,11 @@ def chapter_estimates(s: RunSettings) -> list[tuple[str, estimate.Scenario, list
     return [(title, scenario, estimate.estimate(scenario)) for title, scenario in out]
 
 
+# requests a GPU variant serves untimed before its first measured run: every point of the
+# committed 100-request sweeps was served whole once before
+UNTIMED_REQUESTS = 100
+
+
 class Servers:
     """The executors of one run: simulated, or real ones over one model on the GPU."""
 
@@ -123,14 +128,16 @@ class Servers:
 
     def serve(self, v: Variant, requests: list[Request]) -> tuple[dict, scheduler.RunResult]:
         """One variant over a copy of `requests`: its summary row and its run. On the GPU the
-        variant's first requests are served once untimed before: the allocator then holds
-        memory for the batches this traffic forms (the warm-up compiled and captured the rest)."""
+        variant's first UNTIMED_REQUESTS requests are served once untimed before: the
+        allocator then holds memory for the batches this traffic forms (the warm-up compiled
+        and captured the rest). A prefix, so a long stream is not served twice; what the
+        measured run still allocates is counted in its row."""
         s = self.s
         if v.strategy == "disagg" or s.replicas > 1:  # simulated: several servers
             return self._serve_behind_router(v, requests)
         x = self.executor(v)
         if self.gpu is not None and v.name not in self.warm:
-            self._run(v, v.strategy, x, requests)
+            self._run(v, v.strategy, x, requests[:UNTIMED_REQUESTS])
             self.warm.add(v.name)
         with self.watch(x) as counts:
             result = self._run(v, v.strategy, x, requests)

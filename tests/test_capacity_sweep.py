@@ -1,6 +1,7 @@
 """The capacity sweep: simulated searches, measured points read off given rates beside their
 simulation, points resumed from the store."""
 
+import contextlib
 import dataclasses
 
 import pytest
@@ -130,3 +131,38 @@ def test_points_of_other_settings_are_refused(tmp_path):
     with pytest.raises(PdmuxError, match="differ in count"):
         check_settings(tmp_path / "s.json", {"count": 80})
     assert capacity_sweep.DEFAULT_STRATEGIES[-1] == "pdmux_grid_cap"
+
+
+def test_a_gpu_variant_serves_a_prefix_untimed_once(monkeypatch):
+    """On the GPU a variant's first UNTIMED_REQUESTS requests are served once before its first
+    measured run (its allocator's memory), and never again: a long stream is not served twice."""
+    served, original_executor, original_run = [], experiment.Servers.executor, experiment.Servers._run
+
+    class StandInGpu:  # the GPU path of Servers.serve, on the simulator's executor
+        @contextlib.contextmanager
+        def watch(self, x):
+            yield {}
+
+    def gpu_servers(self, s, requests):
+        _sim_servers(self, s, requests)
+        self.gpu = StandInGpu()
+
+    def sim_executor(self, v):
+        self.gpu, gpu = None, self.gpu
+        try:
+            return original_executor(self, v)
+        finally:
+            self.gpu = gpu
+
+    def counting(self, v, strategy, x, requests):
+        served.append(len(requests))
+        return original_run(self, v, strategy, x, requests)
+    monkeypatch.setattr(experiment.Servers, "__init__", gpu_servers)
+    monkeypatch.setattr(experiment.Servers, "executor", sim_executor)
+    monkeypatch.setattr(experiment.Servers, "_run", counting)
+    s = dataclasses.replace(settings(simulate=False), count=experiment.UNTIMED_REQUESTS + 30)
+    servers = experiment.Servers(s, [])
+    for rate in (2.0, 3.0):
+        row, _ = servers.serve(variant("chunked_512"), experiment.make_requests(s, rate))
+        assert row["requests_served"] == s.count
+    assert served == [experiment.UNTIMED_REQUESTS, s.count, s.count]
