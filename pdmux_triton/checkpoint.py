@@ -16,7 +16,7 @@ from safetensors import SafetensorError, safe_open
 from pdmux_triton import cost
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.hardware import ModelSpec
-from pdmux_triton.model import Weights
+from pdmux_triton.model import Weights, allocatable_bytes
 
 INDEX = "model.safetensors.index.json"
 IGNORED = ("rotary_emb.inv_freq",)  # buffers some checkpoints carry; recomputed here
@@ -105,8 +105,7 @@ def load_weights(spec: ModelSpec, directory: str | Path, device, dtype=torch.bfl
     files = shard_files(directory)
     need = cost.DTYPE_BYTES * (n * spec.layer_linear_params + spec.vocab * spec.hidden
                                * (1 if spec.tie_embeddings else 2))
-    if device.type == "cuda" and need > torch.cuda.mem_get_info(device)[0]:
-        free = torch.cuda.mem_get_info(device)[0]
+    if device.type == "cuda" and need > (free := allocatable_bytes(device)):
         raise PdmuxError(f"{spec.name}'s weights need {need / 2**30:.1f} GiB; the GPU has "
                          f"{free / 2**30:.1f} GiB free")
     layout = _Layout(spec, n, device, dtype)

@@ -12,6 +12,7 @@ with host timers and no graphs: slow, but it serves the same tokens.
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 from dataclasses import dataclass, replace
 
@@ -117,6 +118,9 @@ class ModelExecutor:
         for runtime in cls._shared.values():
             runtime.close()
         cls._shared.clear()
+        if torch.cuda.is_available():  # the next runtime's KV cache needs the memory back
+            gc.collect()
+            torch.cuda.empty_cache()
 
     def __init__(self, runtime: Runtime, gpu: GPUSpec, kind: str = "grid_cap",
                  use_graphs: bool | None = None):

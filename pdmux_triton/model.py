@@ -92,6 +92,13 @@ def rope_frequencies(spec: ModelSpec) -> torch.Tensor | None:
     return torch.where(between, blended, scaled)
 
 
+def allocatable_bytes(device: torch.device) -> int:
+    """What this process can still allocate on a CUDA device: the driver's free memory and
+    what torch's allocator holds unused (an earlier run's cache, freed but not returned)."""
+    free, _ = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+
+
 class KVCache:
     """Paged KV cache: per layer K and V of shape [pages * page_size, kv_heads, head_dim]."""
 
@@ -107,7 +114,7 @@ class KVCache:
         shape = (slots, spec.kv_heads, spec.head_dim)
         need = 2 * n * slots * spec.kv_dim * torch.finfo(dtype).bits // 8
         if torch.device(device).type == "cuda":
-            free, _ = torch.cuda.mem_get_info(torch.device(device))
+            free = allocatable_bytes(torch.device(device))
             if need > free:
                 raise PdmuxError(f"a KV cache of {num_pages} pages x {page_size} tokens needs "
                                  f"{need / 2**30:.1f} GiB; the GPU has {free / 2**30:.1f} GiB free")

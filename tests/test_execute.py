@@ -105,3 +105,20 @@ def test_strategies_serve_the_same_tokens_on_the_preset():
                 assert gap <= NEAR_TIE, (f"{strategy} request {r.rid} token {first}: {tok} is "
                                          f"{gap:.3f} of the logit spread below the top")
     assert compared >= len(base) * 3  # most tokens agree before any near-tie
+
+
+@pytest.mark.gpu
+def test_a_released_runtime_gives_its_memory_to_the_next():
+    """Strategies measured one after another in one process (bench/slo_levels.py) each make a
+    runtime whose KV cache may take most of the GPU: releasing one must leave room for the
+    next, including what torch's allocator cached."""
+    from pdmux_triton.model import allocatable_bytes
+
+    ModelExecutor.release_shared()
+    device = torch.device("cuda")
+    tokens = int(0.6 * allocatable_bytes(device) // TINY.kv_bytes_per_token(2))
+    for seed in (0, 1):  # another key: a second runtime, made after the first is released
+        x = ModelExecutor.shared(TINY, GPU, "grid_cap", cache_tokens=tokens, seed=seed)
+        assert x.model.cache.num_pages * x.model.cache.page_size >= tokens
+        del x
+        ModelExecutor.release_shared()
