@@ -108,7 +108,7 @@ def settings_for(args, gpu, preset: str, name: str, config: policy.PDMuxConfig) 
     # as `capacity` makes them for pd-mux strategies alone, so its folders can be shared
     return RunSettings(
         gpu=gpu, model=model_preset("qwen3-8b"), workload="stream", simulate=args.simulate,
-        count=args.count, lengths=preset, chunks=(2048,), kinds=("grid_cap",), config=config,
+        count=args.count, seed=args.seed, lengths=preset, chunks=(2048,), kinds=("grid_cap",), config=config,
         level_policies=(capacity_sweep.variant(strategy).levels,), itl_slo_ms=args.itl_ms,
         relevel_at_layers=name == "slo_relevel", slo_ttft_ms=args.slo_ttft_ms,
         slo_tpot_ms=args.slo_tpot_ms, calibration=args.calibration, compare=args.compare,
@@ -218,6 +218,8 @@ def main(argv=None) -> int:
     p.add_argument("--policies", type=policies_arg, default=tuple(POLICIES),
                    help=f"which of {', '.join(POLICIES)} (default: all)")
     p.add_argument("--count", type=integer(1, 100_000), default=100, help="requests per point")
+    p.add_argument("--seed", type=integer(0, 2**32 - 1), default=0,
+                   help="seed of the requests (another folder: another traffic sample)")
     p.add_argument("--itl-ms", type=number(), default=None,
                    help="the slo policy's target (default: the TPOT target)")
     bench_inputs(p, "calibration", "compare", "host_costs")
