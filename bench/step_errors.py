@@ -12,6 +12,7 @@ decode SMs x batch band; prints the table.
 
     python bench/step_errors.py --out bench/results                    # on the GPU
     python bench/step_errors.py --simulate --rates 12 --count 40 --out /tmp/x
+    python bench/step_errors.py --reprice bench/results/step-errors-h200.json --out /tmp/x
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from pdmux_triton import capacity_sweep, cost, policy
 from pdmux_triton.cli_args import bench_inputs, bench_parser, finish, integer, number, run_script
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiment import Servers, make_requests
-from pdmux_triton.hardware import detect_gpu, gpu_preset
+from pdmux_triton.hardware import GPUSpec, detect_gpu, gpu_preset
 from pdmux_triton.models import model_preset
-from pdmux_triton.results import load_calibration, load_host_costs, provenance, write_json
+from pdmux_triton.results import (load_calibration, load_host_costs, provenance, read_json,
+                                  write_json)
 from pdmux_triton.settings import RunSettings
 from pdmux_triton.traffic import LENGTH_PRESETS
 
@@ -58,16 +60,21 @@ def priced_rounds(result, levels, model, curve, overheads) -> list[dict]:
     if len(steps) != len(rounds):
         raise PdmuxError(f"{len(rounds)} decode rounds but {len(steps)} timed decode steps: "
                          "the executor did not time one step per round")
-    rows = []
-    for r, measured in zip(rounds, steps):
-        sms = levels[r.level][1]
-        corun = bool(r.prefill)  # the round launched prefill layers beside its decode step
-        predicted = cost.served_decode_step_s(model, curve, overheads, r.decode_context, sms,
-                                              corun, r.decode_bs)
-        rows.append({"level": r.level, "decode_sms": sms, "batch": r.decode_bs,
-                     "context_tokens": r.decode_context, "corun": corun,
-                     "measured_ms": measured * 1e3, "predicted_ms": predicted * 1e3})
-    return rows
+    return [priced(r.level, r.decode_bs, r.decode_context, measured * 1e3, levels, model, curve,
+                   overheads) for r, measured in zip(rounds, steps)]
+
+
+def priced(level: int, batch: int, context: int, measured_ms: float, levels, model, curve,
+           overheads) -> dict:
+    """One decode round's measured step beside the cost model's price for it."""
+    prefill_sms, sms = levels[level]
+    # pd-mux runs a split level exactly while a prefill is in flight, and the host launches
+    # its layers ahead, so the step runs beside queued layers even in a round that launched
+    # none (after the last layer, until the prefill's result)
+    corun = prefill_sms > 0 and sms > 0
+    predicted = cost.served_decode_step_s(model, curve, overheads, context, sms, corun, batch)
+    return {"level": level, "decode_sms": sms, "batch": batch, "context_tokens": context,
+            "corun": corun, "measured_ms": measured_ms, "predicted_ms": predicted * 1e3}
 
 
 def _ratio(row: dict) -> float:
@@ -123,11 +130,42 @@ def main(argv=None) -> int:
     p.add_argument("--policies", default=tuple(STRATEGIES), type=policies_arg,
                    help=f"level policies among {', '.join(STRATEGIES)} (default: both)")
     p.add_argument("--count", type=integer(1, 100_000), default=100, help="requests per run")
+    p.add_argument("--reprice", metavar="FILE",
+                   help="price the steps of a step-errors file again with today's cost model "
+                        "(no GPU); writes it under --out")
     bench_inputs(p, "calibration", "host_costs", ttft=False)  # TPOT: the slo policy's target
     return run_script(p, run, argv)
 
 
+def reprice(args) -> int:
+    """A step-errors file's measured steps priced again (today's calibration, host costs and
+    classification), each run's summary made again from them."""
+    data = read_json(args.reprice, "step errors")
+    try:
+        g = data["inputs"]["settings"]["gpu"]  # as detected where the steps were measured
+        gpu = GPUSpec(**{**g, "cc": tuple(g["cc"])})
+        model = model_preset("qwen3-8b")
+        curve = load_calibration(args.calibration, gpu.name).decode_curve("grid_cap")
+        overheads = load_host_costs(args.host_costs, gpu.name)
+        levels = policy.PDMuxConfig().levels(gpu.sms, gpu.cc_major)
+        for run in data["runs"].values():
+            run["rounds"] = [priced(r["level"], r["batch"], r["context_tokens"],
+                                    r["measured_ms"], levels, model, curve, overheads)
+                             for r in run["rounds"]]
+            run["summary"] = summarize(run["rounds"])
+    except (KeyError, TypeError) as missing:
+        raise PdmuxError(f"{args.reprice} is not a step-errors file (no {missing})") from None
+    data["repriced"] = {**provenance(gpu.name), "calibration": args.calibration,
+                        "host_costs": args.host_costs}
+    path = Path(args.out) / Path(args.reprice).name
+    return finish(path, data, table(data))
+
+
 def run(args) -> int:
+    if args.reprice:
+        if args.simulate:
+            raise PdmuxError("--reprice reads a file's steps; --simulate serves new ones: pick one")
+        return reprice(args)
     gpu = gpu_preset("h200") if args.simulate else detect_gpu()
     model = model_preset("qwen3-8b")
     config = policy.PDMuxConfig()

@@ -179,22 +179,38 @@ def test_fit_host_costs_on_the_h200_stream_run(tmp_path):
 
 
 def test_step_errors_prices_each_simulated_step_as_the_simulator_did(tmp_path):
-    """On the cost model's clock every decode round pairs with its timed step, and a step
-    priced beside a prefill is priced as the simulator priced it (ratio 1); bad policies are
-    one line."""
+    """On the cost model's clock every decode round pairs with its timed step, and every step,
+    beside a prefill or alone, is priced as the simulator priced it (ratio 1: the rounds after
+    a prefill's last layer run beside it too); --reprice gives the same prices back; bad
+    policies and a file of another kind are one line."""
     import json
 
     out = subprocess.run([sys.executable, "bench/step_errors.py", "--simulate", "--rates", "12",
                           "--count", "40", "--out", str(tmp_path)],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
-    data = json.loads((tmp_path / "step-errors-h200-simulated.json").read_text())
+    path = tmp_path / "step-errors-h200-simulated.json"
+    data = json.loads(path.read_text())
     for name in ("default at 12 req/s", "slo at 12 req/s"):
         run = data["runs"][name]
         assert run["served"]["requests_served"] == 40
         corun = [r for r in run["rounds"] if r["corun"]]
         assert corun and run["summary"]["corun_steps"] == len(corun)
-        assert all(abs(r["measured_ms"] / r["predicted_ms"] - 1) < 1e-9 for r in corun), name
+        assert len(corun) < len(run["rounds"])
+        assert all(abs(r["measured_ms"] / r["predicted_ms"] - 1) < 1e-9
+                   for r in run["rounds"]), name
+    again = subprocess.run([sys.executable, "bench/step_errors.py", "--reprice", str(path),
+                            "--out", str(tmp_path / "again")], capture_output=True, text=True,
+                           timeout=120)
+    assert again.returncode == 0, again.stderr[-2000:]
+    repriced = json.loads((tmp_path / "again" / path.name).read_text())
+    assert {n: r["rounds"] for n, r in repriced["runs"].items()} == \
+        {n: r["rounds"] for n, r in data["runs"].items()}
+    wrong = subprocess.run([sys.executable, "bench/step_errors.py", "--reprice",
+                            "bench/results/kernels-h200.json", "--out", str(tmp_path)],
+                           capture_output=True, text=True, timeout=120)
+    assert wrong.returncode == 2 and "not a step-errors file" in wrong.stderr
+    assert "Traceback" not in wrong.stderr
     bad = subprocess.run([sys.executable, "bench/step_errors.py", "--simulate", "--policies",
                           "nope", "--out", str(tmp_path)], capture_output=True, text=True,
                          timeout=120)
@@ -221,3 +237,34 @@ def test_multi_gpu_compares_two_gpus_four_ways(tmp_path):
     assert data["summary"]["best_two_gpu"] in {f"{n}/{k}" for n in caps if n != "one_gpu"
                                                for k in caps[n]}
     assert "best on two GPUs" in out.stdout
+
+
+def test_stream_length_reads_capacity_by_count_and_sample(tmp_path):
+    """bench/stream_length.py on short streams: every sample's three capacities, the wide
+    level set saved with its points, and the by-count ratios those samples give."""
+    import json
+
+    import numpy as np
+
+    out = subprocess.run([sys.executable, "bench/stream_length.py", "--out", str(tmp_path),
+                          "--counts", "30,40", "--seeds", "1,2"], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    data = json.loads((tmp_path / "stream-length-h200-simulated.json").read_text())
+    assert [(r["count"], r["seed"]) for r in data["samples"]] == [(30, 1), (30, 2), (40, 1),
+                                                                 (40, 2)]
+    for r in data["samples"]:
+        assert set(r["capacity_rps"]) == {"default", "slo", "slo_wide"}
+        assert all(c > 0 for c in r["capacity_rps"].values())
+    for count in (30, 40):
+        ratios = [r["capacity_rps"]["slo"] / r["capacity_rps"]["default"]
+                  for r in data["samples"] if r["count"] == count]
+        got = data["summary"]["by_count"][str(count)]["slo_vs_default"]
+        assert got["median"] == pytest.approx(np.median(ratios))
+        assert got["lowest"] == min(ratios) and got["highest"] == max(ratios)
+    wide = json.loads((tmp_path / "stream-length" / "40-s2-wide" /
+                       "capacity-settings-h200.json").read_text())
+    assert [64, 68] in [d[:2] for d in wide["config"]["manual_divisions"]]
+    bad = subprocess.run([sys.executable, "bench/stream_length.py", "--out", str(tmp_path),
+                          "--counts", "0"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--counts" in bad.stderr and "Traceback" not in bad.stderr
