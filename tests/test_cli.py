@@ -373,6 +373,23 @@ def test_ctrl_c_is_one_line_and_exit_130():
     assert err.strip().splitlines()[-1] == "pdmux-triton: interrupted" and "Traceback" not in err
 
 
+def test_ctrl_c_while_the_cli_loads_is_one_line_and_exit_130():
+    """Ctrl-C in the first moments, while the CLI's modules (numpy, yaml, ...) import: a
+    KeyboardInterrupt raised by that import, as the signal would raise it."""
+    code = ("import builtins, sys\n"
+            "real = builtins.__import__\n"
+            "def interrupted(name, *args, **kw):\n"
+            "    if name == 'pdmux_triton.cli':\n"
+            "        raise KeyboardInterrupt\n"
+            "    return real(name, *args, **kw)\n"
+            "builtins.__import__ = interrupted\n"
+            "from pdmux_triton.__main__ import entry\n"
+            "sys.exit(entry())\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 130, out.stderr
+    assert out.stderr == "pdmux-triton: interrupted\n"
+
+
 # --- random argument vectors ---------------------------------------------------------
 
 # values a flag could take, then values no flag should: each flag draws from both
