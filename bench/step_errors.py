@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +29,7 @@ from pdmux_triton import capacity_sweep, cost, policy
 from pdmux_triton.cli_args import bench_inputs, bench_parser, finish, integer, number, run_script
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiment import Servers, make_requests
-from pdmux_triton.hardware import GPUSpec, detect_gpu, gpu_preset
+from pdmux_triton.hardware import ModelSpec, detect_gpu, gpu_preset
 from pdmux_triton.models import model_preset
 from pdmux_triton.results import (load_calibration, load_host_costs, provenance, read_json,
                                   write_json)
@@ -53,28 +54,44 @@ def policies_arg(text: str) -> tuple[str, ...]:
     return names
 
 
-def priced_rounds(result, levels, model, curve, overheads) -> list[dict]:
+@dataclass(frozen=True)
+class Prices:
+    """The cost model's price of a served decode round: the settings' model on their GPU's
+    pd-mux levels, the calibration's decode curve (grid capping) and the host costs."""
+
+    levels: list
+    model: ModelSpec
+    curve: cost.DecodeRate
+    overheads: cost.Overheads
+
+    @classmethod
+    def of(cls, s: RunSettings, calibration: str, host_costs: str) -> "Prices":
+        return cls(s.config.levels(s.gpu.sms, s.gpu.cc_major), s.model,
+                   load_calibration(calibration, s.gpu.name).decode_curve("grid_cap"),
+                   load_host_costs(host_costs, s.gpu.name))
+
+    def row(self, level: int, batch: int, context: int, measured_ms: float) -> dict:
+        """One decode round's measured step beside the price for it."""
+        prefill_sms, sms = self.levels[level]
+        # pd-mux runs a split level exactly while a prefill is in flight, and the host
+        # launches its layers ahead, so the step runs beside queued layers even in a round
+        # that launched none (after the last layer, until the prefill's result)
+        corun = prefill_sms > 0 and sms > 0
+        predicted = cost.served_decode_step_s(self.model, self.curve, self.overheads, context,
+                                              sms, corun, batch)
+        return {"level": level, "decode_sms": sms, "batch": batch, "context_tokens": context,
+                "corun": corun, "measured_ms": measured_ms, "predicted_ms": predicted * 1e3}
+
+
+def priced_rounds(result, prices: Prices) -> list[dict]:
     """The run's decode rounds, each with its measured step and the cost model's price."""
     rounds = [r for r in result.rounds if r.decode_bs]
     steps = result.activity.decode_step_s
     if len(steps) != len(rounds):
         raise PdmuxError(f"{len(rounds)} decode rounds but {len(steps)} timed decode steps: "
                          "the executor did not time one step per round")
-    return [priced(r.level, r.decode_bs, r.decode_context, measured * 1e3, levels, model, curve,
-                   overheads) for r, measured in zip(rounds, steps)]
-
-
-def priced(level: int, batch: int, context: int, measured_ms: float, levels, model, curve,
-           overheads) -> dict:
-    """One decode round's measured step beside the cost model's price for it."""
-    prefill_sms, sms = levels[level]
-    # pd-mux runs a split level exactly while a prefill is in flight, and the host launches
-    # its layers ahead, so the step runs beside queued layers even in a round that launched
-    # none (after the last layer, until the prefill's result)
-    corun = prefill_sms > 0 and sms > 0
-    predicted = cost.served_decode_step_s(model, curve, overheads, context, sms, corun, batch)
-    return {"level": level, "decode_sms": sms, "batch": batch, "context_tokens": context,
-            "corun": corun, "measured_ms": measured_ms, "predicted_ms": predicted * 1e3}
+    return [prices.row(r.level, r.decode_bs, r.decode_context, measured * 1e3)
+            for r, measured in zip(rounds, steps)]
 
 
 def _ratio(row: dict) -> float:
@@ -141,21 +158,21 @@ def reprice(args) -> int:
     """A step-errors file's measured steps priced again (today's calibration, host costs and
     classification), each run's summary made again from them."""
     data = read_json(args.reprice, "step errors")
-    try:
-        g = data["inputs"]["settings"]["gpu"]  # as detected where the steps were measured
-        gpu = GPUSpec(**{**g, "cc": tuple(g["cc"])})
-        model = model_preset("qwen3-8b")
-        curve = load_calibration(args.calibration, gpu.name).decode_curve("grid_cap")
-        overheads = load_host_costs(args.host_costs, gpu.name)
-        levels = policy.PDMuxConfig().levels(gpu.sms, gpu.cc_major)
-        for run in data["runs"].values():
-            run["rounds"] = [priced(r["level"], r["batch"], r["context_tokens"],
-                                    r["measured_ms"], levels, model, curve, overheads)
-                             for r in run["rounds"]]
-            run["summary"] = summarize(run["rounds"])
-    except (KeyError, TypeError) as missing:
+    try:  # the settings it was served with: the GPU as detected there, its model and levels
+        s = RunSettings.from_dict(data["inputs"]["settings"])
+        runs = data["runs"].values()
+    except (KeyError, TypeError, AttributeError) as missing:
         raise PdmuxError(f"{args.reprice} is not a step-errors file (no {missing})") from None
-    data["repriced"] = {**provenance(gpu.name), "calibration": args.calibration,
+    prices = Prices.of(s, args.calibration, args.host_costs)
+    for run in runs:
+        try:
+            run["rounds"] = [prices.row(r["level"], r["batch"], r["context_tokens"],
+                                        r["measured_ms"]) for r in run["rounds"]]
+        except (KeyError, TypeError, IndexError) as bad:
+            raise PdmuxError(f"{args.reprice} holds a round without its level, batch, context "
+                             f"or measured step ({bad})") from None
+        run["summary"] = summarize(run["rounds"])
+    data["repriced"] = {**provenance(s.gpu.name), "calibration": args.calibration,
                         "host_costs": args.host_costs}
     path = Path(args.out) / Path(args.reprice).name
     return finish(path, data, table(data))
@@ -174,9 +191,7 @@ def run(args) -> int:
                     config=config, level_policies=("sglang", "slo"), slo_ttft_ms=2000.0,
                     slo_tpot_ms=args.slo_tpot_ms, calibration=args.calibration,
                     host_costs=args.host_costs)
-    curve = load_calibration(args.calibration, gpu.name).decode_curve("grid_cap")
-    overheads = load_host_costs(args.host_costs, gpu.name)
-    levels = config.levels(gpu.sms, gpu.cc_major)
+    prices = Prices.of(s, args.calibration, args.host_costs)
     data = {**provenance(gpu.name), "mode": "simulated" if args.simulate else "gpu",
             "inputs": {**vars(args), "settings": s.as_dict()}, "runs": {}}
     path = Path(args.out) / f"step-errors-{gpu.name}{'-simulated' if args.simulate else ''}.json"
@@ -186,7 +201,7 @@ def run(args) -> int:
             for name in args.policies:
                 v = capacity_sweep.variant(STRATEGIES[name])
                 row, result = servers.serve(v, make_requests(s, rate))
-                rows = priced_rounds(result, levels, model, curve, overheads)
+                rows = priced_rounds(result, prices)
                 data["runs"][f"{name} at {rate:g} req/s"] = {
                     "strategy": v.name, "rate": rate, "summary": summarize(rows),
                     "served": {k: row.get(k) for k in (

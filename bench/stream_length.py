@@ -46,10 +46,11 @@ UNREACHED = 1_000_000
 WIDE_LEVELS = policy.PDMuxConfig(10, [[112, 20, 1], [104, 28, 12], [96, 36, 18], [88, 44, 24],
                                       [80, 52, 30], [72, 60, 36], [64, 68, UNREACHED],
                                       [48, 84, UNREACHED]])
-POLICIES = {  # name: (strategy, level set)
-    "default": ("pdmux_grid_cap", policy.PDMuxConfig()),
-    "slo": ("pdmux_slo_grid_cap", policy.PDMuxConfig()),
-    "slo_wide": ("pdmux_slo_grid_cap", WIDE_LEVELS),
+LEVEL_SETS = {"": policy.PDMuxConfig(), "-wide": WIDE_LEVELS}  # folder suffix: levels
+POLICIES = {  # name: (strategy, level set), each level set searched in its own folder
+    "default": ("pdmux_grid_cap", ""),
+    "slo": ("pdmux_slo_grid_cap", ""),
+    "slo_wide": ("pdmux_slo_grid_cap", "-wide"),
 }
 
 
@@ -66,31 +67,31 @@ def one_sample(args, count: int, seed: int) -> dict[str, float]:
     """Each policy's goodput capacity on one traffic sample of `count` requests."""
     criteria = Criteria(Slo(args.slo_ttft_ms, args.slo_tpot_ms))
     caps = {}
-    for wide in (False, True):
-        names = [n for n, (_, config) in POLICIES.items() if (config is WIDE_LEVELS) == wide]
-        s = settings_for(args, count, seed, POLICIES[names[0]][1])
-        folder = Path(args.out) / "stream-length" / f"{count}-s{seed}{'-wide' if wide else ''}"
-        store = capacity_sweep.open_folder(folder, s)
+    for suffix, config in LEVEL_SETS.items():
+        names = [n for n, (_, levels) in POLICIES.items() if levels == suffix]
+        s = settings_for(args, count, seed, config)
+        store = capacity_sweep.open_folder(
+            Path(args.out) / "stream-length" / f"{count}-s{seed}{suffix}", s)
         store.forget(lambda p: True)  # simulated: always today's cost model
-        strategies = tuple(POLICIES[n][0] for n in names)
-        result = capacity_sweep.run_capacity(s, strategies, criteria, store, tol=args.tol,
-                                             log=lambda _: None)
+        result = capacity_sweep.run_capacity(s, tuple(POLICIES[n][0] for n in names), criteria,
+                                             store, tol=args.tol, log=lambda _: None)
         for n in names:
             caps[n] = result["summary"]["strategies"][POLICIES[n][0]]["goodput_capacity_rps"]
     return caps
 
 
 def summarize(samples: list[dict]) -> dict:
+    """By count: each slo policy's capacity over the rule's (median, lowest, highest over the
+    samples) and the rule's median capacity."""
     out = {}
     for count in sorted({r["count"] for r in samples}):
-        rows = [r for r in samples if r["count"] == count]
-        out[str(count)] = {
-            f"{name}_vs_default": {"median": float(np.median(v)), "lowest": min(v),
-                                   "highest": max(v)}
-            for name in ("slo", "slo_wide")
-            for v in [[r["capacity_rps"][name] / r["capacity_rps"]["default"] for r in rows]]}
-        out[str(count)]["default_rps_median"] = float(np.median(
-            [r["capacity_rps"]["default"] for r in rows]))
+        caps = [r["capacity_rps"] for r in samples if r["count"] == count]
+        row = {"default_rps_median": float(np.median([c["default"] for c in caps]))}
+        for name in ("slo", "slo_wide"):
+            ratios = [c[name] / c["default"] for c in caps]
+            row[f"{name}_vs_default"] = {"median": float(np.median(ratios)),
+                                         "lowest": min(ratios), "highest": max(ratios)}
+        out[str(count)] = row
     return {"by_count": out}
 
 

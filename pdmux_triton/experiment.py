@@ -203,8 +203,7 @@ def run_experiment(s: RunSettings, log=print) -> tuple[dict, dict[str, scheduler
     prefill_sms = levels[s.config.choose_level(levels, s.batch, True)][0]
     out = {"mode": "simulated" if s.simulate else "gpu", **provenance(s.gpu.name),
            "model": s.model.name, "tp": s.tp, "replicas": s.replicas, "workload": s.workload,
-           "inputs": s.as_dict(),
-           "rows": rows,
+           "inputs": s.as_dict(), "rows": rows,
            "warnings": warnings(rows),
            "details": {name: metrics.details(res) for name, res in results.items()}}
     if estimates:
