@@ -5,21 +5,23 @@ at most num_sms * ctas_per_sm programs that loop over their tiles, and can recor
 program's SM id into `sm_ids` (GPU only).
 """
 
-# Run from the repository's root, `import kernels` would find this folder as a second copy of
-# the same files (re-jitted kernels, two module objects): there is one name for them.
-if __name__ != "pdmux_triton.kernels":
-    raise ImportError(f"the kernels are the package pdmux_triton.kernels (install the project, "
-                      f"e.g. pip install -e .), not {__name__!r}")
+if __name__ == "pdmux_triton.kernels":
+    from pdmux_triton.kernels.activation import silu_mul
+    from pdmux_triton.kernels.decode_attention import decode_attention
+    from pdmux_triton.kernels._paged import AttnConfig
+    from pdmux_triton.kernels.gemm import GemmConfig, linear
+    from pdmux_triton.kernels.kv_cache import store_kv
+    from pdmux_triton.kernels.prefill_attention import extend_attention
+    from pdmux_triton.kernels.rmsnorm import rmsnorm
+    from pdmux_triton.kernels.rotary import rope_, rope_cache
+    from pdmux_triton.kernels.stream import stream_read
 
-from pdmux_triton.kernels.activation import silu_mul
-from pdmux_triton.kernels.decode_attention import decode_attention
-from pdmux_triton.kernels._paged import AttnConfig
-from pdmux_triton.kernels.gemm import GemmConfig, linear
-from pdmux_triton.kernels.kv_cache import store_kv
-from pdmux_triton.kernels.prefill_attention import extend_attention
-from pdmux_triton.kernels.rmsnorm import rmsnorm
-from pdmux_triton.kernels.rotary import rope_, rope_cache
-from pdmux_triton.kernels.stream import stream_read
-
-__all__ = ["AttnConfig", "GemmConfig", "decode_attention", "extend_attention", "linear", "rmsnorm", "rope_",
-           "rope_cache", "silu_mul", "store_kv", "stream_read"]
+    __all__ = ["AttnConfig", "GemmConfig", "decode_attention", "extend_attention", "linear",
+               "rmsnorm", "rope_", "rope_cache", "silu_mul", "store_kv", "stream_read"]
+else:
+    # Imported as `kernels` from the repository's root, where this folder shadows any package
+    # of that name (transformers probes for Hugging Face's `kernels` and imports it to read its
+    # version): an empty module with no version, which such a probe takes for "not installed".
+    # The kernels themselves are one package, pdmux_triton.kernels, so they are not loaded
+    # here a second time.
+    __all__ = []
