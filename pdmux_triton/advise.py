@@ -34,6 +34,22 @@ def max_batch(spec: ModelSpec, context: int, itl_s: float, rate: cost.DecodeRate
     return min(lo, MAX_ADVISED_BATCH)
 
 
+def green_splits(total_sms: int, major: int) -> list[policy.Level]:
+    """Every (prefill SMs, decode SMs) split green contexts allow, fewest prefill SMs first."""
+    min_part, granularity = policy.arch_constraints(major)
+    splits = [(p, total_sms - p) for p in range(min_part, total_sms - min_part + 1, granularity)
+              if total_sms - p >= min_part]
+    if not splits:
+        raise PdmuxError(f"no green-context split of {total_sms} SMs on compute capability "
+                         f"{major}.x")
+    return splits
+
+
+def split_levels(total_sms: int, major: int) -> list[policy.Level]:
+    """Every split as levels, the whole GPU at both ends (the order SGLang's levels take)."""
+    return [(total_sms, 0), *reversed(green_splits(total_sms, major)), (0, total_sms)]
+
+
 @dataclass(frozen=True)
 class AdvisedLevel:
     prefill_sms: int
@@ -50,12 +66,7 @@ def advise(rate: cost.DecodeRate, spec: ModelSpec, total_sms: int, major: int,
     if itl_ms <= 0 or context < 1 or levels < 1:
         raise PdmuxError(f"need an ITL target > 0 ms, context >= 1 and levels >= 1, got "
                          f"{itl_ms}, {context}, {levels}")
-    min_part, granularity = policy.arch_constraints(major)
-    splits = [(p, total_sms - p) for p in range(min_part, total_sms - min_part + 1, granularity)
-              if total_sms - p >= min_part]
-    if not splits:
-        raise PdmuxError(f"no green-context split of {total_sms} SMs on compute capability "
-                         f"{major}.x")
+    splits = green_splits(total_sms, major)
 
     def step_ms(batch: int, decode_sms: int) -> float:
         return cost.decode_step_s(spec, rate, batch * context, decode_sms, True, batch) * 1e3

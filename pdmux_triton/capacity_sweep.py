@@ -184,9 +184,11 @@ def _result(s: RunSettings, chosen: list[Variant], criteria: Criteria, store: Po
         row.update({f"simulated_{c}_capacity_rps": res[f"simulated_{c}_capacity_rps"]
                     for c in CRITERIA})
         row["points"] = len(mine)
-        # the highest rate served still met the criterion: the capacity is at least that
-        top = max(mine, key=lambda p: p["rate"], default=None)
-        row["at_least"] = {c: bool(top) and getattr(criteria, c)(top) >= 0 for c in CRITERIA}
+        # the capacity is the highest rate served (the search's ceiling, or the highest rate
+        # given), which still met the criterion: the strategy can take at least that
+        top = max((p["rate"] for p in mine), default=None)
+        row["at_least"] = {c: top is not None and (row[f"{c}_capacity_rps"] or 0) >= top
+                           for c in CRITERIA}
         for guard in GUARDS:
             row[guard] = sum(p.get(guard) or 0 for p in mine)
         if measured:

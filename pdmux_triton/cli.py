@@ -15,11 +15,12 @@ import sys
 
 from pdmux_triton import advise, cost, estimate, policy, report
 from pdmux_triton.cli_args import parse
-from pdmux_triton.cli_common import (NOTES, config_from_args, gpu_from_args, gpu_named_by_files,
-                                     measuring_gpu, note, out_folder, plot, refuse)
+from pdmux_triton.cli_common import (NOTES, check_s_sat, config_from_args, gpu_from_args,
+                                     gpu_named_by_files, measuring_gpu, note, out_folder, plot,
+                                     refuse)
 from pdmux_triton.cli_serve import cmd_capacity, cmd_run
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.hardware import GPUSpec
+from pdmux_triton.hardware import GPUSpec, resolve_gpu
 from pdmux_triton.models import resolve_model
 from pdmux_triton.results import check_settings, load_calibration, provenance
 
@@ -71,8 +72,11 @@ def cmd_advise(args, given) -> None:
         refuse(given, ("max_batch",), "without --context-dist")
     gpu = gpu_from_args(args)
     config = config_from_args(args, given, gpu)
-    curve = load_calibration(args.calibration, gpu.name).decode_curve(args.kind)
+    # the calibration's GPU, with --sms or --cc reshaping it: its curve is by SM count
+    curve = load_calibration(args.calibration, resolve_gpu(args.gpu).name).decode_curve(args.kind)
     spec = resolve_model(args.model)
+    if not args.context_dist:
+        cost.check_fits(gpu, spec, args.context, f"one request at {args.context} tokens")
     if args.context_dist:
         advise_for_traffic(args, gpu, config, curve, spec)
         return
@@ -93,12 +97,15 @@ def advise_for_traffic(args, gpu, config, curve, spec) -> None:
     from pdmux_triton.level_policy import SloLevels, approximate
     from pdmux_triton.traffic import LENGTH_PRESETS, decoding_contexts
 
-    levels = config.levels(gpu.sms, gpu.cc_major)
+    # as for one context, any split green contexts allow, unless --config names the levels
+    offered = (config.levels(gpu.sms, gpu.cc_major) if args.config
+               else advise.split_levels(gpu.sms, gpu.cc_major))
     slo = SloLevels(spec, curve, args.itl_ms)
     draw = decoding_contexts(LENGTH_PRESETS[args.context_dist], seed=0)
-    approx = approximate(slo, levels, draw, args.max_batch, config)
+    approx = approximate(slo, offered, draw, args.max_batch, config)
     if args.write_config:
         policy.dump_config(approx.config, args.write_config)
+    levels = approx.levels
     ranges = approx.config.batch_ranges(levels)
     if args.json:
         print(json.dumps({"levels": levels, "manual_divisions": approx.config.manual_divisions,
@@ -108,7 +115,8 @@ def advise_for_traffic(args, gpu, config, curve, spec) -> None:
         return
     print(f"{spec.name} on {gpu.name}, {args.context_dist} contexts, decode step <= "
           f"{args.itl_ms:g} ms beside a prefill ({args.kind} calibration): the slo level policy "
-          f"as SGLang manual divisions")
+          f"over {'the --config levels' if args.config else 'every green-context split'}, as "
+          f"SGLang manual divisions (the splits no batch picks left out)")
     print(report.levels_table(gpu, approx.config, levels, ranges))
     print(f"they pick another level than the slo policy for {approx.disagreement:.0%} of "
           f"sampled batches (1-{args.max_batch} requests, 64 batches each)")
@@ -118,6 +126,8 @@ def advise_for_traffic(args, gpu, config, curve, spec) -> None:
 
 def cmd_estimate(args, given) -> None:
     gpu = gpu_from_args(args)
+    if "s_sat" in given:  # the defaults are clipped to a small GPU; a value given is checked
+        check_s_sat(args.s_sat, gpu)
     if args.bandwidth_tbps is not None:
         gpu = dataclasses.replace(gpu, hbm_tbps=args.bandwidth_tbps)
     if args.tflops is not None:

@@ -41,10 +41,11 @@ MEASURED_FILES = ("calibration", "compare", "host_costs")
 
 
 def gpu_named_by_files(args, given: set[str]) -> None:
-    """Without --gpu (or --sms, --cc), the preset of the GPU that the measured files passed
-    were measured on: passing calibrate-h200.json means the H200. Files that name different
-    GPUs, or one without a preset, leave the default, and their loader says which to pass."""
-    if given & {"gpu", "sms", "cc"} or not hasattr(args, "gpu"):
+    """Without --gpu, the preset of the GPU that the measured files passed were measured on
+    (--sms and --cc reshape it): passing calibrate-h200.json means the H200. Files that name
+    different GPUs, or one without a preset, leave the default, and their loader says which
+    to pass."""
+    if "gpu" in given or not hasattr(args, "gpu"):
         return
     names = {read_json(getattr(args, f), f.replace("_", " ")).get("gpu")
              for f in MEASURED_FILES if getattr(args, f, None)}
@@ -77,6 +78,14 @@ def config_from_args(args, given: set[str], gpu: GPUSpec) -> policy.PDMuxConfig:
               f"splits, so {len(levels)} levels, not the {config.sm_group_num} asked for (SGLang "
               f"makes the same)")
     return config
+
+
+def check_s_sat(values, gpu: GPUSpec) -> None:
+    """S_SAT is a number of SMs: past the GPU's own it would do nothing."""
+    for value in values if isinstance(values, tuple) else (values,):
+        if value > gpu.sms:
+            raise PdmuxError(f"--s-sat {value:g}: S_SAT is a number of SMs, at most the "
+                             f"{gpu.name}'s {gpu.sms}")
 
 
 def measuring_gpu() -> GPUSpec:

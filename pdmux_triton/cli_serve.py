@@ -9,12 +9,18 @@ from pathlib import Path
 
 from pdmux_triton import report
 from pdmux_triton.cli_args import CHAPTER_FLAGS, EXPONENTIAL_FLAGS, REPLAY_KEEPS, STREAM_FLAGS
-from pdmux_triton.cli_common import (config_from_args, gpu_from_args, measuring_gpu, note,
-                                     out_folder, plot, refuse)
+from pdmux_triton.cli_common import (check_s_sat, config_from_args, gpu_from_args,
+                                     measuring_gpu, note, out_folder, plot, refuse, warn)
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.hardware import GPUSpec
 from pdmux_triton.models import config_path, resolve_model
-from pdmux_triton.results import read_json, write_json
+from pdmux_triton.results import read_json, shipped_inputs, write_json
+
+MIN_CAPACITY_COUNT = 50  # requests a capacity point needs at least
+STEADY_COUNT = 1000  # requests a point for a near-steady read (bench/stream_length.py)
+
+# what prices a simulated step: the first-order model's knobs and the measured files
+COST_MODEL_FLAGS = ("calibration", "compare", "host_costs", "s_sat", "bw_eff", "mfu")
 
 
 def _replayed(args, given):
@@ -24,17 +30,24 @@ def _replayed(args, given):
     refuse(given, sorted(given - set(REPLAY_KEEPS)), "with --replay, which takes every input "
             "from its file")
     data = read_json(args.replay, "run result")
+    if "criteria" in data:
+        raise PdmuxError(f"{args.replay} is a capacity result: --replay serves a run result "
+                         f"(run --out); `capacity --offline --out FOLDER --rates ...` reads a "
+                         f"capacity folder's points again")
     if not isinstance(data.get("inputs"), dict):
-        raise PdmuxError(f"{args.replay} has no run inputs to replay (made by `run --out` of "
-                         f"pdmux-triton 0.1 or later?)")
+        raise PdmuxError(f"{args.replay} holds no run inputs to replay: it is not a run result "
+                         f"(run --out), or one written before run results saved their inputs")
     settings = RunSettings.from_dict(data["inputs"])
     simulate = settings.simulate or args.simulate
     if not simulate:
-        gpu = measuring_gpu()
+        try:
+            gpu = measuring_gpu()
+        except PdmuxError as err:  # as a run from flags: no GPU here, so simulate it
+            return dataclasses.replace(settings, simulate=True), err
         if gpu.name != settings.gpu.name:
             raise PdmuxError(f"{args.replay} was measured on {settings.gpu.name}, this GPU is "
                              f"{gpu.name}: pass --simulate to simulate its inputs")
-    return dataclasses.replace(settings, simulate=simulate)
+    return dataclasses.replace(settings, simulate=simulate), None
 
 
 def _where(args, given) -> tuple[GPUSpec, bool, PdmuxError | None]:
@@ -44,10 +57,15 @@ def _where(args, given) -> tuple[GPUSpec, bool, PdmuxError | None]:
             gpu = measuring_gpu()
         except PdmuxError as err:
             return gpu_from_args(args), True, err
-        chosen = [f for f in ("gpu", "sms", "cc") if f in given
-                  and not (f == "gpu" and args.gpu == "local")]
-        refuse(given, chosen, f"when measuring on the local {gpu.name} (they choose what "
-                f"--simulate runs on)")
+        named = args.gpu.strip().lower()
+        if "gpu" in given and named not in ("local", gpu.name):
+            gpu_from_args(args)  # an unknown name is refused as such
+            raise PdmuxError(f"--gpu {args.gpu}: this machine's GPU is the {gpu.name}; to "
+                             f"measure, name it (--gpu {gpu.name}) or leave --gpu out; to "
+                             f"simulate the {named} preset here, add --simulate")
+        refuse(given, [f for f in ("sms", "cc") if f in given],
+               f"when measuring on the local {gpu.name} (they reshape the preset --simulate "
+               f"runs on)")
         return gpu, False, None
     return gpu_from_args(args), True, None
 
@@ -60,10 +78,20 @@ def _settings(args, given, workload: str):
               "stream": (*CHAPTER_FLAGS, "trace"),
               "trace": (*CHAPTER_FLAGS, *STREAM_FLAGS, *EXPONENTIAL_FLAGS)}[workload]
     refuse(given, [f for f in unused if hasattr(args, f)], f"with --workload {workload}")
+    if workload == "chapter":
+        refuse(given, ("slo_ttft_ms", "slo_tpot_ms", "max_prefill_tokens"),
+               "with --workload chapter (its one prompt is prefilled alone, and it reports ITL "
+               "and TTFT, not SLO attainment: serve --workload stream or trace)")
+    if "slo" not in args.level_policies:
+        refuse(given, ("itl_slo_ms", "hysteresis", "relevel_at_layers"),
+               "without the slo level policy (--level-policies slo, or a pdmux_slo_<kind> "
+               "strategy)")
     if getattr(args, "lengths", "exponential") != "exponential":
         refuse(given, EXPONENTIAL_FLAGS, f"with --lengths {args.lengths} (they shape "
                 f"--lengths exponential)")
     gpu, simulate, no_gpu = _where(args, given)
+    if "s_sat" in given:  # the defaults are clipped to a small GPU; a value given is checked
+        check_s_sat(args.s_sat, gpu)
     fields = {f: getattr(args, f) for f in (
         "seed", "batch", "context", "prompt", "decode_tokens", "rate", "count", "burstiness",
         "lengths", "prompt_mean", "prompt_max", "output_mean", "output_max", "trace", "chunks",
@@ -71,6 +99,8 @@ def _settings(args, given, workload: str):
         "compare", "host_costs", "max_running", "level_policies", "itl_slo_ms", "hysteresis",
         "relevel_at_layers", "tp", "replicas", "link", "link_gbps", "link_latency_us")
         if hasattr(args, f)}
+    if not given & set(COST_MODEL_FLAGS):  # a GPU with measured inputs shipped is priced by them
+        fields.update(shipped_inputs(gpu.name))
     uses_link = getattr(args, "tp", 1) > 1 or any(
         name.startswith("disagg_") for name in getattr(args, "strategies", ()))
     if not uses_link:
@@ -107,7 +137,7 @@ def _say_why_simulated(settings, no_gpu) -> None:
 def cmd_run(args, given) -> None:
     from pdmux_triton import experiment, plots
 
-    settings, no_gpu = ((_replayed(args, given), None) if args.replay
+    settings, no_gpu = (_replayed(args, given) if args.replay
                         else _settings(args, given, args.workload))
     folder = out_folder(args.out) if args.out else None
     _say_why_simulated(settings, no_gpu)
@@ -118,16 +148,18 @@ def cmd_run(args, given) -> None:
     if args.json:
         print(json.dumps(out, indent=1))
     else:
-        mode = ("simulated on the cost model (a prediction: the README's 'How far a simulation "
-                "sits from a measurement' gives its error on the H200)" if settings.simulate
-                else "measured")
+        mode = "simulated (a prediction)" if settings.simulate else "measured"
         where = (f"TP-{settings.tp} over {settings.tp} x {gpu_name} ({settings.comm.link.name} "
                  f"{settings.comm.link.busbw_gbps:g} GB/s, {settings.comm.link.latency_us:g} us)"
                  if settings.tp > 1 else gpu_name)
         if settings.replicas > 1:
             where = f"{settings.replicas} servers behind a round-robin router, each {where}"
         print(f"{settings.model.name} on {where}, {settings.workload} workload, {mode}:")
-        print(report.strategy_table(out["rows"]))
+        if settings.simulate:
+            print(report.cost_model_line(out["inputs"]))
+        idle_known = not (settings.simulate and settings.workload == "chapter"
+                          and not settings.host_costs)
+        print(report.strategy_table(out["rows"], idle_known))
         if settings.workload != "chapter":
             print()
             print(report.serving_table(out["rows"]))
@@ -152,6 +184,16 @@ def cmd_capacity(args, given) -> None:
 
     for name in args.strategies:
         capacity_sweep.variant(name)  # an unknown name fails before anything runs
+    if args.count < MIN_CAPACITY_COUNT:
+        raise PdmuxError(f"--count {args.count}: a capacity needs at least {MIN_CAPACITY_COUNT} "
+                         f"requests a point (so few arrive together and fit the GPU at any "
+                         f"rate, and attainment moves in steps of 1/count); {STEADY_COUNT} or "
+                         f"more measure the steady state")
+    if args.count < STEADY_COUNT:
+        warn(f"{args.count} requests a point measure a burst: the stream's drain outlasts its "
+             f"arrivals, so its capacities read higher than a GPU sustains (bench/"
+             f"stream_length.py shows how much); --count {STEADY_COUNT} or more for the "
+             f"steady state")
     chunks = tuple(capacity_sweep.variant(n).chunk for n in args.strategies
                    if n.startswith("chunked_"))
     kinds = tuple(dict.fromkeys(capacity_sweep.variant(n).kind for n in args.strategies

@@ -103,19 +103,23 @@ class SloLevels:
 @dataclass(frozen=True)
 class Approximation:
     """SGLang manual divisions that follow an `SloLevels` on a traffic, and how often they
-    pick another level than it does."""
+    pick another level than it does. `levels` are the config's: the prefill-only and
+    decode-only levels and the splits some batch size picks (a split none picks is left out,
+    so no threshold is a placeholder)."""
 
     config: policy.PDMuxConfig
-    level_by_batch: dict[int, int]
+    levels: list[policy.Level]
+    level_by_batch: dict[int, int]  # index into `levels`
     disagreement: float  # share of sampled batches where the divisions pick another level
 
 
 def approximate(slo: SloLevels, levels: list[policy.Level], contexts: Callable[[int], list[int]],
                 max_batch: int, base: policy.PDMuxConfig, samples: int = 64) -> Approximation:
-    """For each batch size 1..max_batch, the level `slo` picks most often for `samples` batches
-    of that size whose contexts `contexts(b)` draws (a traffic's contexts while it decodes),
-    made non-decreasing in the batch size (SGLang's thresholds can only rise), as SGLang
-    manual divisions; and the share of sampled batches on which they disagree with `slo`."""
+    """For each batch size 1..max_batch, the level of `levels` that `slo` picks most often
+    for `samples` batches of that size whose contexts `contexts(b)` draws (a traffic's
+    contexts while it decodes), made non-decreasing in the batch size (SGLang's thresholds can
+    only rise), as SGLang manual divisions over the levels picked; and the share of sampled
+    batches on which they disagree with `slo`."""
     if max_batch < 1 or samples < 1:
         raise PdmuxError(f"need max_batch >= 1 and samples >= 1, got {max_batch} and {samples}")
     picks = {b: [slo.choose(levels, contexts(b), True, None) for _ in range(samples)]
@@ -124,15 +128,18 @@ def approximate(slo: SloLevels, levels: list[policy.Level], contexts: Callable[[
     for b in range(1, max_batch + 1):
         top = max(top, Counter(picks[b]).most_common(1)[0][0])
         chosen[b] = top
+    wrong = sum(p != chosen[b] for b, ps in picks.items() for p in ps)
+    picked = sorted(set(chosen.values()))
+    kept = [levels[0], *(levels[i] for i in picked), levels[-1]]
+    renumbered = {old: new for new, old in enumerate(picked, start=1)}
+    by_batch = {b: renumbered[level] for b, level in chosen.items()}
     ranges: list[tuple[int, int | None, int]] = []
-    for b, level in chosen.items():
+    for b, level in by_batch.items():
         if ranges and ranges[-1][2] == level:
             ranges[-1] = (ranges[-1][0], b, level)
         else:
             ranges.append((b, b, level))
     ranges[-1] = (ranges[-1][0], None, ranges[-1][2])
-    divisions = policy.manual_divisions_for(levels, ranges)
-    config = policy.PDMuxConfig(len(levels), divisions, base.split_forward_token_budget,
-                                base.decode_bs_divisor)
-    wrong = sum(p != chosen[b] for b, ps in picks.items() for p in ps)
-    return Approximation(config, chosen, wrong / (max_batch * samples))
+    config = policy.PDMuxConfig(len(kept), policy.manual_divisions_for(kept, ranges),
+                                base.split_forward_token_budget, base.decode_bs_divisor)
+    return Approximation(config, kept, by_batch, wrong / (max_batch * samples))

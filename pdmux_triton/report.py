@@ -3,9 +3,11 @@ the headers, "-" where a figure does not apply. Plots are in `plots`."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 from pdmux_triton import policy
+from pdmux_triton.results import SHIPPED_PREFIX
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[str]], align: str = "") -> str:
@@ -22,7 +24,13 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], align: str = ""
 
 
 def cell(value, fmt: str = ".1f") -> str:
-    return "-" if value is None else format(value, fmt)
+    """A figure, "-" for None; a fixed-point figure too small for its decimals keeps two
+    significant digits (a tiny model's steps are microseconds, not 0.0 ms)."""
+    if value is None:
+        return "-"
+    if fmt.endswith("f") and fmt[-2:-1].isdigit() and 0 < abs(value) < 10 ** (1 - int(fmt[-2])):
+        return format(value, f"{fmt[:-3]}.{1 - math.floor(math.log10(abs(value)))}f")
+    return format(value, fmt)
 
 
 def _columns(spec: Sequence[tuple[str, Callable[[dict], str]]], records: Sequence[dict]) -> str:
@@ -80,16 +88,41 @@ def advice_table(spec, gpu, context: int, itl_ms: float, kind: str, advised) -> 
 
 # --- served runs ---------------------------------------------------------------------------
 
-def strategy_table(rows: list[dict]) -> str:
+def cost_model_line(inputs: dict) -> str:
+    """What priced a simulated run's steps (from its settings, `RunSettings.as_dict()`), and
+    how far its figures can be trusted."""
+    files = [k for k in ("calibration", "compare", "host_costs") if inputs.get(k)]
+    if files and all(str(inputs[k]).startswith(SHIPPED_PREFIX) for k in files) and len(files) == 3:
+        return (f"cost model: the {inputs['gpu']['name']}'s calibration, comparison and host "
+                f"costs shipped with the tool (measured there; README, 'How far a simulation "
+                f"sits from a measurement', gives its error)")
+    if len(files) == 3:
+        return ("cost model: the calibration, comparison and host costs given (its error is "
+                "known only where it was measured beside the GPU, as `capacity` on a GPU does)")
+    lacking = {"calibration": f"decode at min(1, SMs / S_SAT {inputs['s_sat']:g}) of "
+                              f"{inputs['bw_eff']:g} x HBM bandwidth",
+               "compare": f"prefill at {inputs['mfu']:g} of the bf16 rate on its SMs",
+               "host_costs": "no host time between kernels"}
+    missing = "; ".join(v for k, v in lacking.items() if k not in files)
+    kinds = ("; pdmux_grid_cap and pdmux_green are priced alike without a calibration"
+             if "calibration" not in files and len(inputs.get("kinds", ())) > 1 else "")
+    what = "partly calibrated" if files else "first-order and uncalibrated"
+    return (f"cost model: {what} ({missing}{kinds}): it can rank strategies wrongly; measure, "
+            f"or pass --calibration, --compare and --host-costs measured on this GPU")
+
+
+def strategy_table(rows: list[dict], idle_known: bool = True) -> str:
+    """`run`'s row per strategy; `idle_known` false where the run had no time between kernels
+    to count (a simulation without host costs and without arrival gaps): its GPU idle is "-"."""
     spec = [("strategy", lambda r: r["strategy"]),
             ("ITL p50 ms", lambda r: cell(r.get("itl_p50_ms"))),
             ("ITL p99 ms", lambda r: cell(r.get("itl_p99_ms"))),
-            ("ITL in prefill ms", lambda r: cell(r.get("itl_during_prefill_p50_ms"))),
-            ("step GPU p50 ms", lambda r: cell(r.get("decode_gpu_p50_ms"))),
-            ("prefill ms", lambda r: cell(r.get("prefill_ms"), ".0f")),
-            ("tokens in prefill", lambda r: cell(r.get("tokens_during_prefill"))),
+            ("ITL in prefill p50 ms", lambda r: cell(r.get("itl_during_prefill_p50_ms"))),
+            ("decode step p50 ms", lambda r: cell(r.get("decode_gpu_p50_ms"))),
+            ("prefill p50 ms", lambda r: cell(r.get("prefill_ms"), ".0f")),
+            ("tokens in prefill mean", lambda r: cell(r.get("tokens_during_prefill"))),
             ("TTFT p50 ms", lambda r: cell(r.get("ttft_p50_ms"), ".0f")),
-            ("GPU idle", lambda r: cell(r.get("gpu_idle_frac"), ".1%"))]
+            ("GPU idle", lambda r: cell(r.get("gpu_idle_frac") if idle_known else None, ".1%"))]
     return _columns(spec, rows)
 
 
@@ -133,7 +166,7 @@ def serving_table(rows: list[dict]) -> str:
             ("E2E p50/p99 s", lambda r: f"{cell(_s(r.get('e2e_p50_ms')))} / "
                                         f"{cell(_s(r.get('e2e_p99_ms')))}"),
             ("queue p50 s", lambda r: cell(r.get("sched_delay_p50_s"), ".2f")),
-            ("req/s", lambda r: cell(r.get("request_throughput_rps"), ".2f")),
+            ("served req/s", lambda r: cell(r.get("request_throughput_rps"), ".2f")),
             ("tok/s", lambda r: cell(r.get("output_throughput_tps"), ".0f")),
             ("SLO met", lambda r: cell(r.get("slo_attainment"), ".0%")),
             ("goodput req/s", lambda r: cell(r.get("goodput_rps"), ".2f")),
@@ -156,13 +189,21 @@ def capacity_table(result: dict) -> str:
     """Each strategy's capacities (req/s), and the simulation's beside a measurement."""
     measured = result["mode"] == "gpu"
     c = result["criteria"]
+    inputs = result["inputs"]
     head = (f"capacity, {result['model']} on {result['gpu']} ({'measured' if measured else 'simulated'}"
-            f"): TTFT <= {c['slo_ttft_ms']:g} ms and TPOT <= {c['slo_tpot_ms']:g} ms for "
+            f", {inputs['lengths']} lengths, {inputs['count']} requests a point): TTFT <= "
+            f"{c['slo_ttft_ms']:g} ms and TPOT <= {c['slo_tpot_ms']:g} ms for "
             f"{c['attainment']:.0%} of requests (goodput); P99 TBT <= {c['slo_tpot_ms']:g} ms and "
-            f"median queueing <= {c['max_sched_delay_s']:g} s (Sarathi-Serve)")
+            f"median queueing <= {c['max_sched_delay_s']:g} s (Sarathi-Serve)\n"
+            f"{'simulation ' if measured else ''}{cost_model_line(inputs)}")
+    limit = "highest rate served" if measured else "search limit"
+
+    def capacity(n: str, criterion: str) -> str:
+        figure = cell(rows[n][f"{criterion}_capacity_rps"], ".2f")
+        return f">= {figure} ({limit})" if rows[n]["at_least"][criterion] else figure
     spec = [("strategy", lambda n: n),
-            ("goodput capacity req/s", lambda n: cell(rows[n]["goodput_capacity_rps"], ".2f")),
-            ("Sarathi capacity req/s", lambda n: cell(rows[n]["sarathi_capacity_rps"], ".2f"))]
+            ("goodput capacity req/s", lambda n: capacity(n, "goodput")),
+            ("Sarathi capacity req/s", lambda n: capacity(n, "sarathi"))]
     if measured:
         spec += [("simulated at those rates",
                   lambda n: f"{cell(rows[n]['simulated_goodput_capacity_at_measured_rates_rps'], '.2f')}"

@@ -89,9 +89,31 @@ def write_json(path: str | Path, data: dict) -> Path:
     return path
 
 
+# The measured inputs of the simulator that ship with the package (copies of bench/results'
+# files, kept equal by a test), named in settings as "shipped:<file>" so a saved run replays
+# on any machine: a simulation of one of these GPUs given none of its own is calibrated by them.
+SHIPPED_PREFIX = "shipped:"
+SHIPPED_FOLDER = Path(__file__).with_name("measured")
+SHIPPED = {"h200": {"calibration": "calibrate-h200.json", "compare": "compare-h200.json",
+                    "host_costs": "host-costs-h200.json"}}
+
+
+def shipped_inputs(gpu: str) -> dict[str, str]:
+    """The shipped measured files of a GPU preset, as settings name them (none for most)."""
+    return {k: SHIPPED_PREFIX + name for k, name in SHIPPED.get(gpu, {}).items()}
+
+
+def resolve(path: str | Path) -> Path:
+    """A file's path; a "shipped:" name is the package's own copy."""
+    text = str(path)
+    if text.startswith(SHIPPED_PREFIX):
+        return SHIPPED_FOLDER / text.removeprefix(SHIPPED_PREFIX)
+    return Path(path)
+
+
 def read_json(path: str | Path, what: str) -> dict:
     """A JSON object from `path`, or one clear error naming the file and what was expected."""
-    path = Path(path)
+    path = resolve(path)
     if path.is_dir():
         raise PdmuxError(f"{what} {path} is a directory, not a file")
     try:
@@ -256,7 +278,6 @@ class Calibration:
 
 
 def load_calibration(path: str | Path, gpu: str | None = None) -> Calibration:
-    path = Path(path)
     data = read_json(path, "calibration")
     if not isinstance(data.get("rows"), list) or not isinstance(data.get("summary"), dict):
         raise PdmuxError(f"{path} lacks the rows and summary of a calibration "
@@ -290,7 +311,6 @@ class Comparison:
 
 
 def load_compare(path: str | Path, gpu: str | None = None) -> Comparison:
-    path = Path(path)
     data = read_json(path, "comparison")
     levels = data.get("summary", {}).get("levels") if isinstance(data.get("summary"), dict) else None
     if not isinstance(levels, list) or not levels:
@@ -306,7 +326,6 @@ def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
     extend kernel's padded decode rows, and where bench/fit_host_costs.py added them, the
     fixed cost of an eager step, a captured decode step's cost beyond its bytes and the mixed
     step's fit."""
-    path = Path(path)
     data = read_json(path, "host-costs file")
     _check_gpu(data, path, "host-costs file", gpu)
     try:

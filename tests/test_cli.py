@@ -164,7 +164,9 @@ def test_replay_serves_the_same_run(tmp_path, capsys):
     capsys.readouterr()
     fails(capsys, ["run", "--replay", str(first / "run-h20.json"), "--rate", "5"],
           "--rate does nothing with --replay")
-    fails(capsys, ["run", "--replay", CALIBRATION], "has no run inputs to replay")
+    fails(capsys, ["run", "--replay", CALIBRATION], "holds no run inputs to replay")
+    fails(capsys, ["run", "--replay", "bench/results/capacity-h200.json"],
+          "is a capacity result: --replay serves a run result")
 
 
 @no_gpu
@@ -176,25 +178,32 @@ def test_run_prints_its_table_when_matplotlib_is_missing(tmp_path, capsys, monke
     monkeypatch.setattr(plots, "timeline", no_matplotlib)
     assert cli.main(["run", "--decode-tokens", "16", "--out", str(tmp_path)]) == 0
     captured = capsys.readouterr()
-    assert "pdmux_grid_cap" in captured.out and "simulated on the cost model" in captured.out
+    assert "pdmux_grid_cap" in captured.out and "simulated (a prediction)" in captured.out
+    assert "cost model: first-order and uncalibrated" in captured.out
     assert "no plot: plots need matplotlib" in captured.err
     assert (tmp_path / "run-h100-sxm.json").exists()
 
 
 @no_gpu
 def test_capacity_simulated_writes_json_table_and_plot(tmp_path, capsys):
-    argv = ["capacity", "--gpu", "h200", "--count", "30", "--strategies",
+    argv = ["capacity", "--gpu", "h200", "--count", "50", "--strategies",
             "prefill_first,pdmux_grid_cap", "--tol", "0.2", "--out", str(tmp_path)]
     assert cli.main(argv) == 0
     captured = capsys.readouterr()
     assert "goodput capacity req/s" in captured.out and "pdmux_grid_cap" in captured.out
     data = json.loads((tmp_path / "capacity-h200.json").read_text())
-    assert data["mode"] == "simulated" and data["inputs"]["count"] == 30
+    assert data["mode"] == "simulated" and data["inputs"]["count"] == 50
+    # the H200 preset without files is priced by the measurements the package ships
+    assert data["inputs"]["calibration"] == "shipped:calibrate-h200.json"
+    assert "50 requests a point" in captured.out and "shipped with the tool" in captured.out
+    assert "50 requests a point measure a burst" in captured.err
     assert data["summary"]["highest_goodput_capacity"] in ("prefill_first", "pdmux_grid_cap")
     assert (tmp_path / "capacity-h200.png").stat().st_size > 1000
     assert cli.main([*argv, "--json"]) == 0  # resumed: every point from the store
     assert "[simulated]" not in capsys.readouterr().err
-    fails(capsys, [*argv[:-2], "--count", "31", "--out", str(tmp_path)], "differ in count")
+    fails(capsys, [*argv[:-2], "--count", "51", "--out", str(tmp_path)], "differ in count")
+    fails(capsys, [*argv[:-2], "--count", "20", "--out", str(tmp_path)],
+          "--count 20: a capacity needs at least 50 requests a point")
 
 
 @no_gpu
@@ -295,6 +304,21 @@ BAD = [
     (["levels", "--config", "{d}/pd.yaml", "--sm-group-num", "6"],
      "--sm-group-num conflicts with --config"),
     (["advise", "--gpu", "h200", "--itl-ms", "12"], "advise needs --calibration"),
+    (["run", "--slo-ttft-ms", "2000", "--slo-tpot-ms", "25"],
+     "--slo-ttft-ms, --slo-tpot-ms do nothing with --workload chapter"),
+    (["run", "--max-prefill-tokens", "4096"], "--max-prefill-tokens does nothing with --workload "
+                                              "chapter"),
+    (["run", "--workload", "stream", "--itl-slo-ms", "20"],
+     "--itl-slo-ms does nothing without the slo level policy"),
+    (["run", "--relevel-at-layers"], "--relevel-at-layers does nothing without the slo level"),
+    (["capacity", "--simulate", "--hysteresis", "0.2"],
+     "--hysteresis does nothing without the slo level policy"),
+    (["estimate", "--s-sat", "500"], "--s-sat 500: S_SAT is a number of SMs, at most the "
+                                     "h100-sxm's 132"),
+    (["estimate", "--gpu", "h20", "--s-sat", "44,88"], "--s-sat 88: S_SAT is a number of SMs"),
+    (["run", "--s-sat", "133"], "--s-sat 133: S_SAT is a number of SMs"),
+    (["advise", "--calibration", CALIBRATION, "--itl-ms", "12", "--context", "1000000"],
+     "one request at 1000000 tokens does not fit on the h200"),
     # work that cannot fit or would not end
     (["estimate", "--context", "131072"], "does not fit on the h100-sxm"),
     (["estimate", "--batch", "99999999999999999999999"], "does not fit on the h100-sxm"),
@@ -319,6 +343,70 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, files, capsys):
     (files / "pd.yaml").write_text("sm_group_num: 8\n")
     argv = [a.replace("{d}", str(files)) for a in argv]
     fails(capsys, argv, message.replace("{d}", str(files)))
+
+
+def test_naming_the_local_gpu_measures_and_another_says_how_to_simulate_it(monkeypatch,
+                                                                         capsys):
+    """On an H200 (faked: the detected GPU), `--gpu h200` is the README's main command and
+    measures; another preset is one line that says --simulate runs it."""
+    from pdmux_triton import cli_serve
+    from pdmux_triton.hardware import GPUS
+
+    monkeypatch.setattr(cli_serve, "measuring_gpu", lambda: GPUS["h200"])
+    args, given = cli_args.parse(["run", "--gpu", "h200"])
+    assert cli_serve._where(args, given) == (GPUS["h200"], False, None)
+    args, given = cli_args.parse(["run", "--gpu", "local"])
+    assert cli_serve._where(args, given) == (GPUS["h200"], False, None)
+    fails(capsys, ["run", "--gpu", "h100-sxm"], "--gpu h100-sxm: this machine's GPU is the h200; "
+          "to measure, name it (--gpu h200) or leave --gpu out; to simulate the h100-sxm preset "
+          "here, add --simulate")
+    fails(capsys, ["run", "--gpu", "v100"], "unknown GPU 'v100'")
+    fails(capsys, ["run", "--gpu", "h200", "--sms", "100"],
+          "--sms does nothing when measuring on the local h200")
+    args, given = cli_args.parse(["run", "--gpu", "h100-sxm", "--simulate"])
+    assert cli_serve._where(args, given) == (GPUS["h100-sxm"], True, None)
+
+
+@no_gpu
+def test_a_measured_run_replayed_without_a_gpu_is_simulated_and_says_so(tmp_path, capsys):
+    assert cli.main(["run", "--gpu", "h20", "--decode-tokens", "16", "--out", str(tmp_path)]) == 0
+    path = tmp_path / "run-h20.json"
+    data = json.loads(path.read_text())
+    data["inputs"]["simulate"] = False  # as a run measured on an H20 saved it
+    path.write_text(json.dumps(data))
+    capsys.readouterr()
+    assert cli.main(["run", "--replay", str(path)]) == 0
+    captured = capsys.readouterr()
+    assert "no GPU here" in captured.err and "simulating on the h20 preset" in captured.err
+    assert "simulated (a prediction)" in captured.out
+
+
+def test_a_capacity_at_the_search_ceiling_says_it_is_at_least_that(tmp_path, capsys):
+    """The tiny model meets the SLOs at any rate: its capacity is the search's ceiling."""
+    assert cli.main(["capacity", "--simulate", "--model", "tiny", "--count", "50",
+                     "--strategies", "prefill_first", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert ">= 1000.00 (search limit)" in out and "50 requests a point" in out
+    assert "cost model: first-order and uncalibrated" in out
+
+
+def test_advise_with_an_sm_override_keeps_the_calibrations_gpu(capsys):
+    assert cli.main(["advise", "--calibration", CALIBRATION, "--itl-ms", "12", "--sms",
+                     "100"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("qwen3-8b on h200-100sm") and "h100" not in out
+
+
+def test_advise_for_a_traffic_offers_every_split_and_writes_no_placeholder(tmp_path, capsys):
+    path = tmp_path / "slo.yaml"
+    assert cli.main(["advise", "--calibration", CALIBRATION, "--itl-ms", "12", "--context-dist",
+                     "sharegpt", "--write-config", str(path)]) == 0
+    assert "every green-context split" in capsys.readouterr().out
+    config = policy.load_config(path, 132, 9)
+    thresholds = [t for _, _, t in config.manual_divisions]
+    assert thresholds == sorted(thresholds) and max(thresholds) <= 128
+    # splits off SGLang's default levels are offered, as advise for one context offers them
+    assert {(p, d) for p, d, _ in config.manual_divisions} - set(policy.stream_groups(132, 9))
 
 
 @no_gpu

@@ -85,12 +85,18 @@ def test_approximate_gives_sglang_thresholds_that_follow_the_policy():
     p = slo(itl_ms=20.0)
     draw = decoding_contexts(LENGTH_PRESETS["sharegpt"], seed=1)
     approx = approximate(p, LEVELS, draw, max_batch=96, base=policy.PDMuxConfig(), samples=16)
-    config = approx.config
-    assert config.sm_group_num == len(LEVELS) and len(config.manual_divisions) == len(LEVELS) - 2
+    config, levels = approx.config, approx.levels
+    assert config.sm_group_num == len(levels) and len(config.manual_divisions) == len(levels) - 2
+    # the splits some batch picks, each once, from the levels offered; none with a placeholder
+    assert set(levels[1:-1]) <= set(LEVELS[1:-1]) and len(set(levels)) == len(levels)
+    assert levels[0] == LEVELS[0] and levels[-1] == LEVELS[-1]
     picked = [approx.level_by_batch[b] for b in range(1, 97)]
-    assert picked == sorted(picked)  # thresholds rise with the batch
+    assert picked == sorted(picked) and set(picked) == set(range(1, len(levels) - 1))
+    thresholds = [t for _, _, t in config.manual_divisions]
+    assert thresholds == sorted(thresholds) and thresholds[-1] <= 96
+    assert config.levels(132, 9) == levels  # SGLang makes the same levels from the YAML
     for b in (1, 20, 50, 96):  # SGLang's rule under those divisions picks the same level
-        assert config.choose_level(LEVELS, b, True) == approx.level_by_batch[b]
+        assert config.choose_level(levels, b, True) == approx.level_by_batch[b]
     assert 0 <= approx.disagreement < 0.5
     with pytest.raises(PdmuxError, match="max_batch >= 1"):
         level_policy.approximate(p, LEVELS, draw, 0, policy.PDMuxConfig())

@@ -1,5 +1,7 @@
 """Tables: aligned columns with units, "-" where a figure does not apply."""
 
+import pytest
+
 from pdmux_triton import calibrate, compare, estimate, policy, report
 from pdmux_triton.hardware import gpu_preset
 from test_compare import level_entry
@@ -35,3 +37,45 @@ def test_calibration_and_compare_tables():
     entry = level_entry()
     entry.update(compare.level_errors(entry))
     assert "80/52" in report.compare_table([entry])
+
+
+def _inputs(**files):
+    return {"gpu": {"name": "h200"}, "s_sat": 66.0, "bw_eff": 0.85, "mfu": 0.5,
+            "kinds": ["grid_cap", "green"], "calibration": None, "compare": None,
+            "host_costs": None, **files}
+
+
+@pytest.mark.parametrize("files, says", [
+    ({"calibration": "shipped:calibrate-h200.json", "compare": "shipped:compare-h200.json",
+      "host_costs": "shipped:host-costs-h200.json"}, "the h200's calibration, comparison and "
+     "host costs shipped with the tool"),
+    ({"calibration": "a.json", "compare": "b.json", "host_costs": "c.json"},
+     "the calibration, comparison and host costs given"),
+    ({"calibration": "a.json"}, "partly calibrated (prefill at 0.5 of the bf16 rate on its "
+     "SMs; no host time between kernels)"),
+    ({}, "first-order and uncalibrated (decode at min(1, SMs / S_SAT 66) of 0.85 x HBM "
+     "bandwidth; prefill at 0.5"),
+    ({}, "pdmux_grid_cap and pdmux_green are priced alike without a calibration"),
+])
+def test_the_cost_model_line_says_what_priced_the_steps(files, says):
+    line = report.cost_model_line(_inputs(**files))
+    assert line.startswith("cost model: ") and says in line
+    # the README's error figures are cited only for the measurements they were read with
+    shipped = len(files) == 3 and all(v.startswith("shipped:") for v in files.values())
+    assert ("gives its error" in line) == shipped
+
+
+@pytest.mark.parametrize("value, fmt, shown", [
+    (0.0042, ".1f", "0.0042"), (5.3, ".0f", "5.3"), (12.3, ".0f", "12"), (0.05, ".2f", "0.050"),
+    (-0.004, "+.0f", "-0.0040"), (0.0, ".1f", "0.0"), (None, ".1f", "-"), (0.5, ".0%", "50%")])
+def test_a_small_figure_keeps_two_significant_digits(value, fmt, shown):
+    assert report.cell(value, fmt) == shown
+
+
+def test_gpu_idle_is_a_dash_where_the_run_had_no_time_between_kernels_to_count():
+    rows = [{"strategy": "prefill_first", "gpu_idle_frac": 0.0, "itl_p50_ms": 0.00025,
+             "prefill_ms": 270.4, "tokens_during_prefill": 4.0}]
+    head, row = report.strategy_table(rows, idle_known=False).splitlines()
+    assert "prefill p50 ms" in head and "tokens in prefill mean" in head
+    assert row.split()[-1] == "-" and "0.00025" in row
+    assert report.strategy_table(rows).splitlines()[1].split()[-1] == "0.0%"

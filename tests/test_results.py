@@ -137,3 +137,23 @@ def test_the_source_digest_names_the_code_and_nothing_else(tmp_path):
     (tmp_path / "kernels" / "k.py").write_text("y = 3\n")
     assert results.source_digest(tmp_path) != first
     assert len(first) == 64 and results.provenance("h200")["source_sha256"] == results.source_digest()
+
+
+@pytest.mark.parametrize("kind", ["calibration", "compare", "host_costs"])
+def test_the_shipped_h200_inputs_are_the_committed_results(kind):
+    """The package's copies are bench/results' files byte for byte: re-measuring one there
+    without shipping it fails here."""
+    name = results.SHIPPED["h200"][kind]
+    shipped = results.resolve(results.shipped_inputs("h200")[kind])
+    assert shipped.parent == results.SHIPPED_FOLDER and shipped.read_bytes() == (
+        results._REPO / "bench" / "results" / name).read_bytes()
+
+
+def test_shipped_inputs_load_by_name_on_their_gpu_only():
+    names = results.shipped_inputs("h200")
+    assert results.load_calibration(names["calibration"], "h200").gpu == "h200"
+    assert results.load_compare(names["compare"], "h200").levels
+    assert results.load_host_costs(names["host_costs"], "h200").decode_round_s > 0
+    assert results.shipped_inputs("h100-sxm") == {}
+    with pytest.raises(PdmuxError, match="measured on 'h200', not on 'b200'"):
+        results.load_calibration(names["calibration"], "b200")
