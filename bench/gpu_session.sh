@@ -5,6 +5,7 @@
 # run a subset (a device call allows 600 s). All logs go to $OUT/session.log (the device
 # returns at most 8 files), results beside it.
 #
+#   bash bench/gpu_session.sh readme tests                # the README's command, the gpu tests
 #   bash bench/gpu_session.sh tests host                  # gpu tests, host costs per round
 #   RATES=2,4,6,8 bash bench/gpu_session.sh capacity      # measured capacity at those rates
 #   SLO_ARGS="--traffic sharegpt:12,16:10,12,14,16,18 --policies default,slo" \
@@ -38,6 +39,8 @@ step() {  # step NAME SECONDS COMMAND...
 }
 
 python3 -m pip install -q --no-deps --no-build-isolation -e . >> "$LOG" 2>&1
+# the README's main command for a GPU machine, verbatim (its output is the step's log)
+step readme 240 bash -c 'pip install --no-build-isolation -e . && pdmux-triton run --gpu h200'
 step tests ${TESTS_S:-420} python3 -m pytest -q -rP -m gpu tests ${TESTS_K:+-k "$TESTS_K"}
 step host 90 python3 bench/host_costs.py --out "$OUT"
 step profile 60 python3 bench/profile_decode.py --budget 16
@@ -49,8 +52,9 @@ step calibrate 150 bash -c 'cp bench/results/calibrate-points-h200.jsonl \
 export CALIBRATION=bench/results/calibrate-h200.json
 [ -f "$OUT/calibrate-h200.json" ] && CALIBRATION="$OUT/calibrate-h200.json"
 export ADVISE_ITL_MS=${ADVISE_ITL_MS:-12}
-step run 90 pdmux-triton run --out "$OUT" --calibration "$CALIBRATION" \
-    --compare bench/results/compare-h200.json
+# the README's main command with --out: bench/results/run-h200.json (the shipped H200
+# measurements price its estimate)
+step run 150 pdmux-triton run --gpu h200 --out "$OUT"
 step advised 90 bash -c 'pdmux-triton levels --gpu h200 --calibration "$CALIBRATION" --kind grid_cap \
     --itl-ms "$ADVISE_ITL_MS" --write-config /tmp/advised.yaml && cat /tmp/advised.yaml &&
     pdmux-triton run --out "$OUT/advised" --config /tmp/advised.yaml --kinds grid_cap \

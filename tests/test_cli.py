@@ -496,11 +496,12 @@ PLAUSIBLE = {
     "--calibration": [CALIBRATION], "--compare": [COMPARISON], "--itl-ms": ["8", "12", "20"],
     "--kind": ["grid_cap", "green"], "--sm-group-num": ["3", "5", "8", "12"],
     "--bandwidth-tbps": ["3.35", "8"], "--tflops": ["989", "100"],
-    "--workload": ["chapter", "stream"], "--lengths": ["sharegpt", "code", "exponential"],
+    "--lengths": ["sharegpt", "code", "exponential"],
     "--burstiness": ["0.5", "1"], "--slo-ttft-ms": ["2000"], "--slo-tpot-ms": ["25"],
     "--strategies": ["prefill_first", "pdmux_grid_cap"], "--rates": ["2,4"],
     "--max-running": ["8", "64"], "--max-prefill-tokens": ["4096"], "--workloads": ["stream_read"], "--ctas": ["1"],
     "--budgets": ["16,132"], "--prefill-tokens": ["2048"],
+    "--workload": ["chapter", "stream", "trace", "trace"],
 }
 ADVERSARIAL = ["0", "-1", "1e-9", "nan", "inf", "-inf", "1e30", "99999999999999999999999", "",
                "abc", "2048,2048", "12.0", "h20,h20"]
@@ -524,10 +525,40 @@ def paths(tmp_path_factory):
     (d / "dir").mkdir()
     (d / "pd.yaml").write_text("sm_group_num: 5\n")
     assert cli.main(["run", "--gpu", "h20", "--decode-tokens", "16", "--out", str(d / "run")]) == 0
+    traces = {name: d / f"{name}.csv" for name in TRACES}
+    for name, text in TRACES.items():
+        traces[name].write_bytes(text.encode("utf-8"))
+    configs = {name: d / f"{name}.yaml" for name in CONFIGS}
+    for name, text in CONFIGS.items():
+        configs[name].write_text(text)
     return {"good": {"--out": [str(d / "out")], "--write-config": [str(d / "new" / "x.yaml")],
-                     "--config": [str(d / "pd.yaml")], "--replay": [str(d / "run" / "run-h20.json")]},
+                     "--config": [str(d / "pd.yaml"), *map(str, configs.values())],
+                     "--replay": [str(d / "run" / "run-h20.json")],
+                     "--trace": list(map(str, traces.values()))},
             "bad": [str(d / "empty.json"), str(d / "dir"), str(d / "missing.yaml")],
             "cwd": d}
+
+
+# generated inputs a user could hand over: traces and pdmux YAMLs, good and bad
+TRACES = {
+    "plain": "arrival_s,prompt_tokens,output_tokens\n0,64,8\n0.5,128,4\n",
+    "bom_spaces": "\ufeff arrival_s , prompt_tokens , output_tokens\n0, 64, 8\n1, 32, 2\n",
+    "semicolons": "arrival_s;prompt_tokens;output_tokens\n0;64;8\n",
+    "unordered": "arrival_s,prompt_tokens,output_tokens\n2,64,8\n1,64,8\n",
+    "huge_prompt": "arrival_s,prompt_tokens,output_tokens\n0,100000000000000000000,8\n",
+    "far_arrival": "arrival_s,prompt_tokens,output_tokens\n1e300,64,8\n",
+    "nan_arrival": "arrival_s,prompt_tokens,output_tokens\nnan,64,8\n",
+    "wrong_columns": "time,in,out\n0,64,8\n",
+    "header_only": "arrival_s,prompt_tokens,output_tokens\n",
+    "binary": "\x00\x01\x02",
+}
+CONFIGS = {
+    "duplicate_key": "sm_group_num: 5\nsm_group_num: 6\n",
+    "unordered_thresholds": ("sm_group_num: 4\nmanual_divisions:\n- [96, 36, 20]\n"
+                             "- [64, 68, 10]\n"),
+    "too_many_groups": "sm_group_num: 1000\n",
+    "not_a_mapping": "- 1\n- 2\n",
+}
 
 
 @st.composite
@@ -569,3 +600,85 @@ def test_any_argument_vector_gets_an_answer(data, paths):
         assert len(err.getvalue().strip().splitlines()) == 1, (argv, err.getvalue())
     if code == 0 and "--json" in argv:
         json.loads(out.getvalue())
+
+
+# --- generated input files ---------------------------------------------------------
+
+TRACE_COLUMNS = ["arrival_s", "prompt_tokens", "output_tokens"]
+GOOD_VALUES = {"arrival_s": ["0", "0.25", "3"], "prompt_tokens": ["1", "64", "4096"],
+               "output_tokens": ["1", "2", "64"]}
+BAD_VALUES = ["0", "-1", "nan", "inf", "1e300", "1e20", "abc", "", "99999999999999999999"]
+
+
+@st.composite
+def trace_files(draw) -> bytes:
+    """A trace as a user might hand it over: our columns (some renamed or missing, in any
+    order, padded, after a BOM), any of three delimiters, rows good or not."""
+    columns = draw(st.permutations(TRACE_COLUMNS))
+    if draw(st.integers(0, 4)) == 0:
+        columns = columns[:draw(st.integers(0, 2))] + draw(st.lists(
+            st.sampled_from(["time", "Request tokens", "in"]), max_size=2))
+    sep = draw(st.sampled_from([",", ",", ";", "\t"]))
+    pad = draw(st.sampled_from(["", " "]))
+    lines = [sep.join(pad + c + pad for c in columns)]
+    for _ in range(draw(st.integers(0, 5))):
+        lines.append(sep.join(draw(st.sampled_from(GOOD_VALUES.get(c, ["1"])))
+                              if draw(st.integers(0, 5)) else draw(st.sampled_from(BAD_VALUES))
+                              for c in columns))
+    text = "\n".join(lines) + "\n"
+    return (("\ufeff" if draw(st.booleans()) else "") + text).encode()
+
+
+@st.composite
+def config_files(draw) -> str:
+    """A pdmux YAML: SGLang's keys with good and bad values, repeated keys, divisions whose
+    thresholds need not rise."""
+    lines = []
+    for _ in range(draw(st.integers(0, 2)) + 1):
+        lines.append(f"sm_group_num: {draw(st.sampled_from(['4', '5', '8', '1000', '-1', 'x']))}")
+    if draw(st.booleans()):
+        lines.append("manual_divisions:")
+        for _ in range(draw(st.integers(0, 3))):
+            p = draw(st.sampled_from([8, 64, 96, 124, 200]))
+            lines.append(f"- [{p}, {132 - p}, {draw(st.sampled_from([0, 1, 10, 40, -3]))}]")
+    if draw(st.booleans()):
+        lines.append(f"decode_bs_divisor: {draw(st.sampled_from(['36', '0', '1.5']))}")
+    return "\n".join(lines) + "\n"
+
+
+def _answers(argv, cwd) -> tuple[int, str]:
+    """Exit code and stderr of one CLI call, asserting the contract: 0 or 2, no traceback,
+    one line on an error, within a bounded time."""
+    out, err = io.StringIO(), io.StringIO()
+    started = time.perf_counter()
+    with contextlib.chdir(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main(argv)
+    assert code in (0, 2) and "Traceback" not in err.getvalue(), (argv, err.getvalue())
+    assert time.perf_counter() - started < 20, argv
+    if code == 2:
+        assert len(err.getvalue().strip().splitlines()) == 1, (argv, err.getvalue())
+    return code, err.getvalue()
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(content=trace_files(), chunks=st.sampled_from([[], ["--chunks", "512"]]))
+def test_any_trace_file_gets_an_answer(content, chunks, tmp_path_factory):
+    d = tmp_path_factory.mktemp("trace")
+    (d / "t.csv").write_bytes(content)
+    code, err = _answers(["run", "--simulate", "--gpu", "h20", "--workload", "trace", "--trace",
+                          str(d / "t.csv"), "--kinds", "grid_cap", *chunks], d)
+    event(f"trace exit {code}")
+    if code == 2:
+        assert "t.csv" in err  # the line names the file
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(text=config_files(), command=st.sampled_from([["levels"], ["levels", "--json"],
+                                                      ["run", "--decode-tokens", "16"]]))
+def test_any_pdmux_yaml_gets_an_answer(text, command, tmp_path_factory):
+    d = tmp_path_factory.mktemp("yaml")
+    (d / "pd.yaml").write_text(text)
+    code, err = _answers([*command, "--gpu", "h200", "--config", str(d / "pd.yaml")], d)
+    event(f"{command[0]} yaml exit {code}")
+    if code == 0 and text.count("sm_group_num") > 1:
+        raise AssertionError(f"a repeated key was accepted:\n{text}")
