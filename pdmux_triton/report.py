@@ -195,7 +195,7 @@ def capacity_table(result: dict) -> str:
             f"{c['slo_ttft_ms']:g} ms and TPOT <= {c['slo_tpot_ms']:g} ms for "
             f"{c['attainment']:.0%} of requests (goodput); P99 TBT <= {c['slo_tpot_ms']:g} ms and "
             f"median queueing <= {c['max_sched_delay_s']:g} s (Sarathi-Serve)\n"
-            f"{'simulation ' if measured else ''}{cost_model_line(inputs)}")
+            f"{'the simulation beside it, ' if measured else ''}{cost_model_line(inputs)}")
     limit = "highest rate served" if measured else "search limit"
 
     def capacity(n: str, criterion: str) -> str:
