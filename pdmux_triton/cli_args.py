@@ -1,9 +1,9 @@
 """The command line's arguments: every flag, its type, its default and what it allows.
 
-Types validate at the edge (finite, positive, within bounds; lists without repeats), so a bad
-value is one line naming it. Flags are registered with no default of their own: after parsing,
-`given` says which the user passed (so a flag that would do nothing can be refused) and the
-documented defaults are filled in.
+Types validate at the edge (finite, positive, within bounds; lists without repeats or empty
+items), so a bad value is one line naming it. Flags are registered with no default of their
+own: after parsing, `given` says which the user passed (so a flag that would do nothing can be
+refused) and the documented defaults are filled in. The subcommands' prose is in `cli_help`.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import argparse
 import math
 import sys
 
-from pdmux_triton import __version__, policy, scheduler
+from pdmux_triton import __version__, cli_help, policy, scheduler
 from pdmux_triton.calibrate import DECODE_WORKLOADS
-from pdmux_triton.capacity_sweep import DEFAULT_STRATEGIES
+from pdmux_triton.capacity_sweep import DEFAULT_STRATEGIES, variant
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.hardware import GPUS, MAX_SMS
 from pdmux_triton.models import MODELS
@@ -42,10 +42,12 @@ class Parser(argparse.ArgumentParser):
             raise PdmuxError(f"{command} {message}" if command else message)
         raise PdmuxError(f"{command}: {message}" if command else message)
 
-    def flag(self, *names, default=None, help="", **kwargs):
-        """An option whose default is filled in after parsing (see `parse`)."""
-        action = self.add_argument(*names, default=None, help=_with_default(help, default, kwargs),
-                                   **kwargs)
+    def flag(self, *names, default=None, help="", shown=None, group=None, **kwargs):
+        """An option whose default is filled in after parsing (see `parse`); `shown` says
+        the default in words where it is not a value, `group` is a section of the help."""
+        action = (group or self).add_argument(*names, default=None,
+                                              help=_with_default(help, default, shown, kwargs),
+                                              **kwargs)
         self.documented_defaults[action.dest] = default
         return action
 
@@ -95,11 +97,18 @@ def finish(path, data: dict, table: str) -> int:
     return 0
 
 
-def _with_default(help: str, default, kwargs) -> str:
-    if kwargs.get("action") in ("store_true", "store_false") or default is None:
-        return help
-    shown = ",".join(map(str, default)) if isinstance(default, tuple) else default
+def _with_default(help: str, default, shown, kwargs) -> str:
+    if shown is None:
+        if kwargs.get("action") in ("store_true", "store_false") or default is None:
+            return help
+        shown = _shown(default)
     return f"{help} (default: {shown})"
+
+
+def _shown(value) -> str:
+    if isinstance(value, tuple):
+        return ",".join(map(_shown, value)) or "none"
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 # --- value types ---------------------------------------------------------------------------
@@ -139,11 +148,14 @@ FRACTION = number(0.0, 1.0)
 
 
 def listed(item, name: str = "value"):
-    """Comma-separated values of `item`'s type, at least one, each once."""
+    """Comma-separated values of `item`'s type, at least one, each once, none empty."""
     def parse(text):
-        parts = [p.strip() for p in text.split(",") if p.strip()]
-        if not parts:
+        parts = [p.strip() for p in text.split(",")]
+        if not any(parts):
             raise argparse.ArgumentTypeError(f"expected at least one {name}, got {text!r}")
+        if not all(parts):
+            raise argparse.ArgumentTypeError(f"expected {name}s separated by single commas, got "
+                                             f"an empty one in {text!r}")
         values = tuple(item(p) for p in parts)
         repeated = sorted({v for v in values if values.count(v) > 1}, key=str)
         if repeated:
@@ -173,12 +185,13 @@ def compute_capability(text: str) -> tuple[int, int]:
 
 # --- the flags -----------------------------------------------------------------------------
 
-def _gpu_flags(p: Parser) -> None:
-    p.flag("--gpu", default="h100-sxm",
-           help=f"GPU preset ({', '.join(GPUS)}) or 'local' for the GPU torch sees")
+def _gpu_flags(p: Parser, shown: str = "h100-sxm", where: str = "") -> None:
+    p.flag("--gpu", default="h100-sxm", shown=shown,
+           help=f"GPU preset ({', '.join(GPUS)}) or 'local' for the GPU torch sees{where}")
     p.flag("--sms", type=integer(1, MAX_SMS), help="override the GPU's SM count")
     p.flag("--cc", type=compute_capability, help="override the compute capability, e.g. 9.0")
-    p.flag("--config", help="SGLang pdmux YAML (--pdmux-config-path) to take levels from")
+    p.flag("--config", metavar="FILE",
+           help="SGLang pdmux YAML (--pdmux-config-path) to take levels from")
     p.flag("--json", action="store_true", help="print machine-readable JSON")
 
 
@@ -188,29 +201,47 @@ def _weights_flag(p: Parser) -> None:
                 "(the safetensors of the --model directory)")
 
 
-def _model_flag(p: Parser) -> None:
-    p.flag("--model", default="qwen3-8b",
+def _model_flag(p: Parser, group=None) -> None:
+    p.flag("--model", default="qwen3-8b", group=group,
            help=f"model preset ({', '.join(MODELS)}), or a Hugging Face model directory or "
                 f"config.json (Qwen3, Llama 3, Qwen2, Mistral)")
 
 
+def _sm_group_flag(p: Parser) -> None:
+    p.flag("--sm-group-num", type=integer(3, policy.MAX_SM_GROUP_NUM),
+           default=policy.DEFAULT_SM_GROUP_NUM,
+           help=f"number of levels, 3-{policy.MAX_SM_GROUP_NUM}: SGLang's sm_group_num "
+                f"(conflicts with --config)")
+
+
 def _levels_flags(p: Parser, what: str) -> None:
-    p.flag("--sm-group-num", type=integer(3, 64), default=policy.DEFAULT_SM_GROUP_NUM,
-           help="number of levels, SGLang's sm_group_num (conflicts with --config)")
+    _sm_group_flag(p)
     p.flag("--write-config", metavar="FILE", help=f"write {what} as an SGLang pdmux YAML")
 
 
-def _advise_flags(p: Parser) -> None:
-    p.flag("--calibration", metavar="FILE", help="calibrate-<gpu>.json: the measured decode curves")
-    p.flag("--itl-ms", type=number(), help="the decode step time (ms) to stay under")
-    _model_flag(p)
-    p.flag("--context", type=integer(1), default=2048, help="context of the decoding requests")
-    p.flag("--context-dist", type=choice(tuple(LENGTH_PRESETS)),
-           help="instead of --context: contexts of a traffic preset's decoding requests; writes "
-                "the manual divisions that best follow the slo level policy on it")
+def _advise_flags(p: Parser, on_levels: bool) -> None:
+    """advise's flags: on `advise`, --calibration and --itl-ms under "required arguments"; on
+    `levels`, all under --calibration, which makes it advise. Not argparse's required=True:
+    cli.cmd_advise checks them for both and names what is missing in its own words."""
+    if on_levels:
+        need = rest = p.add_argument_group(
+            "with --calibration (levels is then advise, kept as an alias: see advise --help)")
+    else:
+        need, rest = p.add_argument_group("required arguments"), None
+    p.flag("--calibration", metavar="FILE", group=need,
+           help="calibrate-<gpu>.json: the decode step measured beside a prefill per SM budget")
+    p.flag("--itl-ms", metavar="MS", type=number(), group=need,
+           help="the decode step time (ms) to stay under")
+    _model_flag(p, rest)
+    p.flag("--context", type=integer(1), default=2048, group=rest,
+           help="context of the decoding requests")
+    p.flag("--context-dist", type=choice(tuple(LENGTH_PRESETS)), group=rest,
+           help=f"instead of --context: contexts of a traffic preset's decoding requests "
+                f"({', '.join(LENGTH_PRESETS)}); writes the manual divisions that best follow "
+                f"the slo level policy on it")
     p.flag("--max-batch", type=integer(1, 1024), default=scheduler.DEFAULT_MAX_RUNNING,
-           help="with --context-dist: the largest decode batch to cover")
-    p.flag("--kind", type=choice(SPLIT_KINDS), default="green",
+           group=rest, help="with --context-dist: the largest decode batch to cover")
+    p.flag("--kind", type=choice(SPLIT_KINDS), default="green", group=rest,
            help=f"which measured curve to trust: {', '.join(SPLIT_KINDS)}")
 
 
@@ -235,21 +266,10 @@ def _stream_flags(p: Parser) -> None:
     p.flag("--seed", type=integer(0, 2**32 - 1), default=0, help="seed of the requests")
 
 
-def _strategy_flags(p: Parser) -> None:
-    p.flag("--chunks", type=listed(integer(1), "chunk size"), default=(2048, 512),
-           help="chunked prefill sizes")
-    p.flag("--kinds", type=listed(choice(SPLIT_KINDS), "kind"), default=SPLIT_KINDS,
-           help=f"partition kinds for pd-mux: {', '.join(SPLIT_KINDS)}")
-    p.flag("--max-prefill-tokens", type=integer(1), default=scheduler.DEFAULT_PREFILL_TOKENS,
-           help="tokens in one prefill batch at most (SGLang's --max-prefill-tokens)")
-    p.flag("--max-running", type=integer(1, 1024), default=scheduler.DEFAULT_MAX_RUNNING,
-           help="requests in the running batch at most (SGLang's --max-running-requests)")
-
-
 def _level_flags(p: Parser) -> None:
-    p.flag("--itl-slo-ms", type=number(),
+    p.flag("--itl-slo-ms", type=number(), shown="--slo-tpot-ms",
            help="slo levels: the decode step beside a prefill (predicted from --calibration) "
-                "to stay under (default: --slo-tpot-ms)")
+                "to stay under")
     p.flag("--hysteresis", type=number(0.0, 0.99, above=False), default=0.1,
            help="slo levels: the margin a level with more prefill SMs must leave under the target")
     p.flag("--relevel-at-layers", action="store_true", default=False,
@@ -264,21 +284,49 @@ def _parallel_flags(p: Parser) -> None:
            help="simulated: independent servers (of --tp GPUs each) behind a round-robin router")
     p.flag("--link", type=choice(tuple(LINKS)), default="nvlink4",
            help=f"with --tp or disaggregation: how the GPUs reach each other ({', '.join(LINKS)})")
-    p.flag("--link-gbps", type=number(),
-           help="the link's bus bandwidth (collectives, KV pages), GB/s")
-    p.flag("--link-latency-us", type=number(),
-           help="the time of a small collective or transfer on the link, us")
+    for name, what, field in (
+            ("--link-gbps", "the link's bus bandwidth (collectives, KV pages), GB/s", "busbw_gbps"),
+            ("--link-latency-us", "the time of a small collective or transfer on the link, us",
+             "latency_us")):
+        p.flag(name, type=number(), help=what, shown="the --link preset's: " + ", ".join(
+            f"{link} {getattr(spec, field):g}" for link, spec in LINKS.items()))
+
+
+def _efficiency_flags(p: Parser) -> None:
+    p.flag("--bw-eff", type=FRACTION, default=0.85, help="achieved fraction of HBM bandwidth")
+    p.flag("--mfu", type=FRACTION, default=0.5, help="achieved fraction of bf16 FLOP/s")
+
+
+def _served_flags(p: Parser) -> None:
+    """What `run` and `capacity` share after their workload's flags."""
+    p.flag("--simulate", action="store_true",
+           help="use the cost-model clock even when a GPU is present")
+    p.flag("--max-prefill-tokens", type=integer(1), default=scheduler.DEFAULT_PREFILL_TOKENS,
+           help="tokens in one prefill batch at most (SGLang's --max-prefill-tokens)")
+    p.flag("--max-running", type=integer(1, 1024), default=scheduler.DEFAULT_MAX_RUNNING,
+           help="requests in the running batch at most (SGLang's --max-running-requests)")
+    _level_flags(p)
+    _cost_flags(p)
+    _parallel_flags(p)
 
 
 def _cost_flags(p: Parser) -> None:
     p.flag("--s-sat", type=number(0.0, MAX_SMS), default=66.0,
            help="decode S_SAT (SMs) of the estimate and of a simulation without --calibration")
-    p.flag("--bw-eff", type=FRACTION, default=0.85, help="achieved fraction of HBM bandwidth")
-    p.flag("--mfu", type=FRACTION, default=0.5, help="achieved fraction of bf16 FLOP/s")
+    _efficiency_flags(p)
     p.flag("--calibration", metavar="FILE", help="calibrate-<gpu>.json: measured decode curves")
     p.flag("--compare", metavar="FILE", help="compare-<gpu>.json: measured prefill rates")
     p.flag("--host-costs", metavar="FILE",
            help="host-costs-<gpu>.json (bench/host_costs.py): the host's share of a round")
+
+
+def strategy(text: str) -> str:
+    """A capacity strategy's name, as capacity_sweep.variant knows them."""
+    try:
+        variant(text)
+    except PdmuxError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
 
 
 CHAPTER_FLAGS = ("batch", "context", "prompt", "decode_tokens")
@@ -288,23 +336,23 @@ REPLAY_KEEPS = ("replay", "out", "json", "simulate")  # what --replay leaves to 
 
 
 def build_parser() -> Parser:
-    parser = Parser(prog="pdmux-triton",
-                    description="Measure and tune PD multiplexing: prefill and decode on split SMs.")
+    parser = Parser(prog="pdmux-triton", description=cli_help.DESCRIPTION,
+                    epilog=cli_help.GLOSSARY)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
-    p = sub.add_parser("levels", help="SGLang's PD-mux levels and which decode batch picks which")
-    _gpu_flags(p)
+    p = sub.add_parser("levels", **cli_help.parser_texts("levels"))
+    _gpu_flags(p, cli_help.GPU_OF_CALIBRATION)
     _levels_flags(p, "these levels (with manual_divisions)")
-    _advise_flags(p)  # with --calibration: `advise`, kept as an alias
+    _advise_flags(p, on_levels=True)
 
-    p = sub.add_parser("advise", help="levels whose decode step beside a prefill meets an ITL "
-                       "target, from a calibration")
-    _gpu_flags(p)
+    p = sub.add_parser("advise", usage="%(prog)s --calibration FILE --itl-ms MS [options]",
+                       **cli_help.parser_texts("advise"))
+    _advise_flags(p, on_levels=False)
+    _gpu_flags(p, cli_help.GPU_OF_CALIBRATION)
     _levels_flags(p, "the advised levels")
-    _advise_flags(p)
 
-    p = sub.add_parser("estimate", help="the chapter's cost model: ITL and prefill time by approach")
+    p = sub.add_parser("estimate", **cli_help.parser_texts("estimate"))
     _gpu_flags(p)
     _model_flag(p)
     p.flag("--batch", type=integer(1), default=32, help="requests decoding")
@@ -314,14 +362,12 @@ def build_parser() -> Parser:
            help="chunk sizes, e.g. 2048,512")
     p.flag("--s-sat", type=listed(number(0.0, MAX_SMS), "S_SAT"), default=(44.0, 66.0, 88.0),
            help="S_SAT values (SMs) to try, e.g. 44,66,88")
-    p.flag("--bw-eff", type=FRACTION, default=0.85, help="achieved fraction of HBM bandwidth")
-    p.flag("--mfu", type=FRACTION, default=0.5, help="achieved fraction of bf16 FLOP/s")
+    _efficiency_flags(p)
     p.flag("--bandwidth-tbps", type=number(0.0, 1e3), help="override the GPU's HBM TB/s")
     p.flag("--tflops", type=number(0.0, 1e6), help="override the GPU's dense bf16 TFLOP/s")
-    p.flag("--sm-group-num", type=integer(3, 64), default=policy.DEFAULT_SM_GROUP_NUM,
-           help="number of levels, SGLang's sm_group_num (conflicts with --config)")
+    _sm_group_flag(p)
 
-    p = sub.add_parser("calibrate", help="measure decode bandwidth vs SMs and S_SAT (needs a GPU)")
+    p = sub.add_parser("calibrate", **cli_help.parser_texts("calibrate"))
     _measure_flags(p)
     p.flag("--workloads", type=listed(choice(DECODE_WORKLOADS), "workload"),
            default=DECODE_WORKLOADS, help=f"what to sweep: {', '.join(DECODE_WORKLOADS)}")
@@ -329,8 +375,8 @@ def build_parser() -> Parser:
            help=f"partition kinds: {', '.join(SPLIT_KINDS)}")
     p.flag("--ctas", type=listed(integer(1, MAX_CTAS), "CTAs per SM"), default=(1, 2, 4),
            help="CTAs per SM to sweep")
-    p.flag("--budgets", type=listed(integer(1, MAX_SMS), "budget"),
-           help="SM budgets (default: every granularity step)")
+    p.flag("--budgets", type=listed(integer(1, MAX_SMS), "budget"), help="SM budgets",
+           shown="every multiple of the GPU's SM granularity, and all its SMs")
     p.flag("--decode-batches", type=listed(integer(1, 4096), "batch"), default=(),
            help="also measure decode_step (one CTA per SM) at these batches: the simulator "
                 "prices a step of another batch by them")
@@ -339,15 +385,13 @@ def build_parser() -> Parser:
            help="measure this sweep's points again though saved (after a kernel change); "
                 "saved points outside the sweep stay")
 
-    p = sub.add_parser("run", help="serve a workload with every strategy: ITL, TTFT, TPOT")
-    _gpu_flags(p)
+    p = sub.add_parser("run", **cli_help.parser_texts("run"))
+    _gpu_flags(p, cli_help.GPU_OF_FILES, cli_help.MEASURED_GPU)
     _model_flag(p)
     _weights_flag(p)
     p.flag("--workload", type=choice(WORKLOADS), default="chapter",
            help="chapter (a batch decoding, one prompt arrives), stream (requests arriving at "
                 "--rate) or trace (a CSV of arrivals and lengths)")
-    p.flag("--simulate", action="store_true",
-           help="use the cost-model clock even when a GPU is present")
     p.flag("--replay", metavar="FILE", help="serve again the inputs saved in a run-<gpu>.json")
     p.flag("--batch", type=integer(1), default=32, help="chapter: requests decoding")
     p.flag("--context", type=integer(1), default=2048, help="chapter: their context")
@@ -358,23 +402,24 @@ def build_parser() -> Parser:
     p.flag("--count", type=integer(1, MAX_COUNT), default=64, help="stream: requests")
     _stream_flags(p)
     p.flag("--trace", metavar="CSV", help="trace: arrival_s,prompt_tokens,output_tokens per row")
-    _strategy_flags(p)
-    p.flag("--slo-ttft-ms", type=number(), help="TTFT target of SLO attainment and goodput")
-    p.flag("--slo-tpot-ms", type=number(), help="TPOT target of SLO attainment and goodput")
+    p.flag("--chunks", type=listed(integer(1), "chunk size"), default=(2048, 512),
+           help="chunked prefill sizes")
+    p.flag("--kinds", type=listed(choice(SPLIT_KINDS), "kind"), default=SPLIT_KINDS,
+           help=f"partition kinds for pd-mux: {', '.join(SPLIT_KINDS)}")
+    for target in ("TTFT", "TPOT"):
+        p.flag(f"--slo-{target.lower()}-ms", type=number(), shown="none: no attainment or goodput",
+               help=f"{target} target of SLO attainment and goodput (give both targets)")
     p.flag("--level-policies", type=listed(choice(LEVEL_POLICIES), "level policy"),
            default=("sglang",), help="how pd-mux picks its level: sglang (the config's rule), "
                                       "slo (the split an ITL target needs)")
-    _level_flags(p)
-    _cost_flags(p)
-    _parallel_flags(p)
-    p.flag("--out", metavar="DIR", help="folder for run-<gpu>.json and the ITL timeline plot")
+    _served_flags(p)
+    p.flag("--out", metavar="DIR", shown="none: nothing written",
+           help="folder for run-<gpu>.json and the ITL timeline plot")
 
-    p = sub.add_parser("capacity", help="per strategy, the highest request rate within the SLOs")
-    _gpu_flags(p)
+    p = sub.add_parser("capacity", **cli_help.parser_texts("capacity"))
+    _gpu_flags(p, cli_help.GPU_OF_FILES, cli_help.MEASURED_GPU)
     _model_flag(p)
     _weights_flag(p)
-    p.flag("--simulate", action="store_true",
-           help="use the cost-model clock even when a GPU is present")
     p.flag("--count", type=integer(1, MAX_COUNT), default=200, help="requests per point")
     _stream_flags(p)
     p.flag("--slo-ttft-ms", type=number(), default=2000.0, help="TTFT target")
@@ -382,28 +427,22 @@ def build_parser() -> Parser:
     p.flag("--attainment", type=FRACTION, default=0.9,
            help="share of requests that must meet both targets (goodput capacity)")
     p.flag("--max-sched-delay-s", type=number(), default=2.0,
-           help="median scheduling delay allowed (Sarathi-Serve's capacity)")
-    p.flag("--strategies", type=listed(str, "strategy"), default=DEFAULT_STRATEGIES,
-           help="prefill_first, chunked_<tokens>, pdmux_<kind> (SGLang's levels), "
-                "pdmux_slo_<kind> (levels for --itl-slo-ms); kind grid_cap or green")
+           help="median scheduling delay allowed, s (Sarathi capacity)")
+    p.flag("--strategies", type=listed(strategy, "strategy"), default=DEFAULT_STRATEGIES,
+           help=cli_help.strategies(SPLIT_KINDS))
     p.flag("--rates", type=listed(number(0.0, 1e4), "rate"),
            help="measured: serve these rates (req/s) instead of searching")
     p.flag("--offline", action="store_true",
            help="with --rates: read the measured points from --out's store (no GPU needed) and "
                 "simulate beside them again")
-    p.flag("--start-rate", type=number(0.0, 1e4), default=1.0, help="where the search starts")
+    p.flag("--start-rate", type=number(0.0, 1e4), default=1.0,
+           help="where the search starts, req/s")
     p.flag("--tol", type=number(0.0, 1.0), default=0.05, help="the search's relative tolerance")
-    p.flag("--max-prefill-tokens", type=integer(1), default=scheduler.DEFAULT_PREFILL_TOKENS,
-           help="tokens in one prefill batch at most (SGLang's --max-prefill-tokens)")
-    p.flag("--max-running", type=integer(1, 1024), default=scheduler.DEFAULT_MAX_RUNNING,
-           help="requests in the running batch at most (SGLang's --max-running-requests)")
-    _level_flags(p)
-    _cost_flags(p)
-    _parallel_flags(p)
+    _served_flags(p)
     p.flag("--out", default="pdmux-results",
            help="folder for capacity-<gpu>.json, its points (resumed on rerun) and plot")
 
-    p = sub.add_parser("compare", help="grid capping vs green contexts at every level (needs a GPU)")
+    p = sub.add_parser("compare", **cli_help.parser_texts("compare"))
     _measure_flags(p)
     return parser
 

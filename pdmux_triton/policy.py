@@ -28,6 +28,7 @@ ARCH_CONSTRAINTS: dict[int, tuple[int, int]] = {
 }
 MIN_DECODE_SMS = 16  # SGLang never leaves decode fewer SMs than this in a split level
 DEFAULT_SM_GROUP_NUM = 8
+MAX_SM_GROUP_NUM = 64  # levels in one config at most, from YAML as from --sm-group-num
 DEFAULT_TOKEN_BUDGET = 65536
 DEFAULT_DECODE_BS_DIVISOR = 36
 UNREACHABLE_BS = 1 << 20  # a manual threshold no decode batch reaches
@@ -35,11 +36,13 @@ UNREACHABLE_BS = 1 << 20  # a manual threshold no decode batch reaches
 Level = tuple[int, int]  # (prefill SMs, decode SMs)
 
 
-def _check_int(name: str, value, minimum: int) -> int:
+def _check_int(name: str, value, minimum: int, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise PdmuxError(f"{name} must be an integer, got {value!r}")
     if value < minimum:
         raise PdmuxError(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise PdmuxError(f"{name} must be <= {maximum}, got {value}")
     return value
 
 
@@ -79,7 +82,7 @@ def stream_groups(
     manual_divisions: list[list[int]] | None = None,
 ) -> list[Level]:
     """All levels: prefill-only, the splits (computed, or the manual ones), decode-only."""
-    _check_int("sm_group_num", sm_group_num, 3)
+    _check_int("sm_group_num", sm_group_num, 3, MAX_SM_GROUP_NUM)
     if manual_divisions:
         check_manual_divisions(manual_divisions, sm_group_num, total_sms, major)
         middle = [(p, d) for p, d, _ in manual_divisions]
@@ -162,13 +165,17 @@ def manual_divisions_for(
 ) -> list[list[int]]:
     """SGLang manual_divisions that reproduce `ranges` (from decode_bs_ranges) on `groups`.
 
-    Each middle level gets the first batch size that picks it as its threshold; a level no
-    batch size picks gets a threshold no batch reaches, so it is never chosen (SGLang takes the
-    last level whose threshold the batch reaches, so a finite one would win above it).
+    Each middle level gets the first batch size that picks it as its threshold. A level no
+    batch size picks shares the next picked level's threshold (SGLang takes the last level
+    whose threshold the batch reaches, so on a tie the later one wins), or, past the last
+    picked level, a threshold no batch reaches: never chosen, and the thresholds still rise.
     """
     first_bs = {level: first for first, _, level in reversed(ranges)}
-    return [[p, d, first_bs.get(i, UNREACHABLE_BS)]
-            for i, (p, d) in enumerate(groups[1:-1], start=1)]
+    thresholds, later = [], UNREACHABLE_BS
+    for i in range(len(groups) - 2, 0, -1):
+        later = first_bs.get(i, later)
+        thresholds.append(later)
+    return [[p, d, t] for (p, d), t in zip(groups[1:-1], reversed(thresholds))]
 
 
 @dataclass
@@ -182,7 +189,7 @@ class PDMuxConfig:
     decode_bs_divisor: int = DEFAULT_DECODE_BS_DIVISOR
 
     def __post_init__(self):
-        _check_int("sm_group_num", self.sm_group_num, 3)
+        _check_int("sm_group_num", self.sm_group_num, 3, MAX_SM_GROUP_NUM)
         _check_int("split_forward_token_budget", self.split_forward_token_budget, 1)
         _check_int("decode_bs_divisor", self.decode_bs_divisor, 1)
         _check_division_shapes(self.manual_divisions, self.sm_group_num)
@@ -220,6 +227,16 @@ def _check_division_shapes(divisions, sm_group_num: int) -> None:
             )
         for name, value in zip(("prefill_sm", "decode_sm", "decode_bs_threshold"), entry):
             _check_int(f"manual_divisions[{i}] {name}", value, 0)
+    # SGLang takes the last level whose threshold a batch reaches: a level whose threshold is
+    # above a later one's would never be chosen
+    for i in range(len(divisions) - 1):
+        if divisions[i][2] > divisions[i + 1][2]:
+            raise PdmuxError(
+                f"manual_divisions[{i}] decode_bs_threshold {divisions[i][2]} is above the "
+                f"{divisions[i + 1][2]} of manual_divisions[{i + 1}]: SGLang takes the last level "
+                f"whose threshold a batch reaches, so level {i + 1} would never be chosen; give "
+                f"thresholds in non-decreasing order"
+            )
 
 
 def check_manual_divisions(divisions, sm_group_num: int, total_sms: int, major: int) -> None:
@@ -266,6 +283,28 @@ def parse_config(raw, source: str = "pdmux config") -> PDMuxConfig:
         raise PdmuxError(f"{source}: {err}") from None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the last,
+    so a repeated field would silently win over the first)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<:` merges are YAML's overrides
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                first = seen.get(key)
+            except TypeError:  # an unhashable key: SafeLoader refuses it below
+                continue
+            if first is not None:
+                raise PdmuxError(f"line {line}: {key} given twice (first on line {first}); "
+                                 f"give each key once")
+            seen[key] = line
+        return super().construct_mapping(node, deep)
+
+
 def load_config(path: str | Path, total_sms: int | None = None, major: int | None = None) -> PDMuxConfig:
     """Read SGLang's pdmux YAML; with a GPU given, also check manual divisions against it."""
     path = Path(path)
@@ -280,9 +319,11 @@ def load_config(path: str | Path, total_sms: int | None = None, major: int | Non
     if not text.strip():
         raise PdmuxError(f"pdmux config {path} is empty; it needs at least sm_group_num")
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as err:
         raise PdmuxError(f"{path}: malformed YAML: {' '.join(str(err).split())}") from None
+    except PdmuxError as err:
+        raise PdmuxError(f"{path}: {err}") from None
     config = parse_config(raw, str(path))
     if total_sms is not None and major is not None and config.manual_divisions:
         try:

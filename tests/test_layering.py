@@ -23,7 +23,7 @@ LAYERS = [
      "experiment"},
     {"capacity_sweep"},
     {"report", "plots"},
-    {"cli_args", "cli_common"},
+    {"cli_help", "cli_args", "cli_common"},
     {"cli_serve"},
     {"cli", "__main__", "__init__"},
 ]

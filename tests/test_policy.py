@@ -43,9 +43,13 @@ def test_too_few_sms_for_any_split(sms):
         policy.stream_groups(sms, 9)
 
 
-def test_sm_group_num_below_three_is_rejected():
-    with pytest.raises(PdmuxError, match="sm_group_num must be >= 3"):
-        policy.stream_groups(132, 9, sm_group_num=2)
+@pytest.mark.parametrize("num,message", [(2, "sm_group_num must be >= 3, got 2"),
+                                         (65, "sm_group_num must be <= 64, got 65")])
+def test_sm_group_num_out_of_bounds_is_rejected(num, message):
+    with pytest.raises(PdmuxError, match=message):
+        policy.stream_groups(132, 9, sm_group_num=num)
+    with pytest.raises(PdmuxError, match=message):
+        policy.PDMuxConfig(sm_group_num=num)
 
 
 @pytest.mark.parametrize("bs,level", [(1, 1), (6, 1), (11, 1), (12, 2), (18, 3), (24, 4), (30, 5),
@@ -89,6 +93,23 @@ def test_decode_bs_ranges_cover_every_batch():
         assert level == policy.choose_group(H100, bs, True)
 
 
+@pytest.mark.parametrize("ranges", [
+    [(1, 5, 1), (6, 20, 4), (21, None, 5)],  # levels 2, 3 and 6 never picked
+    [(1, 5, 3), (6, None, 4)],  # nor 1, 2, 5, 6
+    [(1, None, 6)],
+])
+def test_manual_divisions_for_levels_no_batch_picks(ranges):
+    """A level no batch picks ties the next picked one (the later wins) or, past the last,
+    gets a threshold no batch reaches: thresholds rise, and each batch gets its range's level."""
+    manual = policy.manual_divisions_for(H100, ranges)
+    thresholds = [t for _, _, t in manual]
+    assert thresholds == sorted(thresholds)
+    config = policy.PDMuxConfig(len(H100), manual)
+    for bs in range(1, 200):
+        level = next(lv for a, b, lv in ranges if a <= bs and (b is None or bs <= b))
+        assert config.choose_level(H100, bs, True) == level, bs
+
+
 @pytest.mark.parametrize("sms,major", [(132, 9), (108, 8), (78, 9), (148, 10)])
 def test_manual_divisions_for_reproduce_the_default_rule(sms, major):
     groups = policy.stream_groups(sms, major)
@@ -124,6 +145,9 @@ def test_load_defaults_and_round_trip(tmp_path):
     ("- 8\n", "expected a mapping"),
     ("decode_bs_divisor: 36\n", "missing required field sm_group_num"),
     ("sm_group_num: 2\n", "sm_group_num must be >= 3, got 2"),
+    ("sm_group_num: 1000\n", "sm_group_num must be <= 64, got 1000"),  # as --sm-group-num
+    ("sm_group_num: true\n", "sm_group_num must be an integer, got True"),
+    ("# only a comment\n", "expected a mapping of sm_group_num"),
     ("sm_group_num: eight\n", "sm_group_num must be an integer, got 'eight'"),
     ("sm_group_num: 8\nsm_groups: 3\n", "unknown field.*sm_groups"),
     ("sm_group_num: 8\nsplit_forward_token_budget: 0\n", "split_forward_token_budget must be >= 1"),
@@ -132,6 +156,18 @@ def test_load_defaults_and_round_trip(tmp_path):
     ("sm_group_num: 3\nmanual_divisions: [[112, 20]]\n", r"manual_divisions\[0\] must be"),
     ("sm_group_num: 3\nmanual_divisions: [[112, 20, -1]]\n", "decode_bs_threshold must be >= 0"),
     ("sm_group_num: 3\nmanual_divisions: 5\n", "manual_divisions must be a list"),
+    ("sm_group_num: 3\nmanual_divisions: [[112, 20, yes]]\n",
+     r"manual_divisions\[0\] decode_bs_threshold must be an integer, got True"),
+    # SGLang takes the last level whose threshold a batch reaches: level 2 would never run
+    ("sm_group_num: 5\nmanual_divisions: [[112, 20, 1], [104, 28, 30], [96, 36, 18]]\n",
+     r"manual_divisions\[1\] decode_bs_threshold 30 is above the 18 of manual_divisions\[2\]"),
+    ("sm_group_num: 4\nmanual_divisions: [[112, 20, 9], [104, 28, 0]]\n",
+     r"manual_divisions\[0\] decode_bs_threshold 9 is above the 0 .*level 1 would never"),
+    # a key given twice, at the top and deeper: PyYAML would keep the last silently
+    ("sm_group_num: 8\ndecode_bs_divisor: 36\nsm_group_num: 9\n",
+     r"line 3: sm_group_num given twice \(first on line 1\)"),
+    ("sm_group_num: 3\nmanual_divisions:\n  - {p: 1, p: 2}\n", "line 3: p given twice"),
+    ("sm_group_num: 3\nextra:\n  a: 1\n  a: 2\n", r"line 4: a given twice \(first on line 3\)"),
 ])
 def test_malformed_config_names_the_field(tmp_path, text, message):
     path = write(tmp_path, text)
@@ -150,6 +186,23 @@ def test_manual_divisions_checked_against_the_gpu(tmp_path, division, message):
     policy.load_config(path)  # shape alone is fine
     with pytest.raises(PdmuxError, match=message):
         policy.load_config(path, 132, 9)
+
+
+@pytest.mark.parametrize("text", [
+    "sm_group_num: 64\n",
+    "sm_group_num: 8\nmanual_divisions: [[112, 20, 4], [104, 28, 8], [96, 36, 8], [88, 44, 40], "
+    "[80, 52, 50], [72, 60, 1048576]]\n",  # a tie and a level no batch reaches
+])
+def test_good_configs_load(tmp_path, text):
+    config = policy.load_config(write(tmp_path, text), 132, 9)
+    assert config == policy.PDMuxConfig(**yaml.safe_load(text))
+
+
+def test_a_merge_key_override_is_not_a_repeat(tmp_path):
+    # `<<:` then the same key is YAML's override, not a key given twice
+    path = write(tmp_path, "sm_group_num: 3\nx: &base {k: 1}\ny:\n  <<: *base\n  k: 2\n")
+    with pytest.raises(PdmuxError, match="unknown field.*x, y"):
+        policy.load_config(path)
 
 
 def test_missing_file_is_a_clear_error(tmp_path):
