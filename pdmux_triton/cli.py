@@ -63,7 +63,8 @@ def cmd_advise(args, given) -> None:
     """Splits that keep a decode step beside a prefill under an ITL target: for one context,
     or (--context-dist) the manual divisions that follow the slo level policy on a traffic."""
     if not args.calibration:
-        raise PdmuxError("advise needs --calibration, a calibrate-<gpu>.json")
+        raise PdmuxError("advise needs --calibration (a calibrate-<gpu>.json)" + (
+            " and --itl-ms (the decode step time to stay under)" if args.itl_ms is None else ""))
     if args.itl_ms is None:
         raise PdmuxError("--calibration needs --itl-ms, the decode step time to stay under")
     if args.context_dist:

@@ -420,7 +420,9 @@ def build_parser() -> Parser:
     _gpu_flags(p, cli_help.GPU_OF_FILES, cli_help.MEASURED_GPU)
     _model_flag(p)
     _weights_flag(p)
-    p.flag("--count", type=integer(1, MAX_COUNT), default=200, help="requests per point")
+    p.flag("--count", type=integer(1, MAX_COUNT), default=1000,
+           help="requests per point: at least 50; under 1000 a point is a burst, whose "
+                "capacity reads higher than the GPU sustains")
     _stream_flags(p)
     p.flag("--slo-ttft-ms", type=number(), default=2000.0, help="TTFT target")
     p.flag("--slo-tpot-ms", type=number(), default=25.0, help="TPOT target")

@@ -20,8 +20,8 @@ glossary:
   TBT / ITL         time between two tokens of one request (ITL and TBT are the same here)
   TTFT              time to first token: from a request's arrival to its first token
   TPOT              per request: (E2E - TTFT) / (output tokens - 1)
-  goodput           requests that meet both the TTFT and the TPOT target, per second (from
-                    the first arrival to the last token)
+  goodput           requests that meet both the TTFT and the TPOT target, per second of
+                    arrivals (DistServe's; from the first arrival to the last)
   goodput capacity  DistServe's: the highest request rate at which at least --attainment
                     (90%) of requests meet both targets
   Sarathi capacity  Sarathi-Serve's: the highest request rate with P99 TBT under the TPOT

@@ -182,8 +182,6 @@ def cmd_capacity(args, given) -> None:
     from pdmux_triton.metrics import Slo
     from pdmux_triton.settings import MAX_GPU_RUN_S
 
-    for name in args.strategies:
-        capacity_sweep.variant(name)  # an unknown name fails before anything runs
     if args.count < MIN_CAPACITY_COUNT:
         raise PdmuxError(f"--count {args.count}: a capacity needs at least {MIN_CAPACITY_COUNT} "
                          f"requests a point (so few arrive together and fit the GPU at any "

@@ -221,6 +221,7 @@ def files(tmp_path):
     (tmp_path / "empty.yaml").write_text("")
     (tmp_path / "empty.json").write_text("")
     (tmp_path / "latin1.yaml").write_bytes(b"sm_group_num: 8 \xff\xfe\n")
+    (tmp_path / "twice.yaml").write_text("sm_group_num: 5\nsm_group_num: 6\n")
     (tmp_path / "a_file").write_text("x")
     (tmp_path / "a_dir").mkdir()
     return tmp_path
@@ -313,6 +314,9 @@ BAD = [
     (["run", "--relevel-at-layers"], "--relevel-at-layers does nothing without the slo level"),
     (["capacity", "--simulate", "--hysteresis", "0.2"],
      "--hysteresis does nothing without the slo level policy"),
+    (["estimate", "--s-sat", "44,,88"], "estimate --s-sat: expected S_SATs separated by single "
+                                        "commas"),
+    (["levels", "--config", "{d}/twice.yaml"], "sm_group_num given twice"),
     (["estimate", "--s-sat", "500"], "--s-sat 500: S_SAT is a number of SMs, at most the "
                                      "h100-sxm's 132"),
     (["estimate", "--gpu", "h20", "--s-sat", "44,88"], "--s-sat 88: S_SAT is a number of SMs"),
