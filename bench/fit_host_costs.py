@@ -51,13 +51,13 @@ def round_contexts(run: dict, strategy: str) -> list[int]:
         if r["decode_bs"] != len(decoding):
             raise PdmuxError(f"{strategy} round {i}: {r['decode_bs']} decoding, the replay has "
                              f"{len(decoding)}: the run's requests cannot be replayed")
-        out.append(sum(len(q.prompt) + n for q, n in decoding))
+        out.append(sum(q.prompt_len + n for q, n in decoding))
         joined = None
         if (m := CHUNK.fullmatch(r["prefill"])) is not None:
             start, n = map(int, m.groups())
             if start == 0:
                 prompt = queue.pop(0)
-            if start + n == len(prompt.prompt):
+            if start + n == prompt.prompt_len:
                 joined, prompt = prompt, None
         decoding = [[q, n + 1] for q, n in decoding if n + 1 < q.output_len]
         if joined is not None and joined.output_len > 1:

@@ -306,7 +306,7 @@ class ModelExecutor:
             self.launch_prefill(carry, 0, self.num_layers)
             self.prefill_result(carry, wait=True)
             for r in group:
-                r.context = len(r.prompt)
+                r.context = r.prompt_len
         self._drain()
         self.marks.clear()
         self.t0 = time.perf_counter()
@@ -353,7 +353,7 @@ class ModelExecutor:
         tokens = out[:len(decoding)]
         self._remember(decoding, tokens)
         first = None
-        if start + n == len(prompt.prompt):
+        if start + n == prompt.prompt_len:
             first = out[-1]
             self._remember([prompt], [first])
         return self.now(), tokens, first

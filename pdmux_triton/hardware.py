@@ -58,6 +58,9 @@ class ModelSpec:
     qkv_bias: bool = False  # Qwen2: the q, k and v projections add a bias
     tie_embeddings: bool = False  # the LM head is the embedding table
     rope_scaling: RopeScaling | None = None
+    # tokens a request may hold, prompt and output (`max_position_embeddings`); None: not
+    # known (result files written before it was recorded), nothing is checked against it
+    max_context: int | None = None
 
     def __post_init__(self):
         if isinstance(self.rope_scaling, dict):  # as a result file holds it

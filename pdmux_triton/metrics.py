@@ -4,12 +4,22 @@ The chapter's figures: ITL (overall and during prefills), prefill time, decode t
 while a prompt was prefilled, GPU idle time. The serving figures (as vLLM's and SGLang's
 serving benchmarks define them): per request TTFT, TPOT = (E2E - TTFT) / (output - 1), E2E
 latency and the scheduling delay before its prefill starts; ITL over every token; request and
-output-token throughput; and, given SLOs, the share of requests meeting both the TTFT and the
-TPOT target and the goodput, those requests per second (DistServe).
+output-token throughput over the served span (first arrival to last token). Given SLOs: the
+share of requests meeting both the TTFT and the TPOT target (`slo_attainment`); the goodput
+(DistServe's), those requests per second of arrivals (`goodput_rps`: over the span from the
+first arrival to the last; a run whose arrivals span no time, one request say, counts the
+served span instead); and `slo_met_throughput_rps`, those requests per second of the whole
+served span, the drain after the last arrival included.
+
+Waits between tokens are counted per decode step, not per token (`waits`): the requests of a
+batch share each step's wait. Percentiles over them are exactly numpy's (linear) over every
+token; a mean is summed per distinct wait, so it can differ from a per-token sum in its last
+digits (float rounding).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,15 +40,107 @@ class Slo:
                 and (tpot_s is None or tpot_s * MS <= self.tpot_ms))
 
 
-def uncovered(spans: list[tuple[float, float]], start: float, end: float) -> float:
+def uncovered(spans, start: float, end: float) -> float:
     """Time in [start, end] that no (begin, finish) span covers: when the GPU had nothing queued."""
-    covered, last = 0.0, start
-    for a, b in sorted(spans):
-        a, b = max(a, last), min(b, end)
-        if b > a:
-            covered += b - a
-            last = b
-    return max(0.0, (end - start) - covered)
+    spans = np.asarray(spans, dtype=float).reshape(-1, 2)
+    if not len(spans):
+        return max(0.0, end - start)
+    order = np.lexsort((spans[:, 1], spans[:, 0]))
+    begin, finish = spans[order, 0], spans[order, 1]
+    del order  # a long run holds millions of launches: no more copies than needed
+    np.minimum(finish, end, out=finish)
+    # a sweep in start order: each span covers what lies past the furthest end before it
+    reached = np.empty_like(finish)
+    reached[0] = start
+    np.maximum.accumulate(finish[:-1], out=reached[1:])
+    np.maximum(begin, np.maximum(reached, start, out=reached), out=begin)
+    np.subtract(finish, begin, out=finish)
+    pieces = np.maximum(finish, 0.0, out=finish)
+    covered = np.cumsum(pieces, out=pieces)[-1]  # summed in order, as the sweep adds them
+    return max(0.0, (end - start) - float(covered))
+
+
+@dataclass(frozen=True)
+class Waits:
+    """Every wait between two tokens of a request, each distinct (end, length) once with the
+    number of tokens that waited it."""
+
+    end: np.ndarray
+    gap: np.ndarray
+    count: np.ndarray
+
+    def where(self, mask: np.ndarray) -> "Waits":
+        return Waits(self.end[mask], self.gap[mask], self.count[mask])
+
+    @staticmethod
+    def joined(parts: list["Waits"]) -> "Waits":
+        if not parts:
+            return Waits(np.zeros(0), np.zeros(0), np.zeros(0, np.int64))
+        return Waits(*(np.concatenate([getattr(w, k) for w in parts])
+                       for k in ("end", "gap", "count")))
+
+
+def waits(requests: list[Request]) -> Waits:
+    """The waits of `requests`: after its first token a request's tokens are the decode steps
+    of its server's log from `step0` on, so a step's wait is counted once for all the requests
+    decoding through it; the wait for the first decode token is each request's own."""
+    groups: dict[int, list[Request]] = {}
+    for r in requests:
+        if r.steps is not None:
+            groups.setdefault(id(r.steps), []).append(r)
+    parts = []
+    for reqs in groups.values():
+        times = np.frombuffer(reqs[0].steps, dtype=np.float64)  # the log, read in place
+        step0 = _column(reqs, "step0", np.int64)
+        first = np.array([r.first_token_s is not None for r in reqs])
+        decoded = _column(reqs, "generated", np.int64) - first
+        # step j's wait (from step j-1) counts once for each request holding both steps
+        spans = decoded >= 2
+        held = np.bincount(step0[spans] + 1, minlength=len(times) + 1)
+        held -= np.bincount(step0[spans] + decoded[spans], minlength=len(times) + 1)
+        count = np.cumsum(held, out=held)[1:len(times)]
+        parts.append(Waits(times[1:], np.diff(times), count).where(count > 0))
+        first &= decoded >= 1
+        starts = times[step0[first]]
+        prefilled = [r.first_token_s for r, f in zip(reqs, first.tolist()) if f]
+        parts.append(Waits(starts, starts - np.array(prefilled, dtype=float),
+                           np.ones(len(starts), np.int64)))
+    return Waits.joined(parts)
+
+
+def _column(reqs: list[Request], attr: str, dtype=float) -> np.ndarray:
+    return np.fromiter((getattr(r, attr) for r in reqs), dtype, len(reqs))
+
+
+class _Ranked:
+    """Values each repeated by its count, sorted once: numpy's (linear) percentiles and the
+    mean of the repeated values, without repeating them."""
+
+    def __init__(self, w: Waits):
+        order = np.argsort(w.gap, kind="stable")
+        self.values, self.upto = w.gap[order], np.cumsum(w.count[order])
+        self.n = int(self.upto[-1]) if len(order) else 0
+        self.total = float(np.dot(w.gap, w.count))
+
+    def _nth(self, i: int) -> float:
+        """The i-th smallest of the repeated values."""
+        return float(self.values[np.searchsorted(self.upto, min(i, self.n - 1), side="right")])
+
+    def pct(self, q: float) -> float | None:
+        if not self.n:
+            return None
+        h = (self.n - 1) * (q / 100)
+        lo = math.floor(h)
+        a, b, t = self._nth(lo), self._nth(lo + 1), h - lo
+        # numpy's interpolation, to the same bits
+        return (a + (b - a) * t if t < 0.5 else b - (b - a) * (1 - t)) * MS
+
+    def spread(self, prefix: str) -> dict:
+        """As `_spread`: mean, p50, p90 and p99 in ms."""
+        out = {f"{prefix}_mean_ms": self.total / self.n * MS if self.n else None}
+        for q in (50, 90, 99):
+            out[f"{prefix}_p{q}_ms"] = self.pct(q)
+        return out
 
 
 def _pct(values, q: float, scale: float = MS) -> float | None:
@@ -53,110 +155,123 @@ def _spread(prefix: str, values, scale: float = MS) -> dict:
     return out
 
 
-def _gaps_during_prefills(result: RunResult) -> np.ndarray:
-    """Inter-token waits on this server that overlap one of its prefills."""
-    itl = intervals(result)
-    ends = np.array([t for t, _ in itl])
-    gaps = np.array([d for _, d in itl])
-    return gaps[_during(ends, gaps, prefill_windows(result))]
-
-
-def _tokens_during_prefills(result: RunResult) -> list[int]:
-    """Decode steps this server finished during each of its prefills."""
-    decode_ends = np.array([rd.end for rd in result.rounds if rd.decode_bs > 0])
-    return [int(np.sum((decode_ends > a) & (decode_ends <= b))) for a, b in prefill_windows(result)]
+def _windows(result: RunResult) -> np.ndarray:
+    """The server's prefill windows (start, end), distinct (a batch shares one), by start."""
+    prefilled = [r for r in result.requests
+                 if not r.warm and r.prefill_start is not None and r.prefill_end is not None]
+    spans = np.column_stack([_column(prefilled, "prefill_start"),
+                             _column(prefilled, "prefill_end")])
+    spans = spans[np.lexsort((spans[:, 1], spans[:, 0]))]
+    distinct = np.ones(len(spans), dtype=bool)
+    distinct[1:] = np.any(spans[1:] != spans[:-1], axis=1)
+    return spans[distinct]
 
 
 def prefill_windows(result: RunResult) -> list[tuple[float, float]]:
-    return sorted({(r.prefill_start, r.prefill_end) for r in result.requests
-                   if not r.warm and r.prefill_start is not None and r.prefill_end is not None})
+    return [(a, b) for a, b in _windows(result).tolist()]
+
+
+def _decode_ends(result: RunResult) -> np.ndarray:
+    """When each of the server's decode steps ended, in order."""
+    rounds = result.rounds
+    return np.sort(rounds.column("end")[rounds.column("decode_bs") > 0])
+
+
+def _steps_within(ends: np.ndarray, windows: np.ndarray) -> np.ndarray:
+    """Decode steps ending in each (start, end] window."""
+    return (np.searchsorted(ends, windows[:, 1], side="right")
+            - np.searchsorted(ends, windows[:, 0], side="right"))
+
+
+def _during(w: Waits, windows: np.ndarray) -> Waits:
+    """The waits (end, gap) that overlap a prefill window: start < window end and end > start."""
+    if not len(windows) or not len(w.end):
+        return w.where(np.zeros(len(w.end), dtype=bool))
+    stops = np.maximum.accumulate(windows[:, 1])  # windows by start
+    # the last window starting before the wait ends is the latest-ending candidate
+    i = np.searchsorted(windows[:, 0], w.end, side="left") - 1
+    return w.where((i >= 0) & (stops[np.clip(i, 0, None)] > w.end - w.gap))
 
 
 def intervals(result: RunResult) -> list[tuple[float, float]]:
     """(end time, inter-token latency) of every token after a request's first."""
-    out = []
-    for r in result.requests:
-        out += [(b, b - a) for a, b in zip(r.token_times, r.token_times[1:])]
-    return sorted(out)
-
-
-def _during(ends: np.ndarray, gaps: np.ndarray, windows) -> np.ndarray:
-    """Which waits (end, gap) overlap any prefill window: start < window end and end > start."""
-    if not windows or not len(ends):
-        return np.zeros(len(ends), dtype=bool)
-    starts = np.array([a for a, _ in windows])
-    stops = np.maximum.accumulate(np.array([b for _, b in windows]))  # windows sorted by start
-    # the last window starting before the wait ends is the latest-ending candidate
-    i = np.searchsorted(starts, ends, side="left") - 1
-    return (i >= 0) & (stops[np.clip(i, 0, None)] > ends - gaps)
+    w = waits(result.requests)
+    return sorted(zip(np.repeat(w.end, w.count).tolist(), np.repeat(w.gap, w.count).tolist()))
 
 
 def tpot(r: Request) -> float | None:
     """Time per output token after the first, in s (None for a single-token request)."""
-    if len(r.token_times) < 2:
+    if r.generated < 2:
         return None
-    return (r.token_times[-1] - r.token_times[0]) / (len(r.token_times) - 1)
+    return (r.last_time - r.first_time) / (r.generated - 1)
 
 
 def summarize(result: RunResult, slo: Slo | None = None) -> dict:
     """The run's figures; behind a router, those of one GPU's timeline (idle time, level
     changes, tokens during a prefill: the server's own) are taken on each server and combined."""
-    windows = prefill_windows(result)
-    gaps = np.array([d for _, d in intervals(result)])
+    every = waits(result.requests)
+    windows = _windows(result)
     servers = result.parts or [result]
-    during = np.concatenate([_gaps_during_prefills(part) for part in servers])
-    tokens_during = [n for part in servers for n in _tokens_during_prefills(part)]
+    by_server = [(every, windows)] if not result.parts else [
+        (waits(p.requests), _windows(p)) for p in servers]
+    during = _Ranked(Waits.joined([_during(w, win) for w, win in by_server]))
+    tokens_during = np.concatenate([_steps_within(_decode_ends(p), win)
+                                    for p, (_, win) in zip(servers, by_server)])
+    ranked = _Ranked(every)
+    del every, by_server  # ranked holds what is left to read of them
     served = [r for r in result.requests if not r.warm]
-    ttfts = [r.ttft for r in served if r.ttft is not None]
+    ttfts = [t for t in (r.ttft for r in served) if t is not None]
     return {
         "strategy": result.strategy,
-        "itl_p50_ms": _pct(gaps, 50),
-        "itl_p99_ms": _pct(gaps, 99),
-        "itl_during_prefill_p50_ms": _pct(during, 50),
-        "itl_during_prefill_max_ms": float(during.max()) * MS if len(during) else None,
+        "itl_p50_ms": ranked.pct(50),
+        "itl_p99_ms": ranked.pct(99),
+        "itl_during_prefill_p50_ms": during.pct(50),
+        "itl_during_prefill_max_ms": float(during.values[-1]) * MS if during.n else None,
         # the decode step on the GPU alone, without the host's share of the ITL
         "decode_gpu_p50_ms": _pct(result.activity.decode_step_s, 50),
-        "prefill_ms": _pct([b - a for a, b in windows], 50),
-        "tokens_during_prefill": float(np.mean(tokens_during)) if tokens_during else None,
+        "prefill_ms": _pct(windows[:, 1] - windows[:, 0], 50),
+        "tokens_during_prefill": float(np.mean(tokens_during)) if len(tokens_during) else None,
         "ttft_p50_ms": _pct(ttfts, 50),
         "ttft_p99_ms": _pct(ttfts, 99),
         "requests": len(result.requests),
         "rounds": len(result.rounds),
         "wall_s": result.wall_s,
         "gpu_idle_frac": float(np.mean([gpu_idle_frac(part) for part in servers])),
-        "level_changes": sum(sum(a.level != b.level for a, b in zip(part.rounds, part.rounds[1:]))
+        "level_changes": sum(int(np.count_nonzero(np.diff(part.rounds.column("level"))))
                              for part in servers),
-        "level_drain_ms": sum(result.activity.drain_s) * MS,
-        **serving(result, slo),
+        "level_drain_ms": float(sum(result.activity.drain_s)) * MS,
+        **serving(result, slo, ranked),
     }
 
 
-def serving(result: RunResult, slo: Slo | None = None) -> dict:
-    """The serving benchmark's figures over the requests that arrived during the run."""
+def serving(result: RunResult, slo: Slo | None = None, ranked: _Ranked | None = None) -> dict:
+    """The serving benchmark's figures over the requests that arrived during the run (`ranked`:
+    their waits, when the caller has them)."""
     served = [r for r in result.requests if not r.warm]
-    lost = [r for r in result.requests if len(r.tokens) < r.output_len]
-    out = {"requests_served": len(served), "requests_lost": len(lost)}
+    out = {"requests_served": len(served),
+           "requests_lost": sum(not r.done for r in result.requests)}
     if not served:
         return out
-    ttft = [r.ttft for r in served if r.ttft is not None]
+    ttft = [t for t in (r.ttft for r in served) if t is not None]
     tpots = [t for t in map(tpot, served) if t is not None]
-    e2e = [r.token_times[-1] - r.arrival for r in served if r.token_times]
+    e2e = [r.last_time - r.arrival for r in served if r.generated]
     delay = [r.prefill_start - r.arrival for r in served if r.prefill_start is not None]
-    gaps = np.array([d for _, d in intervals(result)])
     first = min(r.arrival for r in served)
-    last = max((r.token_times[-1] for r in served if r.token_times), default=first)
+    last = max((r.last_time for r in served if r.generated), default=first)
     span = max(last - first, 1e-9)
     out.update(_spread("ttft", ttft))
     out.update(_spread("tpot", tpots))
-    out.update(_spread("itl", gaps))
+    out.update((ranked or _Ranked(waits(result.requests))).spread("itl"))
     out.update(_spread("e2e", e2e))
     out["sched_delay_p50_s"] = _pct(delay, 50, scale=1.0)
     out["request_throughput_rps"] = len(served) / span
-    out["output_throughput_tps"] = sum(len(r.tokens) for r in served) / span
+    out["output_throughput_tps"] = sum(r.generated for r in served) / span
     if slo is not None:
         met = sum(slo.met(r.ttft, tpot(r)) for r in served)
+        arrivals = max(r.arrival for r in served) - first
         out["slo_attainment"] = met / len(served)
-        out["goodput_rps"] = met / span
+        out["goodput_rps"] = met / (arrivals if arrivals > 0 else span)
+        out["slo_met_throughput_rps"] = met / span
     return out
 
 
@@ -168,18 +283,30 @@ def gpu_idle_frac(result: RunResult) -> float:
     return uncovered(result.activity.busy, start, end) / (end - start)
 
 
-def details(result: RunResult) -> dict:
+DETAIL_RECORDS = 100_000  # records a list of `details` keeps at most
+
+
+def details(result: RunResult, limit: int = DETAIL_RECORDS) -> dict:
     """Per-request and per-round records of a run, for the JSON: TTFT of every served request,
-    decode steps during each prefill, and the round timeline."""
-    windows = prefill_windows(result)
-    decode_ends = np.array([rd.end for rd in result.rounds if rd.decode_bs > 0])
-    return {
-        "ttft_ms": {r.rid: r.ttft * MS for r in result.requests
-                    if not r.warm and r.ttft is not None},
-        "prefills": [{"start_s": a, "end_s": b,
-                      "decode_steps": int(np.sum((decode_ends > a) & (decode_ends <= b)))}
-                     for a, b in windows],
-        "rounds": [{"start_s": rd.start, "end_s": rd.end, "level": rd.level,
-                    "decode_bs": rd.decode_bs, "prefill": rd.prefill,
-                    "decode_context": rd.decode_context} for rd in result.rounds],
+    decode steps during each prefill, and the round timeline. A long run keeps the first
+    `limit` records of each and says how many there were (`<name>_total`)."""
+    windows = _windows(result)
+    steps = _steps_within(_decode_ends(result), windows[:limit]).tolist()
+    rounds = result.rounds
+    n = min(len(rounds), limit)
+    ttft = [r for r in result.requests if not r.warm and r.ttft is not None]
+    out = {
+        "ttft_ms": {r.rid: r.ttft * MS for r in ttft[:limit]},
+        "prefills": [{"start_s": a, "end_s": b, "decode_steps": k}
+                     for (a, b), k in zip(windows[:limit].tolist(), steps)],
+        "rounds": [{"start_s": a, "end_s": b, "level": lv, "decode_bs": bs,
+                    "prefill": rounds.labels[label], "decode_context": c}
+                   for a, b, lv, bs, label, c in zip(
+                       *(getattr(rounds, k)[:n].tolist() for k in
+                         ("start", "end", "level", "decode_bs", "label", "decode_context")))],
     }
+    for name, total in (("ttft_ms", len(ttft)), ("prefills", len(windows)),
+                        ("rounds", len(rounds))):
+        if total > limit:
+            out[f"{name}_total"] = total
+    return out

@@ -104,6 +104,9 @@ def spec_from_config(config: dict, name: str, where: str) -> ModelSpec:
     if head_dim % 2:
         raise PdmuxError(f"{where}: head_dim {head_dim} must be even (rotary pairs halves)")
     theta, scaling = _rope(config, where)
+    # a config without it (old or hand-written) leaves the context length unchecked
+    context = (_field(config, "max_position_embeddings", int, where)
+               if config.get("max_position_embeddings") is not None else None)
     tied = config.get("tie_word_embeddings", False)
     if not isinstance(tied, bool):
         raise PdmuxError(f"{where}: tie_word_embeddings must be true or false, got {tied!r}")
@@ -115,7 +118,7 @@ def spec_from_config(config: dict, name: str, where: str) -> ModelSpec:
         qk_norm=FAMILIES[family].get("qk_norm", False), rope_theta=theta,
         rms_eps=_field(config, "rms_norm_eps", float, where, low=0),
         qkv_bias=FAMILIES[family].get("qkv_bias", False), tie_embeddings=tied,
-        rope_scaling=scaling)
+        rope_scaling=scaling, max_context=context)
 
 
 def _presets() -> dict[str, ModelSpec]:
@@ -144,8 +147,11 @@ def config_path(text: str) -> Path | None:
             raise PdmuxError(f"{path} holds no config.json: is it a Hugging Face model directory?")
         return path / "config.json"
     if path.suffix == ".json" or path.exists():
-        if not path.is_file():
+        if not path.exists():
             raise PdmuxError(f"cannot read model config {path}: no such file")
+        if not path.is_file():  # /dev/null, a pipe: there, but not a file to read a config from
+            raise PdmuxError(f"--model {path} is neither a config.json nor a Hugging Face model "
+                             f"directory")
         return path
     return None
 

@@ -18,9 +18,11 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 
+import numpy as np
+
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.parallel import Link
-from pdmux_triton.scheduler import Activity, RunResult
+from pdmux_triton.scheduler import Activity, Rounds, RunResult
 from pdmux_triton.traffic import Request
 
 Serve = Callable[[list[Request]], RunResult]
@@ -36,13 +38,14 @@ def round_robin(requests: list[Request], k: int) -> list[list[Request]]:
 
 def merged(strategy: str, parts: list[RunResult], requests: list[Request]) -> RunResult:
     """The servers' runs as one: `requests` (each once), every round and launch."""
-    busy = [span for p in parts for span in p.activity.busy]
+    def gathered(field: str, shape=(-1,)) -> np.ndarray:  # every server's, one after another
+        return np.concatenate([np.asarray(getattr(p.activity, field), dtype=float).reshape(shape)
+                               for p in parts])
     start = min(p.activity.window[0] for p in parts)
     end = max(p.activity.window[1] for p in parts)
-    activity = Activity(busy, (start, end),
-                        [s for p in parts for s in p.activity.decode_step_s],
-                        [d for p in parts for d in p.activity.drain_s])
-    rounds = sorted((rd for p in parts for rd in p.rounds), key=lambda rd: rd.start)
+    activity = Activity(gathered("busy", (-1, 2)), (start, end), gathered("decode_step_s"),
+                        gathered("drain_s"))
+    rounds = Rounds.joined([p.rounds for p in parts])
     return RunResult(strategy, requests, rounds, max(p.wall_s for p in parts), activity, parts)
 
 
@@ -62,7 +65,7 @@ def kv_arrivals(prefilled: list[Request], kv_bytes_per_token: float, layers: int
         batches.setdefault((r.prefill_start, r.prefill_end), []).append(r)
     arrivals, link_free = {}, 0.0
     for (start, end), reqs in sorted(batches.items(), key=lambda item: item[0][1]):
-        per_layer = sum(len(r.prompt) for r in reqs) * kv_bytes_per_token / layers
+        per_layer = sum(r.prompt_len for r in reqs) * kv_bytes_per_token / layers
         send = link.latency_us * 1e-6 + per_layer / (link.busbw_gbps * 1e9)
         for i in range(layers):
             done = start + (end - start) * (i + 1) / layers

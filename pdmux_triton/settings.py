@@ -3,7 +3,9 @@ its result as `inputs`, so `run --replay` can serve it again; and the requests i
 
 from __future__ import annotations
 
+import math
 from dataclasses import MISSING, asdict, dataclass, field, fields
+from functools import cached_property
 
 from pdmux_triton import cost, parallel, policy, scheduler, traffic
 from pdmux_triton.errors import PdmuxError
@@ -156,26 +158,36 @@ class RunSettings:
                                           self.link_spec() if self.tp > 1 else None)
 
     def _check_work(self) -> None:
-        """The run must fit the GPU's memory and end in bounded time."""
+        """The run must fit the GPU's memory and the model's context, and end in bounded time
+        (a trace's rows are checked as it is read)."""
         if self.workload == "chapter":
             if self.decode_tokens <= traffic.CHAPTER_ARRIVAL_STEPS:
                 raise PdmuxError(f"--decode-tokens {self.decode_tokens}: the decoding requests "
                                  f"would finish before the prompt arrives (after "
                                  f"{traffic.CHAPTER_ARRIVAL_STEPS} decode steps); decode at "
                                  f"least {traffic.CHAPTER_ARRIVAL_STEPS + 1}")
-            tokens = (self.batch * (self.context + self.decode_tokens) + self.prompt
-                      + self.decode_tokens)
+            arriving = self.prompt + traffic.chapter_prompt_output(self.decode_tokens)
+            tokens = self.batch * (self.context + self.decode_tokens) + arriving
             longest = self.prompt
             what = (f"{self.batch} requests decoding {self.decode_tokens} tokens after "
                     f"{self.context} and a {self.prompt}-token prompt")
-        elif self.workload == "stream" and self.lengths == "exponential":
-            traffic.Exponential(self.prompt_mean, self.prompt_max, self.output_mean,
-                                self.output_max)
-            longest = tokens = self.prompt_max + self.output_max
-            what = f"a request of {self.prompt_max} prompt and {self.output_max} output tokens"
+            single = max(arriving, self.context + self.decode_tokens)
+            one = (f"the {self.prompt}-token prompt and its output" if single == arriving else
+                   f"a request decoding {self.decode_tokens} tokens after {self.context}")
+        elif self.workload == "stream":
+            self._check_stream()
+            if self.lengths == "exponential":
+                traffic.Exponential(self.prompt_mean, self.prompt_max, self.output_mean,
+                                    self.output_max)
+                prompt, output = self.prompt_max, self.output_max
+            else:
+                preset = traffic.LENGTH_PRESETS[self.lengths]
+                prompt, output = preset.prompt.cap, preset.output.cap
+            longest = tokens = single = prompt + output
+            what = one = f"a request of {prompt} prompt and {output} output tokens"
         else:
-            longest = tokens = self._longest_request()
-            what = f"the longest request ({tokens} tokens)"
+            longest = tokens = single = self.loaded_trace.longest
+            what = one = f"the longest request ({tokens} tokens)"
         rank = self.rank_model  # under --tp each GPU holds a shard and its share of the cache
         cost.check_fits(self.gpu, rank, tokens, what)
         room = cost.kv_capacity_tokens(self.gpu, rank)
@@ -196,13 +208,45 @@ class RunSettings:
             raise PdmuxError(f"{self.count} requests at {self.rate:g}/s arrive over "
                              f"~{self.count / self.rate:,.0f} s, longer than a measured run may "
                              f"take ({MAX_GPU_RUN_S} s): raise --rate or lower --count")
+        context = self.model.max_context
+        if context is not None and single > context:
+            raise PdmuxError(f"{one}: {single:,} tokens, more than {self.model.name}'s "
+                             f"context length of {context:,} (max_position_embeddings)")
 
-    def _longest_request(self) -> int:
-        """Prompt plus output tokens of the longest request a preset or a trace can hold."""
-        if self.workload == "trace":
-            return max(len(r.prompt) + r.output_len for r in traffic.read_trace(self.trace, 1))
-        preset = traffic.LENGTH_PRESETS[self.lengths]
-        return preset.prompt.cap + preset.output.cap
+    def _check_stream(self) -> None:
+        """A stream's requests are few enough to hold, and arrive while the clock resolves a
+        step."""
+        if not 1 <= self.count <= traffic.MAX_REQUESTS:
+            raise PdmuxError(f"--count {self.count}: a stream holds 1 to "
+                             f"{traffic.MAX_REQUESTS:,} requests")
+        if not (self.rate > 0 and math.isfinite(self.rate)):
+            raise PdmuxError(f"--rate {self.rate}: requests per second must be a finite "
+                             f"number > 0")
+        if self.count / self.rate > traffic.MAX_ARRIVAL_S:
+            raise PdmuxError(f"{self.count} requests at {self.rate:g}/s arrive over "
+                             f"~{self.count / self.rate:.3g} s; {traffic.ARRIVAL_BOUND}")
+
+    @cached_property
+    def loaded_trace(self) -> traffic.Trace:
+        """The trace, read once, each request within what one may hold (`request_limit`)."""
+        return traffic.load_trace(self.trace, *self.request_limit())
+
+    def request_limit(self) -> tuple[int, str]:
+        """The most prompt and output tokens one request may hold, and what sets it: the
+        model's context length, or the KV cache one GPU keeps for it if that is less."""
+        rank = self.rank_model
+        room = cost.kv_capacity_tokens(self.gpu, rank)
+        context = self.model.max_context
+        if context is not None and context <= room:
+            return context, f"{self.model.name}'s context length, max_position_embeddings"
+        return room, (f"the KV cache the {self.gpu.name} keeps for {rank.name}: "
+                      f"{cost.KV_MEMORY_FRACTION:.0%} of what its weights leave")
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """What reading the inputs changed, one line each (a trace's rows served in arrival
+        order), for the caller to print."""
+        return self.loaded_trace.notes if self.workload == "trace" else ()
 
     @property
     def itl_target_ms(self) -> float | None:
@@ -249,7 +293,7 @@ def make_requests(s: RunSettings, rate: float | None = None) -> list[traffic.Req
         return traffic.chapter_scenario(s.model.vocab, s.batch, s.context, s.prompt,
                                         s.decode_tokens, seed=s.seed)
     if s.workload == "trace":
-        return traffic.read_trace(s.trace, s.model.vocab, s.seed)
+        return s.loaded_trace.requests(s.model.vocab, s.seed)
     lengths = (traffic.Exponential(s.prompt_mean, s.prompt_max, s.output_mean, s.output_max)
                if s.lengths == "exponential" else traffic.LENGTH_PRESETS[s.lengths])
     return traffic.stream(s.model.vocab, rate or s.rate, s.count, lengths, s.burstiness, s.seed)

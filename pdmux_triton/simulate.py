@@ -12,7 +12,10 @@ launches, nothing else is launched. On one rank of a tensor-parallel server (`mo
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
+
+import numpy as np
 
 from pdmux_triton import cost, policy
 from pdmux_triton.hardware import GPUSpec, ModelSpec
@@ -46,16 +49,18 @@ class SimExecutor:
         self.t = 0.0
         self.free = {"decode": 0.0, "prefill": 0.0}
         self.sms = {"decode": gpu.sms, "prefill": gpu.sms}
-        self.busy: list[tuple[float, float]] = []
-        self.decode_steps: list[float] = []
-        self.drains: list[float] = []
+        self.busy = array("d")  # start, end of every launch, flat
+        self.decode_steps = array("d")
+        self.drains = array("d")
 
     # --- timelines -------------------------------------------------------------------
     def _enqueue(self, side: str, seconds: float, at: float | None = None) -> float:
         start = max(self.t if at is None else at, self.free[side])
         self.free[side] = start + seconds
-        self.busy.append((start, start + seconds))
-        return start + seconds
+        end = start + seconds
+        self.busy.append(start)
+        self.busy.append(end)
+        return end
 
     def _drain(self) -> None:
         self.t = max(self.t, *self.free.values())
@@ -65,7 +70,7 @@ class SimExecutor:
 
     def start(self, warm: list[Request]) -> None:
         for r in warm:  # already decoding: the prompt is in the cache, the first token out
-            r.context = len(r.prompt)
+            r.context = r.prompt_len
 
     def set_level(self, level: policy.Level) -> None:
         self.drains.append(max(0.0, max(self.free.values()) - self.t))
@@ -92,7 +97,7 @@ class SimExecutor:
                                          corun, len(reqs), self.comm)
         self.decode_steps.append(step)
         self.t = max(self.t, self._enqueue("decode", step, launched))
-        return self.t, [0] * len(reqs)
+        return self.t, None
 
     # --- prefill ---------------------------------------------------------------------
     def begin_prefill(self, reqs: list[Request]) -> SimPrefill:
@@ -109,8 +114,8 @@ class SimExecutor:
         if self.kv_arrives:
             carry.ends_at = self.t
             return
-        tokens = sum(len(r.prompt) for r in carry.reqs)
-        flops = sum(cost.layer_flops(self.model, len(r.prompt), 0, end - start) for r in carry.reqs)
+        tokens = sum(r.prompt_len for r in carry.reqs)
+        flops = sum(cost.layer_flops(self.model, r.prompt_len, 0, end - start) for r in carry.reqs)
         talk = self.comm.layers_s(tokens, end - start)
         if end == self.num_layers:  # the LM head samples each prompt's first token
             flops += cost.lm_head_flops(self.model, len(carry.reqs))
@@ -127,11 +132,11 @@ class SimExecutor:
         # the host sees a finished prefill when it next looks, after the decode it waited for
         if wait:
             self.t = max(self.t, carry.ends_at)
-        return (self.t, [0] * len(carry.reqs)) if carry.ends_at <= self.t else None
+        return (self.t, None) if carry.ends_at <= self.t else None
 
     def mixed(self, decoding: list[Request], prompt: Request, start: int, n: int):
         self._drain()
-        last = start + n == len(prompt.prompt)
+        last = start + n == prompt.prompt_len
         fit = self.overheads.mixed
         step = float(cost.mixed_step_s(self.model, self.decode_rate, self.prefill_rate,
                                        self.total_sms, sum(r.context for r in decoding),
@@ -146,11 +151,12 @@ class SimExecutor:
             self.t += self.overheads.eager_step_s  # the batch made and uploaded, tokens read back
             began, launched = self._launch_layers(self.num_layers)
             self.t = max(self._enqueue("decode", step, began), launched)
-        return self.t, [0] * len(decoding), 0 if last else None
+        return self.t, None, None
 
     def release(self, r: Request) -> None:
         pass
 
     def finish(self) -> Activity:
         self._drain()
-        return Activity(list(self.busy), (0.0, self.t), list(self.decode_steps), list(self.drains))
+        return Activity(np.array(self.busy).reshape(-1, 2), (0.0, self.t),
+                        np.array(self.decode_steps), np.array(self.drains))

@@ -4,13 +4,18 @@ production-like lengths, and users' own traces.
 Length presets are (mixtures of) log-normals cut at a cap, fitted to published statistics of
 serving traces (Llama-2 tokenizer); each keeps the figures it was fitted to, and `fit_error`
 says how far the fit sits from them. Arrivals are Poisson, or gamma with a burstiness (vLLM's
-serving benchmark: 1.0 is Poisson, lower is burstier). Prompts are numpy arrays of token ids.
+serving benchmark: 1.0 is Poisson, lower is burstier), and come within `MAX_ARRIVAL_S` of the
+start. A request holds its prompt's length; its token ids are drawn when an executor first
+asks for them (`Request.prompt`), so simulating a long trace makes none.
 """
 
 from __future__ import annotations
 
+import copy
 import csv
 import math
+from array import array
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import NormalDist
@@ -19,33 +24,110 @@ import numpy as np
 
 from pdmux_triton.errors import PdmuxError
 
+# The clock is float64 seconds: at 1e8 s (~3 years) one step of it is ~15 ns, far below a
+# decode step; at 1e16 s it is 2 s and a step's time vanishes into the arrival's.
+MAX_ARRIVAL_S = 1e8
+ARRIVAL_BOUND = (f"arrivals must come within {MAX_ARRIVAL_S:.0e} s (~3 years) of the start, "
+                 f"where the float64 clock still resolves a decode step")
+MAX_REQUESTS = 10_000_000  # a run holds every request's bookkeeping in memory
 
-@dataclass
+
+@dataclass(frozen=True)
+class TokenIds:
+    """Where a workload's prompt ids come from: request `rid`'s are drawn from its own stream
+    of `seed`, so they are the same whichever requests are drawn first, or at all."""
+
+    vocab: int
+    seed: int
+
+    def draw(self, rid: int, n: int) -> np.ndarray:
+        return np.random.default_rng((self.seed, rid)).integers(0, self.vocab, n, dtype=np.int32)
+
+
 class Request:
-    rid: int
-    prompt: np.ndarray | list[int]  # token ids
-    output_len: int  # tokens to generate, the first one included
-    arrival: float | None  # seconds from the start; None: arrives after `after_steps` decode steps
-    after_steps: int | None = None
-    warm: bool = False  # prefilled before the clock starts (a batch already decoding)
-    # filled in while serving
-    context: int = 0  # tokens in the KV cache
-    tokens: list[int] = field(default_factory=list)  # generated token ids
-    token_times: list[float] = field(default_factory=list)
-    prefill_start: float | None = None
-    prefill_end: float | None = None
+    """One request and, as it is served, its output.
+
+    The prompt is given as token ids, or as a length with the `TokenIds` to draw them from when
+    an executor first reads `prompt`. Output tokens are counted (`generated`); their ids are
+    kept where an executor samples them (`tokens`; None when simulated). Their times are the
+    first token's (`first_token_s`, at the end of its prefill; None for a request decoding
+    from the start) and then a slice of its server's decode-step log (`steps` from `step0`):
+    every running request takes one token in every decode step, so a token costs its request
+    nothing and a run's step times are kept once (`token_times` lists them)."""
+
+    __slots__ = ("rid", "prompt_len", "_ids", "_draw", "output_len", "arrival", "after_steps",
+                 "warm", "context", "generated", "tokens", "first_token_s", "steps", "step0",
+                 "prefill_start", "prefill_end")
+
+    def __init__(self, rid: int, prompt: Sequence[int] | int, output_len: int,
+                 arrival: float | None, after_steps: int | None = None, warm: bool = False, *,
+                 draw: TokenIds | None = None, prefill_start: float | None = None,
+                 prefill_end: float | None = None):
+        self.rid = rid
+        given = not isinstance(prompt, (int, np.integer))
+        self.prompt_len, self._ids = (len(prompt), prompt) if given else (int(prompt), None)
+        self._draw = draw
+        self.output_len = output_len  # tokens to generate, the first one included
+        self.arrival = arrival  # s from the start; None: arrives after `after_steps` decode steps
+        self.after_steps = after_steps
+        self.warm = warm  # prefilled before the clock starts (a batch already decoding)
+        # filled in while serving
+        self.context = 0  # tokens in the KV cache
+        self.generated = 0
+        self.tokens: list[int] | None = None
+        self.first_token_s: float | None = None
+        self.steps: array | None = None
+        self.step0 = 0
+        self.prefill_start, self.prefill_end = prefill_start, prefill_end
+
+    @property
+    def prompt(self) -> Sequence[int]:
+        """The prompt's token ids (drawn now if only its length was given)."""
+        if self._ids is None:
+            if self._draw is None:
+                raise PdmuxError(f"request {self.rid} holds a prompt length and no token ids")
+            self._ids = self._draw.draw(self.rid, self.prompt_len)
+        return self._ids
 
     @property
     def done(self) -> bool:
-        return len(self.tokens) >= self.output_len
+        return self.generated >= self.output_len
+
+    @property
+    def token_times(self) -> list[float]:
+        first = [] if self.first_token_s is None else [self.first_token_s]
+        decoded = self.generated - len(first)
+        return first + (self.steps[self.step0:self.step0 + decoded].tolist() if decoded else [])
+
+    @property
+    def first_time(self) -> float | None:
+        """When its first token came out (None before)."""
+        if self.first_token_s is not None or not self.generated:
+            return self.first_token_s
+        return self.steps[self.step0]
+
+    @property
+    def last_time(self) -> float | None:
+        """When its latest token came out (None before)."""
+        decoded = self.generated - (self.first_token_s is not None)
+        return self.steps[self.step0 + decoded - 1] if decoded else self.first_token_s
 
     @property
     def ttft(self) -> float | None:
-        return self.token_times[0] - self.arrival if self.token_times else None
+        first = self.first_time
+        return None if first is None else first - self.arrival
 
+    def __deepcopy__(self, memo) -> "Request":
+        # shared: the prompt's ids (never written) and the server's step log (only appended
+        # to, by the run it belongs to): a copy per request would hold every step once each
+        twin = copy.copy(self)
+        if self.tokens is not None:
+            twin.tokens = list(self.tokens)
+        return twin
 
-def _tokens(rng: np.random.Generator, n: int, vocab: int) -> np.ndarray:
-    return rng.integers(0, vocab, n, dtype=np.int32)
+    def __repr__(self) -> str:
+        return (f"Request({self.rid}, prompt {self.prompt_len}, output {self.generated}/"
+                f"{self.output_len}, arrival {self.arrival})")
 
 
 # --- lengths -------------------------------------------------------------------------------
@@ -174,6 +256,11 @@ def decoding_contexts(preset: LengthPreset, seed: int = 0):
 CHAPTER_ARRIVAL_STEPS = 8  # the prompt arrives after this many decode steps
 
 
+def chapter_prompt_output(decode_tokens: int) -> int:
+    """Tokens the chapter's arriving prompt generates."""
+    return max(2, decode_tokens // 4)
+
+
 def chapter_scenario(vocab: int, batch: int = 32, context: int = 2048, prompt: int = 8192,
                      decode_tokens: int = 64, arrive_after_steps: int = CHAPTER_ARRIVAL_STEPS,
                      seed: int = 0) -> list[Request]:
@@ -188,11 +275,10 @@ def chapter_scenario(vocab: int, batch: int = 32, context: int = 2048, prompt: i
         raise PdmuxError(f"the decoding requests finish their {decode_tokens} tokens before the "
                          f"prompt arrives (after {arrive_after_steps} decode steps): decode at "
                          f"least {arrive_after_steps + 1} tokens")
-    rng = np.random.default_rng(seed)
-    reqs = [Request(i, _tokens(rng, context, vocab), decode_tokens, 0.0, warm=True)
-            for i in range(batch)]
-    reqs.append(Request(batch, _tokens(rng, prompt, vocab), max(2, decode_tokens // 4), None,
-                        after_steps=arrive_after_steps))
+    ids = TokenIds(vocab, seed)
+    reqs = [Request(i, context, decode_tokens, 0.0, warm=True, draw=ids) for i in range(batch)]
+    reqs.append(Request(batch, prompt, chapter_prompt_output(decode_tokens), None,
+                        after_steps=arrive_after_steps, draw=ids))
     return reqs
 
 
@@ -201,52 +287,156 @@ def stream(vocab: int, rate: float, count: int, lengths: LengthPreset | Exponent
     """`count` requests at `rate` per second on average: gaps between arrivals are gamma
     distributed with shape `burstiness` (exponential, i.e. Poisson arrivals, at 1.0). The same
     seed gives the same lengths at every rate, so points of a rate sweep differ only in time."""
-    if not (rate > 0 and math.isfinite(rate)) or count < 1:
-        raise PdmuxError(f"a request stream needs a finite rate > 0 and count >= 1, got {rate} "
-                         f"and {count}")
+    if not (rate > 0 and math.isfinite(rate)) or not 1 <= count <= MAX_REQUESTS:
+        raise PdmuxError(f"a request stream needs a finite rate > 0 and 1 <= count <= "
+                         f"{MAX_REQUESTS:,}, got {rate} and {count}")
     if not (burstiness > 0 and math.isfinite(burstiness)):
         raise PdmuxError(f"burstiness must be a finite number > 0, got {burstiness}")
     rng = np.random.default_rng(seed)
     prompts, outputs = _lengths(lengths, rng, count)
     unit_gaps = rng.gamma(burstiness, 1.0 / burstiness, count)  # mean 1
     arrivals = np.cumsum(unit_gaps) / rate
-    return [Request(i, _tokens(rng, int(p), vocab), int(o), float(t))
-            for i, (p, o, t) in enumerate(zip(prompts, outputs, arrivals))]
+    if not arrivals[-1] <= MAX_ARRIVAL_S:
+        raise PdmuxError(f"{count:,} requests at {rate:g}/s arrive over {arrivals[-1]:.3g} s; "
+                         f"{ARRIVAL_BOUND}")
+    ids = TokenIds(vocab, seed)
+    return [Request(i, p, o, t, draw=ids)
+            for i, (p, o, t) in enumerate(zip(prompts.tolist(), outputs.tolist(),
+                                              arrivals.tolist()))]
 
+
+# --- traces --------------------------------------------------------------------------------
 
 TRACE_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
+DELIMITERS = (",", ";", "\t")
+MAX_TRACE_TOKENS = 2**31 - 1  # a request's tokens when no model or GPU bounds them
 
 
-def read_trace(path: str | Path, vocab: int, seed: int = 0) -> list[Request]:
-    """A user's trace: a CSV with columns arrival_s, prompt_tokens, output_tokens (a header
-    row, one request a row, arrivals in seconds from the start)."""
-    path = Path(path)
+@dataclass(frozen=True)
+class Trace:
+    """A user's trace as read: one row a request, in arrival order (rows that arrive together
+    keep the file's order); `rid` is each row's place in the file, `line` its line there, and
+    `notes` say what reading it changed."""
+
+    path: Path
+    arrival: np.ndarray  # s from the start
+    prompt: np.ndarray  # tokens
+    output: np.ndarray
+    rid: np.ndarray
+    line: np.ndarray
+    notes: tuple[str, ...] = ()
+
+    def __len__(self) -> int:
+        return len(self.arrival)
+
+    @property
+    def longest(self) -> int:
+        """Prompt and output tokens of its longest request."""
+        return int((self.prompt + self.output).max())
+
+    def requests(self, vocab: int, seed: int = 0) -> list[Request]:
+        ids = TokenIds(vocab, seed)
+        return [Request(rid, p, o, t, draw=ids) for rid, p, o, t in
+                zip(self.rid.tolist(), self.prompt.tolist(), self.output.tolist(),
+                    self.arrival.tolist())]
+
+
+def _whole(text: str, column: str, where: str) -> int:
+    """A token count: a whole number >= 1 (written 512, 512.0 or 5e2)."""
     try:
-        with path.open(newline="", encoding="utf-8") as f:
-            rows = list(csv.DictReader(f))
-            header = rows and list(rows[0]) or None
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value.is_integer()):
+        raise PdmuxError(f"{where}: {column} must be a whole number of tokens >= 1, got {text!r}")
+    return int(value)
+
+
+def _row(fields: list[str], at: tuple[int, int, int], where: str,
+         max_tokens: int, why: str) -> tuple[float, int, int]:
+    try:
+        texts = [fields[i].strip() for i in at]
+    except IndexError:
+        raise PdmuxError(f"{where}: {len(fields)} field(s), the header names "
+                         f"{max(at) + 1} or more") from None
+    try:
+        arrival = float(texts[0])
+    except ValueError:
+        raise PdmuxError(f"{where}: arrival_s must be a number of seconds, got "
+                         f"{texts[0]!r}") from None
+    if not (math.isfinite(arrival) and arrival >= 0):
+        raise PdmuxError(f"{where}: arrival_s must be a finite number >= 0, got {texts[0]!r}")
+    if arrival > MAX_ARRIVAL_S:
+        raise PdmuxError(f"{where}: arrival_s {arrival:g}: {ARRIVAL_BOUND}")
+    prompt, output = (_whole(texts[i], TRACE_COLUMNS[i], where) for i in (1, 2))
+    if prompt < 1 or output < 1:
+        raise PdmuxError(f"{where}: token counts must be >= 1, got {prompt} prompt and {output} "
+                         f"output tokens")
+    if prompt + output > max_tokens:
+        raise PdmuxError(f"{where}: {prompt:,} prompt + {output:,} output tokens; a request "
+                         f"holds at most {max_tokens:,} ({why})")
+    return arrival, prompt, output
+
+
+def load_trace(path: str | Path, max_tokens: int | None = None, why: str = "") -> Trace:
+    """A user's trace: a CSV with columns arrival_s, prompt_tokens, output_tokens (a header
+    row, one request a row, arrivals in seconds from the start; `,`, `;` or tab between
+    fields, a UTF-8 byte-order mark and spaces around names allowed). A request of more than
+    `max_tokens` prompt and output tokens is refused (`why` says what bounds it), as soon as
+    its row is read. Rows out of arrival order are served in arrival order, and a note says
+    so."""
+    path = Path(path)
+    if max_tokens is None:
+        max_tokens, why = MAX_TRACE_TOKENS, "the most this tool counts"
+    columns = {name: array(kind) for name, kind in
+               (("arrival", "d"), ("prompt", "q"), ("output", "q"), ("line", "q"))}
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as f:
+            first = f.readline()
+            delimiter = max(DELIMITERS, key=first.count)
+            f.seek(0)
+            rows = csv.reader(f, delimiter=delimiter)
+            header = [name.strip() for name in next(rows, [])]
+            missing = [c for c in TRACE_COLUMNS if c not in header]
+            if missing and header:
+                raise PdmuxError(f"trace {path} lacks the column(s) {', '.join(missing)}; it "
+                                 f"needs {', '.join(TRACE_COLUMNS)} (found: "
+                                 f"{', '.join(header)})")
+            at = tuple(header.index(c) for c in TRACE_COLUMNS) if header else ()
+            for fields in rows:
+                if not any(x.strip() for x in fields):
+                    continue  # a blank line
+                if len(columns["line"]) >= MAX_REQUESTS:
+                    raise PdmuxError(f"trace {path} holds more than {MAX_REQUESTS:,} requests")
+                where = f"{path}:{rows.line_num}"
+                for name, value in zip(("arrival", "prompt", "output"),
+                                       _row(fields, at, where, max_tokens, why)):
+                    columns[name].append(value)
+                columns["line"].append(rows.line_num)
     except OSError as err:
         raise PdmuxError(f"cannot read trace {path}: {err.strerror}") from None
     except (UnicodeDecodeError, csv.Error):
         raise PdmuxError(f"trace {path} is not a CSV text file") from None
-    if not rows:
+    if not columns["line"]:
         raise PdmuxError(f"trace {path} has no requests (a header row {','.join(TRACE_COLUMNS)} "
                          f"and one row per request)")
-    missing = [c for c in TRACE_COLUMNS if c not in (header or [])]
-    if missing:
-        raise PdmuxError(f"trace {path} lacks the column(s) {', '.join(missing)}; it needs "
-                         f"{', '.join(TRACE_COLUMNS)}")
-    rng = np.random.default_rng(seed)
-    reqs = []
-    for line, row in enumerate(rows, start=2):
-        try:
-            arrival = float(row["arrival_s"])
-            prompt, output = int(row["prompt_tokens"]), int(row["output_tokens"])
-        except (TypeError, ValueError):
-            raise PdmuxError(f"{path}:{line}: expected a number of seconds and two token counts, "
-                             f"got {row}") from None
-        if not (math.isfinite(arrival) and arrival >= 0) or prompt < 1 or output < 1:
-            raise PdmuxError(f"{path}:{line}: arrival_s must be >= 0 and token counts >= 1, got "
-                             f"{arrival}, {prompt}, {output}")
-        reqs.append(Request(len(reqs), _tokens(rng, prompt, vocab), output, arrival))
-    return sorted(reqs, key=lambda r: r.arrival)
+    arrival = np.frombuffer(columns["arrival"], dtype=np.float64)
+    line = np.frombuffer(columns["line"], dtype=np.int64)
+    early = np.flatnonzero(arrival[1:] < np.maximum.accumulate(arrival)[:-1]) + 1
+    notes = ()
+    if early.size:
+        notes = (f"trace {path}: {early.size:,} row(s) arrive before a row above them (the "
+                 f"first at line {line[early[0]]}); served in arrival order",)
+    order = np.argsort(arrival, kind="stable")
+    return Trace(path, arrival[order], np.frombuffer(columns["prompt"], dtype=np.int64)[order],
+                 np.frombuffer(columns["output"], dtype=np.int64)[order], order, line[order],
+                 notes)
+
+
+def read_trace(path: str | Path, vocab: int, seed: int = 0) -> list[Request]:
+    """A user's trace's requests, in arrival order (`load_trace`)."""
+    return load_trace(path).requests(vocab, seed)

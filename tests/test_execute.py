@@ -13,7 +13,7 @@ from pdmux_triton.execute import ModelExecutor
 from pdmux_triton.hardware import GPUSpec, detect_gpu
 from pdmux_triton.models import model_preset
 from pdmux_triton.partition import Budget
-from pdmux_triton.traffic import Request
+from pdmux_triton.traffic import Request, TokenIds
 
 TINY = model_preset("tiny")
 QWEN3_8B = model_preset("qwen3-8b")
@@ -21,10 +21,14 @@ QWEN3_8B = model_preset("qwen3-8b")
 GPU = detect_gpu() if HAS_CUDA else GPUSpec("test", 48, (9, 0), 1.0, 100.0, 1.0)
 
 
+IDS = TokenIds(TINY.vocab, seed=0)
+
+
 def requests():
     return [Request(0, [5, 17, 99, 3, 42, 7, 250], 6, 0.0, warm=True),
             Request(1, list(range(30, 42)), 7, 0.0, warm=True),
-            Request(2, [(i * 37) % 256 for i in range(21)], 5, None, after_steps=2)]
+            # a prompt given by its length: the executor draws its ids when it prefills it
+            Request(2, 21, 5, None, after_steps=2, draw=IDS)]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -43,9 +47,13 @@ def serve(strategy, **kw):
 
 
 def test_strategies_serve_the_same_tokens():
+    assert requests()[2]._ids is None
     first, _ = serve("prefill_first")
     chunked, _ = serve("chunked", chunk=8)
     pdmux, result = serve("pdmux")
+    # each copy drew request 2's ids afresh: the same for the seed, so the same tokens
+    drawn = next(r for r in result.requests if r.rid == 2)
+    assert (drawn.prompt == IDS.draw(2, 21)).all()
     assert first == chunked == pdmux
     assert len({t for toks in first.values() for t in toks}) > 3  # real, varied greedy tokens
     assert len(first[2]) == 5 and len(first[0]) == 6

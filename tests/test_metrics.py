@@ -1,10 +1,28 @@
-"""What a finished run reports: idle time from busy spans, ITL during prefills, TTFT."""
+"""What a finished run reports: idle time from busy spans, ITL during prefills, TTFT, the
+serving figures and goodput."""
 
+from array import array
+
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from pdmux_triton import metrics
+from pdmux_triton import cost, metrics, scheduler
+from pdmux_triton.hardware import gpu_preset
+from pdmux_triton.models import model_preset
 from pdmux_triton.scheduler import Activity, Round, RunResult
-from pdmux_triton.traffic import Request
+from pdmux_triton.simulate import SimExecutor
+from pdmux_triton.traffic import Exponential, Request, stream
+
+
+def _times(r: Request, times: list[float]) -> Request:
+    """A hand-made request's token times: the first from its prefill (for a request decoding
+    from the start, none), the rest as decode steps of a log of its own."""
+    first = not r.warm
+    r.first_token_s = times[0] if first else None
+    r.steps, r.step0, r.generated = array("d", times[first:]), 0, len(times)
+    return r
 
 
 def test_uncovered_time_of_overlapping_spans():
@@ -15,11 +33,8 @@ def test_uncovered_time_of_overlapping_spans():
 
 
 def test_summary_of_a_hand_made_run():
-    warm = Request(0, [1] * 4, 4, 0.0, warm=True)
-    warm.tokens, warm.token_times = [9, 9, 9, 9], [0.0, 0.01, 0.05, 0.06]
-    new = Request(1, [2] * 8, 2, 0.015)
-    new.prefill_start, new.prefill_end = 0.015, 0.05
-    new.tokens, new.token_times = [7, 7], [0.05, 0.06]
+    warm = _times(Request(0, 4, 4, 0.0, warm=True), [0.0, 0.01, 0.05, 0.06])
+    new = _times(Request(1, 8, 2, 0.015, prefill_start=0.015, prefill_end=0.05), [0.05, 0.06])
     rounds = [Round(0.0, 0.01, -1, 1, ""), Round(0.01, 0.05, -1, 1, "chunk 0+8"),
               Round(0.05, 0.06, -1, 2, "")]
     result = RunResult("chunked", [warm, new], rounds, 0.06,
@@ -36,10 +51,8 @@ def test_summary_of_a_hand_made_run():
 
 
 def _served(rid, arrival, start, times):
-    r = Request(rid, [1] * 8, len(times), arrival)
-    r.prefill_start, r.prefill_end = start, times[0]
-    r.tokens, r.token_times = [0] * len(times), list(times)
-    return r
+    return _times(Request(rid, 8, len(times), arrival, prefill_start=start,
+                          prefill_end=times[0]), times)
 
 
 def test_serving_figures_and_slo_attainment():
@@ -59,5 +72,42 @@ def test_serving_figures_and_slo_attainment():
     assert s["output_throughput_tps"] == pytest.approx(7 / 2.1)
     # fast meets both; slow misses TTFT and TPOT; the lost one meets TTFT and has no TPOT
     assert s["slo_attainment"] == pytest.approx(2 / 3)
-    assert s["goodput_rps"] == pytest.approx(2 / 2.1)
+    # goodput: per second of arrivals (0 to 0.5 s); the run's own rate counts the drain too
+    assert s["goodput_rps"] == pytest.approx(2 / 0.5)
+    assert s["slo_met_throughput_rps"] == pytest.approx(2 / 2.1)
     assert metrics.Slo(1000, 50).met(0.2, None) and not metrics.Slo(1000, 50).met(None, 0.01)
+
+
+def test_goodput_of_arrivals_that_span_no_time_counts_the_served_span():
+    one = _served(0, 1.0, 1.0, [1.2, 1.3])
+    result = RunResult("pdmux", [one], [], 1.3, Activity([(1.0, 1.3)], (0.0, 1.3), []))
+    s = metrics.serving(result, metrics.Slo(ttft_ms=1000, tpot_ms=500))
+    assert s["goodput_rps"] == s["slo_met_throughput_rps"] == pytest.approx(1 / 0.3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 1e3, allow_subnormal=False), st.integers(0, 40)),
+                min_size=1, max_size=30), st.sampled_from([0, 1, 37.5, 50, 90, 99, 100]))
+def test_percentiles_of_counted_waits_are_numpys_over_every_token(pairs, q):
+    values = np.array([v for v, _ in pairs])
+    counts = np.array([c for _, c in pairs])
+    got = metrics._Ranked(metrics.Waits(values, values, counts)).pct(q)
+    if counts.sum() == 0:
+        assert got is None
+    else:
+        assert got == float(np.percentile(np.repeat(values, counts), q)) * metrics.MS
+
+
+@pytest.mark.parametrize("strategy", scheduler.STRATEGIES)
+def test_waits_counted_per_step_are_every_tokens_wait(strategy):
+    """The waits a run's step log gives, repeated by their counts, are the per-token gaps of
+    every request's token times."""
+    gpu, model = gpu_preset("h200"), model_preset("qwen3-8b")
+    x = SimExecutor(gpu, model, cost.SaturationLaw(4.0, 66),
+                    cost.PrefillRate.fixed(gpu.bf16_tflops, gpu.sms, 0.5))
+    reqs = stream(model.vocab, 20.0, 40, Exponential(800, 4000, 30, 120), seed=2)
+    result = scheduler.run(strategy, x, reqs, chunk=512)
+    by_token = sorted((b, b - a) for r in result.requests
+                      for a, b in zip(r.token_times, r.token_times[1:]))
+    assert metrics.intervals(result) == by_token
+    assert len(by_token) == sum(r.output_len - 1 for r in reqs)

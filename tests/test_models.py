@@ -1,6 +1,7 @@
 """Model shapes from Hugging Face configs: presets as data, a user's directory or config.json,
 and a clear error for what the decoder does not run."""
 
+import dataclasses
 import json
 
 import pytest
@@ -28,18 +29,36 @@ def test_presets_are_the_published_shapes():
     assert set(MODELS) >= {"qwen3-8b", "qwen3-4b", "qwen3-14b", "qwen3-32b", "llama-3.1-8b",
                            "llama-3.2-3b", "mistral-7b", "tiny"}
     assert model_preset("qwen3-8b") == ModelSpec("qwen3-8b", 36, 4096, 32, 8, 128, 12288,
-                                                 151936, True, 1e6)
+                                                 151936, True, 1e6, max_context=40960)
     llama = model_preset("Llama-3.1-8B")
     assert llama.rope_scaling == RopeScaling(8.0, 1.0, 4.0, 8192) and not llama.qk_norm
     assert llama.head_dim == 128 and llama.rms_eps == 1e-5  # head_dim derived: 4096 / 32
     small = model_preset("qwen3-4b")
     assert small.tie_embeddings and small.q_dim == 4096 != small.hidden  # head_dim given
     # a tied LM head is the embedding table: one table less to hold
-    untied = ModelSpec(**{**small.__dict__, "tie_embeddings": False})
+    untied = dataclasses.replace(small, tie_embeddings=False)
     assert (cost.footprint_bytes(untied, 0) - cost.footprint_bytes(small, 0)
             == 2 * small.vocab * small.hidden)
     with pytest.raises(PdmuxError, match="unknown model 'gpt5'.*qwen3-8b.*config.json"):
         model_preset("gpt5")
+
+
+def test_each_preset_holds_its_published_context_length():
+    published = {"qwen3-8b": 40960, "qwen3-4b": 40960, "qwen3-14b": 40960, "qwen3-32b": 40960,
+                 "llama-3.1-8b": 131072, "llama-3.2-3b": 131072, "mistral-7b": 32768}
+    assert {name: MODELS[name].max_context for name in published} == published
+    assert 8192 + 96 < MODELS["tiny"].max_context  # the chapter's scenario fits
+
+
+def test_the_context_length_is_read_and_may_be_absent():
+    assert spec_from_config(config(max_position_embeddings=4096), "m", "c.json").max_context == 4096
+    assert spec_from_config(config(), "m", "c.json").max_context is None  # nothing to check
+    with pytest.raises(PdmuxError, match="max_position_embeddings must be an integer >= 1"):
+        spec_from_config(config(max_position_embeddings=0), "m", "c.json")
+    # a result file written before the field existed reads back
+    saved = dataclasses.asdict(model_preset("qwen3-8b"))
+    del saved["max_context"]
+    assert ModelSpec(**saved) == dataclasses.replace(model_preset("qwen3-8b"), max_context=None)
 
 
 def test_both_generations_of_rope_fields_read_the_same():
@@ -100,3 +119,7 @@ def test_a_directory_or_a_config_file_or_a_preset(tmp_path):
                           ("list.json", "holds a JSON list"), ("broken.json", "cannot read")):
         with pytest.raises(PdmuxError, match=message):
             resolve_model(str(tmp_path / path))
+    # there, but neither a file nor a directory
+    with pytest.raises(PdmuxError, match="--model /dev/null is neither a config.json nor a "
+                                         "Hugging Face model directory"):
+        resolve_model("/dev/null")

@@ -51,12 +51,16 @@ def test_replicas_serve_each_request_once_and_keep_each_gpus_figures():
     reqs = _requests()
     result = serve_replicas("chunked", _server("chunked"), reqs, 2)
     assert sorted(r.rid for r in result.requests) == sorted(r.rid for r in reqs)
-    assert all(len(r.tokens) == r.output_len for r in result.requests)
+    assert all(r.generated == r.output_len for r in result.requests)
     assert len(result.parts) == 2
     summary = metrics.summarize(result)
     parts = [metrics.summarize(p) for p in result.parts]
     assert summary["gpu_idle_frac"] == pytest.approx(sum(p["gpu_idle_frac"] for p in parts) / 2)
     assert summary["level_changes"] == sum(p["level_changes"] for p in parts)
+    # one timeline: every server's rounds by start, each server's own order kept
+    assert list(result.rounds) == sorted((rd for p in result.parts for rd in p.rounds),
+                                         key=lambda rd: rd.start)
+    assert {rd.prefill for rd in result.rounds} >= {"", "chunk 0+2048"}
     # each server's requests as it served them
     for part in result.parts:
         alone = _server("chunked")(round_robin(reqs, 2)[result.parts.index(part)])
@@ -101,7 +105,7 @@ def test_disaggregated_requests_get_their_first_token_after_their_kv_arrives():
     prefilled = result.parts[0].requests
     arrive = kv_arrivals(prefilled, per_token, MODEL.layers, link)
     for r in result.requests:
-        assert len(r.tokens) == r.output_len  # served to its last token
+        assert r.generated == r.output_len  # served to its last token
         assert r.arrival == by_rid[r.rid].arrival  # as the user sent it
         assert r.prefill_end <= arrive[r.rid] <= r.token_times[0]
     # the decode server computes no prefill: its launches are decode steps

@@ -1,6 +1,8 @@
 """The scheduler's three strategies on the simulated clock (no GPU): the chapter's story, and
 every request served to its last token."""
 
+import re
+
 import pytest
 
 from pdmux_triton import cost, metrics, policy, scheduler
@@ -76,8 +78,8 @@ def test_manual_divisions_pick_the_level():
 
 
 def _served_in_full(result):
-    assert all(len(r.tokens) == r.output_len for r in result.requests), [
-        (r.rid, len(r.tokens), r.output_len) for r in result.requests if not r.done]
+    assert all(r.generated == r.output_len for r in result.requests), [
+        (r.rid, r.generated, r.output_len) for r in result.requests if not r.done]
     assert all(r.ttft is not None and r.ttft > 0 for r in result.requests if not r.warm)
 
 
@@ -142,7 +144,7 @@ def test_admission_keeps_the_kv_cache_and_the_batch_within_bounds(strategy):
     original = x.x.launch_decode
 
     def spy(batch):
-        seen.append((len(batch), sum(len(r.prompt) + r.output_len for r in batch)))
+        seen.append((len(batch), sum(r.prompt_len + r.output_len for r in batch)))
         return original(batch)
     x.x.launch_decode = spy
     result = scheduler.run(strategy, x, reqs, chunk=512, max_running=4)
@@ -158,3 +160,27 @@ def test_a_request_larger_than_the_cache_is_refused_up_front():
     with pytest.raises(PdmuxError, match="request 0 needs 5,100 tokens of KV cache; the "
                                          "executor holds 4,000"):
         scheduler.run("pdmux", x, reqs)
+
+
+def test_arrivals_are_admitted_in_order_and_the_next_is_known_at_once():
+    reqs = [Request(3, 10, 2, 0.5), Request(1, 10, 2, 0.2), Request(2, 10, 2, 0.2),
+            Request(0, 10, 2, None, after_steps=0), Request(4, 10, 2, 9.0)]
+    e = scheduler.Engine(sim(), reqs, max_running=8)
+    assert e.next_arrival() == 0.2
+    e.x.idle_until(0.5)
+    e.admit()  # by arrival (ties by id), then those whose decode steps have passed
+    assert [r.rid for r in e.waiting] == [1, 2, 3, 0] and reqs[3].arrival == 0.5
+    assert e.next_arrival() == 9.0 and e.busy()
+
+
+def test_progress_says_how_far_a_run_is(monkeypatch):
+    monkeypatch.setattr(scheduler, "PROGRESS_EVERY_S", 0.0)  # a line every round
+    lines = []
+    reqs = stream(QWEN.vocab, 4.0, 6, Exponential(300, 900, 8, 20), seed=1)
+    result = scheduler.run("chunked", sim(), reqs, chunk=512, progress=lines.append)
+    assert len(lines) == len(result.rounds)
+    assert re.fullmatch(r"chunked: 0/6 requests served, \d+ s wall, clock at [\d.]+ s, "
+                        r"0\.0 requests/s", lines[0]), lines[0]
+    assert lines[-1].startswith("chunked: 6/6 requests served")
+    assert scheduler.run("chunked", sim(), stream(QWEN.vocab, 4.0, 6, Exponential(300, 900, 8, 20),
+                                                  seed=1), chunk=512).rounds.end == result.rounds.end

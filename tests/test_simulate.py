@@ -1,8 +1,13 @@
-"""The simulated executor prices work with the same cost model as `estimate`."""
+"""The simulated executor prices work with the same cost model as `estimate`, draws no prompt
+ids, and serves long traces in bounded memory."""
+
+import subprocess
+import sys
+import time
 
 import pytest
 
-from pdmux_triton import cost, estimate, metrics, scheduler
+from pdmux_triton import cost, estimate, metrics, scheduler, traffic
 from pdmux_triton.hardware import gpu_preset
 from pdmux_triton.models import model_preset
 from pdmux_triton.simulate import SimExecutor
@@ -106,3 +111,56 @@ def test_padded_decode_rows_cost_a_whole_tile_each():
     padded = cost.mixed_step_s(QWEN, law, rate, 132, 32 * 2048, 32, 2048, 0, True, 128)
     extra = cost.decode_row_attention_flops(QWEN, 32 * 2048, 128) / rate.flops_per_s(132)
     assert padded - plain == pytest.approx(extra)
+
+
+def test_simulating_a_trace_draws_no_token_ids(tmp_path, monkeypatch):
+    def refuse(*_):
+        raise AssertionError("a simulation drew prompt ids")
+    monkeypatch.setattr(traffic.TokenIds, "draw", refuse)
+    path = tmp_path / "t.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n0,3000,20\n0.01,700,9\n0.3,50,2\n")
+    for strategy in scheduler.STRATEGIES:
+        result = scheduler.run(strategy, executor(), traffic.read_trace(path, QWEN.vocab))
+        assert all(r.done and r.tokens is None and r._ids is None for r in result.requests)
+        metrics.summarize(result)
+
+
+# run in a child: its peak RSS before and after serving a generated trace
+_MEMORY = """
+import resource, sys
+import numpy as np
+from pdmux_triton import cost, metrics, scheduler, traffic
+from pdmux_triton.hardware import gpu_preset
+from pdmux_triton.models import model_preset
+from pdmux_triton.simulate import SimExecutor
+
+def peak():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+path, n = sys.argv[1], int(sys.argv[2])
+rng = np.random.default_rng(0)
+conv = traffic.LENGTH_PRESETS["conv"]
+rows = np.column_stack([np.cumsum(rng.exponential(1 / 20, n)), conv.prompt.sample(rng, n),
+                        conv.output.sample(rng, n)])
+np.savetxt(path, rows, fmt=("%.6f", "%d", "%d"), delimiter=",",
+           header=",".join(traffic.TRACE_COLUMNS), comments="")
+gpu, model = gpu_preset("h200"), model_preset("qwen3-8b")
+reqs = traffic.read_trace(path, model.vocab)
+x = SimExecutor(gpu, model, cost.SaturationLaw(4.0, 66),
+                cost.PrefillRate.fixed(gpu.bf16_tflops, gpu.sms, 0.5))
+before = peak()
+result = scheduler.run("pdmux", x, reqs)
+metrics.summarize(result)
+print((peak() - before) / n, sum(r.output_len for r in reqs) / n)
+"""
+
+
+def test_a_long_trace_is_served_in_memory_that_does_not_grow_with_its_tokens(tmp_path):
+    """20,000 requests of ~200 output tokens, overloading the GPU (a queue, full batches): what
+    serving and its figures add stays well under what a list entry per token would (16 bytes
+    a token at the least), and the whole run takes seconds."""
+    started = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", _MEMORY, str(tmp_path / "t.csv"), "20000"],
+                         capture_output=True, text=True, timeout=120, check=True)
+    per_request, tokens = map(float, out.stdout.split())
+    assert tokens > 150 and per_request < 16 * tokens
+    assert time.perf_counter() - started < 30
