@@ -104,7 +104,7 @@ class Sweep:
             raise PdmuxError(f"{v.name} at {rate:g} req/s was never measured in "
                              f"{self.store.path}: measure it on the GPU (drop --offline)")
         if self.servers is None:
-            self.servers = Servers(self.s, make_requests(self.s))
+            self.servers = Servers(self.s, make_requests(self.s), self.log)
         row, _ = self.servers.serve(v, make_requests(self.s, rate))
         made_with = provenance(self.s.gpu.name)  # a point outlives the code that measured it
         point = self.store.add(key, **{k: row.get(k) for k in POINT_KEYS if k != "rate"},

@@ -141,6 +141,9 @@ def cmd_run(args, given) -> None:
                         else _settings(args, given, args.workload))
     folder = out_folder(args.out) if args.out else None
     _say_why_simulated(settings, no_gpu)
+    if settings.workload == "trace":
+        for line in settings.loaded_trace.notes:
+            warn(line)
     out, results, estimates = experiment.run_experiment(settings, log=note)
     gpu_name = settings.gpu.name
     if folder:

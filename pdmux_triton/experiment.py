@@ -79,8 +79,9 @@ UNTIMED_REQUESTS = 100
 class Servers:
     """The executors of one run: simulated, or real ones over one model on the GPU."""
 
-    def __init__(self, s: RunSettings, requests: list[Request]):
+    def __init__(self, s: RunSettings, requests: list[Request], log=None):
         self.s = s
+        self.log = log  # where a long run's progress lines go (none: silent)
         self.gpu = None
         self.warm: set[str] = set()  # variants served once untimed (GPU)
         self.overheads = (load_host_costs(s.host_costs, s.gpu.name) if s.host_costs
@@ -149,7 +150,8 @@ class Servers:
         s = self.s
         return scheduler.run(strategy, x, copy.deepcopy(requests), chunk=v.chunk,
                              config=s.config, prefill_tokens=s.prefill_tokens,
-                             max_running=s.max_running, levels_by=self.level_policy(v))
+                             max_running=s.max_running, levels_by=self.level_policy(v),
+                             progress=self.log)
 
     def _serve_behind_router(self, v: Variant, requests: list[Request]):
         s = self.s
@@ -187,7 +189,7 @@ def run_experiment(s: RunSettings, log=print) -> tuple[dict, dict[str, scheduler
     # the chapter's estimate is of one GPU: none beside a run on several
     one_gpu = s.tp == 1 and s.replicas == 1
     estimates = chapter_estimates(s) if s.workload == "chapter" and one_gpu else []
-    servers = Servers(s, requests)
+    servers = Servers(s, requests, log)
     rows, results = [], {}
     try:
         for v in variants(s.chunks, s.kinds, s.level_policies):
