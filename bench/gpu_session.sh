@@ -40,7 +40,7 @@ step() {  # step NAME SECONDS COMMAND...
 
 python3 -m pip install -q --no-deps --no-build-isolation -e . >> "$LOG" 2>&1
 # the README's main command for a GPU machine, verbatim (its output is the step's log)
-step readme 240 bash -c 'pip install --no-build-isolation -e . && pdmux-triton run --gpu h200'
+step readme 240 bash -c 'python3 -m pip install --no-build-isolation -e . && pdmux-triton run --gpu h200'
 step tests ${TESTS_S:-420} python3 -m pytest -q -rP -m gpu tests ${TESTS_K:+-k "$TESTS_K"}
 step host 90 python3 bench/host_costs.py --out "$OUT"
 step profile 60 python3 bench/profile_decode.py --budget 16
@@ -83,12 +83,12 @@ step capacity ${CAPACITY_S:-540} pdmux-triton capacity --out bench/results \
     --count "${COUNT:-100}" --strategies "$STRATEGIES" ${RATES:+--rates "$RATES"} \
     --calibration "$CALIBRATION" --compare bench/results/compare-h200.json \
     --host-costs bench/results/host-costs-h200.json
-cp bench/results/capacity-*h200* "$OUT"/ 2>/dev/null
+case " $STEPS " in *" capacity "*) cp bench/results/capacity-*h200* "$OUT"/ 2>/dev/null;; esac
 # SGLang's level rule against SLO-driven levels (bench/slo_levels.py; its points resume too),
 # into SLO_OUT (another folder for other settings: --count, --itl-ms), returned as a tarball
 SLO_OUT=${SLO_OUT:-bench/results}
 step slo ${SLO_S:-540} python3 bench/slo_levels.py --out "$SLO_OUT" ${SLO_ARGS:-}
-[ -d "$SLO_OUT/slo-levels" ] && tar czf "$OUT/$(basename "$SLO_OUT")-slo-levels.tgz" \
-    "$SLO_OUT/slo-levels" "$SLO_OUT"/slo-levels-h200*.json 2>/dev/null
+case " $STEPS " in *" slo "*) [ -d "$SLO_OUT/slo-levels" ] && tar czf "$OUT/$(basename "$SLO_OUT")-slo-levels.tgz" \
+    "$SLO_OUT/slo-levels" "$SLO_OUT"/slo-levels-h200*.json 2>/dev/null;; esac
 grep -E "^(== |   )|passed|failed|MISS|  ok|capacity req/s|pdmux_|chunked_|prefill_first|^sharegpt|^arxiv" \
     "$LOG" | tail -40
