@@ -100,7 +100,12 @@ def _settings(args, given, workload: str):
         "relevel_at_layers", "tp", "replicas", "link", "link_gbps", "link_latency_us")
         if hasattr(args, f)}
     if not given & set(COST_MODEL_FLAGS):  # a GPU with measured inputs shipped is priced by them
-        fields.update(shipped_inputs(gpu.name))
+        fields.update(shipped_inputs(gpu.name, resolve_model(args.model).name))
+    elif fields.get("calibration"):
+        measured_with = read_json(fields["calibration"], "calibration").get("settings", {})
+        if measured_with.get("model") not in (None, resolve_model(args.model).name):
+            warn(f"{fields['calibration']} was measured with {measured_with['model']}: its "
+                 f"curves price {resolve_model(args.model).name} by extrapolation")
     uses_link = getattr(args, "tp", 1) > 1 or any(
         name.startswith("disagg_") for name in getattr(args, "strategies", ()))
     if not uses_link:

@@ -96,10 +96,14 @@ SHIPPED_PREFIX = "shipped:"
 SHIPPED_FOLDER = Path(__file__).with_name("measured")
 SHIPPED = {"h200": {"calibration": "calibrate-h200.json", "compare": "compare-h200.json",
                     "host_costs": "host-costs-h200.json"}}
+SHIPPED_MODEL = "qwen3-8b"  # what they were measured with: their curves are that model's
 
 
-def shipped_inputs(gpu: str) -> dict[str, str]:
-    """The shipped measured files of a GPU preset, as settings name them (none for most)."""
+def shipped_inputs(gpu: str, model: str) -> dict[str, str]:
+    """The shipped measured files of a GPU preset for a model, as settings name them (none
+    for most: a curve measured with one model prices another only by extrapolation)."""
+    if model != SHIPPED_MODEL:
+        return {}
     return {k: SHIPPED_PREFIX + name for k, name in SHIPPED.get(gpu, {}).items()}
 
 

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -686,3 +687,31 @@ def test_any_pdmux_yaml_gets_an_answer(text, command, tmp_path_factory):
     event(f"{command[0]} yaml exit {code}")
     if code == 0 and text.count("sm_group_num") > 1:
         raise AssertionError(f"a repeated key was accepted:\n{text}")
+
+
+def test_the_shipped_h200_inputs_price_only_the_model_they_were_measured_with(capsys):
+    assert cli.main(["run", "--gpu", "h200", "--model", "tiny", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["inputs"]["calibration"] is None
+    assert cli.main(["run", "--gpu", "h200", "--model", "tiny", "--calibration", CALIBRATION,
+                     "--decode-tokens", "16"]) == 0
+    assert (f"note: {CALIBRATION} was measured with qwen3-8b: its curves price tiny by "
+            f"extrapolation") in capsys.readouterr().err
+
+
+@no_gpu
+@pytest.mark.parametrize("name", ["run-h200.json", "run-advised-h200.json"])
+def test_the_committed_run_results_replay_simulated_here(name, capsys):
+    """A measured file replays on a machine without its GPU: simulated, with a note."""
+    assert cli.main(["run", "--replay", f"bench/results/{name}", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["mode"] == "simulated"
+    assert "no GPU here" in captured.err and "simulating on the h200 preset" in captured.err
+
+
+def test_every_committed_run_result_holds_its_inputs():
+    from pdmux_triton.settings import RunSettings
+
+    for path in sorted(Path("bench/results").rglob("*.json")):
+        data = json.loads(path.read_text())
+        if isinstance(data, dict) and "rows" in data and "details" in data:  # a run result
+            assert RunSettings.from_dict(data["inputs"]).gpu.name == "h200", path

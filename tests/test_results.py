@@ -144,16 +144,17 @@ def test_the_shipped_h200_inputs_are_the_committed_results(kind):
     """The package's copies are bench/results' files byte for byte: re-measuring one there
     without shipping it fails here."""
     name = results.SHIPPED["h200"][kind]
-    shipped = results.resolve(results.shipped_inputs("h200")[kind])
+    shipped = results.resolve(results.shipped_inputs("h200", "qwen3-8b")[kind])
     assert shipped.parent == results.SHIPPED_FOLDER and shipped.read_bytes() == (
         results._REPO / "bench" / "results" / name).read_bytes()
 
 
 def test_shipped_inputs_load_by_name_on_their_gpu_only():
-    names = results.shipped_inputs("h200")
+    names = results.shipped_inputs("h200", "qwen3-8b")
     assert results.load_calibration(names["calibration"], "h200").gpu == "h200"
     assert results.load_compare(names["compare"], "h200").levels
     assert results.load_host_costs(names["host_costs"], "h200").decode_round_s > 0
-    assert results.shipped_inputs("h100-sxm") == {}
+    assert results.shipped_inputs("h100-sxm", "qwen3-8b") == {}
+    assert results.shipped_inputs("h200", "llama-3.1-8b") == {}  # measured with Qwen3-8B
     with pytest.raises(PdmuxError, match="measured on 'h200', not on 'b200'"):
         results.load_calibration(names["calibration"], "b200")
