@@ -106,6 +106,8 @@ def test_trace_headers_as_spreadsheets_write_them(tmp_path, header, sep):
 
 @pytest.mark.parametrize("text,message", [
     ("", "has no requests"),
+    ("\n0,5,5\n", "has no requests .a header row arrival_s,prompt_tokens,output_tokens"),
+    ("arrival_s,prompt_tokens,output_tokens\n\n", "has no requests"),
     ("arrival_s,prompt_tokens\n0,5\n",
      r"lacks the column\(s\) output_tokens; it needs arrival_s, prompt_tokens, output_tokens "
      r"\(found: arrival_s, prompt_tokens\)"),
