@@ -326,9 +326,6 @@ class Trace:
     line: np.ndarray
     notes: tuple[str, ...] = ()
 
-    def __len__(self) -> int:
-        return len(self.arrival)
-
     @property
     def longest(self) -> int:
         """Prompt and output tokens of its longest request."""
@@ -361,8 +358,8 @@ def _row(fields: list[str], at: tuple[int, int, int], where: str,
     try:
         texts = [fields[i].strip() for i in at]
     except IndexError:
-        raise PdmuxError(f"{where}: {len(fields)} field(s), the header names "
-                         f"{max(at) + 1} or more") from None
+        raise PdmuxError(f"{where}: {len(fields)} field(s); the header puts the columns read "
+                         f"in the first {max(at) + 1}") from None
     try:
         arrival = float(texts[0])
     except ValueError:
