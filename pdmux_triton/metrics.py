@@ -63,19 +63,16 @@ def uncovered(spans, start: float, end: float) -> float:
 @dataclass(frozen=True)
 class Waits:
     """Every wait between two tokens of a request, each distinct (end, length) once with the
-    number of tokens that waited it."""
+    number of tokens that waited it (0 for a step no request waited through)."""
 
     end: np.ndarray
     gap: np.ndarray
     count: np.ndarray
 
-    def where(self, mask: np.ndarray) -> "Waits":
-        return Waits(self.end[mask], self.gap[mask], self.count[mask])
-
     @staticmethod
     def joined(parts: list["Waits"]) -> "Waits":
         if not parts:
-            return Waits(np.zeros(0), np.zeros(0), np.zeros(0, np.int64))
+            return Waits(np.zeros(0), np.zeros(0), np.zeros(0, np.int32))
         return Waits(*(np.concatenate([getattr(w, k) for w in parts])
                        for k in ("end", "gap", "count")))
 
@@ -98,13 +95,14 @@ def waits(requests: list[Request]) -> Waits:
         spans = decoded >= 2
         held = np.bincount(step0[spans] + 1, minlength=len(times) + 1)
         held -= np.bincount(step0[spans] + decoded[spans], minlength=len(times) + 1)
-        count = np.cumsum(held, out=held)[1:len(times)]
-        parts.append(Waits(times[1:], np.diff(times), count).where(count > 0))
+        count = np.cumsum(held, out=held)[1:len(times)].astype(np.int32)
+        del held  # a long run's log holds millions of steps: one array of them at a time
+        parts.append(Waits(times[1:], np.diff(times), count))
         first &= decoded >= 1
         starts = times[step0[first]]
         prefilled = [r.first_token_s for r, f in zip(reqs, first.tolist()) if f]
         parts.append(Waits(starts, starts - np.array(prefilled, dtype=float),
-                           np.ones(len(starts), np.int64)))
+                           np.ones(len(starts), np.int32)))
     return Waits.joined(parts)
 
 
@@ -112,19 +110,32 @@ def _column(reqs: list[Request], attr: str, dtype=float) -> np.ndarray:
     return np.fromiter((getattr(r, attr) for r in reqs), dtype, len(reqs))
 
 
-class _Ranked:
-    """Values each repeated by its count, sorted once: numpy's (linear) percentiles and the
-    mean of the repeated values, without repeating them."""
+def _given(values) -> np.ndarray:
+    """The values that are not None, as an array (a run's may be millions)."""
+    out = np.fromiter((math.nan if v is None else v for v in values), float)
+    return out[~np.isnan(out)]
 
-    def __init__(self, w: Waits):
-        order = np.argsort(w.gap, kind="stable")
-        self.values, self.upto = w.gap[order], np.cumsum(w.count[order])
-        self.n = int(self.upto[-1]) if len(order) else 0
-        self.total = float(np.dot(w.gap, w.count))
+
+class _Ranked:
+    """Sorted values each repeated by its count: numpy's (linear) percentiles and the mean of
+    the repeated values, without repeating them."""
+
+    def __init__(self, values: np.ndarray, counts: np.ndarray):
+        self.values, self.upto = values, np.cumsum(counts, dtype=np.int64)
+        self.n = int(self.upto[-1]) if len(self.upto) else 0
+        self.total = float(np.dot(values, counts))
+
+    @classmethod
+    def of(cls, values: np.ndarray, counts: np.ndarray) -> "_Ranked":
+        order = np.argsort(values, kind="stable")
+        return cls(values[order], counts[order])
 
     def _nth(self, i: int) -> float:
-        """The i-th smallest of the repeated values."""
+        """The i-th smallest of the repeated values (values counted 0 times never are)."""
         return float(self.values[np.searchsorted(self.upto, min(i, self.n - 1), side="right")])
+
+    def max(self) -> float | None:
+        return self._nth(self.n - 1) * MS if self.n else None
 
     def pct(self, q: float) -> float | None:
         if not self.n:
@@ -183,14 +194,40 @@ def _steps_within(ends: np.ndarray, windows: np.ndarray) -> np.ndarray:
             - np.searchsorted(ends, windows[:, 0], side="right"))
 
 
-def _during(w: Waits, windows: np.ndarray) -> Waits:
-    """The waits (end, gap) that overlap a prefill window: start < window end and end > start."""
+def _during(w: Waits, windows: np.ndarray) -> np.ndarray:
+    """Which waits (end, gap) overlap a prefill window: start < window end and end > start."""
     if not len(windows) or not len(w.end):
-        return w.where(np.zeros(len(w.end), dtype=bool))
+        return np.zeros(len(w.end), dtype=bool)
     stops = np.maximum.accumulate(windows[:, 1])  # windows by start
     # the last window starting before the wait ends is the latest-ending candidate
     i = np.searchsorted(windows[:, 0], w.end, side="left") - 1
-    return w.where((i >= 0) & (stops[np.clip(i, 0, None)] > w.end - w.gap))
+    overlap = i >= 0
+    overlap &= stops[np.maximum(i, 0, out=i)] > w.end - w.gap
+    return overlap
+
+
+def _ranked_waits(result: RunResult, windows: np.ndarray) -> tuple[_Ranked, _Ranked]:
+    """Every token's wait, and those that overlap one of their server's prefills (`windows`,
+    for one server), ranked."""
+    every = waits(result.requests)
+    if result.parts:
+        inside = []
+        for part in result.parts:
+            w = waits(part.requests)
+            mask = _during(w, _windows(part))
+            inside.append((w.gap[mask], w.count[mask]))
+        gap, count = (np.concatenate(x) for x in zip(*inside))
+        return _Ranked.of(every.gap, every.count), _Ranked.of(gap, count)
+    # one sort for both, one array of the run's waits at a time: a long run holds millions
+    inside = _during(every, windows)
+    gap, count = every.gap, every.count
+    del every
+    order = np.argsort(gap, kind="stable")
+    gap = gap[order]
+    count = count[order]
+    inside = inside[order]
+    del order
+    return _Ranked(gap, count), _Ranked(gap[inside], count[inside])
 
 
 def intervals(result: RunResult) -> list[tuple[float, float]]:
@@ -209,24 +246,19 @@ def tpot(r: Request) -> float | None:
 def summarize(result: RunResult, slo: Slo | None = None) -> dict:
     """The run's figures; behind a router, those of one GPU's timeline (idle time, level
     changes, tokens during a prefill: the server's own) are taken on each server and combined."""
-    every = waits(result.requests)
-    windows = _windows(result)
     servers = result.parts or [result]
-    by_server = [(every, windows)] if not result.parts else [
-        (waits(p.requests), _windows(p)) for p in servers]
-    during = _Ranked(Waits.joined([_during(w, win) for w, win in by_server]))
-    tokens_during = np.concatenate([_steps_within(_decode_ends(p), win)
-                                    for p, (_, win) in zip(servers, by_server)])
-    ranked = _Ranked(every)
-    del every, by_server  # ranked holds what is left to read of them
-    served = [r for r in result.requests if not r.warm]
-    ttfts = [t for t in (r.ttft for r in served) if t is not None]
+    idle = float(np.mean([gpu_idle_frac(part) for part in servers]))  # before the waits: memory
+    windows = _windows(result)
+    ranked, during = _ranked_waits(result, windows)
+    tokens_during = np.concatenate([_steps_within(_decode_ends(p), _windows(p) if result.parts
+                                                  else windows) for p in servers])
+    ttfts = _given(r.ttft for r in result.requests if not r.warm)
     return {
         "strategy": result.strategy,
         "itl_p50_ms": ranked.pct(50),
         "itl_p99_ms": ranked.pct(99),
         "itl_during_prefill_p50_ms": during.pct(50),
-        "itl_during_prefill_max_ms": float(during.values[-1]) * MS if during.n else None,
+        "itl_during_prefill_max_ms": during.max(),
         # the decode step on the GPU alone, without the host's share of the ITL
         "decode_gpu_p50_ms": _pct(result.activity.decode_step_s, 50),
         "prefill_ms": _pct(windows[:, 1] - windows[:, 0], 50),
@@ -236,7 +268,7 @@ def summarize(result: RunResult, slo: Slo | None = None) -> dict:
         "requests": len(result.requests),
         "rounds": len(result.rounds),
         "wall_s": result.wall_s,
-        "gpu_idle_frac": float(np.mean([gpu_idle_frac(part) for part in servers])),
+        "gpu_idle_frac": idle,
         "level_changes": sum(int(np.count_nonzero(np.diff(part.rounds.column("level"))))
                              for part in servers),
         "level_drain_ms": float(sum(result.activity.drain_s)) * MS,
@@ -252,16 +284,19 @@ def serving(result: RunResult, slo: Slo | None = None, ranked: _Ranked | None = 
            "requests_lost": sum(not r.done for r in result.requests)}
     if not served:
         return out
-    ttft = [t for t in (r.ttft for r in served) if t is not None]
-    tpots = [t for t in map(tpot, served) if t is not None]
-    e2e = [r.last_time - r.arrival for r in served if r.generated]
-    delay = [r.prefill_start - r.arrival for r in served if r.prefill_start is not None]
+    ttft = _given(r.ttft for r in served)
+    tpots = _given(map(tpot, served))
+    e2e = _given(r.last_time - r.arrival for r in served if r.generated)
+    delay = _given(r.prefill_start - r.arrival for r in served if r.prefill_start is not None)
     first = min(r.arrival for r in served)
     last = max((r.last_time for r in served if r.generated), default=first)
     span = max(last - first, 1e-9)
     out.update(_spread("ttft", ttft))
     out.update(_spread("tpot", tpots))
-    out.update((ranked or _Ranked(waits(result.requests))).spread("itl"))
+    if ranked is None:
+        every = waits(result.requests)
+        ranked = _Ranked.of(every.gap, every.count)
+    out.update(ranked.spread("itl"))
     out.update(_spread("e2e", e2e))
     out["sched_delay_p50_s"] = _pct(delay, 50, scale=1.0)
     out["request_throughput_rps"] = len(served) / span

@@ -56,8 +56,7 @@ class SimExecutor:
     # --- timelines -------------------------------------------------------------------
     def _enqueue(self, side: str, seconds: float, at: float | None = None) -> float:
         start = max(self.t if at is None else at, self.free[side])
-        self.free[side] = start + seconds
-        end = start + seconds
+        end = self.free[side] = start + seconds
         self.busy.append(start)
         self.busy.append(end)
         return end
@@ -158,5 +157,8 @@ class SimExecutor:
 
     def finish(self) -> Activity:
         self._drain()
-        return Activity(np.array(self.busy).reshape(-1, 2), (0.0, self.t),
-                        np.array(self.decode_steps), np.array(self.drains))
+        # handed over, not copied (a long run launches millions of times)
+        busy, steps, drains = self.busy, self.decode_steps, self.drains
+        self.busy, self.decode_steps, self.drains = array("d"), array("d"), array("d")
+        return Activity(np.frombuffer(busy).reshape(-1, 2), (0.0, self.t),
+                        np.frombuffer(steps), np.frombuffer(drains))

@@ -312,7 +312,7 @@ DELIMITERS = (",", ";", "\t")
 MAX_TRACE_TOKENS = 2**31 - 1  # a request's tokens when no model or GPU bounds them
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Trace:
     """A user's trace as read: one row a request, in arrival order (rows that arrive together
     keep the file's order); `rid` is each row's place in the file, `line` its line there, and
@@ -325,9 +325,6 @@ class Trace:
     rid: np.ndarray
     line: np.ndarray
     notes: tuple[str, ...] = ()
-
-    def __len__(self) -> int:
-        return len(self.arrival)
 
     @property
     def longest(self) -> int:
@@ -361,8 +358,8 @@ def _row(fields: list[str], at: tuple[int, int, int], where: str,
     try:
         texts = [fields[i].strip() for i in at]
     except IndexError:
-        raise PdmuxError(f"{where}: {len(fields)} field(s), the header names "
-                         f"{max(at) + 1} or more") from None
+        raise PdmuxError(f"{where}: {len(fields)} field(s); the header puts the columns read "
+                         f"in the first {max(at) + 1}") from None
     try:
         arrival = float(texts[0])
     except ValueError:
@@ -392,6 +389,8 @@ def load_trace(path: str | Path, max_tokens: int | None = None, why: str = "") -
     path = Path(path)
     if max_tokens is None:
         max_tokens, why = MAX_TRACE_TOKENS, "the most this tool counts"
+    empty = PdmuxError(f"trace {path} has no requests (a header row {','.join(TRACE_COLUMNS)} "
+                       f"and one row per request)")
     columns = {name: array(kind) for name, kind in
                (("arrival", "d"), ("prompt", "q"), ("output", "q"), ("line", "q"))}
     try:
@@ -401,12 +400,14 @@ def load_trace(path: str | Path, max_tokens: int | None = None, why: str = "") -
             f.seek(0)
             rows = csv.reader(f, delimiter=delimiter)
             header = [name.strip() for name in next(rows, [])]
+            if not any(header):
+                raise empty
             missing = [c for c in TRACE_COLUMNS if c not in header]
-            if missing and header:
+            if missing:
                 raise PdmuxError(f"trace {path} lacks the column(s) {', '.join(missing)}; it "
                                  f"needs {', '.join(TRACE_COLUMNS)} (found: "
                                  f"{', '.join(header)})")
-            at = tuple(header.index(c) for c in TRACE_COLUMNS) if header else ()
+            at = tuple(header.index(c) for c in TRACE_COLUMNS)
             for fields in rows:
                 if not any(x.strip() for x in fields):
                     continue  # a blank line
@@ -422,8 +423,7 @@ def load_trace(path: str | Path, max_tokens: int | None = None, why: str = "") -
     except (UnicodeDecodeError, csv.Error):
         raise PdmuxError(f"trace {path} is not a CSV text file") from None
     if not columns["line"]:
-        raise PdmuxError(f"trace {path} has no requests (a header row {','.join(TRACE_COLUMNS)} "
-                         f"and one row per request)")
+        raise empty
     arrival = np.frombuffer(columns["arrival"], dtype=np.float64)
     line = np.frombuffer(columns["line"], dtype=np.int64)
     early = np.flatnonzero(arrival[1:] < np.maximum.accumulate(arrival)[:-1]) + 1

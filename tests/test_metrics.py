@@ -91,7 +91,7 @@ def test_goodput_of_arrivals_that_span_no_time_counts_the_served_span():
 def test_percentiles_of_counted_waits_are_numpys_over_every_token(pairs, q):
     values = np.array([v for v, _ in pairs])
     counts = np.array([c for _, c in pairs])
-    got = metrics._Ranked(metrics.Waits(values, values, counts)).pct(q)
+    got = metrics._Ranked.of(values, counts).pct(q)
     if counts.sum() == 0:
         assert got is None
     else:

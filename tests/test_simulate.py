@@ -1,9 +1,11 @@
 """The simulated executor prices work with the same cost model as `estimate`, draws no prompt
 ids, and serves long traces in bounded memory."""
 
+import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -125,42 +127,16 @@ def test_simulating_a_trace_draws_no_token_ids(tmp_path, monkeypatch):
         metrics.summarize(result)
 
 
-# run in a child: its peak RSS before and after serving a generated trace
-_MEMORY = """
-import resource, sys
-import numpy as np
-from pdmux_triton import cost, metrics, scheduler, traffic
-from pdmux_triton.hardware import gpu_preset
-from pdmux_triton.models import model_preset
-from pdmux_triton.simulate import SimExecutor
-
-def peak():
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-path, n = sys.argv[1], int(sys.argv[2])
-rng = np.random.default_rng(0)
-conv = traffic.LENGTH_PRESETS["conv"]
-rows = np.column_stack([np.cumsum(rng.exponential(1 / 20, n)), conv.prompt.sample(rng, n),
-                        conv.output.sample(rng, n)])
-np.savetxt(path, rows, fmt=("%.6f", "%d", "%d"), delimiter=",",
-           header=",".join(traffic.TRACE_COLUMNS), comments="")
-gpu, model = gpu_preset("h200"), model_preset("qwen3-8b")
-reqs = traffic.read_trace(path, model.vocab)
-x = SimExecutor(gpu, model, cost.SaturationLaw(4.0, 66),
-                cost.PrefillRate.fixed(gpu.bf16_tflops, gpu.sms, 0.5))
-before = peak()
-result = scheduler.run("pdmux", x, reqs)
-metrics.summarize(result)
-print((peak() - before) / n, sum(r.output_len for r in reqs) / n)
-"""
-
-
 def test_a_long_trace_is_served_in_memory_that_does_not_grow_with_its_tokens(tmp_path):
-    """20,000 requests of ~200 output tokens, overloading the GPU (a queue, full batches): what
-    serving and its figures add stays well under what a list entry per token would (16 bytes
-    a token at the least), and the whole run takes seconds."""
+    """bench/trace_scale.py on 20,000 requests of ~200 output tokens, overloading the GPU (a
+    queue, full batches): what serving and its figures add to the peak RSS stays well under a
+    list entry per token (16 bytes a token at the least), and the whole run takes seconds."""
+    script = Path(__file__).parents[1] / "bench" / "trace_scale.py"
     started = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", _MEMORY, str(tmp_path / "t.csv"), "20000"],
-                         capture_output=True, text=True, timeout=120, check=True)
-    per_request, tokens = map(float, out.stdout.split())
-    assert tokens > 150 and per_request < 16 * tokens
+    subprocess.run([sys.executable, str(script), "--rows", "20000", "--out", str(tmp_path),
+                    "--trace", str(tmp_path / "t.csv")], capture_output=True, text=True,
+                   timeout=120, check=True)
+    summary = json.loads((tmp_path / "trace-scale-h200-simulated.json").read_text())["summary"]
+    assert summary["requests_served"] == 20000 and summary["tokens_per_request"] > 150
+    assert summary["bytes_per_request"] < 16 * summary["tokens_per_request"]
     assert time.perf_counter() - started < 30

@@ -106,6 +106,8 @@ def test_trace_headers_as_spreadsheets_write_them(tmp_path, header, sep):
 
 @pytest.mark.parametrize("text,message", [
     ("", "has no requests"),
+    ("\n0,5,5\n", "has no requests .a header row arrival_s,prompt_tokens,output_tokens"),
+    ("arrival_s,prompt_tokens,output_tokens\n\n", "has no requests"),
     ("arrival_s,prompt_tokens\n0,5\n",
      r"lacks the column\(s\) output_tokens; it needs arrival_s, prompt_tokens, output_tokens "
      r"\(found: arrival_s, prompt_tokens\)"),
@@ -114,16 +116,17 @@ def test_trace_headers_as_spreadsheets_write_them(tmp_path, header, sep):
      r"ContextTokens, GeneratedTokens\)"),
     ("arrival_s,prompt_tokens,output_tokens\nsoon,5,5\n",
      ":2: arrival_s must be a number of seconds, got 'soon'"),
-    ("arrival_s,prompt_tokens,output_tokens\n-1,5,5\n", ":2: arrival_s must be a finite number >= 0"),
+    ("arrival_s,prompt_tokens,output_tokens\n-1,5,5\n", ":2: arrival_s must be a finite number >="),
     ("arrival_s,prompt_tokens,output_tokens\nnan,5,5\n", ":2: arrival_s must be a finite number"),
     ("arrival_s,prompt_tokens,output_tokens\n0,5,5\ninf,5,5\n", ":3: arrival_s must be a finite"),
     ("arrival_s,prompt_tokens,output_tokens\n0,0,5\n", ":2: token counts must be >= 1, got 0"),
     ("arrival_s,prompt_tokens,output_tokens\n0,-3,5\n", ":2: token counts must be >= 1"),
     ("arrival_s,prompt_tokens,output_tokens\n0,5.5,5\n",
      ":2: prompt_tokens must be a whole number of tokens >= 1, got '5.5'"),
-    ("arrival_s,prompt_tokens,output_tokens\n0,5,nan\n", ":2: output_tokens must be a whole number"),
-    ("arrival_s,prompt_tokens,output_tokens\n0,inf,5\n", ":2: prompt_tokens must be a whole number"),
-    ("arrival_s,prompt_tokens,output_tokens\n0,5\n", ":2: 2 field.s., the header names 3"),
+    ("arrival_s,prompt_tokens,output_tokens\n0,5,nan\n", ":2: output_tokens must be a whole"),
+    ("arrival_s,prompt_tokens,output_tokens\n0,inf,5\n", ":2: prompt_tokens must be a whole"),
+    ("arrival_s,prompt_tokens,output_tokens\n0,5\n",
+     ":2: 2 field.s.; the header puts the columns read in the first 3"),
     ("arrival_s,prompt_tokens,output_tokens\n1e300,5,5\n",
      ":2: arrival_s 1e\\+300: arrivals must come within 1e\\+08 s .~3 years. of the start"),
 ])
