@@ -27,7 +27,7 @@ from pdmux_triton.results import PointStore, check_settings, provenance, read_js
 from pdmux_triton.settings import RunSettings, make_requests
 
 DEFAULT_STRATEGIES = ("prefill_first", "chunked_512", "chunked_2048", "pdmux_grid_cap")
-POINT_KEYS = ("rate", "slo_attainment", "goodput_rps", "ttft_p50_ms", "ttft_p99_ms",
+POINT_KEYS = ("rate", "slo_attainment", "goodput_rps", "slo_met_throughput_rps", "ttft_p50_ms", "ttft_p99_ms",
               "tpot_p50_ms", "tpot_p99_ms", "itl_p50_ms", "itl_p99_ms", "e2e_p50_ms",
               "sched_delay_p50_s", "decode_gpu_p50_ms", "gpu_idle_frac", "level_changes",
               "level_drain_ms",

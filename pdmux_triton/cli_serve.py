@@ -16,6 +16,7 @@ from pdmux_triton.hardware import GPUSpec
 from pdmux_triton.models import config_path, resolve_model
 from pdmux_triton.results import read_json, shipped_inputs, write_json
 
+MAX_PLOTTED_REQUESTS = 20_000  # an ITL timeline of more is one smear, and holds every run
 MIN_CAPACITY_COUNT = 50  # requests a capacity point needs at least
 STEADY_COUNT = 1000  # requests a point for a near-steady read (bench/stream_length.py)
 
@@ -147,9 +148,11 @@ def cmd_run(args, given) -> None:
     folder = out_folder(args.out) if args.out else None
     _say_why_simulated(settings, no_gpu)
     if settings.workload == "trace":
-        for line in settings.loaded_trace.notes:
+        for line in settings.notes:
             warn(line)
-    out, results, estimates = experiment.run_experiment(settings, log=note)
+    # the ITL plot draws every token: only where there is a folder for it and it stays legible
+    drawn = folder is not None and _requests_in(settings) <= MAX_PLOTTED_REQUESTS
+    out, results, estimates = experiment.run_experiment(settings, log=note, keep_runs=drawn)
     gpu_name = settings.gpu.name
     if folder:
         write_json(folder / f"run-{gpu_name}.json", out)
@@ -180,8 +183,17 @@ def cmd_run(args, given) -> None:
         note(f"wrote {folder / f'run-{gpu_name}.json'}")
         title = (f"ITL of every token: {settings.model.name} on {gpu_name}, {settings.workload} "
                  f"workload, {out['mode']}")
-        if plot(plots.timeline, results, title, folder / f"run-{gpu_name}.png"):
+        if not drawn:
+            note(f"no plot: {_requests_in(settings):,} requests are more than an ITL timeline "
+                 f"shows (at most {MAX_PLOTTED_REQUESTS:,}); the JSON holds the figures")
+        elif plot(plots.timeline, results, title, folder / f"run-{gpu_name}.png"):
             note(f"wrote {folder / f'run-{gpu_name}.png'}")
+
+
+def _requests_in(s) -> int:
+    """How many requests a run's workload serves."""
+    return {"chapter": s.batch + 1, "stream": s.count}.get(s.workload) or len(
+        s.loaded_trace.arrival)
 
 
 def cmd_capacity(args, given) -> None:

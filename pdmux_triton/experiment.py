@@ -179,26 +179,30 @@ def warnings(rows: list[dict]) -> list[str]:
             if r.get(key)]
 
 
-def run_experiment(s: RunSettings, log=print) -> tuple[dict, dict[str, scheduler.RunResult],
-                                                       list[tuple]]:
+def run_experiment(s: RunSettings, log=print, keep_runs: bool = True
+                   ) -> tuple[dict, dict[str, scheduler.RunResult], list[tuple]]:
     """Serve the settings' workload with every strategy; returns the result JSON, each
-    strategy's run and the estimates of the scenario (chapter workload only). decode_only
-    serves the requests that decode from the start without the arriving prompt: the ITL
-    baseline."""
+    strategy's run (none without `keep_runs`: a long trace's runs are dropped as each ends,
+    so memory holds one) and the estimates of the scenario (chapter workload only).
+    decode_only serves the requests that decode from the start without the arriving prompt:
+    the ITL baseline."""
     requests = make_requests(s)
     # the chapter's estimate is of one GPU: none beside a run on several
     one_gpu = s.tp == 1 and s.replicas == 1
     estimates = chapter_estimates(s) if s.workload == "chapter" and one_gpu else []
     servers = Servers(s, requests, log)
-    rows, results = [], {}
+    rows, results, details = [], {}, {}
     try:
         for v in variants(s.chunks, s.kinds, s.level_policies):
             reqs = [r for r in requests if r.warm] if v.name == "decode_only" else requests
             if not reqs:
                 continue
             log(f"running {v.name} ...")
-            row, results[v.name] = servers.serve(v, reqs)
+            row, result = servers.serve(v, reqs)
             rows.append(row)
+            details[v.name] = metrics.details(result)
+            if keep_runs:
+                results[v.name] = result
     finally:
         servers.close()
     levels = s.config.levels(s.gpu.sms, s.gpu.cc_major)
@@ -207,7 +211,7 @@ def run_experiment(s: RunSettings, log=print) -> tuple[dict, dict[str, scheduler
            "model": s.model.name, "tp": s.tp, "replicas": s.replicas, "workload": s.workload,
            "inputs": s.as_dict(), "rows": rows,
            "warnings": warnings(rows),
-           "details": {name: metrics.details(res) for name, res in results.items()}}
+           "details": details}
     if estimates:
         out["estimate"] = {title: [r.as_dict() for r in est] for title, _, est in estimates}
     # errors against the last estimate: the calibrated one when a calibration is given
@@ -218,7 +222,8 @@ def run_experiment(s: RunSettings, log=print) -> tuple[dict, dict[str, scheduler
 
 SUMMARY_KEYS = ("itl_p50_ms", "itl_p99_ms", "itl_during_prefill_p50_ms", "decode_gpu_p50_ms",
                 "prefill_ms", "tokens_during_prefill", "ttft_p50_ms", "tpot_p50_ms",
-                "e2e_p50_ms", "slo_attainment", "goodput_rps", "gpu_idle_frac", "level_changes",
+                "e2e_p50_ms", "slo_attainment", "goodput_rps", "slo_met_throughput_rps",
+                "gpu_idle_frac", "level_changes",
                 "level_drain_ms", *GUARDS)
 
 
