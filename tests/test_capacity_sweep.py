@@ -118,8 +118,8 @@ def test_fixed_rates_are_served_beside_the_search(tmp_path):
         assert result["summary"]["strategies"][name]["goodput_capacity_rps"] < 90.0
 
 
-def _sim_servers(self, s, requests):
-    self.s, self.gpu, self.warm = s, None, set()
+def _sim_servers(self, s, requests, log=None):
+    self.s, self.gpu, self.warm, self.log = s, None, set(), log
     self.cal = self.cmp = None
     self.overheads = Overheads()
 
@@ -143,8 +143,8 @@ def test_a_gpu_variant_serves_a_prefix_untimed_once(monkeypatch):
         def watch(self, x):
             yield {}
 
-    def gpu_servers(self, s, requests):
-        _sim_servers(self, s, requests)
+    def gpu_servers(self, s, requests, log=None):
+        _sim_servers(self, s, requests, log)
         self.gpu = StandInGpu()
 
     def sim_executor(self, v):
