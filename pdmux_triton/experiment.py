@@ -203,6 +203,7 @@ def run_experiment(s: RunSettings, log=print, keep_runs: bool = True
             details[v.name] = metrics.details(result)
             if keep_runs:
                 results[v.name] = result
+            del result  # else alive while the next strategy serves: two runs at the peak
     finally:
         servers.close()
     levels = s.config.levels(s.gpu.sms, s.gpu.cc_major)
