@@ -21,7 +21,7 @@ from typing import Protocol
 import numpy as np
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.hardware import GPUSpec, ModelSpec
+from pdmux_triton.hardware import MAX_SMS, GPUSpec, ModelSpec
 
 DTYPE_BYTES = 2  # bf16 weights and KV cache
 
@@ -307,9 +307,12 @@ class Overheads:
 def decode_step_s(model: ModelSpec, rate: DecodeRate, context_tokens: int, sms: int,
                   corun: bool, batch: int = 0) -> float:
     """A captured decode step of `batch` requests holding `context_tokens` of KV (batch 0:
-    its bytes alone, as a mixed step's decode rows read them)."""
-    return (decode_step_bytes(model, context_tokens) / (rate.tbps(sms, corun) * 1e12)
-            + rate.batch_extra_s(sms, corun, batch))
+    its bytes alone, as a mixed step's decode rows read them). Never faster than its bytes at
+    the rate's best (its rate past every SM count): a batch term measured with a larger
+    model, read for a smaller one, would otherwise price a step below zero."""
+    nbytes = decode_step_bytes(model, context_tokens)
+    step = nbytes / (rate.tbps(sms, corun) * 1e12) + rate.batch_extra_s(sms, corun, batch)
+    return max(step, nbytes / (rate.tbps(MAX_SMS, False) * 1e12))
 
 
 def served_decode_step_s(model: ModelSpec, rate: DecodeRate, overheads: Overheads,

@@ -131,3 +131,19 @@ def test_a_decode_step_adds_its_batch_term_only_with_a_batch():
     law = cost.SaturationLaw(3.0, 66)
     assert cost.decode_step_s(QWEN, law, 2048, 20, True, 72) == cost.decode_step_s(
         QWEN, law, 2048, 20, True)
+
+
+def test_a_step_is_never_priced_faster_than_its_bytes_at_the_rates_best():
+    """The committed calibration's batch term is Qwen3-8B's seconds: read for the tiny model's
+    few bytes it would price a step below zero."""
+    from pdmux_triton.models import model_preset
+    from pdmux_triton.results import load_calibration
+
+    curve = load_calibration("bench/results/calibrate-h200.json").decode_curve("grid_cap")
+    tiny, big = model_preset("tiny"), model_preset("qwen3-8b")
+    step = cost.decode_step_s(tiny, curve, 16, 20, True, 1)
+    floor = cost.decode_step_bytes(tiny, 16) / (curve.tbps(4096, False) * 1e12)
+    assert step == floor > 0
+    # where the measured model's own rows are priced, the floor does not bind
+    assert cost.decode_step_s(big, curve, 2048, 20, True, 1) > cost.decode_step_bytes(
+        big, 2048) / (curve.tbps(4096, False) * 1e12)
