@@ -42,7 +42,11 @@ HOST_COSTS_DECODE_CONTEXT = 512 + 15
 def round_contexts(run: dict, strategy: str) -> list[int]:
     """Each round's decode context: as recorded, or replayed from the run's requests (FCFS
     prompts, chunk by chunk; every request decodes one token a round until its output ends)."""
-    rounds = run["details"][strategy]["rounds"]
+    details = run["details"][strategy]
+    rounds = details["rounds"]
+    if "rounds_total" in details:  # the file keeps the first rounds only
+        raise PdmuxError(f"{strategy}: the run file keeps {len(rounds):,} of its "
+                         f"{details['rounds_total']:,} rounds; fit to a shorter run")
     if all("decode_context" in r for r in rounds):
         return [r["decode_context"] for r in rounds]
     queue = sorted(make_requests(RunSettings.from_dict(run["inputs"])), key=lambda r: r.arrival)

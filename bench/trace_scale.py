@@ -1,5 +1,6 @@
 """How long a long trace takes to simulate, and in how much memory: a generated trace served by
-one strategy on the H200's cost model, with the run's progress lines and peak RSS.
+one strategy on the H200 preset's first-order cost model (no measured inputs: the
+simulator's own work is what is timed), with the run's progress lines and peak RSS.
 
 The trace has the Splitwise conversation lengths (prompts ~1K tokens, log-normal; outputs ~200
 on average) and Poisson arrivals at --rate. Each progress line carries the process's peak RSS
@@ -15,6 +16,7 @@ file by default).
 
 from __future__ import annotations
 
+import os
 import resource
 import sys
 import tempfile
@@ -49,13 +51,20 @@ def write_trace(path: Path, rows: int, rate: float, seed: int) -> None:
 
 
 def run(args) -> int:
-    trace = Path(args.trace or tempfile.mkstemp(suffix=".csv")[1])
+    if args.trace:
+        trace = Path(args.trace)
+    else:  # a temporary file, removed once read
+        handle, name = tempfile.mkstemp(suffix=".csv")
+        os.close(handle)
+        trace = Path(name)
     write_trace(trace, args.rows, args.rate, args.seed)
     started = time.perf_counter()
     s = RunSettings(gpu=gpu_preset("h200"), model=model_preset("qwen3-8b"), workload="trace",
                     trace=str(trace), simulate=True, chunks=(512, 2048), kinds=("grid_cap",),
                     slo_ttft_ms=args.slo_ttft_ms, slo_tpot_ms=args.slo_tpot_ms)
     requests = make_requests(s)
+    if not args.trace:
+        trace.unlink()
     read_s, read_mb = time.perf_counter() - started, peak_rss_mb()
     v = next(v for v in experiment.variants(s.chunks, s.kinds) if v.name == args.strategy)
     servers = experiment.Servers(s, requests)
@@ -76,7 +85,8 @@ def run(args) -> int:
                "peak_rss_read_mb": read_mb, "peak_rss_mb": peak_rss_mb(),
                "bytes_per_request": (peak_rss_mb() - read_mb) * 2**20 / args.rows}
     data = {**provenance("h200"), "mode": "simulated", "model": "qwen3-8b",
-            "inputs": {k: v for k, v in vars(args).items() if k != "trace"}, "rows": [row],
+            "inputs": {k: value for k, value in vars(args).items() if k != "trace"},
+            "rows": [row],
             "progress": progress, "summary": summary}
     table = (f"{args.rows:,} requests at {args.rate:g}/s, {v.name}: {wall:,.0f} s wall (read "
              f"{read_s:.0f}, served {served_s - read_s:,.0f}, figures {wall - served_s:.0f}), "

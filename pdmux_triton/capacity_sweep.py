@@ -27,7 +27,8 @@ from pdmux_triton.results import PointStore, check_settings, provenance, read_js
 from pdmux_triton.settings import RunSettings, make_requests
 
 DEFAULT_STRATEGIES = ("prefill_first", "chunked_512", "chunked_2048", "pdmux_grid_cap")
-POINT_KEYS = ("rate", "slo_attainment", "goodput_rps", "slo_met_throughput_rps", "ttft_p50_ms", "ttft_p99_ms",
+POINT_KEYS = ("rate", "slo_attainment", "goodput_rps", "slo_met_throughput_rps",
+              "ttft_p50_ms", "ttft_p99_ms",
               "tpot_p50_ms", "tpot_p99_ms", "itl_p50_ms", "itl_p99_ms", "e2e_p50_ms",
               "sched_delay_p50_s", "decode_gpu_p50_ms", "gpu_idle_frac", "level_changes",
               "level_drain_ms",
@@ -71,6 +72,9 @@ def open_folder(folder: Path, s: RunSettings) -> PointStore:
     """The point store of a folder whose points all come from the traffic, model, GPU, cost
     model and level settings of `s` (refused if they do not; saved on first use)."""
     stable = {k: v for k, v in s.as_dict().items() if k not in PER_POINT_SETTINGS}
+    # the model's context length only refuses requests, never changes a point: folders saved
+    # before it was read resume
+    stable["model"].pop("max_context")
     check_settings(folder / f"capacity-settings-{s.gpu.name}.json", stable, RunSettings.defaults())
     return PointStore(folder / f"capacity-points-{s.gpu.name}.jsonl", PointKey)
 

@@ -127,8 +127,7 @@ def advise_for_traffic(args, gpu, config, curve, spec) -> None:
 
 def cmd_estimate(args, given) -> None:
     gpu = gpu_from_args(args)
-    if "s_sat" in given:  # the defaults are clipped to a small GPU; a value given is checked
-        check_s_sat(args.s_sat, gpu)
+    check_s_sat(args, given, gpu)
     if args.bandwidth_tbps is not None:
         gpu = dataclasses.replace(gpu, hbm_tbps=args.bandwidth_tbps)
     if args.tflops is not None:

@@ -25,6 +25,8 @@ from pdmux_triton.settings import LENGTHS, LEVEL_POLICIES, MAX_TP, WORKLOADS
 from pdmux_triton.traffic import LENGTH_PRESETS
 
 MAX_COUNT = 100_000  # requests in one run
+MIN_CAPACITY_COUNT = 50  # requests a capacity point needs at least
+STEADY_COUNT = 1000  # requests a point for a near-steady read (bench/stream_length.py)
 MAX_CTAS = 32  # programs per SM Hopper can hold
 
 
@@ -420,9 +422,9 @@ def build_parser() -> Parser:
     _gpu_flags(p, cli_help.GPU_OF_FILES, cli_help.MEASURED_GPU)
     _model_flag(p)
     _weights_flag(p)
-    p.flag("--count", type=integer(1, MAX_COUNT), default=1000,
-           help="requests per point: at least 50; under 1000 a point is a burst, whose "
-                "capacity reads higher than the GPU sustains")
+    p.flag("--count", type=integer(1, MAX_COUNT), default=STEADY_COUNT,
+           help=f"requests per point: at least {MIN_CAPACITY_COUNT}; under {STEADY_COUNT} a "
+                f"point is a burst, whose capacity reads higher than the GPU sustains")
     _stream_flags(p)
     p.flag("--slo-ttft-ms", type=number(), default=2000.0, help="TTFT target")
     p.flag("--slo-tpot-ms", type=number(), default=25.0, help="TPOT target")

@@ -80,9 +80,12 @@ def config_from_args(args, given: set[str], gpu: GPUSpec) -> policy.PDMuxConfig:
     return config
 
 
-def check_s_sat(values, gpu: GPUSpec) -> None:
-    """S_SAT is a number of SMs: past the GPU's own it would do nothing."""
-    for value in values if isinstance(values, tuple) else (values,):
+def check_s_sat(args, given: set[str], gpu: GPUSpec) -> None:
+    """S_SAT is a number of SMs: a value given past the GPU's own would do nothing (the
+    defaults are clipped to a small GPU)."""
+    if "s_sat" not in given:
+        return
+    for value in args.s_sat if isinstance(args.s_sat, tuple) else (args.s_sat,):
         if value > gpu.sms:
             raise PdmuxError(f"--s-sat {value:g}: S_SAT is a number of SMs, at most the "
                              f"{gpu.name}'s {gpu.sms}")

@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 
 from pdmux_triton import report
-from pdmux_triton.cli_args import CHAPTER_FLAGS, EXPONENTIAL_FLAGS, REPLAY_KEEPS, STREAM_FLAGS
+from pdmux_triton.cli_args import (CHAPTER_FLAGS, EXPONENTIAL_FLAGS, MIN_CAPACITY_COUNT,
+                                   REPLAY_KEEPS, STEADY_COUNT, STREAM_FLAGS)
 from pdmux_triton.cli_common import (check_s_sat, config_from_args, gpu_from_args,
                                      measuring_gpu, note, out_folder, plot, refuse, warn)
 from pdmux_triton.errors import PdmuxError
@@ -17,8 +18,6 @@ from pdmux_triton.models import config_path, resolve_model
 from pdmux_triton.results import read_json, shipped_inputs, write_json
 
 MAX_PLOTTED_REQUESTS = 20_000  # an ITL timeline of more is one smear, and holds every run
-MIN_CAPACITY_COUNT = 50  # requests a capacity point needs at least
-STEADY_COUNT = 1000  # requests a point for a near-steady read (bench/stream_length.py)
 
 # what prices a simulated step: the first-order model's knobs and the measured files
 COST_MODEL_FLAGS = ("calibration", "compare", "host_costs", "s_sat", "bw_eff", "mfu")
@@ -91,8 +90,7 @@ def _settings(args, given, workload: str):
         refuse(given, EXPONENTIAL_FLAGS, f"with --lengths {args.lengths} (they shape "
                 f"--lengths exponential)")
     gpu, simulate, no_gpu = _where(args, given)
-    if "s_sat" in given:  # the defaults are clipped to a small GPU; a value given is checked
-        check_s_sat(args.s_sat, gpu)
+    check_s_sat(args, given, gpu)
     fields = {f: getattr(args, f) for f in (
         "seed", "batch", "context", "prompt", "decode_tokens", "rate", "count", "burstiness",
         "lengths", "prompt_mean", "prompt_max", "output_mean", "output_max", "trace", "chunks",
@@ -100,10 +98,12 @@ def _settings(args, given, workload: str):
         "compare", "host_costs", "max_running", "level_policies", "itl_slo_ms", "hysteresis",
         "relevel_at_layers", "tp", "replicas", "link", "link_gbps", "link_latency_us")
         if hasattr(args, f)}
-    if not given & set(COST_MODEL_FLAGS):  # a GPU with measured inputs shipped is priced by them
+    # a GPU with measured inputs shipped is priced by them (not reshaped by --cc: --sms renames)
+    if not given & {*COST_MODEL_FLAGS, "cc"}:
         fields.update(shipped_inputs(gpu.name, resolve_model(args.model).name))
     elif fields.get("calibration"):
-        measured_with = read_json(fields["calibration"], "calibration").get("settings", {})
+        measured_with = read_json(fields["calibration"], "calibration").get("settings")
+        measured_with = measured_with if isinstance(measured_with, dict) else {}
         if measured_with.get("model") not in (None, resolve_model(args.model).name):
             warn(f"{fields['calibration']} was measured with {measured_with['model']}: its "
                  f"curves price {resolve_model(args.model).name} by extrapolation")

@@ -136,6 +136,9 @@ class Servers:
         s = self.s
         if v.strategy == "disagg" or s.replicas > 1:  # simulated: several servers
             return self._serve_behind_router(v, requests)
+        if self.gpu is not None:  # the prompts' ids drawn now, not between timed launches
+            for r in requests:  # (every variant's copy shares them)
+                r.prompt
         x = self.executor(v)
         if self.gpu is not None and v.name not in self.warm:
             self._run(v, v.strategy, x, requests[:UNTIMED_REQUESTS])

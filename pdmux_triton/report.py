@@ -92,7 +92,7 @@ def cost_model_line(inputs: dict) -> str:
     """What priced a simulated run's steps (from its settings, `RunSettings.as_dict()`), and
     how far its figures can be trusted."""
     files = [k for k in ("calibration", "compare", "host_costs") if inputs.get(k)]
-    if files and all(str(inputs[k]).startswith(SHIPPED_PREFIX) for k in files) and len(files) == 3:
+    if len(files) == 3 and all(str(inputs[k]).startswith(SHIPPED_PREFIX) for k in files):
         return (f"cost model: the {inputs['gpu']['name']}'s calibration, comparison and host "
                 f"costs shipped with the tool (measured there; README, 'How far a simulation "
                 f"sits from a measurement', gives its error)")

@@ -166,3 +166,21 @@ def test_a_gpu_variant_serves_a_prefix_untimed_once(monkeypatch):
         row, _ = servers.serve(variant("chunked_512"), experiment.make_requests(s, rate))
         assert row["requests_served"] == s.count
     assert served == [experiment.UNTIMED_REQUESTS, s.count, s.count]
+
+
+def test_the_committed_capacity_folder_resumes_with_todays_model_preset(tmp_path):
+    """Its settings were saved before a model held its context length: they still match."""
+    import json
+    import shutil
+
+    from pdmux_triton.models import model_preset
+
+    saved_path = "bench/results/capacity-settings-h200.json"
+    saved = json.loads(open(saved_path).read())
+    assert "max_context" not in saved["model"]
+    model = model_preset(saved["model"]["name"])
+    assert model.max_context is not None
+    per_point = {"chunks": [2048], "kinds": ["grid_cap"]}  # not saved: a point's own
+    s = RunSettings.from_dict({**saved, **per_point, "model": dataclasses.asdict(model)})
+    shutil.copy(saved_path, tmp_path)
+    capacity_sweep.open_folder(tmp_path, s)  # refused before: "they differ in model"

@@ -51,7 +51,7 @@ def test_prompt_ids_are_drawn_when_first_read_the_same_for_a_seed():
     assert all(r._ids is None for r in reqs)  # lengths only, until an executor asks
     again = traffic.stream(1000, 2.0, 20, traffic.LENGTH_PRESETS["conv"], seed=7)
     # each request's ids are its own: reading them in another order gives the same ids
-    for a, b in zip(reqs, reversed(again)):
+    for a in reqs:  # drawn first to last here, last to first in `again` (below)
         a.prompt
     for a, b in zip(reversed(reqs), reversed(again)):
         assert len(a.prompt) == a.prompt_len and (a.prompt == b.prompt).all()
