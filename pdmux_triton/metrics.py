@@ -83,11 +83,11 @@ def waits(requests: list[Request]) -> Waits:
     decoding through it; the wait for the first decode token is each request's own."""
     groups: dict[int, list[Request]] = {}
     for r in requests:
-        if r.steps is not None:
-            groups.setdefault(id(r.steps), []).append(r)
+        if r.step_ends is not None:
+            groups.setdefault(id(r.step_ends), []).append(r)
     parts = []
     for reqs in groups.values():
-        times = np.frombuffer(reqs[0].steps, dtype=np.float64)  # the log, read in place
+        times = np.frombuffer(reqs[0].step_ends, dtype=np.float64)  # the step ends, read in place
         step0 = _column(reqs, "step0", np.int64)
         first = np.array([r.first_token_s is not None for r in reqs])
         decoded = _column(reqs, "generated", np.int64) - first

@@ -117,7 +117,7 @@ class Round:
 
 class Rounds:
     """A run's rounds, column by column (a long simulated run makes millions of them); it
-    reads as a sequence of `Round`. Prefill labels are kept once each."""
+    reads as `Round`s, by index or in order. Prefill labels are kept once each."""
 
     COLUMNS = {"start": "d", "end": "d", "level": "i", "decode_bs": "i", "decode_context": "q",
                "label": "i"}
@@ -235,9 +235,9 @@ class Engine:
             math.inf if r.after_steps is None else r.after_steps, r.rid)))
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = [r for r in requests if r.warm]
-        self.log = array("d")  # every decode step's end: requests' token times point into it
+        self.step_ends = array("d")  # every decode step's end: requests' token times point into it
         for r in self.running:
-            r.steps, r.step0 = self.log, 0
+            r.step_ends, r.step0 = self.step_ends, 0
         self.rounds = Rounds()
         self.progress = progress
         self.served = 0
@@ -267,7 +267,7 @@ class Engine:
             self.waiting.append(self.arrivals.popleft())
         due = []
         while (self.after_steps and self.after_steps[0].after_steps is not None
-               and self.after_steps[0].after_steps <= len(self.log)):
+               and self.after_steps[0].after_steps <= len(self.step_ends)):
             r = self.after_steps.popleft()
             r.arrival = now
             due.append(r)
@@ -314,7 +314,7 @@ class Engine:
     def record_tokens(self, reqs: list[Request], tokens: list[int] | None, t: float) -> None:
         """A decode step of the running batch `reqs` (all of it: each running request's token
         times are the log's steps from when it joined) ended at `t`."""
-        self.log.append(t)
+        self.step_ends.append(t)
         if tokens is not None:
             for r, tok in zip(reqs, tokens):
                 if r.tokens is None:
@@ -349,7 +349,7 @@ class Engine:
             r.context = r.prompt_len
             r.generated = 1
             r.tokens = None if first_tokens is None else [first_tokens[i]]
-            r.steps, r.step0 = self.log, len(self.log)
+            r.step_ends, r.step0 = self.step_ends, len(self.step_ends)
             if r.done:
                 self.finished(r)
             else:

@@ -51,12 +51,12 @@ class Request:
     an executor first reads `prompt`. Output tokens are counted (`generated`); their ids are
     kept where an executor samples them (`tokens`; None when simulated). Their times are the
     first token's (`first_token_s`, at the end of its prefill; None for a request decoding
-    from the start) and then a slice of its server's decode-step log (`steps` from `step0`):
+    from the start) and then a slice of its server's decode-step log (`step_ends` from `step0`):
     every running request takes one token in every decode step, so a token costs its request
     nothing and a run's step times are kept once (`token_times` lists them)."""
 
     __slots__ = ("rid", "prompt_len", "_ids", "_draw", "output_len", "arrival", "after_steps",
-                 "warm", "context", "generated", "tokens", "first_token_s", "steps", "step0",
+                 "warm", "context", "generated", "tokens", "first_token_s", "step_ends", "step0",
                  "prefill_start", "prefill_end")
 
     def __init__(self, rid: int, prompt: Sequence[int] | int, output_len: int,
@@ -76,7 +76,7 @@ class Request:
         self.generated = 0
         self.tokens: list[int] | None = None
         self.first_token_s: float | None = None
-        self.steps: array | None = None
+        self.step_ends: array | None = None
         self.step0 = 0
         self.prefill_start, self.prefill_end = prefill_start, prefill_end
 
@@ -97,20 +97,20 @@ class Request:
     def token_times(self) -> list[float]:
         first = [] if self.first_token_s is None else [self.first_token_s]
         decoded = self.generated - len(first)
-        return first + (self.steps[self.step0:self.step0 + decoded].tolist() if decoded else [])
+        return first + (self.step_ends[self.step0:self.step0 + decoded].tolist() if decoded else [])
 
     @property
     def first_time(self) -> float | None:
         """When its first token came out (None before)."""
         if self.first_token_s is not None or not self.generated:
             return self.first_token_s
-        return self.steps[self.step0]
+        return self.step_ends[self.step0]
 
     @property
     def last_time(self) -> float | None:
         """When its latest token came out (None before)."""
         decoded = self.generated - (self.first_token_s is not None)
-        return self.steps[self.step0 + decoded - 1] if decoded else self.first_token_s
+        return self.step_ends[self.step0 + decoded - 1] if decoded else self.first_token_s
 
     @property
     def ttft(self) -> float | None:
@@ -435,8 +435,3 @@ def load_trace(path: str | Path, max_tokens: int | None = None, why: str = "") -
     return Trace(path, arrival[order], np.frombuffer(columns["prompt"], dtype=np.int64)[order],
                  np.frombuffer(columns["output"], dtype=np.int64)[order], order, line[order],
                  notes)
-
-
-def read_trace(path: str | Path, vocab: int, seed: int = 0) -> list[Request]:
-    """A user's trace's requests, in arrival order (`load_trace`)."""
-    return load_trace(path).requests(vocab, seed)

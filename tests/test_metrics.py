@@ -21,7 +21,7 @@ def _times(r: Request, times: list[float]) -> Request:
     from the start, none), the rest as decode steps of a log of its own."""
     first = not r.warm
     r.first_token_s = times[0] if first else None
-    r.steps, r.step0, r.generated = array("d", times[first:]), 0, len(times)
+    r.step_ends, r.step0, r.generated = array("d", times[first:]), 0, len(times)
     return r
 
 
