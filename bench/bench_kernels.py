@@ -16,17 +16,17 @@ import sys
 from pathlib import Path
 
 import torch
+from common import (BF16, LINEARS, MODEL, PAGE_SIZE, Results, attention_flops, cycle, decode_cases,
+                    decode_inputs, require_gpu, rotating, same_bytes_buffers, stream_same_bytes,
+                    t_eager, t_graph, t_interleaved)
 
-from common import (BF16, LINEARS, MODEL, PAGE_SIZE, Results, attention_flops, cycle,
-                    decode_cases, decode_inputs, require_gpu, rotating, same_bytes_buffers,
-                    stream_same_bytes, t_eager, t_graph, t_interleaved)
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.greenctx import split_green
-from pdmux_triton.hardware import detect_gpu
+from pdmux_triton.gpu.green_contexts import split_green
 from pdmux_triton.kernels import (AttnConfig, GemmConfig, decode_attention, extend_attention,
                                   linear, rmsnorm, rope_, rope_cache, silu_mul, stream_read)
-from pdmux_triton.measure import time_alone
-from pdmux_triton.paged_kv import PagedKV
+from pdmux_triton.measure.random_kv import PagedKV
+from pdmux_triton.measure.timing import time_alone
+from pdmux_triton.spec.gpus import detect_gpu
 
 CURVE_BUDGETS = list(range(8, 129, 8)) + [132]
 SCALING_BUDGETS = [72, 80, 88, 96, 104, 112]

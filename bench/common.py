@@ -14,12 +14,12 @@ from pathlib import Path
 import torch
 from triton.testing import do_bench
 
-from pdmux_triton import cost
-from pdmux_triton.models import MODELS
+from pdmux_triton.cost import step_cost
 from pdmux_triton.kernels import stream_read
-from pdmux_triton.measure import time_alone
-from pdmux_triton.paged_kv import PagedKV
+from pdmux_triton.measure.random_kv import PagedKV
+from pdmux_triton.measure.timing import time_alone
 from pdmux_triton.results import provenance, write_json
+from pdmux_triton.spec.models import MODELS
 
 BF16 = torch.bfloat16
 MODEL = MODELS["qwen3-8b"]
@@ -126,4 +126,4 @@ def decode_inputs(lens, seed: int = 0):
 
 def attention_flops(tokens: int) -> float:
     """One layer's causal attention over a fresh prompt."""
-    return cost.attention_flops(MODEL, tokens, 0, layers=1)
+    return step_cost.attention_flops(MODEL, tokens, 0, layers=1)

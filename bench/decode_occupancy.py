@@ -16,11 +16,11 @@ import sys
 from pathlib import Path
 
 import torch
+from common import (LINEARS, PAGE_SIZE, Results, cycle, decode_cases, decode_inputs, require_gpu,
+                    rotating, same_bytes_buffers, stream_same_bytes, t_graph)
 
-from common import (LINEARS, PAGE_SIZE, Results, cycle, decode_cases, decode_inputs,
-                    require_gpu, rotating, same_bytes_buffers, stream_same_bytes, t_graph)
-from pdmux_triton.hardware import detect_gpu
 from pdmux_triton.kernels import AttnConfig, GemmConfig, decode_attention, linear
+from pdmux_triton.spec.gpus import detect_gpu
 
 BUDGETS = (16, 52, 132)
 # the decode GEMM's steps in bandwidth at 64/96/128 SMs are tile-count quantization: sweep

@@ -7,7 +7,7 @@ it to a host-costs file (bench/host_costs.py's):
 - decode_step_extra: per batch size, a captured decode step's GPU time (the file's decode
   rounds) beyond its bytes at the calibration's whole-GPU rate alone;
 - mixed_step: a chunked-prefill step's fixed cost and the MFU of its padded decode-row
-  attention (`cost.MixedStepFit`), by least squares over every chunked round of a measured
+  attention (`step_cost.MixedStepFit`), by least squares over every chunked round of a measured
   run, its other phases taken from the calibration and the comparison.
 
 The run is `pdmux-triton run --workload stream` measured on the GPU; each round's decode
@@ -27,12 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
-from pdmux_triton import cost
-from pdmux_triton.cli_args import Parser, run_script
+from pdmux_triton.cli.flags import Parser, run_script
+from pdmux_triton.cost import step_cost
+from pdmux_triton.cost.measured_inputs import load_calibration, load_compare, load_host_costs
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.results import (load_calibration, load_compare, load_host_costs, read_json,
-                                  write_json)
-from pdmux_triton.settings import RunSettings, make_requests
+from pdmux_triton.experiments.settings import RunSettings, make_requests
+from pdmux_triton.results import read_json, write_json
 
 CHUNK = re.compile(r"chunk (\d+)\+(\d+)")
 # bench/host_costs.py's decode rounds: 512-token prompts, 30 steps (files before it said so)
@@ -86,12 +86,12 @@ def chunk_rounds(run: dict) -> list[dict]:
     return rows
 
 
-def fit_mixed(rows, model, decode, prefill, total_sms, tile) -> tuple[cost.MixedStepFit, dict]:
+def fit_mixed(rows, model, decode, prefill, total_sms, tile) -> tuple[step_cost.MixedStepFit, dict]:
     """Least squares of measured = fixed + (compute + read) + row tiles' FLOPs / (peak x MFU)."""
-    base = np.array([cost.mixed_step_s(model, decode, prefill, total_sms, r["context"],
-                                       r["batch"], r["chunk"], r["prefix"], samples_chunk=0,
-                                       phases=cost.MixedStepFit(0.0, 1.0)) for r in rows])
-    tiles = np.array([cost.decode_row_attention_flops(model, r["context"], tile)
+    base = np.array([step_cost.mixed_step_s(model, decode, prefill, total_sms, r["context"],
+                                            r["batch"], r["chunk"], r["prefix"], samples_chunk=0,
+                                            phases=step_cost.MixedStepFit(0.0, 1.0)) for r in rows])
+    tiles = np.array([step_cost.decode_row_attention_flops(model, r["context"], tile)
                       for r in rows]) / (prefill.peak_tflops * 1e12)
     measured = np.array([r["seconds"] for r in rows])
     (fixed, inverse), *_ = np.linalg.lstsq(np.vstack([np.ones_like(tiles), tiles]).T,
@@ -99,7 +99,7 @@ def fit_mixed(rows, model, decode, prefill, total_sms, tile) -> tuple[cost.Mixed
     if not (fixed >= 0 and inverse >= 1):
         raise PdmuxError(f"the mixed-step fit is unphysical (fixed {fixed * 1e3:.2f} ms, decode "
                          f"rows at {1 / inverse if inverse else float('inf'):.2f} of peak)")
-    fit = cost.MixedStepFit(float(fixed), float(1 / inverse))
+    fit = step_cost.MixedStepFit(float(fixed), float(1 / inverse))
     error = np.abs(fixed + base + tiles * inverse - measured) / measured
     return fit, {"rounds": len(rows), "median_abs_error": float(np.median(error)),
                  "p90_abs_error": float(np.percentile(error, 90))}
@@ -142,7 +142,7 @@ def fit(args) -> int:
                           f"less {model.layers} layer launches", "rounds": len(small)}
 
     host["decode_step_extra"] = [
-        {"batch": r["batch"], "extra_s": r["gpu_s"] - cost.decode_step_s(
+        {"batch": r["batch"], "extra_s": r["gpu_s"] - step_cost.decode_step_s(
             model, decode, r["batch"] * r.get("context", HOST_COSTS_DECODE_CONTEXT),
             gpu.sms, False, r["batch"])} for r in host["decode_round"]]
 

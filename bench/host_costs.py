@@ -19,14 +19,15 @@ import time
 from pathlib import Path
 
 import torch
-
 from common import require_gpu
-from pdmux_triton import policy, scheduler
-from pdmux_triton.execute import ModelExecutor
-from pdmux_triton.hardware import detect_gpu
-from pdmux_triton.models import model_preset
+
+from pdmux_triton.gpu.model_executor import ModelExecutor
+from pdmux_triton.multiplex import sglang_rules
 from pdmux_triton.results import provenance, write_json
-from pdmux_triton.traffic import Request
+from pdmux_triton.serve import scheduler
+from pdmux_triton.spec.gpus import detect_gpu
+from pdmux_triton.spec.models import model_preset
+from pdmux_triton.spec.traffic import Request
 
 
 def eager_layer_s(x: ModelExecutor, tokens: int, repeats: int = 20) -> dict:
@@ -79,7 +80,7 @@ def main(argv=None) -> int:
     gpu = detect_gpu()
     spec = model_preset("qwen3-8b")
     x = ModelExecutor.shared(spec, gpu, "grid_cap", cache_tokens=200_000, max_context=4096)
-    config = policy.PDMuxConfig()
+    config = sglang_rules.PDMuxConfig()
     x.warm_up("prefill_first", config, 64, 4096, 2048)
     layers = [eager_layer_s(x, t) for t in (16, 128, 512, 2048)]
     rounds = [decode_round_s(x, b) for b in (1, 8, 32, 64)]

@@ -20,16 +20,16 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pdmux_triton import capacity_sweep
-from pdmux_triton.capacity import Criteria
-from pdmux_triton.cli_args import bench_inputs, bench_parser, choice, finish, integer, run_script
-from pdmux_triton.hardware import gpu_preset
-from pdmux_triton.metrics import Slo
-from pdmux_triton.models import model_preset
-from pdmux_triton.parallel import LINKS
+from pdmux_triton.cli.flags import bench_inputs, bench_parser, choice, finish, integer, run_script
+from pdmux_triton.cost.parallel import LINKS
+from pdmux_triton.experiments import capacity_sweep
+from pdmux_triton.experiments.capacity_search import Criteria
+from pdmux_triton.experiments.settings import RunSettings
 from pdmux_triton.results import provenance, write_json
-from pdmux_triton.settings import RunSettings
-from pdmux_triton.traffic import LENGTH_PRESETS
+from pdmux_triton.serve.metrics import Slo
+from pdmux_triton.spec.gpus import gpu_preset
+from pdmux_triton.spec.models import model_preset
+from pdmux_triton.spec.traffic import LENGTH_PRESETS
 
 PDMUX = ("pdmux_grid_cap", "pdmux_slo_grid_cap")
 # setup: (GPUs, the settings it changes, the strategies it serves)

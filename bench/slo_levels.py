@@ -37,17 +37,19 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from pdmux_triton import capacity_sweep, policy
-from pdmux_triton.capacity import Criteria
-from pdmux_triton.cli_args import bench_inputs, bench_parser, finish, integer, number, run_script
+from pdmux_triton.cli.flags import bench_inputs, bench_parser, finish, integer, number, run_script
+from pdmux_triton.cost.measured_inputs import load_calibration, load_host_costs
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.hardware import GPUSpec, detect_gpu, gpu_preset
-from pdmux_triton.models import model_preset
-from pdmux_triton.level_policy import SloLevels, approximate
-from pdmux_triton.metrics import Slo
-from pdmux_triton.results import load_calibration, load_host_costs, provenance, write_json
-from pdmux_triton.settings import RunSettings
-from pdmux_triton.traffic import LENGTH_PRESETS, decoding_contexts
+from pdmux_triton.experiments import capacity_sweep
+from pdmux_triton.experiments.capacity_search import Criteria
+from pdmux_triton.experiments.settings import RunSettings
+from pdmux_triton.multiplex import sglang_rules
+from pdmux_triton.multiplex.level_policy import SloLevels, approximate
+from pdmux_triton.results import provenance, write_json
+from pdmux_triton.serve.metrics import Slo
+from pdmux_triton.spec.gpus import GPUSpec, detect_gpu, gpu_preset
+from pdmux_triton.spec.models import model_preset
+from pdmux_triton.spec.traffic import LENGTH_PRESETS, decoding_contexts
 
 # traffic: fixed rates (one near pd-mux's goodput capacity, one above), then measured capacity rates
 TRAFFIC = {"sharegpt": ((12.0, 16.0), (10.0, 12.0, 14.0, 16.0, 18.0, 20.0)),
@@ -103,7 +105,7 @@ def policies_arg(text: str) -> tuple[str, ...]:
     return names
 
 
-def settings_for(args, gpu, preset: str, name: str, config: policy.PDMuxConfig) -> RunSettings:
+def settings_for(args, gpu, preset: str, name: str, config: sglang_rules.PDMuxConfig) -> RunSettings:
     strategy = POLICIES[name][0]
     # as `capacity` makes them for pd-mux strategies alone, so its folders can be shared
     return RunSettings(
@@ -115,9 +117,9 @@ def settings_for(args, gpu, preset: str, name: str, config: policy.PDMuxConfig) 
         host_costs=args.host_costs)
 
 
-def advised_config(args, gpu, preset: str) -> tuple[policy.PDMuxConfig, float]:
+def advised_config(args, gpu, preset: str) -> tuple[sglang_rules.PDMuxConfig, float]:
     """The manual divisions that follow the slo policy on this traffic, and how often not."""
-    base = policy.PDMuxConfig()
+    base = sglang_rules.PDMuxConfig()
     levels = base.levels(gpu.sms, gpu.cc_major)
     curve = load_calibration(args.calibration, gpu.name).decode_curve("grid_cap")
     slo = SloLevels(model_preset("qwen3-8b"), curve, args.itl_ms or args.slo_tpot_ms,
@@ -245,7 +247,7 @@ def run(args) -> int:
         t = data["traffic"][preset] = {"fixed_rates": fixed, "capacity_rates": capacity_rates,
                                        "advised_disagreement": disagreement, "policies": {}}
         for name in args.policies:
-            config = advised if name == "advised" else policy.PDMuxConfig()
+            config = advised if name == "advised" else sglang_rules.PDMuxConfig()
             print(f"== {preset} {name}", flush=True)
             t["policies"][name] = one_policy(args, gpu, preset, name, config, fixed,
                                              capacity_rates, criteria)

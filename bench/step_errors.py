@@ -25,16 +25,18 @@ from pathlib import Path
 
 import numpy as np
 
-from pdmux_triton import capacity_sweep, cost, policy
-from pdmux_triton.cli_args import bench_inputs, bench_parser, finish, integer, number, run_script
+from pdmux_triton.cli.flags import bench_inputs, bench_parser, finish, integer, number, run_script
+from pdmux_triton.cost import step_cost
+from pdmux_triton.cost.measured_inputs import load_calibration, load_host_costs
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.experiment import Servers, make_requests
-from pdmux_triton.hardware import ModelSpec, detect_gpu, gpu_preset
-from pdmux_triton.models import model_preset
-from pdmux_triton.results import (load_calibration, load_host_costs, provenance, read_json,
-                                  write_json)
-from pdmux_triton.settings import RunSettings
-from pdmux_triton.traffic import LENGTH_PRESETS
+from pdmux_triton.experiments import capacity_sweep
+from pdmux_triton.experiments.run import Servers, make_requests
+from pdmux_triton.experiments.settings import RunSettings
+from pdmux_triton.multiplex import sglang_rules
+from pdmux_triton.results import provenance, read_json, write_json
+from pdmux_triton.spec.gpus import ModelSpec, detect_gpu, gpu_preset
+from pdmux_triton.spec.models import model_preset
+from pdmux_triton.spec.traffic import LENGTH_PRESETS
 
 STRATEGIES = {"default": "pdmux_grid_cap", "slo": "pdmux_slo_grid_cap"}
 BATCH_BANDS = (1, 9, 33, 65, 97)  # band lower edges: 1-8, 9-32, 33-64, 65-96, 97+
@@ -61,8 +63,8 @@ class Prices:
 
     levels: list
     model: ModelSpec
-    curve: cost.DecodeRate
-    overheads: cost.Overheads
+    curve: step_cost.DecodeRate
+    overheads: step_cost.Overheads
 
     @classmethod
     def of(cls, s: RunSettings, calibration: str, host_costs: str) -> "Prices":
@@ -77,8 +79,8 @@ class Prices:
         # launches its layers ahead, so the step runs beside queued layers even in a round
         # that launched none (after the last layer, until the prefill's result)
         corun = prefill_sms > 0 and sms > 0
-        predicted = cost.served_decode_step_s(self.model, self.curve, self.overheads, context,
-                                              sms, corun, batch)
+        predicted = step_cost.served_decode_step_s(self.model, self.curve, self.overheads, context,
+                                                   sms, corun, batch)
         return {"level": level, "decode_sms": sms, "batch": batch, "context_tokens": context,
                 "corun": corun, "measured_ms": measured_ms, "predicted_ms": predicted * 1e3}
 
@@ -185,7 +187,7 @@ def run(args) -> int:
         return reprice(args)
     gpu = gpu_preset("h200") if args.simulate else detect_gpu()
     model = model_preset("qwen3-8b")
-    config = policy.PDMuxConfig()
+    config = sglang_rules.PDMuxConfig()
     s = RunSettings(gpu=gpu, model=model, workload="stream", simulate=args.simulate,
                     count=args.count, lengths=args.lengths, chunks=(2048,), kinds=("grid_cap",),
                     config=config, level_policies=("sglang", "slo"), slo_ttft_ms=2000.0,

@@ -29,24 +29,25 @@ from pathlib import Path
 
 import numpy as np
 
-from pdmux_triton import capacity_sweep, policy
-from pdmux_triton.capacity import Criteria
-from pdmux_triton.cli_args import (bench_inputs, bench_parser, choice, finish, integer, listed,
-                                   number, run_script)
-from pdmux_triton.hardware import gpu_preset
-from pdmux_triton.metrics import Slo
-from pdmux_triton.models import model_preset
+from pdmux_triton.cli.flags import (bench_inputs, bench_parser, choice, finish, integer, listed,
+                                    number, run_script)
+from pdmux_triton.experiments import capacity_sweep
+from pdmux_triton.experiments.capacity_search import Criteria
+from pdmux_triton.experiments.settings import RunSettings
+from pdmux_triton.multiplex import sglang_rules
 from pdmux_triton.results import provenance, write_json
-from pdmux_triton.settings import RunSettings
-from pdmux_triton.traffic import LENGTH_PRESETS
+from pdmux_triton.serve.metrics import Slo
+from pdmux_triton.spec.gpus import gpu_preset
+from pdmux_triton.spec.models import model_preset
+from pdmux_triton.spec.traffic import LENGTH_PRESETS
 
 # SGLang's H200 levels and two more with decode past half the GPU beside a prefill; thresholds
 # of the rule are never reached there (only the slo policy, which ignores them, picks those)
 UNREACHED = 1_000_000
-WIDE_LEVELS = policy.PDMuxConfig(10, [[112, 20, 1], [104, 28, 12], [96, 36, 18], [88, 44, 24],
-                                      [80, 52, 30], [72, 60, 36], [64, 68, UNREACHED],
-                                      [48, 84, UNREACHED]])
-LEVEL_SETS = {"": policy.PDMuxConfig(), "-wide": WIDE_LEVELS}  # folder suffix: levels
+WIDE_LEVELS = sglang_rules.PDMuxConfig(10, [[112, 20, 1], [104, 28, 12], [96, 36, 18], [88, 44, 24],
+                                            [80, 52, 30], [72, 60, 36], [64, 68, UNREACHED],
+                                            [48, 84, UNREACHED]])
+LEVEL_SETS = {"": sglang_rules.PDMuxConfig(), "-wide": WIDE_LEVELS}  # folder suffix: levels
 POLICIES = {  # name: (strategy, level set), each level set searched in its own folder
     "default": ("pdmux_grid_cap", ""),
     "slo": ("pdmux_slo_grid_cap", ""),
@@ -54,7 +55,7 @@ POLICIES = {  # name: (strategy, level set), each level set searched in its own 
 }
 
 
-def settings_for(args, count: int, seed: int, config: policy.PDMuxConfig) -> RunSettings:
+def settings_for(args, count: int, seed: int, config: sglang_rules.PDMuxConfig) -> RunSettings:
     return RunSettings(
         gpu=gpu_preset("h200"), model=model_preset("qwen3-8b"), workload="stream",
         simulate=True, count=count, seed=seed, lengths=args.lengths, chunks=(2048,),

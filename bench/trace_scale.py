@@ -25,13 +25,14 @@ from pathlib import Path
 
 import numpy as np
 
-from pdmux_triton import experiment, metrics, scheduler
-from pdmux_triton.cli_args import (bench_parser, choice, finish, integer, number, run_script)
-from pdmux_triton.hardware import gpu_preset
-from pdmux_triton.models import model_preset
+from pdmux_triton.cli.flags import bench_parser, choice, finish, integer, number, run_script
+from pdmux_triton.experiments.run import Servers, variants
+from pdmux_triton.experiments.settings import RunSettings, make_requests
 from pdmux_triton.results import provenance
-from pdmux_triton.settings import RunSettings, make_requests
-from pdmux_triton.traffic import LENGTH_PRESETS, TRACE_COLUMNS
+from pdmux_triton.serve import metrics, scheduler
+from pdmux_triton.spec.gpus import gpu_preset
+from pdmux_triton.spec.models import model_preset
+from pdmux_triton.spec.traffic import LENGTH_PRESETS, TRACE_COLUMNS
 
 STRATEGIES = ("prefill_first", "chunked_512", "chunked_2048", "pdmux_grid_cap")
 
@@ -66,8 +67,8 @@ def run(args) -> int:
     if not args.trace:
         trace.unlink()
     read_s, read_mb = time.perf_counter() - started, peak_rss_mb()
-    v = next(v for v in experiment.variants(s.chunks, s.kinds) if v.name == args.strategy)
-    servers = experiment.Servers(s, requests)
+    v = next(v for v in variants(s.chunks, s.kinds) if v.name == args.strategy)
+    servers = Servers(s, requests)
     progress = []
 
     def say(line: str) -> None:

@@ -22,8 +22,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels._launch import (check_tensor, check_tma_rows, grid_size, interpreting,
                                           record_sm, telemetry_args)
-from pdmux_triton.kernels._paged import (AttnConfig, attend_range, check_paged_inputs,
-                                         softmax_step, wide_offsets)
+from pdmux_triton.kernels._paged import (AttnConfig, attend_range, check_paged_inputs, softmax_step,
+                                         wide_offsets)
 
 LOG2E = 1.4426950408889634
 

@@ -6,7 +6,7 @@ import sys
 
 def entry() -> int:
     try:
-        from pdmux_triton.cli import main
+        from pdmux_triton.cli.main import main
     except KeyboardInterrupt:
         print("pdmux-triton: interrupted", file=sys.stderr)
         return 130

@@ -1,5 +1,5 @@
 """Float64 references and tolerances shared by the kernel tests (the paged inputs they read
-come from pdmux_triton.paged_kv, as the benchmarks' and calibration's do)."""
+come from pdmux_triton.measure.random_kv, as the benchmarks' and calibration's do)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,15 @@
 import pytest
 
-from pdmux_triton import advise, cost, policy
+from pdmux_triton.cost import step_cost
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.models import model_preset
+from pdmux_triton.multiplex import advise, sglang_rules
+from pdmux_triton.spec.models import model_preset
 
 QWEN = model_preset("qwen3-8b")
 
 
 def curve(s_sat, peak=4.0):
-    return cost.SaturationLaw(peak, s_sat)
+    return step_cost.SaturationLaw(peak, s_sat)
 
 
 @pytest.mark.parametrize("s_sat", [40, 66, 110])
@@ -34,10 +35,10 @@ def test_fast_decode_kernels_leave_prefill_more_sms():
 
 def test_advice_is_an_sglang_config(tmp_path):
     levels = advise.advise(curve(66), QWEN, 132, 9, 15.0, 2048)
-    config = advise.as_config(levels, policy.PDMuxConfig())
+    config = advise.as_config(levels, sglang_rules.PDMuxConfig())
     path = tmp_path / "pdmux.yaml"
-    policy.dump_config(config, path)
-    loaded = policy.load_config(path, 132, 9)
+    sglang_rules.dump_config(config, path)
+    loaded = sglang_rules.load_config(path, 132, 9)
     groups = loaded.levels(132, 9)
     for lv in levels:  # SGLang's rule picks the advised split for every batch in its range
         for bs in (lv.first_batch, lv.last_batch):
@@ -53,14 +54,14 @@ def test_an_unreachable_target_is_explained():
 def test_the_largest_batch_counts_what_its_rows_cost_beyond_their_bytes():
     """With a batch term a step grows faster than its KV: the largest batch that fits is the
     last one whose step (bytes and rows) meets the target."""
-    term = cost.BatchTerm(32, alone=((64, 20, 0.002), (72, 20, 0.020), (128, 20, 0.025)))
-    rate = cost.MeasuredCurve(((20, 1.0), (132, 3.0)), corun=((20, 1.0), (132, 3.0)), batches=term)
+    term = step_cost.BatchTerm(32, alone=((64, 20, 0.002), (72, 20, 0.020), (128, 20, 0.025)))
+    rate = step_cost.MeasuredCurve(((20, 1.0), (132, 3.0)), corun=((20, 1.0), (132, 3.0)), batches=term)
     itl_s = 0.030
     b = advise.max_batch(QWEN, 2048, itl_s, rate, 20)
 
     def step(n):
-        return cost.decode_step_s(QWEN, rate, n * 2048, 20, True, n)
+        return step_cost.decode_step_s(QWEN, rate, n * 2048, 20, True, n)
     assert step(b) <= itl_s < step(b + 1)
-    bytes_only = cost.MeasuredCurve(rate.alone, rate.corun)
+    bytes_only = step_cost.MeasuredCurve(rate.alone, rate.corun)
     assert b < advise.max_batch(QWEN, 2048, itl_s, bytes_only, 20)
     assert advise.max_batch(QWEN, 2048, 0.001, rate, 20) == 0  # not even the weights in time

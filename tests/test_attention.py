@@ -2,12 +2,12 @@ import sys
 
 import pytest
 import torch
-
 from conftest import HAS_CUDA
+from reference import assert_close, attention_ref, poisoned
+
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels import decode_attention, extend_attention
-from pdmux_triton.paged_kv import PagedKV
-from reference import assert_close, attention_ref, poisoned
+from pdmux_triton.measure.random_kv import PagedKV
 
 DEV = "cuda" if HAS_CUDA else "cpu"
 

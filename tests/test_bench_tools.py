@@ -134,18 +134,18 @@ def test_the_mixed_step_fit_recovers_a_known_executor():
     sys.path.insert(0, "bench")
     from fit_host_costs import fit_mixed
 
-    from pdmux_triton import cost
-    from pdmux_triton.models import model_preset
+    from pdmux_triton.cost import step_cost
+    from pdmux_triton.spec.models import model_preset
 
     qwen = model_preset("qwen3-8b")
-    law = cost.SaturationLaw(3.4, 60.0)
-    rate = cost.PrefillRate(989.0, 132, ((132, 0.55),), ((132, 0.65),))
-    truth = cost.MixedStepFit(0.0095, 0.48)
+    law = step_cost.SaturationLaw(3.4, 60.0)
+    rate = step_cost.PrefillRate(989.0, 132, ((132, 0.55),), ((132, 0.65),))
+    truth = step_cost.MixedStepFit(0.0095, 0.48)
     rows = [{"chunk": c, "prefix": p, "batch": b, "context": b * ctx}
             for c, p, b, ctx in [(2048, 0, 20, 2500), (512, 1024, 35, 1800), (256, 0, 8, 900),
                                  (1024, 4096, 50, 3000), (2048, 2048, 0, 0), (768, 0, 12, 4000)]]
     for r in rows:
-        r["seconds"] = truth.fixed_s + cost.mixed_step_s(
+        r["seconds"] = truth.fixed_s + step_cost.mixed_step_s(
             qwen, law, rate, 132, r["context"], r["batch"], r["chunk"], r["prefix"],
             samples_chunk=0, decode_row_tile=128, phases=truth)
     fit, quality = fit_mixed(rows, qwen, law, rate, 132, 128)

@@ -6,16 +6,16 @@ import dataclasses
 
 import pytest
 
-from pdmux_triton import capacity_sweep, experiment
-from pdmux_triton.capacity import Criteria
-from pdmux_triton.capacity_sweep import PointKey, run_capacity, variant
-from pdmux_triton.cost import Overheads
+from pdmux_triton.cost.step_cost import Overheads
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.hardware import gpu_preset
-from pdmux_triton.models import model_preset
-from pdmux_triton.metrics import Slo
+from pdmux_triton.experiments import capacity_sweep, run
+from pdmux_triton.experiments.capacity_search import Criteria
+from pdmux_triton.experiments.capacity_sweep import PointKey, run_capacity, variant
+from pdmux_triton.experiments.settings import RunSettings
 from pdmux_triton.results import PointStore
-from pdmux_triton.settings import RunSettings
+from pdmux_triton.serve.metrics import Slo
+from pdmux_triton.spec.gpus import gpu_preset
+from pdmux_triton.spec.models import model_preset
 
 CRITERIA = Criteria(Slo(2000, 25))
 RATES = (4.0, 8.0, 12.0, 16.0, 20.0, 24.0, 28.0, 32.0, 40.0, 48.0, 64.0, 96.0)
@@ -58,7 +58,7 @@ def test_simulated_capacities_and_resume(tmp_path):
 def test_a_measured_sweep_reads_its_rates_beside_the_simulation(monkeypatch, tmp_path):
     """Measured mode on a stand-in GPU (the simulator, decoding 3x slower): capacities come
     from the given rates, the simulated search runs beside them, and the error is reported."""
-    original = experiment.Servers.executor
+    original = run.Servers.executor
 
     def slower(self, v):
         x = original(self, v)
@@ -66,8 +66,8 @@ def test_a_measured_sweep_reads_its_rates_beside_the_simulation(monkeypatch, tmp
             law = x.decode_rate
             x.decode_rate = dataclasses.replace(law, peak_tbps=law.peak_tbps / 3)
         return x
-    monkeypatch.setattr(experiment.Servers, "__init__", _sim_servers)
-    monkeypatch.setattr(experiment.Servers, "executor", slower)
+    monkeypatch.setattr(run.Servers, "__init__", _sim_servers)
+    monkeypatch.setattr(run.Servers, "executor", slower)
     store = PointStore(tmp_path / "p.jsonl", PointKey)
     result = run_capacity(settings(simulate=False), ("chunked_512",), CRITERIA, store,
                           rates=RATES, log=lambda m: None)
@@ -91,7 +91,7 @@ def test_a_measured_point_of_an_earlier_run_gets_its_simulation_beside_it(monkey
                                                                         tmp_path):
     """A point measured before at a rate this run does not name still counts in the measured
     capacity, so the simulation is read at it too (like for like, not None)."""
-    monkeypatch.setattr(experiment.Servers, "__init__", _sim_servers)
+    monkeypatch.setattr(run.Servers, "__init__", _sim_servers)
     store = PointStore(tmp_path / "p.jsonl", PointKey)
     first = run_capacity(settings(simulate=False), ("chunked_512",), CRITERIA, store,
                          rates=(3.0,), log=lambda m: None)
@@ -136,7 +136,7 @@ def test_points_of_other_settings_are_refused(tmp_path):
 def test_a_gpu_variant_serves_a_prefix_untimed_once(monkeypatch):
     """On the GPU a variant's first UNTIMED_REQUESTS requests are served once before its first
     measured run (its allocator's memory), and never again: a long stream is not served twice."""
-    served, original_executor, original_run = [], experiment.Servers.executor, experiment.Servers._run
+    served, original_executor, original_run = [], run.Servers.executor, run.Servers._run
 
     class StandInGpu:  # the GPU path of Servers.serve, on the simulator's executor
         @contextlib.contextmanager
@@ -157,15 +157,15 @@ def test_a_gpu_variant_serves_a_prefix_untimed_once(monkeypatch):
     def counting(self, v, strategy, x, requests):
         served.append(len(requests))
         return original_run(self, v, strategy, x, requests)
-    monkeypatch.setattr(experiment.Servers, "__init__", gpu_servers)
-    monkeypatch.setattr(experiment.Servers, "executor", sim_executor)
-    monkeypatch.setattr(experiment.Servers, "_run", counting)
-    s = dataclasses.replace(settings(simulate=False), count=experiment.UNTIMED_REQUESTS + 30)
-    servers = experiment.Servers(s, [])
+    monkeypatch.setattr(run.Servers, "__init__", gpu_servers)
+    monkeypatch.setattr(run.Servers, "executor", sim_executor)
+    monkeypatch.setattr(run.Servers, "_run", counting)
+    s = dataclasses.replace(settings(simulate=False), count=run.UNTIMED_REQUESTS + 30)
+    servers = run.Servers(s, [])
     for rate in (2.0, 3.0):
-        row, _ = servers.serve(variant("chunked_512"), experiment.make_requests(s, rate))
+        row, _ = servers.serve(variant("chunked_512"), run.make_requests(s, rate))
         assert row["requests_served"] == s.count
-    assert served == [experiment.UNTIMED_REQUESTS, s.count, s.count]
+    assert served == [run.UNTIMED_REQUESTS, s.count, s.count]
 
 
 def test_the_committed_capacity_folder_resumes_with_todays_model_preset(tmp_path):
@@ -173,7 +173,7 @@ def test_the_committed_capacity_folder_resumes_with_todays_model_preset(tmp_path
     import json
     import shutil
 
-    from pdmux_triton.models import model_preset
+    from pdmux_triton.spec.models import model_preset
 
     saved_path = "bench/results/capacity-settings-h200.json"
     saved = json.loads(open(saved_path).read())

@@ -9,14 +9,14 @@ import json
 
 import pytest
 import torch
-
 from conftest import HAS_CUDA
-from pdmux_triton.checkpoint import load_weights
-from pdmux_triton.errors import PdmuxError
-from pdmux_triton.model import DecodeBatch, ExtendBatch, KVCache, Model
-from pdmux_triton.models import resolve_model
-from pdmux_triton.partition import Budget
 from reference import rel_err
+
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.gpu.checkpoint import load_weights
+from pdmux_triton.gpu.decoder import DecodeBatch, ExtendBatch, KVCache, Model
+from pdmux_triton.multiplex.partition import Budget
+from pdmux_triton.spec.models import resolve_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -244,16 +244,16 @@ def test_real_dims_in_bf16_within_transformers_own_error(family, layers, tmp_pat
 def test_run_serves_a_users_checkpoint(saved, tmp_path, capsys):
     """`run --model DIR` (random weights of its shape) and `--weights hf` (its safetensors)
     both serve the chapter's scenario on the GPU."""
-    from pdmux_triton import cli
+    from pdmux_triton.cli import main
 
     family, folder, _ = saved
     if family != "qwen2":  # the family with a bias: the GEMM epilogue on the GPU too
         pytest.skip("one family is enough")
     for weights in ("random", "hf"):
         out = tmp_path / weights
-        assert cli.main(["run", "--model", str(folder), "--weights", weights, "--batch", "4",
-                         "--context", "256", "--prompt", "1024", "--decode-tokens", "16",
-                         "--kinds", "grid_cap", "--chunks", "512", "--out", str(out)]) == 0
+        assert main.main(["run", "--model", str(folder), "--weights", weights, "--batch", "4",
+                          "--context", "256", "--prompt", "1024", "--decode-tokens", "16",
+                          "--kinds", "grid_cap", "--chunks", "512", "--out", str(out)]) == 0
         data = json.loads(next(out.glob("run-*.json")).read_text())
         assert data["inputs"]["checkpoint"] == (str(folder) if weights == "hf" else None)
         assert all(r["requests_lost"] == 0 for r in data["rows"] if "requests_lost" in r)

@@ -16,7 +16,9 @@ import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from pdmux_triton import cli, cli_args, plots, policy
+from pdmux_triton.cli import flags, plots
+from pdmux_triton.cli.main import main
+from pdmux_triton.multiplex import sglang_rules
 
 CALIBRATION = "bench/results/calibrate-h200.json"
 COMPARISON = "bench/results/compare-h200.json"
@@ -30,7 +32,7 @@ def run(*args, **kw):
 
 def fails(capsys, argv, message):
     """The CLI exits 2 with exactly one line on stderr that says `message`."""
-    assert cli.main(argv) == 2, argv
+    assert main(argv) == 2, argv
     err = capsys.readouterr().err
     assert message in err, err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
@@ -39,14 +41,14 @@ def fails(capsys, argv, message):
 # --- what the subcommands print ------------------------------------------------------------
 
 def test_levels_table(capsys):
-    assert cli.main(["levels"]) == 0
+    assert main(["levels"]) == 0
     out = capsys.readouterr().out
     assert "prefill only" in out and "36+           level 6 (72/60)" in out
     assert "    5           80          52" in out
 
 
 def test_levels_json_for_a_custom_gpu(capsys):
-    assert cli.main(["levels", "--sms", "108", "--cc", "8.0", "--json"]) == 0
+    assert main(["levels", "--sms", "108", "--cc", "8.0", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert [(lv["prefill_sms"], lv["decode_sms"]) for lv in data["levels"]][1] == (84, 24)
     assert data["decode_bs_to_level"][-1] == {"first": 36, "last": None, "level": 6}
@@ -54,22 +56,22 @@ def test_levels_json_for_a_custom_gpu(capsys):
 
 def test_levels_written_config_loads_back(tmp_path, capsys):
     path = tmp_path / "sub" / "dir" / "h20.yaml"  # folders are made
-    assert cli.main(["levels", "--gpu", "h20", "--write-config", str(path)]) == 0
-    config = policy.load_config(path, 78, 9)
+    assert main(["levels", "--gpu", "h20", "--write-config", str(path)]) == 0
+    config = sglang_rules.load_config(path, 78, 9)
     assert config.sm_group_num == 5 and [d[:2] for d in config.manual_divisions] == [
         [56, 22], [48, 30], [40, 38]]
     assert "allow 3 splits, so 5 levels, not the 8 asked for" in capsys.readouterr().err
-    assert cli.main(["levels", "--gpu", "h20", "--config", str(path), "--json"]) == 0
+    assert main(["levels", "--gpu", "h20", "--config", str(path), "--json"]) == 0
     assert len(json.loads(capsys.readouterr().out)["levels"]) == 5
 
 
 @pytest.mark.parametrize("command", [["advise"], ["levels"]])  # levels --calibration: an alias
 def test_advise_from_the_h200_calibration(command, tmp_path, capsys):
     out = tmp_path / "advised.yaml"
-    assert cli.main([*command, "--gpu", "h200", "--calibration", CALIBRATION, "--itl-ms", "20",
-                     "--write-config", str(out)]) == 0
+    assert main([*command, "--gpu", "h200", "--calibration", CALIBRATION, "--itl-ms", "20",
+                 "--write-config", str(out)]) == 0
     assert "predicted step ms" in capsys.readouterr().out
-    assert policy.load_config(out, 132, 9).manual_divisions
+    assert sglang_rules.load_config(out, 132, 9).manual_divisions
     fails(capsys, [*command, "--gpu", "h200", "--calibration", CALIBRATION],
           "--calibration needs --itl-ms")
 
@@ -80,11 +82,11 @@ def test_advise_for_a_traffic_writes_divisions_that_follow_the_slo_policy(tmp_pa
     out = tmp_path / "slo.yaml"
     argv = ["advise", "--calibration", CALIBRATION, "--itl-ms", "25", "--context-dist", "sharegpt",
             "--max-batch", "96"]
-    assert cli.main([*argv, "--write-config", str(out)]) == 0
+    assert main([*argv, "--write-config", str(out)]) == 0
     assert "qwen3-8b on h200, sharegpt contexts" in capsys.readouterr().out
-    thresholds = [t for _, _, t in policy.load_config(out, 132, 9).manual_divisions]
+    thresholds = [t for _, _, t in sglang_rules.load_config(out, 132, 9).manual_divisions]
     assert thresholds == sorted(thresholds) and thresholds[0] == 1
-    assert cli.main([*argv, "--json"]) == 0
+    assert main([*argv, "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert 0 <= data["disagreement"] < 1 and data["decode_bs_to_level"][0]["first"] == 1
     fails(capsys, [*argv, "--context", "4096"], "--context does nothing with --context-dist")
@@ -101,15 +103,15 @@ def test_a_users_model_directory_is_a_model(tmp_path, capsys):
         "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
         "vocab_size": 152064, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
         "tie_word_embeddings": False, "use_sliding_window": False, "sliding_window": 131072}))
-    assert cli.main(["estimate", "--gpu", "h200", "--model", str(model), "--json"]) == 0
+    assert main(["estimate", "--gpu", "h200", "--model", str(model), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["inputs"]["model"]["name"] == "Qwen2.5-7B" and data["inputs"]["model"]["qkv_bias"]
-    assert cli.main(["run", "--gpu", "h200", "--model", str(model), "--decode-tokens", "16"]) == 0
+    assert main(["run", "--gpu", "h200", "--model", str(model), "--decode-tokens", "16"]) == 0
     assert "Qwen2.5-7B on h200" in capsys.readouterr().out
 
 
 def test_estimate_json_carries_its_inputs(capsys):
-    assert cli.main(["estimate", "--json"]) == 0
+    assert main(["estimate", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["inputs"]["decode_batch"] == 32 and data["inputs"]["gpu"]["name"] == "h100-sxm"
     assert {"version", "commit", "date"} <= set(data)
@@ -120,7 +122,7 @@ def test_estimate_json_carries_its_inputs(capsys):
 
 
 def test_an_sm_override_names_the_gpu_once_and_says_what_stays(capsys):
-    assert cli.main(["estimate", "--sms", "78", "--cc", "9.0"]) == 0
+    assert main(["estimate", "--sms", "78", "--cc", "9.0"]) == 0
     captured = capsys.readouterr()
     assert "h100-sxm-78sm (78 SMs, 3.35 TB/s, 989 bf16 TFLOP/s)" in captured.out
     assert "the h100-sxm preset with 78 SMs instead of 132" in captured.err
@@ -128,7 +130,7 @@ def test_an_sm_override_names_the_gpu_once_and_says_what_stays(capsys):
 
 def test_help_shows_defaults_and_allowed_values(capsys):
     with pytest.raises(SystemExit):
-        cli.main(["run", "--help"])
+        main(["run", "--help"])
     out = capsys.readouterr().out
     assert "(default: 32)" in out and "grid_cap, green" in out and "(default: 2048,512)" in out
 
@@ -136,8 +138,8 @@ def test_help_shows_defaults_and_allowed_values(capsys):
 @no_gpu
 def test_run_simulates_without_a_gpu(tmp_path, capsys):
     # 64 decode steps of ~12 ms outlast the simulated 480 ms prefill beside them
-    assert cli.main(["run", "--gpu", "h200", "--decode-tokens", "64", "--out", str(tmp_path),
-                     "--calibration", CALIBRATION, "--json"]) == 0
+    assert main(["run", "--gpu", "h200", "--decode-tokens", "64", "--out", str(tmp_path),
+                 "--calibration", CALIBRATION, "--json"]) == 0
     printed = capsys.readouterr().out
     out = json.loads((tmp_path / "run-h200.json").read_text())
     assert json.loads(printed) == out  # progress goes to stderr, stdout is pure JSON
@@ -157,9 +159,9 @@ def test_run_simulates_without_a_gpu(tmp_path, capsys):
 @no_gpu
 def test_replay_serves_the_same_run(tmp_path, capsys):
     first, again = tmp_path / "first", tmp_path / "again"
-    assert cli.main(["run", "--gpu", "h20", "--workload", "stream", "--rate", "3", "--count",
-                     "12", "--seed", "7", "--chunks", "1024", "--out", str(first)]) == 0
-    assert cli.main(["run", "--replay", str(first / "run-h20.json"), "--out", str(again)]) == 0
+    assert main(["run", "--gpu", "h20", "--workload", "stream", "--rate", "3", "--count",
+                 "12", "--seed", "7", "--chunks", "1024", "--out", str(first)]) == 0
+    assert main(["run", "--replay", str(first / "run-h20.json"), "--out", str(again)]) == 0
     a, b = (json.loads((d / "run-h20.json").read_text()) for d in (first, again))
     assert a["inputs"] == b["inputs"] and a["rows"] == b["rows"] and a["details"] == b["details"]
     capsys.readouterr()
@@ -177,7 +179,7 @@ def test_run_prints_its_table_when_matplotlib_is_missing(tmp_path, capsys, monke
     def no_matplotlib(*args):
         raise PdmuxError("plots need matplotlib: pip install 'pdmux-triton[plot]'")
     monkeypatch.setattr(plots, "timeline", no_matplotlib)
-    assert cli.main(["run", "--decode-tokens", "16", "--out", str(tmp_path)]) == 0
+    assert main(["run", "--decode-tokens", "16", "--out", str(tmp_path)]) == 0
     captured = capsys.readouterr()
     assert "pdmux_grid_cap" in captured.out and "simulated (a prediction)" in captured.out
     assert "cost model: first-order and uncalibrated" in captured.out
@@ -189,7 +191,7 @@ def test_run_prints_its_table_when_matplotlib_is_missing(tmp_path, capsys, monke
 def test_capacity_simulated_writes_json_table_and_plot(tmp_path, capsys):
     argv = ["capacity", "--gpu", "h200", "--count", "50", "--strategies",
             "prefill_first,pdmux_grid_cap", "--tol", "0.2", "--out", str(tmp_path)]
-    assert cli.main(argv) == 0
+    assert main(argv) == 0
     captured = capsys.readouterr()
     assert "goodput capacity req/s" in captured.out and "pdmux_grid_cap" in captured.out
     data = json.loads((tmp_path / "capacity-h200.json").read_text())
@@ -200,7 +202,7 @@ def test_capacity_simulated_writes_json_table_and_plot(tmp_path, capsys):
     assert "50 requests a point measure a burst" in captured.err
     assert data["summary"]["highest_goodput_capacity"] in ("prefill_first", "pdmux_grid_cap")
     assert (tmp_path / "capacity-h200.png").stat().st_size > 1000
-    assert cli.main([*argv, "--json"]) == 0  # resumed: every point from the store
+    assert main([*argv, "--json"]) == 0  # resumed: every point from the store
     assert "[simulated]" not in capsys.readouterr().err
     fails(capsys, [*argv[:-2], "--count", "51", "--out", str(tmp_path)], "differ in count")
     fails(capsys, [*argv[:-2], "--count", "20", "--out", str(tmp_path)],
@@ -209,8 +211,8 @@ def test_capacity_simulated_writes_json_table_and_plot(tmp_path, capsys):
 
 @no_gpu
 def test_stream_run_prints_the_serving_table(capsys):
-    assert cli.main(["run", "--workload", "stream", "--rate", "4", "--count", "20", "--lengths",
-                     "conv", "--slo-ttft-ms", "1000", "--slo-tpot-ms", "30"]) == 0
+    assert main(["run", "--workload", "stream", "--rate", "4", "--count", "20", "--lengths",
+                 "conv", "--slo-ttft-ms", "1000", "--slo-tpot-ms", "30"]) == 0
     out = capsys.readouterr().out
     assert "TPOT p50/p99 ms" in out and "goodput req/s" in out and "SLO met" in out
 
@@ -354,33 +356,33 @@ def test_naming_the_local_gpu_measures_and_another_says_how_to_simulate_it(monke
                                                                          capsys):
     """On an H200 (faked: the detected GPU), `--gpu h200` is the README's main command and
     measures; another preset is one line that says --simulate runs it."""
-    from pdmux_triton import cli_serve
-    from pdmux_triton.hardware import GPUS
+    from pdmux_triton.cli import serve
+    from pdmux_triton.spec.gpus import GPUS
 
-    monkeypatch.setattr(cli_serve, "measuring_gpu", lambda: GPUS["h200"])
-    args, given = cli_args.parse(["run", "--gpu", "h200"])
-    assert cli_serve._where(args, given) == (GPUS["h200"], False, None)
-    args, given = cli_args.parse(["run", "--gpu", "local"])
-    assert cli_serve._where(args, given) == (GPUS["h200"], False, None)
+    monkeypatch.setattr(serve, "measuring_gpu", lambda: GPUS["h200"])
+    args, given = flags.parse(["run", "--gpu", "h200"])
+    assert serve._where(args, given) == (GPUS["h200"], False, None)
+    args, given = flags.parse(["run", "--gpu", "local"])
+    assert serve._where(args, given) == (GPUS["h200"], False, None)
     fails(capsys, ["run", "--gpu", "h100-sxm"], "--gpu h100-sxm: this machine's GPU is the h200; "
           "to measure, name it (--gpu h200) or leave --gpu out; to simulate the h100-sxm preset "
           "here, add --simulate")
     fails(capsys, ["run", "--gpu", "v100"], "unknown GPU 'v100'")
     fails(capsys, ["run", "--gpu", "h200", "--sms", "100"],
           "--sms does nothing when measuring on the local h200")
-    args, given = cli_args.parse(["run", "--gpu", "h100-sxm", "--simulate"])
-    assert cli_serve._where(args, given) == (GPUS["h100-sxm"], True, None)
+    args, given = flags.parse(["run", "--gpu", "h100-sxm", "--simulate"])
+    assert serve._where(args, given) == (GPUS["h100-sxm"], True, None)
 
 
 @no_gpu
 def test_a_measured_run_replayed_without_a_gpu_is_simulated_and_says_so(tmp_path, capsys):
-    assert cli.main(["run", "--gpu", "h20", "--decode-tokens", "16", "--out", str(tmp_path)]) == 0
+    assert main(["run", "--gpu", "h20", "--decode-tokens", "16", "--out", str(tmp_path)]) == 0
     path = tmp_path / "run-h20.json"
     data = json.loads(path.read_text())
     data["inputs"]["simulate"] = False  # as a run measured on an H20 saved it
     path.write_text(json.dumps(data))
     capsys.readouterr()
-    assert cli.main(["run", "--replay", str(path)]) == 0
+    assert main(["run", "--replay", str(path)]) == 0
     captured = capsys.readouterr()
     assert "no GPU here" in captured.err and "simulating on the h20 preset" in captured.err
     assert "simulated (a prediction)" in captured.out
@@ -388,30 +390,30 @@ def test_a_measured_run_replayed_without_a_gpu_is_simulated_and_says_so(tmp_path
 
 def test_a_capacity_at_the_search_ceiling_says_it_is_at_least_that(tmp_path, capsys):
     """The tiny model meets the SLOs at any rate: its capacity is the search's ceiling."""
-    assert cli.main(["capacity", "--simulate", "--model", "tiny", "--count", "50",
-                     "--strategies", "prefill_first", "--out", str(tmp_path)]) == 0
+    assert main(["capacity", "--simulate", "--model", "tiny", "--count", "50",
+                 "--strategies", "prefill_first", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert ">= 1000.00 (search limit)" in out and "50 requests a point" in out
     assert "cost model: first-order and uncalibrated" in out
 
 
 def test_advise_with_an_sm_override_keeps_the_calibrations_gpu(capsys):
-    assert cli.main(["advise", "--calibration", CALIBRATION, "--itl-ms", "12", "--sms",
-                     "100"]) == 0
+    assert main(["advise", "--calibration", CALIBRATION, "--itl-ms", "12", "--sms",
+                 "100"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("qwen3-8b on h200-100sm") and "h100" not in out
 
 
 def test_advise_for_a_traffic_offers_every_split_and_writes_no_placeholder(tmp_path, capsys):
     path = tmp_path / "slo.yaml"
-    assert cli.main(["advise", "--calibration", CALIBRATION, "--itl-ms", "12", "--context-dist",
-                     "sharegpt", "--write-config", str(path)]) == 0
+    assert main(["advise", "--calibration", CALIBRATION, "--itl-ms", "12", "--context-dist",
+                 "sharegpt", "--write-config", str(path)]) == 0
     assert "every green-context split" in capsys.readouterr().out
-    config = policy.load_config(path, 132, 9)
+    config = sglang_rules.load_config(path, 132, 9)
     thresholds = [t for _, _, t in config.manual_divisions]
     assert thresholds == sorted(thresholds) and max(thresholds) <= 128
     # splits off SGLang's default levels are offered, as advise for one context offers them
-    assert {(p, d) for p, d, _ in config.manual_divisions} - set(policy.stream_groups(132, 9))
+    assert {(p, d) for p, d, _ in config.manual_divisions} - set(sglang_rules.stream_groups(132, 9))
 
 
 @no_gpu
@@ -422,7 +424,7 @@ def test_measuring_commands_need_a_gpu(capsys):
 
 def test_calibrate_without_torch_installed():
     """The README's main install has no torch: a measuring command says so in one line."""
-    code = ("import sys; sys.modules['torch'] = None; from pdmux_triton.cli import main; "
+    code = ("import sys; sys.modules['torch'] = None; from pdmux_triton.cli.main import main; "
             "sys.exit(main(['calibrate']))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == 2 and "torch is not installed" in out.stderr
@@ -473,7 +475,7 @@ def test_ctrl_c_while_the_cli_loads_is_one_line_and_exit_130():
     code = ("import builtins, sys\n"
             "real = builtins.__import__\n"
             "def interrupted(name, *args, **kw):\n"
-            "    if name == 'pdmux_triton.cli':\n"
+            "    if name == 'pdmux_triton.cli.main':\n"
             "        raise KeyboardInterrupt\n"
             "    return real(name, *args, **kw)\n"
             "builtins.__import__ = interrupted\n"
@@ -514,7 +516,7 @@ ADVERSARIAL = ["0", "-1", "1e-9", "nan", "inf", "-inf", "1e30", "999999999999999
 
 def _flags() -> dict[str, list[tuple[str, bool]]]:
     """Each subcommand's options and whether they take a value."""
-    parser = cli_args.build_parser()
+    parser = flags.build_parser()
     subs = parser._subparsers._group_actions[0].choices
     return {name: [(a.option_strings[-1], a.nargs != 0) for a in sub._actions
                    if a.option_strings and a.dest != "help"] for name, sub in subs.items()}
@@ -529,7 +531,7 @@ def paths(tmp_path_factory):
     (d / "empty.json").write_text("")
     (d / "dir").mkdir()
     (d / "pd.yaml").write_text("sm_group_num: 5\n")
-    assert cli.main(["run", "--gpu", "h20", "--decode-tokens", "16", "--out", str(d / "run")]) == 0
+    assert main(["run", "--gpu", "h20", "--decode-tokens", "16", "--out", str(d / "run")]) == 0
     traces = {name: d / f"{name}.csv" for name in TRACES}
     for name, text in TRACES.items():
         traces[name].write_bytes(text.encode("utf-8"))
@@ -593,7 +595,7 @@ def test_any_argument_vector_gets_an_answer(data, paths):
     with contextlib.chdir(paths["cwd"]), contextlib.redirect_stdout(out), \
             contextlib.redirect_stderr(err):
         try:
-            code = cli.main(argv)
+            code = main(argv)
         except SystemExit as done:  # --help and --version exit through argparse
             code = done.code
     elapsed = time.perf_counter() - started
@@ -657,7 +659,7 @@ def _answers(argv, cwd) -> tuple[int, str]:
     out, err = io.StringIO(), io.StringIO()
     started = time.perf_counter()
     with contextlib.chdir(cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.main(argv)
+        code = main(argv)
     assert code in (0, 2) and "Traceback" not in err.getvalue(), (argv, err.getvalue())
     assert time.perf_counter() - started < 20, argv
     if code == 2:
@@ -690,10 +692,10 @@ def test_any_pdmux_yaml_gets_an_answer(text, command, tmp_path_factory):
 
 
 def test_the_shipped_h200_inputs_price_only_the_model_they_were_measured_with(capsys):
-    assert cli.main(["run", "--gpu", "h200", "--model", "tiny", "--json"]) == 0
+    assert main(["run", "--gpu", "h200", "--model", "tiny", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["inputs"]["calibration"] is None
-    assert cli.main(["run", "--gpu", "h200", "--model", "tiny", "--calibration", CALIBRATION,
-                     "--decode-tokens", "16"]) == 0
+    assert main(["run", "--gpu", "h200", "--model", "tiny", "--calibration", CALIBRATION,
+                 "--decode-tokens", "16"]) == 0
     assert (f"note: {CALIBRATION} was measured with qwen3-8b: its curves price tiny by "
             f"extrapolation") in capsys.readouterr().err
 
@@ -702,14 +704,14 @@ def test_the_shipped_h200_inputs_price_only_the_model_they_were_measured_with(ca
 @pytest.mark.parametrize("name", ["run-h200.json", "run-advised-h200.json"])
 def test_the_committed_run_results_replay_simulated_here(name, capsys):
     """A measured file replays on a machine without its GPU: simulated, with a note."""
-    assert cli.main(["run", "--replay", f"bench/results/{name}", "--json"]) == 0
+    assert main(["run", "--replay", f"bench/results/{name}", "--json"]) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)["mode"] == "simulated"
     assert "no GPU here" in captured.err and "simulating on the h200 preset" in captured.err
 
 
 def test_every_committed_run_result_holds_its_inputs():
-    from pdmux_triton.settings import RunSettings
+    from pdmux_triton.experiments.settings import RunSettings
 
     for path in sorted(Path("bench/results").rglob("*.json")):
         data = json.loads(path.read_text())

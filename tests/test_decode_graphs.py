@@ -4,10 +4,10 @@ order."""
 import pytest
 import torch
 
-from pdmux_triton.decode_graphs import DecodeGraphs, padded_batch, padded_sizes
-from pdmux_triton.model import DecodeBatch, KVCache, Model, Weights
-from pdmux_triton.models import model_preset
-from pdmux_triton.partition import Budget
+from pdmux_triton.gpu.decode_graphs import DecodeGraphs, padded_batch, padded_sizes
+from pdmux_triton.gpu.decoder import DecodeBatch, KVCache, Model, Weights
+from pdmux_triton.multiplex.partition import Budget
+from pdmux_triton.spec.models import model_preset
 
 
 def test_padded_sizes_cover_every_batch_with_few_graphs():

@@ -5,10 +5,12 @@ from dataclasses import replace
 
 import pytest
 
-from pdmux_triton import cost, estimate, policy
+from pdmux_triton.cost import step_cost
+from pdmux_triton.cost.measured_inputs import Calibration, Comparison
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.hardware import gpu_preset
-from pdmux_triton.results import Calibration, Comparison
+from pdmux_triton.experiments import estimate
+from pdmux_triton.multiplex import sglang_rules
+from pdmux_triton.spec.gpus import gpu_preset
 
 
 def rows_by_name(**kw):
@@ -64,7 +66,7 @@ def test_a_calibration_replaces_the_law_with_the_measured_curves():
     cal = estimate.calibrated(sc, _calibration())
     assert cal.bw_efficiency == pytest.approx(0.5) and cal.s_sat == (110.0,)
     rows = {r.approach: r for r in estimate.estimate(cal)}
-    step_bytes = cost.decode_step_bytes(cal.model, cal.decode_batch * cal.context)
+    step_bytes = step_cost.decode_step_bytes(cal.model, cal.decode_batch * cal.context)
     # pd-mux's step beside the prefill reads the corun curve at 52 SMs (ctas 1 only) ...
     assert rows["pdmux_ssat110"].itl_ms == pytest.approx(step_bytes / 1.375e12 * 1e3)
     # ... decode alone on the whole GPU the alone curve
@@ -82,11 +84,11 @@ def test_a_comparison_sets_the_prefill_mfu_by_level():
     assert cal.mfu == pytest.approx(300 / (989 * 80 / 132))
     rows = {r.approach: r for r in estimate.estimate(cal)}
     assert rows["pdmux_ssat110"].prefill_ms == pytest.approx(
-        cost.prefill_flops(cal.model, 8192) / 300e12 * 1e3)
+        step_cost.prefill_flops(cal.model, 8192) / 300e12 * 1e3)
     # prefill-first has the GPU to itself: the MFU measured alone, held past the last level
     alone_mfu = 360 / (989 * 80 / 132)
     assert rows["prefill_first"].prefill_ms == pytest.approx(
-        cost.prefill_flops(cal.model, 8192) / (989e12 * alone_mfu) * 1e3)
+        step_cost.prefill_flops(cal.model, 8192) / (989e12 * alone_mfu) * 1e3)
     # a level the comparison did not measure (advised levels): MFU read between levels
     mfu = {64: 0.40, 96: 0.50}
     levels = tuple({"prefill_sms": n, "prefill": {"grid_cap": {
@@ -94,7 +96,7 @@ def test_a_comparison_sets_the_prefill_mfu_by_level():
                    for n, m in mfu.items())
     cmp = Comparison("c.json", "h200", levels)
     assert estimate.calibrated(sc, _calibration(), comparison=cmp).mfu == pytest.approx(0.45)
-    sc72 = replace(sc, pdmux=policy.PDMuxConfig(sm_group_num=3, manual_divisions=[[72, 60, 1]]))
+    sc72 = replace(sc, pdmux=sglang_rules.PDMuxConfig(sm_group_num=3, manual_divisions=[[72, 60, 1]]))
     assert estimate.calibrated(sc72, _calibration(), comparison=cmp).mfu == pytest.approx(0.425)
     with pytest.raises(PdmuxError, match="lack prefill / grid_cap / corun_tflops"):
         estimate.calibrated(sc, _calibration(),

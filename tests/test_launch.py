@@ -3,12 +3,12 @@ leaves zero, so captured graphs replay exactly."""
 
 import pytest
 import torch
-
 from conftest import HAS_CUDA
+from reference import assert_close
+
 from pdmux_triton.kernels import decode_attention, linear
 from pdmux_triton.kernels._launch import arrival_counters
-from pdmux_triton.paged_kv import PagedKV
-from reference import assert_close
+from pdmux_triton.measure.random_kv import PagedKV
 
 BF16 = torch.bfloat16
 DEV = "cuda" if HAS_CUDA else "cpu"

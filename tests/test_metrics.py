@@ -8,12 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pdmux_triton import cost, metrics, scheduler
-from pdmux_triton.hardware import gpu_preset
-from pdmux_triton.models import model_preset
-from pdmux_triton.scheduler import Activity, Round, RunResult
-from pdmux_triton.simulate import SimExecutor
-from pdmux_triton.traffic import Exponential, Request, stream
+from pdmux_triton.cost import step_cost
+from pdmux_triton.serve import metrics, scheduler
+from pdmux_triton.serve.scheduler import Activity, Round, RunResult
+from pdmux_triton.serve.simulated import SimExecutor
+from pdmux_triton.spec.gpus import gpu_preset
+from pdmux_triton.spec.models import model_preset
+from pdmux_triton.spec.traffic import Exponential, Request, stream
 
 
 def _times(r: Request, times: list[float]) -> Request:
@@ -103,8 +104,8 @@ def test_waits_counted_per_step_are_every_tokens_wait(strategy):
     """The waits a run's step log gives, repeated by their counts, are the per-token gaps of
     every request's token times."""
     gpu, model = gpu_preset("h200"), model_preset("qwen3-8b")
-    x = SimExecutor(gpu, model, cost.SaturationLaw(4.0, 66),
-                    cost.PrefillRate.fixed(gpu.bf16_tflops, gpu.sms, 0.5))
+    x = SimExecutor(gpu, model, step_cost.SaturationLaw(4.0, 66),
+                    step_cost.PrefillRate.fixed(gpu.bf16_tflops, gpu.sms, 0.5))
     reqs = stream(model.vocab, 20.0, 40, Exponential(800, 4000, 30, 120), seed=2)
     result = scheduler.run(strategy, x, reqs, chunk=512)
     by_token = sorted((b, b - a) for r in result.requests

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from pdmux_triton import cost
+from pdmux_triton.cost import step_cost
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.hardware import ModelSpec, RopeScaling
-from pdmux_triton.models import MODELS, model_preset, resolve_model, spec_from_config
+from pdmux_triton.spec.gpus import ModelSpec, RopeScaling
+from pdmux_triton.spec.models import MODELS, model_preset, resolve_model, spec_from_config
 
 LLAMA3_SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                   "original_max_position_embeddings": 8192}
@@ -37,7 +37,7 @@ def test_presets_are_the_published_shapes():
     assert small.tie_embeddings and small.q_dim == 4096 != small.hidden  # head_dim given
     # a tied LM head is the embedding table: one table less to hold
     untied = dataclasses.replace(small, tie_embeddings=False)
-    assert (cost.footprint_bytes(untied, 0) - cost.footprint_bytes(small, 0)
+    assert (step_cost.footprint_bytes(untied, 0) - step_cost.footprint_bytes(small, 0)
             == 2 * small.vocab * small.hidden)
     with pytest.raises(PdmuxError, match="unknown model 'gpt5'.*qwen3-8b.*config.json"):
         model_preset("gpt5")

@@ -5,14 +5,14 @@ import json
 
 import pytest
 
-from pdmux_triton import cost
+from pdmux_triton.cost import step_cost
+from pdmux_triton.cost.parallel import LINKS, Link, TensorParallel, shard
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.hardware import gpu_preset
-from pdmux_triton.models import model_preset
-from pdmux_triton.parallel import LINKS, Link, TensorParallel, shard
-from pdmux_triton.settings import RunSettings
-from pdmux_triton.simulate import SimExecutor
-from pdmux_triton.traffic import Request
+from pdmux_triton.experiments.settings import RunSettings
+from pdmux_triton.serve.simulated import SimExecutor
+from pdmux_triton.spec.gpus import gpu_preset
+from pdmux_triton.spec.models import model_preset
+from pdmux_triton.spec.traffic import Request
 
 QWEN = model_preset("qwen3-8b")
 
@@ -23,9 +23,10 @@ def test_a_rank_holds_its_share_of_weights_cache_and_flops(tp):
     assert (rank.q_heads, rank.kv_heads, rank.intermediate, rank.vocab) == (
         32 // tp, 8 // tp, 12288 // tp, 151936 // tp)
     assert rank.hidden == QWEN.hidden and rank.layers == QWEN.layers
-    assert cost.weight_bytes(rank) * tp == cost.weight_bytes(QWEN)
+    assert step_cost.weight_bytes(rank) * tp == step_cost.weight_bytes(QWEN)
     assert rank.kv_bytes_per_token() * tp == QWEN.kv_bytes_per_token()
-    assert cost.prefill_flops(rank, 1000) * tp == pytest.approx(cost.prefill_flops(QWEN, 1000))
+    assert step_cost.prefill_flops(rank, 1000) * tp == pytest.approx(
+        step_cost.prefill_flops(QWEN, 1000))
 
 
 def test_more_ranks_than_kv_heads_replicate_them():
@@ -69,8 +70,8 @@ def test_a_link_that_is_not_a_link_is_refused(gbps, latency):
 
 
 def test_a_simulated_rank_prices_its_shard_and_its_collectives():
-    gpu, law = gpu_preset("h200"), cost.SaturationLaw(4.0, 66)
-    prefill = cost.PrefillRate.fixed(gpu.bf16_tflops, gpu.sms, 0.5)
+    gpu, law = gpu_preset("h200"), step_cost.SaturationLaw(4.0, 66)
+    prefill = step_cost.PrefillRate.fixed(gpu.bf16_tflops, gpu.sms, 0.5)
     comm = TensorParallel.of(QWEN, 2, LINKS["nvlink4"])
     rank = shard(QWEN, 2)
     reqs = [Request(rid=i, arrival=0.0, prompt=[0] * 100, output_len=4) for i in range(8)]
@@ -82,9 +83,9 @@ def test_a_simulated_rank_prices_its_shard_and_its_collectives():
         t0 = x.now()
         x.wait_decode(x.launch_decode(reqs))
         steps[name] = x.now() - t0
-    alone = cost.decode_step_s(QWEN, law, 800, gpu.sms, False, 8)
+    alone = step_cost.decode_step_s(QWEN, law, 800, gpu.sms, False, 8)
     assert steps["one"] == pytest.approx(alone)
-    assert steps["rank"] == pytest.approx(cost.decode_step_s(rank, law, 800, gpu.sms, False, 8)
+    assert steps["rank"] == pytest.approx(step_cost.decode_step_s(rank, law, 800, gpu.sms, False, 8)
                                           + comm.decode_s(8))
     assert steps["rank"] < steps["one"]  # half the bytes outweigh the all-reduces
 
@@ -106,17 +107,17 @@ def test_settings_shard_the_model_and_refuse_a_measured_tp():
 
 
 def test_run_serves_a_tp_server_and_says_so(capsys, tmp_path):
-    from pdmux_triton import cli
+    from pdmux_triton.cli import main
 
     argv = ["run", "--simulate", "--gpu", "h200", "--workload", "stream", "--rate", "4",
             "--count", "20", "--chunks", "512", "--kinds", "grid_cap"]
-    assert cli.main([*argv, "--tp", "2", "--out", str(tmp_path)]) == 0
+    assert main.main([*argv, "--tp", "2", "--out", str(tmp_path)]) == 0
     text = capsys.readouterr().out
     assert "qwen3-8b on TP-2 over 2 x h200 (nvlink4 450 GB/s, 10 us)" in text
     out = json.loads((tmp_path / "run-h200.json").read_text())
     assert out["tp"] == 2 and out["inputs"]["tp"] == 2
     assert all(r["requests_served"] == 20 and r["requests_lost"] == 0 for r in out["rows"])
-    assert cli.main([*argv, "--json"]) == 0
+    assert main.main([*argv, "--json"]) == 0
     one = json.loads(capsys.readouterr().out)
     by = {r["strategy"]: r for r in one["rows"]}
     for r in out["rows"]:  # half the weights and cache a step: faster, all-reduces and all
@@ -124,7 +125,7 @@ def test_run_serves_a_tp_server_and_says_so(capsys, tmp_path):
 
 
 def test_a_rank_pays_its_share_of_what_rows_cost_beyond_bytes():
-    from pdmux_triton.parallel import rank_rate
+    from pdmux_triton.cost.parallel import rank_rate
 
     class Curve:
         def tbps(self, sms, corun):

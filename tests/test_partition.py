@@ -2,11 +2,11 @@
 
 import pytest
 
-from pdmux_triton import policy
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.partition import Budget, PartitionSpec, for_level, whole
+from pdmux_triton.multiplex import sglang_rules
+from pdmux_triton.multiplex.partition import Budget, PartitionSpec, for_level, whole
 
-H100 = policy.stream_groups(132, 9)
+H100 = sglang_rules.stream_groups(132, 9)
 
 
 def test_for_level_maps_every_level():

@@ -1,13 +1,16 @@
 """Plots are written and say what they show."""
 
 import pytest
+from test_comparison_errors import level_entry
 
-from pdmux_triton import compare, cost, plots, scheduler
-from pdmux_triton.hardware import gpu_preset
-from pdmux_triton.models import model_preset
-from pdmux_triton.simulate import SimExecutor
-from pdmux_triton.traffic import chapter_scenario
-from test_compare import level_entry
+from pdmux_triton.cli import plots
+from pdmux_triton.cost import step_cost
+from pdmux_triton.measure import comparison_errors
+from pdmux_triton.serve import scheduler
+from pdmux_triton.serve.simulated import SimExecutor
+from pdmux_triton.spec.gpus import gpu_preset
+from pdmux_triton.spec.models import model_preset
+from pdmux_triton.spec.traffic import chapter_scenario
 
 pytest.importorskip("matplotlib")
 
@@ -22,7 +25,7 @@ def test_calibration_plot(tmp_path):
 
 def test_compare_plot(tmp_path):
     entry = level_entry()
-    entry.update(compare.level_errors(entry))
+    entry.update(comparison_errors.level_errors(entry))
     plots.compare([entry], "h200", "qwen3-8b", tmp_path / "cmp.png")
     assert (tmp_path / "cmp.png").stat().st_size > 1000
 
@@ -31,7 +34,8 @@ def test_timeline_plot_keeps_every_point_inside_its_axes(tmp_path, monkeypatch):
     import matplotlib.figure
 
     gpu, model = gpu_preset("h200"), model_preset("qwen3-8b")
-    x = SimExecutor(gpu, model, cost.SaturationLaw(4.0, 66), cost.PrefillRate.fixed(989, 132, 0.5))
+    x = SimExecutor(gpu, model, step_cost.SaturationLaw(4.0, 66),
+                    step_cost.PrefillRate.fixed(989, 132, 0.5))
     result = scheduler.run("prefill_first", x, chapter_scenario(model.vocab, decode_tokens=16))
     figures = []
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig",

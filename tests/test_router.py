@@ -5,18 +5,19 @@ import copy
 
 import pytest
 
-from pdmux_triton import cost, metrics, scheduler
+from pdmux_triton.cost import step_cost
+from pdmux_triton.cost.parallel import Link
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.hardware import gpu_preset
-from pdmux_triton.models import model_preset
-from pdmux_triton.parallel import Link
-from pdmux_triton.router import kv_arrivals, round_robin, serve_disaggregated, serve_replicas
-from pdmux_triton.simulate import SimExecutor
-from pdmux_triton.traffic import LENGTH_PRESETS, Request, stream
+from pdmux_triton.serve import metrics, scheduler
+from pdmux_triton.serve.router import kv_arrivals, round_robin, serve_disaggregated, serve_replicas
+from pdmux_triton.serve.simulated import SimExecutor
+from pdmux_triton.spec.gpus import gpu_preset
+from pdmux_triton.spec.models import model_preset
+from pdmux_triton.spec.traffic import LENGTH_PRESETS, Request, stream
 
 GPU, MODEL = gpu_preset("h200"), model_preset("qwen3-8b")
-LAW = cost.SaturationLaw(4.0, 66)
-PREFILL = cost.PrefillRate.fixed(GPU.bf16_tflops, GPU.sms, 0.5)
+LAW = step_cost.SaturationLaw(4.0, 66)
+PREFILL = step_cost.PrefillRate.fixed(GPU.bf16_tflops, GPU.sms, 0.5)
 
 
 def _server(strategy: str, kv_arrives: bool = False):
@@ -96,7 +97,7 @@ def test_kv_pages_overlap_the_prefill_unless_the_link_is_slower():
 def test_disaggregated_requests_get_their_first_token_after_their_kv_arrives():
     reqs = _requests()
     link = Link("nvlink", 450.0, 10.0)
-    per_token = MODEL.kv_bytes_per_token(cost.DTYPE_BYTES)
+    per_token = MODEL.kv_bytes_per_token(step_cost.DTYPE_BYTES)
     result = serve_disaggregated("disagg_1p1d", _server("prefill_first"),
                                  _server("prefill_first", kv_arrives=True), reqs, 1, 1,
                                  per_token, MODEL.layers, link)

@@ -5,20 +5,22 @@ import re
 
 import pytest
 
-from pdmux_triton import cost, metrics, policy, scheduler
+from pdmux_triton.cost import step_cost
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.hardware import gpu_preset
-from pdmux_triton.models import model_preset
-from pdmux_triton.simulate import SimExecutor
-from pdmux_triton.traffic import Exponential, Request, chapter_scenario, stream
+from pdmux_triton.multiplex import sglang_rules
+from pdmux_triton.serve import metrics, scheduler
+from pdmux_triton.serve.simulated import SimExecutor
+from pdmux_triton.spec.gpus import gpu_preset
+from pdmux_triton.spec.models import model_preset
+from pdmux_triton.spec.traffic import Exponential, Request, chapter_scenario, stream
 
 QWEN = model_preset("qwen3-8b")
 H100 = gpu_preset("h100-sxm")
 
 
 def sim(s_sat=44.0, gpu=H100):
-    return SimExecutor(gpu, QWEN, cost.SaturationLaw(gpu.hbm_tbps * 0.85, s_sat),
-                       cost.PrefillRate.fixed(gpu.bf16_tflops, gpu.sms, 0.5))
+    return SimExecutor(gpu, QWEN, step_cost.SaturationLaw(gpu.hbm_tbps * 0.85, s_sat),
+                       step_cost.PrefillRate.fixed(gpu.bf16_tflops, gpu.sms, 0.5))
 
 
 def run(strategy, reqs=None, s_sat=44.0, **kw):
@@ -71,7 +73,7 @@ def test_pdmux_levels_follow_sglang():
 def test_manual_divisions_pick_the_level():
     manual = [[112, 20, 1], [104, 28, 100], [96, 36, 100], [88, 44, 100], [80, 52, 100],
               [72, 60, 100]]
-    config = policy.PDMuxConfig(8, manual)
+    config = sglang_rules.PDMuxConfig(8, manual)
     result = scheduler.run("pdmux", sim(), chapter_scenario(QWEN.vocab, decode_tokens=64),
                            config=config)
     assert {r.level for r in result.rounds if r.prefill} == {1}

@@ -4,12 +4,12 @@ disjoint SMs; without a GPU, opening one is a clear error."""
 import pytest
 import torch
 
-from pdmux_triton import policy
 from pdmux_triton.errors import PdmuxError
+from pdmux_triton.gpu.streams import Partition, PartitionPool
 from pdmux_triton.kernels import linear, stream_read
-from pdmux_triton.partition import PartitionSpec, for_level
-from pdmux_triton.streams import Partition, PartitionPool
-from pdmux_triton.telemetry import probe
+from pdmux_triton.measure.telemetry import probe
+from pdmux_triton.multiplex import sglang_rules
+from pdmux_triton.multiplex.partition import PartitionSpec, for_level
 
 
 def _sms():
@@ -17,7 +17,7 @@ def _sms():
 
 
 def _groups():
-    return policy.stream_groups(_sms(), torch.cuda.get_device_capability(0)[0])
+    return sglang_rules.stream_groups(_sms(), torch.cuda.get_device_capability(0)[0])
 
 
 def test_opening_without_a_gpu_is_a_clear_error():
@@ -60,7 +60,7 @@ def _usage(kind):
     x = torch.randn(8192, 4096, dtype=torch.bfloat16, device="cuda")
     w = torch.randn(24576, 4096, dtype=torch.bfloat16, device="cuda")
     buf = torch.randn(1 << 27, device="cuda")
-    with Partition.open(for_level(policy.stream_groups(total, 9)[5], kind)) as part:
+    with Partition.open(for_level(sglang_rules.stream_groups(total, 9)[5], kind)) as part:
         return probe(part, lambda ids: linear(x, w, num_sms=part.prefill_sms, sm_ids=ids),
                      lambda ids: stream_read(buf, num_sms=part.decode_sms, sm_ids=ids), total)
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from pdmux_triton.kernels import stream_read
-from pdmux_triton.telemetry import sm_usage
+from pdmux_triton.measure.telemetry import sm_usage
 
 
 def test_sm_usage_overlap_and_tpcs():

@@ -6,14 +6,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from pdmux_triton.cost.parallel import shard
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.hardware import GPUSpec
-from pdmux_triton.model import DecodeBatch, ExtendBatch, KVCache, Model, Weights
-from pdmux_triton.models import model_preset
-from pdmux_triton.parallel import shard
-from pdmux_triton.partition import Budget
-from pdmux_triton.tensor_parallel import DistCollectives, shard_weights
-from pdmux_triton.traffic import Request
+from pdmux_triton.gpu.decoder import DecodeBatch, ExtendBatch, KVCache, Model, Weights
+from pdmux_triton.gpu.tensor_parallel import DistCollectives, shard_weights
+from pdmux_triton.multiplex.partition import Budget
+from pdmux_triton.spec.gpus import GPUSpec
+from pdmux_triton.spec.models import model_preset
+from pdmux_triton.spec.traffic import Request
 
 SPEC = model_preset("tiny")  # 4 query heads, 2 KV heads, MLP 128, vocabulary 256
 PAGE, PAGES = 4, [5, 2, 9, 0, 7]
@@ -97,17 +97,18 @@ def test_the_shards_hold_the_whole_model_between_them(tp):
 def _rank_loop(rank, tp, rendezvous, out, agree):
     """A pd-mux loop on a simulated rank whose prefills run slower on rank 1 (a GPU that is
     slower or busier): the rounds it serves, with or without agreeing with the other ranks."""
-    from pdmux_triton import cost, scheduler
-    from pdmux_triton.hardware import gpu_preset
-    from pdmux_triton.simulate import SimExecutor
-    from pdmux_triton.tensor_parallel import AgreedExecutor
-    from pdmux_triton.traffic import LENGTH_PRESETS, stream
+    from pdmux_triton.cost import step_cost
+    from pdmux_triton.gpu.tensor_parallel import AgreedExecutor
+    from pdmux_triton.serve import scheduler
+    from pdmux_triton.serve.simulated import SimExecutor
+    from pdmux_triton.spec.gpus import gpu_preset
+    from pdmux_triton.spec.traffic import LENGTH_PRESETS, stream
 
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=tp)
     try:
         gpu, qwen = gpu_preset("h200"), model_preset("qwen3-8b")
-        prefill = cost.PrefillRate.fixed(gpu.bf16_tflops, gpu.sms, 0.5 if rank == 0 else 0.3)
-        x = SimExecutor(gpu, shard(qwen, tp), cost.SaturationLaw(4.0, 66), prefill)
+        prefill = step_cost.PrefillRate.fixed(gpu.bf16_tflops, gpu.sms, 0.5 if rank == 0 else 0.3)
+        x = SimExecutor(gpu, shard(qwen, tp), step_cost.SaturationLaw(4.0, 66), prefill)
         reqs = stream(qwen.vocab, 6.0, 30, LENGTH_PRESETS["sharegpt"], seed=4)
         result = scheduler.run("pdmux", AgreedExecutor(x) if agree else x, reqs)
         rounds = [(rd.level, rd.decode_bs, rd.prefill) for rd in result.rounds]
@@ -134,7 +135,7 @@ PREFILL_PAGES, DECODE_PAGES = [5, 2, 9], [1, 7, 3, 12]
 def _disaggregated(rank, rendezvous, out, prompt, steps):
     """Rank 0 prefills `prompt` and sends each layer's KV pages as the layer ends; rank 1
     receives them into its own pages and decodes from them."""
-    from pdmux_triton.kv_transfer import receive_request, send_layer
+    from pdmux_triton.gpu.kv_transfer import receive_request, send_layer
 
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=2)
     try:
@@ -197,7 +198,7 @@ def test_kv_pages_sent_layer_by_layer_land_in_the_decode_ranks_own_pages(tmp_pat
 
 
 def test_pages_outside_the_cache_are_refused_before_anything_is_sent():
-    from pdmux_triton.kv_transfer import send_layer
+    from pdmux_triton.gpu.kv_transfer import send_layer
 
     cache = KVCache(SPEC, 4, PAGE, "cpu", torch.float32)
     with pytest.raises(PdmuxError, match=r"pages must be ids in 0..3, got \[1, 4\]"):
@@ -207,8 +208,8 @@ def test_pages_outside_the_cache_are_refused_before_anything_is_sent():
 def _served(x, agree: bool, out: dict | None = None):
     """The pd-mux loop over three requests on executor `x`: each request's greedy tokens (and
     in `out`, its rounds)."""
-    from pdmux_triton import scheduler
-    from pdmux_triton.tensor_parallel import AgreedExecutor
+    from pdmux_triton.gpu.tensor_parallel import AgreedExecutor
+    from pdmux_triton.serve import scheduler
 
     reqs = [Request(0, [5, 17, 99, 3, 42, 7, 250], 6, 0.0, warm=True),
             Request(1, list(range(30, 42)), 7, 0.0, warm=True),
@@ -220,7 +221,7 @@ def _served(x, agree: bool, out: dict | None = None):
 
 
 def _serving_rank(rank, tp, rendezvous, out):
-    from pdmux_triton.execute import ModelExecutor
+    from pdmux_triton.gpu.model_executor import ModelExecutor
 
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=tp)
     try:
@@ -239,7 +240,7 @@ def _serving_rank(rank, tp, rendezvous, out):
 
 
 def test_tp2_serves_the_same_greedy_tokens_as_one_device(tmp_path):
-    from pdmux_triton.execute import ModelExecutor
+    from pdmux_triton.gpu.model_executor import ModelExecutor
 
     one = _served(ModelExecutor.shared(SPEC, GPU, "grid_cap", page_size=4, cache_tokens=512,
                                        seed=1), agree=False)

@@ -6,9 +6,9 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from pdmux_triton import traffic
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.traffic import LENGTH_PRESETS, decoding_contexts
+from pdmux_triton.spec import traffic
+from pdmux_triton.spec.traffic import LENGTH_PRESETS, decoding_contexts
 
 # the largest relative error of each fit against its published figures (the README's table)
 FIT_ERROR_BOUND = {"sharegpt": 0.02, "arxiv": 0.025, "conv": 0.06, "code": 0.015}
@@ -188,9 +188,9 @@ def test_decoding_contexts_weight_requests_by_how_long_they_decode(name):
 # --- through a run's settings: what the GPU and the model allow, checked before serving ---
 
 def _settings(**kw):
-    from pdmux_triton.hardware import gpu_preset
-    from pdmux_triton.models import model_preset
-    from pdmux_triton.settings import RunSettings
+    from pdmux_triton.experiments.settings import RunSettings
+    from pdmux_triton.spec.gpus import gpu_preset
+    from pdmux_triton.spec.models import model_preset
 
     return RunSettings(gpu_preset(kw.pop("gpu", "h200")), model_preset(kw.pop("model", "qwen3-8b")),
                        simulate=True, **kw)
@@ -239,7 +239,7 @@ def test_settings_refuse_what_the_model_or_the_clock_cannot_hold(kw, message):
 
 
 def test_settings_read_a_trace_once_and_pass_its_notes_on(tmp_path):
-    from pdmux_triton.settings import make_requests
+    from pdmux_triton.experiments.settings import make_requests
 
     s = _settings(workload="trace", trace=_trace(tmp_path, "0.5,10,2\n0.1,10,2\n"))
     assert s.notes == (f"trace {s.trace}: 1 row(s) arrive before a row above them (the first "

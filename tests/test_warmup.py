@@ -3,14 +3,14 @@ the GPU a served stream then compiles, captures and allocates nothing."""
 
 import pytest
 import torch
-
 from conftest import HAS_CUDA
-from pdmux_triton.compiles import CompileWatch
-from pdmux_triton.models import model_preset
+
+from pdmux_triton.gpu.compile_watch import CompileWatch
+from pdmux_triton.gpu.decoder import KVCache, Model, Weights
+from pdmux_triton.gpu.warmup import compile_prefill_side
 from pdmux_triton.kernels.gemm import plan, warm_up_rows
-from pdmux_triton.model import KVCache, Model, Weights
-from pdmux_triton.partition import Budget
-from pdmux_triton.warmup import compile_prefill_side
+from pdmux_triton.multiplex.partition import Budget
+from pdmux_triton.spec.models import model_preset
 
 DEV = torch.device("cuda" if HAS_CUDA else "cpu")
 
@@ -59,16 +59,16 @@ def test_a_served_stream_compiles_and_captures_nothing():
     each with its own cached memory, are visited as the batches form, which differs between
     the untimed pass and the measured one). Under the slo level policy too, which can pick any
     split as the contexts decide."""
-    from pdmux_triton import experiment
-    from pdmux_triton.hardware import detect_gpu
-    from pdmux_triton.settings import RunSettings
+    from pdmux_triton.experiments import run
+    from pdmux_triton.experiments.settings import RunSettings
+    from pdmux_triton.spec.gpus import detect_gpu
 
     s = RunSettings(gpu=detect_gpu(), model=model_preset("qwen3-8b"), workload="stream",
                     rate=6.0, count=40, seed=5, chunks=(512,), kinds=("grid_cap", "green"),
                     max_running=64, slo_ttft_ms=2000, slo_tpot_ms=25,
                     level_policies=("sglang", "slo"), itl_slo_ms=15.0,
                     calibration="bench/results/calibrate-h200.json")
-    out, _, _ = experiment.run_experiment(s, log=print)
+    out, _, _ = run.run_experiment(s, log=print)
     assert {r["strategy"] for r in out["rows"]} == {
         "prefill_first", "chunked_512", "pdmux_grid_cap", "pdmux_green", "pdmux_slo_grid_cap",
         "pdmux_slo_green"}

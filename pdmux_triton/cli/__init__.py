@@ -1,0 +1,1 @@
+"""The command line: entry, flags, commands, tables and plots."""

@@ -1,0 +1,466 @@
+"""The command line's arguments: every flag, its type, its default and what it allows.
+
+Types validate at the edge (finite, positive, within bounds; lists without repeats or empty
+items), so a bad value is one line naming it. Flags are registered with no default of their
+own: after parsing, `given` says which the user passed (so a flag that would do nothing can be
+refused) and the documented defaults are filled in. The subcommands' prose is in `help_text`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+from pdmux_triton import __version__
+from pdmux_triton.cli import help_text
+from pdmux_triton.cost.parallel import LINKS
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.experiments.capacity_sweep import DEFAULT_STRATEGIES, variant
+from pdmux_triton.experiments.settings import LENGTHS, LEVEL_POLICIES, MAX_TP, WORKLOADS
+from pdmux_triton.measure.calibration_sweep import DECODE_WORKLOADS
+from pdmux_triton.multiplex import sglang_rules
+from pdmux_triton.multiplex.partition import SPLIT_KINDS
+from pdmux_triton.results import write_json
+from pdmux_triton.serve import scheduler
+from pdmux_triton.spec.gpus import GPUS, MAX_SMS
+from pdmux_triton.spec.models import MODELS
+from pdmux_triton.spec.traffic import LENGTH_PRESETS
+
+MAX_COUNT = 100_000  # requests in one run
+MIN_CAPACITY_COUNT = 50  # requests a capacity point needs at least
+STEADY_COUNT = 1000  # requests a point for a near-steady read (bench/stream_length.py)
+MAX_CTAS = 32  # programs per SM Hopper can hold
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with usage errors as one line (PdmuxError) instead of usage text on stderr."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
+        self.documented_defaults: dict[str, object] = {}
+
+    def error(self, message):
+        command = self.prog.removeprefix("pdmux-triton").strip()
+        if message.startswith("argument "):  # "argument --rate: ..." -> "run --rate: ..."
+            message = message.removeprefix("argument ")
+            raise PdmuxError(f"{command} {message}" if command else message)
+        raise PdmuxError(f"{command}: {message}" if command else message)
+
+    def flag(self, *names, default=None, help="", shown=None, group=None, **kwargs):
+        """An option whose default is filled in after parsing (see `parse`); `shown` says
+        the default in words where it is not a value, `group` is a section of the help."""
+        action = (group or self).add_argument(*names, default=None,
+                                              help=_with_default(help, default, shown, kwargs),
+                                              **kwargs)
+        self.documented_defaults[action.dest] = default
+        return action
+
+
+def run_script(parser: Parser, run, argv=None, interrupted: str = "interrupted") -> int:
+    """A script's whole entry, as the CLI's: parse `argv` and `run(args)`; a PdmuxError ends
+    in one line on stderr and exit 2, Ctrl-C in one line and exit 130."""
+    try:
+        return run(parser.parse_args(argv))
+    except PdmuxError as err:
+        print(f"{parser.prog}: error: {str(err).removeprefix(parser.prog).lstrip(': ')}",
+              file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{parser.prog}: {interrupted}", file=sys.stderr)
+        return 130
+
+
+# the cost model's measured inputs as bench/results commits them for the H200
+MEASURED_ON_H200 = {"calibration": "bench/results/calibrate-h200.json",
+                    "compare": "bench/results/compare-h200.json",
+                    "host_costs": "bench/results/host-costs-h200.json"}
+
+
+def bench_parser(script: str, doc: str) -> Parser:
+    """A bench script's parser: its name, its docstring's first line, and --out."""
+    parser = Parser(prog=f"bench/{script}", description=doc.splitlines()[0])
+    parser.add_argument("--out", default="bench/results")
+    return parser
+
+
+def bench_inputs(parser: argparse.ArgumentParser, *measured: str, ttft: bool = True) -> None:
+    """A bench script's SLO targets and the measured files it prices work with (`measured`
+    among MEASURED_ON_H200's names; the H200's by default)."""
+    if ttft:
+        parser.add_argument("--slo-ttft-ms", type=number(), default=2000.0)
+    parser.add_argument("--slo-tpot-ms", type=number(), default=25.0)
+    for name in measured:
+        parser.add_argument("--" + name.replace("_", "-"), default=MEASURED_ON_H200[name])
+
+
+def finish(path, data: dict, table: str) -> int:
+    """A bench script's last step: its file written, its table and where it went printed."""
+    write_json(path, data)
+    print(table)
+    print(f"wrote {path}")
+    return 0
+
+
+def _with_default(help: str, default, shown, kwargs) -> str:
+    if shown is None:
+        if kwargs.get("action") in ("store_true", "store_false") or default is None:
+            return help
+        shown = _shown(default)
+    return f"{help} (default: {shown})"
+
+
+def _shown(value) -> str:
+    if isinstance(value, tuple):
+        return ",".join(map(_shown, value)) or "none"
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+# --- value types ---------------------------------------------------------------------------
+
+def _number(text: str, kind, low, high, what: str, above: bool = False):
+    """`text` as an int or a finite float in [low, high] (above `low` when `above`)."""
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if kind is float and not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    if value < low or (above and value == low):
+        raise argparse.ArgumentTypeError(f"expected {what} {'>' if above else '>='} {low:g}, "
+                                         f"got {text}")
+    if high is not None and value > high:
+        raise argparse.ArgumentTypeError(f"expected {what} <= {high:g}, got {text}")
+    return value
+
+
+def integer(low: int = 1, high: int | None = None):
+    def parse(text):
+        return _number(text, int, low, high, "an integer")
+    parse.__name__ = "integer"
+    return parse
+
+
+def number(low: float = 0.0, high: float | None = None, above: bool = True):
+    """A finite float in [low, high], strictly above `low` when `above`."""
+    def parse(text):
+        return _number(text, float, low, high, "a number", above)
+    parse.__name__ = "number"
+    return parse
+
+
+FRACTION = number(0.0, 1.0)
+
+
+def listed(item, name: str = "value"):
+    """Comma-separated values of `item`'s type, at least one, each once, none empty."""
+    def parse(text):
+        parts = [p.strip() for p in text.split(",")]
+        if not any(parts):
+            raise argparse.ArgumentTypeError(f"expected at least one {name}, got {text!r}")
+        if not all(parts):
+            raise argparse.ArgumentTypeError(f"expected {name}s separated by single commas, got "
+                                             f"an empty one in {text!r}")
+        values = tuple(item(p) for p in parts)
+        repeated = sorted({v for v in values if values.count(v) > 1}, key=str)
+        if repeated:
+            raise argparse.ArgumentTypeError(
+                f"{', '.join(map(str, repeated))} listed more than once: give each once")
+        return values
+    parse.__name__ = f"{name} list"
+    return parse
+
+
+def choice(allowed: tuple[str, ...]):
+    def parse(text):
+        if text not in allowed:
+            raise argparse.ArgumentTypeError(f"expected one of {', '.join(allowed)}, got {text!r}")
+        return text
+    parse.__name__ = "choice"
+    return parse
+
+
+def compute_capability(text: str) -> tuple[int, int]:
+    try:
+        major, minor = (int(p) for p in text.split("."))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"compute capability must look like 9.0, got {text!r}") from None
+    return major, minor
+
+
+# --- the flags -----------------------------------------------------------------------------
+
+def _gpu_flags(p: Parser, shown: str = "h100-sxm", where: str = "") -> None:
+    p.flag("--gpu", default="h100-sxm", shown=shown,
+           help=f"GPU preset ({', '.join(GPUS)}) or 'local' for the GPU torch sees{where}")
+    p.flag("--sms", type=integer(1, MAX_SMS), help="override the GPU's SM count")
+    p.flag("--cc", type=compute_capability, help="override the compute capability, e.g. 9.0")
+    p.flag("--config", metavar="FILE",
+           help="SGLang pdmux YAML (--pdmux-config-path) to take levels from")
+    p.flag("--json", action="store_true", help="print machine-readable JSON")
+
+
+def _weights_flag(p: Parser) -> None:
+    p.flag("--weights", type=choice(("random", "hf")), default="random",
+           help="measured runs: random (seeded; a step's time does not depend on values) or hf "
+                "(the safetensors of the --model directory)")
+
+
+def _model_flag(p: Parser, group=None) -> None:
+    p.flag("--model", default="qwen3-8b", group=group,
+           help=f"model preset ({', '.join(MODELS)}), or a Hugging Face model directory or "
+                f"config.json (Qwen3, Llama 3, Qwen2, Mistral)")
+
+
+def _sm_group_flag(p: Parser) -> None:
+    p.flag("--sm-group-num", type=integer(3, sglang_rules.MAX_SM_GROUP_NUM),
+           default=sglang_rules.DEFAULT_SM_GROUP_NUM,
+           help=f"number of levels, 3-{sglang_rules.MAX_SM_GROUP_NUM}: SGLang's sm_group_num "
+                f"(conflicts with --config)")
+
+
+def _levels_flags(p: Parser, what: str) -> None:
+    _sm_group_flag(p)
+    p.flag("--write-config", metavar="FILE", help=f"write {what} as an SGLang pdmux YAML")
+
+
+def _advise_flags(p: Parser, on_levels: bool) -> None:
+    """advise's flags: on `advise`, --calibration and --itl-ms under "required arguments"; on
+    `levels`, all under --calibration, which makes it advise. Not argparse's required=True:
+    cli.cmd_advise checks them for both and names what is missing in its own words."""
+    if on_levels:
+        need = rest = p.add_argument_group(
+            "with --calibration (levels is then advise, kept as an alias: see advise --help)")
+    else:
+        need, rest = p.add_argument_group("required arguments"), None
+    p.flag("--calibration", metavar="FILE", group=need,
+           help="calibrate-<gpu>.json: the decode step measured beside a prefill per SM budget")
+    p.flag("--itl-ms", metavar="MS", type=number(), group=need,
+           help="the decode step time (ms) to stay under")
+    _model_flag(p, rest)
+    p.flag("--context", type=integer(1), default=2048, group=rest,
+           help="context of the decoding requests")
+    p.flag("--context-dist", type=choice(tuple(LENGTH_PRESETS)), group=rest,
+           help=f"instead of --context: contexts of a traffic preset's decoding requests "
+                f"({', '.join(LENGTH_PRESETS)}); writes the manual divisions that best follow "
+                f"the slo level policy on it")
+    p.flag("--max-batch", type=integer(1, 1024), default=scheduler.DEFAULT_MAX_RUNNING,
+           group=rest, help="with --context-dist: the largest decode batch to cover")
+    p.flag("--kind", type=choice(SPLIT_KINDS), default="green", group=rest,
+           help=f"which measured curve to trust: {', '.join(SPLIT_KINDS)}")
+
+
+def _measure_flags(p: Parser) -> None:
+    p.flag("--out", default="pdmux-results", help="folder for JSON, points and plots")
+    _model_flag(p)
+    p.flag("--batch", type=integer(1), default=32, help="decode batch size")
+    p.flag("--context", type=integer(1), default=2048, help="context of each decoding request")
+    p.flag("--prefill-tokens", type=integer(1), default=8192,
+           help="prompt length of the prefill running beside decode")
+
+
+def _stream_flags(p: Parser) -> None:
+    p.flag("--burstiness", type=number(0.0, 100.0), default=1.0,
+           help="gamma shape of the gaps between arrivals: 1 is Poisson, lower is burstier")
+    p.flag("--lengths", type=choice(LENGTHS), default="sharegpt",
+           help=f"prompt and output lengths: {', '.join(LENGTHS)}")
+    p.flag("--prompt-mean", type=integer(1), default=1024, help="exponential: mean prompt tokens")
+    p.flag("--prompt-max", type=integer(1), default=8192, help="exponential: longest prompt")
+    p.flag("--output-mean", type=integer(1), default=128, help="exponential: mean output tokens")
+    p.flag("--output-max", type=integer(1), default=512, help="exponential: longest output")
+    p.flag("--seed", type=integer(0, 2**32 - 1), default=0, help="seed of the requests")
+
+
+def _level_flags(p: Parser) -> None:
+    p.flag("--itl-slo-ms", type=number(), shown="--slo-tpot-ms",
+           help="slo levels: the decode step beside a prefill (predicted from --calibration) "
+                "to stay under")
+    p.flag("--hysteresis", type=number(0.0, 0.99, above=False), default=0.1,
+           help="slo levels: the margin a level with more prefill SMs must leave under the target")
+    p.flag("--relevel-at-layers", action="store_true", default=False,
+           help="slo levels: also switch between layers of a split prefill when the batch changed")
+
+
+def _parallel_flags(p: Parser) -> None:
+    p.flag("--tp", type=integer(1, MAX_TP), default=1,
+           help="simulated: GPUs of one tensor-parallel server, each serving a shard of the "
+                "model; its collectives are priced on --link")
+    p.flag("--replicas", type=integer(1, MAX_TP), default=1,
+           help="simulated: independent servers (of --tp GPUs each) behind a round-robin router")
+    p.flag("--link", type=choice(tuple(LINKS)), default="nvlink4",
+           help=f"with --tp or disaggregation: how the GPUs reach each other ({', '.join(LINKS)})")
+    for name, what, field in (
+            ("--link-gbps", "the link's bus bandwidth (collectives, KV pages), GB/s", "busbw_gbps"),
+            ("--link-latency-us", "the time of a small collective or transfer on the link, us",
+             "latency_us")):
+        p.flag(name, type=number(), help=what, shown="the --link preset's: " + ", ".join(
+            f"{link} {getattr(spec, field):g}" for link, spec in LINKS.items()))
+
+
+def _efficiency_flags(p: Parser) -> None:
+    p.flag("--bw-eff", type=FRACTION, default=0.85, help="achieved fraction of HBM bandwidth")
+    p.flag("--mfu", type=FRACTION, default=0.5, help="achieved fraction of bf16 FLOP/s")
+
+
+def _served_flags(p: Parser) -> None:
+    """What `run` and `capacity` share after their workload's flags."""
+    p.flag("--simulate", action="store_true",
+           help="use the cost-model clock even when a GPU is present")
+    p.flag("--max-prefill-tokens", type=integer(1), default=scheduler.DEFAULT_PREFILL_TOKENS,
+           help="tokens in one prefill batch at most (SGLang's --max-prefill-tokens)")
+    p.flag("--max-running", type=integer(1, 1024), default=scheduler.DEFAULT_MAX_RUNNING,
+           help="requests in the running batch at most (SGLang's --max-running-requests)")
+    _level_flags(p)
+    _cost_flags(p)
+    _parallel_flags(p)
+
+
+def _cost_flags(p: Parser) -> None:
+    p.flag("--s-sat", type=number(0.0, MAX_SMS), default=66.0,
+           help="decode S_SAT (SMs) of the estimate and of a simulation without --calibration")
+    _efficiency_flags(p)
+    p.flag("--calibration", metavar="FILE", help="calibrate-<gpu>.json: measured decode curves")
+    p.flag("--compare", metavar="FILE", help="compare-<gpu>.json: measured prefill rates")
+    p.flag("--host-costs", metavar="FILE",
+           help="host-costs-<gpu>.json (bench/host_costs.py): the host's share of a round")
+
+
+def strategy(text: str) -> str:
+    """A capacity strategy's name, as capacity_sweep.variant knows them."""
+    try:
+        variant(text)
+    except PdmuxError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
+CHAPTER_FLAGS = ("batch", "context", "prompt", "decode_tokens")
+STREAM_FLAGS = ("rate", "count", "burstiness", "lengths")
+EXPONENTIAL_FLAGS = ("prompt_mean", "prompt_max", "output_mean", "output_max")
+REPLAY_KEEPS = ("replay", "out", "json", "simulate")  # what --replay leaves to the command line
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="pdmux-triton", description=help_text.DESCRIPTION,
+                    epilog=help_text.GLOSSARY)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    p = sub.add_parser("levels", **help_text.parser_texts("levels"))
+    _gpu_flags(p, help_text.GPU_OF_CALIBRATION)
+    _levels_flags(p, "these levels (with manual_divisions)")
+    _advise_flags(p, on_levels=True)
+
+    p = sub.add_parser("advise", usage="%(prog)s --calibration FILE --itl-ms MS [options]",
+                       **help_text.parser_texts("advise"))
+    _advise_flags(p, on_levels=False)
+    _gpu_flags(p, help_text.GPU_OF_CALIBRATION)
+    _levels_flags(p, "the advised levels")
+
+    p = sub.add_parser("estimate", **help_text.parser_texts("estimate"))
+    _gpu_flags(p)
+    _model_flag(p)
+    p.flag("--batch", type=integer(1), default=32, help="requests decoding")
+    p.flag("--context", type=integer(0), default=2048, help="context of each decoding request")
+    p.flag("--prompt", type=integer(1), default=8192, help="tokens of the arriving prompt")
+    p.flag("--chunks", type=listed(integer(1), "chunk size"), default=(2048, 512),
+           help="chunk sizes, e.g. 2048,512")
+    p.flag("--s-sat", type=listed(number(0.0, MAX_SMS), "S_SAT"), default=(44.0, 66.0, 88.0),
+           help="S_SAT values (SMs) to try, e.g. 44,66,88")
+    _efficiency_flags(p)
+    p.flag("--bandwidth-tbps", type=number(0.0, 1e3), help="override the GPU's HBM TB/s")
+    p.flag("--tflops", type=number(0.0, 1e6), help="override the GPU's dense bf16 TFLOP/s")
+    _sm_group_flag(p)
+
+    p = sub.add_parser("calibrate", **help_text.parser_texts("calibrate"))
+    _measure_flags(p)
+    p.flag("--workloads", type=listed(choice(DECODE_WORKLOADS), "workload"),
+           default=DECODE_WORKLOADS, help=f"what to sweep: {', '.join(DECODE_WORKLOADS)}")
+    p.flag("--kinds", type=listed(choice(SPLIT_KINDS), "kind"), default=SPLIT_KINDS,
+           help=f"partition kinds: {', '.join(SPLIT_KINDS)}")
+    p.flag("--ctas", type=listed(integer(1, MAX_CTAS), "CTAs per SM"), default=(1, 2, 4),
+           help="CTAs per SM to sweep")
+    p.flag("--budgets", type=listed(integer(1, MAX_SMS), "budget"), help="SM budgets",
+           shown="every multiple of the GPU's SM granularity, and all its SMs")
+    p.flag("--decode-batches", type=listed(integer(1, 4096), "batch"), default=(),
+           help="also measure decode_step (one CTA per SM) at these batches: the simulator "
+                "prices a step of another batch by them")
+    p.flag("--no-corun", action="store_true", help="skip the runs beside a prefill")
+    p.flag("--remeasure", action="store_true",
+           help="measure this sweep's points again though saved (after a kernel change); "
+                "saved points outside the sweep stay")
+
+    p = sub.add_parser("run", **help_text.parser_texts("run"))
+    _gpu_flags(p, help_text.GPU_OF_FILES, help_text.MEASURED_GPU)
+    _model_flag(p)
+    _weights_flag(p)
+    p.flag("--workload", type=choice(WORKLOADS), default="chapter",
+           help="chapter (a batch decoding, one prompt arrives), stream (requests arriving at "
+                "--rate) or trace (a CSV of arrivals and lengths)")
+    p.flag("--replay", metavar="FILE", help="serve again the inputs saved in a run-<gpu>.json")
+    p.flag("--batch", type=integer(1), default=32, help="chapter: requests decoding")
+    p.flag("--context", type=integer(1), default=2048, help="chapter: their context")
+    p.flag("--prompt", type=integer(1), default=8192, help="chapter: the arriving prompt")
+    p.flag("--decode-tokens", type=integer(2, 1_000_000), default=96,
+           help="chapter: tokens each decodes")
+    p.flag("--rate", type=number(0.0, 1e6), default=2.0, help="stream: requests per second")
+    p.flag("--count", type=integer(1, MAX_COUNT), default=64, help="stream: requests")
+    _stream_flags(p)
+    p.flag("--trace", metavar="CSV", help="trace: arrival_s,prompt_tokens,output_tokens per row")
+    p.flag("--chunks", type=listed(integer(1), "chunk size"), default=(2048, 512),
+           help="chunked prefill sizes")
+    p.flag("--kinds", type=listed(choice(SPLIT_KINDS), "kind"), default=SPLIT_KINDS,
+           help=f"partition kinds for pd-mux: {', '.join(SPLIT_KINDS)}")
+    for target in ("TTFT", "TPOT"):
+        p.flag(f"--slo-{target.lower()}-ms", type=number(), shown="none: no attainment or goodput",
+               help=f"{target} target of SLO attainment and goodput (give both targets)")
+    p.flag("--level-policies", type=listed(choice(LEVEL_POLICIES), "level policy"),
+           default=("sglang",), help="how pd-mux picks its level: sglang (the config's rule), "
+                                      "slo (the split an ITL target needs)")
+    _served_flags(p)
+    p.flag("--out", metavar="DIR", shown="none: nothing written",
+           help="folder for run-<gpu>.json and the ITL timeline plot")
+
+    p = sub.add_parser("capacity", **help_text.parser_texts("capacity"))
+    _gpu_flags(p, help_text.GPU_OF_FILES, help_text.MEASURED_GPU)
+    _model_flag(p)
+    _weights_flag(p)
+    p.flag("--count", type=integer(1, MAX_COUNT), default=STEADY_COUNT,
+           help=f"requests per point: at least {MIN_CAPACITY_COUNT}; under {STEADY_COUNT} a "
+                f"point is a burst, whose capacity reads higher than the GPU sustains")
+    _stream_flags(p)
+    p.flag("--slo-ttft-ms", type=number(), default=2000.0, help="TTFT target")
+    p.flag("--slo-tpot-ms", type=number(), default=25.0, help="TPOT target")
+    p.flag("--attainment", type=FRACTION, default=0.9,
+           help="share of requests that must meet both targets (goodput capacity)")
+    p.flag("--max-sched-delay-s", type=number(), default=2.0,
+           help="median scheduling delay allowed, s (Sarathi capacity)")
+    p.flag("--strategies", type=listed(strategy, "strategy"), default=DEFAULT_STRATEGIES,
+           help=help_text.strategies(SPLIT_KINDS))
+    p.flag("--rates", type=listed(number(0.0, 1e4), "rate"),
+           help="measured: serve these rates (req/s) instead of searching")
+    p.flag("--offline", action="store_true",
+           help="with --rates: read the measured points from --out's store (no GPU needed) and "
+                "simulate beside them again")
+    p.flag("--start-rate", type=number(0.0, 1e4), default=1.0,
+           help="where the search starts, req/s")
+    p.flag("--tol", type=number(0.0, 1.0), default=0.05, help="the search's relative tolerance")
+    _served_flags(p)
+    p.flag("--out", default="pdmux-results",
+           help="folder for capacity-<gpu>.json, its points (resumed on rerun) and plot")
+
+    p = sub.add_parser("compare", **help_text.parser_texts("compare"))
+    _measure_flags(p)
+    return parser
+
+
+def parse(argv: list[str] | None) -> tuple[argparse.Namespace, set[str]]:
+    """The parsed arguments with their defaults, and the names of those the user gave."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    sub = parser._subparsers._group_actions[0].choices[args.command]
+    given = {dest for dest in sub.documented_defaults if getattr(args, dest) not in (None, False)}
+    for dest, default in sub.documented_defaults.items():
+        if getattr(args, dest) is None:
+            setattr(args, dest, default)
+    return args, given

@@ -1,0 +1,1 @@
+"""What a step costs: the step cost model, the parallel link model."""

@@ -1,0 +1,362 @@
+"""The cost model every consumer shares: what a decode step reads, what a prefill computes, and
+the rates both run at on a share of the SMs. Pure Python (numpy for interpolation).
+
+Decode is bandwidth-bound: a step reads every weight once and the whole KV cache of its batch.
+Its rate on `sms` SMs is either the chapter's law, peak * min(1, SMs / S_SAT), or a calibration's
+measured curve (alone on the GPU, or beside a running prefill); a calibration that also measured
+other batches adds what their rows cost beyond their bytes (`BatchTerm`). Prefill is
+compute-bound: linear FLOPs, causal attention FLOPs and the LM head over the rows it samples,
+at the bf16 rate times an MFU, in proportion to its share of the SMs.
+
+`estimate`, the simulated executor, `advise`, the calibration workloads and the benchmarks all
+count bytes and FLOPs here, so an estimate and a simulation of the same scenario agree.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.spec.gpus import MAX_SMS, GPUSpec, ModelSpec
+
+DTYPE_BYTES = 2  # bf16 weights and KV cache
+
+
+# --- what the work is ----------------------------------------------------------------------
+
+def weight_bytes(model: ModelSpec) -> float:
+    """Every weight a decode step reads once: all layers' linears and the LM head."""
+    return DTYPE_BYTES * model.linear_params
+
+
+def kv_bytes(model: ModelSpec, tokens: int) -> float:
+    """K and V of `tokens` cached tokens over all layers."""
+    return tokens * model.kv_bytes_per_token(DTYPE_BYTES)
+
+
+def decode_step_bytes(model: ModelSpec, context_tokens: int) -> float:
+    """One decode step of a batch whose requests hold `context_tokens` cached tokens in all."""
+    return weight_bytes(model) + kv_bytes(model, context_tokens)
+
+
+def attention_flops(model: ModelSpec, tokens: int, prefix: int = 0, layers: int | None = None) -> float:
+    """Causal attention of `tokens` new queries after `prefix` cached keys: QK^T and PV, each
+    2 FLOPs per (query, key, q-dimension) pair."""
+    layers = model.layers if layers is None else layers
+    return 4 * layers * model.q_dim * (tokens * prefix + tokens * tokens / 2)
+
+
+def layer_flops(model: ModelSpec, tokens: int, prefix: int = 0, layers: int | None = None) -> float:
+    """`layers` transformer layers over `tokens` new tokens: linears plus attention."""
+    layers = model.layers if layers is None else layers
+    return 2 * model.layer_linear_params * tokens * layers + attention_flops(model, tokens, prefix,
+                                                                             layers)
+
+
+def lm_head_flops(model: ModelSpec, rows: int) -> float:
+    """The LM head over the rows that sample a token (one per sequence, not every prompt token)."""
+    return 2 * model.vocab * model.hidden * rows
+
+
+def prefill_flops(model: ModelSpec, tokens: int, prefix: int = 0) -> float:
+    """A whole prefill of one sequence: every layer, then the LM head over its last row."""
+    return layer_flops(model, tokens, prefix) + lm_head_flops(model, 1)
+
+
+def footprint_bytes(model: ModelSpec, kv_tokens: int) -> float:
+    """GPU memory a model holding `kv_tokens` tokens of KV cache needs: every weight (the
+    embedding table too, unless the LM head is it) and the cache, activations aside."""
+    embedding = 0 if model.tie_embeddings else DTYPE_BYTES * model.vocab * model.hidden
+    return weight_bytes(model) + embedding + kv_bytes(model, kv_tokens)
+
+
+def check_fits(gpu: GPUSpec, model: ModelSpec, kv_tokens: int, what: str) -> None:
+    """A clear error when `what` cannot fit on the GPU: weights plus its KV cache."""
+    if gpu.memory_gb is None:
+        return
+    need = footprint_bytes(model, kv_tokens)
+    if need > gpu.memory_gb * 1e9:
+        raise PdmuxError(
+            f"{what} does not fit on the {gpu.name}: {model.name}'s weights and "
+            f"{kv_tokens:,} tokens of KV cache need {need / 1e9:,.1f} GB, the GPU has "
+            f"{gpu.memory_gb:g} GB")
+
+
+# Of the memory the weights leave, the KV cache takes this share; activations of a prefill
+# batch and the captured decode graphs need the rest (SGLang's mem_fraction_static plays the
+# same role).
+KV_MEMORY_FRACTION = 0.6
+UNBOUNDED_KV_TOKENS = 10**12  # a GPU whose memory is not known
+
+
+def kv_capacity_tokens(gpu: GPUSpec, model: ModelSpec) -> int:
+    """Tokens of KV cache a server of this model keeps on this GPU."""
+    if gpu.memory_gb is None:
+        return UNBOUNDED_KV_TOKENS
+    spare = gpu.memory_gb * 1e9 - footprint_bytes(model, 0)
+    return max(0, int(spare * KV_MEMORY_FRACTION // model.kv_bytes_per_token(DTYPE_BYTES)))
+
+
+def decode_flops(model: ModelSpec, batch: int) -> float:
+    """The linears and LM head of one decode token for each of `batch` requests."""
+    return 2 * model.linear_params * batch
+
+
+# --- how fast it runs ----------------------------------------------------------------------
+
+class DecodeRate(Protocol):
+    def tbps(self, sms: int, corun: bool) -> float:
+        """TB/s a decode step reaches on `sms` SMs, alone or beside a running prefill."""
+
+    def batch_extra_s(self, sms: int, corun: bool, batch: int) -> float:
+        """Seconds a step of `batch` requests takes beyond its bytes at `tbps`."""
+
+
+@dataclass(frozen=True)
+class SaturationLaw:
+    """The chapter's model: bandwidth grows linearly with SMs up to S_SAT, then holds."""
+
+    peak_tbps: float
+    s_sat: float
+
+    def __post_init__(self):
+        _check_positive("decode peak TB/s", self.peak_tbps)
+        _check_positive("S_SAT", self.s_sat)
+
+    def tbps(self, sms: int, corun: bool) -> float:
+        return self.peak_tbps * min(1.0, sms / self.s_sat)
+
+    def batch_extra_s(self, sms: int, corun: bool, batch: int) -> float:
+        return 0.0  # the law knows bytes only
+
+
+@dataclass(frozen=True)
+class BatchTerm:
+    """What a decode step of another batch than the curve's takes beyond its bytes at the
+    curve's rate, by SMs, alone and beside a prefill: (batch, SMs, seconds) points. On few SMs
+    a step's linears do MMA work in proportion to its rows (padded to the GEMM's row tile), so
+    a step's time grows with its batch faster than its KV bytes; at the curve's own batch the
+    term is 0. Read between SM budgets, then between batches
+    (held past the smallest and largest measured)."""
+
+    own_batch: int
+    alone: tuple[tuple[int, int, float], ...]
+    corun: tuple[tuple[int, int, float], ...] = ()
+
+    def __post_init__(self):
+        for batch, sms, seconds in (*self.alone, *self.corun):
+            if not (batch >= 1 and sms >= 1 and np.isfinite(seconds) and abs(seconds) < 10.0):
+                raise PdmuxError(f"a decode batch term has a bad point (batch {batch}, {sms} "
+                                 f"SMs, {seconds} s)")
+
+    @functools.cached_property
+    def _by_batch(self) -> dict[bool, list[tuple[int, tuple | None]]]:
+        """Per state (beside a prefill or not), each batch's (budgets, seconds) sorted by batch;
+        None for the own batch, whose term is 0.
+        A batch measured beside a prefill too is read there."""
+        def group(points) -> dict[int, tuple]:
+            out: dict[int, list] = {}
+            for b, budget, seconds in points:
+                out.setdefault(b, []).append((budget, seconds))
+            return {b: tuple(zip(*sorted(v))) for b, v in out.items()}
+        alone = {self.own_batch: None, **group(self.alone)}
+        return {False: sorted(alone.items()), True: sorted({**alone, **group(self.corun)}.items())}
+
+    def extra_s(self, sms: int, corun: bool, batch: int) -> float:
+        table = self._by_batch[bool(corun)]
+        extras = [0.0 if curve is None else float(np.interp(sms, *curve)) for _, curve in table]
+        return float(np.interp(batch, [b for b, _ in table], extras))
+
+
+@dataclass(frozen=True)
+class MeasuredCurve:
+    """A calibration's decode-step TB/s at measured SM budgets, read between them and held at
+    the ends; beside a prefill when that curve was measured, else alone. Near S_SAT the measured
+    rate bends below the law's straight line, so a calibrated estimate reads these points."""
+
+    alone: tuple[tuple[int, float], ...]
+    corun: tuple[tuple[int, float], ...] = ()
+    source: str = ""
+    batches: BatchTerm | None = None  # measured at other batches too
+
+    def __post_init__(self):
+        if not self.alone:
+            raise PdmuxError(f"a measured decode curve needs points alone on the GPU{self._named}")
+        for sms, rate in (*self.alone, *self.corun):
+            if not (sms > 0 and np.isfinite(rate) and rate > 0):
+                raise PdmuxError(f"a measured decode curve has a bad point ({sms} SMs, {rate} TB/s)"
+                                 f"{self._named}")
+
+    @property
+    def _named(self) -> str:
+        return f" ({self.source})" if self.source else ""
+
+    def tbps(self, sms: int, corun: bool) -> float:
+        points = self.corun if corun and self.corun else self.alone
+        budgets, rates = zip(*points)
+        return float(np.interp(sms, budgets, rates))
+
+    def batch_extra_s(self, sms: int, corun: bool, batch: int) -> float:
+        return self.batches.extra_s(sms, corun, batch) if self.batches and batch else 0.0
+
+
+@dataclass(frozen=True)
+class PrefillRate:
+    """bf16 FLOP/s a prefill reaches on a share of the SMs: the peak times an MFU times the share.
+
+    `mfu` holds (prefill SMs, MFU) points beside a decode, read between them and held at the
+    ends: one point for a fixed MFU, or the MFU a comparison measured co-running at each level;
+    `mfu_alone` the same with nothing beside it (a prefill-first or chunked step has the GPU
+    to itself), the co-run points where there are none."""
+
+    peak_tflops: float
+    total_sms: int
+    mfu: tuple[tuple[int, float], ...]
+    mfu_alone: tuple[tuple[int, float], ...] = ()
+
+    def __post_init__(self):
+        _check_positive("peak bf16 TFLOP/s", self.peak_tflops)
+        if not self.mfu:
+            raise PdmuxError("a prefill rate needs at least one MFU")
+        for sms, mfu in self.mfu + self.mfu_alone:
+            if not 0 < mfu <= 1:
+                raise PdmuxError(f"MFU must be in (0, 1], got {mfu} at {sms} SMs")
+
+    @classmethod
+    def fixed(cls, peak_tflops: float, total_sms: int, mfu: float) -> "PrefillRate":
+        return cls(peak_tflops, total_sms, ((total_sms, mfu),))
+
+    def mfu_at(self, sms: int, corun: bool = True) -> float:
+        budgets, mfus = zip(*sorted(self.mfu if corun or not self.mfu_alone else self.mfu_alone))
+        return float(np.interp(sms, budgets, mfus))
+
+    def flops_per_s(self, sms: int, corun: bool = True) -> float:
+        return self.peak_tflops * 1e12 * self.mfu_at(sms, corun) * sms / self.total_sms
+
+
+def _check_positive(name: str, value: float) -> None:
+    if not (isinstance(value, (int, float)) and np.isfinite(value) and value > 0):
+        raise PdmuxError(f"{name} must be a finite number > 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class MixedStepFit:
+    """A mixed step as the executor runs it, fitted to a measured run's chunked rounds: after
+    `fixed_s` (its batch made and uploaded, its tokens read back, the forward's fixed costs),
+    its phases one after another: the linears and the chunk's attention at the prefill's MFU
+    alone, the decode rows' attention in padded tiles at `decode_row_mfu` of the peak, and the
+    weights and the decode batch's KV read at the decode rate. A whole forward's launches stay
+    under its GPU time (no measured round was bound by them)."""
+
+    fixed_s: float
+    decode_row_mfu: float
+
+    def __post_init__(self):
+        if not (np.isfinite(self.fixed_s) and self.fixed_s >= 0):
+            raise PdmuxError(f"a mixed step's fixed cost must be a finite number >= 0 s, got "
+                             f"{self.fixed_s!r}")
+        if not 0 < self.decode_row_mfu <= 1:
+            raise PdmuxError(f"decode_row_mfu must be in (0, 1], got {self.decode_row_mfu!r}")
+
+
+@dataclass(frozen=True)
+class Overheads:
+    """What this tool's executor spends beyond the first-order model: the host's share of a
+    captured decode round (inputs up, replay, tokens back), each eager layer's launches, an
+    eager step's batch (made, uploaded, its tokens read back), decode rows of a mixed step run
+    through the extend attention in tiles of `decode_row_tile` query rows, what a captured
+    decode step takes beyond its bytes at the calibrated rate (`decode_step_extra`, (batch,
+    seconds) points read between them), and mixed steps as the executor runs them (`mixed`).
+    An eager step ends no earlier than its launches, and the host launches nothing else
+    meanwhile. None by default (the chapter's model); bench/host_costs.py measures them and
+    bench/fit_host_costs.py fits the last two to a measured run."""
+
+    decode_round_s: float = 0.0
+    layer_launch_s: float = 0.0
+    eager_step_s: float = 0.0
+    decode_row_tile: int = 1
+    decode_step_extra: tuple[tuple[int, float], ...] = ()
+    mixed: MixedStepFit | None = None
+
+    def __post_init__(self):
+        for name in ("decode_round_s", "layer_launch_s", "eager_step_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and np.isfinite(value) and value >= 0):
+                raise PdmuxError(f"overhead {name} must be a finite number >= 0, got {value!r}")
+        if not (isinstance(self.decode_row_tile, int) and self.decode_row_tile >= 1):
+            raise PdmuxError(f"decode_row_tile must be an integer >= 1, got {self.decode_row_tile!r}")
+        for batch, seconds in self.decode_step_extra:
+            if not (batch >= 1 and np.isfinite(seconds) and abs(seconds) < 1.0):
+                raise PdmuxError(f"decode_step_extra needs batches >= 1 and finite seconds under "
+                                 f"1 s, got ({batch!r}, {seconds!r})")
+
+    def decode_extra_s(self, batch: int) -> float:
+        """Beyond the bytes: a captured step's fixed costs, which its batch's rows move."""
+        if not self.decode_step_extra or batch < 1:
+            return 0.0
+        batches, extra = zip(*sorted(self.decode_step_extra))
+        return float(np.interp(batch, batches, extra))
+
+
+# --- times ---------------------------------------------------------------------------------
+
+def decode_step_s(model: ModelSpec, rate: DecodeRate, context_tokens: int, sms: int,
+                  corun: bool, batch: int = 0) -> float:
+    """A captured decode step of `batch` requests holding `context_tokens` of KV (batch 0:
+    its bytes alone, as a mixed step's decode rows read them). Never faster than its bytes at
+    the rate's best (its rate past every SM count): a batch term measured with a larger
+    model, read for a smaller one, would otherwise price a step below zero."""
+    nbytes = decode_step_bytes(model, context_tokens)
+    step = nbytes / (rate.tbps(sms, corun) * 1e12) + rate.batch_extra_s(sms, corun, batch)
+    return max(step, nbytes / (rate.tbps(MAX_SMS, False) * 1e12))
+
+
+def served_decode_step_s(model: ModelSpec, rate: DecodeRate, overheads: Overheads,
+                         context_tokens: int, sms: int, corun: bool, batch: int,
+                         comm=None) -> float:
+    """A decode step as this tool's executor serves it: `decode_step_s`, what a captured step
+    costs beyond it (`Overheads.decode_extra_s`) and, on a tensor-parallel rank (`model` its
+    shard), its collectives (`comm`, a `parallel.TensorParallel`)."""
+    return (decode_step_s(model, rate, context_tokens, sms, corun, batch)
+            + overheads.decode_extra_s(batch) + (comm.decode_s(batch) if comm else 0.0))
+
+
+def compute_s(flops: float, rate: PrefillRate, sms: int, corun: bool = True) -> float:
+    return flops / rate.flops_per_s(sms, corun)
+
+
+# The extend attention's tiles hold this many query rows of one head: in a mixed step a
+# one-token decode row costs a whole tile against its context.
+EXTEND_TILE_ROWS = 128
+
+
+def decode_row_attention_flops(model: ModelSpec, context_tokens: int, tile_rows: int) -> float:
+    """Attention of decode rows through an extend kernel whose tiles hold `tile_rows` query
+    rows, over all layers (what the tensor cores compute; 1: the rows alone)."""
+    return 4 * model.layers * model.q_dim * tile_rows * context_tokens
+
+
+def mixed_step_s(model: ModelSpec, decode: DecodeRate, prefill: PrefillRate, total_sms: int,
+                 decode_context_tokens: int, decode_batch: int, chunk, chunk_prefix,
+                 samples_chunk, decode_row_tile: int = 1, phases: MixedStepFit | None = None):
+    """One chunked-prefill step on the whole GPU: a prompt chunk and the decode batch in one
+    forward, bound by its compute or by reading the weights and the batch's KV, whichever is
+    slower; the decode rows' attention counted in tiles of `decode_row_tile` rows. With
+    `phases`, the GPU time of the step as the executor runs it (`MixedStepFit`, less its fixed
+    cost). `chunk`, `chunk_prefix` and `samples_chunk` may be arrays (every chunk at once)."""
+    flops = (decode_flops(model, decode_batch) + layer_flops(model, chunk, chunk_prefix)
+             + lm_head_flops(model, np.asarray(samples_chunk, dtype=float)))
+    rows = (decode_row_attention_flops(model, decode_context_tokens, decode_row_tile)
+            if decode_row_tile > 1 else 0.0)  # beyond decode_flops, which leaves attention out
+    if phases is not None:
+        return (compute_s(flops, prefill, total_sms, corun=False)
+                + rows / (prefill.peak_tflops * 1e12 * phases.decode_row_mfu)
+                + decode_step_s(model, decode, decode_context_tokens, total_sms, False))
+    compute = compute_s(flops + rows, prefill, total_sms, corun=False)  # the GPU its own
+    memory = (decode_step_s(model, decode, decode_context_tokens, total_sms, False)
+              if decode_batch else 0.0)
+    return np.maximum(compute, memory)

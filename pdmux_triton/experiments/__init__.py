@@ -1,0 +1,1 @@
+"""The `run` and `capacity` experiments: their settings, estimate and searches."""

@@ -1,0 +1,121 @@
+"""Capacity: the highest request rate a strategy serves within its SLOs, two ways.
+
+- goodput capacity (DistServe): at least `attainment` (90%) of requests meet both the TTFT and
+  the TPOT target;
+- Sarathi-Serve's capacity: the P99 time between tokens stays under the TPOT target and the
+  median scheduling delay (queueing before a request's prefill starts) under 2 s.
+
+`search` brackets the rate (doubling or halving from a start) and bisects to a relative
+tolerance; `crossing` reads the rate off a fixed set of measured points, interpolating
+between the last rate that meets a criterion and the first that does not. Pure: a point is
+whatever `measure(rate)` returns (a run's summary row).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.serve.metrics import Slo
+
+
+@dataclass(frozen=True)
+class Criteria:
+    slo: Slo
+    attainment: float = 0.9
+    max_sched_delay_s: float = 2.0
+
+    def __post_init__(self):
+        if not 0 < self.attainment <= 1:
+            raise PdmuxError(f"attainment must be in (0, 1], got {self.attainment}")
+
+    def goodput(self, point: dict) -> float:
+        """How far the point is inside the goodput criterion (>= 0 meets it): the attainment
+        over the one asked for, less 1."""
+        return (point.get("slo_attainment") or 0.0) / self.attainment - 1
+
+    def sarathi(self, point: dict) -> float:
+        """How far inside Sarathi-Serve's criterion (>= 0 meets it): the tighter of the P99
+        time-between-tokens and the median scheduling delay, as a share of their limits."""
+        itl = point.get("itl_p99_ms")
+        delay = point.get("sched_delay_p50_s")
+        if itl is None or delay is None:
+            return -1.0
+        return min(1 - itl / self.slo.tpot_ms, 1 - delay / self.max_sched_delay_s)
+
+
+CRITERIA = ("goodput", "sarathi")
+
+
+def _key(rate: float) -> float:
+    """Rates are measured at 4 significant digits, so a search and a rerun meet at one point."""
+    return float(f"{rate:.4g}")
+
+
+def search(measure: Callable[[float], dict], margin: Callable[[dict], float], start: float,
+           tol: float = 0.05, lowest: float = 0.01, highest: float = 1000.0,
+           max_points: int = 24) -> tuple[float, list[float]]:
+    """The highest rate whose point meets the criterion (`margin` >= 0), to within `tol`
+    (relative), and the rates measured on the way; 0.0 when even `lowest` does not meet it,
+    `highest` when that still does."""
+    if not (start > 0 and tol > 0 and 0 < lowest < highest):
+        raise PdmuxError(f"a rate search needs start > 0, tol > 0 and 0 < lowest < highest, got "
+                         f"{start}, {tol}, {lowest}, {highest}")
+    tried: list[float] = []
+
+    def ok(rate: float) -> bool:
+        if len(tried) >= max_points:
+            raise PdmuxError(f"the rate search did not converge within {max_points} points")
+        rate = _key(rate)
+        tried.append(rate)
+        return margin(measure(rate)) >= 0
+
+    rate = _key(min(max(start, lowest), highest))
+    if ok(rate):
+        lo, hi = rate, None
+        while hi is None:
+            if lo >= highest:
+                return lo, tried
+            nxt = _key(min(lo * 2, highest))
+            lo, hi = (nxt, None) if ok(nxt) else (lo, nxt)
+    else:
+        lo, hi = None, rate
+        while lo is None:
+            if hi <= lowest:
+                return 0.0, tried
+            nxt = _key(max(hi / 2, lowest))
+            lo, hi = (nxt, hi) if ok(nxt) else (None, nxt)
+    while hi / lo > 1 + tol:
+        mid = _key(math.sqrt(lo * hi))
+        if mid in (lo, hi):
+            break
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo, tried
+
+
+def crossing(points: list[tuple[float, dict]], margin: Callable[[dict], float]) -> float | None:
+    """The highest rate where the criterion holds, from measured (rate, point) pairs: the
+    highest meeting rate, moved towards the failing rate just above it as far as the margin
+    falls linearly to zero; the highest rate when it meets, 0.0 when no rate does, None
+    without points. (A criterion can hold again above a failing rate: Sarathi-Serve's P99 time
+    between tokens falls as decode batches grow.)"""
+    if not points:
+        return None
+    pts = sorted((rate, margin(p)) for rate, p in points)
+    meeting = [i for i, (_, m) in enumerate(pts) if m >= 0]
+    if not meeting:
+        return 0.0
+    i = meeting[-1]
+    if i == len(pts) - 1:
+        return pts[i][0]
+    (r0, m0), (r1, m1) = pts[i], pts[i + 1]
+    return r0 + (r1 - r0) * m0 / (m0 - m1)
+
+
+def bracketed(points: list[tuple[float, dict]], margin: Callable[[dict], float],
+              rate: float) -> bool:
+    """Whether a rate at or below `rate` already fails the criterion (a higher one need not
+    be measured to find the capacity)."""
+    return any(r <= rate and margin(p) < 0 for r, p in points)

@@ -1,0 +1,244 @@
+"""`pdmux-triton capacity`: per strategy, the highest request rate within the SLOs, measured
+on the GPU or simulated, every point saved as it is served and resumed on rerun.
+
+A point is one stream of the same requests (same seed: the same lengths at every rate, only
+the arrival times scale) served at one rate. Simulated, the rate is searched
+(`capacity_search.search`); measured, it is searched too, or read off the rates given
+(`capacity_search.crossing`: they are served in order up to the first that fails the goodput
+criterion, so adding higher rates later only serves what an unbracketed strategy still needs),
+and the same traffic is simulated beside it so the simulator's error can be read against the
+measurement.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.experiments import capacity_search
+from pdmux_triton.experiments.capacity_search import CRITERIA, Criteria
+from pdmux_triton.experiments.run import GUARDS, Servers, Variant, disagg_variant, pdmux_variant
+from pdmux_triton.experiments.settings import RunSettings, make_requests
+from pdmux_triton.multiplex.partition import SPLIT_KINDS
+from pdmux_triton.results import PointStore, check_settings, provenance, read_json
+from pdmux_triton.spec.gpus import GPUSpec
+
+DEFAULT_STRATEGIES = ("prefill_first", "chunked_512", "chunked_2048", "pdmux_grid_cap")
+POINT_KEYS = ("rate", "slo_attainment", "goodput_rps", "slo_met_throughput_rps",
+              "ttft_p50_ms", "ttft_p99_ms",
+              "tpot_p50_ms", "tpot_p99_ms", "itl_p50_ms", "itl_p99_ms", "e2e_p50_ms",
+              "sched_delay_p50_s", "decode_gpu_p50_ms", "gpu_idle_frac", "level_changes",
+              "level_drain_ms",
+              "request_throughput_rps", "output_throughput_tps", "requests_served", *GUARDS)
+
+
+@dataclass(frozen=True)
+class PointKey:
+    mode: str  # gpu or simulated
+    strategy: str
+    rate: float
+
+
+def variant(name: str) -> Variant:
+    """A strategy by its row name: prefill_first, chunked_<tokens>, pdmux_<kind> (SGLang's
+    levels), pdmux_slo_<kind> (levels for an ITL target), kind grid_cap or green, or
+    disagg_<P>p<D>d (P prefill servers, D decode servers; simulated)."""
+    if name == "prefill_first":
+        return Variant(name, "prefill_first")
+    if name.startswith("chunked_") and name[8:].isdigit() and int(name[8:]) > 0:
+        return Variant(name, "chunked", chunk=int(name[8:]))
+    servers = re.fullmatch(r"disagg_([1-9][0-9]*)p([1-9][0-9]*)d", name)
+    if servers:
+        return disagg_variant(int(servers[1]), int(servers[2]))
+    for levels in ("sglang", "slo"):
+        for kind in SPLIT_KINDS:
+            v = pdmux_variant(kind, levels)
+            if name == v.name:
+                return v
+    raise PdmuxError(f"unknown strategy {name!r}: prefill_first, chunked_<tokens>, "
+                     f"pdmux_grid_cap, pdmux_green, pdmux_slo_grid_cap, pdmux_slo_green or "
+                     f"disagg_<P>p<D>d")
+
+
+MADE_WITH = ("commit", "source_sha256", "torch", "triton")  # saved with every point
+# what a strategy, a rate or the mode choose: points that differ only in these share a folder
+PER_POINT_SETTINGS = ("simulate", "rate", "chunks", "kinds", "level_policies")
+
+
+def open_folder(folder: Path, s: RunSettings) -> PointStore:
+    """The point store of a folder whose points all come from the traffic, model, GPU, cost
+    model and level settings of `s` (refused if they do not; saved on first use)."""
+    stable = {k: v for k, v in s.as_dict().items() if k not in PER_POINT_SETTINGS}
+    # the model's context length only refuses requests, never changes a point: folders saved
+    # before it was read resume
+    stable["model"].pop("max_context")
+    check_settings(folder / f"capacity-settings-{s.gpu.name}.json", stable, RunSettings.defaults())
+    return PointStore(folder / f"capacity-points-{s.gpu.name}.jsonl", PointKey)
+
+
+def measured_gpu(folder: Path, name: str) -> GPUSpec:
+    """The GPU a folder's points were measured on, as it was detected there (its memory is
+    the device's, not the preset's)."""
+    saved = read_json(folder / f"capacity-settings-{name}.json", "capacity settings")
+    try:
+        return GPUSpec(**{**saved["gpu"], "cc": tuple(saved["gpu"]["cc"])})
+    except (KeyError, TypeError):
+        raise PdmuxError(f"{folder} holds no capacity settings with a GPU") from None
+
+
+class Sweep:
+    """Serves points of one mode (measured or simulated) and keeps them in the store; its
+    executors are made only when a point is missing (`offline`: a missing measured point is an
+    error, so a measured sweep can be read again, with a newer simulation beside it, anywhere)."""
+
+    def __init__(self, s: RunSettings, store: PointStore, log, offline: bool = False):
+        self.s, self.store, self.log, self.offline = s, store, log, offline
+        self.mode = "simulated" if s.simulate else "gpu"
+        self.servers = None
+
+    def measure(self, v: Variant, rate: float) -> dict:
+        key = PointKey(self.mode, v.name, rate)
+        saved = self.store.get(key)
+        if saved is not None:
+            return saved
+        if self.offline and self.mode == "gpu":
+            raise PdmuxError(f"{v.name} at {rate:g} req/s was never measured in "
+                             f"{self.store.path}: measure it on the GPU (drop --offline)")
+        if self.servers is None:
+            self.servers = Servers(self.s, make_requests(self.s), self.log)
+        row, _ = self.servers.serve(v, make_requests(self.s, rate))
+        made_with = provenance(self.s.gpu.name)  # a point outlives the code that measured it
+        point = self.store.add(key, **{k: row.get(k) for k in POINT_KEYS if k != "rate"},
+                               **{k: made_with[k] for k in MADE_WITH})
+        self.log(f"[{self.mode}] {v.name} at {rate:g} req/s: attainment "
+                 f"{_fmt(point['slo_attainment'], '.0%')}, TTFT p99 {_fmt(point['ttft_p99_ms'])} "
+                 f"ms, TPOT p99 {_fmt(point['tpot_p99_ms'])} ms, ITL p99 "
+                 f"{_fmt(point['itl_p99_ms'])} ms")
+        return point
+
+    def points(self, name: str) -> list[tuple[float, dict]]:
+        return sorted((p["rate"], p) for p in self.store.points.values()
+                      if p["mode"] == self.mode and p["strategy"] == name)
+
+    def close(self) -> None:
+        if self.servers is not None:
+            self.servers.close()
+
+
+def _fmt(value, spec: str = ".0f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def run_capacity(s: RunSettings, names: tuple[str, ...], criteria: Criteria, store: PointStore,
+                 rates: tuple[float, ...] | None = None, start: float = 1.0, tol: float = 0.05,
+                 log=print, offline: bool = False, also: tuple[float, ...] = ()) -> dict:
+    """Capacities of each strategy, and every point behind them. Measured (`s.simulate` off),
+    the same traffic is also simulated, searched, and served at the measured rates; `offline`,
+    the measured points come from the store alone. Each strategy is also served at the rates
+    `also` names, whatever the search needs (strategies compared at fixed rates)."""
+    chosen = [variant(n) for n in names]
+    sweeps = [Sweep(replace(s, simulate=True), store, log)]
+    if not s.simulate:
+        sweeps.append(Sweep(s, store, log, offline))
+    found: dict[str, dict] = {}
+    try:
+        for sweep in sweeps:
+            for v in chosen:
+                res = found.setdefault(v.name, {})
+                for r in also:
+                    sweep.measure(v, r)
+                for criterion in CRITERIA:
+                    margin = getattr(criteria, criterion)
+                    if sweep.mode == "simulated" or rates is None:
+                        guess = res.get(f"simulated_{criterion}_capacity_rps") or start
+                        cap, _ = capacity_search.search(lambda r: sweep.measure(v, r), margin,
+                                                        max(guess, 0.01), tol)
+                    else:  # the given rates, up to the first that fails the goodput criterion
+                        for r in sorted(rates):
+                            if capacity_search.bracketed(sweep.points(v.name), criteria.goodput, r):
+                                break
+                            sweep.measure(v, r)
+                        cap = capacity_search.crossing(sweep.points(v.name), margin)
+                    res[f"{'simulated_' if sweep.mode == 'simulated' else ''}{criterion}"
+                        f"_capacity_rps"] = cap
+        if not s.simulate:  # the simulation at the given rates and beside every measured
+            for v in chosen:  # point, those of earlier runs too, to be read the same way
+                for r in sorted(set(rates or ()) | {r for r, _ in sweeps[1].points(v.name)}):
+                    sweeps[0].measure(v, r)
+    finally:
+        for sweep in sweeps:
+            sweep.close()
+    return _result(s, chosen, criteria, store, found, offline)
+
+
+def _result(s: RunSettings, chosen: list[Variant], criteria: Criteria, store: PointStore,
+            found: dict[str, dict], offline: bool) -> dict:
+    measured = not s.simulate
+    summary = {}
+    for v in chosen:
+        res = found[v.name]
+        mine = [p for p in store.points.values() if p["strategy"] == v.name
+                and p["mode"] == ("gpu" if measured else "simulated")]
+        row = {f"{c}_capacity_rps": res.get(f"{c}_capacity_rps" if measured
+                                            else f"simulated_{c}_capacity_rps")
+               for c in CRITERIA}
+        row.update({f"simulated_{c}_capacity_rps": res[f"simulated_{c}_capacity_rps"]
+                    for c in CRITERIA})
+        row["points"] = len(mine)
+        # the capacity is the highest rate served (the search's ceiling, or the highest rate
+        # given), which still met the criterion: the strategy can take at least that
+        top = max((p["rate"] for p in mine), default=None)
+        row["at_least"] = {c: top is not None and (row[f"{c}_capacity_rps"] or 0) >= top
+                           for c in CRITERIA}
+        for guard in GUARDS:
+            row[guard] = sum(p.get(guard) or 0 for p in mine)
+        if measured:
+            # like for like: the simulation read at the rates measured, the same way
+            rates = {p["rate"] for p in mine}
+            beside = sorted((p["rate"], p) for p in store.points.values()
+                            if p["strategy"] == v.name and p["mode"] == "simulated"
+                            and p["rate"] in rates)
+            for c in CRITERIA:
+                cap = (capacity_search.crossing(beside, getattr(criteria, c))
+                       if len(beside) == len(rates) else None)
+                row[f"simulated_{c}_capacity_at_measured_rates_rps"] = cap
+            row["sim_error_pct"] = {c: _error(row[f"simulated_{c}_capacity_at_measured_rates_rps"],
+                                              res[f"{c}_capacity_rps"]) for c in CRITERIA}
+            row["latency_sim_error_pct"] = _latency_errors(mine, dict(beside))
+        summary[v.name] = row
+    best = max(summary, key=lambda n: summary[n]["goodput_capacity_rps"] or 0.0)
+    totals = {guard: sum(row[guard] for row in summary.values()) for guard in GUARDS}
+    # offline, the provenance is the analysis's: each measured point names its own
+    return {"mode": "gpu" if measured else "simulated", **provenance(s.gpu.name),
+            "analysed_offline": offline,
+            "model": s.model.name, "inputs": s.as_dict(),
+            "criteria": {"slo_ttft_ms": criteria.slo.ttft_ms, "slo_tpot_ms": criteria.slo.tpot_ms,
+                         "attainment": criteria.attainment,
+                         "max_sched_delay_s": criteria.max_sched_delay_s},
+            "summary": {"strategies": summary, "highest_goodput_capacity": best, **totals},
+            "points": sorted(store.points.values(),
+                             key=lambda p: (p["mode"], p["strategy"], p["rate"]))}
+
+
+LATENCIES = ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms")
+
+
+def _latency_errors(measured: list[dict], simulated: dict[float, dict]) -> dict:
+    """Per latency, the simulation's error at each measured rate: its median and the worst."""
+    out = {}
+    for key in LATENCIES:
+        errors = [e for p in measured if p["rate"] in simulated
+                  if (e := _error(simulated[p["rate"]].get(key), p.get(key))) is not None]
+        out[key] = ({"median": float(np.median(errors)), "worst": max(errors, key=abs)}
+                    if errors else None)
+    return out
+
+
+def _error(simulated: float | None, measured: float | None) -> float | None:
+    if simulated is None or not measured:
+        return None
+    return (simulated - measured) / measured * 100

@@ -1,0 +1,245 @@
+"""A Qwen3/Llama/Qwen2/Mistral decoder made only of the project's kernels, with seeded random
+weights or a checkpoint's.
+
+Every kernel is launched with an SM budget (`partition.Budget`), so the same forward runs on
+the whole GPU, on a grid-capped share or inside a green context. Layers are the unit of work: a
+decode step runs all of them for a batch of one token per request; a prefill can run any range
+of layers of a token batch (SGLang's split prefill), carrying hidden states and residual.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+
+import torch
+
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.kernels import (decode_attention, extend_attention, linear, rmsnorm, rope_,
+                                  rope_cache, silu_mul, store_kv)
+from pdmux_triton.kernels.prefill_attention import plan_extend
+from pdmux_triton.multiplex.partition import Budget
+from pdmux_triton.spec.gpus import ModelSpec
+
+
+@dataclass
+class Weights:
+    """Every weight of the decoder in the kernels' layout: per layer the fused q/k/v rows and
+    gate/up rows, the q/k/v bias where the model has one (Qwen2), q/k norms (used by Qwen3).
+    `lm_head` is the embedding table itself where the model ties them. Made by `random` or
+    read from a Hugging Face checkpoint (`checkpoint.load_weights`)."""
+
+    spec: ModelSpec
+    embed: torch.Tensor
+    lm_head: torch.Tensor
+    final_norm: torch.Tensor
+    layers: list[dict[str, torch.Tensor]]
+
+    @classmethod
+    def random(cls, spec: ModelSpec, device, dtype=torch.bfloat16, seed: int = 0,
+               layers: int | None = None) -> "Weights":
+        """Seeded random weights (no downloads; a step's time does not depend on values),
+        scaled so activations stay bounded (1/sqrt(fan-in)) and greedy decoding is
+        reproducible."""
+        device = torch.device(device)
+        g = torch.Generator(device=device).manual_seed(seed)  # draw on the GPU: 8B values
+
+        def rand(*shape, scale):
+            return (torch.randn(*shape, generator=g, device=device) * scale).to(dtype)
+
+        def near_one(n):
+            return (1 + 0.1 * torch.randn(n, generator=g, device=device)).to(dtype)
+
+        h, qd, kvd, inter = spec.hidden, spec.q_dim, spec.kv_dim, spec.intermediate
+        embed = rand(spec.vocab, h, scale=h ** -0.5 if spec.tie_embeddings else 1.0)
+        lm_head = embed if spec.tie_embeddings else rand(spec.vocab, h, scale=h ** -0.5)
+        out = []
+        for _ in range(spec.layers if layers is None else layers):
+            layer = {
+                "in_norm": near_one(h),
+                "post_norm": near_one(h),
+                "qkv": rand(qd + 2 * kvd, h, scale=h ** -0.5),
+                "o": rand(h, qd, scale=qd ** -0.5),
+                "gate_up": rand(2 * inter, h, scale=h ** -0.5),
+                "down": rand(h, inter, scale=inter ** -0.5),
+                "q_norm": torch.ones(spec.head_dim, device=device, dtype=dtype),
+                "k_norm": torch.ones(spec.head_dim, device=device, dtype=dtype),
+            }
+            if spec.qkv_bias:
+                layer["qkv_bias"] = rand(qd + 2 * kvd, scale=0.1)
+            out.append(layer)
+        return cls(spec, embed, lm_head, torch.ones(h, device=device, dtype=dtype), out)
+
+
+def rope_frequencies(spec: ModelSpec) -> torch.Tensor | None:
+    """The rotary frequencies of a model that scales them (Llama 3's rope scaling, as
+    transformers computes it); None for plain rope_theta ones."""
+    scaling = spec.rope_scaling
+    if scaling is None:
+        return None
+    dim = spec.head_dim
+    inv_freq = 1.0 / spec.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    wavelen = 2 * math.pi / inv_freq
+    old = scaling.original_max_positions
+    low_wavelen, high_wavelen = old / scaling.low_freq_factor, old / scaling.high_freq_factor
+    # long wavelengths stretched by the factor, short ones kept, those between blended
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+    smooth = ((old / wavelen - scaling.low_freq_factor)
+              / (scaling.high_freq_factor - scaling.low_freq_factor))
+    blended = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    between = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(between, blended, scaled)
+
+
+def allocatable_bytes(device: torch.device) -> int:
+    """What this process can still allocate on a CUDA device: the driver's free memory and
+    what torch's allocator holds unused (an earlier run's cache, freed but not returned)."""
+    free, _ = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+
+
+class KVCache:
+    """Paged KV cache: per layer K and V of shape [pages * page_size, kv_heads, head_dim]."""
+
+    def __init__(self, spec: ModelSpec, num_pages: int, page_size: int, device,
+                 dtype=torch.bfloat16, layers: int | None = None):
+        if num_pages < 1 or page_size < 1:
+            raise PdmuxError(f"a KV cache needs pages >= 1 and page size >= 1, got {num_pages} "
+                             f"and {page_size}")
+        self.page_size = page_size
+        self.num_pages = num_pages
+        slots = num_pages * page_size
+        n = spec.layers if layers is None else layers
+        shape = (slots, spec.kv_heads, spec.head_dim)
+        need = 2 * n * slots * spec.kv_dim * torch.finfo(dtype).bits // 8
+        if torch.device(device).type == "cuda":
+            free = allocatable_bytes(torch.device(device))
+            if need > free:
+                raise PdmuxError(f"a KV cache of {num_pages} pages x {page_size} tokens needs "
+                                 f"{need / 2**30:.1f} GiB; the GPU has {free / 2**30:.1f} GiB free")
+        self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n)]
+        self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n)]
+
+
+@dataclass
+class DecodeBatch:
+    """Device tensors of one decode step: a token per request at its position."""
+
+    tokens: torch.Tensor  # [B] int64
+    positions: torch.Tensor  # [B] int64: where the new token goes (its context before it)
+    slots: torch.Tensor  # [B] int64: cache slot of the new token
+    page_table: torch.Tensor  # [B, pages] int32
+    seq_lens: torch.Tensor  # [B] int32: context including the new token
+    max_seq_len: int  # host bound on seq_lens (fixed for a captured graph)
+
+
+@dataclass
+class ExtendBatch:
+    """A prefill (or chunk of one) of several sequences packed back to back."""
+
+    tokens: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    slots: torch.Tensor  # [T] int64
+    page_table: torch.Tensor  # [B, pages] int32
+    extend_lens: list[int]
+    prefix_lens: list[int]
+
+    @cached_property
+    def plan(self):
+        """The extend attention's block plan, made and uploaded once: a split prefill runs
+        extend_layers every round on the same batch."""
+        return plan_extend(self.extend_lens, self.prefix_lens, self.tokens.device)
+
+
+class OneGpu:
+    """Collectives on one GPU: nothing to reduce or gather (a rank's: tensor_parallel)."""
+
+    def reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        return partial
+
+    def gather_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits
+
+
+ONE_GPU = OneGpu()
+
+
+class Model:
+    def __init__(self, weights: Weights, cache: KVCache, max_positions: int = 131072):
+        """On a tensor-parallel rank `weights` is its shard, and each call's `Budget.comm`
+        sums the row-parallel o and down projections and gathers the logits."""
+        self.w = weights
+        self.spec = weights.spec
+        self.cache = cache
+        self.cos_sin = rope_cache(max_positions, self.spec.head_dim, self.spec.rope_theta,
+                                  weights.embed.device, rope_frequencies(self.spec))
+
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        # a gather, not a GEMM: its cost is a few rows per token on either side of the split
+        return self.w.embed[tokens]
+
+    def layer(self, i: int, hidden: torch.Tensor, residual: torch.Tensor | None,
+              positions: torch.Tensor, slots: torch.Tensor, attend, budget: Budget):
+        """One transformer layer; `attend(q, k, v, k_cache, v_cache)` is decode or extend
+        attention (k, v: this call's new keys and values, already in the cache too).
+
+        Returns (hidden, residual) for the next layer: the MLP output and the running sum.
+        """
+        s, lw, kw = self.spec, self.w.layers[i], budget.kw
+        if residual is None:
+            residual = hidden.clone()
+            x = rmsnorm(hidden, lw["in_norm"], s.rms_eps, **kw)
+        else:
+            x = rmsnorm(hidden, lw["in_norm"], s.rms_eps, residual=residual, **kw)
+        qkv = linear(x, lw["qkv"], bias=lw.get("qkv_bias"), **kw)
+        T = qkv.shape[0]
+        q = qkv[:, :s.q_dim].view(T, s.q_heads, s.head_dim)
+        k = qkv[:, s.q_dim:s.q_dim + s.kv_dim].view(T, s.kv_heads, s.head_dim)
+        v = qkv[:, s.q_dim + s.kv_dim:].view(T, s.kv_heads, s.head_dim)
+        rope_(q, positions, self.cos_sin, lw["q_norm"] if s.qk_norm else None, s.rms_eps, **kw)
+        rope_(k, positions, self.cos_sin, lw["k_norm"] if s.qk_norm else None, s.rms_eps, **kw)
+        store_kv(k, v, self.cache.k[i], self.cache.v[i], slots, **kw)
+        attn = attend(q, k, v, self.cache.k[i], self.cache.v[i])
+        comm = budget.comm or ONE_GPU
+        o = comm.reduce(linear(attn.view(T, s.q_dim), lw["o"], **kw))
+        x = rmsnorm(o, lw["post_norm"], s.rms_eps, residual=residual, **kw)
+        mlp = comm.reduce(
+            linear(silu_mul(linear(x, lw["gate_up"], **kw), **kw), lw["down"], **kw))
+        return mlp, residual
+
+    def logits(self, hidden: torch.Tensor, residual: torch.Tensor, budget: Budget) -> torch.Tensor:
+        x = rmsnorm(hidden, self.w.final_norm, self.spec.rms_eps, residual=residual, **budget.kw)
+        return (budget.comm or ONE_GPU).gather_vocab(linear(x, self.w.lm_head, **budget.kw))
+
+    def decode_step(self, batch: DecodeBatch, budget: Budget = Budget()) -> torch.Tensor:
+        """Logits [B, vocab] of one new token per request (its K/V enter the cache)."""
+        ps = self.cache.page_size
+
+        def attend(q, k, v, kc, vc):
+            return decode_attention(q, kc, vc, batch.page_table, batch.seq_lens, ps,
+                                    batch.max_seq_len, **budget.kw)
+        hidden, residual = self.embed(batch.tokens), None
+        for i in range(len(self.w.layers)):
+            hidden, residual = self.layer(i, hidden, residual, batch.positions, batch.slots,
+                                          attend, budget)
+        return self.logits(hidden, residual, budget)
+
+    def extend_layers(self, batch: ExtendBatch, start: int, end: int, hidden=None, residual=None,
+                      budget: Budget = Budget()):
+        """Layers [start, end) of a prefill batch; embeds at 0. Returns (hidden, residual)."""
+        if not 0 <= start <= end <= len(self.w.layers):
+            raise PdmuxError(f"layer range [{start}, {end}) is outside 0..{len(self.w.layers)}")
+        if start == 0:
+            hidden, residual = self.embed(batch.tokens), None
+        elif hidden is None:
+            raise PdmuxError(f"a prefill resumed at layer {start} needs the hidden states")
+        ps = self.cache.page_size
+
+        def attend(q, k, v, kc, vc):
+            return extend_attention(q, k, v, kc, vc, batch.page_table, batch.extend_lens,
+                                    batch.prefix_lens, ps, plan=batch.plan, **budget.kw)
+        for i in range(start, end):
+            hidden, residual = self.layer(i, hidden, residual, batch.positions, batch.slots,
+                                          attend, budget)
+        return hidden, residual

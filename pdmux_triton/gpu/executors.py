@@ -1,0 +1,72 @@
+"""Real executors for a served run: one model sized for the run's requests, warmed up once per
+strategy, and each measured run watched for what must not happen inside it (a Triton
+compile, a graph capture, a new device allocation)."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+import torch
+
+from pdmux_triton.cost import step_cost
+from pdmux_triton.gpu.compile_watch import CompileWatch
+from pdmux_triton.gpu.model_executor import ModelExecutor
+from pdmux_triton.multiplex.level_policy import LevelPolicy
+from pdmux_triton.multiplex.sglang_rules import PDMuxConfig
+from pdmux_triton.serve.scheduler import kv_need
+from pdmux_triton.spec.gpus import GPUSpec, ModelSpec
+from pdmux_triton.spec.traffic import Request
+
+PAGE_SIZE = 16
+
+
+class GpuExecutors:
+    """`executor(strategy, kind, chunk, levels_by)` for each served variant, over one shared
+    model."""
+
+    def __init__(self, gpu: GPUSpec, model: ModelSpec, requests: list[Request],
+                 config: PDMuxConfig, prefill_tokens: int, max_running: int,
+                 checkpoint: str | None = None):
+        self.gpu, self.model, self.config, self.checkpoint = gpu, model, config, checkpoint
+        self.prefill_tokens, self.max_running = prefill_tokens, max_running
+        longest = max(kv_need(r) for r in requests)
+        # the whole run's KV at once if it fits, else what the GPU keeps (admission waits)
+        self.cache_tokens = min(sum(map(kv_need, requests)), step_cost.kv_capacity_tokens(gpu, model))
+        self.max_context = -(-longest // PAGE_SIZE) * PAGE_SIZE
+        self._warm: set[tuple] = set()
+
+    def executor(self, strategy: str, kind: str, chunk: int,
+                 levels_by: LevelPolicy) -> ModelExecutor:
+        x = ModelExecutor.shared(self.model, self.gpu, kind, page_size=PAGE_SIZE,
+                                 cache_tokens=max(self.cache_tokens, self.max_context),
+                                 max_context=self.max_context, checkpoint=self.checkpoint,
+                                 progress=self._loading)
+        key = (strategy, kind, chunk, type(levels_by).__name__)
+        if key not in self._warm:
+            x.warm_up(strategy, self.config, self.max_running, self.prefill_tokens, chunk,
+                      levels_by)
+            self._warm.add(key)
+        return x
+
+    def _loading(self, done: int, shards: int) -> None:
+        print(f"loading {self.checkpoint}: {done}/{shards} shards", file=sys.stderr, flush=True)
+
+    @contextlib.contextmanager
+    def watch(self, x: ModelExecutor):
+        """Counts, filled in as the block exits, of what happened inside it."""
+        counts: dict[str, int] = {}
+        captures = x.graphs.captures
+        torch.cuda.synchronize()
+        segments = torch.cuda.memory_stats().get("segment.all.allocated", 0)
+        with CompileWatch() as compiled:
+            yield counts
+        torch.cuda.synchronize()
+        counts["compiles_during_measurement"] = compiled.count
+        counts["captures_during_measurement"] = x.graphs.captures - captures
+        counts["device_allocations_during_measurement"] = (
+            torch.cuda.memory_stats().get("segment.all.allocated", 0) - segments)
+        counts["compiled"] = compiled.compiled[:20]
+
+    def close(self) -> None:
+        ModelExecutor.release_shared()  # green contexts, graphs, the model

@@ -1,0 +1,86 @@
+"""Open partitions: the CUDA streams a `PartitionSpec` plans, and the budgets their kernels get.
+
+`grid_cap` gets two ordinary streams, `whole` one, `green` a stream on each of two green
+contexts (`green_contexts`), whose realized SM counts become the budgets. A `PartitionPool` keeps
+partitions open across runs, as SGLang creates its stream groups once at start-up.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.gpu.green_contexts import split_green
+from pdmux_triton.multiplex.partition import Budget, PartitionSpec
+
+
+class Partition:
+    """Open streams of a spec. Use as a context manager; green contexts are freed on close."""
+
+    def __init__(self, spec: PartitionSpec, prefill_stream, decode_stream, green=None,
+                 prefill_sms: int | None = None, decode_sms: int | None = None):
+        self.spec = spec
+        self.prefill_stream = prefill_stream
+        self.decode_stream = decode_stream
+        self._green = green
+        # the budgets kernels use: what the driver realized for green contexts
+        self.prefill_sms = prefill_sms or spec.prefill_sms
+        self.decode_sms = decode_sms or spec.decode_sms
+
+    @property
+    def prefill_budget(self) -> Budget:
+        return Budget(self.prefill_sms)
+
+    @property
+    def decode_budget(self) -> Budget:
+        return Budget(self.decode_sms)
+
+    @classmethod
+    def open(cls, spec: PartitionSpec) -> "Partition":
+        if not torch.cuda.is_available():
+            raise PdmuxError(f"a {spec.kind} partition needs a CUDA GPU; torch sees none")
+        device_sms = torch.cuda.get_device_properties(0).multi_processor_count
+        if spec.total_sms != device_sms:
+            raise PdmuxError(f"the partition is planned for {spec.total_sms} SMs but the GPU has "
+                             f"{device_sms}")
+        if spec.kind == "whole":
+            stream = torch.cuda.Stream()
+            return cls(spec, stream, stream)
+        if spec.kind == "grid_cap":
+            return cls(spec, torch.cuda.Stream(), torch.cuda.Stream())
+        spec.check_green(torch.cuda.get_device_capability(0)[0])
+        if spec.split_first == "prefill":
+            split = split_green(spec.prefill_sms, spec.decode_sms)
+            prefill, decode = split.first, split.rest
+        else:
+            split = split_green(spec.decode_sms, spec.prefill_sms)
+            decode, prefill = split.first, split.rest
+        return cls(spec, prefill.stream, decode.stream, split, prefill.sms, decode.sms)
+
+    def close(self) -> None:
+        if self._green is not None:
+            self._green.close()
+            self._green = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class PartitionPool:
+    """Partitions opened on first use and kept until `close`."""
+
+    def __init__(self):
+        self._open: dict[PartitionSpec, Partition] = {}
+
+    def get(self, spec: PartitionSpec) -> Partition:
+        if spec not in self._open:
+            self._open[spec] = Partition.open(spec)
+        return self._open[spec]
+
+    def close(self) -> None:
+        for part in self._open.values():
+            part.close()
+        self._open.clear()

@@ -1,0 +1,61 @@
+"""When the GPU was busy: a start and an end mark around every launch, CUDA events on the
+launch's stream on a GPU, host clocks without one (the Triton interpreter runs in order)."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from pdmux_triton.serve.scheduler import Activity
+
+
+class HostMark:
+    """A CPU stand-in for a CUDA event."""
+
+    def __init__(self):
+        self.t = time.perf_counter()
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+
+class LaunchMarks:
+    def __init__(self, cuda: bool):
+        self.cuda = cuda
+        self.launches: list[tuple[object, object]] = []
+        self.decode_steps: list[tuple[object, object]] = []
+        self.drains: list[float] = []  # host seconds each level switch waited
+
+    def mark(self, stream):
+        if not self.cuda:
+            return HostMark()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(stream)
+        return event
+
+    def add(self, start, end, decode: bool = False) -> None:
+        self.launches.append((start, end))
+        if decode:
+            self.decode_steps.append((start, end))
+
+    def clear(self) -> None:
+        self.launches.clear()
+        self.decode_steps.clear()
+        self.drains.clear()
+
+    def _seconds(self, a, b) -> float:
+        return a.elapsed_time(b) / 1e3 if self.cuda else b.t - a.t
+
+    def activity(self) -> Activity:
+        """Busy spans relative to the first launch (call after the GPU drained)."""
+        if not self.launches:
+            return Activity([], (0.0, 0.0), [], list(self.drains))
+        base = self.launches[0][0]
+        spans = [(self._seconds(base, a), self._seconds(base, b)) for a, b in self.launches]
+        window = (min(a for a, _ in spans), max(b for _, b in spans))
+        return Activity(spans, window, [self._seconds(a, b) for a, b in self.decode_steps],
+                        list(self.drains))

@@ -1,0 +1,1 @@
+"""Measurements on the GPU: timing, workloads, the calibration and comparison sweeps."""

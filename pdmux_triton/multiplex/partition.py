@@ -1,0 +1,101 @@
+"""Where kernels run, as a plan: which partition kind, how many SMs each side gets, and the
+SM budget (`Budget`) every kernel is launched with. Pure data, checked without a GPU; the
+`streams` module opens a plan on the device.
+
+Three kinds:
+- `grid_cap`: two ordinary streams; every kernel is launched with at most its side's budget of
+  programs (the emulation this project studies; the hardware still picks the SMs).
+- `green`: two CUDA green contexts; one side's share is split off first (on the architecture's
+  granularity) and the other gets the rest. SGLang's levels split prefill off first; the S_SAT
+  sweeps split decode off first, so its budget can be any multiple of the granularity.
+- `whole`: one stream, the whole GPU for both sides (prefill-first and chunked baselines, and
+  SGLang's prefill-only and decode-only levels).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.multiplex import sglang_rules
+
+SPLIT_KINDS = ("grid_cap", "green")  # the two ways of splitting SMs that the tool compares
+KINDS = (*SPLIT_KINDS, "whole")
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What one side's work may use: at most num_sms * ctas_per_sm programs a kernel (None:
+    the whole GPU) and, on a tensor-parallel rank, the side's own collectives (its
+    communicator: the two sides of a split never share one, or their all-reduces deadlock)."""
+
+    num_sms: int | None = None
+    ctas_per_sm: int = 1
+    comm: object = None  # tensor_parallel.DistCollectives; None on one GPU
+
+    @property
+    def kw(self) -> dict:
+        return {"num_sms": self.num_sms, "ctas_per_sm": self.ctas_per_sm}
+
+
+@dataclass(frozen=True)
+class PartitionSpec:
+    kind: str
+    prefill_sms: int
+    decode_sms: int
+    total_sms: int
+    split_first: str = "prefill"  # green only: the side split off on the granularity
+
+    def __post_init__(self):
+        if self.split_first not in ("prefill", "decode"):
+            raise PdmuxError(f"split_first must be 'prefill' or 'decode', got {self.split_first!r}")
+        if self.kind not in KINDS:
+            raise PdmuxError(f"unknown partition kind {self.kind!r}; known: {', '.join(KINDS)}")
+        for name, value in (("prefill SMs", self.prefill_sms), ("decode SMs", self.decode_sms)):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= self.total_sms:
+                raise PdmuxError(f"{name} must be an integer in 1..{self.total_sms}, got {value!r}")
+        if self.kind == "whole" and (self.prefill_sms, self.decode_sms) != (self.total_sms,) * 2:
+            raise PdmuxError("a whole-GPU partition gives both sides all SMs")
+        if self.kind != "whole" and self.prefill_sms + self.decode_sms > self.total_sms:
+            raise PdmuxError(f"{self.prefill_sms} + {self.decode_sms} SMs exceed the GPU's "
+                             f"{self.total_sms}")
+
+    def check_green(self, major: int) -> None:
+        """A green split must be one the driver can make: the first side on the granularity,
+        the other side the exact remainder."""
+        min_part, granularity = sglang_rules.arch_constraints(major)
+        first = self.prefill_sms if self.split_first == "prefill" else self.decode_sms
+        if first % granularity or first < min_part:
+            raise PdmuxError(f"green contexts split off multiples of {granularity} SMs (at least "
+                             f"{min_part}) on compute capability {major}.x; {self.split_first} "
+                             f"{first} is off the granularity")
+        if self.prefill_sms + self.decode_sms != self.total_sms:
+            rest = "decode" if self.split_first == "prefill" else "prefill"
+            raise PdmuxError(f"a green split gives {rest} the remainder, "
+                             f"{self.total_sms - first} SMs, not "
+                             f"{self.decode_sms if rest == 'decode' else self.prefill_sms}")
+
+    @property
+    def whole_gpu(self) -> bool:
+        return self.kind == "whole"
+
+    @property
+    def label(self) -> str:
+        return f"{self.kind} {self.prefill_sms}/{self.decode_sms}"
+
+
+def whole(total_sms: int) -> PartitionSpec:
+    return PartitionSpec("whole", total_sms, total_sms, total_sms)
+
+
+def for_level(level: sglang_rules.Level, kind: str, total_sms: int | None = None,
+              split_first: str = "prefill") -> PartitionSpec:
+    """The partition a (prefill SMs, decode SMs) level runs on: its split for `grid_cap` and
+    `green`. A level that gives one side no SMs (SGLang's prefill-only and decode-only levels,
+    or a decode budget of the whole GPU) runs on the whole GPU, as SGLang runs it on ordinary
+    streams: this is the one place that rule lives."""
+    prefill, decode = level
+    total = prefill + decode if total_sms is None else total_sms
+    if prefill == 0 or decode == 0:
+        return whole(total)
+    return PartitionSpec(kind, prefill, decode, total, split_first)

@@ -1,0 +1,1 @@
+"""The serving loops, their executor contract, metrics, the router and the simulated executor."""

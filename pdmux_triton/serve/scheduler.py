@@ -1,0 +1,516 @@
+"""One event loop, three strategies, on any executor (the GPU or a simulated clock).
+
+- `prefill_first`: a new prompt's whole prefill runs on the whole GPU; decode waits.
+- `chunked`: every step runs one chunk of the prompt together with the decode batch.
+- `pdmux`: SGLang's PD-multiplexing loop: each round one decode step on the decode side and
+  the next `prefill_layers_per_step` layers of the prompt on the prefill side; the host waits
+  only for decode; a finished prefill joins the decode batch; the level (SM split) changes
+  when a prefill starts or ends, after both sides drain (and, for a `level_policy` that asks,
+  between layers of a split prefill when the decode batch changed).
+
+The executor owns time and the model (`Executor` below is the whole contract); this module
+owns requests, levels and the timeline.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from array import array
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.multiplex import sglang_rules
+from pdmux_triton.multiplex.level_policy import LevelPolicy, SGLangLevels
+from pdmux_triton.spec.traffic import Request
+
+STRATEGIES = ("prefill_first", "chunked", "pdmux")
+
+
+@dataclass
+class Activity:
+    """What an executor reports when a run ends."""
+
+    # (start, end) s of every launch, on one clock: pairs, or an (n, 2) array
+    busy: Sequence
+    window: tuple[float, float]  # the span over which idle time is counted
+    decode_step_s: Sequence[float]  # each decode step's own time, launch to end
+    drain_s: Sequence[float] = field(default_factory=list)  # the host's wait at each set_level
+
+
+class Executor(Protocol):
+    """What the loop needs from whatever runs the work. Times are seconds on the executor's
+    clock, which reads 0 when `start` returns; tokens are sampled ids, None where nothing is
+    sampled (a simulated clock)."""
+
+    total_sms: int
+    cc_major: int
+    num_layers: int
+    kv_capacity_tokens: int  # tokens its KV cache holds
+
+    def start(self, warm: list[Request]) -> None:
+        """Put the requests already decoding into the KV cache, then start the clock."""
+
+    def now(self) -> float: ...
+
+    def idle_until(self, t: float) -> None:
+        """Nothing to run before `t`: let the clock reach it."""
+
+    def set_level(self, level: sglang_rules.Level) -> None:
+        """Drain both sides, then split the SMs as the level says (0 on a side: whole GPU)."""
+
+    def launch_decode(self, reqs: list[Request]) -> object:
+        """Enqueue one decode step of `reqs` on the decode side; returns what wait_decode takes."""
+
+    def wait_decode(self, pending: object) -> tuple[float, list[int] | None]:
+        """Block until that step ends: (time, next token of each request)."""
+
+    def begin_prefill(self, reqs: list[Request]) -> object:
+        """The executor's carry for one prefill batch (its inputs and the hidden states it
+        passes between rounds); the loop only hands it back."""
+
+    def launch_prefill(self, carry: object, start: int, end: int) -> None:
+        """Enqueue layers [start, end) of that prefill on the prefill side."""
+
+    def prefill_result(self, carry: object, wait: bool) -> tuple[float, list[int] | None] | None:
+        """After the last layer was launched: (time, first token of each request) once it has
+        run; None if it has not and `wait` is false."""
+
+    def mixed(self, decoding: list[Request], prompt: Request, start: int,
+              n: int) -> tuple[float, list[int] | None, int | None]:
+        """One chunked-prefill step on the whole GPU: a decode token for each of `decoding` and
+        the prompt's tokens [start, start + n) in one forward; the prompt's first token when
+        this chunk ends it (None before, and when nothing is sampled)."""
+
+    def release(self, r: Request) -> None:
+        """A finished request gives back its KV cache."""
+
+    def finish(self) -> Activity:
+        """Drain and report."""
+
+
+@dataclass
+class PrefillJob:
+    reqs: list[Request]
+    carry: object  # what the executor's begin_prefill returned
+    next_layer: int = 0
+
+    @property
+    def tokens(self) -> int:
+        return sum(r.prompt_len for r in self.reqs)
+
+
+@dataclass
+class Round:
+    start: float
+    end: float
+    level: int  # index into the levels; -1 for whole-GPU strategies
+    decode_bs: int
+    prefill: str  # what prefill work the round launched: "", "layers a-b", "chunk s+n", "whole"
+    decode_context: int = 0  # KV tokens the decode batch held as the round began
+
+
+class Rounds:
+    """A run's rounds, column by column (a long simulated run makes millions of them); it
+    reads as `Round`s, by index or in order. Prefill labels are kept once each."""
+
+    COLUMNS = {"start": "d", "end": "d", "level": "i", "decode_bs": "i", "decode_context": "q",
+               "label": "i"}
+
+    def __init__(self, rounds: Iterable[Round] = ()):
+        for name, kind in self.COLUMNS.items():
+            setattr(self, name, array(kind))
+        self.labels: list[str] = []  # what `label` indexes
+        self._label_of: dict[str, int] = {}
+        for rd in rounds:
+            self.add(rd.start, rd.end, rd.level, rd.decode_bs, rd.prefill, rd.decode_context)
+
+    def _label(self, prefill: str) -> int:
+        i = self._label_of.get(prefill)
+        if i is None:
+            i = self._label_of[prefill] = len(self.labels)
+            self.labels.append(prefill)
+        return i
+
+    def add(self, start: float, end: float, level: int, decode_bs: int, prefill: str,
+            decode_context: int = 0) -> None:
+        self.start.append(start)
+        self.end.append(end)
+        self.level.append(level)
+        self.decode_bs.append(decode_bs)
+        self.decode_context.append(decode_context)
+        self.label.append(self._label(prefill))
+
+    def column(self, name: str) -> np.ndarray:
+        """One column, read in place: no round may be added while the view is held."""
+        view = np.frombuffer(getattr(self, name), dtype=np.dtype(self.COLUMNS[name]))
+        view.flags.writeable = False
+        return view
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    def __getitem__(self, i: int) -> Round:
+        return Round(self.start[i], self.end[i], self.level[i], self.decode_bs[i],
+                     self.labels[self.label[i]], self.decode_context[i])
+
+    def __iter__(self) -> Iterator[Round]:
+        return (self[i] for i in range(len(self)))
+
+    @classmethod
+    def joined(cls, parts: list["Rounds"]) -> "Rounds":
+        """Several servers' rounds as one, by start (each server's own order kept)."""
+        out = cls()
+        order = np.argsort(np.concatenate([p.column("start") for p in parts]), kind="stable")
+        for name, kind in cls.COLUMNS.items():
+            if name == "label":  # each part's labels, numbered as the joined rounds keep them
+                cols = [np.array([out._label(x) for x in p.labels], dtype=np.int32)[p.column(name)]
+                        for p in parts]
+            else:
+                cols = [p.column(name) for p in parts]
+            setattr(out, name, array(kind, np.concatenate(cols).astype(kind)[order].tobytes()))
+        return out
+
+
+@dataclass
+class RunResult:
+    strategy: str
+    requests: list[Request]
+    rounds: Rounds = field(default_factory=Rounds)
+    wall_s: float = 0.0
+    activity: Activity = field(default_factory=lambda: Activity([], (0.0, 0.0), [], []))
+    # servers behind a router (`router`), each on its own GPUs: their runs, of which this one
+    # holds every request, round and launch on one clock; empty for one server
+    parts: list["RunResult"] = field(default_factory=list)
+
+    def __post_init__(self):
+        if not isinstance(self.rounds, Rounds):  # a list of Round (a hand-made run)
+            self.rounds = Rounds(self.rounds)
+
+
+PROGRESS_EVERY_S = 5.0  # wall time between two progress lines
+
+
+class Progress:
+    """A line now and then (every PROGRESS_EVERY_S of wall time) on how far a run is: requests
+    served of all, wall time, the executor's clock and the rate served."""
+
+    def __init__(self, say: Callable[[str], None], label: str, total: int):
+        self.say, self.label, self.total = say, label, total
+        self.every_s = PROGRESS_EVERY_S
+        self.started = time.monotonic()
+        self.next = self.started + self.every_s
+
+    def tick(self, served: int, clock_s: float) -> None:
+        now = time.monotonic()
+        if now < self.next:
+            return
+        self.next = now + self.every_s
+        wall = now - self.started
+        self.say(f"{self.label}: {served:,}/{self.total:,} requests served, {wall:,.0f} s wall, "
+                 f"clock at {clock_s:,.1f} s, {served / wall:,.1f} requests/s")
+
+
+class Engine:
+    """Request bookkeeping shared by the strategies.
+
+    Admission keeps the KV cache from overflowing: a prompt is taken only when the cache has
+    room for its prompt and its whole output (reserved up front, so an admitted request is
+    never evicted; SGLang reserves less and retracts instead) and the running batch stays
+    within `max_running` requests. Requests to come wait in arrival order (those arriving
+    after a number of decode steps apart, by that number), so admitting one costs O(1)."""
+
+    def __init__(self, executor: Executor, requests: list[Request], max_running: int,
+                 progress: Progress | None = None):
+        self.x = executor
+        fresh = [r for r in requests if not r.warm]
+        self.arrivals = deque(sorted((r for r in fresh if r.arrival is not None),
+                                     key=lambda r: (r.arrival, r.rid)))
+        self.after_steps = deque(sorted((r for r in fresh if r.arrival is None), key=lambda r: (
+            math.inf if r.after_steps is None else r.after_steps, r.rid)))
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = [r for r in requests if r.warm]
+        self.step_ends = array("d")  # every decode step's end: requests' token times point into it
+        for r in self.running:
+            r.step_ends, r.step0 = self.step_ends, 0
+        self.rounds = Rounds()
+        self.progress = progress
+        self.served = 0
+        self.max_running = max_running
+        capacity = executor.kv_capacity_tokens
+        self.kv_free = capacity - sum(map(kv_need, self.running))
+        if self.kv_free < 0 or len(self.running) > max_running:
+            raise PdmuxError(f"{len(self.running)} requests decoding from the start need "
+                             f"{sum(map(kv_need, self.running)):,} tokens of KV cache and as "
+                             f"many batch slots; the executor holds {capacity:,} tokens and "
+                             f"runs at most {max_running} requests")
+        for r in requests:
+            if kv_need(r) > capacity:
+                raise PdmuxError(f"request {r.rid} needs {kv_need(r):,} tokens of KV cache; the "
+                                 f"executor holds {capacity:,}")
+
+    def busy(self, in_flight: object = None) -> bool:
+        """Work is left: requests to come, waiting or decoding, or a prefill in flight."""
+        return bool(self.arrivals or self.after_steps or self.waiting or self.running
+                    or in_flight is not None)
+
+    def admit(self) -> None:
+        """Requests that arrived join the waiting queue: by arrival, then those whose decode
+        steps have passed (by id)."""
+        now = self.x.now()
+        while self.arrivals and self.arrivals[0].arrival <= now:
+            self.waiting.append(self.arrivals.popleft())
+        due = []
+        while (self.after_steps and self.after_steps[0].after_steps is not None
+               and self.after_steps[0].after_steps <= len(self.step_ends)):
+            r = self.after_steps.popleft()
+            r.arrival = now
+            due.append(r)
+        self.waiting.extend(sorted(due, key=lambda r: r.rid))
+
+    def take_prompts(self, token_budget: int, limit: int | None = None) -> list[Request]:
+        """The oldest waiting prompts within the prefill token budget (the oldest always) for
+        which the KV cache and the running batch have room; [] while the oldest must wait."""
+        batch: list[Request] = []
+        tokens = 0
+        while self.waiting and (limit is None or len(batch) < limit):
+            r = self.waiting[0]
+            room = kv_need(r) <= self.kv_free and len(self.running) + len(batch) < self.max_running
+            if not room or (batch and tokens + r.prompt_len > token_budget):
+                break
+            self.waiting.popleft()
+            self.kv_free -= kv_need(r)
+            tokens += r.prompt_len
+            batch.append(r)
+        return batch
+
+    def next_arrival(self) -> float | None:
+        return self.arrivals[0].arrival if self.arrivals else None
+
+    def idle(self) -> None:
+        """Nothing to run: jump to the next arrival (a step-triggered one cannot come)."""
+        t = self.next_arrival()
+        if t is None:
+            raise PdmuxError("requests wait on decode steps but nothing is decoding")
+        self.x.idle_until(t)
+
+    def finished(self, r: Request) -> None:
+        self.kv_free += kv_need(r)
+        self.x.release(r)
+        self.served += 1
+
+    def add_round(self, start: float, end: float, level: int, decode_bs: int, prefill: str,
+                  decode_context: int = 0) -> None:
+        """A round ended, its tokens recorded."""
+        self.rounds.add(start, end, level, decode_bs, prefill, decode_context)
+        if self.progress is not None:
+            self.progress.tick(self.served, end)
+
+    def record_tokens(self, reqs: list[Request], tokens: list[int] | None, t: float) -> None:
+        """A decode step of the running batch `reqs` (all of it: each running request's token
+        times are the log's steps from when it joined) ended at `t`."""
+        self.step_ends.append(t)
+        if tokens is not None:
+            for r, tok in zip(reqs, tokens):
+                if r.tokens is None:
+                    r.tokens = [tok]
+                else:
+                    r.tokens.append(tok)
+        done = []
+        for r in reqs:
+            r.generated += 1
+            r.context += 1
+            if r.generated >= r.output_len:
+                done.append(r)
+        if done:
+            self.running = [r for r in self.running if not r.done]
+            for r in done:
+                self.finished(r)
+
+    def decode_round(self) -> None:
+        """A plain decode step of the running batch on the whole GPU, as one round."""
+        start, decoding = self.x.now(), list(self.running)
+        held = context_of(decoding)
+        t, tokens = self.x.wait_decode(self.x.launch_decode(decoding))
+        self.record_tokens(decoding, tokens, t)
+        self.add_round(start, t, -1, len(decoding), "", held)
+
+    def start_running(self, reqs: list[Request], first_tokens: list[int] | None,
+                      t: float) -> None:
+        """Prefilled at `t`: each request's first token is out, and it decodes from the next
+        step on."""
+        for i, r in enumerate(reqs):
+            r.prefill_end = r.first_token_s = t
+            r.context = r.prompt_len
+            r.generated = 1
+            r.tokens = None if first_tokens is None else [first_tokens[i]]
+            r.step_ends, r.step0 = self.step_ends, len(self.step_ends)
+            if r.done:
+                self.finished(r)
+            else:
+                self.running.append(r)
+
+
+def context_of(reqs: list[Request]) -> int:
+    return sum(r.context for r in reqs)
+
+
+def kv_need(r: Request) -> int:
+    """KV cache tokens a request holds at its end: its prompt and every output token."""
+    return r.prompt_len + r.output_len
+
+
+def run_prefill_first(e: Engine, token_budget: int) -> None:
+    while e.busy():
+        e.admit()
+        batch = e.take_prompts(token_budget)
+        if batch:
+            start = e.x.now()
+            for r in batch:
+                r.prefill_start = start
+            carry = e.x.begin_prefill(batch)
+            e.x.launch_prefill(carry, 0, e.x.num_layers)
+            t, first = e.x.prefill_result(carry, wait=True)
+            e.start_running(batch, first, t)
+            e.add_round(start, t, -1, 0, "whole")
+        elif e.running:
+            e.decode_round()
+        else:
+            e.idle()
+
+
+def run_chunked(e: Engine, chunk: int) -> None:
+    job: Request | None = None
+    done_tokens = 0
+    while e.busy(job):
+        e.admit()
+        if job is None:
+            taken = e.take_prompts(chunk, limit=1)
+            if taken:
+                job, done_tokens = taken[0], 0
+                job.prefill_start = e.x.now()
+        if job is None:  # no prompt in flight: a plain decode step, as SGLang runs it
+            if e.running:
+                e.decode_round()
+            else:
+                e.idle()
+            continue
+        start = e.x.now()
+        decoding = list(e.running)
+        n = min(chunk, job.prompt_len - done_tokens)
+        held = context_of(decoding)
+        t, tokens, first = e.x.mixed(decoding, job, done_tokens, n)
+        if decoding:
+            e.record_tokens(decoding, tokens, t)
+        label = f"chunk {done_tokens}+{n}"
+        done_tokens += n
+        if done_tokens == job.prompt_len:
+            e.start_running([job], None if first is None else [first], t)
+            job = None
+        e.add_round(start, t, -1, len(decoding), label, held)
+
+
+def run_pdmux(e: Engine, levels: list[sglang_rules.Level], config: sglang_rules.PDMuxConfig,
+              num_layers: int, token_budget: int, picker: LevelPolicy) -> None:
+    job: PrefillJob | None = None
+
+    def contexts() -> list[int]:
+        return [r.context for r in e.running]
+    level = picker.choose(levels, contexts(), False, None)
+    e.x.set_level(levels[level])
+    adjust = False
+    chosen_for: tuple[int, ...] = ()  # the decode batch the level was last chosen for
+    while e.busy(job):
+        e.admit()
+        adjust = adjust or (level > 0 and not e.running)  # as SGLang: an empty batch re-levels
+        starting = e.take_prompts(token_budget) if job is None else []
+        if starting:
+            for r in starting:
+                r.prefill_start = e.x.now()
+            adjust = True
+        # the decode batch, where a change of it can re-level (read only then)
+        batch = tuple(r.rid for r in e.running) if picker.relevel_at_layers else ()
+        if adjust:  # SGLang drains both streams before switching the stream group
+            level = picker.choose(levels, contexts(), job is not None or bool(starting), level)
+            e.x.set_level(levels[level])
+            adjust, chosen_for = False, batch
+        elif picker.relevel_at_layers and job is not None and batch != chosen_for:
+            # between two layers of a split prefill: drain and switch only if the level moves
+            new = picker.choose(levels, contexts(), True, level)
+            if new != level:
+                level = new
+                e.x.set_level(levels[level])
+            chosen_for = batch
+        if starting:  # on the new level's prefill side
+            job = PrefillJob(starting, e.x.begin_prefill(starting))
+        if job is None and not e.running:
+            e.idle()
+            continue
+        start = e.x.now()
+        decoding = list(e.running)
+        held = context_of(decoding)
+        pending = e.x.launch_decode(decoding) if decoding else None
+        launched = ""
+        if job is not None and job.next_layer < num_layers:
+            per_step = sglang_rules.prefill_layers_per_step(job.tokens, num_layers,
+                                                            config.split_forward_token_budget)
+            end = min(num_layers, job.next_layer + per_step)
+            e.x.launch_prefill(job.carry, job.next_layer, end)
+            launched = f"layers {job.next_layer}-{end}"
+            job.next_layer = end
+        if pending is not None:
+            t, tokens = e.x.wait_decode(pending)
+            e.record_tokens(decoding, tokens, t)
+        if job is not None and job.next_layer == num_layers:
+            # with no decode to wait for, the host blocks on the prefill itself
+            done = e.x.prefill_result(job.carry, wait=not decoding)
+            if done is not None:
+                t_done, first = done
+                e.start_running(job.reqs, first, t_done)
+                job = None
+                adjust = True
+        e.add_round(start, e.x.now(), level, len(decoding), launched, held)
+
+
+DEFAULT_PREFILL_TOKENS = 16384  # SGLang's --max-prefill-tokens: one prefill batch's budget
+DEFAULT_MAX_RUNNING = 128  # requests in the running batch at most (--max-running-requests)
+
+
+def run(strategy: str, executor: Executor, requests: list[Request], *, chunk: int = 2048,
+        config: sglang_rules.PDMuxConfig | None = None,
+        prefill_tokens: int = DEFAULT_PREFILL_TOKENS,
+        max_running: int = DEFAULT_MAX_RUNNING,
+        levels_by: LevelPolicy | None = None,
+        progress: Callable[[str], None] | None = None) -> RunResult:
+    """Serve `requests` to completion with one strategy; the executor's clock starts at 0.
+
+    A prefill batch takes waiting prompts up to `prefill_tokens` tokens (the oldest always);
+    PD-mux runs it layer by layer, as many layers a round as the config's
+    split_forward_token_budget allows, at the levels `levels_by` picks (SGLang's rule
+    under the config by default). `progress`, if given, is handed a line on how far the run
+    is every PROGRESS_EVERY_S of wall time."""
+    if strategy not in STRATEGIES:
+        raise PdmuxError(f"unknown strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
+    for name, value in (("chunk", chunk if strategy == "chunked" else 1),
+                        ("prefill tokens", prefill_tokens), ("max running", max_running)):
+        if value < 1:
+            raise PdmuxError(f"{name} must be >= 1, got {value}")
+    config = config or sglang_rules.PDMuxConfig()
+    e = Engine(executor, requests, max_running,
+               Progress(progress, strategy, len(requests)) if progress else None)
+    executor.start([r for r in requests if r.warm])
+    if strategy == "prefill_first":
+        run_prefill_first(e, prefill_tokens)
+    elif strategy == "chunked":
+        run_chunked(e, chunk)
+    else:
+        levels = config.levels(executor.total_sms, executor.cc_major)
+        run_pdmux(e, levels, config, executor.num_layers, prefill_tokens,
+                  levels_by or SGLangLevels(config))
+    activity = executor.finish()
+    return RunResult(strategy, requests, e.rounds, executor.now(), activity)

@@ -1,0 +1,165 @@
+"""A simulated executor: the scheduler's loop on a clock driven by the cost model (`step_cost`).
+
+Two timelines, one per side, as two CUDA streams would be, and the host's clock. A decode step
+costs its bytes over the rate its SMs reach (the S_SAT law, or a calibration's measured curve,
+alone or beside a prefill that is in flight as the step starts); a prefill costs its FLOPs over
+the prefill rate on its share of the SMs. The host spends its share on each decode round and
+each eager layer it launches, and mixed steps their padded decode rows (`step_cost.Overheads`,
+none by default): an eager step ends no earlier than its launches, and while the host
+launches, nothing else is launched. On one rank of a tensor-parallel server (`model` its shard,
+`parallel.shard`) every forward also spends its collectives (`comm`) on the link.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass
+
+import numpy as np
+
+from pdmux_triton.cost import step_cost
+from pdmux_triton.cost.parallel import TensorParallel
+from pdmux_triton.multiplex import sglang_rules
+from pdmux_triton.multiplex.partition import for_level
+from pdmux_triton.serve.scheduler import Activity
+from pdmux_triton.spec.gpus import GPUSpec, ModelSpec
+from pdmux_triton.spec.traffic import Request
+
+
+@dataclass
+class SimPrefill:
+    """A prefill batch's carry: its requests and when its last launched layer ends."""
+
+    reqs: list[Request]
+    ends_at: float = 0.0
+
+
+class SimExecutor:
+    def __init__(self, gpu: GPUSpec, model: ModelSpec, decode: step_cost.DecodeRate,
+                 prefill: step_cost.PrefillRate, kind: str = "grid_cap",
+                 overheads: step_cost.Overheads = step_cost.Overheads(),
+                 comm: TensorParallel | None = None, kv_arrives: bool = False):
+        self.model, self.decode_rate, self.prefill_rate, self.kind = model, decode, prefill, kind
+        self.overheads = overheads
+        self.comm = comm or TensorParallel.of(model, 1)  # one GPU: no collectives
+        # a disaggregated decode server: a request's KV comes over the link (`router`), so its
+        # prefill computes nothing here
+        self.kv_arrives = kv_arrives
+        self.total_sms, self.cc_major, self.num_layers = gpu.sms, gpu.cc_major, model.layers
+        self.kv_capacity_tokens = step_cost.kv_capacity_tokens(gpu, model)
+        self.t = 0.0
+        self.free = {"decode": 0.0, "prefill": 0.0}
+        self.sms = {"decode": gpu.sms, "prefill": gpu.sms}
+        self.busy = array("d")  # start, end of every launch, flat
+        self.decode_steps = array("d")
+        self.drains = array("d")
+
+    # --- timelines -------------------------------------------------------------------
+    def _enqueue(self, side: str, seconds: float, at: float | None = None) -> float:
+        start = max(self.t if at is None else at, self.free[side])
+        end = self.free[side] = start + seconds
+        self.busy.append(start)
+        self.busy.append(end)
+        return end
+
+    def _drain(self) -> None:
+        self.t = max(self.t, *self.free.values())
+
+    def now(self) -> float:
+        return self.t
+
+    def start(self, warm: list[Request]) -> None:
+        for r in warm:  # already decoding: the prompt is in the cache, the first token out
+            r.context = r.prompt_len
+
+    def set_level(self, level: sglang_rules.Level) -> None:
+        self.drains.append(max(0.0, max(self.free.values()) - self.t))
+        self._drain()
+        spec = for_level(level, self.kind, self.total_sms)
+        self.sms = {"decode": spec.decode_sms, "prefill": spec.prefill_sms}
+
+    def idle_until(self, t: float) -> None:
+        self.t = max(self.t, t)
+
+    # --- decode ----------------------------------------------------------------------
+    def launch_decode(self, reqs: list[Request]):
+        # priced when waited for: the round's prefill layers are launched in between, and
+        # decode co-runs when the prefill side is busy as the step starts
+        self.t += self.overheads.decode_round_s
+        return list(reqs), self.t
+
+    def wait_decode(self, pending):
+        reqs, launched = pending
+        start = max(launched, self.free["decode"])
+        corun = self.free["prefill"] > start
+        step = step_cost.served_decode_step_s(self.model, self.decode_rate, self.overheads,
+                                              sum(r.context for r in reqs), self.sms["decode"],
+                                              corun, len(reqs), self.comm)
+        self.decode_steps.append(step)
+        self.t = max(self.t, self._enqueue("decode", step, launched))
+        return self.t, None
+
+    # --- prefill ---------------------------------------------------------------------
+    def begin_prefill(self, reqs: list[Request]) -> SimPrefill:
+        self.t += self.overheads.eager_step_s  # the batch made and uploaded
+        return SimPrefill(list(reqs))
+
+    def _launch_layers(self, layers: int) -> tuple[float, float]:
+        """The host launches `layers` eager layers: when it began, and when it is done."""
+        began = self.t
+        self.t += layers * self.overheads.layer_launch_s
+        return began, self.t
+
+    def launch_prefill(self, carry: SimPrefill, start: int, end: int) -> None:
+        if self.kv_arrives:
+            carry.ends_at = self.t
+            return
+        tokens = sum(r.prompt_len for r in carry.reqs)
+        flops = sum(step_cost.layer_flops(self.model, r.prompt_len, 0, end - start) for r in carry.reqs)
+        talk = self.comm.layers_s(tokens, end - start)
+        if end == self.num_layers:  # the LM head samples each prompt's first token
+            flops += step_cost.lm_head_flops(self.model, len(carry.reqs))
+            talk += self.comm.logits_s(len(carry.reqs))
+        began, launched = self._launch_layers(end - start)
+        # on a split, decode steps run beside it; on the whole GPU, nothing does
+        beside_decode = self.sms["prefill"] < self.total_sms
+        seconds = (step_cost.compute_s(flops, self.prefill_rate, self.sms["prefill"], beside_decode)
+                   + talk)
+        carry.ends_at = max(self._enqueue("prefill", seconds, began), launched)
+        self.free["prefill"] = carry.ends_at
+
+    def prefill_result(self, carry: SimPrefill, wait: bool):
+        # the host sees a finished prefill when it next looks, after the decode it waited for
+        if wait:
+            self.t = max(self.t, carry.ends_at)
+        return (self.t, None) if carry.ends_at <= self.t else None
+
+    def mixed(self, decoding: list[Request], prompt: Request, start: int, n: int):
+        self._drain()
+        last = start + n == prompt.prompt_len
+        fit = self.overheads.mixed
+        step = float(step_cost.mixed_step_s(self.model, self.decode_rate, self.prefill_rate,
+                                            self.total_sms, sum(r.context for r in decoding),
+                                            len(decoding), n, start, samples_chunk=last,
+                                            decode_row_tile=self.overheads.decode_row_tile,
+                                            phases=fit))
+        step += (self.comm.layers_s(len(decoding) + n, self.num_layers)
+                 + self.comm.logits_s(len(decoding) + last))
+        if fit is not None:  # as fitted: the fixed cost, then the GPU's phases
+            self.t = self._enqueue("decode", step, self.t + fit.fixed_s)
+        else:
+            self.t += self.overheads.eager_step_s  # the batch made and uploaded, tokens read back
+            began, launched = self._launch_layers(self.num_layers)
+            self.t = max(self._enqueue("decode", step, began), launched)
+        return self.t, None, None
+
+    def release(self, r: Request) -> None:
+        pass
+
+    def finish(self) -> Activity:
+        self._drain()
+        # handed over, not copied (a long run launches millions of times)
+        busy, steps, drains = self.busy, self.decode_steps, self.drains
+        self.busy, self.decode_steps, self.drains = array("d"), array("d"), array("d")
+        return Activity(np.frombuffer(busy).reshape(-1, 2), (0.0, self.t),
+                        np.frombuffer(steps), np.frombuffer(drains))

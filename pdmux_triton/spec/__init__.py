@@ -1,0 +1,1 @@
+"""What is served on what: GPU presets, model shapes and presets, traffic."""

@@ -1,0 +1,116 @@
+"""The measured files the cost model reads: calibrations, comparisons, host costs, and the
+shipped H200 copies; a bad file is explained in one line."""
+
+import json
+
+import pytest
+
+from pdmux_triton import results
+from pdmux_triton.cost import measured_inputs
+from pdmux_triton.errors import PdmuxError
+
+CALIBRATION = "bench/results/calibrate-h200.json"
+COMPARISON = "bench/results/compare-h200.json"
+
+
+def test_the_committed_calibration_reads_back():
+    cal = measured_inputs.load_calibration(CALIBRATION, "h200")
+    curve = cal.decode_curve("grid_cap")
+    assert curve.alone[-1][0] == 132 and curve.corun  # alone up to the whole GPU, corun below
+    assert cal.decode_fit("green")["s_sat_fit"] > 0
+
+
+def test_the_committed_comparison_gives_an_mfu_per_level():
+    cmp = measured_inputs.load_compare(COMPARISON, "h200")
+    rate = cmp.prefill_rate("grid_cap", 989.0, 132)
+    assert [s for s, _ in rate.mfu] == sorted(lv["prefill_sms"] for lv in cmp.levels)
+    assert all(0 < m <= 1 for _, m in rate.mfu)
+
+
+@pytest.mark.parametrize("content,message", [
+    (None, "cannot read calibration .*: No such file"),
+    ("", "is empty"),
+    ("  \n", "is empty"),
+    ("sm_group_num: 8\n", "is not JSON"),
+    (b"\xff\xfe\x00", "is not JSON"),
+    ("[1, 2]", "holds a JSON list, not an object"),
+    ('{"gpu": "h200"}', "lacks the rows and summary of a calibration"),
+    ('{"rows": [], "summary": {}}', "names no GPU"),
+])
+def test_bad_calibration_files(tmp_path, content, message):
+    path = tmp_path / "cal.json"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content)
+    with pytest.raises(PdmuxError, match=message):
+        measured_inputs.load_calibration(path)
+
+
+def test_a_directory_or_another_gpus_file_is_refused(tmp_path):
+    with pytest.raises(PdmuxError, match="is a directory"):
+        measured_inputs.load_calibration(tmp_path)
+    with pytest.raises(PdmuxError, match="measured on 'h200', not on 'h100-sxm'"):
+        measured_inputs.load_calibration(CALIBRATION, "h100-sxm")
+    with pytest.raises(PdmuxError, match="lacks the summary levels of a comparison"):
+        measured_inputs.load_compare(CALIBRATION)
+    with pytest.raises(PdmuxError, match="no decode_step curve for partition kind 'mig'"):
+        measured_inputs.load_calibration(CALIBRATION).decode_curve("mig")
+
+
+def _calibration_with_batches(tmp_path, settings):
+    """Own-batch curve at 2 TB/s; batch 72 at 1 TB/s alone, so its step takes half again
+    beyond its bytes at the own rate."""
+    rows = [{"workload": "decode_step", "kind": "grid_cap", "ctas_per_sm": 1, "state": "alone",
+             "sms": s, "ms": 10.0, "tbps": 2.0} for s in (20, 132)]
+    rows += [{"workload": "decode_step", "kind": "grid_cap", "ctas_per_sm": 1, "state": "alone",
+              "sms": 20, "ms": 30.0, "tbps": 1.0, "batch": 72}]
+    path = tmp_path / "calibrate-h200.json"
+    path.write_text(json.dumps({"gpu": "h200", "settings": settings, "rows": rows,
+                                "summary": {}}))
+    return path
+
+
+def test_a_calibration_of_other_batches_prices_their_rows_beyond_their_bytes(tmp_path):
+    path = _calibration_with_batches(tmp_path, {"batch": 32, "context": 2048})
+    curve = measured_inputs.load_calibration(path).decode_curve("grid_cap")
+    assert curve.alone == ((20, 2.0), (132, 2.0))  # the own batch only
+    # 30 ms at 1 TB/s read 30 GB; at the own 2 TB/s that is 15 ms: 15 ms beyond its bytes
+    assert curve.batches.own_batch == 32
+    assert curve.batches.alone == ((72, 20, pytest.approx(0.015)),)
+    assert curve.batch_extra_s(20, True, 72) == pytest.approx(0.015)  # no corun: alone's
+    assert curve.batch_extra_s(20, False, 32) == 0.0
+
+
+def test_other_batches_without_an_own_batch_are_refused(tmp_path):
+    path = _calibration_with_batches(tmp_path, {"context": 2048})
+    with pytest.raises(PdmuxError, match="names no batch of its own"):
+        measured_inputs.load_calibration(path).decode_curve("grid_cap")
+
+
+def test_the_committed_calibration_prices_batches_past_64_rows_dearer_on_few_sms():
+    curve = measured_inputs.load_calibration(CALIBRATION, "h200").decode_curve("grid_cap")
+    assert curve.batches is not None
+    assert curve.batch_extra_s(20, True, 72) > curve.batch_extra_s(20, True, 64) > 0
+    assert curve.batch_extra_s(132, False, 72) < curve.batch_extra_s(20, False, 72)
+
+
+@pytest.mark.parametrize("kind", ["calibration", "compare", "host_costs"])
+def test_the_shipped_h200_inputs_are_the_committed_results(kind):
+    """The package's copies are bench/results' files byte for byte: re-measuring one there
+    without shipping it fails here."""
+    name = measured_inputs.SHIPPED["h200"][kind]
+    shipped = results.resolve(measured_inputs.shipped_inputs("h200", "qwen3-8b")[kind])
+    assert shipped.parent == results.SHIPPED_FOLDER and shipped.read_bytes() == (
+        results._REPO / "bench" / "results" / name).read_bytes()
+
+
+def test_shipped_inputs_load_by_name_on_their_gpu_only():
+    names = measured_inputs.shipped_inputs("h200", "qwen3-8b")
+    assert measured_inputs.load_calibration(names["calibration"], "h200").gpu == "h200"
+    assert measured_inputs.load_compare(names["compare"], "h200").levels
+    assert measured_inputs.load_host_costs(names["host_costs"], "h200").decode_round_s > 0
+    assert measured_inputs.shipped_inputs("h100-sxm", "qwen3-8b") == {}
+    assert measured_inputs.shipped_inputs("h200", "llama-3.1-8b") == {}  # measured with Qwen3-8B
+    with pytest.raises(PdmuxError, match="measured on 'h200', not on 'b200'"):
+        measured_inputs.load_calibration(names["calibration"], "b200")

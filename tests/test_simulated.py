@@ -1,0 +1,143 @@
+"""The simulated executor prices work with the same cost model as `estimate`, draws no prompt
+ids, and serves long traces in bounded memory."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pdmux_triton.cost import step_cost
+from pdmux_triton.experiments import estimate
+from pdmux_triton.serve import metrics, scheduler
+from pdmux_triton.serve.simulated import SimExecutor
+from pdmux_triton.spec import traffic
+from pdmux_triton.spec.gpus import gpu_preset
+from pdmux_triton.spec.models import model_preset
+from pdmux_triton.spec.traffic import chapter_scenario
+
+QWEN = model_preset("qwen3-8b")
+H100 = gpu_preset("h100-sxm")
+
+
+def executor(s_sat=66.0):
+    return SimExecutor(H100, QWEN, step_cost.SaturationLaw(H100.hbm_tbps * 0.85, s_sat),
+                       step_cost.PrefillRate.fixed(H100.bf16_tflops, H100.sms, 0.5))
+
+
+@pytest.mark.parametrize("s_sat", [44.0, 66.0, 88.0])
+def test_the_estimate_and_the_simulation_agree_on_the_chapters_scenario(s_sat):
+    rows = {r.approach: r for r in estimate.estimate(estimate.Scenario(s_sat=(s_sat,)))}
+    first = scheduler.run("prefill_first", executor(s_sat), chapter_scenario(QWEN.vocab))
+    s = metrics.summarize(first)
+    # the prompt's whole prefill, and the first decode step (every request at 2048 tokens)
+    assert s["prefill_ms"] == pytest.approx(rows["prefill_first"].prefill_ms, rel=1e-12)
+    assert first.activity.decode_step_s[0] * 1e3 == pytest.approx(rows["decode_only"].itl_ms,
+                                                                  rel=1e-12)
+    # pd-mux: the step beside the prefill at the level's decode SMs, the prefill on its SMs
+    pd = scheduler.run("pdmux", executor(s_sat), chapter_scenario(QWEN.vocab))
+    corun_step = next(t for r, t in zip(_decode_rounds(pd), pd.activity.decode_step_s)
+                      if r.level == 5)
+    row = rows[f"pdmux_ssat{s_sat:g}"]
+    contexts = 32 * 2048 + 32 * 8  # the prompt arrives after 8 decode steps
+    assert corun_step == pytest.approx(
+        step_cost.decode_step_s(QWEN, step_cost.SaturationLaw(H100.hbm_tbps * 0.85, s_sat), contexts,
+                                row.decode_sms, corun=True))
+    assert row.itl_ms / 1e3 == pytest.approx(
+        step_cost.decode_step_s(QWEN, step_cost.SaturationLaw(H100.hbm_tbps * 0.85, s_sat), 32 * 2048,
+                                row.decode_sms, corun=True), rel=1e-12)
+
+
+def _decode_rounds(result):
+    return [r for r in result.rounds if r.decode_bs > 0]
+
+
+def test_chunked_steps_match_the_estimates_chunks():
+    rows = {r.approach: r for r in estimate.estimate(estimate.Scenario(chunk_sizes=(2048,)))}
+    reqs = chapter_scenario(QWEN.vocab, arrive_after_steps=0)
+    result = scheduler.run("chunked", executor(), reqs, chunk=2048)
+    chunk_rounds = [r for r in result.rounds if r.prefill.startswith("chunk")]
+    assert len(chunk_rounds) == rows["chunked_2048"].steps == 4
+    # the simulated decode batch grows one token a step; the estimate holds it at 2048
+    total = sum(r.end - r.start for r in chunk_rounds)
+    assert total * 1e3 == pytest.approx(rows["chunked_2048"].prefill_ms, rel=2e-3)
+
+
+def test_overheads_bound_eager_steps_and_add_to_decode_rounds():
+    host = step_cost.Overheads(decode_round_s=0.001, layer_launch_s=0.002, eager_step_s=0.003)
+    x = SimExecutor(H100, QWEN, step_cost.SaturationLaw(H100.hbm_tbps * 0.85, 66.0),
+                    step_cost.PrefillRate.fixed(H100.bf16_tflops, H100.sms, 0.5), overheads=host)
+    reqs = chapter_scenario(QWEN.vocab, batch=1, context=16, prompt=16, decode_tokens=12)
+    result = scheduler.run("chunked", x, reqs, chunk=16)
+    chunk = next(r for r in result.rounds if r.prefill.startswith("chunk"))
+    # a 16-token chunk computes in microseconds: its batch and 36 eager layers' launches bound it
+    assert chunk.end - chunk.start == pytest.approx(0.003 + 36 * 0.002, rel=1e-6)
+    plain = [r for r in result.rounds if not r.prefill]
+    assert all(r.end - r.start > 0.001 for r in plain)  # each round pays the host's share
+
+
+def test_fitted_mixed_steps_and_decode_extras_price_the_executors_steps():
+    """A fitted mixed step: its fixed cost, then its phases, launches not a bound; a decode
+    step: its bytes at the rate, plus the extra for its batch."""
+    fit = step_cost.MixedStepFit(0.010, 0.5)
+    host = step_cost.Overheads(layer_launch_s=0.002, eager_step_s=0.003, decode_row_tile=128,
+                               decode_step_extra=((1, 0.0007), (64, 0.0007)), mixed=fit)
+    law = step_cost.SaturationLaw(H100.hbm_tbps * 0.85, 66.0)
+    rate = step_cost.PrefillRate.fixed(H100.bf16_tflops, H100.sms, 0.5)
+    x = SimExecutor(H100, QWEN, law, rate, overheads=host)
+    reqs = chapter_scenario(QWEN.vocab, batch=4, context=1000, prompt=600, decode_tokens=12)
+    result = scheduler.run("chunked", x, reqs, chunk=256)
+    first = next(r for r in result.rounds if r.prefill == "chunk 0+256")
+    phases = step_cost.mixed_step_s(QWEN, law, rate, H100.sms, first.decode_context, 4, 256, 0,
+                                    samples_chunk=False, decode_row_tile=128, phases=fit)
+    assert first.end - first.start == pytest.approx(0.010 + phases, rel=1e-6)
+    assert first.end - first.start < 0.003 + 36 * 0.002  # the launches bound nothing
+    plain = next(r for r in result.rounds if not r.prefill)
+    step = step_cost.decode_step_s(QWEN, law, plain.decode_context, H100.sms, False) + 0.0007
+    assert plain.end - plain.start == pytest.approx(step, rel=1e-6)
+
+
+def test_overheads_are_read_from_the_measured_file():
+    from pdmux_triton.cost.measured_inputs import load_host_costs
+
+    host = load_host_costs("bench/results/host-costs-h200.json", "h200")
+    assert 0 < host.decode_round_s < 0.002 and 0.0002 < host.layer_launch_s < 0.005
+    assert 0 < host.eager_step_s < 0.02 and host.decode_row_tile == step_cost.EXTEND_TILE_ROWS
+    assert host.mixed is not None and 0 < host.mixed.decode_row_mfu <= 1
+    assert 0 < host.mixed.fixed_s < 0.05 and 0 < host.decode_extra_s(32) < 0.005
+
+
+def test_padded_decode_rows_cost_a_whole_tile_each():
+    law = step_cost.SaturationLaw(3.0, 66)
+    rate = step_cost.PrefillRate.fixed(989.0, 132, 0.5)
+    plain = step_cost.mixed_step_s(QWEN, law, rate, 132, 32 * 2048, 32, 2048, 0, True)
+    padded = step_cost.mixed_step_s(QWEN, law, rate, 132, 32 * 2048, 32, 2048, 0, True, 128)
+    extra = step_cost.decode_row_attention_flops(QWEN, 32 * 2048, 128) / rate.flops_per_s(132)
+    assert padded - plain == pytest.approx(extra)
+
+
+def test_simulating_a_trace_draws_no_token_ids(tmp_path, monkeypatch):
+    def refuse(*_):
+        raise AssertionError("a simulation drew prompt ids")
+    monkeypatch.setattr(traffic.TokenIds, "draw", refuse)
+    path = tmp_path / "t.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n0,3000,20\n0.01,700,9\n0.3,50,2\n")
+    for strategy in scheduler.STRATEGIES:
+        result = scheduler.run(strategy, executor(), traffic.load_trace(path).requests(QWEN.vocab))
+        assert all(r.done and r.tokens is None and r._ids is None for r in result.requests)
+        metrics.summarize(result)
+
+
+def test_a_long_trace_is_served_in_memory_that_does_not_grow_with_its_tokens(tmp_path):
+    """bench/trace_scale.py on 20,000 requests of ~200 output tokens, overloading the GPU (a
+    queue, full batches): what serving and its figures add to the peak RSS stays well under a
+    list entry per token (16 bytes a token at the least). How long it takes is the bench
+    script's figure, not this test's."""
+    script = Path(__file__).parents[1] / "bench" / "trace_scale.py"
+    subprocess.run([sys.executable, str(script), "--rows", "20000", "--out", str(tmp_path),
+                    "--trace", str(tmp_path / "t.csv")], capture_output=True, text=True,
+                   timeout=120, check=True)
+    summary = json.loads((tmp_path / "trace-scale-h200-simulated.json").read_text())["summary"]
+    assert summary["requests_served"] == 20000 and summary["tokens_per_request"] > 150
+    assert summary["bytes_per_request"] < 16 * summary["tokens_per_request"]
