@@ -34,8 +34,8 @@ from pdmux_triton.experiments.run import Servers, make_requests
 from pdmux_triton.experiments.settings import RunSettings
 from pdmux_triton.multiplex import sglang_rules
 from pdmux_triton.results import provenance, read_json, write_json
-from pdmux_triton.spec.gpus import ModelSpec, detect_gpu, gpu_preset
-from pdmux_triton.spec.models import model_preset
+from pdmux_triton.spec.gpus import detect_gpu, gpu_preset
+from pdmux_triton.spec.models import ModelSpec, model_preset
 from pdmux_triton.spec.traffic import LENGTH_PRESETS
 
 STRATEGIES = {"default": "pdmux_grid_cap", "slo": "pdmux_slo_grid_cap"}

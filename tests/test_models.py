@@ -8,11 +8,18 @@ import pytest
 
 from pdmux_triton.cost import step_cost
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.spec.gpus import ModelSpec, RopeScaling
-from pdmux_triton.spec.models import MODELS, model_preset, resolve_model, spec_from_config
+from pdmux_triton.spec.models import (MODELS, ModelSpec, RopeScaling, model_preset, resolve_model,
+                                      spec_from_config)
 
 LLAMA3_SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                   "original_max_position_embeddings": 8192}
+
+
+def test_qwen3_8b_sizes():
+    m = model_preset("Qwen3-8B")
+    # 36 x (QKV 4096x6144 + O 4096x4096 + gate/up/down 3 x 4096x12288) + LM head 151936x4096
+    assert m.linear_params == 36 * (4096 * 6144 + 4096 * 4096 + 3 * 4096 * 12288) + 151936 * 4096
+    assert m.kv_bytes_per_token() == 2 * 36 * 8 * 128 * 2
 
 
 def config(**over):

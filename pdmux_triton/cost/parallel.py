@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 from pdmux_triton.cost.step_cost import DecodeRate
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.spec.gpus import ModelSpec
+from pdmux_triton.spec.models import ModelSpec
 
 ACTIVATION_BYTES = 2  # bf16 hidden states and logits
 

@@ -21,7 +21,8 @@ from typing import Protocol
 import numpy as np
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.spec.gpus import MAX_SMS, GPUSpec, ModelSpec
+from pdmux_triton.spec.gpus import MAX_SMS, GPUSpec
+from pdmux_triton.spec.models import ModelSpec
 
 DTYPE_BYTES = 2  # bf16 weights and KV cache
 

@@ -16,8 +16,8 @@ from pdmux_triton.cost import step_cost
 from pdmux_triton.cost.measured_inputs import Calibration, Comparison
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.multiplex import sglang_rules
-from pdmux_triton.spec.gpus import GPUSpec, ModelSpec, gpu_preset
-from pdmux_triton.spec.models import model_preset
+from pdmux_triton.spec.gpus import GPUSpec, gpu_preset
+from pdmux_triton.spec.models import ModelSpec, model_preset
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ from pdmux_triton.multiplex.partition import SPLIT_KINDS
 from pdmux_triton.serve import scheduler
 from pdmux_triton.serve.metrics import Slo
 from pdmux_triton.spec import traffic
-from pdmux_triton.spec.gpus import GPUSpec, ModelSpec
+from pdmux_triton.spec.gpus import GPUSpec
+from pdmux_triton.spec.models import ModelSpec
 
 WORKLOADS = ("chapter", "stream", "trace")
 LEVEL_POLICIES = ("sglang", "slo")

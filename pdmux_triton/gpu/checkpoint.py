@@ -16,7 +16,7 @@ from safetensors import SafetensorError, safe_open
 from pdmux_triton.cost import step_cost
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.gpu.decoder import Weights, allocatable_bytes
-from pdmux_triton.spec.gpus import ModelSpec
+from pdmux_triton.spec.models import ModelSpec
 
 INDEX = "model.safetensors.index.json"
 IGNORED = ("rotary_emb.inv_freq",)  # buffers some checkpoints carry; recomputed here

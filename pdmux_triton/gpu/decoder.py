@@ -20,7 +20,7 @@ from pdmux_triton.kernels import (decode_attention, extend_attention, linear, rm
                                   rope_cache, silu_mul, store_kv)
 from pdmux_triton.kernels.prefill_attention import plan_extend
 from pdmux_triton.multiplex.partition import Budget
-from pdmux_triton.spec.gpus import ModelSpec
+from pdmux_triton.spec.models import ModelSpec
 
 
 @dataclass

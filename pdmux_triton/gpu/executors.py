@@ -15,7 +15,8 @@ from pdmux_triton.gpu.model_executor import ModelExecutor
 from pdmux_triton.multiplex.level_policy import LevelPolicy
 from pdmux_triton.multiplex.sglang_rules import PDMuxConfig
 from pdmux_triton.serve.scheduler import kv_need
-from pdmux_triton.spec.gpus import GPUSpec, ModelSpec
+from pdmux_triton.spec.gpus import GPUSpec
+from pdmux_triton.spec.models import ModelSpec
 from pdmux_triton.spec.traffic import Request
 
 PAGE_SIZE = 16

@@ -17,7 +17,7 @@ from pdmux_triton.kernels import decode_attention, linear, stream_read
 from pdmux_triton.measure.calibration_sweep import DECODE_WORKLOADS
 from pdmux_triton.measure.random_kv import PagedKV, page_table
 from pdmux_triton.multiplex.partition import Budget
-from pdmux_triton.spec.gpus import ModelSpec
+from pdmux_triton.spec.models import ModelSpec
 
 
 class Workload:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pdmux_triton.cost import step_cost
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.multiplex import sglang_rules
-from pdmux_triton.spec.gpus import ModelSpec
+from pdmux_triton.spec.models import ModelSpec
 
 MAX_ADVISED_BATCH = 1 << 16
 

@@ -27,7 +27,7 @@ import numpy as np
 from pdmux_triton.cost import step_cost
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.multiplex import sglang_rules
-from pdmux_triton.spec.gpus import ModelSpec
+from pdmux_triton.spec.models import ModelSpec
 
 
 class LevelPolicy(Protocol):

@@ -1,5 +1,4 @@
-"""Facts about GPUs and models: GPU presets, a model's shape (`ModelSpec`; presets and Hugging
-Face configs are read in `models`), and detection of the local GPU (torch imported lazily).
+"""GPUs: presets, and detection of the local GPU (torch imported lazily).
 
 GPU figures are datasheet values (dense bf16, no sparsity) except where a comment says they
 were measured; they are starting points for `estimate`, which calibration replaces.
@@ -27,66 +26,6 @@ class GPUSpec:
     @property
     def cc_major(self) -> int:
         return self.cc[0]
-
-
-@dataclass(frozen=True)
-class RopeScaling:
-    """Llama 3's rope scaling (`rope_type` llama3): wavelengths beyond the original context
-    are stretched by `factor`, those under it by `high_freq_factor` stay, and between the two
-    the frequencies are blended."""
-
-    factor: float
-    low_freq_factor: float
-    high_freq_factor: float
-    original_max_positions: int
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    name: str
-    layers: int
-    hidden: int
-    q_heads: int
-    kv_heads: int
-    head_dim: int
-    intermediate: int
-    vocab: int
-    qk_norm: bool  # Qwen3 normalizes q and k per head before rotary
-    rope_theta: float
-    rms_eps: float = 1e-6
-    qkv_bias: bool = False  # Qwen2: the q, k and v projections add a bias
-    tie_embeddings: bool = False  # the LM head is the embedding table
-    rope_scaling: RopeScaling | None = None
-    # tokens a request may hold, prompt and output (`max_position_embeddings`); None: not
-    # known (result files written before it was recorded), nothing is checked against it
-    max_context: int | None = None
-
-    def __post_init__(self):
-        if isinstance(self.rope_scaling, dict):  # as a result file holds it
-            object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
-
-    @property
-    def q_dim(self) -> int:
-        return self.q_heads * self.head_dim
-
-    @property
-    def kv_dim(self) -> int:
-        return self.kv_heads * self.head_dim
-
-    @property
-    def layer_linear_params(self) -> int:
-        qkv = self.hidden * (self.q_dim + 2 * self.kv_dim)
-        out = self.q_dim * self.hidden
-        mlp = 3 * self.hidden * self.intermediate  # gate, up, down
-        return qkv + out + mlp
-
-    @property
-    def linear_params(self) -> int:
-        """Every weight a token's forward multiplies by: all layers' linears plus the LM head."""
-        return self.layers * self.layer_linear_params + self.vocab * self.hidden
-
-    def kv_bytes_per_token(self, dtype_bytes: int = 2) -> int:
-        return 2 * self.layers * self.kv_dim * dtype_bytes
 
 
 GPUS: dict[str, GPUSpec] = {
