@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from pdmux_triton.cost import step_cost
 from pdmux_triton.serve import metrics, scheduler
-from pdmux_triton.serve.scheduler import Activity, Round, RunResult
+from pdmux_triton.serve.executor import Activity, Round, RunResult
 from pdmux_triton.serve.simulated import SimExecutor
 from pdmux_triton.spec.gpus import gpu_preset
 from pdmux_triton.spec.models import model_preset

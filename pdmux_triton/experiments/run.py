@@ -21,6 +21,7 @@ from pdmux_triton.experiments.settings import RunSettings, make_requests
 from pdmux_triton.multiplex.level_policy import SGLangLevels, SloLevels
 from pdmux_triton.results import provenance
 from pdmux_triton.serve import metrics, router, scheduler
+from pdmux_triton.serve.executor import RunResult
 from pdmux_triton.serve.simulated import SimExecutor
 from pdmux_triton.spec.traffic import Request
 
@@ -130,7 +131,7 @@ class Servers:
         return SloLevels(s.rank_model, curve, s.itl_target_ms, s.hysteresis,
                          s.relevel_at_layers, self.overheads, s.comm)
 
-    def serve(self, v: Variant, requests: list[Request]) -> tuple[dict, scheduler.RunResult]:
+    def serve(self, v: Variant, requests: list[Request]) -> tuple[dict, RunResult]:
         """One variant over a copy of `requests`: its summary row and its run. On the GPU the
         variant's first UNTIMED_REQUESTS requests are served once untimed before: the
         allocator then holds memory for the batches this traffic forms (the warm-up compiled
@@ -151,7 +152,7 @@ class Servers:
         row = {**metrics.summarize(result, s.slo), **counts, "strategy": v.name}
         return row, result
 
-    def _run(self, v: Variant, strategy: str, x, requests: list[Request]) -> scheduler.RunResult:
+    def _run(self, v: Variant, strategy: str, x, requests: list[Request]) -> RunResult:
         """One server's loop over a copy of `requests` (they serve every variant)."""
         s = self.s
         return scheduler.run(strategy, x, copy.deepcopy(requests), chunk=v.chunk,
@@ -186,7 +187,7 @@ def warnings(rows: list[dict]) -> list[str]:
 
 
 def run_experiment(s: RunSettings, log=print, keep_runs: bool = True
-                   ) -> tuple[dict, dict[str, scheduler.RunResult], list[tuple]]:
+                   ) -> tuple[dict, dict[str, RunResult], list[tuple]]:
     """Serve the settings' workload with every strategy; returns the result JSON, each
     strategy's run (none without `keep_runs`: a long trace's runs are dropped as each ends,
     so memory holds one) and the estimates of the scenario (chapter workload only).

@@ -32,7 +32,7 @@ from pdmux_triton.gpu.warmup import compile_prefill_side
 from pdmux_triton.multiplex import sglang_rules
 from pdmux_triton.multiplex.level_policy import LevelPolicy, SGLangLevels
 from pdmux_triton.multiplex.partition import Budget, for_level
-from pdmux_triton.serve.scheduler import Activity
+from pdmux_triton.serve.executor import Activity
 from pdmux_triton.spec.gpus import GPUSpec
 from pdmux_triton.spec.models import ModelSpec
 from pdmux_triton.spec.traffic import Request

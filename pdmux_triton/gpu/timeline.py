@@ -7,7 +7,7 @@ import time
 
 import torch
 
-from pdmux_triton.serve.scheduler import Activity
+from pdmux_triton.serve.executor import Activity
 
 
 class HostMark:

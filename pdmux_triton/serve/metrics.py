@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pdmux_triton.serve.scheduler import RunResult
+from pdmux_triton.serve.executor import RunResult
 from pdmux_triton.spec.traffic import Request
 
 MS = 1e3

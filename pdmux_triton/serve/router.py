@@ -22,7 +22,7 @@ import numpy as np
 
 from pdmux_triton.cost.parallel import Link
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.serve.scheduler import Activity, Rounds, RunResult
+from pdmux_triton.serve.executor import Activity, Rounds, RunResult
 from pdmux_triton.spec.traffic import Request
 
 Serve = Callable[[list[Request]], RunResult]

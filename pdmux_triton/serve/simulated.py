@@ -21,7 +21,7 @@ from pdmux_triton.cost import step_cost
 from pdmux_triton.cost.parallel import TensorParallel
 from pdmux_triton.multiplex import sglang_rules
 from pdmux_triton.multiplex.partition import for_level
-from pdmux_triton.serve.scheduler import Activity
+from pdmux_triton.serve.executor import Activity
 from pdmux_triton.spec.gpus import GPUSpec
 from pdmux_triton.spec.models import ModelSpec
 from pdmux_triton.spec.traffic import Request
