@@ -32,7 +32,8 @@ from pdmux_triton.results import provenance
 from pdmux_triton.serve import metrics, scheduler
 from pdmux_triton.spec.gpus import gpu_preset
 from pdmux_triton.spec.models import model_preset
-from pdmux_triton.spec.traffic import LENGTH_PRESETS, TRACE_COLUMNS
+from pdmux_triton.spec.traces import TRACE_COLUMNS
+from pdmux_triton.spec.traffic import LENGTH_PRESETS
 
 STRATEGIES = ("prefill_first", "chunked_512", "chunked_2048", "pdmux_grid_cap")
 

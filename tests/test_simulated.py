@@ -12,7 +12,7 @@ from pdmux_triton.cost import step_cost
 from pdmux_triton.experiments import estimate
 from pdmux_triton.serve import metrics, scheduler
 from pdmux_triton.serve.simulated import SimExecutor
-from pdmux_triton.spec import traffic
+from pdmux_triton.spec import traces, traffic
 from pdmux_triton.spec.gpus import gpu_preset
 from pdmux_triton.spec.models import model_preset
 from pdmux_triton.spec.traffic import chapter_scenario
@@ -124,7 +124,7 @@ def test_simulating_a_trace_draws_no_token_ids(tmp_path, monkeypatch):
     path = tmp_path / "t.csv"
     path.write_text("arrival_s,prompt_tokens,output_tokens\n0,3000,20\n0.01,700,9\n0.3,50,2\n")
     for strategy in scheduler.STRATEGIES:
-        result = scheduler.run(strategy, executor(), traffic.load_trace(path).requests(QWEN.vocab))
+        result = scheduler.run(strategy, executor(), traces.load_trace(path).requests(QWEN.vocab))
         assert all(r.done and r.tokens is None and r._ids is None for r in result.requests)
         metrics.summarize(result)
 

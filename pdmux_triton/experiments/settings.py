@@ -14,7 +14,7 @@ from pdmux_triton.multiplex import sglang_rules
 from pdmux_triton.multiplex.partition import SPLIT_KINDS
 from pdmux_triton.serve import scheduler
 from pdmux_triton.serve.metrics import Slo
-from pdmux_triton.spec import traffic
+from pdmux_triton.spec import traces, traffic
 from pdmux_triton.spec.gpus import GPUSpec
 from pdmux_triton.spec.models import ModelSpec
 
@@ -231,9 +231,9 @@ class RunSettings:
                              f"~{self.count / self.rate:.3g} s; {traffic.ARRIVAL_BOUND}")
 
     @cached_property
-    def loaded_trace(self) -> traffic.Trace:
+    def loaded_trace(self) -> traces.Trace:
         """The trace, read once, each request within what one may hold (`request_limit`)."""
-        return traffic.load_trace(self.trace, *self.request_limit())
+        return traces.load_trace(self.trace, *self.request_limit())
 
     def request_limit(self) -> tuple[int, str]:
         """The most prompt and output tokens one request may hold, and what sets it: the

@@ -1,0 +1,69 @@
+"""A run's settings: what the GPU, the model and the clock can hold is refused before serving,
+and a trace is read once."""
+
+import tracemalloc
+
+import pytest
+
+from pdmux_triton.errors import PdmuxError
+
+
+def _settings(**kw):
+    from pdmux_triton.experiments.settings import RunSettings
+    from pdmux_triton.spec.gpus import gpu_preset
+    from pdmux_triton.spec.models import model_preset
+
+    return RunSettings(gpu_preset(kw.pop("gpu", "h200")), model_preset(kw.pop("model", "qwen3-8b")),
+                       simulate=True, **kw)
+
+
+def _trace(tmp_path, rows: str, name: str = "t.csv"):
+    path = tmp_path / name
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n" + rows)
+    return str(path)
+
+
+@pytest.mark.parametrize("prompt", ["1000000000", "10000000000", "1e20"])
+def test_a_trace_beyond_the_models_context_is_refused_at_its_line(tmp_path, prompt):
+    path = _trace(tmp_path, f"0,100,10\n0.5,40000,960\n1,{prompt},10\n")
+    _settings(workload="trace", trace=_trace(tmp_path, "0.5,40000,960\n", "fits.csv"))  # 40,960
+    tracemalloc.start()
+    with pytest.raises(PdmuxError, match=rf"t.csv:4: {int(float(prompt)):,} prompt \+ 10 output "
+                                         r"tokens; a request holds at most 40,960 \(qwen3-8b's "
+                                         r"context length, max_position_embeddings\)"):
+        _settings(workload="trace", trace=path)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 2**20  # refused as read: nothing drawn or allocated
+
+
+def test_a_trace_beyond_the_kv_cache_names_the_cache(tmp_path):
+    path = _trace(tmp_path, "0,35000,10\n")  # within qwen3-32b's context of 40,960
+    with pytest.raises(PdmuxError, match=r"t.csv:2: .* at most [\d,]+ \(the KV cache the "
+                                         r"a100-80gb keeps for qwen3-32b: 60% of what its weights"):
+        _settings(gpu="a100-80gb", model="qwen3-32b", workload="trace", trace=path)
+
+
+@pytest.mark.parametrize("kw,message", [
+    ({"prompt": 40_950}, "the 40950-token prompt and its output: 40,974 tokens, more than "
+                         "qwen3-8b's context length of 40,960"),
+    ({"context": 40_900, "batch": 1}, "a request decoding 96 tokens after 40900: 40,996 tokens"),
+    ({"workload": "stream", "lengths": "exponential", "prompt_max": 40_000, "output_max": 1000},
+     "a request of 40000 prompt and 1000 output tokens: 41,000 tokens, more than"),
+    ({"workload": "stream", "rate": 1e-300},
+     r"64 requests at 1e-300/s arrive over ~6.4e\+301 s; arrivals must come within 1e\+08 s"),
+    ({"workload": "stream", "count": 10**9}, "--count 1000000000: a stream holds 1 to 10,000,000"),
+])
+def test_settings_refuse_what_the_model_or_the_clock_cannot_hold(kw, message):
+    with pytest.raises(PdmuxError, match=message):
+        _settings(**kw)
+
+
+def test_settings_read_a_trace_once_and_pass_its_notes_on(tmp_path):
+    from pdmux_triton.experiments.settings import make_requests
+
+    s = _settings(workload="trace", trace=_trace(tmp_path, "0.5,10,2\n0.1,10,2\n"))
+    assert s.notes == (f"trace {s.trace}: 1 row(s) arrive before a row above them (the first "
+                       f"at line 3); served in arrival order",)
+    assert [r.arrival for r in make_requests(s)] == [0.1, 0.5]
+    assert _settings().notes == ()

@@ -1,0 +1,93 @@
+"""Users' traces: read sorted with their lengths, headers as spreadsheets write them, and every
+bad row refused in one line naming it, as soon as it is read."""
+
+import tracemalloc
+
+import pytest
+
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.spec import traces
+
+
+def test_a_trace_is_read_sorted_with_its_lengths_and_says_so(tmp_path):
+    path = tmp_path / "trace.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n0.5,100,20\n0.1,7,3\n\n0.2,9,2\n"
+                    "0.7,8,2\n")
+    trace = traces.load_trace(path)
+    reqs = trace.requests(vocab=50)
+    assert [(r.rid, r.arrival, r.prompt_len, r.output_len) for r in reqs] == [
+        (1, 0.1, 7, 3), (2, 0.2, 9, 2), (0, 0.5, 100, 20), (3, 0.7, 8, 2)]
+    assert trace.notes == (f"trace {path}: 2 row(s) arrive before a row above them (the first "
+                           f"at line 3); served in arrival order",)
+    assert traces.load_trace(tmp_path / "trace.csv").longest == 120
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n0.1,7,3\n0.1,5,2\n")
+    in_order = traces.load_trace(path)
+    assert in_order.notes == () and in_order.rid.tolist() == [0, 1]  # ties keep the file's order
+
+
+@pytest.mark.parametrize("header,sep", [
+    ("\ufeffarrival_s,prompt_tokens,output_tokens", ","),  # a byte-order mark
+    (" arrival_s , prompt_tokens ,output_tokens ", ","),
+    ("arrival_s;prompt_tokens;output_tokens", ";"),
+    ("arrival_s\tprompt_tokens\toutput_tokens", "\t"),
+    ("model,output_tokens,arrival_s,prompt_tokens", ","),  # other columns, any order
+])
+def test_trace_headers_as_spreadsheets_write_them(tmp_path, header, sep):
+    names = [n.strip().lstrip("\ufeff") for n in header.split(sep)]
+    row = {"arrival_s": "0.25", "prompt_tokens": " 12", "output_tokens": "3 ", "model": "x"}
+    path = tmp_path / "t.csv"
+    path.write_text(header + "\n" + sep.join(row[n] for n in names) + "\n", encoding="utf-8")
+    (r,) = traces.load_trace(path).requests(vocab=50)
+    assert (r.arrival, r.prompt_len, r.output_len) == (0.25, 12, 3)
+
+
+@pytest.mark.parametrize("text,message", [
+    ("", "has no requests"),
+    ("\n0,5,5\n", "has no requests .a header row arrival_s,prompt_tokens,output_tokens"),
+    ("arrival_s,prompt_tokens,output_tokens\n\n", "has no requests"),
+    ("arrival_s,prompt_tokens\n0,5\n",
+     r"lacks the column\(s\) output_tokens; it needs arrival_s, prompt_tokens, output_tokens "
+     r"\(found: arrival_s, prompt_tokens\)"),
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n0,5,5\n",
+     r"lacks the column\(s\) arrival_s, prompt_tokens, output_tokens; .* \(found: TIMESTAMP, "
+     r"ContextTokens, GeneratedTokens\)"),
+    ("arrival_s,prompt_tokens,output_tokens\nsoon,5,5\n",
+     ":2: arrival_s must be a number of seconds, got 'soon'"),
+    ("arrival_s,prompt_tokens,output_tokens\n-1,5,5\n", ":2: arrival_s must be a finite number >="),
+    ("arrival_s,prompt_tokens,output_tokens\nnan,5,5\n", ":2: arrival_s must be a finite number"),
+    ("arrival_s,prompt_tokens,output_tokens\n0,5,5\ninf,5,5\n", ":3: arrival_s must be a finite"),
+    ("arrival_s,prompt_tokens,output_tokens\n0,0,5\n", ":2: token counts must be >= 1, got 0"),
+    ("arrival_s,prompt_tokens,output_tokens\n0,-3,5\n", ":2: token counts must be >= 1"),
+    ("arrival_s,prompt_tokens,output_tokens\n0,5.5,5\n",
+     ":2: prompt_tokens must be a whole number of tokens >= 1, got '5.5'"),
+    ("arrival_s,prompt_tokens,output_tokens\n0,5,nan\n", ":2: output_tokens must be a whole"),
+    ("arrival_s,prompt_tokens,output_tokens\n0,inf,5\n", ":2: prompt_tokens must be a whole"),
+    ("arrival_s,prompt_tokens,output_tokens\n0,5\n",
+     ":2: 2 field.s.; the header puts the columns read in the first 3"),
+    ("arrival_s,prompt_tokens,output_tokens\n1e300,5,5\n",
+     ":2: arrival_s 1e\\+300: arrivals must come within 1e\\+08 s .~3 years. of the start"),
+])
+def test_bad_traces(tmp_path, text, message):
+    path = tmp_path / "t.csv"
+    path.write_text(text)
+    with pytest.raises(PdmuxError, match=message):
+        traces.load_trace(path)
+    with pytest.raises(PdmuxError, match="cannot read trace"):
+        traces.load_trace(tmp_path / "missing.csv")
+
+
+@pytest.mark.parametrize("prompt", ["1000000000", "10000000000", "1e10", "1e20",
+                                    "100000000000000000000"])
+def test_huge_prompts_are_refused_at_their_row_at_once(tmp_path, prompt):
+    path = tmp_path / "t.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n0,100,10\n0.5," + prompt + ",10\n")
+    tracemalloc.start()
+    with pytest.raises(PdmuxError, match=f":3: {int(float(prompt)):,} prompt \\+ 10 output "
+                                         f"tokens; a request holds at most 40,960 .ctx."):
+        traces.load_trace(path, 40960, "ctx")
+    if int(float(prompt)) > traces.MAX_TRACE_TOKENS:  # no model bounds it: what a count holds
+        with pytest.raises(PdmuxError, match=":3: .* at most 2,147,483,647 .the most this tool"):
+            traces.load_trace(path)
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 2**20  # refused as read: no prompt's ids drawn, nothing of its size allocated
