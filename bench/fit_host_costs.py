@@ -26,8 +26,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from script import run_script
 
-from pdmux_triton.cli.flags import Parser, run_script
+from pdmux_triton.cli.parsing import Parser
 from pdmux_triton.cost import step_cost
 from pdmux_triton.cost.measured_inputs import load_calibration, load_compare, load_host_costs
 from pdmux_triton.errors import PdmuxError

@@ -20,7 +20,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pdmux_triton.cli.flags import bench_inputs, bench_parser, choice, finish, integer, run_script
+from script import bench_inputs, bench_parser, finish, run_script
+
+from pdmux_triton.cli.parsing import choice, integer
 from pdmux_triton.cost.parallel import LINKS
 from pdmux_triton.experiments import capacity_sweep
 from pdmux_triton.experiments.capacity_search import Criteria

@@ -144,8 +144,8 @@ def offline_gemm() -> None:
 
 def on_gpu(budget: int) -> None:
     import torch
-
     from common import PAGE_SIZE, decode_inputs, require_gpu
+
     from pdmux_triton.kernels import decode_attention, linear
     from pdmux_triton.kernels.decode_attention import _decode_kernel
     from pdmux_triton.kernels.gemm import _gemm_kernel, _skinny_kernel

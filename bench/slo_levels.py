@@ -37,7 +37,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from pdmux_triton.cli.flags import bench_inputs, bench_parser, finish, integer, number, run_script
+from script import bench_inputs, bench_parser, finish, run_script
+
+from pdmux_triton.cli.parsing import integer, number
 from pdmux_triton.cost.measured_inputs import load_calibration, load_host_costs
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiments import capacity_sweep

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from script import bench_inputs, bench_parser, finish, run_script
 
-from pdmux_triton.cli.flags import bench_inputs, bench_parser, finish, integer, number, run_script
+from pdmux_triton.cli.parsing import integer, number
 from pdmux_triton.cost import step_cost
 from pdmux_triton.cost.measured_inputs import load_calibration, load_host_costs
 from pdmux_triton.errors import PdmuxError

@@ -28,9 +28,9 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
+from script import bench_inputs, bench_parser, finish, run_script
 
-from pdmux_triton.cli.flags import (bench_inputs, bench_parser, choice, finish, integer, listed,
-                                    number, run_script)
+from pdmux_triton.cli.parsing import choice, integer, listed, number
 from pdmux_triton.experiments import capacity_sweep
 from pdmux_triton.experiments.capacity_search import Criteria
 from pdmux_triton.experiments.settings import RunSettings

@@ -24,8 +24,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from script import bench_parser, finish, run_script
 
-from pdmux_triton.cli.flags import bench_parser, choice, finish, integer, number, run_script
+from pdmux_triton.cli.parsing import choice, integer, number
 from pdmux_triton.experiments.run import Servers, variants
 from pdmux_triton.experiments.settings import RunSettings, make_requests
 from pdmux_triton.results import provenance

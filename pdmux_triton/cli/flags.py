@@ -1,19 +1,19 @@
 """The command line's arguments: every flag, its type, its default and what it allows.
 
-Types validate at the edge (finite, positive, within bounds; lists without repeats or empty
-items), so a bad value is one line naming it. Flags are registered with no default of their
-own: after parsing, `given` says which the user passed (so a flag that would do nothing can be
-refused) and the documented defaults are filled in. The subcommands' prose is in `help_text`.
+Types validate at the edge (`parsing`), so a bad value is one line naming it. Flags are
+registered with no default of their own: after parsing, `given` says which the user passed (so
+a flag that would do nothing can be refused) and the documented defaults are filled in. The
+subcommands' prose is in `help_text`.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
-import sys
 
 from pdmux_triton import __version__
 from pdmux_triton.cli import help_text
+from pdmux_triton.cli.parsing import (FRACTION, Parser, choice, compute_capability, integer, listed,
+                                      number)
 from pdmux_triton.cost.parallel import LINKS
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiments.capacity_sweep import DEFAULT_STRATEGIES, variant
@@ -21,7 +21,6 @@ from pdmux_triton.experiments.settings import LENGTHS, LEVEL_POLICIES, MAX_TP, W
 from pdmux_triton.measure.calibration_sweep import DECODE_WORKLOADS
 from pdmux_triton.multiplex import sglang_rules
 from pdmux_triton.multiplex.partition import SPLIT_KINDS
-from pdmux_triton.results import write_json
 from pdmux_triton.serve import scheduler
 from pdmux_triton.spec.gpus import GPUS, MAX_SMS
 from pdmux_triton.spec.models import MODELS
@@ -32,163 +31,6 @@ MIN_CAPACITY_COUNT = 50  # requests a capacity point needs at least
 STEADY_COUNT = 1000  # requests a point for a near-steady read (bench/stream_length.py)
 MAX_CTAS = 32  # programs per SM Hopper can hold
 
-
-class Parser(argparse.ArgumentParser):
-    """argparse, with usage errors as one line (PdmuxError) instead of usage text on stderr."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, formatter_class=argparse.RawDescriptionHelpFormatter, **kwargs)
-        self.documented_defaults: dict[str, object] = {}
-
-    def error(self, message):
-        command = self.prog.removeprefix("pdmux-triton").strip()
-        if message.startswith("argument "):  # "argument --rate: ..." -> "run --rate: ..."
-            message = message.removeprefix("argument ")
-            raise PdmuxError(f"{command} {message}" if command else message)
-        raise PdmuxError(f"{command}: {message}" if command else message)
-
-    def flag(self, *names, default=None, help="", shown=None, group=None, **kwargs):
-        """An option whose default is filled in after parsing (see `parse`); `shown` says
-        the default in words where it is not a value, `group` is a section of the help."""
-        action = (group or self).add_argument(*names, default=None,
-                                              help=_with_default(help, default, shown, kwargs),
-                                              **kwargs)
-        self.documented_defaults[action.dest] = default
-        return action
-
-
-def run_script(parser: Parser, run, argv=None, interrupted: str = "interrupted") -> int:
-    """A script's whole entry, as the CLI's: parse `argv` and `run(args)`; a PdmuxError ends
-    in one line on stderr and exit 2, Ctrl-C in one line and exit 130."""
-    try:
-        return run(parser.parse_args(argv))
-    except PdmuxError as err:
-        print(f"{parser.prog}: error: {str(err).removeprefix(parser.prog).lstrip(': ')}",
-              file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(f"{parser.prog}: {interrupted}", file=sys.stderr)
-        return 130
-
-
-# the cost model's measured inputs as bench/results commits them for the H200
-MEASURED_ON_H200 = {"calibration": "bench/results/calibrate-h200.json",
-                    "compare": "bench/results/compare-h200.json",
-                    "host_costs": "bench/results/host-costs-h200.json"}
-
-
-def bench_parser(script: str, doc: str) -> Parser:
-    """A bench script's parser: its name, its docstring's first line, and --out."""
-    parser = Parser(prog=f"bench/{script}", description=doc.splitlines()[0])
-    parser.add_argument("--out", default="bench/results")
-    return parser
-
-
-def bench_inputs(parser: argparse.ArgumentParser, *measured: str, ttft: bool = True) -> None:
-    """A bench script's SLO targets and the measured files it prices work with (`measured`
-    among MEASURED_ON_H200's names; the H200's by default)."""
-    if ttft:
-        parser.add_argument("--slo-ttft-ms", type=number(), default=2000.0)
-    parser.add_argument("--slo-tpot-ms", type=number(), default=25.0)
-    for name in measured:
-        parser.add_argument("--" + name.replace("_", "-"), default=MEASURED_ON_H200[name])
-
-
-def finish(path, data: dict, table: str) -> int:
-    """A bench script's last step: its file written, its table and where it went printed."""
-    write_json(path, data)
-    print(table)
-    print(f"wrote {path}")
-    return 0
-
-
-def _with_default(help: str, default, shown, kwargs) -> str:
-    if shown is None:
-        if kwargs.get("action") in ("store_true", "store_false") or default is None:
-            return help
-        shown = _shown(default)
-    return f"{help} (default: {shown})"
-
-
-def _shown(value) -> str:
-    if isinstance(value, tuple):
-        return ",".join(map(_shown, value)) or "none"
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-# --- value types ---------------------------------------------------------------------------
-
-def _number(text: str, kind, low, high, what: str, above: bool = False):
-    """`text` as an int or a finite float in [low, high] (above `low` when `above`)."""
-    try:
-        value = kind(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-    if kind is float and not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
-    if value < low or (above and value == low):
-        raise argparse.ArgumentTypeError(f"expected {what} {'>' if above else '>='} {low:g}, "
-                                         f"got {text}")
-    if high is not None and value > high:
-        raise argparse.ArgumentTypeError(f"expected {what} <= {high:g}, got {text}")
-    return value
-
-
-def integer(low: int = 1, high: int | None = None):
-    def parse(text):
-        return _number(text, int, low, high, "an integer")
-    parse.__name__ = "integer"
-    return parse
-
-
-def number(low: float = 0.0, high: float | None = None, above: bool = True):
-    """A finite float in [low, high], strictly above `low` when `above`."""
-    def parse(text):
-        return _number(text, float, low, high, "a number", above)
-    parse.__name__ = "number"
-    return parse
-
-
-FRACTION = number(0.0, 1.0)
-
-
-def listed(item, name: str = "value"):
-    """Comma-separated values of `item`'s type, at least one, each once, none empty."""
-    def parse(text):
-        parts = [p.strip() for p in text.split(",")]
-        if not any(parts):
-            raise argparse.ArgumentTypeError(f"expected at least one {name}, got {text!r}")
-        if not all(parts):
-            raise argparse.ArgumentTypeError(f"expected {name}s separated by single commas, got "
-                                             f"an empty one in {text!r}")
-        values = tuple(item(p) for p in parts)
-        repeated = sorted({v for v in values if values.count(v) > 1}, key=str)
-        if repeated:
-            raise argparse.ArgumentTypeError(
-                f"{', '.join(map(str, repeated))} listed more than once: give each once")
-        return values
-    parse.__name__ = f"{name} list"
-    return parse
-
-
-def choice(allowed: tuple[str, ...]):
-    def parse(text):
-        if text not in allowed:
-            raise argparse.ArgumentTypeError(f"expected one of {', '.join(allowed)}, got {text!r}")
-        return text
-    parse.__name__ = "choice"
-    return parse
-
-
-def compute_capability(text: str) -> tuple[int, int]:
-    try:
-        major, minor = (int(p) for p in text.split("."))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"compute capability must look like 9.0, got {text!r}") from None
-    return major, minor
-
-
-# --- the flags -----------------------------------------------------------------------------
 
 def _gpu_flags(p: Parser, shown: str = "h100-sxm", where: str = "") -> None:
     p.flag("--gpu", default="h100-sxm", shown=shown,

@@ -1,0 +1,57 @@
+"""What the bench scripts share besides the GPU: the entry that turns a bad value into one line
+(as the CLI does), the parser with --out, the SLO targets and the H200's measured inputs as
+bench/results commits them, and the last step that writes the file and prints its table."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from pdmux_triton.cli.parsing import Parser, number
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.results import write_json
+
+
+def run_script(parser: Parser, run, argv=None, interrupted: str = "interrupted") -> int:
+    """A script's whole entry, as the CLI's: parse `argv` and `run(args)`; a PdmuxError ends
+    in one line on stderr and exit 2, Ctrl-C in one line and exit 130."""
+    try:
+        return run(parser.parse_args(argv))
+    except PdmuxError as err:
+        print(f"{parser.prog}: error: {str(err).removeprefix(parser.prog).lstrip(': ')}",
+              file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{parser.prog}: {interrupted}", file=sys.stderr)
+        return 130
+
+
+# the cost model's measured inputs as bench/results commits them for the H200
+MEASURED_ON_H200 = {"calibration": "bench/results/calibrate-h200.json",
+                    "compare": "bench/results/compare-h200.json",
+                    "host_costs": "bench/results/host-costs-h200.json"}
+
+
+def bench_parser(script: str, doc: str) -> Parser:
+    """A bench script's parser: its name, its docstring's first line, and --out."""
+    parser = Parser(prog=f"bench/{script}", description=doc.splitlines()[0])
+    parser.add_argument("--out", default="bench/results")
+    return parser
+
+
+def bench_inputs(parser: argparse.ArgumentParser, *measured: str, ttft: bool = True) -> None:
+    """A bench script's SLO targets and the measured files it prices work with (`measured`
+    among MEASURED_ON_H200's names; the H200's by default)."""
+    if ttft:
+        parser.add_argument("--slo-ttft-ms", type=number(), default=2000.0)
+    parser.add_argument("--slo-tpot-ms", type=number(), default=25.0)
+    for name in measured:
+        parser.add_argument("--" + name.replace("_", "-"), default=MEASURED_ON_H200[name])
+
+
+def finish(path, data: dict, table: str) -> int:
+    """A bench script's last step: its file written, its table and where it went printed."""
+    write_json(path, data)
+    print(table)
+    print(f"wrote {path}")
+    return 0
