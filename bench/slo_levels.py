@@ -45,6 +45,7 @@ from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiments import capacity_sweep
 from pdmux_triton.experiments.capacity_search import Criteria
 from pdmux_triton.experiments.settings import RunSettings
+from pdmux_triton.experiments.variants import variant
 from pdmux_triton.multiplex import sglang_rules
 from pdmux_triton.multiplex.level_policy import SloLevels, approximate
 from pdmux_triton.results import provenance, write_json
@@ -113,7 +114,7 @@ def settings_for(args, gpu, preset: str, name: str, config: sglang_rules.PDMuxCo
     return RunSettings(
         gpu=gpu, model=model_preset("qwen3-8b"), workload="stream", simulate=args.simulate,
         count=args.count, seed=args.seed, lengths=preset, chunks=(2048,), kinds=("grid_cap",), config=config,
-        level_policies=(capacity_sweep.variant(strategy).levels,), itl_slo_ms=args.itl_ms,
+        level_policies=(variant(strategy).levels,), itl_slo_ms=args.itl_ms,
         relevel_at_layers=name == "slo_relevel", slo_ttft_ms=args.slo_ttft_ms,
         slo_tpot_ms=args.slo_tpot_ms, calibration=args.calibration, compare=args.compare,
         host_costs=args.host_costs)

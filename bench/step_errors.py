@@ -30,9 +30,9 @@ from pdmux_triton.cli.parsing import integer, number
 from pdmux_triton.cost import step_cost
 from pdmux_triton.cost.measured_inputs import load_calibration, load_host_costs
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.experiments import capacity_sweep
 from pdmux_triton.experiments.run import Servers, make_requests
 from pdmux_triton.experiments.settings import RunSettings
+from pdmux_triton.experiments.variants import variant
 from pdmux_triton.multiplex import sglang_rules
 from pdmux_triton.results import provenance, read_json, write_json
 from pdmux_triton.spec.gpus import detect_gpu, gpu_preset
@@ -202,7 +202,7 @@ def run(args) -> int:
     try:
         for rate in args.rates:
             for name in args.policies:
-                v = capacity_sweep.variant(STRATEGIES[name])
+                v = variant(STRATEGIES[name])
                 row, result = servers.serve(v, make_requests(s, rate))
                 rows = priced_rounds(result, prices)
                 data["runs"][f"{name} at {rate:g} req/s"] = {

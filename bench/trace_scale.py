@@ -27,8 +27,9 @@ import numpy as np
 from script import bench_parser, finish, run_script
 
 from pdmux_triton.cli.parsing import choice, integer, number
-from pdmux_triton.experiments.run import Servers, variants
+from pdmux_triton.experiments.run import Servers
 from pdmux_triton.experiments.settings import RunSettings, make_requests
+from pdmux_triton.experiments.variants import variants
 from pdmux_triton.results import provenance
 from pdmux_triton.serve import metrics, scheduler
 from pdmux_triton.spec.gpus import gpu_preset
@@ -76,7 +77,7 @@ def run(args) -> int:
     def say(line: str) -> None:
         progress.append(f"{line}, peak RSS {peak_rss_mb():,.0f} MB")
         print(progress[-1], flush=True)
-    result = scheduler.run(v.strategy, servers.executor(v), requests, chunk=v.chunk,
+    result = scheduler.run(v.loop, servers.executor(v), requests, chunk=v.chunk,
                            levels_by=servers.level_policy(v), progress=say)
     served_s = time.perf_counter() - started
     row = metrics.summarize(result, s.slo)

@@ -10,8 +10,9 @@ from pdmux_triton.cost.step_cost import Overheads
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiments import capacity_sweep, run
 from pdmux_triton.experiments.capacity_search import Criteria
-from pdmux_triton.experiments.capacity_sweep import PointKey, run_capacity, variant
+from pdmux_triton.experiments.capacity_sweep import PointKey, run_capacity
 from pdmux_triton.experiments.settings import RunSettings
+from pdmux_triton.experiments.variants import DEFAULT_STRATEGIES, variant
 from pdmux_triton.results import PointStore
 from pdmux_triton.serve.metrics import Slo
 from pdmux_triton.spec.gpus import gpu_preset
@@ -25,13 +26,6 @@ def settings(simulate=True):
     return RunSettings(gpu=gpu_preset("h200"), model=model_preset("qwen3-8b"), workload="stream",
                        simulate=simulate, count=40, seed=2, chunks=(512,), kinds=("grid_cap",),
                        slo_ttft_ms=2000, slo_tpot_ms=25)
-
-
-def test_strategy_names():
-    assert variant("chunked_768").chunk == 768 and variant("pdmux_green").kind == "green"
-    for bad in ("chunked_", "chunked_0", "pdmux_mig", "fcfs"):
-        with pytest.raises(PdmuxError, match="unknown strategy"):
-            variant(bad)
 
 
 def test_simulated_capacities_and_resume(tmp_path):
@@ -130,7 +124,7 @@ def test_points_of_other_settings_are_refused(tmp_path):
     check_settings(tmp_path / "s.json", {"count": 40})
     with pytest.raises(PdmuxError, match="differ in count"):
         check_settings(tmp_path / "s.json", {"count": 80})
-    assert capacity_sweep.DEFAULT_STRATEGIES[-1] == "pdmux_grid_cap"
+    assert DEFAULT_STRATEGIES[-1] == "pdmux_grid_cap"
 
 
 def test_a_gpu_variant_serves_a_prefix_untimed_once(monkeypatch):

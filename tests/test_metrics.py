@@ -99,7 +99,7 @@ def test_percentiles_of_counted_waits_are_numpys_over_every_token(pairs, q):
         assert got == float(np.percentile(np.repeat(values, counts), q)) * metrics.MS
 
 
-@pytest.mark.parametrize("strategy", scheduler.STRATEGIES)
+@pytest.mark.parametrize("strategy", scheduler.LOOPS)
 def test_waits_counted_per_step_are_every_tokens_wait(strategy):
     """The waits a run's step log gives, repeated by their counts, are the per-token gaps of
     every request's token times."""

@@ -89,7 +89,7 @@ def test_poisson_stream_serves_every_request():
     def requests():
         return stream(QWEN.vocab, 4.0, 12, Exponential(600, 4000, 20, 60), seed=3)
     reqs = requests()
-    for strategy in scheduler.STRATEGIES:
+    for strategy in scheduler.LOOPS:
         result = scheduler.run(strategy, sim(), requests(), chunk=512)
         _served_in_full(result)
         s = metrics.summarize(result)
@@ -97,7 +97,7 @@ def test_poisson_stream_serves_every_request():
     assert [r.arrival for r in reqs] == sorted(r.arrival for r in reqs)
 
 
-@pytest.mark.parametrize("strategy", scheduler.STRATEGIES)
+@pytest.mark.parametrize("strategy", scheduler.LOOPS)
 @pytest.mark.parametrize("case", ["h20_defaults", "long_prompt", "sparse_poisson"])
 def test_a_prefill_that_outlasts_the_decode_batch_is_served(strategy, case):
     """A prompt still prefilling when the last decoding request finishes must not be dropped:
@@ -120,8 +120,8 @@ def test_a_request_after_every_decode_is_an_error_not_a_hang():
         scheduler.run("prefill_first", sim(), reqs)
 
 
-def test_unknown_strategy():
-    with pytest.raises(PdmuxError, match="unknown strategy 'fcfs'"):
+def test_unknown_loop():
+    with pytest.raises(PdmuxError, match="unknown loop 'fcfs'"):
         scheduler.run("fcfs", sim(), [])
 
 
@@ -136,7 +136,7 @@ class _SmallCache:
         return getattr(self.x, name)
 
 
-@pytest.mark.parametrize("strategy", scheduler.STRATEGIES)
+@pytest.mark.parametrize("strategy", scheduler.LOOPS)
 def test_admission_keeps_the_kv_cache_and_the_batch_within_bounds(strategy):
     """Requests wait for room instead of overflowing the cache: every decode step's batch
     holds at most the cache's tokens and `max_running` requests, and all are served."""

@@ -14,7 +14,7 @@ def _settings(**kw):
     from pdmux_triton.spec.models import model_preset
 
     return RunSettings(gpu_preset(kw.pop("gpu", "h200")), model_preset(kw.pop("model", "qwen3-8b")),
-                       simulate=True, **kw)
+                       simulate=kw.pop("simulate", True), **kw)
 
 
 def _trace(tmp_path, rows: str, name: str = "t.csv"):
@@ -67,3 +67,14 @@ def test_settings_read_a_trace_once_and_pass_its_notes_on(tmp_path):
                        f"at line 3); served in arrival order",)
     assert [r.arrival for r in make_requests(s)] == [0.1, 0.5]
     assert _settings().notes == ()
+
+
+def test_a_measured_stream_must_arrive_within_the_run_time_bound():
+    from pdmux_triton.experiments.settings import MAX_GPU_RUN_S, check_measured_span
+
+    check_measured_span(1000, 1000 / MAX_GPU_RUN_S, "never")  # exactly at the bound
+    with pytest.raises(PdmuxError, match=r"^1000 requests at 0.25/s arrive over ~4,000 s, longer "
+                                         r"than a measured run may take \(3600 s\): lower it$"):
+        check_measured_span(1000, 0.25, "lower it")
+    with pytest.raises(PdmuxError, match=r"raise --rate or lower --count"):
+        _settings(workload="stream", simulate=False, count=1000, rate=0.25)

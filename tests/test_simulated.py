@@ -123,7 +123,7 @@ def test_simulating_a_trace_draws_no_token_ids(tmp_path, monkeypatch):
     monkeypatch.setattr(traffic.TokenIds, "draw", refuse)
     path = tmp_path / "t.csv"
     path.write_text("arrival_s,prompt_tokens,output_tokens\n0,3000,20\n0.01,700,9\n0.3,50,2\n")
-    for strategy in scheduler.STRATEGIES:
+    for strategy in scheduler.LOOPS:
         result = scheduler.run(strategy, executor(), traces.load_trace(path).requests(QWEN.vocab))
         assert all(r.done and r.tokens is None and r._ids is None for r in result.requests)
         metrics.summarize(result)

@@ -16,8 +16,8 @@ from pdmux_triton.cli.parsing import (FRACTION, Parser, choice, compute_capabili
                                       number)
 from pdmux_triton.cost.parallel import LINKS
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.experiments.capacity_sweep import DEFAULT_STRATEGIES, variant
 from pdmux_triton.experiments.settings import LENGTHS, LEVEL_POLICIES, MAX_TP, WORKLOADS
+from pdmux_triton.experiments.variants import DEFAULT_STRATEGIES, variant
 from pdmux_triton.measure.calibration_sweep import DECODE_WORKLOADS
 from pdmux_triton.multiplex import sglang_rules
 from pdmux_triton.multiplex.partition import SPLIT_KINDS
@@ -168,7 +168,7 @@ def _cost_flags(p: Parser) -> None:
 
 
 def strategy(text: str) -> str:
-    """A capacity strategy's name, as capacity_sweep.variant knows them."""
+    """A capacity strategy's name, as variants.variant knows them."""
     try:
         variant(text)
     except PdmuxError as err:

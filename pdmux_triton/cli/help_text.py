@@ -95,7 +95,7 @@ MEASURED_GPU = ("; a measured run (a GPU here, no --simulate) uses the local GPU
 
 
 def strategies(kinds: tuple[str, ...]) -> str:
-    """capacity --strategies' help: every name capacity_sweep.variant accepts."""
+    """capacity --strategies' help: every name variants.variant accepts."""
     return (f"prefill_first, chunked_<tokens>, pdmux_<kind> (SGLang's levels), pdmux_slo_<kind> "
             f"(levels for --itl-slo-ms), disagg_<P>p<D>d (P prefill and D decode servers, KV "
             f"pages sent over --link; simulated only); kind {' or '.join(kinds)}")

@@ -51,9 +51,10 @@ def _replayed(args, given):
     return dataclasses.replace(settings, simulate=simulate), None
 
 
-def _where(args, given) -> tuple[GPUSpec, bool, PdmuxError | None]:
-    """The GPU a run measures on, or the preset it simulates (and why, when there is no GPU)."""
-    if not args.simulate:
+def _where(args, given, simulate: bool | None = None) -> tuple[GPUSpec, bool, PdmuxError | None]:
+    """The GPU a run measures on, or the preset it simulates (and why, when there is no GPU);
+    `simulate` overrides --simulate."""
+    if not (args.simulate if simulate is None else simulate):
         try:
             gpu = measuring_gpu()
         except PdmuxError as err:
@@ -71,9 +72,17 @@ def _where(args, given) -> tuple[GPUSpec, bool, PdmuxError | None]:
     return gpu_from_args(args), True, None
 
 
-def _settings(args, given, workload: str):
-    """Settings from the flags, refusing the flags this workload would not use."""
+def _settings(args, given, workload: str, simulate: bool | None = None,
+              derived: dict | None = None):
+    """Settings from the flags: every RunSettings field the command has a flag of that name
+    for, what the flags describe (the GPU, the model, the levels, the workload), and what the
+    command `derived` from them (capacity: the chunks, kinds and level policies its strategies
+    need); `simulate` True when nothing is measured. The flags this workload would not use
+    are refused."""
     from pdmux_triton.experiments.settings import RunSettings
+
+    derived = derived or {}
+    level_policies = derived.get("level_policies", getattr(args, "level_policies", ()))
 
     unused = {"chapter": (*STREAM_FLAGS, *EXPONENTIAL_FLAGS, "trace"),
               "stream": (*CHAPTER_FLAGS, "trace"),
@@ -83,22 +92,21 @@ def _settings(args, given, workload: str):
         refuse(given, ("slo_ttft_ms", "slo_tpot_ms", "max_prefill_tokens"),
                "with --workload chapter (its one prompt is prefilled alone, and it reports ITL "
                "and TTFT, not SLO attainment: serve --workload stream or trace)")
-    if "slo" not in args.level_policies:
+    if "slo" not in level_policies:
         refuse(given, ("itl_slo_ms", "hysteresis", "relevel_at_layers"),
                "without the slo level policy (--level-policies slo, or a pdmux_slo_<kind> "
                "strategy)")
     if getattr(args, "lengths", "exponential") != "exponential":
         refuse(given, EXPONENTIAL_FLAGS, f"with --lengths {args.lengths} (they shape "
                 f"--lengths exponential)")
-    gpu, simulate, no_gpu = _where(args, given)
+    gpu, simulate, no_gpu = _where(args, given, simulate)
     check_s_sat(args, given, gpu)
-    fields = {f: getattr(args, f) for f in (
-        "seed", "batch", "context", "prompt", "decode_tokens", "rate", "count", "burstiness",
-        "lengths", "prompt_mean", "prompt_max", "output_mean", "output_max", "trace", "chunks",
-        "kinds", "slo_ttft_ms", "slo_tpot_ms", "s_sat", "bw_eff", "mfu", "calibration",
-        "compare", "host_costs", "max_running", "level_policies", "itl_slo_ms", "hysteresis",
-        "relevel_at_layers", "tp", "replicas", "link", "link_gbps", "link_latency_us")
-        if hasattr(args, f)}
+    fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunSettings)
+              if hasattr(args, f.name)}
+    fields.update(derived, gpu=gpu, model=resolve_model(args.model),
+                  checkpoint=_checkpoint(args, simulate), workload=workload, simulate=simulate,
+                  config=config_from_args(args, given, gpu),
+                  prefill_tokens=args.max_prefill_tokens)
     # a GPU with measured inputs shipped is priced by them (not reshaped by --cc: --sms renames)
     if not given & {*COST_MODEL_FLAGS, "cc"}:
         fields.update(shipped_inputs(gpu.name, resolve_model(args.model).name))
@@ -114,11 +122,7 @@ def _settings(args, given, workload: str):
         refuse(given, ["link", "link_gbps", "link_latency_us"],
                "without --tp 2 or more or a disagg_<P>p<D>d strategy (they price what goes "
                "between GPUs)")
-    settings = RunSettings(gpu=gpu, model=resolve_model(args.model),
-                           checkpoint=_checkpoint(args, simulate), workload=workload,
-                           simulate=simulate, config=config_from_args(args, given, gpu),
-                           prefill_tokens=args.max_prefill_tokens, **fields)
-    return settings, no_gpu
+    return RunSettings(**fields), no_gpu
 
 
 def _checkpoint(args, simulate: bool) -> str | None:
@@ -202,7 +206,8 @@ def cmd_capacity(args, given) -> None:
     from pdmux_triton.cli import plots
     from pdmux_triton.experiments import capacity_sweep
     from pdmux_triton.experiments.capacity_search import Criteria
-    from pdmux_triton.experiments.settings import MAX_GPU_RUN_S
+    from pdmux_triton.experiments.settings import check_measured_span
+    from pdmux_triton.experiments.variants import served_by, variant
     from pdmux_triton.serve.metrics import Slo
 
     if args.count < MIN_CAPACITY_COUNT:
@@ -215,20 +220,12 @@ def cmd_capacity(args, given) -> None:
              f"arrivals, so its capacities read higher than a GPU sustains (bench/"
              f"stream_length.py shows how much); --count {STEADY_COUNT} or more for the "
              f"steady state")
-    chunks = tuple(capacity_sweep.variant(n).chunk for n in args.strategies
-                   if n.startswith("chunked_"))
-    kinds = tuple(dict.fromkeys(capacity_sweep.variant(n).kind for n in args.strategies
-                                if n.startswith("pdmux_"))) or ("grid_cap",)
-    args.chunks, args.kinds = chunks or (2048,), kinds
-    args.level_policies = tuple(dict.fromkeys(capacity_sweep.variant(n).levels
-                                              for n in args.strategies if n.startswith("pdmux_")))
-    args.level_policies = args.level_policies or ("sglang",)
-    if args.offline:
-        if not args.rates:
-            raise PdmuxError("--offline reads measured points at --rates: name them")
-        args.simulate = True  # nothing is measured: the flags describe the GPU it was measured on
-    settings, no_gpu = _settings(args, given, "stream")
-    several = [n for n in args.strategies if capacity_sweep.variant(n).strategy == "disagg"]
+    if args.offline and not args.rates:
+        raise PdmuxError("--offline reads measured points at --rates: name them")
+    # offline, nothing is measured: the flags describe the GPU the points were measured on
+    settings, no_gpu = _settings(args, given, "stream", simulate=args.offline or None,
+                                 derived=served_by(tuple(args.strategies)))
+    several = [n for n in args.strategies if variant(n).loop == "disagg"]
     if several and not settings.simulate:
         raise PdmuxError(f"{', '.join(several)} serve on several GPUs; this tool measures one: "
                          f"simulate them with --simulate")
@@ -238,10 +235,8 @@ def cmd_capacity(args, given) -> None:
     elif settings.simulate:
         refuse(given, ("rates",), "when simulating (the simulation searches the rate)")
     for rate in args.rates or ():
-        if args.count / rate > MAX_GPU_RUN_S:
-            raise PdmuxError(f"--rates {rate:g}: {args.count} requests arrive over "
-                             f"~{args.count / rate:,.0f} s, longer than a measured point may "
-                             f"take ({MAX_GPU_RUN_S} s)")
+        check_measured_span(args.count, rate, f"--rates {rate:g} is too low for --count "
+                            f"{args.count}")
     criteria = Criteria(Slo(args.slo_ttft_ms, args.slo_tpot_ms), args.attainment,
                         args.max_sched_delay_s)
     out = out_folder(args.out)

@@ -12,7 +12,6 @@ measurement.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -21,13 +20,12 @@ import numpy as np
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiments import capacity_search
 from pdmux_triton.experiments.capacity_search import CRITERIA, Criteria
-from pdmux_triton.experiments.run import GUARDS, Servers, Variant, disagg_variant, pdmux_variant
+from pdmux_triton.experiments.run import GUARDS, Servers
 from pdmux_triton.experiments.settings import RunSettings, make_requests
-from pdmux_triton.multiplex.partition import SPLIT_KINDS
+from pdmux_triton.experiments.variants import Variant, variant
 from pdmux_triton.results import PointStore, check_settings, provenance, read_json
 from pdmux_triton.spec.gpus import GPUSpec
 
-DEFAULT_STRATEGIES = ("prefill_first", "chunked_512", "chunked_2048", "pdmux_grid_cap")
 POINT_KEYS = ("rate", "slo_attainment", "goodput_rps", "slo_met_throughput_rps",
               "ttft_p50_ms", "ttft_p99_ms",
               "tpot_p50_ms", "tpot_p99_ms", "itl_p50_ms", "itl_p99_ms", "e2e_p50_ms",
@@ -41,27 +39,6 @@ class PointKey:
     mode: str  # gpu or simulated
     strategy: str
     rate: float
-
-
-def variant(name: str) -> Variant:
-    """A strategy by its row name: prefill_first, chunked_<tokens>, pdmux_<kind> (SGLang's
-    levels), pdmux_slo_<kind> (levels for an ITL target), kind grid_cap or green, or
-    disagg_<P>p<D>d (P prefill servers, D decode servers; simulated)."""
-    if name == "prefill_first":
-        return Variant(name, "prefill_first")
-    if name.startswith("chunked_") and name[8:].isdigit() and int(name[8:]) > 0:
-        return Variant(name, "chunked", chunk=int(name[8:]))
-    servers = re.fullmatch(r"disagg_([1-9][0-9]*)p([1-9][0-9]*)d", name)
-    if servers:
-        return disagg_variant(int(servers[1]), int(servers[2]))
-    for levels in ("sglang", "slo"):
-        for kind in SPLIT_KINDS:
-            v = pdmux_variant(kind, levels)
-            if name == v.name:
-                return v
-    raise PdmuxError(f"unknown strategy {name!r}: prefill_first, chunked_<tokens>, "
-                     f"pdmux_grid_cap, pdmux_green, pdmux_slo_grid_cap, pdmux_slo_green or "
-                     f"disagg_<P>p<D>d")
 
 
 MADE_WITH = ("commit", "source_sha256", "torch", "triton")  # saved with every point

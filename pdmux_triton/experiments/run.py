@@ -11,13 +11,13 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 from pdmux_triton.cost import parallel, step_cost
 from pdmux_triton.cost.measured_inputs import load_calibration, load_compare, load_host_costs
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiments import estimate
 from pdmux_triton.experiments.settings import RunSettings, make_requests
+from pdmux_triton.experiments.variants import Variant, variants
 from pdmux_triton.multiplex.level_policy import SGLangLevels, SloLevels
 from pdmux_triton.results import provenance
 from pdmux_triton.serve import metrics, router, scheduler
@@ -28,36 +28,6 @@ from pdmux_triton.spec.traffic import Request
 # what a measured row must show as zero to be trusted
 GUARDS = ("compiles_during_measurement", "captures_during_measurement",
           "device_allocations_during_measurement", "requests_lost")
-
-
-@dataclass(frozen=True)
-class Variant:
-    name: str  # decode_only, prefill_first, chunked_2048, pdmux_grid_cap, pdmux_slo_green, ...
-    strategy: str
-    chunk: int = 0
-    kind: str = "grid_cap"  # partition kind of the pd-mux levels
-    levels: str = "sglang"  # how pd-mux picks its level (level_policy)
-    # disaggregated (strategy "disagg"): prefill servers and decode servers (router)
-    prefill_servers: int = 0
-    decode_servers: int = 0
-
-
-def disagg_variant(prefill_servers: int, decode_servers: int) -> Variant:
-    return Variant(f"disagg_{prefill_servers}p{decode_servers}d", "disagg",
-                   prefill_servers=prefill_servers, decode_servers=decode_servers)
-
-
-def pdmux_variant(kind: str, levels: str = "sglang") -> Variant:
-    name = f"pdmux_{kind}" if levels == "sglang" else f"pdmux_{levels}_{kind}"
-    return Variant(name, "pdmux", kind=kind, levels=levels)
-
-
-def variants(chunks: tuple[int, ...], kinds: tuple[str, ...],
-             level_policies: tuple[str, ...] = ("sglang",)) -> list[Variant]:
-    out = [Variant("decode_only", "prefill_first"), Variant("prefill_first", "prefill_first")]
-    out += [Variant(f"chunked_{c}", "chunked", chunk=c) for c in chunks]
-    out += [pdmux_variant(k, p) for p in level_policies for k in kinds]
-    return out
 
 
 def chapter_estimates(s: RunSettings) -> list[tuple[str, estimate.Scenario, list[estimate.Row]]]:
@@ -96,17 +66,17 @@ class Servers:
         else:
             from pdmux_triton.gpu.executors import GpuExecutors  # torch: only where a GPU measures
 
-            self.gpu = GpuExecutors(s.gpu, s.model, requests, s.config, s.prefill_tokens,
-                                    s.max_running, s.checkpoint)
+            self.gpu = GpuExecutors(s.gpu, s.model, requests, s.config, s.levels,
+                                    s.prefill_tokens, s.max_running, s.checkpoint)
 
     def executor(self, v: Variant, kv_arrives: bool = False):
         """`kv_arrives`: a disaggregated decode server's (its prompts' KV comes over the link)."""
         if self.gpu is not None:
-            if v.strategy == "disagg":
+            if v.loop == "disagg":
                 raise PdmuxError(f"{v.name} needs {v.prefill_servers + v.decode_servers} GPUs; "
                                  f"this tool measures one: simulate it")
-            return self.gpu.executor(v.strategy, v.kind, v.chunk, self.level_policy(v))
-        s, kind = self.s, (v.kind if v.strategy == "pdmux" else "grid_cap")
+            return self.gpu.executor(v.loop, v.kind, v.chunk, self.level_policy(v))
+        s, kind = self.s, (v.kind if v.loop == "pdmux" else "grid_cap")
         decode = (self.cal.decode_curve(kind) if self.cal else
                   step_cost.SaturationLaw(s.gpu.hbm_tbps * s.bw_eff, min(s.s_sat, s.gpu.sms)))
         prefill = (self.cmp.prefill_rate(kind, s.gpu.bf16_tflops, s.gpu.sms) if self.cmp else
@@ -138,25 +108,25 @@ class Servers:
         and captured the rest). A prefix, so a long stream is not served twice; what the
         measured run still allocates is counted in its row."""
         s = self.s
-        if v.strategy == "disagg" or s.replicas > 1:  # simulated: several servers
+        if v.loop == "disagg" or s.replicas > 1:  # simulated: several servers
             return self._serve_behind_router(v, requests)
         if self.gpu is not None:  # the prompts' ids drawn now, not between timed launches
             for r in requests:  # (every variant's copy shares them)
                 r.prompt
         x = self.executor(v)
         if self.gpu is not None and v.name not in self.warm:
-            self._run(v, v.strategy, x, requests[:UNTIMED_REQUESTS])
+            self._run(v, v.loop, x, requests[:UNTIMED_REQUESTS])
             self.warm.add(v.name)
         with self.watch(x) as counts:
-            result = self._run(v, v.strategy, x, requests)
+            result = self._run(v, v.loop, x, requests)
         row = {**metrics.summarize(result, s.slo), **counts, "strategy": v.name}
         return row, result
 
-    def _run(self, v: Variant, strategy: str, x, requests: list[Request]) -> RunResult:
+    def _run(self, v: Variant, loop: str, x, requests: list[Request]) -> RunResult:
         """One server's loop over a copy of `requests` (they serve every variant)."""
         s = self.s
-        return scheduler.run(strategy, x, copy.deepcopy(requests), chunk=v.chunk,
-                             config=s.config, prefill_tokens=s.prefill_tokens,
+        return scheduler.run(loop, x, copy.deepcopy(requests), chunk=v.chunk,
+                             config=s.config, levels=s.levels, prefill_tokens=s.prefill_tokens,
                              max_running=s.max_running, levels_by=self.level_policy(v),
                              progress=self.log)
 
@@ -165,13 +135,13 @@ class Servers:
 
         def on_new_server(strategy: str, kv_arrives: bool = False):
             return lambda part: self._run(v, strategy, self.executor(v, kv_arrives), part)
-        if v.strategy == "disagg":  # prefill servers and decode servers take the whole GPU each
+        if v.loop == "disagg":  # prefill servers and decode servers take the whole GPU each
             result = router.serve_disaggregated(
                 v.name, on_new_server("prefill_first"), on_new_server("prefill_first", True),
                 requests, v.prefill_servers, v.decode_servers,
                 s.rank_model.kv_bytes_per_token(step_cost.DTYPE_BYTES), s.model.layers, s.link_spec())
         else:
-            result = router.serve_replicas(v.name, on_new_server(v.strategy), requests,
+            result = router.serve_replicas(v.name, on_new_server(v.loop), requests,
                                            s.replicas)
         return {**metrics.summarize(result, s.slo), "strategy": v.name}, result
 
@@ -213,8 +183,7 @@ def run_experiment(s: RunSettings, log=print, keep_runs: bool = True
             del result  # else alive while the next strategy serves: two runs at the peak
     finally:
         servers.close()
-    levels = s.config.levels(s.gpu.sms, s.gpu.cc_major)
-    prefill_sms = levels[s.config.choose_level(levels, s.batch, True)][0]
+    prefill_sms = s.levels[s.config.choose_level(s.levels, s.batch, True)][0]
     out = {"mode": "simulated" if s.simulate else "gpu", **provenance(s.gpu.name),
            "model": s.model.name, "tp": s.tp, "replicas": s.replicas, "workload": s.workload,
            "inputs": s.as_dict(), "rows": rows,

@@ -26,6 +26,14 @@ MAX_GPU_RUN_S = 3600  # arrivals of a measured stream must come within this
 MAX_TP = 64  # GPUs of one tensor-parallel server
 
 
+def check_measured_span(count: int, rate: float, remedy: str) -> None:
+    """A measured stream of `count` requests at `rate` per second arrives within
+    MAX_GPU_RUN_S (`remedy` says what to change)."""
+    if count / rate > MAX_GPU_RUN_S:
+        raise PdmuxError(f"{count} requests at {rate:g}/s arrive over ~{count / rate:,.0f} s, "
+                         f"longer than a measured run may take ({MAX_GPU_RUN_S} s): {remedy}")
+
+
 @dataclass(frozen=True)
 class RunSettings:
     gpu: GPUSpec
@@ -207,11 +215,8 @@ class RunSettings:
             if -(-longest // chunk) > MAX_CHUNK_STEPS:
                 raise PdmuxError(f"--chunks {chunk} cuts a {longest}-token prompt into "
                                  f"{-(-longest // chunk):,} steps; at most {MAX_CHUNK_STEPS:,}")
-        if (not self.simulate and self.workload == "stream"
-                and self.count / self.rate > MAX_GPU_RUN_S):
-            raise PdmuxError(f"{self.count} requests at {self.rate:g}/s arrive over "
-                             f"~{self.count / self.rate:,.0f} s, longer than a measured run may "
-                             f"take ({MAX_GPU_RUN_S} s): raise --rate or lower --count")
+        if not self.simulate and self.workload == "stream":
+            check_measured_span(self.count, self.rate, "raise --rate or lower --count")
         context = self.model.max_context
         if context is not None and single > context:
             raise PdmuxError(f"{one}: {single:,} tokens, more than {self.model.name}'s "
@@ -229,6 +234,11 @@ class RunSettings:
         if self.count / self.rate > traffic.MAX_ARRIVAL_S:
             raise PdmuxError(f"{self.count} requests at {self.rate:g}/s arrive over "
                              f"~{self.count / self.rate:.3g} s; {traffic.ARRIVAL_BOUND}")
+
+    @cached_property
+    def levels(self) -> list[sglang_rules.Level]:
+        """The config's levels on this GPU: made once per run and passed to what serves it."""
+        return self.config.levels(self.gpu.sms, self.gpu.cc_major)
 
     @cached_property
     def loaded_trace(self) -> traces.Trace:

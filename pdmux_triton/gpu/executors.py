@@ -13,7 +13,7 @@ from pdmux_triton.cost import step_cost
 from pdmux_triton.gpu.compile_watch import CompileWatch
 from pdmux_triton.gpu.model_executor import ModelExecutor
 from pdmux_triton.multiplex.level_policy import LevelPolicy
-from pdmux_triton.multiplex.sglang_rules import PDMuxConfig
+from pdmux_triton.multiplex.sglang_rules import Level, PDMuxConfig
 from pdmux_triton.serve.scheduler import kv_need
 from pdmux_triton.spec.gpus import GPUSpec
 from pdmux_triton.spec.models import ModelSpec
@@ -27,9 +27,10 @@ class GpuExecutors:
     model."""
 
     def __init__(self, gpu: GPUSpec, model: ModelSpec, requests: list[Request],
-                 config: PDMuxConfig, prefill_tokens: int, max_running: int,
-                 checkpoint: str | None = None):
+                 config: PDMuxConfig, levels: list[Level], prefill_tokens: int,
+                 max_running: int, checkpoint: str | None = None):
         self.gpu, self.model, self.config, self.checkpoint = gpu, model, config, checkpoint
+        self.levels = levels
         self.prefill_tokens, self.max_running = prefill_tokens, max_running
         longest = max(kv_need(r) for r in requests)
         # the whole run's KV at once if it fits, else what the GPU keeps (admission waits)
@@ -46,7 +47,7 @@ class GpuExecutors:
         key = (strategy, kind, chunk, type(levels_by).__name__)
         if key not in self._warm:
             x.warm_up(strategy, self.config, self.max_running, self.prefill_tokens, chunk,
-                      levels_by)
+                      levels_by, self.levels)
             self._warm.add(key)
         return x
 

@@ -272,14 +272,16 @@ class ModelExecutor:
 
     # --- before measuring ----------------------------------------------------------------
     def warm_up(self, strategy: str, config: sglang_rules.PDMuxConfig, max_running: int,
-                prefill_tokens: int, chunk: int, levels_by: LevelPolicy | None = None) -> None:
+                prefill_tokens: int, chunk: int, levels_by: LevelPolicy | None = None,
+                levels: list[sglang_rules.Level] | None = None) -> None:
         """Compile every kernel variant and capture every decode graph a run of this strategy
-        can launch, on each side it can use (for pd-mux: each level `levels_by`, SGLang's
-        rule by default, can pick), so the measured run compiles and captures nothing (SGLang
-        captures its graphs at start-up too). GPU only: the interpreter compiles nothing."""
+        can launch, on each side it can use (for pd-mux: each of `levels`, the config's on this
+        GPU where not given, that `levels_by`, SGLang's rule by default, can pick), so the
+        measured run compiles and captures nothing (SGLang captures its graphs at start-up
+        too). GPU only: the interpreter compiles nothing."""
         if not self.cuda:
             return
-        levels = config.levels(self.total_sms, self.cc_major)
+        levels = levels or config.levels(self.total_sms, self.cc_major)
         if strategy == "pdmux":
             prefilling, decoding = (levels_by or SGLangLevels(config)).reachable(len(levels),
                                                                                  max_running)

@@ -27,7 +27,7 @@ from pdmux_triton.multiplex.level_policy import LevelPolicy, SGLangLevels
 from pdmux_triton.serve.executor import Executor, Rounds, RunResult
 from pdmux_triton.spec.traffic import Request
 
-STRATEGIES = ("prefill_first", "chunked", "pdmux")
+LOOPS = ("prefill_first", "chunked", "pdmux")
 
 
 @dataclass
@@ -329,36 +329,38 @@ DEFAULT_PREFILL_TOKENS = 16384  # SGLang's --max-prefill-tokens: one prefill bat
 DEFAULT_MAX_RUNNING = 128  # requests in the running batch at most (--max-running-requests)
 
 
-def run(strategy: str, executor: Executor, requests: list[Request], *, chunk: int = 2048,
+def run(loop: str, executor: Executor, requests: list[Request], *, chunk: int = 2048,
         config: sglang_rules.PDMuxConfig | None = None,
+        levels: list[sglang_rules.Level] | None = None,
         prefill_tokens: int = DEFAULT_PREFILL_TOKENS,
         max_running: int = DEFAULT_MAX_RUNNING,
         levels_by: LevelPolicy | None = None,
         progress: Callable[[str], None] | None = None) -> RunResult:
-    """Serve `requests` to completion with one strategy; the executor's clock starts at 0.
+    """Serve `requests` to completion with one of the LOOPS; the executor's clock starts at 0.
 
     A prefill batch takes waiting prompts up to `prefill_tokens` tokens (the oldest always);
     PD-mux runs it layer by layer, as many layers a round as the config's
     split_forward_token_budget allows, at the levels `levels_by` picks (SGLang's rule
-    under the config by default). `progress`, if given, is handed a line on how far the run
+    under the config by default) among `levels` (a run's settings make them once; the
+    config's on the executor's GPU where none are given). `progress`, if given, is handed a line on how far the run
     is every PROGRESS_EVERY_S of wall time."""
-    if strategy not in STRATEGIES:
-        raise PdmuxError(f"unknown strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
-    for name, value in (("chunk", chunk if strategy == "chunked" else 1),
+    if loop not in LOOPS:
+        raise PdmuxError(f"unknown loop {loop!r}; known: {', '.join(LOOPS)}")
+    for name, value in (("chunk", chunk if loop == "chunked" else 1),
                         ("prefill tokens", prefill_tokens), ("max running", max_running)):
         if value < 1:
             raise PdmuxError(f"{name} must be >= 1, got {value}")
     config = config or sglang_rules.PDMuxConfig()
     e = Engine(executor, requests, max_running,
-               Progress(progress, strategy, len(requests)) if progress else None)
+               Progress(progress, loop, len(requests)) if progress else None)
     executor.start([r for r in requests if r.warm])
-    if strategy == "prefill_first":
+    if loop == "prefill_first":
         run_prefill_first(e, prefill_tokens)
-    elif strategy == "chunked":
+    elif loop == "chunked":
         run_chunked(e, chunk)
     else:
-        levels = config.levels(executor.total_sms, executor.cc_major)
+        levels = levels or config.levels(executor.total_sms, executor.cc_major)
         run_pdmux(e, levels, config, executor.num_layers, prefill_tokens,
                   levels_by or SGLangLevels(config))
     activity = executor.finish()
-    return RunResult(strategy, requests, e.rounds, executor.now(), activity)
+    return RunResult(loop, requests, e.rounds, executor.now(), activity)
