@@ -10,7 +10,8 @@ from pdmux_triton.serve import scheduler
 from pdmux_triton.serve.simulated import SimExecutor
 from pdmux_triton.spec.gpus import gpu_preset
 from pdmux_triton.spec.models import model_preset
-from pdmux_triton.spec.traffic import LENGTH_PRESETS, chapter_scenario, decoding_contexts, stream
+from pdmux_triton.spec.traffic import (LENGTH_PRESETS, decoding_contexts, prompt_during_decode,
+                                       stream)
 
 QWEN = model_preset("qwen3-8b")
 LEVELS = sglang_rules.stream_groups(132, 9)  # 112/20, 104/28, ..., 72/60 between the whole-GPU ends
@@ -63,7 +64,7 @@ def test_sglang_levels_are_the_configs_rule():
 
 def test_the_scheduler_runs_the_policys_levels():
     x = SimExecutor(gpu_preset("h200"), QWEN, LAW, step_cost.PrefillRate.fixed(989, 132, 0.5))
-    result = scheduler.run("pdmux", x, chapter_scenario(QWEN.vocab, decode_tokens=64),
+    result = scheduler.run("pdmux", x, prompt_during_decode(QWEN.vocab, decode_tokens=64),
                            levels_by=slo(itl_ms=12.0))
     split = {r.level for r in result.rounds if r.prefill}
     expected = slo(itl_ms=12.0).choose(LEVELS, [2048 + 8] * 32, True, None)
@@ -74,7 +75,7 @@ def test_relevel_at_layers_switches_when_the_batch_changes_mid_prefill():
     """A batch that shrinks while a long prompt prefills: with relevel_at_layers the level
     follows it before the prefill ends, and each switch drains both sides."""
     x = SimExecutor(gpu_preset("h200"), QWEN, LAW, step_cost.PrefillRate.fixed(989, 132, 0.5))
-    reqs = chapter_scenario(QWEN.vocab, batch=40, context=6000, prompt=32000, decode_tokens=12)
+    reqs = prompt_during_decode(QWEN.vocab, batch=40, context=6000, prompt=32000, decode_tokens=12)
     for i, r in enumerate(reqs[:-1]):
         r.output_len = 10 + i  # finish one a step while the prompt prefills
     result = scheduler.run("pdmux", x, reqs, levels_by=slo(itl_ms=15.0, relevel_at_layers=True))

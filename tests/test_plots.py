@@ -10,7 +10,7 @@ from pdmux_triton.serve import scheduler
 from pdmux_triton.serve.simulated import SimExecutor
 from pdmux_triton.spec.gpus import gpu_preset
 from pdmux_triton.spec.models import model_preset
-from pdmux_triton.spec.traffic import chapter_scenario
+from pdmux_triton.spec.traffic import prompt_during_decode
 
 pytest.importorskip("matplotlib")
 
@@ -36,7 +36,7 @@ def test_timeline_plot_keeps_every_point_inside_its_axes(tmp_path, monkeypatch):
     gpu, model = gpu_preset("h200"), model_preset("qwen3-8b")
     x = SimExecutor(gpu, model, step_cost.SaturationLaw(4.0, 66),
                     step_cost.PrefillRate.fixed(989, 132, 0.5))
-    result = scheduler.run("prefill_first", x, chapter_scenario(model.vocab, decode_tokens=16))
+    result = scheduler.run("prefill_first", x, prompt_during_decode(model.vocab, decode_tokens=16))
     figures = []
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig",
                         lambda self, *a, **k: figures.append(self))

@@ -12,7 +12,7 @@ from pdmux_triton.serve import metrics, scheduler
 from pdmux_triton.serve.simulated import SimExecutor
 from pdmux_triton.spec.gpus import gpu_preset
 from pdmux_triton.spec.models import model_preset
-from pdmux_triton.spec.traffic import Exponential, Request, chapter_scenario, stream
+from pdmux_triton.spec.traffic import Exponential, Request, prompt_during_decode, stream
 
 QWEN = model_preset("qwen3-8b")
 H100 = gpu_preset("h100-sxm")
@@ -24,13 +24,13 @@ def sim(s_sat=44.0, gpu=H100):
 
 
 def run(strategy, reqs=None, s_sat=44.0, **kw):
-    reqs = reqs or chapter_scenario(QWEN.vocab, decode_tokens=96)
+    reqs = reqs or prompt_during_decode(QWEN.vocab, decode_tokens=96)
     result = scheduler.run(strategy, sim(s_sat), reqs, **kw)
     return metrics.summarize(result), result
 
 
 def test_decode_only_itl_matches_the_cost_model():
-    s, _ = run("prefill_first", reqs=chapter_scenario(QWEN.vocab, decode_tokens=9)[:-1])
+    s, _ = run("prefill_first", reqs=prompt_during_decode(QWEN.vocab, decode_tokens=9)[:-1])
     assert s["itl_p50_ms"] == pytest.approx(8.7, abs=0.1)
     assert s["prefill_ms"] is None and s["gpu_idle_frac"] == 0.0
 
@@ -61,7 +61,7 @@ def test_pdmux_keeps_itl_and_stretches_prefill(s_sat, itl):
 
 
 def test_pdmux_levels_follow_sglang():
-    reqs = chapter_scenario(QWEN.vocab, decode_tokens=64)
+    reqs = prompt_during_decode(QWEN.vocab, decode_tokens=64)
     result = scheduler.run("pdmux", sim(), reqs)
     levels = {r.level for r in result.rounds}
     assert 5 in levels and 7 in levels  # split while prefilling, decode-only otherwise
@@ -74,7 +74,7 @@ def test_manual_divisions_pick_the_level():
     manual = [[112, 20, 1], [104, 28, 100], [96, 36, 100], [88, 44, 100], [80, 52, 100],
               [72, 60, 100]]
     config = sglang_rules.PDMuxConfig(8, manual)
-    result = scheduler.run("pdmux", sim(), chapter_scenario(QWEN.vocab, decode_tokens=64),
+    result = scheduler.run("pdmux", sim(), prompt_during_decode(QWEN.vocab, decode_tokens=64),
                            config=config)
     assert {r.level for r in result.rounds if r.prefill} == {1}
 
@@ -105,9 +105,9 @@ def test_a_prefill_that_outlasts_the_decode_batch_is_served(strategy, case):
     arriving far apart, each alone on the GPU."""
     gpu = H100
     if case == "h20_defaults":
-        gpu, reqs = gpu_preset("h20"), chapter_scenario(QWEN.vocab, decode_tokens=96)
+        gpu, reqs = gpu_preset("h20"), prompt_during_decode(QWEN.vocab, decode_tokens=96)
     elif case == "long_prompt":
-        reqs = chapter_scenario(QWEN.vocab, prompt=32768, decode_tokens=20)
+        reqs = prompt_during_decode(QWEN.vocab, prompt=32768, decode_tokens=20)
     else:
         reqs = stream(QWEN.vocab, 0.1, 3, Exponential(4000, 8192, 128, 512), seed=0)
     result = scheduler.run(strategy, sim(gpu=gpu), reqs, chunk=512)

@@ -15,7 +15,7 @@ from pdmux_triton.serve.simulated import SimExecutor
 from pdmux_triton.spec import traces, traffic
 from pdmux_triton.spec.gpus import gpu_preset
 from pdmux_triton.spec.models import model_preset
-from pdmux_triton.spec.traffic import chapter_scenario
+from pdmux_triton.spec.traffic import prompt_during_decode
 
 QWEN = model_preset("qwen3-8b")
 H100 = gpu_preset("h100-sxm")
@@ -29,14 +29,14 @@ def executor(s_sat=66.0):
 @pytest.mark.parametrize("s_sat", [44.0, 66.0, 88.0])
 def test_the_estimate_and_the_simulation_agree_on_the_chapters_scenario(s_sat):
     rows = {r.approach: r for r in estimate.estimate(estimate.Scenario(s_sat=(s_sat,)))}
-    first = scheduler.run("prefill_first", executor(s_sat), chapter_scenario(QWEN.vocab))
+    first = scheduler.run("prefill_first", executor(s_sat), prompt_during_decode(QWEN.vocab))
     s = metrics.summarize(first)
     # the prompt's whole prefill, and the first decode step (every request at 2048 tokens)
     assert s["prefill_ms"] == pytest.approx(rows["prefill_first"].prefill_ms, rel=1e-12)
     assert first.activity.decode_step_s[0] * 1e3 == pytest.approx(rows["decode_only"].itl_ms,
                                                                   rel=1e-12)
     # pd-mux: the step beside the prefill at the level's decode SMs, the prefill on its SMs
-    pd = scheduler.run("pdmux", executor(s_sat), chapter_scenario(QWEN.vocab))
+    pd = scheduler.run("pdmux", executor(s_sat), prompt_during_decode(QWEN.vocab))
     corun_step = next(t for r, t in zip(_decode_rounds(pd), pd.activity.decode_step_s)
                       if r.level == 5)
     row = rows[f"pdmux_ssat{s_sat:g}"]
@@ -55,7 +55,7 @@ def _decode_rounds(result):
 
 def test_chunked_steps_match_the_estimates_chunks():
     rows = {r.approach: r for r in estimate.estimate(estimate.Scenario(chunk_sizes=(2048,)))}
-    reqs = chapter_scenario(QWEN.vocab, arrive_after_steps=0)
+    reqs = prompt_during_decode(QWEN.vocab, arrive_after_steps=0)
     result = scheduler.run("chunked", executor(), reqs, chunk=2048)
     chunk_rounds = [r for r in result.rounds if r.prefill.startswith("chunk")]
     assert len(chunk_rounds) == rows["chunked_2048"].steps == 4
@@ -68,7 +68,7 @@ def test_overheads_bound_eager_steps_and_add_to_decode_rounds():
     host = step_cost.Overheads(decode_round_s=0.001, layer_launch_s=0.002, eager_step_s=0.003)
     x = SimExecutor(H100, QWEN, step_cost.SaturationLaw(H100.hbm_tbps * 0.85, 66.0),
                     step_cost.PrefillRate.fixed(H100.bf16_tflops, H100.sms, 0.5), overheads=host)
-    reqs = chapter_scenario(QWEN.vocab, batch=1, context=16, prompt=16, decode_tokens=12)
+    reqs = prompt_during_decode(QWEN.vocab, batch=1, context=16, prompt=16, decode_tokens=12)
     result = scheduler.run("chunked", x, reqs, chunk=16)
     chunk = next(r for r in result.rounds if r.prefill.startswith("chunk"))
     # a 16-token chunk computes in microseconds: its batch and 36 eager layers' launches bound it
@@ -86,7 +86,7 @@ def test_fitted_mixed_steps_and_decode_extras_price_the_executors_steps():
     law = step_cost.SaturationLaw(H100.hbm_tbps * 0.85, 66.0)
     rate = step_cost.PrefillRate.fixed(H100.bf16_tflops, H100.sms, 0.5)
     x = SimExecutor(H100, QWEN, law, rate, overheads=host)
-    reqs = chapter_scenario(QWEN.vocab, batch=4, context=1000, prompt=600, decode_tokens=12)
+    reqs = prompt_during_decode(QWEN.vocab, batch=4, context=1000, prompt=600, decode_tokens=12)
     result = scheduler.run("chunked", x, reqs, chunk=256)
     first = next(r for r in result.rounds if r.prefill == "chunk 0+256")
     phases = step_cost.mixed_step_s(QWEN, law, rate, H100.sms, first.decode_context, 4, 256, 0,

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.gpu.streams import Partition, PartitionPool
+from pdmux_triton.gpu.streams import PartitionPool, PartitionStreams
 from pdmux_triton.kernels import linear, stream_read
 from pdmux_triton.measure.telemetry import probe
 from pdmux_triton.multiplex import sglang_rules
@@ -24,14 +24,14 @@ def test_opening_without_a_gpu_is_a_clear_error():
     if torch.cuda.is_available():
         pytest.skip("has a GPU")
     with pytest.raises(PdmuxError, match="needs a CUDA GPU"):
-        Partition.open(PartitionSpec("grid_cap", 80, 52, 132))
+        PartitionStreams.open(PartitionSpec("grid_cap", 80, 52, 132))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("index", [1, 5, 6])
 def test_green_levels_realize_their_split(index):
     groups = _groups()
-    with Partition.open(for_level(groups[index], "green")) as part:
+    with PartitionStreams.open(for_level(groups[index], "green")) as part:
         assert (part.prefill_sms, part.decode_sms) == groups[index]
         assert part.decode_budget.num_sms == groups[index][1]
 
@@ -39,7 +39,7 @@ def test_green_levels_realize_their_split(index):
 @pytest.mark.gpu
 def test_decode_first_split_for_calibration():
     total = _sms()
-    with Partition.open(PartitionSpec("green", total - 24, 24, total, split_first="decode")) as part:
+    with PartitionStreams.open(PartitionSpec("green", total - 24, 24, total, split_first="decode")) as part:
         assert part.decode_sms == 24 and part.prefill_sms == total - 24
 
 
@@ -60,7 +60,7 @@ def _usage(kind):
     x = torch.randn(8192, 4096, dtype=torch.bfloat16, device="cuda")
     w = torch.randn(24576, 4096, dtype=torch.bfloat16, device="cuda")
     buf = torch.randn(1 << 27, device="cuda")
-    with Partition.open(for_level(sglang_rules.stream_groups(total, 9)[5], kind)) as part:
+    with PartitionStreams.open(for_level(sglang_rules.stream_groups(total, 9)[5], kind)) as part:
         return probe(part, lambda ids: linear(x, w, num_sms=part.prefill_sms, sm_ids=ids),
                      lambda ids: stream_read(buf, num_sms=part.decode_sms, sm_ids=ids), total)
 

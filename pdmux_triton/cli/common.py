@@ -21,7 +21,7 @@ def note(msg: str) -> None:
     print(msg, file=sys.stderr)
 
 
-def warn(msg: str) -> None:
+def note_later(msg: str) -> None:
     """A note on how an input was read, shown once the command succeeded (bad input gets its
     one error line and nothing else)."""
     NOTES.append(f"note: {msg}")
@@ -55,7 +55,7 @@ def gpu_named_by_files(args, given: set[str]) -> None:
 def gpu_from_args(args) -> GPUSpec:
     gpu = resolve_gpu(args.gpu)
     if args.sms is not None and args.sms != gpu.sms:
-        warn(f"the {gpu.name} preset with {args.sms} SMs instead of {gpu.sms}; its "
+        note_later(f"the {gpu.name} preset with {args.sms} SMs instead of {gpu.sms}; its "
               f"{gpu.hbm_tbps} TB/s and {gpu.bf16_tflops:g} TFLOP/s stay as they are")
         gpu = dataclasses.replace(gpu, name=f"{gpu.name}-{args.sms}sm", sms=args.sms)
     if args.cc is not None:
@@ -74,7 +74,7 @@ def config_from_args(args, given: set[str], gpu: GPUSpec) -> sglang_rules.PDMuxC
                                                                sglang_rules.DEFAULT_SM_GROUP_NUM))
     levels = config.levels(gpu.sms, gpu.cc_major)
     if len(levels) < config.sm_group_num:
-        warn(f"{gpu.sms} SMs at compute capability {gpu.cc[0]}.x allow {len(levels) - 2} "
+        note_later(f"{gpu.sms} SMs at compute capability {gpu.cc[0]}.x allow {len(levels) - 2} "
               f"splits, so {len(levels)} levels, not the {config.sm_group_num} asked for (SGLang "
               f"makes the same)")
     return config

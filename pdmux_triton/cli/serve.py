@@ -9,7 +9,7 @@ from pathlib import Path
 
 from pdmux_triton.cli import tables
 from pdmux_triton.cli.common import (check_s_sat, config_from_args, gpu_from_args, measuring_gpu,
-                                     note, out_folder, plot, refuse, warn)
+                                     note, note_later, out_folder, plot, refuse)
 from pdmux_triton.cli.flags import (CHAPTER_FLAGS, EXPONENTIAL_FLAGS, MIN_CAPACITY_COUNT,
                                     REPLAY_KEEPS, STEADY_COUNT, STREAM_FLAGS)
 from pdmux_triton.cost.measured_inputs import shipped_inputs
@@ -114,8 +114,8 @@ def _settings(args, given, workload: str, simulate: bool | None = None,
         measured_with = read_json(fields["calibration"], "calibration").get("settings")
         measured_with = measured_with if isinstance(measured_with, dict) else {}
         if measured_with.get("model") not in (None, resolve_model(args.model).name):
-            warn(f"{fields['calibration']} was measured with {measured_with['model']}: its "
-                 f"curves price {resolve_model(args.model).name} by extrapolation")
+            note_later(f"{fields['calibration']} was measured with {measured_with['model']}: its "
+                       f"curves price {resolve_model(args.model).name} by extrapolation")
     uses_link = getattr(args, "tp", 1) > 1 or any(
         name.startswith("disagg_") for name in getattr(args, "strategies", ()))
     if not uses_link:
@@ -155,7 +155,7 @@ def cmd_run(args, given) -> None:
     _say_why_simulated(settings, no_gpu)
     if settings.workload == "trace":
         for line in settings.notes:
-            warn(line)
+            note_later(line)
     # the ITL plot draws every token: only where there is a folder for it and it stays legible
     drawn = folder is not None and _requests_in(settings) <= MAX_PLOTTED_REQUESTS
     out, results, estimates = run.run_experiment(settings, log=note, keep_runs=drawn)
@@ -216,10 +216,10 @@ def cmd_capacity(args, given) -> None:
                          f"rate, and attainment moves in steps of 1/count); {STEADY_COUNT} or "
                          f"more measure the steady state")
     if args.count < STEADY_COUNT:
-        warn(f"{args.count} requests a point measure a burst: the stream's drain outlasts its "
-             f"arrivals, so its capacities read higher than a GPU sustains (bench/"
-             f"stream_length.py shows how much); --count {STEADY_COUNT} or more for the "
-             f"steady state")
+        note_later(f"{args.count} requests a point measure a burst: the stream's drain outlasts its "
+                   f"arrivals, so its capacities read higher than a GPU sustains (bench/"
+                   f"stream_length.py shows how much); --count {STEADY_COUNT} or more for the "
+                   f"steady state")
     if args.offline and not args.rates:
         raise PdmuxError("--offline reads measured points at --rates: name them")
     # offline, nothing is measured: the flags describe the GPU the points were measured on

@@ -173,12 +173,12 @@ class RunSettings:
         """The run must fit the GPU's memory and the model's context, and end in bounded time
         (a trace's rows are checked as it is read)."""
         if self.workload == "chapter":
-            if self.decode_tokens <= traffic.CHAPTER_ARRIVAL_STEPS:
+            if self.decode_tokens <= traffic.PROMPT_ARRIVAL_STEPS:
                 raise PdmuxError(f"--decode-tokens {self.decode_tokens}: the decoding requests "
                                  f"would finish before the prompt arrives (after "
-                                 f"{traffic.CHAPTER_ARRIVAL_STEPS} decode steps); decode at "
-                                 f"least {traffic.CHAPTER_ARRIVAL_STEPS + 1}")
-            arriving = self.prompt + traffic.chapter_prompt_output(self.decode_tokens)
+                                 f"{traffic.PROMPT_ARRIVAL_STEPS} decode steps); decode at "
+                                 f"least {traffic.PROMPT_ARRIVAL_STEPS + 1}")
+            arriving = self.prompt + traffic.arriving_prompt_output(self.decode_tokens)
             tokens = self.batch * (self.context + self.decode_tokens) + arriving
             longest = self.prompt
             what = (f"{self.batch} requests decoding {self.decode_tokens} tokens after "
@@ -304,8 +304,8 @@ class RunSettings:
 def make_requests(s: RunSettings, rate: float | None = None) -> list[traffic.Request]:
     """The settings' requests; a stream at `rate` instead of the settings' own when given."""
     if s.workload == "chapter":
-        return traffic.chapter_scenario(s.model.vocab, s.batch, s.context, s.prompt,
-                                        s.decode_tokens, seed=s.seed)
+        return traffic.prompt_during_decode(s.model.vocab, s.batch, s.context, s.prompt,
+                                            s.decode_tokens, seed=s.seed)
     if s.workload == "trace":
         return s.loaded_trace.requests(s.model.vocab, s.seed)
     lengths = (traffic.Exponential(s.prompt_mean, s.prompt_max, s.output_mean, s.output_max)

@@ -14,7 +14,7 @@ from pdmux_triton.gpu.green_contexts import split_green
 from pdmux_triton.multiplex.partition import Budget, PartitionSpec
 
 
-class Partition:
+class PartitionStreams:
     """Open streams of a spec. Use as a context manager; green contexts are freed on close."""
 
     def __init__(self, spec: PartitionSpec, prefill_stream, decode_stream, green=None,
@@ -36,7 +36,7 @@ class Partition:
         return Budget(self.decode_sms)
 
     @classmethod
-    def open(cls, spec: PartitionSpec) -> "Partition":
+    def open(cls, spec: PartitionSpec) -> "PartitionStreams":
         if not torch.cuda.is_available():
             raise PdmuxError(f"a {spec.kind} partition needs a CUDA GPU; torch sees none")
         device_sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -73,11 +73,11 @@ class PartitionPool:
     """Partitions opened on first use and kept until `close`."""
 
     def __init__(self):
-        self._open: dict[PartitionSpec, Partition] = {}
+        self._open: dict[PartitionSpec, PartitionStreams] = {}
 
-    def get(self, spec: PartitionSpec) -> Partition:
+    def get(self, spec: PartitionSpec) -> PartitionStreams:
         if spec not in self._open:
-            self._open[spec] = Partition.open(spec)
+            self._open[spec] = PartitionStreams.open(spec)
         return self._open[spec]
 
     def close(self) -> None:

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import torch
 
-from pdmux_triton.gpu.streams import Partition
+from pdmux_triton.gpu.streams import PartitionStreams
 from pdmux_triton.measure.calibration_sweep import STATES, PointKey, SweepPlan
 from pdmux_triton.measure.timing import time_alone, time_corun
 from pdmux_triton.measure.workloads import PrefillLayers, make_decode_workload
@@ -65,7 +65,7 @@ def _measure(plan: SweepPlan, store: PointStore, todo: list[PointKey], workloads
         spec_p = for_level((total - sms, sms), kind, total, split_first="decode")
         # alone points first: a corun point reuses its alone time
         keys.sort(key=lambda k: STATES.index(k.state))
-        with Partition.open(spec_p) as part:
+        with PartitionStreams.open(spec_p) as part:
             prefill_alone = None
             pbudget = part.prefill_budget
             for key in keys:

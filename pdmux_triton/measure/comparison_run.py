@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from pdmux_triton.gpu.streams import Partition
+from pdmux_triton.gpu.streams import PartitionStreams
 from pdmux_triton.kernels import decode_attention, linear
 from pdmux_triton.measure.comparison_errors import level_errors
 from pdmux_triton.measure.telemetry import probe
@@ -44,7 +44,7 @@ def run_compare(model: str, batch: int, context: int, prefill_tokens: int, out_j
         entry = {"level": index, "prefill_sms": groups[index][0], "decode_sms": groups[index][1],
                  "decode": {}, "prefill": {}, "telemetry": {}}
         for kind in SPLIT_KINDS:
-            with Partition.open(for_level(groups[index], kind, gpu.sms)) as part:
+            with PartitionStreams.open(for_level(groups[index], kind, gpu.sms)) as part:
                 dbud, pbud = part.decode_budget, part.prefill_budget
 
                 def run_decode():

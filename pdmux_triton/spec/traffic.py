@@ -251,20 +251,22 @@ def decoding_contexts(preset: LengthPreset, seed: int = 0):
 
 # --- workloads -----------------------------------------------------------------------------
 
-CHAPTER_ARRIVAL_STEPS = 8  # the prompt arrives after this many decode steps
+PROMPT_ARRIVAL_STEPS = 8  # the prompt arrives after this many decode steps
 
 
-def chapter_prompt_output(decode_tokens: int) -> int:
+def arriving_prompt_output(decode_tokens: int) -> int:
     """Tokens the chapter's arriving prompt generates."""
     return max(2, decode_tokens // 4)
 
 
-def chapter_scenario(vocab: int, batch: int = 32, context: int = 2048, prompt: int = 8192,
-                     decode_tokens: int = 64, arrive_after_steps: int = CHAPTER_ARRIVAL_STEPS,
-                     seed: int = 0) -> list[Request]:
-    """`batch` requests already decoding at `context` tokens (prefilled before the clock
-    starts) when one `prompt`-token request arrives, after `arrive_after_steps` decode steps.
-    The decoding requests run long enough to decode through the whole prefill."""
+def prompt_during_decode(vocab: int, batch: int = 32, context: int = 2048, prompt: int = 8192,
+                         decode_tokens: int = 64, arrive_after_steps: int = PROMPT_ARRIVAL_STEPS,
+                         seed: int = 0) -> list[Request]:
+    """The chapter's scenario (`--workload chapter`; named after the PD-multiplexing chapter
+    whose worked example it is): `batch` requests already decoding at `context` tokens
+    (prefilled before the clock starts) when one `prompt`-token request arrives, after
+    `arrive_after_steps` decode steps. The decoding requests run long enough to decode through
+    the whole prefill, so the ITL they see while it runs is every strategy's price for it."""
     for name, value, low in (("batch", batch, 1), ("context", context, 1), ("prompt", prompt, 1),
                              ("decode tokens", decode_tokens, 2)):
         if value < low:
@@ -275,7 +277,7 @@ def chapter_scenario(vocab: int, batch: int = 32, context: int = 2048, prompt: i
                          f"least {arrive_after_steps + 1} tokens")
     ids = TokenIds(vocab, seed)
     reqs = [Request(i, context, decode_tokens, 0.0, warm=True, draw=ids) for i in range(batch)]
-    reqs.append(Request(batch, prompt, chapter_prompt_output(decode_tokens), None,
+    reqs.append(Request(batch, prompt, arriving_prompt_output(decode_tokens), None,
                         after_steps=arrive_after_steps, draw=ids))
     return reqs
 
