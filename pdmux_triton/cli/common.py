@@ -10,8 +10,7 @@ from pathlib import Path
 
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.multiplex import sglang_rules
-from pdmux_triton.results import read_json
-from pdmux_triton.spec.gpus import GPUS, GPUSpec, detect_gpu, resolve_gpu
+from pdmux_triton.spec.gpus import GPUSpec, detect_gpu, resolve_gpu
 
 NOTES: list[str] = []
 
@@ -37,26 +36,11 @@ def refuse(given: set[str], flags, reason: str) -> None:
 
 # --- GPU, levels and output folders --------------------------------------------------------
 
-MEASURED_FILES = ("calibration", "compare", "host_costs")
-
-
-def gpu_named_by_files(args, given: set[str]) -> None:
-    """Without --gpu, the preset of the GPU that the measured files passed were measured on
-    (--sms and --cc reshape it): passing calibrate-h200.json means the H200. Files that name
-    different GPUs, or one without a preset, leave the default, and their loader says which
-    to pass."""
-    if "gpu" in given or not hasattr(args, "gpu"):
-        return
-    names = {read_json(getattr(args, f), f.replace("_", " ")).get("gpu")
-             for f in MEASURED_FILES if getattr(args, f, None)}
-    if len(names) == 1 and (name := names.pop()) in GPUS:
-        args.gpu = name
-
 def gpu_from_args(args) -> GPUSpec:
     gpu = resolve_gpu(args.gpu)
     if args.sms is not None and args.sms != gpu.sms:
         note_later(f"the {gpu.name} preset with {args.sms} SMs instead of {gpu.sms}; its "
-              f"{gpu.hbm_tbps} TB/s and {gpu.bf16_tflops:g} TFLOP/s stay as they are")
+                   f"{gpu.hbm_tbps} TB/s and {gpu.bf16_tflops:g} TFLOP/s stay as they are")
         gpu = dataclasses.replace(gpu, name=f"{gpu.name}-{args.sms}sm", sms=args.sms)
     if args.cc is not None:
         gpu = dataclasses.replace(gpu, cc=args.cc)
@@ -74,9 +58,9 @@ def config_from_args(args, given: set[str], gpu: GPUSpec) -> sglang_rules.PDMuxC
                                                                sglang_rules.DEFAULT_SM_GROUP_NUM))
     levels = config.levels(gpu.sms, gpu.cc_major)
     if len(levels) < config.sm_group_num:
-        note_later(f"{gpu.sms} SMs at compute capability {gpu.cc[0]}.x allow {len(levels) - 2} "
-              f"splits, so {len(levels)} levels, not the {config.sm_group_num} asked for (SGLang "
-              f"makes the same)")
+        note_later(f"{gpu.sms} SMs at compute capability {gpu.cc[0]}.x allow "
+                   f"{len(levels) - 2} splits, so {len(levels)} levels, not the "
+                   f"{config.sm_group_num} asked for (SGLang makes the same)")
     return config
 
 

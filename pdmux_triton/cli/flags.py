@@ -21,6 +21,7 @@ from pdmux_triton.experiments.variants import DEFAULT_STRATEGIES, variant
 from pdmux_triton.measure.calibration_sweep import DECODE_WORKLOADS
 from pdmux_triton.multiplex import sglang_rules
 from pdmux_triton.multiplex.partition import SPLIT_KINDS
+from pdmux_triton.results import read_json
 from pdmux_triton.serve import scheduler
 from pdmux_triton.spec.gpus import GPUS, MAX_SMS
 from pdmux_triton.spec.models import MODELS
@@ -296,8 +297,25 @@ def build_parser() -> Parser:
     return parser
 
 
+MEASURED_FILES = ("calibration", "compare", "host_costs")
+
+
+def _gpu_named_by_files(args, given: set[str]) -> None:
+    """Without --gpu, its default is the preset of the GPU the measured files passed were
+    measured on (--sms and --cc reshape it): passing calibrate-h200.json means the H200. Files
+    that name different GPUs, or one without a preset, leave the default, and their loader
+    says which to pass."""
+    if "gpu" in given or not hasattr(args, "gpu"):
+        return
+    names = {read_json(getattr(args, f), f.replace("_", " ")).get("gpu")
+             for f in MEASURED_FILES if getattr(args, f, None)}
+    if len(names) == 1 and (name := names.pop()) in GPUS:
+        args.gpu = name
+
+
 def parse(argv: list[str] | None) -> tuple[argparse.Namespace, set[str]]:
-    """The parsed arguments with their defaults, and the names of those the user gave."""
+    """The parsed arguments with their defaults, and the names of those the user gave: what the
+    commands read and never change."""
     parser = build_parser()
     args = parser.parse_args(argv)
     sub = parser._subparsers._group_actions[0].choices[args.command]
@@ -305,4 +323,5 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, set[str]]:
     for dest, default in sub.documented_defaults.items():
         if getattr(args, dest) is None:
             setattr(args, dest, default)
+    _gpu_named_by_files(args, given)
     return args, given

@@ -86,7 +86,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "pdmux-triton compare --out results"),
 }
 
-# where --gpu's default comes from (common.gpu_named_by_files), and what a measurement takes
+# where --gpu's default comes from (flags.parse), and what a measurement takes
 GPU_OF_CALIBRATION = "the GPU the --calibration file was measured on, else h100-sxm"
 GPU_OF_FILES = ("the GPU the --calibration/--compare/--host-costs files were measured on, else "
                 "h100-sxm")

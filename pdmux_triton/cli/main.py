@@ -15,8 +15,7 @@ import sys
 
 from pdmux_triton.cli import tables
 from pdmux_triton.cli.common import (NOTES, check_s_sat, config_from_args, gpu_from_args,
-                                     gpu_named_by_files, measuring_gpu, note, out_folder, plot,
-                                     refuse)
+                                     measuring_gpu, note, out_folder, plot, refuse)
 from pdmux_triton.cli.flags import parse
 from pdmux_triton.cli.serve import cmd_capacity, cmd_run
 from pdmux_triton.cost import step_cost
@@ -225,7 +224,6 @@ def main(argv: list[str] | None = None) -> int:
     NOTES.clear()
     try:
         args, given = parse(argv)
-        gpu_named_by_files(args, given)
         COMMANDS[args.command](args, given)
         sys.stdout.flush()
         for line in NOTES:

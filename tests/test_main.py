@@ -1,6 +1,7 @@
-"""The command line: what each subcommand prints, and for every bad input one clear line on
-stderr with exit code 2 (no traceback, no silent nonsense, no unbounded work); last, random
-argument vectors drawn from its real flags and adversarial values."""
+"""The command line's entry: what levels, advise and estimate print, and for every bad input of
+any command one clear line on stderr with exit code 2 (no traceback, no silent nonsense, no
+unbounded work); last, random argument vectors drawn from its real flags and adversarial
+values. The serving commands' output is in test_serve.py."""
 
 import contextlib
 import io
@@ -9,14 +10,13 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from pdmux_triton.cli import flags, plots
+from pdmux_triton.cli import flags
 from pdmux_triton.cli.main import main
 from pdmux_triton.multiplex import sglang_rules
 
@@ -133,88 +133,6 @@ def test_help_shows_defaults_and_allowed_values(capsys):
         main(["run", "--help"])
     out = capsys.readouterr().out
     assert "(default: 32)" in out and "grid_cap, green" in out and "(default: 2048,512)" in out
-
-
-@no_gpu
-def test_run_simulates_without_a_gpu(tmp_path, capsys):
-    # 64 decode steps of ~12 ms outlast the simulated 480 ms prefill beside them
-    assert main(["run", "--gpu", "h200", "--decode-tokens", "64", "--out", str(tmp_path),
-                 "--calibration", CALIBRATION, "--json"]) == 0
-    printed = capsys.readouterr().out
-    out = json.loads((tmp_path / "run-h200.json").read_text())
-    assert json.loads(printed) == out  # progress goes to stderr, stdout is pure JSON
-    assert out["mode"] == "simulated" and out["inputs"]["decode_tokens"] == 64
-    assert out["inputs"]["calibration"] == CALIBRATION and out["version"]
-    strategies = out["summary"]["strategies"]
-    assert set(strategies) == {"decode_only", "prefill_first", "chunked_2048", "chunked_512",
-                               "pdmux_grid_cap", "pdmux_green"}
-    assert strategies["prefill_first"]["tokens_during_prefill"] == 0
-    assert "pdmux_grid_cap" in out["summary"]["estimate_error_pct"]
-    pd = out["details"]["pdmux_grid_cap"]
-    assert list(pd["ttft_ms"]) == ["32"] and pd["prefills"][0]["decode_steps"] > 0
-    assert any(r["prefill"] == "layers 0-8" and r["level"] == 5 for r in pd["rounds"])
-    assert (tmp_path / "run-h200.png").stat().st_size > 1000
-
-
-@no_gpu
-def test_replay_serves_the_same_run(tmp_path, capsys):
-    first, again = tmp_path / "first", tmp_path / "again"
-    assert main(["run", "--gpu", "h20", "--workload", "stream", "--rate", "3", "--count",
-                 "12", "--seed", "7", "--chunks", "1024", "--out", str(first)]) == 0
-    assert main(["run", "--replay", str(first / "run-h20.json"), "--out", str(again)]) == 0
-    a, b = (json.loads((d / "run-h20.json").read_text()) for d in (first, again))
-    assert a["inputs"] == b["inputs"] and a["rows"] == b["rows"] and a["details"] == b["details"]
-    capsys.readouterr()
-    fails(capsys, ["run", "--replay", str(first / "run-h20.json"), "--rate", "5"],
-          "--rate does nothing with --replay")
-    fails(capsys, ["run", "--replay", CALIBRATION], "holds no run inputs to replay")
-    fails(capsys, ["run", "--replay", "bench/results/capacity-h200.json"],
-          "is a capacity result: --replay serves a run result")
-
-
-@no_gpu
-def test_run_prints_its_table_when_matplotlib_is_missing(tmp_path, capsys, monkeypatch):
-    from pdmux_triton.errors import PdmuxError
-
-    def no_matplotlib(*args):
-        raise PdmuxError("plots need matplotlib: pip install 'pdmux-triton[plot]'")
-    monkeypatch.setattr(plots, "timeline", no_matplotlib)
-    assert main(["run", "--decode-tokens", "16", "--out", str(tmp_path)]) == 0
-    captured = capsys.readouterr()
-    assert "pdmux_grid_cap" in captured.out and "simulated (a prediction)" in captured.out
-    assert "cost model: first-order and uncalibrated" in captured.out
-    assert "no plot: plots need matplotlib" in captured.err
-    assert (tmp_path / "run-h100-sxm.json").exists()
-
-
-@no_gpu
-def test_capacity_simulated_writes_json_table_and_plot(tmp_path, capsys):
-    argv = ["capacity", "--gpu", "h200", "--count", "50", "--strategies",
-            "prefill_first,pdmux_grid_cap", "--tol", "0.2", "--out", str(tmp_path)]
-    assert main(argv) == 0
-    captured = capsys.readouterr()
-    assert "goodput capacity req/s" in captured.out and "pdmux_grid_cap" in captured.out
-    data = json.loads((tmp_path / "capacity-h200.json").read_text())
-    assert data["mode"] == "simulated" and data["inputs"]["count"] == 50
-    # the H200 preset without files is priced by the measurements the package ships
-    assert data["inputs"]["calibration"] == "shipped:calibrate-h200.json"
-    assert "50 requests a point" in captured.out and "shipped with the tool" in captured.out
-    assert "50 requests a point measure a burst" in captured.err
-    assert data["summary"]["highest_goodput_capacity"] in ("prefill_first", "pdmux_grid_cap")
-    assert (tmp_path / "capacity-h200.png").stat().st_size > 1000
-    assert main([*argv, "--json"]) == 0  # resumed: every point from the store
-    assert "[simulated]" not in capsys.readouterr().err
-    fails(capsys, [*argv[:-2], "--count", "51", "--out", str(tmp_path)], "differ in count")
-    fails(capsys, [*argv[:-2], "--count", "20", "--out", str(tmp_path)],
-          "--count 20: a capacity needs at least 50 requests a point")
-
-
-@no_gpu
-def test_stream_run_prints_the_serving_table(capsys):
-    assert main(["run", "--workload", "stream", "--rate", "4", "--count", "20", "--lengths",
-                 "conv", "--slo-ttft-ms", "1000", "--slo-tpot-ms", "30"]) == 0
-    out = capsys.readouterr().out
-    assert "TPOT p50/p99 ms" in out and "goodput req/s" in out and "SLO met" in out
 
 
 # --- bad input: one line, exit 2 -----------------------------------------------------------
@@ -350,51 +268,6 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, files, capsys):
     (files / "pd.yaml").write_text("sm_group_num: 8\n")
     argv = [a.replace("{d}", str(files)) for a in argv]
     fails(capsys, argv, message.replace("{d}", str(files)))
-
-
-def test_naming_the_local_gpu_measures_and_another_says_how_to_simulate_it(monkeypatch,
-                                                                         capsys):
-    """On an H200 (faked: the detected GPU), `--gpu h200` is the README's main command and
-    measures; another preset is one line that says --simulate runs it."""
-    from pdmux_triton.cli import serve
-    from pdmux_triton.spec.gpus import GPUS
-
-    monkeypatch.setattr(serve, "measuring_gpu", lambda: GPUS["h200"])
-    args, given = flags.parse(["run", "--gpu", "h200"])
-    assert serve._where(args, given) == (GPUS["h200"], False, None)
-    args, given = flags.parse(["run", "--gpu", "local"])
-    assert serve._where(args, given) == (GPUS["h200"], False, None)
-    fails(capsys, ["run", "--gpu", "h100-sxm"], "--gpu h100-sxm: this machine's GPU is the h200; "
-          "to measure, name it (--gpu h200) or leave --gpu out; to simulate the h100-sxm preset "
-          "here, add --simulate")
-    fails(capsys, ["run", "--gpu", "v100"], "unknown GPU 'v100'")
-    fails(capsys, ["run", "--gpu", "h200", "--sms", "100"],
-          "--sms does nothing when measuring on the local h200")
-    args, given = flags.parse(["run", "--gpu", "h100-sxm", "--simulate"])
-    assert serve._where(args, given) == (GPUS["h100-sxm"], True, None)
-
-
-@no_gpu
-def test_a_measured_run_replayed_without_a_gpu_is_simulated_and_says_so(tmp_path, capsys):
-    assert main(["run", "--gpu", "h20", "--decode-tokens", "16", "--out", str(tmp_path)]) == 0
-    path = tmp_path / "run-h20.json"
-    data = json.loads(path.read_text())
-    data["inputs"]["simulate"] = False  # as a run measured on an H20 saved it
-    path.write_text(json.dumps(data))
-    capsys.readouterr()
-    assert main(["run", "--replay", str(path)]) == 0
-    captured = capsys.readouterr()
-    assert "no GPU here" in captured.err and "simulating on the h20 preset" in captured.err
-    assert "simulated (a prediction)" in captured.out
-
-
-def test_a_capacity_at_the_search_ceiling_says_it_is_at_least_that(tmp_path, capsys):
-    """The tiny model meets the SLOs at any rate: its capacity is the search's ceiling."""
-    assert main(["capacity", "--simulate", "--model", "tiny", "--count", "50",
-                 "--strategies", "prefill_first", "--out", str(tmp_path)]) == 0
-    out = capsys.readouterr().out
-    assert ">= 1000.00 (search limit)" in out and "50 requests a point" in out
-    assert "cost model: first-order and uncalibrated" in out
 
 
 def test_advise_with_an_sm_override_keeps_the_calibrations_gpu(capsys):
@@ -689,31 +562,3 @@ def test_any_pdmux_yaml_gets_an_answer(text, command, tmp_path_factory):
     event(f"{command[0]} yaml exit {code}")
     if code == 0 and text.count("sm_group_num") > 1:
         raise AssertionError(f"a repeated key was accepted:\n{text}")
-
-
-def test_the_shipped_h200_inputs_price_only_the_model_they_were_measured_with(capsys):
-    assert main(["run", "--gpu", "h200", "--model", "tiny", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["inputs"]["calibration"] is None
-    assert main(["run", "--gpu", "h200", "--model", "tiny", "--calibration", CALIBRATION,
-                 "--decode-tokens", "16"]) == 0
-    assert (f"note: {CALIBRATION} was measured with qwen3-8b: its curves price tiny by "
-            f"extrapolation") in capsys.readouterr().err
-
-
-@no_gpu
-@pytest.mark.parametrize("name", ["run-h200.json", "run-advised-h200.json"])
-def test_the_committed_run_results_replay_simulated_here(name, capsys):
-    """A measured file replays on a machine without its GPU: simulated, with a note."""
-    assert main(["run", "--replay", f"bench/results/{name}", "--json"]) == 0
-    captured = capsys.readouterr()
-    assert json.loads(captured.out)["mode"] == "simulated"
-    assert "no GPU here" in captured.err and "simulating on the h200 preset" in captured.err
-
-
-def test_every_committed_run_result_holds_its_inputs():
-    from pdmux_triton.experiments.settings import RunSettings
-
-    for path in sorted(Path("bench/results").rglob("*.json")):
-        data = json.loads(path.read_text())
-        if isinstance(data, dict) and "rows" in data and "details" in data:  # a run result
-            assert RunSettings.from_dict(data["inputs"]).gpu.name == "h200", path
