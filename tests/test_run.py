@@ -1,0 +1,53 @@
+"""`run`: every strategy serves the same requests, each row carries the guards that make it
+trustworthy, and the summary's ratios and estimate errors are computed from the rows."""
+
+import pytest
+
+from pdmux_triton.experiments import run
+from pdmux_triton.experiments.settings import RunSettings
+from pdmux_triton.spec.gpus import gpu_preset
+from pdmux_triton.spec.models import model_preset
+
+
+def _settings(**kw):
+    return RunSettings(gpu_preset("h200"), model_preset("qwen3-8b"), simulate=True,
+                       decode_tokens=24, **kw)
+
+
+def test_a_simulated_chapter_run_serves_every_strategy_and_all_requests():
+    out, results, estimates = run.run_experiment(_settings(), log=lambda line: None)
+    names = [r["strategy"] for r in out["rows"]]
+    assert names == ["decode_only", "prefill_first", "chunked_2048", "chunked_512",
+                     "pdmux_grid_cap", "pdmux_green"]
+    assert set(results) == set(names) and estimates and out["mode"] == "simulated"
+    assert all(r["requests_lost"] == 0 for r in out["rows"]) and out["warnings"] == []
+    served = {n: sum(len(r.token_times) for r in res.requests) for n, res in results.items()}
+    assert served["prefill_first"] == served["pdmux_grid_cap"] == 32 * 24 + max(2, 24 // 4)
+    assert out["inputs"] == _settings().as_dict()  # replayable from what it saved
+    assert set(out["summary"]["estimate_error_pct"]) == {"pdmux_grid_cap", "pdmux_green"}
+
+
+def test_without_keep_runs_no_run_is_held():
+    _, results, _ = run.run_experiment(_settings(kinds=("grid_cap",), chunks=(512,)),
+                                       log=lambda line: None, keep_runs=False)
+    assert results == {}
+
+
+def test_a_row_with_anything_inside_the_measurement_is_warned_about():
+    rows = [{"strategy": "pdmux_green", "compiles_during_measurement": 2, "requests_lost": 0},
+            {"strategy": "chunked_512", "requests_lost": 1}]
+    assert run.warnings(rows) == ["pdmux_green: compiles during measurement 2",
+                                  "chunked_512: requests lost 1"]
+
+
+def test_the_targets_are_ratios_of_the_rows():
+    rows = [{"strategy": "decode_only", "itl_p50_ms": 10.0},
+            {"strategy": "prefill_first", "prefill_ms": 300.0},
+            {"strategy": "chunked_512", "itl_during_prefill_p50_ms": 40.0},
+            {"strategy": "pdmux_grid_cap", "itl_during_prefill_p50_ms": 14.0, "prefill_ms": 450.0}]
+    t = run.targets(rows, total_sms=132, prefill_sms=80)["pdmux_grid_cap"]
+    assert t["itl_during_prefill_vs_decode_only"] == pytest.approx(1.4)
+    assert t["itl_during_prefill_vs_chunked_512"] == pytest.approx(0.35)
+    assert t["prefill_vs_prefill_first_scaled"] == pytest.approx(450 / (300 * 132 / 80))
+    assert run.targets(rows[:1] + rows[3:], 132, 80)["pdmux_grid_cap"][
+        "itl_during_prefill_vs_chunked_512"] is None  # no chunked-512 row: no ratio
