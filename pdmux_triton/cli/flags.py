@@ -165,7 +165,7 @@ def _cost_flags(p: Parser) -> None:
     p.flag("--calibration", metavar="FILE", help="calibrate-<gpu>.json: measured decode curves")
     p.flag("--compare", metavar="FILE", help="compare-<gpu>.json: measured prefill rates")
     p.flag("--host-costs", metavar="FILE",
-           help="host-costs-<gpu>.json (bench/host_costs.py): the host's share of a round")
+           help="host-costs-<gpu>.json (calibrate --host-costs): the host's share of a round")
 
 
 def strategy(text: str) -> str:
@@ -178,6 +178,8 @@ def strategy(text: str) -> str:
 
 
 CHAPTER_FLAGS = ("batch", "context", "prompt", "decode_tokens")
+SWEEP_FLAGS = ("workloads", "kinds", "ctas", "budgets", "decode_batches", "no_corun", "remeasure",
+               "batch", "context", "prefill_tokens")  # calibrate's, unused by --host-costs
 STREAM_FLAGS = ("rate", "count", "burstiness", "lengths")
 EXPONENTIAL_FLAGS = ("prompt_mean", "prompt_max", "output_mean", "output_max")
 REPLAY_KEEPS = ("replay", "out", "json", "simulate")  # what --replay leaves to the command line
@@ -232,6 +234,10 @@ def build_parser() -> Parser:
     p.flag("--remeasure", action="store_true",
            help="measure this sweep's points again though saved (after a kernel change); "
                 "saved points outside the sweep stay")
+    p.flag("--host-costs", action="store_true", default=False,
+           help="instead of the sweep, time what the host spends per round (eager layers, "
+                "captured decode rounds) and write host-costs-<gpu>.json: the --host-costs "
+                "input of run and capacity")
 
     p = sub.add_parser("run", **help_text.parser_texts("run"))
     _gpu_flags(p, help_text.GPU_OF_FILES, help_text.MEASURED_GPU)

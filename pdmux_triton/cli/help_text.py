@@ -62,7 +62,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "Sweep the SM budget for a streaming read, decode attention, the decode linears and a\n"
         "whole decode step, under grid capping and green contexts, alone and beside a prefill\n"
         "on the other SMs; every point is saved as measured and a rerun resumes. Writes\n"
-        "calibrate-<gpu>.json (the decode curves and S_SAT) and a plot.",
+        "calibrate-<gpu>.json (the decode curves and S_SAT) and a plot. With --host-costs it\n"
+        "times the executor's host costs instead: host-costs-<gpu>.json, run's --host-costs.",
         "pdmux-triton calibrate --out results --decode-batches 1,8,64,72,128"),
     "run": (
         "serve a workload with every strategy: ITL, TTFT, TPOT",

@@ -16,14 +16,14 @@ import sys
 from pdmux_triton.cli import tables
 from pdmux_triton.cli.common import (NOTES, check_s_sat, config_from_args, gpu_from_args,
                                      measuring_gpu, note, out_folder, plot, refuse)
-from pdmux_triton.cli.flags import parse
+from pdmux_triton.cli.flags import SWEEP_FLAGS, parse
 from pdmux_triton.cli.serve import cmd_capacity, cmd_run
 from pdmux_triton.cost import step_cost
 from pdmux_triton.cost.measured_inputs import load_calibration
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiments import estimate
 from pdmux_triton.multiplex import advise, sglang_rules
-from pdmux_triton.results import check_settings, provenance
+from pdmux_triton.results import check_settings, provenance, write_json
 from pdmux_triton.spec.gpus import GPUSpec, resolve_gpu
 from pdmux_triton.spec.models import resolve_model
 
@@ -157,6 +157,9 @@ def _check_measure_args(args, gpu: GPUSpec) -> None:
 def cmd_calibrate(args, given) -> None:
     from pdmux_triton.measure import calibration_sweep
 
+    if args.host_costs:
+        refuse(given, SWEEP_FLAGS, "with --host-costs (it times fixed cases, not the sweep)")
+        return _calibrate_host_costs(args)
     if args.decode_batches and ("decode_step" not in args.workloads or 1 not in args.ctas):
         raise PdmuxError("--decode-batches measures decode_step at one CTA per SM: keep "
                          "decode_step in --workloads and 1 in --ctas")
@@ -197,6 +200,18 @@ def cmd_calibrate(args, given) -> None:
     print(f"wrote {path}")
     if plot(plots.calibration, points, gpu.name, plan.model, out / f"calibrate-{gpu.name}.png"):
         print(f"wrote {out / f'calibrate-{gpu.name}.png'}")
+
+
+def _calibrate_host_costs(args) -> None:
+    gpu = measuring_gpu()
+    spec = resolve_model(args.model)
+    out = out_folder(args.out)
+    from pdmux_triton.measure.host_costs import measure_host_costs  # torch: only on a GPU
+
+    data = measure_host_costs(gpu, spec, log=note)
+    path = write_json(out / f"host-costs-{gpu.name}.json", data)
+    print(tables.host_costs_table(data))
+    print(f"wrote {path}")
 
 
 def cmd_compare(args, given) -> None:

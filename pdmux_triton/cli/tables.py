@@ -219,3 +219,15 @@ def capacity_table(result: dict) -> str:
     spec.append(("points", lambda n: cell(rows[n]["points"], "d")))
     rows = result["summary"]["strategies"]
     return head + "\n" + table([t for t, _ in spec], [[f(n) for _, f in spec] for n in rows])
+
+
+def host_costs_table(data: dict) -> str:
+    """calibrate --host-costs' cases: an eager layer's launch time by tokens, a decode round's
+    wall time by batch, each beside its GPU time."""
+    lines = [f"{'tokens':>7} {'layer host ms':>14} {'layer GPU ms':>13}"]
+    lines += [f"{r['tokens']:>7} {r['host_s'] * 1e3:>14.3f} {r['gpu_s'] * 1e3:>13.3f}"
+              for r in data["eager_layer"]]
+    lines.append(f"{'batch':>7} {'round wall ms':>14} {'step GPU ms':>13}")
+    lines += [f"{r['batch']:>7} {r['wall_s'] * 1e3:>14.3f} {r['gpu_s'] * 1e3:>13.3f}"
+              for r in data["decode_round"]]
+    return "\n".join(lines)

@@ -137,7 +137,7 @@ def load_compare(path: str | Path, gpu: str | None = None) -> Comparison:
 
 
 def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
-    """The executor's overheads from bench/host_costs.py's file: the median over its cases of
+    """The executor's overheads from a host-costs file (calibrate --host-costs): the median over its cases of
     an eager layer's launch time and of a decode round's wall time less its GPU time, the
     extend kernel's padded decode rows, and where bench/fit_host_costs.py added them, the
     fixed cost of an eager step, a captured decode step's cost beyond its bytes and the mixed
@@ -157,4 +157,4 @@ def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
                          EXTEND_TILE_ROWS, extra, fit)
     except (KeyError, TypeError, ValueError, IndexError):
         raise PdmuxError(f"{path} lacks the eager_layer and decode_round rows of a host-costs "
-                         f"file (made by bench/host_costs.py)") from None
+                         f"file (made by `pdmux-triton calibrate --host-costs`)") from None

@@ -273,7 +273,7 @@ class Overheads:
     decode step takes beyond its bytes at the calibrated rate (`decode_step_extra`, (batch,
     seconds) points read between them), and mixed steps as the executor runs them (`mixed`).
     An eager step ends no earlier than its launches, and the host launches nothing else
-    meanwhile. None by default (the chapter's model); bench/host_costs.py measures them and
+    meanwhile. None by default (the chapter's model); `calibrate --host-costs` measures them and
     bench/fit_host_costs.py fits the last two to a measured run."""
 
     decode_round_s: float = 0.0

@@ -79,7 +79,7 @@ class RunSettings:
     mfu: float = 0.5
     calibration: str | None = None
     compare: str | None = None
-    host_costs: str | None = None  # bench/host_costs.py's file: the host's share of a round
+    host_costs: str | None = None  # calibrate --host-costs' file: the host's share of a round
     # tensor parallelism (simulated): each of `tp` GPUs serves a shard, its collectives priced
     # on `link` (a preset of parallel.LINKS), with its bandwidth or latency replaced if given
     tp: int = 1

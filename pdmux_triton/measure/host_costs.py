@@ -1,33 +1,36 @@
-"""What the host spends per round on the GPU executor: the terms the simulated clock lacks.
+"""What the host spends per round on the GPU executor: the terms the simulated clock lacks
+(`pdmux-triton calibrate --host-costs`, the file run and capacity take as --host-costs).
 
 - an eager layer: the host time to launch one transformer layer of a small batch (its kernels
   queue faster than they run only when the batch is large), at several token counts;
 - a decode round: wall time of launch + wait of a captured decode step, less its GPU time
   (CUDA events), at several batch sizes.
 
-Writes <out>/host-costs-<gpu>.json and prints a short table.
-
-    python bench/host_costs.py --out bench/results
+bench/fit_host_costs.py adds to the file what only served runs show (an eager step's fixed
+cost, a captured step's cost beyond its bytes, the mixed step's fit).
 """
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
-from common import require_gpu
 
+from pdmux_triton.cost import step_cost
 from pdmux_triton.gpu.model_executor import ModelExecutor
 from pdmux_triton.multiplex import sglang_rules
-from pdmux_triton.results import provenance, write_json
+from pdmux_triton.results import provenance
 from pdmux_triton.serve import scheduler
-from pdmux_triton.spec.gpus import detect_gpu
-from pdmux_triton.spec.models import model_preset
+from pdmux_triton.spec.gpus import GPUSpec
+from pdmux_triton.spec.models import ModelSpec
 from pdmux_triton.spec.traffic import Request
+
+EAGER_TOKENS = (16, 128, 512, 2048)  # tokens of the eager layers timed
+DECODE_BATCHES = (1, 8, 32, 64)  # batches of the decode rounds timed
+DECODE_PROMPT = 512  # tokens each request of a decode round holds before its steps
+CACHE_TOKENS = 200_000  # the executor's KV cache: room for every case at once
+MAX_CONTEXT = 4096
 
 
 def eager_layer_s(x: ModelExecutor, tokens: int, repeats: int = 20) -> dict:
@@ -50,9 +53,6 @@ def eager_layer_s(x: ModelExecutor, tokens: int, repeats: int = 20) -> dict:
     return {"tokens": tokens, "host_s": statistics.median(host), "gpu_s": statistics.median(gpu)}
 
 
-DECODE_PROMPT = 512  # tokens each request of a decode round holds before its steps
-
-
 def decode_round_s(x: ModelExecutor, batch: int, repeats: int = 30) -> dict:
     """Wall seconds of launch + wait of one decode step, and its GPU seconds."""
     reqs = [Request(10**6 + i, [1] * DECODE_PROMPT, 10**6, 0.0, warm=True) for i in range(batch)]
@@ -72,31 +72,22 @@ def decode_round_s(x: ModelExecutor, batch: int, repeats: int = 30) -> dict:
             "gpu_s": statistics.median(steps)}
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="bench/results")
-    args = p.parse_args(argv)
-    require_gpu("bench/host_costs.py")
-    gpu = detect_gpu()
-    spec = model_preset("qwen3-8b")
-    x = ModelExecutor.shared(spec, gpu, "grid_cap", cache_tokens=200_000, max_context=4096)
-    config = sglang_rules.PDMuxConfig()
-    x.warm_up("prefill_first", config, 64, 4096, 2048)
-    layers = [eager_layer_s(x, t) for t in (16, 128, 512, 2048)]
-    rounds = [decode_round_s(x, b) for b in (1, 8, 32, 64)]
-    ModelExecutor.release_shared()
-    data = {**provenance(gpu.name), "model": spec.name, "eager_layer": layers,
+def measure_host_costs(gpu: GPUSpec, spec: ModelSpec, log=print) -> dict:
+    """Every case on the local GPU (random weights of `spec`), compiled and captured first;
+    returns the host-costs file's contents."""
+    step_cost.check_fits(gpu, spec, CACHE_TOKENS, f"a KV cache of {CACHE_TOKENS:,} tokens")
+    x = ModelExecutor.shared(spec, gpu, "grid_cap", cache_tokens=CACHE_TOKENS,
+                             max_context=MAX_CONTEXT)
+    try:
+        log("host costs: compiling and capturing ...")
+        # every batch and prefill the cases launch, compiled and captured before any is timed
+        x.warm_up("prefill_first", sglang_rules.PDMuxConfig(), max(DECODE_BATCHES),
+                  2 * max(EAGER_TOKENS), 2048)
+        log(f"host costs: eager layers at {', '.join(map(str, EAGER_TOKENS))} tokens ...")
+        layers = [eager_layer_s(x, t) for t in EAGER_TOKENS]
+        log(f"host costs: decode rounds at batches {', '.join(map(str, DECODE_BATCHES))} ...")
+        rounds = [decode_round_s(x, b) for b in DECODE_BATCHES]
+    finally:
+        ModelExecutor.release_shared()
+    return {**provenance(gpu.name), "model": spec.name, "eager_layer": layers,
             "decode_round": rounds, "max_running": scheduler.DEFAULT_MAX_RUNNING}
-    path = write_json(Path(args.out) / f"host-costs-{gpu.name}.json", data)
-    print(f"{'tokens':>7} {'layer host ms':>14} {'layer GPU ms':>13}")
-    for r in layers:
-        print(f"{r['tokens']:>7} {r['host_s'] * 1e3:>14.3f} {r['gpu_s'] * 1e3:>13.3f}")
-    print(f"{'batch':>7} {'round wall ms':>14} {'step GPU ms':>13}")
-    for r in rounds:
-        print(f"{r['batch']:>7} {r['wall_s'] * 1e3:>14.3f} {r['gpu_s'] * 1e3:>13.3f}")
-    print(f"wrote {path}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,39 @@
+"""`calibrate --host-costs`: the executor's host time per round, measured on the GPU into the
+file run and capacity read as --host-costs; its flags and its table."""
+
+import pytest
+import torch
+
+from pdmux_triton.cli.main import main
+from pdmux_triton.cli.tables import host_costs_table
+from pdmux_triton.cost.measured_inputs import load_host_costs
+
+
+@pytest.mark.parametrize("flag", [["--ctas", "2"], ["--budgets", "16,132"], ["--no-corun"],
+                                  ["--batch", "8"], ["--decode-batches", "1,8"]])
+def test_sweep_flags_do_nothing_with_host_costs(flag, capsys):
+    assert main(["calibrate", "--host-costs", *flag]) == 2
+    err = capsys.readouterr().err
+    assert "does nothing with --host-costs" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="has a GPU: would measure")
+def test_host_costs_need_a_gpu(capsys):
+    assert main(["calibrate", "--host-costs"]) == 2
+    assert "measuring needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_the_table_shows_each_case_in_ms():
+    table = host_costs_table({"eager_layer": [{"tokens": 16, "host_s": 0.0012, "gpu_s": 0.0004}],
+                              "decode_round": [{"batch": 8, "wall_s": 0.0091, "gpu_s": 0.0083}]})
+    assert table.splitlines()[1].split() == ["16", "1.200", "0.400"]
+    assert table.splitlines()[3].split() == ["8", "9.100", "8.300"]
+
+
+@pytest.mark.gpu
+def test_measured_host_costs_are_the_file_run_reads(tmp_path, capsys):
+    assert main(["calibrate", "--host-costs", "--model", "tiny", "--out", str(tmp_path)]) == 0
+    path = next(tmp_path.glob("host-costs-*.json"))
+    costs = load_host_costs(path)
+    assert costs.decode_round_s > 0 and costs.layer_launch_s > 0
+    assert f"wrote {path}" in capsys.readouterr().out
