@@ -62,7 +62,7 @@ step advised 90 bash -c 'pdmux-triton levels --gpu h200 --calibration "$CALIBRAT
     rm -f "$OUT/advised/run-h200.png"'
 step occupancy 40 python3 bench/decode_occupancy.py --out "$OUT" --sections attention \
     --budgets 16,132 --cases 32x8192,ragged32_100_16000
-step ncu 50 ncu --clock-control none -k regex:_decode_kernel -c 1 --section SpeedOfLight \
+step ncu 50 ncu --clock-control none -k regex:decode_kernel -c 1 --section SpeedOfLight \
     --section MemoryWorkloadAnalysis --section WarpStateStats python3 bench/profile_decode.py --budget 16
 # the decode GEMM's tile variants at batches past 64 rows on few SMs (GEMM_MS: 72, 96, 128)
 step gemm_rows ${GEMM_ROWS_S:-200} python3 bench/decode_occupancy.py --out "$OUT" --sections gemm \

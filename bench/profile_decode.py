@@ -8,7 +8,7 @@ warp of the attention's inner loop by opcode (what bounds it at one program per 
 
     python bench/profile_decode.py --offline             # no GPU needed: compile for sm_90
     python bench/profile_decode.py                       # compile, run once, print the stats
-    ncu --clock-control none -k regex:_decode_kernel -c 1 \\
+    ncu --clock-control none -k regex:decode_kernel -c 1 \\
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \\
         python bench/profile_decode.py --budget 16       # hardware counters of one launch
 """
@@ -74,20 +74,20 @@ def offline(block_n: int, num_warps: int, num_stages: int) -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from pdmux_triton.kernels.decode_attention import UNIT_COST, _decode_kernel
+    from pdmux_triton.kernels.decode_attention import UNIT_COST, decode_kernel
 
     pointers = {"q_ptr": "*bf16", "kc_ptr": "*bf16", "vc_ptr": "*bf16", "pt_ptr": "*i32",
                 "len_ptr": "*i32", "o_ptr": "*bf16", "part_o_ptr": "*fp32",
                 "part_lse_ptr": "*fp32", "count_ptr": "*i32", "sm_ids_ptr": "*i32"}
     constexprs = {"PAGE_SIZE": 16, "GROUP": 4, "BLOCK_G": 16, "BLOCK_N": block_n, "BLOCK_B": 32,
                   "UNIT_COST": UNIT_COST, "D": 128, "WIDE": False, "RECORD_SM": False}
-    names = list(inspect.signature(_decode_kernel.fn).parameters)
+    names = list(inspect.signature(decode_kernel.fn).parameters)
     signature = {n: "constexpr" if n in constexprs else pointers.get(n, "i32") for n in names}
     signature["scale_log2"] = "fp32"
     # what a real launch specializes: 16-byte aligned pointers, strides divisible by 16
     aligned = set(pointers) | {"sq_b", "sq_h", "so_b", "so_h", "sc_s", "sc_h", "spt_b"}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in aligned}
-    kernel = triton.compile(ASTSource(_decode_kernel, signature, constexprs, attrs),
+    kernel = triton.compile(ASTSource(decode_kernel, signature, constexprs, attrs),
                             target=GPUTarget("cuda", 90, 32),
                             options={"num_warps": num_warps, "num_stages": num_stages})
     print(f"decode attention, BLOCK_N={block_n}, {num_warps} warps, {num_stages} stages, "
@@ -106,14 +106,14 @@ def offline_gemm() -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from pdmux_triton.kernels.gemm import GemmConfig, _gemm_kernel, _skinny_kernel, decode_tile
+    from pdmux_triton.kernels.gemm import GemmConfig, gemm_kernel, skinny_kernel, decode_tile
 
     tiles = [("M<=16, whole GPU", decode_tile(1, 2, False)),
              ("M<=16, small budget", decode_tile(1, 2, True)),
              ("M=64, whole GPU", decode_tile(64, 2, False)),
              ("prefill", GemmConfig(128, 256, 64, 8, 3, group_m=16))]
     for label, cfg in tiles:
-        fn = _skinny_kernel if cfg.skinny else _gemm_kernel
+        fn = skinny_kernel if cfg.skinny else gemm_kernel
         names = list(inspect.signature(fn.fn).parameters)
         constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
                       "HAS_BIAS": False, "RECORD_SM": False}
@@ -147,8 +147,8 @@ def on_gpu(budget: int) -> None:
     from common import PAGE_SIZE, decode_inputs, require_gpu
 
     from pdmux_triton.kernels import decode_attention, linear
-    from pdmux_triton.kernels.decode_attention import _decode_kernel
-    from pdmux_triton.kernels.gemm import _gemm_kernel, _skinny_kernel
+    from pdmux_triton.kernels.decode_attention import decode_kernel
+    from pdmux_triton.kernels.gemm import gemm_kernel, skinny_kernel
 
     require_gpu("bench/profile_decode.py")
     lens = [8192] * 32
@@ -159,8 +159,8 @@ def on_gpu(budget: int) -> None:
     w = torch.randn(24576, 4096, dtype=torch.bfloat16, device="cuda")
     linear(x, w, num_sms=budget)
     torch.cuda.synchronize()
-    for name, fn in (("decode attention", _decode_kernel), ("gemm", _gemm_kernel),
-                     ("gemm skinny", _skinny_kernel)):
+    for name, fn in (("decode attention", decode_kernel), ("gemm", gemm_kernel),
+                     ("gemm skinny", skinny_kernel)):
         for cache in fn.device_caches.values():
             for kernel in cache[0].values():
                 print(f"{name}: regs {kernel.n_regs}, spills {kernel.n_spills}, shared "

@@ -44,7 +44,7 @@ def _unit_at(pos, work, bi, KV_HEADS):
 
 
 @triton.jit(do_not_specialize=["B", "spt_b"])
-def _decode_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, part_lse_ptr,
+def decode_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, part_lse_ptr,
                    count_ptr, sm_ids_ptr, B, KV_HEADS, scale_log2, sq_b, sq_h, so_b, so_h, sc_s,
                    sc_h, spt_b, PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr,
                    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
@@ -189,7 +189,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     part_o = torch.empty(((units + grid) * group, D), dtype=torch.float32, device=dev)
     part_lse = torch.empty(((units + grid) * group,), dtype=torch.float32, device=dev)
     scale = (sm_scale if sm_scale is not None else D ** -0.5) * LOG2E
-    _decode_kernel[(grid,)](
+    decode_kernel[(grid,)](
         q, k_cache, v_cache, page_table, seq_lens, out, part_o, part_lse,
         arrival_counters(units, dev), sm_buf, B, HKV, scale, q.stride(0), q.stride(1),
         out.stride(0), out.stride(1), k_cache.stride(0), k_cache.stride(1), page_table.stride(0),

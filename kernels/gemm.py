@@ -34,7 +34,7 @@ class GemmConfig:
     num_warps: int
     num_stages: int
     group_m: int = 8
-    # the skinny schedule (`_skinny_kernel`): whole tiles or, where too few, stream-K's even
+    # the skinny schedule (`skinny_kernel`): whole tiles or, where too few, stream-K's even
     # split; block_m is then the rows of x per tile (the MMA's N) and block_n the rows of W
     skinny: bool = False
 
@@ -115,7 +115,7 @@ def _plus_bias(acc, b_ptr, rn, N, HAS_BIAS: tl.constexpr, ALONG_ROWS: tl.constex
 
 
 @triton.jit(do_not_specialize=["M"])
-def _gemm_kernel(x_desc, w_desc, y_ptr, b_ptr, sm_ids_ptr, M, N, K, stride_ym,
+def gemm_kernel(x_desc, w_desc, y_ptr, b_ptr, sm_ids_ptr, M, N, K, stride_ym,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr, RECORD_SM: tl.constexpr):
     pid = tl.program_id(0)
@@ -168,7 +168,7 @@ def _swapped_product(x_ptr, w_ptr, tile, tiles_m, k_lo, k_hi, M, N, K, stride_xm
 
 
 @triton.jit(do_not_specialize=["M"])
-def _skinny_kernel(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, sm_ids_ptr, M, N, K,
+def skinny_kernel(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, sm_ids_ptr, M, N, K,
                    stride_xm, stride_wn, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, WHOLE_TILES: tl.constexpr,
                    HAS_BIAS: tl.constexpr, RECORD_SM: tl.constexpr):
@@ -326,7 +326,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
             part = torch.empty((tiles + grid, cfg.block_m * cfg.block_n), dtype=torch.float32,
                                device=x.device)
             counters = arrival_counters(tiles, x.device)
-        _skinny_kernel[(grid,)](
+        skinny_kernel[(grid,)](
             x, weight, out, bias_arg, part, counters, sm_buf, M, N, K, x.stride(0),
             weight.stride(0), out.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k, EVEN_K=K % cfg.block_k == 0, WHOLE_TILES=p.whole,
@@ -335,7 +335,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
         return out
     for name, t in (("x", x), ("weight", weight)):
         check_tma_rows(name, t, "; for bf16/fp16 that means K a multiple of 8")
-    _gemm_kernel[(grid,)](
+    gemm_kernel[(grid,)](
         TensorDescriptor.from_tensor(x, [cfg.block_m, cfg.block_k]),
         TensorDescriptor.from_tensor(weight, [cfg.block_n, cfg.block_k]), out, bias_arg, sm_buf,
         M, N, K, out.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
