@@ -24,7 +24,7 @@ from script import bench_inputs, bench_parser, finish, run_script
 
 from pdmux_triton.cli.parsing import choice, integer
 from pdmux_triton.cost.parallel import LINKS
-from pdmux_triton.experiments import capacity_sweep
+from pdmux_triton.experiments import capacity
 from pdmux_triton.experiments.capacity_search import Criteria
 from pdmux_triton.experiments.settings import RunSettings
 from pdmux_triton.results import provenance, write_json
@@ -60,9 +60,9 @@ def run(args) -> int:
     for name, (gpus, changes, strategies) in SETUPS.items():
         print(f"== {name}", flush=True)
         s = settings_for(args, changes)
-        store = capacity_sweep.open_folder(Path(args.out) / "multi-gpu" / name, s)
+        store = capacity.open_folder(Path(args.out) / "multi-gpu" / name, s)
         store.forget(lambda p: True)  # simulated: always today's cost model
-        result = capacity_sweep.run_capacity(s, strategies, criteria, store, log=lambda _: None)
+        result = capacity.run_capacity(s, strategies, criteria, store, log=lambda _: None)
         data["setups"][name] = {
             "gpus": gpus, "settings": changes,
             "strategies": {n: {k: row[k] for k in ("goodput_capacity_rps",

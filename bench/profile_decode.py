@@ -106,7 +106,7 @@ def offline_gemm() -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from pdmux_triton.kernels.gemm import GemmConfig, gemm_kernel, skinny_kernel, decode_tile
+    from pdmux_triton.kernels.gemm import GemmConfig, decode_tile, gemm_kernel, skinny_kernel
 
     tiles = [("M<=16, whole GPU", decode_tile(1, 2, False)),
              ("M<=16, small budget", decode_tile(1, 2, True)),

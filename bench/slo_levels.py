@@ -42,7 +42,7 @@ from script import bench_inputs, bench_parser, finish, run_script
 from pdmux_triton.cli.parsing import integer, number
 from pdmux_triton.cost.measured_inputs import load_calibration, load_host_costs
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.experiments import capacity_sweep
+from pdmux_triton.experiments import capacity
 from pdmux_triton.experiments.capacity_search import Criteria
 from pdmux_triton.experiments.settings import RunSettings
 from pdmux_triton.experiments.variants import variant
@@ -87,14 +87,14 @@ def traffic_arg(text: str) -> tuple[str, tuple[float, ...], tuple[float, ...]]:
 
 def measured_gpu(out: Path, presets: list[str]) -> GPUSpec:
     """The GPU the measured points in `out` came from, as detected there."""
-    return capacity_sweep.measured_gpu(Path(out) / "slo-levels" / presets[0], "h200")
+    return capacity.measured_gpu(Path(out) / "slo-levels" / presets[0], "h200")
 
 
 def simulated_gpu(out: Path):
     """The H200 as `capacity` measured it in `out` (the device's memory, which sizes the KV
     cache), so simulated and measured points share folders; else the preset."""
     try:
-        return capacity_sweep.measured_gpu(out, "h200")
+        return capacity.measured_gpu(out, "h200")
     except PdmuxError:
         return gpu_preset("h200")
 
@@ -134,7 +134,7 @@ def advised_config(args, gpu, preset: str) -> tuple[sglang_rules.PDMuxConfig, fl
 def one_policy(args, gpu, preset, name, config, fixed, capacity_rates, criteria) -> dict:
     strategy, suffix, measure_capacity = POLICIES[name]
     s = settings_for(args, gpu, preset, name, config)
-    store = capacity_sweep.open_folder(Path(args.out) / "slo-levels" / f"{preset}{suffix}", s)
+    store = capacity.open_folder(Path(args.out) / "slo-levels" / f"{preset}{suffix}", s)
     store.forget(lambda p: p["mode"] == "simulated")  # cheap: always today's cost model
     if args.offline and not any(p["mode"] == "gpu" and p["strategy"] == strategy
                                 for p in store.points.values()):
@@ -143,8 +143,8 @@ def one_policy(args, gpu, preset, name, config, fixed, capacity_rates, criteria)
     measured = bool(measure_capacity and capacity_rates and not s.simulate)
     # simulated: searched; measured: at the capacity rates, or only at the fixed ones
     rates = None if s.simulate else (capacity_rates if measured else ())
-    result = capacity_sweep.run_capacity(s, (strategy,), criteria, store, rates, also=fixed,
-                                         log=print, offline=args.offline)
+    result = capacity.run_capacity(s, (strategy,), criteria, store, rates, also=fixed,
+                                   log=print, offline=args.offline)
     row = result["summary"]["strategies"][strategy]
     points = {(p["mode"], p["rate"]): p for p in result["points"] if p["strategy"] == strategy}
     modes = ("simulated",) if s.simulate else ("gpu", "simulated")

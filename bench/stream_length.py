@@ -31,7 +31,7 @@ import numpy as np
 from script import bench_inputs, bench_parser, finish, run_script
 
 from pdmux_triton.cli.parsing import choice, integer, listed, number
-from pdmux_triton.experiments import capacity_sweep
+from pdmux_triton.experiments import capacity
 from pdmux_triton.experiments.capacity_search import Criteria
 from pdmux_triton.experiments.settings import RunSettings
 from pdmux_triton.multiplex import sglang_rules
@@ -71,11 +71,11 @@ def one_sample(args, count: int, seed: int) -> dict[str, float]:
     for suffix, config in LEVEL_SETS.items():
         names = [n for n, (_, levels) in POLICIES.items() if levels == suffix]
         s = settings_for(args, count, seed, config)
-        store = capacity_sweep.open_folder(
+        store = capacity.open_folder(
             Path(args.out) / "stream-length" / f"{count}-s{seed}{suffix}", s)
         store.forget(lambda p: True)  # simulated: always today's cost model
-        result = capacity_sweep.run_capacity(s, tuple(POLICIES[n][0] for n in names), criteria,
-                                             store, tol=args.tol, log=lambda _: None)
+        result = capacity.run_capacity(s, tuple(POLICIES[n][0] for n in names), criteria,
+                                       store, tol=args.tol, log=lambda _: None)
         for n in names:
             caps[n] = result["summary"]["strategies"][POLICIES[n][0]]["goodput_capacity_rps"]
     return caps

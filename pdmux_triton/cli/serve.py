@@ -204,7 +204,7 @@ def _requests_in(s) -> int:
 
 def cmd_capacity(args, given) -> None:
     from pdmux_triton.cli import plots
-    from pdmux_triton.experiments import capacity_sweep
+    from pdmux_triton.experiments import capacity
     from pdmux_triton.experiments.capacity_search import Criteria
     from pdmux_triton.experiments.settings import check_measured_span
     from pdmux_triton.experiments.variants import served_by, variant
@@ -230,7 +230,7 @@ def cmd_capacity(args, given) -> None:
         raise PdmuxError(f"{', '.join(several)} serve on several GPUs; this tool measures one: "
                          f"simulate them with --simulate")
     if args.offline:  # the GPU as it was measured, from the folder's settings
-        gpu = capacity_sweep.measured_gpu(Path(args.out), settings.gpu.name)
+        gpu = capacity.measured_gpu(Path(args.out), settings.gpu.name)
         settings, no_gpu = dataclasses.replace(settings, gpu=gpu, simulate=False), None
     elif settings.simulate:
         refuse(given, ("rates",), "when simulating (the simulation searches the rate)")
@@ -241,13 +241,13 @@ def cmd_capacity(args, given) -> None:
                         args.max_sched_delay_s)
     out = out_folder(args.out)
     gpu = settings.gpu.name
-    store = capacity_sweep.open_folder(out, settings)
+    store = capacity.open_folder(out, settings)
     _say_why_simulated(settings, no_gpu)
     if args.offline:  # the simulation beside the measurement is made again, with today's model
         store.forget(lambda point: point["mode"] == "simulated")
-    result = capacity_sweep.run_capacity(settings, tuple(args.strategies), criteria, store,
-                                         args.rates, args.start_rate, args.tol, log=note,
-                                         offline=args.offline)
+    result = capacity.run_capacity(settings, tuple(args.strategies), criteria, store,
+                                   args.rates, args.start_rate, args.tol, log=note,
+                                   offline=args.offline)
     write_json(out / f"capacity-{gpu}.json", result)
     if args.json:
         print(json.dumps(result, indent=1))

@@ -8,9 +8,9 @@ import pytest
 
 from pdmux_triton.cost.step_cost import Overheads
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.experiments import capacity_sweep, run
+from pdmux_triton.experiments import capacity, run
+from pdmux_triton.experiments.capacity import PointKey, run_capacity
 from pdmux_triton.experiments.capacity_search import Criteria
-from pdmux_triton.experiments.capacity_sweep import PointKey, run_capacity
 from pdmux_triton.experiments.settings import RunSettings
 from pdmux_triton.experiments.variants import DEFAULT_STRATEGIES, variant
 from pdmux_triton.results import PointStore
@@ -177,4 +177,4 @@ def test_the_committed_capacity_folder_resumes_with_todays_model_preset(tmp_path
     per_point = {"chunks": [2048], "kinds": ["grid_cap"]}  # not saved: a point's own
     s = RunSettings.from_dict({**saved, **per_point, "model": dataclasses.asdict(model)})
     shutil.copy(saved_path, tmp_path)
-    capacity_sweep.open_folder(tmp_path, s)  # refused before: "they differ in model"
+    capacity.open_folder(tmp_path, s)  # refused before: "they differ in model"
