@@ -1,0 +1,124 @@
+"""The measured workloads: a run's rate from the bytes or FLOPs it moves, the names the
+calibration can ask for, and on the GPU each workload of the tiny model built (inputs in
+place, never zeros), run under a budget and counted as step_cost counts it."""
+
+import pytest
+
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.measure.calibration_sweep import DECODE_WORKLOADS
+from pdmux_triton.measure.workloads import Workload, make_decode_workload
+from pdmux_triton.spec.models import model_preset
+
+TINY = model_preset("tiny")  # 2 layers, 2 KV heads of 16: 256 bytes of K/V a token
+
+
+@pytest.mark.parametrize("amount,ms,rate", [(1e9, 1.0, 1.0), (4.8e9, 2.0, 2.4), (3e12, 7.5, 400.0)])
+def test_rate_is_the_amount_per_second_in_tera_units(amount, ms, rate):
+    wl = Workload()
+    wl.amount = amount
+    assert wl.rate(ms) == pytest.approx(rate)
+
+
+def test_a_workload_must_say_how_it_runs():
+    with pytest.raises(NotImplementedError):
+        Workload().run(None)
+
+
+def test_an_unknown_workload_names_the_known_ones():
+    with pytest.raises(PdmuxError, match="unknown workload 'prefill'; known: stream_read, "
+                                         "decode_attention, decode_linear, decode_step$"):
+        make_decode_workload("prefill", TINY, 4, 64)
+
+
+# batch 3 at a context of 97: awkward pages (7 of 16 tokens a request, the last part-filled)
+DECODE_AMOUNTS = {
+    "stream_read": float(1 << 30),  # its own 1 GiB buffer, whatever the model
+    "decode_attention": 256 * 3 * 97 / 2,  # one of the two layers
+    "decode_linear": 2.0 * (128 * 64 + 64 * 64 + 256 * 64 + 64 * 128),  # qkv, o, gate_up, down
+}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", DECODE_WORKLOADS)
+def test_each_decode_workload_runs_and_counts_what_it_moves(name):
+    import torch
+
+    from pdmux_triton.cost import step_cost
+    from pdmux_triton.multiplex.partition import Budget
+
+    wl = make_decode_workload(name, TINY, 3, 97)
+    assert wl.name == name and wl.unit == "TB/s"
+    want = DECODE_AMOUNTS.get(name, step_cost.decode_step_bytes(TINY, 3 * 97))
+    assert wl.amount == pytest.approx(want)
+    for budget in (Budget(), Budget(7)):
+        wl.run(budget)
+    torch.cuda.synchronize()
+    assert wl.rate(1.0) == pytest.approx(want / 1e9)
+
+
+@pytest.mark.gpu
+def test_decode_attention_reads_a_contiguous_random_cache():
+    import torch
+
+    from pdmux_triton.measure.workloads import DecodeAttention
+
+    wl = DecodeAttention(TINY, batch=3, context=97)
+    assert torch.equal(wl.kv.page_table.cpu(), torch.arange(21, dtype=torch.int32).view(3, 7))
+    assert wl.kv.k_cache.shape == (21 * 16, 2, 16) and (wl.kv.k_cache != 0).all()
+    assert wl.q.shape == (3, 4, 16)
+
+
+@pytest.mark.gpu
+def test_decode_linear_takes_each_layers_weights_in_turn():
+    from pdmux_triton.measure.workloads import DecodeLinear
+    from pdmux_triton.multiplex.partition import Budget
+
+    wl = DecodeLinear(TINY, batch=3, layers=2)
+    assert [tuple(w.shape) for w in wl.weights[1]] == [(128, 64), (64, 64), (256, 64), (64, 128)]
+    assert sorted(wl.x) == [64, 128] and wl.x[64].shape == (3, 64)
+    for expect in (1, 0, 1):
+        wl.run(Budget())
+        assert wl._next == expect
+
+
+@pytest.mark.gpu
+def test_a_decode_step_writes_the_next_token_of_a_filled_cache():
+    import torch
+
+    from pdmux_triton.measure.workloads import DecodeStep
+    from pdmux_triton.multiplex.partition import Budget
+
+    wl = DecodeStep(TINY, batch=3, context=97)
+    b, cache = wl.batch, wl.model.cache
+    assert all((k != 0).all() and (v != 0).all() for k, v in zip(cache.k, cache.v))
+    assert b.positions.tolist() == [97] * 3 and b.seq_lens.tolist() == [98] * 3
+    # 98 tokens: 7 pages each, in order; position 97 is row 1 of a request's 7th page
+    assert b.slots.tolist() == [(7 * r + 6) * 16 + 1 for r in range(3)]
+    before = [k.clone() for k in cache.k]
+    wl.run(Budget())
+    torch.cuda.synchronize()
+    rows = b.slots.cpu()
+    for k, old in zip(cache.k, before):
+        k, others = k.cpu(), torch.ones(len(old), dtype=torch.bool)
+        others[rows] = False
+        assert not torch.equal(k[rows], old.cpu()[rows])  # the new token's K landed there
+        assert torch.equal(k[others], old.cpu()[others])  # and nowhere else
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens,layers", [(97, 1), (256, 2)])
+def test_prefill_layers_fill_the_prompts_cache_and_count_its_flops(tokens, layers):
+    import torch
+
+    from pdmux_triton.cost import step_cost
+    from pdmux_triton.measure.workloads import PrefillLayers
+    from pdmux_triton.multiplex.partition import Budget
+
+    wl = PrefillLayers(TINY, tokens=tokens, layers=layers)
+    assert wl.unit == "TFLOP/s" and len(wl.model.cache.k) == layers
+    assert wl.amount == pytest.approx(step_cost.layer_flops(TINY, tokens, 0, layers))
+    wl.run(Budget(5))
+    torch.cuda.synchronize()
+    for k in wl.model.cache.k:  # every prompt token's K, from a zeroed cache
+        assert (k[:tokens].float().abs().sum((1, 2)) > 0).all()
+        assert not k[tokens:].any()
