@@ -86,21 +86,23 @@ def test_every_variant_shares_one_model_until_close():
     assert gx.executor("pdmux", "green", 0, SGLangLevels(CONFIG)).model is not xs[0].model
 
 
-def test_a_warm_up_runs_once_per_strategy_kind_chunk_and_policy_type(warmed):
+def test_a_warm_up_runs_once_per_strategy_kind_chunk_and_policy(warmed):
     gx = executors()
     sglang = SGLangLevels(CONFIG)
     calls = [("pdmux", "green", 0, sglang), ("pdmux", "green", 0, sglang),
-             ("pdmux", "green", 0, SGLangLevels(CONFIG, relevel_at_layers=True)),  # same type
+             ("pdmux", "green", 0, SGLangLevels(CONFIG)),  # an equal policy: warm already
+             ("pdmux", "green", 0, SGLangLevels(CONFIG, relevel_at_layers=True)),  # another
              ("pdmux", "grid_cap", 0, sglang), ("pdmux", "green", 0, OtherPolicy(CONFIG)),
              ("chunked", "grid_cap", 256, sglang), ("chunked", "grid_cap", 512, sglang),
              ("chunked", "grid_cap", 512, sglang)]
     xs = [gx.executor(*c) for c in calls]
     assert [(args[0], self.kind, args[4]) for self, args in warmed] == [
-        ("pdmux", "green", 0), ("pdmux", "grid_cap", 0), ("pdmux", "green", 0),
-        ("chunked", "grid_cap", 256), ("chunked", "grid_cap", 512)]
-    assert warmed[0][0] is xs[0] and type(warmed[2][1][5]) is OtherPolicy
+        ("pdmux", "green", 0), ("pdmux", "green", 0), ("pdmux", "grid_cap", 0),
+        ("pdmux", "green", 0), ("chunked", "grid_cap", 256), ("chunked", "grid_cap", 512)]
+    assert warmed[0][0] is xs[0] and warmed[1][1][5].relevel_at_layers
+    assert type(warmed[3][1][5]) is OtherPolicy
     # the strategy, the config, max_running, prefill tokens, chunk, policy and levels
-    assert warmed[3][1] == ("chunked", CONFIG, 4, 128, 256, sglang, gx.levels)
+    assert warmed[4][1] == ("chunked", CONFIG, 4, 128, 256, sglang, gx.levels)
 
 
 def test_loading_progress_goes_to_stderr(capsys):

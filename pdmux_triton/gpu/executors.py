@@ -44,7 +44,8 @@ class GpuExecutors:
                                  cache_tokens=max(self.cache_tokens, self.max_context),
                                  max_context=self.max_context, checkpoint=self.checkpoint,
                                  progress=self._loading)
-        key = (strategy, kind, chunk, type(levels_by).__name__)
+        # the policy by its settings, not its type: two ITL targets reach different levels
+        key = (strategy, kind, chunk, repr(levels_by))
         if key not in self._warm:
             x.warm_up(strategy, self.config, self.max_running, self.prefill_tokens, chunk,
                       levels_by, self.levels)
