@@ -48,9 +48,10 @@ def test_trace_headers_as_spreadsheets_write_them(tmp_path, header, sep):
     ("arrival_s,prompt_tokens\n0,5\n",
      r"lacks the column\(s\) output_tokens; it needs arrival_s, prompt_tokens, output_tokens "
      r"\(found: arrival_s, prompt_tokens\)"),
-    ("TIMESTAMP,ContextTokens,GeneratedTokens\n0,5,5\n",
+    ("TIMESTAMP,ContextTokens,GeneratedTokens\n0,5,5\n", ":2: TIMESTAMP must be a time, got '0'"),
+    ("TIMESTAMP,Context,GeneratedTokens\n0,5,5\n",
      r"lacks the column\(s\) arrival_s, prompt_tokens, output_tokens; .* \(found: TIMESTAMP, "
-     r"ContextTokens, GeneratedTokens\)"),
+     r"Context, GeneratedTokens\), or to be a published trace: Azure LLM inference"),
     ("arrival_s,prompt_tokens,output_tokens\nsoon,5,5\n",
      ":2: arrival_s must be a number of seconds, got 'soon'"),
     ("arrival_s,prompt_tokens,output_tokens\n-1,5,5\n", ":2: arrival_s must be a finite number >="),
@@ -91,3 +92,75 @@ def test_huge_prompts_are_refused_at_their_row_at_once(tmp_path, prompt):
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert peak < 2**20  # refused as read: no prompt's ids drawn, nothing of its size allocated
+
+
+# --- published formats, as their files begin -----------------------------------------------
+
+def test_an_azure_trace_reads_its_wall_clock_from_the_first_arrival(tmp_path):
+    path = tmp_path / "AzureLLMInferenceTrace_conv.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                    "2023-11-16 18:15:46.6805900,374,44\n"
+                    "2023-11-16 18:15:50.9951690,396,109\n"
+                    "2023-11-16 18:15:50.9951690,879,0\n"  # no output: a failed request
+                    "2023-11-16 18:16:02.5,1000,7\n")
+    trace = traces.load_trace(path)
+    assert trace.arrival.tolist() == pytest.approx([0.0, 4.314579, 15.81941])
+    assert trace.prompt.tolist() == [374, 396, 1000] and trace.output.tolist() == [44, 109, 7]
+    assert trace.line.tolist() == [2, 3, 5] and trace.hash_ids is None
+    assert trace.notes == (f"trace {path}: 1 Azure LLM inference row(s) with no output tokens "
+                           f"(failed requests) dropped",)
+
+
+def test_a_burstgpt_trace_keeps_every_model_and_drops_failed_requests(tmp_path):
+    path = tmp_path / "BurstGPT_1.csv"
+    path.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                    "5,ChatGPT,472,18,490,Conversation log\n"
+                    "45,GPT-4,1087,0,1087,Conversation log\n"
+                    "118,GPT-4,417,30,447,API log\n")
+    trace = traces.load_trace(path)
+    assert trace.arrival.tolist() == [0.0, 113.0] and trace.prompt.tolist() == [472, 417]
+    assert "1 BurstGPT row(s) with no output tokens" in trace.notes[0]
+
+
+def test_a_mooncake_trace_keeps_its_hash_ids_and_reads_ms(tmp_path):
+    path = tmp_path / "conversation_trace"  # no suffix: told by its first line
+    path.write_text('{"timestamp": 27482, "input_length": 6955, "output_length": 52, '
+                    '"hash_ids": [46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59]}\n'
+                    '{"timestamp": 0, "input_length": 1024, "output_length": 3, '
+                    '"hash_ids": [0, 1]}\n\n'
+                    '{"timestamp": 30535, "input_length": 6472, "output_length": 26, '
+                    '"hash_ids": [46, 47, 48]}\n')
+    trace = traces.load_trace(path)
+    assert trace.arrival.tolist() == [0.0, 27.482, 30.535]
+    assert trace.hash_ids == ((0, 1), tuple(range(46, 60)), (46, 47, 48))
+    assert trace.rid.tolist() == [1, 0, 2] and trace.line.tolist() == [2, 1, 4]
+    assert "served in arrival order" in trace.notes[0]
+
+
+@pytest.mark.parametrize("name,text,message", [
+    ("m.jsonl", '{"timestamp": 0, "input_length": 5}\n', ":1: lacks output_length"),
+    ("m.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 2}\n[1]\n',
+     ":2: a JSON list, not an object"),
+    ("m.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 2}\n{oops\n',
+     ":2: not a JSON object"),
+    ("m.jsonl", '{"timestamp": "soon", "input_length": 5, "output_length": 2}\n',
+     ":1: timestamp must be a number of ms, got 'soon'"),
+    ("m.jsonl", '{"timestamp": 0, "input_length": 5.5, "output_length": 2}\n',
+     ":1: input_length must be a whole number"),
+    ("m.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 2, "hash_ids": [1, "a"]}\n',
+     ":1: hash_ids must be a list of integers"),
+    ("m.jsonl", '{"timestamp": -5, "input_length": 5, "output_length": 2}\n',
+     ":1: timestamp must be a finite number >= 0"),
+    ("m.jsonl", "\n\n", "has no requests"),
+    ("a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.5,0,4\n",
+     ":2: token counts must be >= 1, got 0 prompt"),
+    ("a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.x5,5,4\n",
+     ":2: TIMESTAMP must be a time"),
+    ("a.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46,5,4\n"
+              "2030-01-01 00:00:00,5,4\n", r"its arrivals span 1\.93e\+08 s; arrivals must come"),
+])
+def test_bad_published_traces(tmp_path, name, text, message):
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(PdmuxError, match=message):
+        traces.load_trace(path)

@@ -255,7 +255,9 @@ def build_parser() -> Parser:
     p.flag("--rate", type=number(0.0, 1e6), default=2.0, help="stream: requests per second")
     p.flag("--count", type=integer(1, MAX_COUNT), default=64, help="stream: requests")
     _stream_flags(p)
-    p.flag("--trace", metavar="CSV", help="trace: arrival_s,prompt_tokens,output_tokens per row")
+    p.flag("--trace", metavar="FILE",
+           help="trace: a CSV of arrival_s,prompt_tokens,output_tokens per row, or a trace as "
+                "published (Azure LLM inference, BurstGPT, Mooncake JSONL)")
     p.flag("--chunks", type=listed(integer(1), "chunk size"), default=(2048, 512),
            help="chunked prefill sizes")
     p.flag("--kinds", type=listed(choice(SPLIT_KINDS), "kind"), default=SPLIT_KINDS,

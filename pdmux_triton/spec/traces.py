@@ -1,11 +1,16 @@
-"""Users' own traces: a CSV of arrivals and lengths, read into columns (`Trace`) that become
-requests on demand, each row checked as it is read and refused in one line naming it."""
+"""Users' traces, read as they are published: this tool's CSV, the Azure LLM inference traces
+(2023 and 2024), BurstGPT and Mooncake's JSONL, told apart by their header (or a JSON first
+line). Rows are read into columns (`Trace`) that become requests on demand, each row checked
+as it is read and refused in one line naming it."""
 
 from __future__ import annotations
 
 import csv
+import datetime
+import json
 import math
 from array import array
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +37,9 @@ class Trace:
     rid: np.ndarray
     line: np.ndarray
     notes: tuple[str, ...] = ()
+    # Mooncake's: each request's prompt as ids of its 512-token blocks, shared by requests
+    # that share that prefix (None for formats without them)
+    hash_ids: tuple[tuple[int, ...], ...] | None = None
 
     @property
     def longest(self) -> int:
@@ -45,8 +53,9 @@ class Trace:
                     self.arrival.tolist())]
 
 
-def _whole(text: str, column: str, where: str) -> int:
-    """A token count: a whole number >= 1 (written 512, 512.0 or 5e2)."""
+def _whole(text: str, column: str, where: str, zero_ok: bool = False) -> int:
+    """A token count: a whole number >= 1 (written 512, 512.0 or 5e2); the caller judges 0
+    where `zero_ok` (a published log's failed request)."""
     try:
         return int(text)
     except ValueError:
@@ -60,85 +69,202 @@ def _whole(text: str, column: str, where: str) -> int:
     return int(value)
 
 
-def _row(fields: list[str], at: tuple[int, int, int], where: str,
-         max_tokens: int, why: str) -> tuple[float, int, int]:
-    try:
-        texts = [fields[i].strip() for i in at]
-    except IndexError:
-        raise PdmuxError(f"{where}: {len(fields)} field(s); the header puts the columns read "
-                         f"in the first {max(at) + 1}") from None
-    try:
-        arrival = float(texts[0])
-    except ValueError:
-        raise PdmuxError(f"{where}: arrival_s must be a number of seconds, got "
-                         f"{texts[0]!r}") from None
-    if not (math.isfinite(arrival) and arrival >= 0):
-        raise PdmuxError(f"{where}: arrival_s must be a finite number >= 0, got {texts[0]!r}")
-    if arrival > MAX_ARRIVAL_S:
-        raise PdmuxError(f"{where}: arrival_s {arrival:g}: {ARRIVAL_BOUND}")
-    prompt, output = (_whole(texts[i], TRACE_COLUMNS[i], where) for i in (1, 2))
-    if prompt < 1 or output < 1:
-        raise PdmuxError(f"{where}: token counts must be >= 1, got {prompt} prompt and {output} "
-                         f"output tokens")
-    if prompt + output > max_tokens:
-        raise PdmuxError(f"{where}: {prompt:,} prompt + {output:,} output tokens; a request "
-                         f"holds at most {max_tokens:,} ({why})")
-    return arrival, prompt, output
+def _wall_clock(text: str) -> float:
+    """Azure's TIMESTAMP ("2023-11-16 18:15:46.6805900") as seconds on a wall clock."""
+    whole, _, fraction = text.partition(".")
+    stamp = datetime.datetime.strptime(whole, "%Y-%m-%d %H:%M:%S")
+    if fraction and not fraction.isdigit():
+        raise ValueError(text)
+    return (stamp.replace(tzinfo=datetime.timezone.utc).timestamp()
+            + (float("0." + fraction) if fraction else 0.0))
+
+
+@dataclass(frozen=True)
+class TraceFormat:
+    """A published CSV layout: its arrival, prompt and output columns as its header names them,
+    how an arrival reads as seconds, and whether it is a wall clock (arrivals are then counted
+    from the first) and a log of real traffic (whose rows with no output are failed or empty
+    requests: dropped, and counted in a note)."""
+
+    name: str
+    columns: tuple[str, str, str]
+    seconds: Callable[[str], float]
+    wall_clock: bool = False
+    logged: bool = False
+
+
+CSV_FORMATS = (
+    TraceFormat("this tool's CSV", TRACE_COLUMNS, float),
+    TraceFormat("Azure LLM inference", ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
+                _wall_clock, wall_clock=True, logged=True),
+    TraceFormat("BurstGPT", ("Timestamp", "Request tokens", "Response tokens"), float,
+                wall_clock=True, logged=True),
+)
+MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")  # ms, tokens, tokens
+PUBLISHED = ("; ".join(f"{f.name} ({', '.join(f.columns)})" for f in CSV_FORMATS[1:])
+             + f"; Mooncake JSONL ({', '.join(MOONCAKE_FIELDS)}, hash_ids)")
+
+
+class _Columns:
+    """The rows read so far, column by column, and what reading dropped."""
+
+    def __init__(self, path: Path, max_tokens: int, why: str):
+        self.path, self.max_tokens, self.why = path, max_tokens, why
+        self.data = {name: array(kind) for name, kind in
+                     (("arrival", "d"), ("prompt", "q"), ("output", "q"), ("line", "q"))}
+        self.hash_ids: list[tuple[int, ...]] = []
+        self.unanswered = 0
+
+    def add(self, where: str, line: int, arrival: float, names: tuple[str, str, str],
+            prompt: int, output: int, logged: bool) -> bool:
+        """Check and keep one row; False where a logged row with no output is dropped."""
+        if not (math.isfinite(arrival) and arrival >= 0):
+            raise PdmuxError(f"{where}: {names[0]} must be a finite number >= 0, got {arrival!r}")
+        if logged and output == 0 and prompt >= 1:
+            self.unanswered += 1
+            return False
+        if prompt < 1 or output < 1:
+            raise PdmuxError(f"{where}: token counts must be >= 1, got {prompt} prompt and "
+                             f"{output} output tokens")
+        if prompt + output > self.max_tokens:
+            raise PdmuxError(f"{where}: {prompt:,} prompt + {output:,} output tokens; a request "
+                             f"holds at most {self.max_tokens:,} ({self.why})")
+        if len(self.data["line"]) >= MAX_REQUESTS:
+            raise PdmuxError(f"trace {self.path} holds more than {MAX_REQUESTS:,} requests")
+        for name, value in (("arrival", arrival), ("prompt", prompt), ("output", output),
+                            ("line", line)):
+            self.data[name].append(value)
+        return True
+
+
+def _csv_rows(f, path: Path, columns: _Columns) -> TraceFormat:
+    first = f.readline()
+    delimiter = max(DELIMITERS, key=first.count)
+    f.seek(0)
+    rows = csv.reader(f, delimiter=delimiter)
+    header = [name.strip() for name in next(rows, [])]
+    if not any(header):
+        return CSV_FORMATS[0]
+    fmt = next((x for x in CSV_FORMATS if set(x.columns) <= set(header)), None)
+    if fmt is None:
+        missing = [c for c in TRACE_COLUMNS if c not in header]
+        raise PdmuxError(f"trace {path} lacks the column(s) {', '.join(missing)}; it needs "
+                         f"{', '.join(TRACE_COLUMNS)} (found: {', '.join(header)}), or to be a "
+                         f"published trace: {PUBLISHED}")
+    at = tuple(header.index(c) for c in fmt.columns)
+    for fields in rows:
+        if not any(x.strip() for x in fields):
+            continue  # a blank line
+        where = f"{path}:{rows.line_num}"
+        try:
+            texts = [fields[i].strip() for i in at]
+        except IndexError:
+            raise PdmuxError(f"{where}: {len(fields)} field(s); the header puts the columns "
+                             f"read in the first {max(at) + 1}") from None
+        try:
+            arrival = fmt.seconds(texts[0])
+        except ValueError:
+            raise PdmuxError(f"{where}: {fmt.columns[0]} must be "
+                             f"{'a time' if fmt.seconds is _wall_clock else 'a number of seconds'}"
+                             f", got {texts[0]!r}") from None
+        if not fmt.wall_clock and math.isfinite(arrival) and arrival > MAX_ARRIVAL_S:
+            raise PdmuxError(f"{where}: {fmt.columns[0]} {arrival:g}: {ARRIVAL_BOUND}")
+        prompt, output = (_whole(texts[i], fmt.columns[i], where, fmt.logged) for i in (1, 2))
+        columns.add(where, rows.line_num, arrival, fmt.columns, prompt, output, fmt.logged)
+    return fmt
+
+
+def _jsonl_objects(f, path: Path) -> Iterator[tuple[int, dict]]:
+    for n, text in enumerate(f, 1):
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError:
+            raise PdmuxError(f"{path}:{n}: not a JSON object (a Mooncake trace holds one a "
+                             f"line)") from None
+        if not isinstance(obj, dict):
+            raise PdmuxError(f"{path}:{n}: a JSON {type(obj).__name__}, not an object")
+        yield n, obj
+
+
+def _mooncake_rows(f, path: Path, columns: _Columns) -> None:
+    for n, obj in _jsonl_objects(f, path):
+        where = f"{path}:{n}"
+        missing = [k for k in MOONCAKE_FIELDS if k not in obj]
+        if missing:
+            raise PdmuxError(f"{where}: lacks {', '.join(missing)}; a Mooncake trace's lines "
+                             f"hold {', '.join(MOONCAKE_FIELDS)} and hash_ids")
+        stamp = obj["timestamp"]
+        if isinstance(stamp, bool) or not isinstance(stamp, (int, float)):
+            raise PdmuxError(f"{where}: timestamp must be a number of ms, got {stamp!r}")
+        prompt, output = (_whole(str(obj[k]), k, where, True) for k in MOONCAKE_FIELDS[1:])
+        blocks = obj.get("hash_ids", [])
+        if not isinstance(blocks, list) or not all(
+                isinstance(b, int) and not isinstance(b, bool) for b in blocks):
+            raise PdmuxError(f"{where}: hash_ids must be a list of integers")
+        if columns.add(where, n, stamp / 1e3, MOONCAKE_FIELDS, prompt, output, True):
+            columns.hash_ids.append(tuple(blocks))
+
+
+def _is_jsonl(path: Path) -> bool:
+    if path.suffix.lower() in (".jsonl", ".json"):
+        return True
+    with path.open("rb") as f:
+        return f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{")
 
 
 def load_trace(path: str | Path, max_tokens: int | None = None, why: str = "") -> Trace:
-    """A user's trace: a CSV with columns arrival_s, prompt_tokens, output_tokens (a header
-    row, one request a row, arrivals in seconds from the start; `,`, `;` or tab between
-    fields, a UTF-8 byte-order mark and spaces around names allowed). A request of more than
-    `max_tokens` prompt and output tokens is refused (`why` says what bounds it), as soon as
-    its row is read. Rows out of arrival order are served in arrival order, and a note says
-    so."""
+    """A trace as published, its format told by its header: this tool's CSV (arrival_s,
+    prompt_tokens, output_tokens: seconds from the start and token counts), the Azure LLM
+    inference traces (TIMESTAMP, ContextTokens, GeneratedTokens), BurstGPT (Timestamp, Request
+    tokens, Response tokens; every model's rows), or Mooncake's JSONL (timestamp in ms,
+    input_length, output_length, hash_ids). A CSV may use `,`, `;` or tab, a UTF-8 byte-order
+    mark and spaces around names, and hold other columns. A wall clock's arrivals are counted
+    from the first; a published log's rows with no output (failed requests) are dropped and
+    counted in a note. A request of more than `max_tokens` prompt and output tokens is refused
+    (`why` says what bounds it), as soon as its row is read. Rows out of arrival order are
+    served in arrival order, and a note says so."""
     path = Path(path)
     if max_tokens is None:
         max_tokens, why = MAX_TRACE_TOKENS, "the most this tool counts"
     empty = PdmuxError(f"trace {path} has no requests (a header row {','.join(TRACE_COLUMNS)} "
-                       f"and one row per request)")
-    columns = {name: array(kind) for name, kind in
-               (("arrival", "d"), ("prompt", "q"), ("output", "q"), ("line", "q"))}
+                       f"and one row per request, or a published trace: {PUBLISHED})")
+    columns = _Columns(path, max_tokens, why)
     try:
+        jsonl = _is_jsonl(path)
         with path.open(newline="", encoding="utf-8-sig") as f:
-            first = f.readline()
-            delimiter = max(DELIMITERS, key=first.count)
-            f.seek(0)
-            rows = csv.reader(f, delimiter=delimiter)
-            header = [name.strip() for name in next(rows, [])]
-            if not any(header):
-                raise empty
-            missing = [c for c in TRACE_COLUMNS if c not in header]
-            if missing:
-                raise PdmuxError(f"trace {path} lacks the column(s) {', '.join(missing)}; it "
-                                 f"needs {', '.join(TRACE_COLUMNS)} (found: "
-                                 f"{', '.join(header)})")
-            at = tuple(header.index(c) for c in TRACE_COLUMNS)
-            for fields in rows:
-                if not any(x.strip() for x in fields):
-                    continue  # a blank line
-                if len(columns["line"]) >= MAX_REQUESTS:
-                    raise PdmuxError(f"trace {path} holds more than {MAX_REQUESTS:,} requests")
-                where = f"{path}:{rows.line_num}"
-                for name, value in zip(("arrival", "prompt", "output"),
-                                       _row(fields, at, where, max_tokens, why)):
-                    columns[name].append(value)
-                columns["line"].append(rows.line_num)
+            if jsonl:
+                _mooncake_rows(f, path, columns)
+                wall_clock, kind = True, "Mooncake"
+            else:
+                fmt = _csv_rows(f, path, columns)
+                wall_clock, kind = fmt.wall_clock, fmt.name
     except OSError as err:
         raise PdmuxError(f"cannot read trace {path}: {err.strerror}") from None
     except (UnicodeDecodeError, csv.Error):
-        raise PdmuxError(f"trace {path} is not a CSV text file") from None
-    if not columns["line"]:
+        raise PdmuxError(f"trace {path} is not a CSV or JSONL text file") from None
+    data = columns.data
+    if not data["line"]:
         raise empty
-    arrival = np.frombuffer(columns["arrival"], dtype=np.float64)
-    line = np.frombuffer(columns["line"], dtype=np.int64)
+    arrival = np.frombuffer(data["arrival"], dtype=np.float64)
+    line = np.frombuffer(data["line"], dtype=np.int64)
+    notes = []
+    if wall_clock:
+        arrival = arrival - arrival.min()
+        if arrival.max() > MAX_ARRIVAL_S:
+            raise PdmuxError(f"trace {path}: its arrivals span {arrival.max():.3g} s; "
+                             f"{ARRIVAL_BOUND}")
+    if columns.unanswered:
+        notes.append(f"trace {path}: {columns.unanswered:,} {kind} row(s) with no output "
+                     f"tokens (failed requests) dropped")
     early = np.flatnonzero(arrival[1:] < np.maximum.accumulate(arrival)[:-1]) + 1
-    notes = ()
     if early.size:
-        notes = (f"trace {path}: {early.size:,} row(s) arrive before a row above them (the "
-                 f"first at line {line[early[0]]}); served in arrival order",)
+        notes.append(f"trace {path}: {early.size:,} row(s) arrive before a row above them (the "
+                     f"first at line {line[early[0]]}); served in arrival order")
     order = np.argsort(arrival, kind="stable")
-    return Trace(path, arrival[order], np.frombuffer(columns["prompt"], dtype=np.int64)[order],
-                 np.frombuffer(columns["output"], dtype=np.int64)[order], order, line[order],
-                 notes)
+    hash_ids = (tuple(columns.hash_ids[i] for i in order.tolist()) if columns.hash_ids
+                else None)
+    return Trace(path, arrival[order], np.frombuffer(data["prompt"], dtype=np.int64)[order],
+                 np.frombuffer(data["output"], dtype=np.int64)[order], order, line[order],
+                 tuple(notes), hash_ids)
