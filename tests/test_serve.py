@@ -168,3 +168,28 @@ def test_every_committed_run_result_holds_its_inputs():
         data = json.loads(path.read_text())
         if isinstance(data, dict) and "rows" in data and "details" in data:  # a run result
             assert RunSettings.from_dict(data["inputs"]).gpu.name == "h200", path
+
+
+@no_gpu
+def test_run_serves_a_published_traces_window_faster_and_saves_it(tmp_path, capsys):
+    trace = tmp_path / "azure.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "".join(
+        f"2023-11-16 18:15:{10 + 2 * i:02d}.5,{100 + i},{4 + i}\n" for i in range(6)))
+    argv = ["run", "--gpu", "h200", "--workload", "trace", "--trace", str(trace),
+            "--trace-start", "2", "--trace-count", "3", "--speed", "4", "--kinds", "grid_cap",
+            "--chunks", "512", "--out", str(tmp_path)]
+    assert main([*argv, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["inputs"]["trace_start"], out["inputs"]["trace_count"],
+            out["inputs"]["speed"]) == (2, 3, 4.0)
+    pf = next(d for name, d in out["details"].items() if name == "prefill_first")
+    assert len(pf["ttft_ms"]) == 3  # the window's three requests, and only they
+    again = tmp_path / "again"
+    assert main(["run", "--replay", str(tmp_path / "run-h200.json"), "--out", str(again),
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"] == out["rows"]
+
+
+@pytest.mark.parametrize("flag", [["--speed", "2"], ["--trace-start", "1"], ["--trace-count", "5"]])
+def test_trace_window_flags_do_nothing_without_a_trace(flag, capsys):
+    fails(capsys, ["run", "--workload", "stream", *flag], "does nothing with --workload stream")

@@ -78,3 +78,24 @@ def test_a_measured_stream_must_arrive_within_the_run_time_bound():
         check_measured_span(1000, 0.25, "lower it")
     with pytest.raises(PdmuxError, match=r"raise --rate or lower --count"):
         _settings(workload="stream", simulate=False, count=1000, rate=0.25)
+
+
+@pytest.mark.parametrize("kw,message", [
+    ({"trace_start": -1}, r"--trace-start -1: a row number >= 0"),
+    ({"trace_count": 0}, r"--trace-count 0: a number of requests >= 1"),
+    ({"speed": 0.0}, r"--speed 0.0: a finite factor > 0"),
+    ({"speed": float("inf")}, r"--speed inf: a finite factor > 0"),
+])
+def test_a_trace_window_and_speed_are_checked(tmp_path, kw, message):
+    trace = _trace(tmp_path, "0.5,10,2\n")
+    with pytest.raises(PdmuxError, match=message):
+        _settings(workload="trace", trace=trace, **kw)
+
+
+def test_settings_serve_the_trace_window_at_its_speed(tmp_path):
+    from pdmux_triton.experiments.settings import make_requests
+
+    s = _settings(workload="trace", trace=_trace(tmp_path, "0,10,2\n1,11,2\n3,12,2\n"),
+                  trace_start=1, speed=2.0)
+    assert [(r.arrival, r.prompt_len) for r in make_requests(s)] == [(0.0, 11), (1.0, 12)]
+    assert s.notes[-1].endswith("rows 1 to 2 of 3 served, arriving 2x as fast as recorded")

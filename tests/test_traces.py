@@ -164,3 +164,28 @@ def test_bad_published_traces(tmp_path, name, text, message):
     path.write_text(text)
     with pytest.raises(PdmuxError, match=message):
         traces.load_trace(path)
+
+
+def test_a_window_of_a_trace_replayed_faster(tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n" +
+                    "".join(f"{t},{10 + i},2\n" for i, t in enumerate((0.5, 1, 2, 4, 8))))
+    whole = traces.load_trace(path)
+    assert whole.replayed() is whole  # the whole trace, as recorded
+    w = whole.replayed(1, 3, 2.0)
+    assert w.arrival.tolist() == [0.0, 0.5, 1.5] and w.prompt.tolist() == [11, 12, 13]
+    assert w.rid.tolist() == [1, 2, 3]
+    assert w.notes == (f"trace {path}: rows 1 to 3 of 5 served, arriving 2x as fast as "
+                       f"recorded",)
+    assert whole.replayed(speed=4.0).arrival.tolist() == [0.125, 0.25, 0.5, 1.0, 2.0]
+    assert "(the 9 asked for run past its end)" in whole.replayed(3, 9).notes[0]
+    with pytest.raises(PdmuxError, match=r"--trace-start 5: trace .* holds 5 requests \(rows 0 "
+                                         r"to 4\)"):
+        whole.replayed(5)
+
+
+def test_a_mooncake_window_keeps_its_hash_ids(tmp_path):
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(f'{{"timestamp": {t}, "input_length": 600, "output_length": 2, '
+                            f'"hash_ids": [{t}, 9]}}\n' for t in (0, 1000, 2000)))
+    assert traces.load_trace(path).replayed(1).hash_ids == ((1000, 9), (2000, 9))

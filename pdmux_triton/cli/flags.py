@@ -16,7 +16,7 @@ from pdmux_triton.cli.parsing import (FRACTION, Parser, choice, compute_capabili
                                       number)
 from pdmux_triton.cost.parallel import LINKS
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.experiments.settings import LENGTHS, LEVEL_POLICIES, MAX_TP, WORKLOADS
+from pdmux_triton.experiments.settings import LENGTHS, LEVEL_POLICIES, MAX_SPEED, MAX_TP, WORKLOADS
 from pdmux_triton.experiments.variants import DEFAULT_STRATEGIES, variant
 from pdmux_triton.measure.calibration_sweep import DECODE_WORKLOADS
 from pdmux_triton.multiplex import sglang_rules
@@ -178,6 +178,7 @@ def strategy(text: str) -> str:
 
 
 CHAPTER_FLAGS = ("batch", "context", "prompt", "decode_tokens")
+TRACE_FLAGS = ("trace", "trace_start", "trace_count", "speed")
 SWEEP_FLAGS = ("workloads", "kinds", "ctas", "budgets", "decode_batches", "no_corun", "remeasure",
                "batch", "context", "prefill_tokens")  # calibrate's, unused by --host-costs
 STREAM_FLAGS = ("rate", "count", "burstiness", "lengths")
@@ -258,6 +259,12 @@ def build_parser() -> Parser:
     p.flag("--trace", metavar="FILE",
            help="trace: a CSV of arrival_s,prompt_tokens,output_tokens per row, or a trace as "
                 "published (Azure LLM inference, BurstGPT, Mooncake JSONL)")
+    p.flag("--trace-start", type=integer(0), default=0,
+           help="trace: the first row served (in arrival order)")
+    p.flag("--trace-count", type=integer(1, MAX_COUNT), shown="to the trace's end",
+           help="trace: how many rows are served from --trace-start")
+    p.flag("--speed", type=number(0.0, MAX_SPEED), default=1.0,
+           help="trace: arrivals this many times as fast as recorded (2: twice the rate)")
     p.flag("--chunks", type=listed(integer(1), "chunk size"), default=(2048, 512),
            help="chunked prefill sizes")
     p.flag("--kinds", type=listed(choice(SPLIT_KINDS), "kind"), default=SPLIT_KINDS,

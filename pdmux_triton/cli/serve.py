@@ -11,7 +11,7 @@ from pdmux_triton.cli import tables
 from pdmux_triton.cli.common import (check_s_sat, config_from_args, gpu_from_args, measuring_gpu,
                                      note, note_later, out_folder, plot, refuse)
 from pdmux_triton.cli.flags import (CHAPTER_FLAGS, EXPONENTIAL_FLAGS, MIN_CAPACITY_COUNT,
-                                    REPLAY_KEEPS, STEADY_COUNT, STREAM_FLAGS)
+                                    REPLAY_KEEPS, STEADY_COUNT, STREAM_FLAGS, TRACE_FLAGS)
 from pdmux_triton.cost.measured_inputs import shipped_inputs
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.results import read_json, write_json
@@ -84,8 +84,8 @@ def _settings(args, given, workload: str, simulate: bool | None = None,
     derived = derived or {}
     level_policies = derived.get("level_policies", getattr(args, "level_policies", ()))
 
-    unused = {"chapter": (*STREAM_FLAGS, *EXPONENTIAL_FLAGS, "trace"),
-              "stream": (*CHAPTER_FLAGS, "trace"),
+    unused = {"chapter": (*STREAM_FLAGS, *EXPONENTIAL_FLAGS, *TRACE_FLAGS),
+              "stream": (*CHAPTER_FLAGS, *TRACE_FLAGS),
               "trace": (*CHAPTER_FLAGS, *STREAM_FLAGS, *EXPONENTIAL_FLAGS)}[workload]
     refuse(given, [f for f in unused if hasattr(args, f)], f"with --workload {workload}")
     if workload == "chapter":

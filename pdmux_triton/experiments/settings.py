@@ -24,6 +24,7 @@ LENGTHS = (*traffic.LENGTH_PRESETS, "exponential")
 MAX_CHUNK_STEPS = 65_536  # chunked steps per prompt: a run's work stays bounded
 MAX_GPU_RUN_S = 3600  # arrivals of a measured stream must come within this
 MAX_TP = 64  # GPUs of one tensor-parallel server
+MAX_SPEED = 1e6  # a trace replayed faster than this arrives at once
 
 
 def check_measured_span(count: int, rate: float, remedy: str) -> None:
@@ -56,8 +57,13 @@ class RunSettings:
     prompt_max: int = 8192
     output_mean: int = 128
     output_max: int = 512
-    # trace: a user's CSV of arrivals and lengths
+    # trace: a file of arrivals and lengths (`traces`), the window of it served (rows
+    # [trace_start, trace_start + trace_count) in arrival order; None: to the end) and how
+    # much faster than recorded its arrivals come (`speed`)
     trace: str | None = None
+    trace_start: int = 0
+    trace_count: int | None = None
+    speed: float = 1.0
     # the strategies
     chunks: tuple[int, ...] = (2048, 512)
     kinds: tuple[str, ...] = SPLIT_KINDS
@@ -98,6 +104,14 @@ class RunSettings:
         if (self.workload == "trace") != (self.trace is not None):
             raise PdmuxError("--workload trace needs --trace FILE, and --trace needs "
                              "--workload trace")
+        if not (isinstance(self.trace_start, int) and self.trace_start >= 0):
+            raise PdmuxError(f"--trace-start {self.trace_start}: a row number >= 0")
+        if self.trace_count is not None and not (isinstance(self.trace_count, int)
+                                                 and self.trace_count >= 1):
+            raise PdmuxError(f"--trace-count {self.trace_count}: a number of requests >= 1")
+        if not (0 < self.speed <= MAX_SPEED and math.isfinite(self.speed)):
+            raise PdmuxError(f"--speed {self.speed}: a finite factor > 0 and at most "
+                             f"{MAX_SPEED:g}")
         for kind in self.kinds:
             if kind not in SPLIT_KINDS:
                 raise PdmuxError(f"partition kinds are {' and '.join(SPLIT_KINDS)}, got {kind!r}")
@@ -243,7 +257,8 @@ class RunSettings:
     @cached_property
     def loaded_trace(self) -> traces.Trace:
         """The trace, read once, each request within what one may hold (`request_limit`)."""
-        return traces.load_trace(self.trace, *self.request_limit())
+        return traces.load_trace(self.trace, *self.request_limit()).replayed(
+            self.trace_start, self.trace_count, self.speed)
 
     def request_limit(self) -> tuple[int, str]:
         """The most prompt and output tokens one request may hold, and what sets it: the

@@ -46,6 +46,29 @@ class Trace:
         """Prompt and output tokens of its longest request."""
         return int((self.prompt + self.output).max())
 
+    def replayed(self, start: int = 0, count: int | None = None, speed: float = 1.0) -> "Trace":
+        """The rows [start, start + count) in arrival order (to the end without `count`),
+        their arrivals compressed by `speed` (2: twice as fast as recorded; SGLang's and
+        aiperf's replay speed-up). A window that starts later is counted from its first
+        arrival; a note says which rows are served."""
+        n = len(self.arrival)
+        if start >= n:
+            raise PdmuxError(f"--trace-start {start}: trace {self.path} holds {n:,} requests "
+                             f"(rows 0 to {n - 1:,})")
+        end = n if count is None else min(n, start + count)
+        if (start, end, speed) == (0, n, 1.0):
+            return self
+        rows = slice(start, end)
+        arrival = self.arrival[rows] - (self.arrival[start] if start else 0.0)
+        note = f"trace {self.path}: rows {start:,} to {end - 1:,} of {n:,} served"
+        if count is not None and end - start < count:
+            note += f" (the {count:,} asked for run past its end)"
+        if speed != 1.0:
+            note += f", arriving {speed:g}x as fast as recorded"
+        return Trace(self.path, arrival / speed, self.prompt[rows], self.output[rows],
+                     self.rid[rows], self.line[rows], (*self.notes, note),
+                     None if self.hash_ids is None else self.hash_ids[rows])
+
     def requests(self, vocab: int, seed: int = 0) -> list[Request]:
         ids = TokenIds(vocab, seed)
         return [Request(rid, p, o, t, draw=ids) for rid, p, o, t in
