@@ -189,3 +189,23 @@ def test_a_mooncake_window_keeps_its_hash_ids(tmp_path):
     path.write_text("".join(f'{{"timestamp": {t}, "input_length": 600, "output_length": 2, '
                             f'"hash_ids": [{t}, 9]}}\n' for t in (0, 1000, 2000)))
     assert traces.load_trace(path).replayed(1).hash_ids == ((1000, 9), (2000, 9))
+
+
+# the Splitwise paper's statistics of the two traces (prompt and output tokens: median, mean,
+# p90, p99 where published), which the copies in bench/data must give back as read
+AZURE_2023 = {"conv": (19_366, (1020, 1155, 2734, 4142), (129, 211, 424)),
+              "code": (8_819, (1469, 2048, 5186), (13, 28, 55))}
+
+
+@pytest.mark.parametrize("name", sorted(AZURE_2023))
+def test_the_azure_2023_traces_read_as_published(name):
+    import numpy as np
+
+    path = f"bench/data/azure-llm-2023/AzureLLMInferenceTrace_{name}.csv"
+    trace = traces.load_trace(path)
+    count, prompt, output = AZURE_2023[name]
+    assert len(trace.arrival) == count and trace.notes == () and trace.arrival[0] == 0.0
+    for column, published in ((trace.prompt, prompt), (trace.output, output)):
+        read = (np.median(column), column.mean(), *np.percentile(column, [90, 99]))
+        assert read[:len(published)] == pytest.approx(published, rel=1e-3, abs=1)
+    assert 3400 < trace.arrival[-1] < 3600  # an hour of arrivals
