@@ -193,3 +193,23 @@ def test_run_serves_a_published_traces_window_faster_and_saves_it(tmp_path, caps
 @pytest.mark.parametrize("flag", [["--speed", "2"], ["--trace-start", "1"], ["--trace-count", "5"]])
 def test_trace_window_flags_do_nothing_without_a_trace(flag, capsys):
     fails(capsys, ["run", "--workload", "stream", *flag], "does nothing with --workload stream")
+
+
+@no_gpu
+def test_capacity_of_a_trace_is_a_rate_and_a_multiple_of_its_own(tmp_path, capsys):
+    path = "bench/data/azure-llm-2023/AzureLLMInferenceTrace_code.csv"
+    assert main(["capacity", "--simulate", "--gpu", "h200", "--trace", path, "--trace-count",
+                 "60", "--strategies", "prefill_first", "--out", str(tmp_path), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    from pdmux_triton.spec.traces import load_trace
+
+    first = load_trace(path).arrival[:60]
+    own = out["trace_rate_rps"]
+    assert own == pytest.approx(59 / (first[-1] - first[0]))  # its 60 requests, as recorded
+    row = out["summary"]["strategies"]["prefill_first"]
+    assert row["x_trace_rate"]["goodput"] == pytest.approx(row["goodput_capacity_rps"] / own)
+    assert out["inputs"]["trace_count"] == 60 and out["inputs"]["workload"] == "trace"
+    fails(capsys, ["capacity", "--simulate", "--trace", path, "--trace-count", "20"],
+          "20 requests of the trace (--trace-count): a capacity needs at least 50")
+    fails(capsys, ["capacity", "--simulate", "--trace", path, "--lengths", "arxiv"],
+          "--lengths does nothing with --workload trace")

@@ -114,6 +114,16 @@ def _stream_flags(p: Parser) -> None:
     p.flag("--seed", type=integer(0, 2**32 - 1), default=0, help="seed of the requests")
 
 
+def _trace_flags(p: Parser) -> None:
+    p.flag("--trace", metavar="FILE",
+           help="trace: a CSV of arrival_s,prompt_tokens,output_tokens per row, or a trace as "
+                "published (Azure LLM inference, BurstGPT, Mooncake JSONL)")
+    p.flag("--trace-start", type=integer(0), default=0,
+           help="trace: the first row served (in arrival order)")
+    p.flag("--trace-count", type=integer(1, MAX_COUNT), shown="to the trace's end",
+           help="trace: how many rows are served from --trace-start")
+
+
 def _level_flags(p: Parser) -> None:
     p.flag("--itl-slo-ms", type=number(), shown="--slo-tpot-ms",
            help="slo levels: the decode step beside a prefill (predicted from --calibration) "
@@ -256,13 +266,7 @@ def build_parser() -> Parser:
     p.flag("--rate", type=number(0.0, 1e6), default=2.0, help="stream: requests per second")
     p.flag("--count", type=integer(1, MAX_COUNT), default=64, help="stream: requests")
     _stream_flags(p)
-    p.flag("--trace", metavar="FILE",
-           help="trace: a CSV of arrival_s,prompt_tokens,output_tokens per row, or a trace as "
-                "published (Azure LLM inference, BurstGPT, Mooncake JSONL)")
-    p.flag("--trace-start", type=integer(0), default=0,
-           help="trace: the first row served (in arrival order)")
-    p.flag("--trace-count", type=integer(1, MAX_COUNT), shown="to the trace's end",
-           help="trace: how many rows are served from --trace-start")
+    _trace_flags(p)
     p.flag("--speed", type=number(0.0, MAX_SPEED), default=1.0,
            help="trace: arrivals this many times as fast as recorded (2: twice the rate)")
     p.flag("--chunks", type=listed(integer(1), "chunk size"), default=(2048, 512),
@@ -287,6 +291,7 @@ def build_parser() -> Parser:
            help=f"requests per point: at least {MIN_CAPACITY_COUNT}; under {STEADY_COUNT} a "
                 f"point is a burst, whose capacity reads higher than the GPU sustains")
     _stream_flags(p)
+    _trace_flags(p)
     p.flag("--slo-ttft-ms", type=number(), default=2000.0, help="TTFT target")
     p.flag("--slo-tpot-ms", type=number(), default=25.0, help="TPOT target")
     p.flag("--attainment", type=FRACTION, default=0.9,

@@ -76,7 +76,9 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "per strategy, the highest request rate within the SLOs",
         "Per strategy, the highest request rate it serves within the SLOs, as goodput capacity\n"
         "and Sarathi capacity: simulated it searches the rate; on a GPU it searches too or\n"
-        "serves --rates, with the simulation beside it. Points are saved and a rerun resumes.",
+        "serves --rates, with the simulation beside it. Points are saved and a rerun resumes.\n"
+        "With --trace, the trace's own arrivals are sped up or slowed down to each rate, and\n"
+        "each capacity is also a multiple of the rate it was recorded at.",
         "pdmux-triton capacity --simulate --gpu h200 --strategies "
         "prefill_first,chunked_2048,pdmux_grid_cap --out results"),
     "compare": (

@@ -198,8 +198,9 @@ def cmd_run(args, given) -> None:
 
 def _requests_in(s) -> int:
     """How many requests a run's workload serves."""
-    return {"chapter": s.batch + 1, "stream": s.count}.get(s.workload) or len(
-        s.loaded_trace.arrival)
+    if s.workload == "trace":
+        return len(s.loaded_trace.arrival)
+    return {"chapter": s.batch + 1, "stream": s.count}[s.workload]
 
 
 def cmd_capacity(args, given) -> None:
@@ -210,21 +211,25 @@ def cmd_capacity(args, given) -> None:
     from pdmux_triton.experiments.variants import served_by, variant
     from pdmux_triton.serve.metrics import Slo
 
-    if args.count < MIN_CAPACITY_COUNT:
-        raise PdmuxError(f"--count {args.count}: a capacity needs at least {MIN_CAPACITY_COUNT} "
+    if args.offline and not args.rates:
+        raise PdmuxError("--offline reads measured points at --rates: name them")
+    # offline, nothing is measured: the flags describe the GPU the points were measured on;
+    # a trace is served sped up or slowed down to each rate searched
+    settings, no_gpu = _settings(args, given, "trace" if args.trace else "stream",
+                                 simulate=args.offline or None,
+                                 derived=served_by(tuple(args.strategies)))
+    count = _requests_in(settings)
+    what = f"{count} requests of the trace (--trace-count)" if args.trace else f"--count {count}"
+    if count < MIN_CAPACITY_COUNT:
+        raise PdmuxError(f"{what}: a capacity needs at least {MIN_CAPACITY_COUNT} "
                          f"requests a point (so few arrive together and fit the GPU at any "
                          f"rate, and attainment moves in steps of 1/count); {STEADY_COUNT} or "
                          f"more measure the steady state")
-    if args.count < STEADY_COUNT:
-        note_later(f"{args.count} requests a point measure a burst: the stream's drain outlasts its "
+    if count < STEADY_COUNT:
+        note_later(f"{count} requests a point measure a burst: the stream's drain outlasts its "
                    f"arrivals, so its capacities read higher than a GPU sustains (bench/"
-                   f"stream_length.py shows how much); --count {STEADY_COUNT} or more for the "
-                   f"steady state")
-    if args.offline and not args.rates:
-        raise PdmuxError("--offline reads measured points at --rates: name them")
-    # offline, nothing is measured: the flags describe the GPU the points were measured on
-    settings, no_gpu = _settings(args, given, "stream", simulate=args.offline or None,
-                                 derived=served_by(tuple(args.strategies)))
+                   f"stream_length.py shows how much); {STEADY_COUNT} or more for the steady "
+                   f"state")
     several = [n for n in args.strategies if variant(n).loop == "disagg"]
     if several and not settings.simulate:
         raise PdmuxError(f"{', '.join(several)} serve on several GPUs; this tool measures one: "
@@ -235,8 +240,7 @@ def cmd_capacity(args, given) -> None:
     elif settings.simulate:
         refuse(given, ("rates",), "when simulating (the simulation searches the rate)")
     for rate in args.rates or ():
-        check_measured_span(args.count, rate, f"--rates {rate:g} is too low for --count "
-                            f"{args.count}")
+        check_measured_span(count, rate, f"--rates {rate:g} is too low for {count} requests")
     criteria = Criteria(Slo(args.slo_ttft_ms, args.slo_tpot_ms), args.attainment,
                         args.max_sched_delay_s)
     out = out_folder(args.out)
@@ -254,8 +258,8 @@ def cmd_capacity(args, given) -> None:
     else:
         print(tables.capacity_table(result))
     note(f"wrote {out / f'capacity-{gpu}.json'}")
-    title = (f"SLO attainment vs request rate: {settings.model.name} on {gpu}, "
-             f"{settings.lengths} lengths, TTFT <= {args.slo_ttft_ms:g} ms and TPOT <= "
-             f"{args.slo_tpot_ms:g} ms")
+    traffic = Path(settings.trace).name if args.trace else f"{settings.lengths} lengths"
+    title = (f"SLO attainment vs request rate: {settings.model.name} on {gpu}, {traffic}, "
+             f"TTFT <= {args.slo_ttft_ms:g} ms and TPOT <= {args.slo_tpot_ms:g} ms")
     if plot(plots.capacity, result, title, out / f"capacity-{gpu}.png"):
         note(f"wrote {out / f'capacity-{gpu}.png'}")

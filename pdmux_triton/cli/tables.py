@@ -190,8 +190,11 @@ def capacity_table(result: dict) -> str:
     measured = result["mode"] == "gpu"
     c = result["criteria"]
     inputs = result["inputs"]
+    traffic = (f"trace {inputs['trace']} ({result['trace_rate_rps']:.3g} req/s as recorded)"
+               if "trace_rate_rps" in result
+               else f"{inputs['lengths']} lengths, {inputs['count']} requests a point")
     head = (f"capacity, {result['model']} on {result['gpu']} ({'measured' if measured else 'simulated'}"
-            f", {inputs['lengths']} lengths, {inputs['count']} requests a point): TTFT <= "
+            f", {traffic}): TTFT <= "
             f"{c['slo_ttft_ms']:g} ms and TPOT <= {c['slo_tpot_ms']:g} ms for "
             f"{c['attainment']:.0%} of requests (goodput); P99 TBT <= {c['slo_tpot_ms']:g} ms and "
             f"median queueing <= {c['max_sched_delay_s']:g} s (Sarathi-Serve)\n"
@@ -200,6 +203,8 @@ def capacity_table(result: dict) -> str:
 
     def capacity(n: str, criterion: str) -> str:
         figure = cell(rows[n][f"{criterion}_capacity_rps"], ".2f")
+        if "x_trace_rate" in rows[n] and rows[n]["x_trace_rate"][criterion] is not None:
+            figure += f" ({rows[n]['x_trace_rate'][criterion]:.2f}x)"
         return f">= {figure} ({limit})" if rows[n]["at_least"][criterion] else figure
     spec = [("strategy", lambda n: n),
             ("goodput capacity req/s", lambda n: capacity(n, "goodput")),

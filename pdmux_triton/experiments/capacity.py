@@ -187,12 +187,18 @@ def _result(s: RunSettings, chosen: list[Variant], criteria: Criteria, store: Po
                                               res[f"{c}_capacity_rps"]) for c in CRITERIA}
             row["latency_sim_error_pct"] = _latency_errors(mine, dict(beside))
         summary[v.name] = row
+    if s.workload == "trace":  # a trace's capacity is also how much faster it may come
+        own = s.loaded_trace.rate
+        for row in summary.values():
+            row["x_trace_rate"] = {c: None if row[f"{c}_capacity_rps"] is None
+                                   else row[f"{c}_capacity_rps"] / own for c in CRITERIA}
     best = max(summary, key=lambda n: summary[n]["goodput_capacity_rps"] or 0.0)
     totals = {guard: sum(row[guard] for row in summary.values()) for guard in GUARDS}
     # offline, the provenance is the analysis's: each measured point names its own
     return {"mode": "gpu" if measured else "simulated", **provenance(s.gpu.name),
             "analysed_offline": offline,
             "model": s.model.name, "inputs": s.as_dict(),
+            **({"trace_rate_rps": s.loaded_trace.rate} if s.workload == "trace" else {}),
             "criteria": {"slo_ttft_ms": criteria.slo.ttft_ms, "slo_tpot_ms": criteria.slo.tpot_ms,
                          "attainment": criteria.attainment,
                          "max_sched_delay_s": criteria.max_sched_delay_s},

@@ -317,12 +317,16 @@ class RunSettings:
 
 
 def make_requests(s: RunSettings, rate: float | None = None) -> list[traffic.Request]:
-    """The settings' requests; a stream at `rate` instead of the settings' own when given."""
+    """The settings' requests; a stream, or the trace sped up, at `rate` instead of the
+    settings' own when given."""
     if s.workload == "chapter":
         return traffic.prompt_during_decode(s.model.vocab, s.batch, s.context, s.prompt,
                                             s.decode_tokens, seed=s.seed)
     if s.workload == "trace":
-        return s.loaded_trace.requests(s.model.vocab, s.seed)
+        trace = s.loaded_trace
+        if rate is not None:
+            trace = trace.replayed(speed=rate / trace.rate)
+        return trace.requests(s.model.vocab, s.seed)
     lengths = (traffic.Exponential(s.prompt_mean, s.prompt_max, s.output_mean, s.output_max)
                if s.lengths == "exponential" else traffic.LENGTH_PRESETS[s.lengths])
     return traffic.stream(s.model.vocab, rate or s.rate, s.count, lengths, s.burstiness, s.seed)

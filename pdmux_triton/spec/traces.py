@@ -46,6 +46,15 @@ class Trace:
         """Prompt and output tokens of its longest request."""
         return int((self.prompt + self.output).max())
 
+    @property
+    def rate(self) -> float:
+        """Its own rate: requests per second between its first arrival and its last."""
+        span = float(self.arrival[-1] - self.arrival[0])
+        if span <= 0:
+            raise PdmuxError(f"trace {self.path}: its {len(self.arrival):,} request(s) arrive "
+                             f"at once, so it has no rate to scale")
+        return (len(self.arrival) - 1) / span
+
     def replayed(self, start: int = 0, count: int | None = None, speed: float = 1.0) -> "Trace":
         """The rows [start, start + count) in arrival order (to the end without `count`),
         their arrivals compressed by `speed` (2: twice as fast as recorded; SGLang's and
