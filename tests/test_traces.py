@@ -209,3 +209,22 @@ def test_the_azure_2023_traces_read_as_published(name):
         read = (np.median(column), column.mean(), *np.percentile(column, [90, 99]))
         assert read[:len(published)] == pytest.approx(published, rel=1e-3, abs=1)
     assert 3400 < trace.arrival[-1] < 3600  # an hour of arrivals
+
+
+def test_a_burstgpt_log_keeps_one_models_rows_when_asked(tmp_path):
+    path = tmp_path / "BurstGPT_1.csv"
+    path.write_text("Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n"
+                    "5,ChatGPT,472,18,490,Conversation log\n"
+                    "45,GPT-4,1087,20,1107,Conversation log\n"
+                    "118,GPT-4,417,30,447,API log\n")
+    trace = traces.load_trace(path, model="GPT-4")
+    assert trace.prompt.tolist() == [1087, 417] and trace.arrival.tolist() == [0.0, 73.0]
+    assert trace.notes == (f"trace {path}: 1 row(s) of models other than GPT-4 left out",)
+    with pytest.raises(PdmuxError, match=r"has no requests of --trace-model LLaMA \(its 3 rows "
+                                         r"are other models'\)"):
+        traces.load_trace(path, model="LLaMA")
+    azure = tmp_path / "a.csv"
+    azure.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.5,5,4\n")
+    with pytest.raises(PdmuxError, match=r"--trace-model GPT-4: trace .* \(Azure LLM inference\) "
+                                         r"names no model per row"):
+        traces.load_trace(azure, model="GPT-4")

@@ -118,6 +118,8 @@ def _trace_flags(p: Parser) -> None:
     p.flag("--trace", metavar="FILE",
            help="trace: a CSV of arrival_s,prompt_tokens,output_tokens per row, or a trace as "
                 "published (Azure LLM inference, BurstGPT, Mooncake JSONL)")
+    p.flag("--trace-model", metavar="NAME",
+           help="trace: a BurstGPT log's rows of this model only (its Model column, e.g. GPT-4)")
     p.flag("--trace-start", type=integer(0), default=0,
            help="trace: the first row served (in arrival order)")
     p.flag("--trace-count", type=integer(1, MAX_COUNT), shown="to the trace's end",
@@ -188,7 +190,7 @@ def strategy(text: str) -> str:
 
 
 CHAPTER_FLAGS = ("batch", "context", "prompt", "decode_tokens")
-TRACE_FLAGS = ("trace", "trace_start", "trace_count", "speed")
+TRACE_FLAGS = ("trace", "trace_model", "trace_start", "trace_count", "speed")
 SWEEP_FLAGS = ("workloads", "kinds", "ctas", "budgets", "decode_batches", "no_corun", "remeasure",
                "batch", "context", "prefill_tokens")  # calibrate's, unused by --host-costs
 STREAM_FLAGS = ("rate", "count", "burstiness", "lengths")

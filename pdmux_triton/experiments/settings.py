@@ -61,6 +61,7 @@ class RunSettings:
     # [trace_start, trace_start + trace_count) in arrival order; None: to the end) and how
     # much faster than recorded its arrivals come (`speed`)
     trace: str | None = None
+    trace_model: str | None = None  # a BurstGPT log: only this model's rows
     trace_start: int = 0
     trace_count: int | None = None
     speed: float = 1.0
@@ -257,7 +258,7 @@ class RunSettings:
     @cached_property
     def loaded_trace(self) -> traces.Trace:
         """The trace, read once, each request within what one may hold (`request_limit`)."""
-        return traces.load_trace(self.trace, *self.request_limit()).replayed(
+        return traces.load_trace(self.trace, *self.request_limit(), self.trace_model).replayed(
             self.trace_start, self.trace_count, self.speed)
 
     def request_limit(self) -> tuple[int, str]:

@@ -123,6 +123,7 @@ class TraceFormat:
     seconds: Callable[[str], float]
     wall_clock: bool = False
     logged: bool = False
+    model_column: str | None = None  # which model served each row, where the log says
 
 
 CSV_FORMATS = (
@@ -130,7 +131,7 @@ CSV_FORMATS = (
     TraceFormat("Azure LLM inference", ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
                 _wall_clock, wall_clock=True, logged=True),
     TraceFormat("BurstGPT", ("Timestamp", "Request tokens", "Response tokens"), float,
-                wall_clock=True, logged=True),
+                wall_clock=True, logged=True, model_column="Model"),
 )
 MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")  # ms, tokens, tokens
 PUBLISHED = ("; ".join(f"{f.name} ({', '.join(f.columns)})" for f in CSV_FORMATS[1:])
@@ -146,6 +147,7 @@ class _Columns:
                      (("arrival", "d"), ("prompt", "q"), ("output", "q"), ("line", "q"))}
         self.hash_ids: list[tuple[int, ...]] = []
         self.unanswered = 0
+        self.other_models = 0
 
     def add(self, where: str, line: int, arrival: float, names: tuple[str, str, str],
             prompt: int, output: int, logged: bool) -> bool:
@@ -169,7 +171,7 @@ class _Columns:
         return True
 
 
-def _csv_rows(f, path: Path, columns: _Columns) -> TraceFormat:
+def _csv_rows(f, path: Path, columns: _Columns, model: str | None) -> TraceFormat:
     first = f.readline()
     delimiter = max(DELIMITERS, key=first.count)
     f.seek(0)
@@ -184,9 +186,16 @@ def _csv_rows(f, path: Path, columns: _Columns) -> TraceFormat:
                          f"{', '.join(TRACE_COLUMNS)} (found: {', '.join(header)}), or to be a "
                          f"published trace: {PUBLISHED}")
     at = tuple(header.index(c) for c in fmt.columns)
+    if model is not None and fmt.model_column not in header:
+        raise PdmuxError(f"--trace-model {model}: trace {path} ({fmt.name}) names no model per "
+                         f"row (BurstGPT's Model column does)")
+    by = header.index(fmt.model_column) if model is not None else None
     for fields in rows:
         if not any(x.strip() for x in fields):
             continue  # a blank line
+        if by is not None and by < len(fields) and fields[by].strip() != model:
+            columns.other_models += 1
+            continue
         where = f"{path}:{rows.line_num}"
         try:
             texts = [fields[i].strip() for i in at]
@@ -246,7 +255,8 @@ def _is_jsonl(path: Path) -> bool:
         return f.read(4096).lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{")
 
 
-def load_trace(path: str | Path, max_tokens: int | None = None, why: str = "") -> Trace:
+def load_trace(path: str | Path, max_tokens: int | None = None, why: str = "",
+               model: str | None = None) -> Trace:
     """A trace as published, its format told by its header: this tool's CSV (arrival_s,
     prompt_tokens, output_tokens: seconds from the start and token counts), the Azure LLM
     inference traces (TIMESTAMP, ContextTokens, GeneratedTokens), BurstGPT (Timestamp, Request
@@ -254,7 +264,8 @@ def load_trace(path: str | Path, max_tokens: int | None = None, why: str = "") -
     input_length, output_length, hash_ids). A CSV may use `,`, `;` or tab, a UTF-8 byte-order
     mark and spaces around names, and hold other columns. A wall clock's arrivals are counted
     from the first; a published log's rows with no output (failed requests) are dropped and
-    counted in a note. A request of more than `max_tokens` prompt and output tokens is refused
+    counted in a note; `model` keeps only a BurstGPT log's rows of that model. A request of
+    more than `max_tokens` prompt and output tokens is refused
     (`why` says what bounds it), as soon as its row is read. Rows out of arrival order are
     served in arrival order, and a note says so."""
     path = Path(path)
@@ -267,16 +278,22 @@ def load_trace(path: str | Path, max_tokens: int | None = None, why: str = "") -
         jsonl = _is_jsonl(path)
         with path.open(newline="", encoding="utf-8-sig") as f:
             if jsonl:
+                if model is not None:
+                    raise PdmuxError(f"--trace-model {model}: trace {path} (Mooncake) names no "
+                                     f"model per row (BurstGPT's Model column does)")
                 _mooncake_rows(f, path, columns)
                 wall_clock, kind = True, "Mooncake"
             else:
-                fmt = _csv_rows(f, path, columns)
+                fmt = _csv_rows(f, path, columns, model)
                 wall_clock, kind = fmt.wall_clock, fmt.name
     except OSError as err:
         raise PdmuxError(f"cannot read trace {path}: {err.strerror}") from None
     except (UnicodeDecodeError, csv.Error):
         raise PdmuxError(f"trace {path} is not a CSV or JSONL text file") from None
     data = columns.data
+    if not data["line"] and columns.other_models:
+        raise PdmuxError(f"trace {path} has no requests of --trace-model {model} (its "
+                         f"{columns.other_models:,} rows are other models')")
     if not data["line"]:
         raise empty
     arrival = np.frombuffer(data["arrival"], dtype=np.float64)
@@ -287,6 +304,9 @@ def load_trace(path: str | Path, max_tokens: int | None = None, why: str = "") -
         if arrival.max() > MAX_ARRIVAL_S:
             raise PdmuxError(f"trace {path}: its arrivals span {arrival.max():.3g} s; "
                              f"{ARRIVAL_BOUND}")
+    if columns.other_models:
+        notes.append(f"trace {path}: {columns.other_models:,} row(s) of models other than "
+                     f"{model} left out")
     if columns.unanswered:
         notes.append(f"trace {path}: {columns.unanswered:,} {kind} row(s) with no output "
                      f"tokens (failed requests) dropped")
