@@ -187,8 +187,8 @@ def _result(s: RunSettings, chosen: list[Variant], criteria: Criteria, store: Po
                                               res[f"{c}_capacity_rps"]) for c in CRITERIA}
             row["latency_sim_error_pct"] = _latency_errors(mine, dict(beside))
         summary[v.name] = row
-    if s.workload == "trace":  # a trace's capacity is also how much faster it may come
-        own = s.loaded_trace.rate
+    own = s.loaded_trace.rate if s.workload == "trace" else None
+    if own is not None:  # a trace's capacity is also how much faster it may come
         for row in summary.values():
             row["x_trace_rate"] = {c: None if row[f"{c}_capacity_rps"] is None
                                    else row[f"{c}_capacity_rps"] / own for c in CRITERIA}
@@ -198,7 +198,7 @@ def _result(s: RunSettings, chosen: list[Variant], criteria: Criteria, store: Po
     return {"mode": "gpu" if measured else "simulated", **provenance(s.gpu.name),
             "analysed_offline": offline,
             "model": s.model.name, "inputs": s.as_dict(),
-            **({"trace_rate_rps": s.loaded_trace.rate} if s.workload == "trace" else {}),
+            **({"trace_rate_rps": own} if own is not None else {}),
             "criteria": {"slo_ttft_ms": criteria.slo.ttft_ms, "slo_tpot_ms": criteria.slo.tpot_ms,
                          "attainment": criteria.attainment,
                          "max_sched_delay_s": criteria.max_sched_delay_s},

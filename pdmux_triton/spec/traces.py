@@ -85,9 +85,9 @@ class Trace:
                     self.arrival.tolist())]
 
 
-def _whole(text: str, column: str, where: str, zero_ok: bool = False) -> int:
-    """A token count: a whole number >= 1 (written 512, 512.0 or 5e2); the caller judges 0
-    where `zero_ok` (a published log's failed request)."""
+def _whole(text: str, column: str, where: str) -> int:
+    """A token count: a whole number (written 512, 512.0 or 5e2); the caller checks it is at
+    least 1 (in a published log a 0 is a failed request)."""
     try:
         return int(text)
     except ValueError:
@@ -121,6 +121,7 @@ class TraceFormat:
     name: str
     columns: tuple[str, str, str]
     seconds: Callable[[str], float]
+    arrival_is: str = "a number of seconds"  # what `seconds` reads, for its error
     wall_clock: bool = False
     logged: bool = False
     model_column: str | None = None  # which model served each row, where the log says
@@ -129,7 +130,7 @@ class TraceFormat:
 CSV_FORMATS = (
     TraceFormat("this tool's CSV", TRACE_COLUMNS, float),
     TraceFormat("Azure LLM inference", ("TIMESTAMP", "ContextTokens", "GeneratedTokens"),
-                _wall_clock, wall_clock=True, logged=True),
+                _wall_clock, "a time", wall_clock=True, logged=True),
     TraceFormat("BurstGPT", ("Timestamp", "Request tokens", "Response tokens"), float,
                 wall_clock=True, logged=True, model_column="Model"),
 )
@@ -171,6 +172,11 @@ class _Columns:
         return True
 
 
+def _no_model_column(model: str, path: Path, kind: str) -> str:
+    return (f"--trace-model {model}: trace {path} ({kind}) names no model per row (BurstGPT's "
+            f"Model column does)")
+
+
 def _csv_rows(f, path: Path, columns: _Columns, model: str | None) -> TraceFormat:
     first = f.readline()
     delimiter = max(DELIMITERS, key=first.count)
@@ -187,8 +193,7 @@ def _csv_rows(f, path: Path, columns: _Columns, model: str | None) -> TraceForma
                          f"published trace: {PUBLISHED}")
     at = tuple(header.index(c) for c in fmt.columns)
     if model is not None and fmt.model_column not in header:
-        raise PdmuxError(f"--trace-model {model}: trace {path} ({fmt.name}) names no model per "
-                         f"row (BurstGPT's Model column does)")
+        raise PdmuxError(_no_model_column(model, path, fmt.name))
     by = header.index(fmt.model_column) if model is not None else None
     for fields in rows:
         if not any(x.strip() for x in fields):
@@ -205,12 +210,11 @@ def _csv_rows(f, path: Path, columns: _Columns, model: str | None) -> TraceForma
         try:
             arrival = fmt.seconds(texts[0])
         except ValueError:
-            raise PdmuxError(f"{where}: {fmt.columns[0]} must be "
-                             f"{'a time' if fmt.seconds is _wall_clock else 'a number of seconds'}"
-                             f", got {texts[0]!r}") from None
+            raise PdmuxError(f"{where}: {fmt.columns[0]} must be {fmt.arrival_is}, got "
+                             f"{texts[0]!r}") from None
         if not fmt.wall_clock and math.isfinite(arrival) and arrival > MAX_ARRIVAL_S:
             raise PdmuxError(f"{where}: {fmt.columns[0]} {arrival:g}: {ARRIVAL_BOUND}")
-        prompt, output = (_whole(texts[i], fmt.columns[i], where, fmt.logged) for i in (1, 2))
+        prompt, output = (_whole(texts[i], fmt.columns[i], where) for i in (1, 2))
         columns.add(where, rows.line_num, arrival, fmt.columns, prompt, output, fmt.logged)
     return fmt
 
@@ -239,7 +243,7 @@ def _mooncake_rows(f, path: Path, columns: _Columns) -> None:
         stamp = obj["timestamp"]
         if isinstance(stamp, bool) or not isinstance(stamp, (int, float)):
             raise PdmuxError(f"{where}: timestamp must be a number of ms, got {stamp!r}")
-        prompt, output = (_whole(str(obj[k]), k, where, True) for k in MOONCAKE_FIELDS[1:])
+        prompt, output = (_whole(str(obj[k]), k, where) for k in MOONCAKE_FIELDS[1:])
         blocks = obj.get("hash_ids", [])
         if not isinstance(blocks, list) or not all(
                 isinstance(b, int) and not isinstance(b, bool) for b in blocks):
@@ -279,8 +283,7 @@ def load_trace(path: str | Path, max_tokens: int | None = None, why: str = "",
         with path.open(newline="", encoding="utf-8-sig") as f:
             if jsonl:
                 if model is not None:
-                    raise PdmuxError(f"--trace-model {model}: trace {path} (Mooncake) names no "
-                                     f"model per row (BurstGPT's Model column does)")
+                    raise PdmuxError(_no_model_column(model, path, "Mooncake"))
                 _mooncake_rows(f, path, columns)
                 wall_clock, kind = True, "Mooncake"
             else:
