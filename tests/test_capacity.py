@@ -112,6 +112,44 @@ def test_fixed_rates_are_served_beside_the_search(tmp_path):
         assert result["summary"]["strategies"][name]["goodput_capacity_rps"] < 90.0
 
 
+def test_repeats_give_each_repeat_its_capacity_and_the_spread(monkeypatch, tmp_path):
+    """Measured with --repeats 3 on a stand-in GPU whose every repeat decodes at another speed
+    (1x, 2x and 1.4x faster): a point's figures are the repeats' medians, each repeat's are kept,
+    and each repeat's own capacity brackets the median's."""
+    original_run, runs = run.Servers._run, []
+
+    def uneven(self, v, loop, x, requests):
+        if not self.s.simulate:
+            law = x.decode_rate
+            slower = (1.0, 0.5, 0.7)[len(runs) % 3]
+            x.decode_rate = dataclasses.replace(law, peak_tbps=law.peak_tbps / slower)
+            runs.append(slower)
+            try:
+                return original_run(self, v, loop, x, requests)
+            finally:
+                x.decode_rate = law
+        return original_run(self, v, loop, x, requests)
+    monkeypatch.setattr(run.Servers, "__init__", _sim_servers)
+    monkeypatch.setattr(run.Servers, "_run", uneven)
+    s = dataclasses.replace(settings(simulate=False), repeats=3)
+    result = run_capacity(s, ("chunked_512",), CRITERIA, PointStore(tmp_path / "p.jsonl", PointKey),
+                          rates=RATES, log=lambda m: None)
+    measured = [p for p in result["points"] if p["mode"] == "gpu"]
+    assert len(runs) == 3 * len(measured)
+    for p in measured:
+        assert p["repeats"] == 3 and len(p["repeat_values"]["tpot_p50_ms"]) == 3
+        low, middle, high = sorted(p["repeat_values"]["tpot_p50_ms"])
+        assert low < high and p["tpot_p50_ms"] == middle
+        assert p["spread_pct"]["tpot_p50_ms"] == pytest.approx((high - low) / middle * 100)
+    simulated = [p for p in result["points"] if p["mode"] == "simulated"]
+    assert simulated and all("repeats" not in p for p in simulated)  # served once
+    row = result["summary"]["strategies"]["chunked_512"]
+    caps = row["capacity_by_repeat_rps"]["goodput"]
+    assert len(caps) == 3 and caps[1] >= caps[2] >= caps[0] and caps[1] > caps[0]
+    assert row["capacity_spread_pct"]["goodput"] > 0
+    assert row["steady"]["goodput"] in (True, False)
+
+
 def _sim_servers(self, s, requests, log=None):
     self.s, self.gpu, self.warm, self.log = s, None, set(), log
     self.cal = self.cmp = None

@@ -51,3 +51,21 @@ def test_crossing_interpolates_between_measured_rates():
     assert capacity_search.crossing(bumpy, CRITERIA.goodput) == 10.0
     assert capacity_search.bracketed(pts, CRITERIA.goodput, 6.0)
     assert not capacity_search.bracketed(pts, CRITERIA.goodput, 5.0)
+
+
+def test_a_capacity_is_read_from_the_highest_meeting_point_below_it():
+    pts = [(1.0, {"m": 1}), (2.0, {"m": 0.5}), (3.0, {"m": -1}), (4.0, {"m": 0.2})]
+    margin = lambda p: p["m"]  # noqa: E731
+    assert capacity_search.read_from(pts, margin, 2.4) == {"m": 0.5}
+    assert capacity_search.read_from(pts, margin, 4.0) == {"m": 0.2}
+    assert capacity_search.read_from(pts, margin, 0.5) is None
+    assert capacity_search.read_from(pts, margin, 0.0) is None
+
+
+@pytest.mark.parametrize("whole, later, steady", [(0.95, 0.93, True), (0.94, 0.88, False),
+                                                 (0.9, 0.96, False), (1.0, 1.0, True),
+                                                 (0.9, None, None)])
+def test_a_point_is_steady_when_its_later_half_fares_as_the_whole(whole, later, steady):
+    point = {"slo_attainment": whole, "slo_attainment_last_half": later}
+    assert capacity_search.steady(point) is steady
+    assert capacity_search.steady(None) is None

@@ -73,6 +73,8 @@ def test_serving_figures_and_slo_attainment():
     assert s["output_throughput_tps"] == pytest.approx(7 / 2.1)
     # fast meets both; slow misses TTFT and TPOT; the lost one meets TTFT and has no TPOT
     assert s["slo_attainment"] == pytest.approx(2 / 3)
+    # the later half by arrival (ties by id) is slow and the lost one: one of two meets
+    assert s["slo_attainment_last_half"] == pytest.approx(1 / 2)
     # goodput: per second of arrivals (0 to 0.5 s); the run's own rate counts the drain too
     assert s["goodput_rps"] == pytest.approx(2 / 0.5)
     assert s["slo_met_throughput_rps"] == pytest.approx(2 / 2.1)

@@ -79,7 +79,10 @@ def test_capacity_simulated_writes_json_table_and_plot(tmp_path, capsys):
     # the H200 preset without files is priced by the measurements the package ships
     assert data["inputs"]["calibration"] == "shipped:calibrate-h200.json"
     assert "50 requests a point" in captured.out and "shipped with the tool" in captured.out
-    assert "50 requests a point measure a burst" in captured.err
+    # 50 requests end before their queue settles: both capacities are labelled bursts
+    assert "burst" in captured.out and "stream too short for its rate" in captured.err
+    assert "--count 100 or more" in captured.err
+    assert data["summary"]["strategies"]["prefill_first"]["steady"]["goodput"] is False
     assert data["summary"]["highest_goodput_capacity"] in ("prefill_first", "pdmux_grid_cap")
     assert (tmp_path / "capacity-h200.png").stat().st_size > 1000
     assert main([*argv, "--json"]) == 0  # resumed: every point from the store
@@ -87,6 +90,9 @@ def test_capacity_simulated_writes_json_table_and_plot(tmp_path, capsys):
     fails(capsys, [*argv[:-2], "--count", "51", "--out", str(tmp_path)], "differ in count")
     fails(capsys, [*argv[:-2], "--count", "20", "--out", str(tmp_path)],
           "--count 20: a capacity needs at least 50 requests a point")
+    fails(capsys, [*argv, "--repeats", "2"], "--repeats 2: a simulation serves the same "
+          "requests the same way each time")
+    fails(capsys, [*argv, "--repeats", "0"], "--repeats")
 
 
 @no_gpu

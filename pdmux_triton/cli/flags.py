@@ -16,6 +16,7 @@ from pdmux_triton.cli.parsing import (FRACTION, Parser, choice, compute_capabili
                                       number)
 from pdmux_triton.cost.parallel import LINKS
 from pdmux_triton.errors import PdmuxError
+from pdmux_triton.experiments.repeats import MAX_REPEATS
 from pdmux_triton.experiments.settings import LENGTHS, LEVEL_POLICIES, MAX_SPEED, MAX_TP, WORKLOADS
 from pdmux_triton.experiments.variants import DEFAULT_STRATEGIES, variant
 from pdmux_triton.measure.calibration_sweep import DECODE_WORKLOADS
@@ -29,7 +30,7 @@ from pdmux_triton.spec.traffic import LENGTH_PRESETS
 
 MAX_COUNT = 100_000  # requests in one run
 MIN_CAPACITY_COUNT = 50  # requests a capacity point needs at least
-STEADY_COUNT = 1000  # requests a point for a near-steady read (bench/stream_length.py)
+DEFAULT_CAPACITY_COUNT = 1000  # requests a point, unless --count says (bench/stream_length.py)
 MAX_CTAS = 32  # programs per SM Hopper can hold
 
 
@@ -165,6 +166,9 @@ def _served_flags(p: Parser) -> None:
            help="tokens in one prefill batch at most (SGLang's --max-prefill-tokens)")
     p.flag("--max-running", type=integer(1, 1024), default=scheduler.DEFAULT_MAX_RUNNING,
            help="requests in the running batch at most (SGLang's --max-running-requests)")
+    p.flag("--repeats", type=integer(1, MAX_REPEATS), default=1,
+           help="measured: serve each strategy's requests this many times in one process; "
+                "figures are the medians, with their spread (highest - lowest, %% of the median)")
     _level_flags(p)
     _cost_flags(p)
     _parallel_flags(p)
@@ -289,9 +293,10 @@ def build_parser() -> Parser:
     _gpu_flags(p, help_text.GPU_OF_FILES, help_text.MEASURED_GPU)
     _model_flag(p)
     _weights_flag(p)
-    p.flag("--count", type=integer(1, MAX_COUNT), default=STEADY_COUNT,
-           help=f"requests per point: at least {MIN_CAPACITY_COUNT}; under {STEADY_COUNT} a "
-                f"point is a burst, whose capacity reads higher than the GPU sustains")
+    p.flag("--count", type=integer(1, MAX_COUNT), default=DEFAULT_CAPACITY_COUNT,
+           help=f"requests per point: at least {MIN_CAPACITY_COUNT}; a capacity read where "
+                f"the later half of a point's requests fares worse than the whole is labelled "
+                f"a burst (it reads higher than the GPU sustains): serve more")
     _stream_flags(p)
     _trace_flags(p)
     p.flag("--slo-ttft-ms", type=number(), default=2000.0, help="TTFT target")

@@ -11,7 +11,7 @@ from pdmux_triton.cli import tables
 from pdmux_triton.cli.common import (check_s_sat, config_from_args, gpu_from_args, measuring_gpu,
                                      note, note_later, out_folder, plot, refuse)
 from pdmux_triton.cli.flags import (CHAPTER_FLAGS, EXPONENTIAL_FLAGS, MIN_CAPACITY_COUNT,
-                                    REPLAY_KEEPS, STEADY_COUNT, STREAM_FLAGS, TRACE_FLAGS)
+                                    REPLAY_KEEPS, STREAM_FLAGS, TRACE_FLAGS)
 from pdmux_triton.cost.measured_inputs import shipped_inputs
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.results import read_json, write_json
@@ -44,7 +44,7 @@ def _replayed(args, given):
         try:
             gpu = measuring_gpu()
         except PdmuxError as err:  # as a run from flags: no GPU here, so simulate it
-            return dataclasses.replace(settings, simulate=True), err
+            return dataclasses.replace(settings, simulate=True, repeats=1), err
         if gpu.name != settings.gpu.name:
             raise PdmuxError(f"{args.replay} was measured on {settings.gpu.name}, this GPU is "
                              f"{gpu.name}: pass --simulate to simulate its inputs")
@@ -171,7 +171,10 @@ def cmd_run(args, given) -> None:
                  if settings.tp > 1 else gpu_name)
         if settings.replicas > 1:
             where = f"{settings.replicas} servers behind a round-robin router, each {where}"
-        print(f"{settings.model.name} on {where}, {settings.workload} workload, {mode}:")
+        repeats = (f", each figure the median of {settings.repeats} repeats (their spread: "
+                   f"spread_pct in the JSON)" if settings.repeats > 1 else "")
+        print(f"{settings.model.name} on {where}, {settings.workload} workload, {mode}"
+              f"{repeats}:")
         if settings.simulate:
             print(tables.cost_model_line(out["inputs"]))
         idle_known = not (settings.simulate and settings.workload == "chapter"
@@ -215,28 +218,25 @@ def cmd_capacity(args, given) -> None:
         raise PdmuxError("--offline reads measured points at --rates: name them")
     # offline, nothing is measured: the flags describe the GPU the points were measured on;
     # a trace is served sped up or slowed down to each rate searched
+    derived = served_by(tuple(args.strategies))
+    if args.offline:  # repeats are the measured points' own, set on the GPU's settings below
+        derived["repeats"] = 1
     settings, no_gpu = _settings(args, given, "trace" if args.trace else "stream",
-                                 simulate=args.offline or None,
-                                 derived=served_by(tuple(args.strategies)))
+                                 simulate=args.offline or None, derived=derived)
     count = _requests_in(settings)
     what = f"{count} requests of the trace (--trace-count)" if args.trace else f"--count {count}"
     if count < MIN_CAPACITY_COUNT:
         raise PdmuxError(f"{what}: a capacity needs at least {MIN_CAPACITY_COUNT} "
                          f"requests a point (so few arrive together and fit the GPU at any "
-                         f"rate, and attainment moves in steps of 1/count); {STEADY_COUNT} or "
-                         f"more measure the steady state")
-    if count < STEADY_COUNT:
-        note_later(f"{count} requests a point measure a burst: the stream's drain outlasts its "
-                   f"arrivals, so its capacities read higher than a GPU sustains (bench/"
-                   f"stream_length.py shows how much); {STEADY_COUNT} or more for the steady "
-                   f"state")
+                         f"rate, and attainment moves in steps of 1/count)")
     several = [n for n in args.strategies if variant(n).loop == "disagg"]
     if several and not settings.simulate:
         raise PdmuxError(f"{', '.join(several)} serve on several GPUs; this tool measures one: "
                          f"simulate them with --simulate")
     if args.offline:  # the GPU as it was measured, from the folder's settings
         gpu = capacity.measured_gpu(Path(args.out), settings.gpu.name)
-        settings, no_gpu = dataclasses.replace(settings, gpu=gpu, simulate=False), None
+        settings = dataclasses.replace(settings, gpu=gpu, simulate=False, repeats=args.repeats)
+        no_gpu = None
     elif settings.simulate:
         refuse(given, ("rates",), "when simulating (the simulation searches the rate)")
     for rate in args.rates or ():
@@ -257,6 +257,8 @@ def cmd_capacity(args, given) -> None:
         print(json.dumps(result, indent=1))
     else:
         print(tables.capacity_table(result))
+    for line in tables.burst_lines(result, count):
+        note(line)
     note(f"wrote {out / f'capacity-{gpu}.json'}")
     traffic = Path(settings.trace).name if args.trace else f"{settings.lengths} lengths"
     title = (f"SLO attainment vs request rate: {settings.model.name} on {gpu}, {traffic}, "

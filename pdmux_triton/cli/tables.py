@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+from pdmux_triton.experiments import capacity_search
 from pdmux_triton.multiplex import sglang_rules
 from pdmux_triton.results import SHIPPED_PREFIX
 
@@ -202,10 +203,16 @@ def capacity_table(result: dict) -> str:
     limit = "highest rate served" if measured else "search limit"
 
     def capacity(n: str, criterion: str) -> str:
-        figure = cell(rows[n][f"{criterion}_capacity_rps"], ".2f")
-        if "x_trace_rate" in rows[n] and rows[n]["x_trace_rate"][criterion] is not None:
-            figure += f" ({rows[n]['x_trace_rate'][criterion]:.2f}x)"
-        return f">= {figure} ({limit})" if rows[n]["at_least"][criterion] else figure
+        row = rows[n]
+        figure = cell(row[f"{criterion}_capacity_rps"], ".2f")
+        each = row.get("capacity_by_repeat_rps", {}).get(criterion)
+        if each and None not in each:  # the median of the repeats: their range beside it
+            figure += f" [{min(each):.2f}-{max(each):.2f}]"
+        if "x_trace_rate" in row and row["x_trace_rate"][criterion] is not None:
+            figure += f" ({row['x_trace_rate'][criterion]:.2f}x)"
+        if row.get("steady", {}).get(criterion) is False:
+            figure += " burst"
+        return f">= {figure} ({limit})" if row["at_least"][criterion] else figure
     spec = [("strategy", lambda n: n),
             ("goodput capacity req/s", lambda n: capacity(n, "goodput")),
             ("Sarathi capacity req/s", lambda n: capacity(n, "sarathi"))]
@@ -224,6 +231,20 @@ def capacity_table(result: dict) -> str:
     spec.append(("points", lambda n: cell(rows[n]["points"], "d")))
     rows = result["summary"]["strategies"]
     return head + "\n" + table([t for t, _ in spec], [[f(n) for _, f in spec] for n in rows])
+
+
+def burst_lines(result: dict, count: int) -> list[str]:
+    """What the capacity table's "burst" labels mean, and what to do about them."""
+    rows = result["summary"]["strategies"]
+    bursts = sorted({n for n, row in rows.items() for c, ok in row.get("steady", {}).items()
+                     if ok is False})
+    if not bursts:
+        return []
+    return [f"burst: {', '.join(bursts)} met the criterion on a stream too short for its rate "
+            f"(the SLO attainment of the later half of its {count} requests by arrival was more "
+            f"than {capacity_search.STEADY_POINTS * 100:g} points from the whole's): such a "
+            f"capacity reads higher than the GPU sustains; serve more requests a point (--count "
+            f"{2 * count} or more{', a longer --trace-count' if 'trace_rate_rps' in result else ''})"]
 
 
 def host_costs_table(data: dict) -> str:

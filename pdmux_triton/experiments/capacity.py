@@ -20,17 +20,18 @@ import numpy as np
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiments import capacity_search
 from pdmux_triton.experiments.capacity_search import CRITERIA, Criteria
+from pdmux_triton.experiments.repeats import repeat, spread_pct
 from pdmux_triton.experiments.run import GUARDS, Servers
 from pdmux_triton.experiments.settings import RunSettings, make_requests
 from pdmux_triton.experiments.variants import Variant, variant
 from pdmux_triton.results import PointStore, check_settings, provenance, read_json
 from pdmux_triton.spec.gpus import GPUSpec
 
-POINT_KEYS = ("rate", "slo_attainment", "goodput_rps", "slo_met_throughput_rps",
-              "ttft_p50_ms", "ttft_p99_ms",
-              "tpot_p50_ms", "tpot_p99_ms", "itl_p50_ms", "itl_p99_ms", "e2e_p50_ms",
-              "sched_delay_p50_s", "decode_gpu_p50_ms", "gpu_idle_frac", "level_changes",
-              "level_drain_ms",
+POINT_KEYS = ("rate", "slo_attainment", "slo_attainment_last_half", "goodput_rps",
+              "slo_met_throughput_rps", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms",
+              "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms", "itl_p50_ms", "itl_p99_ms",
+              "e2e_p50_ms", "e2e_p90_ms", "e2e_p99_ms", "sched_delay_p50_s", "decode_gpu_p50_ms",
+              "prefill_ms", "gpu_idle_frac", "level_changes", "level_drain_ms",
               "request_throughput_rps", "output_throughput_tps", "requests_served", *GUARDS)
 
 
@@ -89,8 +90,13 @@ class Sweep:
             self.servers = Servers(self.s, make_requests(self.s), self.log)
         row, _ = self.servers.serve(v, make_requests(self.s, rate))
         made_with = provenance(self.s.gpu.name)  # a point outlives the code that measured it
+        spread = {}
+        if "repeats" in row:  # medians; each repeat's figures kept for its own capacity
+            spread = {"repeats": row["repeats"],
+                      **{name: {k: v for k, v in row[name].items() if k in POINT_KEYS}
+                         for name in ("repeat_values", "spread_pct")}}
         point = self.store.add(key, **{k: row.get(k) for k in POINT_KEYS if k != "rate"},
-                               **{k: made_with[k] for k in MADE_WITH})
+                               **spread, **{k: made_with[k] for k in MADE_WITH})
         self.log(f"[{self.mode}] {v.name} at {rate:g} req/s: attainment "
                  f"{_fmt(point['slo_attainment'], '.0%')}, TTFT p99 {_fmt(point['ttft_p99_ms'])} "
                  f"ms, TPOT p99 {_fmt(point['tpot_p99_ms'])} ms, ITL p99 "
@@ -118,7 +124,7 @@ def run_capacity(s: RunSettings, names: tuple[str, ...], criteria: Criteria, sto
     the measured points come from the store alone. Each strategy is also served at the rates
     `also` names, whatever the search needs (strategies compared at fixed rates)."""
     chosen = [variant(n) for n in names]
-    sweeps = [Sweep(replace(s, simulate=True), store, log)]
+    sweeps = [Sweep(replace(s, simulate=True, repeats=1), store, log)]
     if not s.simulate:
         sweeps.append(Sweep(s, store, log, offline))
     found: dict[str, dict] = {}
@@ -166,6 +172,12 @@ def _result(s: RunSettings, chosen: list[Variant], criteria: Criteria, store: Po
         row.update({f"simulated_{c}_capacity_rps": res[f"simulated_{c}_capacity_rps"]
                     for c in CRITERIA})
         row["points"] = len(mine)
+        by_rate = sorted((p["rate"], p) for p in mine)
+        # read where the stream was long enough for its rate, or a burst's
+        row["steady"] = {c: capacity_search.steady(capacity_search.read_from(
+            by_rate, getattr(criteria, c), row[f"{c}_capacity_rps"])) for c in CRITERIA}
+        if measured and s.repeats > 1:
+            row.update(_repeat_capacities(by_rate, criteria, s.repeats))
         # the capacity is the highest rate served (the search's ceiling, or the highest rate
         # given), which still met the criterion: the strategy can take at least that
         top = max((p["rate"] for p in mine), default=None)
@@ -205,6 +217,20 @@ def _result(s: RunSettings, chosen: list[Variant], criteria: Criteria, store: Po
             "summary": {"strategies": summary, "highest_goodput_capacity": best, **totals},
             "points": sorted(store.points.values(),
                              key=lambda p: (p["mode"], p["strategy"], p["rate"]))}
+
+
+def _repeat_capacities(points: list[tuple[float, dict]], criteria: Criteria,
+                       repeats: int) -> dict:
+    """Each repeat's own capacity (its points' figures alone) and their spread, per
+    criterion."""
+    out = {"capacity_by_repeat_rps": {}, "capacity_spread_pct": {}}
+    for c in CRITERIA:
+        caps = [capacity_search.crossing([(r, repeat(p, i)) for r, p in points],
+                                         getattr(criteria, c)) for i in range(repeats)]
+        out["capacity_by_repeat_rps"][c] = caps
+        out["capacity_spread_pct"][c] = (spread_pct(caps) if caps and None not in caps
+                                         else None)
+    return out
 
 
 LATENCIES = ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms")

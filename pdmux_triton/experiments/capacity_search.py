@@ -114,6 +114,33 @@ def crossing(points: list[tuple[float, dict]], margin: Callable[[dict], float]) 
     return r0 + (r1 - r0) * m0 / (m0 - m1)
 
 
+# how far apart (in attainment) a point's later half may be from the whole for the point to
+# read as a steady state
+STEADY_POINTS = 0.05
+
+
+def read_from(points: list[tuple[float, dict]], margin: Callable[[dict], float],
+              capacity: float | None) -> dict | None:
+    """The point a capacity is read from: the highest-rate point at or below it that meets
+    the criterion (None when none does)."""
+    if not capacity:
+        return None
+    meeting = [p for r, p in sorted(points, key=lambda rp: rp[0])
+               if r <= capacity and margin(p) >= 0]
+    return meeting[-1] if meeting else None
+
+
+def steady(point: dict | None) -> bool | None:
+    """Whether a point's stream was long enough for its rate: its later half of requests
+    (by arrival) met the SLOs within STEADY_POINTS of the whole. A stream that ends before
+    its queue settles serves a burst: the later arrivals wait behind the earlier ones, so
+    their attainment falls below the whole's. None where unknown (no point, or one saved
+    before the later half was counted)."""
+    if point is None or point.get("slo_attainment_last_half") is None:
+        return None
+    return abs(point["slo_attainment_last_half"] - point["slo_attainment"]) <= STEADY_POINTS
+
+
 def bracketed(points: list[tuple[float, dict]], margin: Callable[[dict], float],
               rate: float) -> bool:
     """Whether a rate at or below `rate` already fails the criterion (a higher one need not

@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pdmux_triton.cost import parallel, step_cost
 from pdmux_triton.cost.measured_inputs import load_calibration, load_compare, load_host_costs
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.experiments import estimate
+from pdmux_triton.experiments import estimate, repeats
 from pdmux_triton.experiments.settings import RunSettings, make_requests
 from pdmux_triton.experiments.variants import Variant, variants
 from pdmux_triton.multiplex.level_policy import SGLangLevels, SloLevels
@@ -102,7 +102,8 @@ class Servers:
                          s.relevel_at_layers, self.overheads, s.comm)
 
     def serve(self, v: Variant, requests: list[Request]) -> tuple[dict, RunResult]:
-        """One variant over a copy of `requests`: its summary row and its run. On the GPU the
+        """One variant over a copy of `requests`, `s.repeats` times: its summary row (medians
+        and spread over the repeats, `repeats.combined`) and its first run. On the GPU the
         variant's first UNTIMED_REQUESTS requests are served once untimed before: the
         allocator then holds memory for the batches this traffic forms (the warm-up compiled
         and captured the rest). A prefix, so a long stream is not served twice; what the
@@ -117,10 +118,14 @@ class Servers:
         if self.gpu is not None and v.name not in self.warm:
             self._run(v, v.loop, x, requests[:UNTIMED_REQUESTS])
             self.warm.add(v.name)
-        with self.watch(x) as counts:
-            result = self._run(v, v.loop, x, requests)
-        row = {**metrics.summarize(result, s.slo), **counts, "strategy": v.name}
-        return row, result
+        rows, first = [], None
+        for _ in range(s.repeats):  # the same requests each time, on the same executor
+            with self.watch(x) as counts:
+                result = self._run(v, v.loop, x, requests)
+            rows.append({**metrics.summarize(result, s.slo), **counts, "strategy": v.name})
+            first = first or result
+            del result  # one repeat's run held at a time, besides the first
+        return repeats.combined(rows, summed=GUARDS), first
 
     def _run(self, v: Variant, loop: str, x, requests: list[Request]) -> RunResult:
         """One server's loop over a copy of `requests` (they serve every variant)."""

@@ -10,6 +10,7 @@ from functools import cached_property
 from pdmux_triton.cost import parallel, step_cost
 from pdmux_triton.cost.measured_inputs import load_calibration, load_compare, load_host_costs
 from pdmux_triton.errors import PdmuxError
+from pdmux_triton.experiments.repeats import MAX_REPEATS
 from pdmux_triton.multiplex import sglang_rules
 from pdmux_triton.multiplex.partition import SPLIT_KINDS
 from pdmux_triton.serve import scheduler
@@ -77,6 +78,8 @@ class RunSettings:
     # (None: the TPOT target)
     hysteresis: float = 0.1
     relevel_at_layers: bool = False
+    # measured: each strategy serves the same requests this many times (median and spread)
+    repeats: int = 1
     # SLOs a request must meet to count towards goodput
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
@@ -138,6 +141,13 @@ class RunSettings:
         if self.compare and not self.calibration:
             raise PdmuxError("--compare calibrates the prefill rate beside --calibration's decode "
                              "curve: pass --calibration too")
+        if not (isinstance(self.repeats, int) and 1 <= self.repeats <= MAX_REPEATS):
+            raise PdmuxError(f"--repeats {self.repeats!r}: a whole number of runs in "
+                             f"1..{MAX_REPEATS}")
+        if self.repeats > 1 and self.simulate:
+            raise PdmuxError(f"--repeats {self.repeats}: a simulation serves the same requests "
+                             f"the same way each time; repeats spread only where the GPU "
+                             f"measures")
         self._check_parallel()
         self._check_work()
         if self.calibration:  # read now: a bad file fails before minutes of serving

@@ -48,9 +48,13 @@ class SimExecutor:
         self.kv_arrives = kv_arrives
         self.total_sms, self.cc_major, self.num_layers = gpu.sms, gpu.cc_major, model.layers
         self.kv_capacity_tokens = step_cost.kv_capacity_tokens(gpu, model)
+        self._reset()
+
+    def _reset(self) -> None:
+        """The clock at 0, both sides idle on the whole GPU, nothing launched."""
         self.t = 0.0
         self.free = {"decode": 0.0, "prefill": 0.0}
-        self.sms = {"decode": gpu.sms, "prefill": gpu.sms}
+        self.sms = {"decode": self.total_sms, "prefill": self.total_sms}
         self.busy = array("d")  # start, end of every launch, flat
         self.decode_steps = array("d")
         self.drains = array("d")
@@ -70,6 +74,7 @@ class SimExecutor:
         return self.t
 
     def start(self, warm: list[Request]) -> None:
+        self._reset()  # an executor serves run after run, each on its own clock
         for r in warm:  # already decoding: the prompt is in the cache, the first token out
             r.context = r.prompt_len
 
