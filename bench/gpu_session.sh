@@ -15,6 +15,8 @@
 #   bash bench/gpu_session.sh steps batches    # served decode steps against the cost model's
 #       price (bench/step_errors.py); decode steps at other batches by SMs (calibrate
 #       --decode-batches, into a copy of the calibration: BATCHES=48 measures one more)
+#   FIDELITY_ARGS="--traces conv" bash bench/gpu_session.sh fidelity   # the simulator against
+#       the GPU on Azure trace windows (resumes its points when cut short)
 #   bash bench/gpu_session.sh gemm_rows   # decode GEMM tiles for 65-128 rows on 20-132 SMs
 #   bash bench/gpu_session.sh tests kernels run occupancy   # ~5 min
 #   bash bench/gpu_session.sh calibrate run advised         # ~3.5 min: after a decode-kernel change,
@@ -75,6 +77,13 @@ step batches ${BATCHES_S:-200} bash -c 'mkdir -p "$OUT/batches" && cp bench/resu
     --out "$OUT/batches" --workloads decode_step --kinds grid_cap --ctas 1 \
     --budgets ${BATCH_BUDGETS:-20,28,36,44,52,60,132} --decode-batches ${BATCHES:-1,8,16,64,72,96,128};
     rm -f "$OUT"/batches/*.png "$OUT/batches/calibrate-settings-h200.json"'
+# the simulator against the GPU on windows of the Azure traces (bench/trace_fidelity.py); its
+# points go to bench/results/trace-fidelity (carried back in $OUT), so a call cut short by its
+# limit resumes there on the next call once they are copied back into the tree
+step fidelity ${FIDELITY_S:-540} python3 bench/trace_fidelity.py --out bench/results ${FIDELITY_ARGS:-}
+case " $STEPS " in *" fidelity "*)
+    mkdir -p "$OUT/trace-fidelity" && cp bench/results/trace-fidelity/points-*.jsonl "$OUT/trace-fidelity/"
+    cp bench/results/trace-fidelity-*.json "$OUT/" 2>/dev/null ;; esac
 # capacity points go to bench/results, which travels with the tree: a call cut short by its
 # time limit resumes there on the next call (copy the points back between calls)
 export RATES=${RATES:-}

@@ -1,0 +1,339 @@
+"""How close the simulator comes to the GPU on real traces, metric by metric.
+
+Windows of the Azure LLM inference traces of 2023 (bench/data/azure-llm-2023: conversation and
+code, as published) are served at request rates below, near and above pd-mux's capacity on
+them (each window sped up to the rate, its arrivals' shape kept), by every strategy: measured
+on the GPU, each point `--repeats` times in one process, and simulated with the H200's
+committed calibration, comparison and host costs. Per point and metric the simulation's error
+against the measured median: TTFT, TPOT and E2E at p50/p90/p99 and the decode step on the GPU
+and the prefill time per prompt (p50) in percent, SLO attainment in points; per window and
+strategy the goodput capacity (the 90% crossing over the rates served) measured and simulated.
+
+Measured points are saved as they are served in <out>/trace-fidelity/points-<gpu>.jsonl (a
+run cut short resumes; each keeps its first repeat's prefill batches and rounds, to find what
+an error comes from); the simulation is made again each run, so after a change to the cost
+model `--offline` reads the measured points back and judges today's simulator anywhere.
+Writes <out>/trace-fidelity-<gpu>.json (points and the summary: `max_abs_error_pct` and
+`median_abs_error_pct` per metric against the issue's targets, `spread_pct` of the repeats)
+and prints the table.
+
+    python bench/trace_fidelity.py --out bench/results                 # on the GPU
+    python bench/trace_fidelity.py --traces conv --repeats 2 --out /tmp/tf
+    python bench/trace_fidelity.py --offline --out bench/results       # anywhere
+    python bench/trace_fidelity.py --plan                              # the rates, simulated
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from script import MEASURED_ON_H200, bench_inputs, bench_parser, finish, run_script
+
+from pdmux_triton.cli.parsing import choice, integer, listed
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.experiments import capacity_search
+from pdmux_triton.experiments.capacity_search import Criteria
+from pdmux_triton.experiments.run import GUARDS, Servers
+from pdmux_triton.experiments.settings import RunSettings, make_requests
+from pdmux_triton.experiments.variants import served_by, variant
+from pdmux_triton.results import PointStore, provenance
+from pdmux_triton.serve.executor import RunResult
+from pdmux_triton.serve.metrics import Slo
+from pdmux_triton.spec.gpus import detect_gpu, gpu_preset
+from pdmux_triton.spec.models import model_preset
+
+DATA = Path(__file__).parent / "data" / "azure-llm-2023"
+TRACES = {"conv": DATA / "AzureLLMInferenceTrace_conv.csv",
+          "code": DATA / "AzureLLMInferenceTrace_code.csv"}
+# per trace: the windows' first rows (far apart in the hour), and the rates each is served
+# at: below, near and above pd-mux's goodput capacity simulated on them (--plan)
+PLAN = {"conv": ((2000, 12000), (12.0, 22.0, 34.0)),
+        "code": ((1000, 6000), (2.0, 4.0, 7.0))}
+STRATEGIES = ("prefill_first", "chunked_512", "chunked_2048", "pdmux_grid_cap", "pdmux_green",
+              "pdmux_slo_grid_cap")
+COUNT = 100  # requests a window
+# metric: the issue's target for the simulation's largest error (percent; attainment in points)
+LATENCIES = ("ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p90_ms",
+             "tpot_p99_ms", "e2e_p50_ms", "e2e_p90_ms", "e2e_p99_ms", "decode_gpu_p50_ms",
+             "prefill_ms")
+TARGETS = {"tpot_p50_ms": 5, "tpot_p99_ms": 10, "ttft_p50_ms": 10, "ttft_p99_ms": 20,
+           "e2e_p50_ms": 5, "capacity": 5, "slo_attainment": 5}
+STABLE = 0.8  # a rate at most this share of its measured capacity is inside the stable region
+ROUND_US = 1e6  # diagnostics' times are kept in whole microseconds
+
+
+@dataclass(frozen=True)
+class Key:
+    mode: str
+    trace: str
+    start: int
+    rate: float
+    strategy: str
+
+
+def settings(args, trace: str, start: int, simulate: bool) -> RunSettings:
+    gpu = gpu_preset("h200") if simulate or args.offline else detect_gpu()
+    return RunSettings(
+        gpu=gpu, model=model_preset("qwen3-8b"), workload="trace", trace=str(TRACES[trace]),
+        trace_start=start, trace_count=args.count, simulate=simulate,
+        **served_by(tuple(args.strategies)), slo_ttft_ms=args.slo_ttft_ms,
+        slo_tpot_ms=args.slo_tpot_ms, calibration=args.calibration, compare=args.compare,
+        host_costs=args.host_costs, repeats=1 if simulate else args.repeats)
+
+
+def windows(args):
+    """(trace, first row, rates) of every window served."""
+    return [(t, start, PLAN[t][1]) for t in args.traces for start in PLAN[t][0]]
+
+
+def diagnostics(result: RunResult) -> dict:
+    """What a point's figures come from: each prefill batch (start, end, tokens, prompts),
+    every round and every decode step's GPU time, in microseconds."""
+    batches: dict[tuple, list] = {}
+    for r in result.requests:
+        if not r.warm and r.prefill_start is not None and r.prefill_end is not None:
+            batch = batches.setdefault((r.prefill_start, r.prefill_end), [0, 0])
+            batch[0] += r.prompt_len
+            batch[1] += 1
+    rounds = result.rounds
+    us = lambda seconds: round(seconds * ROUND_US)  # noqa: E731
+    return {
+        "prefills": [[us(a), us(b), tokens, n] for (a, b), (tokens, n) in sorted(batches.items())],
+        "rounds": {"start_us": [us(t) for t in rounds.start], "end_us": [us(t) for t in rounds.end],
+                   "level": list(rounds.level), "decode_bs": list(rounds.decode_bs),
+                   "decode_context": list(rounds.decode_context), "label": list(rounds.label),
+                   "labels": rounds.labels},
+        "decode_step_us": [us(t) for t in result.activity.decode_step_s],
+    }
+
+
+FIGURES = (*LATENCIES, "slo_attainment", "slo_attainment_last_half", "itl_p50_ms", "itl_p99_ms",
+           "sched_delay_p50_s", "requests_served", *GUARDS)
+
+
+def measure(args, store: PointStore, log) -> None:
+    """Every measured point the store lacks, on one model and executor set for all windows."""
+    todo = [(t, start, rate, name) for t, start, rates in windows(args) for rate in rates
+            for name in args.strategies
+            if not store.has(Key("gpu", t, start, rate, name))]
+    if not todo:
+        return
+    if args.offline:
+        t, start, rate, name = todo[0]
+        raise PdmuxError(f"{name} on {t} from row {start} at {rate:g} req/s was never measured "
+                         f"in {store.path}: measure it on the GPU (drop --offline)")
+    every = {(t, start): settings(args, t, start, simulate=False) for t, start, _ in windows(args)}
+    # one executor set sized for every window's requests: one model and cache for the run
+    union = [r for s in every.values() for r in make_requests(s)]
+    servers = Servers(next(iter(every.values())), union, log)
+    try:
+        trace_warmed = None
+        for t, start, rate, name in todo:
+            if t != trace_warmed:  # each trace's batches warm the allocator once, untimed
+                servers.warm.clear()
+                trace_warmed = t
+            log(f"[gpu] {name} on {t} from row {start} at {rate:g} req/s ...")
+            row, result = servers.serve(variant(name), make_requests(every[t, start], rate))
+            made_with = provenance(servers.s.gpu.name)
+            store.add(Key("gpu", t, start, rate, name), **{k: row.get(k) for k in FIGURES},
+                      repeats=row.get("repeats", 1),
+                      repeat_values={k: v for k, v in row.get("repeat_values", {}).items()
+                                     if k in FIGURES},
+                      spread_pct={k: v for k, v in row.get("spread_pct", {}).items()
+                                  if k in FIGURES},
+                      commit=made_with["commit"], source_sha256=made_with["source_sha256"],
+                      diagnostics=diagnostics(result))
+            del result
+    finally:
+        servers.close()
+
+
+def simulate(args) -> dict[tuple, dict]:
+    """Every point simulated with today's cost model: (trace, start, rate, strategy) -> row."""
+    out = {}
+    base = settings(args, *windows(args)[0][:2], simulate=True)
+    servers = Servers(base, [])
+    for t, start, rates in windows(args):
+        s = settings(args, t, start, simulate=True)
+        for rate in rates:
+            for name in args.strategies:
+                row, result = servers.serve(variant(name), make_requests(s, rate))
+                out[t, start, rate, name] = {**{k: row.get(k) for k in FIGURES},
+                                             "diagnostics": diagnostics(result)}
+    return out
+
+
+def error_pct(simulated, measured) -> float | None:
+    if simulated is None or measured is None or measured == 0:
+        return None
+    return (simulated - measured) / measured * 100
+
+
+def _worst(errors: list[tuple[float, str]]) -> dict | None:
+    if not errors:
+        return None
+    worst = max(errors, key=lambda e: abs(e[0]))
+    return {"max_abs": abs(worst[0]), "median_abs": statistics.median(abs(e) for e, _ in errors),
+            "at": worst[1], "points": len(errors)}
+
+
+def judge(args, store: PointStore, simulated: dict[tuple, dict]) -> dict:
+    """Each point's errors, each window's capacities, and the summary over them."""
+    criteria = Criteria(Slo(args.slo_ttft_ms, args.slo_tpot_ms))
+    points, capacities, errors = [], [], {k: [] for k in (*LATENCIES, "slo_attainment")}
+    spreads: dict[str, list[float]] = {}
+    for t, start, rates in windows(args):
+        for name in args.strategies:
+            measured = {r: store.get(Key("gpu", t, start, r, name)) for r in rates}
+            sim = {r: simulated[t, start, r, name] for r in rates}
+            cap = capacity_search.crossing(sorted(measured.items()), criteria.goodput)
+            cap_sim = capacity_search.crossing(sorted(sim.items()), criteria.goodput)
+            # a capacity at either end of the rates served is a bound, not a crossing
+            inside = cap is not None and 0 < cap < max(rates)
+            capacities.append({"trace": t, "start": start, "strategy": name,
+                               "measured_rps": cap, "simulated_rps": cap_sim,
+                               "error_pct": error_pct(cap_sim, cap) if inside else None,
+                               "repeat_rps": _repeat_capacities(measured, criteria)})
+            for rate in rates:
+                m, s = measured[rate], sim[rate]
+                where = f"{name} {t}@{start} {rate:g} req/s"
+                point = {"trace": t, "start": start, "rate": rate, "strategy": name,
+                         "measured": {k: m.get(k) for k in FIGURES},
+                         "simulated": {k: s.get(k) for k in FIGURES},
+                         "spread_pct": m.get("spread_pct", {}), "repeats": m.get("repeats", 1),
+                         "error_pct": {k: error_pct(s.get(k), m.get(k)) for k in LATENCIES}}
+                stable = inside and rate <= STABLE * cap
+                point["inside_stable_region"] = stable
+                point["attainment_error_points"] = (
+                    (s["slo_attainment"] - m["slo_attainment"]) * 100
+                    if m.get("slo_attainment") is not None else None)
+                for k in LATENCIES:
+                    if point["error_pct"][k] is not None:
+                        errors[k].append((point["error_pct"][k], where))
+                if stable and point["attainment_error_points"] is not None:
+                    errors["slo_attainment"].append((point["attainment_error_points"], where))
+                for k, v in point["spread_pct"].items():
+                    if v is not None:
+                        spreads.setdefault(k, []).append(v)
+                points.append(point)
+    cap_errors = [(c["error_pct"], f"{c['strategy']} {c['trace']}@{c['start']}")
+                  for c in capacities if c["error_pct"] is not None]
+    per_metric = {k: _worst(v) for k, v in errors.items()}
+    per_metric["capacity"] = _worst(cap_errors)
+    summary = {
+        "max_abs_error_pct": {k: v and v["max_abs"] for k, v in per_metric.items()},
+        "median_abs_error_pct": {k: v and v["median_abs"] for k, v in per_metric.items()},
+        "worst_at": {k: v and v["at"] for k, v in per_metric.items()},
+        "targets_pct": TARGETS,
+        "met": {k: (per_metric[k] is not None and per_metric[k]["max_abs"] <= target)
+                for k, target in TARGETS.items()},
+        "spread_pct": {k: {"median": statistics.median(v), "max": max(v)}
+                       for k, v in sorted(spreads.items())
+                       if k in (*LATENCIES, "slo_attainment")},
+        "guards": {g: sum(p["measured"].get(g) or 0 for p in points) for g in GUARDS},
+    }
+    return {"points": points, "capacities": capacities, "summary": summary}
+
+
+def _repeat_capacities(measured: dict[float, dict], criteria: Criteria) -> list | None:
+    """Each repeat's own capacity over the window's rates."""
+    from pdmux_triton.experiments.repeats import repeat
+
+    n = min(p.get("repeats", 1) for p in measured.values())
+    if n < 2:
+        return None
+    return [capacity_search.crossing(sorted((r, repeat(p, i)) for r, p in measured.items()),
+                                     criteria.goodput) for i in range(n)]
+
+
+def table(result: dict) -> str:
+    s = result["summary"]
+    lines = [f"{'metric':<20} {'max |err|':>10} {'median |err|':>13} {'target':>7} "
+             f"{'repeats spread (median)':>24}  worst at"]
+    for k in (*LATENCIES, "slo_attainment", "capacity"):
+        mx, md = s["max_abs_error_pct"].get(k), s["median_abs_error_pct"].get(k)
+        target = s["targets_pct"].get(k)
+        spread = s["spread_pct"].get(k, {}).get("median")
+        unit = " pt" if k == "slo_attainment" else " %"
+        lines.append(f"{k:<20} {_cell(mx, unit):>10} {_cell(md, unit):>13} "
+                     f"{'' if target is None else f'{target}{unit}':>7} {_cell(spread, ' %'):>24}"
+                     f"  {s['worst_at'].get(k) or ''}")
+    lines.append("")
+    lines.append(f"{'window':<14} {'strategy':<20} {'capacity measured':>18} {'simulated':>10}")
+    rates = result["inputs"]["rates_rps"]
+    for c in result["capacities"]:
+        served = rates[c["trace"]]
+        lines.append(f"{c['trace'] + '@' + str(c['start']):<14} {c['strategy']:<20} "
+                     f"{_bound(c['measured_rps'], served):>18} "
+                     f"{_bound(c['simulated_rps'], served):>10}")
+    return "\n".join(lines)
+
+
+def _bound(capacity: float | None, rates) -> str:
+    """A capacity, or the bound it is at either end of the rates served."""
+    if capacity is None:
+        return "-"
+    if capacity >= max(rates):
+        return f">= {max(rates):g}"
+    return f"< {min(rates):g}" if capacity == 0 else f"{capacity:.1f}"
+
+
+def _cell(v, unit: str) -> str:
+    return "-" if v is None else f"{v:.1f}{unit}"
+
+
+def plan(args) -> int:
+    """pd-mux's simulated goodput capacity on each window (what PLAN's rates bracket)."""
+    criteria = Criteria(Slo(args.slo_ttft_ms, args.slo_tpot_ms))
+    for t, start, rates in windows(args):
+        s = settings(args, t, start, simulate=True)
+        servers = Servers(s, [])
+        for name in ("pdmux_grid_cap", "prefill_first", "chunked_2048"):
+            cap, _ = capacity_search.search(
+                lambda r: servers.serve(variant(name), make_requests(s, r))[0],
+                criteria.goodput, s.loaded_trace.rate, tol=0.05)
+            print(f"{t} from row {start} ({s.loaded_trace.rate:.2f} req/s as recorded): {name} "
+                  f"{cap:.2f} req/s; served at {', '.join(map(str, rates))}")
+    return 0
+
+
+def run(args) -> int:
+    if args.plan:
+        return plan(args)
+    gpu = "h200" if args.offline else detect_gpu().name
+    store = PointStore(Path(args.out) / "trace-fidelity" / f"points-{gpu}.jsonl", Key)
+    measure(args, store, lambda line: print(line, file=sys.stderr, flush=True))
+    result = judge(args, store, simulate(args))
+    inputs = {"traces": {t: str(TRACES[t].relative_to(Path(__file__).parent.parent))
+                         for t in args.traces},
+              "windows": {t: PLAN[t][0] for t in args.traces},
+              "rates_rps": {t: PLAN[t][1] for t in args.traces}, "count": args.count,
+              "strategies": list(args.strategies), "repeats": args.repeats,
+              "slo_ttft_ms": args.slo_ttft_ms, "slo_tpot_ms": args.slo_tpot_ms,
+              "calibration": args.calibration, "compare": args.compare,
+              "host_costs": args.host_costs, "points_file": str(store.path)}
+    data = {**provenance(gpu), "analysed_offline": args.offline, "model": "qwen3-8b",
+            "inputs": inputs, **result}
+    return finish(Path(args.out) / f"trace-fidelity-{gpu}.json", data, table(data))
+
+
+def main(argv=None) -> int:
+    p = bench_parser("trace_fidelity.py", __doc__)
+    bench_inputs(p, *MEASURED_ON_H200)
+    p.add_argument("--traces", type=listed(choice(tuple(TRACES)), "trace"), default=tuple(TRACES))
+    p.add_argument("--strategies", type=listed(choice(STRATEGIES), "strategy"),
+                   default=STRATEGIES)
+    p.add_argument("--count", type=integer(50, 2000), default=COUNT)
+    p.add_argument("--repeats", type=integer(1, 10), default=2)
+    p.add_argument("--offline", action="store_true",
+                   help="read the measured points back, simulate beside them (no GPU)")
+    p.add_argument("--plan", action="store_true",
+                   help="print pd-mux's simulated capacity on each window (no GPU)")
+    return run_script(p, run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
