@@ -91,7 +91,7 @@ def windows(args):
 
 def diagnostics(result: RunResult) -> dict:
     """What a point's figures come from: each prefill batch (start, end, tokens, prompts),
-    every round and every decode step's GPU time, in microseconds."""
+    every round, every decode step's GPU time and every launch's span, in microseconds."""
     batches: dict[tuple, list] = {}
     for r in result.requests:
         if not r.warm and r.prefill_start is not None and r.prefill_end is not None:
@@ -107,7 +107,24 @@ def diagnostics(result: RunResult) -> dict:
                    "decode_context": list(rounds.decode_context), "label": list(rounds.label),
                    "labels": rounds.labels},
         "decode_step_us": [us(t) for t in result.activity.decode_step_s],
+        # every launch's (start, end) on the GPU, from the first launch (not the rounds' clock)
+        "busy_us": [[us(a), us(b)] for a, b in result.activity.busy],
+        # how fast the host launched an eager layer in this run (None: simulated, or a point
+        # measured before the executor timed its launches)
+        "host_layer_us": (us(statistics.median(result.activity.host_layer_s))
+                          if len(result.activity.host_layer_s) else None),
     }
+
+
+def batch_prefill_ms(diag: dict) -> float | None:
+    """The median prefill span of a run's prompt batches: the requests that got their first
+    token at one moment are one batch, from the first of them taken to that moment (points
+    measured before the scheduler stamped a batch once carry each request's own start)."""
+    batches: dict[int, int] = {}
+    for start, end, _, _ in diag["prefills"]:
+        batches[end] = min(start, batches.get(end, start))
+    spans = [(end - start) / 1e3 for end, start in batches.items()]
+    return statistics.median(spans) if spans else None
 
 
 FIGURES = (*LATENCIES, "slo_attainment", "slo_attainment_last_half", "itl_p50_ms", "itl_p99_ms",
@@ -151,19 +168,33 @@ def measure(args, store: PointStore, log) -> None:
         servers.close()
 
 
-def simulate(args) -> dict[tuple, dict]:
-    """Every point simulated with today's cost model: (trace, start, rate, strategy) -> row."""
+def simulate(args, store: PointStore) -> dict[tuple, dict]:
+    """Every point simulated with today's cost model: (trace, start, rate, strategy) -> its
+    row priced with the committed host costs and, where the measured run timed its host's
+    eager launches, a row priced on that host (`Overheads.on_host`)."""
     out = {}
     base = settings(args, *windows(args)[0][:2], simulate=True)
-    servers = Servers(base, [])
+    shipped = Servers(base, [])
     for t, start, rates in windows(args):
         s = settings(args, t, start, simulate=True)
         for rate in rates:
             for name in args.strategies:
-                row, result = servers.serve(variant(name), make_requests(s, rate))
-                out[t, start, rate, name] = {**{k: row.get(k) for k in FIGURES},
-                                             "diagnostics": diagnostics(result)}
+                rows = {"shipped_host": shipped}
+                measured = store.get(Key("gpu", t, start, rate, name))
+                host_us = measured and measured["diagnostics"].get("host_layer_us")
+                if host_us:
+                    rows["run_host"] = Servers(base, [], overheads=shipped.overheads.on_host(
+                        host_us / ROUND_US))
+                out[t, start, rate, name] = {which: _simulated(servers, name, s, rate)
+                                             for which, servers in rows.items()}
     return out
+
+
+def _simulated(servers: Servers, name: str, s: RunSettings, rate: float) -> dict:
+    row, result = servers.serve(variant(name), make_requests(s, rate))
+    diag = diagnostics(result)
+    return {**{k: row.get(k) for k in FIGURES}, "prefill_ms": batch_prefill_ms(diag),
+            "diagnostics": diag}
 
 
 def error_pct(simulated, measured) -> float | None:
@@ -180,14 +211,32 @@ def _worst(errors: list[tuple[float, str]]) -> dict | None:
             "at": worst[1], "points": len(errors)}
 
 
-def judge(args, store: PointStore, simulated: dict[tuple, dict]) -> dict:
-    """Each point's errors, each window's capacities, and the summary over them."""
+def judge(args, store: PointStore, simulations: dict[tuple, dict]) -> dict:
+    """Each point's errors, each window's capacities, and the summary over them: against the
+    simulation on the run's own host where the run timed it (the committed host costs where
+    not), and against the committed host costs alone (`shipped_host`)."""
+    out = _judged(args, store, {k: v.get("run_host", v["shipped_host"])
+                                for k, v in simulations.items()})
+    shipped = _judged(args, store, {k: v["shipped_host"] for k, v in simulations.items()})
+    out["summary"]["shipped_host"] = {k: shipped["summary"][k] for k in
+                                      ("max_abs_error_pct", "median_abs_error_pct", "met")}
+    out["summary"]["points_on_their_own_host"] = sum("run_host" in v
+                                                     for v in simulations.values())
+    return out
+
+
+def _measured(point: dict) -> dict:
+    """A measured point's figures, its prefill time read per batch from its diagnostics."""
+    return {**point, "prefill_ms": batch_prefill_ms(point["diagnostics"])}
+
+
+def _judged(args, store: PointStore, simulated: dict[tuple, dict]) -> dict:
     criteria = Criteria(Slo(args.slo_ttft_ms, args.slo_tpot_ms))
     points, capacities, errors = [], [], {k: [] for k in (*LATENCIES, "slo_attainment")}
     spreads: dict[str, list[float]] = {}
     for t, start, rates in windows(args):
         for name in args.strategies:
-            measured = {r: store.get(Key("gpu", t, start, r, name)) for r in rates}
+            measured = {r: _measured(store.get(Key("gpu", t, start, r, name))) for r in rates}
             sim = {r: simulated[t, start, r, name] for r in rates}
             cap = capacity_search.crossing(sorted(measured.items()), criteria.goodput)
             cap_sim = capacity_search.crossing(sorted(sim.items()), criteria.goodput)
@@ -306,7 +355,7 @@ def run(args) -> int:
     gpu = "h200" if args.offline else detect_gpu().name
     store = PointStore(Path(args.out) / "trace-fidelity" / f"points-{gpu}.jsonl", Key)
     measure(args, store, lambda line: print(line, file=sys.stderr, flush=True))
-    result = judge(args, store, simulate(args))
+    result = judge(args, store, simulate(args, store))
     inputs = {"traces": {t: str(TRACES[t].relative_to(Path(__file__).parent.parent))
                          for t in args.traces},
               "windows": {t: PLAN[t][0] for t in args.traces},

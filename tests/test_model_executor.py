@@ -58,6 +58,10 @@ def test_strategies_serve_the_same_tokens():
     assert len({t for toks in first.values() for t in toks}) > 3  # real, varied greedy tokens
     assert len(first[2]) == 5 and len(first[0]) == 6
     assert any(r.prefill.startswith("layers") for r in result.rounds)
+    # the host's launch time per layer of every eager launch, measured in the run
+    launches = sum(r.prefill.startswith("layers") for r in result.rounds)
+    assert len(result.activity.host_layer_s) == launches
+    assert all(0 < s < 10 for s in result.activity.host_layer_s)
 
 
 def reference_logits(x: ModelExecutor, tokens: list[int]) -> torch.Tensor:

@@ -187,3 +187,23 @@ def test_progress_says_how_far_a_run_is(monkeypatch):
     quiet = scheduler.run("chunked", sim(), stream(QWEN.vocab, 4.0, 6, Exponential(300, 900, 8, 20),
                                                    seed=1), chunk=512)
     assert quiet.rounds.end == result.rounds.end  # told or not, the same run
+
+
+class TickingClock(SimExecutor):
+    """A clock that moves on every reading, as the GPU executor's wall clock does."""
+
+    def now(self) -> float:
+        self.t += 1e-6
+        return self.t
+
+
+@pytest.mark.parametrize("strategy", ["prefill_first", "pdmux"])
+def test_a_prefill_batch_shares_one_window_on_a_clock_that_moves(strategy):
+    """Prompts taken together are one prefill: one start and one end for all of them, so a
+    run's prefill windows count a batch once on the GPU as in the simulation."""
+    x = TickingClock(H100, QWEN, step_cost.SaturationLaw(3.0, 66.0),
+                     step_cost.PrefillRate.fixed(H100.bf16_tflops, H100.sms, 0.5))
+    reqs = [Request(i, 300, 4, 0.0) for i in range(5)]  # all arrive together: one batch
+    result = scheduler.run(strategy, x, reqs)
+    assert len({(r.prefill_start, r.prefill_end) for r in result.requests}) == 1
+    assert len(metrics.prefill_windows(result)) == 1

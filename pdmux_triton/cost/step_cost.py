@@ -15,7 +15,7 @@ count bytes and FLOPs here, so an estimate and a simulation of the same scenario
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
@@ -294,6 +294,21 @@ class Overheads:
             if not (batch >= 1 and np.isfinite(seconds) and abs(seconds) < 1.0):
                 raise PdmuxError(f"decode_step_extra needs batches >= 1 and finite seconds under "
                                  f"1 s, got ({batch!r}, {seconds!r})")
+
+    def on_host(self, layer_launch_s: float) -> "Overheads":
+        """The same costs on a host that launches an eager layer in `layer_launch_s`: what
+        the host does (a decode round's share, an eager step's batch, a mixed step's fixed
+        cost) scaled by how much faster or slower it launches; the GPU's terms kept. Hosts
+        beside the same GPU launch at different speeds (bench/NOTES.md), so a measured run is
+        judged against its own host."""
+        _check_positive("an eager layer's launch time", layer_launch_s)
+        if not self.layer_launch_s:
+            raise PdmuxError("overheads without an eager layer's launch time cannot be moved "
+                             "to another host")
+        f = layer_launch_s / self.layer_launch_s
+        mixed = None if self.mixed is None else replace(self.mixed, fixed_s=self.mixed.fixed_s * f)
+        return replace(self, decode_round_s=self.decode_round_s * f, layer_launch_s=layer_launch_s,
+                       eager_step_s=self.eager_step_s * f, mixed=mixed)
 
     def decode_extra_s(self, batch: int) -> float:
         """Beyond the bytes: a captured step's fixed costs, which its batch's rows move."""

@@ -53,13 +53,15 @@ UNTIMED_REQUESTS = 100
 class Servers:
     """The executors of one run: simulated, or real ones over one model on the GPU."""
 
-    def __init__(self, s: RunSettings, requests: list[Request], log=None):
+    def __init__(self, s: RunSettings, requests: list[Request], log=None,
+                 overheads: step_cost.Overheads | None = None):
+        """`overheads`: the host costs a simulation prices with, instead of the settings'."""
         self.s = s
         self.log = log  # where a long run's progress lines go (none: silent)
         self.gpu = None
         self.warm: set[str] = set()  # variants served once untimed (GPU)
-        self.overheads = (load_host_costs(s.host_costs, s.gpu.name) if s.host_costs
-                          else step_cost.Overheads())
+        self.overheads = overheads or (load_host_costs(s.host_costs, s.gpu.name) if s.host_costs
+                                       else step_cost.Overheads())
         if s.simulate:
             self.cal = load_calibration(s.calibration, s.gpu.name) if s.calibration else None
             self.cmp = load_compare(s.compare, s.gpu.name) if s.compare else None

@@ -322,8 +322,10 @@ class ModelExecutor:
         side = self.prefill_side
         with _on(side.stream):
             mark = self.marks.mark(side.stream)
+            began = time.perf_counter()
             carry.hidden, carry.residual = self.model.extend_layers(
                 carry.batch, start, end, carry.hidden, carry.residual, budget=side.budget)
+            self.marks.launched_layers(time.perf_counter() - began, end - start)
             if end == self.num_layers:
                 carry.first = self._greedy(carry.hidden, carry.residual, carry.batch, side)
                 carry.hidden = carry.residual = None  # free the activations
@@ -347,7 +349,9 @@ class ModelExecutor:
         with _on(side.stream):  # uploads too: the side's stream must see them in order
             mark = self.marks.mark(side.stream)
             batch = self._extend_batch(seqs)
+            began = time.perf_counter()
             h, r = self.model.extend_layers(batch, 0, self.num_layers, budget=side.budget)
+            self.marks.launched_layers(time.perf_counter() - began, self.num_layers)
             out = self._greedy(h, r, batch, side)
             end = self.marks.mark(side.stream)
         self.marks.add(mark, end)

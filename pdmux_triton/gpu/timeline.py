@@ -29,6 +29,7 @@ class LaunchMarks:
         self.launches: list[tuple[object, object]] = []
         self.decode_steps: list[tuple[object, object]] = []
         self.drains: list[float] = []  # host seconds each level switch waited
+        self.host_layers: list[float] = []  # host seconds per layer of each eager launch
 
     def mark(self, stream):
         if not self.cuda:
@@ -46,6 +47,12 @@ class LaunchMarks:
         self.launches.clear()
         self.decode_steps.clear()
         self.drains.clear()
+        self.host_layers.clear()
+
+    def launched_layers(self, seconds: float, layers: int) -> None:
+        """The host took `seconds` to launch `layers` eager layers."""
+        if layers:
+            self.host_layers.append(seconds / layers)
 
     def _seconds(self, a, b) -> float:
         return a.elapsed_time(b) / 1e3 if self.cuda else b.t - a.t
@@ -53,9 +60,9 @@ class LaunchMarks:
     def activity(self) -> Activity:
         """Busy spans relative to the first launch (call after the GPU drained)."""
         if not self.launches:
-            return Activity([], (0.0, 0.0), [], list(self.drains))
+            return Activity([], (0.0, 0.0), [], list(self.drains), list(self.host_layers))
         base = self.launches[0][0]
         spans = [(self._seconds(base, a), self._seconds(base, b)) for a, b in self.launches]
         window = (min(a for a, _ in spans), max(b for _, b in spans))
         return Activity(spans, window, [self._seconds(a, b) for a, b in self.decode_steps],
-                        list(self.drains))
+                        list(self.drains), list(self.host_layers))

@@ -25,6 +25,9 @@ class Activity:
     window: tuple[float, float]  # the span over which idle time is counted
     decode_step_s: Sequence[float]  # each decode step's own time, launch to end
     drain_s: Sequence[float] = field(default_factory=list)  # the host's wait at each set_level
+    # host seconds per layer of each eager launch (prefill layers, mixed steps): how fast this
+    # machine's host launches, measured in the run itself; empty on a simulated clock
+    host_layer_s: Sequence[float] = field(default_factory=list)
 
 
 class Executor(Protocol):

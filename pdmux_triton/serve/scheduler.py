@@ -278,8 +278,9 @@ def run_pdmux(e: Engine, levels: list[sglang_rules.Level], config: sglang_rules.
         adjust = adjust or (level > 0 and not e.running)  # as SGLang: an empty batch re-levels
         starting = e.take_prompts(token_budget) if job is None else []
         if starting:
+            taken = e.x.now()  # once: a batch's prompts share one prefill window
             for r in starting:
-                r.prefill_start = e.x.now()
+                r.prefill_start = taken
             adjust = True
         # the decode batch, where a change of it can re-level (read only then)
         batch = tuple(r.rid for r in e.running) if picker.relevel_at_layers else ()
