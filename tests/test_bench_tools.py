@@ -1,9 +1,11 @@
 """The benchmark scripts on a machine without a GPU: the offline compile diagnostic runs (it
 needs Triton's bundled ptxas, no GPU), the measuring scripts say they need one."""
 
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -39,15 +41,17 @@ def test_inner_loop_is_the_shortest_backward_branch_with_mma():
                                         "@!P0 BRA LBB1;"]
 
 
-@pytest.mark.parametrize("script", ["bench/bench_kernels.py", "bench/decode_occupancy.py",
-                                    "bench/profile_decode.py"])
-def test_benchmarks_without_a_gpu_say_so_in_one_line(script):
+@pytest.mark.parametrize("script, says", [
+    ("bench/bench_kernels.py", "torch sees none"), ("bench/decode_occupancy.py", "torch sees none"),
+    ("bench/profile_decode.py", "torch sees none"),
+    ("bench/trace_fidelity.py", "no CUDA GPU is visible to torch")])
+def test_benchmarks_without_a_gpu_say_so_in_one_line(script, says):
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("has a GPU")
     out = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2 and "torch sees none" in out.stderr
+    assert out.returncode == 2 and says in out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
 
@@ -268,3 +272,65 @@ def test_stream_length_reads_capacity_by_count_and_sample(tmp_path):
     bad = subprocess.run([sys.executable, "bench/stream_length.py", "--out", str(tmp_path),
                           "--counts", "0"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--counts" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def _fidelity_folder(tmp_path, points: str):
+    """A results folder holding committed measured points of bench/trace_fidelity.py."""
+    folder = tmp_path / "trace-fidelity"
+    folder.mkdir()
+    (folder / "points-h200.jsonl").write_text(Path(points).read_text())
+    return tmp_path
+
+
+def test_trace_fidelity_judges_the_committed_conversation_points_offline(tmp_path):
+    out = _fidelity_folder(tmp_path, "bench/results/trace-fidelity/points-h200.jsonl")
+    run = subprocess.run([sys.executable, "bench/trace_fidelity.py", "--offline", "--traces",
+                          "conv", "--strategies", "prefill_first,pdmux_grid_cap", "--out",
+                          str(out)], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert "ttft_p50_ms" in run.stdout and "capacity measured" in run.stdout
+    data = json.loads((out / "trace-fidelity-h200.json").read_text())
+    assert data["analysed_offline"] and len(data["points"]) == 2 * 2 * 3
+    for p in data["points"]:  # each error is the simulation's against the measured median
+        m, s = p["measured"]["tpot_p50_ms"], p["simulated"]["tpot_p50_ms"]
+        assert p["error_pct"]["tpot_p50_ms"] == pytest.approx((s - m) / m * 100)
+        assert p["repeats"] == 2
+    worst = max(abs(p["error_pct"]["ttft_p99_ms"]) for p in data["points"])
+    assert data["summary"]["max_abs_error_pct"]["ttft_p99_ms"] == pytest.approx(worst)
+    # measured before the executor timed its host: judged on the committed host costs alone
+    assert data["summary"]["points_on_their_own_host"] == 0
+    assert data["summary"]["shipped_host"]["max_abs_error_pct"] == data["summary"][
+        "max_abs_error_pct"]
+    missing = subprocess.run([sys.executable, "bench/trace_fidelity.py", "--offline", "--traces",
+                              "code", "--out", str(out)], capture_output=True, text=True,
+                             timeout=300)
+    assert missing.returncode == 2 and "was never measured" in missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1
+
+
+def test_trace_fidelity_prices_a_run_on_its_own_host(tmp_path, monkeypatch, capsys):
+    """A point whose run timed its host's eager launches is simulated on that host too, and
+    judged there; the committed host costs' errors are kept beside."""
+    sys.path.insert(0, "bench")
+    import trace_fidelity
+
+    monkeypatch.setattr(trace_fidelity, "PLAN", {"conv": ((12000,), (12.0,))})
+    out = _fidelity_folder(
+        tmp_path, "bench/results/trace-fidelity/probes/own-host-12000-12rps-points-h200.jsonl")
+    assert trace_fidelity.main(["--offline", "--traces", "conv", "--strategies",
+                                "prefill_first,chunked_512", "--out", str(out)]) == 0
+    data = json.loads((out / "trace-fidelity-h200.json").read_text())
+    s = data["summary"]
+    assert s["points_on_their_own_host"] == 2
+    assert s["max_abs_error_pct"]["prefill_ms"] != s["shipped_host"]["max_abs_error_pct"][
+        "prefill_ms"]
+
+
+def test_a_batch_prefill_spans_its_first_prompt_taken_to_its_first_token():
+    sys.path.insert(0, "bench")
+    from trace_fidelity import batch_prefill_ms
+
+    # two requests of one batch (one first-token time, starts a microsecond apart) and one alone
+    diag = {"prefills": [[1000, 5000, 300, 1], [1001, 5000, 200, 1], [9000, 11000, 50, 1]]}
+    assert batch_prefill_ms(diag) == pytest.approx((4.0 + 2.0) / 2)
+    assert batch_prefill_ms({"prefills": []}) is None
