@@ -10,7 +10,7 @@ from conftest import HAS_CUDA
 
 from pdmux_triton.gpu.model_executor import ModelExecutor
 from pdmux_triton.multiplex.partition import Budget
-from pdmux_triton.serve import scheduler
+from pdmux_triton.serve import metrics, scheduler
 from pdmux_triton.spec.gpus import GPUSpec, detect_gpu
 from pdmux_triton.spec.models import model_preset
 from pdmux_triton.spec.traffic import Request, TokenIds
@@ -62,6 +62,7 @@ def test_strategies_serve_the_same_tokens():
     launches = sum(r.prefill.startswith("layers") for r in result.rounds)
     assert len(result.activity.host_layer_s) == launches
     assert all(0 < s < 10 for s in result.activity.host_layer_s)
+    assert metrics.summarize(result)["host_layer_p50_ms"] > 0
 
 
 def reference_logits(x: ModelExecutor, tokens: list[int]) -> torch.Tensor:

@@ -205,6 +205,7 @@ def run_experiment(s: RunSettings, log=print, keep_runs: bool = True
 
 
 SUMMARY_KEYS = ("itl_p50_ms", "itl_p99_ms", "itl_during_prefill_p50_ms", "decode_gpu_p50_ms",
+                "host_layer_p50_ms",
                 "prefill_ms", "tokens_during_prefill", "ttft_p50_ms", "tpot_p50_ms",
                 "e2e_p50_ms", "slo_attainment", "goodput_rps", "slo_met_throughput_rps",
                 "gpu_idle_frac", "level_changes",

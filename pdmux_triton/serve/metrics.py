@@ -262,6 +262,9 @@ def summarize(result: RunResult, slo: Slo | None = None) -> dict:
         "itl_during_prefill_max_ms": during.max(),
         # the decode step on the GPU alone, without the host's share of the ITL
         "decode_gpu_p50_ms": _pct(result.activity.decode_step_s, 50),
+        # how fast this machine's host launched an eager layer (measured runs): hosts beside
+        # one GPU model differ, and host-bound steps follow it
+        "host_layer_p50_ms": _pct(result.activity.host_layer_s, 50),
         "prefill_ms": _pct(windows[:, 1] - windows[:, 0], 50),
         "tokens_during_prefill": float(np.mean(tokens_during)) if len(tokens_during) else None,
         "ttft_p50_ms": _pct(ttfts, 50),
