@@ -35,6 +35,7 @@ from script import MEASURED_ON_H200, bench_inputs, bench_parser, finish, run_scr
 from pdmux_triton.cli.parsing import choice, integer, listed
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiments import capacity_search
+from pdmux_triton.experiments.capacity import repeat_capacities
 from pdmux_triton.experiments.capacity_search import Criteria
 from pdmux_triton.experiments.run import GUARDS, Servers
 from pdmux_triton.experiments.settings import RunSettings, make_requests
@@ -175,6 +176,7 @@ def simulate(args, store: PointStore) -> dict[tuple, dict]:
     out = {}
     base = settings(args, *windows(args)[0][:2], simulate=True)
     shipped = Servers(base, [])
+    on_host: dict[int, Servers] = {}  # by the host's launch time, us: one per measuring run
     for t, start, rates in windows(args):
         s = settings(args, t, start, simulate=True)
         for rate in rates:
@@ -183,8 +185,10 @@ def simulate(args, store: PointStore) -> dict[tuple, dict]:
                 measured = store.get(Key("gpu", t, start, rate, name))
                 host_us = measured and measured["diagnostics"].get("host_layer_us")
                 if host_us:
-                    rows["run_host"] = Servers(base, [], overheads=shipped.overheads.on_host(
-                        host_us / ROUND_US))
+                    if host_us not in on_host:
+                        on_host[host_us] = Servers(base, [], overheads=shipped.overheads.on_host(
+                            host_us / ROUND_US))
+                    rows["run_host"] = on_host[host_us]
                 out[t, start, rate, name] = {which: _simulated(servers, name, s, rate)
                                              for which, servers in rows.items()}
     return out
@@ -288,14 +292,12 @@ def _judged(args, store: PointStore, simulated: dict[tuple, dict]) -> dict:
 
 
 def _repeat_capacities(measured: dict[float, dict], criteria: Criteria) -> list | None:
-    """Each repeat's own capacity over the window's rates."""
-    from pdmux_triton.experiments.repeats import repeat
-
+    """Each repeat's own goodput capacity over the window's rates."""
     n = min(p.get("repeats", 1) for p in measured.values())
     if n < 2:
         return None
-    return [capacity_search.crossing(sorted((r, repeat(p, i)) for r, p in measured.items()),
-                                     criteria.goodput) for i in range(n)]
+    return repeat_capacities(sorted(measured.items()), criteria, n)[
+        "capacity_by_repeat_rps"]["goodput"]
 
 
 def table(result: dict) -> str:

@@ -295,8 +295,8 @@ def build_parser() -> Parser:
     _weights_flag(p)
     p.flag("--count", type=integer(1, MAX_COUNT), default=DEFAULT_CAPACITY_COUNT,
            help=f"requests per point: at least {MIN_CAPACITY_COUNT}; a capacity read where "
-                f"the later half of a point's requests fares worse than the whole is labelled "
-                f"a burst (it reads higher than the GPU sustains): serve more")
+                f"a point's later half of requests met the SLOs more than 5 points apart from "
+                f"the whole is labelled a burst (it reads higher than the GPU sustains)")
     _stream_flags(p)
     _trace_flags(p)
     p.flag("--slo-ttft-ms", type=number(), default=2000.0, help="TTFT target")

@@ -177,7 +177,7 @@ def _result(s: RunSettings, chosen: list[Variant], criteria: Criteria, store: Po
         row["steady"] = {c: capacity_search.steady(capacity_search.read_from(
             by_rate, getattr(criteria, c), row[f"{c}_capacity_rps"])) for c in CRITERIA}
         if measured and s.repeats > 1:
-            row.update(_repeat_capacities(by_rate, criteria, s.repeats))
+            row.update(repeat_capacities(by_rate, criteria, s.repeats))
         # the capacity is the highest rate served (the search's ceiling, or the highest rate
         # given), which still met the criterion: the strategy can take at least that
         top = max((p["rate"] for p in mine), default=None)
@@ -219,10 +219,10 @@ def _result(s: RunSettings, chosen: list[Variant], criteria: Criteria, store: Po
                              key=lambda p: (p["mode"], p["strategy"], p["rate"]))}
 
 
-def _repeat_capacities(points: list[tuple[float, dict]], criteria: Criteria,
-                       repeats: int) -> dict:
-    """Each repeat's own capacity (its points' figures alone) and their spread, per
-    criterion."""
+def repeat_capacities(points: list[tuple[float, dict]], criteria: Criteria,
+                      repeats: int) -> dict:
+    """Each repeat's own capacity over (rate, point) pairs (its figures alone) and their
+    spread, per criterion."""
     out = {"capacity_by_repeat_rps": {}, "capacity_spread_pct": {}}
     for c in CRITERIA:
         caps = [capacity_search.crossing([(r, repeat(p, i)) for r, p in points],
