@@ -16,6 +16,7 @@ from pdmux_triton.cli.parsing import (FRACTION, Parser, choice, compute_capabili
                                       number)
 from pdmux_triton.cost.parallel import LINKS
 from pdmux_triton.errors import PdmuxError
+from pdmux_triton.experiments.capacity_search import STEADY_POINTS
 from pdmux_triton.experiments.repeats import MAX_REPEATS
 from pdmux_triton.experiments.settings import LENGTHS, LEVEL_POLICIES, MAX_SPEED, MAX_TP, WORKLOADS
 from pdmux_triton.experiments.variants import DEFAULT_STRATEGIES, variant
@@ -295,7 +296,8 @@ def build_parser() -> Parser:
     _weights_flag(p)
     p.flag("--count", type=integer(1, MAX_COUNT), default=DEFAULT_CAPACITY_COUNT,
            help=f"requests per point: at least {MIN_CAPACITY_COUNT}; a capacity read where "
-                f"a point's later half of requests met the SLOs more than 5 points apart from "
+                f"a point's later half of requests met the SLOs more than "
+                f"{STEADY_POINTS * 100:g} points apart from "
                 f"the whole is labelled a burst (it reads higher than the GPU sustains)")
     _stream_flags(p)
     _trace_flags(p)
