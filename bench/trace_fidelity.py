@@ -51,7 +51,7 @@ TRACES = {"conv": DATA / "AzureLLMInferenceTrace_conv.csv",
           "code": DATA / "AzureLLMInferenceTrace_code.csv"}
 # per trace: the windows' first rows (far apart in the hour), and the rates each is served
 # at: below, near and above pd-mux's goodput capacity simulated on them (--plan)
-PLAN = {"conv": ((2000, 12000), (12.0, 22.0, 34.0)),
+PLAN = {"conv": ((2000, 12000), (12.0, 24.0, 48.0)),
         "code": ((1000, 6000), (2.0, 4.0, 7.0))}
 STRATEGIES = ("prefill_first", "chunked_512", "chunked_2048", "pdmux_grid_cap", "pdmux_green",
               "pdmux_slo_grid_cap")

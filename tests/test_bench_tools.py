@@ -282,13 +282,18 @@ def _fidelity_folder(tmp_path, points: str):
     return tmp_path
 
 
-def test_trace_fidelity_judges_the_committed_conversation_points_offline(tmp_path):
-    out = _fidelity_folder(tmp_path, "bench/results/trace-fidelity/points-h200.jsonl")
-    run = subprocess.run([sys.executable, "bench/trace_fidelity.py", "--offline", "--traces",
-                          "conv", "--strategies", "prefill_first,pdmux_grid_cap", "--out",
-                          str(out)], capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-2000:]
-    assert "ttft_p50_ms" in run.stdout and "capacity measured" in run.stdout
+def test_trace_fidelity_judges_the_committed_conversation_points_offline(tmp_path, monkeypatch,
+                                                                        capsys):
+    sys.path.insert(0, "bench")
+    import trace_fidelity
+
+    # session 18's points, served at the rates of that day's plan
+    monkeypatch.setattr(trace_fidelity, "PLAN", {"conv": ((2000, 12000), (12.0, 22.0, 34.0))})
+    out = _fidelity_folder(tmp_path, "bench/results/trace-fidelity/untimed-host/points-h200.jsonl")
+    assert trace_fidelity.main(["--offline", "--traces", "conv", "--strategies",
+                                "prefill_first,pdmux_grid_cap", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "ttft_p50_ms" in printed and "capacity measured" in printed
     data = json.loads((out / "trace-fidelity-h200.json").read_text())
     assert data["analysed_offline"] and len(data["points"]) == 2 * 2 * 3
     for p in data["points"]:  # each error is the simulation's against the measured median
