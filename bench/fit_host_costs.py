@@ -1,5 +1,5 @@
 """Fits what the simulator's cost model lacks to measurements of this tool's executor, and adds
-it to a host-costs file (bench/host_costs.py's):
+it to a host-costs file (`calibrate --host-costs`'s):
 
 - eager_step: the host's fixed cost of an eager step (its batch made and uploaded, its tokens
   read back), as pd-mux pays it before each prefill: the median chunked round of the smallest
@@ -7,15 +7,20 @@ it to a host-costs file (bench/host_costs.py's):
 - decode_step_extra: per batch size, a captured decode step's GPU time (the file's decode
   rounds) beyond its bytes at the calibration's whole-GPU rate alone;
 - mixed_step: a chunked-prefill step's fixed cost and the MFU of its padded decode-row
-  attention (`step_cost.MixedStepFit`), by least squares over every chunked round of a measured
-  run, its other phases taken from the calibration and the comparison.
+  attention (`step_cost.MixedStepFit`), by least squares over every chunked round measured,
+  its other phases taken from the calibration and the comparison; a round lasts its GPU
+  phases or its layers' launches, whichever is longer.
 
-The run is `pdmux-triton run --workload stream` measured on the GPU; each round's decode
-context is read from it (or, in runs saved before rounds recorded it, replayed from its
-requests). Prints each fit and the mixed step's error over the rounds.
+The rounds come from a measured `pdmux-triton run --workload stream` (its rounds' decode
+context read from it or, in runs saved before rounds recorded it, replayed from its requests)
+or from bench/trace_fidelity.py's measured points (each run's rounds and the speed its host
+launched an eager layer at). Host times are put in the file's host (its eager layer's launch
+time): a run on a host that launched k times slower paid k times its fixed costs, as
+`Overheads.on_host` prices it. Prints each fit and the mixed step's error over the rounds.
 
-    python bench/fit_host_costs.py bench/results/stream-h200.json bench/results/host-costs-h200.json \\
-        --calibration bench/results/calibrate-h200.json --compare bench/results/compare-h200.json
+    python bench/fit_host_costs.py bench/results/trace-fidelity/points-h200.jsonl \\
+        bench/results/host-costs-h200.json --calibration bench/results/calibrate-h200.json \\
+        --compare bench/results/compare-h200.json
 """
 
 from __future__ import annotations
@@ -33,7 +38,9 @@ from pdmux_triton.cost import step_cost
 from pdmux_triton.cost.measured_inputs import load_calibration, load_compare, load_host_costs
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiments.settings import RunSettings, make_requests
-from pdmux_triton.results import read_json, write_json
+from pdmux_triton.results import PointStore, read_json, write_json
+from pdmux_triton.spec.gpus import gpu_preset
+from pdmux_triton.spec.models import model_preset
 
 CHUNK = re.compile(r"chunk (\d+)\+(\d+)")
 # bench/host_costs.py's decode rounds: 512-token prompts, 30 steps (files before it said so)
@@ -70,85 +77,141 @@ def round_contexts(run: dict, strategy: str) -> list[int]:
     return out
 
 
-def chunk_rounds(run: dict) -> list[dict]:
-    """Every chunked round of the run's chunked strategies: its chunk, prefix, decode batch and
-    context, and its measured seconds."""
+def chunk_rounds(run: dict, host_s: float) -> list[dict]:
+    """Every chunked round of a stream run's chunked strategies: its chunk, prefix, decode
+    batch and context, its measured seconds, and the host's launch time per eager layer (the
+    run's where its rows timed it, else `host_s`)."""
+    timed = {row["strategy"]: row.get("host_layer_p50_ms") for row in run.get("rows", [])}
     rows = []
     for name in run["details"]:
         if not name.startswith("chunked_"):
             continue
+        host = timed.get(name) / 1e3 if timed.get(name) else host_s
         for r, held in zip(run["details"][name]["rounds"], round_contexts(run, name)):
             if (m := CHUNK.fullmatch(r["prefill"])) is not None:
-                rows.append({"prefix": int(m.group(1)), "chunk": int(m.group(2)),
-                             "batch": r["decode_bs"], "context": held,
-                             "seconds": r["end_s"] - r["start_s"]})
+                rows.append({"size": int(name.split("_")[1]), "prefix": int(m.group(1)),
+                             "chunk": int(m.group(2)), "batch": r["decode_bs"], "context": held,
+                             "seconds": r["end_s"] - r["start_s"], "host_s": host})
     if not rows:
         raise PdmuxError("the run has no chunked rounds: measure a stream with --chunks")
     return rows
 
 
-def fit_mixed(rows, model, decode, prefill, total_sms, tile) -> tuple[step_cost.MixedStepFit, dict]:
-    """Least squares of measured = fixed + (compute + read) + row tiles' FLOPs / (peak x MFU)."""
+def fidelity_rounds(path: str) -> list[dict]:
+    """Every chunked round of bench/trace_fidelity.py's measured points, as `chunk_rounds`
+    gives them, each with the launch time its run's host timed."""
+    from trace_fidelity import Key
+
+    rows = []
+    for point in PointStore(path, Key).points.values():
+        diag = point.get("diagnostics", {})
+        if not point["strategy"].startswith("chunked_") or not diag.get("host_layer_us"):
+            continue
+        r, host = diag["rounds"], diag["host_layer_us"] / 1e6
+        for start, end, label, batch, held in zip(r["start_us"], r["end_us"], r["label"],
+                                                  r["decode_bs"], r["decode_context"]):
+            if (m := CHUNK.fullmatch(r["labels"][label])) is not None:
+                rows.append({"size": int(point["strategy"].split("_")[1]),
+                             "prefix": int(m.group(1)), "chunk": int(m.group(2)),
+                             "batch": batch, "context": held, "seconds": (end - start) / 1e6,
+                             "host_s": host})
+    if not rows:
+        raise PdmuxError(f"{path} holds no chunked point whose run timed its host: measure "
+                         f"chunked strategies with bench/trace_fidelity.py")
+    return rows
+
+
+def fit_mixed(rows, model, decode, prefill, total_sms, tile,
+              layer_launch_s: float) -> tuple[step_cost.MixedStepFit, dict]:
+    """Least squares of measured = fixed x host + max(compute + read + row tiles' FLOPs /
+    (peak x MFU), layers x the run's launch time), `host` the run's launch time over the
+    file's (`layer_launch_s`). Linear once each round is known to be bound by its GPU or by
+    its launches: solved again until no round changes sides."""
     base = np.array([step_cost.mixed_step_s(model, decode, prefill, total_sms, r["context"],
                                             r["batch"], r["chunk"], r["prefix"], samples_chunk=0,
                                             phases=step_cost.MixedStepFit(0.0, 1.0)) for r in rows])
     tiles = np.array([step_cost.decode_row_attention_flops(model, r["context"], tile)
                       for r in rows]) / (prefill.peak_tflops * 1e12)
     measured = np.array([r["seconds"] for r in rows])
-    (fixed, inverse), *_ = np.linalg.lstsq(np.vstack([np.ones_like(tiles), tiles]).T,
-                                           measured - base, rcond=None)
+    host = np.array([r["host_s"] for r in rows])
+    launches, scale = model.layers * host, host / layer_launch_s
+    by_launches = np.zeros(len(rows), dtype=bool)  # first as if no round's launches bound it
+    for _ in range(len(rows) + 1):
+        if not (~by_launches & (tiles > 0)).any():
+            raise PdmuxError("no chunked round with decode rows was bound by its GPU: the "
+                             "decode rows' MFU cannot be fitted (measure larger chunks)")
+        design = np.vstack([scale, np.where(by_launches, 0.0, tiles)]).T
+        target = measured - np.where(by_launches, launches, base)
+        (fixed, inverse), *_ = np.linalg.lstsq(design, target, rcond=None)
+        now = launches > base + tiles * inverse
+        if (now == by_launches).all():
+            break
+        by_launches = now
     if not (fixed >= 0 and inverse >= 1):
         raise PdmuxError(f"the mixed-step fit is unphysical (fixed {fixed * 1e3:.2f} ms, decode "
                          f"rows at {1 / inverse if inverse else float('inf'):.2f} of peak)")
     fit = step_cost.MixedStepFit(float(fixed), float(1 / inverse))
-    error = np.abs(fixed + base + tiles * inverse - measured) / measured
-    return fit, {"rounds": len(rows), "median_abs_error": float(np.median(error)),
+    priced = fixed * scale + np.maximum(base + tiles * inverse, launches)
+    error = np.abs(priced - measured) / measured
+    return fit, {"rounds": len(rows), "launch_bound_share": float(by_launches.mean()),
+                 "median_abs_error": float(np.median(error)),
                  "p90_abs_error": float(np.percentile(error, 90))}
 
 
 def main(argv=None) -> int:
     p = Parser(prog="bench/fit_host_costs.py", description=__doc__.splitlines()[0])
-    p.add_argument("run", help="a measured stream run (run-<gpu>.json)")
+    p.add_argument("run", help="a measured stream run (run-<gpu>.json) or bench/trace_fidelity.py's "
+                   "measured points (points-<gpu>.jsonl)")
     p.add_argument("host_costs", help="bench/host_costs.py's file, updated in place")
     p.add_argument("--calibration", required=True)
     p.add_argument("--compare", required=True)
     return run_script(p, fit)
 
 
-def fit(args) -> int:
-    run, host = read_json(args.run, "run result"), read_json(args.host_costs, "host-costs file")
+def measured_rounds(args, host: dict, overheads) -> tuple:
+    """(GPU, model, chunked rounds) of the measurements named: a stream run's file, or
+    bench/trace_fidelity.py's points (its model, on the host-costs file's GPU)."""
+    if Path(args.run).suffix == ".jsonl":
+        from trace_fidelity import MODEL
+
+        rows = fidelity_rounds(args.run)
+        return gpu_preset(host.get("gpu", "")), model_preset(MODEL), rows
+    run = read_json(args.run, "run result")
     if not isinstance(run.get("inputs"), dict) or not isinstance(run.get("details"), dict):
         raise PdmuxError(f"{args.run} holds no inputs and rounds of a run (made by "
                          f"`pdmux-triton run --out`)")
     settings = RunSettings.from_dict(run["inputs"])
-    gpu, model = settings.gpu, settings.model
     if settings.simulate:
         raise PdmuxError(f"{args.run} is a simulation: fit to a run measured on the GPU")
+    return settings.gpu, settings.model, chunk_rounds(run, overheads.layer_launch_s)
+
+
+def fit(args) -> int:
+    host = read_json(args.host_costs, "host-costs file")
+    overheads = load_host_costs(args.host_costs)
+    gpu, model, rows = measured_rounds(args, host, overheads)
     decode = load_calibration(args.calibration, gpu.name).decode_curve("grid_cap")
     prefill = load_compare(args.compare, gpu.name).prefill_rate("grid_cap", gpu.bf16_tflops,
                                                                gpu.sms)
-    overheads = load_host_costs(args.host_costs, gpu.name)
+    load_host_costs(args.host_costs, gpu.name)  # measured on the GPU the rounds ran on
     source = f"{Path(args.run).name} with {Path(args.calibration).name}, {Path(args.compare).name}"
 
-    chunk = min(settings.chunks)
-    small = [r["end_s"] - r["start_s"]
-             for r in run["details"].get(f"chunked_{chunk}", {}).get("rounds", [])
-             if r["prefill"].startswith("chunk")]
-    if not small:
-        raise PdmuxError(f"{args.run} has no chunked_{chunk} rounds: measure a stream with "
-                         f"--chunks")
-    step = statistics.median(small) - model.layers * overheads.layer_launch_s
+    # the smallest chunks' rounds less their launches, in the file's host
+    size = min(r["size"] for r in rows)
+    small = [(r["seconds"] - model.layers * r["host_s"]) * overheads.layer_launch_s / r["host_s"]
+             for r in rows if r["size"] == size]
+    step = statistics.median(small)
     host["eager_step"] = {"seconds": step, "source": f"{Path(args.run).name}: median "
-                          f"chunked_{chunk} round ({statistics.median(small) * 1e3:.2f} ms) "
-                          f"less {model.layers} layer launches", "rounds": len(small)}
+                          f"chunked_{size} round less its {model.layers} layer launches, on "
+                          f"this file's host", "rounds": len(small)}
 
     host["decode_step_extra"] = [
         {"batch": r["batch"], "extra_s": r["gpu_s"] - step_cost.decode_step_s(
             model, decode, r["batch"] * r.get("context", HOST_COSTS_DECODE_CONTEXT),
             gpu.sms, False, r["batch"])} for r in host["decode_round"]]
 
-    mixed, quality = fit_mixed(chunk_rounds(run), model, decode, prefill, gpu.sms,
-                               overheads.decode_row_tile)
+    mixed, quality = fit_mixed(rows, model, decode, prefill, gpu.sms, overheads.decode_row_tile,
+                               overheads.layer_launch_s)
     host["mixed_step"] = {"fixed_s": mixed.fixed_s, "decode_row_mfu": mixed.decode_row_mfu,
                           "source": source, **quality}
     write_json(args.host_costs, host)
@@ -156,7 +219,8 @@ def fit(args) -> int:
     print("decode step beyond its bytes: " + ", ".join(
         f"batch {r['batch']} {r['extra_s'] * 1e3:+.2f} ms" for r in host["decode_step_extra"]))
     print(f"mixed step: fixed {mixed.fixed_s * 1e3:.2f} ms, decode rows at "
-          f"{mixed.decode_row_mfu:.2f} of peak; over {quality['rounds']} rounds |error| median "
+          f"{mixed.decode_row_mfu:.2f} of peak; over {quality['rounds']} rounds "
+          f"({quality['launch_bound_share']:.0%} bound by their launches) |error| median "
           f"{quality['median_abs_error']:.1%}, p90 {quality['p90_abs_error']:.1%}")
     print(f"wrote {args.host_costs}")
     return 0

@@ -56,6 +56,7 @@ PLAN = {"conv": ((2000, 12000), (12.0, 24.0, 48.0)),
 STRATEGIES = ("prefill_first", "chunked_512", "chunked_2048", "pdmux_grid_cap", "pdmux_green",
               "pdmux_slo_grid_cap")
 COUNT = 100  # requests a window
+MODEL = "qwen3-8b"
 # metric: the target for the simulation's largest error (percent; attainment in points)
 LATENCIES = ("ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p90_ms",
              "tpot_p99_ms", "e2e_p50_ms", "e2e_p90_ms", "e2e_p99_ms", "decode_gpu_p50_ms",
@@ -78,7 +79,7 @@ class Key:
 def settings(args, trace: str, start: int, simulate: bool) -> RunSettings:
     gpu = gpu_preset("h200") if simulate or args.offline else detect_gpu()
     return RunSettings(
-        gpu=gpu, model=model_preset("qwen3-8b"), workload="trace", trace=str(TRACES[trace]),
+        gpu=gpu, model=model_preset(MODEL), workload="trace", trace=str(TRACES[trace]),
         trace_start=start, trace_count=args.count, simulate=simulate,
         **served_by(tuple(args.strategies)), slo_ttft_ms=args.slo_ttft_ms,
         slo_tpot_ms=args.slo_tpot_ms, calibration=args.calibration, compare=args.compare,
@@ -366,7 +367,7 @@ def run(args) -> int:
               "slo_ttft_ms": args.slo_ttft_ms, "slo_tpot_ms": args.slo_tpot_ms,
               "calibration": args.calibration, "compare": args.compare,
               "host_costs": args.host_costs, "points_file": str(store.path)}
-    data = {**provenance(gpu), "analysed_offline": args.offline, "model": "qwen3-8b",
+    data = {**provenance(gpu), "analysed_offline": args.offline, "model": MODEL,
             "inputs": inputs, **result}
     return finish(Path(args.out) / f"trace-fidelity-{gpu}.json", data, table(data))
 

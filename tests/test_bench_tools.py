@@ -134,7 +134,8 @@ def test_slo_levels_without_a_gpu_or_with_bad_traffic_says_so_in_one_line(tmp_pa
 
 
 def test_the_mixed_step_fit_recovers_a_known_executor():
-    """Rounds made by a known MixedStepFit come back as it, exactly."""
+    """Rounds made by a known MixedStepFit on hosts of several speeds, some bound by their
+    GPU and some by their launches, come back as it, exactly."""
     sys.path.insert(0, "bench")
     from fit_host_costs import fit_mixed
 
@@ -144,41 +145,58 @@ def test_the_mixed_step_fit_recovers_a_known_executor():
     qwen = model_preset("qwen3-8b")
     law = step_cost.SaturationLaw(3.4, 60.0)
     rate = step_cost.PrefillRate(989.0, 132, ((132, 0.55),), ((132, 0.65),))
-    truth = step_cost.MixedStepFit(0.0095, 0.48)
-    rows = [{"chunk": c, "prefix": p, "batch": b, "context": b * ctx}
-            for c, p, b, ctx in [(2048, 0, 20, 2500), (512, 1024, 35, 1800), (256, 0, 8, 900),
-                                 (1024, 4096, 50, 3000), (2048, 2048, 0, 0), (768, 0, 12, 4000)]]
+    truth, file_host = step_cost.MixedStepFit(0.0095, 0.48), 0.0008
+    rows = [{"size": 512, "chunk": c, "prefix": p, "batch": b, "context": b * ctx, "host_s": h}
+            for c, p, b, ctx, h in [(2048, 0, 20, 2500, 0.0008), (512, 1024, 35, 1800, 0.0016),
+                                    (256, 0, 8, 900, 0.0012), (1024, 4096, 50, 3000, 0.0008),
+                                    (2048, 2048, 0, 0, 0.0014), (768, 0, 12, 4000, 0.0008),
+                                    (128, 0, 3, 500, 0.0015)]]
+    bound = []
     for r in rows:
-        r["seconds"] = truth.fixed_s + step_cost.mixed_step_s(
-            qwen, law, rate, 132, r["context"], r["batch"], r["chunk"], r["prefix"],
-            samples_chunk=0, decode_row_tile=128, phases=truth)
-    fit, quality = fit_mixed(rows, qwen, law, rate, 132, 128)
+        gpu = step_cost.mixed_step_s(qwen, law, rate, 132, r["context"], r["batch"], r["chunk"],
+                                     r["prefix"], samples_chunk=0, decode_row_tile=128,
+                                     phases=truth)
+        launches = qwen.layers * r["host_s"]
+        bound.append(launches > gpu)
+        r["seconds"] = truth.fixed_s * r["host_s"] / file_host + max(gpu, launches)
+    assert any(bound) and not all(bound)  # both kinds of round are in the fit
+    fit, quality = fit_mixed(rows, qwen, law, rate, 132, 128, file_host)
     assert fit.fixed_s == pytest.approx(truth.fixed_s, rel=1e-6)
     assert fit.decode_row_mfu == pytest.approx(truth.decode_row_mfu, rel=1e-6)
-    assert quality["median_abs_error"] < 1e-9 and quality["rounds"] == 6
+    assert quality["median_abs_error"] < 1e-9 and quality["rounds"] == 7
+    assert quality["launch_bound_share"] == pytest.approx(sum(bound) / len(rows))
 
 
-def test_fit_host_costs_on_the_h200_stream_run(tmp_path):
-    """The committed measured run (rounds saved before they recorded their decode context:
-    replayed from its requests) fits the committed host-costs file's mixed step again."""
+def _fit(run: str, host: Path):
+    return subprocess.run([sys.executable, "bench/fit_host_costs.py", run, str(host),
+                           "--calibration", "bench/results/calibrate-h200.json",
+                           "--compare", "bench/results/compare-h200.json"],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_fit_host_costs_on_the_h200_trace_points_and_stream_run(tmp_path):
+    """The committed trace-fidelity points (each run's host timed) fit the committed
+    host-costs file's eager and mixed steps again; the older stream run (its host untimed:
+    priced on the file's) fits the same law within a few percent a round."""
     import json
     import shutil
 
     host = tmp_path / "host.json"
     shutil.copy("bench/results/host-costs-h200.json", host)
     committed = json.loads(host.read_text())
-    out = subprocess.run([sys.executable, "bench/fit_host_costs.py", "bench/results/stream-h200.json",
-                          str(host), "--calibration", "bench/results/calibrate-h200.json",
-                          "--compare", "bench/results/compare-h200.json"],
-                         capture_output=True, text=True, timeout=300)
+    out = _fit("bench/results/trace-fidelity/points-h200.jsonl", host)
     assert out.returncode == 0, out.stderr[-2000:]
     fitted = json.loads(host.read_text())
-    assert fitted["mixed_step"]["rounds"] > 300 and fitted["mixed_step"]["median_abs_error"] < 0.05
+    assert fitted["mixed_step"]["rounds"] > 1000 and fitted["mixed_step"]["median_abs_error"] < 0.1
     for key in ("fixed_s", "decode_row_mfu"):
         assert fitted["mixed_step"][key] == pytest.approx(committed["mixed_step"][key])
+    assert fitted["eager_step"]["seconds"] == pytest.approx(committed["eager_step"]["seconds"])
     assert [r["batch"] for r in fitted["decode_step_extra"]] == [1, 8, 32, 64]
-    bad = subprocess.run([sys.executable, "bench/fit_host_costs.py", str(host), str(host),
-                          "--calibration", "x", "--compare", "y"], capture_output=True, text=True)
+    out = _fit("bench/results/stream-h200.json", host)
+    assert out.returncode == 0, out.stderr[-2000:]
+    stream = json.loads(host.read_text())["mixed_step"]
+    assert stream["rounds"] > 300 and stream["median_abs_error"] < 0.1
+    bad = _fit(str(host), host)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
 
 

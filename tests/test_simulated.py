@@ -88,11 +88,30 @@ def test_overheads_bound_eager_steps_and_add_to_decode_rounds():
     assert all(r.end - r.start > 0.001 for r in plain)  # each round pays the host's share
 
 
-def test_fitted_mixed_steps_and_decode_extras_price_the_executors_steps():
-    """A fitted mixed step: its fixed cost, then its phases, launches not a bound; a decode
-    step: its bytes at the rate, plus the extra for its batch."""
+def test_a_prefill_bound_by_its_launches_ends_after_its_last_layer_runs():
+    """The GPU runs a launched layer after its launch: a short prompt on a slow host is done
+    one layer's GPU time after its last launch, not at it."""
+    host = step_cost.Overheads(layer_launch_s=0.002, eager_step_s=0.003)
+    rate = step_cost.PrefillRate.fixed(H100.bf16_tflops, H100.sms, 0.5)
+    x = SimExecutor(H100, QWEN, step_cost.SaturationLaw(H100.hbm_tbps * 0.85, 66.0), rate,
+                    overheads=host)
+    prompt = prompt_during_decode(QWEN.vocab, batch=1, prompt=64)[-1]  # the arriving prompt
+    carry = x.begin_prefill([prompt])
+    x.launch_prefill(carry, 0, QWEN.layers)
+    gpu = step_cost.compute_s(step_cost.layer_flops(QWEN, 64, 0, QWEN.layers)
+                              + step_cost.lm_head_flops(QWEN, 1), rate, H100.sms, False)
+    assert gpu < QWEN.layers * 0.002  # bound by its launches
+    assert carry.ends_at == pytest.approx(0.003 + QWEN.layers * 0.002 + gpu / QWEN.layers,
+                                          rel=1e-9)
+
+
+@pytest.mark.parametrize("launch_s", [0.0001, 0.002])
+def test_fitted_mixed_steps_and_decode_extras_price_the_executors_steps(launch_s):
+    """A fitted mixed step: its fixed cost, then its GPU phases or its layers' launches,
+    whichever is longer (a fast host: the phases; a slow one: the launches); a decode step:
+    its bytes at the rate, plus the extra for its batch."""
     fit = step_cost.MixedStepFit(0.010, 0.5)
-    host = step_cost.Overheads(layer_launch_s=0.002, eager_step_s=0.003, decode_row_tile=128,
+    host = step_cost.Overheads(layer_launch_s=launch_s, eager_step_s=0.003, decode_row_tile=128,
                                decode_step_extra=((1, 0.0007), (64, 0.0007)), mixed=fit)
     law = step_cost.SaturationLaw(H100.hbm_tbps * 0.85, 66.0)
     rate = step_cost.PrefillRate.fixed(H100.bf16_tflops, H100.sms, 0.5)
@@ -102,8 +121,9 @@ def test_fitted_mixed_steps_and_decode_extras_price_the_executors_steps():
     first = next(r for r in result.rounds if r.prefill == "chunk 0+256")
     phases = step_cost.mixed_step_s(QWEN, law, rate, H100.sms, first.decode_context, 4, 256, 0,
                                     samples_chunk=False, decode_row_tile=128, phases=fit)
-    assert first.end - first.start == pytest.approx(0.010 + phases, rel=1e-6)
-    assert first.end - first.start < 0.003 + 36 * 0.002  # the launches bound nothing
+    launches = QWEN.layers * launch_s
+    assert (phases > launches) == (launch_s < 0.001)  # each case is the bound it tests
+    assert first.end - first.start == pytest.approx(0.010 + max(phases, launches), rel=1e-6)
     plain = next(r for r in result.rounds if not r.prefill)
     step = step_cost.decode_step_s(QWEN, law, plain.decode_context, H100.sms, False) + 0.0007
     assert plain.end - plain.start == pytest.approx(step, rel=1e-6)

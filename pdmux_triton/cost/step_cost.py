@@ -246,12 +246,12 @@ def _check_positive(name: str, value: float) -> None:
 
 @dataclass(frozen=True)
 class MixedStepFit:
-    """A mixed step as the executor runs it, fitted to a measured run's chunked rounds: after
+    """A mixed step as the executor runs it, fitted to measured chunked rounds: after
     `fixed_s` (its batch made and uploaded, its tokens read back, the forward's fixed costs),
-    its phases one after another: the linears and the chunk's attention at the prefill's MFU
-    alone, the decode rows' attention in padded tiles at `decode_row_mfu` of the peak, and the
-    weights and the decode batch's KV read at the decode rate. A whole forward's launches stay
-    under its GPU time (no measured round was bound by them)."""
+    its GPU phases one after another (the linears and the chunk's attention at the prefill's
+    MFU alone, the decode rows' attention in padded tiles at `decode_row_mfu` of the peak, the
+    weights and the decode batch's KV read at the decode rate) or its layers' eager launches,
+    whichever is longer: a short chunk on a slow host waits on its launches."""
 
     fixed_s: float
     decode_row_mfu: float

@@ -131,7 +131,9 @@ class SimExecutor:
         beside_decode = self.sms["prefill"] < self.total_sms
         seconds = (step_cost.compute_s(flops, self.prefill_rate, self.sms["prefill"], beside_decode)
                    + talk)
-        carry.ends_at = max(self._enqueue("prefill", seconds, began), launched)
+        # the last layer runs after its launch: a prefill bound by its launches ends later
+        carry.ends_at = max(self._enqueue("prefill", seconds, began),
+                            launched + seconds / (end - start))
         self.free["prefill"] = carry.ends_at
 
     def prefill_result(self, carry: SimPrefill, wait: bool):
@@ -151,8 +153,10 @@ class SimExecutor:
                                             phases=fit))
         step += (self.comm.layers_s(len(decoding) + n, self.num_layers)
                  + self.comm.logits_s(len(decoding) + last))
-        if fit is not None:  # as fitted: the fixed cost, then the GPU's phases
-            self.t = self._enqueue("decode", step, self.t + fit.fixed_s)
+        if fit is not None:  # as fitted: the fixed cost, then the GPU's phases or the
+            began = self.t + fit.fixed_s  # layers' launches, whichever is longer
+            launched = began + self.num_layers * self.overheads.layer_launch_s
+            self.t = max(self._enqueue("decode", step, began), launched)
         else:
             self.t += self.overheads.eager_step_s  # the batch made and uploaded, tokens read back
             began, launched = self._launch_layers(self.num_layers)
