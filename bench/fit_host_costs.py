@@ -9,7 +9,11 @@ it to a host-costs file (`calibrate --host-costs`'s):
 - mixed_step: a chunked-prefill step's fixed cost and the MFU of its padded decode-row
   attention (`step_cost.MixedStepFit`), by least squares over every chunked round measured,
   its other phases taken from the calibration and the comparison; a round lasts its GPU
-  phases or its layers' launches, whichever is longer.
+  phases or its layers' launches, whichever is longer;
+- whole_gpu_prefill: the MFU at which prefill-first's prefill batches bound by their GPU were
+  served (each batch's FLOPs over its span less its eager step), where the measurements hold
+  them (trace_fidelity's points): the comparison times prefill alone on at most its levels'
+  prefill SMs, so the whole GPU is otherwise priced at its largest level's MFU.
 
 The rounds come from a measured `pdmux-triton run --workload stream` (its rounds' decode
 context read from it or, in runs saved before rounds recorded it, replayed from its requests)
@@ -28,6 +32,7 @@ from __future__ import annotations
 import re
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +48,7 @@ from pdmux_triton.spec.gpus import gpu_preset
 from pdmux_triton.spec.models import model_preset
 
 CHUNK = re.compile(r"chunk (\d+)\+(\d+)")
+MIN_PREFILLS = 10  # GPU-bound prefill batches a whole-GPU MFU is fitted to, at the fewest
 # bench/host_costs.py's decode rounds: 512-token prompts, 30 steps (files before it said so)
 HOST_COSTS_DECODE_CONTEXT = 512 + 15
 
@@ -119,6 +125,50 @@ def fidelity_rounds(path: str) -> list[dict]:
         raise PdmuxError(f"{path} holds no chunked point whose run timed its host: measure "
                          f"chunked strategies with bench/trace_fidelity.py")
     return rows
+
+
+def fidelity_prefills(path: str) -> list[dict]:
+    """Each prefill-first batch of bench/trace_fidelity.py's measured points whose run timed
+    its host: its prompts, tokens, span and the host's launch time per layer."""
+    from trace_fidelity import Key
+
+    rows = []
+    for point in PointStore(path, Key).points.values():
+        diag = point.get("diagnostics", {})
+        if point["strategy"] != "prefill_first" or not diag.get("host_layer_us"):
+            continue
+        batches: dict[int, list] = {}  # a batch's requests share the time of their first token
+        for start, end, tokens, prompts in diag["prefills"]:
+            b = batches.setdefault(end, [start, 0, 0])
+            b[0], b[1], b[2] = min(b[0], start), b[1] + tokens, b[2] + prompts
+        rows += [{"tokens": tokens, "prompts": prompts, "seconds": (end - start) / 1e6,
+                  "host_s": diag["host_layer_us"] / 1e6}
+                 for end, (start, tokens, prompts) in batches.items()]
+    return rows
+
+
+def fit_whole_gpu_prefill(rows, model, prefill, overheads) -> tuple[float, dict] | None:
+    """Least squares (through 0) of a batch's span less its eager step (on the run's host) =
+    its FLOPs / (peak x MFU), over the batches bound by their GPU at the fitted MFU (their
+    layers take longer than their launches); each batch's prompts taken as of one length.
+    None where fewer than MIN_PREFILLS batches are bound by their GPU."""
+    peak = prefill.peak_tflops * 1e12
+    flops = np.array([r["prompts"] * step_cost.layer_flops(model, r["tokens"] // r["prompts"], 0,
+                                                           model.layers)
+                      + step_cost.lm_head_flops(model, r["prompts"]) for r in rows]) / peak
+    host = np.array([r["host_s"] for r in rows])
+    gpu = np.array([r["seconds"] for r in rows]) - overheads.eager_step_s * host / \
+        overheads.layer_launch_s
+    mfu = prefill.mfu_at(prefill.total_sms, corun=False)
+    for _ in range(10):  # the batches bound by their GPU at this MFU, then the MFU they give
+        bound = flops / mfu > 2 * model.layers * host
+        if bound.sum() < MIN_PREFILLS:
+            return None
+        mfu = float((flops[bound] ** 2).sum() / (flops[bound] * gpu[bound]).sum())
+    if not 0 < mfu <= 1:
+        raise PdmuxError(f"the whole-GPU prefill fit is unphysical (MFU {mfu:.2f})")
+    error = np.abs(flops[bound] / mfu - gpu[bound]) / gpu[bound]
+    return mfu, {"batches": int(bound.sum()), "median_abs_error": float(np.median(error))}
 
 
 def fit_mixed(rows, model, decode, prefill, total_sms, tile,
@@ -210,6 +260,13 @@ def fit(args) -> int:
             model, decode, r["batch"] * r.get("context", HOST_COSTS_DECODE_CONTEXT),
             gpu.sms, False, r["batch"])} for r in host["decode_round"]]
 
+    overheads = replace(overheads, eager_step_s=step)
+    whole = (fit_whole_gpu_prefill(fidelity_prefills(args.run), model, prefill, overheads)
+             if Path(args.run).suffix == ".jsonl" else None)
+    if whole is not None:
+        host["whole_gpu_prefill"] = {"mfu": whole[0], "source": source, **whole[1]}
+    if "whole_gpu_prefill" in host:  # fitted now or before: the mixed steps' linears run so
+        prefill = prefill.on_whole_gpu(host["whole_gpu_prefill"]["mfu"])
     mixed, quality = fit_mixed(rows, model, decode, prefill, gpu.sms, overheads.decode_row_tile,
                                overheads.layer_launch_s)
     host["mixed_step"] = {"fixed_s": mixed.fixed_s, "decode_row_mfu": mixed.decode_row_mfu,
@@ -218,6 +275,9 @@ def fit(args) -> int:
     print(f"eager step {step * 1e3:.2f} ms")
     print("decode step beyond its bytes: " + ", ".join(
         f"batch {r['batch']} {r['extra_s'] * 1e3:+.2f} ms" for r in host["decode_step_extra"]))
+    if whole is not None:
+        print(f"prefill on the whole GPU: MFU {whole[0]:.3f} over {whole[1]['batches']} batches "
+              f"bound by their GPU, |error| median {whole[1]['median_abs_error']:.1%}")
     print(f"mixed step: fixed {mixed.fixed_s * 1e3:.2f} ms, decode rows at "
           f"{mixed.decode_row_mfu:.2f} of peak; over {quality['rounds']} rounds "
           f"({quality['launch_bound_share']:.0%} bound by their launches) |error| median "

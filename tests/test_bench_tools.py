@@ -167,6 +167,31 @@ def test_the_mixed_step_fit_recovers_a_known_executor():
     assert quality["launch_bound_share"] == pytest.approx(sum(bound) / len(rows))
 
 
+def test_the_whole_gpu_prefill_fit_recovers_a_known_mfu_from_the_batches_it_bounds():
+    """Prefill batches served at a known MFU after their eager step (on hosts of two speeds)
+    give it back, exactly; batches bound by their launches are left out."""
+    sys.path.insert(0, "bench")
+    from fit_host_costs import MIN_PREFILLS, fit_whole_gpu_prefill
+
+    from pdmux_triton.cost import step_cost
+    from pdmux_triton.spec.models import model_preset
+
+    qwen = model_preset("qwen3-8b")
+    rate = step_cost.PrefillRate(989.0, 132, ((112, 0.6),))
+    host = step_cost.Overheads(layer_launch_s=0.001, eager_step_s=0.002)
+    rows = []
+    for i in range(MIN_PREFILLS + 2):
+        prompts, per_prompt, host_s = 1 + i % 5, 4000 + 700 * i, (0.001, 0.0015)[i % 2]
+        flops = (prompts * step_cost.layer_flops(qwen, per_prompt, 0, qwen.layers)
+                 + step_cost.lm_head_flops(qwen, prompts))
+        rows.append({"tokens": prompts * per_prompt, "prompts": prompts, "host_s": host_s,
+                     "seconds": 0.002 * host_s / 0.001 + flops / (989e12 * 0.52)})
+    rows.append({"tokens": 20, "prompts": 1, "host_s": 0.001, "seconds": 0.5})  # launch-bound
+    mfu, quality = fit_whole_gpu_prefill(rows, qwen, rate, host)
+    assert mfu == pytest.approx(0.52, rel=1e-9) and quality["batches"] == MIN_PREFILLS + 2
+    assert fit_whole_gpu_prefill(rows[:MIN_PREFILLS - 1], qwen, rate, host) is None
+
+
 def _fit(run: str, host: Path):
     return subprocess.run([sys.executable, "bench/fit_host_costs.py", run, str(host),
                            "--calibration", "bench/results/calibrate-h200.json",
@@ -176,8 +201,8 @@ def _fit(run: str, host: Path):
 
 def test_fit_host_costs_on_the_h200_trace_points_and_stream_run(tmp_path):
     """The committed trace-fidelity points (each run's host timed) fit the committed
-    host-costs file's eager and mixed steps again; the older stream run (its host untimed:
-    priced on the file's) fits the same law within a few percent a round."""
+    host-costs file's eager step, whole-GPU prefill and mixed steps again; the older stream run
+    (its host untimed: priced on the file's) fits the same law within a few percent a round."""
     import json
     import shutil
 
@@ -191,11 +216,15 @@ def test_fit_host_costs_on_the_h200_trace_points_and_stream_run(tmp_path):
     for key in ("fixed_s", "decode_row_mfu"):
         assert fitted["mixed_step"][key] == pytest.approx(committed["mixed_step"][key])
     assert fitted["eager_step"]["seconds"] == pytest.approx(committed["eager_step"]["seconds"])
+    assert fitted["whole_gpu_prefill"]["batches"] >= 10
+    assert fitted["whole_gpu_prefill"]["mfu"] == pytest.approx(committed["whole_gpu_prefill"]["mfu"])
     assert [r["batch"] for r in fitted["decode_step_extra"]] == [1, 8, 32, 64]
     out = _fit("bench/results/stream-h200.json", host)
     assert out.returncode == 0, out.stderr[-2000:]
-    stream = json.loads(host.read_text())["mixed_step"]
-    assert stream["rounds"] > 300 and stream["median_abs_error"] < 0.1
+    stream = json.loads(host.read_text())
+    assert stream["mixed_step"]["rounds"] > 300 and stream["mixed_step"]["median_abs_error"] < 0.1
+    # a stream run holds no prefill-first batches to fit: the file's whole-GPU MFU is kept
+    assert stream["whole_gpu_prefill"] == fitted["whole_gpu_prefill"]
     bad = _fit(str(host), host)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
 

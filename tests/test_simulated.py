@@ -105,6 +105,21 @@ def test_a_prefill_bound_by_its_launches_ends_after_its_last_layer_runs():
                                           rel=1e-9)
 
 
+def test_a_prefill_with_the_whole_gpu_runs_at_the_served_mfu_and_a_split_one_as_compared():
+    law = step_cost.SaturationLaw(H100.hbm_tbps * 0.85, 66.0)
+    rate = step_cost.PrefillRate(H100.bf16_tflops, H100.sms, ((60, 0.5), (112, 0.6)))
+    served = SimExecutor(H100, QWEN, law, rate,
+                         overheads=step_cost.Overheads(whole_gpu_prefill_mfu=0.45))
+    assert served.prefill_rate.mfu_at(H100.sms, corun=False) == pytest.approx(0.45)
+    assert served.prefill_rate.mfu_at(60) == rate.mfu_at(60)  # beside a decode: as compared
+    reqs = prompt_during_decode(QWEN.vocab, batch=1, prompt=8192)
+    first = {name: metrics.summarize(scheduler.run("prefill_first", x, copy.deepcopy(reqs)))
+             for name, x in (("as compared", SimExecutor(H100, QWEN, law, rate)),
+                             ("served", served))}
+    assert first["served"]["prefill_ms"] == pytest.approx(
+        first["as compared"]["prefill_ms"] * 0.6 / 0.45, rel=1e-3)
+
+
 @pytest.mark.parametrize("launch_s", [0.0001, 0.002])
 def test_fitted_mixed_steps_and_decode_extras_price_the_executors_steps(launch_s):
     """A fitted mixed step: its fixed cost, then its GPU phases or its layers' launches,

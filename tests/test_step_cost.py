@@ -68,6 +68,22 @@ def test_prefill_rate_scales_with_the_sm_share_and_reads_mfu_between_levels():
         step_cost.PrefillRate(1000.0, 100, ((40, 0.5),), ((40, 0.0),))
 
 
+def test_a_prefill_rate_takes_the_whole_gpus_mfu_alone():
+    """The comparison's levels stop short of the whole GPU: a served MFU there is added to the
+    alone points (read between the largest level and it), the co-run points kept."""
+    both = step_cost.PrefillRate(1000.0, 100, ((40, 0.4), (80, 0.6)), ((40, 0.5), (80, 0.7)))
+    whole = both.on_whole_gpu(0.55)
+    assert whole.mfu_at(100, corun=False) == pytest.approx(0.55)
+    assert whole.mfu_at(90, corun=False) == pytest.approx(0.625)
+    assert whole.mfu_at(60, corun=False) == pytest.approx(0.6) and whole.mfu == both.mfu
+    coruns_only = step_cost.PrefillRate(1000.0, 100, ((40, 0.4), (80, 0.6))).on_whole_gpu(0.3)
+    assert coruns_only.mfu_alone == ((40, 0.4), (80, 0.6), (100, 0.3))
+    with pytest.raises(PdmuxError, match=r"MFU must be in \(0, 1\]"):
+        both.on_whole_gpu(1.2)
+    with pytest.raises(PdmuxError, match="whole_gpu_prefill_mfu"):
+        step_cost.Overheads(whole_gpu_prefill_mfu=0.0)
+
+
 def test_a_mixed_step_is_bound_by_compute_or_by_reading():
     law = step_cost.SaturationLaw(3.0, 66)
     rate = step_cost.PrefillRate.fixed(989.0, 132, 0.5)

@@ -140,8 +140,8 @@ def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
     """The executor's overheads from a host-costs file (calibrate --host-costs): the median over its cases of
     an eager layer's launch time and of a decode round's wall time less its GPU time, the
     extend kernel's padded decode rows, and where bench/fit_host_costs.py added them, the
-    fixed cost of an eager step, a captured decode step's cost beyond its bytes and the mixed
-    step's fit."""
+    fixed cost of an eager step, a captured decode step's cost beyond its bytes, the mixed
+    step's fit and the MFU a prefill with the whole GPU is served at."""
     data = read_json(path, "host-costs file")
     _check_gpu(data, path, "host-costs file", gpu)
     try:
@@ -153,8 +153,9 @@ def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
         mixed = data.get("mixed_step")
         fit = (MixedStepFit(float(mixed["fixed_s"]), float(mixed["decode_row_mfu"]))
                if mixed else None)
+        whole = data.get("whole_gpu_prefill")
         return Overheads(rounds[len(rounds) // 2], layers[len(layers) // 2], step,
-                         EXTEND_TILE_ROWS, extra, fit)
+                         EXTEND_TILE_ROWS, extra, fit, float(whole["mfu"]) if whole else None)
     except (KeyError, TypeError, ValueError, IndexError):
         raise PdmuxError(f"{path} lacks the eager_layer and decode_round rows of a host-costs "
                          f"file (made by `pdmux-triton calibrate --host-costs`)") from None

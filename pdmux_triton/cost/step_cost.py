@@ -238,6 +238,13 @@ class PrefillRate:
     def flops_per_s(self, sms: int, corun: bool = True) -> float:
         return self.peak_tflops * 1e12 * self.mfu_at(sms, corun) * sms / self.total_sms
 
+    def on_whole_gpu(self, mfu: float) -> "PrefillRate":
+        """The same rate with the GPU's own MFU alone on all its SMs: a comparison's levels
+        leave decode some SMs, so without it the whole GPU reads its largest level's."""
+        alone = dict(self.mfu_alone or self.mfu)
+        alone[self.total_sms] = mfu
+        return replace(self, mfu_alone=tuple(sorted(alone.items())))
+
 
 def _check_positive(name: str, value: float) -> None:
     if not (isinstance(value, (int, float)) and np.isfinite(value) and value > 0):
@@ -271,10 +278,12 @@ class Overheads:
     eager step's batch (made, uploaded, its tokens read back), decode rows of a mixed step run
     through the extend attention in tiles of `decode_row_tile` query rows, what a captured
     decode step takes beyond its bytes at the calibrated rate (`decode_step_extra`, (batch,
-    seconds) points read between them), and mixed steps as the executor runs them (`mixed`).
-    An eager step ends no earlier than its launches, and the host launches nothing else
-    meanwhile. None by default (the chapter's model); `calibrate --host-costs` measures them and
-    bench/fit_host_costs.py fits the last two to a measured run."""
+    seconds) points read between them), mixed steps as the executor runs them (`mixed`), and
+    the MFU a prefill with the GPU to itself is served at (`whole_gpu_prefill_mfu`, which the
+    comparison cannot time: its levels leave decode some SMs). An eager step ends no earlier
+    than its launches, and the host launches nothing else meanwhile. None by default (the
+    chapter's model); `calibrate --host-costs` measures them and bench/fit_host_costs.py fits
+    the last three to measured runs."""
 
     decode_round_s: float = 0.0
     layer_launch_s: float = 0.0
@@ -282,12 +291,16 @@ class Overheads:
     decode_row_tile: int = 1
     decode_step_extra: tuple[tuple[int, float], ...] = ()
     mixed: MixedStepFit | None = None
+    whole_gpu_prefill_mfu: float | None = None
 
     def __post_init__(self):
         for name in ("decode_round_s", "layer_launch_s", "eager_step_s"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and np.isfinite(value) and value >= 0):
                 raise PdmuxError(f"overhead {name} must be a finite number >= 0, got {value!r}")
+        if self.whole_gpu_prefill_mfu is not None and not 0 < self.whole_gpu_prefill_mfu <= 1:
+            raise PdmuxError(f"whole_gpu_prefill_mfu must be in (0, 1], got "
+                             f"{self.whole_gpu_prefill_mfu!r}")
         if not (isinstance(self.decode_row_tile, int) and self.decode_row_tile >= 1):
             raise PdmuxError(f"decode_row_tile must be an integer >= 1, got {self.decode_row_tile!r}")
         for batch, seconds in self.decode_step_extra:

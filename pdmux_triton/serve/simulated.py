@@ -40,6 +40,8 @@ class SimExecutor:
                  prefill: step_cost.PrefillRate, kind: str = "grid_cap",
                  overheads: step_cost.Overheads = step_cost.Overheads(),
                  comm: TensorParallel | None = None, kv_arrives: bool = False):
+        if overheads.whole_gpu_prefill_mfu is not None:  # as served, where it was fitted
+            prefill = prefill.on_whole_gpu(overheads.whole_gpu_prefill_mfu)
         self.model, self.decode_rate, self.prefill_rate, self.kind = model, decode, prefill, kind
         self.overheads = overheads
         self.comm = comm or TensorParallel.of(model, 1)  # one GPU: no collectives
