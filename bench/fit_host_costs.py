@@ -30,7 +30,6 @@ time): a run on a host that launched k times slower paid k times its fixed costs
 from __future__ import annotations
 
 import re
-import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -49,7 +48,9 @@ from pdmux_triton.spec.models import model_preset
 
 CHUNK = re.compile(r"chunk (\d+)\+(\d+)")
 MIN_PREFILLS = 10  # GPU-bound prefill batches a whole-GPU MFU is fitted to, at the fewest
-# bench/host_costs.py's decode rounds: 512-token prompts, 30 steps (files before it said so)
+GPU_BOUND_MARGIN = 2  # a batch whose GPU time is this many times its launches is bound by it
+FITTED = ("eager_step", "decode_step_extra", "whole_gpu_prefill", "mixed_step")  # what it adds
+# calibrate --host-costs' decode rounds: 512-token prompts, 30 steps (files before it said so)
 HOST_COSTS_DECODE_CONTEXT = 512 + 15
 
 
@@ -150,7 +151,9 @@ def fidelity_prefills(path: str) -> list[dict]:
 def fit_whole_gpu_prefill(rows, model, prefill, overheads) -> tuple[float, dict] | None:
     """Least squares (through 0) of a batch's span less its eager step (on the run's host) =
     its FLOPs / (peak x MFU), over the batches bound by their GPU at the fitted MFU (their
-    layers take longer than their launches); each batch's prompts taken as of one length.
+    layers take GPU_BOUND_MARGIN times their launches or longer); each batch's prompts taken
+    as of one length (the points keep no prompt's own: batches of uneven prompts count a few
+    % fewer attention FLOPs than they did, so the MFU reads a little low).
     None where fewer than MIN_PREFILLS batches are bound by their GPU."""
     peak = prefill.peak_tflops * 1e12
     flops = np.array([r["prompts"] * step_cost.layer_flops(model, r["tokens"] // r["prompts"], 0,
@@ -160,19 +163,23 @@ def fit_whole_gpu_prefill(rows, model, prefill, overheads) -> tuple[float, dict]
     gpu = np.array([r["seconds"] for r in rows]) - overheads.eager_step_s * host / \
         overheads.layer_launch_s
     mfu = prefill.mfu_at(prefill.total_sms, corun=False)
-    for _ in range(10):  # the batches bound by their GPU at this MFU, then the MFU they give
-        bound = flops / mfu > 2 * model.layers * host
+    bound = np.zeros(len(rows), dtype=bool)
+    for _ in range(len(rows) + 1):  # the batches bound by their GPU at this MFU, then its MFU
+        now = flops / mfu > GPU_BOUND_MARGIN * model.layers * host
+        if (now == bound).all():
+            break
+        bound = now
         if bound.sum() < MIN_PREFILLS:
             return None
         mfu = float((flops[bound] ** 2).sum() / (flops[bound] * gpu[bound]).sum())
-    if not 0 < mfu <= 1:
-        raise PdmuxError(f"the whole-GPU prefill fit is unphysical (MFU {mfu:.2f})")
+        if not 0 < mfu <= 1:
+            raise PdmuxError(f"the whole-GPU prefill fit is unphysical (MFU {mfu:.2f})")
     error = np.abs(flops[bound] / mfu - gpu[bound]) / gpu[bound]
     return mfu, {"batches": int(bound.sum()), "median_abs_error": float(np.median(error))}
 
 
 def fit_mixed(rows, model, decode, prefill, total_sms, tile,
-              layer_launch_s: float) -> tuple[step_cost.MixedStepFit, dict]:
+              layer_launch_s: float) -> tuple[step_cost.MixedStepFit, np.ndarray, dict]:
     """Least squares of measured = fixed x host + max(compute + read + row tiles' FLOPs /
     (peak x MFU), layers x the run's launch time), `host` the run's launch time over the
     file's (`layer_launch_s`). Linear once each round is known to be bound by its GPU or by
@@ -197,13 +204,15 @@ def fit_mixed(rows, model, decode, prefill, total_sms, tile,
         if (now == by_launches).all():
             break
         by_launches = now
+    else:
+        raise PdmuxError("the mixed-step fit did not settle which rounds their launches bound")
     if not (fixed >= 0 and inverse >= 1):
         raise PdmuxError(f"the mixed-step fit is unphysical (fixed {fixed * 1e3:.2f} ms, decode "
                          f"rows at {1 / inverse if inverse else float('inf'):.2f} of peak)")
     fit = step_cost.MixedStepFit(float(fixed), float(1 / inverse))
     priced = fixed * scale + np.maximum(base + tiles * inverse, launches)
     error = np.abs(priced - measured) / measured
-    return fit, {"rounds": len(rows), "launch_bound_share": float(by_launches.mean()),
+    return fit, by_launches, {"rounds": len(rows), "launch_bound_share": float(by_launches.mean()),
                  "median_abs_error": float(np.median(error)),
                  "p90_abs_error": float(np.percentile(error, 90))}
 
@@ -212,76 +221,99 @@ def main(argv=None) -> int:
     p = Parser(prog="bench/fit_host_costs.py", description=__doc__.splitlines()[0])
     p.add_argument("run", help="a measured stream run (run-<gpu>.json) or bench/trace_fidelity.py's "
                    "measured points (points-<gpu>.jsonl)")
-    p.add_argument("host_costs", help="bench/host_costs.py's file, updated in place")
+    p.add_argument("host_costs", help="calibrate --host-costs' file, updated in place")
     p.add_argument("--calibration", required=True)
     p.add_argument("--compare", required=True)
     return run_script(p, fit)
 
 
-def measured_rounds(args, host: dict, overheads) -> tuple:
+def measured_rounds(measured: str, host: dict, overheads) -> tuple:
     """(GPU, model, chunked rounds) of the measurements named: a stream run's file, or
     bench/trace_fidelity.py's points (its model, on the host-costs file's GPU)."""
-    if Path(args.run).suffix == ".jsonl":
+    if Path(measured).suffix == ".jsonl":
         from trace_fidelity import MODEL
 
-        rows = fidelity_rounds(args.run)
+        rows = fidelity_rounds(measured)
         return gpu_preset(host.get("gpu", "")), model_preset(MODEL), rows
-    run = read_json(args.run, "run result")
+    run = read_json(measured, "run result")
     if not isinstance(run.get("inputs"), dict) or not isinstance(run.get("details"), dict):
-        raise PdmuxError(f"{args.run} holds no inputs and rounds of a run (made by "
+        raise PdmuxError(f"{measured} holds no inputs and rounds of a run (made by "
                          f"`pdmux-triton run --out`)")
     settings = RunSettings.from_dict(run["inputs"])
     if settings.simulate:
-        raise PdmuxError(f"{args.run} is a simulation: fit to a run measured on the GPU")
+        raise PdmuxError(f"{measured} is a simulation: fit to a run measured on the GPU")
     return settings.gpu, settings.model, chunk_rounds(run, overheads.layer_launch_s)
 
 
-def fit(args) -> int:
-    host = read_json(args.host_costs, "host-costs file")
-    overheads = load_host_costs(args.host_costs)
-    gpu, model, rows = measured_rounds(args, host, overheads)
-    decode = load_calibration(args.calibration, gpu.name).decode_curve("grid_cap")
-    prefill = load_compare(args.compare, gpu.name).prefill_rate("grid_cap", gpu.bf16_tflops,
-                                                               gpu.sms)
-    load_host_costs(args.host_costs, gpu.name)  # measured on the GPU the rounds ran on
-    source = f"{Path(args.run).name} with {Path(args.calibration).name}, {Path(args.compare).name}"
-
-    # the smallest chunks' rounds less their launches, in the file's host
-    size = min(r["size"] for r in rows)
-    small = [(r["seconds"] - model.layers * r["host_s"]) * overheads.layer_launch_s / r["host_s"]
-             for r in rows if r["size"] == size]
-    step = statistics.median(small)
-    host["eager_step"] = {"seconds": step, "source": f"{Path(args.run).name}: median "
-                          f"chunked_{size} round less its {model.layers} layer launches, on "
-                          f"this file's host", "rounds": len(small)}
+def fitted(measured: str, host_costs: str, calibration: str, compare: str) -> tuple[dict, list]:
+    """The host-costs file's data with every fit the measurements allow (`measured`: a stream
+    run or trace_fidelity's points), and the lines that say what each fit gave."""
+    host = read_json(host_costs, "host-costs file")
+    overheads = load_host_costs(host_costs)
+    gpu, model, rows = measured_rounds(measured, host, overheads)
+    decode = load_calibration(calibration, gpu.name).decode_curve("grid_cap")
+    prefill = load_compare(compare, gpu.name).prefill_rate("grid_cap", gpu.bf16_tflops, gpu.sms)
+    load_host_costs(host_costs, gpu.name)  # measured on the GPU the rounds ran on
+    source = f"{Path(measured).name} with {Path(calibration).name}, {Path(compare).name}"
 
     host["decode_step_extra"] = [
         {"batch": r["batch"], "extra_s": r["gpu_s"] - step_cost.decode_step_s(
             model, decode, r["batch"] * r.get("context", HOST_COSTS_DECODE_CONTEXT),
             gpu.sms, False, r["batch"])} for r in host["decode_round"]]
 
-    overheads = replace(overheads, eager_step_s=step)
-    whole = (fit_whole_gpu_prefill(fidelity_prefills(args.run), model, prefill, overheads)
-             if Path(args.run).suffix == ".jsonl" else None)
+    # an eager step's fixed cost: the smallest chunks' rounds less their launches, in the file's
+    # host, over the rounds their launches bound (first over all, for the prefill fit)
+    size = min(r["size"] for r in rows)
+    small = np.array([r["size"] == size for r in rows])
+    less_launches = np.array([(r["seconds"] - model.layers * r["host_s"])
+                              * overheads.layer_launch_s / r["host_s"] for r in rows])
+    overheads = replace(overheads, eager_step_s=float(np.median(less_launches[small])))
+    whole = (fit_whole_gpu_prefill(fidelity_prefills(measured), model, prefill, overheads)
+             if Path(measured).suffix == ".jsonl" else None)
     if whole is not None:
         host["whole_gpu_prefill"] = {"mfu": whole[0], "source": source, **whole[1]}
     if "whole_gpu_prefill" in host:  # fitted now or before: the mixed steps' linears run so
         prefill = prefill.on_whole_gpu(host["whole_gpu_prefill"]["mfu"])
-    mixed, quality = fit_mixed(rows, model, decode, prefill, gpu.sms, overheads.decode_row_tile,
-                               overheads.layer_launch_s)
+    mixed, by_launches, quality = fit_mixed(rows, model, decode, prefill, gpu.sms,
+                                            overheads.decode_row_tile, overheads.layer_launch_s)
     host["mixed_step"] = {"fixed_s": mixed.fixed_s, "decode_row_mfu": mixed.decode_row_mfu,
                           "source": source, **quality}
-    write_json(args.host_costs, host)
-    print(f"eager step {step * 1e3:.2f} ms")
-    print("decode step beyond its bytes: " + ", ".join(
-        f"batch {r['batch']} {r['extra_s'] * 1e3:+.2f} ms" for r in host["decode_step_extra"]))
+    bound = small & by_launches
+    if not bound.any():
+        raise PdmuxError(f"no chunked_{size} round was bound by its launches: an eager step's "
+                         f"fixed cost cannot be read from them")
+    step = float(np.median(less_launches[bound]))
+    if step < 0:
+        raise PdmuxError(f"chunked_{size}'s rounds bound by their launches took less than "
+                         f"{model.layers} launches at the host's launch time "
+                         f"({overheads.layer_launch_s * 1e3:.2f} ms a layer, the file's where the "
+                         f"run did not time its own): fit to a run that timed its host")
+    host["eager_step"] = {"seconds": step, "source": f"{Path(measured).name}: median "
+                          f"chunked_{size} round bound by its launches less its {model.layers} "
+                          f"layer launches, on this file's host", "rounds": int(bound.sum())}
+    lines = [f"eager step {step * 1e3:.2f} ms",
+             "decode step beyond its bytes: " + ", ".join(
+                 f"batch {r['batch']} {r['extra_s'] * 1e3:+.2f} ms"
+                 for r in host["decode_step_extra"])]
     if whole is not None:
-        print(f"prefill on the whole GPU: MFU {whole[0]:.3f} over {whole[1]['batches']} batches "
-              f"bound by their GPU, |error| median {whole[1]['median_abs_error']:.1%}")
-    print(f"mixed step: fixed {mixed.fixed_s * 1e3:.2f} ms, decode rows at "
-          f"{mixed.decode_row_mfu:.2f} of peak; over {quality['rounds']} rounds "
-          f"({quality['launch_bound_share']:.0%} bound by their launches) |error| median "
-          f"{quality['median_abs_error']:.1%}, p90 {quality['p90_abs_error']:.1%}")
+        lines.append(f"prefill on the whole GPU: MFU {whole[0]:.3f} over {whole[1]['batches']} "
+                     f"batches bound by their GPU, |error| median "
+                     f"{whole[1]['median_abs_error']:.1%}")
+    elif "whole_gpu_prefill" in host:
+        lines.append(f"prefill on the whole GPU: MFU {host['whole_gpu_prefill']['mfu']:.3f} kept "
+                     f"from the file (these measurements hold too few prefill-first batches "
+                     f"bound by their GPU)")
+    lines.append(f"mixed step: fixed {mixed.fixed_s * 1e3:.2f} ms, decode rows at "
+                 f"{mixed.decode_row_mfu:.2f} of peak; over {quality['rounds']} rounds "
+                 f"({quality['launch_bound_share']:.0%} bound by their launches) |error| median "
+                 f"{quality['median_abs_error']:.1%}, p90 {quality['p90_abs_error']:.1%}")
+    return host, lines
+
+
+def fit(args) -> int:
+    host, lines = fitted(args.run, args.host_costs, args.calibration, args.compare)
+    write_json(args.host_costs, host)
+    print("\n".join(lines))
     print(f"wrote {args.host_costs}")
     return 0
 

@@ -25,8 +25,11 @@ and prints the table.
 
 from __future__ import annotations
 
+import argparse
+import json
 import statistics
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,7 +43,7 @@ from pdmux_triton.experiments.capacity_search import Criteria
 from pdmux_triton.experiments.run import GUARDS, Servers
 from pdmux_triton.experiments.settings import RunSettings, make_requests
 from pdmux_triton.experiments.variants import served_by, variant
-from pdmux_triton.results import PointStore, provenance
+from pdmux_triton.results import PointStore, provenance, read_json, write_json
 from pdmux_triton.serve.executor import RunResult
 from pdmux_triton.serve.metrics import Slo
 from pdmux_triton.spec.gpus import detect_gpu, gpu_preset
@@ -86,9 +89,10 @@ def settings(args, trace: str, start: int, simulate: bool) -> RunSettings:
         host_costs=args.host_costs, repeats=1 if simulate else args.repeats)
 
 
-def windows(args):
-    """(trace, first row, rates) of every window served."""
-    return [(t, start, PLAN[t][1]) for t in args.traces for start in PLAN[t][0]]
+def windows(args, only: tuple | None = None):
+    """(trace, first row, rates) of every window served (`only`: of that (trace, row) one)."""
+    return [(t, start, PLAN[t][1]) for t in args.traces for start in PLAN[t][0]
+            if only in (None, (t, start))]
 
 
 def diagnostics(result: RunResult) -> dict:
@@ -170,15 +174,15 @@ def measure(args, store: PointStore, log) -> None:
         servers.close()
 
 
-def simulate(args, store: PointStore) -> dict[tuple, dict]:
-    """Every point simulated with today's cost model: (trace, start, rate, strategy) -> its
-    row priced with the committed host costs and, where the measured run timed its host's
-    eager launches, a row priced on that host (`Overheads.on_host`)."""
+def simulate(args, store: PointStore, only: tuple | None = None) -> dict[tuple, dict]:
+    """Every point (of window `only`) simulated with today's cost model: (trace, start, rate,
+    strategy) -> its row priced with the committed host costs and, where the measured run
+    timed its host's eager launches, a row priced on that host (`Overheads.on_host`)."""
     out = {}
-    base = settings(args, *windows(args)[0][:2], simulate=True)
+    base = settings(args, *windows(args, only)[0][:2], simulate=True)
     shipped = Servers(base, [])
     on_host: dict[int, Servers] = {}  # by the host's launch time, us: one per measuring run
-    for t, start, rates in windows(args):
+    for t, start, rates in windows(args, only):
         s = settings(args, t, start, simulate=True)
         for rate in rates:
             for name in args.strategies:
@@ -230,16 +234,49 @@ def judge(args, store: PointStore, simulations: dict[tuple, dict]) -> dict:
     return out
 
 
+def held_out(args, store: PointStore) -> dict:
+    """Each window judged by a simulator whose host costs were fitted (bench/fit_host_costs.py)
+    to the other windows' measured points alone, each point on its own run's host: its
+    errors' median and largest per metric, and what the fit gave."""
+    from fit_host_costs import FITTED, fitted
+
+    measured = {k: v for k, v in read_json(args.host_costs, "host-costs file").items()
+                if k not in FITTED}  # what calibrate --host-costs measured, nothing fitted
+    out = {}
+    for t, start, _ in windows(args):
+        train = [p for p in store.points.values() if (p["trace"], p["start"]) != (t, start)]
+        with tempfile.TemporaryDirectory() as folder:
+            points, host_costs = Path(folder) / "points.jsonl", Path(folder) / "host-costs.json"
+            points.write_text("".join(json.dumps(p) + "\n" for p in train))
+            write_json(host_costs, measured)
+            host, _ = fitted(str(points), str(host_costs), args.calibration, args.compare)
+            write_json(host_costs, host)
+            fit_args = argparse.Namespace(**{**vars(args), "host_costs": str(host_costs)})
+            sims = simulate(fit_args, store, only=(t, start))
+        judged = _judged(args, store, {k: v.get("run_host", v["shipped_host"])
+                                       for k, v in sims.items()}, only=(t, start))["summary"]
+        out[f"{t}@{start}"] = {
+            "fitted_on": sorted({f"{p['trace']}@{p['start']}" for p in train}),
+            "fit": {"eager_step_s": host["eager_step"]["seconds"],
+                    "whole_gpu_prefill_mfu": host.get("whole_gpu_prefill", {}).get("mfu"),
+                    "mixed_fixed_s": host["mixed_step"]["fixed_s"],
+                    "mixed_decode_row_mfu": host["mixed_step"]["decode_row_mfu"]},
+            "median_abs_error_pct": judged["median_abs_error_pct"],
+            "max_abs_error_pct": judged["max_abs_error_pct"]}
+    return out
+
+
 def _measured(point: dict) -> dict:
     """A measured point's figures, its prefill time read per batch from its diagnostics."""
     return {**point, "prefill_ms": batch_prefill_ms(point["diagnostics"])}
 
 
-def _judged(args, store: PointStore, simulated: dict[tuple, dict]) -> dict:
+def _judged(args, store: PointStore, simulated: dict[tuple, dict],
+            only: tuple | None = None) -> dict:
     criteria = Criteria(Slo(args.slo_ttft_ms, args.slo_tpot_ms))
     points, capacities, errors = [], [], {k: [] for k in (*LATENCIES, "slo_attainment")}
     spreads: dict[str, list[float]] = {}
-    for t, start, rates in windows(args):
+    for t, start, rates in windows(args, only):
         for name in args.strategies:
             measured = {r: _measured(store.get(Key("gpu", t, start, r, name))) for r in rates}
             sim = {r: simulated[t, start, r, name] for r in rates}
@@ -313,6 +350,11 @@ def table(result: dict) -> str:
         lines.append(f"{k:<20} {_cell(mx, unit):>10} {_cell(md, unit):>13} "
                      f"{'' if target is None else f'{target}{unit}':>7} {_cell(spread, ' %'):>24}"
                      f"  {s['worst_at'].get(k) or ''}")
+    for window, h in s.get("held_out", {}).items():
+        md, mx = h["median_abs_error_pct"], h["max_abs_error_pct"]
+        lines.append(f"held out {window} (fitted on {', '.join(h['fitted_on'])}): " + ", ".join(
+            f"{k} {_cell(md.get(k), ' %')} / {_cell(mx.get(k), ' %')}"
+            for k in ("ttft_p50_ms", "tpot_p50_ms", "e2e_p50_ms", "capacity")) + " (median / max)")
     lines.append("")
     lines.append(f"{'window':<14} {'strategy':<20} {'capacity measured':>18} {'simulated':>10}")
     rates = result["inputs"]["rates_rps"]
@@ -359,6 +401,8 @@ def run(args) -> int:
     store = PointStore(Path(args.out) / "trace-fidelity" / f"points-{gpu}.jsonl", Key)
     measure(args, store, lambda line: print(line, file=sys.stderr, flush=True))
     result = judge(args, store, simulate(args, store))
+    if args.held_out:
+        result["summary"]["held_out"] = held_out(args, store)
     inputs = {"traces": {t: str(TRACES[t].relative_to(Path(__file__).parent.parent))
                          for t in args.traces},
               "windows": {t: PLAN[t][0] for t in args.traces},
@@ -384,6 +428,9 @@ def main(argv=None) -> int:
                    help="read the measured points back, simulate beside them (no GPU)")
     p.add_argument("--plan", action="store_true",
                    help="print pd-mux's simulated capacity on each window (no GPU)")
+    p.add_argument("--held-out", action="store_true",
+                   help="also judge each window with host costs fitted to the other windows' "
+                        "points alone (bench/fit_host_costs.py)")
     return run_script(p, run, argv)
 
 

@@ -283,7 +283,7 @@ class Overheads:
     comparison cannot time: its levels leave decode some SMs). An eager step ends no earlier
     than its launches, and the host launches nothing else meanwhile. None by default (the
     chapter's model); `calibrate --host-costs` measures them and bench/fit_host_costs.py fits
-    the last three to measured runs."""
+    the eager step and the last three to measured runs."""
 
     decode_round_s: float = 0.0
     layer_launch_s: float = 0.0

@@ -155,14 +155,12 @@ class SimExecutor:
                                             phases=fit))
         step += (self.comm.layers_s(len(decoding) + n, self.num_layers)
                  + self.comm.logits_s(len(decoding) + last))
-        if fit is not None:  # as fitted: the fixed cost, then the GPU's phases or the
-            began = self.t + fit.fixed_s  # layers' launches, whichever is longer
-            launched = began + self.num_layers * self.overheads.layer_launch_s
-            self.t = max(self._enqueue("decode", step, began), launched)
-        else:
-            self.t += self.overheads.eager_step_s  # the batch made and uploaded, tokens read back
-            began, launched = self._launch_layers(self.num_layers)
-            self.t = max(self._enqueue("decode", step, began), launched)
+        # the batch made and uploaded, its tokens read back (as fitted, or an eager step's),
+        # then the GPU's phases or the layers' launches, whichever is longer (the fitted fixed
+        # cost holds the last layer's tail that a prefill's end adds)
+        self.t += fit.fixed_s if fit is not None else self.overheads.eager_step_s
+        began, launched = self._launch_layers(self.num_layers)
+        self.t = max(self._enqueue("decode", step, began), launched)
         return self.t, None, None
 
     def release(self, r: Request) -> None:
