@@ -104,17 +104,28 @@ def chunk_rounds(run: dict, host_s: float) -> list[dict]:
     return rows
 
 
-def fidelity_rounds(path: str) -> list[dict]:
-    """Every chunked round of bench/trace_fidelity.py's measured points, as `chunk_rounds`
-    gives them, each with the launch time its run's host timed."""
+def timed_points(path: str) -> list[tuple[dict, float]]:
+    """bench/trace_fidelity.py's measured points whose run timed its host, each with the
+    host's launch time per eager layer."""
     from trace_fidelity import Key
 
+    points = [(p, p["diagnostics"]["host_layer_us"] / 1e6)
+              for p in PointStore(path, Key).points.values()
+              if p.get("diagnostics", {}).get("host_layer_us")]
+    if not points:
+        raise PdmuxError(f"{path} holds no measured point whose run timed its host: measure "
+                         f"with bench/trace_fidelity.py")
+    return points
+
+
+def fidelity_rounds(points: list[tuple[dict, float]]) -> list[dict]:
+    """Every chunked round of the points (`timed_points`), as `chunk_rounds` gives them, each
+    with the launch time its run's host timed."""
     rows = []
-    for point in PointStore(path, Key).points.values():
-        diag = point.get("diagnostics", {})
-        if not point["strategy"].startswith("chunked_") or not diag.get("host_layer_us"):
+    for point, host in points:
+        if not point["strategy"].startswith("chunked_"):
             continue
-        r, host = diag["rounds"], diag["host_layer_us"] / 1e6
+        r = point["diagnostics"]["rounds"]
         for start, end, label, batch, held in zip(r["start_us"], r["end_us"], r["label"],
                                                   r["decode_bs"], r["decode_context"]):
             if (m := CHUNK.fullmatch(r["labels"][label])) is not None:
@@ -123,29 +134,20 @@ def fidelity_rounds(path: str) -> list[dict]:
                              "batch": batch, "context": held, "seconds": (end - start) / 1e6,
                              "host_s": host})
     if not rows:
-        raise PdmuxError(f"{path} holds no chunked point whose run timed its host: measure "
-                         f"chunked strategies with bench/trace_fidelity.py")
+        raise PdmuxError("the points hold no chunked strategy's rounds: measure chunked "
+                         "strategies with bench/trace_fidelity.py")
     return rows
 
 
-def fidelity_prefills(path: str) -> list[dict]:
-    """Each prefill-first batch of bench/trace_fidelity.py's measured points whose run timed
-    its host: its prompts, tokens, span and the host's launch time per layer."""
-    from trace_fidelity import Key
+def fidelity_prefills(points: list[tuple[dict, float]]) -> list[dict]:
+    """Each prefill-first batch of the points (`timed_points`): its prompts, tokens, span and
+    the host's launch time per layer."""
+    from trace_fidelity import prefill_batches
 
-    rows = []
-    for point in PointStore(path, Key).points.values():
-        diag = point.get("diagnostics", {})
-        if point["strategy"] != "prefill_first" or not diag.get("host_layer_us"):
-            continue
-        batches: dict[int, list] = {}  # a batch's requests share the time of their first token
-        for start, end, tokens, prompts in diag["prefills"]:
-            b = batches.setdefault(end, [start, 0, 0])
-            b[0], b[1], b[2] = min(b[0], start), b[1] + tokens, b[2] + prompts
-        rows += [{"tokens": tokens, "prompts": prompts, "seconds": (end - start) / 1e6,
-                  "host_s": diag["host_layer_us"] / 1e6}
-                 for end, (start, tokens, prompts) in batches.items()]
-    return rows
+    return [{"tokens": tokens, "prompts": prompts, "seconds": (end - start) / 1e6,
+             "host_s": host}
+            for point, host in points if point["strategy"] == "prefill_first"
+            for end, (start, tokens, prompts) in prefill_batches(point["diagnostics"]).items()]
 
 
 def fit_whole_gpu_prefill(rows, model, prefill, overheads) -> tuple[float, dict] | None:
@@ -166,11 +168,11 @@ def fit_whole_gpu_prefill(rows, model, prefill, overheads) -> tuple[float, dict]
     bound = np.zeros(len(rows), dtype=bool)
     for _ in range(len(rows) + 1):  # the batches bound by their GPU at this MFU, then its MFU
         now = flops / mfu > GPU_BOUND_MARGIN * model.layers * host
+        if now.sum() < MIN_PREFILLS:
+            return None
         if (now == bound).all():
             break
         bound = now
-        if bound.sum() < MIN_PREFILLS:
-            return None
         mfu = float((flops[bound] ** 2).sum() / (flops[bound] * gpu[bound]).sum())
         if not 0 < mfu <= 1:
             raise PdmuxError(f"the whole-GPU prefill fit is unphysical (MFU {mfu:.2f})")
@@ -228,13 +230,15 @@ def main(argv=None) -> int:
 
 
 def measured_rounds(measured: str, host: dict, overheads) -> tuple:
-    """(GPU, model, chunked rounds) of the measurements named: a stream run's file, or
-    bench/trace_fidelity.py's points (its model, on the host-costs file's GPU)."""
+    """(GPU, model, chunked rounds, prefill-first batches or None) of the measurements named:
+    a stream run's file (no batches), or bench/trace_fidelity.py's points (its model, on the
+    host-costs file's GPU)."""
     if Path(measured).suffix == ".jsonl":
         from trace_fidelity import MODEL
 
-        rows = fidelity_rounds(measured)
-        return gpu_preset(host.get("gpu", "")), model_preset(MODEL), rows
+        points = timed_points(measured)
+        return (gpu_preset(host.get("gpu", "")), model_preset(MODEL), fidelity_rounds(points),
+                fidelity_prefills(points))
     run = read_json(measured, "run result")
     if not isinstance(run.get("inputs"), dict) or not isinstance(run.get("details"), dict):
         raise PdmuxError(f"{measured} holds no inputs and rounds of a run (made by "
@@ -242,7 +246,7 @@ def measured_rounds(measured: str, host: dict, overheads) -> tuple:
     settings = RunSettings.from_dict(run["inputs"])
     if settings.simulate:
         raise PdmuxError(f"{measured} is a simulation: fit to a run measured on the GPU")
-    return settings.gpu, settings.model, chunk_rounds(run, overheads.layer_launch_s)
+    return settings.gpu, settings.model, chunk_rounds(run, overheads.layer_launch_s), None
 
 
 def fitted(measured: str, host_costs: str, calibration: str, compare: str) -> tuple[dict, list]:
@@ -250,7 +254,7 @@ def fitted(measured: str, host_costs: str, calibration: str, compare: str) -> tu
     run or trace_fidelity's points), and the lines that say what each fit gave."""
     host = read_json(host_costs, "host-costs file")
     overheads = load_host_costs(host_costs)
-    gpu, model, rows = measured_rounds(measured, host, overheads)
+    gpu, model, rows, prefills = measured_rounds(measured, host, overheads)
     decode = load_calibration(calibration, gpu.name).decode_curve("grid_cap")
     prefill = load_compare(compare, gpu.name).prefill_rate("grid_cap", gpu.bf16_tflops, gpu.sms)
     load_host_costs(host_costs, gpu.name)  # measured on the GPU the rounds ran on
@@ -268,8 +272,8 @@ def fitted(measured: str, host_costs: str, calibration: str, compare: str) -> tu
     less_launches = np.array([(r["seconds"] - model.layers * r["host_s"])
                               * overheads.layer_launch_s / r["host_s"] for r in rows])
     overheads = replace(overheads, eager_step_s=float(np.median(less_launches[small])))
-    whole = (fit_whole_gpu_prefill(fidelity_prefills(measured), model, prefill, overheads)
-             if Path(measured).suffix == ".jsonl" else None)
+    whole = (fit_whole_gpu_prefill(prefills, model, prefill, overheads)
+             if prefills is not None else None)
     if whole is not None:
         host["whole_gpu_prefill"] = {"mfu": whole[0], "source": source, **whole[1]}
     if "whole_gpu_prefill" in host:  # fitted now or before: the mixed steps' linears run so

@@ -122,14 +122,21 @@ def diagnostics(result: RunResult) -> dict:
     }
 
 
+def prefill_batches(diag: dict) -> dict[int, list]:
+    """A run's prompt batches, by the moment they got their first token (the requests that got
+    it at one moment are one batch): [first of them taken, tokens, prompts], in microseconds
+    (points measured before the scheduler stamped a batch once carry each request's own
+    start)."""
+    batches: dict[int, list] = {}
+    for start, end, tokens, prompts in diag["prefills"]:
+        b = batches.setdefault(end, [start, 0, 0])
+        b[0], b[1], b[2] = min(b[0], start), b[1] + tokens, b[2] + prompts
+    return batches
+
+
 def batch_prefill_ms(diag: dict) -> float | None:
-    """The median prefill span of a run's prompt batches: the requests that got their first
-    token at one moment are one batch, from the first of them taken to that moment (points
-    measured before the scheduler stamped a batch once carry each request's own start)."""
-    batches: dict[int, int] = {}
-    for start, end, _, _ in diag["prefills"]:
-        batches[end] = min(start, batches.get(end, start))
-    spans = [(end - start) / 1e3 for end, start in batches.items()]
+    """The median prefill span of a run's prompt batches (`prefill_batches`)."""
+    spans = [(end - start) / 1e3 for end, (start, _, _) in prefill_batches(diag).items()]
     return statistics.median(spans) if spans else None
 
 

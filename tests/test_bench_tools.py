@@ -191,6 +191,7 @@ def test_the_whole_gpu_prefill_fit_recovers_a_known_mfu_from_the_batches_it_boun
     mfu, quality = fit_whole_gpu_prefill(rows, qwen, rate, host)
     assert mfu == pytest.approx(0.52, rel=1e-9) and quality["batches"] == MIN_PREFILLS + 2
     assert fit_whole_gpu_prefill(rows[:MIN_PREFILLS - 1], qwen, rate, host) is None
+    assert fit_whole_gpu_prefill(rows[-1:] * (MIN_PREFILLS + 2), qwen, rate, host) is None
 
 
 def _fit(run: str, host: Path):
