@@ -8,6 +8,8 @@
 #   bash bench/gpu_session.sh readme tests                # the README's command, the gpu tests
 #   bash bench/gpu_session.sh tests host                  # gpu tests, host costs per round
 #   RATES=2,4,6,8 bash bench/gpu_session.sh capacity      # measured capacity at those rates
+#   CAPACITY_OUT=bench/results/steady-sharegpt COUNT=1000 STRATEGIES=pdmux_grid_cap \
+#       RATES=6.5,7.1 bash bench/gpu_session.sh capacity   # at steady state (1000 requests)
 #   SLO_ARGS="--traffic sharegpt:12,16:10,12,14,16,18 --policies default,slo" \
 #       bash bench/gpu_session.sh slo                 # SGLang's levels against SLO-driven ones
 #   SLO_OUT=bench/results/long-300 SLO_ARGS="--count 300 --traffic sharegpt:7:6,7,8 \
@@ -84,15 +86,18 @@ step fidelity ${FIDELITY_S:-540} python3 bench/trace_fidelity.py --out bench/res
 case " $STEPS " in *" fidelity "*)
     mkdir -p "$OUT/trace-fidelity" && cp bench/results/trace-fidelity/points-*.jsonl "$OUT/trace-fidelity/"
     cp bench/results/trace-fidelity-*.json "$OUT/" 2>/dev/null ;; esac
-# capacity points go to bench/results, which travels with the tree: a call cut short by its
-# time limit resumes there on the next call (copy the points back between calls)
+# capacity points go to CAPACITY_OUT (bench/results unless named), which travels with the
+# tree: a call cut short by its time limit resumes there on the next call (copy the points
+# back between calls); CAPACITY_ARGS adds flags (a trace: --trace FILE --trace-start N ...)
 export RATES=${RATES:-}
 export STRATEGIES=${STRATEGIES:-prefill_first,chunked_512,chunked_2048,pdmux_grid_cap}
-step capacity ${CAPACITY_S:-540} pdmux-triton capacity --out bench/results \
+CAPACITY_OUT=${CAPACITY_OUT:-bench/results}
+step capacity ${CAPACITY_S:-540} pdmux-triton capacity --out "$CAPACITY_OUT" \
     --count "${COUNT:-100}" --strategies "$STRATEGIES" ${RATES:+--rates "$RATES"} \
     --calibration "$CALIBRATION" --compare bench/results/compare-h200.json \
-    --host-costs bench/results/host-costs-h200.json
-case " $STEPS " in *" capacity "*) cp bench/results/capacity-*h200* "$OUT"/ 2>/dev/null;; esac
+    --host-costs bench/results/host-costs-h200.json ${CAPACITY_ARGS:-}
+case " $STEPS " in *" capacity "*) mkdir -p "$OUT/capacity" &&
+    cp "$CAPACITY_OUT"/capacity-*h200* "$OUT/capacity"/ 2>/dev/null;; esac
 # SGLang's level rule against SLO-driven levels (bench/slo_levels.py; its points resume too),
 # into SLO_OUT (another folder for other settings: --count, --itl-ms), returned as a tarball
 SLO_OUT=${SLO_OUT:-bench/results}
