@@ -93,7 +93,7 @@ export RATES=${RATES:-}
 export STRATEGIES=${STRATEGIES:-prefill_first,chunked_512,chunked_2048,pdmux_grid_cap}
 CAPACITY_OUT=${CAPACITY_OUT:-bench/results}
 step capacity ${CAPACITY_S:-540} pdmux-triton capacity --out "$CAPACITY_OUT" \
-    --count "${COUNT:-100}" --strategies "$STRATEGIES" ${RATES:+--rates "$RATES"} \
+    ${COUNT:+--count "$COUNT"} --strategies "$STRATEGIES" ${RATES:+--rates "$RATES"} \
     --calibration "$CALIBRATION" --compare bench/results/compare-h200.json \
     --host-costs bench/results/host-costs-h200.json ${CAPACITY_ARGS:-}
 case " $STEPS " in *" capacity "*) mkdir -p "$OUT/capacity" &&

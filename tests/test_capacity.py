@@ -76,6 +76,10 @@ def test_a_measured_sweep_reads_its_rates_beside_the_simulation(monkeypatch, tmp
     simulated = {p["rate"] for p in result["points"] if p["mode"] == "simulated"}
     assert set(RATES) <= simulated  # the simulation beside each given rate
     assert row["sim_error_pct"]["goodput"] > 0  # the model is faster than the stand-in GPU
+    # the faster simulation meets the target at every measured rate: they only bound it
+    beside = [p for p in result["points"] if p["mode"] == "simulated" and p["rate"] in served]
+    assert all(p["slo_attainment"] >= 0.9 for p in beside)
+    assert row["sim_error_read_from"]["goodput"] == "all simulated rates"
     latency = row["latency_sim_error_pct"]["tpot_p50_ms"]  # and its tokens come sooner
     assert latency["median"] < 0 and latency["worst"] <= latency["median"]
     assert row["goodput_capacity_rps"] < row["simulated_goodput_capacity_rps"]
@@ -216,3 +220,85 @@ def test_the_committed_capacity_folder_resumes_with_todays_model_preset(tmp_path
     s = RunSettings.from_dict({**saved, **per_point, "model": dataclasses.asdict(model)})
     shutil.copy(saved_path, tmp_path)
     capacity.open_folder(tmp_path, s)  # refused before: "they differ in model"
+
+
+def test_offline_reads_each_strategys_own_measured_rates(monkeypatch, tmp_path):
+    """Strategies measured at rates near their own capacities are read back together: offline,
+    each at the rates it was measured at (those in `rates`, if given), the simulation made
+    again beside them; a strategy never measured there is refused in one line."""
+    monkeypatch.setattr(run.Servers, "__init__", _sim_servers)
+    store = PointStore(tmp_path / "p.jsonl", PointKey)
+    run_capacity(settings(simulate=False), ("prefill_first",), CRITERIA, store, rates=(4.0, 8.0),
+                 log=lambda m: None)
+    run_capacity(settings(simulate=False), ("chunked_512",), CRITERIA, store, rates=(3.0, 6.0),
+                 log=lambda m: None)
+    measured = {(p["strategy"], p["rate"]) for p in store.points.values() if p["mode"] == "gpu"}
+    store.forget(lambda p: p["mode"] == "simulated")  # as `capacity --offline` does
+    served = []
+
+    def no_gpu(self, s, requests, log=None):
+        assert s.simulate, "offline served a measured point"
+        _sim_servers(self, s, requests, log)
+    monkeypatch.setattr(run.Servers, "__init__", no_gpu)
+    both = run_capacity(settings(simulate=False), ("prefill_first", "chunked_512"), CRITERIA,
+                        store, log=served.append, offline=True)
+    rows = both["summary"]["strategies"]
+    for name in ("prefill_first", "chunked_512"):
+        own = {r for n, r in measured if n == name}
+        beside = {p["rate"] for p in both["points"] if p["mode"] == "simulated"
+                  and p["strategy"] == name}
+        assert own <= beside and rows[name]["points"] == len(own)
+        assert rows[name]["simulated_goodput_capacity_at_measured_rates_rps"] is not None
+    assert {(p["strategy"], p["rate"]) for p in both["points"] if p["mode"] == "gpu"} == measured
+    some = run_capacity(settings(simulate=False), ("chunked_512",), CRITERIA, store,
+                        rates=(3.0, 5.0), log=lambda m: None, offline=True)
+    assert some["summary"]["strategies"]["chunked_512"]["points"] == len(
+        {r for n, r in measured if n == "chunked_512"})
+    with pytest.raises(PdmuxError, match=r"pdmux_grid_cap was never measured in .*p\.jsonl"):
+        run_capacity(settings(simulate=False), ("pdmux_grid_cap",), CRITERIA, store,
+                     log=lambda m: None, offline=True)
+    with pytest.raises(PdmuxError, match=r"at --rates 5: measure it on the GPU"):
+        run_capacity(settings(simulate=False), ("chunked_512",), CRITERIA, store, rates=(5.0,),
+                     log=lambda m: None, offline=True)
+
+
+def test_a_simulation_the_measured_rates_only_bound_is_read_from_all_its_rates(monkeypatch,
+                                                                             tmp_path):
+    """Measured at two rates where the simulation meets the target at both, the like-for-like
+    reading is only a bound (the higher rate): the error is read from the crossing over every
+    simulated rate instead, and the table marks it."""
+    from pdmux_triton.cli import tables
+    from pdmux_triton.experiments import capacity_search
+
+    original = run.Servers.executor
+
+    def slower(self, v):  # the stand-in "GPU": decode 1.5x slower than the model says
+        x = original(self, v)
+        if not self.s.simulate:
+            x.decode_rate = dataclasses.replace(x.decode_rate,
+                                                peak_tbps=x.decode_rate.peak_tbps / 1.5)
+        return x
+    monkeypatch.setattr(run.Servers, "__init__", _sim_servers)
+    monkeypatch.setattr(run.Servers, "executor", slower)
+    store = PointStore(tmp_path / "p.jsonl", PointKey)
+    sim = run_capacity(settings(), ("chunked_512",), CRITERIA, store, log=lambda m: None)
+    top = sim["summary"]["strategies"]["chunked_512"]["goodput_capacity_rps"]
+    rates = (round(0.9 * top, 3), top)  # the simulation meets the target at both
+    result = run_capacity(settings(simulate=False), ("chunked_512",), CRITERIA, store,
+                          rates=rates, log=lambda m: None)
+    row = result["summary"]["strategies"]["chunked_512"]
+    assert row["simulated_goodput_capacity_at_measured_rates_rps"] == top  # a bound
+    measured = row["goodput_capacity_rps"]
+    assert rates[0] <= measured < top  # the stand-in GPU misses at the higher rate
+    everywhere = capacity_search.crossing(
+        [(p["rate"], p) for p in result["points"] if p["mode"] == "simulated"],
+        CRITERIA.goodput)
+    assert row["sim_error_read_from"]["goodput"] == "all simulated rates"
+    assert row["sim_error_pct"]["goodput"] == pytest.approx((everywhere - measured) / measured
+                                                            * 100)
+    assert "*" in tables.capacity_table(result)
+    assert any(line.startswith("*: the simulation met") for line in
+               tables.capacity_notes(result, 40))
+    # a measured capacity that is only a bound (met at every rate served) bounds the error
+    row["at_least"]["goodput"] = True
+    assert tables._sim_error(row, "goodput").startswith("<= +")

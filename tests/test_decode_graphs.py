@@ -4,7 +4,8 @@ order."""
 import pytest
 import torch
 
-from pdmux_triton.gpu.decode_graphs import DecodeGraphs, padded_batch, padded_sizes
+from pdmux_triton.cost.step_cost import padded_batch
+from pdmux_triton.gpu.decode_graphs import DecodeGraphs, padded_sizes
 from pdmux_triton.gpu.decoder import DecodeBatch, KVCache, Model, Weights
 from pdmux_triton.multiplex.partition import Budget
 from pdmux_triton.spec.models import model_preset

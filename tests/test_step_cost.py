@@ -150,6 +150,26 @@ def test_a_decode_step_adds_its_batch_term_only_with_a_batch():
         QWEN, law, 2048, 20, True)
 
 
+def test_a_served_step_pays_the_rows_of_the_captured_size_that_runs_it():
+    """The executor runs n requests in the graph captured for padded_batch(n) rows: 33
+    requests pay batch 40's rows term (and its fixed cost beyond the bytes), but only their
+    own KV bytes."""
+    assert [step_cost.padded_batch(n) for n in (1, 3, 8, 9, 33, 40, 41, 64)] == [
+        1, 4, 8, 16, 40, 40, 48, 64]
+    curve = step_cost.MeasuredCurve(((20, 1.0), (132, 3.0)), source="t",
+                                    batches=step_cost.BatchTerm(32, alone=((40, 132, 0.0015),
+                                                                           (64, 132, 0.0))))
+    host = step_cost.Overheads(decode_step_extra=((32, 0.0008), (64, 0.0012)))
+    context = 33 * 2048
+    served = step_cost.served_decode_step_s(QWEN, curve, host, context, 132, False, 33)
+    assert served == pytest.approx(step_cost.decode_step_s(QWEN, curve, context, 132, False, 40)
+                                   + host.decode_extra_s(40))
+    assert served == pytest.approx(step_cost.decode_step_bytes(QWEN, context) / 3e12 + 0.0015
+                                   + 0.0009)
+    # a batch the graphs hold exactly is priced at itself
+    assert step_cost.served_decode_step_s(QWEN, curve, host, context, 132, False, 40) == served
+
+
 def test_a_step_is_never_priced_faster_than_its_bytes_at_the_rates_best():
     """The committed calibration's batch term is Qwen3-8B's seconds: read for the tiny model's
     few bytes it would price a step below zero."""

@@ -33,7 +33,7 @@ def _replayed(args, given):
     data = read_json(args.replay, "run result")
     if "criteria" in data:
         raise PdmuxError(f"{args.replay} is a capacity result: --replay serves a run result "
-                         f"(run --out); `capacity --offline --out FOLDER --rates ...` reads a "
+                         f"(run --out); `capacity --offline --out FOLDER` reads a "
                          f"capacity folder's points again")
     if not isinstance(data.get("inputs"), dict):
         raise PdmuxError(f"{args.replay} holds no run inputs to replay: it is not a run result "
@@ -214,8 +214,6 @@ def cmd_capacity(args, given) -> None:
     from pdmux_triton.experiments.variants import served_by, variant
     from pdmux_triton.serve.metrics import Slo
 
-    if args.offline and not args.rates:
-        raise PdmuxError("--offline reads measured points at --rates: name them")
     # offline, nothing is measured: the flags describe the GPU the points were measured on;
     # a trace is served sped up or slowed down to each rate searched
     derived = served_by(tuple(args.strategies))
@@ -257,7 +255,7 @@ def cmd_capacity(args, given) -> None:
         print(json.dumps(result, indent=1))
     else:
         print(tables.capacity_table(result))
-    for line in tables.burst_lines(result, count):
+    for line in tables.capacity_notes(result, count):
         note(line)
     note(f"wrote {out / f'capacity-{gpu}.json'}")
     traffic = Path(settings.trace).name if args.trace else f"{settings.lengths} lengths"

@@ -221,8 +221,7 @@ def capacity_table(result: dict) -> str:
                   lambda n: f"{cell(rows[n]['simulated_goodput_capacity_at_measured_rates_rps'], '.2f')}"
                             f" / {cell(rows[n]['simulated_sarathi_capacity_at_measured_rates_rps'], '.2f')}"),
                  ("sim error % goodput / Sarathi",
-                  lambda n: f"{cell(rows[n]['sim_error_pct']['goodput'], '+.0f')} / "
-                            f"{cell(rows[n]['sim_error_pct']['sarathi'], '+.0f')}"),
+                  lambda n: " / ".join(_sim_error(rows[n], c) for c in ("goodput", "sarathi"))),
                  ("sim error % TTFT / TPOT p99 (median)",
                   lambda n: " / ".join(cell(_median(rows[n], k), "+.0f")
                                        for k in ("ttft_p99_ms", "tpot_p99_ms"))),
@@ -233,18 +232,38 @@ def capacity_table(result: dict) -> str:
     return head + "\n" + table([t for t, _ in spec], [[f(n) for _, f in spec] for n in rows])
 
 
-def burst_lines(result: dict, count: int) -> list[str]:
-    """What the capacity table's "burst" labels mean, and what to do about them."""
+def _sim_error(row: dict, criterion: str) -> str:
+    """The simulation's capacity error: at most the figure where the measured capacity is
+    only a bound (it met the criterion at every rate served), marked `*` where it was read
+    from every simulated rate (`capacity_notes`)."""
+    error = row["sim_error_pct"][criterion]
+    if error is None:
+        return cell(error)
+    wide = row.get("sim_error_read_from", {}).get(criterion) == "all simulated rates"
+    return (f"{'<= ' if row['at_least'][criterion] else ''}{cell(error, '+.0f')}"
+            f"{'*' if wide else ''}")
+
+
+def capacity_notes(result: dict, count: int) -> list[str]:
+    """What the capacity table's marks mean: a "burst" label, and what to do about it; a
+    starred simulation error."""
     rows = result["summary"]["strategies"]
+    notes = []
     bursts = sorted({n for n, row in rows.items() for c, ok in row.get("steady", {}).items()
                      if ok is False})
-    if not bursts:
-        return []
-    return [f"burst: {', '.join(bursts)} met the criterion on a stream too short for its rate "
+    if bursts:
+        notes.append(
+            f"burst: {', '.join(bursts)} met the criterion on a stream too short for its rate "
             f"(the SLO attainment of the later half of its {count} requests by arrival was more "
             f"than {capacity_search.STEADY_POINTS * 100:g} points from the whole's): such a "
             f"capacity reads higher than the GPU sustains; serve more requests a point (--count "
-            f"{2 * count} or more{', a longer --trace-count' if 'trace_rate_rps' in result else ''})"]
+            f"{2 * count} or more{', a longer --trace-count' if 'trace_rate_rps' in result else ''})")
+    if any(_sim_error(row, c).endswith("*") for row in rows.values() if "sim_error_pct" in row
+           for c in row["sim_error_pct"]):
+        notes.append("*: the simulation met the criterion at every measured rate or at none, so "
+                     "those rates only bound it; its error is read from the crossing over all "
+                     "its simulated rates")
+    return notes
 
 
 def host_costs_table(data: dict) -> str:

@@ -344,14 +344,23 @@ def decode_step_s(model: ModelSpec, rate: DecodeRate, context_tokens: int, sms: 
     return max(step, nbytes / (rate.tbps(MAX_SMS, False) * 1e12))
 
 
+def padded_batch(n: int) -> int:
+    """The captured batch size that serves n requests: 1, 2, 4, 8, then multiples of 8 (the
+    executor captures a decode graph per size, as SGLang does; the padding rows hold no KV)."""
+    return 1 << (n - 1).bit_length() if n <= 8 else -(-n // 8) * 8
+
+
 def served_decode_step_s(model: ModelSpec, rate: DecodeRate, overheads: Overheads,
                          context_tokens: int, sms: int, corun: bool, batch: int,
                          comm=None) -> float:
-    """A decode step as this tool's executor serves it: `decode_step_s`, what a captured step
-    costs beyond it (`Overheads.decode_extra_s`) and, on a tensor-parallel rank (`model` its
-    shard), its collectives (`comm`, a `parallel.TensorParallel`)."""
-    return (decode_step_s(model, rate, context_tokens, sms, corun, batch)
-            + overheads.decode_extra_s(batch) + (comm.decode_s(batch) if comm else 0.0))
+    """A decode step as this tool's executor serves it: `decode_step_s` of the batch's KV with
+    the rows' term of the captured size that runs it (`padded_batch`: a step of 33 requests
+    runs the graph of 40, whose GEMMs pad to 64 rows), what a captured step costs beyond it
+    (`Overheads.decode_extra_s`) and, on a tensor-parallel rank (`model` its shard), its
+    collectives (`comm`, a `parallel.TensorParallel`)."""
+    rows = padded_batch(batch) if batch >= 1 else batch
+    return (decode_step_s(model, rate, context_tokens, sms, corun, rows)
+            + overheads.decode_extra_s(rows) + (comm.decode_s(rows) if comm else 0.0))
 
 
 def compute_s(flops: float, rate: PrefillRate, sms: int, corun: bool = True) -> float:

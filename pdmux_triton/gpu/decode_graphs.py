@@ -15,13 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
+from pdmux_triton.cost.step_cost import padded_batch
 from pdmux_triton.gpu.decoder import DecodeBatch, Model
 from pdmux_triton.multiplex.partition import Budget
-
-
-def padded_batch(n: int) -> int:
-    """The captured batch size serving n requests: 1, 2, 4, 8, then multiples of 8."""
-    return 1 << (n - 1).bit_length() if n <= 8 else -(-n // 8) * 8
 
 
 def padded_sizes(max_batch: int) -> list[int]:

@@ -23,7 +23,8 @@ import torch.distributed as dist
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.gpu.block_manager import BlockManager
 from pdmux_triton.gpu.checkpoint import load_weights
-from pdmux_triton.gpu.decode_graphs import DecodeGraphs, padded_batch, padded_sizes
+from pdmux_triton.cost.step_cost import padded_batch
+from pdmux_triton.gpu.decode_graphs import DecodeGraphs, padded_sizes
 from pdmux_triton.gpu.decoder import DecodeBatch, ExtendBatch, KVCache, Model, Weights
 from pdmux_triton.gpu.streams import PartitionPool
 from pdmux_triton.gpu.tensor_parallel import DistCollectives, shard_weights
