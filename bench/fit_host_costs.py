@@ -17,8 +17,8 @@ it to a host-costs file (`calibrate --host-costs`'s):
 
 The rounds come from a measured `pdmux-triton run --workload stream` (its rounds' decode
 context read from it or, in runs saved before rounds recorded it, replayed from its requests)
-or from bench/trace_fidelity.py's measured points (each run's rounds and the speed its host
-launched an eager layer at). Host times are put in the file's host (its eager layer's launch
+or from bench/trace_fidelity.py's measured points or a measured capacity folder's diagnostics
+(each run's rounds and the speed its host launched an eager layer at). Host times are put in the file's host (its eager layer's launch
 time): a run on a host that launched k times slower paid k times its fixed costs, as
 `Overheads.on_host` prices it. Prints each fit and the mixed step's error over the rounds.
 
@@ -44,7 +44,7 @@ from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiments.settings import RunSettings, make_requests
 from pdmux_triton.results import PointStore, read_json, write_json
 from pdmux_triton.spec.gpus import gpu_preset
-from pdmux_triton.spec.models import model_preset
+from pdmux_triton.spec.models import ModelSpec, model_preset
 
 CHUNK = re.compile(r"chunk (\d+)\+(\d+)")
 MIN_PREFILLS = 10  # GPU-bound prefill batches a whole-GPU MFU is fitted to, at the fewest
@@ -104,18 +104,28 @@ def chunk_rounds(run: dict, host_s: float) -> list[dict]:
     return rows
 
 
-def timed_points(path: str) -> list[tuple[dict, float]]:
-    """bench/trace_fidelity.py's measured points whose run timed its host, each with the
-    host's launch time per eager layer."""
-    from trace_fidelity import Key
+CAPACITY_DIAGNOSTICS = "capacity-diagnostics-"  # a capacity folder's (`capacity.open_diagnostics`)
 
-    points = [(p, p["diagnostics"]["host_layer_us"] / 1e6)
-              for p in PointStore(path, Key).points.values()
-              if p.get("diagnostics", {}).get("host_layer_us")]
-    if not points:
+
+def timed_points(path: str) -> list[tuple[dict, float]]:
+    """Measured points whose run timed its host, each ({"strategy", "diagnostics"}, the host's
+    launch time per eager layer): bench/trace_fidelity.py's points, or a capacity folder's
+    diagnostics (`pdmux-triton capacity` measured on a GPU)."""
+    if Path(path).name.startswith(CAPACITY_DIAGNOSTICS):
+        from pdmux_triton.experiments.capacity import PointKey
+
+        points = [{"strategy": d["strategy"], "diagnostics": d}
+                  for d in PointStore(path, PointKey).points.values()]
+    else:
+        from trace_fidelity import Key
+
+        points = list(PointStore(path, Key).points.values())
+    timed = [(p, p["diagnostics"]["host_layer_us"] / 1e6) for p in points
+             if p.get("diagnostics", {}).get("host_layer_us")]
+    if not timed:
         raise PdmuxError(f"{path} holds no measured point whose run timed its host: measure "
-                         f"with bench/trace_fidelity.py")
-    return points
+                         f"with bench/trace_fidelity.py or `pdmux-triton capacity` on a GPU")
+    return timed
 
 
 def fidelity_rounds(points: list[tuple[dict, float]]) -> list[dict]:
@@ -221,8 +231,9 @@ def fit_mixed(rows, model, decode, prefill, total_sms, tile,
 
 def main(argv=None) -> int:
     p = Parser(prog="bench/fit_host_costs.py", description=__doc__.splitlines()[0])
-    p.add_argument("run", help="a measured stream run (run-<gpu>.json) or bench/trace_fidelity.py's "
-                   "measured points (points-<gpu>.jsonl)")
+    p.add_argument("run", help="a measured stream run (run-<gpu>.json), bench/trace_fidelity.py's "
+                   "measured points (points-<gpu>.jsonl) or a measured capacity folder's "
+                   "diagnostics (capacity-diagnostics-<gpu>.jsonl)")
     p.add_argument("host_costs", help="calibrate --host-costs' file, updated in place")
     p.add_argument("--calibration", required=True)
     p.add_argument("--compare", required=True)
@@ -231,9 +242,19 @@ def main(argv=None) -> int:
 
 def measured_rounds(measured: str, host: dict, overheads) -> tuple:
     """(GPU, model, chunked rounds, prefill-first batches or None) of the measurements named:
-    a stream run's file (no batches), or bench/trace_fidelity.py's points (its model, on the
-    host-costs file's GPU)."""
-    if Path(measured).suffix == ".jsonl":
+    a stream run's file (no batches), a capacity folder's diagnostics (the folder's model and
+    GPU), or bench/trace_fidelity.py's points (its model, on the host-costs file's GPU)."""
+    path = Path(measured)
+    if path.name.startswith(CAPACITY_DIAGNOSTICS):  # the GPU and model of the folder's settings
+        from pdmux_triton.experiments.capacity import measured_gpu
+
+        gpu = measured_gpu(path.parent, path.stem.removeprefix(CAPACITY_DIAGNOSTICS))
+        saved = read_json(path.with_name(f"capacity-settings-{gpu.name}.json"),
+                          "capacity settings")
+        points = timed_points(measured)
+        return (gpu, ModelSpec(**saved["model"]), fidelity_rounds(points),
+                fidelity_prefills(points))
+    if path.suffix == ".jsonl":
         from trace_fidelity import MODEL
 
         points = timed_points(measured)

@@ -44,8 +44,7 @@ from pdmux_triton.experiments.run import GUARDS, Servers
 from pdmux_triton.experiments.settings import RunSettings, make_requests
 from pdmux_triton.experiments.variants import served_by, variant
 from pdmux_triton.results import PointStore, provenance, read_json, write_json
-from pdmux_triton.serve.executor import RunResult
-from pdmux_triton.serve.metrics import Slo
+from pdmux_triton.serve.metrics import ROUND_US, Slo, diagnostics
 from pdmux_triton.spec.gpus import detect_gpu, gpu_preset
 from pdmux_triton.spec.models import model_preset
 
@@ -67,7 +66,6 @@ LATENCIES = ("ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p
 TARGETS = {"tpot_p50_ms": 5, "tpot_p99_ms": 10, "ttft_p50_ms": 10, "ttft_p99_ms": 20,
            "e2e_p50_ms": 5, "capacity": 5, "slo_attainment": 5}
 STABLE = 0.8  # a rate at most this share of its measured capacity is inside the stable region
-ROUND_US = 1e6  # diagnostics' times are kept in whole microseconds
 
 
 @dataclass(frozen=True)
@@ -93,33 +91,6 @@ def windows(args, only: tuple | None = None):
     """(trace, first row, rates) of every window served (`only`: of that (trace, row) one)."""
     return [(t, start, PLAN[t][1]) for t in args.traces for start in PLAN[t][0]
             if only in (None, (t, start))]
-
-
-def diagnostics(result: RunResult) -> dict:
-    """What a point's figures come from: each prefill batch (start, end, tokens, prompts),
-    every round, every decode step's GPU time and every launch's span, in microseconds."""
-    batches: dict[tuple, list] = {}
-    for r in result.requests:
-        if not r.warm and r.prefill_start is not None and r.prefill_end is not None:
-            batch = batches.setdefault((r.prefill_start, r.prefill_end), [0, 0])
-            batch[0] += r.prompt_len
-            batch[1] += 1
-    rounds = result.rounds
-    us = lambda seconds: round(seconds * ROUND_US)  # noqa: E731
-    return {
-        "prefills": [[us(a), us(b), tokens, n] for (a, b), (tokens, n) in sorted(batches.items())],
-        "rounds": {"start_us": [us(t) for t in rounds.start], "end_us": [us(t) for t in rounds.end],
-                   "level": list(rounds.level), "decode_bs": list(rounds.decode_bs),
-                   "decode_context": list(rounds.decode_context), "label": list(rounds.label),
-                   "labels": rounds.labels},
-        "decode_step_us": [us(t) for t in result.activity.decode_step_s],
-        # every launch's (start, end) on the GPU, from the first launch (not the rounds' clock)
-        "busy_us": [[us(a), us(b)] for a, b in result.activity.busy],
-        # how fast the host launched an eager layer in this run (None: simulated, or a point
-        # measured before the executor timed its launches)
-        "host_layer_us": (us(statistics.median(result.activity.host_layer_s))
-                          if len(result.activity.host_layer_s) else None),
-    }
 
 
 def prefill_batches(diag: dict) -> dict[int, list]:

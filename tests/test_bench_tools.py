@@ -409,3 +409,40 @@ def test_a_batch_prefill_spans_its_first_prompt_taken_to_its_first_token():
     diag = {"prefills": [[1000, 5000, 300, 1], [1001, 5000, 200, 1], [9000, 11000, 50, 1]]}
     assert batch_prefill_ms(diag) == pytest.approx((4.0 + 2.0) / 2)
     assert batch_prefill_ms({"prefills": []}) is None
+
+
+def test_fit_host_costs_reads_a_capacity_folders_diagnostics_as_trace_points(tmp_path):
+    """A measured capacity folder keeps each point's rounds, prefill batches and host time
+    (capacity-diagnostics-<gpu>.jsonl): fitted from there, one window of the committed trace
+    points gives what the same points give from trace_fidelity's own file."""
+    import json
+    import shutil
+
+    window = [json.loads(line) for line in
+              open("bench/results/trace-fidelity/points-h200.jsonl")]
+    window = [p for p in window if p["mode"] == "gpu" and p["start"] == 12000]
+    trace_points = tmp_path / "trace" / "points-h200.jsonl"
+    trace_points.parent.mkdir()
+    trace_points.write_text("".join(json.dumps(p) + "\n" for p in window))
+    folder = tmp_path / "capacity"
+    folder.mkdir()
+    shutil.copy("bench/results/steady-conv/capacity-settings-h200.json", folder)
+    (folder / "capacity-diagnostics-h200.jsonl").write_text("".join(
+        json.dumps({"mode": "gpu", "strategy": p["strategy"], "rate": p["rate"],
+                    **p["diagnostics"]}) + "\n" for p in window))
+    fits = []
+    for measured in (trace_points, folder / "capacity-diagnostics-h200.jsonl"):
+        host = tmp_path / f"host-{measured.parent.name}.json"
+        shutil.copy("bench/results/host-costs-h200.json", host)
+        out = _fit(str(measured), host)
+        assert out.returncode == 0, out.stderr[-2000:]
+        fitted = json.loads(host.read_text())
+        fits.append({k: fitted[k] for k in ("eager_step", "whole_gpu_prefill", "mixed_step")})
+    for fit in fits:  # the sources name their files; the figures must agree
+        for part in fit.values():
+            part.pop("source")
+    assert fits[0] == fits[1] and fits[0]["mixed_step"]["rounds"] > 100
+    empty = folder / "capacity-diagnostics-h200.jsonl"
+    empty.write_text("")
+    out = _fit(str(empty), tmp_path / "host-trace.json")
+    assert out.returncode == 2 and "no measured point whose run timed its host" in out.stderr

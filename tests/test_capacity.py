@@ -63,10 +63,17 @@ def test_a_measured_sweep_reads_its_rates_beside_the_simulation(monkeypatch, tmp
     monkeypatch.setattr(run.Servers, "__init__", _sim_servers)
     monkeypatch.setattr(run.Servers, "executor", slower)
     store = PointStore(tmp_path / "p.jsonl", PointKey)
+    kept = capacity.open_diagnostics(tmp_path, "h200")
     result = run_capacity(settings(simulate=False), ("chunked_512",), CRITERIA, store,
-                          rates=RATES, log=lambda m: None)
+                          rates=RATES, log=lambda m: None, diagnostics=kept)
     row = result["summary"]["strategies"]["chunked_512"]
     served = {p["rate"] for p in result["points"] if p["mode"] == "gpu"}
+    # each measured point's first run, kept beside it (none for the simulation's points)
+    again = capacity.open_diagnostics(tmp_path, "h200")
+    assert {(d["mode"], d["rate"]) for d in again.points.values()} == {("gpu", r) for r in served}
+    for d in again.points.values():
+        assert sum(n for *_, n in d["prefills"]) == 40 and "busy_us" not in d
+        assert d["decode_step_us"] and len(d["rounds"]["start_us"]) == len(d["rounds"]["level"])
     assert result["mode"] == "gpu" and row["points"] == len(served)
     # the given rates in order, up to the first whose attainment misses the target
     assert served <= set(RATES) and {4, 8} <= served

@@ -249,7 +249,8 @@ def cmd_capacity(args, given) -> None:
         store.forget(lambda point: point["mode"] == "simulated")
     result = capacity.run_capacity(settings, tuple(args.strategies), criteria, store,
                                    args.rates, args.start_rate, args.tol, log=note,
-                                   offline=args.offline)
+                                   offline=args.offline,
+                                   diagnostics=capacity.open_diagnostics(out, gpu))
     write_json(out / f"capacity-{gpu}.json", result)
     if args.json:
         print(json.dumps(result, indent=1))

@@ -25,6 +25,7 @@ from pdmux_triton.experiments.run import GUARDS, Servers
 from pdmux_triton.experiments.settings import RunSettings, make_requests
 from pdmux_triton.experiments.variants import Variant, variant
 from pdmux_triton.results import PointStore, check_settings, provenance, read_json
+from pdmux_triton.serve import metrics
 from pdmux_triton.spec.gpus import GPUSpec
 
 POINT_KEYS = ("rate", "slo_attainment", "slo_attainment_last_half", "goodput_rps",
@@ -58,6 +59,14 @@ def open_folder(folder: Path, s: RunSettings) -> PointStore:
     return PointStore(folder / f"capacity-points-{s.gpu.name}.jsonl", PointKey)
 
 
+def open_diagnostics(folder: Path, gpu: str) -> PointStore:
+    """Beside a folder's points, what each measured point's figures come from (its first
+    repeat's prefill batches, rounds, decode steps and host launch time:
+    `metrics.diagnostics`), keyed as the points are: bench/fit_host_costs.py fits the host
+    costs to them; the capacity is read from the points alone."""
+    return PointStore(folder / f"capacity-diagnostics-{gpu}.jsonl", PointKey)
+
+
 def measured_gpu(folder: Path, name: str) -> GPUSpec:
     """The GPU a folder's points were measured on, as it was detected there (its memory is
     the device's, not the preset's)."""
@@ -73,8 +82,11 @@ class Sweep:
     executors are made only when a point is missing (`offline`: a missing measured point is an
     error, so a measured sweep can be read again, with a newer simulation beside it, anywhere)."""
 
-    def __init__(self, s: RunSettings, store: PointStore, log, offline: bool = False):
+    def __init__(self, s: RunSettings, store: PointStore, log, offline: bool = False,
+                 diagnostics: PointStore | None = None):
+        """`diagnostics`: where a measured point's `metrics.diagnostics` are kept."""
         self.s, self.store, self.log, self.offline = s, store, log, offline
+        self.diagnostics = diagnostics
         self.mode = "simulated" if s.simulate else "gpu"
         self.servers = None
 
@@ -88,8 +100,13 @@ class Sweep:
                              f"{self.store.path}: measure it on the GPU (drop --offline)")
         if self.servers is None:
             self.servers = Servers(self.s, make_requests(self.s), self.log)
-        row, _ = self.servers.serve(v, make_requests(self.s, rate))
+        row, first = self.servers.serve(v, make_requests(self.s, rate))
         made_with = provenance(self.s.gpu.name)  # a point outlives the code that measured it
+        if self.diagnostics is not None and self.mode == "gpu":
+            # saved before the point, so a point on record has them; launch spans left out (a
+            # long stream's are most of the bytes, and nothing reads them here)
+            self.diagnostics.add(key, **metrics.diagnostics(first, spans=False),
+                                 commit=made_with["commit"])
         spread = {}
         if "repeats" in row:  # medians; each repeat's figures kept for its own capacity
             spread = {"repeats": row["repeats"],
@@ -129,7 +146,8 @@ def _fmt(value, spec: str = ".0f") -> str:
 
 def run_capacity(s: RunSettings, names: tuple[str, ...], criteria: Criteria, store: PointStore,
                  rates: tuple[float, ...] | None = None, start: float = 1.0, tol: float = 0.05,
-                 log=print, offline: bool = False, also: tuple[float, ...] = ()) -> dict:
+                 log=print, offline: bool = False, also: tuple[float, ...] = (),
+                 diagnostics: PointStore | None = None) -> dict:
     """Capacities of each strategy, and every point behind them. Measured (`s.simulate` off),
     the same traffic is also simulated, searched, and served at the measured rates; `offline`,
     the measured points come from the store alone: each strategy's own measured rates (those
@@ -139,7 +157,7 @@ def run_capacity(s: RunSettings, names: tuple[str, ...], criteria: Criteria, sto
     chosen = [variant(n) for n in names]
     sweeps = [Sweep(replace(s, simulate=True, repeats=1), store, log)]
     if not s.simulate:
-        sweeps.append(Sweep(s, store, log, offline))
+        sweeps.append(Sweep(s, store, log, offline, diagnostics))
     found: dict[str, dict] = {}
     try:
         for sweep in sweeps:

@@ -21,6 +21,7 @@ digits (float rounding).
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 
 import numpy as np
@@ -354,4 +355,36 @@ def details(result: RunResult, limit: int = DETAIL_RECORDS) -> dict:
                         ("rounds", len(rounds))):
         if total > limit:
             out[f"{name}_total"] = total
+    return out
+
+
+ROUND_US = 1e6  # diagnostics' times are kept in whole microseconds
+
+
+def diagnostics(result: RunResult, spans: bool = True) -> dict:
+    """What a measured point's figures come from, in microseconds: each prefill batch (start,
+    end, tokens, prompts), every round, every decode step's GPU time, how fast the host
+    launched an eager layer and, with `spans`, every launch's span on the GPU."""
+    batches: dict[tuple, list] = {}
+    for r in result.requests:
+        if not r.warm and r.prefill_start is not None and r.prefill_end is not None:
+            batch = batches.setdefault((r.prefill_start, r.prefill_end), [0, 0])
+            batch[0] += r.prompt_len
+            batch[1] += 1
+    rounds = result.rounds
+    us = lambda seconds: round(seconds * ROUND_US)  # noqa: E731
+    out = {
+        "prefills": [[us(a), us(b), tokens, n] for (a, b), (tokens, n) in sorted(batches.items())],
+        "rounds": {"start_us": [us(t) for t in rounds.start], "end_us": [us(t) for t in rounds.end],
+                   "level": list(rounds.level), "decode_bs": list(rounds.decode_bs),
+                   "decode_context": list(rounds.decode_context), "label": list(rounds.label),
+                   "labels": rounds.labels},
+        "decode_step_us": [us(t) for t in result.activity.decode_step_s],
+        # how fast the host launched an eager layer in this run (None: simulated, or a point
+        # measured before the executor timed its launches)
+        "host_layer_us": (us(statistics.median(result.activity.host_layer_s))
+                          if len(result.activity.host_layer_s) else None),
+    }
+    if spans:  # every launch's (start, end) on the GPU, from its first (not the rounds' clock)
+        out["busy_us"] = [[us(a), us(b)] for a, b in result.activity.busy]
     return out
