@@ -145,7 +145,7 @@ def fidelity_rounds(points: list[tuple[dict, float]]) -> list[dict]:
                              "host_s": host})
     if not rows:
         raise PdmuxError("the points hold no chunked strategy's rounds: measure chunked "
-                         "strategies with bench/trace_fidelity.py")
+                         "strategies with bench/trace_fidelity.py or `pdmux-triton capacity`")
     return rows
 
 
@@ -248,9 +248,9 @@ def measured_rounds(measured: str, host: dict, overheads) -> tuple:
     if path.name.startswith(CAPACITY_DIAGNOSTICS):  # the GPU and model of the folder's settings
         from pdmux_triton.experiments.capacity import measured_gpu
 
-        gpu = measured_gpu(path.parent, path.stem.removeprefix(CAPACITY_DIAGNOSTICS))
-        saved = read_json(path.with_name(f"capacity-settings-{gpu.name}.json"),
-                          "capacity settings")
+        name = path.stem.removeprefix(CAPACITY_DIAGNOSTICS)
+        gpu = measured_gpu(path.parent, name)
+        saved = read_json(path.with_name(f"capacity-settings-{name}.json"), "capacity settings")
         points = timed_points(measured)
         return (gpu, ModelSpec(**saved["model"]), fidelity_rounds(points),
                 fidelity_prefills(points))
@@ -272,7 +272,8 @@ def measured_rounds(measured: str, host: dict, overheads) -> tuple:
 
 def fitted(measured: str, host_costs: str, calibration: str, compare: str) -> tuple[dict, list]:
     """The host-costs file's data with every fit the measurements allow (`measured`: a stream
-    run or trace_fidelity's points), and the lines that say what each fit gave."""
+    run, trace_fidelity's points or a capacity folder's diagnostics), and the lines that say
+    what each fit gave."""
     host = read_json(host_costs, "host-costs file")
     overheads = load_host_costs(host_costs)
     gpu, model, rows, prefills = measured_rounds(measured, host, overheads)

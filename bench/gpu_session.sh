@@ -92,8 +92,10 @@ case " $STEPS " in *" fidelity "*)
 export RATES=${RATES:-}
 export STRATEGIES=${STRATEGIES:-prefill_first,chunked_512,chunked_2048,pdmux_grid_cap}
 CAPACITY_OUT=${CAPACITY_OUT:-bench/results}
+# a stream's length (bench/results holds 100-request points); a trace's is its --trace-count
+case "${CAPACITY_ARGS:-}" in *--trace*) COUNT_FLAG=() ;; *) COUNT_FLAG=(--count "${COUNT:-100}") ;; esac
 step capacity ${CAPACITY_S:-540} pdmux-triton capacity --out "$CAPACITY_OUT" \
-    ${COUNT:+--count "$COUNT"} --strategies "$STRATEGIES" ${RATES:+--rates "$RATES"} \
+    "${COUNT_FLAG[@]}" --strategies "$STRATEGIES" ${RATES:+--rates "$RATES"} \
     --calibration "$CALIBRATION" --compare bench/results/compare-h200.json \
     --host-costs bench/results/host-costs-h200.json ${CAPACITY_ARGS:-}
 case " $STEPS " in *" capacity "*) mkdir -p "$OUT/capacity" &&

@@ -53,15 +53,19 @@ def test_an_unreachable_target_is_explained():
 
 def test_the_largest_batch_counts_what_its_rows_cost_beyond_their_bytes():
     """With a batch term a step grows faster than its KV: the largest batch that fits is the
-    last one whose step (bytes and rows) meets the target."""
+    last one whose captured step (its bytes, the rows of the size that runs it) meets the
+    target."""
     term = step_cost.BatchTerm(32, alone=((64, 20, 0.002), (72, 20, 0.020), (128, 20, 0.025)))
     rate = step_cost.MeasuredCurve(((20, 1.0), (132, 3.0)), corun=((20, 1.0), (132, 3.0)), batches=term)
     itl_s = 0.030
     b = advise.max_batch(QWEN, 2048, itl_s, rate, 20)
 
     def step(n):
-        return step_cost.decode_step_s(QWEN, rate, n * 2048, 20, True, n)
+        return step_cost.decode_step_s(QWEN, rate, n * 2048, 20, True, step_cost.padded_batch(n))
     assert step(b) <= itl_s < step(b + 1)
+    # a batch the graphs pad is priced at the padded size's rows
+    assert step(b) > step_cost.decode_step_s(QWEN, rate, b * 2048, 20, True, b) or (
+        step_cost.padded_batch(b) == b)
     bytes_only = step_cost.MeasuredCurve(rate.alone, rate.corun)
     assert b < advise.max_batch(QWEN, 2048, itl_s, bytes_only, 20)
     assert advise.max_batch(QWEN, 2048, 0.001, rate, 20) == 0  # not even the weights in time

@@ -229,10 +229,10 @@ def test_the_committed_capacity_folder_resumes_with_todays_model_preset(tmp_path
     capacity.open_folder(tmp_path, s)  # refused before: "they differ in model"
 
 
-def test_offline_reads_each_strategys_own_measured_rates(monkeypatch, tmp_path):
+def test_offline_reads_every_point_each_strategy_was_measured_at(monkeypatch, tmp_path):
     """Strategies measured at rates near their own capacities are read back together: offline,
-    each at the rates it was measured at (those in `rates`, if given), the simulation made
-    again beside them; a strategy never measured there is refused in one line."""
+    each at the rates it was measured at, the simulation made again beside them; a strategy
+    never measured there is refused in one line."""
     monkeypatch.setattr(run.Servers, "__init__", _sim_servers)
     store = PointStore(tmp_path / "p.jsonl", PointKey)
     run_capacity(settings(simulate=False), ("prefill_first",), CRITERIA, store, rates=(4.0, 8.0),
@@ -257,15 +257,14 @@ def test_offline_reads_each_strategys_own_measured_rates(monkeypatch, tmp_path):
         assert own <= beside and rows[name]["points"] == len(own)
         assert rows[name]["simulated_goodput_capacity_at_measured_rates_rps"] is not None
     assert {(p["strategy"], p["rate"]) for p in both["points"] if p["mode"] == "gpu"} == measured
-    some = run_capacity(settings(simulate=False), ("chunked_512",), CRITERIA, store,
-                        rates=(3.0, 5.0), log=lambda m: None, offline=True)
-    assert some["summary"]["strategies"]["chunked_512"]["points"] == len(
+    # a strategy measured at fixed rates only (bench/slo_levels.py: no capacity rates) reads
+    # its points too
+    fixed = run_capacity(settings(simulate=False), ("chunked_512",), CRITERIA, store, rates=(),
+                         also=(3.0,), log=lambda m: None, offline=True)
+    assert fixed["summary"]["strategies"]["chunked_512"]["points"] == len(
         {r for n, r in measured if n == "chunked_512"})
     with pytest.raises(PdmuxError, match=r"pdmux_grid_cap was never measured in .*p\.jsonl"):
         run_capacity(settings(simulate=False), ("pdmux_grid_cap",), CRITERIA, store,
-                     log=lambda m: None, offline=True)
-    with pytest.raises(PdmuxError, match=r"at --rates 5: measure it on the GPU"):
-        run_capacity(settings(simulate=False), ("chunked_512",), CRITERIA, store, rates=(5.0,),
                      log=lambda m: None, offline=True)
 
 
@@ -306,6 +305,17 @@ def test_a_simulation_the_measured_rates_only_bound_is_read_from_all_its_rates(m
     assert "*" in tables.capacity_table(result)
     assert any(line.startswith("*: the simulation met") for line in
                tables.capacity_notes(result, 40))
+    assert row["simulated_goodput_capacity_compared_rps"] == everywhere
+    assert f"{everywhere:.2f}*" in tables.capacity_table(result)
     # a measured capacity that is only a bound (met at every rate served) bounds the error
     row["at_least"]["goodput"] = True
     assert tables._sim_error(row, "goodput").startswith("<= +")
+    assert any(line.startswith("<=: the measured capacity is only a bound") for line in
+               tables.capacity_notes(result, 40))
+    # measured where the simulation misses at both rates: read from all its rates too
+    above = run_capacity(settings(simulate=False), ("prefill_first",), CRITERIA, store,
+                         rates=(4 * top, 8 * top), log=lambda m: None)
+    row = above["summary"]["strategies"]["prefill_first"]
+    assert row["simulated_goodput_capacity_at_measured_rates_rps"] == 0.0
+    assert row["sim_error_read_from"]["goodput"] == "all simulated rates"
+    assert row["simulated_goodput_capacity_compared_rps"] > 0

@@ -222,6 +222,8 @@ BAD = [
      "--link, --link-gbps do nothing without --tp 2 or more or a disagg"),
     (["capacity", "--strategies", "fcfs"], "unknown strategy 'fcfs'"),
     (["capacity", "--simulate", "--rates", "1,2"], "--rates does nothing when simulating"),
+    (["capacity", "--offline", "--out", "{d}", "--rates", "1,2"],
+     "--rates does nothing with --offline (it reads every point measured in --out)"),
     (["run", "--workload", "stream", "--batch", "8"], "--batch does nothing with --workload stream"),
     (["levels", "--config", "{d}/pd.yaml", "--sm-group-num", "6"],
      "--sm-group-num conflicts with --config"),

@@ -312,9 +312,8 @@ def build_parser() -> Parser:
     p.flag("--rates", type=listed(number(0.0, 1e4), "rate"),
            help="measured: serve these rates (req/s) instead of searching")
     p.flag("--offline", action="store_true",
-           help="read the measured points from --out's store again (no GPU needed), each "
-                "strategy's own rates (those in --rates, if given), and simulate beside them "
-                "again")
+           help="read every point measured in --out's store again (no GPU needed), each "
+                "strategy's at whatever rates it was measured, and simulate beside them again")
     p.flag("--start-rate", type=number(0.0, 1e4), default=1.0,
            help="where the search starts, req/s")
     p.flag("--tol", type=number(0.0, 1.0), default=0.05, help="the search's relative tolerance")

@@ -232,6 +232,7 @@ def cmd_capacity(args, given) -> None:
         raise PdmuxError(f"{', '.join(several)} serve on several GPUs; this tool measures one: "
                          f"simulate them with --simulate")
     if args.offline:  # the GPU as it was measured, from the folder's settings
+        refuse(given, ("rates",), "with --offline (it reads every point measured in --out)")
         gpu = capacity.measured_gpu(Path(args.out), settings.gpu.name)
         settings = dataclasses.replace(settings, gpu=gpu, simulate=False, repeats=args.repeats)
         no_gpu = None
@@ -250,7 +251,8 @@ def cmd_capacity(args, given) -> None:
     result = capacity.run_capacity(settings, tuple(args.strategies), criteria, store,
                                    args.rates, args.start_rate, args.tol, log=note,
                                    offline=args.offline,
-                                   diagnostics=capacity.open_diagnostics(out, gpu))
+                                   diagnostics=(None if settings.simulate or args.offline
+                                                else capacity.open_diagnostics(out, gpu)))
     write_json(out / f"capacity-{gpu}.json", result)
     if args.json:
         print(json.dumps(result, indent=1))

@@ -218,8 +218,7 @@ def capacity_table(result: dict) -> str:
             ("Sarathi capacity req/s", lambda n: capacity(n, "sarathi"))]
     if measured:
         spec += [("simulated at those rates",
-                  lambda n: f"{cell(rows[n]['simulated_goodput_capacity_at_measured_rates_rps'], '.2f')}"
-                            f" / {cell(rows[n]['simulated_sarathi_capacity_at_measured_rates_rps'], '.2f')}"),
+                  lambda n: " / ".join(_compared(rows[n], c) for c in ("goodput", "sarathi"))),
                  ("sim error % goodput / Sarathi",
                   lambda n: " / ".join(_sim_error(rows[n], c) for c in ("goodput", "sarathi"))),
                  ("sim error % TTFT / TPOT p99 (median)",
@@ -232,16 +231,27 @@ def capacity_table(result: dict) -> str:
     return head + "\n" + table([t for t, _ in spec], [[f(n) for _, f in spec] for n in rows])
 
 
+def _from_all_rates(row: dict, criterion: str) -> bool:
+    return row.get("sim_error_read_from", {}).get(criterion) == "all simulated rates"
+
+
+def _compared(row: dict, criterion: str) -> str:
+    """The simulated capacity the error is read against: at the measured rates, or, marked
+    `*`, the crossing over every simulated rate (`capacity_notes`)."""
+    if _from_all_rates(row, criterion):
+        return f"{cell(row[f'simulated_{criterion}_capacity_compared_rps'], '.2f')}*"
+    return cell(row[f"simulated_{criterion}_capacity_at_measured_rates_rps"], ".2f")
+
+
 def _sim_error(row: dict, criterion: str) -> str:
     """The simulation's capacity error: at most the figure where the measured capacity is
-    only a bound (it met the criterion at every rate served), marked `*` where it was read
-    from every simulated rate (`capacity_notes`)."""
+    only a bound (it met the criterion at every rate served), marked `*` where the simulated
+    capacity was read from every simulated rate."""
     error = row["sim_error_pct"][criterion]
     if error is None:
         return cell(error)
-    wide = row.get("sim_error_read_from", {}).get(criterion) == "all simulated rates"
-    return (f"{'<= ' if row['at_least'][criterion] else ''}{cell(error, '+.0f')}"
-            f"{'*' if wide else ''}")
+    return (f"{'<= ' if row.get('at_least', {}).get(criterion) else ''}{cell(error, '+.0f')}"
+            f"{'*' if _from_all_rates(row, criterion) else ''}")
 
 
 def capacity_notes(result: dict, count: int) -> list[str]:
@@ -258,11 +268,15 @@ def capacity_notes(result: dict, count: int) -> list[str]:
             f"than {capacity_search.STEADY_POINTS * 100:g} points from the whole's): such a "
             f"capacity reads higher than the GPU sustains; serve more requests a point (--count "
             f"{2 * count} or more{', a longer --trace-count' if 'trace_rate_rps' in result else ''})")
-    if any(_sim_error(row, c).endswith("*") for row in rows.values() if "sim_error_pct" in row
-           for c in row["sim_error_pct"]):
+    if any(_from_all_rates(row, c) for row in rows.values()
+           for c in row.get("sim_error_pct", {})):
         notes.append("*: the simulation met the criterion at every measured rate or at none, so "
-                     "those rates only bound it; its error is read from the crossing over all "
-                     "its simulated rates")
+                     "those rates only bound it; it is read from its crossing over all its "
+                     "simulated rates instead")
+    if any(row["at_least"][c] and row.get("sim_error_pct", {}).get(c) is not None
+           for row in rows.values() for c in row["at_least"]):
+        notes.append("<=: the measured capacity is only a bound (the strategy met the criterion "
+                     "at every rate served), so the simulation's error is at most the figure")
     return notes
 
 

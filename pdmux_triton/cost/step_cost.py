@@ -350,16 +350,29 @@ def padded_batch(n: int) -> int:
     return 1 << (n - 1).bit_length() if n <= 8 else -(-n // 8) * 8
 
 
+def captured_rows(batch: int) -> int:
+    """The rows a captured decode step of `batch` requests runs: `padded_batch` (batch 0, a
+    mixed step's decode rows read as bytes alone, stays 0)."""
+    return padded_batch(batch) if batch >= 1 else batch
+
+
+def captured_decode_step_s(model: ModelSpec, rate: DecodeRate, context_tokens: int, sms: int,
+                           corun: bool, batch: int) -> float:
+    """`decode_step_s` of `batch` requests as the graph captured for them runs it: the batch's
+    own KV bytes, the rows' term of the captured size (a step of 33 requests runs the graph of
+    40, whose GEMMs pad to 64 rows)."""
+    return decode_step_s(model, rate, context_tokens, sms, corun, captured_rows(batch))
+
+
 def served_decode_step_s(model: ModelSpec, rate: DecodeRate, overheads: Overheads,
                          context_tokens: int, sms: int, corun: bool, batch: int,
                          comm=None) -> float:
-    """A decode step as this tool's executor serves it: `decode_step_s` of the batch's KV with
-    the rows' term of the captured size that runs it (`padded_batch`: a step of 33 requests
-    runs the graph of 40, whose GEMMs pad to 64 rows), what a captured step costs beyond it
-    (`Overheads.decode_extra_s`) and, on a tensor-parallel rank (`model` its shard), its
-    collectives (`comm`, a `parallel.TensorParallel`)."""
-    rows = padded_batch(batch) if batch >= 1 else batch
-    return (decode_step_s(model, rate, context_tokens, sms, corun, rows)
+    """A decode step as this tool's executor serves it: `captured_decode_step_s`, what a
+    captured step costs beyond it (`Overheads.decode_extra_s`) and, on a tensor-parallel rank
+    (`model` its shard), its collectives (`comm`, a `parallel.TensorParallel`), each of the
+    captured size's rows."""
+    rows = captured_rows(batch)
+    return (captured_decode_step_s(model, rate, context_tokens, sms, corun, batch)
             + overheads.decode_extra_s(rows) + (comm.decode_s(rows) if comm else 0.0))
 
 

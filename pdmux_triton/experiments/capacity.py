@@ -129,15 +129,10 @@ class Sweep:
             self.servers.close()
 
 
-def _measured_rates(sweep: Sweep, name: str, rates: tuple[float, ...] | None) -> list[float]:
-    """The rates a strategy was measured at in the sweep's store (those of them in `rates`,
-    if given)."""
-    measured = [r for r, _ in sweep.points(name) if rates is None or r in rates]
-    if not measured:
-        at = f" at --rates {','.join(f'{r:g}' for r in sorted(rates))}" if rates else ""
-        raise PdmuxError(f"{name} was never measured in {sweep.store.path}{at}: measure it on "
-                         f"the GPU (drop --offline)")
-    return measured
+def _require_measured(sweep: Sweep, name: str) -> None:
+    if not sweep.points(name):
+        raise PdmuxError(f"{name} was never measured in {sweep.store.path}: measure it on the "
+                         f"GPU (drop --offline)")
 
 
 def _fmt(value, spec: str = ".0f") -> str:
@@ -150,10 +145,10 @@ def run_capacity(s: RunSettings, names: tuple[str, ...], criteria: Criteria, sto
                  diagnostics: PointStore | None = None) -> dict:
     """Capacities of each strategy, and every point behind them. Measured (`s.simulate` off),
     the same traffic is also simulated, searched, and served at the measured rates; `offline`,
-    the measured points come from the store alone: each strategy's own measured rates (those
-    of them in `rates`, if given), since strategies are measured at rates near their own
-    capacities. Each strategy is also served at the rates `also` names, whatever the search
-    needs (strategies compared at fixed rates)."""
+    the measured points come from the store alone, every one of each strategy (at whatever
+    rates it was measured: strategies are measured near their own capacities), as a measured
+    run reads them after serving `rates`. Each strategy is also served at the rates `also`
+    names, whatever the search needs (strategies compared at fixed rates)."""
     chosen = [variant(n) for n in names]
     sweeps = [Sweep(replace(s, simulate=True, repeats=1), store, log)]
     if not s.simulate:
@@ -171,12 +166,15 @@ def run_capacity(s: RunSettings, names: tuple[str, ...], criteria: Criteria, sto
                         guess = res.get(f"simulated_{criterion}_capacity_rps") or start
                         cap, _ = capacity_search.search(lambda r: sweep.measure(v, r), margin,
                                                         max(guess, 0.01), tol)
-                    else:  # the given rates, up to the first that fails the goodput criterion
-                        for r in (_measured_rates(sweep, v.name, rates) if offline
-                                  else sorted(rates)):
-                            if capacity_search.bracketed(sweep.points(v.name), criteria.goodput, r):
-                                break
-                            sweep.measure(v, r)
+                    else:
+                        if offline:  # every point measured before, whatever rates it was at
+                            _require_measured(sweep, v.name)
+                        else:  # the given rates, up to the first that fails the goodput criterion
+                            for r in sorted(rates):
+                                if capacity_search.bracketed(sweep.points(v.name),
+                                                             criteria.goodput, r):
+                                    break
+                                sweep.measure(v, r)
                         cap = capacity_search.crossing(sweep.points(v.name), margin)
                     res[f"{'simulated_' if sweep.mode == 'simulated' else ''}{criterion}"
                         f"_capacity_rps"] = cap
@@ -234,8 +232,9 @@ def _result(s: RunSettings, chosen: list[Variant], criteria: Criteria, store: Po
                 # those rates only bound it: its error is read from all its points instead
                 bounded = cap is not None and len({margin(p) >= 0 for _, p in beside}) == 1
                 sim = capacity_search.crossing(simulated, margin) if bounded else cap
-                row["sim_error_read_from"][c] = ("all simulated rates" if bounded
-                                                 else "measured rates")
+                row[f"simulated_{c}_capacity_compared_rps"] = sim
+                row["sim_error_read_from"][c] = (None if cap is None else "all simulated rates"
+                                                 if bounded else "measured rates")
                 row["sim_error_pct"][c] = _error(sim, res[f"{c}_capacity_rps"])
             row["latency_sim_error_pct"] = _latency_errors(mine, dict(beside))
         summary[v.name] = row

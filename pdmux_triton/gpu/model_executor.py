@@ -20,10 +20,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from pdmux_triton.cost.step_cost import padded_batch
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.gpu.block_manager import BlockManager
 from pdmux_triton.gpu.checkpoint import load_weights
-from pdmux_triton.cost.step_cost import padded_batch
 from pdmux_triton.gpu.decode_graphs import DecodeGraphs, padded_sizes
 from pdmux_triton.gpu.decoder import DecodeBatch, ExtendBatch, KVCache, Model, Weights
 from pdmux_triton.gpu.streams import PartitionPool

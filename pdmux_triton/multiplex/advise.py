@@ -21,10 +21,12 @@ MAX_ADVISED_BATCH = 1 << 16
 
 def max_batch(spec: ModelSpec, context: int, itl_s: float, rate: step_cost.DecodeRate,
               decode_sms: int) -> int:
-    """Largest decode batch at `context` tokens whose step beside a prefill (weights, KV and
-    the batch's rows) fits `itl_s`; a step grows with its batch, so bisect."""
+    """Largest decode batch at `context` tokens whose captured step beside a prefill (weights,
+    KV and the rows of the size that runs it) fits `itl_s`; a step grows with its batch, so
+    bisect."""
     def fits(batch: int) -> bool:
-        return step_cost.decode_step_s(spec, rate, batch * context, decode_sms, True, batch) <= itl_s
+        return step_cost.captured_decode_step_s(spec, rate, batch * context, decode_sms, True,
+                                                batch) <= itl_s
     lo, hi = 0, 1
     while hi <= MAX_ADVISED_BATCH and fits(hi):
         lo, hi = hi, hi * 2
@@ -69,7 +71,8 @@ def advise(rate: step_cost.DecodeRate, spec: ModelSpec, total_sms: int, major: i
     splits = green_splits(total_sms, major)
 
     def step_ms(batch: int, decode_sms: int) -> float:
-        return step_cost.decode_step_s(spec, rate, batch * context, decode_sms, True, batch) * 1e3
+        return step_cost.captured_decode_step_s(spec, rate, batch * context, decode_sms, True,
+                                                batch) * 1e3
 
     serve = {d: max_batch(spec, context, itl_ms / 1e3, rate, d) for _, d in splits}
     top = max(serve.values())
