@@ -3,6 +3,7 @@ simulation, points resumed from the store."""
 
 import contextlib
 import dataclasses
+import statistics
 
 import pytest
 
@@ -161,10 +162,10 @@ def test_repeats_give_each_repeat_its_capacity_and_the_spread(monkeypatch, tmp_p
     assert row["steady"]["goodput"] in (True, False)
 
 
-def _sim_servers(self, s, requests, log=None):
+def _sim_servers(self, s, requests, log=None, overheads=None):
     self.s, self.gpu, self.warm, self.log = s, None, set(), log
     self.cal = self.cmp = None
-    self.overheads = Overheads()
+    self.overheads = overheads or Overheads()
 
 
 def test_points_of_other_settings_are_refused(tmp_path):
@@ -243,9 +244,9 @@ def test_offline_reads_every_point_each_strategy_was_measured_at(monkeypatch, tm
     store.forget(lambda p: p["mode"] == "simulated")  # as `capacity --offline` does
     served = []
 
-    def no_gpu(self, s, requests, log=None):
+    def no_gpu(self, s, requests, log=None, overheads=None):
         assert s.simulate, "offline served a measured point"
-        _sim_servers(self, s, requests, log)
+        _sim_servers(self, s, requests, log, overheads)
     monkeypatch.setattr(run.Servers, "__init__", no_gpu)
     both = run_capacity(settings(simulate=False), ("prefill_first", "chunked_512"), CRITERIA,
                         store, log=served.append, offline=True)
@@ -319,3 +320,35 @@ def test_a_simulation_the_measured_rates_only_bound_is_read_from_all_its_rates(m
     assert row["simulated_goodput_capacity_at_measured_rates_rps"] == 0.0
     assert row["sim_error_read_from"]["goodput"] == "all simulated rates"
     assert row["simulated_goodput_capacity_compared_rps"] > 0
+
+
+def test_each_measured_point_is_also_simulated_on_its_runs_host(monkeypatch, tmp_path):
+    """A measured run that timed its host (an eager layer's launch) is read against its
+    simulation on that host: beside a point whose host launched 2x slower than the host-costs
+    file's, the simulation is served again with the file's host costs moved there, and those
+    points, not the file host's, are the like-for-like reading."""
+    monkeypatch.setattr(run.Servers, "__init__", _sim_servers)
+    store = PointStore(tmp_path / "p.jsonl", PointKey)
+    s = dataclasses.replace(settings(simulate=False), host_costs="bench/results/host-costs-h200.json")
+    run_capacity(s, ("chunked_512",), CRITERIA, store, rates=(4.0, 8.0), log=lambda m: None)
+    file_host = run.host_overheads(s).layer_launch_s
+    for key, point in list(store.points.items()):  # as a run on a 2x slower host saves it
+        if point["mode"] == "gpu":
+            store.add(PointKey(*key), **{**{k: v for k, v in point.items()
+                                            if k not in ("mode", "strategy", "rate")},
+                                         "host_layer_p50_ms": 2e3 * file_host})
+    store.forget(capacity.is_simulated)
+    monkeypatch.undo()  # the simulation itself is today's simulator, no stand-in
+    result = run_capacity(s, ("chunked_512",), CRITERIA, store, log=lambda m: None, offline=True)
+    row = result["summary"]["strategies"]["chunked_512"]
+    measured = {p["rate"] for p in result["points"] if p["mode"] == "gpu"}
+    on_host = {p["rate"]: p for p in result["points"] if p["mode"] == capacity.ON_RUN_HOST}
+    on_file = {p["rate"]: p for p in result["points"] if p["mode"] == "simulated"}
+    assert set(on_host) == measured and row["simulated_on_run_hosts"] is True
+    for rate in measured:  # chunked steps wait on the slower host's launches
+        assert on_host[rate]["ttft_p50_ms"] > on_file[rate]["ttft_p50_ms"]
+    gpu = {p["rate"]: p for p in result["points"] if p["mode"] == "gpu"}
+    errors = [(on_host[r]["tpot_p50_ms"] - gpu[r]["tpot_p50_ms"]) / gpu[r]["tpot_p50_ms"] * 100
+              for r in measured]
+    assert row["latency_sim_error_pct"]["tpot_p50_ms"]["median"] == pytest.approx(
+        statistics.median(errors))

@@ -273,6 +273,10 @@ def capacity_notes(result: dict, count: int) -> list[str]:
         notes.append("*: the simulation met the criterion at every measured rate or at none, so "
                      "those rates only bound it; it is read from its crossing over all its "
                      "simulated rates instead")
+    if any(row.get("simulated_on_run_hosts") for row in rows.values()):
+        notes.append("simulated at those rates: each measured point priced on the host its run "
+                     "timed (an eager layer's launch, `host_layer_p50_ms`), as `Overheads.on_host` "
+                     "moves the cost model's host costs")
     if any(row["at_least"][c] and row.get("sim_error_pct", {}).get(c) is not None
            for row in rows.values() for c in row["at_least"]):
         notes.append("<=: the measured capacity is only a bound (the strategy met the criterion "

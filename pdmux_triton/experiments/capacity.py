@@ -21,7 +21,7 @@ from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiments import capacity_search
 from pdmux_triton.experiments.capacity_search import CRITERIA, Criteria
 from pdmux_triton.experiments.repeats import repeat, spread_pct
-from pdmux_triton.experiments.run import GUARDS, Servers
+from pdmux_triton.experiments.run import GUARDS, Servers, host_overheads
 from pdmux_triton.experiments.settings import RunSettings, make_requests
 from pdmux_triton.experiments.variants import Variant, variant
 from pdmux_triton.results import PointStore, check_settings, provenance, read_json
@@ -77,17 +77,30 @@ def measured_gpu(folder: Path, name: str) -> GPUSpec:
         raise PdmuxError(f"{folder} holds no capacity settings with a GPU") from None
 
 
+# a measured point's simulation priced on the host its run timed (an eager layer's launch
+# time): hosts beside one GPU launch at different speeds, so like is compared with like
+ON_RUN_HOST = "simulated_on_run_host"
+
+
+def is_simulated(point: dict) -> bool:
+    """A simulated point, on the cost model's host or on a measured run's."""
+    return point["mode"] in ("simulated", ON_RUN_HOST)
+
+
 class Sweep:
     """Serves points of one mode (measured or simulated) and keeps them in the store; its
     executors are made only when a point is missing (`offline`: a missing measured point is an
     error, so a measured sweep can be read again, with a newer simulation beside it, anywhere)."""
 
     def __init__(self, s: RunSettings, store: PointStore, log, offline: bool = False,
-                 diagnostics: PointStore | None = None):
-        """`diagnostics`: where a measured point's `metrics.diagnostics` are kept."""
+                 diagnostics: PointStore | None = None, on_host_s: float | None = None):
+        """`diagnostics`: where a measured point's `metrics.diagnostics` are kept; `on_host_s`
+        (simulated): price on a host that launches an eager layer in that time (mode
+        ON_RUN_HOST)."""
         self.s, self.store, self.log, self.offline = s, store, log, offline
-        self.diagnostics = diagnostics
-        self.mode = "simulated" if s.simulate else "gpu"
+        self.diagnostics, self.on_host_s = diagnostics, on_host_s
+        self.mode = ("gpu" if not s.simulate else "simulated" if on_host_s is None
+                     else ON_RUN_HOST)
         self.servers = None
 
     def measure(self, v: Variant, rate: float) -> dict:
@@ -99,7 +112,9 @@ class Sweep:
             raise PdmuxError(f"{v.name} at {rate:g} req/s was never measured in "
                              f"{self.store.path}: measure it on the GPU (drop --offline)")
         if self.servers is None:
-            self.servers = Servers(self.s, make_requests(self.s), self.log)
+            moved = (None if self.on_host_s is None
+                     else host_overheads(self.s).on_host(self.on_host_s))
+            self.servers = Servers(self.s, make_requests(self.s), self.log, overheads=moved)
         row, first = self.servers.serve(v, make_requests(self.s, rate))
         made_with = provenance(self.s.gpu.name)  # a point outlives the code that measured it
         if self.diagnostics is not None and self.mode == "gpu":
@@ -127,6 +142,21 @@ class Sweep:
     def close(self) -> None:
         if self.servers is not None:
             self.servers.close()
+
+
+def _simulate_on_run_hosts(simulated: Sweep, measured: Sweep, v: Variant, log) -> None:
+    """Each measured point of `v` whose run timed its host, simulated again on that host
+    (where the cost model's host costs give an eager layer's launch time to scale from)."""
+    if not host_overheads(simulated.s).layer_launch_s:
+        return
+    for rate, point in measured.points(v.name):
+        if point.get("host_layer_p50_ms"):
+            on_host = Sweep(simulated.s, simulated.store, log,
+                            on_host_s=point["host_layer_p50_ms"] / 1e3)
+            try:
+                on_host.measure(v, rate)
+            finally:
+                on_host.close()
 
 
 def _require_measured(sweep: Sweep, name: str) -> None:
@@ -183,6 +213,7 @@ def run_capacity(s: RunSettings, names: tuple[str, ...], criteria: Criteria, sto
                 given = () if offline else (rates or ())
                 for r in sorted(set(given) | {r for r, _ in sweeps[1].points(v.name)}):
                     sweeps[0].measure(v, r)
+                _simulate_on_run_hosts(sweeps[0], sweeps[1], v, log)
     finally:
         for sweep in sweeps:
             sweep.close()
@@ -222,6 +253,13 @@ def _result(s: RunSettings, chosen: list[Variant], criteria: Criteria, store: Po
             simulated = sorted((p["rate"], p) for p in store.points.values()
                                if p["strategy"] == v.name and p["mode"] == "simulated")
             beside = [(r, p) for r, p in simulated if r in rates]
+            # each measured point's simulation on its run's own host, where every run timed it
+            on_hosts = sorted((p["rate"], p) for p in store.points.values()
+                              if p["strategy"] == v.name and p["mode"] == ON_RUN_HOST
+                              and p["rate"] in rates)
+            row["simulated_on_run_hosts"] = bool(rates) and len(on_hosts) == len(rates)
+            if row["simulated_on_run_hosts"]:
+                beside = on_hosts
             row["sim_error_pct"], row["sim_error_read_from"] = {}, {}
             for c in CRITERIA:
                 margin = getattr(criteria, c)

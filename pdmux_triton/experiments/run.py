@@ -50,6 +50,11 @@ def chapter_estimates(s: RunSettings) -> list[tuple[str, estimate.Scenario, list
 UNTIMED_REQUESTS = 100
 
 
+def host_overheads(s: RunSettings) -> step_cost.Overheads:
+    """The host costs a simulation of `s` prices with: its --host-costs file's, else none."""
+    return load_host_costs(s.host_costs, s.gpu.name) if s.host_costs else step_cost.Overheads()
+
+
 class Servers:
     """The executors of one run: simulated, or real ones over one model on the GPU."""
 
@@ -60,8 +65,7 @@ class Servers:
         self.log = log  # where a long run's progress lines go (none: silent)
         self.gpu = None
         self.warm: set[str] = set()  # variants served once untimed (GPU)
-        self.overheads = overheads or (load_host_costs(s.host_costs, s.gpu.name) if s.host_costs
-                                       else step_cost.Overheads())
+        self.overheads = overheads or host_overheads(s)
         if s.simulate:
             self.cal = load_calibration(s.calibration, s.gpu.name) if s.calibration else None
             self.cmp = load_compare(s.compare, s.gpu.name) if s.compare else None
