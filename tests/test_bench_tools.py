@@ -355,6 +355,13 @@ def test_trace_fidelity_judges_the_committed_conversation_points_offline(tmp_pat
     assert data["summary"]["points_on_their_own_host"] == 0
     assert data["summary"]["shipped_host"]["max_abs_error_pct"] == data["summary"][
         "max_abs_error_pct"]
+    # a simulated capacity at either end of the rates beside a measured crossing is a bound:
+    # pd-mux met the SLOs at every rate simulated, so its error is at least its figure
+    for c in data["capacities"]:
+        inside = c["measured_rps"] is not None and 0 < c["measured_rps"] < 34.0
+        assert c["error_is_a_bound"] == (inside and not 0 < c["simulated_rps"] < 34.0)
+    assert data["summary"]["capacity_error_at_least_at"] == [
+        f"{c['strategy']} conv@{c['start']}" for c in data["capacities"] if c["error_is_a_bound"]]
     missing = subprocess.run([sys.executable, "bench/trace_fidelity.py", "--offline", "--traces",
                               "code", "--out", str(out)], capture_output=True, text=True,
                              timeout=300)
