@@ -18,9 +18,10 @@ it to a host-costs file (`calibrate --host-costs`'s):
 The rounds come from a measured `pdmux-triton run --workload stream` (its rounds' decode
 context read from it or, in runs saved before rounds recorded it, replayed from its requests)
 or from bench/trace_fidelity.py's measured points or a measured capacity folder's diagnostics
-(each run's rounds and the speed its host launched an eager layer at). Host times are put in the file's host (its eager layer's launch
-time): a run on a host that launched k times slower paid k times its fixed costs, as
-`Overheads.on_host` prices it. Prints each fit and the mixed step's error over the rounds.
+(each run's rounds and the speed its host launched an eager layer at). Host times are put in
+the file's host (its eager layer's launch time): a run on a host that launched k times slower
+paid k times its fixed costs, as `Overheads.on_host` prices it. Prints each fit and the mixed
+step's error over the rounds.
 
     python bench/fit_host_costs.py bench/results/trace-fidelity/points-h200.jsonl \\
         bench/results/host-costs-h200.json --calibration bench/results/calibrate-h200.json \\

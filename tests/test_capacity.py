@@ -329,7 +329,8 @@ def test_each_measured_point_is_also_simulated_on_its_runs_host(monkeypatch, tmp
     points, not the file host's, are the like-for-like reading."""
     monkeypatch.setattr(run.Servers, "__init__", _sim_servers)
     store = PointStore(tmp_path / "p.jsonl", PointKey)
-    s = dataclasses.replace(settings(simulate=False), host_costs="bench/results/host-costs-h200.json")
+    s = dataclasses.replace(settings(simulate=False),
+                            host_costs="bench/results/host-costs-h200.json")
     run_capacity(s, ("chunked_512",), CRITERIA, store, rates=(4.0, 8.0), log=lambda m: None)
     file_host = run.host_overheads(s).layer_launch_s
     for key, point in list(store.points.items()):  # as a run on a 2x slower host saves it

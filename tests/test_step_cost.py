@@ -154,6 +154,7 @@ def test_a_served_step_pays_the_rows_of_the_captured_size_that_runs_it():
     """The executor runs n requests in the graph captured for padded_batch(n) rows: 33
     requests pay batch 40's rows term (and its fixed cost beyond the bytes), but only their
     own KV bytes."""
+    assert step_cost.padded_batch(0) == 0  # a mixed step's decode rows: bytes alone
     assert [step_cost.padded_batch(n) for n in (1, 3, 8, 9, 33, 40, 41, 64)] == [
         1, 4, 8, 16, 40, 40, 48, 64]
     curve = step_cost.MeasuredCurve(((20, 1.0), (132, 3.0)), source="t",

@@ -267,7 +267,8 @@ def capacity_notes(result: dict, count: int) -> list[str]:
             f"(the SLO attainment of the later half of its {count} requests by arrival was more "
             f"than {capacity_search.STEADY_POINTS * 100:g} points from the whole's): such a "
             f"capacity reads higher than the GPU sustains; serve more requests a point (--count "
-            f"{2 * count} or more{', a longer --trace-count' if 'trace_rate_rps' in result else ''})")
+            f"{2 * count} or more"
+            f"{', a longer --trace-count' if 'trace_rate_rps' in result else ''})")
     if any(_from_all_rates(row, c) for row in rows.values()
            for c in row.get("sim_error_pct", {})):
         notes.append("*: the simulation met the criterion at every measured rate or at none, so "

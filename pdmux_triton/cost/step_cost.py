@@ -346,14 +346,11 @@ def decode_step_s(model: ModelSpec, rate: DecodeRate, context_tokens: int, sms: 
 
 def padded_batch(n: int) -> int:
     """The captured batch size that serves n requests: 1, 2, 4, 8, then multiples of 8 (the
-    executor captures a decode graph per size, as SGLang does; the padding rows hold no KV)."""
+    executor captures a decode graph per size, as SGLang does; the padding rows hold no KV).
+    No request (a mixed step's decode rows, read as bytes alone) stays 0."""
+    if n < 1:
+        return n
     return 1 << (n - 1).bit_length() if n <= 8 else -(-n // 8) * 8
-
-
-def captured_rows(batch: int) -> int:
-    """The rows a captured decode step of `batch` requests runs: `padded_batch` (batch 0, a
-    mixed step's decode rows read as bytes alone, stays 0)."""
-    return padded_batch(batch) if batch >= 1 else batch
 
 
 def captured_decode_step_s(model: ModelSpec, rate: DecodeRate, context_tokens: int, sms: int,
@@ -361,7 +358,7 @@ def captured_decode_step_s(model: ModelSpec, rate: DecodeRate, context_tokens: i
     """`decode_step_s` of `batch` requests as the graph captured for them runs it: the batch's
     own KV bytes, the rows' term of the captured size (a step of 33 requests runs the graph of
     40, whose GEMMs pad to 64 rows)."""
-    return decode_step_s(model, rate, context_tokens, sms, corun, captured_rows(batch))
+    return decode_step_s(model, rate, context_tokens, sms, corun, padded_batch(batch))
 
 
 def served_decode_step_s(model: ModelSpec, rate: DecodeRate, overheads: Overheads,
@@ -371,7 +368,7 @@ def served_decode_step_s(model: ModelSpec, rate: DecodeRate, overheads: Overhead
     captured step costs beyond it (`Overheads.decode_extra_s`) and, on a tensor-parallel rank
     (`model` its shard), its collectives (`comm`, a `parallel.TensorParallel`), each of the
     captured size's rows."""
-    rows = captured_rows(batch)
+    rows = padded_batch(batch)
     return (captured_decode_step_s(model, rate, context_tokens, sms, corun, batch)
             + overheads.decode_extra_s(rows) + (comm.decode_s(rows) if comm else 0.0))
 
