@@ -82,6 +82,22 @@ def test_a_calibration_of_other_batches_prices_their_rows_beyond_their_bytes(tmp
     assert curve.batch_extra_s(20, False, 32) == 0.0
 
 
+def test_a_green_curve_without_other_batches_prices_its_rows_as_grid_capping_measured(tmp_path):
+    """Green partitions run the same kernels: where the calibration measured other batches
+    under grid capping only, a green curve keeps its own bandwidth and takes grid capping's
+    rows term."""
+    path = _calibration_with_batches(tmp_path, {"batch": 32, "context": 2048})
+    data = json.loads(path.read_text())
+    data["rows"] += [{"workload": "decode_step", "kind": "green", "ctas_per_sm": 1,
+                      "state": "alone", "sms": s, "ms": 12.0, "tbps": 1.8} for s in (20, 132)]
+    path.write_text(json.dumps(data))
+    cal = measured_inputs.load_calibration(path)
+    green, capped = cal.decode_curve("green"), cal.decode_curve("grid_cap")
+    assert green.alone == ((20, 1.8), (132, 1.8))
+    assert green.batches == capped.batches
+    assert green.batch_extra_s(20, False, 72) == pytest.approx(0.015)
+
+
 def test_other_batches_without_an_own_batch_are_refused(tmp_path):
     path = _calibration_with_batches(tmp_path, {"context": 2048})
     with pytest.raises(PdmuxError, match="names no batch of its own"):

@@ -67,6 +67,12 @@ class Calibration:
                              f"(one CTA per SM, alone)")
         curve = MeasuredCurve(alone, self.decode_points(kind, "corun"), self.path)
         others = {state: self._batch_extras(kind, state, curve) for state in ("alone", "corun")}
+        if not others["alone"] and kind != "grid_cap" and self.decode_points("grid_cap", "alone"):
+            # the same kernels on a partition picked another way: their rows cost what grid
+            # capping's measured on as many SMs (the calibration measures other batches there)
+            capped = self.decode_curve("grid_cap")
+            if capped.batches is not None:
+                return replace(curve, batches=capped.batches)
         if not others["alone"]:
             return curve
         own = self.settings.get("batch")
