@@ -98,8 +98,10 @@ step capacity ${CAPACITY_S:-540} pdmux-triton capacity --out "$CAPACITY_OUT" \
     "${COUNT_FLAG[@]}" --strategies "$STRATEGIES" ${RATES:+--rates "$RATES"} \
     --calibration "$CALIBRATION" --compare bench/results/compare-h200.json \
     --host-costs bench/results/host-costs-h200.json ${CAPACITY_ARGS:-}
-case " $STEPS " in *" capacity "*) mkdir -p "$OUT/capacity" &&
-    cp "$CAPACITY_OUT"/capacity-*h200* "$OUT/capacity"/ 2>/dev/null;; esac
+# as one tarball: the device returns at most 8 files, and two capacity calls in one device call
+# would lose the second's points (session 21 lost one that way)
+case " $STEPS " in *" capacity "*) tar czf "$OUT/capacity-$(basename "$CAPACITY_OUT").tgz" \
+    -C "$CAPACITY_OUT" $(cd "$CAPACITY_OUT" && ls capacity-*h200*) ;; esac
 # SGLang's level rule against SLO-driven levels (bench/slo_levels.py; its points resume too),
 # into SLO_OUT (another folder for other settings: --count, --itl-ms), returned as a tarball
 SLO_OUT=${SLO_OUT:-bench/results}
