@@ -18,12 +18,14 @@ it to a host-costs file (`calibrate --host-costs`'s):
 The rounds come from a measured `pdmux-triton run --workload stream` (its rounds' decode
 context read from it or, in runs saved before rounds recorded it, replayed from its requests)
 or from bench/trace_fidelity.py's measured points or a measured capacity folder's diagnostics
-(each run's rounds and the speed its host launched an eager layer at). Host times are put in
+(each run's rounds and the speed its host launched an eager layer at); several files are
+pooled (fit on the traces, not on one window). Host times are put in
 the file's host (its eager layer's launch time): a run on a host that launched k times slower
 paid k times its fixed costs, as `Overheads.on_host` prices it. Prints each fit and the mixed
 step's error over the rounds.
 
     python bench/fit_host_costs.py bench/results/trace-fidelity/points-h200.jsonl \\
+        bench/results/steady-*/capacity-diagnostics-h200.jsonl \\
         bench/results/host-costs-h200.json --calibration bench/results/calibrate-h200.json \\
         --compare bench/results/compare-h200.json
 """
@@ -100,8 +102,6 @@ def chunk_rounds(run: dict, host_s: float) -> list[dict]:
                 rows.append({"size": int(name.split("_")[1]), "prefix": int(m.group(1)),
                              "chunk": int(m.group(2)), "batch": r["decode_bs"], "context": held,
                              "seconds": r["end_s"] - r["start_s"], "host_s": host})
-    if not rows:
-        raise PdmuxError("the run has no chunked rounds: measure a stream with --chunks")
     return rows
 
 
@@ -144,9 +144,6 @@ def fidelity_rounds(points: list[tuple[dict, float]]) -> list[dict]:
                              "prefix": int(m.group(1)), "chunk": int(m.group(2)),
                              "batch": batch, "context": held, "seconds": (end - start) / 1e6,
                              "host_s": host})
-    if not rows:
-        raise PdmuxError("the points hold no chunked strategy's rounds: measure chunked "
-                         "strategies with bench/trace_fidelity.py or `pdmux-triton capacity`")
     return rows
 
 
@@ -232,9 +229,10 @@ def fit_mixed(rows, model, decode, prefill, total_sms, tile,
 
 def main(argv=None) -> int:
     p = Parser(prog="bench/fit_host_costs.py", description=__doc__.splitlines()[0])
-    p.add_argument("run", help="a measured stream run (run-<gpu>.json), bench/trace_fidelity.py's "
-                   "measured points (points-<gpu>.jsonl) or a measured capacity folder's "
-                   "diagnostics (capacity-diagnostics-<gpu>.jsonl)")
+    p.add_argument("measured", nargs="+", help="measured stream runs (run-<gpu>.json), "
+                   "bench/trace_fidelity.py's measured points (points-<gpu>.jsonl) or measured "
+                   "capacity folders' diagnostics (capacity-diagnostics-<gpu>.jsonl), of one GPU "
+                   "and model: every round and batch of all of them is fitted at once")
     p.add_argument("host_costs", help="calibrate --host-costs' file, updated in place")
     p.add_argument("--calibration", required=True)
     p.add_argument("--compare", required=True)
@@ -271,17 +269,43 @@ def measured_rounds(measured: str, host: dict, overheads) -> tuple:
     return settings.gpu, settings.model, chunk_rounds(run, overheads.layer_launch_s), None
 
 
-def fitted(measured: str, host_costs: str, calibration: str, compare: str) -> tuple[dict, list]:
-    """The host-costs file's data with every fit the measurements allow (`measured`: a stream
-    run, trace_fidelity's points or a capacity folder's diagnostics), and the lines that say
+def pooled_rounds(measured: list[str], host: dict, overheads) -> tuple:
+    """`measured_rounds` of several files, pooled: (GPU, model, every chunked round, every
+    prefill-first batch or None where no file holds them). The files must agree on the GPU and
+    the model, since one set of costs is fitted to them all."""
+    pooled, rows, prefills = None, [], None
+    for path in measured:
+        gpu, model, more_rows, more_prefills = measured_rounds(path, host, overheads)
+        if pooled is None:
+            pooled = (gpu, model, path)
+        elif (gpu.name, replace(model, max_context=None)) != (pooled[0].name, replace(
+                pooled[1], max_context=None)):  # older settings files did not save the limit
+            raise PdmuxError(f"{path} was measured with {model.name} on the {gpu.name}, "
+                             f"{pooled[2]} with {pooled[1].name} on the {pooled[0].name}: fit "
+                             f"files of one GPU and model")
+        rows += more_rows
+        if more_prefills is not None:
+            prefills = (prefills or []) + more_prefills
+    if not rows:
+        raise PdmuxError("the measurements hold no chunked strategy's rounds: measure chunked "
+                         "strategies (bench/trace_fidelity.py, `pdmux-triton capacity`, or "
+                         "`run --workload stream --chunks`)")
+    return pooled[0], pooled[1], rows, prefills
+
+
+def fitted(measured: list[str], host_costs: str, calibration: str,
+           compare: str) -> tuple[dict, list]:
+    """The host-costs file's data with every fit the measurements allow (`measured`: stream
+    runs, trace_fidelity's points or capacity folders' diagnostics), and the lines that say
     what each fit gave."""
     host = read_json(host_costs, "host-costs file")
     overheads = load_host_costs(host_costs)
-    gpu, model, rows, prefills = measured_rounds(measured, host, overheads)
+    gpu, model, rows, prefills = pooled_rounds(measured, host, overheads)
     decode = load_calibration(calibration, gpu.name).decode_curve("grid_cap")
     prefill = load_compare(compare, gpu.name).prefill_rate("grid_cap", gpu.bf16_tflops, gpu.sms)
     load_host_costs(host_costs, gpu.name)  # measured on the GPU the rounds ran on
-    source = f"{Path(measured).name} with {Path(calibration).name}, {Path(compare).name}"
+    names = ", ".join(f"{Path(m).parent.name}/{Path(m).name}" for m in measured)  # folders differ
+    source = f"{names} with {Path(calibration).name}, {Path(compare).name}"
 
     host["decode_step_extra"] = [
         {"batch": r["batch"], "extra_s": r["gpu_s"] - step_cost.decode_step_s(
@@ -315,7 +339,7 @@ def fitted(measured: str, host_costs: str, calibration: str, compare: str) -> tu
                          f"{model.layers} launches at the host's launch time "
                          f"({overheads.layer_launch_s * 1e3:.2f} ms a layer, the file's where the "
                          f"run did not time its own): fit to a run that timed its host")
-    host["eager_step"] = {"seconds": step, "source": f"{Path(measured).name}: median "
+    host["eager_step"] = {"seconds": step, "source": f"{names}: median "
                           f"chunked_{size} round bound by its launches less its {model.layers} "
                           f"layer launches, on this file's host", "rounds": int(bound.sum())}
     lines = [f"eager step {step * 1e3:.2f} ms",
@@ -338,7 +362,7 @@ def fitted(measured: str, host_costs: str, calibration: str, compare: str) -> tu
 
 
 def fit(args) -> int:
-    host, lines = fitted(args.run, args.host_costs, args.calibration, args.compare)
+    host, lines = fitted(args.measured, args.host_costs, args.calibration, args.compare)
     write_json(args.host_costs, host)
     print("\n".join(lines))
     print(f"wrote {args.host_costs}")

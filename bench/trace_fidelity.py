@@ -227,7 +227,7 @@ def held_out(args, store: PointStore) -> dict:
             points, host_costs = Path(folder) / "points.jsonl", Path(folder) / "host-costs.json"
             points.write_text("".join(json.dumps(p) + "\n" for p in train))
             write_json(host_costs, measured)
-            host, _ = fitted(str(points), str(host_costs), args.calibration, args.compare)
+            host, _ = fitted([str(points)], str(host_costs), args.calibration, args.compare)
             write_json(host_costs, host)
             fit_args = argparse.Namespace(**{**vars(args), "host_costs": str(host_costs)})
             sims = simulate(fit_args, store, only=(t, start))

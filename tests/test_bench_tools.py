@@ -194,27 +194,34 @@ def test_the_whole_gpu_prefill_fit_recovers_a_known_mfu_from_the_batches_it_boun
     assert fit_whole_gpu_prefill(rows[-1:] * (MIN_PREFILLS + 2), qwen, rate, host) is None
 
 
-def _fit(run: str, host: Path):
-    return subprocess.run([sys.executable, "bench/fit_host_costs.py", run, str(host),
+def _fit(run: str | list[str], host: Path):
+    runs = [run] if isinstance(run, str) else run
+    return subprocess.run([sys.executable, "bench/fit_host_costs.py", *runs, str(host),
                            "--calibration", "bench/results/calibrate-h200.json",
                            "--compare", "bench/results/compare-h200.json"],
                           capture_output=True, text=True, timeout=300)
 
 
+COMMITTED_FIT = ["bench/results/trace-fidelity/points-h200.jsonl",  # what the file was fitted to
+                 "bench/results/steady-conv/capacity-diagnostics-h200.jsonl",
+                 "bench/results/steady-sharegpt/capacity-diagnostics-h200.jsonl"]
+
+
 def test_fit_host_costs_on_the_h200_trace_points_and_stream_run(tmp_path):
-    """The committed trace-fidelity points (each run's host timed) fit the committed
-    host-costs file's eager step, whole-GPU prefill and mixed steps again; the older stream run
-    (its host untimed) cannot give an eager step on the file's host, and says so."""
+    """The committed trace-fidelity points and steady-state capacity folders (each run's host
+    timed), pooled, fit the committed host-costs file's eager step, whole-GPU prefill and mixed
+    steps again; the older stream run (its host untimed) cannot give an eager step on the
+    file's host, and says so."""
     import json
     import shutil
 
     host = tmp_path / "host.json"
     shutil.copy("bench/results/host-costs-h200.json", host)
     committed = json.loads(host.read_text())
-    out = _fit("bench/results/trace-fidelity/points-h200.jsonl", host)
+    out = _fit(COMMITTED_FIT, host)
     assert out.returncode == 0, out.stderr[-2000:]
     fitted = json.loads(host.read_text())
-    assert fitted["mixed_step"]["rounds"] > 1000 and fitted["mixed_step"]["median_abs_error"] < 0.1
+    assert fitted["mixed_step"]["rounds"] > 5000 and fitted["mixed_step"]["median_abs_error"] < 0.1
     for key in ("fixed_s", "decode_row_mfu"):
         assert fitted["mixed_step"][key] == pytest.approx(committed["mixed_step"][key])
     assert fitted["eager_step"]["seconds"] == pytest.approx(committed["eager_step"]["seconds"])
@@ -449,6 +456,29 @@ def test_fit_host_costs_reads_a_capacity_folders_diagnostics_as_trace_points(tmp
         for part in fit.values():
             part.pop("source")
     assert fits[0] == fits[1] and fits[0]["mixed_step"]["rounds"] > 100
+    # pooled with the steady-state folders, the window's rounds and batches count once more
+    pooled = tmp_path / "host-pooled.json"
+    shutil.copy("bench/results/host-costs-h200.json", pooled)
+    out = _fit([str(trace_points), *COMMITTED_FIT[1:]], pooled)
+    assert out.returncode == 0, out.stderr[-2000:]
+    steady = [json.loads(line) for name in COMMITTED_FIT[1:] for line in open(name)]
+    rounds = sum(label.startswith("chunk ") for d in steady if d["strategy"].startswith("chunked")
+                 for label in (d["rounds"]["labels"][i] for i in d["rounds"]["label"]))
+    assert json.loads(pooled.read_text())["mixed_step"]["rounds"] == \
+        fits[0]["mixed_step"]["rounds"] + rounds
+    # a folder whose points hold no chunked rounds adds only its prefill batches; alone it is
+    # refused, and so is a folder measured with another model
+    out = _fit(COMMITTED_FIT[1], tmp_path / "host-trace.json")
+    assert out.returncode == 2 and "no chunked strategy's rounds" in out.stderr
+    other = tmp_path / "other"
+    other.mkdir()
+    settings = json.loads(open("bench/results/steady-conv/capacity-settings-h200.json").read())
+    settings["model"]["layers"] = 28
+    (other / "capacity-settings-h200.json").write_text(json.dumps(settings))
+    shutil.copy(COMMITTED_FIT[1], other)
+    out = _fit([COMMITTED_FIT[2], str(other / "capacity-diagnostics-h200.jsonl")], pooled)
+    assert out.returncode == 2 and "fit files of one GPU and model" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
     empty = folder / "capacity-diagnostics-h200.jsonl"
     empty.write_text("")
     out = _fit(str(empty), tmp_path / "host-trace.json")
