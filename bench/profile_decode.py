@@ -68,8 +68,9 @@ def describe_loop(sass: str) -> None:
     print(f"    {'inner loop (SASS/warp)':<26} {len(body)}: {top}")
 
 
-def offline(block_n: int, num_warps: int, num_stages: int) -> None:
-    """Compile the decode attention kernel for sm_90 with the launcher's specialization."""
+def offline(block_n: int, num_warps: int, num_stages: int, pinned: bool = False) -> None:
+    """Compile the decode attention kernel for sm_90 with the launcher's specialization
+    (`pinned`: its pinned-partition form, kernels/_pinned.py)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -78,9 +79,11 @@ def offline(block_n: int, num_warps: int, num_stages: int) -> None:
 
     pointers = {"q_ptr": "*bf16", "kc_ptr": "*bf16", "vc_ptr": "*bf16", "pt_ptr": "*i32",
                 "len_ptr": "*i32", "o_ptr": "*bf16", "part_o_ptr": "*fp32",
-                "part_lse_ptr": "*fp32", "count_ptr": "*i32", "sm_ids_ptr": "*i32"}
+                "part_lse_ptr": "*fp32", "count_ptr": "*i32", "sm_ids_ptr": "*i32",
+                "gate_ptr": "*i32", "place_ptr": "*i32"}
     constexprs = {"PAGE_SIZE": 16, "GROUP": 4, "BLOCK_G": 16, "BLOCK_N": block_n, "BLOCK_B": 32,
-                  "UNIT_COST": UNIT_COST, "D": 128, "WIDE": False, "RECORD_SM": False}
+                  "UNIT_COST": UNIT_COST, "D": 128, "WIDE": False, "RECORD_SM": False,
+                  "PINNED": pinned, "PLACED": False, "BLOCK_SMS": 32 if pinned else 1}
     names = list(inspect.signature(decode_kernel.fn).parameters)
     signature = {n: "constexpr" if n in constexprs else pointers.get(n, "i32") for n in names}
     signature["scale_log2"] = "fp32"
@@ -90,8 +93,8 @@ def offline(block_n: int, num_warps: int, num_stages: int) -> None:
     kernel = triton.compile(ASTSource(decode_kernel, signature, constexprs, attrs),
                             target=GPUTarget("cuda", 90, 32),
                             options={"num_warps": num_warps, "num_stages": num_stages})
-    print(f"decode attention, BLOCK_N={block_n}, {num_warps} warps, {num_stages} stages, "
-          f"shared {kernel.metadata.shared} B")
+    print(f"decode attention{' (pinned)' if pinned else ''}, BLOCK_N={block_n}, {num_warps} "
+          f"warps, {num_stages} stages, shared {kernel.metadata.shared} B")
     describe_ptx(kernel.asm["ptx"])
     buffers = {m for line in kernel.asm["ttgir"].splitlines() if "local_alloc" in line
                for m in re.findall(r"memdesc<([\dx]+x(?:bf16|i32))", line)}
@@ -176,10 +179,14 @@ def main(argv=None) -> int:
     p.add_argument("--block-n", type=int, default=128)
     p.add_argument("--warps", type=int, default=4)
     p.add_argument("--stages", type=int, default=5)
+    p.add_argument("--pinned", action="store_true",
+                   help="with --offline: the decode attention kernel's pinned-partition form")
     args = p.parse_args(argv)
+    if args.pinned and not args.offline:
+        p.error("--pinned compiles offline: add --offline")
     if args.offline:
         os.environ.pop("TRITON_INTERPRET", None)
-        offline(args.block_n, args.warps, args.stages)
+        offline(args.block_n, args.warps, args.stages, args.pinned)
         offline_gemm()
     else:
         on_gpu(args.budget)

@@ -82,22 +82,29 @@ _OUTGROWN: list[torch.Tensor] = []  # CUDA graphs may hold their pointers: never
 def arrival_counters(n: int, device: torch.device) -> torch.Tensor:
     """n zeroed int32 counters for a kernel whose programs count arrivals at a shared piece
     of output (the last to arrive finishes it, nobody waits) and whose finisher resets the
-    count. Every launch leaves them zero, so they are made once per (device, stream), not
-    zeroed per call (a memset is one more launch); concurrent streams get their own.
+    count (`shared_counters`)."""
+    return shared_counters("arrivals", n, device)
+
+
+def shared_counters(purpose: str, n: int, device: torch.device) -> torch.Tensor:
+    """n zeroed int32 counters that every launch using them leaves zero (its last program
+    resets them), so they are made once per (purpose, device, stream), not zeroed per call (a
+    memset is one more launch); concurrent streams get their own, and one kernel's purposes
+    (arrivals, a pinned gate) theirs.
 
     Under CUDA graph capture on a stream that has none yet (no call ran on it before the
     capture), each call gets fresh counters zeroed inside the graph: correct at every replay,
     at the cost of a memset per call. Warm up on the capturing stream to avoid it."""
     stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
-    buf = _COUNTERS.get((device, stream))
+    buf = _COUNTERS.get((purpose, device, stream))
     if buf is not None and buf.numel() >= n:
         return buf
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
         return torch.zeros(n, dtype=torch.int32, device=device)
     if buf is not None:
         _OUTGROWN.append(buf)
-    buf = _COUNTERS[(device, stream)] = torch.zeros(max(n, 1024), dtype=torch.int32,
-                                                    device=device)
+    buf = _COUNTERS[(purpose, device, stream)] = torch.zeros(max(n, 1024), dtype=torch.int32,
+                                                             device=device)
     return buf
 
 

@@ -17,6 +17,8 @@ from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels._launch import (arrival_counters, check_tensor, grid_size, interpreting,
                                           record_sm, telemetry_args)
 from pdmux_triton.kernels._paged import AttnConfig, attend_range, check_paged_inputs, wide_offsets
+from pdmux_triton.kernels._pinned import (Pinned, next_slot, pinned_budget, pinned_launch,
+                                          pinned_start, record_slot)
 
 LOG2E = 1.4426950408889634
 
@@ -43,22 +45,44 @@ def _unit_at(pos, work, bi, KV_HEADS):
     return b * KV_HEADS + (pos - before * KV_HEADS) // size
 
 
-@triton.jit(do_not_specialize=["B", "spt_b"])
+@triton.jit(do_not_specialize=["B", "spt_b", "first_sm", "n_sms", "slots", "programs"])
 def decode_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, part_lse_ptr,
-                   count_ptr, sm_ids_ptr, B, KV_HEADS, scale_log2, sq_b, sq_h, so_b, so_h, sc_s,
-                   sc_h, spt_b, PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr,
-                   BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
-                   UNIT_COST: tl.constexpr, D: tl.constexpr, WIDE: tl.constexpr,
-                   RECORD_SM: tl.constexpr):
-    # The work is every unit's K/V blocks back to back (unit = request, KV head), each unit
-    # led by UNIT_COST slots for its fixed cost; each program takes an equal contiguous range
-    # of slots, whatever the lengths, so ragged and uniform batches stream alike and a program
-    # restarts its pipeline only at unit edges (~2 per program). A unit cut between programs
-    # leaves partials; the last of its programs to finish (a counter per unit, no waiting)
-    # merges them and resets the counter.
-    pid = tl.program_id(0)
-    programs = tl.num_programs(0)
-    record_sm(sm_ids_ptr, RECORD_SM)
+                   count_ptr, sm_ids_ptr, gate_ptr, place_ptr, first_sm, n_sms, ctas, slots,
+                   programs, B, KV_HEADS, scale_log2, sq_b, sq_h, so_b, so_h, sc_s, sc_h, spt_b,
+                   PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, UNIT_COST: tl.constexpr,
+                   D: tl.constexpr, WIDE: tl.constexpr, RECORD_SM: tl.constexpr,
+                   PINNED: tl.constexpr, PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr):
+    if PINNED:  # the programs the gate admits do the capped launch's programs as slots
+        slot, sm = pinned_start(gate_ptr, place_ptr, first_sm, n_sms, ctas, slots, programs,
+                                PLACED, BLOCK_SMS)
+        while slot < slots:
+            record_slot(sm_ids_ptr, slot, sm, RECORD_SM)
+            _decode_slot(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, part_lse_ptr,
+                         count_ptr, slot, slots, B, KV_HEADS, scale_log2, sq_b, sq_h, so_b, so_h,
+                         sc_s, sc_h, spt_b, PAGE_SIZE, GROUP, BLOCK_G, BLOCK_N, BLOCK_B,
+                         UNIT_COST, D, WIDE)
+            slot = next_slot(gate_ptr, first_sm, n_sms, slots, programs, BLOCK_SMS)
+    else:
+        record_sm(sm_ids_ptr, RECORD_SM)
+        _decode_slot(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, part_lse_ptr,
+                     count_ptr, tl.program_id(0), tl.num_programs(0), B, KV_HEADS, scale_log2,
+                     sq_b, sq_h, so_b, so_h, sc_s, sc_h, spt_b, PAGE_SIZE, GROUP, BLOCK_G,
+                     BLOCK_N, BLOCK_B, UNIT_COST, D, WIDE)
+
+
+@triton.jit
+def _decode_slot(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, part_lse_ptr,
+                 count_ptr, pid, programs, B, KV_HEADS, scale_log2, sq_b, sq_h, so_b, so_h, sc_s,
+                 sc_h, spt_b, PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr,
+                 BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
+                 UNIT_COST: tl.constexpr, D: tl.constexpr, WIDE: tl.constexpr):
+    # What program `pid` of `programs` does. The work is every unit's K/V blocks back to back
+    # (unit = request, KV head), each unit led by UNIT_COST slots for its fixed cost; each
+    # program takes an equal contiguous range of slots, whatever the lengths, so ragged and
+    # uniform batches stream alike and a program restarts its pipeline only at unit edges
+    # (~2 per program). A unit cut between programs leaves partials; the last of its programs
+    # to finish (a counter per unit, no waiting) merges them and resets the counter.
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, D)
     gmask = g < GROUP
@@ -157,14 +181,15 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      max_seq_len: int, sm_scale: float | None = None,
                      out: torch.Tensor | None = None, *, num_sms: int | None = None,
                      ctas_per_sm: int = 1, config: AttnConfig | None = None,
-                     sm_ids: torch.Tensor | None = None) -> torch.Tensor:
+                     sm_ids: torch.Tensor | None = None,
+                     pinned: Pinned | None = None) -> torch.Tensor:
     """out[b, h] = softmax(q[b, h] . K_b^T * scale) V_b over the first seq_lens[b] cached tokens.
 
     q [B, Hq, D]; caches [slots, Hkv, D]; page_table [B, pages] int32 (page ids); seq_lens [B]
     int32 on the device, at most `max_seq_len` (a host bound, so the launch needs no sync and
     can be captured in a CUDA graph: the kernel splits the work by the lengths it reads). A
     request of length 0 gets zeros. Calls on one stream run in order; calls on concurrent
-    streams each get their own counters.
+    streams each get their own counters. `pinned`: run on those SMs (kernels/_pinned.py).
     """
     out = check_paged_inputs(q, k_cache, v_cache, page_table, out)
     dev = q.device
@@ -182,19 +207,20 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     group = HQ // HKV
     cfg = config or default_decode_config(ctas_per_sm)
     units = B * HKV
-    grid = grid_size(units * max(1, triton.cdiv(max_seq_len, cfg.block_n)), num_sms,
-                     ctas_per_sm, dev)
+    grid = grid_size(units * max(1, triton.cdiv(max_seq_len, cfg.block_n)),
+                     pinned_budget(pinned, num_sms), ctas_per_sm, dev)
+    launch = pinned_launch(pinned, grid, ctas_per_sm, dev)
     sm_buf, record = telemetry_args(sm_ids, grid, dev)
     # a program's range cuts at most one unit at each end: units + programs partial rows
     part_o = torch.empty(((units + grid) * group, D), dtype=torch.float32, device=dev)
     part_lse = torch.empty(((units + grid) * group,), dtype=torch.float32, device=dev)
     scale = (sm_scale if sm_scale is not None else D ** -0.5) * LOG2E
-    decode_kernel[(grid,)](
+    decode_kernel[(launch.grid,)](
         q, k_cache, v_cache, page_table, seq_lens, out, part_o, part_lse,
-        arrival_counters(units, dev), sm_buf, B, HKV, scale, q.stride(0), q.stride(1),
+        arrival_counters(units, dev), sm_buf, *launch.args, B, HKV, scale, q.stride(0), q.stride(1),
         out.stride(0), out.stride(1), k_cache.stride(0), k_cache.stride(1), page_table.stride(0),
         PAGE_SIZE=page_size, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_N=cfg.block_n, BLOCK_B=triton.next_power_of_2(B), UNIT_COST=UNIT_COST, D=D,
         WIDE=wide_offsets(k_cache), RECORD_SM=record, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages)
+        num_stages=cfg.num_stages, **launch.constexprs)
     return out

@@ -9,6 +9,8 @@ import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels._launch import grid_size, interpreting, record_sm, telemetry_args
+from pdmux_triton.kernels._pinned import (Pinned, next_slot, pinned_budget, pinned_launch,
+                                          pinned_start, record_slot)
 
 # One program per SM must keep enough bytes in flight to cover HBM latency: each step issues
 # UNROLL independent loads of BLOCK words before using any, from 32 warps (8 leave HBM idle at
@@ -19,24 +21,41 @@ STREAM_WARPS = 32
 
 
 @triton.jit
-def _stream_read_kernel(src_ptr, out_ptr, sm_ids_ptr, n, BLOCK: tl.constexpr,
-                        UNROLL: tl.constexpr, RECORD_SM: tl.constexpr):
-    pid = tl.program_id(0)
-    record_sm(sm_ids_ptr, RECORD_SM)
+def _stream_slot(src_ptr, out_ptr, slot, slots, n, BLOCK: tl.constexpr, UNROLL: tl.constexpr):
+    """What program `slot` of a capped launch of `slots` programs reads."""
     acc = tl.zeros((BLOCK,), dtype=tl.int32)
     step = BLOCK * UNROLL
-    for start in tl.range(pid * step, n, tl.num_programs(0) * step):
+    for start in tl.range(slot * step, n, slots * step):
         for u in tl.static_range(UNROLL):
             offs = start + u * BLOCK + tl.arange(0, BLOCK)
             acc += tl.load(src_ptr + offs, mask=offs < n, other=0)
-    # one word per program keeps the loads alive without a write stream of its own
-    tl.store(out_ptr + pid, tl.sum(acc, axis=0))
+    # one word per slot keeps the loads alive without a write stream of its own
+    tl.store(out_ptr + slot, tl.sum(acc, axis=0))
+
+
+@triton.jit
+def _stream_read_kernel(src_ptr, out_ptr, sm_ids_ptr, gate_ptr, place_ptr, first_sm, n_sms, ctas,
+                        slots, programs, n, BLOCK: tl.constexpr, UNROLL: tl.constexpr,
+                        RECORD_SM: tl.constexpr, PINNED: tl.constexpr, PLACED: tl.constexpr,
+                        BLOCK_SMS: tl.constexpr):
+    if PINNED:
+        slot, sm = pinned_start(gate_ptr, place_ptr, first_sm, n_sms, ctas, slots, programs,
+                                PLACED, BLOCK_SMS)
+        while slot < slots:
+            record_slot(sm_ids_ptr, slot, sm, RECORD_SM)
+            _stream_slot(src_ptr, out_ptr, slot, slots, n, BLOCK, UNROLL)
+            slot = next_slot(gate_ptr, first_sm, n_sms, slots, programs, BLOCK_SMS)
+    else:
+        record_sm(sm_ids_ptr, RECORD_SM)
+        _stream_slot(src_ptr, out_ptr, tl.program_id(0), tl.num_programs(0), n, BLOCK, UNROLL)
 
 
 def stream_read(buf: torch.Tensor, *, num_sms: int | None = None, ctas_per_sm: int = 1,
                 block: int | None = None, unroll: int | None = None,
-                num_warps: int | None = None, sm_ids: torch.Tensor | None = None) -> torch.Tensor:
-    """Read every byte of `buf` (contiguous, a multiple of 4 bytes); returns per-program sums."""
+                num_warps: int | None = None, sm_ids: torch.Tensor | None = None,
+                pinned: Pinned | None = None) -> torch.Tensor:
+    """Read every byte of `buf` (contiguous, a multiple of 4 bytes); returns per-program sums
+    (per slot when `pinned`: its SMs are the budget, and `num_sms` must be left out)."""
     if not isinstance(buf, torch.Tensor) or not buf.is_contiguous():
         raise PdmuxError("stream_read needs a contiguous torch.Tensor")
     nbytes = buf.numel() * buf.element_size()
@@ -45,11 +64,12 @@ def stream_read(buf: torch.Tensor, *, num_sms: int | None = None, ctas_per_sm: i
     words = buf.view(-1).view(torch.int32) if nbytes else buf.new_empty(0, dtype=torch.int32)
     block = block or (256 if interpreting() else STREAM_BLOCK)
     unroll = unroll or (2 if interpreting() else STREAM_UNROLL)
-    grid = grid_size(max(1, triton.cdiv(words.numel(), block * unroll)), num_sms, ctas_per_sm,
-                     buf.device)
-    out = torch.empty(grid, dtype=torch.int32, device=buf.device)
-    sm_buf, record = telemetry_args(sm_ids, grid, buf.device)
-    _stream_read_kernel[(grid,)](words, out, sm_buf, words.numel(), BLOCK=block, UNROLL=unroll,
-                                 RECORD_SM=record,
-                                 num_warps=num_warps or STREAM_WARPS)
+    slots = grid_size(max(1, triton.cdiv(words.numel(), block * unroll)),
+                      pinned_budget(pinned, num_sms), ctas_per_sm, buf.device)
+    launch = pinned_launch(pinned, slots, ctas_per_sm, buf.device)
+    out = torch.empty(slots, dtype=torch.int32, device=buf.device)
+    sm_buf, record = telemetry_args(sm_ids, slots, buf.device)
+    _stream_read_kernel[(launch.grid,)](words, out, sm_buf, *launch.args, words.numel(),
+                                        BLOCK=block, UNROLL=unroll, RECORD_SM=record,
+                                        num_warps=num_warps or STREAM_WARPS, **launch.constexprs)
     return out

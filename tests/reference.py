@@ -52,3 +52,21 @@ def attention_ref(q, k, v, q_pos=None):
         keys = torch.arange(k.shape[0])
         scores = scores.masked_fill(keys[None, None, :] > q_pos[None, :, None], float("-inf"))
     return torch.einsum("hmn,nhd->mhd", scores.softmax(-1), v)
+
+
+def placements(total: int, ctas: int, first: int, k: int, seed: int):
+    """(name, SM of each of ctas x total programs) for pinned launches under test: every SM
+    its c programs; crowded on one SM of the range; sparse (some SMs of the range get none);
+    none in the range (when the range leaves SMs out); uniformly random."""
+    g = torch.Generator().manual_seed(seed)
+    programs = ctas * total
+    every = torch.arange(total).repeat(ctas)
+    yield "every SM c", every[torch.randperm(programs, generator=g)]
+    yield "crowded", torch.full((programs,), first + k // 2)
+    yield "sparse", torch.tensor([first + (i % max(1, k // 2)) if i % 3 == 0 else
+                                  (first + k + i) % total for i in range(programs)])
+    outside = [s for s in range(total) if not first <= s < first + k]
+    if outside:
+        yield "none in range", torch.tensor(outside)[torch.randint(len(outside), (programs,),
+                                                                   generator=g)]
+    yield "random", torch.randint(total, (programs,), generator=g)

@@ -3,22 +3,23 @@ import sys
 import pytest
 import torch
 from conftest import HAS_CUDA
-from reference import assert_close, attention_ref, poisoned
+from reference import assert_close, attention_ref, placements, poisoned
 
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels import decode_attention, extend_attention
+from pdmux_triton.kernels._pinned import Pinned
 from pdmux_triton.measure.random_kv import PagedKV
 
 DEV = "cuda" if HAS_CUDA else "cpu"
 
 
-def check_decode(lens, hq, hkv, d, page_size, dtype, num_sms, device=DEV):
+def check_decode(lens, hq, hkv, d, page_size, dtype, num_sms, device=DEV, **budget):
     kv = PagedKV(lens, hkv, d, page_size, dtype, device)
     q = torch.randn(len(lens), hq, d, dtype=dtype, device=device)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
     out = poisoned(q.shape, dtype, device)
     decode_attention(q, kv.k_cache, kv.v_cache, kv.page_table, seq_lens, page_size, max(lens),
-                     out=out, num_sms=num_sms)
+                     out=out, num_sms=num_sms, **budget)
     for b, n in enumerate(lens):
         if n == 0:
             assert (out[b] == 0).all()
@@ -49,6 +50,17 @@ def test_decode_attention_uniform_batches(num_sms):
     # padded with empty rows, which own no slots
     check_decode([40] * 6, 8, 4, 16, 16, torch.float32, num_sms=num_sms)
     check_decode([40, 0, 40, 40, 0], 4, 2, 16, 16, torch.float32, num_sms=num_sms)
+
+
+@pytest.mark.parametrize("ctas", [1, 2])
+def test_pinned_decode_attention_whoever_survives(ctas):
+    """On a pinned partition (kernels/_pinned.py) the admitted programs do the capped launch's
+    programs' ranges as slots: exact for any placement, including none in the range."""
+    for lens, first, k in (([130, 5, 33], 1, 3), ([1, 130, 1, 0, 40], 0, 6), ([40] * 6, 5, 1)):
+        for _, placement in placements(6, ctas, first, k, seed=len(lens)):
+            pinned = Pinned(first, k, placement.to(torch.int32).to(DEV))
+            check_decode(lens, 8, 2, 32, 16, torch.float32, None, ctas_per_sm=ctas,
+                         pinned=pinned)
 
 
 def test_decode_attention_repeated_calls():

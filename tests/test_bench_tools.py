@@ -25,6 +25,15 @@ def test_decode_kernel_compiles_for_sm90_offline():
     # the attention loop's instructions were counted: HMMA among them, a few hundred in all
     loop = next(line for line in out.stdout.splitlines() if "inner loop (SASS/warp)" in line)
     assert "HMMA" in loop and 100 < int(loop.split()[3].rstrip(":")) < 2000
+    # the pinned form (an SM gate and slots claimed around the same body) compiles for sm_90,
+    # %smid included, and its inner loop is the plain one's, give or take a few instructions
+    pinned = subprocess.run([sys.executable, "bench/profile_decode.py", "--offline", "--pinned"],
+                            env=env, capture_output=True, text=True, timeout=300)
+    assert pinned.returncode == 0, pinned.stderr[-2000:]
+    assert "decode attention (pinned)" in pinned.stdout
+    pinned_loop = next(line for line in pinned.stdout.splitlines()
+                       if "inner loop (SASS/warp)" in line)
+    assert abs(int(pinned_loop.split()[3].rstrip(":")) - int(loop.split()[3].rstrip(":"))) <= 8
 
 
 def test_inner_loop_is_the_shortest_backward_branch_with_mma():

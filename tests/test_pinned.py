@@ -1,0 +1,112 @@
+"""Pinned partitions (kernels/_pinned.py): whatever programs survive the SM gate, every slot is
+done exactly once, by programs on the partition's SMs (at most c to an SM), and the gate's
+counters are left zero for the next launch. Under the interpreter a placement stands in for
+`%smid`; on the GPU the hardware places the programs."""
+
+import pytest
+import torch
+import triton
+import triton.language as tl
+from conftest import HAS_CUDA
+from reference import placements
+
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.kernels import stream_read
+from pdmux_triton.kernels._launch import shared_counters
+from pdmux_triton.kernels._pinned import (MAX_SM_ID, Pinned, admitted, first_slot, next_slot,
+                                          pinned_launch)
+
+DEV = torch.device("cuda" if HAS_CUDA else "cpu")
+
+
+@triton.jit
+def _count_slots_kernel(hits_ptr, worker_ptr, admitted_ptr, gate_ptr, place_ptr, first_sm, n_sms,
+                        ctas, slots, programs, PINNED: tl.constexpr, PLACED: tl.constexpr,
+                        BLOCK_SMS: tl.constexpr):
+    """Each slot counts how often it was done and who did it (program id, SM); each program
+    says whether the gate admitted it."""
+    ok, sm = admitted(gate_ptr, place_ptr, first_sm, n_sms, ctas, PLACED)
+    tl.store(admitted_ptr + tl.program_id(0), ok.to(tl.int32))
+    slot = first_slot(gate_ptr, ok, first_sm, n_sms, slots, programs, BLOCK_SMS)
+    while slot < slots:
+        tl.atomic_add(hits_ptr + slot, 1)
+        tl.store(worker_ptr + 2 * slot, tl.program_id(0))
+        tl.store(worker_ptr + 2 * slot + 1, sm)
+        slot = next_slot(gate_ptr, first_sm, n_sms, slots, programs, BLOCK_SMS)
+
+
+def _served(pinned: Pinned, slots: int, ctas: int):
+    launch = pinned_launch(pinned, slots, ctas, DEV)
+    hits = torch.zeros(slots, dtype=torch.int32, device=DEV)
+    worker = torch.full((slots, 2), -1, dtype=torch.int32, device=DEV)
+    admitted = torch.full((launch.grid,), -1, dtype=torch.int32, device=DEV)
+    _count_slots_kernel[(launch.grid,)](hits, worker, admitted, *launch.args, **launch.constexprs)
+    return hits, worker, admitted.bool()
+
+
+@pytest.mark.parametrize("total,first,k,ctas,slots", [
+    (8, 0, 3, 1, 3), (8, 5, 3, 2, 6), (12, 2, 7, 3, 5), (6, 0, 6, 2, 12), (9, 4, 1, 4, 4),
+    (5, 1, 2, 1, 1)])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_every_slot_done_once_whoever_survives(total, first, k, ctas, slots, seed):
+    gate = shared_counters("pinned gate", MAX_SM_ID + 2, DEV)
+    for name, placement in placements(total, ctas, first, k, seed):
+        placement = placement.to(torch.int32).to(DEV)
+        hits, worker, admitted = _served(Pinned(first, k, placement), slots, ctas)
+        assert (hits == 1).all(), (name, hits.tolist())
+        assert (gate == 0).all(), f"{name}: the gate's counters were not left zero"
+        # admitted: min(c, landed) programs on each SM of the range, none elsewhere
+        inside = (placement >= first) & (placement < first + k)
+        for sm in range(total):
+            landed = int((placement == sm).sum())
+            want = min(ctas, landed) if first <= sm < first + k else 0
+            assert int(admitted[placement == sm].sum()) == want, (name, sm)
+        workers = {int(p) for p in worker[:, 0]}
+        if inside.any():  # only admitted programs worked
+            assert all(admitted[p] for p in workers), name
+        else:  # nobody was admitted: the launch's last program did every slot itself
+            assert workers == {placement.numel() - 1}, name
+
+
+@pytest.mark.parametrize("n", [1, 255, 10000])
+def test_pinned_stream_read_reads_every_word(n):
+    buf = torch.randint(-1000, 1000, (n,), dtype=torch.int32, device=DEV)
+    for ctas in (1, 2):
+        placement = torch.randint(6, (6 * ctas,), dtype=torch.int32).to(DEV)
+        sums = stream_read(buf, ctas_per_sm=ctas, pinned=Pinned(2, 3, placement))
+        assert sums.sum().item() == buf.sum().item()
+
+
+def test_pinned_errors():
+    placement = torch.zeros(4, dtype=torch.int32, device=DEV)
+    buf = torch.zeros(64, dtype=torch.int32, device=DEV)
+    with pytest.raises(PdmuxError, match="leave num_sms out"):
+        stream_read(buf, num_sms=2, pinned=Pinned(0, 2, placement))
+    with pytest.raises(PdmuxError, match="sms must be an integer >= 1"):
+        Pinned(0, 0)
+    with pytest.raises(PdmuxError, match="first_sm must be an integer >= 0"):
+        Pinned(-1, 2)
+    with pytest.raises(PdmuxError, match="ids up to"):
+        Pinned(MAX_SM_ID, 2)
+    with pytest.raises(PdmuxError, match="1-D int32 tensor"):
+        stream_read(buf, pinned=Pinned(0, 2, placement.long()))
+    with pytest.raises(PdmuxError, match="SM ids must be in"):
+        stream_read(buf, pinned=Pinned(0, 2, placement - 1))
+    if not HAS_CUDA:
+        with pytest.raises(PdmuxError, match="only a GPU has"):
+            stream_read(buf, pinned=Pinned(0, 2))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ctas", [1, 2, 3])
+def test_pinned_stream_read_stays_on_its_sms(ctas):
+    """On the GPU the hardware places the programs: every slot runs on the partition's SMs,
+    the read is whole, and the counters are left zero."""
+    total = torch.cuda.get_device_properties(0).multi_processor_count
+    buf = torch.randint(-1000, 1000, (1 << 24,), dtype=torch.int32, device="cuda")
+    for first, k in ((0, 16), (total - 20, 20), (40, 52)):
+        sm_ids = torch.empty(k * ctas, dtype=torch.int32, device="cuda")
+        sums = stream_read(buf, ctas_per_sm=ctas, pinned=Pinned(first, k), sm_ids=sm_ids)
+        assert sums.sum().item() == buf.sum().item()
+        assert ((sm_ids >= first) & (sm_ids < first + k)).all(), sm_ids.tolist()
+        assert (shared_counters("pinned gate", MAX_SM_ID + 2, torch.device("cuda")) == 0).all()
