@@ -102,9 +102,9 @@ def offline(block_n: int, num_warps: int, num_stages: int, pinned: bool = False)
     describe_loop(kernel.asm["sass"])
 
 
-def offline_gemm() -> None:
+def offline_gemm(pinned: bool = False) -> None:
     """The GEMM tiles kernels/gemm.py picks, compiled for sm_90: MMA kind, loads, buffers and
-    the decode (skinny) loop's instructions."""
+    the decode (skinny) loop's instructions (`pinned`: the pinned-partition form)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -119,13 +119,14 @@ def offline_gemm() -> None:
         fn = skinny_kernel if cfg.skinny else gemm_kernel
         names = list(inspect.signature(fn.fn).parameters)
         constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
-                      "HAS_BIAS": False, "RECORD_SM": False}
+                      "HAS_BIAS": False, "RECORD_SM": False, "PINNED": pinned, "PLACED": False,
+                      "BLOCK_SMS": 32 if pinned else 1}
         constexprs.update({"EVEN_K": True} if cfg.skinny else {"GROUP_M": cfg.group_m})
         kinds = {"x_desc": f"tensordesc<bf16[{cfg.block_m}, {cfg.block_k}]>",
                  "w_desc": f"tensordesc<bf16[{cfg.block_n}, {cfg.block_k}]>", "x_ptr": "*bf16",
                  "w_ptr": "*bf16", "y_ptr": "*bf16", "b_ptr": "*bf16", "part_ptr": "*fp32",
-                 "count_ptr": "*i32",
-                 "sm_ids_ptr": "*i32"}
+                 "count_ptr": "*i32", "sm_ids_ptr": "*i32", "gate_ptr": "*i32",
+                 "place_ptr": "*i32"}
         signature = {n: "constexpr" if n in constexprs else kinds.get(n, "i32") for n in names}
         # what a real launch specializes: 16-byte aligned pointers, strides and K divisible by 16
         attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)
@@ -136,7 +137,7 @@ def offline_gemm() -> None:
         ptx = kernel.asm["ptx"]
         buffers = {m for line in kernel.asm["ttgir"].splitlines() if "local_alloc" in line
                    for m in re.findall(r"memdesc<([\dx]+xbf16)", line)}
-        print(f"gemm {label} {cfg.block_m}x{cfg.block_n}x{cfg.block_k}, {cfg.num_warps} warps, "
+        print(f"gemm{' (pinned)' if pinned else ''} {label} {cfg.block_m}x{cfg.block_n}x{cfg.block_k}, {cfg.num_warps} warps, "
               f"{'skinny' if cfg.skinny else 'tiles'}: "
               + ", ".join(f"{what} {len(re.findall(pattern, ptx))}"
                           for what, pattern in PTX_PATTERNS.items())
@@ -180,14 +181,14 @@ def main(argv=None) -> int:
     p.add_argument("--warps", type=int, default=4)
     p.add_argument("--stages", type=int, default=5)
     p.add_argument("--pinned", action="store_true",
-                   help="with --offline: the decode attention kernel's pinned-partition form")
+                   help="with --offline: the kernels' pinned-partition forms")
     args = p.parse_args(argv)
     if args.pinned and not args.offline:
         p.error("--pinned compiles offline: add --offline")
     if args.offline:
         os.environ.pop("TRITON_INTERPRET", None)
         offline(args.block_n, args.warps, args.stages, args.pinned)
-        offline_gemm()
+        offline_gemm(args.pinned)
     else:
         on_gpu(args.budget)
     return 0

@@ -22,6 +22,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels._launch import (arrival_counters, check_tensor, check_tma_rows, grid_size,
                                           interpreting, record_sm, telemetry_args)
+from pdmux_triton.kernels._pinned import (Pinned, next_slot, pinned_budget, pinned_launch,
+                                          pinned_start, record_slot)
 
 GEMM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -114,17 +116,36 @@ def _plus_bias(acc, b_ptr, rn, N, HAS_BIAS: tl.constexpr, ALONG_ROWS: tl.constex
     return acc
 
 
-@triton.jit(do_not_specialize=["M"])
-def gemm_kernel(x_desc, w_desc, y_ptr, b_ptr, sm_ids_ptr, M, N, K, stride_ym,
-                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr, RECORD_SM: tl.constexpr):
-    pid = tl.program_id(0)
-    record_sm(sm_ids_ptr, RECORD_SM)
+@triton.jit(do_not_specialize=["M", "first_sm", "n_sms", "slots", "programs"])
+def gemm_kernel(x_desc, w_desc, y_ptr, b_ptr, sm_ids_ptr, gate_ptr, place_ptr, first_sm, n_sms,
+                 ctas, slots, programs, M, N, K, stride_ym, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, RECORD_SM: tl.constexpr, PINNED: tl.constexpr,
+                 PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr):
+    if PINNED:  # the programs the gate admits do the capped launch's programs as slots
+        slot, sm = pinned_start(gate_ptr, place_ptr, first_sm, n_sms, ctas, slots, programs,
+                                PLACED, BLOCK_SMS)
+        while slot < slots:
+            record_slot(sm_ids_ptr, slot, sm, RECORD_SM)
+            _gemm_slot(x_desc, w_desc, y_ptr, b_ptr, slot, slots, M, N, K, stride_ym, BLOCK_M,
+                       BLOCK_N, BLOCK_K, GROUP_M, HAS_BIAS)
+            slot = next_slot(gate_ptr, first_sm, n_sms, slots, programs, BLOCK_SMS)
+    else:
+        record_sm(sm_ids_ptr, RECORD_SM)
+        _gemm_slot(x_desc, w_desc, y_ptr, b_ptr, tl.program_id(0), tl.num_programs(0), M, N, K,
+                   stride_ym, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, HAS_BIAS)
+
+
+@triton.jit
+def _gemm_slot(x_desc, w_desc, y_ptr, b_ptr, pid, programs, M, N, K, stride_ym,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """What program `pid` of `programs` does: whole tiles, strided by the programs."""
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     # flattened: the pipeline runs on across tiles
-    for tile in tl.range(pid, tiles_m * tiles_n, tl.num_programs(0), flatten=True):
+    for tile in tl.range(pid, tiles_m * tiles_n, programs, flatten=True):
         pid_m, pid_n = _tile_coords(tile, tiles_m, tiles_n, GROUP_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for ki in range(k_tiles):
@@ -167,20 +188,40 @@ def _swapped_product(x_ptr, w_ptr, tile, tiles_m, k_lo, k_hi, M, N, K, stride_xm
     return acc, rm, rn
 
 
-@triton.jit(do_not_specialize=["M"])
-def skinny_kernel(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, sm_ids_ptr, M, N, K,
-                   stride_xm, stride_wn, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+@triton.jit(do_not_specialize=["M", "first_sm", "n_sms", "slots", "programs"])
+def skinny_kernel(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, sm_ids_ptr, gate_ptr,
+                   place_ptr, first_sm, n_sms, ctas, slots, programs, M, N, K, stride_xm,
+                   stride_wn, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, WHOLE_TILES: tl.constexpr,
-                   HAS_BIAS: tl.constexpr, RECORD_SM: tl.constexpr):
-    # WHOLE_TILES: each program takes whole output tiles, striding by the grid.
+                   HAS_BIAS: tl.constexpr, RECORD_SM: tl.constexpr, PINNED: tl.constexpr,
+                   PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr):
+    if PINNED:  # the programs the gate admits do the capped launch's programs as slots
+        slot, sm = pinned_start(gate_ptr, place_ptr, first_sm, n_sms, ctas, slots, programs,
+                                PLACED, BLOCK_SMS)
+        while slot < slots:
+            record_slot(sm_ids_ptr, slot, sm, RECORD_SM)
+            _skinny_slot(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, slot, slots, M, N, K,
+                         stride_xm, stride_wn, stride_ym, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
+                         WHOLE_TILES, HAS_BIAS)
+            slot = next_slot(gate_ptr, first_sm, n_sms, slots, programs, BLOCK_SMS)
+    else:
+        record_sm(sm_ids_ptr, RECORD_SM)
+        _skinny_slot(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, tl.program_id(0),
+                     tl.num_programs(0), M, N, K, stride_xm, stride_wn, stride_ym, BLOCK_M,
+                     BLOCK_N, BLOCK_K, EVEN_K, WHOLE_TILES, HAS_BIAS)
+
+
+@triton.jit
+def _skinny_slot(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, pid, programs, M, N, K,
+                 stride_xm, stride_wn, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, WHOLE_TILES: tl.constexpr,
+                 HAS_BIAS: tl.constexpr):
+    # What program `pid` of `programs` does. WHOLE_TILES: each program takes whole output tiles, striding by the grid.
     # Otherwise stream-K: the work is every tile's K-slabs back to back and program p takes
     # units [p*T//P, (p+1)*T//P), so all programs read the same bytes (within one slab). A
     # tile cut between programs leaves fp32 partials at row (tile + program), unique as in
     # decode attention; its last program to finish (a counter per tile, nobody waits) adds
     # them and resets the counter.
-    pid = tl.program_id(0)
-    programs = tl.num_programs(0)
-    record_sm(sm_ids_ptr, RECORD_SM)
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles = tiles_m * tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
@@ -290,9 +331,10 @@ def warm_up_rows(N: int, K: int, dtype: torch.dtype, device: torch.device, budge
 
 def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None, *,
            bias: torch.Tensor | None = None, num_sms: int | None = None, ctas_per_sm: int = 1,
-           config: GemmConfig | None = None, sm_ids: torch.Tensor | None = None) -> torch.Tensor:
+           config: GemmConfig | None = None, sm_ids: torch.Tensor | None = None,
+           pinned: Pinned | None = None) -> torch.Tensor:
     """y[M, N] = x[M, K] @ weight[N, K]^T (+ bias[N]) with fp32 accumulation, on at most
-    num_sms*ctas_per_sm programs."""
+    num_sms*ctas_per_sm programs (`pinned`: on those SMs, kernels/_pinned.py)."""
     check_tensor("x", x, 2, GEMM_DTYPES)
     check_tensor("weight", weight, 2, (x.dtype,), x.device)
     M, K = x.shape
@@ -313,8 +355,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
         return out
     if K == 0:
         return out.copy_(bias.expand(M, N)) if bias is not None else out.zero_()
-    p = plan(M, N, K, x.dtype, x.device, num_sms, ctas_per_sm, config)
+    p = plan(M, N, K, x.dtype, x.device, pinned_budget(pinned, num_sms), ctas_per_sm, config)
     cfg, grid = p.config, p.grid
+    launch = pinned_launch(pinned, grid, ctas_per_sm, x.device)
     sm_buf, record = telemetry_args(sm_ids, grid, x.device)
     bias_arg = out if bias is None else bias  # any pointer: HAS_BIAS compiles the loads away
     if cfg.skinny:
@@ -326,19 +369,19 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
             part = torch.empty((tiles + grid, cfg.block_m * cfg.block_n), dtype=torch.float32,
                                device=x.device)
             counters = arrival_counters(tiles, x.device)
-        skinny_kernel[(grid,)](
-            x, weight, out, bias_arg, part, counters, sm_buf, M, N, K, x.stride(0),
+        skinny_kernel[(launch.grid,)](
+            x, weight, out, bias_arg, part, counters, sm_buf, *launch.args, M, N, K, x.stride(0),
             weight.stride(0), out.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k, EVEN_K=K % cfg.block_k == 0, WHOLE_TILES=p.whole,
             HAS_BIAS=bias is not None, RECORD_SM=record, num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages)
+            num_stages=cfg.num_stages, **launch.constexprs)
         return out
     for name, t in (("x", x), ("weight", weight)):
         check_tma_rows(name, t, "; for bf16/fp16 that means K a multiple of 8")
-    gemm_kernel[(grid,)](
+    gemm_kernel[(launch.grid,)](
         TensorDescriptor.from_tensor(x, [cfg.block_m, cfg.block_k]),
         TensorDescriptor.from_tensor(weight, [cfg.block_n, cfg.block_k]), out, bias_arg, sm_buf,
-        M, N, K, out.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-        GROUP_M=cfg.group_m, HAS_BIAS=bias is not None, RECORD_SM=record,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        *launch.args, M, N, K, out.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, HAS_BIAS=bias is not None, RECORD_SM=record,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch.constexprs)
     return out

@@ -6,7 +6,8 @@ import torch
 from conftest import HAS_CUDA
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels import GemmConfig, gemm, linear
-from reference import assert_close, poisoned
+from pdmux_triton.kernels._pinned import Pinned
+from reference import assert_close, placements, poisoned
 
 DEV = "cuda" if HAS_CUDA else "cpu"
 CPU_DTYPES = [torch.float32, torch.float16]
@@ -39,6 +40,36 @@ def test_skinny_grids(M, N, K, num_sms, ctas, whole):
         linear(x, w, out, num_sms=num_sms, ctas_per_sm=ctas,
                config=GemmConfig(16, 16, 16, 4, 1, skinny=True))
     assert_close(out, x.double() @ w.double().T, torch.float32)
+
+
+@pytest.mark.parametrize("whole", [True, False])
+@pytest.mark.parametrize("M,N,K,k,ctas", [(1, 40, 64, 2, 1), (7, 33, 128, 3, 2), (20, 48, 112, 5, 1)])
+def test_pinned_skinny_whoever_survives(M, N, K, k, ctas, whole):
+    """On a pinned partition (kernels/_pinned.py) both skinny schedules are exact for any
+    placement of the programs, none in the range included (stream-K's cut tiles are merged by
+    whichever slot finishes them last)."""
+    from pdmux_triton.kernels import gemm
+
+    x = torch.randn(M, K, device=DEV)
+    w = torch.randn(N, K, device=DEV)
+    for name, placement in placements(8, ctas, 1, k, seed=M):
+        out = poisoned((M, N), torch.float32, DEV)
+        with mock.patch.object(gemm, "whole_tiles", return_value=whole):
+            linear(x, w, out, ctas_per_sm=ctas, config=GemmConfig(16, 16, 16, 4, 1, skinny=True),
+                   pinned=Pinned(1, k, placement.to(torch.int32).to(DEV)))
+        assert_close(out, x.double() @ w.double().T, torch.float32)
+
+
+def test_pinned_tiles_whoever_survives():
+    """The prefill schedule (whole tiles through TMA) on a pinned partition, any placement."""
+    x = torch.randn(97, 80, device=DEV)
+    w = torch.randn(72, 80, device=DEV)
+    for ctas in (1, 2):
+        for name, placement in placements(6, ctas, 2, 3, seed=ctas):
+            out = poisoned((97, 72), torch.float32, DEV)
+            linear(x, w, out, ctas_per_sm=ctas, config=GemmConfig(16, 16, 16, 4, 1),
+                   pinned=Pinned(2, 3, placement.to(torch.int32).to(DEV)))
+            assert_close(out, x.double() @ w.double().T, torch.float32)
 
 
 @pytest.mark.parametrize("schedule", ["tiles", "skinny whole", "skinny split"])
