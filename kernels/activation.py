@@ -9,14 +9,30 @@ import triton.language as tl
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels._launch import (FLOAT_DTYPES, check_tensor, grid_size, record_sm,
                                           row_piece, telemetry_args)
+from pdmux_triton.kernels._pinned import (Pinned, next_slot, pinned_budget, pinned_launch,
+                                          pinned_start, record_slot)
 
 
-@triton.jit(do_not_specialize=["T"])
-def _silu_mul_kernel(x_ptr, y_ptr, sm_ids_ptr, T, I, sx_t, sy_t,
-                     BLOCK: tl.constexpr, RECORD_SM: tl.constexpr):
-    pid = tl.program_id(0)
-    record_sm(sm_ids_ptr, RECORD_SM)
-    for tile in tl.range(pid, T * tl.cdiv(I, BLOCK), tl.num_programs(0)):
+@triton.jit(do_not_specialize=["T", "first_sm", "n_sms", "slots", "programs"])
+def _silu_mul_kernel(x_ptr, y_ptr, sm_ids_ptr, gate_ptr, place_ptr, first_sm, n_sms, ctas, slots,
+                     programs, T, I, sx_t, sy_t, BLOCK: tl.constexpr, RECORD_SM: tl.constexpr,
+                     PINNED: tl.constexpr, PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr):
+    if PINNED:  # the programs the gate admits do the capped launch's programs as slots
+        slot, sm = pinned_start(gate_ptr, place_ptr, first_sm, n_sms, ctas, slots, programs,
+                                PLACED, BLOCK_SMS)
+        while slot < slots:
+            record_slot(sm_ids_ptr, slot, sm, RECORD_SM)
+            _silu_mul_slot(x_ptr, y_ptr, slot, slots, T, I, sx_t, sy_t, BLOCK)
+            slot = next_slot(gate_ptr, first_sm, n_sms, slots, programs, BLOCK_SMS)
+    else:
+        record_sm(sm_ids_ptr, RECORD_SM)
+        _silu_mul_slot(x_ptr, y_ptr, tl.program_id(0), tl.num_programs(0), T, I, sx_t, sy_t,
+                       BLOCK)
+
+
+@triton.jit
+def _silu_mul_slot(x_ptr, y_ptr, pid, programs, T, I, sx_t, sy_t, BLOCK: tl.constexpr):
+    for tile in tl.range(pid, T * tl.cdiv(I, BLOCK), programs):
         t, c, mask = row_piece(tile, I, BLOCK)
         gate = tl.load(x_ptr + t * sx_t + c, mask=mask, other=0.0).to(tl.float32)
         up = tl.load(x_ptr + t * sx_t + I + c, mask=mask, other=0.0).to(tl.float32)
@@ -26,7 +42,7 @@ def _silu_mul_kernel(x_ptr, y_ptr, sm_ids_ptr, T, I, sx_t, sy_t,
 
 def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None, *,
              num_sms: int | None = None, ctas_per_sm: int = 1,
-             sm_ids: torch.Tensor | None = None) -> torch.Tensor:
+             sm_ids: torch.Tensor | None = None, pinned: Pinned | None = None) -> torch.Tensor:
     check_tensor("gate_up", gate_up, 2, FLOAT_DTYPES)
     T, two_i = gate_up.shape
     if two_i % 2:
@@ -39,8 +55,11 @@ def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None, *,
     if T == 0 or I == 0:
         return out
     block = min(2048, triton.next_power_of_2(I))
-    grid = grid_size(T * triton.cdiv(I, block), num_sms, ctas_per_sm, gate_up.device)
+    grid = grid_size(T * triton.cdiv(I, block), pinned_budget(pinned, num_sms), ctas_per_sm,
+                     gate_up.device)
+    launch = pinned_launch(pinned, grid, ctas_per_sm, gate_up.device)
     sm_buf, record = telemetry_args(sm_ids, grid, gate_up.device)
-    _silu_mul_kernel[(grid,)](gate_up, out, sm_buf, T, I, gate_up.stride(0), out.stride(0),
-                              BLOCK=block, RECORD_SM=record, num_warps=4)
+    _silu_mul_kernel[(launch.grid,)](gate_up, out, sm_buf, *launch.args, T, I, gate_up.stride(0),
+                                     out.stride(0), BLOCK=block, RECORD_SM=record, num_warps=4,
+                                     **launch.constexprs)
     return out

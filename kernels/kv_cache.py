@@ -13,14 +13,34 @@ import triton.language as tl
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels._launch import (FLOAT_DTYPES, INDEX_DTYPES, check_tensor, grid_size,
                                           record_sm, row_piece, telemetry_args)
+from pdmux_triton.kernels._pinned import (Pinned, next_slot, pinned_budget, pinned_launch,
+                                          pinned_start, record_slot)
 
 
-@triton.jit(do_not_specialize=["T"])
-def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, sm_ids_ptr, T, HD, sk_t, sv_t, sc_s,
-                     BLOCK: tl.constexpr, RECORD_SM: tl.constexpr):
-    pid = tl.program_id(0)
-    record_sm(sm_ids_ptr, RECORD_SM)
-    for tile in tl.range(pid, T * tl.cdiv(HD, BLOCK), tl.num_programs(0)):
+@triton.jit(do_not_specialize=["T", "first_sm", "n_sms", "slots", "programs"])
+def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, sm_ids_ptr, gate_ptr, place_ptr,
+                     first_sm, n_sms, ctas, slots, programs, T, HD, sk_t, sv_t, sc_s,
+                     BLOCK: tl.constexpr, RECORD_SM: tl.constexpr, PINNED: tl.constexpr,
+                     PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr):
+    if PINNED:  # the programs the gate admits do the capped launch's programs as slots
+        work, sm = pinned_start(gate_ptr, place_ptr, first_sm, n_sms, ctas, slots, programs,
+                                PLACED, BLOCK_SMS)
+        while work < slots:
+            record_slot(sm_ids_ptr, work, sm, RECORD_SM)
+            _store_kv_slot(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, work, slots, T, HD, sk_t, sv_t,
+                           sc_s, BLOCK)
+            work = next_slot(gate_ptr, first_sm, n_sms, slots, programs, BLOCK_SMS)
+    else:
+        record_sm(sm_ids_ptr, RECORD_SM)
+        _store_kv_slot(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, tl.program_id(0),
+                       tl.num_programs(0), T, HD, sk_t, sv_t, sc_s, BLOCK)
+
+
+@triton.jit
+def _store_kv_slot(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, pid, programs, T, HD, sk_t, sv_t, sc_s,
+                   BLOCK: tl.constexpr):
+    # (`slot_ptr` holds the cache slots the tokens go to, not the launch's work slots)
+    for tile in tl.range(pid, T * tl.cdiv(HD, BLOCK), programs):
         t, c, mask = row_piece(tile, HD, BLOCK)
         slot = tl.load(slot_ptr + t).to(tl.int64)
         tl.store(kc_ptr + slot * sc_s + c, tl.load(k_ptr + t * sk_t + c, mask=mask), mask=mask)
@@ -35,7 +55,7 @@ def _check_heads_contiguous(name: str, t: torch.Tensor) -> None:
 
 def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slots: torch.Tensor, *, num_sms: int | None = None, ctas_per_sm: int = 1,
-             sm_ids: torch.Tensor | None = None) -> None:
+             sm_ids: torch.Tensor | None = None, pinned: Pinned | None = None) -> None:
     """k_cache[slots[t]] = k[t]; v_cache[slots[t]] = v[t] for k, v of shape [T, kv_heads, head_dim]."""
     check_tensor("k", k, 3, FLOAT_DTYPES)
     check_tensor("v", v, 3, (k.dtype,), k.device)
@@ -56,8 +76,10 @@ def store_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     if T == 0:
         return
     block = min(1024, triton.next_power_of_2(H * D))
-    grid = grid_size(T * triton.cdiv(H * D, block), num_sms, ctas_per_sm, k.device)
+    grid = grid_size(T * triton.cdiv(H * D, block), pinned_budget(pinned, num_sms), ctas_per_sm,
+                     k.device)
+    launch = pinned_launch(pinned, grid, ctas_per_sm, k.device)
     sm_buf, record = telemetry_args(sm_ids, grid, k.device)
-    _store_kv_kernel[(grid,)](k, v, k_cache, v_cache, slots, sm_buf, T, H * D, k.stride(0),
-                              v.stride(0), k_cache.stride(0), BLOCK=block, RECORD_SM=record,
-                              num_warps=4)
+    _store_kv_kernel[(launch.grid,)](k, v, k_cache, v_cache, slots, sm_buf, *launch.args, T, H * D,
+                                     k.stride(0), v.stride(0), k_cache.stride(0), BLOCK=block,
+                                     RECORD_SM=record, num_warps=4, **launch.constexprs)

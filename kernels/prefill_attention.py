@@ -22,22 +22,45 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels._launch import (check_tensor, check_tma_rows, grid_size, interpreting,
                                           record_sm, telemetry_args)
+from pdmux_triton.kernels._pinned import (Pinned, next_slot, pinned_budget, pinned_launch,
+                                          pinned_start, record_slot)
 from pdmux_triton.kernels._paged import (AttnConfig, attend_range, check_paged_inputs, softmax_step,
                                          wide_offsets)
 
 LOG2E = 1.4426950408889634
 
 
-@triton.jit(do_not_specialize=["num_blocks", "B", "spt_b"])
+@triton.jit(do_not_specialize=["num_blocks", "B", "spt_b", "first_sm", "n_sms", "slots",
+                               "programs"])
 def _extend_kernel(q_desc, k_desc, v_desc, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_ptr, sm_ids_ptr,
-                   num_blocks, B, Q_HEADS, scale_log2, so_t, so_h, sc_s, sc_h, spt_b,
-                   PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, D: tl.constexpr, WIDE: tl.constexpr,
-                   RECORD_SM: tl.constexpr):
-    # meta (int32): q_start[B], extend_len[B], prefix_len[B], then (seq, q block) per block
-    pid = tl.program_id(0)
-    record_sm(sm_ids_ptr, RECORD_SM)
-    programs = tl.num_programs(0)
+                   gate_ptr, place_ptr, first_sm, n_sms, ctas, slots, programs, num_blocks, B,
+                   Q_HEADS, scale_log2, so_t, so_h, sc_s, sc_h, spt_b, PAGE_SIZE: tl.constexpr,
+                   GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   D: tl.constexpr, WIDE: tl.constexpr, RECORD_SM: tl.constexpr,
+                   PINNED: tl.constexpr, PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr):
+    if PINNED:  # the programs the gate admits do the capped launch's programs as slots
+        slot, sm = pinned_start(gate_ptr, place_ptr, first_sm, n_sms, ctas, slots, programs,
+                                PLACED, BLOCK_SMS)
+        while slot < slots:
+            record_slot(sm_ids_ptr, slot, sm, RECORD_SM)
+            _extend_slot(q_desc, k_desc, v_desc, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_ptr, slot,
+                         slots, num_blocks, B, Q_HEADS, scale_log2, so_t, so_h, sc_s, sc_h, spt_b,
+                         PAGE_SIZE, GROUP, BLOCK_M, BLOCK_N, D, WIDE)
+            slot = next_slot(gate_ptr, first_sm, n_sms, slots, programs, BLOCK_SMS)
+    else:
+        record_sm(sm_ids_ptr, RECORD_SM)
+        _extend_slot(q_desc, k_desc, v_desc, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_ptr,
+                     tl.program_id(0), tl.num_programs(0), num_blocks, B, Q_HEADS, scale_log2,
+                     so_t, so_h, sc_s, sc_h, spt_b, PAGE_SIZE, GROUP, BLOCK_M, BLOCK_N, D, WIDE)
+
+
+@triton.jit
+def _extend_slot(q_desc, k_desc, v_desc, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_ptr, pid, programs,
+                 num_blocks, B, Q_HEADS, scale_log2, so_t, so_h, sc_s, sc_h, spt_b,
+                 PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, D: tl.constexpr, WIDE: tl.constexpr):
+    # What program `pid` of `programs` does. meta (int32): q_start[B], extend_len[B],
+    # prefix_len[B], then (seq, q block) per block
     tiles = num_blocks * Q_HEADS
     # tiles come longest first; taking them in a zigzag (program p gets the p-th tile of even
     # rounds and the p-th from the end of odd ones) pairs long with short
@@ -158,8 +181,8 @@ def extend_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
                      prefix_lens: Sequence[int], page_size: int, sm_scale: float | None = None,
                      out: torch.Tensor | None = None, *, num_sms: int | None = None,
                      ctas_per_sm: int = 1, config: AttnConfig | None = None,
-                     plan: ExtendPlan | None = None,
-                     sm_ids: torch.Tensor | None = None) -> torch.Tensor:
+                     plan: ExtendPlan | None = None, sm_ids: torch.Tensor | None = None,
+                     pinned: Pinned | None = None) -> torch.Tensor:
     """Causal attention of q [sum(extend_lens), Hq, D] (sequences packed back to back) over each
     sequence's prefix_lens[b] cached tokens and its extend_lens[b] new ones, whose keys and
     values k, v [sum(extend_lens), Hkv, D] are read from those tensors (views of the QKV output
@@ -194,16 +217,18 @@ def extend_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
                                                                tuple(prefix_lens)):
         raise PdmuxError("the extend plan was made for other lengths or another block_m")
     meta, num_blocks = plan.meta, plan.num_blocks
-    grid = grid_size(num_blocks * HQ, num_sms, ctas_per_sm, dev)
+    grid = grid_size(num_blocks * HQ, pinned_budget(pinned, num_sms), ctas_per_sm, dev)
+    launch = pinned_launch(pinned, grid, ctas_per_sm, dev)
     sm_buf, record = telemetry_args(sm_ids, grid, dev)
     scale = (sm_scale if sm_scale is not None else D ** -0.5) * LOG2E
     q_desc = TensorDescriptor(q, [T, HQ * D], [q.stride(0), 1], [cfg.block_m, D])
     k_desc, v_desc = (TensorDescriptor(t, [T, HKV * D], [t.stride(0), 1], [cfg.block_n, D])
                       for t in (k, v))
-    _extend_kernel[(grid,)](
-        q_desc, k_desc, v_desc, k_cache, v_cache, page_table, meta, out, sm_buf, num_blocks, B, HQ,
-        scale, out.stride(0), out.stride(1), k_cache.stride(0),
+    _extend_kernel[(launch.grid,)](
+        q_desc, k_desc, v_desc, k_cache, v_cache, page_table, meta, out, sm_buf, *launch.args,
+        num_blocks, B, HQ, scale, out.stride(0), out.stride(1), k_cache.stride(0),
         k_cache.stride(1), page_table.stride(0), PAGE_SIZE=page_size, GROUP=HQ // HKV,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D=D, WIDE=wide_offsets(k_cache),
-        RECORD_SM=record, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        RECORD_SM=record, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        **launch.constexprs)
     return out

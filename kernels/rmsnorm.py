@@ -13,18 +13,37 @@ import triton.language as tl
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels._launch import (FLOAT_DTYPES, check_tensor, grid_size, record_sm,
                                           telemetry_args)
+from pdmux_triton.kernels._pinned import (Pinned, next_slot, pinned_budget, pinned_launch,
+                                          pinned_start, record_slot)
 
 
-@triton.jit(do_not_specialize=["rows"])
-def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, sm_ids_ptr, rows, H, D,
-                    sx_t, sx_h, sr_t, sr_h, sy_t, sy_h, eps,
+@triton.jit(do_not_specialize=["rows", "first_sm", "n_sms", "slots", "programs"])
+def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, sm_ids_ptr, gate_ptr, place_ptr, first_sm, n_sms,
+                    ctas, slots, programs, rows, H, D, sx_t, sx_h, sr_t, sr_h, sy_t, sy_h, eps,
                     HAS_RESIDUAL: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
-                    RECORD_SM: tl.constexpr):
-    pid = tl.program_id(0)
-    record_sm(sm_ids_ptr, RECORD_SM)
+                    RECORD_SM: tl.constexpr, PINNED: tl.constexpr, PLACED: tl.constexpr,
+                    BLOCK_SMS: tl.constexpr):
+    if PINNED:  # the programs the gate admits do the capped launch's programs as slots
+        slot, sm = pinned_start(gate_ptr, place_ptr, first_sm, n_sms, ctas, slots, programs,
+                                PLACED, BLOCK_SMS)
+        while slot < slots:
+            record_slot(sm_ids_ptr, slot, sm, RECORD_SM)
+            _rmsnorm_slot(x_ptr, res_ptr, w_ptr, y_ptr, slot, slots, rows, H, D, sx_t, sx_h, sr_t,
+                          sr_h, sy_t, sy_h, eps, HAS_RESIDUAL, ROWS, BLOCK_D)
+            slot = next_slot(gate_ptr, first_sm, n_sms, slots, programs, BLOCK_SMS)
+    else:
+        record_sm(sm_ids_ptr, RECORD_SM)
+        _rmsnorm_slot(x_ptr, res_ptr, w_ptr, y_ptr, tl.program_id(0), tl.num_programs(0), rows, H,
+                      D, sx_t, sx_h, sr_t, sr_h, sy_t, sy_h, eps, HAS_RESIDUAL, ROWS, BLOCK_D)
+
+
+@triton.jit
+def _rmsnorm_slot(x_ptr, res_ptr, w_ptr, y_ptr, pid, programs, rows, H, D, sx_t, sx_h, sr_t,
+                  sr_h, sy_t, sy_h, eps, HAS_RESIDUAL: tl.constexpr, ROWS: tl.constexpr,
+                  BLOCK_D: tl.constexpr):
     d = tl.arange(0, BLOCK_D)
     w = tl.load(w_ptr + d, mask=d < D, other=0.0).to(tl.float32)
-    for start in tl.range(pid * ROWS, rows, tl.num_programs(0) * ROWS):
+    for start in tl.range(pid * ROWS, rows, programs * ROWS):
         r = start + tl.arange(0, ROWS)
         t = r // H
         h = r % H
@@ -54,7 +73,7 @@ def _as_3d(name: str, t: torch.Tensor) -> torch.Tensor:
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
             residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
             num_sms: int | None = None, ctas_per_sm: int = 1,
-            sm_ids: torch.Tensor | None = None) -> torch.Tensor:
+            sm_ids: torch.Tensor | None = None, pinned: Pinned | None = None) -> torch.Tensor:
     """out = rmsnorm(x [+ residual]) * weight; with a residual, it is updated to x + residual.
 
     x is [T, D] or [T, H, D] (any strides, last dim contiguous); `out` may be `x` (in place).
@@ -81,10 +100,13 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
         return out
     block_d = triton.next_power_of_2(D)
     row_block = max(1, min(16, 2048 // block_d))
-    grid = grid_size(triton.cdiv(rows, row_block), num_sms, ctas_per_sm, x.device)
+    grid = grid_size(triton.cdiv(rows, row_block), pinned_budget(pinned, num_sms), ctas_per_sm,
+                     x.device)
+    launch = pinned_launch(pinned, grid, ctas_per_sm, x.device)
     sm_buf, record = telemetry_args(sm_ids, grid, x.device)
-    _rmsnorm_kernel[(grid,)](
-        x3, r3, weight, y3, sm_buf, rows, H, D, x3.stride(0), x3.stride(1), r3.stride(0),
-        r3.stride(1), y3.stride(0), y3.stride(1), eps, HAS_RESIDUAL=residual is not None,
-        ROWS=row_block, BLOCK_D=block_d, RECORD_SM=record, num_warps=4 if block_d <= 1024 else 8)
+    _rmsnorm_kernel[(launch.grid,)](
+        x3, r3, weight, y3, sm_buf, *launch.args, rows, H, D, x3.stride(0), x3.stride(1),
+        r3.stride(0), r3.stride(1), y3.stride(0), y3.stride(1), eps,
+        HAS_RESIDUAL=residual is not None, ROWS=row_block, BLOCK_D=block_d, RECORD_SM=record,
+        num_warps=4 if block_d <= 1024 else 8, **launch.constexprs)
     return out

@@ -13,6 +13,8 @@ import triton.language as tl
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels._launch import (FLOAT_DTYPES, INDEX_DTYPES, check_tensor, grid_size,
                                           record_sm, telemetry_args)
+from pdmux_triton.kernels._pinned import (Pinned, next_slot, pinned_budget, pinned_launch,
+                                          pinned_start, record_slot)
 
 
 def rope_cache(max_positions: int, head_dim: int, theta: float,
@@ -30,18 +32,36 @@ def rope_cache(max_positions: int, head_dim: int, theta: float,
     return torch.cat([angles.cos(), angles.sin()], dim=1).to(torch.float32).to(device)
 
 
-@triton.jit(do_not_specialize=["rows"])
-def _rope_kernel(x_ptr, pos_ptr, cs_ptr, w_ptr, sm_ids_ptr, rows, H, sx_t, sx_h, eps,
-                 HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, ROWS: tl.constexpr,
-                 NORM: tl.constexpr, RECORD_SM: tl.constexpr):
-    pid = tl.program_id(0)
-    record_sm(sm_ids_ptr, RECORD_SM)
+@triton.jit(do_not_specialize=["rows", "first_sm", "n_sms", "slots", "programs"])
+def _rope_kernel(x_ptr, pos_ptr, cs_ptr, w_ptr, sm_ids_ptr, gate_ptr, place_ptr, first_sm, n_sms,
+                 ctas, slots, programs, rows, H, sx_t, sx_h, eps, HALF: tl.constexpr,
+                 BLOCK_HALF: tl.constexpr, ROWS: tl.constexpr, NORM: tl.constexpr,
+                 RECORD_SM: tl.constexpr, PINNED: tl.constexpr, PLACED: tl.constexpr,
+                 BLOCK_SMS: tl.constexpr):
+    if PINNED:  # the programs the gate admits do the capped launch's programs as slots
+        slot, sm = pinned_start(gate_ptr, place_ptr, first_sm, n_sms, ctas, slots, programs,
+                                PLACED, BLOCK_SMS)
+        while slot < slots:
+            record_slot(sm_ids_ptr, slot, sm, RECORD_SM)
+            _rope_slot(x_ptr, pos_ptr, cs_ptr, w_ptr, slot, slots, rows, H, sx_t, sx_h, eps, HALF,
+                       BLOCK_HALF, ROWS, NORM)
+            slot = next_slot(gate_ptr, first_sm, n_sms, slots, programs, BLOCK_SMS)
+    else:
+        record_sm(sm_ids_ptr, RECORD_SM)
+        _rope_slot(x_ptr, pos_ptr, cs_ptr, w_ptr, tl.program_id(0), tl.num_programs(0), rows, H,
+                   sx_t, sx_h, eps, HALF, BLOCK_HALF, ROWS, NORM)
+
+
+@triton.jit
+def _rope_slot(x_ptr, pos_ptr, cs_ptr, w_ptr, pid, programs, rows, H, sx_t, sx_h, eps,
+               HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, ROWS: tl.constexpr,
+               NORM: tl.constexpr):
     d = tl.arange(0, BLOCK_HALF)
     dmask = d < HALF
     if NORM:
         w1 = tl.load(w_ptr + d, mask=dmask, other=0.0).to(tl.float32)
         w2 = tl.load(w_ptr + HALF + d, mask=dmask, other=0.0).to(tl.float32)
-    for start in tl.range(pid * ROWS, rows, tl.num_programs(0) * ROWS):
+    for start in tl.range(pid * ROWS, rows, programs * ROWS):
         r = start + tl.arange(0, ROWS)
         rmask = r < rows
         t = r // H
@@ -64,7 +84,7 @@ def _rope_kernel(x_ptr, pos_ptr, cs_ptr, w_ptr, sm_ids_ptr, rows, H, sx_t, sx_h,
 def rope_(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
           norm_weight: torch.Tensor | None = None, eps: float = 1e-6, *,
           num_sms: int | None = None, ctas_per_sm: int = 1,
-          sm_ids: torch.Tensor | None = None) -> torch.Tensor:
+          sm_ids: torch.Tensor | None = None, pinned: Pinned | None = None) -> torch.Tensor:
     """Rotate x [T, H, D] in place by each token's position; RMS-normalize first if norm_weight."""
     check_tensor("x", x, 3, FLOAT_DTYPES)
     T, H, D = x.shape
@@ -87,10 +107,13 @@ def rope_(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
     half = D // 2
     block_half = triton.next_power_of_2(half)
     row_block = max(1, min(32, 2048 // block_half))
-    grid = grid_size(triton.cdiv(rows, row_block), num_sms, ctas_per_sm, x.device)
+    grid = grid_size(triton.cdiv(rows, row_block), pinned_budget(pinned, num_sms), ctas_per_sm,
+                     x.device)
+    launch = pinned_launch(pinned, grid, ctas_per_sm, x.device)
     sm_buf, record = telemetry_args(sm_ids, grid, x.device)
     w = norm_weight if norm_weight is not None else cos_sin
-    _rope_kernel[(grid,)](x, positions, cos_sin, w, sm_buf, rows, H, x.stride(0), x.stride(1), eps,
-                          HALF=half, BLOCK_HALF=block_half, ROWS=row_block,
-                          NORM=norm_weight is not None, RECORD_SM=record, num_warps=4)
+    _rope_kernel[(launch.grid,)](x, positions, cos_sin, w, sm_buf, *launch.args, rows, H,
+                                 x.stride(0), x.stride(1), eps, HALF=half, BLOCK_HALF=block_half,
+                                 ROWS=row_block, NORM=norm_weight is not None, RECORD_SM=record,
+                                 num_warps=4, **launch.constexprs)
     return x

@@ -95,13 +95,13 @@ def new_tokens(kv, extend, prefix, hq):
     return q, k, v, dense
 
 
-def check_extend(extend, prefix, hq, hkv, d, page_size, dtype, num_sms, device=DEV):
+def check_extend(extend, prefix, hq, hkv, d, page_size, dtype, num_sms, device=DEV, **budget):
     lens = [e + p for e, p in zip(extend, prefix)]
     kv = PagedKV(lens, hkv, d, page_size, dtype, device)
     q, k, v, dense = new_tokens(kv, extend, prefix, hq)
     out = poisoned(q.shape, dtype, device)
     extend_attention(q, k, v, kv.k_cache, kv.v_cache, kv.page_table, extend, prefix, page_size,
-                     out=out, num_sms=num_sms)
+                     out=out, num_sms=num_sms, **budget)
     start = 0
     for b, (e, p) in enumerate(zip(extend, prefix)):
         ref = attention_ref(q[start:start + e].cpu(), *dense[b], q_pos=torch.arange(p, p + e))
@@ -124,6 +124,14 @@ def test_extend_attention_after_a_cached_prefix(extend, prefix):
 @pytest.mark.parametrize("num_sms", [1, 2, 400])
 def test_extend_attention_grids(num_sms):
     check_extend([19, 2], [3, 0], 2, 2, 16, 1, torch.float16, num_sms=num_sms)
+
+
+@pytest.mark.parametrize("ctas", [1, 2])
+def test_pinned_extend_attention_whoever_survives(ctas):
+    for _, placement in placements(5, ctas, 2, 2, seed=ctas):
+        pinned = Pinned(2, 2, placement.to(torch.int32).to(DEV))
+        check_extend([19, 2], [3, 0], 2, 2, 16, 1, torch.float16, None, ctas_per_sm=ctas,
+                     pinned=pinned)
 
 
 def test_64_bit_cache_offsets(monkeypatch):

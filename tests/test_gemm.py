@@ -43,7 +43,8 @@ def test_skinny_grids(M, N, K, num_sms, ctas, whole):
 
 
 @pytest.mark.parametrize("whole", [True, False])
-@pytest.mark.parametrize("M,N,K,k,ctas", [(1, 40, 64, 2, 1), (7, 33, 128, 3, 2), (20, 48, 112, 5, 1)])
+@pytest.mark.parametrize("M,N,K,k,ctas", [(1, 40, 64, 2, 1), (7, 33, 128, 3, 2),
+                                          (20, 48, 112, 5, 1)])
 def test_pinned_skinny_whoever_survives(M, N, K, k, ctas, whole):
     """On a pinned partition (kernels/_pinned.py) both skinny schedules are exact for any
     placement of the programs, none in the range included (stream-K's cut tiles are merged by

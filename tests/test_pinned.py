@@ -110,3 +110,85 @@ def test_pinned_stream_read_stays_on_its_sms(ctas):
         assert sums.sum().item() == buf.sum().item()
         assert ((sm_ids >= first) & (sm_ids < first + k)).all(), sm_ids.tolist()
         assert (shared_counters("pinned gate", MAX_SM_ID + 2, torch.device("cuda")) == 0).all()
+
+
+def _decode_inputs():
+    """A ragged decode batch's attention inputs, its activations and three weights (few tiles,
+    split, to many, whole)."""
+    from pdmux_triton.measure.random_kv import PagedKV
+
+    torch.manual_seed(3)
+    kv = PagedKV([3000, 17, 900, 5000, 1], 8, 128, 16, torch.bfloat16, "cuda")
+    lens = torch.tensor(kv.lens, dtype=torch.int32, device="cuda")
+    q = torch.randn(5, 32, 128, dtype=torch.bfloat16, device="cuda")
+    x = torch.randn(8, 4096, dtype=torch.bfloat16, device="cuda")
+    ws = [torch.randn(n, 4096, dtype=torch.bfloat16, device="cuda") / 64
+          for n in (1024, 4096, 12288)]
+    return kv, lens, q, x, ws
+
+
+def _decode_kernels(inputs, pinned: Pinned | None, num_sms: int | None, ctas: int):
+    from pdmux_triton.kernels import decode_attention, linear
+
+    kv, lens, q, x, ws = inputs
+    budget = {"num_sms": num_sms, "ctas_per_sm": ctas, "pinned": pinned}
+    return [decode_attention(q, kv.k_cache, kv.v_cache, kv.page_table, lens, 16, 5000, **budget),
+            *(linear(x, w, **budget) for w in ws)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("ctas", [1, 2, 3])
+def test_pinned_decode_kernels_equal_the_capped_launch(ctas):
+    """Admitted programs do the capped launch's programs' work as slots: the same results to
+    the bit (same partials, same merge order), on the hardware's placement and on a placement
+    that admits fewer programs than c x k (all programs crowded onto two SMs)."""
+    total = torch.cuda.get_device_properties(0).multi_processor_count
+    inputs = _decode_inputs()
+    capped = _decode_kernels(inputs, None, 20, ctas)
+    pinned = _decode_kernels(inputs, Pinned(total - 20, 20), None, ctas)
+    crowded = torch.full((ctas * total,), total - 20, dtype=torch.int32, device="cuda")
+    crowded[::2] = total - 1
+    few = _decode_kernels(inputs, Pinned(total - 20, 20, crowded), None, ctas)
+    for a, b, c in zip(capped, pinned, few):
+        assert torch.equal(a, b) and torch.equal(a, c)
+
+
+@pytest.mark.gpu
+def test_pinned_sides_share_no_sm_and_replay_from_a_graph():
+    """Two pinned reads on complementary SMs, on two streams at once, stay on their SMs; a
+    captured graph of pinned decode kernels replays exactly on new inputs."""
+    total = torch.cuda.get_device_properties(0).multi_processor_count
+    bufs = [torch.randint(-9, 9, (1 << 26,), dtype=torch.int32, device="cuda") for _ in range(2)]
+    sides = [(0, 20), (20, total - 20)]
+    streams = [torch.cuda.Stream() for _ in sides]
+    seen = []
+    for _ in range(3):
+        ids = [torch.empty(k * 2, dtype=torch.int32, device="cuda") for _, k in sides]
+        sums = []
+        for (first, k), stream, buf, sm_ids in zip(sides, streams, bufs, ids):
+            with torch.cuda.stream(stream):
+                sums.append(stream_read(buf, ctas_per_sm=2, pinned=Pinned(first, k),
+                                        sm_ids=sm_ids))
+        torch.cuda.synchronize()
+        for (first, k), s, buf, sm_ids in zip(sides, sums, bufs, ids):
+            assert s.sum().item() == buf.sum().item()
+            assert ((sm_ids >= first) & (sm_ids < first + k)).all()
+        seen.append([set(i.tolist()) for i in ids])
+    assert all(not (a & b) for a, b in seen)
+
+    inputs = _decode_inputs()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):  # warm up on the capturing stream: counters made once
+        _decode_kernels(inputs, Pinned(0, 16), None, 2)
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        captured = _decode_kernels(inputs, Pinned(0, 16), None, 2)
+    _, _, q, x, _ = inputs
+    for _ in range(2):
+        q.normal_()
+        x.normal_()
+        graph.replay()
+        torch.cuda.synchronize()
+        for a, b in zip(_decode_kernels(inputs, None, 16, 2), captured):
+            assert torch.equal(a, b)

@@ -4,7 +4,8 @@ import torch
 from conftest import HAS_CUDA
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels import rmsnorm, rope_, rope_cache, silu_mul, store_kv, stream_read
-from reference import assert_close, poisoned
+from pdmux_triton.kernels._pinned import Pinned
+from reference import assert_close, placements, poisoned
 
 DEV = "cuda" if HAS_CUDA else "cpu"
 DTYPES = [torch.float32, torch.float16]
@@ -106,6 +107,33 @@ def test_stream_read_reads_every_word(n, num_sms):
     buf = torch.randint(-1000, 1000, (n,), dtype=torch.int32, device=DEV)
     sums = stream_read(buf, num_sms=num_sms)
     assert sums.sum().item() == buf.sum().item()
+
+
+@pytest.mark.parametrize("ctas", [1, 2])
+def test_pinned_small_ops_whoever_survives(ctas):
+    """rmsnorm, rotary, silu_mul and store_kv on a pinned partition (kernels/_pinned.py) give
+    the plain launch's output for any placement of their programs, none in the range included."""
+    T, H, D = 37, 3, 16
+    x = torch.randn(T, H, D, device=DEV)
+    w = torch.randn(D, device=DEV)
+    pos = torch.randint(0, 64, (T,), device=DEV)
+    cs = rope_cache(64, D, 1e4, DEV)
+    gate_up = torch.randn(T, 2 * D, device=DEV)
+    slots = torch.randperm(2 * T, device=DEV)[:T]
+    want_norm = rmsnorm(x, w, 1e-6, num_sms=3)
+    want_rope = rope_(x.clone(), pos, cs, w, num_sms=3)
+    want_act = silu_mul(gate_up, num_sms=3)
+    for _, placement in placements(6, ctas, 1, 4, seed=ctas):
+        pinned = Pinned(1, 4, placement.to(torch.int32).to(DEV))
+        budget = {"ctas_per_sm": ctas, "pinned": pinned}
+        assert torch.equal(rmsnorm(x, w, 1e-6, out=poisoned(x.shape, x.dtype, DEV), **budget),
+                           want_norm)
+        assert torch.equal(rope_(x.clone(), pos, cs, w, **budget), want_rope)
+        assert torch.equal(silu_mul(gate_up, out=poisoned((T, D), x.dtype, DEV), **budget),
+                           want_act)
+        k_cache, v_cache = (poisoned((2 * T, H, D), x.dtype, DEV) for _ in range(2))
+        store_kv(x, -x, k_cache, v_cache, slots, **budget)
+        assert torch.equal(k_cache[slots], x) and torch.equal(v_cache[slots], -x)
 
 
 def test_small_op_errors():
