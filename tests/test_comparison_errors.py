@@ -23,4 +23,19 @@ def test_level_errors():
     assert entry["prefill_error_pct"] == pytest.approx(10.0)
     assert entry["decode_alone_error_pct"] == pytest.approx(20.0)
     assert entry["prefill_alone_error_pct"] == pytest.approx(0.0)
+    assert not any(k.startswith("pinned_") for k in entry)  # not measured, no pinned errors
     json.dumps(entry)
+
+
+def test_pinned_errors_beside_grid_capping_and_none_without_green():
+    entry = level_entry()
+    entry["decode"]["pinned"] = {"alone_tbps": 2.6, "corun_tbps": 2.4, "alone_ms": 1, "corun_ms": 1}
+    entry["prefill"]["pinned"] = {"alone_tflops": 404.0, "corun_tflops": 303.0}
+    errors = comparison_errors.level_errors(entry)
+    assert errors["decode_error_pct"] == pytest.approx(-20.0)  # grid capping's, as before
+    assert errors["pinned_decode_error_pct"] == pytest.approx(-4.0)
+    assert errors["pinned_prefill_error_pct"] == pytest.approx(1.0)
+    assert errors["pinned_decode_alone_error_pct"] == pytest.approx(4.0)
+    for side in ("decode", "prefill"):
+        del entry[side]["green"]
+    assert comparison_errors.level_errors(entry) == {}

@@ -161,7 +161,9 @@ BAD = [
     (["estimate", "--model", "nope/config.json"], "cannot read model config nope/config.json"),
     (["levels", "--calibration", CALIBRATION, "--itl-ms", "20", "--model", "README.md"],
      "cannot read model config README.md"),
-    (["run", "--kinds", "mig"], "run --kinds: expected one of grid_cap, green, got 'mig'"),
+    (["run", "--kinds", "mig"], "run --kinds: expected one of grid_cap, green, pinned, got 'mig'"),
+    (["compare", "--kinds", "grid_cap,pinned"], "compares an emulation (grid_cap, pinned) with "
+                                                "green contexts"),
     (["levels", "--frob"], "unrecognized arguments: --frob"),
     # files
     (["levels", "--config", "/nonexistent/pdmux.yaml"], "cannot read pdmux config"),

@@ -20,6 +20,17 @@ def _groups():
     return sglang_rules.stream_groups(_sms(), torch.cuda.get_device_capability(0)[0])
 
 
+def test_kernel_args_of_capped_and_pinned_budgets():
+    from pdmux_triton.gpu.streams import kernel_args
+    from pdmux_triton.kernels._pinned import Pinned
+    from pdmux_triton.multiplex.partition import Budget
+
+    assert kernel_args(Budget(52, 2)) == {"num_sms": 52, "ctas_per_sm": 2}
+    pinned = kernel_args(Budget(52, 2, first_sm=80))
+    assert pinned == {"num_sms": None, "ctas_per_sm": 2, "pinned": Pinned(80, 52)}
+    assert kernel_args(Budget(52, 2, first_sm=80))["pinned"] is pinned["pinned"]  # made once
+
+
 def test_opening_without_a_gpu_is_a_clear_error():
     if torch.cuda.is_available():
         pytest.skip("has a GPU")

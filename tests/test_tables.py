@@ -40,6 +40,13 @@ def test_calibration_and_compare_tables():
     entry = level_entry()
     entry.update(comparison_errors.level_errors(entry))
     assert "80/52" in tables.compare_table([entry])
+    assert "pinned" not in tables.compare_table([entry])
+    entry["decode"]["pinned"] = dict(entry["decode"]["green"])
+    entry["prefill"]["pinned"] = dict(entry["prefill"]["green"])
+    entry["telemetry"]["pinned"] = {"shared_sms": 0}
+    entry.update(comparison_errors.level_errors(entry))
+    text = tables.compare_table([entry])
+    assert "pinned decode err %" in text and "SMs both sides used (pinned)" in text
 
 
 def _inputs(**files):

@@ -22,7 +22,7 @@ from pdmux_triton.experiments.settings import LENGTHS, LEVEL_POLICIES, MAX_SPEED
 from pdmux_triton.experiments.variants import DEFAULT_STRATEGIES, variant
 from pdmux_triton.measure.calibration_sweep import DECODE_WORKLOADS
 from pdmux_triton.multiplex import sglang_rules
-from pdmux_triton.multiplex.partition import SPLIT_KINDS
+from pdmux_triton.multiplex.partition import DEFAULT_KINDS, SPLIT_KINDS
 from pdmux_triton.results import read_json
 from pdmux_triton.serve import scheduler
 from pdmux_triton.spec.gpus import GPUS, MAX_SMS
@@ -239,7 +239,7 @@ def build_parser() -> Parser:
     _measure_flags(p)
     p.flag("--workloads", type=listed(choice(DECODE_WORKLOADS), "workload"),
            default=DECODE_WORKLOADS, help=f"what to sweep: {', '.join(DECODE_WORKLOADS)}")
-    p.flag("--kinds", type=listed(choice(SPLIT_KINDS), "kind"), default=SPLIT_KINDS,
+    p.flag("--kinds", type=listed(choice(SPLIT_KINDS), "kind"), default=DEFAULT_KINDS,
            help=f"partition kinds: {', '.join(SPLIT_KINDS)}")
     p.flag("--ctas", type=listed(integer(1, MAX_CTAS), "CTAs per SM"), default=(1, 2, 4),
            help="CTAs per SM to sweep")
@@ -278,7 +278,7 @@ def build_parser() -> Parser:
            help="trace: arrivals this many times as fast as recorded (2: twice the rate)")
     p.flag("--chunks", type=listed(integer(1), "chunk size"), default=(2048, 512),
            help="chunked prefill sizes")
-    p.flag("--kinds", type=listed(choice(SPLIT_KINDS), "kind"), default=SPLIT_KINDS,
+    p.flag("--kinds", type=listed(choice(SPLIT_KINDS), "kind"), default=DEFAULT_KINDS,
            help=f"partition kinds for pd-mux: {', '.join(SPLIT_KINDS)}")
     for target in ("TTFT", "TPOT"):
         p.flag(f"--slo-{target.lower()}-ms", type=number(), shown="none: no attainment or goodput",
@@ -323,6 +323,9 @@ def build_parser() -> Parser:
 
     p = sub.add_parser("compare", **help_text.parser_texts("compare"))
     _measure_flags(p)
+    p.flag("--kinds", type=listed(choice(SPLIT_KINDS), "kind"), default=DEFAULT_KINDS,
+           help=f"partition kinds to measure at each level (errors against green need green): "
+                f"{', '.join(SPLIT_KINDS)}")
     return parser
 
 

@@ -215,6 +215,9 @@ def _calibrate_host_costs(args) -> None:
 
 
 def cmd_compare(args, given) -> None:
+    if "green" not in args.kinds or not {"grid_cap", "pinned"} & set(args.kinds):
+        raise PdmuxError(f"compare --kinds {','.join(args.kinds)}: compares an emulation "
+                         f"(grid_cap, pinned) with green contexts; name green and at least one")
     gpu = measuring_gpu()
     _check_measure_args(args, gpu)
     out = out_folder(args.out)
@@ -222,7 +225,7 @@ def cmd_compare(args, given) -> None:
     from pdmux_triton.measure.comparison_run import run_compare
 
     result = run_compare(args.model, args.batch, args.context, args.prefill_tokens,
-                         out / f"compare-{gpu.name}.json", log=note)
+                         out / f"compare-{gpu.name}.json", log=note, kinds=args.kinds)
     levels = result["summary"]["levels"]
     print(tables.compare_table(levels))
     print(f"wrote {out / f'compare-{gpu.name}.json'}")

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pdmux_triton.errors import PdmuxError
+from pdmux_triton.measure.comparison_errors import EMULATIONS
 from pdmux_triton.serve import metrics
 
 
@@ -66,23 +67,30 @@ def calibration(points: list[dict], gpu: str, model: str, path: Path) -> None:
 
 
 def compare(levels: list[dict], gpu: str, model: str, path: Path) -> None:
-    """Per level: the emulation error of each side, co-running and alone."""
+    """Per level: each emulation's error against green contexts, each side, co-running and
+    alone."""
     plt = _pyplot()
     labels = [f"{e['prefill_sms']}/{e['decode_sms']}" for e in levels]
     x = range(len(levels))
     fig, ax = plt.subplots(figsize=(1.2 * len(levels) + 3, 4.3))
-    series = [("decode_error_pct", "decode, co-running"), ("prefill_error_pct", "prefill, co-running"),
-              ("decode_alone_error_pct", "decode, alone"), ("prefill_alone_error_pct", "prefill, alone")]
-    width = 0.2
+    series = [(f"{prefix}{key}", f"{kind.replace('_', ' ')}: {label}")
+              for kind, prefix in EMULATIONS.items() if f"{prefix}decode_error_pct" in levels[0]
+              for key, label in (("decode_error_pct", "decode, co-running"),
+                                 ("prefill_error_pct", "prefill, co-running"),
+                                 ("decode_alone_error_pct", "decode, alone"),
+                                 ("prefill_alone_error_pct", "prefill, alone"))]
+    width = 0.8 / len(series)
     for i, (key, label) in enumerate(series):
-        ax.bar([xi + (i - 1.5) * width for xi in x], [e[key] for e in levels], width, label=label)
+        ax.bar([xi + (i - (len(series) - 1) / 2) * width for xi in x], [e[key] for e in levels],
+               width, label=label)
     ax.axhline(0, color="black", linewidth=0.8)
     ax.set_xticks(list(x), labels)
     ax.set_xlabel("level (prefill/decode SMs)")
-    ax.set_ylabel("grid cap vs green context, %")
+    ax.set_ylabel("emulation vs green context, %")
     ax.legend(fontsize=7)
     ax.grid(axis="y", alpha=0.3)
-    ax.set_title(f"Grid capping vs green contexts, measured on {gpu} ({model})", fontsize=10)
+    ax.set_title(f"Emulated partitions vs green contexts, measured on {gpu} ({model})",
+                 fontsize=10)
     fig.tight_layout()
     _save(fig, plt, path)
 

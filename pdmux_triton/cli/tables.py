@@ -7,6 +7,7 @@ import math
 from collections.abc import Callable, Sequence
 
 from pdmux_triton.experiments import capacity_search
+from pdmux_triton.measure.comparison_errors import EMULATIONS
 from pdmux_triton.multiplex import sglang_rules
 from pdmux_triton.results import SHIPPED_PREFIX
 
@@ -141,19 +142,26 @@ def calibration_table(summary: dict) -> str:
 
 
 def compare_table(levels: list[dict]) -> str:
+    """Per level and measured kind: the decode step alone and co-running, prefill's co-running
+    rate, each emulation's error against green contexts, and the SMs both sides used."""
+    kinds = list(levels[0]["decode"]) if levels else []
+    emulations = [(k, p) for k, p in EMULATIONS.items() if k in kinds and "green" in kinds]
+    names = {k: k.replace("_", " ") for k in kinds}
     rows = []
     for e in levels:
         d, p = e["decode"], e["prefill"]
         rows.append([str(e["level"]), f"{e['prefill_sms']}/{e['decode_sms']}",
-                     f"{d['grid_cap']['alone_ms']:.2f} -> {d['grid_cap']['corun_ms']:.2f}",
-                     f"{d['green']['alone_ms']:.2f} -> {d['green']['corun_ms']:.2f}",
-                     f"{p['grid_cap']['corun_tflops']:.0f}", f"{p['green']['corun_tflops']:.0f}",
-                     f"{e['decode_error_pct']:.1f}", f"{e['prefill_error_pct']:.1f}",
-                     str(e["telemetry"]["grid_cap"]["shared_sms"])])
-    return table(["level", "SMs p/d", "decode ms grid cap (alone -> corun)",
-                  "decode ms green (alone -> corun)", "prefill TFLOP/s grid cap",
-                  "prefill TFLOP/s green", "decode err %", "prefill err %",
-                  "SMs both sides used (grid cap)"], rows)
+                     *(f"{d[k]['alone_ms']:.2f} -> {d[k]['corun_ms']:.2f}" for k in kinds),
+                     *(f"{p[k]['corun_tflops']:.0f}" for k in kinds),
+                     *(f"{e[f'{pre}{side}_error_pct']:.1f}" for _, pre in emulations
+                       for side in ("decode", "prefill")),
+                     *(str(e["telemetry"][k]["shared_sms"]) for k in kinds if k != "green")])
+    return table(["level", "SMs p/d",
+                  *(f"decode ms {names[k]} (alone -> corun)" for k in kinds),
+                  *(f"prefill TFLOP/s {names[k]}" for k in kinds),
+                  *(f"{names[k]} {side} err %" for k, _ in emulations
+                    for side in ("decode", "prefill")),
+                  *(f"SMs both sides used ({names[k]})" for k in kinds if k != "green")], rows)
 
 
 def serving_table(rows: list[dict]) -> str:

@@ -95,7 +95,8 @@ class Calibration:
             fit = self.summary["decode_step"][kind][state]
             float(fit["peak_tbps"]), float(fit["s_sat_fit"])
         except (KeyError, TypeError, ValueError):
-            raise PdmuxError(f"{self.path} has no decode_step / {kind} / {state} fit") from None
+            raise PdmuxError(f"{self.path} has no decode_step / {kind} / {state} fit: measure it "
+                             f"on that GPU with `calibrate --kinds {kind}`") from None
         return fit
 
 

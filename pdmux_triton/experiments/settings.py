@@ -12,7 +12,7 @@ from pdmux_triton.cost.measured_inputs import load_calibration, load_compare, lo
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiments.repeats import MAX_REPEATS
 from pdmux_triton.multiplex import sglang_rules
-from pdmux_triton.multiplex.partition import SPLIT_KINDS
+from pdmux_triton.multiplex.partition import DEFAULT_KINDS, SPLIT_KINDS
 from pdmux_triton.serve import scheduler
 from pdmux_triton.serve.metrics import Slo
 from pdmux_triton.spec import traces, traffic
@@ -68,7 +68,7 @@ class RunSettings:
     speed: float = 1.0
     # the strategies
     chunks: tuple[int, ...] = (2048, 512)
-    kinds: tuple[str, ...] = SPLIT_KINDS
+    kinds: tuple[str, ...] = DEFAULT_KINDS
     config: sglang_rules.PDMuxConfig = field(default_factory=sglang_rules.PDMuxConfig)
     prefill_tokens: int = scheduler.DEFAULT_PREFILL_TOKENS
     max_running: int = scheduler.DEFAULT_MAX_RUNNING
@@ -118,7 +118,7 @@ class RunSettings:
                              f"{MAX_SPEED:g}")
         for kind in self.kinds:
             if kind not in SPLIT_KINDS:
-                raise PdmuxError(f"partition kinds are {' and '.join(SPLIT_KINDS)}, got {kind!r}")
+                raise PdmuxError(f"partition kinds are {', '.join(SPLIT_KINDS)}, got {kind!r}")
         if not self.kinds:
             raise PdmuxError(f"--kinds needs at least one partition kind: {', '.join(SPLIT_KINDS)}")
         for name in ("chunks", "kinds"):

@@ -18,6 +18,7 @@ import torch
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels import (decode_attention, extend_attention, linear, rmsnorm, rope_,
                                   rope_cache, silu_mul, store_kv)
+from pdmux_triton.gpu.streams import kernel_args
 from pdmux_triton.kernels.prefill_attention import plan_extend
 from pdmux_triton.multiplex.partition import Budget
 from pdmux_triton.spec.models import ModelSpec
@@ -186,7 +187,7 @@ class Model:
 
         Returns (hidden, residual) for the next layer: the MLP output and the running sum.
         """
-        s, lw, kw = self.spec, self.w.layers[i], budget.kw
+        s, lw, kw = self.spec, self.w.layers[i], kernel_args(budget)
         if residual is None:
             residual = hidden.clone()
             x = rmsnorm(hidden, lw["in_norm"], s.rms_eps, **kw)
@@ -209,8 +210,9 @@ class Model:
         return mlp, residual
 
     def logits(self, hidden: torch.Tensor, residual: torch.Tensor, budget: Budget) -> torch.Tensor:
-        x = rmsnorm(hidden, self.w.final_norm, self.spec.rms_eps, residual=residual, **budget.kw)
-        return (budget.comm or ONE_GPU).gather_vocab(linear(x, self.w.lm_head, **budget.kw))
+        kw = kernel_args(budget)
+        x = rmsnorm(hidden, self.w.final_norm, self.spec.rms_eps, residual=residual, **kw)
+        return (budget.comm or ONE_GPU).gather_vocab(linear(x, self.w.lm_head, **kw))
 
     def decode_step(self, batch: DecodeBatch, budget: Budget = Budget()) -> torch.Tensor:
         """Logits [B, vocab] of one new token per request (its K/V enter the cache)."""
@@ -218,7 +220,7 @@ class Model:
 
         def attend(q, k, v, kc, vc):
             return decode_attention(q, kc, vc, batch.page_table, batch.seq_lens, ps,
-                                    batch.max_seq_len, **budget.kw)
+                                    batch.max_seq_len, **kernel_args(budget))
         hidden, residual = self.embed(batch.tokens), None
         for i in range(len(self.w.layers)):
             hidden, residual = self.layer(i, hidden, residual, batch.positions, batch.slots,
@@ -238,7 +240,7 @@ class Model:
 
         def attend(q, k, v, kc, vc):
             return extend_attention(q, k, v, kc, vc, batch.page_table, batch.extend_lens,
-                                    batch.prefix_lens, ps, plan=batch.plan, **budget.kw)
+                                    batch.prefix_lens, ps, plan=batch.plan, **kernel_args(budget))
         for i in range(start, end):
             hidden, residual = self.layer(i, hidden, residual, batch.positions, batch.slots,
                                           attend, budget)

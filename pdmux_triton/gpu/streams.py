@@ -1,17 +1,35 @@
 """Open partitions: the CUDA streams a `PartitionSpec` plans, and the budgets their kernels get.
 
-`grid_cap` gets two ordinary streams, `whole` one, `green` a stream on each of two green
-contexts (`green_contexts`), whose realized SM counts become the budgets. A `PartitionPool` keeps
-partitions open across runs, as SGLang creates its stream groups once at start-up.
+`grid_cap` and `pinned` get two ordinary streams, `whole` one, `green` a stream on each of two
+green contexts (`green_contexts`), whose realized SM counts become the budgets. A
+`PartitionPool` keeps partitions open across runs, as SGLang creates its stream groups once at
+start-up. `kernel_args` turns a side's budget into the arguments every kernel takes.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.gpu.green_contexts import split_green
+from pdmux_triton.kernels._pinned import Pinned
 from pdmux_triton.multiplex.partition import Budget, PartitionSpec
+
+
+@functools.lru_cache(maxsize=None)
+def _pinned(first_sm: int, sms: int) -> Pinned:
+    return Pinned(first_sm, sms)
+
+
+def kernel_args(budget: Budget) -> dict:
+    """The launch arguments of every kernel for a budget: the grid cap, or a pinned side's SMs
+    (`num_sms` is then the partition's, not the kernel's)."""
+    if budget.first_sm is None:
+        return budget.kw
+    return {"num_sms": None, "ctas_per_sm": budget.ctas_per_sm,
+            "pinned": _pinned(budget.first_sm, budget.num_sms)}
 
 
 class PartitionStreams:
@@ -29,10 +47,14 @@ class PartitionStreams:
 
     @property
     def prefill_budget(self) -> Budget:
+        if self.spec.kind == "pinned":
+            return Budget(self.prefill_sms, first_sm=self.spec.first_sms[0])
         return Budget(self.prefill_sms)
 
     @property
     def decode_budget(self) -> Budget:
+        if self.spec.kind == "pinned":
+            return Budget(self.decode_sms, first_sm=self.spec.first_sms[1])
         return Budget(self.decode_sms)
 
     @classmethod
@@ -46,7 +68,7 @@ class PartitionStreams:
         if spec.kind == "whole":
             stream = torch.cuda.Stream()
             return cls(spec, stream, stream)
-        if spec.kind == "grid_cap":
+        if spec.kind in ("grid_cap", "pinned"):
             return cls(spec, torch.cuda.Stream(), torch.cuda.Stream())
         spec.check_green(torch.cuda.get_device_capability(0)[0])
         if spec.split_first == "prefill":

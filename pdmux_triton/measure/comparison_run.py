@@ -3,8 +3,9 @@ measured on the GPU.
 
 At each level both sides run a real workload of a model preset: decode a whole decode step,
 prefill a few layers of a long prompt (GEMMs and causal attention). Each side is timed alone
-and beside the other, under both partition kinds; `comparison_errors.level_errors` turns the rates into
-the emulation error. The JSON is rewritten after each level, so a crash loses little.
+and beside the other, under each partition kind asked for; `comparison_errors.level_errors`
+turns the rates into each emulation's error against green contexts. The JSON is rewritten
+after each level, so a crash loses little.
 """
 
 from __future__ import annotations
@@ -13,22 +14,22 @@ from pathlib import Path
 
 import torch
 
-from pdmux_triton.gpu.streams import PartitionStreams
+from pdmux_triton.gpu.streams import PartitionStreams, kernel_args
 from pdmux_triton.kernels import decode_attention, linear
 from pdmux_triton.measure.comparison_errors import level_errors
 from pdmux_triton.measure.telemetry import probe
 from pdmux_triton.measure.timing import time_alone, time_corun
 from pdmux_triton.measure.workloads import DecodeStep, PrefillLayers
 from pdmux_triton.multiplex import sglang_rules
-from pdmux_triton.multiplex.partition import SPLIT_KINDS, for_level
+from pdmux_triton.multiplex.partition import DEFAULT_KINDS, for_level
 from pdmux_triton.results import provenance, write_json
 from pdmux_triton.spec.gpus import detect_gpu
 from pdmux_triton.spec.models import resolve_model
 
 
 def run_compare(model: str, batch: int, context: int, prefill_tokens: int, out_json: Path,
-                log=print) -> dict:
-    """Measure every middle level, saving the results after each."""
+                log=print, kinds: tuple[str, ...] = DEFAULT_KINDS) -> dict:
+    """Measure every middle level under each of `kinds`, saving the results after each."""
     gpu = detect_gpu()
     spec = resolve_model(model)
     groups = sglang_rules.stream_groups(gpu.sms, gpu.cc_major)
@@ -43,7 +44,7 @@ def run_compare(model: str, batch: int, context: int, prefill_tokens: int, out_j
     for index in range(1, len(groups) - 1):
         entry = {"level": index, "prefill_sms": groups[index][0], "decode_sms": groups[index][1],
                  "decode": {}, "prefill": {}, "telemetry": {}}
-        for kind in SPLIT_KINDS:
+        for kind in kinds:
             with PartitionStreams.open(for_level(groups[index], kind, gpu.sms)) as part:
                 dbud, pbud = part.decode_budget, part.prefill_budget
 
@@ -68,10 +69,10 @@ def run_compare(model: str, batch: int, context: int, prefill_tokens: int, out_j
                 entry["telemetry"][kind] = probe(
                     part,
                     lambda ids: linear(probe_x, prefill.model.w.layers[0]["gate_up"],
-                                       num_sms=part.prefill_sms, sm_ids=ids),
+                                       sm_ids=ids, **kernel_args(pbud)),
                     lambda ids: decode_attention(
                         probe_q, dm.cache.k[0], dm.cache.v[0], db.page_table, db.seq_lens,
-                        dm.cache.page_size, db.max_seq_len, num_sms=part.decode_sms, sm_ids=ids),
+                        dm.cache.page_size, db.max_seq_len, sm_ids=ids, **kernel_args(dbud)),
                     grid_cap=gpu.sms)
             log(f"level {index} {kind} {entry['prefill_sms']}/{entry['decode_sms']}: decode "
                 f"{entry['decode'][kind]['alone_ms']:.2f} -> {entry['decode'][kind]['corun_ms']:.2f} ms, "

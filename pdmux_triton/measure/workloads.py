@@ -13,6 +13,7 @@ import torch
 from pdmux_triton.cost import step_cost
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.gpu.decoder import DecodeBatch, ExtendBatch, KVCache, Model, Weights
+from pdmux_triton.gpu.streams import kernel_args
 from pdmux_triton.kernels import decode_attention, linear, stream_read
 from pdmux_triton.measure.calibration_sweep import DECODE_WORKLOADS
 from pdmux_triton.measure.random_kv import PagedKV, page_table
@@ -41,7 +42,7 @@ class StreamRead(Workload):
         self.amount = float(nbytes)
 
     def run(self, budget: Budget) -> None:
-        stream_read(self.buf, **budget.kw)
+        stream_read(self.buf, **kernel_args(budget))
 
 
 class DecodeAttention(Workload):
@@ -59,7 +60,7 @@ class DecodeAttention(Workload):
     def run(self, budget: Budget) -> None:
         kv = self.kv
         decode_attention(self.q, kv.k_cache, kv.v_cache, kv.page_table, kv.seq_lens,
-                         self.page_size, self.context, **budget.kw)
+                         self.page_size, self.context, **kernel_args(budget))
 
 
 class DecodeLinear(Workload):
@@ -82,7 +83,7 @@ class DecodeLinear(Workload):
         layer = self.weights[self._next]
         self._next = (self._next + 1) % len(self.weights)
         for w in layer:
-            linear(self.x[w.shape[1]], w, **budget.kw)
+            linear(self.x[w.shape[1]], w, **kernel_args(budget))
 
 
 class DecodeStep(Workload):

@@ -2,12 +2,15 @@
 SM budget (`Budget`) every kernel is launched with. Pure data, checked without a GPU; the
 `streams` module opens a plan on the device.
 
-Three kinds:
+Four kinds:
 - `grid_cap`: two ordinary streams; every kernel is launched with at most its side's budget of
   programs (the emulation this project studies; the hardware still picks the SMs).
 - `green`: two CUDA green contexts; one side's share is split off first (on the architecture's
   granularity) and the other gets the rest. SGLang's levels split prefill off first; the S_SAT
   sweeps split decode off first, so its budget can be any multiple of the granularity.
+- `pinned`: two ordinary streams; every kernel's programs run on its side's SM ids only, at
+  most its CTAs per SM on each (an SM-id gate in every kernel, kernels/_pinned.py): prefill on
+  ids 0.., decode on the last ids. Exact placement without green contexts, at any SM count.
 - `whole`: one stream, the whole GPU for both sides (prefill-first and chunked baselines, and
   SGLang's prefill-only and decode-only levels).
 """
@@ -19,22 +22,33 @@ from dataclasses import dataclass
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.multiplex import sglang_rules
 
-SPLIT_KINDS = ("grid_cap", "green")  # the two ways of splitting SMs that the tool compares
+SPLIT_KINDS = ("grid_cap", "green", "pinned")  # the ways of splitting SMs the tool compares
+DEFAULT_KINDS = ("grid_cap", "green")  # what a run or sweep takes unless told (--kinds)
 KINDS = (*SPLIT_KINDS, "whole")
 
 
 @dataclass(frozen=True)
 class Budget:
     """What one side's work may use: at most num_sms * ctas_per_sm programs a kernel (None:
-    the whole GPU) and, on a tensor-parallel rank, the side's own collectives (its
-    communicator: the two sides of a split never share one, or their all-reduces deadlock)."""
+    the whole GPU) or, pinned, SM ids first_sm .. first_sm + num_sms - 1 with at most
+    ctas_per_sm programs on each, and, on a tensor-parallel rank, the side's own collectives
+    (its communicator: the two sides of a split never share one, or their all-reduces
+    deadlock)."""
 
     num_sms: int | None = None
     ctas_per_sm: int = 1
     comm: object = None  # tensor_parallel.DistCollectives; None on one GPU
+    first_sm: int | None = None  # pinned: the side's first SM id (gpu.streams.kernel_args)
+
+    def __post_init__(self):
+        if self.first_sm is not None and self.num_sms is None:
+            raise PdmuxError("a pinned budget names its SMs: num_sms with first_sm")
 
     @property
     def kw(self) -> dict:
+        """A capped launch's arguments (a pinned budget's come from gpu.streams.kernel_args)."""
+        if self.first_sm is not None:
+            raise PdmuxError("a pinned budget launches through gpu.streams.kernel_args")
         return {"num_sms": self.num_sms, "ctas_per_sm": self.ctas_per_sm}
 
 
@@ -80,6 +94,12 @@ class PartitionSpec:
         return self.kind == "whole"
 
     @property
+    def first_sms(self) -> tuple[int, int]:
+        """A pinned split's first SM id per side (prefill, decode): prefill from id 0, decode
+        on the last ids."""
+        return 0, self.total_sms - self.decode_sms
+
+    @property
     def label(self) -> str:
         return f"{self.kind} {self.prefill_sms}/{self.decode_sms}"
 
@@ -90,10 +110,10 @@ def whole(total_sms: int) -> PartitionSpec:
 
 def for_level(level: sglang_rules.Level, kind: str, total_sms: int | None = None,
               split_first: str = "prefill") -> PartitionSpec:
-    """The partition a (prefill SMs, decode SMs) level runs on: its split for `grid_cap` and
-    `green`. A level that gives one side no SMs (SGLang's prefill-only and decode-only levels,
-    or a decode budget of the whole GPU) runs on the whole GPU, as SGLang runs it on ordinary
-    streams: this is the one place that rule lives."""
+    """The partition a (prefill SMs, decode SMs) level runs on: its split for `grid_cap`,
+    `green` and `pinned`. A level that gives one side no SMs (SGLang's prefill-only and
+    decode-only levels, or a decode budget of the whole GPU) runs on the whole GPU, as SGLang
+    runs it on ordinary streams: this is the one place that rule lives."""
     prefill, decode = level
     total = prefill + decode if total_sms is None else total_sms
     if prefill == 0 or decode == 0:
