@@ -20,6 +20,7 @@
 #   FIDELITY_ARGS="--traces conv" bash bench/gpu_session.sh fidelity   # the simulator against
 #       the GPU on Azure trace windows (resumes its points when cut short)
 #   bash bench/gpu_session.sh gemm_rows   # decode GEMM tiles for 65-128 rows on 20-132 SMs
+#   bash bench/gpu_session.sh pinned floor   # pinned partitions: gpu tests, decode-floor figures
 #   bash bench/gpu_session.sh tests kernels run occupancy   # ~5 min
 #   bash bench/gpu_session.sh calibrate run advised         # ~3.5 min: after a decode-kernel change,
 #       re-measures the decode workloads (CTAs 1) into a copy of the committed calibration, then
@@ -79,6 +80,13 @@ step batches ${BATCHES_S:-200} bash -c 'mkdir -p "$OUT/batches" && cp bench/resu
     --out "$OUT/batches" --workloads decode_step --kinds grid_cap --ctas 1 \
     --budgets ${BATCH_BUDGETS:-20,28,36,44,52,60,132} --decode-batches ${BATCHES:-1,8,16,64,72,96,128};
     rm -f "$OUT"/batches/*.png "$OUT/batches/calibrate-settings-h200.json"'
+# pinned partitions (issue 26): their gpu tests, then the decode step against its floor and
+# pinned SMs against green contexts at every level and 1-3 CTAs per SM (bench/decode_floor.py;
+# the kernel benchmark's and the chapter run's figures from this call's files when it made them)
+step pinned ${PINNED_S:-240} python3 -m pytest -q -rP -m gpu tests -k pinned
+step floor ${FLOOR_S:-300} bash -c 'python3 bench/decode_floor.py --out "$OUT" \
+    --kernels "$( [ -f "$OUT/kernels-h200.json" ] && echo "$OUT" || echo bench/results )/kernels-h200.json" \
+    $( [ -f "$OUT/run-h200.json" ] && echo --run "$OUT/run-h200.json" )'
 # the simulator against the GPU on windows of the Azure traces (bench/trace_fidelity.py); its
 # points go to bench/results/trace-fidelity (carried back in $OUT), so a call cut short by its
 # limit resumes there on the next call once they are copied back into the tree

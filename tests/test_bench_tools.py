@@ -492,3 +492,38 @@ def test_fit_host_costs_reads_a_capacity_folders_diagnostics_as_trace_points(tmp
     empty.write_text("")
     out = _fit(str(empty), tmp_path / "host-trace.json")
     assert out.returncode == 2 and "no measured point whose run timed its host" in out.stderr
+
+
+def test_decode_floor_summary_reads_its_rows_and_the_sessions_files(tmp_path):
+    """bench/decode_floor.py's pure part: the worst pinned-vs-green error and shared SMs over
+    its level rows, the kernel benchmark's and a run's figures from their files (the best pd-mux
+    kind by ITL during the prefill); without a GPU it says so in one line, exit 2."""
+    sys.path.insert(0, "bench")
+    from decode_floor import from_files, summarize
+
+    class Saved:  # what the two read and write of common.Results (which needs a GPU to make)
+        data = {"summary": {}}
+        saves = 0
+
+        def save(self):
+            self.saves += 1
+
+    res = Saved()
+    res.data["rows"] = [
+        {"section": "level", "kind": "green", "alone_ms": 10.0},
+        {"section": "level", "kind": "pinned", "vs_green_alone_pct": -1.5,
+         "vs_green_corun_pct": 2.5, "shared_sms": 0},
+        {"section": "level", "kind": "pinned", "vs_green_alone_pct": -4.0,
+         "vs_green_corun_pct": 1.0, "shared_sms": 0}]
+    summarize(res)
+    from_files(res, "bench/results/kernels-h200.json", "bench/results/run-h200.json")
+    s = res.data["summary"]
+    assert res.saves == 2
+    assert s["pinned_vs_green_max_error_pct"] == 4.0 and s["pinned_shared_sms"] == 0
+    assert 0.3 < s["decode_linear_min_bw_frac"] < 1 and 0.5 < s["decode_attention_min_bw_frac"] < 1
+    assert s["pdmux_best_kind"] in ("pdmux_grid_cap", "pdmux_green")
+    assert s["pdmux_itl_in_prefill_ms"] > 5 and s["pdmux_prefill_ms"] > 100
+    if not __import__("torch").cuda.is_available():
+        out = subprocess.run([sys.executable, "bench/decode_floor.py", "--out", str(tmp_path)],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1

@@ -1,0 +1,177 @@
+"""The decode step against its bandwidth floor, and pinned partitions against green contexts,
+on one GPU (issue 26's figures; bench/results/decode-floor-<gpu>.json).
+
+Measured in one process: the streaming read over 2 GiB buffers on the whole GPU (the floor's
+rate); the whole decode step of the Qwen3-8B preset, 32 requests x 2048 tokens, captured, on
+the whole GPU, and its kernel launches (counted by the profiler in one eager step); the decode
+step on each of SGLang's levels' decode SMs (20-60 on an H200) on green contexts and on pinned
+SMs at 1-3 CTAs per SM, alone and beside a prefill on the rest, with the SMs each side's
+kernels ran on; decode attention on 16 pinned SMs at 1-3 CTAs per SM. The kernel benchmark's
+and a run's figures (decode linears and attention against the streaming read, pd-mux's ITL
+and prefill at 80/52) come from their files when given.
+
+    python bench/decode_floor.py --out bench/results [--kernels FILE] [--run FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from common import MODEL, Results, require_gpu, same_bytes_buffers, stream_same_bytes, t_graph
+
+from pdmux_triton.cost import step_cost
+from pdmux_triton.gpu.streams import PartitionStreams, kernel_args
+from pdmux_triton.kernels import decode_attention, linear
+from pdmux_triton.measure.telemetry import probe
+from pdmux_triton.measure.timing import time_alone, time_corun
+from pdmux_triton.measure.workloads import DecodeAttention, DecodeStep, PrefillLayers
+from pdmux_triton.multiplex import sglang_rules
+from pdmux_triton.multiplex.partition import Budget, for_level
+from pdmux_triton.results import read_json
+from pdmux_triton.spec.gpus import detect_gpu
+
+BATCH, CONTEXT = 32, 2048
+CTAS = (1, 2, 3)
+STREAM_BYTES = 1 << 31
+
+
+def launches_per_step(step: DecodeStep) -> int:
+    """Kernels one eager decode step launches on the whole GPU (the profiler's CUDA kernels;
+    copies and memsets are not kernels)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step.run(Budget())
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step.run(Budget())
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+               and not e.name.lower().startswith(("memcpy", "memset")))
+
+
+def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
+    bufs = same_bytes_buffers(STREAM_BYTES, 60 << 20)
+    tbps = stream_same_bytes(bufs, STREAM_BYTES, sms)
+    ms = t_graph(lambda: step.run(Budget()))
+    floor_ms = step_cost.decode_step_bytes(MODEL, BATCH * CONTEXT) / (tbps * 1e12) * 1e3
+    res.row(section="whole gpu", stream_read_tbps=tbps, decode_only_step_ms=ms,
+            decode_step_floor_ms=floor_ms, launches=launches_per_step(step))
+    res.data["summary"].update(stream_read_tbps=tbps, decode_only_step_ms=ms,
+                               decode_step_floor_ms=floor_ms, decode_step_vs_floor=floor_ms / ms,
+                               launches_per_decode_step=res.data["rows"][-1]["launches"])
+    res.save()
+
+
+def levels(res: Results, step: DecodeStep, prefill: PrefillLayers, gpu) -> None:
+    """Each middle level up to 60 decode SMs: green (one CTA per SM: a grid of the budget) and
+    pinned at each c, the decode step alone and beside the prefill."""
+    groups = [g for g in sglang_rules.stream_groups(gpu.sms, gpu.cc_major)[1:-1] if g[1] <= 60]
+    probe_x = torch.randn(4096, MODEL.hidden, dtype=torch.bfloat16, device="cuda")
+    probe_q = torch.randn(BATCH, MODEL.q_heads, MODEL.head_dim, dtype=torch.bfloat16,
+                          device="cuda")
+    gate_up = prefill.model.w.layers[0]["gate_up"]
+    dm, db = step.model, step.batch
+    for level in groups:
+        green = {}
+        for kind in ("green", "pinned"):
+            with PartitionStreams.open(for_level(level, kind, gpu.sms)) as part:
+                pbud = part.prefill_budget
+                p_alone = time_alone(lambda: prefill.run(pbud), part.prefill_stream, graph=False,
+                                     repeats=1)
+                for c in CTAS:
+                    dbud = Budget(part.decode_sms, c, first_sm=part.decode_budget.first_sm)
+                    alone = time_alone(lambda: step.run(dbud), part.decode_stream, graph=True)
+                    co = time_corun(lambda: step.run(dbud), part.decode_stream, True, alone,
+                                    lambda: prefill.run(pbud), part.prefill_stream, False,
+                                    p_alone)
+                    used = probe(part, lambda ids: linear(probe_x, gate_up, sm_ids=ids,
+                                                          **kernel_args(pbud)),
+                                 lambda ids: decode_attention(
+                                     probe_q, dm.cache.k[0], dm.cache.v[0], db.page_table,
+                                     db.seq_lens, dm.cache.page_size, db.max_seq_len,
+                                     sm_ids=ids, **kernel_args(dbud)),
+                                 grid_cap=gpu.sms * max(CTAS))
+                    row = res.row(section="level", kind=kind, prefill_sms=level[0],
+                                  decode_sms=part.decode_sms, ctas_per_sm=c, alone_ms=alone,
+                                  corun_ms=co.ms, covered=co.covered, **used)
+                    if kind == "green":
+                        green[c] = row
+                    else:
+                        row["vs_green_alone_pct"] = (green[c]["alone_ms"] / alone - 1) * 100
+                        row["vs_green_corun_pct"] = (green[c]["corun_ms"] / co.ms - 1) * 100
+                    res.save()
+
+
+def attention_16(res: Results, gpu) -> None:
+    """Decode attention (32 x 8192) on 16 pinned SMs, the last ones, at each c."""
+    work = DecodeAttention(MODEL, batch=32, context=8192)
+    stream = torch.cuda.Stream()
+    rates = {}
+    for c in CTAS:
+        budget = Budget(16, c, first_sm=gpu.sms - 16)
+        ms = time_alone(lambda: work.run(budget), stream, graph=True)
+        rates[c] = work.rate(ms)
+        res.row(section="decode attention 16 SMs", kind="pinned", ctas_per_sm=c, ms=ms,
+                tbps=rates[c])
+    res.data["summary"]["decode_attention_16sm_best_c_gain"] = max(rates.values()) / rates[1]
+    res.save()
+
+
+def from_files(res: Results, kernels: str | None, run: str | None) -> None:
+    """The kernel benchmark's and a run's figures, where their files are given."""
+    s = res.data["summary"]
+    if kernels:
+        k = read_json(kernels, "kernel benchmark")["summary"]
+        s["decode_linear_min_bw_frac"] = k["decode_linear_bw_frac"]
+        s["decode_attention_min_bw_frac"] = k["decode_attention_bw_frac"]
+        s["kernels_file"] = kernels
+    if run:
+        rows = {r["strategy"]: r for r in read_json(run, "run result")["rows"]}
+        pdmux = {n: r for n, r in rows.items() if n.startswith("pdmux_")}
+        if pdmux:
+            best = min(pdmux, key=lambda n: pdmux[n]["itl_during_prefill_p50_ms"])
+            s["pdmux_best_kind"] = best
+            s["pdmux_itl_in_prefill_ms"] = pdmux[best]["itl_during_prefill_p50_ms"]
+            s["pdmux_prefill_ms"] = pdmux[best]["prefill_ms"]
+            s["run_file"] = run
+    res.save()
+
+
+def summarize(res: Results) -> None:
+    rows = [r for r in res.data["rows"] if r["section"] == "level" and r["kind"] == "pinned"]
+    s = res.data["summary"]
+    if rows:
+        s["pinned_vs_green_max_error_pct"] = max(
+            max(abs(r["vs_green_alone_pct"]), abs(r["vs_green_corun_pct"])) for r in rows)
+        s["pinned_shared_sms"] = max(r["shared_sms"] for r in rows)
+    res.save()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=Path("bench/results"))
+    p.add_argument("--kernels", help="bench/bench_kernels.py's kernels-<gpu>.json")
+    p.add_argument("--run", help="`pdmux-triton run --kinds ...`'s run-<gpu>.json")
+    args = p.parse_args(argv)
+    require_gpu("bench/decode_floor.py")
+    gpu = detect_gpu()
+    res = Results(args.out / f"decode-floor-{gpu.name}.json", gpu.name)
+    res.data["inputs"] = {"model": MODEL.name, "batch": BATCH, "context": CONTEXT,
+                          "ctas": list(CTAS), "stream_bytes": STREAM_BYTES}
+    step = DecodeStep(MODEL, BATCH, CONTEXT)
+    whole_gpu(res, step, gpu.sms)
+    attention_16(res, gpu)
+    levels(res, step, PrefillLayers(MODEL, 8192, layers=2), gpu)
+    summarize(res)
+    from_files(res, args.kernels, args.run)
+    print(f"wrote {res.path}")
+    for key, value in res.data["summary"].items():
+        print(f"{key:36s} {value:.4g}" if isinstance(value, float) else f"{key:36s} {value}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
