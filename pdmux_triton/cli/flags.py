@@ -23,6 +23,8 @@ from pdmux_triton.experiments.variants import DEFAULT_STRATEGIES, variant
 from pdmux_triton.measure.calibration_sweep import DECODE_WORKLOADS
 from pdmux_triton.multiplex import sglang_rules
 from pdmux_triton.multiplex.partition import DEFAULT_KINDS, SPLIT_KINDS
+
+KINDS_HELP = f"{', '.join(SPLIT_KINDS)} (pinned: SM-id gated kernels, not yet measured on a GPU)"
 from pdmux_triton.results import read_json
 from pdmux_triton.serve import scheduler
 from pdmux_triton.spec.gpus import GPUS, MAX_SMS
@@ -240,7 +242,7 @@ def build_parser() -> Parser:
     p.flag("--workloads", type=listed(choice(DECODE_WORKLOADS), "workload"),
            default=DECODE_WORKLOADS, help=f"what to sweep: {', '.join(DECODE_WORKLOADS)}")
     p.flag("--kinds", type=listed(choice(SPLIT_KINDS), "kind"), default=DEFAULT_KINDS,
-           help=f"partition kinds: {', '.join(SPLIT_KINDS)}")
+           help=f"partition kinds: {KINDS_HELP}")
     p.flag("--ctas", type=listed(integer(1, MAX_CTAS), "CTAs per SM"), default=(1, 2, 4),
            help="CTAs per SM to sweep")
     p.flag("--budgets", type=listed(integer(1, MAX_SMS), "budget"), help="SM budgets",
@@ -279,7 +281,7 @@ def build_parser() -> Parser:
     p.flag("--chunks", type=listed(integer(1), "chunk size"), default=(2048, 512),
            help="chunked prefill sizes")
     p.flag("--kinds", type=listed(choice(SPLIT_KINDS), "kind"), default=DEFAULT_KINDS,
-           help=f"partition kinds for pd-mux: {', '.join(SPLIT_KINDS)}")
+           help=f"partition kinds for pd-mux: {KINDS_HELP}")
     for target in ("TTFT", "TPOT"):
         p.flag(f"--slo-{target.lower()}-ms", type=number(), shown="none: no attainment or goodput",
                help=f"{target} target of SLO attainment and goodput (give both targets)")
@@ -325,7 +327,7 @@ def build_parser() -> Parser:
     _measure_flags(p)
     p.flag("--kinds", type=listed(choice(SPLIT_KINDS), "kind"), default=DEFAULT_KINDS,
            help=f"partition kinds to measure at each level (errors against green need green): "
-                f"{', '.join(SPLIT_KINDS)}")
+                f"{KINDS_HELP}")
     return parser
 
 
