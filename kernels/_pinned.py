@@ -17,7 +17,7 @@ starves under memory pressure (design.md, the SM-id gating facts).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import triton
@@ -28,7 +28,8 @@ from pdmux_triton.kernels._launch import default_num_sms, interpreting, shared_c
 
 # the gate buffer: slots claimed, programs left, then a count per SM
 QUEUE, LEFT, SM_COUNTS = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
-MAX_SM_ID = 1022  # SM ids a gate buffer of 1024 counters holds
+GATE_WORDS = 1024  # the gate buffer's int32 counters
+MAX_SM_ID = GATE_WORDS - 3  # the highest SM id it counts (after QUEUE and LEFT)
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ class Pinned:
 
     first_sm: int
     sms: int
-    placement: torch.Tensor | None = None
+    placement: torch.Tensor | None = field(default=None, compare=False)  # by identity in a hash
 
     def __post_init__(self):
         for name, value, low in (("first_sm", self.first_sm, 0), ("sms", self.sms, 1)):
@@ -106,7 +107,7 @@ def pinned_launch(pinned: Pinned | None, slots: int, ctas_per_sm: int,
         if low < 0 or high > MAX_SM_ID:
             raise PdmuxError(f"a placement's SM ids must be in 0..{MAX_SM_ID}, got {low}..{high}")
         grid = placement.numel()
-    gate = shared_counters("pinned gate", MAX_SM_ID + 2, device)
+    gate = shared_counters("pinned gate", GATE_WORDS, device)
     return PinnedLaunch(grid, slots,
                         (gate, placement if placement is not None else _placeholder(device),
                          pinned.first_sm, pinned.sms, ctas_per_sm, slots, grid),

@@ -33,7 +33,7 @@ def _stream_slot(src_ptr, out_ptr, slot, slots, n, BLOCK: tl.constexpr, UNROLL: 
     tl.store(out_ptr + slot, tl.sum(acc, axis=0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["first_sm", "n_sms", "slots", "programs"])
 def _stream_read_kernel(src_ptr, out_ptr, sm_ids_ptr, gate_ptr, place_ptr, first_sm, n_sms, ctas,
                         slots, programs, n, BLOCK: tl.constexpr, UNROLL: tl.constexpr,
                         RECORD_SM: tl.constexpr, PINNED: tl.constexpr, PLACED: tl.constexpr,

@@ -13,8 +13,8 @@ from reference import placements
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels import stream_read
 from pdmux_triton.kernels._launch import shared_counters
-from pdmux_triton.kernels._pinned import (MAX_SM_ID, Pinned, admitted, first_slot, next_slot,
-                                          pinned_launch)
+from pdmux_triton.kernels._pinned import (GATE_WORDS, MAX_SM_ID, Pinned, admitted, first_slot,
+                                          next_slot, pinned_launch)
 
 DEV = torch.device("cuda" if HAS_CUDA else "cpu")
 
@@ -49,7 +49,7 @@ def _served(pinned: Pinned, slots: int, ctas: int):
     (5, 1, 2, 1, 1)])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_every_slot_done_once_whoever_survives(total, first, k, ctas, slots, seed):
-    gate = shared_counters("pinned gate", MAX_SM_ID + 2, DEV)
+    gate = shared_counters("pinned gate", GATE_WORDS, DEV)
     for name, placement in placements(total, ctas, first, k, seed):
         placement = placement.to(torch.int32).to(DEV)
         hits, worker, admitted = _served(Pinned(first, k, placement), slots, ctas)
@@ -66,6 +66,15 @@ def test_every_slot_done_once_whoever_survives(total, first, k, ctas, slots, see
             assert all(admitted[p] for p in workers), name
         else:  # nobody was admitted: the launch's last program did every slot itself
             assert workers == {placement.numel() - 1}, name
+
+
+def test_the_highest_sm_id_is_counted_inside_the_gate_buffer():
+    gate = shared_counters("pinned gate", GATE_WORDS, DEV)
+    assert gate.numel() == GATE_WORDS
+    placement = torch.full((3,), MAX_SM_ID, dtype=torch.int32, device=DEV)
+    hits, _, admitted = _served(Pinned(MAX_SM_ID, 1, placement), 2, 1)
+    assert (hits == 1).all() and admitted.tolist() == [True, False, False]
+    assert (gate == 0).all()
 
 
 @pytest.mark.parametrize("n", [1, 255, 10000])
@@ -109,7 +118,9 @@ def test_pinned_stream_read_stays_on_its_sms(ctas):
         sums = stream_read(buf, ctas_per_sm=ctas, pinned=Pinned(first, k), sm_ids=sm_ids)
         assert sums.sum().item() == buf.sum().item()
         assert ((sm_ids >= first) & (sm_ids < first + k)).all(), sm_ids.tolist()
-        assert (shared_counters("pinned gate", MAX_SM_ID + 2, torch.device("cuda")) == 0).all()
+        assert (shared_counters("pinned gate", GATE_WORDS, torch.device("cuda")) == 0).all()
+        if ctas == 1:  # SM ids are 0..total-1 and the hardware gave each SM of the range one
+            assert len(set(sm_ids.tolist())) == k, sorted(set(sm_ids.tolist()))
 
 
 def _decode_inputs():

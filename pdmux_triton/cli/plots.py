@@ -68,7 +68,9 @@ def calibration(points: list[dict], gpu: str, model: str, path: Path) -> None:
 
 def compare(levels: list[dict], gpu: str, model: str, path: Path) -> None:
     """Per level: each emulation's error against green contexts, each side, co-running and
-    alone."""
+    alone (compare measures green and at least one emulation)."""
+    if not levels:
+        raise PdmuxError("no level was measured: nothing to plot")
     plt = _pyplot()
     labels = [f"{e['prefill_sms']}/{e['decode_sms']}" for e in levels]
     x = range(len(levels))

@@ -60,8 +60,9 @@ def variant(name: str) -> Variant:
             v = pdmux_variant(kind, levels)
             if name == v.name:
                 return v
-    raise PdmuxError(f"unknown strategy {name!r}: prefill_first, chunked_<tokens>, "
-                     f"pdmux_grid_cap, pdmux_green, pdmux_slo_grid_cap, pdmux_slo_green or "
+    pdmux = ", ".join(pdmux_variant(kind, levels).name for levels in ("sglang", "slo")
+                      for kind in SPLIT_KINDS)
+    raise PdmuxError(f"unknown strategy {name!r}: prefill_first, chunked_<tokens>, {pdmux} or "
                      f"disagg_<P>p<D>d")
 
 
