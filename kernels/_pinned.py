@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import default_num_sms, interpreting, shared_counters
+from pdmux_triton.kernels._launch import default_num_sms, interpreting, record_sm, shared_counters
 
 # the gate buffer: slots claimed, programs left, then a count per SM
 QUEUE, LEFT, SM_COUNTS = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
@@ -171,6 +171,25 @@ def record_slot(sm_ids_ptr, slot, sm, RECORD_SM: tl.constexpr):
     """Telemetry of a pinned launch: the SM that did each slot."""
     if RECORD_SM:
         tl.store(sm_ids_ptr + slot, sm)
+
+
+@triton.jit
+def run_slots(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, first_sm, n_sms, ctas,
+              slots, programs, RECORD_SM: tl.constexpr, PINNED: tl.constexpr,
+              PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr):
+    """A kernel's work: `BODY(pid, programs, *args)` is what program pid of a capped launch of
+    `programs` does. Plain, each program does its own; pinned, the programs the gate admits do
+    the capped launch's programs as slots."""
+    if PINNED:
+        slot, sm = pinned_start(gate_ptr, place_ptr, first_sm, n_sms, ctas, slots, programs,
+                                PLACED, BLOCK_SMS)
+        while slot < slots:
+            record_slot(sm_ids_ptr, slot, sm, RECORD_SM)
+            BODY(slot, slots, *args)
+            slot = next_slot(gate_ptr, first_sm, n_sms, slots, programs, BLOCK_SMS)
+    else:
+        record_sm(sm_ids_ptr, RECORD_SM)
+        BODY(tl.program_id(0), tl.num_programs(0), *args)
 
 
 @triton.jit

@@ -7,31 +7,22 @@ import triton
 import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import (FLOAT_DTYPES, check_tensor, grid_size, record_sm,
-                                          row_piece, telemetry_args)
-from pdmux_triton.kernels._pinned import (Pinned, next_slot, pinned_budget, pinned_launch,
-                                          pinned_start, record_slot)
+from pdmux_triton.kernels._launch import (FLOAT_DTYPES, check_tensor, grid_size, row_piece,
+                                          telemetry_args)
+from pdmux_triton.kernels._pinned import Pinned, pinned_budget, pinned_launch, run_slots
 
 
 @triton.jit(do_not_specialize=["T", "first_sm", "n_sms", "slots", "programs"])
 def _silu_mul_kernel(x_ptr, y_ptr, sm_ids_ptr, gate_ptr, place_ptr, first_sm, n_sms, ctas, slots,
                      programs, T, I, sx_t, sy_t, BLOCK: tl.constexpr, RECORD_SM: tl.constexpr,
                      PINNED: tl.constexpr, PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr):
-    if PINNED:  # the programs the gate admits do the capped launch's programs as slots
-        slot, sm = pinned_start(gate_ptr, place_ptr, first_sm, n_sms, ctas, slots, programs,
-                                PLACED, BLOCK_SMS)
-        while slot < slots:
-            record_slot(sm_ids_ptr, slot, sm, RECORD_SM)
-            _silu_mul_slot(x_ptr, y_ptr, slot, slots, T, I, sx_t, sy_t, BLOCK)
-            slot = next_slot(gate_ptr, first_sm, n_sms, slots, programs, BLOCK_SMS)
-    else:
-        record_sm(sm_ids_ptr, RECORD_SM)
-        _silu_mul_slot(x_ptr, y_ptr, tl.program_id(0), tl.num_programs(0), T, I, sx_t, sy_t,
-                       BLOCK)
+    run_slots(_silu_mul_slot, (x_ptr, y_ptr, T, I, sx_t, sy_t, BLOCK), sm_ids_ptr, gate_ptr,
+              place_ptr, first_sm, n_sms, ctas, slots, programs, RECORD_SM, PINNED, PLACED,
+              BLOCK_SMS)
 
 
 @triton.jit
-def _silu_mul_slot(x_ptr, y_ptr, pid, programs, T, I, sx_t, sy_t, BLOCK: tl.constexpr):
+def _silu_mul_slot(pid, programs, x_ptr, y_ptr, T, I, sx_t, sy_t, BLOCK: tl.constexpr):
     for tile in tl.range(pid, T * tl.cdiv(I, BLOCK), programs):
         t, c, mask = row_piece(tile, I, BLOCK)
         gate = tl.load(x_ptr + t * sx_t + c, mask=mask, other=0.0).to(tl.float32)

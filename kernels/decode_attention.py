@@ -15,10 +15,9 @@ import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels._launch import (arrival_counters, check_tensor, grid_size, interpreting,
-                                          record_sm, telemetry_args)
+                                          telemetry_args)
 from pdmux_triton.kernels._paged import AttnConfig, attend_range, check_paged_inputs, wide_offsets
-from pdmux_triton.kernels._pinned import (Pinned, next_slot, pinned_budget, pinned_launch,
-                                          pinned_start, record_slot)
+from pdmux_triton.kernels._pinned import Pinned, pinned_budget, pinned_launch, run_slots
 
 LOG2E = 1.4426950408889634
 
@@ -53,30 +52,19 @@ def decode_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, par
                    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, UNIT_COST: tl.constexpr,
                    D: tl.constexpr, WIDE: tl.constexpr, RECORD_SM: tl.constexpr,
                    PINNED: tl.constexpr, PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr):
-    if PINNED:  # the programs the gate admits do the capped launch's programs as slots
-        slot, sm = pinned_start(gate_ptr, place_ptr, first_sm, n_sms, ctas, slots, programs,
-                                PLACED, BLOCK_SMS)
-        while slot < slots:
-            record_slot(sm_ids_ptr, slot, sm, RECORD_SM)
-            _decode_slot(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, part_lse_ptr,
-                         count_ptr, slot, slots, B, KV_HEADS, scale_log2, sq_b, sq_h, so_b, so_h,
-                         sc_s, sc_h, spt_b, PAGE_SIZE, GROUP, BLOCK_G, BLOCK_N, BLOCK_B,
-                         UNIT_COST, D, WIDE)
-            slot = next_slot(gate_ptr, first_sm, n_sms, slots, programs, BLOCK_SMS)
-    else:
-        record_sm(sm_ids_ptr, RECORD_SM)
-        _decode_slot(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, part_lse_ptr,
-                     count_ptr, tl.program_id(0), tl.num_programs(0), B, KV_HEADS, scale_log2,
-                     sq_b, sq_h, so_b, so_h, sc_s, sc_h, spt_b, PAGE_SIZE, GROUP, BLOCK_G,
-                     BLOCK_N, BLOCK_B, UNIT_COST, D, WIDE)
+    run_slots(_decode_slot, (q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr,
+              part_lse_ptr, count_ptr, B, KV_HEADS, scale_log2, sq_b, sq_h, so_b, so_h, sc_s, sc_h,
+              spt_b, PAGE_SIZE, GROUP, BLOCK_G, BLOCK_N, BLOCK_B, UNIT_COST, D, WIDE), sm_ids_ptr,
+              gate_ptr, place_ptr, first_sm, n_sms, ctas, slots, programs, RECORD_SM, PINNED,
+              PLACED, BLOCK_SMS)
 
 
 @triton.jit
-def _decode_slot(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, part_lse_ptr,
-                 count_ptr, pid, programs, B, KV_HEADS, scale_log2, sq_b, sq_h, so_b, so_h, sc_s,
-                 sc_h, spt_b, PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr,
-                 BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
-                 UNIT_COST: tl.constexpr, D: tl.constexpr, WIDE: tl.constexpr):
+def _decode_slot(pid, programs, q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr,
+                 part_lse_ptr, count_ptr, B, KV_HEADS, scale_log2, sq_b, sq_h, so_b, so_h, sc_s,
+                 sc_h, spt_b, PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, UNIT_COST: tl.constexpr,
+                 D: tl.constexpr, WIDE: tl.constexpr):
     # What program `pid` of `programs` does. The work is every unit's K/V blocks back to back
     # (unit = request, KV head), each unit led by UNIT_COST slots for its fixed cost; each
     # program takes an equal contiguous range of slots, whatever the lengths, so ragged and

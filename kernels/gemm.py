@@ -21,9 +21,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels._launch import (arrival_counters, check_tensor, check_tma_rows, grid_size,
-                                          interpreting, record_sm, telemetry_args)
-from pdmux_triton.kernels._pinned import (Pinned, next_slot, pinned_budget, pinned_launch,
-                                          pinned_start, record_slot)
+                                          interpreting, telemetry_args)
+from pdmux_triton.kernels._pinned import Pinned, pinned_budget, pinned_launch, run_slots
 
 GEMM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -122,22 +121,13 @@ def gemm_kernel(x_desc, w_desc, y_ptr, b_ptr, sm_ids_ptr, gate_ptr, place_ptr, f
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                  HAS_BIAS: tl.constexpr, RECORD_SM: tl.constexpr, PINNED: tl.constexpr,
                  PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr):
-    if PINNED:  # the programs the gate admits do the capped launch's programs as slots
-        slot, sm = pinned_start(gate_ptr, place_ptr, first_sm, n_sms, ctas, slots, programs,
-                                PLACED, BLOCK_SMS)
-        while slot < slots:
-            record_slot(sm_ids_ptr, slot, sm, RECORD_SM)
-            _gemm_slot(x_desc, w_desc, y_ptr, b_ptr, slot, slots, M, N, K, stride_ym, BLOCK_M,
-                       BLOCK_N, BLOCK_K, GROUP_M, HAS_BIAS)
-            slot = next_slot(gate_ptr, first_sm, n_sms, slots, programs, BLOCK_SMS)
-    else:
-        record_sm(sm_ids_ptr, RECORD_SM)
-        _gemm_slot(x_desc, w_desc, y_ptr, b_ptr, tl.program_id(0), tl.num_programs(0), M, N, K,
-                   stride_ym, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M, HAS_BIAS)
+    run_slots(_gemm_slot, (x_desc, w_desc, y_ptr, b_ptr, M, N, K, stride_ym, BLOCK_M, BLOCK_N,
+              BLOCK_K, GROUP_M, HAS_BIAS), sm_ids_ptr, gate_ptr, place_ptr, first_sm, n_sms, ctas,
+              slots, programs, RECORD_SM, PINNED, PLACED, BLOCK_SMS)
 
 
 @triton.jit
-def _gemm_slot(x_desc, w_desc, y_ptr, b_ptr, pid, programs, M, N, K, stride_ym,
+def _gemm_slot(pid, programs, x_desc, w_desc, y_ptr, b_ptr, M, N, K, stride_ym,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr):
     """What program `pid` of `programs` does: whole tiles, strided by the programs."""
@@ -195,28 +185,19 @@ def skinny_kernel(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, sm_ids_ptr, g
                    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, WHOLE_TILES: tl.constexpr,
                    HAS_BIAS: tl.constexpr, RECORD_SM: tl.constexpr, PINNED: tl.constexpr,
                    PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr):
-    if PINNED:  # the programs the gate admits do the capped launch's programs as slots
-        slot, sm = pinned_start(gate_ptr, place_ptr, first_sm, n_sms, ctas, slots, programs,
-                                PLACED, BLOCK_SMS)
-        while slot < slots:
-            record_slot(sm_ids_ptr, slot, sm, RECORD_SM)
-            _skinny_slot(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, slot, slots, M, N, K,
-                         stride_xm, stride_wn, stride_ym, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
-                         WHOLE_TILES, HAS_BIAS)
-            slot = next_slot(gate_ptr, first_sm, n_sms, slots, programs, BLOCK_SMS)
-    else:
-        record_sm(sm_ids_ptr, RECORD_SM)
-        _skinny_slot(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, tl.program_id(0),
-                     tl.num_programs(0), M, N, K, stride_xm, stride_wn, stride_ym, BLOCK_M,
-                     BLOCK_N, BLOCK_K, EVEN_K, WHOLE_TILES, HAS_BIAS)
+    run_slots(_skinny_slot, (x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, M, N, K, stride_xm,
+              stride_wn, stride_ym, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, WHOLE_TILES, HAS_BIAS),
+              sm_ids_ptr, gate_ptr, place_ptr, first_sm, n_sms, ctas, slots, programs, RECORD_SM,
+              PINNED, PLACED, BLOCK_SMS)
 
 
 @triton.jit
-def _skinny_slot(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, pid, programs, M, N, K,
+def _skinny_slot(pid, programs, x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, M, N, K,
                  stride_xm, stride_wn, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, WHOLE_TILES: tl.constexpr,
                  HAS_BIAS: tl.constexpr):
-    # What program `pid` of `programs` does. WHOLE_TILES: each program takes whole output tiles, striding by the grid.
+    # What program `pid` of `programs` does. WHOLE_TILES: each program takes whole output
+    # tiles, striding by the grid.
     # Otherwise stream-K: the work is every tile's K-slabs back to back and program p takes
     # units [p*T//P, (p+1)*T//P), so all programs read the same bytes (within one slab). A
     # tile cut between programs leaves fp32 partials at row (tile + program), unique as in

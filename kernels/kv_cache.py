@@ -12,9 +12,8 @@ import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels._launch import (FLOAT_DTYPES, INDEX_DTYPES, check_tensor, grid_size,
-                                          record_sm, row_piece, telemetry_args)
-from pdmux_triton.kernels._pinned import (Pinned, next_slot, pinned_budget, pinned_launch,
-                                          pinned_start, record_slot)
+                                          row_piece, telemetry_args)
+from pdmux_triton.kernels._pinned import Pinned, pinned_budget, pinned_launch, run_slots
 
 
 @triton.jit(do_not_specialize=["T", "first_sm", "n_sms", "slots", "programs"])
@@ -22,22 +21,13 @@ def _store_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, sm_ids_ptr, gate_pt
                      first_sm, n_sms, ctas, slots, programs, T, HD, sk_t, sv_t, sc_s,
                      BLOCK: tl.constexpr, RECORD_SM: tl.constexpr, PINNED: tl.constexpr,
                      PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr):
-    if PINNED:  # the programs the gate admits do the capped launch's programs as slots
-        work, sm = pinned_start(gate_ptr, place_ptr, first_sm, n_sms, ctas, slots, programs,
-                                PLACED, BLOCK_SMS)
-        while work < slots:
-            record_slot(sm_ids_ptr, work, sm, RECORD_SM)
-            _store_kv_slot(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, work, slots, T, HD, sk_t, sv_t,
-                           sc_s, BLOCK)
-            work = next_slot(gate_ptr, first_sm, n_sms, slots, programs, BLOCK_SMS)
-    else:
-        record_sm(sm_ids_ptr, RECORD_SM)
-        _store_kv_slot(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, tl.program_id(0),
-                       tl.num_programs(0), T, HD, sk_t, sv_t, sc_s, BLOCK)
+    run_slots(_store_kv_slot, (k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, T, HD, sk_t, sv_t, sc_s,
+              BLOCK), sm_ids_ptr, gate_ptr, place_ptr, first_sm, n_sms, ctas, slots, programs,
+              RECORD_SM, PINNED, PLACED, BLOCK_SMS)
 
 
 @triton.jit
-def _store_kv_slot(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, pid, programs, T, HD, sk_t, sv_t, sc_s,
+def _store_kv_slot(pid, programs, k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr, T, HD, sk_t, sv_t, sc_s,
                    BLOCK: tl.constexpr):
     # (`slot_ptr` holds the cache slots the tokens go to, not the launch's work slots)
     for tile in tl.range(pid, T * tl.cdiv(HD, BLOCK), programs):

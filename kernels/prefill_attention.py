@@ -21,9 +21,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels._launch import (check_tensor, check_tma_rows, grid_size, interpreting,
-                                          record_sm, telemetry_args)
-from pdmux_triton.kernels._pinned import (Pinned, next_slot, pinned_budget, pinned_launch,
-                                          pinned_start, record_slot)
+                                          telemetry_args)
+from pdmux_triton.kernels._pinned import Pinned, pinned_budget, pinned_launch, run_slots
 from pdmux_triton.kernels._paged import (AttnConfig, attend_range, check_paged_inputs, softmax_step,
                                          wide_offsets)
 
@@ -38,24 +37,14 @@ def _extend_kernel(q_desc, k_desc, v_desc, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_p
                    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    D: tl.constexpr, WIDE: tl.constexpr, RECORD_SM: tl.constexpr,
                    PINNED: tl.constexpr, PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr):
-    if PINNED:  # the programs the gate admits do the capped launch's programs as slots
-        slot, sm = pinned_start(gate_ptr, place_ptr, first_sm, n_sms, ctas, slots, programs,
-                                PLACED, BLOCK_SMS)
-        while slot < slots:
-            record_slot(sm_ids_ptr, slot, sm, RECORD_SM)
-            _extend_slot(q_desc, k_desc, v_desc, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_ptr, slot,
-                         slots, num_blocks, B, Q_HEADS, scale_log2, so_t, so_h, sc_s, sc_h, spt_b,
-                         PAGE_SIZE, GROUP, BLOCK_M, BLOCK_N, D, WIDE)
-            slot = next_slot(gate_ptr, first_sm, n_sms, slots, programs, BLOCK_SMS)
-    else:
-        record_sm(sm_ids_ptr, RECORD_SM)
-        _extend_slot(q_desc, k_desc, v_desc, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_ptr,
-                     tl.program_id(0), tl.num_programs(0), num_blocks, B, Q_HEADS, scale_log2,
-                     so_t, so_h, sc_s, sc_h, spt_b, PAGE_SIZE, GROUP, BLOCK_M, BLOCK_N, D, WIDE)
+    run_slots(_extend_slot, (q_desc, k_desc, v_desc, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_ptr,
+              num_blocks, B, Q_HEADS, scale_log2, so_t, so_h, sc_s, sc_h, spt_b, PAGE_SIZE, GROUP,
+              BLOCK_M, BLOCK_N, D, WIDE), sm_ids_ptr, gate_ptr, place_ptr, first_sm, n_sms, ctas,
+              slots, programs, RECORD_SM, PINNED, PLACED, BLOCK_SMS)
 
 
 @triton.jit
-def _extend_slot(q_desc, k_desc, v_desc, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_ptr, pid, programs,
+def _extend_slot(pid, programs, q_desc, k_desc, v_desc, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_ptr,
                  num_blocks, B, Q_HEADS, scale_log2, so_t, so_h, sc_s, sc_h, spt_b,
                  PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, D: tl.constexpr, WIDE: tl.constexpr):

@@ -11,10 +11,8 @@ import triton
 import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import (FLOAT_DTYPES, check_tensor, grid_size, record_sm,
-                                          telemetry_args)
-from pdmux_triton.kernels._pinned import (Pinned, next_slot, pinned_budget, pinned_launch,
-                                          pinned_start, record_slot)
+from pdmux_triton.kernels._launch import FLOAT_DTYPES, check_tensor, grid_size, telemetry_args
+from pdmux_triton.kernels._pinned import Pinned, pinned_budget, pinned_launch, run_slots
 
 
 @triton.jit(do_not_specialize=["rows", "first_sm", "n_sms", "slots", "programs"])
@@ -23,23 +21,14 @@ def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, sm_ids_ptr, gate_ptr, place_pt
                     HAS_RESIDUAL: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
                     RECORD_SM: tl.constexpr, PINNED: tl.constexpr, PLACED: tl.constexpr,
                     BLOCK_SMS: tl.constexpr):
-    if PINNED:  # the programs the gate admits do the capped launch's programs as slots
-        slot, sm = pinned_start(gate_ptr, place_ptr, first_sm, n_sms, ctas, slots, programs,
-                                PLACED, BLOCK_SMS)
-        while slot < slots:
-            record_slot(sm_ids_ptr, slot, sm, RECORD_SM)
-            _rmsnorm_slot(x_ptr, res_ptr, w_ptr, y_ptr, slot, slots, rows, H, D, sx_t, sx_h, sr_t,
-                          sr_h, sy_t, sy_h, eps, HAS_RESIDUAL, ROWS, BLOCK_D)
-            slot = next_slot(gate_ptr, first_sm, n_sms, slots, programs, BLOCK_SMS)
-    else:
-        record_sm(sm_ids_ptr, RECORD_SM)
-        _rmsnorm_slot(x_ptr, res_ptr, w_ptr, y_ptr, tl.program_id(0), tl.num_programs(0), rows, H,
-                      D, sx_t, sx_h, sr_t, sr_h, sy_t, sy_h, eps, HAS_RESIDUAL, ROWS, BLOCK_D)
+    run_slots(_rmsnorm_slot, (x_ptr, res_ptr, w_ptr, y_ptr, rows, H, D, sx_t, sx_h, sr_t, sr_h,
+              sy_t, sy_h, eps, HAS_RESIDUAL, ROWS, BLOCK_D), sm_ids_ptr, gate_ptr, place_ptr,
+              first_sm, n_sms, ctas, slots, programs, RECORD_SM, PINNED, PLACED, BLOCK_SMS)
 
 
 @triton.jit
-def _rmsnorm_slot(x_ptr, res_ptr, w_ptr, y_ptr, pid, programs, rows, H, D, sx_t, sx_h, sr_t,
-                  sr_h, sy_t, sy_h, eps, HAS_RESIDUAL: tl.constexpr, ROWS: tl.constexpr,
+def _rmsnorm_slot(pid, programs, x_ptr, res_ptr, w_ptr, y_ptr, rows, H, D, sx_t, sx_h, sr_t, sr_h,
+                  sy_t, sy_h, eps, HAS_RESIDUAL: tl.constexpr, ROWS: tl.constexpr,
                   BLOCK_D: tl.constexpr):
     d = tl.arange(0, BLOCK_D)
     w = tl.load(w_ptr + d, mask=d < D, other=0.0).to(tl.float32)

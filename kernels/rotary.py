@@ -12,9 +12,8 @@ import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels._launch import (FLOAT_DTYPES, INDEX_DTYPES, check_tensor, grid_size,
-                                          record_sm, telemetry_args)
-from pdmux_triton.kernels._pinned import (Pinned, next_slot, pinned_budget, pinned_launch,
-                                          pinned_start, record_slot)
+                                          telemetry_args)
+from pdmux_triton.kernels._pinned import Pinned, pinned_budget, pinned_launch, run_slots
 
 
 def rope_cache(max_positions: int, head_dim: int, theta: float,
@@ -38,22 +37,13 @@ def _rope_kernel(x_ptr, pos_ptr, cs_ptr, w_ptr, sm_ids_ptr, gate_ptr, place_ptr,
                  BLOCK_HALF: tl.constexpr, ROWS: tl.constexpr, NORM: tl.constexpr,
                  RECORD_SM: tl.constexpr, PINNED: tl.constexpr, PLACED: tl.constexpr,
                  BLOCK_SMS: tl.constexpr):
-    if PINNED:  # the programs the gate admits do the capped launch's programs as slots
-        slot, sm = pinned_start(gate_ptr, place_ptr, first_sm, n_sms, ctas, slots, programs,
-                                PLACED, BLOCK_SMS)
-        while slot < slots:
-            record_slot(sm_ids_ptr, slot, sm, RECORD_SM)
-            _rope_slot(x_ptr, pos_ptr, cs_ptr, w_ptr, slot, slots, rows, H, sx_t, sx_h, eps, HALF,
-                       BLOCK_HALF, ROWS, NORM)
-            slot = next_slot(gate_ptr, first_sm, n_sms, slots, programs, BLOCK_SMS)
-    else:
-        record_sm(sm_ids_ptr, RECORD_SM)
-        _rope_slot(x_ptr, pos_ptr, cs_ptr, w_ptr, tl.program_id(0), tl.num_programs(0), rows, H,
-                   sx_t, sx_h, eps, HALF, BLOCK_HALF, ROWS, NORM)
+    run_slots(_rope_slot, (x_ptr, pos_ptr, cs_ptr, w_ptr, rows, H, sx_t, sx_h, eps, HALF,
+              BLOCK_HALF, ROWS, NORM), sm_ids_ptr, gate_ptr, place_ptr, first_sm, n_sms, ctas,
+              slots, programs, RECORD_SM, PINNED, PLACED, BLOCK_SMS)
 
 
 @triton.jit
-def _rope_slot(x_ptr, pos_ptr, cs_ptr, w_ptr, pid, programs, rows, H, sx_t, sx_h, eps,
+def _rope_slot(pid, programs, x_ptr, pos_ptr, cs_ptr, w_ptr, rows, H, sx_t, sx_h, eps,
                HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, ROWS: tl.constexpr,
                NORM: tl.constexpr):
     d = tl.arange(0, BLOCK_HALF)

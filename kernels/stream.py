@@ -8,9 +8,8 @@ import triton
 import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import grid_size, interpreting, record_sm, telemetry_args
-from pdmux_triton.kernels._pinned import (Pinned, next_slot, pinned_budget, pinned_launch,
-                                          pinned_start, record_slot)
+from pdmux_triton.kernels._launch import grid_size, interpreting, telemetry_args
+from pdmux_triton.kernels._pinned import Pinned, pinned_budget, pinned_launch, run_slots
 
 # One program per SM must keep enough bytes in flight to cover HBM latency: each step issues
 # UNROLL independent loads of BLOCK words before using any, from 32 warps (8 leave HBM idle at
@@ -21,16 +20,16 @@ STREAM_WARPS = 32
 
 
 @triton.jit
-def _stream_slot(src_ptr, out_ptr, slot, slots, n, BLOCK: tl.constexpr, UNROLL: tl.constexpr):
-    """What program `slot` of a capped launch of `slots` programs reads."""
+def _stream_slot(pid, programs, src_ptr, out_ptr, n, BLOCK: tl.constexpr, UNROLL: tl.constexpr):
+    """What program `pid` of a capped launch of `programs` reads."""
     acc = tl.zeros((BLOCK,), dtype=tl.int32)
     step = BLOCK * UNROLL
-    for start in tl.range(slot * step, n, slots * step):
+    for start in tl.range(pid * step, n, programs * step):
         for u in tl.static_range(UNROLL):
             offs = start + u * BLOCK + tl.arange(0, BLOCK)
             acc += tl.load(src_ptr + offs, mask=offs < n, other=0)
-    # one word per slot keeps the loads alive without a write stream of its own
-    tl.store(out_ptr + slot, tl.sum(acc, axis=0))
+    # one word per program (a slot, pinned) keeps the loads alive without a write stream
+    tl.store(out_ptr + pid, tl.sum(acc, axis=0))
 
 
 @triton.jit(do_not_specialize=["first_sm", "n_sms", "slots", "programs"])
@@ -38,16 +37,8 @@ def _stream_read_kernel(src_ptr, out_ptr, sm_ids_ptr, gate_ptr, place_ptr, first
                         slots, programs, n, BLOCK: tl.constexpr, UNROLL: tl.constexpr,
                         RECORD_SM: tl.constexpr, PINNED: tl.constexpr, PLACED: tl.constexpr,
                         BLOCK_SMS: tl.constexpr):
-    if PINNED:
-        slot, sm = pinned_start(gate_ptr, place_ptr, first_sm, n_sms, ctas, slots, programs,
-                                PLACED, BLOCK_SMS)
-        while slot < slots:
-            record_slot(sm_ids_ptr, slot, sm, RECORD_SM)
-            _stream_slot(src_ptr, out_ptr, slot, slots, n, BLOCK, UNROLL)
-            slot = next_slot(gate_ptr, first_sm, n_sms, slots, programs, BLOCK_SMS)
-    else:
-        record_sm(sm_ids_ptr, RECORD_SM)
-        _stream_slot(src_ptr, out_ptr, tl.program_id(0), tl.num_programs(0), n, BLOCK, UNROLL)
+    run_slots(_stream_slot, (src_ptr, out_ptr, n, BLOCK, UNROLL), sm_ids_ptr, gate_ptr, place_ptr,
+              first_sm, n_sms, ctas, slots, programs, RECORD_SM, PINNED, PLACED, BLOCK_SMS)
 
 
 def stream_read(buf: torch.Tensor, *, num_sms: int | None = None, ctas_per_sm: int = 1,
