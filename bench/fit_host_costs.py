@@ -25,7 +25,8 @@ paid k times its fixed costs, as `Overheads.on_host` prices it. Prints each fit 
 step's error over the rounds.
 
     python bench/fit_host_costs.py bench/results/trace-fidelity/points-h200.jsonl \\
-        bench/results/steady-*/capacity-diagnostics-h200.jsonl \\
+        bench/results/capacity-diagnostics-h200.jsonl \\
+        bench/results/capacity-conv/capacity-diagnostics-h200.jsonl \\
         bench/results/host-costs-h200.json --calibration bench/results/calibrate-h200.json \\
         --compare bench/results/compare-h200.json
 """

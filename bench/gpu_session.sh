@@ -7,9 +7,11 @@
 #
 #   bash bench/gpu_session.sh readme tests                # the README's command, the gpu tests
 #   bash bench/gpu_session.sh tests host                  # gpu tests, host costs per round
-#   RATES=2,4,6,8 bash bench/gpu_session.sh capacity      # measured capacity at those rates
-#   CAPACITY_OUT=bench/results/steady-sharegpt COUNT=1000 STRATEGIES=pdmux_grid_cap \
-#       RATES=6.5,7.1 bash bench/gpu_session.sh capacity   # at steady state (1000 requests)
+#   STRATEGIES=pdmux_grid_cap RATES=6.5,7.1 bash bench/gpu_session.sh capacity   # measured
+#       capacity at those rates, 1000 ShareGPT requests a point (steady state), into bench/results
+#   CAPACITY_OUT=bench/results/capacity-conv STRATEGIES=prefill_first RATES=9.5 CAPACITY_ARGS=\
+#       "--trace bench/data/azure-llm-2023/AzureLLMInferenceTrace_conv.csv --trace-start 2000 \
+#       --trace-count 1000" bash bench/gpu_session.sh capacity   # the conversation trace
 #   SLO_ARGS="--traffic sharegpt:12,16:10,12,14,16,18 --policies default,slo" \
 #       bash bench/gpu_session.sh slo                 # SGLang's levels against SLO-driven ones
 #   SLO_OUT=bench/results/long-300 SLO_ARGS="--count 300 --traffic sharegpt:7:6,7,8 \
@@ -94,14 +96,15 @@ step fidelity ${FIDELITY_S:-540} python3 bench/trace_fidelity.py --out bench/res
 case " $STEPS " in *" fidelity "*)
     mkdir -p "$OUT/trace-fidelity" && cp bench/results/trace-fidelity/points-*.jsonl "$OUT/trace-fidelity/"
     cp bench/results/trace-fidelity-*.json "$OUT/" 2>/dev/null ;; esac
-# capacity points go to CAPACITY_OUT (bench/results unless named), which travels with the
+# capacity points go to CAPACITY_OUT (bench/results unless named: ShareGPT at 1000 requests a
+# point; bench/results/capacity-burst-100 holds the 100-request bursts), which travels with the
 # tree: a call cut short by its time limit resumes there on the next call (copy the points
 # back between calls); CAPACITY_ARGS adds flags (a trace: --trace FILE --trace-start N ...)
 export RATES=${RATES:-}
 export STRATEGIES=${STRATEGIES:-prefill_first,chunked_512,chunked_2048,pdmux_grid_cap}
 CAPACITY_OUT=${CAPACITY_OUT:-bench/results}
-# a stream's length (bench/results holds 100-request points); a trace's is its --trace-count
-case "${CAPACITY_ARGS:-}" in *--trace*) COUNT_FLAG=() ;; *) COUNT_FLAG=(--count "${COUNT:-100}") ;; esac
+# a stream's length (bench/results holds 1000-request points); a trace's is its --trace-count
+case "${CAPACITY_ARGS:-}" in *--trace*) COUNT_FLAG=() ;; *) COUNT_FLAG=(--count "${COUNT:-1000}") ;; esac
 step capacity ${CAPACITY_S:-540} pdmux-triton capacity --out "$CAPACITY_OUT" \
     "${COUNT_FLAG[@]}" --strategies "$STRATEGIES" ${RATES:+--rates "$RATES"} \
     --calibration "$CALIBRATION" --compare bench/results/compare-h200.json \

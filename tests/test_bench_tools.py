@@ -212,8 +212,8 @@ def _fit(run: str | list[str], host: Path):
 
 
 COMMITTED_FIT = ["bench/results/trace-fidelity/points-h200.jsonl",  # what the file was fitted to
-                 "bench/results/steady-conv/capacity-diagnostics-h200.jsonl",
-                 "bench/results/steady-sharegpt/capacity-diagnostics-h200.jsonl"]
+                 "bench/results/capacity-conv/capacity-diagnostics-h200.jsonl",
+                 "bench/results/capacity-diagnostics-h200.jsonl"]
 
 
 def test_fit_host_costs_on_the_h200_trace_points_and_stream_run(tmp_path):
@@ -449,7 +449,7 @@ def test_fit_host_costs_reads_a_capacity_folders_diagnostics_as_trace_points(tmp
     trace_points.write_text("".join(json.dumps(p) + "\n" for p in window))
     folder = tmp_path / "capacity"
     folder.mkdir()
-    shutil.copy("bench/results/steady-conv/capacity-settings-h200.json", folder)
+    shutil.copy("bench/results/capacity-conv/capacity-settings-h200.json", folder)
     (folder / "capacity-diagnostics-h200.jsonl").write_text("".join(
         json.dumps({"mode": "gpu", "strategy": p["strategy"], "rate": p["rate"],
                     **p["diagnostics"]}) + "\n" for p in window))
@@ -481,7 +481,7 @@ def test_fit_host_costs_reads_a_capacity_folders_diagnostics_as_trace_points(tmp
     assert out.returncode == 2 and "no chunked strategy's rounds" in out.stderr
     other = tmp_path / "other"
     other.mkdir()
-    settings = json.loads(open("bench/results/steady-conv/capacity-settings-h200.json").read())
+    settings = json.loads(open("bench/results/capacity-conv/capacity-settings-h200.json").read())
     settings["model"]["layers"] = 28
     (other / "capacity-settings-h200.json").write_text(json.dumps(settings))
     shutil.copy(COMMITTED_FIT[1], other)

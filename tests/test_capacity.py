@@ -219,7 +219,7 @@ def test_the_committed_capacity_folder_resumes_with_todays_model_preset(tmp_path
 
     from pdmux_triton.spec.models import model_preset
 
-    saved_path = "bench/results/capacity-settings-h200.json"
+    saved_path = "bench/results/capacity-burst-100/capacity-settings-h200.json"
     saved = json.loads(open(saved_path).read())
     assert "max_context" not in saved["model"]
     model = model_preset(saved["model"]["name"])
