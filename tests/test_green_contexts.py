@@ -8,7 +8,7 @@ from reference import assert_close, attention_ref, poisoned
 
 from pdmux_triton.gpu.green_contexts import split_green
 from pdmux_triton.kernels import (decode_attention, extend_attention, linear, rmsnorm, rope_,
-                                  rope_cache, silu_mul, store_kv, stream_read)
+                                  rope_cache, rope_store_kv, silu_mul, stream_read)
 from pdmux_triton.measure.random_kv import PagedKV
 
 BF16 = torch.bfloat16
@@ -32,7 +32,7 @@ def _kernel_cases():
     lens = torch.tensor(kv.lens, dtype=torch.int32, device=dev)
     q_ext = torch.randn(1000, 32, 128, dtype=BF16, device=dev)
     k_ext, v_ext = torch.randn(2, 1000, 8, 128, dtype=BF16, device=dev)
-    new_k = torch.randn(64, 8, 128, dtype=BF16, device=dev)
+    new_qkv = torch.randn(64, 32 + 2 * 8, 128, dtype=BF16, device=dev)
     slots = torch.randperm(kv.k_cache.shape[0], device=dev)[:64]
     buf = torch.randn(1 << 24, device=dev)
 
@@ -40,10 +40,11 @@ def _kernel_cases():
         r = res.clone()
         return rmsnorm(x, norm_w, residual=r, num_sms=s, sm_ids=ids), r
 
-    def store(s, ids=None):
-        kc, vc = kv.k_cache.clone(), kv.v_cache.clone()
-        store_kv(new_k, new_k, kc, vc, slots, num_sms=s, sm_ids=ids)
-        return kc, vc
+    def prologue(s, ids=None):
+        qkv, kc, vc = new_qkv.clone(), kv.k_cache.clone(), kv.v_cache.clone()
+        rope_store_kv(qkv, pos[:64], cs, 32, kc, vc, slots, norm_w[:128], norm_w[128:256],
+                      num_sms=s, sm_ids=ids)
+        return qkv, kc, vc
 
     return {
         "linear": lambda s, ids=None: linear(x, w, num_sms=s, sm_ids=ids),
@@ -52,7 +53,7 @@ def _kernel_cases():
         "rope_qk_norm": lambda s, ids=None: rope_(qk.clone(), pos, cs, norm_w[:128], num_sms=s,
                                                   sm_ids=ids),
         "silu_mul": lambda s, ids=None: silu_mul(gu, num_sms=s, sm_ids=ids),
-        "store_kv": store,
+        "rope_store_kv": prologue,
         "decode_attention": lambda s, ids=None: decode_attention(
             q_dec, kv.k_cache, kv.v_cache, kv.page_table, lens, 16, 3000, num_sms=s, sm_ids=ids),
         "extend_attention": lambda s, ids=None: extend_attention(

@@ -3,7 +3,8 @@ import torch
 
 from conftest import HAS_CUDA
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels import rmsnorm, rope_, rope_cache, silu_mul, store_kv, stream_read
+from pdmux_triton.kernels import (rmsnorm, rope_, rope_cache, rope_store_kv, silu_mul,
+                                  stream_read)
 from pdmux_triton.kernels._pinned import Pinned
 from reference import assert_close, placements, poisoned
 
@@ -85,20 +86,33 @@ def test_silu_mul(T, I, dtype):
     assert_close(out, torch.nn.functional.silu(g) * u, dtype)
 
 
-@pytest.mark.parametrize("T", [1, 7, 97])
-@pytest.mark.parametrize("num_sms", [1, 2, 300])
-def test_store_kv_scatters_rows(T, num_sms):
-    kv = torch.randn(T, 2 * 2 * 16, dtype=torch.float16, device=DEV)
-    k = kv[:, :32].view(T, 2, 16)
-    v = kv[:, 32:].view(T, 2, 16)
-    k_cache = poisoned((T + 50, 2, 16), torch.float16, DEV)
-    v_cache = poisoned((T + 50, 2, 16), torch.float16, DEV)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("norm", [False, True])
+@pytest.mark.parametrize("T,hq,hkv", [(1, 4, 2), (7, 6, 1), (97, 2, 2)])
+@pytest.mark.parametrize("num_sms", [1, 3, 300])
+def test_rope_store_kv_is_rope_on_q_and_k_then_the_cache_store(T, hq, hkv, norm, dtype, num_sms):
+    """The fused prologue equals its parts: q and k rotated (normalized by their own weights)
+    in place, v untouched, the new k and v in the cache at their slots and nowhere else."""
+    d = 32
+    qkv = torch.randn(T, (hq + 2 * hkv) * d, dtype=dtype, device=DEV)
+    heads = qkv.view(T, hq + 2 * hkv, d)
+    q, k, v = (part.clone() for part in heads.split([hq, hkv, hkv], dim=1))
+    pos = torch.randint(0, 500, (T,), device=DEV)
+    wq, wk = ((torch.randn(d, dtype=dtype, device=DEV) for _ in range(2)) if norm
+              else (None, None))
+    k_cache = poisoned((T + 50, hkv, d), dtype, DEV)
+    v_cache = poisoned((T + 50, hkv, d), dtype, DEV)
     slots = torch.randperm(T + 50, device=DEV)[:T]
-    store_kv(k, v, k_cache, v_cache, slots, num_sms=num_sms)
-    assert torch.equal(k_cache[slots], k) and torch.equal(v_cache[slots], v)
+    rope_store_kv(heads, pos, rope_cache(512, d, 1e4, DEV), hq, k_cache, v_cache, slots, wq, wk,
+                  num_sms=num_sms)
+    new_q, new_k, new_v = heads.split([hq, hkv, hkv], dim=1)
+    assert_close(new_q, rope_ref(q, pos, 1e4, wq), dtype)
+    assert_close(new_k, rope_ref(k, pos, 1e4, wk), dtype)
+    assert torch.equal(new_v, v)
+    assert torch.equal(k_cache[slots], new_k) and torch.equal(v_cache[slots], v)
     others = torch.ones(T + 50, dtype=torch.bool, device=DEV)
     others[slots] = False
-    assert torch.isnan(k_cache[others]).all()  # nothing else written
+    assert torch.isnan(k_cache[others]).all() and torch.isnan(v_cache[others]).all()
 
 
 @pytest.mark.parametrize("n", [1, 255, 4096, 10000])
@@ -111,7 +125,7 @@ def test_stream_read_reads_every_word(n, num_sms):
 
 @pytest.mark.parametrize("ctas", [1, 2])
 def test_pinned_small_ops_whoever_survives(ctas):
-    """rmsnorm, rotary, silu_mul and store_kv on a pinned partition (kernels/_pinned.py) give
+    """rmsnorm, rotary, silu_mul and the fused attention prologue on a pinned partition (kernels/_pinned.py) give
     the plain launch's output for any placement of their programs, none in the range included."""
     T, H, D = 200, 3, 16  # rotary's 32-row tiles: more tiles than slots, so slots stride
     x = torch.randn(T, H, D, device=DEV)
@@ -131,9 +145,11 @@ def test_pinned_small_ops_whoever_survives(ctas):
         assert torch.equal(rope_(x.clone(), pos, cs, w, **budget), want_rope)
         assert torch.equal(silu_mul(gate_up, out=poisoned((T, D), x.dtype, DEV), **budget),
                            want_act)
+        qkv = torch.cat([x, x, -x], dim=1)  # three heads a token: q, k, v
         k_cache, v_cache = (poisoned((2 * T, H, D), x.dtype, DEV) for _ in range(2))
-        store_kv(x, -x, k_cache, v_cache, slots, **budget)
-        assert torch.equal(k_cache[slots], x) and torch.equal(v_cache[slots], -x)
+        rope_store_kv(qkv, pos, cs, H, k_cache, v_cache, slots, w, w, **budget)
+        assert torch.equal(qkv[:, :2 * H], torch.cat([want_rope] * 2, dim=1))
+        assert torch.equal(k_cache[slots], want_rope) and torch.equal(v_cache[slots], -x)
 
 
 def test_small_op_errors():

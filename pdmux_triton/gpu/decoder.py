@@ -16,9 +16,9 @@ from functools import cached_property
 import torch
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels import (decode_attention, extend_attention, linear, rmsnorm, rope_,
-                                  rope_cache, silu_mul, store_kv)
 from pdmux_triton.gpu.streams import kernel_args
+from pdmux_triton.kernels import (decode_attention, extend_attention, linear, rmsnorm, rope_cache,
+                                  rope_store_kv, silu_mul)
 from pdmux_triton.kernels.prefill_attention import plan_extend
 from pdmux_triton.multiplex.partition import Budget
 from pdmux_triton.spec.models import ModelSpec
@@ -195,12 +195,11 @@ class Model:
             x = rmsnorm(hidden, lw["in_norm"], s.rms_eps, residual=residual, **kw)
         qkv = linear(x, lw["qkv"], bias=lw.get("qkv_bias"), **kw)
         T = qkv.shape[0]
-        q = qkv[:, :s.q_dim].view(T, s.q_heads, s.head_dim)
-        k = qkv[:, s.q_dim:s.q_dim + s.kv_dim].view(T, s.kv_heads, s.head_dim)
-        v = qkv[:, s.q_dim + s.kv_dim:].view(T, s.kv_heads, s.head_dim)
-        rope_(q, positions, self.cos_sin, lw["q_norm"] if s.qk_norm else None, s.rms_eps, **kw)
-        rope_(k, positions, self.cos_sin, lw["k_norm"] if s.qk_norm else None, s.rms_eps, **kw)
-        store_kv(k, v, self.cache.k[i], self.cache.v[i], slots, **kw)
+        heads = qkv.view(T, s.q_heads + 2 * s.kv_heads, s.head_dim)
+        q, k, v = heads.split([s.q_heads, s.kv_heads, s.kv_heads], dim=1)
+        rope_store_kv(heads, positions, self.cos_sin, s.q_heads, self.cache.k[i], self.cache.v[i],
+                      slots, lw.get("q_norm") if s.qk_norm else None,
+                      lw.get("k_norm") if s.qk_norm else None, s.rms_eps, **kw)
         attn = attend(q, k, v, self.cache.k[i], self.cache.v[i])
         comm = budget.comm or ONE_GPU
         o = comm.reduce(linear(attn.view(T, s.q_dim), lw["o"], **kw))
