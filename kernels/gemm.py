@@ -23,6 +23,7 @@ from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels._launch import (arrival_counters, check_tensor, check_tma_rows, grid_size,
                                           interpreting, telemetry_args)
 from pdmux_triton.kernels._pinned import Pinned, pinned_budget, pinned_launch, run_slots
+from pdmux_triton.kernels.activation import silu_mul
 
 GEMM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -153,9 +154,10 @@ def _gemm_slot(pid, programs, x_desc, w_desc, y_ptr, b_ptr, M, N, K, stride_ym,
 @triton.jit
 def _swapped_product(x_ptr, w_ptr, tile, tiles_m, k_lo, k_hi, M, N, K, stride_xm, stride_wn,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     EVEN_K: tl.constexpr):
+                     EVEN_K: tl.constexpr, GLU: tl.constexpr):
     """acc[n, m] = sum over K-slabs k_lo..k_hi of W[n, k] x[m, k] for one output tile: W's rows
-    fill the MMA's M (64 per warpgroup on Hopper) however small the batch."""
+    fill the MMA's M (64 per warpgroup on Hopper) however small the batch. GLU: x's rows are
+    [gate | up] (2K wide) and x[m, k] is silu(gate) * up, computed as `silu_mul` computes it."""
     pid_m = tile % tiles_m  # the M tiles of one weight slab run back to back (L2)
     pid_n = tile // tiles_m
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -174,6 +176,13 @@ def _swapped_product(x_ptr, w_ptr, tile, tiles_m, k_lo, k_hi, M, N, K, stride_xm
         else:
             xt = tl.load(x_rows + k[None, :], mask=k[None, :] < K, other=0.0)
             wt = tl.load(w_rows + k[None, :], mask=k[None, :] < K, other=0.0)
+        if GLU:
+            if EVEN_K:
+                up = tl.load(x_rows + K + k[None, :]).to(tl.float32)
+            else:
+                up = tl.load(x_rows + K + k[None, :], mask=k[None, :] < K, other=0.0).to(tl.float32)
+            gate = xt.to(tl.float32)
+            xt = (gate / (1.0 + tl.exp(-gate)) * up).to(x_ptr.dtype.element_ty)
         acc = tl.dot(wt, tl.trans(xt), acc)
     return acc, rm, rn
 
@@ -183,10 +192,11 @@ def skinny_kernel(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, sm_ids_ptr, g
                    place_ptr, first_sm, n_sms, ctas, slots, programs, M, N, K, stride_xm,
                    stride_wn, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, WHOLE_TILES: tl.constexpr,
-                   HAS_BIAS: tl.constexpr, RECORD_SM: tl.constexpr, PINNED: tl.constexpr,
-                   PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr):
+                   HAS_BIAS: tl.constexpr, GLU: tl.constexpr, RECORD_SM: tl.constexpr,
+                   PINNED: tl.constexpr, PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr):
     run_slots(_skinny_slot, (x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, M, N, K, stride_xm,
-              stride_wn, stride_ym, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, WHOLE_TILES, HAS_BIAS),
+              stride_wn, stride_ym, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, WHOLE_TILES, HAS_BIAS,
+              GLU),
               sm_ids_ptr, gate_ptr, place_ptr, first_sm, n_sms, ctas, slots, programs, RECORD_SM,
               PINNED, PLACED, BLOCK_SMS)
 
@@ -195,7 +205,7 @@ def skinny_kernel(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, sm_ids_ptr, g
 def _skinny_slot(pid, programs, x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, M, N, K,
                  stride_xm, stride_wn, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, WHOLE_TILES: tl.constexpr,
-                 HAS_BIAS: tl.constexpr):
+                 HAS_BIAS: tl.constexpr, GLU: tl.constexpr):
     # What program `pid` of `programs` does. WHOLE_TILES: each program takes whole output
     # tiles, striding by the grid.
     # Otherwise stream-K: the work is every tile's K-slabs back to back and program p takes
@@ -210,7 +220,7 @@ def _skinny_slot(pid, programs, x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr,
         for tile in range(pid, tiles, programs):
             acc, rm, rn = _swapped_product(x_ptr, w_ptr, tile, tiles_m, 0, k_tiles, M, N, K,
                                            stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
-                                           EVEN_K)
+                                           EVEN_K, GLU)
             acc = _plus_bias(acc, b_ptr, rn, N, HAS_BIAS, True)
             tl.store(y_ptr + rm[None, :] * stride_ym + rn[:, None],
                      acc.to(y_ptr.dtype.element_ty), mask=(rm[None, :] < M) & (rn[:, None] < N))
@@ -225,7 +235,7 @@ def _skinny_slot(pid, programs, x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr,
                 k_hi = tl.minimum(hi, (tile + 1) * k_tiles) - tile * k_tiles
                 acc, rm, rn = _swapped_product(x_ptr, w_ptr, tile, tiles_m, k_lo, k_hi, M, N, K,
                                                stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
-                                               EVEN_K)
+                                               EVEN_K, GLU)
                 y = y_ptr + rm[None, :] * stride_ym + rn[:, None]
                 mask = (rm[None, :] < M) & (rn[:, None] < N)
                 # the programs holding this tile's first and last unit (the largest q whose
@@ -311,15 +321,23 @@ def warm_up_rows(N: int, K: int, dtype: torch.dtype, device: torch.device, budge
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None, *,
-           bias: torch.Tensor | None = None, num_sms: int | None = None, ctas_per_sm: int = 1,
-           config: GemmConfig | None = None, sm_ids: torch.Tensor | None = None,
-           pinned: Pinned | None = None) -> torch.Tensor:
+           bias: torch.Tensor | None = None, glu: bool = False, num_sms: int | None = None,
+           ctas_per_sm: int = 1, config: GemmConfig | None = None,
+           sm_ids: torch.Tensor | None = None, pinned: Pinned | None = None) -> torch.Tensor:
     """y[M, N] = x[M, K] @ weight[N, K]^T (+ bias[N]) with fp32 accumulation, on at most
-    num_sms*ctas_per_sm programs (`pinned`: on those SMs, kernels/_pinned.py)."""
+    num_sms*ctas_per_sm programs (`pinned`: on those SMs, kernels/_pinned.py).
+
+    `glu`: x is [M, 2K], [gate | up], and the product is silu(gate) * up @ weight^T (SwiGLU's
+    down projection): the skinny kernel computes silu(gate) * up as it loads x (one launch, as
+    `silu_mul` rounds it); other tiles run `silu_mul` first."""
     check_tensor("x", x, 2, GEMM_DTYPES)
     check_tensor("weight", weight, 2, (x.dtype,), x.device)
     M, K = x.shape
     N, Kw = weight.shape
+    if glu and K != 2 * Kw:
+        raise PdmuxError(f"x must be [gate | up], 2K = {2 * Kw} columns for weight [N, K] with "
+                         f"K={Kw}, got {K}")
+    K = K // 2 if glu else K
     if K != Kw:
         raise PdmuxError(f"x has K={K} columns but weight [N, K] has K={Kw}")
     if bias is not None:
@@ -354,9 +372,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
             x, weight, out, bias_arg, part, counters, sm_buf, *launch.args, M, N, K, x.stride(0),
             weight.stride(0), out.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k, EVEN_K=K % cfg.block_k == 0, WHOLE_TILES=p.whole,
-            HAS_BIAS=bias is not None, RECORD_SM=record, num_warps=cfg.num_warps,
+            HAS_BIAS=bias is not None, GLU=glu, RECORD_SM=record, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages, **launch.constexprs)
         return out
+    if glu:
+        x = silu_mul(x, num_sms=num_sms, ctas_per_sm=ctas_per_sm, pinned=pinned)
     for name, t in (("x", x), ("weight", weight)):
         check_tma_rows(name, t, "; for bf16/fp16 that means K a multiple of 8")
     gemm_kernel[(launch.grid,)](

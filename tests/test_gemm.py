@@ -208,3 +208,26 @@ def test_skinny_schedule_splits_only_when_whole_tiles_leave_most_programs_idle()
     assert whole_tiles(64, 132, 512 * kib) and not whole_tiles(64, 132, 1536 * kib)
     assert whole_tiles(133, 132, 512 * kib) and whole_tiles(1, 1, 8192 * kib)
     assert not whole_tiles(32, 132, 64 * kib) and not whole_tiles(3, 12, 64 * kib)
+
+
+@pytest.mark.parametrize("schedule", ["tiles", "skinny whole", "skinny split"])
+@pytest.mark.parametrize("M,N,K", [(1, 40, 64), (7, 33, 104), (70, 48, 88)])  # K: TMA's rows
+def test_glu_reads_silu_gate_times_up(schedule, M, N, K):
+    """linear(x, w, glu=True) on x = [gate | up] is silu_mul then linear: bit for bit on every
+    schedule (the skinny kernel rounds silu(gate) * up as silu_mul does), against fp64 too."""
+    from pdmux_triton.kernels import gemm, silu_mul
+
+    gate_up = torch.randn(M, 2 * K, dtype=torch.float16, device=DEV)
+    w = torch.randn(N, K, dtype=torch.float16, device=DEV) / K ** 0.5
+    config = (GemmConfig(16, 16, 16, 4, 1) if schedule == "tiles"
+              else GemmConfig(16, 16, 16, 4, 1, skinny=True))
+    with mock.patch.object(gemm, "whole_tiles", return_value=schedule != "skinny split"):
+        fused = linear(gate_up, w, poisoned((M, N), torch.float16, DEV), glu=True, num_sms=3,
+                       config=config)
+        parts = linear(silu_mul(gate_up), w, num_sms=3, config=config)
+    assert torch.equal(fused, parts)
+    g, u = gate_up.double().chunk(2, dim=1)
+    assert_close(fused, (torch.nn.functional.silu(g) * u) @ w.double().T, torch.float16)
+    with pytest.raises(PdmuxError, match=r"x must be \[gate \| up\], 2K = 200"):
+        linear(torch.zeros(M, 2 * K + 1, dtype=torch.float16, device=DEV), torch.zeros(
+            N, 100, dtype=torch.float16, device=DEV), glu=True)
