@@ -61,7 +61,7 @@ export CALIBRATION=bench/results/calibrate-h200.json
 export ADVISE_ITL_MS=${ADVISE_ITL_MS:-12}
 # the README's main command with --out: bench/results/run-h200.json (the shipped H200
 # measurements price its estimate)
-step run 150 pdmux-triton run --gpu h200 --out "$OUT"
+step run ${RUN_S:-150} pdmux-triton run --gpu h200 --out "$OUT" ${RUN_ARGS:-}
 step advised 90 bash -c 'pdmux-triton levels --gpu h200 --calibration "$CALIBRATION" --kind grid_cap \
     --itl-ms "$ADVISE_ITL_MS" --write-config /tmp/advised.yaml && cat /tmp/advised.yaml &&
     pdmux-triton run --out "$OUT/advised" --config /tmp/advised.yaml --kinds grid_cap \
