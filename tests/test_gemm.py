@@ -221,13 +221,19 @@ def test_glu_reads_silu_gate_times_up(schedule, M, N, K):
     w = torch.randn(N, K, dtype=torch.float16, device=DEV) / K ** 0.5
     config = (GemmConfig(16, 16, 16, 4, 1) if schedule == "tiles"
               else GemmConfig(16, 16, 16, 4, 1, skinny=True))
-    with mock.patch.object(gemm, "whole_tiles", return_value=schedule != "skinny split"):
-        fused = linear(gate_up, w, poisoned((M, N), torch.float16, DEV), glu=True, num_sms=3,
-                       config=config)
-        parts = linear(silu_mul(gate_up), w, num_sms=3, config=config)
-    assert torch.equal(fused, parts)
+    b = torch.randn(N, dtype=torch.float16, device=DEV)
+    placement = torch.randint(6, (12,), dtype=torch.int32).to(DEV)
     g, u = gate_up.double().chunk(2, dim=1)
-    assert_close(fused, (torch.nn.functional.silu(g) * u) @ w.double().T, torch.float16)
+    for budget, bias in (({"num_sms": 3}, None), ({"num_sms": 3}, b),
+                         ({"ctas_per_sm": 2, "pinned": Pinned(1, 3, placement)}, b)):
+        with mock.patch.object(gemm, "whole_tiles", return_value=schedule != "skinny split"):
+            fused = linear(gate_up, w, poisoned((M, N), torch.float16, DEV), bias=bias,
+                           glu=True, config=config, **budget)
+            parts = linear(silu_mul(gate_up), w, bias=bias, config=config, **budget)
+        if schedule != "tiles":  # the tiles schedule runs silu_mul first: the same as parts
+            assert torch.equal(fused, parts)
+        want = (torch.nn.functional.silu(g) * u) @ w.double().T
+        assert_close(fused, want + (0 if bias is None else bias.double()), torch.float16)
     with pytest.raises(PdmuxError, match=r"x must be \[gate \| up\], 2K = 200"):
         linear(torch.zeros(M, 2 * K + 1, dtype=torch.float16, device=DEV), torch.zeros(
             N, 100, dtype=torch.float16, device=DEV), glu=True)

@@ -198,8 +198,8 @@ class Model:
         heads = qkv.view(T, s.q_heads + 2 * s.kv_heads, s.head_dim)
         q, k, v = heads.split([s.q_heads, s.kv_heads, s.kv_heads], dim=1)
         rope_store_kv(heads, positions, self.cos_sin, s.q_heads, self.cache.k[i], self.cache.v[i],
-                      slots, lw.get("q_norm") if s.qk_norm else None,
-                      lw.get("k_norm") if s.qk_norm else None, s.rms_eps, **kw)
+                      slots, lw["q_norm"] if s.qk_norm else None,
+                      lw["k_norm"] if s.qk_norm else None, s.rms_eps, **kw)
         attn = attend(q, k, v, self.cache.k[i], self.cache.v[i])
         comm = budget.comm or ONE_GPU
         o = comm.reduce(linear(attn.view(T, s.q_dim), lw["o"], **kw))
