@@ -182,13 +182,17 @@ class ModelExecutor:
         """Host int64 arrays to the device on the current stream in one copy, as device views
         of the same shapes, without making the host wait for the stream (a pageable copy
         would): pinned memory and an async copy."""
-        host = torch.from_numpy(np.concatenate([a.ravel() for a in arrays]))
-        flat = host.pin_memory().to(self.device, non_blocking=True) if self.cuda else host
-        views, at = [], 0
+        # each view starts on a 16-byte boundary: Triton specializes a pointer's alignment, and
+        # warm-up's inputs are aligned, so an odd-sized array must not shift the next one
+        pieces, starts, at = [], [], 0
         for a in arrays:
-            views.append(flat[at:at + a.size].view(a.shape))
-            at += a.size
-        return views
+            pad = -a.size % 2  # int64s: two make 16 bytes
+            pieces += [a.ravel(), np.zeros(pad, dtype=np.int64)]
+            starts.append(at)
+            at += a.size + pad
+        host = torch.from_numpy(np.concatenate(pieces))
+        flat = host.pin_memory().to(self.device, non_blocking=True) if self.cuda else host
+        return [flat[start:start + a.size].view(a.shape) for start, a in zip(starts, arrays)]
 
     def _extend_batch(self, seqs: list[tuple[Request, list[int], int]]) -> ExtendBatch:
         """seqs: (request, new token ids, position of the first) for each sequence."""
