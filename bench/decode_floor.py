@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -82,7 +83,7 @@ def levels(res: Results, step: DecodeStep, prefill: PrefillLayers, gpu) -> None:
                 p_alone = time_alone(lambda: prefill.run(pbud), part.prefill_stream, graph=False,
                                      repeats=1)
                 for c in CTAS:
-                    dbud = Budget(part.decode_sms, c, first_sm=part.decode_budget.first_sm)
+                    dbud = replace(part.decode_budget, ctas_per_sm=c)
                     alone = time_alone(lambda: step.run(dbud), part.decode_stream, graph=True)
                     co = time_corun(lambda: step.run(dbud), part.decode_stream, True, alone,
                                     lambda: prefill.run(pbud), part.prefill_stream, False,

@@ -108,16 +108,21 @@ def shared_counters(purpose: str, n: int, device: torch.device) -> torch.Tensor:
     return buf
 
 
-_NO_TELEMETRY: dict[torch.device, torch.Tensor] = {}
+_UNUSED: dict[torch.device, torch.Tensor] = {}
+
+
+def unused_pointer(device: torch.device) -> torch.Tensor:
+    """A placeholder for a pointer argument the kernel compiles away (no telemetry, a plain
+    launch's gate), made once per device so launches stay cheap."""
+    if device not in _UNUSED:
+        _UNUSED[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return _UNUSED[device]
 
 
 def telemetry_args(sm_ids: torch.Tensor | None, grid: int, device: torch.device):
     """(buffer, RECORD_SM flag): a kernel records each program's SM id into `sm_ids`."""
     if sm_ids is None:
-        # a placeholder the kernel never touches, made once per device (launches stay cheap)
-        if device not in _NO_TELEMETRY:
-            _NO_TELEMETRY[device] = torch.empty(1, dtype=torch.int32, device=device)
-        return _NO_TELEMETRY[device], False
+        return unused_pointer(device), False
     if interpreting():
         raise PdmuxError("SM-id telemetry needs a GPU (the Triton interpreter has no %smid)")
     if sm_ids.dtype != torch.int32 or sm_ids.device != device or sm_ids.numel() < grid:

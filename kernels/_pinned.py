@@ -24,7 +24,8 @@ import triton
 import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import default_num_sms, interpreting, record_sm, shared_counters
+from pdmux_triton.kernels._launch import (default_num_sms, interpreting, record_sm, shared_counters,
+                                          unused_pointer)
 
 # the gate buffer: slots claimed, programs left, then a count per SM
 QUEUE, LEFT, SM_COUNTS = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
@@ -63,13 +64,7 @@ class PinnedLaunch:
     constexprs: dict
 
 
-_PLACEHOLDER: dict[torch.device, torch.Tensor] = {}
-
-
-def _placeholder(device: torch.device) -> torch.Tensor:
-    if device not in _PLACEHOLDER:  # a pointer a plain launch's kernel never reads
-        _PLACEHOLDER[device] = torch.zeros(1, dtype=torch.int32, device=device)
-    return _PLACEHOLDER[device]
+PLAIN = {"PINNED": False, "PLACED": False, "BLOCK_SMS": 1}  # a plain launch's gate constexprs
 
 
 def pinned_budget(pinned: Pinned | None, num_sms: int | None) -> int | None:
@@ -86,9 +81,8 @@ def pinned_launch(pinned: Pinned | None, slots: int, ctas_per_sm: int,
                   device: torch.device) -> PinnedLaunch:
     """The launch of a kernel whose grid-capped form has `slots` programs (`grid_size`'s)."""
     if pinned is None:
-        none = _placeholder(device)
-        return PinnedLaunch(slots, slots, (none, none, 0, 1, 1, slots, slots),
-                            {"PINNED": False, "PLACED": False, "BLOCK_SMS": 1})
+        none = unused_pointer(device)
+        return PinnedLaunch(slots, slots, (none, none, 0, 1, 1, slots, slots), PLAIN)
     placement = pinned.placement
     if placement is None:
         if interpreting() or device.type != "cuda":
@@ -109,7 +103,7 @@ def pinned_launch(pinned: Pinned | None, slots: int, ctas_per_sm: int,
         grid = placement.numel()
     gate = shared_counters("pinned gate", GATE_WORDS, device)
     return PinnedLaunch(grid, slots,
-                        (gate, placement if placement is not None else _placeholder(device),
+                        (gate, placement if placement is not None else unused_pointer(device),
                          pinned.first_sm, pinned.sms, ctas_per_sm, slots, grid),
                         {"PINNED": True, "PLACED": placement is not None,
                          "BLOCK_SMS": triton.next_power_of_2(pinned.sms)})
@@ -129,7 +123,6 @@ def _leave(gate_ptr, first_sm, n_sms, slots, programs, BLOCK_SMS: tl.constexpr):
                      mask=offs < n_sms)
             tl.store(gate_ptr + QUEUE, 0)
             tl.store(gate_ptr + LEFT, 0)
-            slot = slots
     return slot
 
 

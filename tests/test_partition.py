@@ -20,21 +20,15 @@ def test_for_level_maps_every_level():
     assert for_level((0, 132), "green", split_first="decode").whole_gpu
 
 
-def test_budget_is_what_kernels_take():
-    assert Budget(52).kw == {"num_sms": 52, "ctas_per_sm": 1}
-    assert Budget().kw["num_sms"] is None  # the whole GPU
-
-
 def test_pinned_levels_take_the_first_and_last_sm_ids():
     spec = for_level(H100[5], "pinned")
     assert (spec.kind, spec.prefill_sms, spec.decode_sms) == ("pinned", 80, 52)
     assert spec.first_sms == (0, 80)  # prefill on ids 0..79, decode on 80..131
     assert for_level(H100[3], "pinned", 132).first_sms == (0, 132 - H100[3][1])
     assert for_level(H100[0], "pinned") == whole(132)
+    assert for_level(H100[5], "grid_cap").first_sms == (None, None)  # the hardware places
     with pytest.raises(PdmuxError, match="num_sms with first_sm"):
         Budget(first_sm=80)
-    with pytest.raises(PdmuxError, match="launches through gpu.streams.kernel_args"):
-        Budget(52, first_sm=80).kw
 
 
 @pytest.mark.parametrize("kwargs,message", [

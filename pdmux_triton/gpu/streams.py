@@ -27,7 +27,7 @@ def kernel_args(budget: Budget) -> dict:
     """The launch arguments of every kernel for a budget: the grid cap, or a pinned side's SMs
     (`num_sms` is then the partition's, not the kernel's)."""
     if budget.first_sm is None:
-        return budget.kw
+        return {"num_sms": budget.num_sms, "ctas_per_sm": budget.ctas_per_sm}
     return {"num_sms": None, "ctas_per_sm": budget.ctas_per_sm,
             "pinned": _pinned(budget.first_sm, budget.num_sms)}
 
@@ -47,15 +47,11 @@ class PartitionStreams:
 
     @property
     def prefill_budget(self) -> Budget:
-        if self.spec.kind == "pinned":
-            return Budget(self.prefill_sms, first_sm=self.spec.first_sms[0])
-        return Budget(self.prefill_sms)
+        return Budget(self.prefill_sms, first_sm=self.spec.first_sms[0])
 
     @property
     def decode_budget(self) -> Budget:
-        if self.spec.kind == "pinned":
-            return Budget(self.decode_sms, first_sm=self.spec.first_sms[1])
-        return Budget(self.decode_sms)
+        return Budget(self.decode_sms, first_sm=self.spec.first_sms[1])
 
     @classmethod
     def open(cls, spec: PartitionSpec) -> "PartitionStreams":

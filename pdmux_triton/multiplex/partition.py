@@ -44,13 +44,6 @@ class Budget:
         if self.first_sm is not None and self.num_sms is None:
             raise PdmuxError("a pinned budget names its SMs: num_sms with first_sm")
 
-    @property
-    def kw(self) -> dict:
-        """A capped launch's arguments (a pinned budget's come from gpu.streams.kernel_args)."""
-        if self.first_sm is not None:
-            raise PdmuxError("a pinned budget launches through gpu.streams.kernel_args")
-        return {"num_sms": self.num_sms, "ctas_per_sm": self.ctas_per_sm}
-
 
 @dataclass(frozen=True)
 class PartitionSpec:
@@ -94,9 +87,11 @@ class PartitionSpec:
         return self.kind == "whole"
 
     @property
-    def first_sms(self) -> tuple[int, int]:
+    def first_sms(self) -> tuple[int | None, int | None]:
         """A pinned split's first SM id per side (prefill, decode): prefill from id 0, decode
-        on the last ids."""
+        on the last ids; None for the kinds that leave placement to the hardware."""
+        if self.kind != "pinned":
+            return None, None
         return 0, self.total_sms - self.decode_sms
 
     @property
