@@ -122,14 +122,14 @@ def _check_rope(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
                 raise PdmuxError(f"{name} has {w.shape[0]} entries, head dim is {D}")
 
 
-def _launch_rope(x, positions, cos_sin, wq, wk, eps, heads: tuple[int, int], caches, budget):
+def _launch_rope(x, positions, cos_sin, wq, wk, eps, heads: tuple[int, int], caches, num_sms,
+                 ctas_per_sm, sm_ids, pinned):
     """One launch over x's rows [T, H, D]: the first heads[0] normalized by wq, the next
     heads[1] by wk, both rotated; with `caches` (k_cache, v_cache, slots) the rest are values."""
     T, H, D = x.shape
     rows = T * H
     if rows == 0:
         return
-    num_sms, ctas_per_sm, sm_ids, pinned = budget
     half = D // 2
     block_half = triton.next_power_of_2(half)
     row_block = max(1, min(32, 2048 // block_half))
@@ -154,7 +154,7 @@ def rope_(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
     check_tensor("x", x, 3, FLOAT_DTYPES)
     _check_rope(x, positions, cos_sin, (("norm_weight", norm_weight),))
     _launch_rope(x, positions, cos_sin, norm_weight, norm_weight, eps, (x.shape[1], 0), None,
-                 (num_sms, ctas_per_sm, sm_ids, pinned))
+                 num_sms, ctas_per_sm, sm_ids, pinned)
     return x
 
 
@@ -189,4 +189,4 @@ def rope_store_kv(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Ten
     if slots.shape[0] != T:
         raise PdmuxError(f"slots has {slots.shape[0]} entries for {T} tokens")
     _launch_rope(qkv, positions, cos_sin, q_norm, k_norm, eps, (q_heads, kv_heads),
-                 (k_cache, v_cache, slots), (num_sms, ctas_per_sm, sm_ids, pinned))
+                 (k_cache, v_cache, slots), num_sms, ctas_per_sm, sm_ids, pinned)
