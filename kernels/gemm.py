@@ -59,35 +59,39 @@ def decode_tile(M: int, elem: int, small_budget: bool) -> GemmConfig:
 
 
 def default_config(M: int, N: int, K: int, programs: int, dtype: torch.dtype,
-                   device_programs: int | None = None) -> GemmConfig:
+                   device_programs: int | None = None, glu: bool = False) -> GemmConfig:
     """A tile shape and schedule for this problem.
 
     Large M: 128x256 tiles, the best of bench/bench_kernels.py's sweep on the H200.
     Decode M (up to 64, or 128 on a small budget): see `decode_tile`; a budget of at most half
     the GPU's programs counts as small. In between: 64/128x128 tiles, the skinny schedule when
-    there are fewer tiles than programs.
+    there are fewer tiles than programs. `glu`: the skinny kernel stages two tiles of x (gate
+    and up) a step, which leaves room for fewer stages.
     """
     elem = torch.finfo(dtype).bits // 8
     small = device_programs is not None and 2 * programs <= device_programs
     if interpreting():
         cfg = GemmConfig(16, 16, 16, 4, 1)
     elif M > 1024:
-        return _fit_shared_memory(GemmConfig(128, 256, 64, 8, 3, group_m=16), elem)
+        return _fit_shared_memory(GemmConfig(128, 256, 64, 8, 3, group_m=16), elem, glu)
     elif M <= (128 if small else 64):
-        return _fit_shared_memory(decode_tile(M, elem, small), elem)
+        return _fit_shared_memory(decode_tile(M, elem, small), elem, glu)
     else:
         cfg = GemmConfig(64 if M <= 256 else 128, 128, 64, 4, 4)
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
-    return _fit_shared_memory(replace(cfg, skinny=tiles < programs), elem)
+    return _fit_shared_memory(replace(cfg, skinny=tiles < programs), elem, glu)
 
 
 SHARED_MEMORY_LIMIT = 227 * 1024  # per block on Hopper
 
 
-def _fit_shared_memory(cfg: GemmConfig, elem_bytes: int) -> GemmConfig:
+def _fit_shared_memory(cfg: GemmConfig, elem_bytes: int, glu: bool = False) -> GemmConfig:
     """Fewer pipeline stages until the staged x and W tiles plus the epilogue tile (converted
-    through shared memory, in fp32 when the skinny kernel may write partials) fit."""
-    per_stage = (cfg.block_m + cfg.block_n) * cfg.block_k * elem_bytes
+    through shared memory, in fp32 when the skinny kernel may write partials) fit. A skinny
+    `glu` step stages gate and up, two tiles of x (the epilogue's room also holds the
+    silu(gate) * up operand the MMA reads: block_n * 4 >= block_k * elem_bytes here)."""
+    x_rows = cfg.block_m * (2 if glu and cfg.skinny else 1)
+    per_stage = (x_rows + cfg.block_n) * cfg.block_k * elem_bytes
     epilogue = cfg.block_m * cfg.block_n * (4 if cfg.skinny else elem_bytes)
     stages = max(1, min(cfg.num_stages, (SHARED_MEMORY_LIMIT - epilogue) // per_stage))
     return replace(cfg, num_stages=stages)
@@ -289,12 +293,12 @@ class GemmPlan:
 
 def plan(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device,
          num_sms: int | None = None, ctas_per_sm: int = 1,
-         config: GemmConfig | None = None) -> GemmPlan:
+         config: GemmConfig | None = None, glu: bool = False) -> GemmPlan:
     cfg = config
     if cfg is None:  # the budget and the whole GPU are only needed to choose a tile
         programs = grid_size(1 << 30, num_sms, ctas_per_sm, device)
         whole_gpu = grid_size(1 << 30, None, ctas_per_sm, device)
-        cfg = default_config(M, N, K, programs, dtype, whole_gpu)
+        cfg = default_config(M, N, K, programs, dtype, whole_gpu, glu)
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
     if not cfg.skinny:
         return GemmPlan(cfg, grid_size(tiles, num_sms, ctas_per_sm, device), False)
@@ -308,7 +312,7 @@ LARGE_M = 1025
 
 
 def warm_up_rows(N: int, K: int, dtype: torch.dtype, device: torch.device, budgets,
-                 max_rows: int) -> list[tuple[int, int]]:
+                 max_rows: int, glu: bool = False) -> list[tuple[int, int]]:
     """(rows, budget) pairs, one for each kernel variant that problems of 1..max_rows rows of
     x against an [N, K] weight compile on these budgets: running each once compiles everything
     such problems can need, so none compiles later (in a measured run)."""
@@ -316,7 +320,7 @@ def warm_up_rows(N: int, K: int, dtype: torch.dtype, device: torch.device, budge
     rows = [*range(1, min(max_rows, LARGE_M - 1) + 1), *([LARGE_M] if max_rows >= LARGE_M else [])]
     for budget in budgets:
         for m in rows:
-            seen.setdefault(plan(m, N, K, dtype, device, budget).variant(K), (m, budget))
+            seen.setdefault(plan(m, N, K, dtype, device, budget, glu=glu).variant(K), (m, budget))
     return list(seen.values())
 
 
@@ -354,7 +358,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
         return out
     if K == 0:
         return out.copy_(bias.expand(M, N)) if bias is not None else out.zero_()
-    p = plan(M, N, K, x.dtype, x.device, pinned_budget(pinned, num_sms), ctas_per_sm, config)
+    p = plan(M, N, K, x.dtype, x.device, pinned_budget(pinned, num_sms), ctas_per_sm, config, glu)
     cfg, grid = p.config, p.grid
     launch = pinned_launch(pinned, grid, ctas_per_sm, x.device)
     sm_buf, record = telemetry_args(sm_ids, grid, x.device)

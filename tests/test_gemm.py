@@ -1,3 +1,4 @@
+from dataclasses import replace
 from unittest import mock
 
 import pytest
@@ -198,6 +199,24 @@ def test_rows_past_64_keep_one_x_tile_only_on_a_small_budget():
             assert default_config(M, 4096, 4096, 132, torch.bfloat16, 132).block_m == 64
         assert default_config(129, 4096, 4096, 20, torch.bfloat16, 132).block_m == 64
         assert default_config(64, 4096, 4096, 20, torch.bfloat16, 132).skinny
+
+
+def test_glu_decode_tiles_fit_shared_memory():
+    """A skinny glu step stages two tiles of x: what Triton allocates for it (the stages' gate,
+    up and W tiles, plus the silu(gate) * up operand; 278528 bytes at 4 stages of the 64-row
+    small-budget tile, which the H200 refused) fits, and glu costs stages only where needed."""
+    from pdmux_triton.kernels.gemm import SHARED_MEMORY_LIMIT, default_config
+
+    with mock.patch.object(gemm, "interpreting", return_value=False):
+        for M in (1, 16, 33, 64):
+            for programs in (20, 132):
+                cfg = default_config(M, 4096, 12288, programs, torch.bfloat16, 132, glu=True)
+                plain = default_config(M, 4096, 12288, programs, torch.bfloat16, 132)
+                assert cfg.skinny and replace(cfg, num_stages=plain.num_stages) == plain
+                staged = cfg.num_stages * (2 * cfg.block_m + cfg.block_n) * cfg.block_k * 2
+                assert staged + cfg.block_m * cfg.block_k * 2 <= SHARED_MEMORY_LIMIT
+        assert default_config(64, 4096, 12288, 20, torch.bfloat16, 132, glu=True).num_stages == 3
+        assert default_config(16, 4096, 12288, 20, torch.bfloat16, 132, glu=True).num_stages == 4
 
 
 def test_skinny_schedule_splits_only_when_whole_tiles_leave_most_programs_idle():

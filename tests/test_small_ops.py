@@ -184,7 +184,7 @@ def test_small_ops_bf16_real_sizes():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("T", [1, 32, 2048])
+@pytest.mark.parametrize("T", [1, 32, 64, 2048])  # 64: the most shared memory glu stages
 def test_fused_prologue_and_glu_equal_their_parts_in_bf16(T):
     """On the GPU, in bf16 at Qwen3-8B's shapes: the fused attention prologue is rope_ on q
     and k then the cache store, and the down projection's glu is silu_mul then the GEMM, bit

@@ -42,7 +42,7 @@ def compile_prefill_side(model: Model, budget: Budget, max_rows: int, max_seqs: 
                 for name in ("qkv", "o", "gate_up", "down")] + [(w.lm_head, None, max_seqs, False)]
     for weight, bias, rows, glu in problems:  # a bias compiles its own variants, glu too
         N, K = weight.shape
-        for m, _ in warm_up_rows(N, K, dtype, dev, [budget.num_sms], rows):
+        for m, _ in warm_up_rows(N, K, dtype, dev, [budget.num_sms], rows, glu):
             # the budget's own launch (a pinned side compiles its PINNED variants), the down
             # projection reading [gate | up] as the model calls it
             linear(torch.empty(m, 2 * K if glu else K, dtype=dtype, device=dev), weight,
