@@ -9,9 +9,15 @@ captured, alone:
   context, and pinned to 20 consecutive SM ids starting at several first ids;
 - the SM ids a green context of each level's decode SMs runs on (decode attention's programs
   record them), to pin the same ones;
-- per kernel: one eager step's kernel times (profiler) on 20 SMs, capped and pinned.
+- per kernel: one eager step's kernel times (profiler) on 20 SMs, capped and pinned;
+- one skinny GEMM (the down projection at 32 rows) on 20 SMs: capped; pinned; admitted by a
+  placement (programs 0-19 admitted wherever they land) among as many programs as pinned
+  launches, and with only those 20 programs, which parts the gate's atomics from the programs
+  it turns away. `--ncu` launches just those, once each after a warm-up, for Nsight Compute.
 
     python bench/pinned_sites.py --out bench/results
+    ncu --section SpeedOfLight --section LaunchStats -k regex:skinny --launch-skip 4 -c 4 \
+        python bench/pinned_sites.py --ncu
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ import torch
 from common import MODEL, Results, require_gpu
 
 from pdmux_triton.gpu.streams import PartitionStreams, kernel_args
-from pdmux_triton.kernels import decode_attention
+from pdmux_triton.kernels import decode_attention, linear
+from pdmux_triton.kernels._pinned import Pinned
 from pdmux_triton.measure.timing import time_alone
 from pdmux_triton.measure.workloads import DecodeStep
 from pdmux_triton.multiplex import sglang_rules
@@ -109,16 +116,48 @@ def per_kernel(res: Results, step: DecodeStep, stream, gpu) -> None:
     res.save()
 
 
+def gemm_variants(gpu) -> dict:
+    """The down projection at 32 rows on 20 SMs, launched four ways (see the module's doc)."""
+    x = torch.randn(BATCH, MODEL.intermediate, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(MODEL.hidden, MODEL.intermediate, dtype=torch.bfloat16, device="cuda") / 100
+    out = torch.empty(BATCH, MODEL.hidden, dtype=torch.bfloat16, device="cuda")
+    first = gpu.sms - SMS
+    spread = torch.full((gpu.sms,), 0, dtype=torch.int32, device="cuda")
+    spread[:SMS] = torch.arange(first, gpu.sms, dtype=torch.int32)
+    only = spread[:SMS].clone()
+    return {"grid_cap": lambda: linear(x, w, out, num_sms=SMS),
+            "pinned": lambda: linear(x, w, out, pinned=Pinned(first, SMS)),
+            "placed_among_all": lambda: linear(x, w, out, pinned=Pinned(first, SMS, spread)),
+            "placed_only": lambda: linear(x, w, out, pinned=Pinned(first, SMS, only))}
+
+
+def one_gemm(res: Results, stream, gpu) -> None:
+    variants = gemm_variants(gpu)
+    base = None
+    for name, fn in variants.items():
+        ms = time_alone(fn, stream, graph=True)
+        base = base or ms
+        res.row(section="one gemm", kind=name, sms=SMS, us=ms * 1e3, over_capped=ms / base)
+    res.save()
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path("bench/results"))
+    p.add_argument("--ncu", action="store_true", help="launch the GEMM variants for ncu only")
     args = p.parse_args(argv)
     require_gpu("bench/pinned_sites.py")
     gpu = detect_gpu()
+    if args.ncu:
+        for fn in [*gemm_variants(gpu).values()] * 2:  # the first round compiles
+            fn()
+        torch.cuda.synchronize()
+        return 0
     res = Results(args.out / f"pinned-sites-{gpu.name}.json", gpu.name)
     res.data["inputs"] = {"model": MODEL.name, "batch": BATCH, "context": CONTEXT, "sms": SMS}
     step = DecodeStep(MODEL, BATCH, CONTEXT)
     stream = torch.cuda.Stream()
+    one_gemm(res, stream, gpu)
     gate_cost(res, step, stream, gpu.sms)
     green_ids(res, step, gpu)
     sites(res, step, stream, gpu)
