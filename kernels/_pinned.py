@@ -12,7 +12,11 @@ resets the counters for the next launch and, if no program survived at all, does
 itself, outside the range, rather than leave the work undone.
 
 A claim is one atomic a slot, a few per program: never one per small unit of work, which
-starves under memory pressure (design.md, the SM-id gating facts).
+starves under memory pressure (design.md, the SM-id gating facts). The counts and claims are
+relaxed atomics: they publish no data (a slot's results reach the next launch at the kernel's
+end), and an acquire-release atomic costs a fence and an L1 flush each on Hopper
+(MEMBAR.ALL.GPU, CCTL.IVALL). Leaving is acquire-release: the last program to leave must see
+every claim made before the others left.
 """
 
 from __future__ import annotations
@@ -116,7 +120,7 @@ def _leave(gate_ptr, first_sm, n_sms, slots, programs, BLOCK_SMS: tl.constexpr):
     left = tl.atomic_add(gate_ptr + LEFT, 1)
     slot = slots
     if left >= programs - 1:  # every other program has left: nobody claims any more
-        slot = tl.atomic_add(gate_ptr + QUEUE, 1)
+        slot = tl.atomic_add(gate_ptr + QUEUE, 1, sem="relaxed")
         if slot >= slots:
             offs = tl.arange(0, BLOCK_SMS)
             tl.store(gate_ptr + SM_COUNTS + first_sm + offs, tl.zeros((BLOCK_SMS,), tl.int32),
@@ -136,7 +140,7 @@ def admitted(gate_ptr, place_ptr, first_sm, n_sms, ctas, PLACED: tl.constexpr):
         sm = tl.extra.cuda.smid()
     ok = (sm >= first_sm) & (sm < first_sm + n_sms)
     if ok:
-        ok = tl.atomic_add(gate_ptr + SM_COUNTS + sm, 1) < ctas
+        ok = tl.atomic_add(gate_ptr + SM_COUNTS + sm, 1, sem="relaxed") < ctas
     return ok, sm
 
 
@@ -145,7 +149,7 @@ def first_slot(gate_ptr, ok, first_sm, n_sms, slots, programs, BLOCK_SMS: tl.con
     """This program's first slot (`ok`: it was admitted), or `slots` if it does none."""
     slot = slots
     if ok:
-        slot = tl.atomic_add(gate_ptr + QUEUE, 1)
+        slot = tl.atomic_add(gate_ptr + QUEUE, 1, sem="relaxed")
     if slot >= slots:
         slot = _leave(gate_ptr, first_sm, n_sms, slots, programs, BLOCK_SMS)
     return slot
@@ -188,7 +192,7 @@ def run_slots(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, first_s
 @triton.jit
 def next_slot(gate_ptr, first_sm, n_sms, slots, programs, BLOCK_SMS: tl.constexpr):
     """A survivor's next slot, or `slots` once every slot is taken (it has then left)."""
-    slot = tl.atomic_add(gate_ptr + QUEUE, 1)
+    slot = tl.atomic_add(gate_ptr + QUEUE, 1, sem="relaxed")
     if slot >= slots:
         slot = _leave(gate_ptr, first_sm, n_sms, slots, programs, BLOCK_SMS)
     return slot
