@@ -6,7 +6,8 @@ captured, alone:
 - the gate's own cost: on the whole GPU, plain against pinned to all SMs (the same SMs, so
   only the gate differs), at 1-3 CTAs per SM;
 - the SMs' site: on 20 SMs, grid-capped (the hardware spreads the programs), on a green
-  context, and pinned to 20 consecutive SM ids starting at several first ids;
+  context, and pinned to 20 sites of the device's site order (kernels/_pinned.py) from
+  several first sites;
 - the SM ids a green context of each level's decode SMs runs on (decode attention's programs
   record them), to pin the same ones;
 - per kernel: one eager step's kernel times (profiler) on 20 SMs, capped and pinned;
@@ -32,7 +33,7 @@ from common import MODEL, Results, require_gpu
 
 from pdmux_triton.gpu.streams import PartitionStreams, kernel_args
 from pdmux_triton.kernels import decode_attention, linear
-from pdmux_triton.kernels._pinned import Pinned
+from pdmux_triton.kernels._pinned import Pinned, site_order
 from pdmux_triton.measure.timing import time_alone
 from pdmux_triton.measure.workloads import DecodeStep
 from pdmux_triton.multiplex import sglang_rules
@@ -45,7 +46,7 @@ BATCH, CONTEXT, SMS = 32, 2048, 20
 def gate_cost(res: Results, step: DecodeStep, stream, total: int) -> None:
     for c in (1, 2, 3):
         plain = time_alone(lambda: step.run(Budget(None, c)), stream, graph=True)
-        pinned = time_alone(lambda: step.run(Budget(total, c, first_sm=0)), stream, graph=True)
+        pinned = time_alone(lambda: step.run(Budget(total, c, first_site=0)), stream, graph=True)
         res.row(section="gate", sms=total, ctas_per_sm=c, plain_ms=plain, pinned_ms=pinned,
                 pinned_over_plain=pinned / plain)
     res.save()
@@ -67,8 +68,10 @@ def green_ids(res: Results, step: DecodeStep, gpu) -> dict[int, list[int]]:
             torch.cuda.synchronize()
             used = sorted({int(i) for i in ids.tolist() if i >= 0})
             out[part.decode_sms] = used
+            sites = site_order(torch.device("cuda"))[0][:part.decode_sms]
             res.row(section="green ids", prefill_sms=level[0], decode_sms=part.decode_sms,
-                    ids=used, contiguous=used == list(range(used[0], used[0] + len(used))))
+                    ids=used, first_sites=sorted(sites),
+                    shared_with_first_sites=len(set(used) & set(sites)))
     res.save()
     return out
 
@@ -85,10 +88,10 @@ def sites(res: Results, step: DecodeStep, stream, gpu) -> None:
     with PartitionStreams.open(for_level((gpu.sms - SMS, SMS), "green", gpu.sms)) as part:
         green = time_alone(lambda: step.run(part.decode_budget), part.decode_stream, graph=True)
     res.row(section="site", kind="green", sms=SMS, ms=green, vs_capped=capped / green)
-    for first in range(0, gpu.sms - SMS + 1, 16):
+    for first in range(0, gpu.sms - SMS + 1, 56):
         for c in (1, 2):
-            ms = time_alone(lambda: step.run(Budget(SMS, c, first_sm=first)), stream, graph=True)
-            res.row(section="site", kind="pinned", sms=SMS, first_sm=first, ctas_per_sm=c, ms=ms,
+            ms = time_alone(lambda: step.run(Budget(SMS, c, first_site=first)), stream, graph=True)
+            res.row(section="site", kind="pinned", sms=SMS, first_site=first, ctas_per_sm=c, ms=ms,
                     vs_green=green / ms)
     res.save()
 
@@ -97,7 +100,7 @@ def per_kernel(res: Results, step: DecodeStep, stream, gpu) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     for name, budget in (("grid_cap", Budget(SMS)),
-                         ("pinned", Budget(SMS, 1, first_sm=gpu.sms - SMS))):
+                         ("pinned", Budget(SMS, 1, first_site=0))):
         with torch.cuda.stream(stream):
             step.run(budget)
             torch.cuda.synchronize()
@@ -117,26 +120,19 @@ def per_kernel(res: Results, step: DecodeStep, stream, gpu) -> None:
 
 
 def gemm_variants(gpu) -> dict:
-    """The down projection at 32 rows on 20 SMs, launched four ways (see the module's doc)."""
+    """The down projection at 32 rows on 20 SMs, capped and pinned."""
     x = torch.randn(BATCH, MODEL.intermediate, dtype=torch.bfloat16, device="cuda")
     w = torch.randn(MODEL.hidden, MODEL.intermediate, dtype=torch.bfloat16, device="cuda") / 100
     out = torch.empty(BATCH, MODEL.hidden, dtype=torch.bfloat16, device="cuda")
-    first = gpu.sms - SMS
-    spread = torch.full((gpu.sms,), 0, dtype=torch.int32, device="cuda")
-    spread[:SMS] = torch.arange(first, gpu.sms, dtype=torch.int32)
-    only = spread[:SMS].clone()
     return {"grid_cap": lambda: linear(x, w, out, num_sms=SMS),
-            "pinned": lambda: linear(x, w, out, pinned=Pinned(first, SMS)),
-            "placed_among_all": lambda: linear(x, w, out, pinned=Pinned(first, SMS, spread)),
-            "placed_only": lambda: linear(x, w, out, pinned=Pinned(first, SMS, only))}
+            "pinned": lambda: linear(x, w, out, pinned=Pinned(0, SMS))}
 
 
 def one_gemm(res: Results, stream, gpu) -> None:
     variants = gemm_variants(gpu)
     base = None
     for name, fn in variants.items():
-        # a placement is checked on the host (a sync), which a graph capture cannot hold
-        ms = time_alone(fn, stream, graph=not name.startswith("placed"))
+        ms = time_alone(fn, stream, graph=True)
         base = base or ms
         res.row(section="one gemm", kind=name, sms=SMS, us=ms * 1e3, over_capped=ms / base)
     res.save()
@@ -167,7 +163,7 @@ def main(argv=None) -> int:
     for r in res.data["rows"]:
         if r["section"] != "per kernel":
             print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()
-                   if k != "ids"}, (r["ids"][:3], r["ids"][-3:]) if "ids" in r else "")
+                   if k not in ("ids", "first_sites")})
     return 0
 
 

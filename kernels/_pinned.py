@@ -1,15 +1,21 @@
-"""Pinned partitions: a kernel's programs run on a fixed range of SM ids, at most c to an SM.
+"""Pinned partitions: a kernel's programs run on a fixed set of SMs, at most c to an SM.
 
 Where a program lands is the hardware's choice, so a pinned launch gives every SM of the GPU
 its c programs' worth (c x the device's SMs). Each program reads its SM id (`%smid`) and
-leaves at once unless its SM is in the level's range and fewer than c programs took that SM
+leaves at once unless its SM is one of the partition's and fewer than c programs took that SM
 before it (one counter per SM). The survivors take the work as slots: slot s of S is what
 program s of a grid-capped launch of S programs does (S = min(c x k, tiles)), claimed one at
 a time from a shared counter, so every slot is done exactly once however many programs
 survive (c on every SM, fewer on some, none on others). Nobody waits for anybody (a program
 the hardware has not placed yet could never arrive): the last program of the launch to leave
 resets the counters for the next launch and, if no program survived at all, does every slot
-itself, outside the range, rather than leave the work undone.
+itself, outside the partition, rather than leave the work undone.
+
+A partition is a range of *sites*: the device's SMs in the order the hardware places a
+launch's programs on an idle GPU (`site_order`, measured once per device), so sites 0..k-1 are
+the SMs a grid-capped launch of k programs runs on. Consecutive SM ids sit together on the
+chip (the H200's green contexts and grid-capped launches spread over its blocks of SM ids;
+20 consecutive ids read slower than either), and a range of sites is spread as they are.
 
 A claim is one atomic a slot, a few per program: never one per small unit of work, which
 starves under memory pressure (design.md, the SM-id gating facts). The counts and claims are
@@ -31,30 +37,70 @@ from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels._launch import (default_num_sms, interpreting, record_sm, shared_counters,
                                           unused_pointer)
 
-# the gate buffer: slots claimed, programs left, then a count per SM
-QUEUE, LEFT, SM_COUNTS = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
-GATE_WORDS = 1024  # the gate buffer's int32 counters
-MAX_SM_ID = GATE_WORDS - 3  # the highest SM id it counts (after QUEUE and LEFT)
+# the gate buffer: slots claimed, programs left, then a count per site
+QUEUE, LEFT, SITE_COUNTS = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
+GATE_WORDS = 1024  # the gate buffer's int32 counters, and the site table's entries (SM ids)
+MAX_SITE = GATE_WORDS - 3  # the highest site it counts (after QUEUE and LEFT)
+TABLE_WORDS = tl.constexpr(GATE_WORDS)  # the site table's entries, in a kernel
 
 
 @dataclass(frozen=True)
 class Pinned:
-    """The SMs a pinned launch runs on: ids first_sm .. first_sm + sms - 1. `placement`, an
-    int32 tensor, names the SM each program lands on instead of `%smid` (one entry a program:
-    the launch has that many programs); the interpreter has no `%smid`, so there it is needed."""
+    """The SMs a pinned launch runs on: sites first_site .. first_site + sms - 1 of the
+    device's `site_order`. `placement`, an int32 tensor, names the site each program is at
+    instead of `%smid` (one entry a program: the launch has that many programs); the
+    interpreter has no `%smid`, so there it is needed."""
 
-    first_sm: int
+    first_site: int
     sms: int
     placement: torch.Tensor | None = field(default=None, compare=False)  # by identity in a hash
 
     def __post_init__(self):
-        for name, value, low in (("first_sm", self.first_sm, 0), ("sms", self.sms, 1)):
+        for name, value, low in (("first_site", self.first_site, 0), ("sms", self.sms, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise PdmuxError(f"a pinned partition's {name} must be an integer >= {low}, "
                                  f"got {value!r}")
-        if self.first_sm + self.sms - 1 > MAX_SM_ID:
-            raise PdmuxError(f"a pinned partition's SMs must have ids up to {MAX_SM_ID}, got "
-                             f"{self.first_sm}..{self.first_sm + self.sms - 1}")
+        if self.first_site + self.sms - 1 > MAX_SITE:
+            raise PdmuxError(f"a pinned partition's sites must be up to {MAX_SITE}, got "
+                             f"{self.first_site}..{self.first_site + self.sms - 1}")
+
+
+@triton.jit
+def _where_kernel(out_ptr, HOLD_NS: tl.constexpr):
+    """Each program stores its SM id, after holding its SM for HOLD_NS (so the first programs
+    of the launch each take an SM of their own, as a real kernel's would)."""
+    t0 = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.uint64,
+                                   is_pure=False, pack=1)
+    t = t0
+    while t - t0 < HOLD_NS:
+        t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.uint64,
+                                      is_pure=False, pack=1)
+    tl.store(out_ptr + tl.program_id(0), tl.extra.cuda.smid())
+
+
+_SITES: dict[torch.device, tuple[list[int], torch.Tensor]] = {}
+
+
+def site_order(device: torch.device) -> tuple[list[int], torch.Tensor]:
+    """(the device's SM ids in site order, the site table: SM id -> site, -1 for ids the
+    order lacks), measured once per device: the SMs the programs of one launch land on, in
+    program order, then any SM it missed."""
+    if device in _SITES:
+        return _SITES[device]
+    if torch.cuda.is_current_stream_capturing():
+        raise PdmuxError("a pinned partition measures its device's site order on its first "
+                         "launch, which must not be inside a graph capture: launch once first")
+    total = default_num_sms(device)
+    where = torch.full((4 * total,), -1, dtype=torch.int32, device=device)
+    _where_kernel[(where.numel(),)](where, HOLD_NS=20_000, num_warps=1)
+    order = list(dict.fromkeys(where.tolist()))
+    order += [sm for sm in range(total) if sm not in order]
+    if max(order) >= GATE_WORDS:
+        raise PdmuxError(f"an SM id of {max(order)} is past the site table's {GATE_WORDS} entries")
+    table = torch.full((GATE_WORDS,), -1, dtype=torch.int32)
+    table[order] = torch.arange(len(order), dtype=torch.int32)
+    _SITES[device] = order, table.to(device)
+    return _SITES[device]
 
 
 @dataclass(frozen=True)
@@ -91,30 +137,29 @@ def pinned_launch(pinned: Pinned | None, slots: int, ctas_per_sm: int,
     if placement is None:
         if interpreting() or device.type != "cuda":
             raise PdmuxError("a pinned partition reads %smid, which only a GPU has: give a "
-                             "placement (the SM of each program) to run it elsewhere")
-        total = default_num_sms(device)
-        if pinned.first_sm + pinned.sms > total:
-            raise PdmuxError(f"SMs {pinned.first_sm}..{pinned.first_sm + pinned.sms - 1} are not "
-                             f"all on this GPU, which has {total}")
-        grid = ctas_per_sm * total
+                             "placement (the site of each program) to run it elsewhere")
+        order, where = site_order(device)
+        if pinned.first_site + pinned.sms > len(order):
+            raise PdmuxError(f"sites {pinned.first_site}..{pinned.first_site + pinned.sms - 1} "
+                             f"are not all on this GPU, which has {len(order)} SMs")
+        grid = ctas_per_sm * default_num_sms(device)
     else:
         if (not isinstance(placement, torch.Tensor) or placement.dtype != torch.int32
                 or placement.dim() != 1 or placement.device != device or placement.numel() < 1):
             raise PdmuxError(f"a placement must be a non-empty 1-D int32 tensor on {device}")
         low, high = int(placement.min()), int(placement.max())
-        if low < 0 or high > MAX_SM_ID:
-            raise PdmuxError(f"a placement's SM ids must be in 0..{MAX_SM_ID}, got {low}..{high}")
-        grid = placement.numel()
+        if low < 0 or high > MAX_SITE:
+            raise PdmuxError(f"a placement's sites must be in 0..{MAX_SITE}, got {low}..{high}")
+        grid, where = placement.numel(), placement
     gate = shared_counters("pinned gate", GATE_WORDS, device)
     return PinnedLaunch(grid, slots,
-                        (gate, placement if placement is not None else unused_pointer(device),
-                         pinned.first_sm, pinned.sms, ctas_per_sm, slots, grid),
+                        (gate, where, pinned.first_site, pinned.sms, ctas_per_sm, slots, grid),
                         {"PINNED": True, "PLACED": placement is not None,
                          "BLOCK_SMS": triton.next_power_of_2(pinned.sms)})
 
 
 @triton.jit
-def _leave(gate_ptr, first_sm, n_sms, slots, programs, BLOCK_SMS: tl.constexpr):
+def _leave(gate_ptr, first_site, n_sms, slots, programs, BLOCK_SMS: tl.constexpr):
     """A program leaves: the slot it must still do (only the launch's last program, when no
     program survived) or `slots`. The last to leave resets the counters."""
     left = tl.atomic_add(gate_ptr + LEFT, 1)
@@ -123,7 +168,7 @@ def _leave(gate_ptr, first_sm, n_sms, slots, programs, BLOCK_SMS: tl.constexpr):
         slot = tl.atomic_add(gate_ptr + QUEUE, 1, sem="relaxed")
         if slot >= slots:
             offs = tl.arange(0, BLOCK_SMS)
-            tl.store(gate_ptr + SM_COUNTS + first_sm + offs, tl.zeros((BLOCK_SMS,), tl.int32),
+            tl.store(gate_ptr + SITE_COUNTS + first_site + offs, tl.zeros((BLOCK_SMS,), tl.int32),
                      mask=offs < n_sms)
             tl.store(gate_ptr + QUEUE, 0)
             tl.store(gate_ptr + LEFT, 0)
@@ -131,36 +176,39 @@ def _leave(gate_ptr, first_sm, n_sms, slots, programs, BLOCK_SMS: tl.constexpr):
 
 
 @triton.jit
-def admitted(gate_ptr, place_ptr, first_sm, n_sms, ctas, PLACED: tl.constexpr):
-    """(whether this program may work: its SM is in the range and holds fewer than c
-    programs that were admitted before it; the SM it runs on)."""
+def admitted(gate_ptr, place_ptr, first_site, n_sms, ctas, PLACED: tl.constexpr):
+    """(whether this program may work: its SM's site is in the range and holds fewer than c
+    programs that were admitted before it; the SM it runs on, or its placed site).
+    `place_ptr`: the placement (a site a program) or the site table (a site an SM id)."""
     if PLACED:
         sm = tl.load(place_ptr + tl.program_id(0))
+        site = sm
     else:
         sm = tl.extra.cuda.smid()
-    ok = (sm >= first_sm) & (sm < first_sm + n_sms)
+        site = tl.load(place_ptr + sm, mask=sm < TABLE_WORDS, other=-1)
+    ok = (site >= first_site) & (site < first_site + n_sms)
     if ok:
-        ok = tl.atomic_add(gate_ptr + SM_COUNTS + sm, 1, sem="relaxed") < ctas
+        ok = tl.atomic_add(gate_ptr + SITE_COUNTS + site, 1, sem="relaxed") < ctas
     return ok, sm
 
 
 @triton.jit
-def first_slot(gate_ptr, ok, first_sm, n_sms, slots, programs, BLOCK_SMS: tl.constexpr):
+def first_slot(gate_ptr, ok, first_site, n_sms, slots, programs, BLOCK_SMS: tl.constexpr):
     """This program's first slot (`ok`: it was admitted), or `slots` if it does none."""
     slot = slots
     if ok:
         slot = tl.atomic_add(gate_ptr + QUEUE, 1, sem="relaxed")
     if slot >= slots:
-        slot = _leave(gate_ptr, first_sm, n_sms, slots, programs, BLOCK_SMS)
+        slot = _leave(gate_ptr, first_site, n_sms, slots, programs, BLOCK_SMS)
     return slot
 
 
 @triton.jit
-def pinned_start(gate_ptr, place_ptr, first_sm, n_sms, ctas, slots, programs,
+def pinned_start(gate_ptr, place_ptr, first_site, n_sms, ctas, slots, programs,
                  PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr):
     """(this program's first slot, or `slots` if the gate turned it away; its SM)."""
-    ok, sm = admitted(gate_ptr, place_ptr, first_sm, n_sms, ctas, PLACED)
-    return first_slot(gate_ptr, ok, first_sm, n_sms, slots, programs, BLOCK_SMS), sm
+    ok, sm = admitted(gate_ptr, place_ptr, first_site, n_sms, ctas, PLACED)
+    return first_slot(gate_ptr, ok, first_site, n_sms, slots, programs, BLOCK_SMS), sm
 
 
 @triton.jit
@@ -171,28 +219,28 @@ def record_slot(sm_ids_ptr, slot, sm, RECORD_SM: tl.constexpr):
 
 
 @triton.jit
-def run_slots(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, first_sm, n_sms, ctas,
+def run_slots(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, ctas,
               slots, programs, RECORD_SM: tl.constexpr, PINNED: tl.constexpr,
               PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr):
     """A kernel's work: `BODY(pid, programs, *args)` is what program pid of a capped launch of
     `programs` does. Plain, each program does its own; pinned, the programs the gate admits do
     the capped launch's programs as slots."""
     if PINNED:
-        slot, sm = pinned_start(gate_ptr, place_ptr, first_sm, n_sms, ctas, slots, programs,
+        slot, sm = pinned_start(gate_ptr, place_ptr, first_site, n_sms, ctas, slots, programs,
                                 PLACED, BLOCK_SMS)
         while slot < slots:
             record_slot(sm_ids_ptr, slot, sm, RECORD_SM)
             BODY(slot, slots, *args)
-            slot = next_slot(gate_ptr, first_sm, n_sms, slots, programs, BLOCK_SMS)
+            slot = next_slot(gate_ptr, first_site, n_sms, slots, programs, BLOCK_SMS)
     else:
         record_sm(sm_ids_ptr, RECORD_SM)
         BODY(tl.program_id(0), tl.num_programs(0), *args)
 
 
 @triton.jit
-def next_slot(gate_ptr, first_sm, n_sms, slots, programs, BLOCK_SMS: tl.constexpr):
+def next_slot(gate_ptr, first_site, n_sms, slots, programs, BLOCK_SMS: tl.constexpr):
     """A survivor's next slot, or `slots` once every slot is taken (it has then left)."""
     slot = tl.atomic_add(gate_ptr + QUEUE, 1, sem="relaxed")
     if slot >= slots:
-        slot = _leave(gate_ptr, first_sm, n_sms, slots, programs, BLOCK_SMS)
+        slot = _leave(gate_ptr, first_site, n_sms, slots, programs, BLOCK_SMS)
     return slot

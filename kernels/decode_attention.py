@@ -44,9 +44,9 @@ def _unit_at(pos, work, bi, KV_HEADS):
     return b * KV_HEADS + (pos - before * KV_HEADS) // size
 
 
-@triton.jit(do_not_specialize=["B", "spt_b", "first_sm", "n_sms", "slots", "programs"])
+@triton.jit(do_not_specialize=["B", "spt_b", "first_site", "n_sms", "slots", "programs"])
 def decode_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, part_lse_ptr,
-                   count_ptr, sm_ids_ptr, gate_ptr, place_ptr, first_sm, n_sms, ctas, slots,
+                   count_ptr, sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, ctas, slots,
                    programs, B, KV_HEADS, scale_log2, sq_b, sq_h, so_b, so_h, sc_s, sc_h, spt_b,
                    PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, UNIT_COST: tl.constexpr,
@@ -55,7 +55,7 @@ def decode_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, par
     run_slots(_decode_slot, (q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr,
               part_lse_ptr, count_ptr, B, KV_HEADS, scale_log2, sq_b, sq_h, so_b, so_h, sc_s, sc_h,
               spt_b, PAGE_SIZE, GROUP, BLOCK_G, BLOCK_N, BLOCK_B, UNIT_COST, D, WIDE), sm_ids_ptr,
-              gate_ptr, place_ptr, first_sm, n_sms, ctas, slots, programs, RECORD_SM, PINNED,
+              gate_ptr, place_ptr, first_site, n_sms, ctas, slots, programs, RECORD_SM, PINNED,
               PLACED, BLOCK_SMS)
 
 

@@ -120,14 +120,14 @@ def _plus_bias(acc, b_ptr, rn, N, HAS_BIAS: tl.constexpr, ALONG_ROWS: tl.constex
     return acc
 
 
-@triton.jit(do_not_specialize=["M", "first_sm", "n_sms", "slots", "programs"])
-def gemm_kernel(x_desc, w_desc, y_ptr, b_ptr, sm_ids_ptr, gate_ptr, place_ptr, first_sm, n_sms,
+@triton.jit(do_not_specialize=["M", "first_site", "n_sms", "slots", "programs"])
+def gemm_kernel(x_desc, w_desc, y_ptr, b_ptr, sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms,
                  ctas, slots, programs, M, N, K, stride_ym, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                  HAS_BIAS: tl.constexpr, RECORD_SM: tl.constexpr, PINNED: tl.constexpr,
                  PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr):
     run_slots(_gemm_slot, (x_desc, w_desc, y_ptr, b_ptr, M, N, K, stride_ym, BLOCK_M, BLOCK_N,
-              BLOCK_K, GROUP_M, HAS_BIAS), sm_ids_ptr, gate_ptr, place_ptr, first_sm, n_sms, ctas,
+              BLOCK_K, GROUP_M, HAS_BIAS), sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, ctas,
               slots, programs, RECORD_SM, PINNED, PLACED, BLOCK_SMS)
 
 
@@ -191,9 +191,9 @@ def _swapped_product(x_ptr, w_ptr, tile, tiles_m, k_lo, k_hi, M, N, K, stride_xm
     return acc, rm, rn
 
 
-@triton.jit(do_not_specialize=["M", "first_sm", "n_sms", "slots", "programs"])
+@triton.jit(do_not_specialize=["M", "first_site", "n_sms", "slots", "programs"])
 def skinny_kernel(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, sm_ids_ptr, gate_ptr,
-                   place_ptr, first_sm, n_sms, ctas, slots, programs, M, N, K, stride_xm,
+                   place_ptr, first_site, n_sms, ctas, slots, programs, M, N, K, stride_xm,
                    stride_wn, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, WHOLE_TILES: tl.constexpr,
                    HAS_BIAS: tl.constexpr, GLU: tl.constexpr, RECORD_SM: tl.constexpr,
@@ -201,7 +201,7 @@ def skinny_kernel(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, sm_ids_ptr, g
     run_slots(_skinny_slot, (x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, M, N, K, stride_xm,
               stride_wn, stride_ym, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, WHOLE_TILES, HAS_BIAS,
               GLU),
-              sm_ids_ptr, gate_ptr, place_ptr, first_sm, n_sms, ctas, slots, programs, RECORD_SM,
+              sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, ctas, slots, programs, RECORD_SM,
               PINNED, PLACED, BLOCK_SMS)
 
 

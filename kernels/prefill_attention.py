@@ -29,17 +29,17 @@ from pdmux_triton.kernels._paged import (AttnConfig, attend_range, check_paged_i
 LOG2E = 1.4426950408889634
 
 
-@triton.jit(do_not_specialize=["num_blocks", "B", "spt_b", "first_sm", "n_sms", "slots",
+@triton.jit(do_not_specialize=["num_blocks", "B", "spt_b", "first_site", "n_sms", "slots",
                                "programs"])
 def _extend_kernel(q_desc, k_desc, v_desc, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_ptr, sm_ids_ptr,
-                   gate_ptr, place_ptr, first_sm, n_sms, ctas, slots, programs, num_blocks, B,
+                   gate_ptr, place_ptr, first_site, n_sms, ctas, slots, programs, num_blocks, B,
                    Q_HEADS, scale_log2, so_t, so_h, sc_s, sc_h, spt_b, PAGE_SIZE: tl.constexpr,
                    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    D: tl.constexpr, WIDE: tl.constexpr, RECORD_SM: tl.constexpr,
                    PINNED: tl.constexpr, PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr):
     run_slots(_extend_slot, (q_desc, k_desc, v_desc, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_ptr,
               num_blocks, B, Q_HEADS, scale_log2, so_t, so_h, sc_s, sc_h, spt_b, PAGE_SIZE, GROUP,
-              BLOCK_M, BLOCK_N, D, WIDE), sm_ids_ptr, gate_ptr, place_ptr, first_sm, n_sms, ctas,
+              BLOCK_M, BLOCK_N, D, WIDE), sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, ctas,
               slots, programs, RECORD_SM, PINNED, PLACED, BLOCK_SMS)
 
 

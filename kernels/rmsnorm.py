@@ -15,15 +15,15 @@ from pdmux_triton.kernels._launch import FLOAT_DTYPES, check_tensor, grid_size, 
 from pdmux_triton.kernels._pinned import Pinned, pinned_budget, pinned_launch, run_slots
 
 
-@triton.jit(do_not_specialize=["rows", "first_sm", "n_sms", "slots", "programs"])
-def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, sm_ids_ptr, gate_ptr, place_ptr, first_sm, n_sms,
+@triton.jit(do_not_specialize=["rows", "first_site", "n_sms", "slots", "programs"])
+def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms,
                     ctas, slots, programs, rows, H, D, sx_t, sx_h, sr_t, sr_h, sy_t, sy_h, eps,
                     HAS_RESIDUAL: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
                     RECORD_SM: tl.constexpr, PINNED: tl.constexpr, PLACED: tl.constexpr,
                     BLOCK_SMS: tl.constexpr):
     run_slots(_rmsnorm_slot, (x_ptr, res_ptr, w_ptr, y_ptr, rows, H, D, sx_t, sx_h, sr_t, sr_h,
               sy_t, sy_h, eps, HAS_RESIDUAL, ROWS, BLOCK_D), sm_ids_ptr, gate_ptr, place_ptr,
-              first_sm, n_sms, ctas, slots, programs, RECORD_SM, PINNED, PLACED, BLOCK_SMS)
+              first_site, n_sms, ctas, slots, programs, RECORD_SM, PINNED, PLACED, BLOCK_SMS)
 
 
 @triton.jit

@@ -33,16 +33,16 @@ def rope_cache(max_positions: int, head_dim: int, theta: float,
     return torch.cat([angles.cos(), angles.sin()], dim=1).to(torch.float32).to(device)
 
 
-@triton.jit(do_not_specialize=["rows", "first_sm", "n_sms", "slots", "programs"])
+@triton.jit(do_not_specialize=["rows", "first_site", "n_sms", "slots", "programs"])
 def _rope_kernel(x_ptr, pos_ptr, cs_ptr, wq_ptr, wk_ptr, kc_ptr, vc_ptr, slot_ptr, sm_ids_ptr,
-                 gate_ptr, place_ptr, first_sm, n_sms, ctas, slots, programs, rows, H, HQ, HKV,
+                 gate_ptr, place_ptr, first_site, n_sms, ctas, slots, programs, rows, H, HQ, HKV,
                  sx_t, sx_h, sc_s, eps, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
                  ROWS: tl.constexpr, NORM: tl.constexpr, STORE: tl.constexpr,
                  RECORD_SM: tl.constexpr, PINNED: tl.constexpr, PLACED: tl.constexpr,
                  BLOCK_SMS: tl.constexpr):
     run_slots(_rope_slot, (x_ptr, pos_ptr, cs_ptr, wq_ptr, wk_ptr, kc_ptr, vc_ptr, slot_ptr, rows,
               H, HQ, HKV, sx_t, sx_h, sc_s, eps, HALF, BLOCK_HALF, ROWS, NORM, STORE),
-              sm_ids_ptr, gate_ptr, place_ptr, first_sm, n_sms, ctas, slots, programs, RECORD_SM,
+              sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, ctas, slots, programs, RECORD_SM,
               PINNED, PLACED, BLOCK_SMS)
 
 

@@ -32,13 +32,13 @@ def _stream_slot(pid, programs, src_ptr, out_ptr, n, BLOCK: tl.constexpr, UNROLL
     tl.store(out_ptr + pid, tl.sum(acc, axis=0))
 
 
-@triton.jit(do_not_specialize=["first_sm", "n_sms", "slots", "programs"])
-def _stream_read_kernel(src_ptr, out_ptr, sm_ids_ptr, gate_ptr, place_ptr, first_sm, n_sms, ctas,
+@triton.jit(do_not_specialize=["first_site", "n_sms", "slots", "programs"])
+def _stream_read_kernel(src_ptr, out_ptr, sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, ctas,
                         slots, programs, n, BLOCK: tl.constexpr, UNROLL: tl.constexpr,
                         RECORD_SM: tl.constexpr, PINNED: tl.constexpr, PLACED: tl.constexpr,
                         BLOCK_SMS: tl.constexpr):
     run_slots(_stream_slot, (src_ptr, out_ptr, n, BLOCK, UNROLL), sm_ids_ptr, gate_ptr, place_ptr,
-              first_sm, n_sms, ctas, slots, programs, RECORD_SM, PINNED, PLACED, BLOCK_SMS)
+              first_site, n_sms, ctas, slots, programs, RECORD_SM, PINNED, PLACED, BLOCK_SMS)
 
 
 def stream_read(buf: torch.Tensor, *, num_sms: int | None = None, ctas_per_sm: int = 1,

@@ -20,15 +20,15 @@ def test_for_level_maps_every_level():
     assert for_level((0, 132), "green", split_first="decode").whole_gpu
 
 
-def test_pinned_levels_take_the_first_and_last_sm_ids():
+def test_pinned_levels_put_decode_on_the_first_sites():
     spec = for_level(H100[5], "pinned")
     assert (spec.kind, spec.prefill_sms, spec.decode_sms) == ("pinned", 80, 52)
-    assert spec.first_sms == (0, 80)  # prefill on ids 0..79, decode on 80..131
-    assert for_level(H100[3], "pinned", 132).first_sms == (0, 132 - H100[3][1])
+    assert spec.first_sites == (52, 0)  # decode on sites 0..51, prefill on 52..131
+    assert for_level(H100[3], "pinned", 132).first_sites == (H100[3][1], 0)
     assert for_level(H100[0], "pinned") == whole(132)
-    assert for_level(H100[5], "grid_cap").first_sms == (None, None)  # the hardware places
-    with pytest.raises(PdmuxError, match="num_sms with first_sm"):
-        Budget(first_sm=80)
+    assert for_level(H100[5], "grid_cap").first_sites == (None, None)  # the hardware places
+    with pytest.raises(PdmuxError, match="num_sms with first_site"):
+        Budget(first_site=80)
 
 
 @pytest.mark.parametrize("kwargs,message", [

@@ -1,7 +1,8 @@
 """Pinned partitions (kernels/_pinned.py): whatever programs survive the SM gate, every slot is
 done exactly once, by programs on the partition's SMs (at most c to an SM), and the gate's
-counters are left zero for the next launch. Under the interpreter a placement stands in for
-`%smid`; on the GPU the hardware places the programs."""
+counters are left zero for the next launch. Under the interpreter a placement (a site a
+program) stands in for `%smid`; on the GPU the hardware places the programs and the device's
+site order says which SMs a range of sites is."""
 
 import pytest
 import torch
@@ -13,26 +14,26 @@ from reference import placements
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels import stream_read
 from pdmux_triton.kernels._launch import shared_counters
-from pdmux_triton.kernels._pinned import (GATE_WORDS, MAX_SM_ID, Pinned, admitted, first_slot,
-                                          next_slot, pinned_launch)
+from pdmux_triton.kernels._pinned import (_SITES, GATE_WORDS, MAX_SITE, Pinned, admitted,
+                                          first_slot, next_slot, pinned_launch, site_order)
 
 DEV = torch.device("cuda" if HAS_CUDA else "cpu")
 
 
 @triton.jit
-def _count_slots_kernel(hits_ptr, worker_ptr, admitted_ptr, gate_ptr, place_ptr, first_sm, n_sms,
+def _count_slots_kernel(hits_ptr, worker_ptr, admitted_ptr, gate_ptr, place_ptr, first_site, n_sms,
                         ctas, slots, programs, PINNED: tl.constexpr, PLACED: tl.constexpr,
                         BLOCK_SMS: tl.constexpr):
     """Each slot counts how often it was done and who did it (program id, SM); each program
     says whether the gate admitted it."""
-    ok, sm = admitted(gate_ptr, place_ptr, first_sm, n_sms, ctas, PLACED)
+    ok, sm = admitted(gate_ptr, place_ptr, first_site, n_sms, ctas, PLACED)
     tl.store(admitted_ptr + tl.program_id(0), ok.to(tl.int32))
-    slot = first_slot(gate_ptr, ok, first_sm, n_sms, slots, programs, BLOCK_SMS)
+    slot = first_slot(gate_ptr, ok, first_site, n_sms, slots, programs, BLOCK_SMS)
     while slot < slots:
         tl.atomic_add(hits_ptr + slot, 1)
         tl.store(worker_ptr + 2 * slot, tl.program_id(0))
         tl.store(worker_ptr + 2 * slot + 1, sm)
-        slot = next_slot(gate_ptr, first_sm, n_sms, slots, programs, BLOCK_SMS)
+        slot = next_slot(gate_ptr, first_site, n_sms, slots, programs, BLOCK_SMS)
 
 
 def _served(pinned: Pinned, slots: int, ctas: int):
@@ -68,11 +69,11 @@ def test_every_slot_done_once_whoever_survives(total, first, k, ctas, slots, see
             assert workers == {placement.numel() - 1}, name
 
 
-def test_the_highest_sm_id_is_counted_inside_the_gate_buffer():
+def test_the_highest_site_is_counted_inside_the_gate_buffer():
     gate = shared_counters("pinned gate", GATE_WORDS, DEV)
     assert gate.numel() == GATE_WORDS
-    placement = torch.full((3,), MAX_SM_ID, dtype=torch.int32, device=DEV)
-    hits, _, admitted = _served(Pinned(MAX_SM_ID, 1, placement), 2, 1)
+    placement = torch.full((3,), MAX_SITE, dtype=torch.int32, device=DEV)
+    hits, _, admitted = _served(Pinned(MAX_SITE, 1, placement), 2, 1)
     assert (hits == 1).all() and admitted.tolist() == [True, False, False]
     assert (gate == 0).all()
 
@@ -93,17 +94,34 @@ def test_pinned_errors():
         stream_read(buf, num_sms=2, pinned=Pinned(0, 2, placement))
     with pytest.raises(PdmuxError, match="sms must be an integer >= 1"):
         Pinned(0, 0)
-    with pytest.raises(PdmuxError, match="first_sm must be an integer >= 0"):
+    with pytest.raises(PdmuxError, match="first_site must be an integer >= 0"):
         Pinned(-1, 2)
-    with pytest.raises(PdmuxError, match="ids up to"):
-        Pinned(MAX_SM_ID, 2)
+    with pytest.raises(PdmuxError, match="sites must be up to"):
+        Pinned(MAX_SITE, 2)
     with pytest.raises(PdmuxError, match="1-D int32 tensor"):
         stream_read(buf, pinned=Pinned(0, 2, placement.long()))
-    with pytest.raises(PdmuxError, match="SM ids must be in"):
+    with pytest.raises(PdmuxError, match="sites must be in 0"):
         stream_read(buf, pinned=Pinned(0, 2, placement - 1))
     if not HAS_CUDA:
         with pytest.raises(PdmuxError, match="only a GPU has"):
             stream_read(buf, pinned=Pinned(0, 2))
+
+
+def _sites(sm_ids: torch.Tensor) -> list[int]:
+    """The sites of recorded SM ids (the device's site order)."""
+    order, _ = site_order(torch.device("cuda"))
+    return [order.index(sm) for sm in sm_ids.tolist()]
+
+
+@pytest.mark.gpu
+def test_site_order_is_every_sm_once_and_the_same_when_measured_again():
+    total = torch.cuda.get_device_properties(0).multi_processor_count
+    dev = torch.device("cuda")
+    first, table = site_order(dev)
+    assert sorted(first) == list(range(total)), first
+    assert table[first].tolist() == list(range(total)) and (table[total:] == -1).all()
+    del _SITES[dev]
+    assert site_order(dev)[0] == first
 
 
 @pytest.mark.gpu
@@ -117,7 +135,7 @@ def test_pinned_stream_read_stays_on_its_sms(ctas):
         sm_ids = torch.empty(k * ctas, dtype=torch.int32, device="cuda")
         sums = stream_read(buf, ctas_per_sm=ctas, pinned=Pinned(first, k), sm_ids=sm_ids)
         assert sums.sum().item() == buf.sum().item()
-        assert ((sm_ids >= first) & (sm_ids < first + k)).all(), sm_ids.tolist()
+        assert all(first <= s < first + k for s in _sites(sm_ids)), sm_ids.tolist()
         assert (shared_counters("pinned gate", GATE_WORDS, torch.device("cuda")) == 0).all()
         if ctas == 1:  # SM ids are 0..total-1 and the hardware gave each SM of the range one
             assert len(set(sm_ids.tolist())) == k, sorted(set(sm_ids.tolist()))
@@ -183,7 +201,7 @@ def test_pinned_sides_share_no_sm_and_replay_from_a_graph():
         torch.cuda.synchronize()
         for (first, k), s, buf, sm_ids in zip(sides, sums, bufs, ids):
             assert s.sum().item() == buf.sum().item()
-            assert ((sm_ids >= first) & (sm_ids < first + k)).all()
+            assert all(first <= s < first + k for s in _sites(sm_ids))
         seen.append([set(i.tolist()) for i in ids])
     assert all(not (a & b) for a, b in seen)
 

@@ -27,9 +27,9 @@ def test_kernel_args_of_capped_and_pinned_budgets():
 
     assert kernel_args(Budget(52, 2)) == {"num_sms": 52, "ctas_per_sm": 2}
     assert kernel_args(Budget()) == {"num_sms": None, "ctas_per_sm": 1}  # the whole GPU
-    pinned = kernel_args(Budget(52, 2, first_sm=80))
+    pinned = kernel_args(Budget(52, 2, first_site=80))
     assert pinned == {"num_sms": None, "ctas_per_sm": 2, "pinned": Pinned(80, 52)}
-    assert kernel_args(Budget(52, 2, first_sm=80))["pinned"] is pinned["pinned"]  # made once
+    assert kernel_args(Budget(52, 2, first_site=80))["pinned"] is pinned["pinned"]  # made once
 
 
 def test_opening_without_a_gpu_is_a_clear_error():

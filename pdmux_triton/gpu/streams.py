@@ -19,17 +19,17 @@ from pdmux_triton.multiplex.partition import Budget, PartitionSpec
 
 
 @functools.lru_cache(maxsize=None)
-def _pinned(first_sm: int, sms: int) -> Pinned:
-    return Pinned(first_sm, sms)
+def _pinned(first_site: int, sms: int) -> Pinned:
+    return Pinned(first_site, sms)
 
 
 def kernel_args(budget: Budget) -> dict:
     """The launch arguments of every kernel for a budget: the grid cap, or a pinned side's SMs
     (`num_sms` is then the partition's, not the kernel's)."""
-    if budget.first_sm is None:
+    if budget.first_site is None:
         return {"num_sms": budget.num_sms, "ctas_per_sm": budget.ctas_per_sm}
     return {"num_sms": None, "ctas_per_sm": budget.ctas_per_sm,
-            "pinned": _pinned(budget.first_sm, budget.num_sms)}
+            "pinned": _pinned(budget.first_site, budget.num_sms)}
 
 
 class PartitionStreams:
@@ -47,11 +47,11 @@ class PartitionStreams:
 
     @property
     def prefill_budget(self) -> Budget:
-        return Budget(self.prefill_sms, first_sm=self.spec.first_sms[0])
+        return Budget(self.prefill_sms, first_site=self.spec.first_sites[0])
 
     @property
     def decode_budget(self) -> Budget:
-        return Budget(self.decode_sms, first_sm=self.spec.first_sms[1])
+        return Budget(self.decode_sms, first_site=self.spec.first_sites[1])
 
     @classmethod
     def open(cls, spec: PartitionSpec) -> "PartitionStreams":

@@ -8,9 +8,10 @@ Four kinds:
 - `green`: two CUDA green contexts; one side's share is split off first (on the architecture's
   granularity) and the other gets the rest. SGLang's levels split prefill off first; the S_SAT
   sweeps split decode off first, so its budget can be any multiple of the granularity.
-- `pinned`: two ordinary streams; every kernel's programs run on its side's SM ids only, at
-  most its CTAs per SM on each (an SM-id gate in every kernel, kernels/_pinned.py): prefill on
-  ids 0.., decode on the last ids. Exact placement without green contexts, at any SM count.
+- `pinned`: two ordinary streams; every kernel's programs run on its side's SMs only, at most
+  its CTAs per SM on each (an SM-id gate in every kernel, kernels/_pinned.py): decode on the
+  first sites of the device's site order (the SMs a grid-capped launch of its size lands on),
+  prefill on the rest. Exact placement without green contexts, at any SM count.
 - `whole`: one stream, the whole GPU for both sides (prefill-first and chunked baselines, and
   SGLang's prefill-only and decode-only levels).
 """
@@ -30,7 +31,7 @@ KINDS = (*SPLIT_KINDS, "whole")
 @dataclass(frozen=True)
 class Budget:
     """What one side's work may use: at most num_sms * ctas_per_sm programs a kernel (None:
-    the whole GPU) or, pinned, SM ids first_sm .. first_sm + num_sms - 1 with at most
+    the whole GPU) or, pinned, sites first_site .. first_site + num_sms - 1 with at most
     ctas_per_sm programs on each, and, on a tensor-parallel rank, the side's own collectives
     (its communicator: the two sides of a split never share one, or their all-reduces
     deadlock)."""
@@ -38,11 +39,11 @@ class Budget:
     num_sms: int | None = None
     ctas_per_sm: int = 1
     comm: object = None  # tensor_parallel.DistCollectives; None on one GPU
-    first_sm: int | None = None  # pinned: the side's first SM id (gpu.streams.kernel_args)
+    first_site: int | None = None  # pinned: the side's first site (gpu.streams.kernel_args)
 
     def __post_init__(self):
-        if self.first_sm is not None and self.num_sms is None:
-            raise PdmuxError("a pinned budget names its SMs: num_sms with first_sm")
+        if self.first_site is not None and self.num_sms is None:
+            raise PdmuxError("a pinned budget names its SMs: num_sms with first_site")
 
 
 @dataclass(frozen=True)
@@ -87,12 +88,13 @@ class PartitionSpec:
         return self.kind == "whole"
 
     @property
-    def first_sms(self) -> tuple[int | None, int | None]:
-        """A pinned split's first SM id per side (prefill, decode): prefill from id 0, decode
-        on the last ids; None for the kinds that leave placement to the hardware."""
+    def first_sites(self) -> tuple[int | None, int | None]:
+        """A pinned split's first site per side (prefill, decode; kernels/_pinned.py): decode on
+        the first sites, the SMs a grid-capped launch of its size lands on, prefill on the
+        rest; None for the kinds that leave placement to the hardware."""
         if self.kind != "pinned":
             return None, None
-        return 0, self.total_sms - self.decode_sms
+        return self.decode_sms, 0
 
     @property
     def label(self) -> str:
