@@ -84,7 +84,10 @@ _SITES: dict[torch.device, tuple[list[int], torch.Tensor]] = {}
 def site_order(device: torch.device) -> tuple[list[int], torch.Tensor]:
     """(the device's SM ids in site order, the site table: SM id -> site, -1 for ids the
     order lacks), measured once per device: the SMs the programs of one launch land on, in
-    program order, then any SM it missed."""
+    program order, then any SM it missed. The launch before it wakes the GPU (a cold GPU's
+    first launch can place its programs otherwise)."""
+    if device.type == "cuda" and device.index is None:  # one entry per GPU, however named
+        device = torch.device("cuda", torch.cuda.current_device())
     if device in _SITES:
         return _SITES[device]
     if torch.cuda.is_current_stream_capturing():
@@ -92,7 +95,8 @@ def site_order(device: torch.device) -> tuple[list[int], torch.Tensor]:
                          "launch, which must not be inside a graph capture: launch once first")
     total = default_num_sms(device)
     where = torch.full((4 * total,), -1, dtype=torch.int32, device=device)
-    _where_kernel[(where.numel(),)](where, HOLD_NS=20_000, num_warps=1)
+    for _ in range(2):
+        _where_kernel[(where.numel(),)](where, HOLD_NS=20_000, num_warps=1)
     order = list(dict.fromkeys(where.tolist()))
     order += [sm for sm in range(total) if sm not in order]
     if max(order) >= GATE_WORDS:

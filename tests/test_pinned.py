@@ -116,8 +116,9 @@ def _sites(sm_ids: torch.Tensor) -> list[int]:
 @pytest.mark.gpu
 def test_site_order_is_every_sm_once_and_the_same_when_measured_again():
     total = torch.cuda.get_device_properties(0).multi_processor_count
-    dev = torch.device("cuda")
+    dev = torch.device("cuda", torch.cuda.current_device())
     first, table = site_order(dev)
+    assert site_order(torch.device("cuda")) is _SITES[dev]  # one entry, however named
     assert sorted(first) == list(range(total)), first
     assert table[first].tolist() == list(range(total)) and (table[total:] == -1).all()
     del _SITES[dev]
