@@ -23,6 +23,7 @@
 #       the GPU on Azure trace windows (resumes its points when cut short)
 #   bash bench/gpu_session.sh gemm_rows   # decode GEMM tiles for 65-128 rows on 20-132 SMs
 #   bash bench/gpu_session.sh pinned floor   # pinned partitions: gpu tests, decode-floor figures
+#   bash bench/gpu_session.sh pinned anatomy sites floor   # and what the pinned gate costs
 #   bash bench/gpu_session.sh tests kernels run occupancy   # ~5 min
 #   bash bench/gpu_session.sh calibrate run advised         # ~3.5 min: after a decode-kernel change,
 #       re-measures the decode workloads (CTAs 1) into a copy of the committed calibration, then
@@ -86,6 +87,10 @@ step batches ${BATCHES_S:-200} bash -c 'mkdir -p "$OUT/batches" && cp bench/resu
 # pinned SMs against green contexts at every level and 1-3 CTAs per SM (bench/decode_floor.py;
 # the kernel benchmark's and the chapter run's figures from this call's files when it made them)
 step pinned ${PINNED_S:-240} python3 -m pytest -q -rP -m gpu tests -k pinned
+# what the pinned gate costs: its pieces one at a time on the skinny GEMM (bench/gate_anatomy.py),
+# then the whole step pinned against plain, green and capped (bench/pinned_sites.py)
+step anatomy ${ANATOMY_S:-120} python3 bench/gate_anatomy.py --out "$OUT"
+step sites ${SITES_S:-150} python3 bench/pinned_sites.py --out "$OUT"
 step floor ${FLOOR_S:-300} bash -c 'python3 bench/decode_floor.py --out "$OUT" \
     --kernels "$( [ -f "$OUT/kernels-h200.json" ] && echo "$OUT" || echo bench/results )/kernels-h200.json" \
     $( [ -f "$OUT/run-h200.json" ] && echo --run "$OUT/run-h200.json" )'

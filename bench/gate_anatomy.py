@@ -1,0 +1,147 @@
+"""What in a pinned launch costs: the skinny GEMM's body under each piece of the gate, one
+piece at a time (bench/results/gate-anatomy-<gpu>.json).
+
+A pinned skinny GEMM on 20 SMs ran ~10% slower than the same GEMM grid-capped to 20 programs
+(bench/results/pinned/), with the same inner loop, and the gap grew with the bytes each program
+reads. Measured here in one process, the down projection (32 rows, [4096, 12288]) and a wider
+one, each as a CUDA graph of back-to-back launches of 20 programs on an ordinary stream, every
+launch after zeroing a small counter buffer (so each variant pays the same memset):
+- `plain`: the capped launch's program body, as the product launches it;
+- `loop`: the body inside the slot loop (`while slot < slots`), slots = program ids, no atomic;
+- `atomic first`: one relaxed atomic (a counter of its own per program) before the body;
+- `queue`: slots claimed from one relaxed counter, in the slot loop (the gate without the SM
+  test);
+- `pinned`: the product's pinned launch (kernels/_pinned.py) on sites 0..19, with the
+  device's measured site order and with an order whose first 20 sites are the SMs the capped
+  launch ran on (so the two run on the same SMs).
+
+    python bench/gate_anatomy.py --out bench/results
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+from common import Results, require_gpu
+
+from pdmux_triton.kernels import _pinned, linear
+from pdmux_triton.kernels._pinned import GATE_WORDS, Pinned, site_order
+from pdmux_triton.kernels.gemm import _skinny_slot, plan
+from pdmux_triton.measure.timing import time_alone
+from pdmux_triton.spec.gpus import detect_gpu
+
+SMS, ROWS = 20, 32
+SHAPES = {"down": (4096, 12288), "gate_up": (24576, 4096)}
+MODES = ("plain", "loop", "atomic first", "queue")
+
+
+@triton.jit
+def _anatomy_kernel(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, queue_ptr, M, N, K,
+                    stride_xm, stride_wn, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, WHOLE_TILES: tl.constexpr,
+                    MODE: tl.constexpr):
+    args = (x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_wn,
+            stride_ym, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, WHOLE_TILES, False, False)
+    pid, programs = tl.program_id(0), tl.num_programs(0)
+    if MODE == 0:
+        _skinny_slot(pid, programs, *args)
+    elif MODE == 1:
+        slot = pid
+        while slot < programs:
+            _skinny_slot(slot, programs, *args)
+            slot += programs
+    elif MODE == 2:
+        if tl.atomic_add(queue_ptr + 1 + pid, 1, sem="relaxed") >= 0:
+            _skinny_slot(pid, programs, *args)
+    else:
+        slot = tl.atomic_add(queue_ptr, 1, sem="relaxed")
+        while slot < programs:
+            _skinny_slot(slot, programs, *args)
+            slot = tl.atomic_add(queue_ptr, 1, sem="relaxed")
+
+
+def variants(N: int, K: int) -> dict:
+    x = torch.randn(ROWS, K, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(N, K, dtype=torch.bfloat16, device="cuda") / K ** 0.5
+    out = torch.empty(ROWS, N, dtype=torch.bfloat16, device="cuda")
+    queue = torch.zeros(GATE_WORDS, dtype=torch.int32, device="cuda")
+    p = plan(ROWS, N, K, x.dtype, x.device, SMS)
+    cfg = p.config
+    tiles = triton.cdiv(ROWS, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    part = torch.empty((tiles + p.grid, cfg.block_m * cfg.block_n), dtype=torch.float32,
+                       device="cuda")
+    counts = torch.zeros(tiles, dtype=torch.int32, device="cuda")
+
+    def launch(mode: int):
+        def run():
+            queue.zero_()
+            _anatomy_kernel[(p.grid,)](x, w, out, out, part, counts, queue, ROWS, N, K,
+                                       x.stride(0), w.stride(0), out.stride(0),
+                                       BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                                       BLOCK_K=cfg.block_k, EVEN_K=K % cfg.block_k == 0,
+                                       WHOLE_TILES=p.whole, MODE=mode, num_warps=cfg.num_warps,
+                                       num_stages=cfg.num_stages)
+        return run
+
+    def product(**budget):
+        def run():
+            queue.zero_()
+            linear(x, w, out, **budget)
+        return run
+
+    runs = {name: launch(i) for i, name in enumerate(MODES)}
+    runs["capped (product)"] = product(num_sms=SMS)
+    runs["pinned (product)"] = product(pinned=Pinned(0, SMS))
+    ids = torch.full((p.grid,), -1, dtype=torch.int32, device="cuda")
+    linear(x, w, out, num_sms=SMS, sm_ids=ids)
+    torch.cuda.synchronize()
+    return runs, sorted(set(ids.tolist())), p
+
+
+def with_first_sites(first: list[int]) -> None:
+    """Replace the device's site order by one whose first sites are `first`."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    order = first + [sm for sm in site_order(dev)[0] if sm not in first]
+    table = torch.full((GATE_WORDS,), -1, dtype=torch.int32)
+    table[order] = torch.arange(len(order), dtype=torch.int32)
+    _pinned._SITES[dev] = order, table.to(dev)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path, default=Path("bench/results"))
+    args = p.parse_args(argv)
+    require_gpu("bench/gate_anatomy.py")
+    gpu = detect_gpu()
+    res = Results(args.out / f"gate-anatomy-{gpu.name}.json", gpu.name)
+    res.data["inputs"] = {"rows": ROWS, "sms": SMS, "shapes": SHAPES}
+    stream = torch.cuda.Stream()
+    measured = site_order(torch.device("cuda"))[0][:SMS]
+    for shape, (N, K) in SHAPES.items():
+        runs, capped_sms, pl = variants(N, K)
+        with_first_sites(measured)
+        base = None
+        for name, fn in runs.items():
+            us = time_alone(fn, stream, graph=True) * 1e3
+            base = base or us
+            res.row(section="anatomy", shape=shape, variant=name, us=us, over_plain=us / base,
+                    whole_tiles=pl.whole, grid=pl.grid)
+        with_first_sites(capped_sms)
+        us = time_alone(runs["pinned (product)"], stream, graph=True) * 1e3
+        res.row(section="anatomy", shape=shape, variant="pinned on the capped launch's SMs",
+                us=us, over_plain=us / base, capped_sms=capped_sms,
+                shared_with_first_sites=len(set(capped_sms) & set(measured)))
+        res.save()
+    print(f"wrote {res.path}")
+    for r in res.data["rows"]:
+        print(f"{r['shape']:8s} {r['variant']:36s} {r['us']:8.1f} us  {r['over_plain']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
