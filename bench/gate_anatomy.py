@@ -46,7 +46,7 @@ def _anatomy_kernel(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, queue_ptr, 
                     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, WHOLE_TILES: tl.constexpr,
                     MODE: tl.constexpr):
     args = (x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_wn,
-            stride_ym, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, WHOLE_TILES, False, False)
+            stride_ym, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, WHOLE_TILES, False)
     pid, programs = tl.program_id(0), tl.num_programs(0)
     if MODE == 0:
         _skinny_slot(pid, programs, *args)

@@ -122,7 +122,7 @@ def offline_gemm(pinned: bool = False) -> None:
                       "HAS_BIAS": False, "RECORD_SM": False, "PINNED": pinned, "PLACED": False,
                       "BLOCK_SMS": 32 if pinned else 1}
         # skinny: whole tiles, the schedule most decode shapes take (a constexpr, as launched)
-        constexprs.update({"EVEN_K": True, "GLU": False, "WHOLE_TILES": True} if cfg.skinny
+        constexprs.update({"EVEN_K": True, "WHOLE_TILES": True} if cfg.skinny
                           else {"GROUP_M": cfg.group_m})
         kinds = {"x_desc": f"tensordesc<bf16[{cfg.block_m}, {cfg.block_k}]>",
                  "w_desc": f"tensordesc<bf16[{cfg.block_n}, {cfg.block_k}]>", "x_ptr": "*bf16",

@@ -23,7 +23,6 @@ from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels._launch import (arrival_counters, check_tensor, check_tma_rows, grid_size,
                                           interpreting, telemetry_args)
 from pdmux_triton.kernels._pinned import Pinned, pinned_budget, pinned_launch, run_slots
-from pdmux_triton.kernels.activation import silu_mul
 
 GEMM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -59,39 +58,35 @@ def decode_tile(M: int, elem: int, small_budget: bool) -> GemmConfig:
 
 
 def default_config(M: int, N: int, K: int, programs: int, dtype: torch.dtype,
-                   device_programs: int | None = None, glu: bool = False) -> GemmConfig:
+                   device_programs: int | None = None) -> GemmConfig:
     """A tile shape and schedule for this problem.
 
     Large M: 128x256 tiles, the best of bench/bench_kernels.py's sweep on the H200.
     Decode M (up to 64, or 128 on a small budget): see `decode_tile`; a budget of at most half
     the GPU's programs counts as small. In between: 64/128x128 tiles, the skinny schedule when
-    there are fewer tiles than programs. `glu`: the skinny kernel stages two tiles of x (gate
-    and up) a step, which leaves room for fewer stages.
+    there are fewer tiles than programs.
     """
     elem = torch.finfo(dtype).bits // 8
     small = device_programs is not None and 2 * programs <= device_programs
     if interpreting():
         cfg = GemmConfig(16, 16, 16, 4, 1)
     elif M > 1024:
-        return _fit_shared_memory(GemmConfig(128, 256, 64, 8, 3, group_m=16), elem, glu)
+        return _fit_shared_memory(GemmConfig(128, 256, 64, 8, 3, group_m=16), elem)
     elif M <= (128 if small else 64):
-        return _fit_shared_memory(decode_tile(M, elem, small), elem, glu)
+        return _fit_shared_memory(decode_tile(M, elem, small), elem)
     else:
         cfg = GemmConfig(64 if M <= 256 else 128, 128, 64, 4, 4)
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
-    return _fit_shared_memory(replace(cfg, skinny=tiles < programs), elem, glu)
+    return _fit_shared_memory(replace(cfg, skinny=tiles < programs), elem)
 
 
 SHARED_MEMORY_LIMIT = 227 * 1024  # per block on Hopper
 
 
-def _fit_shared_memory(cfg: GemmConfig, elem_bytes: int, glu: bool = False) -> GemmConfig:
+def _fit_shared_memory(cfg: GemmConfig, elem_bytes: int) -> GemmConfig:
     """Fewer pipeline stages until the staged x and W tiles plus the epilogue tile (converted
-    through shared memory, in fp32 when the skinny kernel may write partials) fit. A skinny
-    `glu` step stages gate and up, two tiles of x (the epilogue's room also holds the
-    silu(gate) * up operand the MMA reads: block_n * 4 >= block_k * elem_bytes here)."""
-    x_rows = cfg.block_m * (2 if glu and cfg.skinny else 1)
-    per_stage = (x_rows + cfg.block_n) * cfg.block_k * elem_bytes
+    through shared memory, in fp32 when the skinny kernel may write partials) fit."""
+    per_stage = (cfg.block_m + cfg.block_n) * cfg.block_k * elem_bytes
     epilogue = cfg.block_m * cfg.block_n * (4 if cfg.skinny else elem_bytes)
     stages = max(1, min(cfg.num_stages, (SHARED_MEMORY_LIMIT - epilogue) // per_stage))
     return replace(cfg, num_stages=stages)
@@ -158,10 +153,9 @@ def _gemm_slot(pid, programs, x_desc, w_desc, y_ptr, b_ptr, M, N, K, stride_ym,
 @triton.jit
 def _swapped_product(x_ptr, w_ptr, tile, tiles_m, k_lo, k_hi, M, N, K, stride_xm, stride_wn,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     EVEN_K: tl.constexpr, GLU: tl.constexpr):
+                     EVEN_K: tl.constexpr):
     """acc[n, m] = sum over K-slabs k_lo..k_hi of W[n, k] x[m, k] for one output tile: W's rows
-    fill the MMA's M (64 per warpgroup on Hopper) however small the batch. GLU: x's rows are
-    [gate | up] (2K wide) and x[m, k] is silu(gate) * up, computed as `silu_mul` computes it."""
+    fill the MMA's M (64 per warpgroup on Hopper) however small the batch."""
     pid_m = tile % tiles_m  # the M tiles of one weight slab run back to back (L2)
     pid_n = tile // tiles_m
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -180,13 +174,6 @@ def _swapped_product(x_ptr, w_ptr, tile, tiles_m, k_lo, k_hi, M, N, K, stride_xm
         else:
             xt = tl.load(x_rows + k[None, :], mask=k[None, :] < K, other=0.0)
             wt = tl.load(w_rows + k[None, :], mask=k[None, :] < K, other=0.0)
-        if GLU:
-            if EVEN_K:
-                up = tl.load(x_rows + K + k[None, :]).to(tl.float32)
-            else:
-                up = tl.load(x_rows + K + k[None, :], mask=k[None, :] < K, other=0.0).to(tl.float32)
-            gate = xt.to(tl.float32)
-            xt = (gate / (1.0 + tl.exp(-gate)) * up).to(x_ptr.dtype.element_ty)
         acc = tl.dot(wt, tl.trans(xt), acc)
     return acc, rm, rn
 
@@ -196,11 +183,10 @@ def skinny_kernel(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, sm_ids_ptr, g
                    place_ptr, first_site, n_sms, ctas, slots, programs, M, N, K, stride_xm,
                    stride_wn, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, WHOLE_TILES: tl.constexpr,
-                   HAS_BIAS: tl.constexpr, GLU: tl.constexpr, RECORD_SM: tl.constexpr,
-                   PINNED: tl.constexpr, PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr):
+                   HAS_BIAS: tl.constexpr, RECORD_SM: tl.constexpr, PINNED: tl.constexpr,
+                   PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr):
     run_slots(_skinny_slot, (x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, M, N, K, stride_xm,
-              stride_wn, stride_ym, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, WHOLE_TILES, HAS_BIAS,
-              GLU),
+              stride_wn, stride_ym, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, WHOLE_TILES, HAS_BIAS),
               sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, ctas, slots, programs, RECORD_SM,
               PINNED, PLACED, BLOCK_SMS)
 
@@ -209,7 +195,7 @@ def skinny_kernel(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, sm_ids_ptr, g
 def _skinny_slot(pid, programs, x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, M, N, K,
                  stride_xm, stride_wn, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, WHOLE_TILES: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, GLU: tl.constexpr):
+                 HAS_BIAS: tl.constexpr):
     # What program `pid` of `programs` does. WHOLE_TILES: each program takes whole output
     # tiles, striding by the grid.
     # Otherwise stream-K: the work is every tile's K-slabs back to back and program p takes
@@ -224,7 +210,7 @@ def _skinny_slot(pid, programs, x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr,
         for tile in range(pid, tiles, programs):
             acc, rm, rn = _swapped_product(x_ptr, w_ptr, tile, tiles_m, 0, k_tiles, M, N, K,
                                            stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
-                                           EVEN_K, GLU)
+                                           EVEN_K)
             acc = _plus_bias(acc, b_ptr, rn, N, HAS_BIAS, True)
             tl.store(y_ptr + rm[None, :] * stride_ym + rn[:, None],
                      acc.to(y_ptr.dtype.element_ty), mask=(rm[None, :] < M) & (rn[:, None] < N))
@@ -239,7 +225,7 @@ def _skinny_slot(pid, programs, x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr,
                 k_hi = tl.minimum(hi, (tile + 1) * k_tiles) - tile * k_tiles
                 acc, rm, rn = _swapped_product(x_ptr, w_ptr, tile, tiles_m, k_lo, k_hi, M, N, K,
                                                stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
-                                               EVEN_K, GLU)
+                                               EVEN_K)
                 y = y_ptr + rm[None, :] * stride_ym + rn[:, None]
                 mask = (rm[None, :] < M) & (rn[:, None] < N)
                 # the programs holding this tile's first and last unit (the largest q whose
@@ -293,12 +279,12 @@ class GemmPlan:
 
 def plan(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device,
          num_sms: int | None = None, ctas_per_sm: int = 1,
-         config: GemmConfig | None = None, glu: bool = False) -> GemmPlan:
+         config: GemmConfig | None = None) -> GemmPlan:
     cfg = config
     if cfg is None:  # the budget and the whole GPU are only needed to choose a tile
         programs = grid_size(1 << 30, num_sms, ctas_per_sm, device)
         whole_gpu = grid_size(1 << 30, None, ctas_per_sm, device)
-        cfg = default_config(M, N, K, programs, dtype, whole_gpu, glu)
+        cfg = default_config(M, N, K, programs, dtype, whole_gpu)
     tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
     if not cfg.skinny:
         return GemmPlan(cfg, grid_size(tiles, num_sms, ctas_per_sm, device), False)
@@ -312,7 +298,7 @@ LARGE_M = 1025
 
 
 def warm_up_rows(N: int, K: int, dtype: torch.dtype, device: torch.device, budgets,
-                 max_rows: int, glu: bool = False) -> list[tuple[int, int]]:
+                 max_rows: int) -> list[tuple[int, int]]:
     """(rows, budget) pairs, one for each kernel variant that problems of 1..max_rows rows of
     x against an [N, K] weight compile on these budgets: running each once compiles everything
     such problems can need, so none compiles later (in a measured run)."""
@@ -320,28 +306,20 @@ def warm_up_rows(N: int, K: int, dtype: torch.dtype, device: torch.device, budge
     rows = [*range(1, min(max_rows, LARGE_M - 1) + 1), *([LARGE_M] if max_rows >= LARGE_M else [])]
     for budget in budgets:
         for m in rows:
-            seen.setdefault(plan(m, N, K, dtype, device, budget, glu=glu).variant(K), (m, budget))
+            seen.setdefault(plan(m, N, K, dtype, device, budget).variant(K), (m, budget))
     return list(seen.values())
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None, *,
-           bias: torch.Tensor | None = None, glu: bool = False, num_sms: int | None = None,
-           ctas_per_sm: int = 1, config: GemmConfig | None = None,
-           sm_ids: torch.Tensor | None = None, pinned: Pinned | None = None) -> torch.Tensor:
+           bias: torch.Tensor | None = None, num_sms: int | None = None, ctas_per_sm: int = 1,
+           config: GemmConfig | None = None, sm_ids: torch.Tensor | None = None,
+           pinned: Pinned | None = None) -> torch.Tensor:
     """y[M, N] = x[M, K] @ weight[N, K]^T (+ bias[N]) with fp32 accumulation, on at most
-    num_sms*ctas_per_sm programs (`pinned`: on those SMs, kernels/_pinned.py).
-
-    `glu`: x is [M, 2K], [gate | up], and the product is silu(gate) * up @ weight^T (SwiGLU's
-    down projection): the skinny kernel computes silu(gate) * up as it loads x (one launch, as
-    `silu_mul` rounds it); other tiles run `silu_mul` first."""
+    num_sms*ctas_per_sm programs (`pinned`: on those SMs, kernels/_pinned.py)."""
     check_tensor("x", x, 2, GEMM_DTYPES)
     check_tensor("weight", weight, 2, (x.dtype,), x.device)
     M, K = x.shape
     N, Kw = weight.shape
-    if glu and K != 2 * Kw:
-        raise PdmuxError(f"x must be [gate | up], 2K = {2 * Kw} columns for weight [N, K] with "
-                         f"K={Kw}, got {K}")
-    K = K // 2 if glu else K
     if K != Kw:
         raise PdmuxError(f"x has K={K} columns but weight [N, K] has K={Kw}")
     if bias is not None:
@@ -358,7 +336,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
         return out
     if K == 0:
         return out.copy_(bias.expand(M, N)) if bias is not None else out.zero_()
-    p = plan(M, N, K, x.dtype, x.device, pinned_budget(pinned, num_sms), ctas_per_sm, config, glu)
+    p = plan(M, N, K, x.dtype, x.device, pinned_budget(pinned, num_sms), ctas_per_sm, config)
     cfg, grid = p.config, p.grid
     launch = pinned_launch(pinned, grid, ctas_per_sm, x.device)
     sm_buf, record = telemetry_args(sm_ids, grid, x.device)
@@ -376,11 +354,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
             x, weight, out, bias_arg, part, counters, sm_buf, *launch.args, M, N, K, x.stride(0),
             weight.stride(0), out.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k, EVEN_K=K % cfg.block_k == 0, WHOLE_TILES=p.whole,
-            HAS_BIAS=bias is not None, GLU=glu, RECORD_SM=record, num_warps=cfg.num_warps,
+            HAS_BIAS=bias is not None, RECORD_SM=record, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages, **launch.constexprs)
         return out
-    if glu:
-        x = silu_mul(x, num_sms=num_sms, ctas_per_sm=ctas_per_sm, pinned=pinned)
     for name, t in (("x", x), ("weight", weight)):
         check_tma_rows(name, t, "; for bf16/fp16 that means K a multiple of 8")
     gemm_kernel[(launch.grid,)](

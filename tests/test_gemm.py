@@ -1,4 +1,3 @@
-from dataclasses import replace
 from unittest import mock
 
 import pytest
@@ -201,24 +200,6 @@ def test_rows_past_64_keep_one_x_tile_only_on_a_small_budget():
         assert default_config(64, 4096, 4096, 20, torch.bfloat16, 132).skinny
 
 
-def test_glu_decode_tiles_fit_shared_memory():
-    """A skinny glu step stages two tiles of x: what Triton allocates for it (the stages' gate,
-    up and W tiles, plus the silu(gate) * up operand; 278528 bytes at 4 stages of the 64-row
-    small-budget tile, which the H200 refused) fits, and glu costs stages only where needed."""
-    from pdmux_triton.kernels.gemm import SHARED_MEMORY_LIMIT, default_config
-
-    with mock.patch.object(gemm, "interpreting", return_value=False):
-        for M in (1, 16, 33, 64):
-            for programs in (20, 132):
-                cfg = default_config(M, 4096, 12288, programs, torch.bfloat16, 132, glu=True)
-                plain = default_config(M, 4096, 12288, programs, torch.bfloat16, 132)
-                assert cfg.skinny and replace(cfg, num_stages=plain.num_stages) == plain
-                staged = cfg.num_stages * (2 * cfg.block_m + cfg.block_n) * cfg.block_k * 2
-                assert staged + cfg.block_m * cfg.block_k * 2 <= SHARED_MEMORY_LIMIT
-        assert default_config(64, 4096, 12288, 20, torch.bfloat16, 132, glu=True).num_stages == 3
-        assert default_config(16, 4096, 12288, 20, torch.bfloat16, 132, glu=True).num_stages == 4
-
-
 def test_skinny_schedule_splits_only_when_whole_tiles_leave_most_programs_idle():
     from pdmux_triton.kernels.gemm import whole_tiles
 
@@ -227,32 +208,3 @@ def test_skinny_schedule_splits_only_when_whole_tiles_leave_most_programs_idle()
     assert whole_tiles(64, 132, 512 * kib) and not whole_tiles(64, 132, 1536 * kib)
     assert whole_tiles(133, 132, 512 * kib) and whole_tiles(1, 1, 8192 * kib)
     assert not whole_tiles(32, 132, 64 * kib) and not whole_tiles(3, 12, 64 * kib)
-
-
-@pytest.mark.parametrize("schedule", ["tiles", "skinny whole", "skinny split"])
-@pytest.mark.parametrize("M,N,K", [(1, 40, 64), (7, 33, 104), (70, 48, 88)])  # K: TMA's rows
-def test_glu_reads_silu_gate_times_up(schedule, M, N, K):
-    """linear(x, w, glu=True) on x = [gate | up] is silu_mul then linear: bit for bit on every
-    schedule (the skinny kernel rounds silu(gate) * up as silu_mul does), against fp64 too."""
-    from pdmux_triton.kernels import gemm, silu_mul
-
-    gate_up = torch.randn(M, 2 * K, dtype=torch.float16, device=DEV)
-    w = torch.randn(N, K, dtype=torch.float16, device=DEV) / K ** 0.5
-    config = (GemmConfig(16, 16, 16, 4, 1) if schedule == "tiles"
-              else GemmConfig(16, 16, 16, 4, 1, skinny=True))
-    b = torch.randn(N, dtype=torch.float16, device=DEV)
-    placement = torch.randint(6, (12,), dtype=torch.int32).to(DEV)
-    g, u = gate_up.double().chunk(2, dim=1)
-    for budget, bias in (({"num_sms": 3}, None), ({"num_sms": 3}, b),
-                         ({"ctas_per_sm": 2, "pinned": Pinned(1, 3, placement)}, b)):
-        with mock.patch.object(gemm, "whole_tiles", return_value=schedule != "skinny split"):
-            fused = linear(gate_up, w, poisoned((M, N), torch.float16, DEV), bias=bias,
-                           glu=True, config=config, **budget)
-            parts = linear(silu_mul(gate_up), w, bias=bias, config=config, **budget)
-        if schedule != "tiles":  # the tiles schedule runs silu_mul first: the same as parts
-            assert torch.equal(fused, parts)
-        want = (torch.nn.functional.silu(g) * u) @ w.double().T
-        assert_close(fused, want + (0 if bias is None else bias.double()), torch.float16)
-    with pytest.raises(PdmuxError, match=r"x must be \[gate \| up\], 2K = 200"):
-        linear(torch.zeros(M, 2 * K + 1, dtype=torch.float16, device=DEV), torch.zeros(
-            N, 100, dtype=torch.float16, device=DEV), glu=True)

@@ -184,21 +184,17 @@ def test_small_ops_bf16_real_sizes():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("T", [1, 32, 64, 2048])  # 64: the most shared memory glu stages
-def test_fused_prologue_and_glu_equal_their_parts_in_bf16(T):
+@pytest.mark.parametrize("T", [1, 32, 2048])
+def test_fused_prologue_equals_its_parts_in_bf16(T):
     """On the GPU, in bf16 at Qwen3-8B's shapes: the fused attention prologue is rope_ on q
-    and k then the cache store, and the down projection's glu is silu_mul then the GEMM, bit
-    for bit (same arithmetic, same rounding), on the whole GPU and on 20 SMs."""
-    from pdmux_triton.kernels import linear
-
+    and k then the cache store, bit for bit (same arithmetic, same rounding), on the whole GPU
+    and on 20 SMs."""
     hq, hkv, d = 32, 8, 128
     qkv = torch.randn(T, (hq + 2 * hkv) * d, dtype=torch.bfloat16, device="cuda")
     pos = torch.randint(0, 4000, (T,), device="cuda")
     cs = rope_cache(4096, d, 1e6, "cuda")
     wq, wk = (torch.randn(d, dtype=torch.bfloat16, device="cuda") for _ in range(2))
     slots = torch.randperm(T + 64, device="cuda")[:T]
-    gate_up = torch.randn(T, 2 * 12288, dtype=torch.bfloat16, device="cuda")
-    down = torch.randn(4096, 12288, dtype=torch.bfloat16, device="cuda") / 110
     for sms in (None, 20):
         heads = qkv.clone().view(T, hq + 2 * hkv, d)
         kc, vc = (torch.zeros(T + 64, hkv, d, dtype=torch.bfloat16, device="cuda")
@@ -209,5 +205,3 @@ def test_fused_prologue_and_glu_equal_their_parts_in_bf16(T):
         rope_(k, pos, cs, wk, num_sms=sms)
         assert torch.equal(heads[:, :hq], q) and torch.equal(heads[:, hq:hq + hkv], k)
         assert torch.equal(kc[slots], k) and torch.equal(vc[slots], v)
-        assert torch.equal(linear(gate_up, down, glu=True, num_sms=sms),
-                           linear(silu_mul(gate_up, num_sms=sms), down, num_sms=sms))

@@ -38,15 +38,14 @@ def compile_prefill_side(model: Model, budget: Budget, max_rows: int, max_seqs: 
     current stream."""
     w, dev, dtype = model.w, model.w.embed.device, model.w.embed.dtype
     first = w.layers[0]
-    problems = [(first[name], first.get(f"{name}_bias"), max_rows, name == "down")
-                for name in ("qkv", "o", "gate_up", "down")] + [(w.lm_head, None, max_seqs, False)]
-    for weight, bias, rows, glu in problems:  # a bias compiles its own variants, glu too
+    problems = [(first[name], first.get(f"{name}_bias"), max_rows)
+                for name in ("qkv", "o", "gate_up", "down")] + [(w.lm_head, None, max_seqs)]
+    for weight, bias, rows in problems:  # a bias compiles its own variants
         N, K = weight.shape
-        for m, _ in warm_up_rows(N, K, dtype, dev, [budget.num_sms], rows, glu):
-            # the budget's own launch (a pinned side compiles its PINNED variants), the down
-            # projection reading [gate | up] as the model calls it
-            linear(torch.empty(m, 2 * K if glu else K, dtype=dtype, device=dev), weight,
-                   bias=bias, glu=glu, **kernel_args(budget))
+        for m, _ in warm_up_rows(N, K, dtype, dev, [budget.num_sms], rows):
+            # the budget's own launch (a pinned side compiles its PINNED variants)
+            linear(torch.empty(m, K, dtype=dtype, device=dev), weight, bias=bias,
+                   **kernel_args(budget))
     seqs = max(1, min(max_seqs, max_rows))
     lens = [max_rows // seqs + (i < max_rows % seqs) for i in range(seqs)]
     batch = _scratch_batch(model, [n for n in lens if n], scratch_page)
