@@ -11,6 +11,8 @@ launch after zeroing a small counter buffer (so each variant pays the same memse
 - `atomic first`: one relaxed atomic (a counter of its own per program) before the body;
 - `queue`: slots claimed from one relaxed counter, in the slot loop (the gate without the SM
   test);
+- `extra programs`: a launch of as many programs as the GPU has SMs, of which the first 20 do
+  the capped launch's work and the rest leave at once (the pinned launch's grid, no atomics);
 - `pinned`: the product's pinned launch (kernels/_pinned.py) on sites 0..19, with the
   device's measured site order and with an order whose first 20 sites are the SMs the capped
   launch ran on (so the two run on the same SMs).
@@ -37,17 +39,17 @@ from pdmux_triton.spec.gpus import detect_gpu
 
 SMS, ROWS = 20, 32
 SHAPES = {"down": (4096, 12288), "gate_up": (24576, 4096)}
-MODES = ("plain", "loop", "atomic first", "queue")
+MODES = ("plain", "loop", "atomic first", "queue", "extra programs")
 
 
 @triton.jit
-def _anatomy_kernel(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, queue_ptr, M, N, K,
+def _anatomy_kernel(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, queue_ptr, slots, M, N, K,
                     stride_xm, stride_wn, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, WHOLE_TILES: tl.constexpr,
                     MODE: tl.constexpr):
     args = (x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_wn,
             stride_ym, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, WHOLE_TILES, False)
-    pid, programs = tl.program_id(0), tl.num_programs(0)
+    pid, programs = tl.program_id(0), slots
     if MODE == 0:
         _skinny_slot(pid, programs, *args)
     elif MODE == 1:
@@ -58,14 +60,16 @@ def _anatomy_kernel(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, queue_ptr, 
     elif MODE == 2:
         if tl.atomic_add(queue_ptr + 1 + pid, 1, sem="relaxed") >= 0:
             _skinny_slot(pid, programs, *args)
-    else:
+    elif MODE == 3:
         slot = tl.atomic_add(queue_ptr, 1, sem="relaxed")
         while slot < programs:
             _skinny_slot(slot, programs, *args)
             slot = tl.atomic_add(queue_ptr, 1, sem="relaxed")
+    elif pid < programs:
+        _skinny_slot(pid, programs, *args)
 
 
-def variants(N: int, K: int) -> dict:
+def variants(N: int, K: int, device_sms: int) -> dict:
     x = torch.randn(ROWS, K, dtype=torch.bfloat16, device="cuda")
     w = torch.randn(N, K, dtype=torch.bfloat16, device="cuda") / K ** 0.5
     out = torch.empty(ROWS, N, dtype=torch.bfloat16, device="cuda")
@@ -78,14 +82,16 @@ def variants(N: int, K: int) -> dict:
     counts = torch.zeros(tiles, dtype=torch.int32, device="cuda")
 
     def launch(mode: int):
+        grid = device_sms if MODES[mode] == "extra programs" else p.grid
+
         def run():
             queue.zero_()
-            _anatomy_kernel[(p.grid,)](x, w, out, out, part, counts, queue, ROWS, N, K,
-                                       x.stride(0), w.stride(0), out.stride(0),
-                                       BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-                                       BLOCK_K=cfg.block_k, EVEN_K=K % cfg.block_k == 0,
-                                       WHOLE_TILES=p.whole, MODE=mode, num_warps=cfg.num_warps,
-                                       num_stages=cfg.num_stages)
+            _anatomy_kernel[(grid,)](x, w, out, out, part, counts, queue, p.grid, ROWS, N, K,
+                                     x.stride(0), w.stride(0), out.stride(0),
+                                     BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+                                     BLOCK_K=cfg.block_k, EVEN_K=K % cfg.block_k == 0,
+                                     WHOLE_TILES=p.whole, MODE=mode, num_warps=cfg.num_warps,
+                                     num_stages=cfg.num_stages)
         return run
 
     def product(**budget):
@@ -123,7 +129,7 @@ def main(argv=None) -> int:
     stream = torch.cuda.Stream()
     measured = site_order(torch.device("cuda"))[0][:SMS]
     for shape, (N, K) in SHAPES.items():
-        runs, capped_sms, pl = variants(N, K)
+        runs, capped_sms, pl = variants(N, K, gpu.sms)
         with_first_sites(measured)
         base = None
         for name, fn in runs.items():
