@@ -54,6 +54,7 @@ def test_inner_loop_is_the_shortest_backward_branch_with_mma():
     ("bench/bench_kernels.py", "torch sees none"), ("bench/decode_occupancy.py", "torch sees none"),
     ("bench/profile_decode.py", "torch sees none"), ("bench/pinned_sites.py", "torch sees none"),
     ("bench/gate_anatomy.py", "torch sees none"),
+    ("bench/prefill_rate.py", "torch sees none"),
     ("bench/trace_fidelity.py", "no CUDA GPU is visible to torch")])
 def test_benchmarks_without_a_gpu_say_so_in_one_line(script, says):
     import torch
@@ -63,6 +64,13 @@ def test_benchmarks_without_a_gpu_say_so_in_one_line(script, says):
     out = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and says in out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("tokens", ["0", "1,x", "40000", ""])
+def test_prefill_rate_refuses_bad_lengths_in_one_line(tokens):
+    out = subprocess.run([sys.executable, "bench/prefill_rate.py", "--tokens", tokens],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--tokens" in out.stderr and "Traceback" not in out.stderr
 
 
 def test_slo_levels_simulated_compares_the_policies(tmp_path):
