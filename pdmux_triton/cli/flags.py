@@ -24,7 +24,8 @@ from pdmux_triton.measure.calibration_sweep import DECODE_WORKLOADS
 from pdmux_triton.multiplex import sglang_rules
 from pdmux_triton.multiplex.partition import DEFAULT_KINDS, SPLIT_KINDS
 
-KINDS_HELP = f"{', '.join(SPLIT_KINDS)} (pinned: SM-id gated kernels, not yet measured on a GPU)"
+KINDS_HELP = (f"{', '.join(SPLIT_KINDS)} (pinned: SM-id gated kernels, so far slower than green "
+              "contexts of as many SMs: bench/RESULTS.md)")
 from pdmux_triton.results import read_json
 from pdmux_triton.serve import scheduler
 from pdmux_triton.spec.gpus import GPUS, MAX_SMS
