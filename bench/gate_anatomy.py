@@ -47,9 +47,15 @@ def _anatomy_kernel(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, queue_ptr, 
                     stride_xm, stride_wn, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                     BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, WHOLE_TILES: tl.constexpr,
                     MODE: tl.constexpr):
-    args = (x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_wn,
-            stride_ym, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, WHOLE_TILES, False)
-    pid, programs = tl.program_id(0), slots
+    # the body's arguments as a tuple literal in the call (a tuple bound to a local name turns
+    # its constexprs into tensors), as kernels/_pinned.run_slots takes them
+    _run_mode(tl.program_id(0), slots, queue_ptr,
+              (x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_wn,
+               stride_ym, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, WHOLE_TILES, False), MODE)
+
+
+@triton.jit
+def _run_mode(pid, programs, queue_ptr, args, MODE: tl.constexpr):
     if MODE == 0:
         _skinny_slot(pid, programs, *args)
     elif MODE == 1:

@@ -3,7 +3,7 @@
 Every launcher takes `num_sms` (the SM budget; default the whole GPU) and `ctas_per_sm`, launches
 at most num_sms * ctas_per_sm programs that loop over their tiles, and can record each
 program's SM id into `sm_ids` (GPU only). With `pinned` (`_pinned.Pinned`) the same work runs
-on a fixed range of SM ids instead, at most ctas_per_sm programs on each.
+on a fixed set of SMs instead (a range of the device's sites), at most ctas_per_sm on each.
 """
 
 if __name__ == "pdmux_triton.kernels":

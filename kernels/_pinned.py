@@ -95,12 +95,14 @@ def site_order(device: torch.device) -> tuple[list[int], torch.Tensor]:
                          "launch, which must not be inside a graph capture: launch once first")
     total = default_num_sms(device)
     where = torch.full((4 * total,), -1, dtype=torch.int32, device=device)
-    for _ in range(2):
-        _where_kernel[(where.numel(),)](where, HOLD_NS=20_000, num_warps=1)
+    with torch.cuda.device(device):  # Triton launches on the current device
+        for _ in range(2):
+            _where_kernel[(where.numel(),)](where, HOLD_NS=20_000, num_warps=1)
     order = list(dict.fromkeys(where.tolist()))
     order += [sm for sm in range(total) if sm not in order]
-    if max(order) >= GATE_WORDS:
-        raise PdmuxError(f"an SM id of {max(order)} is past the site table's {GATE_WORDS} entries")
+    if min(order) < 0 or max(order) >= GATE_WORDS:
+        raise PdmuxError(f"SM ids {min(order)}..{max(order)} are not all in the site table's "
+                         f"0..{GATE_WORDS - 1}")
     table = torch.full((GATE_WORDS,), -1, dtype=torch.int32)
     table[order] = torch.arange(len(order), dtype=torch.int32)
     _SITES[device] = order, table.to(device)

@@ -17,7 +17,8 @@ from pdmux_triton.kernels._launch import shared_counters
 from pdmux_triton.kernels._pinned import (_SITES, GATE_WORDS, MAX_SITE, Pinned, admitted,
                                           first_slot, next_slot, pinned_launch, site_order)
 
-DEV = torch.device("cuda" if HAS_CUDA else "cpu")
+# indexed as kernels see their tensors' devices: the gate's counters are kept per device
+DEV = torch.device("cuda", torch.cuda.current_device()) if HAS_CUDA else torch.device("cpu")
 
 
 @triton.jit
@@ -137,7 +138,7 @@ def test_pinned_stream_read_stays_on_its_sms(ctas):
         sums = stream_read(buf, ctas_per_sm=ctas, pinned=Pinned(first, k), sm_ids=sm_ids)
         assert sums.sum().item() == buf.sum().item()
         assert all(first <= s < first + k for s in _sites(sm_ids)), sm_ids.tolist()
-        assert (shared_counters("pinned gate", GATE_WORDS, torch.device("cuda")) == 0).all()
+        assert (shared_counters("pinned gate", GATE_WORDS, buf.device) == 0).all()
         if ctas == 1:  # SM ids are 0..total-1 and the hardware gave each SM of the range one
             assert len(set(sm_ids.tolist())) == k, sorted(set(sm_ids.tolist()))
 
