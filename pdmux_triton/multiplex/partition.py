@@ -10,7 +10,7 @@ Four kinds:
   sweeps split decode off first, so its budget can be any multiple of the granularity.
 - `pinned`: two ordinary streams; every kernel's programs run on its side's SMs only, at most
   its CTAs per SM on each (an SM-id gate in every kernel, kernels/_pinned.py): decode on the
-  first sites of the device's site order (the SMs a grid-capped launch of its size lands on),
+  first sites of the device's site order (the SMs a launch's first programs take),
   prefill on the rest. Exact placement without green contexts, at any SM count.
 - `whole`: one stream, the whole GPU for both sides (prefill-first and chunked baselines, and
   SGLang's prefill-only and decode-only levels).
@@ -90,7 +90,7 @@ class PartitionSpec:
     @property
     def first_sites(self) -> tuple[int | None, int | None]:
         """A pinned split's first site per side (prefill, decode; kernels/_pinned.py): decode on
-        the first sites, the SMs a grid-capped launch of its size lands on, prefill on the
+        the first sites, the SMs a launch's first programs take, prefill on the
         rest; None for the kinds that leave placement to the hardware."""
         if self.kind != "pinned":
             return None, None
