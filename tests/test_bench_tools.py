@@ -66,11 +66,14 @@ def test_benchmarks_without_a_gpu_say_so_in_one_line(script, says):
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("tokens", ["0", "1,x", "40000", ""])
-def test_prefill_rate_refuses_bad_lengths_in_one_line(tokens):
-    out = subprocess.run([sys.executable, "bench/prefill_rate.py", "--tokens", tokens],
+@pytest.mark.parametrize("argv,says", [
+    (["--tokens", "0"], "--tokens"), (["--tokens", "1,x"], "--tokens"),
+    (["--tokens", "40000"], "--tokens"), (["--tokens", ""], "--tokens"),
+    (["--prompts", "65"], "--prompts"), (["--batch-tokens", "4", "--prompts", "8"], "--prompts 8")])
+def test_prefill_rate_refuses_bad_lengths(argv, says):
+    out = subprocess.run([sys.executable, "bench/prefill_rate.py", *argv],
                          capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2 and "--tokens" in out.stderr and "Traceback" not in out.stderr
+    assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr
 
 
 def test_slo_levels_simulated_compares_the_policies(tmp_path):

@@ -106,19 +106,34 @@ def test_a_decode_step_writes_the_next_token_of_a_filled_cache():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("tokens,layers", [(97, 1), (256, 2)])
-def test_prefill_layers_fill_the_prompts_cache_and_count_its_flops(tokens, layers):
+@pytest.mark.parametrize("tokens,layers,prompts", [(97, 1, 1), (256, 2, 1), (97, 2, 3)])
+def test_prefill_layers_fill_the_prompts_cache_and_count_its_flops(tokens, layers, prompts):
     import torch
 
     from pdmux_triton.cost import step_cost
     from pdmux_triton.measure.workloads import PrefillLayers
     from pdmux_triton.multiplex.partition import Budget
 
-    wl = PrefillLayers(TINY, tokens=tokens, layers=layers)
+    wl = PrefillLayers(TINY, tokens=tokens, layers=layers, prompts=prompts)
+    lens = wl.batch.extend_lens
+    assert sum(lens) == tokens and len(lens) == prompts and max(lens) - min(lens) <= 1
     assert wl.unit == "TFLOP/s" and len(wl.model.cache.k) == layers
-    assert wl.amount == pytest.approx(step_cost.layer_flops(TINY, tokens, 0, layers))
+    # attention is causal within each prompt: three prompts of ~32 cost less than one of 97
+    assert wl.amount == pytest.approx(sum(step_cost.layer_flops(TINY, n, 0, layers) for n in lens))
     wl.run(Budget(5))
     torch.cuda.synchronize()
-    for k in wl.model.cache.k:  # every prompt token's K, from a zeroed cache
-        assert (k[:tokens].float().abs().sum((1, 2)) > 0).all()
-        assert not k[tokens:].any()
+    written = torch.zeros(wl.model.cache.k[0].shape[0], dtype=torch.bool, device="cuda")
+    written[wl.batch.slots] = True
+    assert int(written.sum()) == tokens  # every token its own slot
+    for k in wl.model.cache.k:  # every prompt token's K, from a zeroed cache, and nothing else
+        assert (k[written].float().abs().sum((1, 2)) > 0).all()
+        assert not k[~written].any()
+
+
+@pytest.mark.parametrize("prompts", [0, 5, True, 1.5])
+def test_prefill_layers_refuse_more_prompts_than_tokens(prompts):
+    from pdmux_triton.measure.workloads import PrefillLayers
+
+    with pytest.raises(PdmuxError,
+                       match=f"a prefill of 4 tokens takes 1..4 prompts, got {prompts!r}"):
+        PrefillLayers(TINY, tokens=4, layers=1, prompts=prompts)

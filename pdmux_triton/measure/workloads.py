@@ -115,23 +115,31 @@ class DecodeStep(Workload):
 
 
 class PrefillLayers(Workload):
-    """`layers` layers of a `tokens`-token prompt's prefill: GEMMs and causal attention."""
+    """`layers` layers of the prefill of `tokens` new tokens in `prompts` prompts of (nearly)
+    equal length, in one batch: GEMMs and causal attention within each prompt."""
 
     name = "prefill"
     unit = "TFLOP/s"
 
     def __init__(self, spec: ModelSpec, tokens: int = 8192, layers: int = 4, page_size: int = 16,
-                 seed: int = 1):
-        table, pages = page_table([tokens], page_size, "cuda", shuffle=False)
+                 seed: int = 1, prompts: int = 1):
+        if isinstance(prompts, bool) or not isinstance(prompts, int) or not 1 <= prompts <= tokens:
+            raise PdmuxError(f"a prefill of {tokens} tokens takes 1..{tokens} prompts, "
+                             f"got {prompts!r}")
+        lens = [tokens // prompts + (i < tokens % prompts) for i in range(prompts)]
+        table, pages = page_table(lens, page_size, "cuda", shuffle=False)
         self.model = Model(Weights.random(spec, "cuda", seed=seed, layers=layers),
                            KVCache(spec, pages, page_size, "cuda", layers=layers),
-                           max_positions=tokens)
-        pos = torch.arange(tokens, device="cuda")
+                           max_positions=max(lens))
+        pos = torch.cat([torch.arange(n, device="cuda") for n in lens])
+        rows = torch.repeat_interleave(torch.arange(prompts, device="cuda"),
+                                       torch.tensor(lens, device="cuda"))
+        slots = table[rows, pos // page_size].long() * page_size + pos % page_size
         self.batch = ExtendBatch(
             tokens=torch.randint(0, spec.vocab, (tokens,), device="cuda"), positions=pos,
-            slots=pos.clone(), page_table=table, extend_lens=[tokens], prefix_lens=[0])
+            slots=slots, page_table=table, extend_lens=lens, prefix_lens=[0] * prompts)
         self.layers = layers
-        self.amount = step_cost.layer_flops(spec, tokens, 0, layers)
+        self.amount = sum(step_cost.layer_flops(spec, n, 0, layers) for n in lens)
 
     def run(self, budget: Budget) -> None:
         self.model.extend_layers(self.batch, 0, self.layers, budget=budget)
