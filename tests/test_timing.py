@@ -100,3 +100,24 @@ def test_a_corun_reports_how_much_of_the_window_the_background_covered():
     # a background said to take a second runs once, and ends long before the window does
     co = time_corun(work, fg, False, alone, lambda: torch.cuda._sleep(1000), bg, False, 1000.0)
     assert co.covered < 0.05
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("graph", [False, True])
+def test_the_timed_stream_waits_for_inputs_made_on_the_callers(graph):
+    """An input still being written on the caller's stream (behind a 25 ms sleep) is read
+    whole by the timed work on its own stream."""
+    import torch
+
+    from pdmux_triton.measure.timing import Repeated, time_once
+
+    stream = torch.cuda.Stream()
+    for start in (lambda fn: time_once(fn, stream), lambda fn: Repeated(fn, stream, 1, graph)):
+        x = torch.zeros(1 << 20, device="cuda")
+        out = torch.full_like(x, float("nan"))
+        torch.cuda.synchronize()
+        torch.cuda._sleep(50_000_000)
+        x.fill_(3.0)
+        start(lambda: out.copy_(x))
+        torch.cuda.synchronize()
+        assert (out == 3).all()

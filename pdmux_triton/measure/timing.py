@@ -2,7 +2,11 @@
 
 Decode-side work is replayed from CUDA graphs (a decode step is hundreds of short kernels:
 launched one by one from Python it would measure the host, not the GPU). Prefill-side work is
-launched eagerly: its kernels are long, and extend attention copies host metadata per call.
+launched eagerly, as the served run launches it: its kernels are long enough that the host
+keeps ahead (bench/prefill_rate.py captures short prompts' prefills, where it would not).
+
+The timed stream first waits for the caller's: inputs made there before the call (random
+weights, token ids) are ready before the timed work reads them.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ class Repeated:
     def __init__(self, fn, stream, runs: int, graph: bool):
         self.fn, self.stream, self.runs = fn, stream, max(1, runs)
         self.graph = None
+        stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             fn()  # compile, allocate, warm caches
         stream.synchronize()
@@ -44,6 +49,7 @@ def _events():
 
 def time_once(fn, stream) -> float:
     """ms of a single eager call (after a warm-up call): the scale for choosing repeat counts."""
+    stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         fn()
         start, end = _events()
