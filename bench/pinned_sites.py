@@ -9,16 +9,11 @@ captured, alone:
   context, and pinned to 20 sites of the device's site order (kernels/_pinned.py) from
   several first sites;
 - the SM ids a green context of each level's decode SMs runs on (decode attention's programs
-  record them), to pin the same ones;
-- per kernel: one eager step's kernel times (profiler) on 20 SMs, capped and pinned;
-- one skinny GEMM (the down projection at 32 rows) on 20 SMs: capped; pinned; admitted by a
-  placement (programs 0-19 admitted wherever they land) among as many programs as pinned
-  launches, and with only those 20 programs, which parts the gate's atomics from the programs
-  it turns away. `--ncu` launches just those, once each after a warm-up, for Nsight Compute.
+  record them), and how many of them the first sites share;
+- per kernel: one eager step's kernel times (profiler) on 20 SMs, capped and pinned.
+One GEMM under each piece of the gate is bench/gate_anatomy.py's.
 
     python bench/pinned_sites.py --out bench/results
-    ncu --section SpeedOfLight --section LaunchStats -k regex:skinny --launch-skip 4 -c 4 \
-        python bench/pinned_sites.py --ncu
 """
 
 from __future__ import annotations
@@ -26,14 +21,15 @@ from __future__ import annotations
 import argparse
 import sys
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 from common import MODEL, Results, require_gpu
 
 from pdmux_triton.gpu.streams import PartitionStreams, kernel_args
-from pdmux_triton.kernels import decode_attention, linear
-from pdmux_triton.kernels._pinned import Pinned, site_order
+from pdmux_triton.kernels import decode_attention
+from pdmux_triton.kernels._pinned import site_order
 from pdmux_triton.measure.timing import time_alone
 from pdmux_triton.measure.workloads import DecodeStep
 from pdmux_triton.multiplex import sglang_rules
@@ -52,34 +48,25 @@ def gate_cost(res: Results, step: DecodeStep, stream, total: int) -> None:
     res.save()
 
 
-def green_ids(res: Results, step: DecodeStep, gpu) -> dict[int, list[int]]:
+def green_ids(res: Results, step: DecodeStep, gpu) -> None:
     """The SM ids each level's green decode context runs decode attention on."""
     dm, db = step.model, step.batch
     q = torch.randn(BATCH, MODEL.q_heads, MODEL.head_dim, dtype=torch.bfloat16, device="cuda")
-    out = {}
     for level in sglang_rules.stream_groups(gpu.sms, gpu.cc_major)[1:-1]:
         with PartitionStreams.open(for_level(level, "green", gpu.sms)) as part:
             ids = torch.full((4 * gpu.sms,), -1, dtype=torch.int32, device="cuda")
-            budget = replace_ctas(part.decode_budget, 4)
+            budget = replace(part.decode_budget, ctas_per_sm=4)
             with torch.cuda.stream(part.decode_stream):
                 decode_attention(q, dm.cache.k[0], dm.cache.v[0], db.page_table, db.seq_lens,
                                  dm.cache.page_size, db.max_seq_len, sm_ids=ids,
                                  **kernel_args(budget))
             torch.cuda.synchronize()
             used = sorted({int(i) for i in ids.tolist() if i >= 0})
-            out[part.decode_sms] = used
             sites = site_order(torch.device("cuda"))[0][:part.decode_sms]
             res.row(section="green ids", prefill_sms=level[0], decode_sms=part.decode_sms,
                     ids=used, first_sites=sorted(sites),
                     shared_with_first_sites=len(set(used) & set(sites)))
     res.save()
-    return out
-
-
-def replace_ctas(budget: Budget, c: int) -> Budget:
-    from dataclasses import replace
-
-    return replace(budget, ctas_per_sm=c)
 
 
 def sites(res: Results, step: DecodeStep, stream, gpu) -> None:
@@ -119,42 +106,16 @@ def per_kernel(res: Results, step: DecodeStep, stream, gpu) -> None:
     res.save()
 
 
-def gemm_variants(gpu) -> dict:
-    """The down projection at 32 rows on 20 SMs, capped and pinned."""
-    x = torch.randn(BATCH, MODEL.intermediate, dtype=torch.bfloat16, device="cuda")
-    w = torch.randn(MODEL.hidden, MODEL.intermediate, dtype=torch.bfloat16, device="cuda") / 100
-    out = torch.empty(BATCH, MODEL.hidden, dtype=torch.bfloat16, device="cuda")
-    return {"grid_cap": lambda: linear(x, w, out, num_sms=SMS),
-            "pinned": lambda: linear(x, w, out, pinned=Pinned(0, SMS))}
-
-
-def one_gemm(res: Results, stream, gpu) -> None:
-    variants = gemm_variants(gpu)
-    base = None
-    for name, fn in variants.items():
-        ms = time_alone(fn, stream, graph=True)
-        base = base or ms
-        res.row(section="one gemm", kind=name, sms=SMS, us=ms * 1e3, over_capped=ms / base)
-    res.save()
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, default=Path("bench/results"))
-    p.add_argument("--ncu", action="store_true", help="launch the GEMM variants for ncu only")
     args = p.parse_args(argv)
     require_gpu("bench/pinned_sites.py")
     gpu = detect_gpu()
-    if args.ncu:
-        for fn in [*gemm_variants(gpu).values()] * 2:  # the first round compiles
-            fn()
-        torch.cuda.synchronize()
-        return 0
     res = Results(args.out / f"pinned-sites-{gpu.name}.json", gpu.name)
     res.data["inputs"] = {"model": MODEL.name, "batch": BATCH, "context": CONTEXT, "sms": SMS}
     step = DecodeStep(MODEL, BATCH, CONTEXT)
     stream = torch.cuda.Stream()
-    one_gemm(res, stream, gpu)
     gate_cost(res, step, stream, gpu.sms)
     green_ids(res, step, gpu)
     sites(res, step, stream, gpu)
