@@ -7,7 +7,8 @@ than that price and short prompts are where the simulator errs most (bench/NOTES
 here in one process, for each prompt length T:
 - two layers of the Qwen3-8B preset's prefill (GEMMs, attention, norms, rotary), captured as a
   CUDA graph so the host's launches are out of the number: TFLOP/s and MFU against the GPU's
-  bf16 peak;
+  bf16 peak; and one eager call beside it (the host's launches in: what a served prefill
+  of that length waits on, the simulator's layer launch cost);
 - one layer's four GEMMs at M = T, ours (`linear`) and cuBLAS (`torch.matmul`), timed in
   turns: what the GEMM tiles' waves cost at short M against a library that picks its own;
 - batches of several equal prompts (`--batch-tokens` in `--prompts` prompts each): what a
@@ -27,7 +28,7 @@ from common import BF16, LINEARS, MODEL, Results, require_gpu, t_interleaved
 
 from pdmux_triton.cost import step_cost
 from pdmux_triton.kernels import linear
-from pdmux_triton.measure.timing import time_alone
+from pdmux_triton.measure.timing import time_alone, time_once
 from pdmux_triton.measure.workloads import PrefillLayers
 from pdmux_triton.multiplex.partition import Budget
 from pdmux_triton.spec.gpus import detect_gpu
@@ -54,9 +55,10 @@ def int_list(flag: str, high: int):
 def layers_rate(res: Results, T: int, peak_tflops: float, stream, prompts: int = 1) -> float:
     work = PrefillLayers(MODEL, tokens=T, layers=LAYERS, prompts=prompts)
     ms = time_alone(lambda: work.run(Budget()), stream, graph=True, repeats=5)
+    eager_ms = time_once(lambda: work.run(Budget()), stream)
     tflops = work.amount / ms / 1e9
     res.row(section="layers" if prompts == 1 else "batch", tokens=T, prompts=prompts,
-            layers=LAYERS, ms=ms, tflops=tflops, mfu=tflops / peak_tflops)
+            layers=LAYERS, ms=ms, eager_ms=eager_ms, tflops=tflops, mfu=tflops / peak_tflops)
     return tflops / peak_tflops
 
 

@@ -68,15 +68,18 @@ class Pinned:
 
 
 @triton.jit
+def _globaltimer():
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.uint64,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
 def _where_kernel(out_ptr, HOLD_NS: tl.constexpr):
     """Each program stores its SM id, after holding its SM for HOLD_NS (so the first programs
     of the launch each take an SM of their own, as a real kernel's would)."""
-    t0 = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.uint64,
-                                   is_pure=False, pack=1)
-    t = t0
-    while t - t0 < HOLD_NS:
-        t = tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.uint64,
-                                      is_pure=False, pack=1)
+    t0 = _globaltimer()
+    while _globaltimer() - t0 < HOLD_NS:
+        pass
     tl.store(out_ptr + tl.program_id(0), tl.extra.cuda.smid())
 
 
