@@ -32,7 +32,7 @@ import triton.language as tl
 from common import Results, require_gpu
 
 from pdmux_triton.kernels import _pinned, linear
-from pdmux_triton.kernels._pinned import GATE_WORDS, Pinned, site_order
+from pdmux_triton.kernels._pinned import GATE_WORDS, Pinned, site_order, site_table
 from pdmux_triton.kernels.gemm import _skinny_slot, plan
 from pdmux_triton.measure.timing import time_alone
 from pdmux_triton.spec.gpus import detect_gpu
@@ -119,9 +119,7 @@ def with_first_sites(first: list[int]) -> None:
     """Replace the device's site order by one whose first sites are `first`."""
     dev = torch.device("cuda", torch.cuda.current_device())
     order = first + [sm for sm in site_order(dev)[0] if sm not in first]
-    table = torch.full((GATE_WORDS,), -1, dtype=torch.int32)
-    table[order] = torch.arange(len(order), dtype=torch.int32)
-    _pinned._SITES[dev] = order, table.to(dev)
+    _pinned._SITES[dev] = order, site_table(order, dev)
 
 
 def main(argv=None) -> int:

@@ -105,13 +105,18 @@ def site_order(device: torch.device) -> tuple[list[int], torch.Tensor]:
             _where_kernel[(where.numel(),)](where, HOLD_NS=20_000, num_warps=1)
     order = list(dict.fromkeys(where.tolist()))
     order += [sm for sm in range(total) if sm not in order]
+    _SITES[device] = order, site_table(order, device)
+    return _SITES[device]
+
+
+def site_table(order: list[int], device: torch.device) -> torch.Tensor:
+    """The kernels' view of a site order: SM id -> its site, -1 for ids not in it."""
     if min(order) < 0 or max(order) >= GATE_WORDS:
         raise PdmuxError(f"SM ids {min(order)}..{max(order)} are not all in the site table's "
                          f"0..{GATE_WORDS - 1}")
     table = torch.full((GATE_WORDS,), -1, dtype=torch.int32)
     table[order] = torch.arange(len(order), dtype=torch.int32)
-    _SITES[device] = order, table.to(device)
-    return _SITES[device]
+    return table.to(device)
 
 
 @dataclass(frozen=True)
