@@ -16,6 +16,7 @@ and prefill at 80/52) come from their files when given.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -39,15 +40,15 @@ CTAS = (1, 2, 3)
 STREAM_BYTES = 1 << 31
 
 
-def launches_per_step(step: DecodeStep) -> int:
-    """Kernels one eager decode step launches on the whole GPU (the profiler's CUDA kernels;
-    copies and memsets are not kernels)."""
+def launches_per_step(step: DecodeStep, budget: Budget) -> int:
+    """Kernels one eager decode step launches (the profiler's CUDA kernels; copies and memsets
+    are not kernels)."""
     from torch.profiler import ProfilerActivity, profile
 
-    step.run(Budget())
+    step.run(budget)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        step.run(Budget())
+        step.run(budget)
         torch.cuda.synchronize()
     return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
                and not e.name.lower().startswith(("memcpy", "memset")))
@@ -56,11 +57,21 @@ def launches_per_step(step: DecodeStep) -> int:
 def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
     bufs = same_bytes_buffers(STREAM_BYTES, 60 << 20)
     tbps = stream_same_bytes(bufs, STREAM_BYTES, sms)
-    ms = t_graph(lambda: step.run(Budget()))
+    # as served on the whole GPU (launches overlapped: PDL), and each launch after the last
+    # has finished, in turns so that drift hits both alike
+    served, apart = Budget(pdl=True), Budget()
+    times = {False: [], True: []}
+    for _ in range(3):
+        for pdl, budget in ((True, served), (False, apart)):
+            times[pdl].append(t_graph(lambda: step.run(budget)))
+    ms, apart_ms = statistics.median(times[True]), statistics.median(times[False])
     floor_ms = step_cost.decode_step_bytes(MODEL, BATCH * CONTEXT) / (tbps * 1e12) * 1e3
     res.row(section="whole gpu", stream_read_tbps=tbps, decode_only_step_ms=ms,
-            decode_step_floor_ms=floor_ms, launches=launches_per_step(step))
+            decode_step_without_pdl_ms=apart_ms, step_ms_pdl=times[True],
+            step_ms_without_pdl=times[False], decode_step_floor_ms=floor_ms,
+            launches=launches_per_step(step, served))
     res.data["summary"].update(stream_read_tbps=tbps, decode_only_step_ms=ms,
+                               decode_step_without_pdl_ms=apart_ms,
                                decode_step_floor_ms=floor_ms, decode_step_vs_floor=floor_ms / ms,
                                launches_per_decode_step=res.data["rows"][-1]["launches"])
     res.save()

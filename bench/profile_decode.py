@@ -83,7 +83,8 @@ def offline(block_n: int, num_warps: int, num_stages: int, pinned: bool = False)
                 "gate_ptr": "*i32", "place_ptr": "*i32"}
     constexprs = {"PAGE_SIZE": 16, "GROUP": 4, "BLOCK_G": 16, "BLOCK_N": block_n, "BLOCK_B": 32,
                   "UNIT_COST": UNIT_COST, "D": 128, "WIDE": False, "RECORD_SM": False,
-                  "PINNED": pinned, "PLACED": False, "BLOCK_SMS": 32 if pinned else 1}
+                  "PINNED": pinned, "PLACED": False, "BLOCK_SMS": 32 if pinned else 1,
+                  "PDL": False}
     names = list(inspect.signature(decode_kernel.fn).parameters)
     signature = {n: "constexpr" if n in constexprs else pointers.get(n, "i32") for n in names}
     signature["scale_log2"] = "fp32"
@@ -120,7 +121,7 @@ def offline_gemm(pinned: bool = False) -> None:
         names = list(inspect.signature(fn.fn).parameters)
         constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
                       "HAS_BIAS": False, "RECORD_SM": False, "PINNED": pinned, "PLACED": False,
-                      "BLOCK_SMS": 32 if pinned else 1}
+                      "BLOCK_SMS": 32 if pinned else 1, "PDL": False}
         # skinny: whole tiles, the schedule most decode shapes take (a constexpr, as launched)
         constexprs.update({"EVEN_K": True, "WHOLE_TILES": True} if cfg.skinny
                           else {"GROUP_M": cfg.group_m})

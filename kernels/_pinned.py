@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels._launch import (default_num_sms, interpreting, record_sm, shared_counters,
@@ -122,15 +123,15 @@ def site_table(order: list[int], device: torch.device) -> torch.Tensor:
 @dataclass(frozen=True)
 class PinnedLaunch:
     """What a launcher passes a kernel: `grid` programs doing `slots` slots (a plain launch:
-    grid == slots, one slot a program), and the gate's arguments (`args`, then `constexprs`)."""
+    grid == slots, one slot a program), the gate's arguments (`args`), and the keyword
+    arguments of the launch (`kwargs`: the gate's constexprs, PDL's constexpr and option)."""
 
     grid: int
     slots: int
     args: tuple
-    constexprs: dict
+    kwargs: dict
 
 
-PLAIN = {"PINNED": False, "PLACED": False, "BLOCK_SMS": 1}  # a plain launch's gate constexprs
 
 
 def pinned_budget(pinned: Pinned | None, num_sms: int | None) -> int | None:
@@ -143,12 +144,30 @@ def pinned_budget(pinned: Pinned | None, num_sms: int | None) -> int | None:
     return pinned.sms
 
 
-def pinned_launch(pinned: Pinned | None, slots: int, ctas_per_sm: int,
-                  device: torch.device) -> PinnedLaunch:
+def pdl_kwargs(pdl: bool, device: torch.device) -> dict:
+    """A launch's programmatic dependent launch: with `pdl` the kernel may be scheduled while
+    the one before it on the stream drains, and waits for it (`gdc_wait`) before its first
+    read. Its waiting programs land wherever there is room, so it keeps a launch inside its
+    SMs only where the hardware confines the stream (the whole GPU, a green context): never
+    for a grid cap of fewer SMs or a pinned partition (their callers leave it off)."""
+    if pdl and (interpreting() or device.type != "cuda"):
+        raise PdmuxError("programmatic dependent launch needs a CUDA GPU (the Triton "
+                         "interpreter has no griddepcontrol)")
+    return {"PDL": pdl, "launch_pdl": pdl}
+
+
+def pinned_launch(pinned: Pinned | None, slots: int, ctas_per_sm: int, device: torch.device,
+                  pdl: bool = False) -> PinnedLaunch:
     """The launch of a kernel whose grid-capped form has `slots` programs (`grid_size`'s)."""
     if pinned is None:
         none = unused_pointer(device)
-        return PinnedLaunch(slots, slots, (none, none, 0, 1, 1, slots, slots), PLAIN)
+        return PinnedLaunch(slots, slots, (none, none, 0, 1, 1, slots, slots),
+                            {"PINNED": False, "PLACED": False, "BLOCK_SMS": 1,
+                             **pdl_kwargs(pdl, device)})
+    if pdl:
+        raise PdmuxError("a pinned launch cannot overlap the one before it (programmatic "
+                         "dependent launch): its programs that wait would hold SMs outside "
+                         "the partition")
     placement = pinned.placement
     if placement is None:
         if interpreting() or device.type != "cuda":
@@ -171,7 +190,8 @@ def pinned_launch(pinned: Pinned | None, slots: int, ctas_per_sm: int,
     return PinnedLaunch(grid, slots,
                         (gate, where, pinned.first_site, pinned.sms, ctas_per_sm, slots, grid),
                         {"PINNED": True, "PLACED": placement is not None,
-                         "BLOCK_SMS": triton.next_power_of_2(pinned.sms)})
+                         "BLOCK_SMS": triton.next_power_of_2(pinned.sms),
+                         **pdl_kwargs(False, device)})
 
 
 @triton.jit
@@ -237,10 +257,14 @@ def record_slot(sm_ids_ptr, slot, sm, RECORD_SM: tl.constexpr):
 @triton.jit
 def run_slots(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, ctas,
               slots, programs, RECORD_SM: tl.constexpr, PINNED: tl.constexpr,
-              PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr):
+              PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr, PDL: tl.constexpr):
     """A kernel's work: `BODY(pid, programs, *args)` is what program pid of a capped launch of
     `programs` does. Plain, each program does its own; pinned, the programs the gate admits do
-    the capped launch's programs as slots."""
+    the capped launch's programs as slots. PDL (`pdl_kwargs`): the next kernel may be
+    scheduled at once, and this one waits for the one before it to finish before any read."""
+    if PDL:
+        gdc_launch_dependents()
+        gdc_wait()
     if PINNED:
         slot, sm = pinned_start(gate_ptr, place_ptr, first_site, n_sms, ctas, slots, programs,
                                 PLACED, BLOCK_SMS)

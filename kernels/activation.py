@@ -15,10 +15,10 @@ from pdmux_triton.kernels._pinned import Pinned, pinned_budget, pinned_launch, r
 @triton.jit(do_not_specialize=["T", "first_site", "n_sms", "slots", "programs"])
 def _silu_mul_kernel(x_ptr, y_ptr, sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, ctas, slots,
                      programs, T, I, sx_t, sy_t, BLOCK: tl.constexpr, RECORD_SM: tl.constexpr,
-                     PINNED: tl.constexpr, PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr):
+                     PINNED: tl.constexpr, PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr, PDL: tl.constexpr):
     run_slots(_silu_mul_slot, (x_ptr, y_ptr, T, I, sx_t, sy_t, BLOCK), sm_ids_ptr, gate_ptr,
               place_ptr, first_site, n_sms, ctas, slots, programs, RECORD_SM, PINNED, PLACED,
-              BLOCK_SMS)
+              BLOCK_SMS, PDL)
 
 
 @triton.jit
@@ -33,7 +33,8 @@ def _silu_mul_slot(pid, programs, x_ptr, y_ptr, T, I, sx_t, sy_t, BLOCK: tl.cons
 
 def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None, *,
              num_sms: int | None = None, ctas_per_sm: int = 1,
-             sm_ids: torch.Tensor | None = None, pinned: Pinned | None = None) -> torch.Tensor:
+             sm_ids: torch.Tensor | None = None, pinned: Pinned | None = None,
+             pdl: bool = False) -> torch.Tensor:
     check_tensor("gate_up", gate_up, 2, FLOAT_DTYPES)
     T, two_i = gate_up.shape
     if two_i % 2:
@@ -48,9 +49,9 @@ def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None, *,
     block = min(2048, triton.next_power_of_2(I))
     grid = grid_size(T * triton.cdiv(I, block), pinned_budget(pinned, num_sms), ctas_per_sm,
                      gate_up.device)
-    launch = pinned_launch(pinned, grid, ctas_per_sm, gate_up.device)
+    launch = pinned_launch(pinned, grid, ctas_per_sm, gate_up.device, pdl)
     sm_buf, record = telemetry_args(sm_ids, grid, gate_up.device)
     _silu_mul_kernel[(launch.grid,)](gate_up, out, sm_buf, *launch.args, T, I, gate_up.stride(0),
                                      out.stride(0), BLOCK=block, RECORD_SM=record, num_warps=4,
-                                     **launch.constexprs)
+                                     **launch.kwargs)
     return out

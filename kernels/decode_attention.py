@@ -51,12 +51,12 @@ def decode_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, par
                    PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, UNIT_COST: tl.constexpr,
                    D: tl.constexpr, WIDE: tl.constexpr, RECORD_SM: tl.constexpr,
-                   PINNED: tl.constexpr, PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr):
+                   PINNED: tl.constexpr, PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr, PDL: tl.constexpr):
     run_slots(_decode_slot, (q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr,
               part_lse_ptr, count_ptr, B, KV_HEADS, scale_log2, sq_b, sq_h, so_b, so_h, sc_s, sc_h,
               spt_b, PAGE_SIZE, GROUP, BLOCK_G, BLOCK_N, BLOCK_B, UNIT_COST, D, WIDE), sm_ids_ptr,
               gate_ptr, place_ptr, first_site, n_sms, ctas, slots, programs, RECORD_SM, PINNED,
-              PLACED, BLOCK_SMS)
+              PLACED, BLOCK_SMS, PDL)
 
 
 @triton.jit
@@ -170,7 +170,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                      out: torch.Tensor | None = None, *, num_sms: int | None = None,
                      ctas_per_sm: int = 1, config: AttnConfig | None = None,
                      sm_ids: torch.Tensor | None = None,
-                     pinned: Pinned | None = None) -> torch.Tensor:
+                     pinned: Pinned | None = None,
+                     pdl: bool = False) -> torch.Tensor:
     """out[b, h] = softmax(q[b, h] . K_b^T * scale) V_b over the first seq_lens[b] cached tokens.
 
     q [B, Hq, D]; caches [slots, Hkv, D]; page_table [B, pages] int32 (page ids); seq_lens [B]
@@ -197,7 +198,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     units = B * HKV
     grid = grid_size(units * max(1, triton.cdiv(max_seq_len, cfg.block_n)),
                      pinned_budget(pinned, num_sms), ctas_per_sm, dev)
-    launch = pinned_launch(pinned, grid, ctas_per_sm, dev)
+    launch = pinned_launch(pinned, grid, ctas_per_sm, dev, pdl)
     sm_buf, record = telemetry_args(sm_ids, grid, dev)
     # a program's range cuts at most one unit at each end: units + programs partial rows
     part_o = torch.empty(((units + grid) * group, D), dtype=torch.float32, device=dev)
@@ -210,5 +211,5 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         PAGE_SIZE=page_size, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_N=cfg.block_n, BLOCK_B=triton.next_power_of_2(B), UNIT_COST=UNIT_COST, D=D,
         WIDE=wide_offsets(k_cache), RECORD_SM=record, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **launch.constexprs)
+        num_stages=cfg.num_stages, **launch.kwargs)
     return out

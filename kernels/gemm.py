@@ -120,10 +120,10 @@ def gemm_kernel(x_desc, w_desc, y_ptr, b_ptr, sm_ids_ptr, gate_ptr, place_ptr, f
                  ctas, slots, programs, M, N, K, stride_ym, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
                  HAS_BIAS: tl.constexpr, RECORD_SM: tl.constexpr, PINNED: tl.constexpr,
-                 PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr):
+                 PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr, PDL: tl.constexpr):
     run_slots(_gemm_slot, (x_desc, w_desc, y_ptr, b_ptr, M, N, K, stride_ym, BLOCK_M, BLOCK_N,
               BLOCK_K, GROUP_M, HAS_BIAS), sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, ctas,
-              slots, programs, RECORD_SM, PINNED, PLACED, BLOCK_SMS)
+              slots, programs, RECORD_SM, PINNED, PLACED, BLOCK_SMS, PDL)
 
 
 @triton.jit
@@ -184,11 +184,11 @@ def skinny_kernel(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, sm_ids_ptr, g
                    stride_wn, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, WHOLE_TILES: tl.constexpr,
                    HAS_BIAS: tl.constexpr, RECORD_SM: tl.constexpr, PINNED: tl.constexpr,
-                   PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr):
+                   PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr, PDL: tl.constexpr):
     run_slots(_skinny_slot, (x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, M, N, K, stride_xm,
               stride_wn, stride_ym, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, WHOLE_TILES, HAS_BIAS),
               sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, ctas, slots, programs, RECORD_SM,
-              PINNED, PLACED, BLOCK_SMS)
+              PINNED, PLACED, BLOCK_SMS, PDL)
 
 
 @triton.jit
@@ -313,7 +313,8 @@ def warm_up_rows(N: int, K: int, dtype: torch.dtype, device: torch.device, budge
 def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None, *,
            bias: torch.Tensor | None = None, num_sms: int | None = None, ctas_per_sm: int = 1,
            config: GemmConfig | None = None, sm_ids: torch.Tensor | None = None,
-           pinned: Pinned | None = None) -> torch.Tensor:
+           pinned: Pinned | None = None,
+           pdl: bool = False) -> torch.Tensor:
     """y[M, N] = x[M, K] @ weight[N, K]^T (+ bias[N]) with fp32 accumulation, on at most
     num_sms*ctas_per_sm programs (`pinned`: on those SMs, kernels/_pinned.py)."""
     check_tensor("x", x, 2, GEMM_DTYPES)
@@ -338,7 +339,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
         return out.copy_(bias.expand(M, N)) if bias is not None else out.zero_()
     p = plan(M, N, K, x.dtype, x.device, pinned_budget(pinned, num_sms), ctas_per_sm, config)
     cfg, grid = p.config, p.grid
-    launch = pinned_launch(pinned, grid, ctas_per_sm, x.device)
+    launch = pinned_launch(pinned, grid, ctas_per_sm, x.device, pdl)
     sm_buf, record = telemetry_args(sm_ids, grid, x.device)
     bias_arg = out if bias is None else bias  # any pointer: HAS_BIAS compiles the loads away
     if cfg.skinny:
@@ -355,7 +356,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
             weight.stride(0), out.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k, EVEN_K=K % cfg.block_k == 0, WHOLE_TILES=p.whole,
             HAS_BIAS=bias is not None, RECORD_SM=record, num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages, **launch.constexprs)
+            num_stages=cfg.num_stages, **launch.kwargs)
         return out
     for name, t in (("x", x), ("weight", weight)):
         check_tma_rows(name, t, "; for bf16/fp16 that means K a multiple of 8")
@@ -364,5 +365,5 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
         TensorDescriptor.from_tensor(weight, [cfg.block_n, cfg.block_k]), out, bias_arg, sm_buf,
         *launch.args, M, N, K, out.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, HAS_BIAS=bias is not None, RECORD_SM=record,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch.constexprs)
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch.kwargs)
     return out

@@ -36,11 +36,11 @@ def _extend_kernel(q_desc, k_desc, v_desc, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_p
                    Q_HEADS, scale_log2, so_t, so_h, sc_s, sc_h, spt_b, PAGE_SIZE: tl.constexpr,
                    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    D: tl.constexpr, WIDE: tl.constexpr, RECORD_SM: tl.constexpr,
-                   PINNED: tl.constexpr, PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr):
+                   PINNED: tl.constexpr, PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr, PDL: tl.constexpr):
     run_slots(_extend_slot, (q_desc, k_desc, v_desc, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_ptr,
               num_blocks, B, Q_HEADS, scale_log2, so_t, so_h, sc_s, sc_h, spt_b, PAGE_SIZE, GROUP,
               BLOCK_M, BLOCK_N, D, WIDE), sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, ctas,
-              slots, programs, RECORD_SM, PINNED, PLACED, BLOCK_SMS)
+              slots, programs, RECORD_SM, PINNED, PLACED, BLOCK_SMS, PDL)
 
 
 @triton.jit
@@ -171,7 +171,8 @@ def extend_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
                      out: torch.Tensor | None = None, *, num_sms: int | None = None,
                      ctas_per_sm: int = 1, config: AttnConfig | None = None,
                      plan: ExtendPlan | None = None, sm_ids: torch.Tensor | None = None,
-                     pinned: Pinned | None = None) -> torch.Tensor:
+                     pinned: Pinned | None = None,
+                     pdl: bool = False) -> torch.Tensor:
     """Causal attention of q [sum(extend_lens), Hq, D] (sequences packed back to back) over each
     sequence's prefix_lens[b] cached tokens and its extend_lens[b] new ones, whose keys and
     values k, v [sum(extend_lens), Hkv, D] are read from those tensors (views of the QKV output
@@ -207,7 +208,7 @@ def extend_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
         raise PdmuxError("the extend plan was made for other lengths or another block_m")
     meta, num_blocks = plan.meta, plan.num_blocks
     grid = grid_size(num_blocks * HQ, pinned_budget(pinned, num_sms), ctas_per_sm, dev)
-    launch = pinned_launch(pinned, grid, ctas_per_sm, dev)
+    launch = pinned_launch(pinned, grid, ctas_per_sm, dev, pdl)
     sm_buf, record = telemetry_args(sm_ids, grid, dev)
     scale = (sm_scale if sm_scale is not None else D ** -0.5) * LOG2E
     q_desc = TensorDescriptor(q, [T, HQ * D], [q.stride(0), 1], [cfg.block_m, D])
@@ -219,5 +220,5 @@ def extend_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
         k_cache.stride(1), page_table.stride(0), PAGE_SIZE=page_size, GROUP=HQ // HKV,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, D=D, WIDE=wide_offsets(k_cache),
         RECORD_SM=record, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        **launch.constexprs)
+        **launch.kwargs)
     return out

@@ -20,10 +20,10 @@ def _rmsnorm_kernel(x_ptr, res_ptr, w_ptr, y_ptr, sm_ids_ptr, gate_ptr, place_pt
                     ctas, slots, programs, rows, H, D, sx_t, sx_h, sr_t, sr_h, sy_t, sy_h, eps,
                     HAS_RESIDUAL: tl.constexpr, ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
                     RECORD_SM: tl.constexpr, PINNED: tl.constexpr, PLACED: tl.constexpr,
-                    BLOCK_SMS: tl.constexpr):
+                    BLOCK_SMS: tl.constexpr, PDL: tl.constexpr):
     run_slots(_rmsnorm_slot, (x_ptr, res_ptr, w_ptr, y_ptr, rows, H, D, sx_t, sx_h, sr_t, sr_h,
               sy_t, sy_h, eps, HAS_RESIDUAL, ROWS, BLOCK_D), sm_ids_ptr, gate_ptr, place_ptr,
-              first_site, n_sms, ctas, slots, programs, RECORD_SM, PINNED, PLACED, BLOCK_SMS)
+              first_site, n_sms, ctas, slots, programs, RECORD_SM, PINNED, PLACED, BLOCK_SMS, PDL)
 
 
 @triton.jit
@@ -62,7 +62,8 @@ def _as_3d(name: str, t: torch.Tensor) -> torch.Tensor:
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
             residual: torch.Tensor | None = None, out: torch.Tensor | None = None,
             num_sms: int | None = None, ctas_per_sm: int = 1,
-            sm_ids: torch.Tensor | None = None, pinned: Pinned | None = None) -> torch.Tensor:
+            sm_ids: torch.Tensor | None = None, pinned: Pinned | None = None,
+            pdl: bool = False) -> torch.Tensor:
     """out = rmsnorm(x [+ residual]) * weight; with a residual, it is updated to x + residual.
 
     x is [T, D] or [T, H, D] (any strides, last dim contiguous); `out` may be `x` (in place).
@@ -91,11 +92,11 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
     row_block = max(1, min(16, 2048 // block_d))
     grid = grid_size(triton.cdiv(rows, row_block), pinned_budget(pinned, num_sms), ctas_per_sm,
                      x.device)
-    launch = pinned_launch(pinned, grid, ctas_per_sm, x.device)
+    launch = pinned_launch(pinned, grid, ctas_per_sm, x.device, pdl)
     sm_buf, record = telemetry_args(sm_ids, grid, x.device)
     _rmsnorm_kernel[(launch.grid,)](
         x3, r3, weight, y3, sm_buf, *launch.args, rows, H, D, x3.stride(0), x3.stride(1),
         r3.stride(0), r3.stride(1), y3.stride(0), y3.stride(1), eps,
         HAS_RESIDUAL=residual is not None, ROWS=row_block, BLOCK_D=block_d, RECORD_SM=record,
-        num_warps=4 if block_d <= 1024 else 8, **launch.constexprs)
+        num_warps=4 if block_d <= 1024 else 8, **launch.kwargs)
     return out

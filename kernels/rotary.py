@@ -39,11 +39,11 @@ def _rope_kernel(x_ptr, pos_ptr, cs_ptr, wq_ptr, wk_ptr, kc_ptr, vc_ptr, slot_pt
                  sx_t, sx_h, sc_s, eps, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
                  ROWS: tl.constexpr, NORM: tl.constexpr, STORE: tl.constexpr,
                  RECORD_SM: tl.constexpr, PINNED: tl.constexpr, PLACED: tl.constexpr,
-                 BLOCK_SMS: tl.constexpr):
+                 BLOCK_SMS: tl.constexpr, PDL: tl.constexpr):
     run_slots(_rope_slot, (x_ptr, pos_ptr, cs_ptr, wq_ptr, wk_ptr, kc_ptr, vc_ptr, slot_ptr, rows,
               H, HQ, HKV, sx_t, sx_h, sc_s, eps, HALF, BLOCK_HALF, ROWS, NORM, STORE),
               sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, ctas, slots, programs, RECORD_SM,
-              PINNED, PLACED, BLOCK_SMS)
+              PINNED, PLACED, BLOCK_SMS, PDL)
 
 
 @triton.jit
@@ -123,7 +123,7 @@ def _check_rope(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
 
 
 def _launch_rope(x, positions, cos_sin, wq, wk, eps, heads: tuple[int, int], caches, num_sms,
-                 ctas_per_sm, sm_ids, pinned):
+                 ctas_per_sm, sm_ids, pinned, pdl):
     """One launch over x's rows [T, H, D]: the first heads[0] normalized by wq, the next
     heads[1] by wk, both rotated; with `caches` (k_cache, v_cache, slots) the rest are values."""
     T, H, D = x.shape
@@ -135,7 +135,7 @@ def _launch_rope(x, positions, cos_sin, wq, wk, eps, heads: tuple[int, int], cac
     row_block = max(1, min(32, 2048 // block_half))
     grid = grid_size(triton.cdiv(rows, row_block), pinned_budget(pinned, num_sms), ctas_per_sm,
                      x.device)
-    launch = pinned_launch(pinned, grid, ctas_per_sm, x.device)
+    launch = pinned_launch(pinned, grid, ctas_per_sm, x.device, pdl)
     sm_buf, record = telemetry_args(sm_ids, grid, x.device)
     kc, vc, slots = caches if caches is not None else (x, x, positions)  # unread unless STORE
     _rope_kernel[(launch.grid,)](
@@ -143,18 +143,19 @@ def _launch_rope(x, positions, cos_sin, wq, wk, eps, heads: tuple[int, int], cac
         wk if wk is not None else cos_sin, kc, vc, slots, sm_buf, *launch.args, rows, H,
         heads[0], heads[1], x.stride(0), x.stride(1), kc.stride(0), eps, HALF=half,
         BLOCK_HALF=block_half, ROWS=row_block, NORM=wq is not None, STORE=caches is not None,
-        RECORD_SM=record, num_warps=4, **launch.constexprs)
+        RECORD_SM=record, num_warps=4, **launch.kwargs)
 
 
 def rope_(x: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Tensor,
           norm_weight: torch.Tensor | None = None, eps: float = 1e-6, *,
           num_sms: int | None = None, ctas_per_sm: int = 1,
-          sm_ids: torch.Tensor | None = None, pinned: Pinned | None = None) -> torch.Tensor:
+          sm_ids: torch.Tensor | None = None, pinned: Pinned | None = None,
+          pdl: bool = False) -> torch.Tensor:
     """Rotate x [T, H, D] in place by each token's position; RMS-normalize first if norm_weight."""
     check_tensor("x", x, 3, FLOAT_DTYPES)
     _check_rope(x, positions, cos_sin, (("norm_weight", norm_weight),))
     _launch_rope(x, positions, cos_sin, norm_weight, norm_weight, eps, (x.shape[1], 0), None,
-                 num_sms, ctas_per_sm, sm_ids, pinned)
+                 num_sms, ctas_per_sm, sm_ids, pinned, pdl)
     return x
 
 
@@ -163,7 +164,8 @@ def rope_store_kv(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Ten
                   slots: torch.Tensor, q_norm: torch.Tensor | None = None,
                   k_norm: torch.Tensor | None = None, eps: float = 1e-6, *,
                   num_sms: int | None = None, ctas_per_sm: int = 1,
-                  sm_ids: torch.Tensor | None = None, pinned: Pinned | None = None) -> None:
+                  sm_ids: torch.Tensor | None = None, pinned: Pinned | None = None,
+                  pdl: bool = False) -> None:
     """Attention's prologue in one launch. qkv [T, q_heads + 2 kv_heads, D] (a fused QKV
     output viewed by head, each row's heads contiguous): q and k heads RMS-normalized (Qwen3's
     q_norm, k_norm, both or neither) and rotated in place, then k_cache[slots[t]] = k[t] and
@@ -189,4 +191,4 @@ def rope_store_kv(qkv: torch.Tensor, positions: torch.Tensor, cos_sin: torch.Ten
     if slots.shape[0] != T:
         raise PdmuxError(f"slots has {slots.shape[0]} entries for {T} tokens")
     _launch_rope(qkv, positions, cos_sin, q_norm, k_norm, eps, (q_heads, kv_heads),
-                 (k_cache, v_cache, slots), num_sms, ctas_per_sm, sm_ids, pinned)
+                 (k_cache, v_cache, slots), num_sms, ctas_per_sm, sm_ids, pinned, pdl)

@@ -36,15 +36,16 @@ def _stream_slot(pid, programs, src_ptr, out_ptr, n, BLOCK: tl.constexpr, UNROLL
 def _stream_read_kernel(src_ptr, out_ptr, sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, ctas,
                         slots, programs, n, BLOCK: tl.constexpr, UNROLL: tl.constexpr,
                         RECORD_SM: tl.constexpr, PINNED: tl.constexpr, PLACED: tl.constexpr,
-                        BLOCK_SMS: tl.constexpr):
+                        BLOCK_SMS: tl.constexpr, PDL: tl.constexpr):
     run_slots(_stream_slot, (src_ptr, out_ptr, n, BLOCK, UNROLL), sm_ids_ptr, gate_ptr, place_ptr,
-              first_site, n_sms, ctas, slots, programs, RECORD_SM, PINNED, PLACED, BLOCK_SMS)
+              first_site, n_sms, ctas, slots, programs, RECORD_SM, PINNED, PLACED, BLOCK_SMS, PDL)
 
 
 def stream_read(buf: torch.Tensor, *, num_sms: int | None = None, ctas_per_sm: int = 1,
                 block: int | None = None, unroll: int | None = None,
                 num_warps: int | None = None, sm_ids: torch.Tensor | None = None,
-                pinned: Pinned | None = None) -> torch.Tensor:
+                pinned: Pinned | None = None,
+                pdl: bool = False) -> torch.Tensor:
     """Read every byte of `buf` (contiguous, a multiple of 4 bytes); returns per-program sums
     (per slot when `pinned`: its SMs are the budget, and `num_sms` must be left out)."""
     if not isinstance(buf, torch.Tensor) or not buf.is_contiguous():
@@ -57,10 +58,10 @@ def stream_read(buf: torch.Tensor, *, num_sms: int | None = None, ctas_per_sm: i
     unroll = unroll or (2 if interpreting() else STREAM_UNROLL)
     slots = grid_size(max(1, triton.cdiv(words.numel(), block * unroll)),
                       pinned_budget(pinned, num_sms), ctas_per_sm, buf.device)
-    launch = pinned_launch(pinned, slots, ctas_per_sm, buf.device)
+    launch = pinned_launch(pinned, slots, ctas_per_sm, buf.device, pdl)
     out = torch.empty(slots, dtype=torch.int32, device=buf.device)
     sm_buf, record = telemetry_args(sm_ids, slots, buf.device)
     _stream_read_kernel[(launch.grid,)](words, out, sm_buf, *launch.args, words.numel(),
                                         BLOCK=block, UNROLL=unroll, RECORD_SM=record,
-                                        num_warps=num_warps or STREAM_WARPS, **launch.constexprs)
+                                        num_warps=num_warps or STREAM_WARPS, **launch.kwargs)
     return out

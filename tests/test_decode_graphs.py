@@ -44,3 +44,34 @@ def test_static_inputs_are_made_on_the_capture_stream():
     assert seen == [stream]
     assert graphs.captures == 1 and graphs.get(stream, Budget(None), 2, static_batch) is step
     torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+def test_overlapped_launches_give_the_same_logits_replayed_from_a_graph():
+    """A decode step whose kernels launch while the one before drains (PDL, each waiting for
+    it before its first read), captured and replayed on new tokens, gives the logits of the
+    same step launched kernel after kernel, to the bit; a prefill's layers too."""
+    from pdmux_triton.measure.workloads import DecodeStep, PrefillLayers
+
+    step = DecodeStep(model_preset("qwen3-8b"), batch=8, context=300)
+    step.model.w.layers[:] = step.model.w.layers[:3]  # three layers: the chain, not the model
+    apart = step.model.decode_step(step.batch, Budget())
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm up on the capturing stream (compiles, counters)
+        step.model.decode_step(step.batch, Budget(pdl=True))
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        captured = step.model.decode_step(step.batch, Budget(pdl=True))
+    for _ in range(3):
+        step.batch.tokens.random_(0, step.model.spec.vocab)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, step.model.decode_step(step.batch, Budget()))
+    assert not torch.equal(captured, apart)  # the tokens did change
+
+    prefill = PrefillLayers(model_preset("qwen3-8b"), tokens=1000, layers=2, prompts=3)
+    hidden = [prefill.model.extend_layers(prefill.batch, 0, 2, budget=Budget(pdl=pdl))[0]
+              for pdl in (False, True)]
+    assert torch.equal(*hidden)

@@ -31,6 +31,17 @@ def test_pinned_levels_put_decode_on_the_first_sites():
         Budget(first_site=80)
 
 
+def test_launches_overlap_only_where_the_hardware_confines_them():
+    """PDL's waiting programs land wherever there is room: on the whole GPU and green contexts
+    that is the side's SMs, under a grid cap or a pinned gate it is not."""
+    assert whole(132).overlaps_launches
+    assert for_level(H100[5], "green").overlaps_launches
+    assert not for_level(H100[5], "grid_cap").overlaps_launches
+    assert not for_level(H100[5], "pinned").overlaps_launches
+    with pytest.raises(PdmuxError, match="pinned budget cannot overlap launches"):
+        Budget(52, first_site=0, pdl=True)
+
+
 @pytest.mark.parametrize("kwargs,message", [
     (dict(kind="mig", prefill_sms=80, decode_sms=52), "unknown partition kind 'mig'"),
     (dict(kind="grid_cap", prefill_sms=100, decode_sms=52), "100 \\+ 52 SMs exceed the GPU's 132"),

@@ -24,7 +24,7 @@ DEV = torch.device("cuda", torch.cuda.current_device()) if HAS_CUDA else torch.d
 @triton.jit
 def _count_slots_kernel(hits_ptr, worker_ptr, admitted_ptr, gate_ptr, place_ptr, first_site, n_sms,
                         ctas, slots, programs, PINNED: tl.constexpr, PLACED: tl.constexpr,
-                        BLOCK_SMS: tl.constexpr):
+                        BLOCK_SMS: tl.constexpr, PDL: tl.constexpr):
     """Each slot counts how often it was done and who did it (program id, SM); each program
     says whether the gate admitted it."""
     ok, sm = admitted(gate_ptr, place_ptr, first_site, n_sms, ctas, PLACED)
@@ -42,7 +42,7 @@ def _served(pinned: Pinned, slots: int, ctas: int):
     hits = torch.zeros(slots, dtype=torch.int32, device=DEV)
     worker = torch.full((slots, 2), -1, dtype=torch.int32, device=DEV)
     admitted = torch.full((launch.grid,), -1, dtype=torch.int32, device=DEV)
-    _count_slots_kernel[(launch.grid,)](hits, worker, admitted, *launch.args, **launch.constexprs)
+    _count_slots_kernel[(launch.grid,)](hits, worker, admitted, *launch.args, **launch.kwargs)
     return hits, worker, admitted.bool()
 
 
@@ -106,6 +106,10 @@ def test_pinned_errors():
     if not HAS_CUDA:
         with pytest.raises(PdmuxError, match="only a GPU has"):
             stream_read(buf, pinned=Pinned(0, 2))
+        with pytest.raises(PdmuxError, match="needs a CUDA GPU"):
+            stream_read(buf, pdl=True)
+    with pytest.raises(PdmuxError, match="pinned launch cannot overlap"):
+        stream_read(buf, pinned=Pinned(0, 2, placement), pdl=True)
 
 
 def _sites(sm_ids: torch.Tensor) -> list[int]:

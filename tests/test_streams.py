@@ -25,8 +25,9 @@ def test_kernel_args_of_capped_and_pinned_budgets():
     from pdmux_triton.kernels._pinned import Pinned
     from pdmux_triton.multiplex.partition import Budget
 
-    assert kernel_args(Budget(52, 2)) == {"num_sms": 52, "ctas_per_sm": 2}
-    assert kernel_args(Budget()) == {"num_sms": None, "ctas_per_sm": 1}  # the whole GPU
+    assert kernel_args(Budget(52, 2)) == {"num_sms": 52, "ctas_per_sm": 2, "pdl": False}
+    assert kernel_args(Budget()) == {"num_sms": None, "ctas_per_sm": 1, "pdl": False}
+    assert kernel_args(Budget(pdl=True))["pdl"] is True  # launches overlapped on the whole GPU
     pinned = kernel_args(Budget(52, 2, first_site=80))
     assert pinned == {"num_sms": None, "ctas_per_sm": 2, "pinned": Pinned(80, 52)}
     assert kernel_args(Budget(52, 2, first_site=80))["pinned"] is pinned["pinned"]  # made once

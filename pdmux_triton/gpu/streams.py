@@ -27,7 +27,7 @@ def kernel_args(budget: Budget) -> dict:
     """The launch arguments of every kernel for a budget: the grid cap, or a pinned side's SMs
     (`num_sms` is then the partition's, not the kernel's)."""
     if budget.first_site is None:
-        return {"num_sms": budget.num_sms, "ctas_per_sm": budget.ctas_per_sm}
+        return {"num_sms": budget.num_sms, "ctas_per_sm": budget.ctas_per_sm, "pdl": budget.pdl}
     return {"num_sms": None, "ctas_per_sm": budget.ctas_per_sm,
             "pinned": _pinned(budget.first_site, budget.num_sms)}
 
@@ -47,11 +47,13 @@ class PartitionStreams:
 
     @property
     def prefill_budget(self) -> Budget:
-        return Budget(self.prefill_sms, first_site=self.spec.first_sites[0])
+        return Budget(self.prefill_sms, first_site=self.spec.first_sites[0],
+                      pdl=self.spec.overlaps_launches)
 
     @property
     def decode_budget(self) -> Budget:
-        return Budget(self.decode_sms, first_site=self.spec.first_sites[1])
+        return Budget(self.decode_sms, first_site=self.spec.first_sites[1],
+                      pdl=self.spec.overlaps_launches)
 
     @classmethod
     def open(cls, spec: PartitionSpec) -> "PartitionStreams":

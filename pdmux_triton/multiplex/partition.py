@@ -40,10 +40,16 @@ class Budget:
     ctas_per_sm: int = 1
     comm: object = None  # tensor_parallel.DistCollectives; None on one GPU
     first_site: int | None = None  # pinned: the side's first site (gpu.streams.kernel_args)
+    # programmatic dependent launch (kernels/_pinned.pdl_kwargs): only where the hardware keeps
+    # a launch's waiting programs on the side's SMs (the whole GPU, a green context)
+    pdl: bool = False
 
     def __post_init__(self):
         if self.first_site is not None and self.num_sms is None:
             raise PdmuxError("a pinned budget names its SMs: num_sms with first_site")
+        if self.pdl and self.first_site is not None:
+            raise PdmuxError("a pinned budget cannot overlap launches (pdl): their waiting "
+                             "programs would hold SMs outside the partition")
 
 
 @dataclass(frozen=True)
@@ -86,6 +92,14 @@ class PartitionSpec:
     @property
     def whole_gpu(self) -> bool:
         return self.kind == "whole"
+
+    @property
+    def overlaps_launches(self) -> bool:
+        """Whether its sides' kernels may launch while the one before drains (PDL): only
+        where the hardware confines each stream's programs (the whole GPU, green contexts),
+        not under a grid cap or a pinned gate, whose waiting programs would land on the
+        other side's SMs."""
+        return self.kind in ("whole", "green")
 
     @property
     def first_sites(self) -> tuple[int | None, int | None]:
