@@ -26,7 +26,7 @@ from common import MODEL, Results, require_gpu, same_bytes_buffers, stream_same_
 
 from pdmux_triton.cost import step_cost
 from pdmux_triton.gpu.streams import PartitionStreams, kernel_args
-from pdmux_triton.kernels import decode_attention, linear
+from pdmux_triton.kernels import decode_attention, gemm, linear
 from pdmux_triton.measure.telemetry import probe
 from pdmux_triton.measure.timing import time_alone, time_corun
 from pdmux_triton.measure.workloads import DecodeAttention, DecodeStep, PrefillLayers
@@ -57,20 +57,27 @@ def launches_per_step(step: DecodeStep, budget: Budget) -> int:
 def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
     bufs = same_bytes_buffers(STREAM_BYTES, 60 << 20)
     tbps = stream_same_bytes(bufs, STREAM_BYTES, sms)
-    # as served on the whole GPU (launches overlapped: PDL), and each launch after the last
-    # has finished, in turns so that drift hits both alike
+    # as served on the whole GPU (launches overlapped: PDL, the GEMMs' first weight lines
+    # fetched while the kernel before drains), PDL without that prefetch, and each launch after
+    # the last has finished; in turns, so that drift hits all alike
     served, apart = Budget(pdl=True), Budget()
-    times = {False: [], True: []}
+    lines = gemm.PDL_PREFETCH_LINES
+    times = {"served": [], "no_prefetch": [], "apart": []}
     for _ in range(3):
-        for pdl, budget in ((True, served), (False, apart)):
-            times[pdl].append(t_graph(lambda: step.run(budget)))
-    ms, apart_ms = statistics.median(times[True]), statistics.median(times[False])
+        for name, budget, prefetch in (("served", served, lines), ("no_prefetch", served, 0),
+                                       ("apart", apart, lines)):
+            gemm.PDL_PREFETCH_LINES = prefetch
+            times[name].append(t_graph(lambda: step.run(budget)))
+    gemm.PDL_PREFETCH_LINES = lines
+    ms, no_prefetch_ms, apart_ms = (statistics.median(times[k])
+                                    for k in ("served", "no_prefetch", "apart"))
     floor_ms = step_cost.decode_step_bytes(MODEL, BATCH * CONTEXT) / (tbps * 1e12) * 1e3
     res.row(section="whole gpu", stream_read_tbps=tbps, decode_only_step_ms=ms,
-            decode_step_without_pdl_ms=apart_ms, step_ms_pdl=times[True],
-            step_ms_without_pdl=times[False], decode_step_floor_ms=floor_ms,
+            decode_step_pdl_no_prefetch_ms=no_prefetch_ms, decode_step_without_pdl_ms=apart_ms,
+            step_ms_by_turn=times, decode_step_floor_ms=floor_ms,
             launches=launches_per_step(step, served))
     res.data["summary"].update(stream_read_tbps=tbps, decode_only_step_ms=ms,
+                               decode_step_pdl_no_prefetch_ms=no_prefetch_ms,
                                decode_step_without_pdl_ms=apart_ms,
                                decode_step_floor_ms=floor_ms, decode_step_vs_floor=floor_ms / ms,
                                launches_per_decode_step=res.data["rows"][-1]["launches"])

@@ -68,7 +68,8 @@ def describe_loop(sass: str) -> None:
     print(f"    {'inner loop (SASS/warp)':<26} {len(body)}: {top}")
 
 
-def offline(block_n: int, num_warps: int, num_stages: int, pinned: bool = False) -> None:
+def offline(block_n: int, num_warps: int, num_stages: int, pinned: bool = False,
+            pdl: bool = False) -> None:
     """Compile the decode attention kernel for sm_90 with the launcher's specialization
     (`pinned`: its pinned-partition form, kernels/_pinned.py)."""
     import triton
@@ -84,7 +85,7 @@ def offline(block_n: int, num_warps: int, num_stages: int, pinned: bool = False)
     constexprs = {"PAGE_SIZE": 16, "GROUP": 4, "BLOCK_G": 16, "BLOCK_N": block_n, "BLOCK_B": 32,
                   "UNIT_COST": UNIT_COST, "D": 128, "WIDE": False, "RECORD_SM": False,
                   "PINNED": pinned, "PLACED": False, "BLOCK_SMS": 32 if pinned else 1,
-                  "PDL": False}
+                  "PDL": pdl}
     names = list(inspect.signature(decode_kernel.fn).parameters)
     signature = {n: "constexpr" if n in constexprs else pointers.get(n, "i32") for n in names}
     signature["scale_log2"] = "fp32"
@@ -93,7 +94,8 @@ def offline(block_n: int, num_warps: int, num_stages: int, pinned: bool = False)
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in aligned}
     kernel = triton.compile(ASTSource(decode_kernel, signature, constexprs, attrs),
                             target=GPUTarget("cuda", 90, 32),
-                            options={"num_warps": num_warps, "num_stages": num_stages})
+                            options={"num_warps": num_warps, "num_stages": num_stages,
+                                     "launch_pdl": pdl})
     print(f"decode attention{' (pinned)' if pinned else ''}, BLOCK_N={block_n}, {num_warps} "
           f"warps, {num_stages} stages, shared {kernel.metadata.shared} B")
     describe_ptx(kernel.asm["ptx"])
@@ -103,14 +105,15 @@ def offline(block_n: int, num_warps: int, num_stages: int, pinned: bool = False)
     describe_loop(kernel.asm["sass"])
 
 
-def offline_gemm(pinned: bool = False) -> None:
+def offline_gemm(pinned: bool = False, pdl: bool = False) -> None:
     """The GEMM tiles kernels/gemm.py picks, compiled for sm_90: MMA kind, loads, buffers and
     the decode (skinny) loop's instructions (`pinned`: the pinned-partition form)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from pdmux_triton.kernels.gemm import GemmConfig, decode_tile, gemm_kernel, skinny_kernel
+    from pdmux_triton.kernels.gemm import (PDL_PREFETCH_LINES, GemmConfig, decode_tile, gemm_kernel,
+                                           skinny_kernel)
 
     tiles = [("M<=16, whole GPU", decode_tile(1, 2, False)),
              ("M<=16, small budget", decode_tile(1, 2, True)),
@@ -121,9 +124,10 @@ def offline_gemm(pinned: bool = False) -> None:
         names = list(inspect.signature(fn.fn).parameters)
         constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
                       "HAS_BIAS": False, "RECORD_SM": False, "PINNED": pinned, "PLACED": False,
-                      "BLOCK_SMS": 32 if pinned else 1, "PDL": False}
+                      "BLOCK_SMS": 32 if pinned else 1, "PDL": pdl}
         # skinny: whole tiles, the schedule most decode shapes take (a constexpr, as launched)
-        constexprs.update({"EVEN_K": True, "WHOLE_TILES": True} if cfg.skinny
+        constexprs.update({"EVEN_K": True, "WHOLE_TILES": True,
+                           "PREFETCH_LINES": PDL_PREFETCH_LINES if pdl else 0} if cfg.skinny
                           else {"GROUP_M": cfg.group_m})
         kinds = {"x_desc": f"tensordesc<bf16[{cfg.block_m}, {cfg.block_k}]>",
                  "w_desc": f"tensordesc<bf16[{cfg.block_n}, {cfg.block_k}]>", "x_ptr": "*bf16",
@@ -136,11 +140,12 @@ def offline_gemm(pinned: bool = False) -> None:
                  if n.endswith("_ptr") or n.startswith("stride") or n == "K"}
         kernel = triton.compile(ASTSource(fn, signature, constexprs, attrs),
                                 target=GPUTarget("cuda", 90, 32),
-                                options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+                                options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
+                                         "launch_pdl": pdl})
         ptx = kernel.asm["ptx"]
         buffers = {m for line in kernel.asm["ttgir"].splitlines() if "local_alloc" in line
                    for m in re.findall(r"memdesc<([\dx]+xbf16)", line)}
-        print(f"gemm{' (pinned)' if pinned else ''} {label} {cfg.block_m}x{cfg.block_n}x{cfg.block_k}, {cfg.num_warps} warps, "
+        print(f"gemm{' (pinned)' if pinned else ''}{' (pdl)' if pdl else ''} {label} {cfg.block_m}x{cfg.block_n}x{cfg.block_k}, {cfg.num_warps} warps, "
               f"{'skinny' if cfg.skinny else 'tiles'}: "
               + ", ".join(f"{what} {len(re.findall(pattern, ptx))}"
                           for what, pattern in PTX_PATTERNS.items())
@@ -185,13 +190,17 @@ def main(argv=None) -> int:
     p.add_argument("--stages", type=int, default=5)
     p.add_argument("--pinned", action="store_true",
                    help="with --offline: the kernels' pinned-partition forms")
+    p.add_argument("--pdl", action="store_true",
+                   help="with --offline: the kernels' programmatic-dependent-launch forms")
     args = p.parse_args(argv)
-    if args.pinned and not args.offline:
-        p.error("--pinned compiles offline: add --offline")
+    if (args.pinned or args.pdl) and not args.offline:
+        p.error("--pinned and --pdl compile offline: add --offline")
+    if args.pinned and args.pdl:
+        p.error("--pinned and --pdl conflict: a pinned launch never overlaps the one before")
     if args.offline:
         os.environ.pop("TRITON_INTERPRET", None)
-        offline(args.block_n, args.warps, args.stages, args.pinned)
-        offline_gemm(args.pinned)
+        offline(args.block_n, args.warps, args.stages, args.pinned, args.pdl)
+        offline_gemm(args.pinned, args.pdl)
     else:
         on_gpu(args.budget)
     return 0

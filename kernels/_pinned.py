@@ -12,9 +12,9 @@ resets the counters for the next launch and, if no program survived at all, does
 itself, outside the partition, rather than leave the work undone.
 
 A partition is a range of *sites*: the device's SMs in the order the hardware places a
-launch's programs on an idle GPU (`site_order`, measured once per device), so sites 0..k-1 are
-the SMs the first k programs of a launch take, as a grid-capped launch of k would (whether
-every kernel's launch takes the same ones is what bench/gate_anatomy.py checks). Consecutive
+launch's programs on an idle GPU (`site_order`, measured once per device with a decode GEMM),
+so sites 0..k-1 are the SMs the first k programs of a launch take, as a grid-capped launch of k
+would (whether every kernel's launch takes the same ones is what bench/gate_anatomy.py checks). Consecutive
 SM ids sit together on the chip (the H200's green contexts and grid-capped launches spread
 over its blocks of SM ids; 20 consecutive ids read slower than either), and a range of sites
 is spread as they are.
@@ -68,30 +68,19 @@ class Pinned:
                              f"{self.first_site}..{self.first_site + self.sms - 1}")
 
 
-@triton.jit
-def _globaltimer():
-    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l", [], dtype=tl.uint64,
-                                     is_pure=False, pack=1)
-
-
-@triton.jit
-def _where_kernel(out_ptr, HOLD_NS: tl.constexpr):
-    """Each program stores its SM id, after holding its SM for HOLD_NS (so the first programs
-    of the launch each take an SM of their own, as a real kernel's would)."""
-    t0 = _globaltimer()
-    while _globaltimer() - t0 < HOLD_NS:
-        pass
-    tl.store(out_ptr + tl.program_id(0), tl.extra.cuda.smid())
-
-
 _SITES: dict[torch.device, tuple[list[int], torch.Tensor]] = {}
 
 
 def site_order(device: torch.device) -> tuple[list[int], torch.Tensor]:
     """(the device's SM ids in site order, the site table: SM id -> site, -1 for ids the
-    order lacks), measured once per device: the SMs the programs of one launch land on, in
-    program order, then any SM it missed. The launch before it wakes the GPU (a cold GPU's
-    first launch can place its programs otherwise)."""
+    order lacks), measured once per device: the SM each program of a plain skinny-GEMM launch
+    of one program per SM lands on, in program order, then any SM it missed. The probe is a
+    decode GEMM because placement follows a program's footprint: programs that hold an SM's
+    shared memory spread over the chip as the kernels' do, where tiny programs pile onto pairs
+    of SMs (bench/results/pinned/ has both orders measured). Launched three times, the last
+    counted: a cold GPU's first launches can place their programs otherwise."""
+    from pdmux_triton.kernels.gemm import decode_tile, linear  # gemm imports this module
+
     if device.type == "cuda" and device.index is None:  # one entry per GPU, however named
         device = torch.device("cuda", torch.cuda.current_device())
     if device in _SITES:
@@ -100,10 +89,13 @@ def site_order(device: torch.device) -> tuple[list[int], torch.Tensor]:
         raise PdmuxError("a pinned partition measures its device's site order on its first "
                          "launch, which must not be inside a graph capture: launch once first")
     total = default_num_sms(device)
-    where = torch.full((4 * total,), -1, dtype=torch.int32, device=device)
+    rows = decode_tile(1, 2, small_budget=False).block_n  # a tile a program: `total` programs
+    x = torch.randn(1, 4096, dtype=torch.bfloat16, device=device)
+    w = torch.randn(rows * total, 4096, dtype=torch.bfloat16, device=device)
+    where = torch.full((total,), -1, dtype=torch.int32, device=device)
     with torch.cuda.device(device):  # Triton launches on the current device
-        for _ in range(2):
-            _where_kernel[(where.numel(),)](where, HOLD_NS=20_000, num_warps=1)
+        for _ in range(3):
+            linear(x, w, sm_ids=where)
     order = list(dict.fromkeys(where.tolist()))
     order += [sm for sm in range(total) if sm not in order]
     _SITES[device] = order, site_table(order, device)

@@ -178,13 +178,43 @@ def _swapped_product(x_ptr, w_ptr, tile, tiles_m, k_lo, k_hi, M, N, K, stride_xm
     return acc, rm, rn
 
 
+# With programmatic dependent launch, the 128-byte lines of each W row that a skinny program
+# fetches into L2 while the kernel before it drains (a weight is never written by a decode step)
+PDL_PREFETCH_LINES = 8
+
+
+@triton.jit
+def _prefetch_w(w_ptr, pid, programs, M, N, K, stride_wn, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WHOLE_TILES: tl.constexpr,
+                LINES: tl.constexpr):
+    """L2 prefetches of the first LINES x 128 bytes of each W row of this program's first
+    tile, from its first K-slab on (a plain launch's program: pid is the slot)."""
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    if WHOLE_TILES:
+        tile, k0 = pid, 0
+    else:
+        k_tiles = tl.cdiv(K, BLOCK_K)
+        lo = (pid.to(tl.int64) * (tiles_m * tl.cdiv(N, BLOCK_N) * k_tiles) // programs)
+        tile, k0 = (lo // k_tiles).to(tl.int32), (lo % k_tiles).to(tl.int32) * BLOCK_K
+    rn = tl.minimum((tile // tiles_m) * BLOCK_N + tl.arange(0, BLOCK_N), N - 1)
+    per_line: tl.constexpr = 1024 // w_ptr.dtype.element_ty.primitive_bitwidth
+    cols = tl.minimum(k0 + tl.arange(0, LINES) * per_line, K - 1)
+    lines = w_ptr + rn.to(tl.int64)[:, None] * stride_wn + cols[None, :]
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [lines],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
 @triton.jit(do_not_specialize=["M", "first_site", "n_sms", "slots", "programs"])
 def skinny_kernel(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, sm_ids_ptr, gate_ptr,
                    place_ptr, first_site, n_sms, ctas, slots, programs, M, N, K, stride_xm,
                    stride_wn, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, WHOLE_TILES: tl.constexpr,
                    HAS_BIAS: tl.constexpr, RECORD_SM: tl.constexpr, PINNED: tl.constexpr,
-                   PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr, PDL: tl.constexpr):
+                   PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr, PDL: tl.constexpr,
+                   PREFETCH_LINES: tl.constexpr):
+    if PREFETCH_LINES > 0:  # before run_slots' wait for the kernel before (PDL, plain launch)
+        _prefetch_w(w_ptr, tl.program_id(0), programs, M, N, K, stride_wn, BLOCK_M, BLOCK_N,
+                    BLOCK_K, WHOLE_TILES, PREFETCH_LINES)
     run_slots(_skinny_slot, (x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, M, N, K, stride_xm,
               stride_wn, stride_ym, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, WHOLE_TILES, HAS_BIAS),
               sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, ctas, slots, programs, RECORD_SM,
@@ -356,7 +386,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
             weight.stride(0), out.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k, EVEN_K=K % cfg.block_k == 0, WHOLE_TILES=p.whole,
             HAS_BIAS=bias is not None, RECORD_SM=record, num_warps=cfg.num_warps,
-            num_stages=cfg.num_stages, **launch.kwargs)
+            num_stages=cfg.num_stages, PREFETCH_LINES=PDL_PREFETCH_LINES if pdl else 0,
+            **launch.kwargs)
         return out
     for name, t in (("x", x), ("weight", weight)):
         check_tma_rows(name, t, "; for bf16/fp16 that means K a multiple of 8")
