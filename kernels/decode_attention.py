@@ -15,7 +15,7 @@ import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels._launch import (arrival_counters, check_tensor, grid_size, interpreting,
-                                          telemetry_args)
+                                          registers_to_fit, telemetry_args)
 from pdmux_triton.kernels._paged import AttnConfig, attend_range, check_paged_inputs, wide_offsets
 from pdmux_triton.kernels._pinned import Pinned, pinned_budget, pinned_launch, run_slots
 
@@ -199,6 +199,11 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     grid = grid_size(units * max(1, triton.cdiv(max_seq_len, cfg.block_n)),
                      pinned_budget(pinned, num_sms), ctas_per_sm, dev)
     launch = pinned_launch(pinned, grid, ctas_per_sm, dev, pdl)
+    # the gate's slot loop around the body takes so many registers that pinned programs of
+    # the several-per-SM config would fit fewer than c to an SM, while the gate counts on c a
+    # site: capped, a few spill (bench/NOTES.md, session 23)
+    fit = ({"maxnreg": registers_to_fit(ctas_per_sm, cfg.num_warps)}
+           if pinned is not None and ctas_per_sm > 1 else {})
     sm_buf, record = telemetry_args(sm_ids, grid, dev)
     # a program's range cuts at most one unit at each end: units + programs partial rows
     part_o = torch.empty(((units + grid) * group, D), dtype=torch.float32, device=dev)
@@ -211,5 +216,5 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         PAGE_SIZE=page_size, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_N=cfg.block_n, BLOCK_B=triton.next_power_of_2(B), UNIT_COST=UNIT_COST, D=D,
         WIDE=wide_offsets(k_cache), RECORD_SM=record, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **launch.kwargs)
+        num_stages=cfg.num_stages, **fit, **launch.kwargs)
     return out
