@@ -13,11 +13,12 @@ itself, outside the partition, rather than leave the work undone.
 
 A partition is a range of *sites*: the device's SMs in the order the hardware places a
 launch's programs on an idle GPU (`site_order`, measured once per device with a decode GEMM),
-so sites 0..k-1 are the SMs the first k programs of a launch take, as a grid-capped launch of k
-would (whether every kernel's launch takes the same ones is what bench/gate_anatomy.py checks). Consecutive
-SM ids sit together on the chip (the H200's green contexts and grid-capped launches spread
-over its blocks of SM ids; 20 consecutive ids read slower than either), and a range of sites
-is spread as they are.
+so sites 0..k-1 are the SMs the first k programs of a whole-GPU launch take. A grid-capped
+launch of k programs lands elsewhere (the hardware spreads a small grid over the chip
+differently: bench/NOTES.md), so a pinned side is not on the SMs a capped side of the same
+size uses. Consecutive SM ids sit together on the chip (the H200's green contexts and
+grid-capped launches spread over its blocks of SM ids; 20 consecutive ids read slower than
+either), and a range of sites is spread as they are.
 
 A claim is one atomic a slot, a few per program: never one per small unit of work, which
 starves under memory pressure (design.md, the SM-id gating facts). The counts and claims are

@@ -15,7 +15,8 @@ from pdmux_triton.kernels._pinned import Pinned, pinned_budget, pinned_launch, r
 @triton.jit(do_not_specialize=["T", "first_site", "n_sms", "slots", "programs"])
 def _silu_mul_kernel(x_ptr, y_ptr, sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, ctas, slots,
                      programs, T, I, sx_t, sy_t, BLOCK: tl.constexpr, RECORD_SM: tl.constexpr,
-                     PINNED: tl.constexpr, PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr, PDL: tl.constexpr):
+                     PINNED: tl.constexpr, PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr,
+                     PDL: tl.constexpr):
     run_slots(_silu_mul_slot, (x_ptr, y_ptr, T, I, sx_t, sy_t, BLOCK), sm_ids_ptr, gate_ptr,
               place_ptr, first_site, n_sms, ctas, slots, programs, RECORD_SM, PINNED, PLACED,
               BLOCK_SMS, PDL)

@@ -36,7 +36,8 @@ def _extend_kernel(q_desc, k_desc, v_desc, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_p
                    Q_HEADS, scale_log2, so_t, so_h, sc_s, sc_h, spt_b, PAGE_SIZE: tl.constexpr,
                    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    D: tl.constexpr, WIDE: tl.constexpr, RECORD_SM: tl.constexpr,
-                   PINNED: tl.constexpr, PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr, PDL: tl.constexpr):
+                   PINNED: tl.constexpr, PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr,
+                   PDL: tl.constexpr):
     run_slots(_extend_slot, (q_desc, k_desc, v_desc, kc_ptr, vc_ptr, pt_ptr, meta_ptr, o_ptr,
               num_blocks, B, Q_HEADS, scale_log2, so_t, so_h, sc_s, sc_h, spt_b, PAGE_SIZE, GROUP,
               BLOCK_M, BLOCK_N, D, WIDE), sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, ctas,

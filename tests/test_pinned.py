@@ -119,18 +119,28 @@ def _sites(sm_ids: torch.Tensor) -> list[int]:
 
 
 @pytest.mark.gpu
-def test_site_order_is_every_sm_once_and_its_first_sites_are_a_capped_launchs():
-    """The order is a permutation of the SMs, measured once per GPU however it is named, and
-    its first k sites are the SMs a grid-capped GEMM of k programs lands on (the order within
-    them may differ from one measurement to the next: the hardware's)."""
-    from pdmux_triton.kernels import linear
-
+def test_site_order_is_every_sm_once_however_the_gpu_is_named():
     total = torch.cuda.get_device_properties(0).multi_processor_count
     dev = torch.device("cuda", torch.cuda.current_device())
     first, table = site_order(dev)
     assert site_order(torch.device("cuda")) is _SITES[dev]  # one entry, however named
     assert sorted(first) == list(range(total)), first
     assert table[first].tolist() == list(range(total)) and (table[total:] == -1).all()
+
+
+@pytest.mark.gpu
+@pytest.mark.xfail(strict=True, reason="measured on the H200 (session 23): a grid-capped launch "
+                   "of 20 programs lands on one SM of each of 12 pairs and on 124-131, the first "
+                   "20 programs of a launch of 132 on pairs; pinned partitions need an order per "
+                   "partition size (bench/NOTES.md, Next)")
+def test_the_first_k_sites_are_where_a_capped_launch_of_k_lands():
+    """What a pinned partition is meant to reproduce: its sites 0..k-1 are the SMs a
+    grid-capped GEMM of k programs lands on (the order within them is the hardware's)."""
+    from pdmux_triton.kernels import linear
+
+    total = torch.cuda.get_device_properties(0).multi_processor_count
+    dev = torch.device("cuda", torch.cuda.current_device())
+    first, _ = site_order(dev)
     x = torch.randn(1, 4096, dtype=torch.bfloat16, device=dev)
     w = torch.randn(64 * total, 4096, dtype=torch.bfloat16, device=dev)
     for k in (20, 52):
