@@ -130,7 +130,7 @@ def attention_16(res: Results, gpu) -> None:
     stream = torch.cuda.Stream()
     rates = {}
     for c in CTAS:
-        budget = Budget(16, c, first_site=0)
+        budget = Budget(16, c, first_site=0, site_head=16)
         ms = time_alone(lambda: work.run(budget), stream, graph=True)
         rates[c] = work.rate(ms)
         res.row(section="decode attention 16 SMs", kind="pinned", ctas_per_sm=c, ms=ms,

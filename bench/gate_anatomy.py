@@ -116,10 +116,11 @@ def variants(N: int, K: int, device_sms: int) -> dict:
 
 
 def with_first_sites(first: list[int]) -> None:
-    """Replace the device's site order by one whose first sites are `first`."""
+    """Replace the device's whole-GPU site order (no head) by one whose first sites are
+    `first`."""
     dev = torch.device("cuda", torch.cuda.current_device())
     order = first + [sm for sm in site_order(dev)[0] if sm not in first]
-    _pinned._SITES[dev] = order, site_table(order, dev)
+    _pinned._SITES[(dev, None)] = order, site_table(order, dev)
 
 
 def main(argv=None) -> int:

@@ -62,7 +62,7 @@ def green_ids(res: Results, step: DecodeStep, gpu) -> None:
                                  **kernel_args(budget))
             torch.cuda.synchronize()
             used = sorted({int(i) for i in ids.tolist() if i >= 0})
-            sites = site_order(torch.device("cuda"))[0][:part.decode_sms]
+            sites = site_order(torch.device("cuda"), part.decode_sms)[0][:part.decode_sms]
             res.row(section="green ids", prefill_sms=level[0], decode_sms=part.decode_sms,
                     ids=used, first_sites=sorted(sites),
                     shared_with_first_sites=len(set(used) & set(sites)))
@@ -87,7 +87,7 @@ def per_kernel(res: Results, step: DecodeStep, stream, gpu) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     for name, budget in (("grid_cap", Budget(SMS)),
-                         ("pinned", Budget(SMS, 1, first_site=0))):
+                         ("pinned", Budget(SMS, 1, first_site=0, site_head=SMS))):
         with torch.cuda.stream(stream):
             step.run(budget)
             torch.cuda.synchronize()

@@ -51,16 +51,22 @@ TABLE_WORDS = tl.constexpr(GATE_WORDS)  # the site table's entries, in a kernel
 @dataclass(frozen=True)
 class Pinned:
     """The SMs a pinned launch runs on: sites first_site .. first_site + sms - 1 of the
-    device's `site_order`. `placement`, an int32 tensor, names the site each program is at
-    instead of `%smid` (one entry a program: the launch has that many programs); the
+    device's `site_order(device, head)` (`head`: a split's decode SM count, whose order begins
+    with the SMs a grid-capped launch of that many programs lands on; None: the order of a
+    launch of one program an SM). `placement`, an int32 tensor, names the site each program is
+    at instead of `%smid` (one entry a program: the launch has that many programs); the
     interpreter has no `%smid`, so there it is needed."""
 
     first_site: int
     sms: int
     placement: torch.Tensor | None = field(default=None, compare=False)  # by identity in a hash
+    head: int | None = None
 
     def __post_init__(self):
-        for name, value, low in (("first_site", self.first_site, 0), ("sms", self.sms, 1)):
+        values = [("first_site", self.first_site, 0), ("sms", self.sms, 1)]
+        if self.head is not None:
+            values.append(("head", self.head, 1))
+        for name, value, low in values:
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise PdmuxError(f"a pinned partition's {name} must be an integer >= {low}, "
                                  f"got {value!r}")
@@ -69,38 +75,45 @@ class Pinned:
                              f"{self.first_site}..{self.first_site + self.sms - 1}")
 
 
-_SITES: dict[torch.device, tuple[list[int], torch.Tensor]] = {}
+_SITES: dict[tuple[torch.device, int | None], tuple[list[int], torch.Tensor]] = {}
 
 
-def site_order(device: torch.device) -> tuple[list[int], torch.Tensor]:
+def site_order(device: torch.device, head: int | None = None) -> tuple[list[int], torch.Tensor]:
     """(the device's SM ids in site order, the site table: SM id -> site, -1 for ids the
-    order lacks), measured once per device: the SM each program of a plain skinny-GEMM launch
-    of one program per SM lands on, in program order, then any SM it missed. The probe is a
-    decode GEMM because placement follows a program's footprint: programs that hold an SM's
-    shared memory spread over the chip as the kernels' do, where tiny programs pile onto pairs
-    of SMs (bench/results/pinned/ has both orders measured). Launched three times, the last
-    counted: a cold GPU's first launches can place their programs otherwise."""
-    from pdmux_triton.kernels.gemm import decode_tile, linear  # gemm imports this module
+    order lacks), measured once per device and head with a decode GEMM's SM telemetry: first
+    the SMs a grid-capped launch of `head` programs lands on (a split's decode side: the SMs
+    a capped side of that size would use), then the SMs a launch of one program an SM lands
+    on, in program order, less those. Placement depends on the grid's size (a launch of 20
+    programs and the first 20 programs of a launch of 132 take different SMs on the H200,
+    bench/NOTES.md) and on a program's footprint (tiny programs pile onto pairs of SMs), so
+    the probe is a kernel the step runs, one program an SM by its shared memory. Each launch
+    runs three times and the last counts: a cold GPU's first launches can place otherwise."""
+    from pdmux_triton.kernels.gemm import linear  # gemm imports this module
 
     if device.type == "cuda" and device.index is None:  # one entry per GPU, however named
         device = torch.device("cuda", torch.cuda.current_device())
-    if device in _SITES:
-        return _SITES[device]
+    total = default_num_sms(device)
+    if head is not None and not 1 <= head <= total:
+        raise PdmuxError(f"a site order's head must be 1..{total} SMs, got {head}")
+    key = (device, head)
+    if key in _SITES:
+        return _SITES[key]
     if torch.cuda.is_current_stream_capturing():
         raise PdmuxError("a pinned partition measures its device's site order on its first "
                          "launch, which must not be inside a graph capture: launch once first")
-    total = default_num_sms(device)
-    rows = decode_tile(1, 2, small_budget=False).block_n  # a tile a program: `total` programs
     x = torch.randn(1, 4096, dtype=torch.bfloat16, device=device)
-    w = torch.randn(rows * total, 4096, dtype=torch.bfloat16, device=device)
-    where = torch.full((total,), -1, dtype=torch.int32, device=device)
-    with torch.cuda.device(device):  # Triton launches on the current device
-        for _ in range(3):
-            linear(x, w, sm_ids=where)
-    order = list(dict.fromkeys(where.tolist()))
+    # 128 weight rows a tile (the small-budget tile; 64 on the whole GPU): >= total tiles
+    w = torch.randn(128 * total, 4096, dtype=torch.bfloat16, device=device)
+    order = []
+    for budget in ([head] if head is not None else []) + [None]:
+        where = torch.full((total,), -1, dtype=torch.int32, device=device)
+        with torch.cuda.device(device):  # Triton launches on the current device
+            for _ in range(3):
+                linear(x, w, num_sms=budget, sm_ids=where)
+        order += [sm for sm in where.tolist() if sm >= 0 and sm not in order]
     order += [sm for sm in range(total) if sm not in order]
-    _SITES[device] = order, site_table(order, device)
-    return _SITES[device]
+    _SITES[key] = order, site_table(order, device)
+    return _SITES[key]
 
 
 def site_table(order: list[int], device: torch.device) -> torch.Tensor:
@@ -166,7 +179,7 @@ def pinned_launch(pinned: Pinned | None, slots: int, ctas_per_sm: int, device: t
         if interpreting() or device.type != "cuda":
             raise PdmuxError("a pinned partition reads %smid, which only a GPU has: give a "
                              "placement (the site of each program) to run it elsewhere")
-        order, where = site_order(device)
+        order, where = site_order(device, pinned.head)
         if pinned.first_site + pinned.sms > len(order):
             raise PdmuxError(f"sites {pinned.first_site}..{pinned.first_site + pinned.sms - 1} "
                              f"are not all on this GPU, which has {len(order)} SMs")

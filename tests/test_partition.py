@@ -29,6 +29,11 @@ def test_pinned_levels_put_decode_on_the_first_sites():
     assert for_level(H100[5], "grid_cap").first_sites == (None, None)  # the hardware places
     with pytest.raises(PdmuxError, match="num_sms with first_site"):
         Budget(first_site=80)
+    # both sides of a pinned split index the site order headed by its decode size
+    assert for_level(H100[5], "pinned").site_head == 52
+    assert for_level(H100[5], "green").site_head is None
+    with pytest.raises(PdmuxError, match="give first_site too"):
+        Budget(52, site_head=52)
 
 
 def test_launches_overlap_only_where_the_hardware_confines_them():

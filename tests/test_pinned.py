@@ -99,6 +99,8 @@ def test_pinned_errors():
         Pinned(-1, 2)
     with pytest.raises(PdmuxError, match="sites must be up to"):
         Pinned(MAX_SITE, 2)
+    with pytest.raises(PdmuxError, match="head must be an integer >= 1"):
+        Pinned(0, 2, head=0)
     with pytest.raises(PdmuxError, match="1-D int32 tensor"):
         stream_read(buf, pinned=Pinned(0, 2, placement.long()))
     with pytest.raises(PdmuxError, match="sites must be in 0"):
@@ -123,30 +125,31 @@ def test_site_order_is_every_sm_once_however_the_gpu_is_named():
     total = torch.cuda.get_device_properties(0).multi_processor_count
     dev = torch.device("cuda", torch.cuda.current_device())
     first, table = site_order(dev)
-    assert site_order(torch.device("cuda")) is _SITES[dev]  # one entry, however named
+    assert site_order(torch.device("cuda")) is _SITES[(dev, None)]  # one entry, however named
     assert sorted(first) == list(range(total)), first
     assert table[first].tolist() == list(range(total)) and (table[total:] == -1).all()
 
 
 @pytest.mark.gpu
-@pytest.mark.xfail(strict=True, reason="measured on the H200 (session 23): a grid-capped launch "
-                   "of 20 programs lands on one SM of each of 12 pairs and on 124-131, the first "
-                   "20 programs of a launch of 132 on pairs; pinned partitions need an order per "
-                   "partition size (bench/NOTES.md, Next)")
-def test_the_first_k_sites_are_where_a_capped_launch_of_k_lands():
-    """What a pinned partition is meant to reproduce: its sites 0..k-1 are the SMs a
-    grid-capped GEMM of k programs lands on (the order within them is the hardware's)."""
+def test_a_splits_first_sites_are_where_a_capped_launch_of_its_size_lands():
+    """What a pinned split reproduces: the sites 0..k-1 of its order (headed by k, its decode
+    size) are the SMs a grid-capped GEMM of k programs lands on, another GEMM than the probe's;
+    the first k programs of a launch of one an SM land elsewhere (session 23, on the H200:
+    pairs of SMs, where a launch of 20 took one SM of each of 12 pairs and 124-131)."""
     from pdmux_triton.kernels import linear
 
     total = torch.cuda.get_device_properties(0).multi_processor_count
     dev = torch.device("cuda", torch.cuda.current_device())
-    first, _ = site_order(dev)
-    x = torch.randn(1, 4096, dtype=torch.bfloat16, device=dev)
-    w = torch.randn(64 * total, 4096, dtype=torch.bfloat16, device=dev)
+    x = torch.randn(3, 2048, dtype=torch.bfloat16, device=dev)
+    w = torch.randn(96 * total, 2048, dtype=torch.bfloat16, device=dev)
     for k in (20, 52):
+        first, _ = site_order(dev, k)
+        assert sorted(first) == list(range(total))
         sm_ids = torch.full((k,), -1, dtype=torch.int32, device=dev)
         linear(x, w, num_sms=k, sm_ids=sm_ids)
         assert set(sm_ids.tolist()) == set(first[:k]), (k, sorted(sm_ids.tolist()), first[:k])
+    with pytest.raises(PdmuxError, match="site order's head must be 1"):
+        site_order(dev, total + 1)
 
 
 @pytest.mark.gpu

@@ -30,6 +30,7 @@ def test_kernel_args_of_capped_and_pinned_budgets():
     assert kernel_args(Budget(pdl=True))["pdl"] is True  # launches overlapped on the whole GPU
     pinned = kernel_args(Budget(52, 2, first_site=80))
     assert pinned == {"num_sms": None, "ctas_per_sm": 2, "pinned": Pinned(80, 52)}
+    assert kernel_args(Budget(80, first_site=52, site_head=52))["pinned"] == Pinned(52, 80, head=52)
     assert kernel_args(Budget(52, 2, first_site=80))["pinned"] is pinned["pinned"]  # made once
 
 

@@ -19,8 +19,8 @@ from pdmux_triton.multiplex.partition import Budget, PartitionSpec
 
 
 @functools.lru_cache(maxsize=None)
-def _pinned(first_site: int, sms: int) -> Pinned:
-    return Pinned(first_site, sms)
+def _pinned(first_site: int, sms: int, head: int | None) -> Pinned:
+    return Pinned(first_site, sms, head=head)
 
 
 def kernel_args(budget: Budget) -> dict:
@@ -29,7 +29,7 @@ def kernel_args(budget: Budget) -> dict:
     if budget.first_site is None:
         return {"num_sms": budget.num_sms, "ctas_per_sm": budget.ctas_per_sm, "pdl": budget.pdl}
     return {"num_sms": None, "ctas_per_sm": budget.ctas_per_sm,
-            "pinned": _pinned(budget.first_site, budget.num_sms)}
+            "pinned": _pinned(budget.first_site, budget.num_sms, budget.site_head)}
 
 
 class PartitionStreams:
@@ -48,12 +48,12 @@ class PartitionStreams:
     @property
     def prefill_budget(self) -> Budget:
         return Budget(self.prefill_sms, first_site=self.spec.first_sites[0],
-                      pdl=self.spec.overlaps_launches)
+                      pdl=self.spec.overlaps_launches, site_head=self.spec.site_head)
 
     @property
     def decode_budget(self) -> Budget:
         return Budget(self.decode_sms, first_site=self.spec.first_sites[1],
-                      pdl=self.spec.overlaps_launches)
+                      pdl=self.spec.overlaps_launches, site_head=self.spec.site_head)
 
     @classmethod
     def open(cls, spec: PartitionSpec) -> "PartitionStreams":

@@ -40,6 +40,8 @@ class Budget:
     ctas_per_sm: int = 1
     comm: object = None  # tensor_parallel.DistCollectives; None on one GPU
     first_site: int | None = None  # pinned: the side's first site (gpu.streams.kernel_args)
+    # pinned: the split's decode SMs, whose site order both sides index (kernels/_pinned.Pinned)
+    site_head: int | None = None
     # programmatic dependent launch (kernels/_pinned.pdl_kwargs): only where the hardware keeps
     # a launch's waiting programs on the side's SMs (the whole GPU, a green context)
     pdl: bool = False
@@ -47,6 +49,8 @@ class Budget:
     def __post_init__(self):
         if self.first_site is not None and self.num_sms is None:
             raise PdmuxError("a pinned budget names its SMs: num_sms with first_site")
+        if self.site_head is not None and self.first_site is None:
+            raise PdmuxError("site_head orders a pinned budget's sites: give first_site too")
         if self.pdl and self.first_site is not None:
             raise PdmuxError("a pinned budget cannot overlap launches (pdl): their waiting "
                              "programs would hold SMs outside the partition")
@@ -104,11 +108,17 @@ class PartitionSpec:
     @property
     def first_sites(self) -> tuple[int | None, int | None]:
         """A pinned split's first site per side (prefill, decode; kernels/_pinned.py): decode on
-        the first sites, the SMs a launch's first programs take, prefill on the
-        rest; None for the kinds that leave placement to the hardware."""
+        the first sites, the SMs a capped launch of its size takes (`site_head`), prefill on
+        the rest; None for the kinds that leave placement to the hardware."""
         if self.kind != "pinned":
             return None, None
         return self.decode_sms, 0
+
+    @property
+    def site_head(self) -> int | None:
+        """A pinned split's site order (kernels/_pinned.site_order): headed by the SMs a
+        grid-capped launch of the decode side's size lands on; None for the other kinds."""
+        return self.decode_sms if self.kind == "pinned" else None
 
     @property
     def label(self) -> str:
