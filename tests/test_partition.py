@@ -43,6 +43,13 @@ def test_launches_overlap_only_where_the_hardware_confines_them():
     assert for_level(H100[5], "green").overlaps_launches
     assert not for_level(H100[5], "grid_cap").overlaps_launches
     assert not for_level(H100[5], "pinned").overlaps_launches
+
+
+def test_served_decode_attention_runs_three_programs_an_sm_where_a_partition_keeps_them():
+    assert for_level(H100[5], "green").served_attention_ctas == 3
+    assert for_level(H100[5], "pinned").served_attention_ctas == 3
+    assert for_level(H100[5], "grid_cap").served_attention_ctas is None  # 3k would spread
+    assert whole(132).served_attention_ctas is None
     with pytest.raises(PdmuxError, match="pinned budget cannot overlap launches"):
         Budget(52, first_site=0, pdl=True)
 

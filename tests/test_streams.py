@@ -28,6 +28,11 @@ def test_kernel_args_of_capped_and_pinned_budgets():
     assert kernel_args(Budget(52, 2)) == {"num_sms": 52, "ctas_per_sm": 2, "pdl": False}
     assert kernel_args(Budget()) == {"num_sms": None, "ctas_per_sm": 1, "pdl": False}
     assert kernel_args(Budget(pdl=True))["pdl"] is True  # launches overlapped on the whole GPU
+    # decode attention's own programs an SM; the other kernels keep the budget's
+    served = Budget(20, 1, attention_ctas_per_sm=3)
+    assert kernel_args(served)["ctas_per_sm"] == 1
+    assert kernel_args(served, attention=True)["ctas_per_sm"] == 3
+    assert kernel_args(Budget(20, 2), attention=True)["ctas_per_sm"] == 2
     pinned = kernel_args(Budget(52, 2, first_site=80))
     assert pinned == {"num_sms": None, "ctas_per_sm": 2, "pinned": Pinned(80, 52)}
     assert kernel_args(Budget(80, first_site=52, site_head=52))["pinned"] == Pinned(52, 80, head=52)

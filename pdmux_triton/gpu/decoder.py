@@ -219,7 +219,7 @@ class Model:
 
         def attend(q, k, v, kc, vc):
             return decode_attention(q, kc, vc, batch.page_table, batch.seq_lens, ps,
-                                    batch.max_seq_len, **kernel_args(budget))
+                                    batch.max_seq_len, **kernel_args(budget, attention=True))
         hidden, residual = self.embed(batch.tokens), None
         for i in range(len(self.w.layers)):
             hidden, residual = self.layer(i, hidden, residual, batch.positions, batch.slots,

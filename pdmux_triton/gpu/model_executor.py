@@ -150,7 +150,9 @@ class ModelExecutor:
         if not self.cuda:  # the interpreter runs in order: one budget, no streams
             return _Side(None, Budget(comm=decode_comm)), _Side(None, Budget(comm=prefill_comm))
         part = self.partitions.get(for_level(level, self.kind, self.total_sms))
-        return (_Side(part.decode_stream, replace(part.decode_budget, comm=decode_comm)),
+        decode = replace(part.decode_budget, comm=decode_comm,
+                         attention_ctas_per_sm=part.spec.served_attention_ctas)
+        return (_Side(part.decode_stream, decode),
                 _Side(part.prefill_stream, replace(part.prefill_budget, comm=prefill_comm)))
 
     def set_level(self, level: sglang_rules.Level) -> None:

@@ -23,12 +23,16 @@ def _pinned(first_site: int, sms: int, head: int | None) -> Pinned:
     return Pinned(first_site, sms, head=head)
 
 
-def kernel_args(budget: Budget) -> dict:
+def kernel_args(budget: Budget, attention: bool = False) -> dict:
     """The launch arguments of every kernel for a budget: the grid cap, or a pinned side's SMs
-    (`num_sms` is then the partition's, not the kernel's)."""
+    (`num_sms` is then the partition's, not the kernel's); `attention`: decode attention's,
+    whose programs an SM the budget may set apart."""
+    ctas = budget.ctas_per_sm
+    if attention and budget.attention_ctas_per_sm is not None:
+        ctas = budget.attention_ctas_per_sm
     if budget.first_site is None:
-        return {"num_sms": budget.num_sms, "ctas_per_sm": budget.ctas_per_sm, "pdl": budget.pdl}
-    return {"num_sms": None, "ctas_per_sm": budget.ctas_per_sm,
+        return {"num_sms": budget.num_sms, "ctas_per_sm": ctas, "pdl": budget.pdl}
+    return {"num_sms": None, "ctas_per_sm": ctas,
             "pinned": _pinned(budget.first_site, budget.num_sms, budget.site_head)}
 
 

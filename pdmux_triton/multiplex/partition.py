@@ -42,6 +42,9 @@ class Budget:
     first_site: int | None = None  # pinned: the side's first site (gpu.streams.kernel_args)
     # pinned: the split's decode SMs, whose site order both sides index (kernels/_pinned.Pinned)
     site_head: int | None = None
+    # decode attention's programs an SM where they differ from the other kernels' (a served
+    # green or pinned decode side: gpu.executors); None: ctas_per_sm
+    attention_ctas_per_sm: int | None = None
     # programmatic dependent launch (kernels/_pinned.pdl_kwargs): only where the hardware keeps
     # a launch's waiting programs on the side's SMs (the whole GPU, a green context)
     pdl: bool = False
@@ -113,6 +116,15 @@ class PartitionSpec:
         if self.kind != "pinned":
             return None, None
         return self.decode_sms, 0
+
+    @property
+    def served_attention_ctas(self) -> int | None:
+        """Decode attention's programs an SM on this split's decode side when it serves: three
+        where the partition keeps a launch's programs on its SMs (green, pinned), which read
+        more of the KV cache than one an SM at every middle level's budget (bench/RESULTS.md,
+        "Kernels"); None (the budget's own) under a grid cap, whose 3k programs would spread
+        over 3k SMs, and on the whole GPU, where three gain nothing."""
+        return 3 if self.kind in ("green", "pinned") else None
 
     @property
     def site_head(self) -> int | None:
