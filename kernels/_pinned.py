@@ -13,10 +13,11 @@ itself, outside the partition, rather than leave the work undone.
 
 A partition is a range of *sites*: the device's SMs in the order the hardware places a
 launch's programs on an idle GPU (`site_order`, measured once per device with a decode GEMM),
-so sites 0..k-1 are the SMs the first k programs of a whole-GPU launch take. A grid-capped
-launch of k programs lands elsewhere (the hardware spreads a small grid over the chip
-differently: bench/NOTES.md), so a pinned side is not on the SMs a capped side of the same
-size uses. Consecutive SM ids sit together on the chip (the H200's green contexts and
+so sites 0..k-1 are the SMs the first k programs of a launch take. Which SMs those are
+depends on the grid's size (a launch of 20 programs and the first 20 of a launch of 132 take
+different SMs: bench/NOTES.md), so a split's sides index an order headed by the SMs a capped
+launch of its decode size lands on (`Pinned.head`): decode runs where a capped decode side
+would. Consecutive SM ids sit together on the chip (the H200's green contexts and
 grid-capped launches spread over its blocks of SM ids; 20 consecutive ids read slower than
 either), and a range of sites is spread as they are.
 
@@ -59,7 +60,7 @@ class Pinned:
 
     first_site: int
     sms: int
-    placement: torch.Tensor | None = field(default=None, compare=False)  # by identity in a hash
+    placement: torch.Tensor | None = field(default=None, compare=False)  # not in eq or hash
     head: int | None = None
 
     def __post_init__(self):
@@ -101,9 +102,11 @@ def site_order(device: torch.device, head: int | None = None) -> tuple[list[int]
     if torch.cuda.is_current_stream_capturing():
         raise PdmuxError("a pinned partition measures its device's site order on its first "
                          "launch, which must not be inside a graph capture: launch once first")
-    x = torch.randn(1, 4096, dtype=torch.bfloat16, device=device)
-    # 128 weight rows a tile (the small-budget tile; 64 on the whole GPU): >= total tiles
-    w = torch.randn(128 * total, 4096, dtype=torch.bfloat16, device=device)
+    torch.cuda.synchronize(device)  # placed on an idle GPU, not beside another stream's work
+    # 128 weight rows a tile (the small-budget tile; 64 on the whole GPU): >= total tiles; the
+    # tile's shared memory, one program an SM, does not depend on K
+    x = torch.randn(1, 512, dtype=torch.bfloat16, device=device)
+    w = torch.randn(128 * total, 512, dtype=torch.bfloat16, device=device)
     order = []
     for budget in ([head] if head is not None else []) + [None]:
         where = torch.full((total,), -1, dtype=torch.int32, device=device)
@@ -138,8 +141,6 @@ class PinnedLaunch:
     kwargs: dict
 
 
-
-
 def pinned_budget(pinned: Pinned | None, num_sms: int | None) -> int | None:
     """The SM budget a launch's slots are counted with: a pinned partition's own SMs."""
     if pinned is None:
@@ -150,15 +151,23 @@ def pinned_budget(pinned: Pinned | None, num_sms: int | None) -> int | None:
     return pinned.sms
 
 
+PDL_MIN_MAJOR = 9  # griddepcontrol needs sm_90 (Hopper) or later
+
+
 def pdl_kwargs(pdl: bool, device: torch.device) -> dict:
     """A launch's programmatic dependent launch: with `pdl` the kernel may be scheduled while
-    the one before it on the stream drains, and waits for it (`gdc_wait`) before its first
-    read. Its waiting programs land wherever there is room, so it keeps a launch inside its
-    SMs only where the hardware confines the stream (the whole GPU, a green context): never
-    for a grid cap of fewer SMs or a pinned partition (their callers leave it off)."""
+    the one before it on the stream drains, and waits for it (`gdc_wait`) before it reads what
+    that one wrote. Its waiting programs land wherever there is room, so it keeps a launch
+    inside its SMs only where the hardware confines the stream (the whole GPU, a green
+    context): never for a grid cap of fewer SMs or a pinned partition (their callers leave it
+    off: `PartitionSpec.overlaps_launches`)."""
     if pdl and (interpreting() or device.type != "cuda"):
         raise PdmuxError("programmatic dependent launch needs a CUDA GPU (the Triton "
                          "interpreter has no griddepcontrol)")
+    if pdl and torch.cuda.get_device_capability(device)[0] < PDL_MIN_MAJOR:
+        raise PdmuxError(f"programmatic dependent launch needs compute capability "
+                         f"{PDL_MIN_MAJOR}.0 or later; {torch.cuda.get_device_name(device)} is "
+                         f"{'.'.join(map(str, torch.cuda.get_device_capability(device)))}")
     return {"PDL": pdl, "launch_pdl": pdl}
 
 
@@ -267,7 +276,9 @@ def run_slots(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, first_s
     """A kernel's work: `BODY(pid, programs, *args)` is what program pid of a capped launch of
     `programs` does. Plain, each program does its own; pinned, the programs the gate admits do
     the capped launch's programs as slots. PDL (`pdl_kwargs`): the next kernel may be
-    scheduled at once, and this one waits for the one before it to finish before any read."""
+    scheduled at once, and this one waits for the one before it to finish before it reads
+    anything that one wrote (a kernel may prefetch what no kernel of the step writes, such as
+    a weight, into L2 first: L2 is where every SM's writes meet, so that is safe anyway)."""
     if PDL:
         gdc_launch_dependents()
         gdc_wait()

@@ -34,15 +34,20 @@ def test_pinned_levels_put_decode_on_the_first_sites():
     assert for_level(H100[5], "green").site_head is None
     with pytest.raises(PdmuxError, match="give first_site too"):
         Budget(52, site_head=52)
+    with pytest.raises(PdmuxError, match="attention_ctas_per_sm must be an integer >= 1"):
+        Budget(52, attention_ctas_per_sm=0)
+    with pytest.raises(PdmuxError, match="ctas_per_sm must be an integer >= 1"):
+        Budget(52, ctas_per_sm=True)
 
 
 def test_launches_overlap_only_where_the_hardware_confines_them():
     """PDL's waiting programs land wherever there is room: on the whole GPU and green contexts
     that is the side's SMs, under a grid cap or a pinned gate it is not."""
-    assert whole(132).overlaps_launches
-    assert for_level(H100[5], "green").overlaps_launches
-    assert not for_level(H100[5], "grid_cap").overlaps_launches
-    assert not for_level(H100[5], "pinned").overlaps_launches
+    assert whole(132).overlaps_launches(9)
+    assert for_level(H100[5], "green").overlaps_launches(9)
+    assert not for_level(H100[5], "grid_cap").overlaps_launches(9)
+    assert not for_level(H100[5], "pinned").overlaps_launches(9)
+    assert not whole(108).overlaps_launches(8)  # griddepcontrol needs sm_90
 
 
 def test_served_decode_attention_runs_three_programs_an_sm_where_a_partition_keeps_them():

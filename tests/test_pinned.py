@@ -26,7 +26,8 @@ def _count_slots_kernel(hits_ptr, worker_ptr, admitted_ptr, gate_ptr, place_ptr,
                         ctas, slots, programs, PINNED: tl.constexpr, PLACED: tl.constexpr,
                         BLOCK_SMS: tl.constexpr, PDL: tl.constexpr):
     """Each slot counts how often it was done and who did it (program id, SM); each program
-    says whether the gate admitted it."""
+    says whether the gate admitted it. (PDL comes with every launch's keyword arguments; a
+    pinned launch's is always off.)"""
     ok, sm = admitted(gate_ptr, place_ptr, first_site, n_sms, ctas, PLACED)
     tl.store(admitted_ptr + tl.program_id(0), ok.to(tl.int32))
     slot = first_slot(gate_ptr, ok, first_site, n_sms, slots, programs, BLOCK_SMS)

@@ -95,3 +95,30 @@ def test_green_sides_never_share_an_sm():
 def test_grid_cap_telemetry_reports_usage():
     u = _usage("grid_cap")  # the hardware places CTAs: overlap is measured, not asserted away
     assert 0 < u["prefill_sms_used"] <= 132 and 0 < u["decode_sms_used"] <= 132
+
+
+@pytest.mark.gpu
+def test_green_sides_overlap_launches_and_compute_what_a_capped_launch_does():
+    """A green split's sides launch with PDL from Hopper on (a grid cap's never): a chain of
+    GEMMs on the decode side's stream gives the capped launch's result to the bit."""
+    from pdmux_triton.gpu.streams import kernel_args
+
+    level = _groups()[5]
+    hopper = torch.cuda.get_device_capability(0)[0] >= 9
+    with PartitionStreams.open(for_level(level, "grid_cap")) as capped:
+        assert not capped.decode_budget.pdl and not capped.prefill_budget.pdl
+    x = torch.randn(8, 4096, dtype=torch.bfloat16, device="cuda")
+    ws = [torch.randn(4096, 4096, dtype=torch.bfloat16, device="cuda") / 64 for _ in range(3)]
+    with PartitionStreams.open(for_level(level, "green")) as part:
+        budget = part.decode_budget
+        assert budget.pdl == hopper and part.prefill_budget.pdl == hopper
+        part.decode_stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(part.decode_stream):
+            y = x
+            for w in ws:
+                y = linear(y, w, **kernel_args(budget))
+        part.decode_stream.synchronize()
+    ref = x
+    for w in ws:
+        ref = linear(ref, w, num_sms=budget.num_sms)
+    assert torch.equal(y, ref)

@@ -42,6 +42,7 @@ class PartitionStreams:
     def __init__(self, spec: PartitionSpec, prefill_stream, decode_stream, green=None,
                  prefill_sms: int | None = None, decode_sms: int | None = None):
         self.spec = spec
+        self.pdl = spec.overlaps_launches(torch.cuda.get_device_capability(0)[0])
         self.prefill_stream = prefill_stream
         self.decode_stream = decode_stream
         self._green = green
@@ -52,12 +53,12 @@ class PartitionStreams:
     @property
     def prefill_budget(self) -> Budget:
         return Budget(self.prefill_sms, first_site=self.spec.first_sites[0],
-                      pdl=self.spec.overlaps_launches, site_head=self.spec.site_head)
+                      pdl=self.pdl, site_head=self.spec.site_head)
 
     @property
     def decode_budget(self) -> Budget:
         return Budget(self.decode_sms, first_site=self.spec.first_sites[1],
-                      pdl=self.spec.overlaps_launches, site_head=self.spec.site_head)
+                      pdl=self.pdl, site_head=self.spec.site_head)
 
     @classmethod
     def open(cls, spec: PartitionSpec) -> "PartitionStreams":

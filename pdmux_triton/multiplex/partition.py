@@ -10,7 +10,7 @@ Four kinds:
   sweeps split decode off first, so its budget can be any multiple of the granularity.
 - `pinned`: two ordinary streams; every kernel's programs run on its side's SMs only, at most
   its CTAs per SM on each (an SM-id gate in every kernel, kernels/_pinned.py): decode on the
-  first sites of the device's site order (the SMs a launch's first programs take),
+  SMs a grid-capped launch of its size lands on (the first sites of the split's site order),
   prefill on the rest. Exact placement without green contexts, at any SM count.
 - `whole`: one stream, the whole GPU for both sides (prefill-first and chunked baselines, and
   SGLang's prefill-only and decode-only levels).
@@ -43,7 +43,7 @@ class Budget:
     # pinned: the split's decode SMs, whose site order both sides index (kernels/_pinned.Pinned)
     site_head: int | None = None
     # decode attention's programs an SM where they differ from the other kernels' (a served
-    # green or pinned decode side: gpu.executors); None: ctas_per_sm
+    # green or pinned decode side: gpu.model_executor); None: ctas_per_sm
     attention_ctas_per_sm: int | None = None
     # programmatic dependent launch (kernels/_pinned.pdl_kwargs): only where the hardware keeps
     # a launch's waiting programs on the side's SMs (the whole GPU, a green context)
@@ -54,6 +54,11 @@ class Budget:
             raise PdmuxError("a pinned budget names its SMs: num_sms with first_site")
         if self.site_head is not None and self.first_site is None:
             raise PdmuxError("site_head orders a pinned budget's sites: give first_site too")
+        for name in ("ctas_per_sm", "attention_ctas_per_sm"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
+                raise PdmuxError(f"a budget's {name} must be an integer >= 1, got {value!r}")
         if self.pdl and self.first_site is not None:
             raise PdmuxError("a pinned budget cannot overlap launches (pdl): their waiting "
                              "programs would hold SMs outside the partition")
@@ -100,13 +105,13 @@ class PartitionSpec:
     def whole_gpu(self) -> bool:
         return self.kind == "whole"
 
-    @property
-    def overlaps_launches(self) -> bool:
-        """Whether its sides' kernels may launch while the one before drains (PDL): only
-        where the hardware confines each stream's programs (the whole GPU, green contexts),
-        not under a grid cap or a pinned gate, whose waiting programs would land on the
-        other side's SMs."""
-        return self.kind in ("whole", "green")
+    def overlaps_launches(self, cc_major: int) -> bool:
+        """Whether its sides' kernels may launch while the one before drains (PDL), on a GPU
+        of that compute capability: from Hopper on (griddepcontrol), and only where the
+        hardware confines each stream's programs (the whole GPU, green contexts), not under a
+        grid cap or a pinned gate, whose waiting programs would land on the other side's
+        SMs."""
+        return cc_major >= 9 and self.kind in ("whole", "green")
 
     @property
     def first_sites(self) -> tuple[int | None, int | None]:
