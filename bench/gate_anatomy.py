@@ -13,6 +13,10 @@ launch after zeroing a small counter buffer (so each variant pays the same memse
   test);
 - `extra programs`: a launch of as many programs as the GPU has SMs, of which the first 20 do
   the capped launch's work and the rest leave at once (the pinned launch's grid, no atomics);
+- `rank by site` (a gate with fewer round trips, bench/NOTES.md "Next" 0001c): a program per
+  SM reads its SM id and its site (the capped launch's SMs are sites 0..19), takes the slot
+  of its site by one relaxed atomic, does it, and leaves by one release atomic; `rank by site,
+  no leave` without the last atomic. Both are checked against `plain`'s output;
 - `pinned`: the product's pinned launch (kernels/_pinned.py) on sites 0..19, with the
   device's measured site order and with an order whose first 20 sites are the SMs the capped
   launch ran on (so the two run on the same SMs).
@@ -39,23 +43,25 @@ from pdmux_triton.spec.gpus import detect_gpu
 
 SMS, ROWS = 20, 32
 SHAPES = {"down": (4096, 12288), "gate_up": (24576, 4096)}
-MODES = ("plain", "loop", "atomic first", "queue", "extra programs")
+MODES = ("plain", "loop", "atomic first", "queue", "extra programs", "rank by site",
+         "rank by site, no leave")
+ONE_AN_SM = ("extra programs", "rank by site", "rank by site, no leave")  # grids of every SM
 
 
 @triton.jit
-def _anatomy_kernel(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, queue_ptr, slots, M, N, K,
-                    stride_xm, stride_wn, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, WHOLE_TILES: tl.constexpr,
-                    MODE: tl.constexpr):
+def _anatomy_kernel(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, queue_ptr, table_ptr, slots,
+                    M, N, K, stride_xm, stride_wn, stride_ym, BLOCK_M: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                    WHOLE_TILES: tl.constexpr, MODE: tl.constexpr):
     # the body's arguments as a tuple literal in the call (a tuple bound to a local name turns
     # its constexprs into tensors), as kernels/_pinned.run_slots takes them
-    _run_mode(tl.program_id(0), slots, queue_ptr,
+    _run_mode(tl.program_id(0), slots, queue_ptr, table_ptr,
               (x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_wn,
                stride_ym, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, WHOLE_TILES, False), MODE)
 
 
 @triton.jit
-def _run_mode(pid, programs, queue_ptr, args, MODE: tl.constexpr):
+def _run_mode(pid, programs, queue_ptr, table_ptr, args, MODE: tl.constexpr):
     if MODE == 0:
         _skinny_slot(pid, programs, *args)
     elif MODE == 1:
@@ -71,8 +77,17 @@ def _run_mode(pid, programs, queue_ptr, args, MODE: tl.constexpr):
         while slot < programs:
             _skinny_slot(slot, programs, *args)
             slot = tl.atomic_add(queue_ptr, 1, sem="relaxed")
-    elif pid < programs:
-        _skinny_slot(pid, programs, *args)
+    elif MODE == 4:
+        if pid < programs:
+            _skinny_slot(pid, programs, *args)
+    else:  # rank by site: the site's slot by one atomic, no queue
+        site = tl.load(table_ptr + tl.extra.cuda.smid())
+        if site < programs:
+            if site >= 0:
+                if tl.atomic_add(queue_ptr + 2 + site, 1, sem="relaxed") == 0:
+                    _skinny_slot(site, programs, *args)
+        if MODE == 5:
+            tl.atomic_add(queue_ptr + 1, 1, sem="release")
 
 
 def variants(N: int, K: int, device_sms: int) -> dict:
@@ -81,6 +96,12 @@ def variants(N: int, K: int, device_sms: int) -> dict:
     out = torch.empty(ROWS, N, dtype=torch.bfloat16, device="cuda")
     queue = torch.zeros(GATE_WORDS, dtype=torch.int32, device="cuda")
     p = plan(ROWS, N, K, x.dtype, x.device, SMS)
+    ids = torch.full((p.grid,), -1, dtype=torch.int32, device="cuda")
+    linear(x, w, out, num_sms=SMS, sm_ids=ids)
+    capped_sms = sorted(set(ids.tolist()))
+    # the capped launch's SMs are sites 0.. (in SM order), every other SM past them
+    table = site_table(capped_sms + [sm for sm in range(device_sms) if sm not in capped_sms],
+                       x.device)
     cfg = p.config
     tiles = triton.cdiv(ROWS, cfg.block_m) * triton.cdiv(N, cfg.block_n)
     part = torch.empty((tiles + p.grid, cfg.block_m * cfg.block_n), dtype=torch.float32,
@@ -88,11 +109,12 @@ def variants(N: int, K: int, device_sms: int) -> dict:
     counts = torch.zeros(tiles, dtype=torch.int32, device="cuda")
 
     def launch(mode: int):
-        grid = device_sms if MODES[mode] == "extra programs" else p.grid
+        grid = device_sms if MODES[mode] in ONE_AN_SM else p.grid
 
         def run():
             queue.zero_()
-            _anatomy_kernel[(grid,)](x, w, out, out, part, counts, queue, p.grid, ROWS, N, K,
+            _anatomy_kernel[(grid,)](x, w, out, out, part, counts, queue, table, p.grid, ROWS,
+                                     N, K,
                                      x.stride(0), w.stride(0), out.stride(0),
                                      BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                                      BLOCK_K=cfg.block_k, EVEN_K=K % cfg.block_k == 0,
@@ -109,10 +131,8 @@ def variants(N: int, K: int, device_sms: int) -> dict:
     runs = {name: launch(i) for i, name in enumerate(MODES)}
     runs["capped (product)"] = product(num_sms=SMS)
     runs["pinned (product)"] = product(pinned=Pinned(0, SMS))
-    ids = torch.full((p.grid,), -1, dtype=torch.int32, device="cuda")
-    linear(x, w, out, num_sms=SMS, sm_ids=ids)
     torch.cuda.synchronize()
-    return runs, sorted(set(ids.tolist())), p
+    return runs, capped_sms, p, out
 
 
 def with_first_sites(first: list[int]) -> None:
@@ -134,14 +154,18 @@ def main(argv=None) -> int:
     stream = torch.cuda.Stream()
     measured = site_order(torch.device("cuda"))[0][:SMS]
     for shape, (N, K) in SHAPES.items():
-        runs, capped_sms, pl = variants(N, K, gpu.sms)
+        runs, capped_sms, pl, out = variants(N, K, gpu.sms)
         with_first_sites(measured)
-        base = None
+        base = ref = None
         for name, fn in runs.items():
+            out.fill_(float("nan"))  # an unwritten element fails the comparison
+            fn()
+            torch.cuda.synchronize()
+            ref = out.clone() if ref is None else ref  # plain's, the first
             us = time_alone(fn, stream, graph=True) * 1e3
             base = base or us
             res.row(section="anatomy", shape=shape, variant=name, us=us, over_plain=us / base,
-                    whole_tiles=pl.whole, grid=pl.grid)
+                    whole_tiles=pl.whole, grid=pl.grid, equals_plain=torch.equal(out, ref))
         with_first_sites(capped_sms)
         us = time_alone(runs["pinned (product)"], stream, graph=True) * 1e3
         res.row(section="anatomy", shape=shape, variant="pinned on the capped launch's SMs",
@@ -150,7 +174,8 @@ def main(argv=None) -> int:
         res.save()
     print(f"wrote {res.path}")
     for r in res.data["rows"]:
-        print(f"{r['shape']:8s} {r['variant']:36s} {r['us']:8.1f} us  {r['over_plain']:.3f}")
+        print(f"{r['shape']:8s} {r['variant']:36s} {r['us']:8.1f} us  {r['over_plain']:.3f}"
+              + ("" if r.get("equals_plain", True) else "  OUTPUT DIFFERS FROM plain"))
     return 0
 
 
