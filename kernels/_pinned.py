@@ -31,6 +31,7 @@ every claim made before the others left.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -154,21 +155,30 @@ def pinned_budget(pinned: Pinned | None, num_sms: int | None) -> int | None:
 PDL_MIN_MAJOR = 9  # griddepcontrol needs sm_90 (Hopper) or later
 
 
-def pdl_kwargs(pdl: bool, device: torch.device) -> dict:
-    """A launch's programmatic dependent launch: with `pdl` the kernel may be scheduled while
-    the one before it on the stream drains, and waits for it (`gdc_wait`) before it reads what
+@functools.lru_cache(maxsize=None)
+def _check_pdl(device: torch.device) -> None:
+    """Whether a device can overlap launches, asked once per device (launches are hot).
+
+    Programmatic dependent launch (PDL): the kernel may be scheduled while the one before it
+    on the stream drains, and waits for it (`gdc_wait` in `run_slots`) before it reads what
     that one wrote. Its waiting programs land wherever there is room, so it keeps a launch
     inside its SMs only where the hardware confines the stream (the whole GPU, a green
     context): never for a grid cap of fewer SMs or a pinned partition (their callers leave it
     off: `PartitionSpec.overlaps_launches`)."""
-    if pdl and (interpreting() or device.type != "cuda"):
+    if interpreting() or device.type != "cuda":
         raise PdmuxError("programmatic dependent launch needs a CUDA GPU (the Triton "
                          "interpreter has no griddepcontrol)")
-    if pdl and torch.cuda.get_device_capability(device)[0] < PDL_MIN_MAJOR:
+    major, minor = torch.cuda.get_device_capability(device)
+    if major < PDL_MIN_MAJOR:
         raise PdmuxError(f"programmatic dependent launch needs compute capability "
                          f"{PDL_MIN_MAJOR}.0 or later; {torch.cuda.get_device_name(device)} is "
-                         f"{'.'.join(map(str, torch.cuda.get_device_capability(device)))}")
-    return {"PDL": pdl, "launch_pdl": pdl}
+                         f"{major}.{minor}")
+
+
+# a plain launch's keyword arguments besides the kernel's own: the gate's constexprs, PDL's
+# constexpr and launch option
+_PLAIN = {pdl: {"PINNED": False, "PLACED": False, "BLOCK_SMS": 1, "PDL": pdl, "launch_pdl": pdl}
+          for pdl in (False, True)}
 
 
 def pinned_launch(pinned: Pinned | None, slots: int, ctas_per_sm: int, device: torch.device,
@@ -176,9 +186,9 @@ def pinned_launch(pinned: Pinned | None, slots: int, ctas_per_sm: int, device: t
     """The launch of a kernel whose grid-capped form has `slots` programs (`grid_size`'s)."""
     if pinned is None:
         none = unused_pointer(device)
-        return PinnedLaunch(slots, slots, (none, none, 0, 1, 1, slots, slots),
-                            {"PINNED": False, "PLACED": False, "BLOCK_SMS": 1,
-                             **pdl_kwargs(pdl, device)})
+        if pdl:
+            _check_pdl(device)
+        return PinnedLaunch(slots, slots, (none, none, 0, 1, 1, slots, slots), _PLAIN[pdl])
     if pdl:
         raise PdmuxError("a pinned launch cannot overlap the one before it (programmatic "
                          "dependent launch): its programs that wait would hold SMs outside "
@@ -206,7 +216,7 @@ def pinned_launch(pinned: Pinned | None, slots: int, ctas_per_sm: int, device: t
                         (gate, where, pinned.first_site, pinned.sms, ctas_per_sm, slots, grid),
                         {"PINNED": True, "PLACED": placement is not None,
                          "BLOCK_SMS": triton.next_power_of_2(pinned.sms),
-                         **pdl_kwargs(False, device)})
+                         "PDL": False, "launch_pdl": False})
 
 
 @triton.jit
@@ -275,7 +285,7 @@ def run_slots(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, first_s
               PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr, PDL: tl.constexpr):
     """A kernel's work: `BODY(pid, programs, *args)` is what program pid of a capped launch of
     `programs` does. Plain, each program does its own; pinned, the programs the gate admits do
-    the capped launch's programs as slots. PDL (`pdl_kwargs`): the next kernel may be
+    the capped launch's programs as slots. PDL (`_check_pdl`): the next kernel may be
     scheduled at once, and this one waits for the one before it to finish before it reads
     anything that one wrote (a kernel may prefetch what no kernel of the step writes, such as
     a weight, into L2 first: L2 is where every SM's writes meet, so that is safe anyway)."""

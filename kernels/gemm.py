@@ -178,6 +178,14 @@ def _swapped_product(x_ptr, w_ptr, tile, tiles_m, k_lo, k_hi, M, N, K, stride_xm
     return acc, rm, rn
 
 
+@triton.jit
+def _units_of(pid, programs, total):
+    """Stream-K's even split: program pid of `programs` takes units [lo, hi) of `total`."""
+    lo = (pid.to(tl.int64) * total // programs).to(tl.int32)
+    hi = ((pid + 1).to(tl.int64) * total // programs).to(tl.int32)
+    return lo, hi
+
+
 # With programmatic dependent launch, the 128-byte lines of each W row that a skinny program
 # fetches into L2 while the kernel before it drains (a weight is never written by a decode step)
 PDL_PREFETCH_LINES = 8
@@ -194,8 +202,8 @@ def _prefetch_w(w_ptr, pid, programs, M, N, K, stride_wn, BLOCK_M: tl.constexpr,
         tile, k0 = pid, 0
     else:
         k_tiles = tl.cdiv(K, BLOCK_K)
-        lo = (pid.to(tl.int64) * (tiles_m * tl.cdiv(N, BLOCK_N) * k_tiles) // programs)
-        tile, k0 = (lo // k_tiles).to(tl.int32), (lo % k_tiles).to(tl.int32) * BLOCK_K
+        lo, _ = _units_of(pid, programs, tiles_m * tl.cdiv(N, BLOCK_N) * k_tiles)
+        tile, k0 = lo // k_tiles, (lo % k_tiles) * BLOCK_K
     rn = tl.minimum((tile // tiles_m) * BLOCK_N + tl.arange(0, BLOCK_N), N - 1)
     per_line: tl.constexpr = 1024 // w_ptr.dtype.element_ty.primitive_bitwidth
     cols = tl.minimum(k0 + tl.arange(0, LINES) * per_line, K - 1)
@@ -246,8 +254,7 @@ def _skinny_slot(pid, programs, x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr,
                      acc.to(y_ptr.dtype.element_ty), mask=(rm[None, :] < M) & (rn[:, None] < N))
     else:
         total = tiles * k_tiles
-        lo = (pid.to(tl.int64) * total // programs).to(tl.int32)
-        hi = ((pid + 1).to(tl.int64) * total // programs).to(tl.int32)
+        lo, hi = _units_of(pid, programs, total)
         cell = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
         if lo < hi:
             for tile in range(lo // k_tiles, (hi - 1) // k_tiles + 1):

@@ -45,7 +45,7 @@ class Budget:
     # decode attention's programs an SM where they differ from the other kernels' (a served
     # green or pinned decode side: gpu.model_executor); None: ctas_per_sm
     attention_ctas_per_sm: int | None = None
-    # programmatic dependent launch (kernels/_pinned.pdl_kwargs): only where the hardware keeps
+    # programmatic dependent launch (kernels/_pinned._check_pdl): only where the hardware keeps
     # a launch's waiting programs on the side's SMs (the whole GPU, a green context)
     pdl: bool = False
 
