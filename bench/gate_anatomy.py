@@ -16,7 +16,8 @@ launch after zeroing a small counter buffer (so each variant pays the same memse
 - `rank by site` (a gate with fewer round trips, bench/NOTES.md "Next" 0001c): a program per
   SM reads its SM id and its site (the capped launch's SMs are sites 0..19), takes the slot
   of its site by one relaxed atomic, does it, and leaves by one release atomic; `rank by site,
-  no leave` without the last atomic. Both are checked against `plain`'s output;
+  no leave` without the last atomic, `relaxed leave` with it relaxed (what the product's
+  leave now is). All are checked against `plain`'s output;
 - `pinned`: the product's pinned launch (kernels/_pinned.py) on sites 0..19, with the
   device's measured site order and with an order whose first 20 sites are the SMs the capped
   launch ran on (so the two run on the same SMs).
@@ -44,8 +45,9 @@ from pdmux_triton.spec.gpus import detect_gpu
 SMS, ROWS = 20, 32
 SHAPES = {"down": (4096, 12288), "gate_up": (24576, 4096)}
 MODES = ("plain", "loop", "atomic first", "queue", "extra programs", "rank by site",
-         "rank by site, no leave")
-ONE_AN_SM = ("extra programs", "rank by site", "rank by site, no leave")  # grids of every SM
+         "rank by site, no leave", "rank by site, relaxed leave")
+ONE_AN_SM = ("extra programs", "rank by site", "rank by site, no leave",
+             "rank by site, relaxed leave")  # grids of every SM
 
 
 @triton.jit
@@ -57,7 +59,7 @@ def _anatomy_kernel(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, queue_ptr, 
     # its constexprs into tensors), as kernels/_pinned.run_slots takes them
     _run_mode(tl.program_id(0), slots, queue_ptr, table_ptr,
               (x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_wn,
-               stride_ym, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, WHOLE_TILES, False), MODE)
+               stride_ym, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, WHOLE_TILES, False, False), MODE)
 
 
 @triton.jit
@@ -88,6 +90,8 @@ def _run_mode(pid, programs, queue_ptr, table_ptr, args, MODE: tl.constexpr):
                     _skinny_slot(site, programs, *args)
         if MODE == 5:
             tl.atomic_add(queue_ptr + 1, 1, sem="release")
+        elif MODE == 7:
+            tl.atomic_add(queue_ptr + 1, 1, sem="relaxed")
 
 
 def variants(N: int, K: int, device_sms: int) -> dict:

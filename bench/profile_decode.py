@@ -115,18 +115,20 @@ def offline_gemm(pinned: bool = False, pdl: bool = False) -> None:
     from pdmux_triton.kernels.gemm import (PDL_PREFETCH_LINES, GemmConfig, decode_tile, gemm_kernel,
                                            skinny_kernel)
 
-    tiles = [("M<=16, whole GPU", decode_tile(1, 2, False)),
-             ("M<=16, small budget", decode_tile(1, 2, True)),
-             ("M=64, whole GPU", decode_tile(64, 2, False)),
-             ("prefill", GemmConfig(128, 256, 64, 8, 3, group_m=16))]
-    for label, cfg in tiles:
+    tiles = [("M<=16, whole GPU", decode_tile(1, 2, False), False),
+             ("M<=16, small budget", decode_tile(1, 2, True), False),
+             ("M=64, whole GPU", decode_tile(64, 2, False), False),
+             ("M=32 SwiGLU, whole GPU", decode_tile(32, 2, False), True),
+             ("M=32 SwiGLU, small budget", decode_tile(32, 2, True), True),
+             ("prefill", GemmConfig(128, 256, 64, 8, 3, group_m=16), False)]
+    for label, cfg, glu in tiles:
         fn = skinny_kernel if cfg.skinny else gemm_kernel
         names = list(inspect.signature(fn.fn).parameters)
         constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
                       "HAS_BIAS": False, "RECORD_SM": False, "PINNED": pinned, "PLACED": False,
                       "BLOCK_SMS": 32 if pinned else 1, "PDL": pdl}
         # skinny: whole tiles, the schedule most decode shapes take (a constexpr, as launched)
-        constexprs.update({"EVEN_K": True, "WHOLE_TILES": True,
+        constexprs.update({"EVEN_K": True, "WHOLE_TILES": True, "GLU": glu,
                            "PREFETCH_LINES": PDL_PREFETCH_LINES if pdl else 0} if cfg.skinny
                           else {"GROUP_M": cfg.group_m})
         kinds = {"x_desc": f"tensordesc<bf16[{cfg.block_m}, {cfg.block_k}]>",

@@ -10,14 +10,15 @@ if __name__ == "pdmux_triton.kernels":
     from pdmux_triton.kernels.activation import silu_mul
     from pdmux_triton.kernels.decode_attention import decode_attention
     from pdmux_triton.kernels._paged import AttnConfig
-    from pdmux_triton.kernels.gemm import GemmConfig, linear
+    from pdmux_triton.kernels.gemm import GemmConfig, linear, swiglu_linear
     from pdmux_triton.kernels.prefill_attention import extend_attention
     from pdmux_triton.kernels.rmsnorm import rmsnorm
     from pdmux_triton.kernels.rotary import rope_, rope_cache, rope_store_kv
     from pdmux_triton.kernels.stream import stream_read
 
     __all__ = ["AttnConfig", "GemmConfig", "decode_attention", "extend_attention", "linear",
-               "rmsnorm", "rope_", "rope_cache", "rope_store_kv", "silu_mul", "stream_read"]
+               "rmsnorm", "rope_", "rope_cache", "rope_store_kv", "silu_mul", "stream_read",
+               "swiglu_linear"]
 else:
     # Imported as `kernels` from the repository's root, where this folder shadows any package
     # of that name (transformers probes for Hugging Face's `kernels` and imports it to read its

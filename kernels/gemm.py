@@ -23,6 +23,7 @@ from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels._launch import (arrival_counters, check_tensor, check_tma_rows, grid_size,
                                           interpreting, telemetry_args)
 from pdmux_triton.kernels._pinned import Pinned, pinned_budget, pinned_launch, run_slots
+from pdmux_triton.kernels.activation import silu_mul
 
 GEMM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -151,20 +152,30 @@ def _gemm_slot(pid, programs, x_desc, w_desc, y_ptr, b_ptr, M, N, K, stride_ym,
 
 
 @triton.jit
+def _w_rows(pid_n, N, BLOCK_N: tl.constexpr, GLU: tl.constexpr):
+    """The weight rows of output tile column pid_n (N: the output's columns). GLU: the weight
+    is [gate; up] ([2N, K]) and a tile's first half of rows are gate rows, its second half the
+    up rows of the same output columns, so its epilogue has both. Rows past the edge are
+    clamped, not masked (no predicates in the loop); their results are never stored."""
+    r = tl.arange(0, BLOCK_N)
+    if GLU:
+        HALF: tl.constexpr = BLOCK_N // 2
+        cols = tl.minimum(pid_n * HALF + r % HALF, N - 1)
+        return (cols + tl.where(r >= HALF, N, 0)).to(tl.int64)
+    return tl.minimum(pid_n * BLOCK_N + r, N - 1).to(tl.int64)
+
+
+@triton.jit
 def _swapped_product(x_ptr, w_ptr, tile, tiles_m, k_lo, k_hi, M, N, K, stride_xm, stride_wn,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     EVEN_K: tl.constexpr):
+                     EVEN_K: tl.constexpr, GLU: tl.constexpr):
     """acc[n, m] = sum over K-slabs k_lo..k_hi of W[n, k] x[m, k] for one output tile: W's rows
     fill the MMA's M (64 per warpgroup on Hopper) however small the batch."""
     pid_m = tile % tiles_m  # the M tiles of one weight slab run back to back (L2)
-    pid_n = tile // tiles_m
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
-    # rows past the edge are clamped, not masked (no predicates in the loop); their results
-    # are never stored
-    x_rows = x_ptr + tl.minimum(rm, M - 1)[:, None] * stride_xm
-    w_rows = w_ptr + tl.minimum(rn, N - 1).to(tl.int64)[:, None] * stride_wn
+    x_rows = x_ptr + tl.minimum(rm, M - 1)[:, None] * stride_xm  # clamped as W's rows
+    w_rows = w_ptr + _w_rows(tile // tiles_m, N, BLOCK_N, GLU)[:, None] * stride_wn
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for ki in range(k_lo, k_hi):
         k = ki * BLOCK_K + rk
@@ -175,7 +186,33 @@ def _swapped_product(x_ptr, w_ptr, tile, tiles_m, k_lo, k_hi, M, N, K, stride_xm
             xt = tl.load(x_rows + k[None, :], mask=k[None, :] < K, other=0.0)
             wt = tl.load(w_rows + k[None, :], mask=k[None, :] < K, other=0.0)
         acc = tl.dot(wt, tl.trans(xt), acc)
-    return acc, rm, rn
+    return acc, rm
+
+
+@triton.jit
+def _store_tile(acc, y_ptr, b_ptr, tile, tiles_m, rm, M, N, stride_ym, BLOCK_M: tl.constexpr,
+                BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, GLU: tl.constexpr):
+    """A finished swapped tile acc[n, m] into y[m, n] (plus the bias). GLU: silu(gate) * up of
+    the tile's gate and up halves (`_w_rows`), half as many output columns."""
+    if GLU:
+        HALF: tl.constexpr = BLOCK_N // 2
+        gate, up = tl.split(tl.permute(tl.reshape(acc, (2, HALF, BLOCK_M)), (1, 2, 0)))
+        acc = gate / (1.0 + tl.exp(-gate)) * up
+        cols = (tile // tiles_m) * HALF + tl.arange(0, HALF)
+    else:
+        cols = (tile // tiles_m) * BLOCK_N + tl.arange(0, BLOCK_N)
+        acc = _plus_bias(acc, b_ptr, cols, N, HAS_BIAS, True)
+    tl.store(y_ptr + rm[None, :] * stride_ym + cols[:, None], acc.to(y_ptr.dtype.element_ty),
+             mask=(rm[None, :] < M) & (cols[:, None] < N))
+
+
+@triton.jit
+def _tiles_n(N, BLOCK_N: tl.constexpr, GLU: tl.constexpr):
+    """The skinny kernel's output tile columns: N output columns, BLOCK_N weight rows a tile
+    (half of them gate, half up with GLU)."""
+    if GLU:
+        return tl.cdiv(N, BLOCK_N // 2)
+    return tl.cdiv(N, BLOCK_N)
 
 
 @triton.jit
@@ -194,7 +231,7 @@ PDL_PREFETCH_LINES = 8
 @triton.jit
 def _prefetch_w(w_ptr, pid, programs, M, N, K, stride_wn, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, WHOLE_TILES: tl.constexpr,
-                LINES: tl.constexpr):
+                GLU: tl.constexpr, LINES: tl.constexpr):
     """L2 prefetches of the first LINES x 128 bytes of each W row of this program's first
     tile, from its first K-slab on (a plain launch's program: pid is the slot)."""
     tiles_m = tl.cdiv(M, BLOCK_M)
@@ -202,12 +239,11 @@ def _prefetch_w(w_ptr, pid, programs, M, N, K, stride_wn, BLOCK_M: tl.constexpr,
         tile, k0 = pid, 0
     else:
         k_tiles = tl.cdiv(K, BLOCK_K)
-        lo, _ = _units_of(pid, programs, tiles_m * tl.cdiv(N, BLOCK_N) * k_tiles)
+        lo, _ = _units_of(pid, programs, tiles_m * _tiles_n(N, BLOCK_N, GLU) * k_tiles)
         tile, k0 = lo // k_tiles, (lo % k_tiles) * BLOCK_K
-    rn = tl.minimum((tile // tiles_m) * BLOCK_N + tl.arange(0, BLOCK_N), N - 1)
     per_line: tl.constexpr = 1024 // w_ptr.dtype.element_ty.primitive_bitwidth
     cols = tl.minimum(k0 + tl.arange(0, LINES) * per_line, K - 1)
-    lines = w_ptr + rn.to(tl.int64)[:, None] * stride_wn + cols[None, :]
+    lines = w_ptr + _w_rows(tile // tiles_m, N, BLOCK_N, GLU)[:, None] * stride_wn + cols[None, :]
     tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [lines],
                               dtype=tl.int32, is_pure=False, pack=1)
 
@@ -217,14 +253,15 @@ def skinny_kernel(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, sm_ids_ptr, g
                    place_ptr, first_site, n_sms, ctas, slots, programs, M, N, K, stride_xm,
                    stride_wn, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, WHOLE_TILES: tl.constexpr,
-                   HAS_BIAS: tl.constexpr, RECORD_SM: tl.constexpr, PINNED: tl.constexpr,
-                   PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr, PDL: tl.constexpr,
-                   PREFETCH_LINES: tl.constexpr):
+                   HAS_BIAS: tl.constexpr, GLU: tl.constexpr, RECORD_SM: tl.constexpr,
+                   PINNED: tl.constexpr, PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr,
+                   PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr):
     if PREFETCH_LINES > 0:  # before run_slots' wait for the kernel before (PDL, plain launch)
         _prefetch_w(w_ptr, tl.program_id(0), programs, M, N, K, stride_wn, BLOCK_M, BLOCK_N,
-                    BLOCK_K, WHOLE_TILES, PREFETCH_LINES)
+                    BLOCK_K, WHOLE_TILES, GLU, PREFETCH_LINES)
     run_slots(_skinny_slot, (x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, M, N, K, stride_xm,
-              stride_wn, stride_ym, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, WHOLE_TILES, HAS_BIAS),
+              stride_wn, stride_ym, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, WHOLE_TILES, HAS_BIAS,
+              GLU),
               sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, ctas, slots, programs, RECORD_SM,
               PINNED, PLACED, BLOCK_SMS, PDL)
 
@@ -233,7 +270,7 @@ def skinny_kernel(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, sm_ids_ptr, g
 def _skinny_slot(pid, programs, x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, M, N, K,
                  stride_xm, stride_wn, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, WHOLE_TILES: tl.constexpr,
-                 HAS_BIAS: tl.constexpr):
+                 HAS_BIAS: tl.constexpr, GLU: tl.constexpr):
     # What program `pid` of `programs` does. WHOLE_TILES: each program takes whole output
     # tiles, striding by the grid.
     # Otherwise stream-K: the work is every tile's K-slabs back to back and program p takes
@@ -242,16 +279,15 @@ def _skinny_slot(pid, programs, x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr,
     # decode attention; its last program to finish (a counter per tile, nobody waits) adds
     # them and resets the counter.
     tiles_m = tl.cdiv(M, BLOCK_M)
-    tiles = tiles_m * tl.cdiv(N, BLOCK_N)
+    tiles = tiles_m * _tiles_n(N, BLOCK_N, GLU)
     k_tiles = tl.cdiv(K, BLOCK_K)
     if WHOLE_TILES:
         for tile in range(pid, tiles, programs):
-            acc, rm, rn = _swapped_product(x_ptr, w_ptr, tile, tiles_m, 0, k_tiles, M, N, K,
-                                           stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
-                                           EVEN_K)
-            acc = _plus_bias(acc, b_ptr, rn, N, HAS_BIAS, True)
-            tl.store(y_ptr + rm[None, :] * stride_ym + rn[:, None],
-                     acc.to(y_ptr.dtype.element_ty), mask=(rm[None, :] < M) & (rn[:, None] < N))
+            acc, rm = _swapped_product(x_ptr, w_ptr, tile, tiles_m, 0, k_tiles, M, N, K,
+                                       stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
+                                       GLU)
+            _store_tile(acc, y_ptr, b_ptr, tile, tiles_m, rm, M, N, stride_ym, BLOCK_M, BLOCK_N,
+                        HAS_BIAS, GLU)
     else:
         total = tiles * k_tiles
         lo, hi = _units_of(pid, programs, total)
@@ -260,18 +296,16 @@ def _skinny_slot(pid, programs, x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr,
             for tile in range(lo // k_tiles, (hi - 1) // k_tiles + 1):
                 k_lo = tl.maximum(lo, tile * k_tiles) - tile * k_tiles
                 k_hi = tl.minimum(hi, (tile + 1) * k_tiles) - tile * k_tiles
-                acc, rm, rn = _swapped_product(x_ptr, w_ptr, tile, tiles_m, k_lo, k_hi, M, N, K,
-                                               stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
-                                               EVEN_K)
-                y = y_ptr + rm[None, :] * stride_ym + rn[:, None]
-                mask = (rm[None, :] < M) & (rn[:, None] < N)
+                acc, rm = _swapped_product(x_ptr, w_ptr, tile, tiles_m, k_lo, k_hi, M, N, K,
+                                           stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
+                                           EVEN_K, GLU)
                 # the programs holding this tile's first and last unit (the largest q whose
                 # range starts at or before unit u is ((u + 1) * P - 1) // T)
                 first = ((tile * k_tiles + 1).to(tl.int64) * programs - 1) // total
                 last = (((tile + 1) * k_tiles).to(tl.int64) * programs - 1) // total
                 if first == last:
-                    acc = _plus_bias(acc, b_ptr, rn, N, HAS_BIAS, True)
-                    tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=mask)
+                    _store_tile(acc, y_ptr, b_ptr, tile, tiles_m, rm, M, N, stride_ym, BLOCK_M,
+                                BLOCK_N, HAS_BIAS, GLU)
                 else:
                     tile_elems = BLOCK_N * BLOCK_M
                     tl.store(part_ptr + (tile + pid) * tile_elems + cell, acc)
@@ -282,8 +316,9 @@ def _skinny_slot(pid, programs, x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr,
                             # .cg: from L2, where the other programs' stores landed
                             acc += tl.load(part_ptr + (tile + q) * tile_elems + cell,
                                            cache_modifier=".cg")
-                        acc = _plus_bias(acc, b_ptr, rn, N, HAS_BIAS, True)  # once, in the sum
-                        tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=mask)
+                        # the bias once, in the sum
+                        _store_tile(acc, y_ptr, b_ptr, tile, tiles_m, rm, M, N, stride_ym,
+                                    BLOCK_M, BLOCK_N, HAS_BIAS, GLU)
                         tl.store(count_ptr + tile, 0)  # ready for the next call
 
 
@@ -354,6 +389,45 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
            pdl: bool = False) -> torch.Tensor:
     """y[M, N] = x[M, K] @ weight[N, K]^T (+ bias[N]) with fp32 accumulation, on at most
     num_sms*ctas_per_sm programs (`pinned`: on those SMs, kernels/_pinned.py)."""
+    M, N, K = _check_problem(x, weight, bias)
+    out = _output(out, x, M, N)
+    if M == 0 or N == 0:
+        return out
+    if K == 0:
+        return out.copy_(bias.expand(M, N)) if bias is not None else out.zero_()
+    p = plan(M, N, K, x.dtype, x.device, pinned_budget(pinned, num_sms), ctas_per_sm, config)
+    _launch(p, x, weight, out, bias, False, sm_ids, pinned, ctas_per_sm, pdl)
+    return out
+
+
+def swiglu_linear(x: torch.Tensor, gate_up: torch.Tensor, out: torch.Tensor | None = None, *,
+                  num_sms: int | None = None, ctas_per_sm: int = 1,
+                  config: GemmConfig | None = None, sm_ids: torch.Tensor | None = None,
+                  pinned: Pinned | None = None, pdl: bool = False) -> torch.Tensor:
+    """SwiGLU's y[M, I] = silu(x @ gate^T) * (x @ up^T) for the fused weight gate_up = [gate;
+    up] ([2I, K]). Where the problem runs on the skinny kernel (decode), in its epilogue: one
+    launch, and the [M, 2I] product is never written. Otherwise the GEMM, then `silu_mul`
+    (`sm_ids` then records the GEMM's programs)."""
+    M, two_i, K = _check_problem(x, gate_up, None)
+    if two_i % 2:
+        raise PdmuxError(f"gate_up must have an even number of rows [gate; up], got {two_i}")
+    out = _output(out, x, M, two_i // 2)
+    if M == 0 or two_i == 0:
+        return out
+    if K == 0:
+        return out.zero_()  # silu(0) * 0
+    p = plan(M, two_i, K, x.dtype, x.device, pinned_budget(pinned, num_sms), ctas_per_sm, config)
+    if not p.config.skinny:
+        budget = dict(num_sms=num_sms, ctas_per_sm=ctas_per_sm, pinned=pinned, pdl=pdl)
+        return silu_mul(linear(x, gate_up, config=config, sm_ids=sm_ids, **budget), out,
+                        **budget)
+    _launch(p, x, gate_up, out, None, True, sm_ids, pinned, ctas_per_sm, pdl)
+    return out
+
+
+def _check_problem(x: torch.Tensor, weight: torch.Tensor,
+                   bias: torch.Tensor | None) -> tuple[int, int, int]:
+    """(M, N, K) of x [M, K] against weight [N, K], or a clear error."""
     check_tensor("x", x, 2, GEMM_DTYPES)
     check_tensor("weight", weight, 2, (x.dtype,), x.device)
     M, K = x.shape
@@ -364,17 +438,25 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
         check_tensor("bias", bias, 1, (x.dtype,), x.device)
         if bias.shape[0] != N:
             raise PdmuxError(f"bias must have N={N} entries, got {bias.shape[0]}")
+    return M, N, K
+
+
+def _output(out: torch.Tensor | None, x: torch.Tensor, M: int, N: int) -> torch.Tensor:
     if out is None:
-        out = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    else:
-        check_tensor("out", out, 2, (x.dtype,), x.device)
-        if tuple(out.shape) != (M, N):
-            raise PdmuxError(f"out must have shape {(M, N)}, got {tuple(out.shape)}")
-    if M == 0 or N == 0:
-        return out
-    if K == 0:
-        return out.copy_(bias.expand(M, N)) if bias is not None else out.zero_()
-    p = plan(M, N, K, x.dtype, x.device, pinned_budget(pinned, num_sms), ctas_per_sm, config)
+        return torch.empty((M, N), dtype=x.dtype, device=x.device)
+    check_tensor("out", out, 2, (x.dtype,), x.device)
+    if tuple(out.shape) != (M, N):
+        raise PdmuxError(f"out must have shape {(M, N)}, got {tuple(out.shape)}")
+    return out
+
+
+def _launch(p: GemmPlan, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
+            bias: torch.Tensor | None, glu: bool, sm_ids: torch.Tensor | None,
+            pinned: Pinned | None, ctas_per_sm: int, pdl: bool) -> None:
+    """One launch of planned problem `p` into `out` (glu: the skinny kernel's SwiGLU epilogue,
+    `out` has half the weight's rows as columns)."""
+    M, K = x.shape
+    N = out.shape[1]  # the output's columns: the weight's rows, half of them with glu
     cfg, grid = p.config, p.grid
     launch = pinned_launch(pinned, grid, ctas_per_sm, x.device, pdl)
     sm_buf, record = telemetry_args(sm_ids, grid, x.device)
@@ -384,7 +466,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
             part = counters = out  # nothing is split: no partials, no counters
         else:
             # a program's range cuts at most one tile at each end: tiles + programs partials
-            tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+            tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(weight.shape[0], cfg.block_n)
             part = torch.empty((tiles + grid, cfg.block_m * cfg.block_n), dtype=torch.float32,
                                device=x.device)
             counters = arrival_counters(tiles, x.device)
@@ -392,10 +474,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
             x, weight, out, bias_arg, part, counters, sm_buf, *launch.args, M, N, K, x.stride(0),
             weight.stride(0), out.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
             BLOCK_K=cfg.block_k, EVEN_K=K % cfg.block_k == 0, WHOLE_TILES=p.whole,
-            HAS_BIAS=bias is not None, RECORD_SM=record, num_warps=cfg.num_warps,
+            HAS_BIAS=bias is not None, GLU=glu, RECORD_SM=record, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages, PREFETCH_LINES=PDL_PREFETCH_LINES if pdl else 0,
             **launch.kwargs)
-        return out
+        return
     for name, t in (("x", x), ("weight", weight)):
         check_tma_rows(name, t, "; for bf16/fp16 that means K a multiple of 8")
     gemm_kernel[(launch.grid,)](
@@ -404,4 +486,3 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
         *launch.args, M, N, K, out.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, HAS_BIAS=bias is not None, RECORD_SM=record,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch.kwargs)
-    return out

@@ -5,7 +5,7 @@ import torch
 
 from conftest import HAS_CUDA
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels import GemmConfig, gemm, linear
+from pdmux_triton.kernels import GemmConfig, gemm, linear, swiglu_linear
 from pdmux_triton.kernels._pinned import Pinned
 from reference import assert_close, placements, poisoned
 
@@ -95,6 +95,55 @@ def test_bias_is_added_once_per_output(schedule, M, N, K, num_sms):
     assert torch.equal(empty_k, torch.arange(5.0, device=DEV).expand(3, 5))
 
 
+def _swiglu_reference(x: torch.Tensor, gate_up: torch.Tensor) -> torch.Tensor:
+    both = x.double() @ gate_up.double().T
+    gate, up = both.chunk(2, dim=1)
+    return torch.nn.functional.silu(gate) * up
+
+
+@pytest.mark.parametrize("whole", [True, False])
+@pytest.mark.parametrize("M,I,K", [(1, 20, 64), (7, 33, 128), (20, 8, 112), (3, 40, 100)])
+@pytest.mark.parametrize("num_sms,ctas", [(1, 1), (3, 1), (5, 1), (2, 2)])
+def test_swiglu_in_the_skinny_epilogue(M, I, K, num_sms, ctas, whole):
+    """silu(gate) * up from one skinny launch on both schedules: tiles of gate and up rows of
+    the same columns, I not a multiple of the half tile (clamped rows), stream-K tiles cut
+    between programs and summed before the epilogue."""
+    x = torch.randn(M, K, device=DEV)
+    gate_up = torch.randn(2 * I, K, device=DEV) / K ** 0.5
+    out = poisoned((M, I), torch.float32, DEV)
+    with mock.patch.object(gemm, "whole_tiles", return_value=whole):
+        swiglu_linear(x, gate_up, out, num_sms=num_sms, ctas_per_sm=ctas,
+                      config=GemmConfig(16, 16, 16, 4, 1, skinny=True))
+    assert_close(out, _swiglu_reference(x, gate_up), torch.float32)
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_pinned_swiglu_whoever_survives(whole):
+    x = torch.randn(5, 96, dtype=torch.float16, device=DEV)
+    gate_up = torch.randn(2 * 40, 96, dtype=torch.float16, device=DEV) / 96 ** 0.5
+    for name, placement in placements(8, 2, 1, 3, seed=5):
+        out = poisoned((5, 40), torch.float16, DEV)
+        with mock.patch.object(gemm, "whole_tiles", return_value=whole):
+            swiglu_linear(x, gate_up, out, ctas_per_sm=2,
+                          config=GemmConfig(16, 16, 16, 4, 1, skinny=True),
+                          pinned=Pinned(1, 3, placement.to(torch.int32).to(DEV)))
+        assert_close(out, _swiglu_reference(x, gate_up), torch.float16)
+
+
+def test_swiglu_off_the_skinny_kernel_is_the_gemm_then_silu_mul():
+    x = torch.randn(70, 48, device=DEV)
+    gate_up = torch.randn(2 * 24, 48, device=DEV) / 48 ** 0.5
+    out = swiglu_linear(x, gate_up, poisoned((70, 24), torch.float32, DEV), num_sms=3,
+                        config=GemmConfig(16, 16, 16, 4, 1))
+    assert_close(out, _swiglu_reference(x, gate_up), torch.float32)
+    assert torch.equal(swiglu_linear(torch.randn(3, 0, device=DEV), torch.randn(8, 0, device=DEV)),
+                       torch.zeros(3, 4, device=DEV))
+    with pytest.raises(PdmuxError, match="even number of rows .gate; up., got 7"):
+        swiglu_linear(x, torch.randn(7, 48, device=DEV))
+    with pytest.raises(PdmuxError, match=r"out must have shape \(70, 24\), got \(70, 48\)"):
+        swiglu_linear(x, gate_up, torch.empty(70, 48, device=DEV))
+
+
 def test_skinny_split_repeated_calls():
     # the last program of a cut tile resets its counter: later calls (other shapes too) stay exact
     for m, n, k in ((5, 24, 96), (3, 40, 64), (5, 24, 96)):
@@ -172,6 +221,18 @@ def test_mid_size_m_with_few_tiles_runs_skinny():
 @pytest.mark.parametrize("sms", [132, 80, 7])
 def test_skinny_bf16_real_sizes(M, cfg, sms):
     _bf16_linear_matches(M, 6144, 4096, num_sms=sms, config=cfg)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 8, 32, 33, 64, 72, 128])
+@pytest.mark.parametrize("sms", [132, 20])
+def test_swiglu_bf16_real_sizes(M, sms):
+    """Qwen3-8B's gate_up at decode batches, whole GPU and a small budget (whole tiles and
+    stream-K both occur), against silu(gate) * up in float64."""
+    x = torch.randn(M, 4096, dtype=torch.bfloat16, device="cuda")
+    gate_up = torch.randn(2 * 12288, 4096, dtype=torch.bfloat16, device="cuda") / 64
+    out = swiglu_linear(x, gate_up, poisoned((M, 12288), torch.bfloat16, "cuda"), num_sms=sms)
+    assert_close(out, _swiglu_reference(x, gate_up), torch.bfloat16)
 
 
 def test_decode_tiles_follow_the_budget():

@@ -18,7 +18,7 @@ import torch
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.gpu.streams import kernel_args
 from pdmux_triton.kernels import (decode_attention, extend_attention, linear, rmsnorm, rope_cache,
-                                  rope_store_kv, silu_mul)
+                                  rope_store_kv, swiglu_linear)
 from pdmux_triton.kernels.prefill_attention import plan_extend
 from pdmux_triton.multiplex.partition import Budget
 from pdmux_triton.spec.models import ModelSpec
@@ -204,8 +204,7 @@ class Model:
         comm = budget.comm or ONE_GPU
         o = comm.reduce(linear(attn.view(T, s.q_dim), lw["o"], **kw))
         x = rmsnorm(o, lw["post_norm"], s.rms_eps, residual=residual, **kw)
-        mlp = comm.reduce(
-            linear(silu_mul(linear(x, lw["gate_up"], **kw), **kw), lw["down"], **kw))
+        mlp = comm.reduce(linear(swiglu_linear(x, lw["gate_up"], **kw), lw["down"], **kw))
         return mlp, residual
 
     def logits(self, hidden: torch.Tensor, residual: torch.Tensor, budget: Budget) -> torch.Tensor:

@@ -14,7 +14,7 @@ import torch
 
 from pdmux_triton.gpu.decoder import ExtendBatch, Model
 from pdmux_triton.gpu.streams import kernel_args
-from pdmux_triton.kernels import linear
+from pdmux_triton.kernels import linear, swiglu_linear
 from pdmux_triton.kernels.gemm import warm_up_rows
 from pdmux_triton.multiplex.partition import Budget
 
@@ -43,9 +43,13 @@ def compile_prefill_side(model: Model, budget: Budget, max_rows: int, max_seqs: 
     for weight, bias, rows in problems:  # a bias compiles its own variants
         N, K = weight.shape
         for m, _ in warm_up_rows(N, K, dtype, dev, [budget.num_sms], rows):
-            # the budget's own launch (a pinned side compiles its PINNED variants)
-            linear(torch.empty(m, K, dtype=dtype, device=dev), weight, bias=bias,
-                   **kernel_args(budget))
+            # the budget's own launch (a pinned side compiles its PINNED variants); gate_up
+            # as the layer launches it, with the SwiGLU epilogue where the plan is skinny
+            x = torch.empty(m, K, dtype=dtype, device=dev)
+            if weight is first["gate_up"]:
+                swiglu_linear(x, weight, **kernel_args(budget))
+            else:
+                linear(x, weight, bias=bias, **kernel_args(budget))
     seqs = max(1, min(max_seqs, max_rows))
     lens = [max_rows // seqs + (i < max_rows % seqs) for i in range(seqs)]
     batch = _scratch_batch(model, [n for n in lens if n], scratch_page)
