@@ -62,25 +62,33 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
     # as served on the whole GPU (launches overlapped: PDL, the GEMMs' first weight lines
     # fetched while the kernel before drains), PDL without that prefetch, and each launch after
     # the last has finished; in turns, so that drift hits all alike
+    # (and with decode attention at 2 and 3 programs an SM: a plain launch on the whole GPU
+    # places them as asked, unlike a grid cap of fewer SMs)
     served, apart = Budget(pdl=True), Budget()
     lines = gemm.PDL_PREFETCH_LINES
-    times = {"served": [], "no_prefetch": [], "apart": []}
+    turns = [("served", served, lines), ("no_prefetch", served, 0), ("apart", apart, lines)]
+    turns += [(f"attention_c{c}", Budget(pdl=True, attention_ctas_per_sm=c), lines)
+              for c in (2, 3)]
+    times = {name: [] for name, _, _ in turns}
     for _ in range(3):
-        for name, budget, prefetch in (("served", served, lines), ("no_prefetch", served, 0),
-                                       ("apart", apart, lines)):
+        for name, budget, prefetch in turns:
             gemm.PDL_PREFETCH_LINES = prefetch
             times[name].append(t_graph(lambda: step.run(budget)))
     gemm.PDL_PREFETCH_LINES = lines
-    ms, no_prefetch_ms, apart_ms = (statistics.median(times[k])
-                                    for k in ("served", "no_prefetch", "apart"))
+    ms, no_prefetch_ms, apart_ms, c2_ms, c3_ms = (
+        statistics.median(times[k])
+        for k in ("served", "no_prefetch", "apart", "attention_c2", "attention_c3"))
     floor_ms = step_cost.decode_step_bytes(MODEL, BATCH * CONTEXT) / (tbps * 1e12) * 1e3
     res.row(section="whole gpu", stream_read_tbps=tbps, decode_only_step_ms=ms,
             decode_step_pdl_no_prefetch_ms=no_prefetch_ms, decode_step_without_pdl_ms=apart_ms,
+            decode_step_attention_c2_ms=c2_ms, decode_step_attention_c3_ms=c3_ms,
             step_ms_by_turn=times, decode_step_floor_ms=floor_ms,
             launches=launches_per_step(step, served))
     res.data["summary"].update(stream_read_tbps=tbps, decode_only_step_ms=ms,
                                decode_step_pdl_no_prefetch_ms=no_prefetch_ms,
                                decode_step_without_pdl_ms=apart_ms,
+                               decode_step_attention_c2_ms=c2_ms,
+                               decode_step_attention_c3_ms=c3_ms,
                                decode_step_floor_ms=floor_ms, decode_step_vs_floor=floor_ms / ms,
                                launches_per_decode_step=res.data["rows"][-1]["launches"])
     res.save()
