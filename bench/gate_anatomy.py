@@ -59,7 +59,8 @@ def _anatomy_kernel(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, queue_ptr, 
     # its constexprs into tensors), as kernels/_pinned.run_slots takes them
     _run_mode(tl.program_id(0), slots, queue_ptr, table_ptr,
               (x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_wn,
-               stride_ym, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, WHOLE_TILES, False, False), MODE)
+               stride_ym, 0.0, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, WHOLE_TILES, False, False, False,
+               False), MODE)
 
 
 @triton.jit

@@ -115,27 +115,31 @@ def offline_gemm(pinned: bool = False, pdl: bool = False) -> None:
     from pdmux_triton.kernels.gemm import (PDL_PREFETCH_LINES, GemmConfig, decode_tile, gemm_kernel,
                                            skinny_kernel)
 
-    tiles = [("M<=16, whole GPU", decode_tile(1, 2, False), False),
-             ("M<=16, small budget", decode_tile(1, 2, True), False),
-             ("M=64, whole GPU", decode_tile(64, 2, False), False),
-             ("M=32 SwiGLU, whole GPU", decode_tile(32, 2, False), True),
-             ("M=32 SwiGLU, small budget", decode_tile(32, 2, True), True),
-             ("prefill", GemmConfig(128, 256, 64, 8, 3, group_m=16), False)]
-    for label, cfg, glu in tiles:
+    # (label, tile, SwiGLU epilogue, rows normalized in the loop, residual added in the epilogue)
+    tiles = [("M<=16, whole GPU", decode_tile(1, 2, False), False, False, False),
+             ("M<=16, small budget", decode_tile(1, 2, True), False, False, False),
+             ("M=64, whole GPU", decode_tile(64, 2, False), False, False, False),
+             ("M=32 normed QKV, whole GPU", decode_tile(32, 2, False), False, True, False),
+             ("M=32 normed SwiGLU, whole GPU", decode_tile(32, 2, False), True, True, False),
+             ("M=32 normed SwiGLU, small budget", decode_tile(32, 2, True), True, True, False),
+             ("M=32 residual add, whole GPU", decode_tile(32, 2, False), False, False, True),
+             ("prefill", GemmConfig(128, 256, 64, 8, 3, group_m=16), False, False, False)]
+    for label, cfg, glu, rms, accumulate in tiles:
         fn = skinny_kernel if cfg.skinny else gemm_kernel
         names = list(inspect.signature(fn.fn).parameters)
         constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
-                      "HAS_BIAS": False, "RECORD_SM": False, "PINNED": pinned, "PLACED": False,
-                      "BLOCK_SMS": 32 if pinned else 1, "PDL": pdl}
+                      "HAS_BIAS": False, "ACCUMULATE": accumulate, "RECORD_SM": False,
+                      "PINNED": pinned, "PLACED": False, "BLOCK_SMS": 32 if pinned else 1,
+                      "PDL": pdl}
         # skinny: whole tiles, the schedule most decode shapes take (a constexpr, as launched)
-        constexprs.update({"EVEN_K": True, "WHOLE_TILES": True, "GLU": glu,
+        constexprs.update({"EVEN_K": True, "WHOLE_TILES": True, "GLU": glu, "RMS": rms,
                            "PREFETCH_LINES": PDL_PREFETCH_LINES if pdl else 0} if cfg.skinny
                           else {"GROUP_M": cfg.group_m})
         kinds = {"x_desc": f"tensordesc<bf16[{cfg.block_m}, {cfg.block_k}]>",
                  "w_desc": f"tensordesc<bf16[{cfg.block_n}, {cfg.block_k}]>", "x_ptr": "*bf16",
                  "w_ptr": "*bf16", "y_ptr": "*bf16", "b_ptr": "*bf16", "part_ptr": "*fp32",
                  "count_ptr": "*i32", "sm_ids_ptr": "*i32", "gate_ptr": "*i32",
-                 "place_ptr": "*i32"}
+                 "place_ptr": "*i32", "eps": "fp32"}
         signature = {n: "constexpr" if n in constexprs else kinds.get(n, "i32") for n in names}
         # what a real launch specializes: 16-byte aligned pointers, strides and K divisible by 16
         attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names)

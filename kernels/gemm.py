@@ -12,6 +12,7 @@ waits).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 import torch
@@ -120,17 +121,18 @@ def _plus_bias(acc, b_ptr, rn, N, HAS_BIAS: tl.constexpr, ALONG_ROWS: tl.constex
 def gemm_kernel(x_desc, w_desc, y_ptr, b_ptr, sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms,
                  ctas, slots, programs, M, N, K, stride_ym, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, RECORD_SM: tl.constexpr, PINNED: tl.constexpr,
-                 PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr, PDL: tl.constexpr):
+                 HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr, RECORD_SM: tl.constexpr,
+                 PINNED: tl.constexpr, PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr,
+                 PDL: tl.constexpr):
     run_slots(_gemm_slot, (x_desc, w_desc, y_ptr, b_ptr, M, N, K, stride_ym, BLOCK_M, BLOCK_N,
-              BLOCK_K, GROUP_M, HAS_BIAS), sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, ctas,
-              slots, programs, RECORD_SM, PINNED, PLACED, BLOCK_SMS, PDL)
+              BLOCK_K, GROUP_M, HAS_BIAS, ACCUMULATE), sm_ids_ptr, gate_ptr, place_ptr, first_site,
+              n_sms, ctas, slots, programs, RECORD_SM, PINNED, PLACED, BLOCK_SMS, PDL)
 
 
 @triton.jit
 def _gemm_slot(pid, programs, x_desc, w_desc, y_ptr, b_ptr, M, N, K, stride_ym,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-               GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr):
+               GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr):
     """What program `pid` of `programs` does: whole tiles, strided by the programs."""
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
@@ -147,8 +149,10 @@ def _gemm_slot(pid, programs, x_desc, w_desc, y_ptr, b_ptr, M, N, K, stride_ym,
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         acc = _plus_bias(acc, b_ptr, offs_n, N, HAS_BIAS, False)
         mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-        tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :],
-                 acc.to(y_ptr.dtype.element_ty), mask=mask)
+        y = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+        if ACCUMULATE:
+            acc += tl.load(y, mask=mask, other=0.0).to(tl.float32)
+        tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -168,15 +172,19 @@ def _w_rows(pid_n, N, BLOCK_N: tl.constexpr, GLU: tl.constexpr):
 @triton.jit
 def _swapped_product(x_ptr, w_ptr, tile, tiles_m, k_lo, k_hi, M, N, K, stride_xm, stride_wn,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                     EVEN_K: tl.constexpr, GLU: tl.constexpr):
-    """acc[n, m] = sum over K-slabs k_lo..k_hi of W[n, k] x[m, k] for one output tile: W's rows
-    fill the MMA's M (64 per warpgroup on Hopper) however small the batch."""
+                     EVEN_K: tl.constexpr, GLU: tl.constexpr, RMS: tl.constexpr):
+    """(acc[n, m] = sum over K-slabs k_lo..k_hi of W[n, k] x[m, k] for one output tile, x's row
+    indices, and with RMS the sums of x[m, k]^2 over those slabs): W's rows fill the MMA's M
+    (64 per warpgroup on Hopper) however small the batch."""
     pid_m = tile % tiles_m  # the M tiles of one weight slab run back to back (L2)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rk = tl.arange(0, BLOCK_K)
     x_rows = x_ptr + tl.minimum(rm, M - 1)[:, None] * stride_xm  # clamped as W's rows
     w_rows = w_ptr + _w_rows(tile // tiles_m, N, BLOCK_N, GLU)[:, None] * stride_wn
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    # elementwise in the loop, summed across the slab once after it (a reduction a trip is
+    # a warp shuffle tree every slab)
+    squares = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
     for ki in range(k_lo, k_hi):
         k = ki * BLOCK_K + rk
         if EVEN_K:
@@ -186,14 +194,19 @@ def _swapped_product(x_ptr, w_ptr, tile, tiles_m, k_lo, k_hi, M, N, K, stride_xm
             xt = tl.load(x_rows + k[None, :], mask=k[None, :] < K, other=0.0)
             wt = tl.load(w_rows + k[None, :], mask=k[None, :] < K, other=0.0)
         acc = tl.dot(wt, tl.trans(xt), acc)
-    return acc, rm
+        if RMS:
+            xf = xt.to(tl.float32)
+            squares += xf * xf
+    return acc, rm, tl.sum(squares, axis=1)
 
 
 @triton.jit
 def _store_tile(acc, y_ptr, b_ptr, tile, tiles_m, rm, M, N, stride_ym, BLOCK_M: tl.constexpr,
-                BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, GLU: tl.constexpr):
-    """A finished swapped tile acc[n, m] into y[m, n] (plus the bias). GLU: silu(gate) * up of
-    the tile's gate and up halves (`_w_rows`), half as many output columns."""
+                BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, GLU: tl.constexpr,
+                ACCUMULATE: tl.constexpr):
+    """A finished swapped tile acc[n, m] into y[m, n] (plus the bias; ACCUMULATE: plus y's
+    own values, in fp32 before the rounding). GLU: silu(gate) * up of the tile's gate and up
+    halves (`_w_rows`), half as many output columns."""
     if GLU:
         HALF: tl.constexpr = BLOCK_N // 2
         gate, up = tl.split(tl.permute(tl.reshape(acc, (2, HALF, BLOCK_M)), (1, 2, 0)))
@@ -202,8 +215,11 @@ def _store_tile(acc, y_ptr, b_ptr, tile, tiles_m, rm, M, N, stride_ym, BLOCK_M: 
     else:
         cols = (tile // tiles_m) * BLOCK_N + tl.arange(0, BLOCK_N)
         acc = _plus_bias(acc, b_ptr, cols, N, HAS_BIAS, True)
-    tl.store(y_ptr + rm[None, :] * stride_ym + cols[:, None], acc.to(y_ptr.dtype.element_ty),
-             mask=(rm[None, :] < M) & (cols[:, None] < N))
+    y = y_ptr + rm[None, :] * stride_ym + cols[:, None]
+    mask = (rm[None, :] < M) & (cols[:, None] < N)
+    if ACCUMULATE:
+        acc += tl.load(y, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y, acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -251,28 +267,31 @@ def _prefetch_w(w_ptr, pid, programs, M, N, K, stride_wn, BLOCK_M: tl.constexpr,
 @triton.jit(do_not_specialize=["M", "first_site", "n_sms", "slots", "programs"])
 def skinny_kernel(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, sm_ids_ptr, gate_ptr,
                    place_ptr, first_site, n_sms, ctas, slots, programs, M, N, K, stride_xm,
-                   stride_wn, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                   stride_wn, stride_ym, eps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, WHOLE_TILES: tl.constexpr,
-                   HAS_BIAS: tl.constexpr, GLU: tl.constexpr, RECORD_SM: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, GLU: tl.constexpr, ACCUMULATE: tl.constexpr,
+                   RMS: tl.constexpr, RECORD_SM: tl.constexpr,
                    PINNED: tl.constexpr, PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr,
                    PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr):
     if PREFETCH_LINES > 0:  # before run_slots' wait for the kernel before (PDL, plain launch)
         _prefetch_w(w_ptr, tl.program_id(0), programs, M, N, K, stride_wn, BLOCK_M, BLOCK_N,
                     BLOCK_K, WHOLE_TILES, GLU, PREFETCH_LINES)
     run_slots(_skinny_slot, (x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, M, N, K, stride_xm,
-              stride_wn, stride_ym, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, WHOLE_TILES, HAS_BIAS,
-              GLU),
+              stride_wn, stride_ym, eps, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, WHOLE_TILES,
+              HAS_BIAS, GLU, ACCUMULATE, RMS),
               sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, ctas, slots, programs, RECORD_SM,
               PINNED, PLACED, BLOCK_SMS, PDL)
 
 
 @triton.jit
 def _skinny_slot(pid, programs, x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, M, N, K,
-                 stride_xm, stride_wn, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, WHOLE_TILES: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, GLU: tl.constexpr):
+                 stride_xm, stride_wn, stride_ym, eps, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                 WHOLE_TILES: tl.constexpr, HAS_BIAS: tl.constexpr, GLU: tl.constexpr,
+                 ACCUMULATE: tl.constexpr, RMS: tl.constexpr):
     # What program `pid` of `programs` does. WHOLE_TILES: each program takes whole output
-    # tiles, striding by the grid.
+    # tiles, striding by the grid; with RMS it normalizes x's rows by the sums of squares its
+    # loop over all of K gathered (an RMSNorm whose gain is in W), scaling acc's columns.
     # Otherwise stream-K: the work is every tile's K-slabs back to back and program p takes
     # units [p*T//P, (p+1)*T//P), so all programs read the same bytes (within one slab). A
     # tile cut between programs leaves fp32 partials at row (tile + program), unique as in
@@ -283,11 +302,13 @@ def _skinny_slot(pid, programs, x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr,
     k_tiles = tl.cdiv(K, BLOCK_K)
     if WHOLE_TILES:
         for tile in range(pid, tiles, programs):
-            acc, rm = _swapped_product(x_ptr, w_ptr, tile, tiles_m, 0, k_tiles, M, N, K,
-                                       stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K,
-                                       GLU)
+            acc, rm, squares = _swapped_product(x_ptr, w_ptr, tile, tiles_m, 0, k_tiles, M, N, K,
+                                                stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
+                                                EVEN_K, GLU, RMS)
+            if RMS:
+                acc = acc * tl.rsqrt(squares / K + eps)[None, :]
             _store_tile(acc, y_ptr, b_ptr, tile, tiles_m, rm, M, N, stride_ym, BLOCK_M, BLOCK_N,
-                        HAS_BIAS, GLU)
+                        HAS_BIAS, GLU, ACCUMULATE)
     else:
         total = tiles * k_tiles
         lo, hi = _units_of(pid, programs, total)
@@ -296,16 +317,17 @@ def _skinny_slot(pid, programs, x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr,
             for tile in range(lo // k_tiles, (hi - 1) // k_tiles + 1):
                 k_lo = tl.maximum(lo, tile * k_tiles) - tile * k_tiles
                 k_hi = tl.minimum(hi, (tile + 1) * k_tiles) - tile * k_tiles
-                acc, rm = _swapped_product(x_ptr, w_ptr, tile, tiles_m, k_lo, k_hi, M, N, K,
-                                           stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
-                                           EVEN_K, GLU)
+                # (RMS never comes here: a program sees only some of a row's K)
+                acc, rm, _ = _swapped_product(x_ptr, w_ptr, tile, tiles_m, k_lo, k_hi, M, N, K,
+                                              stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
+                                              EVEN_K, GLU, False)
                 # the programs holding this tile's first and last unit (the largest q whose
                 # range starts at or before unit u is ((u + 1) * P - 1) // T)
                 first = ((tile * k_tiles + 1).to(tl.int64) * programs - 1) // total
                 last = (((tile + 1) * k_tiles).to(tl.int64) * programs - 1) // total
                 if first == last:
                     _store_tile(acc, y_ptr, b_ptr, tile, tiles_m, rm, M, N, stride_ym, BLOCK_M,
-                                BLOCK_N, HAS_BIAS, GLU)
+                                BLOCK_N, HAS_BIAS, GLU, ACCUMULATE)
                 else:
                     tile_elems = BLOCK_N * BLOCK_M
                     tl.store(part_ptr + (tile + pid) * tile_elems + cell, acc)
@@ -318,7 +340,7 @@ def _skinny_slot(pid, programs, x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr,
                                            cache_modifier=".cg")
                         # the bias once, in the sum
                         _store_tile(acc, y_ptr, b_ptr, tile, tiles_m, rm, M, N, stride_ym,
-                                    BLOCK_M, BLOCK_N, HAS_BIAS, GLU)
+                                    BLOCK_M, BLOCK_N, HAS_BIAS, GLU, ACCUMULATE)
                         tl.store(count_ptr + tile, 0)  # ready for the next call
 
 
@@ -383,31 +405,43 @@ def warm_up_rows(N: int, K: int, dtype: torch.dtype, device: torch.device, budge
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None, *,
-           bias: torch.Tensor | None = None, num_sms: int | None = None, ctas_per_sm: int = 1,
+           bias: torch.Tensor | None = None, accumulate: bool = False,
+           rms_eps: float | None = None, num_sms: int | None = None, ctas_per_sm: int = 1,
            config: GemmConfig | None = None, sm_ids: torch.Tensor | None = None,
            pinned: Pinned | None = None,
            pdl: bool = False) -> torch.Tensor:
     """y[M, N] = x[M, K] @ weight[N, K]^T (+ bias[N]) with fp32 accumulation, on at most
-    num_sms*ctas_per_sm programs (`pinned`: on those SMs, kernels/_pinned.py)."""
+    num_sms*ctas_per_sm programs (`pinned`: on those SMs, kernels/_pinned.py).
+
+    `accumulate`: out += y, summed in fp32 before the one rounding (a residual add in the
+    epilogue; `out` is then required). `rms_eps`: x's rows RMS-normalized first, x /
+    sqrt(mean(x^2) + eps), inside the kernel (an RMSNorm whose gain is folded into `weight`);
+    only where the problem runs on whole skinny tiles (`normalizes_rows`)."""
     M, N, K = _check_problem(x, weight, bias)
+    if accumulate and out is None:
+        raise PdmuxError("accumulate adds into out: give out")
     out = _output(out, x, M, N)
     if M == 0 or N == 0:
         return out
     if K == 0:
+        if accumulate:
+            return out.add_(bias) if bias is not None else out
         return out.copy_(bias.expand(M, N)) if bias is not None else out.zero_()
     p = plan(M, N, K, x.dtype, x.device, pinned_budget(pinned, num_sms), ctas_per_sm, config)
-    _launch(p, x, weight, out, bias, False, sm_ids, pinned, ctas_per_sm, pdl)
+    _launch(p, x, weight, out, bias, False, accumulate, rms_eps, sm_ids, pinned, ctas_per_sm,
+            pdl)
     return out
 
 
 def swiglu_linear(x: torch.Tensor, gate_up: torch.Tensor, out: torch.Tensor | None = None, *,
-                  num_sms: int | None = None, ctas_per_sm: int = 1,
-                  config: GemmConfig | None = None, sm_ids: torch.Tensor | None = None,
-                  pinned: Pinned | None = None, pdl: bool = False) -> torch.Tensor:
+                  rms_eps: float | None = None, num_sms: int | None = None,
+                  ctas_per_sm: int = 1, config: GemmConfig | None = None,
+                  sm_ids: torch.Tensor | None = None, pinned: Pinned | None = None,
+                  pdl: bool = False) -> torch.Tensor:
     """SwiGLU's y[M, I] = silu(x @ gate^T) * (x @ up^T) for the fused weight gate_up = [gate;
     up] ([2I, K]). Where the problem runs on the skinny kernel (decode), in its epilogue: one
     launch, and the [M, 2I] product is never written. Otherwise the GEMM, then `silu_mul`
-    (`sm_ids` then records the GEMM's programs)."""
+    (`sm_ids` then records the GEMM's programs). `rms_eps` as `linear`'s."""
     M, two_i, K = _check_problem(x, gate_up, None)
     if two_i % 2:
         raise PdmuxError(f"gate_up must have an even number of rows [gate; up], got {two_i}")
@@ -419,10 +453,23 @@ def swiglu_linear(x: torch.Tensor, gate_up: torch.Tensor, out: torch.Tensor | No
     p = plan(M, two_i, K, x.dtype, x.device, pinned_budget(pinned, num_sms), ctas_per_sm, config)
     if not p.config.skinny:
         budget = dict(num_sms=num_sms, ctas_per_sm=ctas_per_sm, pinned=pinned, pdl=pdl)
-        return silu_mul(linear(x, gate_up, config=config, sm_ids=sm_ids, **budget), out,
-                        **budget)
-    _launch(p, x, gate_up, out, None, True, sm_ids, pinned, ctas_per_sm, pdl)
+        both = linear(x, gate_up, rms_eps=rms_eps, config=config, sm_ids=sm_ids, **budget)
+        return silu_mul(both, out, **budget)
+    _launch(p, x, gate_up, out, None, True, False, rms_eps, sm_ids, pinned, ctas_per_sm, pdl)
     return out
+
+
+def normalizes_rows(M: int, weight: torch.Tensor, *, num_sms: int | None = None,
+                    ctas_per_sm: int = 1, config: GemmConfig | None = None,
+                    pinned: Pinned | None = None, pdl: bool = False) -> bool:
+    """Whether `linear(x, weight, rms_eps=...)` (or `swiglu_linear`) normalizes M rows of x
+    in the kernel on this budget: the skinny kernel with whole tiles, whose programs read all
+    of a row's K. (`pdl` is accepted, and ignored, so a budget's kernel arguments pass as
+    they are.)"""
+    N, K = weight.shape
+    p = plan(M, N, K, weight.dtype, weight.device, pinned_budget(pinned, num_sms), ctas_per_sm,
+             config)
+    return p.config.skinny and p.whole
 
 
 def _check_problem(x: torch.Tensor, weight: torch.Tensor,
@@ -451,13 +498,22 @@ def _output(out: torch.Tensor | None, x: torch.Tensor, M: int, N: int) -> torch.
 
 
 def _launch(p: GemmPlan, x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor,
-            bias: torch.Tensor | None, glu: bool, sm_ids: torch.Tensor | None,
-            pinned: Pinned | None, ctas_per_sm: int, pdl: bool) -> None:
+            bias: torch.Tensor | None, glu: bool, accumulate: bool, rms_eps: float | None,
+            sm_ids: torch.Tensor | None, pinned: Pinned | None, ctas_per_sm: int,
+            pdl: bool) -> None:
     """One launch of planned problem `p` into `out` (glu: the skinny kernel's SwiGLU epilogue,
-    `out` has half the weight's rows as columns)."""
+    `out` has half the weight's rows as columns; accumulate, rms_eps: `linear`'s)."""
     M, K = x.shape
     N = out.shape[1]  # the output's columns: the weight's rows, half of them with glu
     cfg, grid = p.config, p.grid
+    if rms_eps is not None:
+        if not cfg.skinny or not p.whole:
+            raise PdmuxError(f"a GEMM normalizes x's rows (rms_eps) only on whole skinny tiles; "
+                             f"{M} rows against a [{weight.shape[0]}, {K}] weight run "
+                             f"{'split between programs' if cfg.skinny else 'as prefill tiles'} "
+                             f"here: normalize them first (rmsnorm)")
+        if not (rms_eps > 0 and math.isfinite(rms_eps)):
+            raise PdmuxError(f"rms_eps must be a positive finite number, got {rms_eps!r}")
     launch = pinned_launch(pinned, grid, ctas_per_sm, x.device, pdl)
     sm_buf, record = telemetry_args(sm_ids, grid, x.device)
     bias_arg = out if bias is None else bias  # any pointer: HAS_BIAS compiles the loads away
@@ -472,9 +528,10 @@ def _launch(p: GemmPlan, x: torch.Tensor, weight: torch.Tensor, out: torch.Tenso
             counters = arrival_counters(tiles, x.device)
         skinny_kernel[(launch.grid,)](
             x, weight, out, bias_arg, part, counters, sm_buf, *launch.args, M, N, K, x.stride(0),
-            weight.stride(0), out.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k, EVEN_K=K % cfg.block_k == 0, WHOLE_TILES=p.whole,
-            HAS_BIAS=bias is not None, GLU=glu, RECORD_SM=record, num_warps=cfg.num_warps,
+            weight.stride(0), out.stride(0), rms_eps or 0.0, BLOCK_M=cfg.block_m,
+            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=K % cfg.block_k == 0,
+            WHOLE_TILES=p.whole, HAS_BIAS=bias is not None, GLU=glu, ACCUMULATE=accumulate,
+            RMS=rms_eps is not None, RECORD_SM=record, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages, PREFETCH_LINES=PDL_PREFETCH_LINES if pdl else 0,
             **launch.kwargs)
         return
@@ -484,5 +541,6 @@ def _launch(p: GemmPlan, x: torch.Tensor, weight: torch.Tensor, out: torch.Tenso
         TensorDescriptor.from_tensor(x, [cfg.block_m, cfg.block_k]),
         TensorDescriptor.from_tensor(weight, [cfg.block_n, cfg.block_k]), out, bias_arg, sm_buf,
         *launch.args, M, N, K, out.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, HAS_BIAS=bias is not None, RECORD_SM=record,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch.kwargs)
+        BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m, HAS_BIAS=bias is not None,
+        ACCUMULATE=accumulate, RECORD_SM=record, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, **launch.kwargs)

@@ -1,6 +1,8 @@
 """The decoder: on the tiny preset (the Triton interpreter, fp32) split prefill and decode agree
 with a whole prefill; on the GPU the real preset's split prefill is bit-exact."""
 
+from unittest import mock
+
 import pytest
 import torch
 from conftest import HAS_CUDA
@@ -8,6 +10,7 @@ from reference import REL_TOL, rel_err
 
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.gpu.decoder import DecodeBatch, ExtendBatch, KVCache, Model, Weights
+from pdmux_triton.kernels import gemm
 from pdmux_triton.multiplex.partition import Budget
 from pdmux_triton.spec.models import model_preset
 
@@ -43,7 +46,15 @@ def test_split_prefill_equals_whole():
     assert logits.shape == (1, 256) and torch.isfinite(logits).all()
 
 
-def test_decode_step_continues_the_prefill():
+@pytest.mark.parametrize("fused", [False, True])
+def test_decode_step_continues_the_prefill(fused):
+    """fused: the decode GEMMs take whole skinny tiles (forced), so the step runs
+    `fused_layer` (norms and residual adds inside the GEMMs) against the prefill's layers."""
+    with mock.patch.object(gemm, "whole_tiles", return_value=fused):
+        _decode_continues_prefill(Budget(64) if fused else Budget(2), fused)
+
+
+def _decode_continues_prefill(budget: Budget, fused: bool):
     tokens = torch.randint(0, 256, (10,)).tolist()
     pages = [7, 3, 11]
     ref_model = make_model()
@@ -58,7 +69,8 @@ def test_decode_step_continues_the_prefill():
     step = DecodeBatch(torch.tensor(tokens[-1:], device=DEV), torch.tensor([n], device=DEV),
                        torch.tensor([pages[n // PAGE] * PAGE + n % PAGE], device=DEV), table,
                        torch.tensor([n + 1], dtype=torch.int32, device=DEV), max_seq_len=n + 1)
-    out = model.decode_step(step, Budget(2))
+    assert model.fuses_norms(1, budget) == fused
+    out = model.decode_step(step, budget)
     # two attention paths (decode vs extend) over the same cache: equal up to rounding
     assert rel_err(out, ref) < (1e-5 if DTYPE == torch.float32 else REL_TOL[DTYPE])
 
@@ -87,3 +99,38 @@ def test_split_prefill_is_bit_exact_on_the_preset(cuts):
     for a, b in zip([0, *cuts], [*cuts, layers]):
         h, r = model.extend_layers(batch, a, b, h, r, budget=Budget(80))
     assert torch.equal(h, whole[0]) and torch.equal(r, whole[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sms", [132, 20])
+def test_fused_decode_step_equals_the_layers_at_real_dims(sms):
+    """Qwen3-8B's dims (2 layers, seeded weights), 32 requests at ragged contexts: the decode
+    step's fused layers (norms and residual adds in the GEMMs) give the logits of the
+    unfused layers on the same cache, within bf16 rounding."""
+    spec = model_preset("qwen3-8b")
+    weights = Weights.random(spec, "cuda", seed=3, layers=2)
+    page, batch = 16, 32
+    lens = torch.randint(100, 3000, (batch,), generator=torch.Generator().manual_seed(3))
+    pages = [-(-int(n) // page) for n in lens]
+    cache = KVCache(spec, sum(pages), page, "cuda", layers=2)
+    for layer in range(2):  # a random cache: attention reads real values
+        cache.k[layer].normal_()
+        cache.v[layer].normal_()
+    model = Model(weights, cache, max_positions=4096)
+    order = torch.randperm(sum(pages), generator=torch.Generator().manual_seed(4))
+    table = torch.zeros(batch, max(pages), dtype=torch.int32)
+    at = 0
+    for b, n in enumerate(pages):
+        table[b, :n] = order[at:at + n]
+        at += n
+    positions = (lens - 1).cuda()
+    table = table.cuda()
+    slots = table.gather(1, (positions // page)[:, None]).squeeze(1).long() * page + positions % page
+    step = DecodeBatch(torch.randint(0, spec.vocab, (batch,), device="cuda"), positions, slots,
+                       table, lens.to(torch.int32).cuda(), int(lens.max()))
+    budget = Budget(sms)
+    assert model.fuses_norms(batch, budget)
+    fused = model.decode_step(step, budget)
+    with mock.patch.object(Model, "fuses_norms", return_value=False):
+        layers = model.decode_step(step, budget)
+    assert rel_err(fused, layers) < REL_TOL[torch.bfloat16]

@@ -6,6 +6,7 @@ import torch
 from conftest import HAS_CUDA
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels import GemmConfig, gemm, linear, swiglu_linear
+from pdmux_triton.kernels.gemm import normalizes_rows
 from pdmux_triton.kernels._pinned import Pinned
 from reference import assert_close, placements, poisoned
 
@@ -144,6 +145,65 @@ def test_swiglu_off_the_skinny_kernel_is_the_gemm_then_silu_mul():
         swiglu_linear(x, gate_up, torch.empty(70, 48, device=DEV))
 
 
+def _rms_normalized(x: torch.Tensor, eps: float) -> torch.Tensor:
+    x = x.double()
+    return x * torch.rsqrt(x.pow(2).mean(dim=1, keepdim=True) + eps)
+
+
+@pytest.mark.parametrize("M,N,K", [(1, 40, 64), (7, 33, 128), (20, 48, 100)])
+@pytest.mark.parametrize("num_sms,ctas", [(1, 1), (3, 1), (2, 2), (64, 1)])
+def test_rows_normalized_inside_whole_skinny_tiles(M, N, K, num_sms, ctas):
+    """rms_eps: each program's loop over all of K sums its rows' squares and scales the tile
+    (K not a multiple of the slab: masked columns add nothing); the same through SwiGLU."""
+    x = torch.randn(M, K, device=DEV) * 3
+    w = torch.randn(N, K, device=DEV) / K ** 0.5
+    cfg = GemmConfig(16, 16, 16, 4, 1, skinny=True)
+    with mock.patch.object(gemm, "whole_tiles", return_value=True):
+        assert normalizes_rows(M, w, num_sms=num_sms, ctas_per_sm=ctas, config=cfg)
+        out = linear(x, w, poisoned((M, N), torch.float32, DEV), rms_eps=1e-5, num_sms=num_sms,
+                     ctas_per_sm=ctas, config=cfg)
+        assert_close(out, _rms_normalized(x, 1e-5) @ w.double().T, torch.float32)
+        glu = swiglu_linear(x, torch.cat([w, w.flip(0)]), poisoned((M, N), torch.float32, DEV),
+                            rms_eps=1e-5, num_sms=num_sms, ctas_per_sm=ctas, config=cfg)
+        assert_close(glu, _swiglu_reference(_rms_normalized(x, 1e-5), torch.cat([w, w.flip(0)])),
+                     torch.float32)
+
+
+def test_rows_are_normalized_only_where_a_program_reads_all_of_k():
+    x, w = torch.randn(5, 96, device=DEV), torch.randn(24, 96, device=DEV)
+    skinny = GemmConfig(16, 16, 16, 4, 1, skinny=True)
+    with mock.patch.object(gemm, "whole_tiles", return_value=False):
+        assert not normalizes_rows(5, w, num_sms=3, config=skinny)
+        with pytest.raises(PdmuxError, match="only on whole skinny tiles; 5 rows against a "
+                                             r"\[24, 96\] weight run split between programs"):
+            linear(x, w, rms_eps=1e-6, num_sms=3, config=skinny)
+    tiles = GemmConfig(16, 16, 16, 4, 1)
+    assert not normalizes_rows(5, w, config=tiles)
+    with pytest.raises(PdmuxError, match="run as prefill tiles here: normalize them first"):
+        linear(x, w, rms_eps=1e-6, config=tiles)
+    for eps in (0.0, -1e-6, float("nan"), float("inf")):
+        with pytest.raises(PdmuxError, match="rms_eps must be a positive finite number"):
+            linear(x, w, rms_eps=eps, config=skinny)
+
+
+@pytest.mark.parametrize("schedule", ["tiles", "skinny whole", "skinny split"])
+@pytest.mark.parametrize("M,N,K", [(1, 40, 64), (7, 33, 128), (70, 48, 96)])
+def test_accumulate_adds_into_out_once(schedule, M, N, K):
+    """accumulate: out += x @ W^T (+ bias) on every schedule, once per element (a stream-K
+    tile cut between programs adds out's old values in its merge only)."""
+    x = torch.randn(M, K, device=DEV)
+    w = torch.randn(N, K, device=DEV) / K ** 0.5
+    b = torch.randn(N, device=DEV)
+    before = torch.randn(M, N, device=DEV)
+    out = before.clone()
+    config = GemmConfig(16, 16, 16, 4, 1, skinny=schedule != "tiles")
+    with mock.patch.object(gemm, "whole_tiles", return_value=schedule == "skinny whole"):
+        linear(x, w, out, bias=b, accumulate=True, num_sms=5, config=config)
+    assert_close(out, before.double() + x.double() @ w.double().T + b.double(), torch.float32)
+    with pytest.raises(PdmuxError, match="accumulate adds into out: give out"):
+        linear(x, w, accumulate=True)
+
+
 def test_skinny_split_repeated_calls():
     # the last program of a cut tile resets its counter: later calls (other shapes too) stay exact
     for m, n, k in ((5, 24, 96), (3, 40, 64), (5, 24, 96)):
@@ -233,6 +293,29 @@ def test_swiglu_bf16_real_sizes(M, sms):
     gate_up = torch.randn(2 * 12288, 4096, dtype=torch.bfloat16, device="cuda") / 64
     out = swiglu_linear(x, gate_up, poisoned((M, 12288), torch.bfloat16, "cuda"), num_sms=sms)
     assert_close(out, _swiglu_reference(x, gate_up), torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 8, 32, 64])
+@pytest.mark.parametrize("sms", [132, 20])
+def test_normed_rows_and_residual_add_bf16_real_sizes(M, sms):
+    """Qwen3-8B's QKV with the rows normalized in the loop, gate-up through SwiGLU likewise,
+    and the down projection adding into a residual, against float64 (the decode step's fused
+    layer, `Model.fused_layer`)."""
+    x = torch.randn(M, 4096, dtype=torch.bfloat16, device="cuda") * 4
+    qkv = torch.randn(6144, 4096, dtype=torch.bfloat16, device="cuda") / 64
+    gate_up = torch.randn(2 * 12288, 4096, dtype=torch.bfloat16, device="cuda") / 64
+    assert normalizes_rows(M, qkv, num_sms=sms) and normalizes_rows(M, gate_up, num_sms=sms)
+    normed = _rms_normalized(x, 1e-6)
+    out = linear(x, qkv, poisoned((M, 6144), torch.bfloat16, "cuda"), rms_eps=1e-6, num_sms=sms)
+    assert_close(out, normed @ qkv.double().T, torch.bfloat16)
+    glu = swiglu_linear(x, gate_up, poisoned((M, 12288), torch.bfloat16, "cuda"), rms_eps=1e-6,
+                        num_sms=sms)
+    assert_close(glu, _swiglu_reference(normed, gate_up), torch.bfloat16)
+    down = torch.randn(4096, 12288, dtype=torch.bfloat16, device="cuda") / 111
+    residual = x.clone()
+    linear(glu, down, residual, accumulate=True, num_sms=sms)
+    assert_close(residual, x.double() + glu.double() @ down.double().T, torch.bfloat16)
 
 
 def test_decode_tiles_follow_the_budget():

@@ -138,4 +138,6 @@ def load_weights(spec: ModelSpec, directory: str | Path, device, dtype=torch.bfl
     if missing:
         raise PdmuxError(f"{directory} lacks {len(missing)} tensors the config needs, e.g. "
                          f"{', '.join(missing[:3])}")
-    return Weights(spec, layout.embed, layout.lm_head, layout.final_norm, layout.layers)
+    weights = Weights(spec, layout.embed, layout.lm_head, layout.final_norm, layout.layers)
+    weights.fold_norm_gains()
+    return weights

@@ -19,6 +19,7 @@ from pdmux_triton.errors import PdmuxError
 from pdmux_triton.gpu.streams import kernel_args
 from pdmux_triton.kernels import (decode_attention, extend_attention, linear, rmsnorm, rope_cache,
                                   rope_store_kv, swiglu_linear)
+from pdmux_triton.kernels.gemm import normalizes_rows
 from pdmux_triton.kernels.prefill_attention import plan_extend
 from pdmux_triton.multiplex.partition import Budget
 from pdmux_triton.spec.models import ModelSpec
@@ -29,7 +30,8 @@ class Weights:
     """Every weight of the decoder in the kernels' layout: per layer the fused q/k/v rows and
     gate/up rows, the q/k/v bias where the model has one (Qwen2), q/k norms (used by Qwen3).
     `lm_head` is the embedding table itself where the model ties them. Made by `random` or
-    read from a Hugging Face checkpoint (`checkpoint.load_weights`)."""
+    read from a Hugging Face checkpoint (`checkpoint.load_weights`), both of which fold the
+    layer norms' gains into the GEMMs after them (`fold_norm_gains`)."""
 
     spec: ModelSpec
     embed: torch.Tensor
@@ -70,7 +72,21 @@ class Weights:
             if spec.qkv_bias:
                 layer["qkv_bias"] = rand(qd + 2 * kvd, scale=0.1)
             out.append(layer)
-        return cls(spec, embed, lm_head, torch.ones(h, device=device, dtype=dtype), out)
+        weights = cls(spec, embed, lm_head, torch.ones(h, device=device, dtype=dtype), out)
+        weights.fold_norm_gains()
+        return weights
+
+    def fold_norm_gains(self) -> None:
+        """rmsnorm(x) * g @ W^T = rmsnorm(x) @ (W * g)^T: each layer's input and post-attention
+        norm gains move into the columns of the QKV and gate-up weights after them (in place),
+        and the norms keep gains of one. A decode step's GEMMs then normalize their own rows
+        (`linear(..., rms_eps=)`), and everything else normalizes with the unit gain. Run once:
+        a second call finds unit gains and changes nothing."""
+        for layer in self.layers:
+            for norm, weight in (("in_norm", "qkv"), ("post_norm", "gate_up")):
+                gain = layer[norm]
+                layer[weight].copy_(layer[weight].float() * gain.float()[None, :])
+                gain.fill_(1)
 
 
 def rope_frequencies(spec: ModelSpec) -> torch.Tensor | None:
@@ -193,23 +209,59 @@ class Model:
             x = rmsnorm(hidden, lw["in_norm"], s.rms_eps, **kw)
         else:
             x = rmsnorm(hidden, lw["in_norm"], s.rms_eps, residual=residual, **kw)
-        qkv = linear(x, lw["qkv"], bias=lw.get("qkv_bias"), **kw)
+        attn = self._attention(i, linear(x, lw["qkv"], bias=lw.get("qkv_bias"), **kw), positions,
+                               slots, attend, kw)
+        comm = budget.comm or ONE_GPU
+        o = comm.reduce(linear(attn, lw["o"], **kw))
+        x = rmsnorm(o, lw["post_norm"], s.rms_eps, residual=residual, **kw)
+        mlp = comm.reduce(linear(swiglu_linear(x, lw["gate_up"], **kw), lw["down"], **kw))
+        return mlp, residual
+
+    def fused_layer(self, i: int, residual: torch.Tensor, positions: torch.Tensor,
+                    slots: torch.Tensor, attend, budget: Budget) -> None:
+        """One layer of a decode-sized batch on one GPU (`fuses_norms`), with the norms and
+        residual adds inside the GEMMs: the QKV and gate-up GEMMs normalize the residual
+        stream's rows themselves (the gains are in their weights: `Weights.fold_norm_gains`)
+        and the o and down GEMMs add into it, which is updated in place. Six launches, where
+        `layer` makes eight."""
+        s, lw, kw = self.spec, self.w.layers[i], kernel_args(budget)
+        qkv = linear(residual, lw["qkv"], bias=lw.get("qkv_bias"), rms_eps=s.rms_eps, **kw)
+        attn = self._attention(i, qkv, positions, slots, attend, kw)
+        linear(attn, lw["o"], residual, accumulate=True, **kw)
+        mlp_in = swiglu_linear(residual, lw["gate_up"], rms_eps=s.rms_eps, **kw)
+        linear(mlp_in, lw["down"], residual, accumulate=True, **kw)
+
+    def fuses_norms(self, rows: int, budget: Budget) -> bool:
+        """Whether a batch of `rows` tokens runs `fused_layer`: one GPU (a tensor-parallel
+        rank's o and down outputs are partial sums until reduced) and QKV and gate-up GEMMs
+        that normalize their own rows on this budget (whole skinny tiles)."""
+        if budget.comm is not None:
+            return False
+        kw, lw = kernel_args(budget), self.w.layers[0]
+        return all(normalizes_rows(rows, lw[name], **kw) for name in ("qkv", "gate_up"))
+
+    def _attention(self, i: int, qkv: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                   attend, kw: dict) -> torch.Tensor:
+        """Layer i's attention from its QKV projection: q and k normed and rotated, k and v
+        into the cache, then `attend`; [T, q_dim]."""
+        s, lw = self.spec, self.w.layers[i]
         T = qkv.shape[0]
         heads = qkv.view(T, s.q_heads + 2 * s.kv_heads, s.head_dim)
         q, k, v = heads.split([s.q_heads, s.kv_heads, s.kv_heads], dim=1)
         rope_store_kv(heads, positions, self.cos_sin, s.q_heads, self.cache.k[i], self.cache.v[i],
                       slots, lw["q_norm"] if s.qk_norm else None,
                       lw["k_norm"] if s.qk_norm else None, s.rms_eps, **kw)
-        attn = attend(q, k, v, self.cache.k[i], self.cache.v[i])
-        comm = budget.comm or ONE_GPU
-        o = comm.reduce(linear(attn.view(T, s.q_dim), lw["o"], **kw))
-        x = rmsnorm(o, lw["post_norm"], s.rms_eps, residual=residual, **kw)
-        mlp = comm.reduce(linear(swiglu_linear(x, lw["gate_up"], **kw), lw["down"], **kw))
-        return mlp, residual
+        return attend(q, k, v, self.cache.k[i], self.cache.v[i]).view(T, s.q_dim)
 
-    def logits(self, hidden: torch.Tensor, residual: torch.Tensor, budget: Budget) -> torch.Tensor:
+    def logits(self, hidden: torch.Tensor | None, residual: torch.Tensor,
+               budget: Budget) -> torch.Tensor:
+        """Logits of the last layer's output (hidden None: already added into the residual
+        stream, as `fused_layer` leaves it)."""
         kw = kernel_args(budget)
-        x = rmsnorm(hidden, self.w.final_norm, self.spec.rms_eps, residual=residual, **kw)
+        if hidden is None:
+            x = rmsnorm(residual, self.w.final_norm, self.spec.rms_eps, **kw)
+        else:
+            x = rmsnorm(hidden, self.w.final_norm, self.spec.rms_eps, residual=residual, **kw)
         return (budget.comm or ONE_GPU).gather_vocab(linear(x, self.w.lm_head, **kw))
 
     def decode_step(self, batch: DecodeBatch, budget: Budget = Budget()) -> torch.Tensor:
@@ -220,6 +272,11 @@ class Model:
             return decode_attention(q, kc, vc, batch.page_table, batch.seq_lens, ps,
                                     batch.max_seq_len, **kernel_args(budget, attention=True))
         hidden, residual = self.embed(batch.tokens), None
+        if self.fuses_norms(hidden.shape[0], budget):
+            residual = hidden  # the gather's own tensor: the residual stream, updated in place
+            for i in range(len(self.w.layers)):
+                self.fused_layer(i, residual, batch.positions, batch.slots, attend, budget)
+            return self.logits(None, residual, budget)
         for i in range(len(self.w.layers)):
             hidden, residual = self.layer(i, hidden, residual, batch.positions, batch.slots,
                                           attend, budget)
