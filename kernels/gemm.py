@@ -182,9 +182,11 @@ def _swapped_product(x_ptr, w_ptr, tile, tiles_m, k_lo, k_hi, M, N, K, stride_xm
     x_rows = x_ptr + tl.minimum(rm, M - 1)[:, None] * stride_xm  # clamped as W's rows
     w_rows = w_ptr + _w_rows(tile // tiles_m, N, BLOCK_N, GLU)[:, None] * stride_wn
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    # elementwise in the loop, summed across the slab once after it (a reduction a trip is
-    # a warp shuffle tree every slab)
-    squares = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
+    # the rows' squares as the diagonal of x x^T, on the tensor cores from the x tile the main
+    # product reads (bf16 products are exact in fp32). Squaring xt in registers instead gave
+    # wrong sums on the H200 for 64-row x tiles and for 8 warps (triton 3.6: the pipelined
+    # tile read for both an MMA and elementwise use; bench/NOTES.md)
+    gram = tl.zeros((BLOCK_M, BLOCK_M), dtype=tl.float32)
     for ki in range(k_lo, k_hi):
         k = ki * BLOCK_K + rk
         if EVEN_K:
@@ -195,9 +197,9 @@ def _swapped_product(x_ptr, w_ptr, tile, tiles_m, k_lo, k_hi, M, N, K, stride_xm
             wt = tl.load(w_rows + k[None, :], mask=k[None, :] < K, other=0.0)
         acc = tl.dot(wt, tl.trans(xt), acc)
         if RMS:
-            xf = xt.to(tl.float32)
-            squares += xf * xf
-    return acc, rm, tl.sum(squares, axis=1)
+            gram = tl.dot(xt, tl.trans(xt), gram)
+    diagonal = tl.arange(0, BLOCK_M)[:, None] == tl.arange(0, BLOCK_M)[None, :]
+    return acc, rm, tl.sum(tl.where(diagonal, gram, 0.0), axis=1)
 
 
 @triton.jit
