@@ -182,11 +182,9 @@ def _swapped_product(x_ptr, w_ptr, tile, tiles_m, k_lo, k_hi, M, N, K, stride_xm
     x_rows = x_ptr + tl.minimum(rm, M - 1)[:, None] * stride_xm  # clamped as W's rows
     w_rows = w_ptr + _w_rows(tile // tiles_m, N, BLOCK_N, GLU)[:, None] * stride_wn
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    # the rows' squares as the diagonal of x x^T, on the tensor cores from the x tile the main
-    # product reads (bf16 products are exact in fp32). Squaring xt in registers instead gave
-    # wrong sums on the H200 for 64-row x tiles and for 8 warps (triton 3.6: the pipelined
-    # tile read for both an MMA and elementwise use; bench/NOTES.md)
-    gram = tl.zeros((BLOCK_M, BLOCK_M), dtype=tl.float32)
+    # elementwise in the loop, summed across the slab once after it (a reduction a trip is
+    # a warp shuffle tree every slab)
+    squares = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
     for ki in range(k_lo, k_hi):
         k = ki * BLOCK_K + rk
         if EVEN_K:
@@ -197,9 +195,9 @@ def _swapped_product(x_ptr, w_ptr, tile, tiles_m, k_lo, k_hi, M, N, K, stride_xm
             wt = tl.load(w_rows + k[None, :], mask=k[None, :] < K, other=0.0)
         acc = tl.dot(wt, tl.trans(xt), acc)
         if RMS:
-            gram = tl.dot(xt, tl.trans(xt), gram)
-    diagonal = tl.arange(0, BLOCK_M)[:, None] == tl.arange(0, BLOCK_M)[None, :]
-    return acc, rm, tl.sum(tl.where(diagonal, gram, 0.0), axis=1)
+            xf = xt.to(tl.float32)
+            squares += xf * xf
+    return acc, rm, tl.sum(squares, axis=1)
 
 
 @triton.jit
@@ -418,7 +416,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
     `accumulate`: out += y, summed in fp32 before the one rounding (a residual add in the
     epilogue; `out` is then required). `rms_eps`: x's rows RMS-normalized first, x /
     sqrt(mean(x^2) + eps), inside the kernel (an RMSNorm whose gain is folded into `weight`);
-    only where the problem runs on whole skinny tiles (`normalizes_rows`)."""
+    only where the problem runs on whole skinny tiles of a verified form (`normalizes_rows`)."""
     M, N, K = _check_problem(x, weight, bias)
     if accumulate and out is None:
         raise PdmuxError("accumulate adds into out: give out")
@@ -466,12 +464,20 @@ def normalizes_rows(M: int, weight: torch.Tensor, *, num_sms: int | None = None,
                     pinned: Pinned | None = None, pdl: bool = False) -> bool:
     """Whether `linear(x, weight, rms_eps=...)` (or `swiglu_linear`) normalizes M rows of x
     in the kernel on this budget: the skinny kernel with whole tiles, whose programs read all
-    of a row's K. (`pdl` is accepted, and ignored, so a budget's kernel arguments pass as
+    of a row's K, in a form the GPU verified (`_normalizes`). (`pdl` is accepted, and ignored, so a budget's kernel arguments pass as
     they are.)"""
     N, K = weight.shape
     p = plan(M, N, K, weight.dtype, weight.device, pinned_budget(pinned, num_sms), ctas_per_sm,
              config)
-    return p.config.skinny and p.whole
+    return _normalizes(p)
+
+
+def _normalizes(p: GemmPlan) -> bool:
+    """Whole skinny tiles of at most 32 rows of x on 4 warps: the forms whose in-loop squares
+    the H200 verified. 64-row tiles and the small-budget tile's 8 warps summed them wrongly
+    there (triton 3.6, x's tile read both by the MMA and in registers; bench/NOTES.md)."""
+    cfg = p.config
+    return cfg.skinny and p.whole and cfg.block_m <= 32 and cfg.num_warps == 4
 
 
 def _check_problem(x: torch.Tensor, weight: torch.Tensor,
@@ -509,11 +515,13 @@ def _launch(p: GemmPlan, x: torch.Tensor, weight: torch.Tensor, out: torch.Tenso
     N = out.shape[1]  # the output's columns: the weight's rows, half of them with glu
     cfg, grid = p.config, p.grid
     if rms_eps is not None:
-        if not cfg.skinny or not p.whole:
-            raise PdmuxError(f"a GEMM normalizes x's rows (rms_eps) only on whole skinny tiles; "
-                             f"{M} rows against a [{weight.shape[0]}, {K}] weight run "
-                             f"{'split between programs' if cfg.skinny else 'as prefill tiles'} "
-                             f"here: normalize them first (rmsnorm)")
+        if not _normalizes(p):
+            how = ("as prefill tiles" if not cfg.skinny else "split between programs"
+                   if not p.whole else f"on {cfg.block_m}-row tiles with {cfg.num_warps} warps")
+            raise PdmuxError(f"a GEMM normalizes x's rows (rms_eps) only on whole skinny tiles of "
+                             f"up to 32 rows on 4 warps; {M} rows against a "
+                             f"[{weight.shape[0]}, {K}] weight run {how} here: normalize them "
+                             f"first (rmsnorm)")
         if not (rms_eps > 0 and math.isfinite(rms_eps)):
             raise PdmuxError(f"rms_eps must be a positive finite number, got {rms_eps!r}")
     launch = pinned_launch(pinned, grid, ctas_per_sm, x.device, pdl)
