@@ -16,8 +16,8 @@ launch after zeroing a small counter buffer (so each variant pays the same memse
 - `rank by site` (a gate with fewer round trips, bench/NOTES.md "Next" 0001c): a program per
   SM reads its SM id and its site (the capped launch's SMs are sites 0..19), takes the slot
   of its site by one relaxed atomic, does it, and leaves by one release atomic; `rank by site,
-  no leave` without the last atomic, `relaxed leave` with it relaxed (what the product's
-  leave now is). All are checked against `plain`'s output;
+  no leave` without the last atomic, `relaxed leave` with it relaxed (is the fence the
+  cost, or the round trip?). All are checked against `plain`'s output;
 - `pinned`: the product's pinned launch (kernels/_pinned.py) on sites 0..19, with the
   device's measured site order and with an order whose first 20 sites are the SMs the capped
   launch ran on (so the two run on the same SMs).

@@ -22,14 +22,12 @@ grid-capped launches spread over its blocks of SM ids; 20 consecutive ids read s
 either), and a range of sites is spread as they are.
 
 A claim is one atomic a slot, a few per program: never one per small unit of work, which
-starves under memory pressure (design.md, the SM-id gating facts). Every atomic of the gate is
-relaxed: they publish no data (a slot's results reach the next launch at the kernel's end),
-and an acquire-release atomic costs a fence and an L1 flush each on Hopper (MEMBAR.ALL.GPU,
-CCTL.IVALL); a release atomic as a program's last act cost 4-6% of a 20-SM skinny GEMM
-(bench/NOTES.md, the gate's anatomy). The last program to leave still sees every claim made
-before the others left: a program uses the value each of its atomics returns before it issues
-the next, so its claims and counts were performed at L2 (where every atomic on one address is
-ordered) before its leave was, and the reset stores come after the last leave returned.
+starves under memory pressure (design.md, the SM-id gating facts). The counts and claims are
+relaxed atomics: they publish no data (a slot's results reach the next launch at the kernel's
+end), and an acquire-release atomic costs a fence and an L1 flush each on Hopper
+(MEMBAR.ALL.GPU, CCTL.IVALL). Leaving is acquire-release: the last program to leave must see
+every claim made before the others left (a relaxed leave timed no faster on the H200: the cost
+of leaving is the atomic's round trip at the program's end, bench/NOTES.md).
 """
 
 from __future__ import annotations
@@ -226,7 +224,7 @@ def pinned_launch(pinned: Pinned | None, slots: int, ctas_per_sm: int, device: t
 def _leave(gate_ptr, first_site, n_sms, slots, programs, BLOCK_SMS: tl.constexpr):
     """A program leaves: the slot it must still do (only the launch's last program, when no
     program survived) or `slots`. The last to leave resets the counters."""
-    left = tl.atomic_add(gate_ptr + LEFT, 1, sem="relaxed")
+    left = tl.atomic_add(gate_ptr + LEFT, 1)
     slot = slots
     if left >= programs - 1:  # every other program has left: nobody claims any more
         slot = tl.atomic_add(gate_ptr + QUEUE, 1, sem="relaxed")
