@@ -464,8 +464,8 @@ def normalizes_rows(M: int, weight: torch.Tensor, *, num_sms: int | None = None,
                     pinned: Pinned | None = None, pdl: bool = False) -> bool:
     """Whether `linear(x, weight, rms_eps=...)` (or `swiglu_linear`) normalizes M rows of x
     in the kernel on this budget: the skinny kernel with whole tiles, whose programs read all
-    of a row's K, in a form the GPU verified (`_normalizes`). (`pdl` is accepted, and ignored, so a budget's kernel arguments pass as
-    they are.)"""
+    of a row's K, in a form the GPU verified (`_normalizes`). (`pdl` is accepted, and
+    ignored, so a budget's kernel arguments pass as they are.)"""
     N, K = weight.shape
     p = plan(M, N, K, weight.dtype, weight.device, pinned_budget(pinned, num_sms), ctas_per_sm,
              config)

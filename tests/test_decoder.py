@@ -133,3 +133,25 @@ def test_fused_decode_step_equals_the_layers_at_real_dims(sms=132):
     with mock.patch.object(Model, "fuses_norms", return_value=False):
         layers = model.decode_step(step, budget)
     assert rel_err(fused, layers) < REL_TOL[torch.bfloat16]
+
+
+def test_folded_gains_give_the_norm_then_the_projection():
+    """rmsnorm(x) * g @ W^T before the fold equals rmsnorm(x) @ W'^T after it, for both folded
+    weights; the norms are left at unit gain and a second fold changes nothing."""
+    spec = model_preset("tiny")
+    w = Weights.random(spec, DEV, torch.float32, seed=1, layers=1)
+    layer = w.layers[0]
+    gains = {n: 1 + 0.1 * torch.randn(spec.hidden, device=DEV) for n in ("in_norm", "post_norm")}
+    raw = {"qkv": layer["qkv"].clone(), "gate_up": layer["gate_up"].clone()}
+    for n, g in gains.items():
+        layer[n].copy_(g)
+    w.fold_norm_gains()
+    x = torch.randn(5, spec.hidden, device=DEV, dtype=torch.float64)
+    normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + spec.rms_eps)
+    for n, name in (("in_norm", "qkv"), ("post_norm", "gate_up")):
+        want = (normed * gains[n].double()) @ raw[name].double().T
+        assert rel_err(normed @ layer[name].double().T, want) < 1e-6
+        assert torch.equal(layer[n], torch.ones_like(layer[n]))
+    folded = layer["qkv"].clone()
+    w.fold_norm_gains()
+    assert torch.equal(layer["qkv"], folded)

@@ -84,9 +84,9 @@ class Weights:
         a second call finds unit gains and changes nothing."""
         for layer in self.layers:
             for norm, weight in (("in_norm", "qkv"), ("post_norm", "gate_up")):
-                gain = layer[norm]
-                layer[weight].copy_(layer[weight].float() * gain.float()[None, :])
-                gain.fill_(1)
+                # in place, each product rounded once (no fp32 copy of an 8B model's weight)
+                layer[weight].mul_(layer[norm])
+                layer[norm].fill_(1)
 
 
 def rope_frequencies(spec: ModelSpec) -> torch.Tensor | None:
@@ -234,7 +234,7 @@ class Model:
     def fuses_norms(self, rows: int, budget: Budget) -> bool:
         """Whether a batch of `rows` tokens runs `fused_layer`: one GPU (a tensor-parallel
         rank's o and down outputs are partial sums until reduced) and QKV and gate-up GEMMs
-        that normalize their own rows on this budget (whole skinny tiles)."""
+        that normalize their own rows on this budget (`gemm.normalizes_rows`)."""
         if budget.comm is not None:
             return False
         kw, lw = kernel_args(budget), self.w.layers[0]
