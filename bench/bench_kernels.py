@@ -23,7 +23,7 @@ from common import (BF16, LINEARS, MODEL, PAGE_SIZE, Results, attention_flops, c
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.gpu.green_contexts import split_green
 from pdmux_triton.kernels import (AttnConfig, GemmConfig, decode_attention, extend_attention,
-                                  linear, rmsnorm, rope_, rope_cache, silu_mul, stream_read)
+                                  gemm, linear, rmsnorm, rope_, rope_cache, silu_mul, stream_read)
 from pdmux_triton.measure.random_kv import PagedKV
 from pdmux_triton.measure.timing import time_alone
 from pdmux_triton.spec.gpus import detect_gpu
@@ -138,6 +138,16 @@ def bench_decode_linear(res: Results, sms: int, l2: int, stream_tbps: float, qui
             res.row(kernel="decode_linear", config="default", shape=name, M=M, N=N, K=K, sms=sms,
                     ms=ms, tbps=tbps, frac_of_stream=tbps / stream_tbps,
                     cublas_tbps=nbytes / ms_ref / 1e9)
+            # the schedule before aligned split-K, where the plan differs (in the same run)
+            aligned = gemm.ALIGNED_SPLIT_BUSY
+            now = gemm.plan(M, N, K, BF16, x.device, sms)
+            gemm.ALIGNED_SPLIT_BUSY = 2.0
+            if gemm.plan(M, N, K, BF16, x.device, sms) != now:
+                ms_before = t_graph(lambda: linear(x, next_w(), num_sms=sms))
+                res.row(kernel="decode_linear", config="unaligned (whole tiles or uneven split)",
+                        shape=name, M=M, sms=sms, ms=ms_before, tbps=nbytes / ms_before / 1e9,
+                        aligned_gain=ms_before / ms)
+            gemm.ALIGNED_SPLIT_BUSY = aligned
             if not quick:
                 for cfg in DECODE_ALTERNATES.get(M, []):
                     ms_alt = t_graph(lambda: linear(x, next_w(), num_sms=sms, config=cfg))

@@ -66,27 +66,32 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
     # places them as asked, unlike a grid cap of fewer SMs)
     served, apart = Budget(pdl=True), Budget()
     lines = gemm.PDL_PREFETCH_LINES
-    turns = [("served", served, lines), ("no_prefetch", served, 0), ("apart", apart, lines)]
-    turns += [(f"attention_c{c}", Budget(pdl=True, attention_ctas_per_sm=c), lines)
+    # (and the skinny GEMMs without aligned split-K: whole tiles on half the SMs, or uneven)
+    aligned = gemm.ALIGNED_SPLIT_BUSY
+    turns = [("served", served, lines, aligned), ("no_prefetch", served, 0, aligned),
+             ("apart", apart, lines, aligned), ("unaligned", served, lines, 2.0)]
+    turns += [(f"attention_c{c}", Budget(pdl=True, attention_ctas_per_sm=c), lines, aligned)
               for c in (2, 3)]
-    times = {name: [] for name, _, _ in turns}
+    times = {name: [] for name, *_ in turns}
     for _ in range(3):
-        for name, budget, prefetch in turns:
-            gemm.PDL_PREFETCH_LINES = prefetch
+        for name, budget, prefetch, split in turns:
+            gemm.PDL_PREFETCH_LINES, gemm.ALIGNED_SPLIT_BUSY = prefetch, split
             times[name].append(t_graph(lambda: step.run(budget)))
-    gemm.PDL_PREFETCH_LINES = lines
-    ms, no_prefetch_ms, apart_ms, c2_ms, c3_ms = (
-        statistics.median(times[k])
-        for k in ("served", "no_prefetch", "apart", "attention_c2", "attention_c3"))
+    gemm.PDL_PREFETCH_LINES, gemm.ALIGNED_SPLIT_BUSY = lines, aligned
+    ms, no_prefetch_ms, apart_ms, unaligned_ms, c2_ms, c3_ms = (
+        statistics.median(times[k]) for k in ("served", "no_prefetch", "apart", "unaligned",
+                                              "attention_c2", "attention_c3"))
     floor_ms = step_cost.decode_step_bytes(MODEL, BATCH * CONTEXT) / (tbps * 1e12) * 1e3
     res.row(section="whole gpu", stream_read_tbps=tbps, decode_only_step_ms=ms,
             decode_step_pdl_no_prefetch_ms=no_prefetch_ms, decode_step_without_pdl_ms=apart_ms,
-            decode_step_attention_c2_ms=c2_ms, decode_step_attention_c3_ms=c3_ms,
+            decode_step_unaligned_split_ms=unaligned_ms, decode_step_attention_c2_ms=c2_ms,
+            decode_step_attention_c3_ms=c3_ms,
             step_ms_by_turn=times, decode_step_floor_ms=floor_ms,
             launches=launches_per_step(step, served))
     res.data["summary"].update(stream_read_tbps=tbps, decode_only_step_ms=ms,
                                decode_step_pdl_no_prefetch_ms=no_prefetch_ms,
                                decode_step_without_pdl_ms=apart_ms,
+                               decode_step_unaligned_split_ms=unaligned_ms,
                                decode_step_attention_c2_ms=c2_ms,
                                decode_step_attention_c3_ms=c3_ms,
                                decode_step_floor_ms=floor_ms, decode_step_vs_floor=floor_ms / ms,
