@@ -182,11 +182,9 @@ def _swapped_product(x_ptr, w_ptr, tile, tiles_m, k_lo, k_hi, M, N, K, stride_xm
     x_rows = x_ptr + tl.minimum(rm, M - 1)[:, None] * stride_xm  # clamped as W's rows
     w_rows = w_ptr + _w_rows(tile // tiles_m, N, BLOCK_N, GLU)[:, None] * stride_wn
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-    # the rows' squares as the diagonal of x x^T, on the tensor cores from the x tile the main
-    # product reads (bf16 products are exact in fp32). Squaring xt in registers instead gave
-    # wrong sums on the H200 for 64-row x tiles and for 8 warps (triton 3.6: the pipelined
-    # tile read for both an MMA and elementwise use; bench/NOTES.md)
-    gram = tl.zeros((BLOCK_M, BLOCK_M), dtype=tl.float32)
+    # elementwise in the loop, summed across the slab once after it (a reduction a trip is
+    # a warp shuffle tree every slab)
+    squares = tl.zeros((BLOCK_M, BLOCK_K), dtype=tl.float32)
     for ki in range(k_lo, k_hi):
         k = ki * BLOCK_K + rk
         if EVEN_K:
@@ -197,9 +195,9 @@ def _swapped_product(x_ptr, w_ptr, tile, tiles_m, k_lo, k_hi, M, N, K, stride_xm
             wt = tl.load(w_rows + k[None, :], mask=k[None, :] < K, other=0.0)
         acc = tl.dot(wt, tl.trans(xt), acc)
         if RMS:
-            gram = tl.dot(xt, tl.trans(xt), gram)
-    diagonal = tl.arange(0, BLOCK_M)[:, None] == tl.arange(0, BLOCK_M)[None, :]
-    return acc, rm, tl.sum(tl.where(diagonal, gram, 0.0), axis=1)
+            xf = xt.to(tl.float32)
+            squares += xf * xf
+    return acc, rm, tl.sum(squares, axis=1)
 
 
 @triton.jit
@@ -346,41 +344,34 @@ def _skinny_slot(pid, programs, x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr,
                         tl.store(count_ptr + tile, 0)  # ready for the next call
 
 
-# Where every tile can be cut into the same number of K ranges on at least this share of the
-# programs, the skinny schedule does that rather than take whole tiles on half the SMs or cut
-# tiles unevenly (a module setting, so a benchmark can time both: > 1 turns it off)
+# Where stream-K can cut every tile into the same number of K ranges on at least this share of
+# the programs, it runs on that many rather than cut tiles unevenly on all of them (a module
+# setting, so a benchmark can time both: > 1 turns it off)
 ALIGNED_SPLIT_BUSY = 0.9
 
 
-def aligned_pieces(tiles: int, programs: int) -> int:
-    """Into how many equal K ranges stream-K cuts every tile (`split_grid`), or 1."""
-    pieces = programs // tiles
-    return pieces if pieces >= 2 and tiles * pieces >= ALIGNED_SPLIT_BUSY * programs else 1
-
-
 def split_grid(tiles: int, programs: int) -> int:
-    """Stream-K's programs: a multiple of the tiles where `aligned_pieces` allows it (each tile
-    then ends on one program's last unit, none waits on an uneven share), else all of them."""
-    pieces = aligned_pieces(tiles, programs)
-    return tiles * pieces if pieces > 1 else programs
+    """Stream-K's programs: a multiple of the tiles that keeps ALIGNED_SPLIT_BUSY of them
+    (every tile cut into the same number of K ranges, so none waits on an uneven share), else
+    all of them."""
+    pieces = programs // tiles
+    if pieces >= 2 and tiles * pieces >= ALIGNED_SPLIT_BUSY * programs:
+        return tiles * pieces
+    return programs
 
 
-def whole_tiles(tiles: int, programs: int, tile_bytes: int, rows_normed: bool = False) -> bool:
+def whole_tiles(tiles: int, programs: int, tile_bytes: int) -> bool:
     """Whether the skinny schedule gives each program whole tiles rather than an even split.
 
     Stream-K's merges sit at the end of the call, so whole tiles win while they keep 70% of a
-    wave busy. Below that, an aligned split where one exists (the o and down projections' 64
-    tiles on 128 of 132 programs); else whole tiles with down to 45% busy while a program's
-    share stays short (<= 1 MB). rows_normed: x's rows are normalized in the kernel, which
-    needs whole tiles, so they are kept wherever the short-share rule allows (bench/NOTES.md
-    has the measurements behind the thresholds)."""
+    wave busy, and with down to 45% busy while a program's share stays short (<= 1 MB): the
+    o-projection's 512 KB tiles at M = 1 stay whole (cut in two on 128 programs they timed
+    3-10% slower alone on the H200, and the SMs they leave idle start the next kernel under
+    PDL), the down projection's 1.5 MB tiles split (bench/NOTES.md has the measurements
+    behind both thresholds)."""
     waves = -(-tiles // programs)
     busy = tiles / (waves * programs)
-    if busy >= 0.7:
-        return True
-    if not rows_normed and aligned_pieces(tiles, programs) > 1:
-        return False
-    return busy >= 0.45 and waves * tile_bytes <= 2**20
+    return busy >= 0.7 or (busy >= 0.45 and waves * tile_bytes <= 2**20)
 
 
 @dataclass(frozen=True)
@@ -400,8 +391,7 @@ class GemmPlan:
 
 def plan(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device,
          num_sms: int | None = None, ctas_per_sm: int = 1,
-         config: GemmConfig | None = None, rows_normed: bool = False) -> GemmPlan:
-    """rows_normed: x's rows are normalized in the kernel (`whole_tiles`)."""
+         config: GemmConfig | None = None) -> GemmPlan:
     cfg = config
     if cfg is None:  # the budget and the whole GPU are only needed to choose a tile
         programs = grid_size(1 << 30, num_sms, ctas_per_sm, device)
@@ -411,7 +401,7 @@ def plan(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device,
     if not cfg.skinny:
         return GemmPlan(cfg, grid_size(tiles, num_sms, ctas_per_sm, device), False)
     grid = grid_size(tiles * triton.cdiv(K, cfg.block_k), num_sms, ctas_per_sm, device)
-    whole = whole_tiles(tiles, grid, cfg.block_n * K * torch.finfo(dtype).bits // 8, rows_normed)
+    whole = whole_tiles(tiles, grid, cfg.block_n * K * torch.finfo(dtype).bits // 8)
     return GemmPlan(cfg, min(grid, tiles) if whole else split_grid(tiles, grid), whole)
 
 
@@ -455,8 +445,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
         if accumulate:
             return out.add_(bias) if bias is not None else out
         return out.copy_(bias.expand(M, N)) if bias is not None else out.zero_()
-    p = plan(M, N, K, x.dtype, x.device, pinned_budget(pinned, num_sms), ctas_per_sm, config,
-             rms_eps is not None)
+    p = plan(M, N, K, x.dtype, x.device, pinned_budget(pinned, num_sms), ctas_per_sm, config)
     _launch(p, x, weight, out, bias, False, accumulate, rms_eps, sm_ids, pinned, ctas_per_sm,
             pdl)
     return out
@@ -479,8 +468,7 @@ def swiglu_linear(x: torch.Tensor, gate_up: torch.Tensor, out: torch.Tensor | No
         return out
     if K == 0:
         return out.zero_()  # silu(0) * 0
-    p = plan(M, two_i, K, x.dtype, x.device, pinned_budget(pinned, num_sms), ctas_per_sm, config,
-             rms_eps is not None)
+    p = plan(M, two_i, K, x.dtype, x.device, pinned_budget(pinned, num_sms), ctas_per_sm, config)
     if not p.config.skinny:
         budget = dict(num_sms=num_sms, ctas_per_sm=ctas_per_sm, pinned=pinned, pdl=pdl)
         both = linear(x, gate_up, rms_eps=rms_eps, config=config, sm_ids=sm_ids, **budget)
@@ -494,17 +482,22 @@ def normalizes_rows(M: int, weight: torch.Tensor, *, num_sms: int | None = None,
                     pinned: Pinned | None = None, pdl: bool = False) -> bool:
     """Whether `linear(x, weight, rms_eps=...)` (or `swiglu_linear`) normalizes M rows of x
     in the kernel on this budget: the skinny kernel with whole tiles, whose programs read all
-    of a row's K (`pdl` is accepted, and ignored, so a budget's kernel arguments pass as they
-    are)."""
+    of a row's K, in a form the GPU verified (`_normalizes`). (`pdl` is accepted, and
+    ignored, so a budget's kernel arguments pass as they are.)"""
     N, K = weight.shape
     p = plan(M, N, K, weight.dtype, weight.device, pinned_budget(pinned, num_sms), ctas_per_sm,
-             config, rows_normed=True)
+             config)
     return _normalizes(p)
 
 
 def _normalizes(p: GemmPlan) -> bool:
-    """Whole skinny tiles: a program reads all of its rows' K."""
-    return p.config.skinny and p.whole
+    """Whole skinny tiles of at most 32 rows of x on 4 warps: the forms whose in-loop squares
+    the H200 verified. 64-row tiles and the small-budget tile's 8 warps summed them wrongly
+    there (triton 3.6, x's tile read both by the MMA and in registers), and their squares on
+    the tensor cores (the diagonal of x x^T) were right but slowed the GEMMs down more than a
+    norm apart costs (bench/NOTES.md)."""
+    cfg = p.config
+    return cfg.skinny and p.whole and cfg.block_m <= 32 and cfg.num_warps == 4
 
 
 def _check_problem(x: torch.Tensor, weight: torch.Tensor,
@@ -543,10 +536,12 @@ def _launch(p: GemmPlan, x: torch.Tensor, weight: torch.Tensor, out: torch.Tenso
     cfg, grid = p.config, p.grid
     if rms_eps is not None:
         if not _normalizes(p):
-            how = "as prefill tiles" if not cfg.skinny else "split between programs"
-            raise PdmuxError(f"a GEMM normalizes x's rows (rms_eps) only on whole skinny tiles; "
-                             f"{M} rows against a [{weight.shape[0]}, {K}] weight run {how} "
-                             f"here: normalize them first (rmsnorm)")
+            how = ("as prefill tiles" if not cfg.skinny else "split between programs"
+                   if not p.whole else f"on {cfg.block_m}-row tiles with {cfg.num_warps} warps")
+            raise PdmuxError(f"a GEMM normalizes x's rows (rms_eps) only on whole skinny tiles of "
+                             f"up to 32 rows on 4 warps; {M} rows against a "
+                             f"[{weight.shape[0]}, {K}] weight run {how} here: normalize them "
+                             f"first (rmsnorm)")
         if not (rms_eps > 0 and math.isfinite(rms_eps)):
             raise PdmuxError(f"rms_eps must be a positive finite number, got {rms_eps!r}")
     launch = pinned_launch(pinned, grid, ctas_per_sm, x.device, pdl)
