@@ -3,14 +3,16 @@ on one GPU (issue 26's figures; bench/results/decode-floor-<gpu>.json).
 
 Measured in one process: the streaming read over 2 GiB buffers on the whole GPU (the floor's
 rate); the whole decode step of the Qwen3-8B preset, 32 requests x 2048 tokens, captured, on
-the whole GPU as served (launches overlapped), without the GEMMs' early weight lines and with
-each launch after the last, and its kernel launches (counted by the profiler in one eager
-step); the decode step on each of SGLang's levels' decode SMs (20-60 on an H200) on green
+the whole GPU as served (launches overlapped), without the GEMMs' early weight lines, with
+each launch after the last, and with stream-K on every program (no aligned split), and its
+kernel launches (counted by the profiler in one eager step); the same bytes as streaming
+reads, a launch per weight (`stream_equivalent`: what a step of separate kernels could
+reach); the decode step on each of SGLang's levels' decode SMs (20-60 on an H200) on green
 contexts and on pinned SMs at 1-3 CTAs per SM and as a served decode side runs, alone and
 beside a prefill on the rest, with the SMs each side's kernels ran on; decode attention on 16
-pinned SMs at 1-3 CTAs per SM. The kernel benchmark's
-and a run's figures (decode linears and attention against the streaming read, pd-mux's ITL
-and prefill at 80/52) come from their files when given.
+pinned SMs at 1-3 CTAs per SM. The kernel benchmark's and a run's figures (decode linears
+and attention against the streaming read, pd-mux's ITL and prefill at 80/52) come from their
+files when given.
 
     python bench/decode_floor.py --out bench/results [--kernels FILE] [--run FILE]
 """
@@ -28,7 +30,7 @@ from common import MODEL, Results, require_gpu, same_bytes_buffers, stream_same_
 
 from pdmux_triton.cost import step_cost
 from pdmux_triton.gpu.streams import PartitionStreams, kernel_args
-from pdmux_triton.kernels import decode_attention, gemm, linear
+from pdmux_triton.kernels import decode_attention, gemm, linear, stream_read
 from pdmux_triton.measure.telemetry import probe
 from pdmux_triton.measure.timing import time_alone, time_corun
 from pdmux_triton.measure.workloads import DecodeAttention, DecodeStep, PrefillLayers
@@ -56,6 +58,22 @@ def launches_per_step(step: DecodeStep, budget: Budget) -> int:
                and not e.name.lower().startswith(("memcpy", "memset")))
 
 
+def stream_equivalent(step: DecodeStep):
+    """The step's reads as streaming reads, one launch each in the step's order (per layer the
+    QKV weight, the layer's K/V bytes, o, gate-up, down; then the LM head), overlapped as
+    served (PDL): what a step of one kernel per weight, each reading at a streaming read's
+    rate, takes on this GPU. Returns it and the bytes it reads (the floor's)."""
+    w = step.model.w
+    per_layer_kv = int(step_cost.kv_bytes(MODEL, BATCH * CONTEXT)) // MODEL.layers
+    kv = [torch.randint(-2**31, 2**31 - 1, (per_layer_kv // 4,), dtype=torch.int32,
+                        device="cuda") for _ in w.layers]
+    reads = [r for layer, cache in zip(w.layers, kv)
+             for r in (layer["qkv"], cache, layer["o"], layer["gate_up"], layer["down"])]
+    reads.append(w.lm_head)
+    return (lambda: [stream_read(r, pdl=True) for r in reads],
+            sum(r.numel() * r.element_size() for r in reads))
+
+
 def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
     bufs = same_bytes_buffers(STREAM_BYTES, 60 << 20)
     tbps = stream_same_bytes(bufs, STREAM_BYTES, sms)
@@ -72,20 +90,26 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
              ("apart", apart, lines, aligned), ("unaligned", served, lines, 2.0)]
     turns += [(f"attention_c{c}", Budget(pdl=True, attention_ctas_per_sm=c), lines, aligned)
               for c in (2, 3)]
+    # (and the step's bytes as streaming reads, a launch a weight: `stream_equivalent`)
+    streamed, streamed_bytes = stream_equivalent(step)
     times = {name: [] for name, *_ in turns}
+    times["stream_equivalent"] = []
     for _ in range(3):
         for name, budget, prefetch, split in turns:
             gemm.PDL_PREFETCH_LINES, gemm.ALIGNED_SPLIT_BUSY = prefetch, split
             times[name].append(t_graph(lambda: step.run(budget)))
+        times["stream_equivalent"].append(t_graph(streamed))
     gemm.PDL_PREFETCH_LINES, gemm.ALIGNED_SPLIT_BUSY = lines, aligned
-    ms, no_prefetch_ms, apart_ms, unaligned_ms, c2_ms, c3_ms = (
+    ms, no_prefetch_ms, apart_ms, unaligned_ms, c2_ms, c3_ms, streamed_ms = (
         statistics.median(times[k]) for k in ("served", "no_prefetch", "apart", "unaligned",
-                                              "attention_c2", "attention_c3"))
+                                              "attention_c2", "attention_c3",
+                                              "stream_equivalent"))
     floor_ms = step_cost.decode_step_bytes(MODEL, BATCH * CONTEXT) / (tbps * 1e12) * 1e3
     res.row(section="whole gpu", stream_read_tbps=tbps, decode_only_step_ms=ms,
             decode_step_pdl_no_prefetch_ms=no_prefetch_ms, decode_step_without_pdl_ms=apart_ms,
             decode_step_unaligned_split_ms=unaligned_ms, decode_step_attention_c2_ms=c2_ms,
-            decode_step_attention_c3_ms=c3_ms,
+            decode_step_attention_c3_ms=c3_ms, stream_equivalent_step_ms=streamed_ms,
+            stream_equivalent_bytes=streamed_bytes, decode_step_bytes=step.amount,
             step_ms_by_turn=times, decode_step_floor_ms=floor_ms,
             launches=launches_per_step(step, served))
     res.data["summary"].update(stream_read_tbps=tbps, decode_only_step_ms=ms,
@@ -95,6 +119,9 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
                                decode_step_attention_c2_ms=c2_ms,
                                decode_step_attention_c3_ms=c3_ms,
                                decode_step_floor_ms=floor_ms, decode_step_vs_floor=floor_ms / ms,
+                               stream_equivalent_step_ms=streamed_ms,
+                               stream_equivalent_vs_floor=floor_ms / streamed_ms,
+                               decode_step_vs_stream_equivalent=streamed_ms / ms,
                                launches_per_decode_step=res.data["rows"][-1]["launches"])
     res.save()
 
