@@ -90,6 +90,8 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
              ("apart", apart, lines, aligned), ("unaligned", served, lines, 2.0)]
     turns += [(f"attention_c{c}", Budget(pdl=True, attention_ctas_per_sm=c), lines, aligned)
               for c in (2, 3)]
+    # (and more of each weight row's first lines fetched early: is PDL_PREFETCH_LINES enough?)
+    turns += [(f"prefetch_{n}", served, n, aligned) for n in (16, 32)]
     # (and the step's bytes as streaming reads, a launch a weight: `stream_equivalent`)
     streamed, streamed_bytes = stream_equivalent(step)
     times = {name: [] for name, *_ in turns}
