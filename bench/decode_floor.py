@@ -132,7 +132,7 @@ def levels(res: Results, step: DecodeStep, prefill: PrefillLayers, gpu) -> None:
     """Each middle level up to 60 decode SMs: green (one CTA per SM: a grid of the budget) and
     pinned at each c for every kernel, and as a served decode side runs (decode attention at
     the split's served CTAs per SM, the other kernels at one), the decode step alone and
-    beside the prefill."""
+    beside the prefill; green at one and as served also without PDL."""
     groups = [g for g in sglang_rules.stream_groups(gpu.sms, gpu.cc_major)[1:-1] if g[1] <= 60]
     probe_x = torch.randn(4096, MODEL.hidden, dtype=torch.bfloat16, device="cuda")
     probe_q = torch.randn(BATCH, MODEL.q_heads, MODEL.head_dim, dtype=torch.bfloat16,
@@ -148,8 +148,13 @@ def levels(res: Results, step: DecodeStep, prefill: PrefillLayers, gpu) -> None:
                                      repeats=1)
                 served = replace(part.decode_budget,
                                  attention_ctas_per_sm=part.spec.served_attention_ctas)
-                for c, dbud in [*((c, replace(part.decode_budget, ctas_per_sm=c)) for c in CTAS),
-                                ("served", served)]:
+                turns = [*((c, replace(part.decode_budget, ctas_per_sm=c)) for c in CTAS),
+                         ("served", served)]
+                if part.decode_budget.pdl:  # green: also without overlapped launches, which
+                    # pinned launches cannot have (the gap's part that is PDL's, not the gate's)
+                    turns += [(f"{c} no pdl", replace(b, pdl=False)) for c, b in turns
+                              if c in (1, "served")]
+                for c, dbud in turns:
                     alone = time_alone(lambda: step.run(dbud), part.decode_stream, graph=True)
                     co = time_corun(lambda: step.run(dbud), part.decode_stream, True, alone,
                                     lambda: prefill.run(pbud), part.prefill_stream, False,
@@ -170,6 +175,9 @@ def levels(res: Results, step: DecodeStep, prefill: PrefillLayers, gpu) -> None:
                     else:
                         row["vs_green_alone_pct"] = (green[c]["alone_ms"] / alone - 1) * 100
                         row["vs_green_corun_pct"] = (green[c]["corun_ms"] / co.ms - 1) * 100
+                        if f"{c} no pdl" in green:
+                            row["vs_green_no_pdl_alone_pct"] = (
+                                green[f"{c} no pdl"]["alone_ms"] / alone - 1) * 100
                     res.save()
 
 
@@ -220,6 +228,10 @@ def summarize(res: Results) -> None:
         if served:
             s["served_pinned_vs_green_max_error_pct"] = worst(served)
         s["pinned_shared_sms"] = max(r["shared_sms"] for r in rows)
+        no_pdl = [abs(r["vs_green_no_pdl_alone_pct"]) for r in rows
+                  if "vs_green_no_pdl_alone_pct" in r]
+        if no_pdl:  # the gap left with green's launches apart too: the gate's
+            s["pinned_vs_green_without_pdl_max_alone_pct"] = max(no_pdl)
     res.save()
 
 
