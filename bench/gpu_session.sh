@@ -72,6 +72,11 @@ step occupancy 40 python3 bench/decode_occupancy.py --out "$OUT" --sections atte
     --budgets 16,132 --cases 32x8192,ragged32_100_16000
 step ncu 50 ncu --clock-control none -k regex:decode_kernel -c 1 --section SpeedOfLight \
     --section MemoryWorkloadAnalysis --section WarpStateStats python3 bench/profile_decode.py --budget 16
+# the skinny GEMM (gate-up, M = 32, whole GPU) beside a streaming read of the same bytes: what
+# holds the decode step's kernels at 0.85 of streaming reads of their bytes
+step ncu_gemm 90 ncu --clock-control none -k 'regex:skinny_kernel|_stream_read_kernel' -c 2 \
+    --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+    --section Occupancy --section LaunchStats python3 bench/profile_decode.py
 # the decode GEMM's tile variants at batches past 64 rows on few SMs (GEMM_MS: 72, 96, 128)
 step gemm_rows ${GEMM_ROWS_S:-200} python3 bench/decode_occupancy.py --out "$OUT" --sections gemm \
     --budgets ${GEMM_BUDGETS:-20,28,44,60,132} --shapes qkv,o,gate_up,down --ms ${GEMM_MS:-72,128}

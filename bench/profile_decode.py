@@ -11,6 +11,9 @@ warp of the attention's inner loop by opcode (what bounds it at one program per 
     ncu --clock-control none -k regex:decode_kernel -c 1 \\
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \\
         python bench/profile_decode.py --budget 16       # hardware counters of one launch
+    ncu --clock-control none -k regex:"skinny_kernel|_stream_read_kernel" -c 2 ... \\
+        python bench/profile_decode.py                   # gate-up at M = 32 beside a streaming
+                                                         # read of its bytes
 """
 
 from __future__ import annotations
@@ -164,7 +167,7 @@ def on_gpu(budget: int) -> None:
     import torch
     from common import PAGE_SIZE, decode_inputs, require_gpu
 
-    from pdmux_triton.kernels import decode_attention, linear
+    from pdmux_triton.kernels import decode_attention, linear, stream_read
     from pdmux_triton.kernels.decode_attention import decode_kernel
     from pdmux_triton.kernels.gemm import gemm_kernel, skinny_kernel
 
@@ -176,6 +179,7 @@ def on_gpu(budget: int) -> None:
     x = torch.randn(32, 4096, dtype=torch.bfloat16, device="cuda")
     w = torch.randn(24576, 4096, dtype=torch.bfloat16, device="cuda")
     linear(x, w, num_sms=budget)
+    stream_read(w, num_sms=budget)  # the same bytes at a streaming read's rate, for ncu beside
     torch.cuda.synchronize()
     for name, fn in (("decode attention", decode_kernel), ("gemm", gemm_kernel),
                      ("gemm skinny", skinny_kernel)):
