@@ -366,8 +366,7 @@ def whole_tiles(tiles: int, programs: int, tile_bytes: int) -> bool:
     Stream-K's merges sit at the end of the call, so whole tiles win while they keep 70% of a
     wave busy, and with down to 45% busy while a program's share stays short (<= 1 MB): the
     o-projection's 512 KB tiles at M = 1 stay whole (cut in two on 128 programs they timed
-    3-10% slower alone on the H200, and the SMs they leave idle start the next kernel under
-    PDL), the down projection's 1.5 MB tiles split (bench/NOTES.md has the measurements
+    slower), the down projection's 1.5 MB tiles split (bench/NOTES.md has the measurements
     behind both thresholds)."""
     waves = -(-tiles // programs)
     busy = tiles / (waves * programs)
