@@ -296,19 +296,23 @@ def run_slots(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, first_s
     if PINNED:
         slot, sm = pinned_start(gate_ptr, place_ptr, first_site, n_sms, ctas, slots, programs,
                                 PLACED, BLOCK_SMS)
-        while slot < slots:
-            record_slot(sm_ids_ptr, slot, sm, RECORD_SM)
-            BODY(slot, slots, *args)
-            slot = next_slot(gate_ptr, first_site, n_sms, slots, programs, BLOCK_SMS)
+        run_claimed(BODY, args, slot, sm, sm_ids_ptr, gate_ptr, first_site, n_sms, slots,
+                    programs, RECORD_SM, BLOCK_SMS)
     else:
         record_sm(sm_ids_ptr, RECORD_SM)
         BODY(tl.program_id(0), tl.num_programs(0), *args)
 
 
 @triton.jit
-def next_slot(gate_ptr, first_site, n_sms, slots, programs, BLOCK_SMS: tl.constexpr):
-    """A survivor's next slot, or `slots` once every slot is taken (it has then left)."""
-    slot = tl.atomic_add(gate_ptr + QUEUE, 1, sem="relaxed")
-    if slot >= slots:
-        slot = _leave(gate_ptr, first_site, n_sms, slots, programs, BLOCK_SMS)
-    return slot
+def run_claimed(BODY: tl.constexpr, args, slot, sm, sm_ids_ptr, gate_ptr, first_site, n_sms,
+                slots, programs, RECORD_SM: tl.constexpr, BLOCK_SMS: tl.constexpr):
+    """A survivor's work from its first slot on: each slot's next claim goes out before the
+    slot's work, whose time hides its round trip, and the program leaves once a claim comes
+    back empty (it will claim nothing more)."""
+    while slot < slots:
+        record_slot(sm_ids_ptr, slot, sm, RECORD_SM)
+        claim = tl.atomic_add(gate_ptr + QUEUE, 1, sem="relaxed")
+        BODY(slot, slots, *args)
+        slot = claim
+        if slot >= slots:
+            slot = _leave(gate_ptr, first_site, n_sms, slots, programs, BLOCK_SMS)
