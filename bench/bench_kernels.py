@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import sys
 from pathlib import Path
 
@@ -119,6 +120,25 @@ def _decode_linear_case(M, N, K, l2):
     return x, cycle(ws)
 
 
+def _aligned_and_uneven(M: int, N: int, K: int, run, sms: int) -> tuple[float, float] | None:
+    """`run` (a decode GEMM) with the aligned split-K and with stream-K on every program, ms
+    timed in turns, where the two plans differ; else None."""
+    aligned = gemm.ALIGNED_SPLIT_BUSY
+    try:
+        now = gemm.plan(M, N, K, BF16, torch.device("cuda"), sms)
+        gemm.ALIGNED_SPLIT_BUSY = 2.0  # > 1: off
+        if gemm.plan(M, N, K, BF16, torch.device("cuda"), sms) == now:
+            return None
+        times = ([], [])
+        for _ in range(3):
+            for setting, t in zip((aligned, 2.0), times):
+                gemm.ALIGNED_SPLIT_BUSY = setting
+                t.append(t_graph(run))
+        return statistics.median(times[0]), statistics.median(times[1])
+    finally:
+        gemm.ALIGNED_SPLIT_BUSY = aligned
+
+
 def bench_decode_linear(res: Results, sms: int, l2: int, stream_tbps: float, quick: bool):
     fracs = []
     for name, (N, K) in LINEARS.items():
@@ -138,16 +158,13 @@ def bench_decode_linear(res: Results, sms: int, l2: int, stream_tbps: float, qui
             res.row(kernel="decode_linear", config="default", shape=name, M=M, N=N, K=K, sms=sms,
                     ms=ms, tbps=tbps, frac_of_stream=tbps / stream_tbps,
                     cublas_tbps=nbytes / ms_ref / 1e9)
-            # the schedule before aligned split-K, where the plan differs (in the same run)
-            aligned = gemm.ALIGNED_SPLIT_BUSY
-            now = gemm.plan(M, N, K, BF16, x.device, sms)
-            gemm.ALIGNED_SPLIT_BUSY = 2.0
-            if gemm.plan(M, N, K, BF16, x.device, sms) != now:
-                ms_before = t_graph(lambda: linear(x, next_w(), num_sms=sms))
-                res.row(kernel="decode_linear", config="unaligned (whole tiles or uneven split)",
-                        shape=name, M=M, sms=sms, ms=ms_before, tbps=nbytes / ms_before / 1e9,
-                        aligned_gain=ms_before / ms)
-            gemm.ALIGNED_SPLIT_BUSY = aligned
+            turns = _aligned_and_uneven(M, N, K, lambda: linear(x, next_w(), num_sms=sms), sms)
+            if turns:
+                ms_aligned, ms_uneven = turns
+                res.row(kernel="decode_linear", config="stream-K on every program (no aligned "
+                        "split)", shape=name, M=M, sms=sms, ms=ms_uneven,
+                        tbps=nbytes / ms_uneven / 1e9, aligned_ms=ms_aligned,
+                        aligned_gain=ms_uneven / ms_aligned)
             if not quick:
                 for cfg in DECODE_ALTERNATES.get(M, []):
                     ms_alt = t_graph(lambda: linear(x, next_w(), num_sms=sms, config=cfg))

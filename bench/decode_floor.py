@@ -65,10 +65,11 @@ def stream_equivalent(step: DecodeStep):
     rate, takes on this GPU. Returns it and the bytes it reads (the floor's)."""
     w = step.model.w
     per_layer_kv = int(step_cost.kv_bytes(MODEL, BATCH * CONTEXT)) // MODEL.layers
-    kv = [torch.randint(-2**31, 2**31 - 1, (per_layer_kv // 4,), dtype=torch.int32,
-                        device="cuda") for _ in w.layers]
-    reads = [r for layer, cache in zip(w.layers, kv)
-             for r in (layer["qkv"], cache, layer["o"], layer["gate_up"], layer["down"])]
+    # one buffer of a layer's K/V bytes for all layers: far larger than L2, so each read of it
+    # comes from memory as each layer's own cache would
+    kv = torch.randint(-2**31, 2**31 - 1, (per_layer_kv // 4,), dtype=torch.int32, device="cuda")
+    reads = [r for layer in w.layers
+             for r in (layer["qkv"], kv, layer["o"], layer["gate_up"], layer["down"])]
     reads.append(w.lm_head)
     return (lambda: [stream_read(r, pdl=True) for r in reads],
             sum(r.numel() * r.element_size() for r in reads))
@@ -84,7 +85,7 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
     # places them as asked, unlike a grid cap of fewer SMs)
     served, apart = Budget(pdl=True), Budget()
     lines = gemm.PDL_PREFETCH_LINES
-    # (and the skinny GEMMs without aligned split-K: whole tiles on half the SMs, or uneven)
+    # (and stream-K on every program, tiles cut unevenly, instead of the aligned split)
     aligned = gemm.ALIGNED_SPLIT_BUSY
     turns = [("served", served, lines, aligned), ("no_prefetch", served, 0, aligned),
              ("apart", apart, lines, aligned), ("unaligned", served, lines, 2.0)]
@@ -96,12 +97,14 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
     streamed, streamed_bytes = stream_equivalent(step)
     times = {name: [] for name, *_ in turns}
     times["stream_equivalent"] = []
-    for _ in range(3):
-        for name, budget, prefetch, split in turns:
-            gemm.PDL_PREFETCH_LINES, gemm.ALIGNED_SPLIT_BUSY = prefetch, split
-            times[name].append(t_graph(lambda: step.run(budget)))
-        times["stream_equivalent"].append(t_graph(streamed))
-    gemm.PDL_PREFETCH_LINES, gemm.ALIGNED_SPLIT_BUSY = lines, aligned
+    try:
+        for _ in range(3):
+            for name, budget, prefetch, split in turns:
+                gemm.PDL_PREFETCH_LINES, gemm.ALIGNED_SPLIT_BUSY = prefetch, split
+                times[name].append(t_graph(lambda: step.run(budget)))
+            times["stream_equivalent"].append(t_graph(streamed))
+    finally:
+        gemm.PDL_PREFETCH_LINES, gemm.ALIGNED_SPLIT_BUSY = lines, aligned
     ms, no_prefetch_ms, apart_ms, unaligned_ms, c2_ms, c3_ms, streamed_ms = (
         statistics.median(times[k]) for k in ("served", "no_prefetch", "apart", "unaligned",
                                               "attention_c2", "attention_c3",

@@ -73,7 +73,7 @@ step occupancy 40 python3 bench/decode_occupancy.py --out "$OUT" --sections atte
 step ncu 50 ncu --clock-control none -k regex:decode_kernel -c 1 --section SpeedOfLight \
     --section MemoryWorkloadAnalysis --section WarpStateStats python3 bench/profile_decode.py --budget 16
 # the skinny GEMM (gate-up, M = 32, whole GPU) beside a streaming read of the same bytes: what
-# holds the decode step's kernels at 0.85 of streaming reads of their bytes
+# holds the decode step's kernels below streaming reads of their bytes
 step ncu_gemm 90 ncu --clock-control none -k 'regex:skinny_kernel|_stream_read_kernel' -c 2 \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
     --section Occupancy --section LaunchStats python3 bench/profile_decode.py

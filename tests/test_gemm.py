@@ -283,9 +283,11 @@ def test_aligned_split_bf16_real_sizes(M, N, K):
     into a residual, against float64."""
     x = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
     w = torch.randn(N, K, dtype=torch.bfloat16, device="cuda") / K ** 0.5
+    sms = torch.cuda.get_device_properties(0).multi_processor_count  # 132 on an H200: 128
     with mock.patch.object(gemm, "whole_tiles", return_value=False):
         assert gemm.plan(M, N, K, torch.bfloat16, x.device) == gemm.GemmPlan(
-            gemm.default_config(M, N, K, 132, torch.bfloat16, 132), 128, False)
+            gemm.default_config(M, N, K, sms, torch.bfloat16, sms), gemm.split_grid(64, sms),
+            False)
         for _ in range(2):  # the second call finds the merge counters reset by the first
             out = linear(x, w, poisoned((M, N), torch.bfloat16, "cuda"))
             assert_close(out, x.double() @ w.double().T, torch.bfloat16)
@@ -388,5 +390,7 @@ def test_skinny_schedule_splits_only_when_whole_tiles_leave_most_programs_idle()
     # split: on a multiple of the tiles that keeps 90% of the programs (64 tiles cut in two on
     # 128 of 132), else on every program with tiles cut unevenly
     assert split_grid(64, 132) == 128 and split_grid(32, 132) == 128
-    assert split_grid(50, 132) == 132 and split_grid(3, 12) == 12
+    assert split_grid(50, 132) == 132 and split_grid(125, 132) == 132  # 2 a tile would not fit
     assert split_grid(5, 12) == 12 and split_grid(3, 10) == 9
+    with mock.patch.object(gemm, "ALIGNED_SPLIT_BUSY", 2.0):  # > 1: off
+        assert split_grid(64, 132) == 132
