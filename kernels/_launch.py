@@ -77,6 +77,14 @@ def record_sm(sm_ids_ptr, RECORD_SM: tl.constexpr):
 
 
 @triton.jit
+def prefetch_l2(ptrs):
+    """Fetch the lines at `ptrs` into L2 (a hint: no register waits for them). GPU only: the
+    interpreter has no inline asm."""
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs],
+                              dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def row_piece(tile, ncols, BLOCK: tl.constexpr):
     """Tile -> (row, column offsets, mask) when every row is cut into BLOCK-wide pieces."""
     pieces = tl.cdiv(ncols, BLOCK)

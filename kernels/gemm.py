@@ -22,7 +22,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels._launch import (arrival_counters, check_tensor, check_tma_rows, grid_size,
-                                          interpreting, telemetry_args)
+                                          interpreting, prefetch_l2, telemetry_args)
 from pdmux_triton.kernels._pinned import Pinned, pinned_budget, pinned_launch, run_slots
 from pdmux_triton.kernels.activation import silu_mul
 
@@ -259,9 +259,8 @@ def _prefetch_w(w_ptr, pid, programs, M, N, K, stride_wn, BLOCK_M: tl.constexpr,
         tile, k0 = lo // k_tiles, (lo % k_tiles) * BLOCK_K
     per_line: tl.constexpr = 1024 // w_ptr.dtype.element_ty.primitive_bitwidth
     cols = tl.minimum(k0 + tl.arange(0, LINES) * per_line, K - 1)
-    lines = w_ptr + _w_rows(tile // tiles_m, N, BLOCK_N, GLU)[:, None] * stride_wn + cols[None, :]
-    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [lines],
-                              dtype=tl.int32, is_pure=False, pack=1)
+    prefetch_l2(w_ptr + _w_rows(tile // tiles_m, N, BLOCK_N, GLU)[:, None] * stride_wn
+                + cols[None, :])
 
 
 @triton.jit(do_not_specialize=["M", "first_site", "n_sms", "slots", "programs"])
