@@ -34,6 +34,7 @@ PTX_PATTERNS = {
     "wgmma (Hopper)": r"wgmma\.mma_async",
     "64-bit multiplies": r"mul\.(wide|lo)\.(s|u)64|mul\.wide\.(s|u)32",
     "barriers": r"bar\.sync|barrier\.sync",
+    "L2 prefetches": r"prefetch\.global\.L2",
 }
 
 

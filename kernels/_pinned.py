@@ -25,10 +25,10 @@ A claim is one atomic a slot, a few per program: never one per small unit of wor
 starves under memory pressure (design.md, the SM-id gating facts). Claims and departures share
 one 64-bit word (claims in its low half, turned-away programs in its high half), so a
 survivor's claim that comes back empty is its departure too: one round trip at its end, the
-cost that counted (bench/NOTES.md). Those atomics are acquire-release, so the last program out
-sees every admission count before it resets them; an acquire-release atomic costs a fence and
-an L1 flush on Hopper (MEMBAR.ALL.GPU, CCTL.IVALL), little at a program's start and end, where
-a survivor's usual two claims fall. The per-site admission counts are relaxed.
+cost that counted (bench/NOTES.md). Claims and departures release (each program's admission
+count is out before them) and the last program out acquires them with one more claim, so it
+resets the counts after every admission; acquiring on every claim would cost an L1 flush each
+on Hopper (CCTL.IVALL). The per-site admission counts are relaxed.
 """
 
 from __future__ import annotations
@@ -233,7 +233,7 @@ def _gate_word(gate_ptr):
 def _claim(gate_ptr, first_site, n_sms, slots, programs, BLOCK_SMS: tl.constexpr):
     """An admitted program's next slot, or `slots` once none is left: the claim that comes
     back empty is also its departure, so leaving costs no round trip of its own."""
-    old = tl.atomic_add(_gate_word(gate_ptr), 1)  # acquire-release (the module's note)
+    old = tl.atomic_add(_gate_word(gate_ptr), 1, sem="release")  # (the module's note)
     slot = (old & 0xFFFFFFFF).to(tl.int32)
     if slot >= slots:  # departed: the turned-away programs, and the empty claims so far
         left = (old >> 32).to(tl.int32) + (slot - slots) + 1
@@ -245,7 +245,7 @@ def _claim(gate_ptr, first_site, n_sms, slots, programs, BLOCK_SMS: tl.constexpr
 def _turned_away(gate_ptr, first_site, n_sms, slots, programs, BLOCK_SMS: tl.constexpr):
     """A program the gate turned away departs: `slots`, unless it is the launch's last and no
     program was admitted (`_last_out`)."""
-    old = tl.atomic_add(_gate_word(gate_ptr), 1 << 32)
+    old = tl.atomic_add(_gate_word(gate_ptr), 1 << 32, sem="release")
     claimed = (old & 0xFFFFFFFF).to(tl.int32)
     left = (old >> 32).to(tl.int32) + 1 + tl.maximum(claimed - slots, 0)
     return _last_out(gate_ptr, left, first_site, n_sms, slots, programs, BLOCK_SMS)
@@ -258,7 +258,7 @@ def _last_out(gate_ptr, left, first_site, n_sms, slots, programs, BLOCK_SMS: tl.
     program does them, outside the partition, one claim at a time) and, when none is left,
     the counters reset for the next launch."""
     slot = slots
-    if left >= programs:
+    if left >= programs:  # acquire-release: after every other program's release on the word
         slot = (tl.atomic_add(_gate_word(gate_ptr), 1) & 0xFFFFFFFF).to(tl.int32)
         if slot >= slots:
             offs = tl.arange(0, BLOCK_SMS)

@@ -65,8 +65,10 @@ def _unit_slots(b, h, work, bi, KV_HEADS, UNIT_COST: tl.constexpr):
 
 
 # With programmatic dependent launch, the K/V blocks of its range's first unit that a program
-# fetches into L2 while the kernel before it drains (that kernel writes only each request's new
-# token, and L2 is where its writes land anyway)
+# fetches into L2 while the kernels before it drain (a power of two). It reads the lengths and
+# the page table before it waits for them: safe while no kernel since the step's last plain
+# launch writes those (its inputs are copied in before its first kernel); the cache rows it
+# touches may still be written (each request's new token), and L2 is where writes land anyway
 PDL_PREFETCH_BLOCKS = 1
 
 
