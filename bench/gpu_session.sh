@@ -49,7 +49,7 @@ step() {  # step NAME SECONDS COMMAND...
 python3 -m pip install -q --no-deps --no-build-isolation -e . >> "$LOG" 2>&1
 # the README's main command for a GPU machine, verbatim (its output is the step's log)
 step readme 240 bash -c 'python3 -m pip install --no-build-isolation -e . && pdmux-triton run --gpu h200'
-step tests ${TESTS_S:-420} python3 -m pytest -q -rP -m gpu tests ${TESTS_K:+-k "$TESTS_K"}
+step tests ${TESTS_S:-420} python3 -m pytest -q -rP --durations=20 -m gpu tests ${TESTS_K:+-k "$TESTS_K"}
 step host 90 pdmux-triton calibrate --host-costs --out "$OUT"
 step profile 60 python3 bench/profile_decode.py --budget 16
 step kernels 110 python3 bench/bench_kernels.py --quick --out "$OUT"
