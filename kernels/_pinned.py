@@ -42,8 +42,8 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import (default_num_sms, interpreting, record_sm, shared_counters,
-                                          unused_pointer)
+from pdmux_triton.kernels._launch import (default_num_sms, grid_size, interpreting, record_sm,
+                                          shared_counters, telemetry_args, unused_pointer)
 
 # the gate buffer: one 64-bit word of slots claimed and programs left (`_gate_word`: its two
 # int32 words), then a count per site
@@ -220,6 +220,16 @@ def pinned_launch(pinned: Pinned | None, slots: int, ctas_per_sm: int, device: t
                         {"PINNED": True, "PLACED": placement is not None,
                          "BLOCK_SMS": triton.next_power_of_2(pinned.sms),
                          "PDL": False, "launch_pdl": False})
+
+
+def budget_launch(units: int, num_sms: int | None, ctas_per_sm: int, device: torch.device,
+                  pinned: Pinned | None, pdl: bool,
+                  sm_ids: torch.Tensor | None) -> tuple[PinnedLaunch, torch.Tensor, bool]:
+    """A kernel's launch for `units` of work on a budget (`grid_size`'s programs, or the pinned
+    partition's slots) and its telemetry arguments (`telemetry_args`)."""
+    slots = grid_size(units, pinned_budget(pinned, num_sms), ctas_per_sm, device)
+    return (pinned_launch(pinned, slots, ctas_per_sm, device, pdl),
+            *telemetry_args(sm_ids, slots, device))
 
 
 @triton.jit

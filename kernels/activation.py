@@ -7,9 +7,8 @@ import triton
 import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import (FLOAT_DTYPES, check_tensor, grid_size, row_piece,
-                                          telemetry_args)
-from pdmux_triton.kernels._pinned import Pinned, pinned_budget, pinned_launch, run_slots
+from pdmux_triton.kernels._launch import FLOAT_DTYPES, check_tensor, row_piece
+from pdmux_triton.kernels._pinned import Pinned, budget_launch, run_slots
 
 
 @triton.jit(do_not_specialize=["T", "first_site", "n_sms", "slots", "programs"])
@@ -48,10 +47,8 @@ def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None, *,
     if T == 0 or I == 0:
         return out
     block = min(2048, triton.next_power_of_2(I))
-    grid = grid_size(T * triton.cdiv(I, block), pinned_budget(pinned, num_sms), ctas_per_sm,
-                     gate_up.device)
-    launch = pinned_launch(pinned, grid, ctas_per_sm, gate_up.device, pdl)
-    sm_buf, record = telemetry_args(sm_ids, grid, gate_up.device)
+    launch, sm_buf, record = budget_launch(T * triton.cdiv(I, block), num_sms, ctas_per_sm,
+                                           gate_up.device, pinned, pdl, sm_ids)
     _silu_mul_kernel[(launch.grid,)](gate_up, out, sm_buf, *launch.args, T, I, gate_up.stride(0),
                                      out.stride(0), BLOCK=block, RECORD_SM=record, num_warps=4,
                                      **launch.kwargs)

@@ -14,10 +14,10 @@ import triton
 import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import (arrival_counters, check_tensor, grid_size, interpreting,
-                                          prefetch_l2, registers_to_fit, telemetry_args)
+from pdmux_triton.kernels._launch import (arrival_counters, check_tensor, interpreting, prefetch_l2,
+                                          registers_to_fit)
 from pdmux_triton.kernels._paged import AttnConfig, attend_range, check_paged_inputs, wide_offsets
-from pdmux_triton.kernels._pinned import Pinned, pinned_budget, pinned_launch, run_slots
+from pdmux_triton.kernels._pinned import Pinned, budget_launch, run_slots
 
 LOG2E = 1.4426950408889634
 
@@ -250,15 +250,14 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     group = HQ // HKV
     cfg = config or default_decode_config(ctas_per_sm)
     units = B * HKV
-    grid = grid_size(units * max(1, triton.cdiv(max_seq_len, cfg.block_n)),
-                     pinned_budget(pinned, num_sms), ctas_per_sm, dev)
-    launch = pinned_launch(pinned, grid, ctas_per_sm, dev, pdl)
+    launch, sm_buf, record = budget_launch(units * max(1, triton.cdiv(max_seq_len, cfg.block_n)),
+                                           num_sms, ctas_per_sm, dev, pinned, pdl, sm_ids)
+    grid = launch.slots
     # the gate's slot loop around the body takes so many registers that pinned programs of
     # the several-per-SM config would fit fewer than c to an SM, while the gate counts on c a
     # site: capped, a few spill (bench/NOTES.md, session 23)
     fit = ({"maxnreg": registers_to_fit(ctas_per_sm, cfg.num_warps)}
            if pinned is not None and ctas_per_sm > 1 else {})
-    sm_buf, record = telemetry_args(sm_ids, grid, dev)
     # a program's range cuts at most one unit at each end: units + programs partial rows
     part_o = torch.empty(((units + grid) * group, D), dtype=torch.float32, device=dev)
     part_lse = torch.empty(((units + grid) * group,), dtype=torch.float32, device=dev)

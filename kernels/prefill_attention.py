@@ -20,9 +20,8 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import (check_tensor, check_tma_rows, grid_size, interpreting,
-                                          telemetry_args)
-from pdmux_triton.kernels._pinned import Pinned, pinned_budget, pinned_launch, run_slots
+from pdmux_triton.kernels._launch import check_tensor, check_tma_rows, interpreting
+from pdmux_triton.kernels._pinned import Pinned, budget_launch, run_slots
 from pdmux_triton.kernels._paged import (AttnConfig, attend_range, check_paged_inputs, softmax_step,
                                          wide_offsets)
 
@@ -208,9 +207,8 @@ def extend_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
                                                                tuple(prefix_lens)):
         raise PdmuxError("the extend plan was made for other lengths or another block_m")
     meta, num_blocks = plan.meta, plan.num_blocks
-    grid = grid_size(num_blocks * HQ, pinned_budget(pinned, num_sms), ctas_per_sm, dev)
-    launch = pinned_launch(pinned, grid, ctas_per_sm, dev, pdl)
-    sm_buf, record = telemetry_args(sm_ids, grid, dev)
+    launch, sm_buf, record = budget_launch(num_blocks * HQ, num_sms, ctas_per_sm, dev, pinned,
+                                           pdl, sm_ids)
     scale = (sm_scale if sm_scale is not None else D ** -0.5) * LOG2E
     q_desc = TensorDescriptor(q, [T, HQ * D], [q.stride(0), 1], [cfg.block_m, D])
     k_desc, v_desc = (TensorDescriptor(t, [T, HKV * D], [t.stride(0), 1], [cfg.block_n, D])

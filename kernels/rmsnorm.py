@@ -11,8 +11,8 @@ import triton
 import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import FLOAT_DTYPES, check_tensor, grid_size, telemetry_args
-from pdmux_triton.kernels._pinned import Pinned, pinned_budget, pinned_launch, run_slots
+from pdmux_triton.kernels._launch import FLOAT_DTYPES, check_tensor
+from pdmux_triton.kernels._pinned import Pinned, budget_launch, run_slots
 
 
 @triton.jit(do_not_specialize=["rows", "first_site", "n_sms", "slots", "programs"])
@@ -90,10 +90,8 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
         return out
     block_d = triton.next_power_of_2(D)
     row_block = max(1, min(16, 2048 // block_d))
-    grid = grid_size(triton.cdiv(rows, row_block), pinned_budget(pinned, num_sms), ctas_per_sm,
-                     x.device)
-    launch = pinned_launch(pinned, grid, ctas_per_sm, x.device, pdl)
-    sm_buf, record = telemetry_args(sm_ids, grid, x.device)
+    launch, sm_buf, record = budget_launch(triton.cdiv(rows, row_block), num_sms, ctas_per_sm,
+                                           x.device, pinned, pdl, sm_ids)
     _rmsnorm_kernel[(launch.grid,)](
         x3, r3, weight, y3, sm_buf, *launch.args, rows, H, D, x3.stride(0), x3.stride(1),
         r3.stride(0), r3.stride(1), y3.stride(0), y3.stride(1), eps,

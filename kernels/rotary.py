@@ -13,9 +13,8 @@ import triton
 import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import (FLOAT_DTYPES, INDEX_DTYPES, check_tensor, grid_size,
-                                          telemetry_args)
-from pdmux_triton.kernels._pinned import Pinned, pinned_budget, pinned_launch, run_slots
+from pdmux_triton.kernels._launch import FLOAT_DTYPES, INDEX_DTYPES, check_tensor
+from pdmux_triton.kernels._pinned import Pinned, budget_launch, run_slots
 
 
 def rope_cache(max_positions: int, head_dim: int, theta: float,
@@ -133,10 +132,8 @@ def _launch_rope(x, positions, cos_sin, wq, wk, eps, heads: tuple[int, int], cac
     half = D // 2
     block_half = triton.next_power_of_2(half)
     row_block = max(1, min(32, 2048 // block_half))
-    grid = grid_size(triton.cdiv(rows, row_block), pinned_budget(pinned, num_sms), ctas_per_sm,
-                     x.device)
-    launch = pinned_launch(pinned, grid, ctas_per_sm, x.device, pdl)
-    sm_buf, record = telemetry_args(sm_ids, grid, x.device)
+    launch, sm_buf, record = budget_launch(triton.cdiv(rows, row_block), num_sms, ctas_per_sm,
+                                           x.device, pinned, pdl, sm_ids)
     kc, vc, slots = caches if caches is not None else (x, x, positions)  # unread unless STORE
     _rope_kernel[(launch.grid,)](
         x, positions, cos_sin, wq if wq is not None else cos_sin,

@@ -8,8 +8,8 @@ import triton
 import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import grid_size, interpreting, telemetry_args
-from pdmux_triton.kernels._pinned import Pinned, pinned_budget, pinned_launch, run_slots
+from pdmux_triton.kernels._launch import interpreting
+from pdmux_triton.kernels._pinned import Pinned, budget_launch, run_slots
 
 # One program per SM must keep enough bytes in flight to cover HBM latency: each step issues
 # UNROLL independent loads of BLOCK words before using any, from 32 warps (8 leave HBM idle at
@@ -56,11 +56,9 @@ def stream_read(buf: torch.Tensor, *, num_sms: int | None = None, ctas_per_sm: i
     words = buf.view(-1).view(torch.int32) if nbytes else buf.new_empty(0, dtype=torch.int32)
     block = block or (256 if interpreting() else STREAM_BLOCK)
     unroll = unroll or (2 if interpreting() else STREAM_UNROLL)
-    slots = grid_size(max(1, triton.cdiv(words.numel(), block * unroll)),
-                      pinned_budget(pinned, num_sms), ctas_per_sm, buf.device)
-    launch = pinned_launch(pinned, slots, ctas_per_sm, buf.device, pdl)
-    out = torch.empty(slots, dtype=torch.int32, device=buf.device)
-    sm_buf, record = telemetry_args(sm_ids, slots, buf.device)
+    launch, sm_buf, record = budget_launch(max(1, triton.cdiv(words.numel(), block * unroll)),
+                                           num_sms, ctas_per_sm, buf.device, pinned, pdl, sm_ids)
+    out = torch.empty(launch.slots, dtype=torch.int32, device=buf.device)
     _stream_read_kernel[(launch.grid,)](words, out, sm_buf, *launch.args, words.numel(),
                                         BLOCK=block, UNROLL=unroll, RECORD_SM=record,
                                         num_warps=num_warps or STREAM_WARPS, **launch.kwargs)
