@@ -3,15 +3,15 @@ on one GPU (issue 26's figures; bench/results/decode-floor-<gpu>.json).
 
 Measured in one process: the streaming read over 2 GiB buffers on the whole GPU (the floor's
 rate); the whole decode step of the Qwen3-8B preset, 32 requests x 2048 tokens, captured, on
-the whole GPU as served (launches overlapped), without the GEMMs' early weight lines, with each launch after the last, and with stream-K on every
-program (no aligned split), and its kernel launches (counted by the profiler in one eager
-step); the same bytes as streaming reads, a launch per weight (`stream_equivalent`: what a step
-of separate kernels could reach); the decode step on each of SGLang's levels' decode SMs (20-60
-on an H200) on green contexts and on pinned SMs at 1-3 CTAs per SM and as a served decode side
-runs, alone and beside a prefill on the rest, with the SMs each side's kernels ran on; decode
-attention on 16 pinned SMs at 1-3 CTAs per SM. The kernel benchmark's and a run's figures
-(decode linears and attention against the streaming read, pd-mux's ITL and prefill at 80/52)
-come from their files when given.
+the whole GPU as served (launches overlapped), without the GEMMs' early weight lines, with each
+launch after the last, and with stream-K on every program (no aligned split), and its kernel
+launches (counted by the profiler in one eager step); the same bytes as streaming reads, a
+launch per weight (`stream_equivalent`: what a step of separate kernels could reach); the
+decode step on each of SGLang's levels' decode SMs (20-60 on an H200) on green contexts and on
+pinned SMs at 1-3 CTAs per SM and as a served decode side runs, alone and beside a prefill on
+the rest, with the SMs each side's kernels ran on; decode attention on 16 pinned SMs at 1-3
+CTAs per SM. The kernel benchmark's and a run's figures (decode linears and attention against
+the streaming read, pd-mux's ITL and prefill at 80/52) come from their files when given.
 
     python bench/decode_floor.py --out bench/results [--kernels FILE] [--run FILE]
 """

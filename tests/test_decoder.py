@@ -124,7 +124,8 @@ def test_fused_decode_step_equals_the_layers_at_real_dims(sms=132):
         at += n
     positions = (lens - 1).cuda()
     table = table.cuda()
-    slots = table.gather(1, (positions // page)[:, None]).squeeze(1).long() * page + positions % page
+    page_ids = table.gather(1, (positions // page)[:, None]).squeeze(1).long()
+    slots = page_ids * page + positions % page
     step = DecodeBatch(torch.randint(0, spec.vocab, (batch,), device="cuda"), positions, slots,
                        table, lens.to(torch.int32).cuda(), int(lens.max()))
     budget = Budget(sms)
