@@ -20,9 +20,24 @@ if __name__ == "pdmux_triton.kernels":
                "rmsnorm", "rope_", "rope_cache", "rope_store_kv", "silu_mul", "stream_read",
                "swiglu_linear"]
 else:
-    # Imported as `kernels` from the repository's root, where this folder shadows any package
-    # of that name (transformers probes for Hugging Face's `kernels` and imports it to read its
-    # version): an empty module with no version, which such a probe takes for "not installed".
-    # The kernels themselves are one package, pdmux_triton.kernels, so they are not loaded
-    # here a second time.
+    # Imported as `kernels` from the repository's root, where this folder comes first on
+    # sys.path and shadows Hugging Face's `kernels` (a dependency of transformers, which imports
+    # it when it builds a model). Hand that import to the installed package wherever one is
+    # found beyond the root; with none, stay an empty module with no version, which such a probe
+    # takes for "not installed". The kernels themselves are one package, pdmux_triton.kernels,
+    # so they are not loaded here a second time.
+    import importlib.machinery
+    import importlib.util
+    import os
+    import sys
+
+    def _beyond_the_root():
+        root = os.path.realpath(os.path.dirname(os.path.dirname(__file__)))
+        return [p for p in sys.path if os.path.realpath(p or os.getcwd()) != root]
+
+    _spec = importlib.machinery.PathFinder.find_spec(__name__, _beyond_the_root())
+    if _spec is not None:
+        _installed = importlib.util.module_from_spec(_spec)
+        sys.modules[__name__] = _installed  # the import statement returns what sys.modules holds
+        _spec.loader.exec_module(_installed)
     __all__ = []
