@@ -82,6 +82,81 @@ def reference_logits(x: ModelExecutor, tokens: list[int]) -> torch.Tensor:
 NEAR_TIE = 0.1
 
 
+def test_a_cached_prefix_gives_the_whole_prefills_logits():
+    """A prompt whose first 16 tokens' KV another prompt wrote: its prefill computes the rest
+    over those pages, and its logits are the whole prefill's (fp32 on the CPU, bf16 on a
+    GPU: within bf16's rounding of the logits' spread)."""
+    x = ModelExecutor.shared(TINY, GPU, "grid_cap", page_size=4, cache_tokens=512)
+    g = torch.Generator().manual_seed(1)
+    shared = torch.randint(0, TINY.vocab, (16,), generator=g).tolist()
+    a = Request(100, shared + [1, 2, 3], 1, 0.0)
+    x.model.extend_layers(x._extend_batch([(a, a.prompt, 0)]), 0, x.num_layers)
+    pages = x.keep_prefix(a, 0, 16)
+    x.release(a)  # a's own pages free; the cached ones stay
+    assert set(pages) == x.blocks.cached and not set(pages) & set(x.blocks.free_pages)
+    b = Request(101, shared + torch.randint(0, TINY.vocab, (9,), generator=g).tolist(), 1, 0.0)
+    b.cached_len, b.prefix = 16, (pages,)
+    batch = x._extend_batch([(b, b.prompt[16:], 16)])
+    assert x.blocks.owned[b.rid][:4] == pages and batch.prefix_lens == [16]
+    h, res = x.model.extend_layers(batch, 0, x.num_layers)
+    got = x.model.logits(h[-1:], res[-1:], Budget())[0].float()
+    x.release(b)
+    want = reference_logits(x, b.prompt)
+    spread = float(want.max() - want.mean())
+    tol = 1e-4 if x.model.w.embed.dtype == torch.float32 else 2e-2
+    assert float((got - want).abs().max()) <= tol * spread
+    x.drop_prefix(pages)
+    assert not x.blocks.cached and len(x.blocks.free_pages) == x.model.cache.num_pages - 1
+
+
+def shared_prefix_requests():
+    """Prompts given as ids, three families sharing 16-token system prompts, each with its
+    own question; all arrive at once and are prefilled one at a time (see serve_cached)."""
+    g = torch.Generator().manual_seed(2)
+    systems = [torch.randint(0, TINY.vocab, (16,), generator=g).tolist() for _ in range(3)]
+    return [Request(i, systems[i % 3] + torch.randint(0, TINY.vocab, (4 + i % 3,),
+                                                        generator=g).tolist(), 2 + i % 2, 0.0)
+            for i in range(7)]
+
+
+def serve_cached(x, prefix_block):
+    """One prompt a prefill batch (prefill_tokens=1), so which prefill sees which cached block
+    does not depend on the clock: the same on the GPU and on a simulated clock."""
+    return scheduler.run("prefill_first", x, shared_prefix_requests(), prefill_tokens=1,
+                         prefix_block=prefix_block)
+
+
+def test_the_prefix_cache_serves_the_same_tokens_and_the_simulators_hit_rate():
+    """Under eviction pressure (a cache of 64 tokens, two or three requests' worth): the
+    cached run serves the uncached run's tokens, never frees a page a request still reads,
+    gives every page back, and the simulated clock reads the same blocks from its cache."""
+    from pdmux_triton.cost import step_cost
+    from pdmux_triton.serve.simulated import SimExecutor
+
+    x = ModelExecutor.shared(TINY, GPU, "grid_cap", page_size=4, cache_tokens=64)
+    drop = x.blocks.drop
+
+    def checked_drop(pages):  # the executor's eviction: never a page a live request holds
+        live = {p for table in x.blocks.owned.values() for p in table}
+        assert not set(pages) & live
+        drop(pages)
+    x.blocks.drop = checked_drop
+    cached = serve_cached(x, 8)
+    plain = serve_cached(x, None)
+    assert {r.rid: r.tokens for r in cached.requests} == {r.rid: r.tokens for r in plain.requests}
+    stats = cached.prefix_cache
+    assert stats["evicted_blocks"] > 0 and stats["hit_rate"] > 0.3
+    assert not x.blocks.owned and not x.blocks.cached
+    assert len(x.blocks.free_pages) == x.model.cache.num_pages - 1
+    sim = SimExecutor(GPU, TINY, step_cost.SaturationLaw(1.0, 16),
+                      step_cost.PrefillRate.fixed(GPU.bf16_tflops, GPU.sms, 0.5))
+    sim.kv_capacity_tokens = x.kv_capacity_tokens
+    simulated = serve_cached(sim, 8)
+    assert simulated.prefix_cache == stats
+    assert ([r.cached_len for r in simulated.requests] ==
+            [r.cached_len for r in cached.requests])
+
+
 @pytest.mark.gpu
 def test_strategies_serve_the_same_tokens_on_the_preset():
     """Strategies differ in numerics by design (split counts and tiles follow the SM budget;

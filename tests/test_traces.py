@@ -79,19 +79,22 @@ def test_bad_traces(tmp_path, text, message):
 
 @pytest.mark.parametrize("prompt", ["1000000000", "10000000000", "1e10", "1e20",
                                     "100000000000000000000"])
-def test_huge_prompts_are_refused_at_their_row_at_once(tmp_path, prompt):
+def test_huge_prompts_are_left_out_or_refused_at_their_row_at_once(tmp_path, prompt):
     path = tmp_path / "t.csv"
     path.write_text("arrival_s,prompt_tokens,output_tokens\n0,100,10\n0.5," + prompt + ",10\n")
     tracemalloc.start()
-    with pytest.raises(PdmuxError, match=f":3: {int(float(prompt)):,} prompt \\+ 10 output "
-                                         f"tokens; a request holds at most 40,960 .ctx."):
-        traces.load_trace(path, 40960, "ctx")
-    if int(float(prompt)) > traces.MAX_TRACE_TOKENS:  # no model bounds it: what a count holds
-        with pytest.raises(PdmuxError, match=":3: .* at most 2,147,483,647 .the most this tool"):
-            traces.load_trace(path)
+    if int(float(prompt)) > traces.MAX_TRACE_TOKENS:  # more than a count holds: a broken row
+        for limit in ((40960, "ctx"), ()):
+            with pytest.raises(PdmuxError, match=":3: .* at most 2,147,483,647 .the most this"):
+                traces.load_trace(path, *limit)
+    else:  # more than the model holds: left out, as a server refuses it, and counted
+        trace = traces.load_trace(path, 40960, "ctx")
+        assert trace.prompt.tolist() == [100]
+        assert trace.notes == (f"trace {path}: 1 row(s) of more than 40,960 prompt and output "
+                               f"tokens (ctx) left out",)
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    assert peak < 2**20  # refused as read: no prompt's ids drawn, nothing of its size allocated
+    assert peak < 2**20  # read as a count: no prompt's ids drawn, nothing of its size allocated
 
 
 # --- published formats, as their files begin -----------------------------------------------
@@ -128,12 +131,13 @@ def test_a_mooncake_trace_keeps_its_hash_ids_and_reads_ms(tmp_path):
                     '"hash_ids": [46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59]}\n'
                     '{"timestamp": 0, "input_length": 1024, "output_length": 3, '
                     '"hash_ids": [0, 1]}\n\n'
-                    '{"timestamp": 30535, "input_length": 6472, "output_length": 26, '
-                    '"hash_ids": [46, 47, 48]}\n')
+                    '{"timestamp": 30535, "input_length": 1500, "output_length": 26, '
+                    '"hash_ids": [46, 47, 48]}\n'
+                    '{"timestamp": 30536, "input_length": 5, "output_length": 2}\n')
     trace = traces.load_trace(path)
-    assert trace.arrival.tolist() == [0.0, 27.482, 30.535]
-    assert trace.hash_ids == ((0, 1), tuple(range(46, 60)), (46, 47, 48))
-    assert trace.rid.tolist() == [1, 0, 2] and trace.line.tolist() == [2, 1, 4]
+    assert trace.arrival.tolist() == [0.0, 27.482, 30.535, 30.536]
+    assert trace.hash_ids == ((0, 1), tuple(range(46, 60)), (46, 47, 48), None)
+    assert trace.rid.tolist() == [1, 0, 2, 3] and trace.line.tolist() == [2, 1, 4, 5]
     assert "served in arrival order" in trace.notes[0]
 
 
@@ -149,6 +153,8 @@ def test_a_mooncake_trace_keeps_its_hash_ids_and_reads_ms(tmp_path):
      ":1: input_length must be a whole number"),
     ("m.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 2, "hash_ids": [1, "a"]}\n',
      ":1: hash_ids must be a list of integers"),
+    ("m.jsonl", '{"timestamp": 0, "input_length": 513, "output_length": 2, "hash_ids": [1]}\n',
+     ":1: 1 hash_ids for 513 input tokens; one per 512-token block makes 2"),
     ("m.jsonl", '{"timestamp": -5, "input_length": 5, "output_length": 2}\n',
      ":1: timestamp must be a finite number >= 0"),
     ("m.jsonl", "\n\n", "has no requests"),

@@ -200,6 +200,8 @@ class ModelExecutor:
         """seqs: (request, new token ids, position of the first) for each sequence."""
         bm = self.blocks
         for r, ids, start in seqs:
+            if r.rid not in bm.owned:  # its prompt's first tokens: its cached prefix's pages
+                bm.begin(r.rid, [page for block in r.prefix for page in block])
             bm.reserve(r.rid, start + len(ids))
         width = max(len(bm.owned[r.rid]) for r, _, _ in seqs)
         table = np.zeros((len(seqs), width), dtype=np.int64)
@@ -323,7 +325,8 @@ class ModelExecutor:
 
     def begin_prefill(self, reqs: list[Request]) -> PrefillCarry:
         with _on(self.prefill_side.stream):  # the side's stream must see the uploads in order
-            return PrefillCarry(list(reqs), self._extend_batch([(r, r.prompt, 0) for r in reqs]))
+            return PrefillCarry(list(reqs), self._extend_batch(
+                [(r, r.prompt[r.cached_len:], r.cached_len) for r in reqs]))
 
     def launch_prefill(self, carry: PrefillCarry, start: int, end: int) -> None:
         side = self.prefill_side
@@ -375,6 +378,12 @@ class ModelExecutor:
     def release(self, r: Request) -> None:
         self.blocks.release(r.rid)
         self.last_token.pop(r.rid, None)
+
+    def keep_prefix(self, r: Request, start: int, end: int) -> list[int]:
+        return self.blocks.keep(r.rid, start, end)
+
+    def drop_prefix(self, pages: list[int]) -> None:
+        self.blocks.drop(pages)
 
     def finish(self) -> Activity:
         self._drain()

@@ -59,7 +59,9 @@ class Executor(Protocol):
 
     def begin_prefill(self, reqs: list[Request]) -> object:
         """The executor's carry for one prefill batch (its inputs and the hidden states it
-        passes between rounds); the loop only hands it back."""
+        passes between rounds); the loop only hands it back. Each request's first
+        `cached_len` prompt tokens are cached already (their pages: `prefix`, what
+        keep_prefix returned for each block): its prefill computes the rest over them."""
 
     def launch_prefill(self, carry: object, start: int, end: int) -> None:
         """Enqueue layers [start, end) of that prefill on the prefill side."""
@@ -75,7 +77,14 @@ class Executor(Protocol):
         this chunk ends it (None before, and when nothing is sampled)."""
 
     def release(self, r: Request) -> None:
-        """A finished request gives back its KV cache."""
+        """A finished request gives back its KV cache (less what keep_prefix took)."""
+
+    def keep_prefix(self, r: Request, start: int, end: int) -> object:
+        """The prefix cache takes the KV of `r`'s prompt tokens [start, end) (a whole block,
+        prefilled): its pages outlive `r`. Returns the handle later prompts read it by."""
+
+    def drop_prefix(self, handle: object) -> None:
+        """The prefix cache evicted that block: its pages are free."""
 
     def finish(self) -> Activity:
         """Drain and report."""
@@ -163,6 +172,8 @@ class RunResult:
     # servers behind a router (`router`), each on its own GPUs: their runs, of which this one
     # holds every request, round and launch on one clock; empty for one server
     parts: list["RunResult"] = field(default_factory=list)
+    # what the prefix cache served (`PrefixCache.stats`); None where it was off
+    prefix_cache: dict | None = None
 
     def __post_init__(self):
         if not isinstance(self.rounds, Rounds):  # a list of Round (a hand-made run)

@@ -25,6 +25,7 @@ from pdmux_triton.errors import PdmuxError
 from pdmux_triton.multiplex import sglang_rules
 from pdmux_triton.multiplex.level_policy import LevelPolicy, SGLangLevels
 from pdmux_triton.serve.executor import Executor, Rounds, RunResult
+from pdmux_triton.serve.prefix_cache import BLOCK_TOKENS, PrefixCache
 from pdmux_triton.spec.traffic import Request
 
 LOOPS = ("prefill_first", "chunked", "pdmux")
@@ -38,7 +39,8 @@ class PrefillJob:
 
     @property
     def tokens(self) -> int:
-        return sum(r.prompt_len for r in self.reqs)
+        """Tokens its prefill computes (SGLang's extend tokens: a cached prefix is read)."""
+        return sum(r.prompt_len - r.cached_len for r in self.reqs)
 
 
 PROGRESS_EVERY_S = 5.0  # wall time between two progress lines
@@ -70,12 +72,15 @@ class Engine:
     Admission keeps the KV cache from overflowing: a prompt is taken only when the cache has
     room for its prompt and its whole output (reserved up front, so an admitted request is
     never evicted; SGLang reserves less and retracts instead) and the running batch stays
-    within `max_running` requests. Requests to come wait in arrival order (those arriving
-    after a number of decode steps apart, by that number), so admitting one costs O(1)."""
+    within `max_running` requests. With a `prefix_cache`, a prompt's cached blocks are read,
+    not reserved again, and blocks no request uses are evicted to make room. Requests to come
+    wait in arrival order (those arriving after a number of decode steps apart, by that
+    number), so admitting one costs O(1)."""
 
     def __init__(self, executor: Executor, requests: list[Request], max_running: int,
-                 progress: Progress | None = None):
+                 progress: Progress | None = None, prefix_cache: PrefixCache | None = None):
         self.x = executor
+        self.cache = prefix_cache
         fresh = [r for r in requests if not r.warm]
         self.arrivals = deque(sorted((r for r in fresh if r.arrival is not None),
                                      key=lambda r: (r.arrival, r.rid)))
@@ -91,7 +96,9 @@ class Engine:
         self.served = 0
         self.max_running = max_running
         capacity = executor.kv_capacity_tokens
-        self.kv_free = capacity - sum(map(kv_need, self.running))
+        # KV tokens each admitted request holds as its own (the cache holds the rest)
+        self.own = {r.rid: kv_need(r) for r in self.running}
+        self.kv_free = capacity - sum(self.own.values())
         if self.kv_free < 0 or len(self.running) > max_running:
             raise PdmuxError(f"{len(self.running)} requests decoding from the start need "
                              f"{sum(map(kv_need, self.running)):,} tokens of KV cache and as "
@@ -128,14 +135,32 @@ class Engine:
         tokens = 0
         while self.waiting and (limit is None or len(batch) < limit):
             r = self.waiting[0]
-            room = kv_need(r) <= self.kv_free and len(self.running) + len(batch) < self.max_running
-            if not room or (batch and tokens + r.prompt_len > token_budget):
+            hit = self.cache.match(r) if self.cache else []
+            cached = len(hit) * self.cache.block if hit else 0
+            need, new = kv_need(r) - cached, r.prompt_len - cached
+            if (len(self.running) + len(batch) >= self.max_running
+                    or (batch and tokens + new > token_budget) or not self._room(need, hit)):
                 break
             self.waiting.popleft()
-            self.kv_free -= kv_need(r)
-            tokens += r.prompt_len
+            if self.cache:
+                self.cache.admit(r, hit)
+                if need > self.kv_free:
+                    self.kv_free += self.cache.evict(need - self.kv_free, self.x.drop_prefix)
+            self.own[r.rid] = need
+            self.kv_free -= need
+            tokens += new
             batch.append(r)
         return batch
+
+    def _room(self, need: int, hit: list) -> bool:
+        """The KV cache has room for `need` more tokens, evicting cached blocks no request
+        uses if it must (not those of `hit`, which the request will read)."""
+        if need <= self.kv_free:
+            return True
+        if not self.cache:
+            return False
+        keeps = self.cache.block * sum(node.refs == 0 for node in hit)
+        return need <= self.kv_free + self.cache.evictable_tokens() - keeps
 
     def next_arrival(self) -> float | None:
         return self.arrivals[0].arrival if self.arrivals else None
@@ -148,7 +173,9 @@ class Engine:
         self.x.idle_until(t)
 
     def finished(self, r: Request) -> None:
-        self.kv_free += kv_need(r)
+        self.kv_free += self.own.pop(r.rid)
+        if self.cache:
+            self.cache.finish(r)
         self.x.release(r)
         self.served += 1
 
@@ -195,6 +222,9 @@ class Engine:
         for i, r in enumerate(reqs):
             r.prefill_end = r.first_token_s = t
             r.context = r.prompt_len
+            if self.cache:  # its whole blocks' KV now serves later prompts too
+                self.own[r.rid] -= self.cache.insert(
+                    r, lambda start, end, r=r: self.x.keep_prefix(r, start, end))
             r.generated = 1
             r.tokens = None if first_tokens is None else [first_tokens[i]]
             r.step_ends, r.step0 = self.step_ends, len(self.step_ends)
@@ -239,8 +269,8 @@ def run_chunked(e: Engine, chunk: int) -> None:
         e.admit()
         if job is None:
             taken = e.take_prompts(chunk, limit=1)
-            if taken:
-                job, done_tokens = taken[0], 0
+            if taken:  # its chunks begin after its cached prefix
+                job, done_tokens = taken[0], taken[0].cached_len
                 job.prefill_start = e.x.now()
         if job is None:  # no prompt in flight: a plain decode step, as SGLang runs it
             if e.running:
@@ -336,15 +366,17 @@ def run(loop: str, executor: Executor, requests: list[Request], *, chunk: int = 
         prefill_tokens: int = DEFAULT_PREFILL_TOKENS,
         max_running: int = DEFAULT_MAX_RUNNING,
         levels_by: LevelPolicy | None = None,
-        progress: Callable[[str], None] | None = None) -> RunResult:
+        progress: Callable[[str], None] | None = None,
+        prefix_block: int | None = BLOCK_TOKENS) -> RunResult:
     """Serve `requests` to completion with one of the LOOPS; the executor's clock starts at 0.
 
     A prefill batch takes waiting prompts up to `prefill_tokens` tokens (the oldest always);
     PD-mux runs it layer by layer, as many layers a round as the config's
     split_forward_token_budget allows, at the levels `levels_by` picks (SGLang's rule
     under the config by default) among `levels` (a run's settings make them once; the
-    config's on the executor's GPU where none are given). `progress`, if given, is handed a line on how far the run
-    is every PROGRESS_EVERY_S of wall time."""
+    config's on the executor's GPU where none are given). `progress`, if given, is handed a
+    line on how far the run is every PROGRESS_EVERY_S of wall time. A prefix cache of
+    `prefix_block`-token blocks serves prompts' shared prefixes (`prefix_cache`; None: off)."""
     if loop not in LOOPS:
         raise PdmuxError(f"unknown loop {loop!r}; known: {', '.join(LOOPS)}")
     for name, value in (("chunk", chunk if loop == "chunked" else 1),
@@ -352,8 +384,9 @@ def run(loop: str, executor: Executor, requests: list[Request], *, chunk: int = 
         if value < 1:
             raise PdmuxError(f"{name} must be >= 1, got {value}")
     config = config or sglang_rules.PDMuxConfig()
+    cache = None if prefix_block is None else PrefixCache(prefix_block)
     e = Engine(executor, requests, max_running,
-               Progress(progress, loop, len(requests)) if progress else None)
+               Progress(progress, loop, len(requests)) if progress else None, cache)
     executor.start([r for r in requests if r.warm])
     if loop == "prefill_first":
         run_prefill_first(e, prefill_tokens)
@@ -363,5 +396,8 @@ def run(loop: str, executor: Executor, requests: list[Request], *, chunk: int = 
         levels = levels or config.levels(executor.total_sms, executor.cc_major)
         run_pdmux(e, levels, config, executor.num_layers, prefill_tokens,
                   levels_by or SGLangLevels(config))
+    if cache is not None:
+        cache.clear(executor.drop_prefix)
     activity = executor.finish()
-    return RunResult(loop, requests, e.rounds, executor.now(), activity)
+    return RunResult(loop, requests, e.rounds, executor.now(), activity,
+                     prefix_cache=None if cache is None else cache.stats())

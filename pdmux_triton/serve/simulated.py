@@ -122,8 +122,10 @@ class SimExecutor:
         if self.kv_arrives:
             carry.ends_at = self.t
             return
-        tokens = sum(r.prompt_len for r in carry.reqs)
-        flops = sum(step_cost.layer_flops(self.model, r.prompt_len, 0, end - start) for r in carry.reqs)
+        # each prompt's tokens past its cached prefix, attending over the whole prompt
+        tokens = sum(r.prompt_len - r.cached_len for r in carry.reqs)
+        flops = sum(step_cost.layer_flops(self.model, r.prompt_len - r.cached_len, r.cached_len,
+                                          end - start) for r in carry.reqs)
         talk = self.comm.layers_s(tokens, end - start)
         if end == self.num_layers:  # the LM head samples each prompt's first token
             flops += step_cost.lm_head_flops(self.model, len(carry.reqs))
@@ -164,6 +166,12 @@ class SimExecutor:
         return self.t, None, None
 
     def release(self, r: Request) -> None:
+        pass
+
+    def keep_prefix(self, r: Request, start: int, end: int) -> None:
+        return None  # no pages: the cache's bookkeeping is the loop's
+
+    def drop_prefix(self, handle: None) -> None:
         pass
 
     def finish(self) -> Activity:

@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.spec.traffic import ARRIVAL_BOUND, MAX_ARRIVAL_S, MAX_REQUESTS, Request, TokenIds
+from pdmux_triton.spec.traffic import (ARRIVAL_BOUND, HASH_BLOCK_TOKENS, MAX_ARRIVAL_S,
+                                       MAX_REQUESTS, Request, TokenIds)
 
 TRACE_COLUMNS = ("arrival_s", "prompt_tokens", "output_tokens")
 DELIMITERS = (",", ";", "\t")
@@ -38,8 +39,8 @@ class Trace:
     line: np.ndarray
     notes: tuple[str, ...] = ()
     # Mooncake's: each request's prompt as ids of its 512-token blocks, shared by requests
-    # that share that prefix (None for formats without them)
-    hash_ids: tuple[tuple[int, ...], ...] | None = None
+    # that share that prefix (None for formats without them, or a row without them)
+    hash_ids: tuple[tuple[int, ...] | None, ...] | None = None
 
     @property
     def longest(self) -> int:
@@ -80,9 +81,10 @@ class Trace:
 
     def requests(self, vocab: int, seed: int = 0) -> list[Request]:
         ids = TokenIds(vocab, seed)
-        return [Request(rid, p, o, t, draw=ids) for rid, p, o, t in
+        blocks = self.hash_ids or (None,) * len(self.rid)
+        return [Request(rid, p, o, t, draw=ids, hash_ids=h) for rid, p, o, t, h in
                 zip(self.rid.tolist(), self.prompt.tolist(), self.output.tolist(),
-                    self.arrival.tolist())]
+                    self.arrival.tolist(), blocks)]
 
 
 def _whole(text: str, column: str, where: str) -> int:
@@ -149,6 +151,7 @@ class _Columns:
         self.hash_ids: list[tuple[int, ...]] = []
         self.unanswered = 0
         self.other_models = 0
+        self.too_long = 0  # rows of more tokens than a request may hold
 
     def add(self, where: str, line: int, arrival: float, names: tuple[str, str, str],
             prompt: int, output: int, logged: bool) -> bool:
@@ -161,9 +164,12 @@ class _Columns:
         if prompt < 1 or output < 1:
             raise PdmuxError(f"{where}: token counts must be >= 1, got {prompt} prompt and "
                              f"{output} output tokens")
-        if prompt + output > self.max_tokens:
+        if prompt + output > MAX_TRACE_TOKENS:
             raise PdmuxError(f"{where}: {prompt:,} prompt + {output:,} output tokens; a request "
-                             f"holds at most {self.max_tokens:,} ({self.why})")
+                             f"holds at most {MAX_TRACE_TOKENS:,} (the most this tool counts)")
+        if prompt + output > self.max_tokens:  # left out and counted, as a server refuses it
+            self.too_long += 1
+            return False
         if len(self.data["line"]) >= MAX_REQUESTS:
             raise PdmuxError(f"trace {self.path} holds more than {MAX_REQUESTS:,} requests")
         for name, value in (("arrival", arrival), ("prompt", prompt), ("output", output),
@@ -244,12 +250,18 @@ def _mooncake_rows(f, path: Path, columns: _Columns) -> None:
         if isinstance(stamp, bool) or not isinstance(stamp, (int, float)):
             raise PdmuxError(f"{where}: timestamp must be a number of ms, got {stamp!r}")
         prompt, output = (_whole(str(obj[k]), k, where) for k in MOONCAKE_FIELDS[1:])
-        blocks = obj.get("hash_ids", [])
-        if not isinstance(blocks, list) or not all(
-                isinstance(b, int) and not isinstance(b, bool) for b in blocks):
-            raise PdmuxError(f"{where}: hash_ids must be a list of integers")
+        blocks = obj.get("hash_ids")
+        if blocks is not None:
+            if not isinstance(blocks, list) or not all(
+                    isinstance(b, int) and not isinstance(b, bool) for b in blocks):
+                raise PdmuxError(f"{where}: hash_ids must be a list of integers")
+            if prompt >= 1 and len(blocks) != -(-prompt // HASH_BLOCK_TOKENS):
+                raise PdmuxError(f"{where}: {len(blocks)} hash_ids for {prompt} input tokens; "
+                                 f"one per {HASH_BLOCK_TOKENS}-token block makes "
+                                 f"{-(-prompt // HASH_BLOCK_TOKENS)}")
+            blocks = tuple(blocks)
         if columns.add(where, n, stamp / 1e3, MOONCAKE_FIELDS, prompt, output, True):
-            columns.hash_ids.append(tuple(blocks))
+            columns.hash_ids.append(blocks)
 
 
 def _is_jsonl(path: Path) -> bool:
@@ -268,10 +280,10 @@ def load_trace(path: str | Path, max_tokens: int | None = None, why: str = "",
     input_length, output_length, hash_ids). A CSV may use `,`, `;` or tab, a UTF-8 byte-order
     mark and spaces around names, and hold other columns. A wall clock's arrivals are counted
     from the first; a published log's rows with no output (failed requests) are dropped and
-    counted in a note; `model` keeps only a BurstGPT log's rows of that model. A request of
-    more than `max_tokens` prompt and output tokens is refused
-    (`why` says what bounds it), as soon as its row is read. Rows out of arrival order are
-    served in arrival order, and a note says so."""
+    counted in a note; `model` keeps only a BurstGPT log's rows of that model. Requests of
+    more than `max_tokens` prompt and output tokens (`why` says what bounds it) are left out,
+    as a server refuses them, and counted in a note. Rows out of arrival order are served in
+    arrival order, and a note says so."""
     path = Path(path)
     if max_tokens is None:
         max_tokens, why = MAX_TRACE_TOKENS, "the most this tool counts"
@@ -294,6 +306,10 @@ def load_trace(path: str | Path, max_tokens: int | None = None, why: str = "",
     except (UnicodeDecodeError, csv.Error):
         raise PdmuxError(f"trace {path} is not a CSV or JSONL text file") from None
     data = columns.data
+    too_long = (f"{columns.too_long:,} row(s) of more than {max_tokens:,} prompt and output "
+                f"tokens ({why}) left out")
+    if not data["line"] and columns.too_long:
+        raise PdmuxError(f"trace {path} has no requests a server can hold: its {too_long}")
     if not data["line"] and columns.other_models:
         raise PdmuxError(f"trace {path} has no requests of --trace-model {model} (its "
                          f"{columns.other_models:,} rows are other models')")
@@ -310,6 +326,8 @@ def load_trace(path: str | Path, max_tokens: int | None = None, why: str = "",
     if columns.other_models:
         notes.append(f"trace {path}: {columns.other_models:,} row(s) of models other than "
                      f"{model} left out")
+    if columns.too_long:
+        notes.append(f"trace {path}: {too_long}")
     if columns.unanswered:
         notes.append(f"trace {path}: {columns.unanswered:,} {kind} row(s) with no output "
                      f"tokens (failed requests) dropped")

@@ -41,6 +41,18 @@ class TokenIds:
     def draw(self, rid: int, n: int) -> np.ndarray:
         return np.random.default_rng((self.seed, rid)).integers(0, self.vocab, n, dtype=np.int32)
 
+    def blocks(self, hash_ids: Sequence[int], n: int) -> np.ndarray:
+        """A prompt of `n` tokens made block by block from a trace's hash ids (one per
+        HASH_BLOCK_TOKENS tokens, the last block cut short): the same id gives the same tokens
+        in every request, so prompts that share a prefix of ids share those tokens."""
+        return np.concatenate([
+            np.random.default_rng((self.seed, HASH_STREAM, h)).integers(
+                0, self.vocab, HASH_BLOCK_TOKENS, dtype=np.int32) for h in hash_ids])[:n]
+
+
+HASH_BLOCK_TOKENS = 512  # tokens a hash id stands for (Mooncake's traces)
+HASH_STREAM = 0x68617368  # seeds a hash id's tokens apart from every request's own stream
+
 
 class Request:
     """One request and, as it is served, its output.
@@ -53,18 +65,27 @@ class Request:
     every running request takes one token in every decode step, so a token costs its request
     nothing and a run's step times are kept once (`token_times` lists them)."""
 
-    __slots__ = ("rid", "prompt_len", "_ids", "_draw", "output_len", "arrival", "after_steps",
-                 "warm", "context", "generated", "tokens", "first_token_s", "step_ends", "step0",
-                 "prefill_start", "prefill_end")
+    __slots__ = ("rid", "prompt_len", "_ids", "_draw", "hash_ids", "output_len", "arrival",
+                 "after_steps", "warm", "context", "generated", "tokens", "first_token_s",
+                 "step_ends", "step0", "prefill_start", "prefill_end", "cached_len", "prefix",
+                 "ids_given")
 
     def __init__(self, rid: int, prompt: Sequence[int] | int, output_len: int,
                  arrival: float | None, after_steps: int | None = None, warm: bool = False, *,
-                 draw: TokenIds | None = None, prefill_start: float | None = None,
-                 prefill_end: float | None = None):
+                 draw: TokenIds | None = None, hash_ids: Sequence[int] | None = None,
+                 prefill_start: float | None = None, prefill_end: float | None = None):
         self.rid = rid
         given = not isinstance(prompt, (int, np.integer))
         self.prompt_len, self._ids = (len(prompt), prompt) if given else (int(prompt), None)
+        self.ids_given = given  # its prompt came as token ids, not a length to draw them for
         self._draw = draw
+        # a trace's ids of the prompt's blocks (`TokenIds.blocks`), or None: its own tokens
+        self.hash_ids = None if hash_ids is None else tuple(hash_ids)
+        if self.hash_ids is not None and len(self.hash_ids) != -(-self.prompt_len //
+                                                                  HASH_BLOCK_TOKENS):
+            raise PdmuxError(f"request {rid}: {len(self.hash_ids)} hash ids for a "
+                             f"{self.prompt_len}-token prompt; one per {HASH_BLOCK_TOKENS} "
+                             f"tokens makes {-(-self.prompt_len // HASH_BLOCK_TOKENS)}")
         self.output_len = output_len  # tokens to generate, the first one included
         self.arrival = arrival  # s from the start; None: arrives after `after_steps` decode steps
         self.after_steps = after_steps
@@ -77,6 +98,11 @@ class Request:
         self.step_ends: array | None = None
         self.step0 = 0
         self.prefill_start, self.prefill_end = prefill_start, prefill_end
+        # set at admission by a prefix cache (`prefix_cache`): the prompt's first `cached_len`
+        # tokens are in the KV cache already, in the executor's pages `prefix` (one handle a
+        # cached block), and its prefill computes the rest
+        self.cached_len = 0
+        self.prefix: tuple = ()
 
     @property
     def prompt(self) -> Sequence[int]:
@@ -84,7 +110,8 @@ class Request:
         if self._ids is None:
             if self._draw is None:
                 raise PdmuxError(f"request {self.rid} holds a prompt length and no token ids")
-            self._ids = self._draw.draw(self.rid, self.prompt_len)
+            self._ids = (self._draw.draw(self.rid, self.prompt_len) if self.hash_ids is None
+                         else self._draw.blocks(self.hash_ids, self.prompt_len))
         return self._ids
 
     @property
