@@ -109,6 +109,34 @@ def test_a_cached_prefix_gives_the_whole_prefills_logits():
     assert not x.blocks.cached and len(x.blocks.free_pages) == x.model.cache.num_pages - 1
 
 
+@pytest.mark.gpu
+def test_a_cached_prefix_on_the_preset_gives_the_whole_prefills_logits():
+    """Qwen3-8B's shapes in bf16, 16-token pages: a 4096-token prefix written by one prompt
+    and read by another, whose 1000 new tokens' logits must match its whole prefill's within
+    bf16's rounding (both against the fp32 reference's spread)."""
+    x = ModelExecutor.shared(QWEN3_8B, detect_gpu(), "grid_cap", cache_tokens=16384)
+    g = torch.Generator().manual_seed(3)
+    prefix = torch.randint(0, QWEN3_8B.vocab, (4096,), generator=g).tolist()
+    a = Request(100, prefix + [11, 12], 1, 0.0)
+    x.model.extend_layers(x._extend_batch([(a, a.prompt, 0)]), 0, x.num_layers)
+    pages = x.keep_prefix(a, 0, 4096)
+    x.release(a)
+    b = Request(101, prefix + torch.randint(0, QWEN3_8B.vocab, (1000,), generator=g).tolist(),
+                1, 0.0)
+    b.cached_len, b.prefix = 4096, (pages,)
+    h, res = x.model.extend_layers(x._extend_batch([(b, b.prompt[4096:], 4096)]), 0,
+                                   x.num_layers)
+    got = x.model.logits(h[-1:], res[-1:], Budget())[0].float()
+    x.release(b)
+    want = reference_logits(x, b.prompt)
+    spread = float(want.max() - want.mean())
+    assert float((got - want).abs().max()) <= 0.05 * spread
+    assert int(got.argmax()) == int(want.argmax()) or float(want.max() - want[got.argmax()]) \
+        <= NEAR_TIE * spread
+    x.drop_prefix(pages)
+    ModelExecutor.release_shared()
+
+
 def shared_prefix_requests():
     """Prompts given as ids, three families sharing 16-token system prompts, each with its
     own question; all arrive at once and are prefilled one at a time (see serve_cached)."""

@@ -166,3 +166,34 @@ def test_eviction_makes_room_and_keeps_the_books():
     # the shared block is read by every request after the first: always pinned or the most
     # recently used, it is never the one evicted
     assert [r.cached_len for r in result.requests] == [0] + [512] * 8
+
+
+def test_mooncakes_trace_reads_what_an_unbounded_cache_would():
+    """The committed Mooncake conversation trace's first 300 requests (within Qwen3-8B's
+    context) on a cache that never evicts: the hit rate a plain set of the block-id prefixes
+    seen so far gives, prompt by prompt; on the H200's KV cache, no more than that."""
+    import json
+
+    from pdmux_triton.spec.traces import load_trace
+
+    path = "bench/data/mooncake-fast25/conversation_trace.jsonl"
+    trace = load_trace(path, 40960, "qwen3-8b's context").replayed(0, 300, 0.3)
+    rows = [json.loads(line) for line in open(path)]
+    rows = [rows[line - 1] for line in trace.line.tolist()]
+    seen, hit = set(), 0
+    for row in rows:  # whole blocks short of the last token, then the prompt's whole blocks
+        ids, n = row["hash_ids"], row["input_length"]
+        k = 0
+        while k < (n - 1) // 512 and tuple(ids[:k + 1]) in seen:
+            k += 1
+        hit += 512 * k
+        seen.update(tuple(ids[:j + 1]) for j in range(n // 512))
+    expected = hit / sum(row["input_length"] for row in rows)
+    unbounded, hbm = sim_executor(capacity=10**9), sim_executor()
+    # one prompt a batch: a batch's prompts do not read each other's blocks (inserted after
+    # their prefill), and the reference inserts each prompt's before the next reads
+    got = [scheduler.run("prefill_first", x, trace.requests(1000), prefill_tokens=1).prefix_cache
+           for x in (unbounded, hbm)]
+    assert got[0]["hit_rate"] == pytest.approx(expected, abs=1e-12) and expected > 0.1
+    assert got[0]["evicted_blocks"] == 0 and got[1]["evicted_blocks"] > 0
+    assert got[1]["hit_rate"] <= got[0]["hit_rate"]

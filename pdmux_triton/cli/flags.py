@@ -18,7 +18,8 @@ from pdmux_triton.cost.parallel import LINKS
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiments.capacity_search import STEADY_POINTS
 from pdmux_triton.experiments.repeats import MAX_REPEATS
-from pdmux_triton.experiments.settings import LENGTHS, LEVEL_POLICIES, MAX_SPEED, MAX_TP, WORKLOADS
+from pdmux_triton.experiments.settings import (LENGTHS, LEVEL_POLICIES, MAX_SPEED, MAX_TP,
+                                               PREFIX_CACHE, WORKLOADS)
 from pdmux_triton.experiments.variants import DEFAULT_STRATEGIES, variant
 from pdmux_triton.measure.calibration_sweep import DECODE_WORKLOADS
 from pdmux_triton.multiplex import sglang_rules
@@ -170,6 +171,10 @@ def _served_flags(p: Parser) -> None:
            help="tokens in one prefill batch at most (SGLang's --max-prefill-tokens)")
     p.flag("--max-running", type=integer(1, 1024), default=scheduler.DEFAULT_MAX_RUNNING,
            help="requests in the running batch at most (SGLang's --max-running-requests)")
+    p.flag("--prefix-cache", type=choice(PREFIX_CACHE), default="on",
+           help="on (as SGLang serves): a prompt reads the KV of the 512-token blocks it shares "
+                "with earlier prompts (same tokens: a trace's hash ids, as Mooncake's give "
+                "them) and computes the rest; off: every prompt computes all of its tokens")
     p.flag("--repeats", type=integer(1, MAX_REPEATS), default=1,
            help="measured: serve each strategy's requests this many times in one process; "
                 "figures are the medians, with their spread (highest - lowest, %% of the median)")

@@ -181,6 +181,8 @@ def serving_table(rows: list[dict]) -> str:
             ("goodput req/s", lambda r: cell(r.get("goodput_rps"), ".2f")),
             ("level changes / drain ms", lambda r: f"{cell(r.get('level_changes'), 'd')} / "
                                                    f"{cell(r.get('level_drain_ms'), '.0f')}"),
+            ("prefix hit / blocks evicted", lambda r: f"{cell(r.get('prefix_hit_rate'), '.0%')} / "
+                                                      f"{cell(r.get('prefix_evicted_blocks'), '.0f')}"),
             ("lost", lambda r: cell(r.get("requests_lost"), "d"))]
     return _columns(spec, [r for r in rows if r.get("requests_served")])
 
@@ -206,7 +208,8 @@ def capacity_table(result: dict) -> str:
             f", {traffic}): TTFT <= "
             f"{c['slo_ttft_ms']:g} ms and TPOT <= {c['slo_tpot_ms']:g} ms for "
             f"{c['attainment']:.0%} of requests (goodput); P99 TBT <= {c['slo_tpot_ms']:g} ms and "
-            f"median queueing <= {c['max_sched_delay_s']:g} s (Sarathi-Serve)\n"
+            f"median queueing <= {c['max_sched_delay_s']:g} s (Sarathi-Serve); prefix cache "
+            f"{inputs.get('prefix_cache', 'off')}\n"
             f"{'the simulation beside it, ' if measured else ''}{cost_model_line(inputs)}")
     limit = "highest rate served" if measured else "search limit"
 

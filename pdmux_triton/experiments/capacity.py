@@ -33,7 +33,8 @@ POINT_KEYS = ("rate", "slo_attainment", "slo_attainment_last_half", "goodput_rps
               "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms", "itl_p50_ms", "itl_p99_ms",
               "e2e_p50_ms", "e2e_p90_ms", "e2e_p99_ms", "sched_delay_p50_s", "decode_gpu_p50_ms",
               "host_layer_p50_ms", "prefill_ms", "gpu_idle_frac", "level_changes", "level_drain_ms",
-              "request_throughput_rps", "output_throughput_tps", "requests_served", *GUARDS)
+              "request_throughput_rps", "output_throughput_tps", "requests_served",
+              "prefix_hit_rate", "prefix_evicted_blocks", *GUARDS)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from pdmux_triton.multiplex.level_policy import SGLangLevels, SloLevels
 from pdmux_triton.results import provenance
 from pdmux_triton.serve import metrics, router, scheduler
 from pdmux_triton.serve.executor import RunResult
+from pdmux_triton.serve.prefix_cache import BLOCK_TOKENS
 from pdmux_triton.serve.simulated import SimExecutor
 from pdmux_triton.spec.traffic import Request
 
@@ -133,19 +134,23 @@ class Servers:
             del result  # one repeat's run held at a time, besides the first
         return repeats.combined(rows, summed=GUARDS), first
 
-    def _run(self, v: Variant, loop: str, x, requests: list[Request]) -> RunResult:
-        """One server's loop over a copy of `requests` (they serve every variant)."""
+    def _run(self, v: Variant, loop: str, x, requests: list[Request],
+             computes_prefill: bool = True) -> RunResult:
+        """One server's loop over a copy of `requests` (they serve every variant); one that
+        does not compute prefills (a disaggregated decode server) has no prefix cache."""
         s = self.s
+        cached = s.prefix_cache == "on" and computes_prefill
         return scheduler.run(loop, x, copy.deepcopy(requests), chunk=v.chunk,
                              config=s.config, levels=s.levels, prefill_tokens=s.prefill_tokens,
                              max_running=s.max_running, levels_by=self.level_policy(v),
-                             progress=self.log)
+                             progress=self.log, prefix_block=BLOCK_TOKENS if cached else None)
 
     def _serve_behind_router(self, v: Variant, requests: list[Request]):
         s = self.s
 
         def on_new_server(strategy: str, kv_arrives: bool = False):
-            return lambda part: self._run(v, strategy, self.executor(v, kv_arrives), part)
+            return lambda part: self._run(v, strategy, self.executor(v, kv_arrives), part,
+                                          computes_prefill=not kv_arrives)
         if v.loop == "disagg":  # prefill servers and decode servers take the whole GPU each
             result = router.serve_disaggregated(
                 v.name, on_new_server("prefill_first"), on_new_server("prefill_first", True),

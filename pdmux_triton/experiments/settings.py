@@ -20,6 +20,7 @@ from pdmux_triton.spec.gpus import GPUSpec
 from pdmux_triton.spec.models import ModelSpec
 
 WORKLOADS = ("chapter", "stream", "trace")
+PREFIX_CACHE = ("on", "off")
 LEVEL_POLICIES = ("sglang", "slo")
 LENGTHS = (*traffic.LENGTH_PRESETS, "exponential")
 MAX_CHUNK_STEPS = 65_536  # chunked steps per prompt: a run's work stays bounded
@@ -80,6 +81,8 @@ class RunSettings:
     relevel_at_layers: bool = False
     # measured: each strategy serves the same requests this many times (median and spread)
     repeats: int = 1
+    # prompts' shared prefixes read from a prefix cache ("on", as SGLang serves) or not ("off")
+    prefix_cache: str = "on"
     # SLOs a request must meet to count towards goodput
     slo_ttft_ms: float | None = None
     slo_tpot_ms: float | None = None
@@ -141,6 +144,8 @@ class RunSettings:
         if self.compare and not self.calibration:
             raise PdmuxError("--compare calibrates the prefill rate beside --calibration's decode "
                              "curve: pass --calibration too")
+        if self.prefix_cache not in PREFIX_CACHE:
+            raise PdmuxError(f"--prefix-cache {self.prefix_cache!r}: {' or '.join(PREFIX_CACHE)}")
         if not (isinstance(self.repeats, int) and 1 <= self.repeats <= MAX_REPEATS):
             raise PdmuxError(f"--repeats {self.repeats!r}: a whole number of runs in "
                              f"1..{MAX_REPEATS}")

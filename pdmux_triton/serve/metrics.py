@@ -277,8 +277,20 @@ def summarize(result: RunResult, slo: Slo | None = None) -> dict:
         "level_changes": sum(int(np.count_nonzero(np.diff(part.rounds.column("level"))))
                              for part in servers),
         "level_drain_ms": float(sum(result.activity.drain_s)) * MS,
+        **prefix_cache_figures(result),
         **serving(result, slo, ranked),
     }
+
+
+def prefix_cache_figures(result: RunResult) -> dict:
+    """The prefix cache's hit rate (prompt tokens read from it over prompt tokens admitted) and
+    the blocks it evicted, over every server; None where it was off."""
+    stats = [p.prefix_cache for p in (result.parts or [result]) if p.prefix_cache is not None]
+    if not stats:
+        return {"prefix_hit_rate": None, "prefix_evicted_blocks": None}
+    prompt = sum(st["prompt_tokens"] for st in stats)
+    return {"prefix_hit_rate": sum(st["cached_tokens"] for st in stats) / prompt if prompt else 0.0,
+            "prefix_evicted_blocks": sum(st["evicted_blocks"] for st in stats)}
 
 
 def serving(result: RunResult, slo: Slo | None = None, ranked: _Ranked | None = None) -> dict:
