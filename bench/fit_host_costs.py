@@ -153,21 +153,24 @@ def fidelity_prefills(points: list[tuple[dict, float]]) -> list[dict]:
     the host's launch time per layer."""
     from trace_fidelity import prefill_batches
 
-    return [{"tokens": tokens, "prompts": prompts, "seconds": (end - start) / 1e6,
-             "host_s": host}
+    return [{"tokens": tokens, "prompts": prompts, "cached": cached,
+             "seconds": (end - start) / 1e6, "host_s": host}
             for point, host in points if point["strategy"] == "prefill_first"
-            for end, (start, tokens, prompts) in prefill_batches(point["diagnostics"]).items()]
+            for end, (start, tokens, prompts, cached) in
+            prefill_batches(point["diagnostics"]).items()]
 
 
 def fit_whole_gpu_prefill(rows, model, prefill, overheads) -> tuple[float, dict] | None:
     """Least squares (through 0) of a batch's span less its eager step (on the run's host) =
     its FLOPs / (peak x MFU), over the batches bound by their GPU at the fitted MFU (their
     layers take GPU_BOUND_MARGIN times their launches or longer); each batch's prompts taken
-    as of one length (the points keep no prompt's own: batches of uneven prompts count a few
-    % fewer attention FLOPs than they did, so the MFU reads a little low).
+    as of one length over one cached prefix (the points keep no prompt's own: batches of
+    uneven prompts count a few % fewer attention FLOPs than they did, so the MFU reads a
+    little low).
     None where fewer than MIN_PREFILLS batches are bound by their GPU."""
     peak = prefill.peak_tflops * 1e12
-    flops = np.array([r["prompts"] * step_cost.layer_flops(model, r["tokens"] // r["prompts"], 0,
+    flops = np.array([r["prompts"] * step_cost.layer_flops(model, r["tokens"] // r["prompts"],
+                                                           r["cached"] // r["prompts"],
                                                            model.layers)
                       + step_cost.lm_head_flops(model, r["prompts"]) for r in rows]) / peak
     host = np.array([r["host_s"] for r in rows])

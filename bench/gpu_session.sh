@@ -21,6 +21,8 @@
 #       --decode-batches, into a copy of the calibration: BATCHES=48 measures one more)
 #   FIDELITY_ARGS="--traces conv" bash bench/gpu_session.sh fidelity   # the simulator against
 #       the GPU on Azure trace windows (resumes its points when cut short)
+#   PREFIX_RATES=1.5,2 bash bench/gpu_session.sh prefix   # prefix cache on and off, Mooncake
+#       conversation rows 3000-3199 (bench/prefix_cache.py; measured capacity, points resume)
 #   bash bench/gpu_session.sh gemm_rows   # decode GEMM tiles for 65-128 rows on 20-132 SMs
 #   bash bench/gpu_session.sh pinned floor   # pinned partitions: gpu tests, decode-floor figures
 #   bash bench/gpu_session.sh pinned anatomy sites floor   # and what the pinned gate costs
@@ -132,5 +134,13 @@ SLO_OUT=${SLO_OUT:-bench/results}
 step slo ${SLO_S:-540} python3 bench/slo_levels.py --out "$SLO_OUT" ${SLO_ARGS:-}
 case " $STEPS " in *" slo "*) [ -d "$SLO_OUT/slo-levels" ] && tar czf "$OUT/$(basename "$SLO_OUT")-slo-levels.tgz" \
     "$SLO_OUT/slo-levels" "$SLO_OUT"/slo-levels-h200*.json 2>/dev/null;; esac
+# prefix caching on Mooncake's conversation trace (issue 28, bench/prefix_cache.py): each
+# strategy's capacity measured with the cache on and off at PREFIX_RATES, the simulation beside;
+# its points resume under bench/results/prefix-cache/ (copy them back between calls)
+step prefix ${PREFIX_S:-540} python3 bench/prefix_cache.py --out bench/results \
+    --traces ${PREFIX_TRACES:-conv} --window ${PREFIX_WINDOW:-3000:200} \
+    --strategies ${PREFIX_STRATEGIES:-pdmux_grid_cap,chunked_512} --rates ${PREFIX_RATES:-1.5,2}
+case " $STEPS " in *" prefix "*) tar czf "$OUT/prefix-cache.tgz" -C bench/results prefix-cache \
+    $(cd bench/results && ls prefix-cache-h200*.json 2>/dev/null) ;; esac
 grep -E "^(== |   )|passed|failed|MISS|  ok|capacity req/s|pdmux_|chunked_|prefill_first|^sharegpt|^arxiv" \
     "$LOG" | tail -40

@@ -95,19 +95,21 @@ def windows(args, only: tuple | None = None):
 
 def prefill_batches(diag: dict) -> dict[int, list]:
     """A run's prompt batches, by the moment they got their first token (the requests that got
-    it at one moment are one batch): [first of them taken, tokens, prompts], in microseconds
-    (points measured before the scheduler stamped a batch once carry each request's own
-    start)."""
+    it at one moment are one batch): [first of them taken, tokens computed, prompts, tokens
+    read from the prefix cache], in microseconds (points measured before the scheduler
+    stamped a batch once carry each request's own start; before the prefix cache, no cached
+    tokens)."""
     batches: dict[int, list] = {}
-    for start, end, tokens, prompts in diag["prefills"]:
-        b = batches.setdefault(end, [start, 0, 0])
+    for start, end, tokens, prompts, *cached in diag["prefills"]:
+        b = batches.setdefault(end, [start, 0, 0, 0])
         b[0], b[1], b[2] = min(b[0], start), b[1] + tokens, b[2] + prompts
+        b[3] += cached[0] if cached else 0
     return batches
 
 
 def batch_prefill_ms(diag: dict) -> float | None:
     """The median prefill span of a run's prompt batches (`prefill_batches`)."""
-    spans = [(end - start) / 1e3 for end, (start, _, _) in prefill_batches(diag).items()]
+    spans = [(end - start) / 1e3 for end, (start, *_) in prefill_batches(diag).items()]
     return statistics.median(spans) if spans else None
 
 

@@ -212,11 +212,14 @@ def test_the_whole_gpu_prefill_fit_recovers_a_known_mfu_from_the_batches_it_boun
     rows = []
     for i in range(MIN_PREFILLS + 2):
         prompts, per_prompt, host_s = 1 + i % 5, 4000 + 700 * i, (0.001, 0.0015)[i % 2]
-        flops = (prompts * step_cost.layer_flops(qwen, per_prompt, 0, qwen.layers)
+        cached = (0, 2048)[i % 2]  # each prompt's tokens read from a prefix cache
+        flops = (prompts * step_cost.layer_flops(qwen, per_prompt, cached, qwen.layers)
                  + step_cost.lm_head_flops(qwen, prompts))
         rows.append({"tokens": prompts * per_prompt, "prompts": prompts, "host_s": host_s,
+                     "cached": prompts * cached,
                      "seconds": 0.002 * host_s / 0.001 + flops / (989e12 * 0.52)})
-    rows.append({"tokens": 20, "prompts": 1, "host_s": 0.001, "seconds": 0.5})  # launch-bound
+    rows.append({"tokens": 20, "prompts": 1, "cached": 0, "host_s": 0.001,
+                 "seconds": 0.5})  # launch-bound
     mfu, quality = fit_whole_gpu_prefill(rows, qwen, rate, host)
     assert mfu == pytest.approx(0.52, rel=1e-9) and quality["batches"] == MIN_PREFILLS + 2
     assert fit_whole_gpu_prefill(rows[:MIN_PREFILLS - 1], qwen, rate, host) is None
@@ -553,3 +556,28 @@ def test_decode_floor_summary_reads_its_rows_and_the_sessions_files(tmp_path):
         out = subprocess.run([sys.executable, "bench/decode_floor.py", "--out", str(tmp_path)],
                              capture_output=True, text=True, timeout=120)
         assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_prefix_cache_compares_capacities_with_the_cache_on_and_off(tmp_path):
+    """bench/prefix_cache.py on a short window of Mooncake's synthetic trace, simulated: both
+    capacities per strategy, the hit rate at capacity no more than the unbounded count's, and
+    a bad window refused in one line."""
+    import json
+
+    out = subprocess.run([sys.executable, "bench/prefix_cache.py", "--out", str(tmp_path),
+                          "--traces", "syn", "--window", "3000:60", "--strategies",
+                          "pdmux_grid_cap"], capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    data = json.loads((tmp_path / "prefix-cache-h200-simulated.json").read_text())
+    s = data["summary"]["syn"]
+    row = s["strategies"]["pdmux_grid_cap"]
+    counted = s["counted_hit_rates"]
+    assert 0 < counted["lru_at_kv_capacity"] <= counted["unbounded"]
+    assert row["goodput_capacity_on_rps"] >= row["goodput_capacity_off_rps"] > 0
+    assert 0 < row["hit_rate_at_capacity"] <= counted["unbounded"]
+    on = data["traces"]["syn"]["capacity"]["on"]
+    assert on["inputs"]["prefix_cache"] == "on" and on["inputs"]["trace_count"] == 60
+    assert "pdmux_grid_cap" in out.stdout and "unbounded" in out.stdout
+    bad = subprocess.run([sys.executable, "bench/prefix_cache.py", "--out", str(tmp_path),
+                          "--window", "10"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--window" in bad.stderr and "Traceback" not in bad.stderr

@@ -73,7 +73,7 @@ def test_a_measured_sweep_reads_its_rates_beside_the_simulation(monkeypatch, tmp
     again = capacity.open_diagnostics(tmp_path, "h200")
     assert {(d["mode"], d["rate"]) for d in again.points.values()} == {("gpu", r) for r in served}
     for d in again.points.values():
-        assert sum(n for *_, n in d["prefills"]) == 40 and "busy_us" not in d
+        assert sum(batch[3] for batch in d["prefills"]) == 40 and "busy_us" not in d
         assert d["decode_step_us"] and len(d["rounds"]["start_us"]) == len(d["rounds"]["level"])
     assert result["mode"] == "gpu" and row["points"] == len(served)
     # the given rates in order, up to the first whose attainment misses the target

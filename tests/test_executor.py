@@ -52,4 +52,5 @@ def test_both_executors_offer_the_whole_contract(executor):
     missing = [m for m in CONTRACT if not callable(getattr(cls, m, None))]
     assert not missing, f"{name} lacks {missing}"
     assert {"start", "set_level", "launch_decode", "mixed", "finish"} <= set(CONTRACT)
-    assert set(ATTRIBUTES) == {"total_sms", "cc_major", "num_layers", "kv_capacity_tokens"}
+    assert set(ATTRIBUTES) == {"total_sms", "cc_major", "num_layers", "kv_capacity_tokens",
+                               "kv_page_tokens"}

@@ -59,8 +59,8 @@ class OtherPolicy(SGLangLevels):
 
 
 @pytest.mark.parametrize("keeps,cache_tokens,pages", [
-    (None, 118, 8),  # memory unknown: the whole run's KV
-    (1000, 118, 8),  # it fits
+    (None, 144, 9),  # memory unknown: the whole run's KV, in whole pages (7 + 1 + 1)
+    (1000, 144, 9),  # it fits
     (115, 115, 8),  # what the GPU keeps: admission waits
     (50, 50, 7),  # less than the longest request: the cache still holds that one
 ])

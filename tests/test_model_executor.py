@@ -154,7 +154,7 @@ def serve_cached(x, prefix_block):
                          prefix_block=prefix_block)
 
 
-def test_the_prefix_cache_serves_the_same_tokens_and_the_simulators_hit_rate():
+def test_the_prefix_cache_serves_the_same_tokens_and_the_simulators_hit_rate(monkeypatch):
     """Under eviction pressure (a cache of 64 tokens, two or three requests' worth): the
     cached run serves the uncached run's tokens, never frees a page a request still reads,
     gives every page back, and the simulated clock reads the same blocks from its cache."""
@@ -162,23 +162,30 @@ def test_the_prefix_cache_serves_the_same_tokens_and_the_simulators_hit_rate():
     from pdmux_triton.serve.simulated import SimExecutor
 
     x = ModelExecutor.shared(TINY, GPU, "grid_cap", page_size=4, cache_tokens=64)
-    drop = x.blocks.drop
+    bm = x.blocks
+    drop = bm.drop
 
-    def checked_drop(pages):  # the executor's eviction: never a page a live request holds
-        live = {p for table in x.blocks.owned.values() for p in table}
-        assert not set(pages) & live
+    def checked_drop(pages):  # the executor's eviction: never a page in use, nor one free
+        live = {p for table in bm.owned.values() for p in table}
+        assert not set(pages) & (live | set(bm.free_pages))
         drop(pages)
-    x.blocks.drop = checked_drop
+    monkeypatch.setattr(bm, "drop", checked_drop)
     cached = serve_cached(x, 8)
     plain = serve_cached(x, None)
-    assert {r.rid: r.tokens for r in cached.requests} == {r.rid: r.tokens for r in plain.requests}
+    tokens = {r.rid: r.tokens for r in plain.requests}
+    assert {r.rid: r.tokens for r in cached.requests} == tokens
     stats = cached.prefix_cache
     assert stats["evicted_blocks"] > 0 and stats["hit_rate"] > 0.3
-    assert not x.blocks.owned and not x.blocks.cached
-    assert len(x.blocks.free_pages) == x.model.cache.num_pages - 1
+    assert not bm.owned and not bm.cached
+    assert sorted(bm.free_pages) == list(range(x.model.cache.num_pages - 1))  # each page once
+    # chunked prefill: a prompt's chunks begin after its cached blocks
+    chunked = scheduler.run("chunked", x, shared_prefix_requests(), chunk=8, prefix_block=8)
+    assert {r.rid: r.tokens for r in chunked.requests} == tokens
+    assert chunked.prefix_cache["hit_rate"] > 0.3
+    assert sorted(bm.free_pages) == list(range(x.model.cache.num_pages - 1))
     sim = SimExecutor(GPU, TINY, step_cost.SaturationLaw(1.0, 16),
                       step_cost.PrefillRate.fixed(GPU.bf16_tflops, GPU.sms, 0.5))
-    sim.kv_capacity_tokens = x.kv_capacity_tokens
+    sim.kv_capacity_tokens, sim.kv_page_tokens = x.kv_capacity_tokens, x.kv_page_tokens
     simulated = serve_cached(sim, 8)
     assert simulated.prefix_cache == stats
     assert ([r.cached_len for r in simulated.requests] ==

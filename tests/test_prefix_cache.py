@@ -166,6 +166,15 @@ def test_eviction_makes_room_and_keeps_the_books():
     # the shared block is read by every request after the first: always pinned or the most
     # recently used, it is never the one evicted
     assert [r.cached_len for r in result.requests] == [0] + [512] * 8
+    # the loop's books, by hand: every token free or in a cached block once all have ended
+    cache = PrefixCache()
+    e = scheduler.Engine(x, [Request(i, 1500, 4, 0.0, draw=IDS, hash_ids=[0, 10 + i, 20 + i])
+                             for i in range(9)], 128, prefix_cache=cache)
+    x.start([])
+    scheduler.run_prefill_first(e, 1)
+    assert e.served == 9 and not e.own and not cache.pins
+    assert e.kv_free + cache.blocks * cache.block == x.kv_capacity_tokens and cache.blocks > 0
+    assert cache.unpinned == cache.blocks  # nothing pins a block once every request ended
 
 
 def test_mooncakes_trace_reads_what_an_unbounded_cache_would():

@@ -92,6 +92,7 @@ def check_fits(gpu: GPUSpec, model: ModelSpec, kv_tokens: int, what: str) -> Non
 # same role).
 KV_MEMORY_FRACTION = 0.6
 UNBOUNDED_KV_TOKENS = 10**12  # a GPU whose memory is not known
+KV_PAGE_TOKENS = 16  # the served KV cache's page: a request holds whole pages of it
 
 
 def kv_capacity_tokens(gpu: GPUSpec, model: ModelSpec) -> int:

@@ -44,6 +44,9 @@ class BlockManager:
 
     def drop(self, pages: list[int]) -> None:
         """The prefix cache evicted these pages: free."""
+        if not self.cached.issuperset(pages):
+            raise PdmuxError(f"pages {sorted(set(pages) - self.cached)} are not the prefix "
+                             f"cache's to free")
         self.cached.difference_update(pages)
         self.free_pages.extend(reversed(pages))
 

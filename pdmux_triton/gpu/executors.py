@@ -19,7 +19,7 @@ from pdmux_triton.spec.gpus import GPUSpec
 from pdmux_triton.spec.models import ModelSpec
 from pdmux_triton.spec.traffic import Request
 
-PAGE_SIZE = 16
+PAGE_SIZE = step_cost.KV_PAGE_TOKENS
 
 
 class GpuExecutors:
@@ -33,8 +33,10 @@ class GpuExecutors:
         self.levels = levels
         self.prefill_tokens, self.max_running = prefill_tokens, max_running
         longest = max(kv_need(r) for r in requests)
-        # the whole run's KV at once if it fits, else what the GPU keeps (admission waits)
-        self.cache_tokens = min(sum(map(kv_need, requests)), step_cost.kv_capacity_tokens(gpu, model))
+        # the whole run's KV at once if it fits (its pages: a prefix cache then never evicts),
+        # else what the GPU keeps (admission waits)
+        self.cache_tokens = min(sum(kv_need(r, PAGE_SIZE) for r in requests),
+                                step_cost.kv_capacity_tokens(gpu, model))
         self.max_context = -(-longest // PAGE_SIZE) * PAGE_SIZE
         self._warm: set[tuple] = set()
 

@@ -135,6 +135,7 @@ class ModelExecutor:
         self.use_graphs = self.cuda if use_graphs is None else use_graphs
         self.blocks = BlockManager(model.cache.num_pages, model.cache.page_size)
         self.kv_capacity_tokens = (model.cache.num_pages - 1) * model.cache.page_size  # less scratch
+        self.kv_page_tokens = model.cache.page_size
         self.last_token: dict[int, int] = {}
         self.partitions = runtime.partitions
         self.graphs = runtime.graphs

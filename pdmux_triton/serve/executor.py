@@ -39,6 +39,7 @@ class Executor(Protocol):
     cc_major: int
     num_layers: int
     kv_capacity_tokens: int  # tokens its KV cache holds
+    kv_page_tokens: int  # tokens of one of its pages: a request holds whole pages
 
     def start(self, warm: list[Request]) -> None:
         """Put the requests already decoding into the KV cache, then start the clock."""

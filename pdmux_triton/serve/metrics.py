@@ -375,18 +375,20 @@ ROUND_US = 1e6  # diagnostics' times are kept in whole microseconds
 
 def diagnostics(result: RunResult, spans: bool = True) -> dict:
     """What a measured point's figures come from, in microseconds: each prefill batch (start,
-    end, tokens computed, prompts), every round, every decode step's GPU time, how fast the host
+    end, tokens computed, prompts, tokens read from the prefix cache), every round, every decode step's GPU time, how fast the host
     launched an eager layer and, with `spans`, every launch's span on the GPU."""
     batches: dict[tuple, list] = {}
     for r in result.requests:
         if not r.warm and r.prefill_start is not None and r.prefill_end is not None:
-            batch = batches.setdefault((r.prefill_start, r.prefill_end), [0, 0])
+            batch = batches.setdefault((r.prefill_start, r.prefill_end), [0, 0, 0])
             batch[0] += r.prompt_len - r.cached_len  # computed: a cached prefix is read
             batch[1] += 1
+            batch[2] += r.cached_len
     rounds = result.rounds
     us = lambda seconds: round(seconds * ROUND_US)  # noqa: E731
     out = {
-        "prefills": [[us(a), us(b), tokens, n] for (a, b), (tokens, n) in sorted(batches.items())],
+        "prefills": [[us(a), us(b), tokens, n, cached]
+                     for (a, b), (tokens, n, cached) in sorted(batches.items())],
         "rounds": {"start_us": [us(t) for t in rounds.start], "end_us": [us(t) for t in rounds.end],
                    "level": list(rounds.level), "decode_bs": list(rounds.decode_bs),
                    "decode_context": list(rounds.decode_context), "label": list(rounds.label),

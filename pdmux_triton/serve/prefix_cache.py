@@ -54,6 +54,7 @@ class PrefixCache:
         self._order = itertools.count()  # breaks ties in the heap
         self._evictable: list[tuple[int, int, Node]] = []  # (last use, order, node), lazily
         self.pins: dict[int, list[Node]] = {}  # a request's pinned nodes, by id
+        self._keys: dict[int, list[Hashable] | None] = {}  # a request's block keys, by id
         # what was served: prompt tokens admitted, of them read from the cache; blocks evicted
         self.prompt_tokens = 0
         self.cached_tokens = 0
@@ -62,7 +63,13 @@ class PrefixCache:
     # --- keys ----------------------------------------------------------------------------
     def keys(self, r: Request) -> list[Hashable] | None:
         """The keys of the prompt's whole blocks, in order; None where its tokens are its own
-        (drawn from its request's stream: no other prompt holds them)."""
+        (drawn from its request's stream: no other prompt holds them). Made once a request
+        (a waiting prompt is matched every round), until it ends."""
+        if r.rid not in self._keys:
+            self._keys[r.rid] = self._make_keys(r)
+        return self._keys[r.rid]
+
+    def _make_keys(self, r: Request) -> list[Hashable] | None:
         n = r.prompt_len // self.block
         if r.hash_ids is not None:  # a hash id's tokens, and where in them the block begins
             per = HASH_BLOCK_TOKENS // self.block
@@ -155,6 +162,7 @@ class PrefixCache:
 
     def finish(self, r: Request) -> None:
         """`r` ended: its pins are released (its blocks stay, evictable once unpinned)."""
+        self._keys.pop(r.rid, None)
         for node in reversed(self.pins.pop(r.rid, ())):  # the deepest first: used last
             node.refs -= 1
             node.last_use = next(self._clock)

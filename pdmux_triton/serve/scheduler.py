@@ -96,18 +96,22 @@ class Engine:
         self.served = 0
         self.max_running = max_running
         capacity = executor.kv_capacity_tokens
-        # KV tokens each admitted request holds as its own (the cache holds the rest)
-        self.own = {r.rid: kv_need(r) for r in self.running}
+        self.page = executor.kv_page_tokens
+        for r in requests:  # served afresh: nothing read from a cache before this run
+            r.cached_len, r.prefix = 0, ()
+        # KV tokens each admitted request holds as its own, in whole pages (the cache holds
+        # the rest)
+        self.own = {r.rid: kv_need(r, self.page) for r in self.running}
         self.kv_free = capacity - sum(self.own.values())
         if self.kv_free < 0 or len(self.running) > max_running:
             raise PdmuxError(f"{len(self.running)} requests decoding from the start need "
-                             f"{sum(map(kv_need, self.running)):,} tokens of KV cache and as "
+                             f"{sum(self.own.values()):,} tokens of KV cache and as "
                              f"many batch slots; the executor holds {capacity:,} tokens and "
                              f"runs at most {max_running} requests")
         for r in requests:
-            if kv_need(r) > capacity:
-                raise PdmuxError(f"request {r.rid} needs {kv_need(r):,} tokens of KV cache; the "
-                                 f"executor holds {capacity:,}")
+            if kv_need(r, self.page) > capacity:
+                raise PdmuxError(f"request {r.rid} needs {kv_need(r, self.page):,} tokens of KV "
+                                 f"cache; the executor holds {capacity:,}")
 
     def busy(self, in_flight: object = None) -> bool:
         """Work is left: requests to come, waiting or decoding, or a prefill in flight."""
@@ -137,7 +141,7 @@ class Engine:
             r = self.waiting[0]
             hit = self.cache.match(r) if self.cache else []
             cached = len(hit) * self.cache.block if hit else 0
-            need, new = kv_need(r) - cached, r.prompt_len - cached
+            need, new = kv_need(r, self.page) - cached, r.prompt_len - cached
             if (len(self.running) + len(batch) >= self.max_running
                     or (batch and tokens + new > token_budget) or not self._room(need, hit)):
                 break
@@ -238,9 +242,10 @@ def context_of(reqs: list[Request]) -> int:
     return sum(r.context for r in reqs)
 
 
-def kv_need(r: Request) -> int:
-    """KV cache tokens a request holds at its end: its prompt and every output token."""
-    return r.prompt_len + r.output_len
+def kv_need(r: Request, page: int = 1) -> int:
+    """KV cache tokens a request holds at its end: its prompt and every output token, in
+    whole pages of `page` tokens."""
+    return -(-(r.prompt_len + r.output_len) // page) * page
 
 
 def run_prefill_first(e: Engine, token_budget: int) -> None:

@@ -50,6 +50,7 @@ class SimExecutor:
         self.kv_arrives = kv_arrives
         self.total_sms, self.cc_major, self.num_layers = gpu.sms, gpu.cc_major, model.layers
         self.kv_capacity_tokens = step_cost.kv_capacity_tokens(gpu, model)
+        self.kv_page_tokens = step_cost.KV_PAGE_TOKENS  # as the GPU executor's
         self._reset()
 
     def _reset(self) -> None:

@@ -1,0 +1,201 @@
+"""Prefix caching on Mooncake's traces: each strategy's goodput capacity with the cache on and
+off, the hit rates behind them, and an independent count of what a cache could hit.
+
+For each trace window (`--traces`, rows `--window START:COUNT` of the committed Mooncake FAST'25
+traces, Qwen3-8B on the H200) `pdmux-triton capacity` runs twice, `--prefix-cache on` and `off`,
+each into its own folder under <out>/prefix-cache/ (its points resume). Without a GPU it
+simulates (the search); on one it measures at `--rates` with the simulation beside, as
+`capacity` does. Beside them, the window's hit rates counted without the serving loop, prompt
+by prompt in arrival order: a cache that never evicts, and one that keeps the most recently
+used blocks up to the H200's KV cache for the model (what one GPU can hold, if no request
+reserved any).
+
+The SLOs default to TTFT <= 10 s and TPOT <= 50 ms: the conversation trace's prompts average
+12K tokens and reach 40K, whose prefill alone takes seconds, so 2 s would fail every strategy
+at any rate. Writes <out>/prefix-cache-h200[-simulated].json; prints the table.
+
+    python bench/prefix_cache.py                                    # simulated, both traces
+    python bench/prefix_cache.py --traces conv --rates 1.5,2 --strategies pdmux_grid_cap,chunked_512
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import OrderedDict
+from contextlib import redirect_stdout
+from io import StringIO
+from pathlib import Path
+
+from script import bench_inputs, bench_parser, finish, run_script
+
+from pdmux_triton.cli.main import main as cli
+from pdmux_triton.cli.parsing import choice, integer, listed, number
+from pdmux_triton.cost import step_cost
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.experiments.variants import DEFAULT_STRATEGIES
+from pdmux_triton.results import provenance, read_json, write_json
+from pdmux_triton.serve.prefix_cache import BLOCK_TOKENS
+from pdmux_triton.spec.gpus import gpu_preset
+from pdmux_triton.spec.models import model_preset
+from pdmux_triton.spec.traces import load_trace
+
+TRACES = {"conv": "bench/data/mooncake-fast25/conversation_trace.jsonl",
+          "syn": "bench/data/mooncake-fast25/synthetic_trace.jsonl"}
+PUBLISHED_GAIN = 3.06  # PD-mux's goodput over chunked prefill, Mooncake Tool&Agent, cache on
+
+
+def window(text: str) -> tuple[int, int]:
+    start, _, count = text.partition(":")
+    try:
+        return integer(0)(start), integer(50)(count)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"{text!r}: START:COUNT, rows of the trace (COUNT >= "
+                                         f"50)") from None
+
+
+def counted_hit_rates(path: str, start: int, count: int, kv_tokens: int,
+                      max_tokens: int) -> dict:
+    """The window's hit rates counted from its hash ids alone, prompt by prompt in arrival
+    order (each reads its cached whole blocks short of its last token, then adds its own):
+    with no eviction, and with the least recently used blocks evicted past `kv_tokens`."""
+    trace = load_trace(path, max_tokens, "the model's context").replayed(start, count)
+    rows = [json.loads(line) for line in open(path)]
+    rows = [rows[line - 1] for line in trace.line.tolist()]
+    out = {}
+    for name, blocks in (("unbounded", None), ("lru_at_kv_capacity", kv_tokens // BLOCK_TOKENS)):
+        cached: OrderedDict = OrderedDict()
+        hit = total = 0
+        for row in rows:
+            ids, n = row["hash_ids"], row["input_length"]
+            total += n
+            k = 0
+            while k < (n - 1) // BLOCK_TOKENS and tuple(ids[:k + 1]) in cached:
+                k += 1
+            hit += BLOCK_TOKENS * k
+            for j in reversed(range(n // BLOCK_TOKENS)):  # the deepest first: evicted first,
+                key = tuple(ids[:j + 1])                  # so no block outlives its parent
+                cached[key] = None
+                cached.move_to_end(key)
+            while blocks is not None and len(cached) > blocks:
+                cached.popitem(last=False)
+        out[name] = hit / total
+    return out
+
+
+def capacity_run(args, path: str, start: int, count: int, cache: str, folder: Path) -> dict:
+    """`pdmux-triton capacity` on the window with the cache on or off: its result JSON."""
+    argv = ["capacity", "--gpu", "h200", "--trace", path, "--trace-start", str(start),
+            "--trace-count", str(count), "--prefix-cache", cache,
+            "--strategies", ",".join(args.strategies), "--slo-ttft-ms", str(args.slo_ttft_ms),
+            "--slo-tpot-ms", str(args.slo_tpot_ms), "--calibration", args.calibration,
+            "--compare", args.compare, "--host-costs", args.host_costs, "--out", str(folder),
+            "--json"]
+    argv += ["--rates", ",".join(map(str, args.rates))] if args.rates else ["--simulate"]
+    with redirect_stdout(StringIO()):  # its JSON: read from the file it writes
+        code = cli(argv)
+    if code:
+        raise PdmuxError(f"capacity on {path} rows {start}+{count} (cache {cache}) exited {code}")
+    return read_json(folder / "capacity-h200.json", "capacity result")
+
+
+def hit_rate_at(result: dict, strategy: str, mode: str) -> float | None:
+    """The prefix hit rate of the strategy's point nearest its goodput capacity, in `mode`
+    ("gpu" or "simulated")."""
+    row = result["summary"]["strategies"][strategy]
+    cap = row[("simulated_" if mode == "simulated" and result["mode"] == "gpu" else "")
+              + "goodput_capacity_rps"]
+    points = [p for p in result["points"] if p["strategy"] == strategy and p["mode"] == mode]
+    if not points or not cap:  # no capacity: no load to read it at
+        return None
+    return min(points, key=lambda p: abs(p["rate"] - cap)).get("prefix_hit_rate")
+
+
+def summarize(traces: dict) -> dict:
+    """Per trace: each strategy's goodput capacity on and off and their ratio, and PD-mux's
+    over the best chunked prefill with the cache on (beside the published gain)."""
+    out = {}
+    for name, t in traces.items():
+        on, off = t["capacity"]["on"], t["capacity"]["off"]
+        rows = {}
+        for strategy in on["summary"]["strategies"]:
+            caps = {c: t["capacity"][c]["summary"]["strategies"][strategy]["goodput_capacity_rps"]
+                    for c in ("on", "off")}
+            # read on a stream too short for its rate: a burst's capacity (`capacity`'s label)
+            bursts = {c: t["capacity"][c]["summary"]["strategies"][strategy].get(
+                "steady", {}).get("goodput") is False for c in ("on", "off")}
+            rows[strategy] = {**{f"goodput_capacity_{c}_rps": v for c, v in caps.items()},
+                              **{f"burst_{c}": b for c, b in bursts.items()},
+                              "on_vs_off": caps["on"] / caps["off"] if caps["off"] else None,
+                              "hit_rate_at_capacity": hit_rate_at(on, strategy, on["mode"])}
+        pdmux = rows.get("pdmux_grid_cap", {}).get("goodput_capacity_on_rps")
+        chunked = max((r["goodput_capacity_on_rps"] or 0.0 for n, r in rows.items()
+                       if n.startswith("chunked")), default=0.0)
+        out[name] = {"strategies": rows, "counted_hit_rates": t["counted_hit_rates"],
+                     "pdmux_vs_best_chunked_cache_on": pdmux / chunked if pdmux and chunked
+                     else None, "published_pdmux_vs_chunked": PUBLISHED_GAIN,
+                     "measured": off["mode"] == "gpu"}
+    return out
+
+
+def table(summary: dict) -> str:
+    lines = []
+    for name, s in summary.items():
+        c = s["counted_hit_rates"]
+        lines.append(f"{name}: hit rate counted from its hash ids {c['unbounded']:.1%} "
+                     f"unbounded, {c['lru_at_kv_capacity']:.1%} in the H200's KV cache; PD-mux "
+                     f"over the best chunked prefill, cache on: "
+                     f"{s['pdmux_vs_best_chunked_cache_on'] or 0:.2f}x (published "
+                     f"{PUBLISHED_GAIN}x, Tool&Agent, 8xA100, 70B)")
+        lines.append(f"  {'strategy':<16} {'on req/s':>15} {'off req/s':>15} {'on/off':>7} "
+                     f"{'hit at cap':>10}")
+        for strategy, r in s["strategies"].items():
+            fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
+            cap = {c: fmt(r[f"goodput_capacity_{c}_rps"], ".2f")
+                   + (" burst" if r[f"burst_{c}"] else "") for c in ("on", "off")}
+            lines.append(f"  {strategy:<16} {cap['on']:>15} {cap['off']:>15} "
+                         f"{fmt(r['on_vs_off'], '.2f'):>7} {fmt(r['hit_rate_at_capacity'], '.1%'):>10}")
+    lines.append("burst: read on a stream too short for its rate (the later half's attainment "
+                 "more than 5 points from the whole's): more than the GPU sustains")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    start, count = args.window
+    model, gpu = model_preset("qwen3-8b"), gpu_preset("h200")
+    kv_tokens = step_cost.kv_capacity_tokens(gpu, model)
+    measured = bool(args.rates)
+    data = {**provenance("h200"), "mode": "gpu" if measured else "simulated",
+            "inputs": {**vars(args), "window": [start, count]}, "traces": {}}
+    path = Path(args.out) / f"prefix-cache-h200{'' if measured else '-simulated'}.json"
+    for name in args.traces:
+        trace = TRACES[name]
+        t = data["traces"][name] = {
+            "path": trace, "counted_hit_rates": counted_hit_rates(
+                trace, start, count, kv_tokens, model.max_context), "capacity": {}}
+        for cache in ("on", "off"):
+            folder = Path(args.out) / "prefix-cache" / f"{name}-{start}-{count}-{cache}"
+            print(f"{name} rows {start}+{count}, prefix cache {cache} ...", flush=True)
+            t["capacity"][cache] = capacity_run(args, trace, start, count, cache, folder)
+        write_json(path, data)  # a save point after each trace
+    data["summary"] = summarize(data["traces"])
+    return finish(path, data, table(data["summary"]))
+
+
+def main(argv=None) -> int:
+    p = bench_parser("prefix_cache.py", __doc__)
+    p.add_argument("--traces", type=listed(choice(tuple(TRACES)), "trace"), default=("conv", "syn"))
+    p.add_argument("--window", type=window, default=(3000, 500),
+                   help="START:COUNT, the rows served (in arrival order)")
+    p.add_argument("--strategies", type=listed(choice(DEFAULT_STRATEGIES), "strategy"),
+                   default=DEFAULT_STRATEGIES)
+    p.add_argument("--rates", type=listed(number(0.0, 1e4), "rate"), default=(),
+                   help="measured on the GPU at these rates (req/s); none: simulated")
+    bench_inputs(p, "calibration", "compare", "host_costs")
+    p.set_defaults(slo_ttft_ms=10000.0, slo_tpot_ms=50.0)
+    return run_script(p, run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
