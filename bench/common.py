@@ -4,6 +4,7 @@ presets (`models.MODELS`), bytes and FLOPs from `cost`."""
 
 from __future__ import annotations
 
+import argparse
 import functools
 import math
 import statistics
@@ -19,6 +20,7 @@ from pdmux_triton.kernels import stream_read
 from pdmux_triton.measure.random_kv import PagedKV
 from pdmux_triton.measure.timing import time_alone
 from pdmux_triton.results import provenance, write_json
+from pdmux_triton.spec.gpus import GPUSpec, detect_gpu
 from pdmux_triton.spec.models import MODELS
 
 BF16 = torch.bfloat16
@@ -34,6 +36,17 @@ def require_gpu(script: str) -> None:
     if not torch.cuda.is_available():
         print(f"{script} measures kernels on a CUDA GPU; torch sees none", file=sys.stderr)
         raise SystemExit(2)
+
+
+def gpu_results(script: str, doc: str, stem: str, argv=None) -> tuple["Results", GPUSpec]:
+    """A GPU script's start: its one flag (--out), the GPU it measures (exit 2 without one)
+    and its results, kept in <out>/<stem>-<gpu>.json."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--out", type=Path, default=Path("bench/results"))
+    args = p.parse_args(argv)
+    require_gpu(script)
+    gpu = detect_gpu()
+    return Results(args.out / f"{stem}-{gpu.name}.json", gpu.name), gpu
 
 
 class Results:

@@ -27,20 +27,17 @@ launch after zeroing a small counter buffer (so each variant pays the same memse
 
 from __future__ import annotations
 
-import argparse
 import sys
-from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
-from common import Results, require_gpu
+from common import gpu_results
 
 from pdmux_triton.kernels import _pinned, linear
 from pdmux_triton.kernels._pinned import GATE_WORDS, Pinned, site_order, site_table
 from pdmux_triton.kernels.gemm import _skinny_slot, plan
 from pdmux_triton.measure.timing import time_alone
-from pdmux_triton.spec.gpus import detect_gpu
 
 SMS, ROWS = 20, 32
 SHAPES = {"down": (4096, 12288), "gate_up": (24576, 4096)}
@@ -149,12 +146,7 @@ def with_first_sites(first: list[int]) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=Path("bench/results"))
-    args = p.parse_args(argv)
-    require_gpu("bench/gate_anatomy.py")
-    gpu = detect_gpu()
-    res = Results(args.out / f"gate-anatomy-{gpu.name}.json", gpu.name)
+    res, gpu = gpu_results("bench/gate_anatomy.py", __doc__, "gate-anatomy", argv)
     res.data["inputs"] = {"rows": ROWS, "sms": SMS, "shapes": SHAPES}
     stream = torch.cuda.Stream()
     measured = site_order(torch.device("cuda"))[0][:SMS]

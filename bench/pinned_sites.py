@@ -18,14 +18,12 @@ One GEMM under each piece of the gate is bench/gate_anatomy.py's.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections import defaultdict
 from dataclasses import replace
-from pathlib import Path
 
 import torch
-from common import MODEL, Results, require_gpu
+from common import MODEL, Results, gpu_results
 
 from pdmux_triton.gpu.streams import PartitionStreams, kernel_args
 from pdmux_triton.kernels import decode_attention
@@ -34,7 +32,6 @@ from pdmux_triton.measure.timing import time_alone
 from pdmux_triton.measure.workloads import DecodeStep
 from pdmux_triton.multiplex import sglang_rules
 from pdmux_triton.multiplex.partition import Budget, for_level
-from pdmux_triton.spec.gpus import detect_gpu
 
 BATCH, CONTEXT, SMS = 32, 2048, 20
 
@@ -107,12 +104,7 @@ def per_kernel(res: Results, step: DecodeStep, stream, gpu) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=Path("bench/results"))
-    args = p.parse_args(argv)
-    require_gpu("bench/pinned_sites.py")
-    gpu = detect_gpu()
-    res = Results(args.out / f"pinned-sites-{gpu.name}.json", gpu.name)
+    res, gpu = gpu_results("bench/pinned_sites.py", __doc__, "pinned-sites", argv)
     res.data["inputs"] = {"model": MODEL.name, "batch": BATCH, "context": CONTEXT, "sms": SMS}
     step = DecodeStep(MODEL, BATCH, CONTEXT)
     stream = torch.cuda.Stream()

@@ -154,8 +154,9 @@ def table(summary: dict) -> str:
             fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
             cap = {c: fmt(r[f"goodput_capacity_{c}_rps"], ".2f")
                    + (" burst" if r[f"burst_{c}"] else "") for c in ("on", "off")}
+            hit = fmt(r["hit_rate_at_capacity"], ".1%")
             lines.append(f"  {strategy:<16} {cap['on']:>15} {cap['off']:>15} "
-                         f"{fmt(r['on_vs_off'], '.2f'):>7} {fmt(r['hit_rate_at_capacity'], '.1%'):>10}")
+                         f"{fmt(r['on_vs_off'], '.2f'):>7} {hit:>10}")
     lines.append("burst: read on a stream too short for its rate (the later half's attainment "
                  "more than 5 points from the whole's): more than the GPU sustains")
     return "\n".join(lines)

@@ -34,8 +34,8 @@ def test_requests_beyond_the_models_context_are_left_out_and_counted(tmp_path, p
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert peak < 2**25  # read as counts: nothing of the prompt's size (GBs) drawn or allocated
-    with pytest.raises(PdmuxError, match=r"t2.csv has no requests a server can hold: its 1 row\(s\) "
-                                         r"of more than 40,960 .* \(qwen3-8b's context length"):
+    with pytest.raises(PdmuxError, match=r"t2.csv has no requests a server can hold: its 1 "
+                                         r"row\(s\) of more than 40,960 .* \(qwen3-8b's context"):
         _settings(workload="trace", trace=_trace(tmp_path, f"1,{prompt},10\n", "t2.csv"))
 
 

@@ -181,8 +181,9 @@ def serving_table(rows: list[dict]) -> str:
             ("goodput req/s", lambda r: cell(r.get("goodput_rps"), ".2f")),
             ("level changes / drain ms", lambda r: f"{cell(r.get('level_changes'), 'd')} / "
                                                    f"{cell(r.get('level_drain_ms'), '.0f')}"),
-            ("prefix hit / blocks evicted", lambda r: f"{cell(r.get('prefix_hit_rate'), '.0%')} / "
-                                                      f"{cell(r.get('prefix_evicted_blocks'), '.0f')}"),
+            ("prefix hit / blocks evicted",
+             lambda r: f"{cell(r.get('prefix_hit_rate'), '.0%')} / "
+                       f"{cell(r.get('prefix_evicted_blocks'), '.0f')}"),
             ("lost", lambda r: cell(r.get("requests_lost"), "d"))]
     return _columns(spec, [r for r in rows if r.get("requests_served")])
 

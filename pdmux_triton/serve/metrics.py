@@ -375,8 +375,9 @@ ROUND_US = 1e6  # diagnostics' times are kept in whole microseconds
 
 def diagnostics(result: RunResult, spans: bool = True) -> dict:
     """What a measured point's figures come from, in microseconds: each prefill batch (start,
-    end, tokens computed, prompts, tokens read from the prefix cache), every round, every decode step's GPU time, how fast the host
-    launched an eager layer and, with `spans`, every launch's span on the GPU."""
+    end, tokens computed, prompts, tokens read from the prefix cache), every round, every
+    decode step's GPU time, how fast the host launched an eager layer and, with `spans`,
+    every launch's span on the GPU."""
     batches: dict[tuple, list] = {}
     for r in result.requests:
         if not r.warm and r.prefill_start is not None and r.prefill_end is not None:
