@@ -219,3 +219,26 @@ def test_capacity_of_a_trace_is_a_rate_and_a_multiple_of_its_own(tmp_path, capsy
           "20 requests of the trace (--trace-count): a capacity needs at least 50")
     fails(capsys, ["capacity", "--simulate", "--trace", path, "--lengths", "arxiv"],
           "--lengths does nothing with --workload trace")
+
+
+@no_gpu
+def test_capacity_of_a_mooncake_window_reads_its_prefix_hit_rate(tmp_path, capsys):
+    """The prefix cache's hit rate at each strategy's goodput capacity, in the JSON and the
+    table; off, neither (and every point says None)."""
+    path = "bench/data/mooncake-fast25/synthetic_trace.jsonl"
+    argv = ["capacity", "--simulate", "--gpu", "h200", "--trace", path, "--trace-start", "3000",
+            "--trace-count", "60", "--strategies", "pdmux_grid_cap", "--slo-ttft-ms", "10000",
+            "--slo-tpot-ms", "50"]
+    assert main([*argv, "--out", str(tmp_path / "on")]) == 0
+    table = capsys.readouterr().out
+    assert "prefix cache on" in table and "prefix hit at goodput capacity" in table
+    on = json.loads((tmp_path / "on" / "capacity-h200.json").read_text())
+    row = on["summary"]["strategies"]["pdmux_grid_cap"]
+    at = max((p for p in on["points"] if p["rate"] <= row["goodput_capacity_rps"]
+              and p["slo_attainment"] >= 0.9), key=lambda p: p["rate"])  # the one read
+    assert 0 < row["prefix_hit_rate"] == at["prefix_hit_rate"] < 1
+    assert main([*argv, "--prefix-cache", "off", "--out", str(tmp_path / "off")]) == 0
+    assert "prefix hit" not in capsys.readouterr().out
+    off = json.loads((tmp_path / "off" / "capacity-h200.json").read_text())
+    assert off["summary"]["strategies"]["pdmux_grid_cap"]["prefix_hit_rate"] is None
+    assert all(p["prefix_hit_rate"] is None for p in off["points"])

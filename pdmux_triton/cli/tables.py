@@ -228,6 +228,10 @@ def capacity_table(result: dict) -> str:
     spec = [("strategy", lambda n: n),
             ("goodput capacity req/s", lambda n: capacity(n, "goodput")),
             ("Sarathi capacity req/s", lambda n: capacity(n, "sarathi"))]
+    if any(row.get("prefix_hit_rate") is not None
+           for row in result["summary"]["strategies"].values()):
+        spec.append(("prefix hit at goodput capacity",
+                     lambda n: cell(rows[n].get("prefix_hit_rate"), ".1%")))
     if measured:
         spec += [("simulated at those rates",
                   lambda n: " / ".join(_compared(rows[n], c) for c in ("goodput", "sarathi"))),

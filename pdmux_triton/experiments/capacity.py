@@ -236,9 +236,12 @@ def _result(s: RunSettings, chosen: list[Variant], criteria: Criteria, store: Po
                     for c in CRITERIA})
         row["points"] = len(mine)
         by_rate = sorted((p["rate"], p) for p in mine)
+        read = {c: capacity_search.read_from(by_rate, getattr(criteria, c),
+                                             row[f"{c}_capacity_rps"]) for c in CRITERIA}
         # read where the stream was long enough for its rate, or a burst's
-        row["steady"] = {c: capacity_search.steady(capacity_search.read_from(
-            by_rate, getattr(criteria, c), row[f"{c}_capacity_rps"])) for c in CRITERIA}
+        row["steady"] = {c: capacity_search.steady(read[c]) for c in CRITERIA}
+        # the prefix cache's hit rate at the goodput capacity (None: off, or no capacity)
+        row["prefix_hit_rate"] = (read["goodput"] or {}).get("prefix_hit_rate")
         if measured and s.repeats > 1:
             row.update(repeat_capacities(by_rate, criteria, s.repeats))
         # the capacity is the highest rate served (the search's ceiling, or the highest rate
