@@ -138,13 +138,13 @@ def test_a_cached_prefix_on_the_preset_gives_the_whole_prefills_logits():
 
 
 def shared_prefix_requests():
-    """Prompts given as ids, three families sharing 16-token system prompts, each with its
+    """Prompts given as ids, three families sharing 8-token system prompts, each with its
     own question; all arrive at once and are prefilled one at a time (see serve_cached)."""
     g = torch.Generator().manual_seed(2)
-    systems = [torch.randint(0, TINY.vocab, (16,), generator=g).tolist() for _ in range(3)]
-    return [Request(i, systems[i % 3] + torch.randint(0, TINY.vocab, (4 + i % 3,),
-                                                        generator=g).tolist(), 2 + i % 2, 0.0)
-            for i in range(7)]
+    systems = [torch.randint(0, TINY.vocab, (8,), generator=g).tolist() for _ in range(3)]
+    return [Request(i, systems[i % 3] + torch.randint(0, TINY.vocab, (2 + i % 3,),
+                                                        generator=g).tolist(), 2, 0.0)
+            for i in range(6)]
 
 
 def serve_cached(x, prefix_block):
@@ -155,13 +155,13 @@ def serve_cached(x, prefix_block):
 
 
 def test_the_prefix_cache_serves_the_same_tokens_and_the_simulators_hit_rate(monkeypatch):
-    """Under eviction pressure (a cache of 64 tokens, two or three requests' worth): the
-    cached run serves the uncached run's tokens, never frees a page a request still reads,
-    gives every page back, and the simulated clock reads the same blocks from its cache."""
+    """Under eviction pressure (a cache of 32 tokens, two requests' worth): the cached run
+    serves the uncached run's tokens, never frees a page a request still reads, gives every
+    page back, and the simulated clock reads the same blocks from its cache."""
     from pdmux_triton.cost import step_cost
     from pdmux_triton.serve.simulated import SimExecutor
 
-    x = ModelExecutor.shared(TINY, GPU, "grid_cap", page_size=4, cache_tokens=64)
+    x = ModelExecutor.shared(TINY, GPU, "grid_cap", page_size=4, cache_tokens=32)
     bm = x.blocks
     drop = bm.drop
 
@@ -175,14 +175,16 @@ def test_the_prefix_cache_serves_the_same_tokens_and_the_simulators_hit_rate(mon
     tokens = {r.rid: r.tokens for r in plain.requests}
     assert {r.rid: r.tokens for r in cached.requests} == tokens
     stats = cached.prefix_cache
-    assert stats["evicted_blocks"] > 0 and stats["hit_rate"] > 0.3
+    assert stats["evicted_blocks"] > 0 and stats["hit_rate"] > 0.2
     assert not bm.owned and not bm.cached
     assert sorted(bm.free_pages) == list(range(x.model.cache.num_pages - 1))  # each page once
-    # chunked prefill: a prompt's chunks begin after its cached blocks
-    chunked = scheduler.run("chunked", x, shared_prefix_requests(), chunk=8, prefix_block=8)
+    # chunked prefill (the same seeded weights, room for every block): a prompt's chunks
+    # begin after its cached blocks
+    roomy = ModelExecutor.shared(TINY, GPU, "grid_cap", page_size=4, cache_tokens=96)
+    chunked = scheduler.run("chunked", roomy, shared_prefix_requests(), chunk=8, prefix_block=8)
     assert {r.rid: r.tokens for r in chunked.requests} == tokens
-    assert chunked.prefix_cache["hit_rate"] > 0.3
-    assert sorted(bm.free_pages) == list(range(x.model.cache.num_pages - 1))
+    assert chunked.prefix_cache["hit_rate"] > 0.2
+    assert sorted(roomy.blocks.free_pages) == list(range(roomy.model.cache.num_pages - 1))
     sim = SimExecutor(GPU, TINY, step_cost.SaturationLaw(1.0, 16),
                       step_cost.PrefillRate.fixed(GPU.bf16_tflops, GPU.sms, 0.5))
     sim.kv_capacity_tokens, sim.kv_page_tokens = x.kv_capacity_tokens, x.kv_page_tokens
