@@ -28,8 +28,8 @@ MAX_TRACE_TOKENS = 2**31 - 1  # a request's tokens when no model or GPU bounds t
 @dataclass(frozen=True, eq=False)
 class Trace:
     """A user's trace as read: one row a request, in arrival order (rows that arrive together
-    keep the file's order); `rid` is each row's place in the file, `line` its line there, and
-    `notes` say what reading it changed."""
+    keep the file's order); `rid` is each row's place among the rows kept, in file order,
+    `line` its line in the file, and `notes` say what reading it changed."""
 
     path: Path
     arrival: np.ndarray  # s from the start
