@@ -192,6 +192,7 @@ class PrefixCache:
         self.root.children.clear()
         self.blocks = self.unpinned = 0
         self._evictable.clear()
+        self._keys.clear()
 
     def stats(self) -> dict:
         """What the run read from the cache: its hit rate (cached prompt tokens over prompt
