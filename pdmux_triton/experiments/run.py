@@ -218,7 +218,7 @@ SUMMARY_KEYS = ("itl_p50_ms", "itl_p99_ms", "itl_during_prefill_p50_ms", "decode
                 "prefill_ms", "tokens_during_prefill", "ttft_p50_ms", "tpot_p50_ms",
                 "e2e_p50_ms", "slo_attainment", "goodput_rps", "slo_met_throughput_rps",
                 "gpu_idle_frac", "level_changes",
-                "level_drain_ms", *GUARDS)
+                "level_drain_ms", "prefix_hit_rate", *GUARDS)
 
 
 def summary(rows: list[dict], total_sms: int, prefill_sms: int | None,
