@@ -141,22 +141,18 @@ class PrefixCache:
         if not keys:
             return 0
         pinned = self.pins.setdefault(r.rid, [])
-        node, moved = self.root, 0
-        for k, key in enumerate(keys):
-            child = node.children.get(key)
-            if k < len(pinned):  # read from the cache at admission, pinned since
-                pass
-            elif child is None:
-                child = node.children[key] = Node(key, node, keep(k * self.block,
-                                                                  (k + 1) * self.block))
+        node = pinned[-1] if pinned else self.root  # what it read at admission, pinned since
+        moved = 0
+        for k in range(len(pinned), len(keys)):
+            child = node.children.get(keys[k])
+            if child is None:
+                child = node.children[keys[k]] = Node(keys[k], node, keep(k * self.block,
+                                                                          (k + 1) * self.block))
                 self.blocks += 1
                 self.unpinned += 1  # until pinned, next
                 moved += self.block
-                self._pin(child)
-                pinned.append(child)
-            else:
-                self._pin(child)
-                pinned.append(child)
+            self._pin(child)
+            pinned.append(child)
             node = child
         return moved
 
