@@ -100,18 +100,6 @@ def capacity_run(args, path: str, start: int, count: int, cache: str, folder: Pa
     return read_json(folder / "capacity-h200.json", "capacity result")
 
 
-def hit_rate_at(result: dict, strategy: str, mode: str) -> float | None:
-    """The prefix hit rate of the strategy's point nearest its goodput capacity, in `mode`
-    ("gpu" or "simulated")."""
-    row = result["summary"]["strategies"][strategy]
-    cap = row[("simulated_" if mode == "simulated" and result["mode"] == "gpu" else "")
-              + "goodput_capacity_rps"]
-    points = [p for p in result["points"] if p["strategy"] == strategy and p["mode"] == mode]
-    if not points or not cap:  # no capacity: no load to read it at
-        return None
-    return min(points, key=lambda p: abs(p["rate"] - cap)).get("prefix_hit_rate")
-
-
 def summarize(traces: dict) -> dict:
     """Per trace: each strategy's goodput capacity on and off and their ratio, and PD-mux's
     over the best chunked prefill with the cache on (beside the published gain)."""
@@ -128,7 +116,9 @@ def summarize(traces: dict) -> dict:
             rows[strategy] = {**{f"goodput_capacity_{c}_rps": v for c, v in caps.items()},
                               **{f"burst_{c}": b for c, b in bursts.items()},
                               "on_vs_off": caps["on"] / caps["off"] if caps["off"] else None,
-                              "hit_rate_at_capacity": hit_rate_at(on, strategy, on["mode"])}
+                              # at the point its goodput capacity is read from (`capacity`)
+                              "hit_rate_at_capacity": on["summary"]["strategies"][strategy][
+                                  "prefix_hit_rate"]}
         pdmux = rows.get("pdmux_grid_cap", {}).get("goodput_capacity_on_rps")
         chunked = max((r["goodput_capacity_on_rps"] or 0.0 for n, r in rows.items()
                        if n.startswith("chunked")), default=0.0)
