@@ -22,12 +22,13 @@ grid-capped launches spread over its blocks of SM ids; 20 consecutive ids read s
 either), and a range of sites is spread as they are.
 
 A claim is one atomic a slot, a few per program: never one per small unit of work, which
-starves under memory pressure (design.md, the SM-id gating facts). The counts and claims are
-relaxed atomics: they publish no data (a slot's results reach the next launch at the kernel's
-end), and an acquire-release atomic costs a fence and an L1 flush each on Hopper
-(MEMBAR.ALL.GPU, CCTL.IVALL). Leaving is acquire-release: the last program to leave must see
-every claim made before the others left (a relaxed leave timed no faster on the H200: the cost
-of leaving is the atomic's round trip at the program's end, bench/NOTES.md).
+starves under memory pressure (design.md, the SM-id gating facts). Claims and departures share
+one 64-bit word (claims in its low half, turned-away programs in its high half), so a
+survivor's claim that comes back empty is its departure too: one round trip at its end, the
+cost that counted (bench/NOTES.md). Claims and departures release (each program's admission
+count is out before them) and the last program out acquires them with one more claim, so it
+resets the counts after every admission; acquiring on every claim would cost an L1 flush each
+on Hopper (CCTL.IVALL). The per-site admission counts are relaxed.
 """
 
 from __future__ import annotations
@@ -44,10 +45,11 @@ from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels._launch import (default_num_sms, grid_size, interpreting, record_sm,
                                           shared_counters, telemetry_args, unused_pointer)
 
-# the gate buffer: slots claimed, programs left, then a count per site
-QUEUE, LEFT, SITE_COUNTS = tl.constexpr(0), tl.constexpr(1), tl.constexpr(2)
+# the gate buffer: one 64-bit word of slots claimed and programs left (`_gate_word`: its two
+# int32 words), then a count per site
+GATE_WORD, SITE_COUNTS = tl.constexpr(0), tl.constexpr(2)
 GATE_WORDS = 1024  # the gate buffer's int32 counters, and the site table's entries (SM ids)
-MAX_SITE = GATE_WORDS - 3  # the highest site it counts (after QUEUE and LEFT)
+MAX_SITE = GATE_WORDS - 3  # the highest site it counts (after the 64-bit word)
 TABLE_WORDS = tl.constexpr(GATE_WORDS)  # the site table's entries, in a kernel
 
 
@@ -231,19 +233,49 @@ def budget_launch(units: int, num_sms: int | None, ctas_per_sm: int, device: tor
 
 
 @triton.jit
-def _leave(gate_ptr, first_site, n_sms, slots, programs, BLOCK_SMS: tl.constexpr):
-    """A program leaves: the slot it must still do (only the launch's last program, when no
-    program survived) or `slots`. The last to leave resets the counters."""
-    left = tl.atomic_add(gate_ptr + LEFT, 1)
+def _gate_word(gate_ptr):
+    """The gate's claims and departures, one 64-bit word: slots claimed in its low half,
+    programs the gate turned away that left in its high half."""
+    return (gate_ptr + GATE_WORD).to(tl.pointer_type(tl.int64))
+
+
+@triton.jit
+def _claim(gate_ptr, first_site, n_sms, slots, programs, BLOCK_SMS: tl.constexpr):
+    """An admitted program's next slot, or `slots` once none is left: the claim that comes
+    back empty is also its departure, so leaving costs no round trip of its own."""
+    old = tl.atomic_add(_gate_word(gate_ptr), 1, sem="release")  # (the module's note)
+    slot = (old & 0xFFFFFFFF).to(tl.int32)
+    if slot >= slots:  # departed: the turned-away programs, and the empty claims so far
+        left = (old >> 32).to(tl.int32) + (slot - slots) + 1
+        slot = _last_out(gate_ptr, left, first_site, n_sms, slots, programs, BLOCK_SMS)
+    return slot
+
+
+@triton.jit
+def _turned_away(gate_ptr, first_site, n_sms, slots, programs, BLOCK_SMS: tl.constexpr):
+    """A program the gate turned away departs: `slots`, unless it is the launch's last and no
+    program was admitted (`_last_out`)."""
+    old = tl.atomic_add(_gate_word(gate_ptr), 1 << 32, sem="release")
+    claimed = (old & 0xFFFFFFFF).to(tl.int32)
+    left = (old >> 32).to(tl.int32) + 1 + tl.maximum(claimed - slots, 0)
+    return _last_out(gate_ptr, left, first_site, n_sms, slots, programs, BLOCK_SMS)
+
+
+@triton.jit
+def _last_out(gate_ptr, left, first_site, n_sms, slots, programs, BLOCK_SMS: tl.constexpr):
+    """After a departure that leaves `left` programs gone: `slots`, or, once every program is
+    gone, the next slot nobody claimed (there are some only if no program was admitted: this
+    program does them, outside the partition, one claim at a time) and, when none is left,
+    the counters reset for the next launch."""
     slot = slots
-    if left >= programs - 1:  # every other program has left: nobody claims any more
-        slot = tl.atomic_add(gate_ptr + QUEUE, 1, sem="relaxed")
+    if left >= programs:  # acquire-release: after every other program's release on the word
+        slot = (tl.atomic_add(_gate_word(gate_ptr), 1) & 0xFFFFFFFF).to(tl.int32)
         if slot >= slots:
             offs = tl.arange(0, BLOCK_SMS)
             tl.store(gate_ptr + SITE_COUNTS + first_site + offs, tl.zeros((BLOCK_SMS,), tl.int32),
                      mask=offs < n_sms)
-            tl.store(gate_ptr + QUEUE, 0)
-            tl.store(gate_ptr + LEFT, 0)
+            tl.store(_gate_word(gate_ptr), 0)
+            slot = slots
     return slot
 
 
@@ -267,11 +299,10 @@ def admitted(gate_ptr, place_ptr, first_site, n_sms, ctas, PLACED: tl.constexpr)
 @triton.jit
 def first_slot(gate_ptr, ok, first_site, n_sms, slots, programs, BLOCK_SMS: tl.constexpr):
     """This program's first slot (`ok`: it was admitted), or `slots` if it does none."""
-    slot = slots
     if ok:
-        slot = tl.atomic_add(gate_ptr + QUEUE, 1, sem="relaxed")
-    if slot >= slots:
-        slot = _leave(gate_ptr, first_site, n_sms, slots, programs, BLOCK_SMS)
+        slot = _claim(gate_ptr, first_site, n_sms, slots, programs, BLOCK_SMS)
+    else:
+        slot = _turned_away(gate_ptr, first_site, n_sms, slots, programs, BLOCK_SMS)
     return slot
 
 
@@ -306,19 +337,19 @@ def run_slots(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, first_s
     if PINNED:
         slot, sm = pinned_start(gate_ptr, place_ptr, first_site, n_sms, ctas, slots, programs,
                                 PLACED, BLOCK_SMS)
-        while slot < slots:
-            record_slot(sm_ids_ptr, slot, sm, RECORD_SM)
-            BODY(slot, slots, *args)
-            slot = next_slot(gate_ptr, first_site, n_sms, slots, programs, BLOCK_SMS)
+        run_claimed(BODY, args, slot, sm, sm_ids_ptr, gate_ptr, first_site, n_sms, slots,
+                    programs, RECORD_SM, BLOCK_SMS)
     else:
         record_sm(sm_ids_ptr, RECORD_SM)
         BODY(tl.program_id(0), tl.num_programs(0), *args)
 
 
 @triton.jit
-def next_slot(gate_ptr, first_site, n_sms, slots, programs, BLOCK_SMS: tl.constexpr):
-    """A survivor's next slot, or `slots` once every slot is taken (it has then left)."""
-    slot = tl.atomic_add(gate_ptr + QUEUE, 1, sem="relaxed")
-    if slot >= slots:
-        slot = _leave(gate_ptr, first_site, n_sms, slots, programs, BLOCK_SMS)
-    return slot
+def run_claimed(BODY: tl.constexpr, args, slot, sm, sm_ids_ptr, gate_ptr, first_site, n_sms,
+                slots, programs, RECORD_SM: tl.constexpr, BLOCK_SMS: tl.constexpr):
+    """A survivor's work from its first slot on, a claim after each slot until one comes back
+    empty."""
+    while slot < slots:
+        record_slot(sm_ids_ptr, slot, sm, RECORD_SM)
+        BODY(slot, slots, *args)
+        slot = _claim(gate_ptr, first_site, n_sms, slots, programs, BLOCK_SMS)

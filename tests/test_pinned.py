@@ -15,27 +15,31 @@ from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels import stream_read
 from pdmux_triton.kernels._launch import shared_counters
 from pdmux_triton.kernels._pinned import (_SITES, GATE_WORDS, MAX_SITE, Pinned, admitted,
-                                          first_slot, next_slot, pinned_launch, site_order)
+                                          first_slot, pinned_launch, run_claimed, site_order)
 
 # indexed as kernels see their tensors' devices: the gate's counters are kept per device
 DEV = torch.device("cuda", torch.cuda.current_device()) if HAS_CUDA else torch.device("cpu")
 
 
 @triton.jit
+def _count_slot(slot, slots, hits_ptr, worker_ptr, sm):
+    tl.atomic_add(hits_ptr + slot, 1)
+    tl.store(worker_ptr + 2 * slot, tl.program_id(0))
+    tl.store(worker_ptr + 2 * slot + 1, sm)
+
+
+@triton.jit
 def _count_slots_kernel(hits_ptr, worker_ptr, admitted_ptr, gate_ptr, place_ptr, first_site, n_sms,
                         ctas, slots, programs, PINNED: tl.constexpr, PLACED: tl.constexpr,
                         BLOCK_SMS: tl.constexpr, PDL: tl.constexpr):
-    """Each slot counts how often it was done and who did it (program id, SM); each program
-    says whether the gate admitted it. (PDL comes with every launch's keyword arguments; a
-    pinned launch's is always off.)"""
+    """Each slot counts how often it was done and who did it (program id, SM) through the
+    kernels' own claiming loop; each program says whether the gate admitted it. (PDL comes
+    with every launch's keyword arguments; a pinned launch's is always off.)"""
     ok, sm = admitted(gate_ptr, place_ptr, first_site, n_sms, ctas, PLACED)
     tl.store(admitted_ptr + tl.program_id(0), ok.to(tl.int32))
     slot = first_slot(gate_ptr, ok, first_site, n_sms, slots, programs, BLOCK_SMS)
-    while slot < slots:
-        tl.atomic_add(hits_ptr + slot, 1)
-        tl.store(worker_ptr + 2 * slot, tl.program_id(0))
-        tl.store(worker_ptr + 2 * slot + 1, sm)
-        slot = next_slot(gate_ptr, first_site, n_sms, slots, programs, BLOCK_SMS)
+    run_claimed(_count_slot, (hits_ptr, worker_ptr, sm), slot, sm, worker_ptr, gate_ptr,
+                first_site, n_sms, slots, programs, False, BLOCK_SMS)
 
 
 def _served(pinned: Pinned, slots: int, ctas: int):
