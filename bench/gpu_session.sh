@@ -6,6 +6,7 @@
 # returns at most 8 files), results beside it.
 #
 #   bash bench/gpu_session.sh readme tests                # the README's command, the gpu tests
+#   TESTS_FILES='tests/test_[h-z]*.py' bash bench/gpu_session.sh tests   # a part of the gpu tests
 #   bash bench/gpu_session.sh tests host                  # gpu tests, host costs per round
 #   STRATEGIES=pdmux_grid_cap RATES=6.5,7.1 bash bench/gpu_session.sh capacity   # measured
 #       capacity at those rates, 1000 ShareGPT requests a point (steady state), into bench/results
@@ -51,7 +52,9 @@ step() {  # step NAME SECONDS COMMAND...
 python3 -m pip install -q --no-deps --no-build-isolation -e . >> "$LOG" 2>&1
 # the README's main command for a GPU machine, verbatim (its output is the step's log)
 step readme 240 bash -c 'python3 -m pip install --no-build-isolation -e . && pdmux-triton run --gpu h200'
-step tests ${TESTS_S:-420} python3 -m pytest -q -rP --durations=20 -m gpu tests ${TESTS_K:+-k "$TESTS_K"}
+# TESTS_FILES splits the suite between calls (it outlasts one: 'tests/test_[a-g]*.py', then h-z)
+step tests ${TESTS_S:-420} python3 -m pytest -q -rP --durations=20 -m gpu ${TESTS_FILES:-tests} \
+    ${TESTS_K:+-k "$TESTS_K"}
 step host 90 pdmux-triton calibrate --host-costs --out "$OUT"
 step profile 60 python3 bench/profile_decode.py --budget 16
 step kernels 110 python3 bench/bench_kernels.py --quick --out "$OUT"
