@@ -3,16 +3,15 @@ on one GPU (issue 26's figures; bench/results/decode-floor-<gpu>.json).
 
 Measured in one process: the streaming read over 2 GiB buffers on the whole GPU (the floor's
 rate); the whole decode step of the Qwen3-8B preset, 32 requests x 2048 tokens, captured, on
-the whole GPU as served (launches overlapped), without the GEMMs' early weight lines or decode
-attention's early K/V blocks, with each launch after the last, and with stream-K on every
-program (no aligned split), and its kernel launches (counted by the profiler in one eager
-step); the same bytes as streaming reads, a launch per weight (`stream_equivalent`: what a step
-of separate kernels could reach); the decode step on each of SGLang's levels' decode SMs (20-60
-on an H200) on green contexts and on pinned SMs at 1-3 CTAs per SM and as a served decode side
-runs, alone and beside a prefill on the rest, with the SMs each side's kernels ran on; decode
-attention on 16 pinned SMs at 1-3 CTAs per SM. The kernel benchmark's and a run's figures
-(decode linears and attention against the streaming read, pd-mux's ITL and prefill at 80/52)
-come from their files when given.
+the whole GPU as served (launches overlapped), without the GEMMs' early weight lines, with each
+launch after the last, and with stream-K on every program (no aligned split), and its kernel
+launches (counted by the profiler in one eager step); the same bytes as streaming reads, a
+launch per weight (`stream_equivalent`: what a step of separate kernels could reach); the
+decode step on each of SGLang's levels' decode SMs (20-60 on an H200) on green contexts and on
+pinned SMs at 1-3 CTAs per SM and as a served decode side runs, alone and beside a prefill on
+the rest, with the SMs each side's kernels ran on; decode attention on 16 pinned SMs at 1-3
+CTAs per SM. The kernel benchmark's and a run's figures (decode linears and attention against
+the streaming read, pd-mux's ITL and prefill at 80/52) come from their files when given.
 
     python bench/decode_floor.py --out bench/results [--kernels FILE] [--run FILE]
 """
@@ -20,7 +19,6 @@ come from their files when given.
 from __future__ import annotations
 
 import argparse
-import importlib
 import statistics
 import sys
 from dataclasses import replace
@@ -76,19 +74,14 @@ def stream_equivalent(step: DecodeStep):
             sum(r.numel() * r.element_size() for r in reads))
 
 
-def _settings(lines: int | None = None, split: float | None = None,
-              kv_blocks: int | None = None) -> dict:
-    """The kernels' module settings a turn varies (the GEMMs' early weight lines, the aligned
-    split's threshold, decode attention's early K/V blocks): set those given, return all."""
-    attention = importlib.import_module("pdmux_triton.kernels.decode_attention")
+def _settings(lines: int | None = None, split: float | None = None) -> dict:
+    """The GEMM's module settings a turn varies (its early weight lines, the aligned split's
+    threshold): set those given, return both."""
     if lines is not None:
         gemm.PDL_PREFETCH_LINES = lines
     if split is not None:
         gemm.ALIGNED_SPLIT_BUSY = split
-    if kv_blocks is not None:
-        attention.PDL_PREFETCH_BLOCKS = kv_blocks
-    return {"lines": gemm.PDL_PREFETCH_LINES, "split": gemm.ALIGNED_SPLIT_BUSY,
-            "kv_blocks": attention.PDL_PREFETCH_BLOCKS}
+    return {"lines": gemm.PDL_PREFETCH_LINES, "split": gemm.ALIGNED_SPLIT_BUSY}
 
 
 def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
@@ -104,9 +97,7 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
     turns = [("served", served, {}), ("no_prefetch", served, {"lines": 0}),
              ("apart", apart, {}),
              # stream-K on every program, tiles cut unevenly, instead of the aligned split
-             ("unaligned", served, {"split": 2.0}),
-             # decode attention without its first K/V blocks fetched early
-             ("attention_no_prefetch", served, {"kv_blocks": 0})]
+             ("unaligned", served, {"split": 2.0})]
     turns += [(f"attention_c{c}", Budget(pdl=True, attention_ctas_per_sm=c), {}) for c in (2, 3)]
     # (and more of each weight row's first lines fetched early: is PDL_PREFETCH_LINES enough?)
     turns += [(f"prefetch_{n}", served, {"lines": n}) for n in (16, 32)]
@@ -122,15 +113,14 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
             times["stream_equivalent"].append(t_graph(streamed))
     finally:
         _settings(**shipped)
-    ms, no_prefetch_ms, apart_ms, unaligned_ms, attn_no_prefetch_ms, c2_ms, c3_ms, streamed_ms = (
+    ms, no_prefetch_ms, apart_ms, unaligned_ms, c2_ms, c3_ms, streamed_ms = (
         statistics.median(times[k]) for k in ("served", "no_prefetch", "apart", "unaligned",
-                                              "attention_no_prefetch", "attention_c2",
-                                              "attention_c3", "stream_equivalent"))
+                                              "attention_c2", "attention_c3",
+                                              "stream_equivalent"))
     floor_ms = step_cost.decode_step_bytes(MODEL, BATCH * CONTEXT) / (tbps * 1e12) * 1e3
     res.row(section="whole gpu", stream_read_tbps=tbps, decode_only_step_ms=ms,
             decode_step_pdl_no_prefetch_ms=no_prefetch_ms, decode_step_without_pdl_ms=apart_ms,
             decode_step_unaligned_split_ms=unaligned_ms,
-            decode_step_attention_no_prefetch_ms=attn_no_prefetch_ms,
             decode_step_attention_c2_ms=c2_ms, decode_step_attention_c3_ms=c3_ms,
             stream_equivalent_step_ms=streamed_ms,
             stream_equivalent_bytes=streamed_bytes, decode_step_bytes=step.amount,
@@ -140,7 +130,6 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
                                decode_step_pdl_no_prefetch_ms=no_prefetch_ms,
                                decode_step_without_pdl_ms=apart_ms,
                                decode_step_unaligned_split_ms=unaligned_ms,
-                               decode_step_attention_no_prefetch_ms=attn_no_prefetch_ms,
                                decode_step_attention_c2_ms=c2_ms,
                                decode_step_attention_c3_ms=c3_ms,
                                decode_step_floor_ms=floor_ms, decode_step_vs_floor=floor_ms / ms,

@@ -16,6 +16,7 @@ at any rate. Writes <out>/prefix-cache-h200[-simulated].json; prints the table.
 
     python bench/prefix_cache.py                                    # simulated, both traces
     python bench/prefix_cache.py --traces conv --rates 1.5,2 --strategies pdmux_grid_cap,chunked_512
+    python bench/prefix_cache.py --traces conv --window 3000:200 --offline   # those points again
 """
 
 from __future__ import annotations
@@ -92,12 +93,24 @@ def capacity_run(args, path: str, start: int, count: int, cache: str, folder: Pa
             "--slo-tpot-ms", str(args.slo_tpot_ms), "--calibration", args.calibration,
             "--compare", args.compare, "--host-costs", args.host_costs, "--out", str(folder),
             "--json"]
-    argv += ["--rates", ",".join(map(str, args.rates))] if args.rates else ["--simulate"]
+    argv += (["--offline"] if args.offline else ["--rates", ",".join(map(str, args.rates))]
+             if args.rates else ["--simulate"])
     with redirect_stdout(StringIO()):  # its JSON: read from the file it writes
         code = cli(argv)
     if code:
         raise PdmuxError(f"capacity on {path} rows {start}+{count} (cache {cache}) exited {code}")
     return read_json(folder / "capacity-h200.json", "capacity result")
+
+
+def _ratio(top: float | None, bottom: float | None, bottom_below: float | None,
+           key: str) -> dict:
+    """{key: top / bottom, key_at_least: whether that is only a lower bound}: where the bottom
+    capacity failed at every rate served, the ratio over the lowest rate is a lower bound."""
+    if top and bottom:
+        return {key: top / bottom, f"{key}_at_least": False}
+    if top and bottom_below:
+        return {key: top / bottom_below, f"{key}_at_least": True}
+    return {key: None, f"{key}_at_least": False}
 
 
 def summarize(traces: dict) -> dict:
@@ -108,23 +121,26 @@ def summarize(traces: dict) -> dict:
         on, off = t["capacity"]["on"], t["capacity"]["off"]
         rows = {}
         for strategy in on["summary"]["strategies"]:
-            caps = {c: t["capacity"][c]["summary"]["strategies"][strategy]["goodput_capacity_rps"]
-                    for c in ("on", "off")}
+            got = {c: t["capacity"][c]["summary"]["strategies"][strategy] for c in ("on", "off")}
+            caps = {c: r["goodput_capacity_rps"] for c, r in got.items()}
             # read on a stream too short for its rate: a burst's capacity (`capacity`'s label)
-            bursts = {c: t["capacity"][c]["summary"]["strategies"][strategy].get(
-                "steady", {}).get("goodput") is False for c in ("on", "off")}
+            bursts = {c: r.get("steady", {}).get("goodput") is False for c, r in got.items()}
+            # failed at every rate served: below the lowest (`capacity`'s bound)
+            below = {c: r.get("below_rps", {}).get("goodput") for c, r in got.items()}
             rows[strategy] = {**{f"goodput_capacity_{c}_rps": v for c, v in caps.items()},
+                              **{f"below_{c}_rps": v for c, v in below.items()},
                               **{f"burst_{c}": b for c, b in bursts.items()},
-                              "on_vs_off": caps["on"] / caps["off"] if caps["off"] else None,
+                              **_ratio(caps["on"], caps["off"], below["off"], "on_vs_off"),
                               # at the point its goodput capacity is read from (`capacity`)
                               "hit_rate_at_capacity": on["summary"]["strategies"][strategy][
                                   "prefix_hit_rate"]}
         pdmux = rows.get("pdmux_grid_cap", {}).get("goodput_capacity_on_rps")
-        chunked = max((r["goodput_capacity_on_rps"] or 0.0 for n, r in rows.items()
-                       if n.startswith("chunked")), default=0.0)
+        chunked = [r for n, r in rows.items() if n.startswith("chunked")]
+        best = max(chunked, key=lambda r: r["goodput_capacity_on_rps"] or 0.0, default={})
         out[name] = {"strategies": rows, "counted_hit_rates": t["counted_hit_rates"],
-                     "pdmux_vs_best_chunked_cache_on": pdmux / chunked if pdmux and chunked
-                     else None, "published_pdmux_vs_chunked": PUBLISHED_GAIN,
+                     **_ratio(pdmux, best.get("goodput_capacity_on_rps"),
+                              best.get("below_on_rps"), "pdmux_vs_best_chunked_cache_on"),
+                     "published_pdmux_vs_chunked": PUBLISHED_GAIN,
                      "measured": off["mode"] == "gpu"}
     return out
 
@@ -133,30 +149,43 @@ def table(summary: dict) -> str:
     lines = []
     for name, s in summary.items():
         c = s["counted_hit_rates"]
+        gain = s["pdmux_vs_best_chunked_cache_on"]
         lines.append(f"{name}: hit rate counted from its hash ids {c['unbounded']:.1%} "
                      f"unbounded, {c['lru_at_kv_capacity']:.1%} in the H200's KV cache; PD-mux "
                      f"over the best chunked prefill, cache on: "
-                     f"{s['pdmux_vs_best_chunked_cache_on'] or 0:.2f}x (published "
+                     f"{_bound(s, 'pdmux_vs_best_chunked_cache_on')}"
+                     f"{'-' if gain is None else format(gain, '.2f')}x (published "
                      f"{PUBLISHED_GAIN}x, Tool&Agent, 8xA100, 70B)")
         lines.append(f"  {'strategy':<16} {'on req/s':>15} {'off req/s':>15} {'on/off':>7} "
                      f"{'hit at cap':>10}")
         for strategy, r in s["strategies"].items():
             fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
-            cap = {c: fmt(r[f"goodput_capacity_{c}_rps"], ".2f")
+            cap = {c: (f"< {r[f'below_{c}_rps']:.2f}" if r[f"below_{c}_rps"] is not None
+                       else fmt(r[f"goodput_capacity_{c}_rps"], ".2f"))
                    + (" burst" if r[f"burst_{c}"] else "") for c in ("on", "off")}
             hit = fmt(r["hit_rate_at_capacity"], ".1%")
+            ratio = _bound(r, "on_vs_off") + fmt(r["on_vs_off"], ".2f")
             lines.append(f"  {strategy:<16} {cap['on']:>15} {cap['off']:>15} "
-                         f"{fmt(r['on_vs_off'], '.2f'):>7} {hit:>10}")
+                         f"{ratio:>7} {hit:>10}")
     lines.append("burst: read on a stream too short for its rate (the later half's attainment "
                  "more than 5 points from the whole's): more than the GPU sustains")
+    lines.append("< X: failed the SLOs at every rate served, X the lowest; a ratio over it is "
+                 "a lower bound (>=)")
     return "\n".join(lines)
 
 
+def _bound(row: dict, key: str) -> str:
+    return ">=" if row[f"{key}_at_least"] else ""
+
+
 def run(args) -> int:
+    if args.offline and args.rates:
+        raise PdmuxError("--offline reads the points measured before and --rates measures new "
+                         "ones: give one of them")
     start, count = args.window
     model, gpu = model_preset("qwen3-8b"), gpu_preset("h200")
     kv_tokens = step_cost.kv_capacity_tokens(gpu, model)
-    measured = bool(args.rates)
+    measured = bool(args.rates) or args.offline
     data = {**provenance("h200"), "mode": "gpu" if measured else "simulated",
             "inputs": {**vars(args), "window": [start, count]}, "traces": {}}
     path = Path(args.out) / f"prefix-cache-h200{'' if measured else '-simulated'}.json"
@@ -183,6 +212,8 @@ def main(argv=None) -> int:
                    default=DEFAULT_STRATEGIES)
     p.add_argument("--rates", type=listed(number(0.0, 1e4), "rate"), default=(),
                    help="measured on the GPU at these rates (req/s); none: simulated")
+    p.add_argument("--offline", action="store_true",
+                   help="read the points measured before under <out>/prefix-cache/ (no GPU)")
     bench_inputs(p, "calibration", "compare", "host_costs")
     p.set_defaults(slo_ttft_ms=10000.0, slo_tpot_ms=50.0)
     return run_script(p, run, argv)

@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import (arrival_counters, check_tensor, interpreting, prefetch_l2,
+from pdmux_triton.kernels._launch import (arrival_counters, check_tensor, interpreting,
                                           registers_to_fit)
 from pdmux_triton.kernels._paged import AttnConfig, attend_range, check_paged_inputs, wide_offsets
 from pdmux_triton.kernels._pinned import Pinned, budget_launch, run_slots
@@ -44,60 +44,6 @@ def _unit_at(pos, work, bi, KV_HEADS):
     return b * KV_HEADS + (pos - before * KV_HEADS) // size
 
 
-@triton.jit
-def _work_split(len_ptr, B, KV_HEADS, programs, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
-                UNIT_COST: tl.constexpr):
-    """(request indices, work slots of one unit of each request, all units' slots, a
-    program's share): every unit's K/V blocks back to back, each led by UNIT_COST slots."""
-    bi = tl.arange(0, BLOCK_B)
-    nb = tl.cdiv(tl.load(len_ptr + bi, mask=bi < B, other=0), BLOCK_N)
-    work = tl.where(nb > 0, nb + UNIT_COST, 0)  # slots per unit of each request
-    total = tl.sum(work, axis=0) * KV_HEADS
-    return bi, work, total, tl.maximum(1, tl.cdiv(total, programs))
-
-
-@triton.jit
-def _unit_slots(b, h, work, bi, KV_HEADS, UNIT_COST: tl.constexpr):
-    """(the slot of unit (b, h)'s first K/V block, the slot after its last)."""
-    before, size = _request_slots(b, work, bi)
-    u_end = before * KV_HEADS + (h + 1) * size
-    return u_end - size + UNIT_COST, u_end
-
-
-# With programmatic dependent launch, the K/V blocks of its range's first unit that a program
-# fetches into L2 while the kernels before it drain (a power of two). It reads the lengths and
-# the page table before it waits for them: safe while no kernel since the step's last plain
-# launch writes those (its inputs are copied in before its first kernel); the cache rows it
-# touches may still be written (each request's new token), and L2 is where writes land anyway
-PDL_PREFETCH_BLOCKS = 1
-
-
-@triton.jit
-def _prefetch_kv(pid, programs, kc_ptr, vc_ptr, pt_ptr, len_ptr, B, KV_HEADS, sc_s, sc_h,
-                 spt_b, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
-                 UNIT_COST: tl.constexpr, D: tl.constexpr, BLOCKS: tl.constexpr):
-    """L2 prefetches of the first BLOCKS K/V blocks that program pid of `programs` reads
-    (`_decode_slot`'s split; a plain launch's program: pid is the slot)."""
-    bi, work, total, per_program = _work_split(len_ptr, B, KV_HEADS, programs, BLOCK_N, BLOCK_B,
-                                               UNIT_COST)
-    lo = pid * per_program
-    if lo < total:
-        u = _unit_at(lo, work, bi, KV_HEADS)
-        b = u // KV_HEADS
-        h = u % KV_HEADS
-        first_block, _ = _unit_slots(b, h, work, bi, KV_HEADS, UNIT_COST)
-        start = tl.maximum(lo - first_block, 0) * BLOCK_N
-        n = tl.load(len_ptr + b)
-        pos = tl.minimum(start + tl.arange(0, BLOCKS * BLOCK_N), n - 1)
-        page = tl.load(pt_ptr + b * spt_b + pos // PAGE_SIZE)
-        slot = page.to(tl.int64) * PAGE_SIZE + pos % PAGE_SIZE
-        per_line: tl.constexpr = 1024 // kc_ptr.dtype.element_ty.primitive_bitwidth
-        LINES: tl.constexpr = max(1, D // per_line)  # 128-byte lines of one head's row
-        offs = slot[:, None] * sc_s + h * sc_h + tl.arange(0, LINES)[None, :] * per_line
-        prefetch_l2(kc_ptr + offs)
-        prefetch_l2(vc_ptr + offs)
-
-
 @triton.jit(do_not_specialize=["B", "spt_b", "first_site", "n_sms", "slots", "programs"])
 def decode_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, part_lse_ptr,
                    count_ptr, sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, ctas, slots,
@@ -106,11 +52,7 @@ def decode_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, par
                    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, UNIT_COST: tl.constexpr,
                    D: tl.constexpr, WIDE: tl.constexpr, RECORD_SM: tl.constexpr,
                    PINNED: tl.constexpr, PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr,
-                   PDL: tl.constexpr, PREFETCH_BLOCKS: tl.constexpr):
-    if PREFETCH_BLOCKS > 0:  # before run_slots' wait for the kernel before (PDL, plain launch)
-        _prefetch_kv(tl.program_id(0), programs, kc_ptr, vc_ptr, pt_ptr, len_ptr, B, KV_HEADS,
-                     sc_s, sc_h, spt_b, PAGE_SIZE, BLOCK_N, BLOCK_B, UNIT_COST, D,
-                     PREFETCH_BLOCKS)
+                   PDL: tl.constexpr):
     run_slots(_decode_slot, (q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr,
               part_lse_ptr, count_ptr, B, KV_HEADS, scale_log2, sq_b, sq_h, so_b, so_h, sc_s, sc_h,
               spt_b, PAGE_SIZE, GROUP, BLOCK_G, BLOCK_N, BLOCK_B, UNIT_COST, D, WIDE), sm_ids_ptr,
@@ -133,8 +75,11 @@ def _decode_slot(pid, programs, q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, p
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, D)
     gmask = g < GROUP
-    bi, work, total, per_program = _work_split(len_ptr, B, KV_HEADS, programs, BLOCK_N,
-                                               BLOCK_B, UNIT_COST)
+    bi = tl.arange(0, BLOCK_B)
+    nb = tl.cdiv(tl.load(len_ptr + bi, mask=bi < B, other=0), BLOCK_N)
+    work = tl.where(nb > 0, nb + UNIT_COST, 0)  # slots per unit of each request
+    total = tl.sum(work, axis=0) * KV_HEADS
+    per_program = tl.maximum(1, tl.cdiv(total, programs))
     for b in range(pid, B, programs):  # an empty request still owns its output rows
         if tl.load(len_ptr + b) == 0:
             for h in range(KV_HEADS):
@@ -147,7 +92,9 @@ def _decode_slot(pid, programs, q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, p
         for u in range(_unit_at(lo, work, bi, KV_HEADS), _unit_at(hi - 1, work, bi, KV_HEADS) + 1):
             b = u // KV_HEADS
             h = u % KV_HEADS
-            first_block, u_end = _unit_slots(b, h, work, bi, KV_HEADS, UNIT_COST)
+            before, size = _request_slots(b, work, bi)
+            u_end = before * KV_HEADS + (h + 1) * size
+            first_block = u_end - size + UNIT_COST  # the slot of the unit's first block
             seg_lo = tl.maximum(lo, first_block)
             seg_hi = tl.minimum(hi, u_end)
             if seg_lo < seg_hi:  # a range may hold only a unit's fixed-cost slots; empty
@@ -269,6 +216,5 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         PAGE_SIZE=page_size, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
         BLOCK_N=cfg.block_n, BLOCK_B=triton.next_power_of_2(B), UNIT_COST=UNIT_COST, D=D,
         WIDE=wide_offsets(k_cache), RECORD_SM=record, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, PREFETCH_BLOCKS=PDL_PREFETCH_BLOCKS if pdl else 0, **fit,
-        **launch.kwargs)
+        num_stages=cfg.num_stages, **fit, **launch.kwargs)
     return out

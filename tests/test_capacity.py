@@ -317,6 +317,10 @@ def test_a_simulation_the_measured_rates_only_bound_is_read_from_all_its_rates(m
     above = run_capacity(settings(simulate=False), ("prefill_first",), CRITERIA, store,
                          rates=(4 * top, 8 * top), log=lambda m: None)
     row = above["summary"]["strategies"]["prefill_first"]
+    # failed at every rate served: its capacity lies below the lowest, not at zero
+    assert row["goodput_capacity_rps"] == 0.0 and row["below_rps"]["goodput"] == 4 * top
+    assert f"< {4 * top:.2f} (lowest rate served)" in tables.capacity_table(above)
+    assert result["summary"]["strategies"]["chunked_512"]["below_rps"]["goodput"] is None
     assert row["simulated_goodput_capacity_at_measured_rates_rps"] == 0.0
     assert row["sim_error_read_from"]["goodput"] == "all simulated rates"
     assert row["simulated_goodput_capacity_compared_rps"] > 0

@@ -216,6 +216,9 @@ def capacity_table(result: dict) -> str:
 
     def capacity(n: str, criterion: str) -> str:
         row = rows[n]
+        below = row.get("below_rps", {}).get(criterion)
+        if below is not None:  # it failed at every rate served
+            return f"< {below:.2f} (lowest rate served)"
         figure = cell(row[f"{criterion}_capacity_rps"], ".2f")
         each = row.get("capacity_by_repeat_rps", {}).get(criterion)
         if each and None not in each:  # the median of the repeats: their range beside it

@@ -249,6 +249,10 @@ def _result(s: RunSettings, chosen: list[Variant], criteria: Criteria, store: Po
         top = max((p["rate"] for p in mine), default=None)
         row["at_least"] = {c: top is not None and (row[f"{c}_capacity_rps"] or 0) >= top
                            for c in CRITERIA}
+        # a capacity of 0.0 failed at every rate served: it lies below the lowest (not at zero)
+        bottom = min((p["rate"] for p in mine), default=None)
+        row["below_rps"] = {c: bottom if row[f"{c}_capacity_rps"] == 0.0 else None
+                            for c in CRITERIA}
         for guard in GUARDS:
             row[guard] = sum(p.get(guard) or 0 for p in mine)
         if measured:
