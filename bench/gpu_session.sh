@@ -102,8 +102,10 @@ step pinned ${PINNED_S:-240} python3 -m pytest -q -rP -m gpu tests -k pinned
 step anatomy ${ANATOMY_S:-120} python3 bench/gate_anatomy.py --out "$OUT"
 step sites ${SITES_S:-150} python3 bench/pinned_sites.py --out "$OUT"
 # a prefill's MFU by prompt length on the whole GPU, and its GEMMs against cuBLAS (issue 27:
-# what the simulator's one whole-GPU MFU misses on short prompts)
-step prefill ${PREFILL_S:-200} python3 bench/prefill_rate.py --out "$OUT"
+# what the simulator's one whole-GPU MFU misses on short prompts); long prompts and prompts
+# after a cached prefix, on the whole GPU and on PREFILL_SMS (grid-capped): linear and
+# attention FLOPs' rates apart (NOTES 000d: attention over long contexts is priced short)
+step prefill ${PREFILL_S:-240} python3 bench/prefill_rate.py --out "$OUT" --sms ${PREFILL_SMS:-80,112}
 step floor ${FLOOR_S:-300} bash -c 'python3 bench/decode_floor.py --out "$OUT" \
     --kernels "$( [ -f "$OUT/kernels-h200.json" ] && echo "$OUT" || echo bench/results )/kernels-h200.json" \
     $( [ -f "$OUT/run-h200.json" ] && echo --run "$OUT/run-h200.json" )'

@@ -596,3 +596,29 @@ def test_prefix_cache_ratios_over_a_capacity_below_every_rate_are_lower_bounds(t
                           "--offline", "--rates", "1"], capture_output=True, text=True,
                          timeout=120)
     assert bad.returncode == 2 and "--offline" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_prefill_rate_fit_recovers_a_linear_and_an_attention_rate():
+    """bench/prefill_rate.py's rate fit: layer rows timed as linear FLOPs at 600 TFLOP/s and
+    attention at 480 give those rates back on each budget, short prompts left out; a budget
+    with too few rows has none."""
+    sys.path.insert(0, "bench")
+    from prefill_rate import FIT_TOKENS, rate_fit
+
+    rows = []
+    for sms, scale in ((None, 1.0), (80, 80 / 132)):
+        for tokens, prefix in ((512, 0), (2048, 0), (8192, 0), (32768, 0), (4096, 16384)):
+            linear, attention = 1e12 * tokens, 2e8 * tokens * (tokens + 2 * prefix)
+            ms = (linear / 600e12 + attention / 480e12) / scale * 1e3
+            rows.append({"sms": sms, "tokens": tokens, "prompts": 1, "ms": ms,
+                         "linear_flops": linear, "attention_flops": attention})
+    rows.append({"sms": 20, "tokens": 4096, "prompts": 1, "ms": 1.0, "linear_flops": 1e12,
+                 "attention_flops": 1e11})
+    fit = rate_fit(rows, 989.0, 132)
+    assert fit["132"]["linear_tflops"] == pytest.approx(600) and fit["132"]["rows"] == 4
+    assert fit["132"]["attention_tflops"] == pytest.approx(480)
+    assert fit["132"]["attention_vs_linear"] == pytest.approx(0.8)
+    assert fit["80"]["linear_tflops"] == pytest.approx(600 * 80 / 132)
+    assert fit["80"]["linear_mfu"] == pytest.approx(600 / 989)
+    assert fit["132"]["max_fit_error_pct"] < 1e-6 and fit["20"] is None
+    assert FIT_TOKENS > 512

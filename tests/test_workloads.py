@@ -130,6 +130,45 @@ def test_prefill_layers_fill_the_prompts_cache_and_count_its_flops(tokens, layer
         assert not k[~written].any()
 
 
+@pytest.mark.gpu
+def test_prefill_layers_attend_over_a_cached_prefix():
+    """New tokens after a cached prefix: the FLOPs count attention over it, the new tokens
+    land after it, and what they compute reads it (the second layer's K of the new tokens
+    moves when the first layer's cached prefix does)."""
+    import torch
+
+    from pdmux_triton.cost import step_cost
+    from pdmux_triton.measure.workloads import PrefillLayers
+    from pdmux_triton.multiplex.partition import Budget
+
+    wl = PrefillLayers(TINY, tokens=97, layers=2, prompts=3, prefix=40)
+    assert wl.batch.prefix_lens == [40] * 3
+    assert wl.amount == pytest.approx(sum(step_cost.layer_flops(TINY, n, 40, 2)
+                                          for n in wl.batch.extend_lens))
+    assert int(wl.batch.positions.min()) == 40
+    prefix_slots = wl.batch.page_table[:, 0].long() * 16 + torch.arange(16, device="cuda")[:, None]
+    before = wl.model.cache.k[0][prefix_slots].clone()
+    wl.run(Budget(5))
+    torch.cuda.synchronize()
+    assert torch.equal(wl.model.cache.k[0][prefix_slots], before)  # the prefix is read, not written
+    first = wl.model.cache.k[1][wl.batch.slots].clone()
+    for kv in (wl.model.cache.k[0], wl.model.cache.v[0]):
+        new = torch.zeros(kv.shape[0], dtype=torch.bool, device="cuda")
+        new[wl.batch.slots] = True
+        kv[~new] *= 3  # the first layer's cached prefix, not the new tokens' own K/V
+    wl.run(Budget(5))
+    torch.cuda.synchronize()
+    assert not torch.allclose(wl.model.cache.k[1][wl.batch.slots].float(), first.float())
+
+
+@pytest.mark.parametrize("prefix", [-1, True, 2.5])
+def test_prefill_layers_refuse_a_prefix_that_is_no_token_count(prefix):
+    from pdmux_triton.measure.workloads import PrefillLayers
+
+    with pytest.raises(PdmuxError, match=f"cached prefix is 0 or more tokens, got {prefix!r}"):
+        PrefillLayers(TINY, tokens=4, layers=1, prefix=prefix)
+
+
 @pytest.mark.parametrize("prompts", [0, 5, True, 1.5])
 def test_prefill_layers_refuse_more_prompts_than_tokens(prompts):
     from pdmux_triton.measure.workloads import PrefillLayers

@@ -116,30 +116,38 @@ class DecodeStep(Workload):
 
 class PrefillLayers(Workload):
     """`layers` layers of the prefill of `tokens` new tokens in `prompts` prompts of (nearly)
-    equal length, in one batch: GEMMs and causal attention within each prompt."""
+    equal length, in one batch: GEMMs and causal attention within each prompt, each prompt's
+    new tokens after `prefix` tokens already in the cache (random K/V there: a cached prefix
+    the new tokens attend over, as a prefix-cache hit or a later chunk computes)."""
 
     name = "prefill"
     unit = "TFLOP/s"
 
     def __init__(self, spec: ModelSpec, tokens: int = 8192, layers: int = 4, page_size: int = 16,
-                 seed: int = 1, prompts: int = 1):
+                 seed: int = 1, prompts: int = 1, prefix: int = 0):
         if isinstance(prompts, bool) or not isinstance(prompts, int) or not 1 <= prompts <= tokens:
             raise PdmuxError(f"a prefill of {tokens} tokens takes 1..{tokens} prompts, "
                              f"got {prompts!r}")
+        if isinstance(prefix, bool) or not isinstance(prefix, int) or prefix < 0:
+            raise PdmuxError(f"a prefill's cached prefix is 0 or more tokens, got {prefix!r}")
         lens = [tokens // prompts + (i < tokens % prompts) for i in range(prompts)]
-        table, pages = page_table(lens, page_size, "cuda", shuffle=False)
-        self.model = Model(Weights.random(spec, "cuda", seed=seed, layers=layers),
-                           KVCache(spec, pages, page_size, "cuda", layers=layers),
-                           max_positions=max(lens))
-        pos = torch.cat([torch.arange(n, device="cuda") for n in lens])
+        table, pages = page_table([prefix + n for n in lens], page_size, "cuda", shuffle=False)
+        cache = KVCache(spec, pages, page_size, "cuda", layers=layers)
+        if prefix:  # not zeros: attention over a zero prefix would read no real values
+            g = torch.Generator(device="cuda").manual_seed(seed)
+            for kv in (*cache.k, *cache.v):
+                kv.normal_(generator=g)
+        self.model = Model(Weights.random(spec, "cuda", seed=seed, layers=layers), cache,
+                           max_positions=prefix + max(lens))
+        pos = torch.cat([torch.arange(prefix, prefix + n, device="cuda") for n in lens])
         rows = torch.repeat_interleave(torch.arange(prompts, device="cuda"),
                                        torch.tensor(lens, device="cuda"))
         slots = table[rows, pos // page_size].long() * page_size + pos % page_size
         self.batch = ExtendBatch(
             tokens=torch.randint(0, spec.vocab, (tokens,), device="cuda"), positions=pos,
-            slots=slots, page_table=table, extend_lens=lens, prefix_lens=[0] * prompts)
+            slots=slots, page_table=table, extend_lens=lens, prefix_lens=[prefix] * prompts)
         self.layers = layers
-        self.amount = sum(step_cost.layer_flops(spec, n, 0, layers) for n in lens)
+        self.amount = sum(step_cost.layer_flops(spec, n, prefix, layers) for n in lens)
 
     def run(self, budget: Budget) -> None:
         self.model.extend_layers(self.batch, 0, self.layers, budget=budget)
