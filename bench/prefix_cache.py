@@ -85,11 +85,22 @@ def counted_hit_rates(path: str, start: int, count: int, kv_tokens: int,
     return out
 
 
-def capacity_run(args, path: str, start: int, count: int, cache: str, folder: Path) -> dict:
+def measured_strategies(folder: Path, strategies) -> list[str]:
+    """Those of `strategies` with a point measured on the GPU in `folder` (its point store)."""
+    points = folder / "capacity-points-h200.jsonl"
+    if not points.is_file():
+        return []
+    rows = [json.loads(line) for line in points.read_text().splitlines() if line.strip()]
+    served = {r["strategy"] for r in rows if r.get("mode") == "gpu"}
+    return [s for s in strategies if s in served]
+
+
+def capacity_run(args, path: str, start: int, count: int, cache: str, folder: Path,
+                 strategies) -> dict:
     """`pdmux-triton capacity` on the window with the cache on or off: its result JSON."""
     argv = ["capacity", "--gpu", "h200", "--trace", path, "--trace-start", str(start),
             "--trace-count", str(count), "--prefix-cache", cache,
-            "--strategies", ",".join(args.strategies), "--slo-ttft-ms", str(args.slo_ttft_ms),
+            "--strategies", ",".join(strategies), "--slo-ttft-ms", str(args.slo_ttft_ms),
             "--slo-tpot-ms", str(args.slo_tpot_ms), "--calibration", args.calibration,
             "--compare", args.compare, "--host-costs", args.host_costs, "--out", str(folder),
             "--json"]
@@ -118,11 +129,13 @@ def summarize(traces: dict) -> dict:
     over the best chunked prefill with the cache on (beside the published gain)."""
     out = {}
     for name, t in traces.items():
-        on, off = t["capacity"]["on"], t["capacity"]["off"]
+        # offline, a side lists only the strategies measured with it (None: none were)
+        sides = {c: (t["capacity"][c] or {"summary": {"strategies": {}}})["summary"]["strategies"]
+                 for c in ("on", "off")}
         rows = {}
-        for strategy in on["summary"]["strategies"]:
-            got = {c: t["capacity"][c]["summary"]["strategies"][strategy] for c in ("on", "off")}
-            caps = {c: r["goodput_capacity_rps"] for c, r in got.items()}
+        for strategy in dict.fromkeys([*sides["on"], *sides["off"]]):
+            got = {c: sides[c].get(strategy) or {} for c in ("on", "off")}
+            caps = {c: r.get("goodput_capacity_rps") for c, r in got.items()}
             # read on a stream too short for its rate: a burst's capacity (`capacity`'s label)
             bursts = {c: r.get("steady", {}).get("goodput") is False for c, r in got.items()}
             # failed at every rate served: below the lowest (`capacity`'s bound)
@@ -130,10 +143,10 @@ def summarize(traces: dict) -> dict:
             rows[strategy] = {**{f"goodput_capacity_{c}_rps": v for c, v in caps.items()},
                               **{f"below_{c}_rps": v for c, v in below.items()},
                               **{f"burst_{c}": b for c, b in bursts.items()},
+                              **{f"measured_{c}": bool(got[c]) for c in got},
                               **_ratio(caps["on"], caps["off"], below["off"], "on_vs_off"),
                               # at the point its goodput capacity is read from (`capacity`)
-                              "hit_rate_at_capacity": on["summary"]["strategies"][strategy][
-                                  "prefix_hit_rate"]}
+                              "hit_rate_at_capacity": got["on"].get("prefix_hit_rate")}
         pdmux = rows.get("pdmux_grid_cap", {}).get("goodput_capacity_on_rps")
         chunked = [r for n, r in rows.items() if n.startswith("chunked")]
         best = max(chunked, key=lambda r: r["goodput_capacity_on_rps"] or 0.0, default={})
@@ -141,7 +154,8 @@ def summarize(traces: dict) -> dict:
                      **_ratio(pdmux, best.get("goodput_capacity_on_rps"),
                               best.get("below_on_rps"), "pdmux_vs_best_chunked_cache_on"),
                      "published_pdmux_vs_chunked": PUBLISHED_GAIN,
-                     "measured": off["mode"] == "gpu"}
+                     "measured": any((t["capacity"][c] or {}).get("mode") == "gpu"
+                                     for c in ("on", "off"))}
     return out
 
 
@@ -160,9 +174,10 @@ def table(summary: dict) -> str:
                      f"{'hit at cap':>10}")
         for strategy, r in s["strategies"].items():
             fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
-            cap = {c: (f"< {r[f'below_{c}_rps']:.2f}" if r[f"below_{c}_rps"] is not None
-                       else fmt(r[f"goodput_capacity_{c}_rps"], ".2f"))
-                   + (" burst" if r[f"burst_{c}"] else "") for c in ("on", "off")}
+            cap = {c: ("not measured" if not r[f"measured_{c}"]
+                       else f"< {r[f'below_{c}_rps']:.2f}" if r[f"below_{c}_rps"] is not None
+                       else fmt(r[f"goodput_capacity_{c}_rps"], ".2f")
+                       + (" burst" if r[f"burst_{c}"] else "")) for c in ("on", "off")}
             hit = fmt(r["hit_rate_at_capacity"], ".1%")
             ratio = _bound(r, "on_vs_off") + fmt(r["on_vs_off"], ".2f")
             lines.append(f"  {strategy:<16} {cap['on']:>15} {cap['off']:>15} "
@@ -196,8 +211,15 @@ def run(args) -> int:
                 trace, start, count, kv_tokens, model.max_context), "capacity": {}}
         for cache in ("on", "off"):
             folder = Path(args.out) / "prefix-cache" / f"{name}-{start}-{count}-{cache}"
+            strategies = (measured_strategies(folder, args.strategies) if args.offline
+                          else args.strategies)
             print(f"{name} rows {start}+{count}, prefix cache {cache} ...", flush=True)
-            t["capacity"][cache] = capacity_run(args, trace, start, count, cache, folder)
+            t["capacity"][cache] = (capacity_run(args, trace, start, count, cache, folder,
+                                                 strategies) if strategies else None)
+        if not any(t["capacity"].values()):
+            raise PdmuxError(f"none of {', '.join(args.strategies)} was measured on {name} rows "
+                             f"{start}+{count} (under {Path(args.out) / 'prefix-cache'}): "
+                             f"measure them on the GPU (--rates)")
         write_json(path, data)  # a save point after each trace
     data["summary"] = summarize(data["traces"])
     return finish(path, data, table(data["summary"]))
@@ -213,7 +235,8 @@ def main(argv=None) -> int:
     p.add_argument("--rates", type=listed(number(0.0, 1e4), "rate"), default=(),
                    help="measured on the GPU at these rates (req/s); none: simulated")
     p.add_argument("--offline", action="store_true",
-                   help="read the points measured before under <out>/prefix-cache/ (no GPU)")
+                   help="read the points measured before under <out>/prefix-cache/ (no GPU): "
+                        "each cache side's summary holds the strategies measured with it")
     bench_inputs(p, "calibration", "compare", "host_costs")
     p.set_defaults(slo_ttft_ms=10000.0, slo_tpot_ms=50.0)
     return run_script(p, run, argv)

@@ -598,6 +598,44 @@ def test_prefix_cache_ratios_over_a_capacity_below_every_rate_are_lower_bounds(t
     assert bad.returncode == 2 and "--offline" in bad.stderr and "Traceback" not in bad.stderr
 
 
+def test_prefix_cache_offline_summarizes_each_side_as_measured(tmp_path):
+    """--offline reads each cache side's strategies from its GPU points alone; a strategy
+    measured on one side only reads "not measured" on the other, and a ratio over a capacity
+    below every rate served stays a lower bound."""
+    import json
+
+    sys.path.insert(0, "bench")
+    from prefix_cache import measured_strategies, summarize, table
+
+    points = tmp_path / "capacity-points-h200.jsonl"
+    points.write_text("\n".join(json.dumps(r) for r in (
+        {"mode": "gpu", "strategy": "chunked_512", "rate": 0.75},
+        {"mode": "simulated", "strategy": "prefill_first", "rate": 1.0})) + "\n")
+    assert measured_strategies(tmp_path, ("prefill_first", "chunked_512")) == ["chunked_512"]
+    assert measured_strategies(tmp_path / "none", ("chunked_512",)) == []
+
+    def side(**strategies):
+        return {"mode": "gpu", "summary": {"strategies": strategies}}
+
+    pdmux = {"goodput_capacity_rps": 2.4, "below_rps": {"goodput": None},
+             "steady": {"goodput": True}, "prefix_hit_rate": 0.055}
+    chunked = {"goodput_capacity_rps": 0.0, "below_rps": {"goodput": 0.75},
+               "steady": {"goodput": True}, "prefix_hit_rate": 0.056}
+    off = {**pdmux, "goodput_capacity_rps": 0.0, "below_rps": {"goodput": 2.4}}
+    traces = {"conv": {"counted_hit_rates": {"unbounded": 0.08, "lru_at_kv_capacity": 0.05},
+                       "capacity": {"on": side(pdmux_grid_cap=pdmux, chunked_512=chunked),
+                                    "off": side(pdmux_grid_cap=off)}}}
+    s = summarize(traces)["conv"]
+    row = s["strategies"]["chunked_512"]
+    assert row["measured_on"] and not row["measured_off"] and row["below_on_rps"] == 0.75
+    assert row["on_vs_off"] is None
+    assert s["pdmux_vs_best_chunked_cache_on"] == 2.4 / 0.75
+    assert s["pdmux_vs_best_chunked_cache_on_at_least"] and s["measured"]
+    assert "not measured" in table(summarize(traces))
+    traces["conv"]["capacity"]["off"] = None  # no strategy measured with the cache off
+    assert summarize(traces)["conv"]["strategies"]["pdmux_grid_cap"]["measured_off"] is False
+
+
 def test_prefill_rate_fit_recovers_a_linear_and_an_attention_rate():
     """bench/prefill_rate.py's rate fit: layer rows timed as linear FLOPs at 600 TFLOP/s and
     attention at 480 give those rates back on each budget, short prompts left out; a budget
