@@ -141,10 +141,13 @@ case " $STEPS " in *" slo "*) [ -d "$SLO_OUT/slo-levels" ] && tar czf "$OUT/$(ba
     "$SLO_OUT/slo-levels" "$SLO_OUT"/slo-levels-h200*.json 2>/dev/null;; esac
 # prefix caching on Mooncake's conversation trace (issue 28, bench/prefix_cache.py): each
 # strategy's capacity measured with the cache on and off at PREFIX_RATES, the simulation beside;
-# its points resume under bench/results/prefix-cache/ (copy them back between calls)
+# its points resume under bench/results/prefix-cache/ (copy them back between calls); a point
+# takes its untimed PREFIX_WARM requests, then 200/rate s of arrivals and the drain: at 0.6
+# req/s with 100 warm it outlasts one call (~570 s), so slow points take PREFIX_WARM=40
 step prefix ${PREFIX_S:-540} python3 bench/prefix_cache.py --out bench/results \
     --traces ${PREFIX_TRACES:-conv} --window ${PREFIX_WINDOW:-3000:200} \
-    --strategies ${PREFIX_STRATEGIES:-pdmux_grid_cap,chunked_512} --rates ${PREFIX_RATES:-1.5,2}
+    --strategies ${PREFIX_STRATEGIES:-pdmux_grid_cap,chunked_512} --rates ${PREFIX_RATES:-1.5,2} \
+    --warm-requests ${PREFIX_WARM:-100}
 case " $STEPS " in *" prefix "*) tar czf "$OUT/prefix-cache.tgz" -C bench/results prefix-cache \
     $(cd bench/results && ls prefix-cache-h200*.json 2>/dev/null) ;; esac
 grep -E "^(== |   )|passed|failed|MISS|  ok|capacity req/s|pdmux_|chunked_|prefill_first|^sharegpt|^arxiv" \

@@ -35,6 +35,7 @@ from pdmux_triton.cli.main import main as cli
 from pdmux_triton.cli.parsing import choice, integer, listed, number
 from pdmux_triton.cost import step_cost
 from pdmux_triton.errors import PdmuxError
+from pdmux_triton.experiments.settings import RunSettings
 from pdmux_triton.experiments.variants import DEFAULT_STRATEGIES
 from pdmux_triton.results import provenance, read_json, write_json
 from pdmux_triton.serve.prefix_cache import BLOCK_TOKENS
@@ -44,6 +45,7 @@ from pdmux_triton.spec.traces import load_trace
 
 TRACES = {"conv": "bench/data/mooncake-fast25/conversation_trace.jsonl",
           "syn": "bench/data/mooncake-fast25/synthetic_trace.jsonl"}
+WARM_REQUESTS = RunSettings.warm_requests  # capacity's default
 PUBLISHED_GAIN = 3.06  # PD-mux's goodput over chunked prefill, Mooncake Tool&Agent, cache on
 
 
@@ -104,7 +106,8 @@ def capacity_run(args, path: str, start: int, count: int, cache: str, folder: Pa
             "--slo-tpot-ms", str(args.slo_tpot_ms), "--calibration", args.calibration,
             "--compare", args.compare, "--host-costs", args.host_costs, "--out", str(folder),
             "--json"]
-    argv += (["--offline"] if args.offline else ["--rates", ",".join(map(str, args.rates))]
+    argv += (["--offline"] if args.offline else ["--rates", ",".join(map(str, args.rates)),
+                                                   "--warm-requests", str(args.warm_requests)]
              if args.rates else ["--simulate"])
     with redirect_stdout(StringIO()):  # its JSON: read from the file it writes
         code = cli(argv)
@@ -197,6 +200,9 @@ def run(args) -> int:
     if args.offline and args.rates:
         raise PdmuxError("--offline reads the points measured before and --rates measures new "
                          "ones: give one of them")
+    if args.warm_requests != WARM_REQUESTS and not args.rates:
+        raise PdmuxError(f"--warm-requests {args.warm_requests} does nothing without --rates "
+                         f"(only a measured point is warmed first)")
     start, count = args.window
     model, gpu = model_preset("qwen3-8b"), gpu_preset("h200")
     kv_tokens = step_cost.kv_capacity_tokens(gpu, model)
@@ -234,6 +240,9 @@ def main(argv=None) -> int:
                    default=DEFAULT_STRATEGIES)
     p.add_argument("--rates", type=listed(number(0.0, 1e4), "rate"), default=(),
                    help="measured on the GPU at these rates (req/s); none: simulated")
+    p.add_argument("--warm-requests", type=integer(0), default=WARM_REQUESTS,
+                   help="measured: each strategy's first requests served untimed first (fewer "
+                        "fit a slow point into one device call; `capacity --warm-requests`)")
     p.add_argument("--offline", action="store_true",
                    help="read the points measured before under <out>/prefix-cache/ (no GPU): "
                         "each cache side's summary holds the strategies measured with it")

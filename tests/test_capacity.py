@@ -178,8 +178,9 @@ def test_points_of_other_settings_are_refused(tmp_path):
 
 
 def test_a_gpu_variant_serves_a_prefix_untimed_once(monkeypatch):
-    """On the GPU a variant's first UNTIMED_REQUESTS requests are served once before its first
-    measured run (its allocator's memory), and never again: a long stream is not served twice."""
+    """On the GPU a variant's first --warm-requests requests are served once before its first
+    measured run (its allocator's memory), and never again: a long stream is not served twice;
+    none with --warm-requests 0."""
     served, original_executor, original_run = [], run.Servers.executor, run.Servers._run
 
     class StandInGpu:  # the GPU path of Servers.serve, on the simulator's executor
@@ -204,12 +205,14 @@ def test_a_gpu_variant_serves_a_prefix_untimed_once(monkeypatch):
     monkeypatch.setattr(run.Servers, "__init__", gpu_servers)
     monkeypatch.setattr(run.Servers, "executor", sim_executor)
     monkeypatch.setattr(run.Servers, "_run", counting)
-    s = dataclasses.replace(settings(simulate=False), count=run.UNTIMED_REQUESTS + 30)
-    servers = run.Servers(s, [])
-    for rate in (2.0, 3.0):
-        row, _ = servers.serve(variant("chunked_512"), run.make_requests(s, rate))
-        assert row["requests_served"] == s.count
-    assert served == [run.UNTIMED_REQUESTS, s.count, s.count]
+    for warm in (40, 0):
+        served.clear()
+        s = dataclasses.replace(settings(simulate=False), count=warm + 30, warm_requests=warm)
+        servers = run.Servers(s, [])
+        for rate in (2.0, 3.0):
+            row, _ = servers.serve(variant("chunked_512"), run.make_requests(s, rate))
+            assert row["requests_served"] == s.count
+        assert served == [warm, s.count, s.count][not warm:]
 
 
 def test_the_committed_capacity_folder_resumes_with_todays_model_preset(tmp_path):

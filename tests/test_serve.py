@@ -93,6 +93,9 @@ def test_capacity_simulated_writes_json_table_and_plot(tmp_path, capsys):
     fails(capsys, [*argv, "--repeats", "2"], "--repeats 2: a simulation serves the same "
           "requests the same way each time")
     fails(capsys, [*argv, "--repeats", "0"], "--repeats")
+    fails(capsys, [*argv, "--warm-requests", "50"], "--warm-requests does nothing when "
+          "simulating")
+    fails(capsys, [*argv, "--warm-requests", "-1"], "--warm-requests")
 
 
 @no_gpu

@@ -100,6 +100,9 @@ def _settings(args, given, workload: str, simulate: bool | None = None,
         refuse(given, EXPONENTIAL_FLAGS, f"with --lengths {args.lengths} (they shape "
                 f"--lengths exponential)")
     gpu, simulate, no_gpu = _where(args, given, simulate)
+    if simulate:
+        refuse(given, ("warm_requests",), "when simulating (only a measured run warms the GPU "
+               "first)")
     check_s_sat(args, given, gpu)
     fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(RunSettings)
               if hasattr(args, f.name)}

@@ -46,7 +46,8 @@ class PointKey:
 
 MADE_WITH = ("commit", "source_sha256", "torch", "triton")  # saved with every point
 # what a strategy, a rate or the mode choose: points that differ only in these share a folder
-PER_POINT_SETTINGS = ("simulate", "rate", "chunks", "kinds", "level_policies")
+PER_POINT_SETTINGS = ("simulate", "rate", "chunks", "kinds", "level_policies",
+                      "warm_requests")  # (the untimed warm-up: saved with each point)
 
 
 def open_folder(folder: Path, s: RunSettings) -> PointStore:
@@ -129,7 +130,9 @@ class Sweep:
                       **{name: {k: v for k, v in row[name].items() if k in POINT_KEYS}
                          for name in ("repeat_values", "spread_pct")}}
         point = self.store.add(key, **{k: row.get(k) for k in POINT_KEYS if k != "rate"},
-                               **spread, **{k: made_with[k] for k in MADE_WITH})
+                               **spread, **{k: made_with[k] for k in MADE_WITH},
+                               **({"warm_requests": self.s.warm_requests}
+                                  if self.mode == "gpu" else {}))
         self.log(f"[{self.mode}] {v.name} at {rate:g} req/s: attainment "
                  f"{_fmt(point['slo_attainment'], '.0%')}, TTFT p99 {_fmt(point['ttft_p99_ms'])} "
                  f"ms, TPOT p99 {_fmt(point['tpot_p99_ms'])} ms, ITL p99 "

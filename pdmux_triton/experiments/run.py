@@ -48,7 +48,6 @@ def chapter_estimates(s: RunSettings) -> list[tuple[str, estimate.Scenario, list
 
 # requests a GPU variant serves untimed before its first measured run: every point of the
 # committed 100-request sweeps was served whole once before
-UNTIMED_REQUESTS = 100
 
 
 def host_overheads(s: RunSettings) -> step_cost.Overheads:
@@ -111,7 +110,7 @@ class Servers:
     def serve(self, v: Variant, requests: list[Request]) -> tuple[dict, RunResult]:
         """One variant over a copy of `requests`, `s.repeats` times: its summary row (medians
         and spread over the repeats, `repeats.combined`) and its first run. On the GPU the
-        variant's first UNTIMED_REQUESTS requests are served once untimed before: the
+        variant's first `s.warm_requests` requests are served once untimed before: the
         allocator then holds memory for the batches this traffic forms (the warm-up compiled
         and captured the rest). A prefix, so a long stream is not served twice; what the
         measured run still allocates is counted in its row."""
@@ -122,8 +121,8 @@ class Servers:
             for r in requests:  # (every variant's copy shares them)
                 r.prompt
         x = self.executor(v)
-        if self.gpu is not None and v.name not in self.warm:
-            self._run(v, v.loop, x, requests[:UNTIMED_REQUESTS])
+        if self.gpu is not None and v.name not in self.warm and s.warm_requests:
+            self._run(v, v.loop, x, requests[:s.warm_requests])
             self.warm.add(v.name)
         rows, first = [], None
         for _ in range(s.repeats):  # the same requests each time, on the same executor

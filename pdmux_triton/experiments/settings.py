@@ -27,6 +27,7 @@ MAX_CHUNK_STEPS = 65_536  # chunked steps per prompt: a run's work stays bounded
 MAX_GPU_RUN_S = 3600  # arrivals of a measured stream must come within this
 MAX_TP = 64  # GPUs of one tensor-parallel server
 MAX_SPEED = 1e6  # a trace replayed faster than this arrives at once
+MAX_WARM = 100_000  # requests served untimed before a measured point
 
 
 def check_measured_span(count: int, rate: float, remedy: str) -> None:
@@ -81,6 +82,9 @@ class RunSettings:
     relevel_at_layers: bool = False
     # measured: each strategy serves the same requests this many times (median and spread)
     repeats: int = 1
+    # measured: each strategy first serves this many of the requests untimed (its allocator's
+    # memory for the batches the traffic forms); fewer fit a slow trace's point in less time
+    warm_requests: int = 100
     # prompts' shared prefixes read from a prefix cache ("on", as SGLang serves) or not ("off")
     prefix_cache: str = "on"
     # SLOs a request must meet to count towards goodput
@@ -149,6 +153,9 @@ class RunSettings:
         if not (isinstance(self.repeats, int) and 1 <= self.repeats <= MAX_REPEATS):
             raise PdmuxError(f"--repeats {self.repeats!r}: a whole number of runs in "
                              f"1..{MAX_REPEATS}")
+        if not (isinstance(self.warm_requests, int) and 0 <= self.warm_requests <= MAX_WARM):
+            raise PdmuxError(f"--warm-requests {self.warm_requests!r}: a whole number of "
+                             f"requests in 0..{MAX_WARM}")
         if self.repeats > 1 and self.simulate:
             raise PdmuxError(f"--repeats {self.repeats}: a simulation serves the same requests "
                              f"the same way each time; repeats spread only where the GPU "
