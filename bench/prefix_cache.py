@@ -35,9 +35,10 @@ from pdmux_triton.cli.main import main as cli
 from pdmux_triton.cli.parsing import choice, integer, listed, number
 from pdmux_triton.cost import step_cost
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.experiments.settings import RunSettings
+from pdmux_triton.experiments.capacity import PointKey
+from pdmux_triton.experiments.settings import MAX_WARM, RunSettings
 from pdmux_triton.experiments.variants import DEFAULT_STRATEGIES
-from pdmux_triton.results import provenance, read_json, write_json
+from pdmux_triton.results import PointStore, provenance, read_json, write_json
 from pdmux_triton.serve.prefix_cache import BLOCK_TOKENS
 from pdmux_triton.spec.gpus import gpu_preset
 from pdmux_triton.spec.models import model_preset
@@ -89,11 +90,8 @@ def counted_hit_rates(path: str, start: int, count: int, kv_tokens: int,
 
 def measured_strategies(folder: Path, strategies) -> list[str]:
     """Those of `strategies` with a point measured on the GPU in `folder` (its point store)."""
-    points = folder / "capacity-points-h200.jsonl"
-    if not points.is_file():
-        return []
-    rows = [json.loads(line) for line in points.read_text().splitlines() if line.strip()]
-    served = {r["strategy"] for r in rows if r.get("mode") == "gpu"}
+    store = PointStore(folder / "capacity-points-h200.jsonl", PointKey)
+    served = {p["strategy"] for p in store.points.values() if p["mode"] == "gpu"}
     return [s for s in strategies if s in served]
 
 
@@ -240,7 +238,7 @@ def main(argv=None) -> int:
                    default=DEFAULT_STRATEGIES)
     p.add_argument("--rates", type=listed(number(0.0, 1e4), "rate"), default=(),
                    help="measured on the GPU at these rates (req/s); none: simulated")
-    p.add_argument("--warm-requests", type=integer(0), default=WARM_REQUESTS,
+    p.add_argument("--warm-requests", type=integer(0, MAX_WARM), default=WARM_REQUESTS,
                    help="measured: each strategy's first requests served untimed first (fewer "
                         "fit a slow point into one device call; `capacity --warm-requests`)")
     p.add_argument("--offline", action="store_true",

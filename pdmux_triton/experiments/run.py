@@ -46,10 +46,6 @@ def chapter_estimates(s: RunSettings) -> list[tuple[str, estimate.Scenario, list
     return [(title, scenario, estimate.estimate(scenario)) for title, scenario in out]
 
 
-# requests a GPU variant serves untimed before its first measured run: every point of the
-# committed 100-request sweeps was served whole once before
-
-
 def host_overheads(s: RunSettings) -> step_cost.Overheads:
     """The host costs a simulation of `s` prices with: its --host-costs file's, else none."""
     return load_host_costs(s.host_costs, s.gpu.name) if s.host_costs else step_cost.Overheads()
