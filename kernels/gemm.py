@@ -12,6 +12,7 @@ waits).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 
@@ -390,6 +391,31 @@ class GemmPlan:
 def plan(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device,
          num_sms: int | None = None, ctas_per_sm: int = 1,
          config: GemmConfig | None = None) -> GemmPlan:
+    """How problem M x N x K launches on this budget. Planned once per problem and setting: an
+    eager prefill layer plans each of its GEMMs on every call, and planning costs more host
+    time than the launch's other Python (module settings and the interpreter flag are part of
+    the key; a test that patches a function `plan` calls runs `forget_plans` first)."""
+    key = (M, N, K, dtype, device, num_sms, ctas_per_sm, config, ALIGNED_SPLIT_BUSY,
+           interpreting())
+    try:
+        return _planned(*key)
+    except TypeError:  # an unhashable argument: planned afresh, which names what is wrong
+        return _plan(M, N, K, dtype, device, num_sms, ctas_per_sm, config)
+
+
+@functools.lru_cache(maxsize=4096, typed=True)  # typed: num_sms=True is refused, not 1's plan
+def _planned(M, N, K, dtype, device, num_sms, ctas_per_sm, config, aligned_split_busy,
+             interpreter) -> GemmPlan:
+    return _plan(M, N, K, dtype, device, num_sms, ctas_per_sm, config)
+
+
+def forget_plans() -> None:
+    """Drop the planned problems (for tests that patch what `plan` calls)."""
+    _planned.cache_clear()
+
+
+def _plan(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device,
+          num_sms: int | None, ctas_per_sm: int, config: GemmConfig | None) -> GemmPlan:
     cfg = config
     if cfg is None:  # the budget and the whole GPU are only needed to choose a tile
         programs = grid_size(1 << 30, num_sms, ctas_per_sm, device)

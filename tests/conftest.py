@@ -31,3 +31,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not HAS_CUDA:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _unplanned_gemms():
+    """Each test starts with no GEMM planned: tests patch what `gemm.plan` calls (whole_tiles,
+    interpreting, the interpreter's SM count), and plans are remembered per problem."""
+    gemm = sys.modules.get("pdmux_triton.kernels.gemm")
+    if gemm is not None:
+        gemm.forget_plans()

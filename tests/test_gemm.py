@@ -1,3 +1,4 @@
+import re
 from unittest import mock
 
 import pytest
@@ -244,8 +245,20 @@ def test_skinny_takes_unaligned_rows():
 
 def test_bad_budget():
     x = torch.ones(4, 8, device=DEV)
-    with pytest.raises(PdmuxError, match="num_sms must be a positive integer, got 0"):
-        linear(x, x, num_sms=0)
+    linear(x, x, num_sms=1)  # planned: a budget equal to 1 but of another type is not
+    for bad in (0, True, 2.0, [2]):
+        with pytest.raises(PdmuxError, match=re.escape(f"num_sms must be a positive integer, got {bad!r}")):
+            linear(x, x, num_sms=bad)
+
+
+def test_plans_are_remembered_per_problem_and_setting():
+    cfg = GemmConfig(16, 16, 16, 4, 1, skinny=True)
+    first = gemm.plan(5, 512, 4096, torch.float16, torch.device(DEV), 132, 1, cfg)
+    assert gemm.plan(5, 512, 4096, torch.float16, torch.device(DEV), 132, 1, cfg) is first
+    with mock.patch.object(gemm, "ALIGNED_SPLIT_BUSY", 2.0):  # a module setting is in the key
+        assert gemm.plan(5, 512, 4096, torch.float16, torch.device(DEV), 132, 1, cfg).grid == 132
+    assert first.grid == 128  # 32 tiles' slabs split evenly on 128 of 132 programs
+    assert gemm.plan(5, 512, 4096, torch.float16, torch.device(DEV), 132, 1, cfg) is first
 
 
 def _bf16_linear_matches(M, N, K, num_sms, config=None):
