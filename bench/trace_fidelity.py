@@ -19,6 +19,8 @@ and prints the table.
 
     python bench/trace_fidelity.py --out bench/results                 # on the GPU
     python bench/trace_fidelity.py --traces conv --repeats 2 --out /tmp/tf
+    python bench/trace_fidelity.py --traces conv --strategies pdmux_grid_cap --rates 30,36 \
+        --out bench/results                                # more points near its capacity
     python bench/trace_fidelity.py --offline --out bench/results       # anywhere
     python bench/trace_fidelity.py --plan                              # the rates, simulated
 """
@@ -35,7 +37,7 @@ from pathlib import Path
 
 from script import MEASURED_ON_H200, bench_inputs, bench_parser, finish, run_script
 
-from pdmux_triton.cli.parsing import choice, integer, listed
+from pdmux_triton.cli.parsing import choice, integer, listed, number
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiments import capacity_search
 from pdmux_triton.experiments.capacity import repeat_capacities
@@ -88,9 +90,17 @@ def settings(args, trace: str, start: int, simulate: bool) -> RunSettings:
 
 
 def windows(args, only: tuple | None = None):
-    """(trace, first row, rates) of every window served (`only`: of that (trace, row) one)."""
-    return [(t, start, PLAN[t][1]) for t in args.traces for start in PLAN[t][0]
-            if only in (None, (t, start))]
+    """(trace, first row) of every window served (`only`: of that (trace, row) one)."""
+    return [(t, start) for t in args.traces for start in PLAN[t][0] if only in (None, (t, start))]
+
+
+def rates_of(args, store: PointStore, trace: str, start: int, name: str) -> list[float]:
+    """The rates a strategy is served and judged at on a window: the plan's, those asked for
+    (`--rates`: points near a capacity, which the plan's rates bracket only coarsely), and
+    any measured there before."""
+    measured = {p["rate"] for p in store.points.values() if p["mode"] == "gpu"
+                and (p["trace"], p["start"], p["strategy"]) == (trace, start, name)}
+    return sorted({*PLAN[trace][1], *args.rates, *measured})
 
 
 def prefill_batches(diag: dict) -> dict[int, list]:
@@ -119,8 +129,8 @@ FIGURES = (*LATENCIES, "slo_attainment", "slo_attainment_last_half", "itl_p50_ms
 
 def measure(args, store: PointStore, log) -> None:
     """Every measured point the store lacks, on one model and executor set for all windows."""
-    todo = [(t, start, rate, name) for t, start, rates in windows(args) for rate in rates
-            for name in args.strategies
+    todo = [(t, start, rate, name) for t, start in windows(args) for name in args.strategies
+            for rate in rates_of(args, store, t, start, name)
             if not store.has(Key("gpu", t, start, rate, name))]
     if not todo:
         return
@@ -128,7 +138,7 @@ def measure(args, store: PointStore, log) -> None:
         t, start, rate, name = todo[0]
         raise PdmuxError(f"{name} on {t} from row {start} at {rate:g} req/s was never measured "
                          f"in {store.path}: measure it on the GPU (drop --offline)")
-    every = {(t, start): settings(args, t, start, simulate=False) for t, start, _ in windows(args)}
+    every = {(t, start): settings(args, t, start, simulate=False) for t, start in windows(args)}
     # one executor set sized for every window's requests: one model and cache for the run
     union = [r for s in every.values() for r in make_requests(s)]
     servers = Servers(next(iter(every.values())), union, log)
@@ -159,13 +169,13 @@ def simulate(args, store: PointStore, only: tuple | None = None) -> dict[tuple, 
     strategy) -> its row priced with the committed host costs and, where the measured run
     timed its host's eager launches, a row priced on that host (`Overheads.on_host`)."""
     out = {}
-    base = settings(args, *windows(args, only)[0][:2], simulate=True)
+    base = settings(args, *windows(args, only)[0], simulate=True)
     shipped = Servers(base, [])
     on_host: dict[int, Servers] = {}  # by the host's launch time, us: one per measuring run
-    for t, start, rates in windows(args, only):
+    for t, start in windows(args, only):
         s = settings(args, t, start, simulate=True)
-        for rate in rates:
-            for name in args.strategies:
+        for name in args.strategies:
+            for rate in rates_of(args, store, t, start, name):
                 rows = {"shipped_host": shipped}
                 measured = store.get(Key("gpu", t, start, rate, name))
                 host_us = measured and measured["diagnostics"].get("host_layer_us")
@@ -223,7 +233,7 @@ def held_out(args, store: PointStore) -> dict:
     measured = {k: v for k, v in read_json(args.host_costs, "host-costs file").items()
                 if k not in FITTED}  # what calibrate --host-costs measured, nothing fitted
     out = {}
-    for t, start, _ in windows(args):
+    for t, start in windows(args):
         train = [p for p in store.points.values() if (p["trace"], p["start"]) != (t, start)]
         with tempfile.TemporaryDirectory() as folder:
             points, host_costs = Path(folder) / "points.jsonl", Path(folder) / "host-costs.json"
@@ -256,8 +266,9 @@ def _judged(args, store: PointStore, simulated: dict[tuple, dict],
     criteria = Criteria(Slo(args.slo_ttft_ms, args.slo_tpot_ms))
     points, capacities, errors = [], [], {k: [] for k in (*LATENCIES, "slo_attainment")}
     spreads: dict[str, list[float]] = {}
-    for t, start, rates in windows(args, only):
+    for t, start in windows(args, only):
         for name in args.strategies:
+            rates = rates_of(args, store, t, start, name)
             measured = {r: _measured(store.get(Key("gpu", t, start, r, name))) for r in rates}
             sim = {r: simulated[t, start, r, name] for r in rates}
             cap = capacity_search.crossing(sorted(measured.items()), criteria.goodput)
@@ -265,7 +276,7 @@ def _judged(args, store: PointStore, simulated: dict[tuple, dict],
             # a capacity at either end of the rates served is a bound, not a crossing: the
             # error beside a measured crossing is then at least the figure
             inside = cap is not None and 0 < cap < max(rates)
-            capacities.append({"trace": t, "start": start, "strategy": name,
+            capacities.append({"trace": t, "start": start, "strategy": name, "rates_rps": rates,
                                "measured_rps": cap, "simulated_rps": cap_sim,
                                "error_pct": error_pct(cap_sim, cap) if inside else None,
                                "error_is_a_bound": inside and not 0 < cap_sim < max(rates),
@@ -345,9 +356,8 @@ def table(result: dict) -> str:
             for k in ("ttft_p50_ms", "tpot_p50_ms", "e2e_p50_ms", "capacity")) + " (median / max)")
     lines.append("")
     lines.append(f"{'window':<14} {'strategy':<20} {'capacity measured':>18} {'simulated':>10}")
-    rates = result["inputs"]["rates_rps"]
     for c in result["capacities"]:
-        served = rates[c["trace"]]
+        served = c["rates_rps"]
         lines.append(f"{c['trace'] + '@' + str(c['start']):<14} {c['strategy']:<20} "
                      f"{_bound(c['measured_rps'], served):>18} "
                      f"{_bound(c['simulated_rps'], served):>10}")
@@ -370,9 +380,10 @@ def _cell(v, unit: str) -> str:
 def plan(args) -> int:
     """pd-mux's simulated goodput capacity on each window (what PLAN's rates bracket)."""
     criteria = Criteria(Slo(args.slo_ttft_ms, args.slo_tpot_ms))
-    for t, start, rates in windows(args):
+    for t, start in windows(args):
         s = settings(args, t, start, simulate=True)
         servers = Servers(s, [])
+        rates = sorted({*PLAN[t][1], *args.rates})
         for name in ("pdmux_grid_cap", "prefill_first", "chunked_2048"):
             cap, _ = capacity_search.search(
                 lambda r: servers.serve(variant(name), make_requests(s, r))[0],
@@ -394,7 +405,8 @@ def run(args) -> int:
     inputs = {"traces": {t: str(TRACES[t].relative_to(Path(__file__).parent.parent))
                          for t in args.traces},
               "windows": {t: PLAN[t][0] for t in args.traces},
-              "rates_rps": {t: PLAN[t][1] for t in args.traces}, "count": args.count,
+              "rates_rps": {t: PLAN[t][1] for t in args.traces},
+              "rates_asked_rps": list(args.rates), "count": args.count,
               "strategies": list(args.strategies), "repeats": args.repeats,
               "slo_ttft_ms": args.slo_ttft_ms, "slo_tpot_ms": args.slo_tpot_ms,
               "calibration": args.calibration, "compare": args.compare,
@@ -411,6 +423,10 @@ def main(argv=None) -> int:
     p.add_argument("--strategies", type=listed(choice(STRATEGIES), "strategy"),
                    default=STRATEGIES)
     p.add_argument("--count", type=integer(50, 2000), default=COUNT)
+    p.add_argument("--rates", type=listed(number(0.0, 1e4), "rate"), default=(),
+                   help="also serve every window at these rates (req/s), beside the plan's: "
+                        "points near a capacity its rates bracket coarsely; a strategy is "
+                        "judged at every rate measured for it")
     p.add_argument("--repeats", type=integer(1, 10), default=2)
     p.add_argument("--offline", action="store_true",
                    help="read the measured points back, simulate beside them (no GPU)")

@@ -408,6 +408,37 @@ def test_trace_fidelity_judges_the_committed_conversation_points_offline(tmp_pat
     assert len(missing.stderr.strip().splitlines()) == 1
 
 
+def test_trace_fidelity_judges_a_strategy_at_every_rate_measured_for_it(tmp_path, monkeypatch):
+    """A point served at a rate outside the plan (--rates, near a capacity) is simulated and
+    judged beside the plan's, for its strategy alone; asked for offline where it was never
+    measured, it is refused in one line."""
+    sys.path.insert(0, "bench")
+    import trace_fidelity
+
+    monkeypatch.setattr(trace_fidelity, "PLAN", {"conv": ((2000,), (12.0, 24.0, 48.0))})
+    out = _fidelity_folder(tmp_path, "bench/results/trace-fidelity/points-h200.jsonl")
+    points = out / "trace-fidelity" / "points-h200.jsonl"
+    near = next(json.loads(line) for line in points.read_text().splitlines()
+                if '"pdmux_grid_cap"' in line and '"start": 2000' in line and '"rate": 48.0' in line)
+    with points.open("a") as f:  # the 48 req/s point's figures, filed as served at 36
+        f.write(json.dumps({**near, "rate": 36.0}) + "\n")
+    assert trace_fidelity.main(["--offline", "--traces", "conv", "--strategies",
+                                "prefill_first,pdmux_grid_cap", "--out", str(out)]) == 0
+    data = json.loads((out / "trace-fidelity-h200.json").read_text())
+    rates = {c["strategy"]: c["rates_rps"] for c in data["capacities"]}
+    assert rates == {"prefill_first": [12.0, 24.0, 48.0], "pdmux_grid_cap": [12.0, 24.0, 36.0, 48.0]}
+    at_36 = [p for p in data["points"] if p["rate"] == 36.0]
+    assert [p["strategy"] for p in at_36] == ["pdmux_grid_cap"]
+    assert at_36[0]["measured"]["slo_attainment"] == near["slo_attainment"]
+    assert at_36[0]["simulated"]["slo_attainment"] is not None
+    cap = next(c for c in data["capacities"] if c["strategy"] == "pdmux_grid_cap")
+    assert 24.0 < cap["measured_rps"] < 36.0  # 100% at 24, 73% at "36": crossed below it
+    missing = subprocess.run([sys.executable, "bench/trace_fidelity.py", "--offline", "--traces",
+                              "conv", "--strategies", "prefill_first", "--rates", "30",
+                              "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert missing.returncode == 2 and "at 30 req/s was never measured" in missing.stderr
+
+
 def test_trace_fidelity_prices_a_run_on_its_own_host(tmp_path, monkeypatch, capsys):
     """A point whose run timed its host's eager launches is simulated on that host too, and
     judged there; the committed host costs' errors are kept beside."""
