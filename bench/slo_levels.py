@@ -135,7 +135,8 @@ def one_policy(args, gpu, preset, name, config, fixed, capacity_rates, criteria)
     strategy, suffix, measure_capacity = POLICIES[name]
     s = settings_for(args, gpu, preset, name, config)
     store = capacity.open_folder(Path(args.out) / "slo-levels" / f"{preset}{suffix}", s)
-    store.forget(capacity.is_simulated)  # cheap: always today's cost model
+    # cheap: always today's cost model (default and slo share a folder: only this one's)
+    store.forget(capacity.simulated_for((strategy,)))
     if args.offline and not any(p["mode"] == "gpu" and p["strategy"] == strategy
                                 for p in store.points.values()):
         print(f"{preset} {name}: never measured, simulated only", flush=True)

@@ -109,6 +109,20 @@ def test_slo_levels_simulated_compares_the_policies(tmp_path):
     assert "slo / default goodput capacity" in out.stdout
 
 
+def test_slo_levels_keeps_each_policys_simulated_points_in_their_shared_folder(tmp_path):
+    """default and slo share a folder: serving slo again must not drop default's points."""
+    import json
+
+    for mode in ("--simulate", "--offline"):
+        done = subprocess.run([sys.executable, "bench/slo_levels.py", "--out", str(tmp_path),
+                               "--count", "30", "--policies", "default,slo", "--traffic",
+                               "sharegpt:8", mode], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        points = tmp_path / "slo-levels" / "sharegpt" / "capacity-points-h200.jsonl"
+        saved = [json.loads(line) for line in points.read_text().splitlines()]
+        assert {p["strategy"] for p in saved} == {"pdmux_grid_cap", "pdmux_slo_grid_cap"}, mode
+
+
 def test_slo_levels_offline_reads_the_measured_points_back(tmp_path):
     """--offline takes the measured rows from the folders as they were saved (here: planted
     beside a simulated run) and simulates beside them; a policy never measured is simulated

@@ -360,3 +360,19 @@ def test_each_measured_point_is_also_simulated_on_its_runs_host(monkeypatch, tmp
               for r in measured]
     assert row["latency_sim_error_pct"]["tpot_p50_ms"]["median"] == pytest.approx(
         statistics.median(errors))
+
+
+def test_an_offline_run_simulates_again_only_the_strategies_it_serves(tmp_path):
+    """Strategies share a folder (slo_levels' default and slo policies do): reading one back
+    offline replaces its own simulated points and leaves the other's where they were."""
+    store = PointStore(tmp_path / "p.jsonl", PointKey)
+    run_capacity(settings(), ("prefill_first", "chunked_512"), CRITERIA, store,
+                 log=lambda m: None)
+    kept = {k: p for k, p in store.points.items() if p["strategy"] == "chunked_512"}
+    store.forget(capacity.simulated_for(("prefill_first",)))
+    assert {p["strategy"] for p in store.points.values()} == {"chunked_512"}
+    run_capacity(settings(), ("prefill_first",), CRITERIA, store, log=lambda m: None)
+    assert {k: p for k, p in store.points.items() if p["strategy"] == "chunked_512"} == kept
+    assert any(p["strategy"] == "prefill_first" for p in store.points.values())
+    reread = PointStore(tmp_path / "p.jsonl", PointKey)  # on disk too
+    assert {k: p for k, p in reread.points.items() if p["strategy"] == "chunked_512"} == kept

@@ -250,7 +250,7 @@ def cmd_capacity(args, given) -> None:
     store = capacity.open_folder(out, settings)
     _say_why_simulated(settings, no_gpu)
     if args.offline:  # the simulation beside the measurement is made again, with today's model
-        store.forget(capacity.is_simulated)
+        store.forget(capacity.simulated_for(args.strategies))
     result = capacity.run_capacity(settings, tuple(args.strategies), criteria, store,
                                    args.rates, args.start_rate, args.tol, log=note,
                                    offline=args.offline,

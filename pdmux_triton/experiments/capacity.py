@@ -12,6 +12,7 @@ measurement.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -87,6 +88,12 @@ ON_RUN_HOST = "simulated_on_run_host"
 def is_simulated(point: dict) -> bool:
     """A simulated point, on the cost model's host or on a measured run's."""
     return point["mode"] in ("simulated", ON_RUN_HOST)
+
+
+def simulated_for(strategies) -> Callable[[dict], bool]:
+    """Picks the simulated points of these strategies: what a run serving them simulates
+    again, while other strategies' points in a shared folder stay."""
+    return lambda point: is_simulated(point) and point["strategy"] in strategies
 
 
 class Sweep:
