@@ -48,7 +48,7 @@ from pdmux_triton.experiments.settings import RunSettings
 from pdmux_triton.experiments.variants import variant
 from pdmux_triton.multiplex import sglang_rules
 from pdmux_triton.multiplex.level_policy import SloLevels, approximate
-from pdmux_triton.results import provenance, write_json
+from pdmux_triton.results import provenance, read_json, write_json
 from pdmux_triton.serve.metrics import Slo
 from pdmux_triton.spec.gpus import GPUSpec, detect_gpu, gpu_preset
 from pdmux_triton.spec.models import model_preset
@@ -129,6 +129,17 @@ def advised_config(args, gpu, preset: str) -> tuple[sglang_rules.PDMuxConfig, fl
                     overheads=load_host_costs(args.host_costs, gpu.name))  # as the runs have it
     approx = approximate(slo, levels, decoding_contexts(LENGTH_PRESETS[preset]), 128, base)
     return approx.config, approx.disagreement
+
+
+def measured_config(out, preset: str, gpu: str) -> sglang_rules.PDMuxConfig | None:
+    """The advised divisions a folder's points were served with, if it has any: read back
+    offline, they are what was measured (today's cost model may advise others)."""
+    path = Path(out) / "slo-levels" / f"{preset}{POLICIES['advised'][1]}" / \
+        f"capacity-settings-{gpu}.json"
+    if not path.exists():
+        return None
+    return sglang_rules.parse_config(read_json(path, "capacity settings")["config"],
+                                     f"{path}'s config")
 
 
 def one_policy(args, gpu, preset, name, config, fixed, capacity_rates, criteria) -> dict:
@@ -248,8 +259,13 @@ def run(args) -> int:
     path = Path(args.out) / f"slo-levels-{gpu.name}{'-simulated' if args.simulate else ''}.json"
     for preset, fixed, capacity_rates in traffic:
         advised, disagreement = advised_config(args, gpu, preset)
+        served = measured_config(args.out, preset, gpu.name) if args.offline else None
+        if served is not None and served != advised:  # measured with earlier advice
+            advised, disagreement = served, None  # (its disagreement was today's advice's)
         t = data["traffic"][preset] = {"fixed_rates": fixed, "capacity_rates": capacity_rates,
-                                       "advised_disagreement": disagreement, "policies": {}}
+                                       "advised_disagreement": disagreement,
+                                       "advised_divisions": advised.manual_divisions,
+                                       "policies": {}}
         for name in args.policies:
             config = advised if name == "advised" else sglang_rules.PDMuxConfig()
             print(f"== {preset} {name}", flush=True)

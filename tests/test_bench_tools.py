@@ -123,6 +123,33 @@ def test_slo_levels_keeps_each_policys_simulated_points_in_their_shared_folder(t
         assert {p["strategy"] for p in saved} == {"pdmux_grid_cap", "pdmux_slo_grid_cap"}, mode
 
 
+def test_slo_levels_offline_reads_advised_points_with_the_divisions_they_were_served(tmp_path):
+    """An advised folder measured with earlier advice (other manual divisions than today's
+    cost model gives) is read back with its own divisions, not refused."""
+    import json
+
+    def slo_levels(mode):
+        return subprocess.run([sys.executable, "bench/slo_levels.py", "--out", str(tmp_path),
+                               "--count", "30", "--policies", "default,advised", "--traffic",
+                               "sharegpt:8", mode], capture_output=True, text=True, timeout=300)
+
+    assert slo_levels("--simulate").returncode == 0
+    folder = tmp_path / "slo-levels" / "sharegpt-advised"
+    settings = json.loads((folder / "capacity-settings-h200.json").read_text())
+    earlier = [[p, d, threshold + 1] for p, d, threshold in settings["config"]["manual_divisions"]]
+    settings["config"]["manual_divisions"] = earlier
+    (folder / "capacity-settings-h200.json").write_text(json.dumps(settings))
+    points = folder / "capacity-points-h200.jsonl"
+    simulated = json.loads(points.read_text().splitlines()[0])
+    with points.open("a") as f:
+        f.write(json.dumps({**simulated, "mode": "gpu", "slo_attainment": 0.5}) + "\n")
+    out = slo_levels("--offline")
+    assert out.returncode == 0, out.stderr[-2000:]
+    data = json.loads((tmp_path / "slo-levels-h200.json").read_text())["traffic"]["sharegpt"]
+    assert data["advised_divisions"] == earlier and data["advised_disagreement"] is None
+    assert data["policies"]["advised"]["at_rates"]["8"]["gpu"]["slo_attainment"] == 0.5
+
+
 def test_slo_levels_offline_reads_the_measured_points_back(tmp_path):
     """--offline takes the measured rows from the folders as they were saved (here: planted
     beside a simulated run) and simulates beside them; a policy never measured is simulated
@@ -433,14 +460,15 @@ def test_trace_fidelity_judges_a_strategy_at_every_rate_measured_for_it(tmp_path
     out = _fidelity_folder(tmp_path, "bench/results/trace-fidelity/points-h200.jsonl")
     points = out / "trace-fidelity" / "points-h200.jsonl"
     near = next(json.loads(line) for line in points.read_text().splitlines()
-                if '"pdmux_grid_cap"' in line and '"start": 2000' in line and '"rate": 48.0' in line)
+                if all(f in line for f in ('"pdmux_grid_cap"', '"start": 2000', '"rate": 48.0')))
     with points.open("a") as f:  # the 48 req/s point's figures, filed as served at 36
         f.write(json.dumps({**near, "rate": 36.0}) + "\n")
     assert trace_fidelity.main(["--offline", "--traces", "conv", "--strategies",
                                 "prefill_first,pdmux_grid_cap", "--out", str(out)]) == 0
     data = json.loads((out / "trace-fidelity-h200.json").read_text())
     rates = {c["strategy"]: c["rates_rps"] for c in data["capacities"]}
-    assert rates == {"prefill_first": [12.0, 24.0, 48.0], "pdmux_grid_cap": [12.0, 24.0, 36.0, 48.0]}
+    assert rates == {"prefill_first": [12.0, 24.0, 48.0],
+                     "pdmux_grid_cap": [12.0, 24.0, 36.0, 48.0]}
     at_36 = [p for p in data["points"] if p["rate"] == 36.0]
     assert [p["strategy"] for p in at_36] == ["pdmux_grid_cap"]
     assert at_36[0]["measured"]["slo_attainment"] == near["slo_attainment"]

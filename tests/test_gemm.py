@@ -247,7 +247,8 @@ def test_bad_budget():
     x = torch.ones(4, 8, device=DEV)
     linear(x, x, num_sms=1)  # planned: a budget equal to 1 but of another type is not
     for bad in (0, True, 2.0, [2]):
-        with pytest.raises(PdmuxError, match=re.escape(f"num_sms must be a positive integer, got {bad!r}")):
+        refused = f"num_sms must be a positive integer, got {bad!r}"
+        with pytest.raises(PdmuxError, match=re.escape(refused)):
             linear(x, x, num_sms=bad)
 
 
