@@ -461,20 +461,20 @@ def test_trace_fidelity_judges_a_strategy_at_every_rate_measured_for_it(tmp_path
     points = out / "trace-fidelity" / "points-h200.jsonl"
     near = next(json.loads(line) for line in points.read_text().splitlines()
                 if all(f in line for f in ('"pdmux_grid_cap"', '"start": 2000', '"rate": 48.0')))
-    with points.open("a") as f:  # the 48 req/s point's figures, filed as served at 36
-        f.write(json.dumps({**near, "rate": 36.0}) + "\n")
+    with points.open("a") as f:  # the 48 req/s point's figures, filed as served at 42
+        f.write(json.dumps({**near, "rate": 42.0}) + "\n")
     assert trace_fidelity.main(["--offline", "--traces", "conv", "--strategies",
                                 "prefill_first,pdmux_grid_cap", "--out", str(out)]) == 0
     data = json.loads((out / "trace-fidelity-h200.json").read_text())
     rates = {c["strategy"]: c["rates_rps"] for c in data["capacities"]}
-    assert rates == {"prefill_first": [12.0, 24.0, 48.0],
-                     "pdmux_grid_cap": [12.0, 24.0, 36.0, 48.0]}
-    at_36 = [p for p in data["points"] if p["rate"] == 36.0]
-    assert [p["strategy"] for p in at_36] == ["pdmux_grid_cap"]
-    assert at_36[0]["measured"]["slo_attainment"] == near["slo_attainment"]
-    assert at_36[0]["simulated"]["slo_attainment"] is not None
+    assert rates == {"prefill_first": [12.0, 24.0, 48.0],  # 30 and 36: measured in session 29
+                     "pdmux_grid_cap": [12.0, 24.0, 30.0, 36.0, 42.0, 48.0]}
+    at_42 = [p for p in data["points"] if p["rate"] == 42.0]
+    assert [p["strategy"] for p in at_42] == ["pdmux_grid_cap"]
+    assert at_42[0]["measured"]["slo_attainment"] == near["slo_attainment"]
+    assert at_42[0]["simulated"]["slo_attainment"] is not None
     cap = next(c for c in data["capacities"] if c["strategy"] == "pdmux_grid_cap")
-    assert 24.0 < cap["measured_rps"] < 36.0  # 100% at 24, 73% at "36": crossed below it
+    assert 36.0 < cap["measured_rps"] < 42.0  # 90.5% at 36, 73% at "42": crossed between
     missing = subprocess.run([sys.executable, "bench/trace_fidelity.py", "--offline", "--traces",
                               "conv", "--strategies", "prefill_first", "--rates", "30",
                               "--out", str(out)], capture_output=True, text=True, timeout=300)
