@@ -35,13 +35,16 @@ def _skinny(*tiles):
 
 
 # skinny tiles (x rows, W rows, K slab, warps, stages), against the default and one
-# whole-tile TMA schedule without split
+# whole-tile TMA schedule without split; 32 W rows a tile: the o projection's 128 whole tiles
+# on the whole GPU, where 64-row tiles leave half its SMs idle (no wgmma below 64 rows: mma.sync)
 GEMM_VARIANTS = {
     1: [None, GemmConfig(16, 32, 256, 4, 6)] + _skinny(
         (16, 64, 256, 4, 4), (16, 64, 128, 4, 4), (16, 64, 128, 4, 8), (16, 128, 128, 8, 4),
-        (16, 128, 128, 4, 4), (16, 128, 64, 4, 8), (16, 64, 64, 4, 8)),
+        (16, 128, 128, 4, 4), (16, 128, 64, 4, 8), (16, 64, 64, 4, 8), (16, 32, 256, 4, 6),
+        (16, 32, 128, 4, 8)),
     32: [None] + _skinny((32, 64, 256, 4, 4), (32, 64, 128, 4, 4), (32, 128, 128, 8, 4),
-                           (32, 128, 64, 4, 6), (32, 64, 64, 4, 8)),
+                           (32, 128, 64, 4, 6), (32, 64, 64, 4, 8), (32, 32, 256, 4, 4),
+                           (32, 32, 128, 4, 6)),
     64: [None, GemmConfig(64, 32, 128, 4, 6)] + _skinny(
         (64, 64, 256, 4, 3), (64, 64, 128, 4, 4), (64, 128, 128, 8, 3), (64, 128, 64, 4, 6),
         (64, 64, 64, 4, 8)),
