@@ -25,6 +25,7 @@
 #   PREFIX_RATES=1.5,2 bash bench/gpu_session.sh prefix   # prefix cache on and off, Mooncake
 #       conversation rows 3000-3199 (bench/prefix_cache.py; measured capacity, points resume)
 #   bash bench/gpu_session.sh gemm_rows   # decode GEMM tiles for 65-128 rows on 20-132 SMs
+#   bash bench/gpu_session.sh sustained   # a level's prefill sustained beside decode, with clocks
 #   bash bench/gpu_session.sh pinned floor   # pinned partitions: gpu tests, decode-floor figures
 #   bash bench/gpu_session.sh pinned anatomy sites floor   # and what the pinned gate costs
 #   bash bench/gpu_session.sh tests kernels run occupancy   # ~5 min
@@ -106,6 +107,10 @@ step sites ${SITES_S:-150} python3 bench/pinned_sites.py --out "$OUT"
 # after a cached prefix, on the whole GPU and on PREFILL_SMS (grid-capped): linear and
 # attention FLOPs' rates apart (NOTES 000d: attention over long contexts is priced short)
 step prefill ${PREFILL_S:-240} python3 bench/prefill_rate.py --out "$OUT" --sms ${PREFILL_SMS:-80,112}
+# a level's prefill beside its decode for seconds on end against the comparison's ~60 ms burst,
+# with NVML's SM clock and power (bench/sustained_corun.py; issue 27: served PD-mux batches run
+# slower than the burst prices them)
+step sustained ${SUSTAINED_S:-240} python3 bench/sustained_corun.py --out "$OUT" ${SUSTAINED_ARGS:-}
 step floor ${FLOOR_S:-300} bash -c 'python3 bench/decode_floor.py --out "$OUT" \
     --kernels "$( [ -f "$OUT/kernels-h200.json" ] && echo "$OUT" || echo bench/results )/kernels-h200.json" \
     $( [ -f "$OUT/run-h200.json" ] && echo --run "$OUT/run-h200.json" )'

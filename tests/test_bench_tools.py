@@ -62,7 +62,7 @@ def test_inner_loop_is_the_shortest_backward_branch_with_mma():
     ("bench/bench_kernels.py", "torch sees none"), ("bench/decode_occupancy.py", "torch sees none"),
     ("bench/profile_decode.py", "torch sees none"), ("bench/pinned_sites.py", "torch sees none"),
     ("bench/gate_anatomy.py", "torch sees none"),
-    ("bench/prefill_rate.py", "torch sees none"),
+    ("bench/prefill_rate.py", "torch sees none"), ("bench/sustained_corun.py", "torch sees none"),
     ("bench/trace_fidelity.py", "no CUDA GPU is visible to torch")])
 def test_benchmarks_without_a_gpu_say_so_in_one_line(script, says):
     import torch
@@ -72,6 +72,38 @@ def test_benchmarks_without_a_gpu_say_so_in_one_line(script, says):
     out = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and says in out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--batches", "12x20"], "--batches"), (["--batches", "8192"], "--batches"),
+    (["--seconds", "0"], "--seconds"), (["--seconds", "nan"], "--seconds"),
+    (["--levels", "0"], "--levels"), (["--levels", "x"], "--levels")])
+def test_sustained_corun_refuses_bad_values(argv, says):
+    out = subprocess.run([sys.executable, "bench/sustained_corun.py", *argv],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr
+
+
+def test_sustained_corun_reads_its_series_and_clocks():
+    """A sustained run's windows (the first half second, the last two) and the NVML samples
+    inside a window; a rate as MFU per SM of the level's share."""
+    sys.path.insert(0, "bench")
+    import sustained_corun as sc
+
+    series = [(0.1 * i, 40.0 + (i >= 30)) for i in range(50)]  # 5 s, slower after 3 s
+    s = sc.summary(series)
+    assert s["ms_first_median"] == 40.0 and s["ms_last_median"] == 41.0
+    assert s["seconds"] == pytest.approx(4.941) and sc.summary([]) == {"ms_median": None}
+    clocks = sc.Clocks.__new__(sc.Clocks)
+    clocks.why, clocks.samples = None, [(1.0, 1980, 500.0, 0), (2.0, 1755, 690.0, 4),
+                                        (3.0, 1830, 650.0, 1)]
+    w = clocks.between(1.5, 3.0)
+    assert (w["sm_clock_mhz_median"], w["sm_clock_mhz_min"], w["clock_event_reasons"]) == (
+        1792.5, 1755, 5)
+    assert clocks.between(5.0, 6.0)["sm_clock_mhz_median"] is None
+    from pdmux_triton.spec.gpus import gpu_preset
+    gpu = gpu_preset("h200")
+    assert sc.mfu_per_sm(989e12 * 66 / 132 * 0.5 * 1e-3, 1.0, 66, gpu) == pytest.approx(0.5)
 
 
 @pytest.mark.parametrize("argv,says", [
