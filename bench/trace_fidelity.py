@@ -14,7 +14,8 @@ run cut short resumes; each keeps its first repeat's prefill batches and rounds,
 an error comes from); the simulation is made again each run, so after a change to the cost
 model `--offline` reads the measured points back and judges today's simulator anywhere.
 Writes <out>/trace-fidelity-<gpu>.json (points and the summary: `max_abs_error_pct` and
-`median_abs_error_pct` per metric against the issue's targets, `spread_pct` of the repeats)
+`median_abs_error_pct` per metric against the issue's targets, `spread_pct` of the repeats,
+`outside_repeats_pct`: each error's part that the measured repeats' range does not cover)
 and prints the table.
 
     python bench/trace_fidelity.py --out bench/results                 # on the GPU
@@ -202,6 +203,18 @@ def error_pct(simulated, measured) -> float | None:
     return (simulated - measured) / measured * 100
 
 
+def outside_repeats_pct(simulated, repeats: list | None) -> float | None:
+    """How far the simulation lies outside the range its measured repeats spanned, in percent
+    of their median (0 inside it): the part of an error that run-to-run variation on the
+    GPU does not cover. None without two repeats."""
+    if simulated is None or not repeats or len(repeats) < 2 or None in repeats:
+        return None
+    low, high, mid = min(repeats), max(repeats), statistics.median(repeats)
+    if mid == 0:
+        return None
+    return (max(0.0, low - simulated) + max(0.0, simulated - high)) / abs(mid) * 100
+
+
 def _worst(errors: list[tuple[float, str]]) -> dict | None:
     if not errors:
         return None
@@ -265,6 +278,8 @@ def _judged(args, store: PointStore, simulated: dict[tuple, dict],
             only: tuple | None = None) -> dict:
     criteria = Criteria(Slo(args.slo_ttft_ms, args.slo_tpot_ms))
     points, capacities, errors = [], [], {k: [] for k in (*LATENCIES, "slo_attainment")}
+    # (the prefill per batch is read from the first repeat's batches: no repeats to span)
+    beyond: dict[str, list[tuple[float, str]]] = {k: [] for k in LATENCIES if k != "prefill_ms"}
     spreads: dict[str, list[float]] = {}
     for t, start in windows(args, only):
         for name in args.strategies:
@@ -294,9 +309,14 @@ def _judged(args, store: PointStore, simulated: dict[tuple, dict],
                 point["attainment_error_points"] = (
                     (s["slo_attainment"] - m["slo_attainment"]) * 100
                     if m.get("slo_attainment") is not None else None)
+                point["outside_repeats_pct"] = {
+                    k: outside_repeats_pct(s.get(k), m.get("repeat_values", {}).get(k))
+                    for k in beyond}
                 for k in LATENCIES:
                     if point["error_pct"][k] is not None:
                         errors[k].append((point["error_pct"][k], where))
+                    if point["outside_repeats_pct"].get(k) is not None:
+                        beyond[k].append((point["outside_repeats_pct"][k], where))
                 if stable and point["attainment_error_points"] is not None:
                     errors["slo_attainment"].append((point["attainment_error_points"], where))
                 for k, v in point["spread_pct"].items():
@@ -317,6 +337,11 @@ def _judged(args, store: PointStore, simulated: dict[tuple, dict],
         "spread_pct": {k: {"median": statistics.median(v), "max": max(v)}
                        for k, v in sorted(spreads.items())
                        if k in (*LATENCIES, "slo_attainment")},
+        # each error's part outside its measured repeats' range (0 where they cover it)
+        "outside_repeats_pct": {k: v and {"max": v["max_abs"], "median": v["median_abs"],
+                                          "at": v["at"], "points_inside": sum(
+                                              e == 0 for e, _ in beyond[k])}
+                                for k, v in ((k, _worst(b)) for k, b in beyond.items())},
         "guards": {g: sum(p["measured"].get(g) or 0 for p in points) for g in GUARDS},
         # capacities whose simulated side is a bound: their error is at least its figure
         "capacity_error_at_least_at": [f"{c['strategy']} {c['trace']}@{c['start']}"
@@ -337,18 +362,19 @@ def _repeat_capacities(measured: dict[float, dict], criteria: Criteria) -> list 
 def table(result: dict) -> str:
     s = result["summary"]
     lines = [f"{'metric':<20} {'max |err|':>10} {'median |err|':>13} {'target':>7} "
-             f"{'repeats spread (median)':>24}  worst at"]
+             f"{'repeats spread (median)':>24} {'outside repeats (max)':>22}  worst at"]
     for k in (*LATENCIES, "slo_attainment", "capacity"):
         mx, md = s["max_abs_error_pct"].get(k), s["median_abs_error_pct"].get(k)
         target = s["targets_pct"].get(k)
         spread = s["spread_pct"].get(k, {}).get("median")
+        outside = (s.get("outside_repeats_pct", {}).get(k) or {}).get("max")
         unit = " pt" if k == "slo_attainment" else " %"
         at_least = k == "capacity" and s["worst_at"].get(k) in s.get(
             "capacity_error_at_least_at", [])
         lines.append(f"{k:<20} {('>= ' if at_least else '') + _cell(mx, unit):>10} "
                      f"{_cell(md, unit):>13} "
                      f"{'' if target is None else f'{target}{unit}':>7} {_cell(spread, ' %'):>24}"
-                     f"  {s['worst_at'].get(k) or ''}")
+                     f" {_cell(outside, ' %'):>22}  {s['worst_at'].get(k) or ''}")
     for window, h in s.get("held_out", {}).items():
         md, mx = h["median_abs_error_pct"], h["max_abs_error_pct"]
         lines.append(f"held out {window} (fitted on {', '.join(h['fitted_on'])}): " + ", ".join(

@@ -513,6 +513,19 @@ def test_trace_fidelity_judges_a_strategy_at_every_rate_measured_for_it(tmp_path
     assert missing.returncode == 2 and "at 30 req/s was never measured" in missing.stderr
 
 
+def test_trace_fidelity_reads_each_error_against_its_repeats_range():
+    """The part of an error outside the measured repeats' range, in percent of their median:
+    0 inside it; None without two repeats or a scale."""
+    sys.path.insert(0, "bench")
+    from trace_fidelity import outside_repeats_pct
+
+    assert outside_repeats_pct(105.0, [100.0, 110.0]) == 0.0
+    assert outside_repeats_pct(99.0, [100.0, 110.0]) == pytest.approx(1 / 105 * 100)
+    assert outside_repeats_pct(121.0, [100.0, 110.0]) == pytest.approx(11 / 105 * 100)
+    assert outside_repeats_pct(5.0, [100.0]) is None and outside_repeats_pct(None, [1, 2]) is None
+    assert outside_repeats_pct(1.0, [0.0, 0.0]) is None
+
+
 def test_trace_fidelity_prices_a_run_on_its_own_host(tmp_path, monkeypatch, capsys):
     """A point whose run timed its host's eager launches is simulated on that host too, and
     judged there; the committed host costs' errors are kept beside."""
