@@ -6,10 +6,13 @@ it to a host-costs file (`calibrate --host-costs`'s):
   chunk size less its layers' launches;
 - decode_step_extra: per batch size, a captured decode step's GPU time (the file's decode
   rounds) beyond its bytes at the calibration's whole-GPU rate alone;
-- mixed_step: a chunked-prefill step's fixed cost and the MFU of its padded decode-row
-  attention (`step_cost.MixedStepFit`), by least squares over every chunked round measured,
-  its other phases taken from the calibration and the comparison; a round lasts its GPU
-  phases or its layers' launches, whichever is longer;
+- mixed_step: a chunked-prefill step's fixed cost (`step_cost.MixedStepFit`), by least squares
+  over every chunked round measured; a round lasts its GPU phases or its layers' launches,
+  whichever is longer. Its GPU phases are priced by the kernels' tiles (`step_cost.TileTimes`:
+  GEMM waves, the extend attention's tiles, a layer's other kernels per token), fitted first
+  to the captured kernel benchmarks of bench/prefill_rate.py (`--prefill-rate`, the whole
+  GPU's rows); with `--prefill-rate` empty, by the older law (the linears at the prefill's
+  MFU, the decode rows' padded attention at a fitted MFU, also solved for);
 - whole_gpu_prefill: the MFU at which prefill-first's prefill batches bound by their GPU were
   served (each batch's FLOPs over its span less its eager step), where the measurements hold
   them (trace_fidelity's points): the comparison times prefill alone on at most its levels'
@@ -51,6 +54,13 @@ from pdmux_triton.spec.gpus import gpu_preset
 from pdmux_triton.spec.models import ModelSpec, model_preset
 
 CHUNK = re.compile(r"chunk (\d+)\+(\d+)")
+# bench/prefill_rate.py's files: eager GEMM rows and captured layers (session 24, 27, 28)
+PREFILL_RATE = ("bench/results/prefill-rate-h200.json", "bench/results/prefill-rate-long-h200.json",
+                "bench/results/prefill-rate-budgets-h200.json")
+# the shortest launches a tile time is fitted to: a GEMM's (64-row tiles from 65 rows, 128 from
+# 257) and a captured layer's (shorter ones run their o and down GEMMs on the skinny schedule,
+# which whole waves do not describe)
+GEMM_MIN_TOKENS, LAYER_MIN_TOKENS = 256, 512
 MIN_PREFILLS = 10  # GPU-bound prefill batches a whole-GPU MFU is fitted to, at the fewest
 GPU_BOUND_MARGIN = 2  # a batch whose GPU time is this many times its launches is bound by it
 FITTED = ("eager_step", "decode_step_extra", "whole_gpu_prefill", "mixed_step")  # what it adds
@@ -192,39 +202,130 @@ def fit_whole_gpu_prefill(rows, model, prefill, overheads) -> tuple[float, dict]
     return mfu, {"batches": int(bound.sum()), "median_abs_error": float(np.median(error))}
 
 
-def fit_mixed(rows, model, decode, prefill, total_sms, tile,
-              layer_launch_s: float) -> tuple[step_cost.MixedStepFit, np.ndarray, dict]:
-    """Least squares of measured = fixed x host + max(compute + read + row tiles' FLOPs /
-    (peak x MFU), layers x the run's launch time), `host` the run's launch time over the
-    file's (`layer_launch_s`). Linear once each round is known to be bound by its GPU or by
-    its launches: solved again until no round changes sides."""
-    base = np.array([step_cost.mixed_step_s(model, decode, prefill, total_sms, r["context"],
-                                            r["batch"], r["chunk"], r["prefix"], samples_chunk=0,
-                                            phases=step_cost.MixedStepFit(0.0, 1.0)) for r in rows])
-    tiles = np.array([step_cost.decode_row_attention_flops(model, r["context"], tile)
-                      for r in rows]) / (prefill.peak_tflops * 1e12)
+def fit_tile_times(paths, model, programs: int) -> tuple[step_cost.TileTimes, dict]:
+    """The eager forward's tile times (`step_cost.TileTimes`) on the whole GPU of `programs`
+    SMs, from bench/prefill_rate.py's files: per tile shape a GEMM wave and a partial wave's
+    share, by least squares (relative) over the eager GEMM rows of >= GEMM_MIN_TOKENS tokens
+    whose tiles fill a wave (each problem's fastest over the files: an eager row's host launch
+    can only slow it), the share held in [0, 1] (a whole wave where no row ends in a partial
+    one); then least squares of each captured layer (whole prompts, batches, new tokens after a
+    cached prefix; >= LAYER_MIN_TOKENS tokens) less its GEMM waves = the extend attention's
+    busiest program's cached and new key steps, and the tokens' other kernels."""
+    rows = [r for path in paths for r in read_json(path, "prefill-rate file")["rows"]]
+    if any(model.name != read_json(path, "prefill-rate file")["inputs"].get("model", model.name)
+           for path in paths):
+        raise PdmuxError(f"the prefill-rate files were not all measured with {model.name}")
+    named = dict(zip(("qkv", "o", "gate_up", "down"), step_cost.layer_gemms(model)))
+    fastest: dict[tuple, float] = {}
+    for r in rows:
+        if r["section"] == "gemm" and r["tokens"] >= GEMM_MIN_TOKENS:
+            key = (r["tokens"], r["shape"])
+            fastest[key] = min(fastest.get(key, np.inf), r["ms"] / 1e3)
+    per_tile: dict[tuple, list] = {}
+    for (tokens, shape), seconds in fastest.items():
+        tile, (n, k) = step_cost.gemm_tile(tokens), named[shape]
+        count = -(-tokens // tile[0]) * -(-n // tile[1])
+        if count >= programs:
+            rest = count % programs
+            # seconds = wave x (waves' K units) + wave x share x (1 - f) K units of the last
+            per_tile.setdefault(tile, []).append(
+                (count / programs * k / 4096, (1 - rest / programs) * k / 4096 if rest else 0.0,
+                 seconds))
+    if not per_tile:
+        raise PdmuxError("the prefill-rate files hold no eager GEMM row that fills a wave")
+    waves = []
+    for tile, points in sorted(per_tile.items()):
+        x, y = np.array([p[:2] for p in points]), np.array([p[2] for p in points])
+        weights = 1 / y[:, None]  # relative errors
+        (wave, tail), *_ = np.linalg.lstsq(x * weights, np.ones(len(y)), rcond=None)
+        share = tail / wave if x[:, 1].any() else 1.0  # no partial wave measured: a whole one
+        if not 0 <= share <= 1:  # a partial wave costs between nothing and a whole one
+            share = min(1.0, max(0.0, share))
+            column = x[:, 0] + share * x[:, 1]
+            wave = float((column / y).sum() / (column * column / (y * y)).sum())
+        waves.append((tile[0], tile[1], float(wave), float(share)))
+    waves = tuple(waves)
+    layers = [r for r in rows if r["section"] in ("layers", "batch", "prefix")
+              and r.get("sms") in (None, programs) and r["tokens"] >= LAYER_MIN_TOKENS]
+    unit = 1e-3  # a step's seconds as a tile time the law takes
+    design, target = [], []
+    for r in layers:
+        prompts = r.get("prompts", 1)
+        seqs = [(r["tokens"] // prompts, r.get("prefix", 0))] * prompts
+        steps = [step_cost.extend_attention_s(model, seqs, step_cost.TileTimes(waves, *t, 0.0),
+                                              programs) / model.layers / unit
+                 for t in ((unit, 0.0), (0.0, unit))]
+        design.append([*steps, r["tokens"]])  # its coefficient: the other kernels a token
+        target.append(r["ms"] / 1e3 / r["layers"] - step_cost.gemm_layer_s(
+            model, r["tokens"], step_cost.TileTimes(waves, 0.0, 0.0, 0.0), programs))
+    if len(layers) < 4:
+        raise PdmuxError("the prefill-rate files hold too few captured layers on the whole GPU")
+    design, target = np.array(design, dtype=float), np.array(target)
+    (prefix, new, small), *_ = np.linalg.lstsq(design, target, rcond=None)
+    tiles = step_cost.TileTimes(waves, float(prefix), float(new), float(small))
+    whole = np.array([r["ms"] / 1e3 / r["layers"] for r in layers])
+    error = np.abs(design @ np.array([prefix, new, small]) - target) / whole
+    return tiles, {"layers": len(layers), "gemm_rows": sum(map(len, per_tile.values())),
+                   "max_abs_layer_error": float(error.max()),
+                   "median_abs_layer_error": float(np.median(error))}
+
+
+def tile_times_json(tiles: step_cost.TileTimes, source: str, quality: dict) -> dict:
+    return {"gemm_wave_s": [list(t) for t in tiles.gemm_wave_s],
+            "attention_prefix_s": tiles.attention_prefix_s,
+            "attention_new_s": tiles.attention_new_s,
+            "small_s_per_token": tiles.small_s_per_token, "source": source, **quality}
+
+
+def fit_mixed(rows, model, decode, prefill, total_sms, tile, layer_launch_s: float,
+              tiles: step_cost.TileTimes | None = None
+              ) -> tuple[step_cost.MixedStepFit, np.ndarray, dict]:
+    """Least squares of measured = fixed x host + max(GPU phases, layers x the run's launch
+    time), `host` the run's launch time over the file's (`layer_launch_s`). With `tiles`, the
+    GPU phases are the tiles' law and only the fixed cost is fitted (each round's decode rows
+    share its context evenly: the rounds keep its sum); without, compute + read + row tiles'
+    FLOPs / (peak x MFU), the MFU fitted too. Linear once each round is known to be bound by
+    its GPU or by its launches: solved again until no round changes sides."""
     measured = np.array([r["seconds"] for r in rows])
     host = np.array([r["host_s"] for r in rows])
     launches, scale = model.layers * host, host / layer_launch_s
+    if tiles is not None:
+        law = step_cost.MixedStepFit(0.0, tiles=tiles)
+        base = np.array([step_cost.mixed_step_s(model, decode, prefill, total_sms, r["context"],
+                                                r["batch"], r["chunk"], r["prefix"],
+                                                samples_chunk=0, phases=law) for r in rows])
+        tiles_flops, inverse = np.zeros(len(rows)), 0.0
+    else:
+        base = np.array([step_cost.mixed_step_s(model, decode, prefill, total_sms, r["context"],
+                                                r["batch"], r["chunk"], r["prefix"],
+                                                samples_chunk=0,
+                                                phases=step_cost.MixedStepFit(0.0, 1.0))
+                         for r in rows])
+        tiles_flops = np.array([step_cost.decode_row_attention_flops(model, r["context"], tile)
+                                for r in rows]) / (prefill.peak_tflops * 1e12)
     by_launches = np.zeros(len(rows), dtype=bool)  # first as if no round's launches bound it
     for _ in range(len(rows) + 1):
-        if not (~by_launches & (tiles > 0)).any():
+        if tiles is None and not (~by_launches & (tiles_flops > 0)).any():
             raise PdmuxError("no chunked round with decode rows was bound by its GPU: the "
                              "decode rows' MFU cannot be fitted (measure larger chunks)")
-        design = np.vstack([scale, np.where(by_launches, 0.0, tiles)]).T
         target = measured - np.where(by_launches, launches, base)
-        (fixed, inverse), *_ = np.linalg.lstsq(design, target, rcond=None)
-        now = launches > base + tiles * inverse
+        if tiles is None:
+            design = np.vstack([scale, np.where(by_launches, 0.0, tiles_flops)]).T
+            (fixed, inverse), *_ = np.linalg.lstsq(design, target, rcond=None)
+        else:
+            fixed = float((scale * target).sum() / (scale * scale).sum())
+        now = launches > base + tiles_flops * inverse
         if (now == by_launches).all():
             break
         by_launches = now
     else:
         raise PdmuxError("the mixed-step fit did not settle which rounds their launches bound")
-    if not (fixed >= 0 and inverse >= 1):
+    if not (fixed >= 0 and (tiles is not None or inverse >= 1)):
         raise PdmuxError(f"the mixed-step fit is unphysical (fixed {fixed * 1e3:.2f} ms, decode "
                          f"rows at {1 / inverse if inverse else float('inf'):.2f} of peak)")
-    fit = step_cost.MixedStepFit(float(fixed), float(1 / inverse))
-    priced = fixed * scale + np.maximum(base + tiles * inverse, launches)
+    fit = (step_cost.MixedStepFit(float(fixed), tiles=tiles) if tiles is not None
+           else step_cost.MixedStepFit(float(fixed), float(1 / inverse)))
+    priced = fixed * scale + np.maximum(base + tiles_flops * inverse, launches)
     error = np.abs(priced - measured) / measured
     return fit, by_launches, {"rounds": len(rows), "launch_bound_share": float(by_launches.mean()),
                  "median_abs_error": float(np.median(error)),
@@ -240,6 +341,9 @@ def main(argv=None) -> int:
     p.add_argument("host_costs", help="calibrate --host-costs' file, updated in place")
     p.add_argument("--calibration", required=True)
     p.add_argument("--compare", required=True)
+    p.add_argument("--prefill-rate", nargs="*", default=list(PREFILL_RATE),
+                   help="bench/prefill_rate.py's files the mixed step's tile times are fitted "
+                        "to (default: the committed H200 files; none: the older law)")
     return run_script(p, fit)
 
 
@@ -298,7 +402,7 @@ def pooled_rounds(measured: list[str], host: dict, overheads) -> tuple:
 
 
 def fitted(measured: list[str], host_costs: str, calibration: str,
-           compare: str) -> tuple[dict, list]:
+           compare: str, prefill_rate=PREFILL_RATE) -> tuple[dict, list]:
     """The host-costs file's data with every fit the measurements allow (`measured`: stream
     runs, trace_fidelity's points or capacity folders' diagnostics), and the lines that say
     what each fit gave."""
@@ -329,10 +433,17 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
         host["whole_gpu_prefill"] = {"mfu": whole[0], "source": source, **whole[1]}
     if "whole_gpu_prefill" in host:  # fitted now or before: the mixed steps' linears run so
         prefill = prefill.on_whole_gpu(host["whole_gpu_prefill"]["mfu"])
+    tiles = None
+    if prefill_rate:
+        tiles, tile_quality = fit_tile_times(prefill_rate, model, gpu.sms)
+        tile_source = ", ".join(Path(p).name for p in prefill_rate)
     mixed, by_launches, quality = fit_mixed(rows, model, decode, prefill, gpu.sms,
-                                            overheads.decode_row_tile, overheads.layer_launch_s)
+                                            overheads.decode_row_tile, overheads.layer_launch_s,
+                                            tiles)
     host["mixed_step"] = {"fixed_s": mixed.fixed_s, "decode_row_mfu": mixed.decode_row_mfu,
                           "source": source, **quality}
+    if tiles is not None:
+        host["mixed_step"]["tiles"] = tile_times_json(tiles, tile_source, tile_quality)
     bound = small & by_launches
     if not bound.any():
         raise PdmuxError(f"no chunked_{size} round was bound by its launches: an eager step's "
@@ -358,15 +469,26 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
         lines.append(f"prefill on the whole GPU: MFU {host['whole_gpu_prefill']['mfu']:.3f} kept "
                      f"from the file (these measurements hold too few prefill-first batches "
                      f"bound by their GPU)")
-    lines.append(f"mixed step: fixed {mixed.fixed_s * 1e3:.2f} ms, decode rows at "
-                 f"{mixed.decode_row_mfu:.2f} of peak; over {quality['rounds']} rounds "
+    if tiles is not None:
+        lines.append(f"tile times: GEMM waves " + ", ".join(
+            f"{a}x{b} {t * 1e6:.1f} us (a partial one {share:.2f} +)"
+            for a, b, t, share in tiles.gemm_wave_s)
+            + f"; attention tile steps {tiles.attention_prefix_s * 1e6:.2f} us cached, "
+            f"{tiles.attention_new_s * 1e6:.2f} us new; other kernels "
+            f"{tiles.small_s_per_token * 1e9:.1f} ns a token a layer (captured layers |error| "
+            f"max {tile_quality['max_abs_layer_error']:.1%})")
+    rows_law = ("the tiles' law" if tiles is not None
+                else f"decode rows at {mixed.decode_row_mfu:.2f} of peak")
+    lines.append(f"mixed step: fixed {mixed.fixed_s * 1e3:.2f} ms, {rows_law}; over "
+                 f"{quality['rounds']} rounds "
                  f"({quality['launch_bound_share']:.0%} bound by their launches) |error| median "
                  f"{quality['median_abs_error']:.1%}, p90 {quality['p90_abs_error']:.1%}")
     return host, lines
 
 
 def fit(args) -> int:
-    host, lines = fitted(args.measured, args.host_costs, args.calibration, args.compare)
+    host, lines = fitted(args.measured, args.host_costs, args.calibration, args.compare,
+                         args.prefill_rate)
     write_json(args.host_costs, host)
     print("\n".join(lines))
     print(f"wrote {args.host_costs}")

@@ -270,6 +270,82 @@ def test_the_mixed_step_fit_recovers_a_known_executor():
     assert quality["launch_bound_share"] == pytest.approx(sum(bound) / len(rows))
 
 
+def test_the_mixed_step_fit_by_tiles_recovers_a_known_fixed_cost():
+    """With tile times the GPU phases are the tiles' law and only the fixed cost is fitted:
+    rounds made by a known one (some bound by their launches) give it back, exactly."""
+    sys.path.insert(0, "bench")
+    from fit_host_costs import fit_mixed
+
+    from pdmux_triton.cost import step_cost
+    from pdmux_triton.spec.models import model_preset
+
+    qwen = model_preset("qwen3-8b")
+    law = step_cost.SaturationLaw(3.4, 60.0)
+    rate = step_cost.PrefillRate(989.0, 132, ((132, 0.55),), ((132, 0.65),))
+    tiles = step_cost.TileTimes(((64, 128, 25e-6, 1.0), (128, 128, 27e-6, 1.0),
+                                 (128, 256, 50e-6, 0.6)), 2.5e-6, 2.3e-6, 7e-8)
+    truth, file_host = step_cost.MixedStepFit(0.0012, tiles=tiles), 0.0008
+    rows = [{"size": 512, "chunk": c, "prefix": p, "batch": b, "context": b * ctx, "host_s": h}
+            for c, p, b, ctx, h in [(512, 0, 20, 2500, 0.0008), (512, 8192, 9, 15000, 0.0011),
+                                    (256, 0, 8, 900, 0.0012), (2048, 4096, 50, 3000, 0.0008),
+                                    (512, 30000, 0, 0, 0.0014), (40, 0, 12, 4000, 0.0008)]]
+    bound = []
+    for r in rows:
+        gpu = step_cost.mixed_step_s(qwen, law, rate, 132, r["context"], r["batch"], r["chunk"],
+                                     r["prefix"], samples_chunk=0, phases=truth)
+        launches = qwen.layers * r["host_s"]
+        bound.append(launches > gpu)
+        r["seconds"] = truth.fixed_s * r["host_s"] / file_host + max(gpu, launches)
+    assert any(bound) and not all(bound)
+    fit, by_launches, quality = fit_mixed(rows, qwen, law, rate, 132, 128, file_host, tiles)
+    assert list(by_launches) == bound and fit.tiles == tiles and fit.decode_row_mfu is None
+    assert fit.fixed_s == pytest.approx(truth.fixed_s, rel=1e-6)
+    assert quality["median_abs_error"] < 1e-9
+
+
+def test_tile_times_come_back_from_layers_they_made(tmp_path):
+    """Eager GEMM rows and captured layers made by known tile times (a slower eager copy of
+    one GEMM row, and rows on another SM budget, beside them) give the tile times back."""
+    sys.path.insert(0, "bench")
+    from fit_host_costs import fit_tile_times
+
+    from pdmux_triton.cost import step_cost
+    from pdmux_triton.results import write_json
+    from pdmux_triton.spec.models import model_preset
+
+    qwen = model_preset("qwen3-8b")
+    truth = step_cost.TileTimes(((64, 128, 24e-6, 1.0), (128, 128, 27e-6, 1.0),
+                                 (128, 256, 50e-6, 0.6)), 2.5e-6, 2.2e-6, 7.5e-8)
+    names = ("qkv", "o", "gate_up", "down")
+    gemms, layers = [], []
+    for tokens in (256, 512, 1024, 2048, 4096, 8192):
+        tile = step_cost.gemm_tile(tokens)
+        for name, (n, k) in zip(names, step_cost.layer_gemms(qwen)):
+            wave, share = truth.wave(tile)
+            waves = step_cost.gemm_waves(-(-tokens // tile[0]) * -(-n // tile[1]), 132, share)
+            ms = waves * k / 4096 * wave * 1e3
+            gemms.append({"section": "gemm", "tokens": tokens, "shape": name, "ms": ms})
+    gemms.append({**gemms[8], "ms": gemms[8]["ms"] * 3})  # launch-bound elsewhere: the fastest
+    for tokens, prefix, prompts in ((512, 0, 1), (2048, 0, 1), (8192, 0, 1), (16384, 0, 1),
+                                    (4096, 0, 4), (4096, 8192, 1), (4096, 28672, 1)):
+        seqs = [(tokens // prompts, prefix)] * prompts
+        per_layer = (step_cost.gemm_layer_s(qwen, tokens, truth, 132) + 7.5e-8 * tokens
+                     + step_cost.extend_attention_s(qwen, seqs, truth, 132) / qwen.layers)
+        layers.append({"section": "prefix" if prefix else "layers", "tokens": tokens,
+                       "prefix": prefix, "prompts": prompts, "sms": None, "layers": 2,
+                       "ms": 2 * per_layer * 1e3})
+    layers.append({**layers[2], "sms": 80, "ms": 99.0})  # another budget: not the whole GPU's
+    path = tmp_path / "prefill-rate.json"
+    write_json(path, {"inputs": {"model": "qwen3-8b"}, "rows": gemms + layers})
+    tiles, quality = fit_tile_times([str(path)], qwen, 132)
+    assert [t[:2] for t in tiles.gemm_wave_s] == [t[:2] for t in truth.gemm_wave_s]
+    for fitted, made in zip(tiles.gemm_wave_s, truth.gemm_wave_s):  # 64-row tiles: no partial
+        assert fitted[2:] == pytest.approx(made[2:], rel=1e-6)     # wave measured, a whole one
+    for key in ("attention_prefix_s", "attention_new_s", "small_s_per_token"):
+        assert getattr(tiles, key) == pytest.approx(getattr(truth, key), rel=1e-6)
+    assert quality["layers"] == 7 and quality["max_abs_layer_error"] < 1e-9
+
+
 def test_the_whole_gpu_prefill_fit_recovers_a_known_mfu_from_the_batches_it_bounds():
     """Prefill batches served at a known MFU after their eager step (on hosts of two speeds)
     give it back, exactly; batches bound by their launches are left out."""
@@ -329,6 +405,11 @@ def test_fit_host_costs_on_the_h200_trace_points_and_stream_run(tmp_path):
     assert fitted["mixed_step"]["rounds"] > 5000 and fitted["mixed_step"]["median_abs_error"] < 0.1
     for key in ("fixed_s", "decode_row_mfu"):
         assert fitted["mixed_step"][key] == pytest.approx(committed["mixed_step"][key])
+    tiles, shipped = fitted["mixed_step"]["tiles"], committed["mixed_step"]["tiles"]
+    assert tiles["gemm_wave_s"] == shipped["gemm_wave_s"]
+    for key in ("attention_prefix_s", "attention_new_s", "small_s_per_token"):
+        assert tiles[key] == pytest.approx(shipped[key])
+    assert tiles["max_abs_layer_error"] < 0.1  # the captured layers it was fitted to
     assert fitted["eager_step"]["seconds"] == pytest.approx(committed["eager_step"]["seconds"])
     assert fitted["whole_gpu_prefill"]["batches"] >= 10
     assert fitted["whole_gpu_prefill"]["mfu"] == pytest.approx(committed["whole_gpu_prefill"]["mfu"])

@@ -150,7 +150,8 @@ def test_overheads_are_read_from_the_measured_file():
     host = load_host_costs("bench/results/host-costs-h200.json", "h200")
     assert 0 < host.decode_round_s < 0.002 and 0.0002 < host.layer_launch_s < 0.005
     assert 0 < host.eager_step_s < 0.02 and host.decode_row_tile == step_cost.EXTEND_TILE_ROWS
-    assert host.mixed is not None and 0 < host.mixed.decode_row_mfu <= 1
+    assert host.mixed is not None and host.mixed.tiles is not None  # the tiles' law
+    assert 0 < host.mixed.tiles.attention_prefix_s < 1e-5 and host.mixed.tiles.gemm_wave_s
     assert 0 < host.mixed.fixed_s < 0.05 and 0 < host.decode_extra_s(32) < 0.005
 
 

@@ -1,5 +1,7 @@
 """The shared cost model: what a step reads and computes, and the rates it runs at."""
 
+from dataclasses import replace
+
 import pytest
 
 from pdmux_triton.cost import step_cost
@@ -112,6 +114,95 @@ def test_a_mixed_step_in_phases_adds_compute_padded_rows_and_reading():
                        ((0.0, 1.2), "decode_row_mfu"), ((float("nan"), 0.5), "fixed cost")):
         with pytest.raises(PdmuxError, match=match):
             step_cost.MixedStepFit(*bad)
+
+
+TILES = step_cost.TileTimes(((64, 128, 25e-6, 1.0), (128, 128, 27e-6, 1.0), (128, 256, 50e-6, 0.5)),
+                            attention_prefix_s=2.5e-6, attention_new_s=2.25e-6,
+                            small_s_per_token=7e-8)
+
+
+@pytest.mark.parametrize("tokens", [65, 200, 256, 257, 512, 513, 640, 1024, 1025, 2048, 2049, 8192])
+def test_the_gemm_tile_mirror_matches_the_kernels_choice(tokens, monkeypatch):
+    """step_cost.gemm_tile (the cost model imports no triton) is the tile kernels/gemm.py's
+    default_config picks for a layer's GEMMs on the whole H200."""
+    torch = pytest.importorskip("torch")
+    from pdmux_triton.kernels import gemm
+
+    monkeypatch.setattr(gemm, "interpreting", lambda: False)
+    for n, k in step_cost.layer_gemms(QWEN):
+        cfg = gemm.default_config(tokens, n, k, 132, torch.bfloat16, 132)
+        assert (cfg.block_m, cfg.block_n) == step_cost.gemm_tile(tokens), (n, k)
+    assert step_cost.gemm_tile(64) is None
+
+
+def test_gemm_waves_jump_where_a_row_tile_is_added():
+    """512 rows are four 128-row tiles; one decode row more makes five, and the o and down
+    projections (32 column tiles) two waves on 132 SMs where they ran one."""
+    at = {m: step_cost.gemm_layer_s(QWEN, m, TILES, 132) for m in (512, 513, 640, 641)}
+    # q/k/v 48 column tiles, o 32, gate/up 192, down 32 over K 12288: waves of 27 us per 4096 of K
+    assert at[512] == pytest.approx((2 + 1 + 6 + 1 * 3) * 27e-6)
+    assert at[513] == pytest.approx((2 + 2 + 8 + 2 * 3) * 27e-6) == at[640]
+    assert at[641] > at[640] and step_cost.gemm_layer_s(QWEN, 64, TILES, 132) is None
+    # 128 x 256 tiles past 1024 rows, a last partial wave costing half a wave and half its
+    # share of the programs: 2048 rows make 384, 256, 1536 and 256 tiles (down over K 12288)
+    part = lambda full, rest: full + 0.5 + 0.5 * rest / 132  # noqa: E731
+    waves = part(2, 120) + part(1, 124) + part(11, 84) + 3 * part(1, 124)
+    assert step_cost.gemm_layer_s(QWEN, 2048, TILES, 132) == pytest.approx(waves * 50e-6)
+    assert step_cost.gemm_waves(264, 132, 0.3) == 2 and step_cost.gemm_waves(133, 132, 0.3) == (
+        pytest.approx(1 + 0.3 + 0.7 / 132))
+
+
+def test_the_extend_attention_is_its_busiest_programs_tiles():
+    """Tiles longest first in a zigzag over the programs: one long decode row's 32 head tiles
+    set the time when there are programs to spare, not the batch's keys over the GPU."""
+    one = step_cost.TileTimes(TILES.gemm_wave_s, 1e-6, 1e-6, 0.0)
+    layers = QWEN.layers
+    # a 512-token chunk after 1024 cached tokens: 4 row blocks x 32 heads = 128 tiles on 132
+    # programs, the last block's 8 cached + 4 new key steps the longest
+    assert step_cost.extend_attention_s(QWEN, [(512, 1024)], one, 132) == pytest.approx(
+        12e-6 * layers)
+    # decode rows of 8192 and 1024 tokens beside it: 192 tiles, the long row's 64 + 1 steps first
+    even = step_cost.extend_attention_s(QWEN, [(512, 1024), (1, 4608), (1, 4608)], one, 132)
+    uneven = step_cost.extend_attention_s(QWEN, [(512, 1024), (1, 8192), (1, 1024)], one, 132)
+    assert uneven == pytest.approx(65e-6 * layers) and even == pytest.approx(37e-6 * layers)
+    # one head, two programs, tiles of 4, 3, 2 and 1 steps: the second round runs from the other
+    # end (1 after 4, 2 after 3), so both programs take 5 steps, not 6 and 4
+    single = replace(QWEN, q_heads=1, layers=1)
+    rows = [(1, 384), (1, 256), (1, 128), (1, 0)]  # a new-key step and 3, 2, 1, 0 cached ones
+    assert step_cost.extend_attention_s(single, rows, one, 2) == pytest.approx(5e-6)
+    assert step_cost.extend_attention_s(single, rows, one, 4) == pytest.approx(4e-6)
+    assert step_cost.extend_attention_s(QWEN, [], one, 132) == 0.0
+
+
+def test_a_mixed_step_by_its_tiles_adds_its_kernels():
+    """With tile times: GEMM waves over the chunk's and decode rows' tokens, the other kernels
+    per token, the attention's busiest program (each decode row's own context), the LM head
+    over the sampling rows (its weights' read at the least) and the decode batch's KV read."""
+    law = step_cost.SaturationLaw(3.0, 66)
+    rate = step_cost.PrefillRate(989.0, 132, ((132, 0.5),), ((132, 0.6),))
+    fit = step_cost.MixedStepFit(0.001, tiles=TILES)
+    contexts = [12000, 3000, 500]
+    step = step_cost.mixed_step_s(QWEN, law, rate, 132, sum(contexts), 3, 512, 4096, True,
+                                  phases=fit, decode_contexts=contexts)
+    head = max(step_cost.lm_head_flops(QWEN, 4) / (989e12 * 0.6),
+               2 * QWEN.vocab * QWEN.hidden / 3e12)
+    parts = (QWEN.layers * (step_cost.gemm_layer_s(QWEN, 515, TILES, 132) + 7e-8 * 515) + head
+             + step_cost.extend_attention_s(QWEN, [(512, 4096), (1, 12000), (1, 3000), (1, 500)],
+                                            TILES, 132)
+             + step_cost.kv_bytes(QWEN, sum(contexts)) / 3e12)
+    assert step == pytest.approx(parts)
+    # the contexts unknown: shared evenly, which one long row's tiles outlast
+    even = step_cost.mixed_step_s(QWEN, law, rate, 132, sum(contexts), 3, 512, 4096, True,
+                                  phases=fit)
+    assert even < step
+    with pytest.raises(PdmuxError, match="tile time attention_prefix_s"):
+        step_cost.TileTimes(TILES.gemm_wave_s, -1.0, 0.0, 0.0)
+    with pytest.raises(PdmuxError, match="GEMM wave"):
+        step_cost.TileTimes(((128, 128, float("nan"), 1.0),), 0.0, 0.0, 0.0)
+    with pytest.raises(PdmuxError, match="partial wave"):
+        step_cost.TileTimes(((128, 128, 27e-6, 1.5),), 0.0, 0.0, 0.0)
+    with pytest.raises(PdmuxError, match="decode rows' MFU or its kernels' tile times"):
+        step_cost.MixedStepFit(0.001)
 
 
 def test_a_decode_steps_extra_cost_reads_between_batches():

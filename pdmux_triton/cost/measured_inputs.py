@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pdmux_triton.cost.step_cost import (EXTEND_TILE_ROWS, BatchTerm, MeasuredCurve, MixedStepFit,
-                                         Overheads, PrefillRate)
+                                         Overheads, PrefillRate, TileTimes)
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.results import SHIPPED_PREFIX, read_json
 
@@ -143,6 +143,19 @@ def load_compare(path: str | Path, gpu: str | None = None) -> Comparison:
     return Comparison(str(path), measured_on, tuple(lv for lv in levels if isinstance(lv, dict)))
 
 
+def _mixed_fit(mixed: dict) -> MixedStepFit:
+    """A host-costs file's mixed step: its fixed cost and its decode rows' MFU (the older law)
+    or its kernels' tile times."""
+    tiles = mixed.get("tiles")
+    if tiles is not None:
+        tiles = TileTimes(tuple((int(a), int(b), float(t), float(share))
+                                for a, b, t, share in tiles["gemm_wave_s"]),
+                          float(tiles["attention_prefix_s"]), float(tiles["attention_new_s"]),
+                          float(tiles["small_s_per_token"]))
+    mfu = mixed.get("decode_row_mfu")
+    return MixedStepFit(float(mixed["fixed_s"]), None if mfu is None else float(mfu), tiles)
+
+
 def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
     """The executor's overheads from a host-costs file (calibrate --host-costs): the median over its cases of
     an eager layer's launch time and of a decode round's wall time less its GPU time, the
@@ -158,8 +171,7 @@ def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
         extra = tuple((int(r["batch"]), float(r["extra_s"]))
                       for r in data.get("decode_step_extra", []))
         mixed = data.get("mixed_step")
-        fit = (MixedStepFit(float(mixed["fixed_s"]), float(mixed["decode_row_mfu"]))
-               if mixed else None)
+        fit = _mixed_fit(mixed) if mixed else None
         whole = data.get("whole_gpu_prefill")
         return Overheads(rounds[len(rounds) // 2], layers[len(layers) // 2], step,
                          EXTEND_TILE_ROWS, extra, fit, float(whole["mfu"]) if whole else None)

@@ -252,23 +252,151 @@ def _check_positive(name: str, value: float) -> None:
         raise PdmuxError(f"{name} must be a finite number > 0, got {value!r}")
 
 
+# --- the eager forward by its kernels' tiles (a mixed step on the whole GPU) ----------------
+
+def gemm_tile(tokens: int) -> tuple[int, int] | None:
+    """The (rows, columns) tile kernels/gemm.py's `default_config` gives a layer's GEMM over
+    `tokens` rows on the whole GPU, mirrored here (the cost model imports no triton; a test
+    holds the two together); None for 64 rows or fewer (the skinny decode tile)."""
+    if tokens <= 64:
+        return None
+    if tokens <= 256:
+        return (64, 128)
+    return (128, 128) if tokens <= 1024 else (128, 256)
+
+
+def layer_gemms(model: ModelSpec) -> tuple[tuple[int, int], ...]:
+    """A layer's GEMMs as the executor runs them, (N, K) each: fused q/k/v, o, fused gate/up,
+    down."""
+    return ((model.q_dim + 2 * model.kv_dim, model.hidden), (model.hidden, model.q_dim),
+            (2 * model.intermediate, model.hidden), (model.hidden, model.intermediate))
+
+
+# the extend attention's tile (kernels/prefill_attention.py `default_config`): query rows of one
+# head by keys a step, and the head size its tile times were measured at
+EXTEND_TILE_KEYS = 128
+TILE_HEAD_DIM = 128
+
+
+@dataclass(frozen=True)
+class TileTimes:
+    """What one tile of the eager forward's kernels takes on the whole GPU, from captured
+    kernel benchmarks (bench/fit_host_costs.py, `--prefill-rate`): a GEMM's wave (one tile a
+    program) per 4096 of its K by tile shape, and what a last, partial wave costs when nearly
+    empty, as a share of a full one ((rows, columns, seconds, share) rows: a partial wave of a
+    fraction f of the programs costs share + (1 - share) x f of a wave; its tiles have the idle
+    SMs' memory bandwidth to themselves); the extend attention's tile (`EXTEND_TILE_ROWS` query
+    rows of one head) over `EXTEND_TILE_KEYS` keys read from the cache (`attention_prefix_s`)
+    or among the launch's new tokens (`attention_new_s`), at a head size of `TILE_HEAD_DIM`;
+    and a layer's other kernels (norms, rotary, the KV store) per token. The attention's
+    programs take its tiles longest first, in a zigzag, so its time is the busiest program's."""
+
+    gemm_wave_s: tuple[tuple[int, int, float, float], ...]
+    attention_prefix_s: float
+    attention_new_s: float
+    small_s_per_token: float
+
+    def __post_init__(self):
+        if not self.gemm_wave_s:
+            raise PdmuxError("tile times need at least one GEMM tile's wave time")
+        for rows, cols, seconds, share in self.gemm_wave_s:
+            if not (rows >= 1 and cols >= 1 and np.isfinite(seconds) and 0 < seconds < 0.1
+                    and 0 <= share <= 1):
+                raise PdmuxError(f"a GEMM wave time must be a finite number of seconds in (0, "
+                                 f"0.1) for a tile of >= 1 x 1, its partial wave's share in "
+                                 f"[0, 1], got {rows} x {cols}: {seconds!r}, {share!r}")
+        for name in ("attention_prefix_s", "attention_new_s", "small_s_per_token"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and np.isfinite(value) and 0 <= value < 0.01):
+                raise PdmuxError(f"tile time {name} must be a finite number of seconds in [0, "
+                                 f"0.01), got {value!r}")
+
+    def wave(self, tile: tuple[int, int]) -> tuple[float, float]:
+        """A wave of `tile`s per 4096 of K and a partial wave's share: as measured, else the
+        measured tile's nearest in area, its time scaled by area (an extrapolation)."""
+        area = tile[0] * tile[1]
+        rows, cols, seconds, share = min(
+            self.gemm_wave_s, key=lambda t: (abs(np.log(t[0] * t[1] / area)), t[0] * t[1]))
+        return (seconds if (rows, cols) == tile else seconds * area / (rows * cols)), share
+
+
+def gemm_waves(tiles: int, programs: int, share: float) -> float:
+    """Waves `tiles` tiles take on `programs` programs, a last partial wave of a fraction f
+    of the programs counted as share + (1 - share) x f of one."""
+    full, rest = divmod(tiles, programs)
+    return full + (share + (1 - share) * rest / programs if rest else 0.0)
+
+
+def gemm_layer_s(model: ModelSpec, tokens: int, tiles: TileTimes, programs: int) -> float | None:
+    """A layer's GEMMs over `tokens` rows on `programs` programs (one per SM), in waves of
+    tiles: 513 rows (a 512-token chunk and one decode row) run five row tiles where 512 run
+    four, and the o and down projections a second wave. None for 64 rows or fewer (the
+    skinny decode tile, which these times do not hold)."""
+    tile = gemm_tile(tokens)
+    if tile is None:
+        return None
+    wave, share = tiles.wave(tile)
+    return sum(gemm_waves(-(-tokens // tile[0]) * -(-n // tile[1]), programs, share) * k / 4096
+               * wave for n, k in layer_gemms(model))
+
+
+def extend_attention_s(model: ModelSpec, seqs, tiles: TileTimes, programs: int) -> float:
+    """The extend attention of every layer over `seqs`, (new tokens, cached tokens) each (a
+    decode row: (1, its context)): one tile per `EXTEND_TILE_ROWS` new rows and query head,
+    each stepping over its cached keys and then its new ones `EXTEND_TILE_KEYS` at a time; the
+    tiles taken longest first in a zigzag over `programs` programs (kernels/prefill_attention),
+    so a few long decode rows set the time, not the FLOPs over the GPU."""
+    per_key = model.head_dim / TILE_HEAD_DIM
+    prefix_steps, new_steps, counts = [], [], []
+    for new, cached in seqs:
+        blocks = -(-int(new) // EXTEND_TILE_ROWS)
+        ends = np.minimum(np.arange(1, blocks + 1) * EXTEND_TILE_ROWS, new)
+        prefix_steps.append(np.full(blocks, -(-int(cached) // EXTEND_TILE_KEYS)))
+        new_steps.append(-(-ends // EXTEND_TILE_KEYS))
+        counts.append(np.full(blocks, model.q_heads))
+    if not counts:
+        return 0.0
+    counts = np.concatenate(counts)
+    pre, new = np.repeat(np.concatenate(prefix_steps), counts), np.repeat(np.concatenate(new_steps),
+                                                                        counts)
+    cost = pre * tiles.attention_prefix_s + new * tiles.attention_new_s
+    cost = cost[np.argsort(-(pre + new), kind="stable")]  # the kernel's order: most keys first
+    width = min(len(cost), programs)
+    waves = np.zeros(-(-len(cost) // width) * width)
+    waves[:len(cost)] = cost
+    waves = waves.reshape(-1, width)
+    waves[1::2] = waves[1::2, ::-1]  # odd rounds from the other end
+    return float(waves.sum(axis=0).max()) * per_key * model.layers
+
+
 @dataclass(frozen=True)
 class MixedStepFit:
     """A mixed step as the executor runs it, fitted to measured chunked rounds: after
     `fixed_s` (its batch made and uploaded, its tokens read back, the forward's fixed costs),
-    its GPU phases one after another (the linears and the chunk's attention at the prefill's
-    MFU alone, the decode rows' attention in padded tiles at `decode_row_mfu` of the peak, the
-    weights and the decode batch's KV read at the decode rate) or its layers' eager launches,
-    whichever is longer: a short chunk on a slow host waits on its launches."""
+    its GPU phases one after another, or its layers' eager launches, whichever is longer: a
+    short chunk on a slow host waits on its launches.
+
+    The GPU phases, with `tiles` (`TileTimes`): each layer's GEMMs over the chunk's and the
+    decode rows' tokens in whole waves of tiles, its other kernels per token, the extend
+    attention of the chunk over its prefix and of each decode row over its context as its
+    busiest program runs it, the LM head over the rows that sample, and the decode batch's KV
+    read at the decode rate. Without (the older law, `decode_row_mfu` required): the linears
+    and the chunk's attention at the prefill's MFU alone, the decode rows' attention in padded
+    tiles at `decode_row_mfu` of the peak, the weights and the decode batch's KV read at the
+    decode rate."""
 
     fixed_s: float
-    decode_row_mfu: float
+    decode_row_mfu: float | None = None
+    tiles: TileTimes | None = None
 
     def __post_init__(self):
         if not (np.isfinite(self.fixed_s) and self.fixed_s >= 0):
             raise PdmuxError(f"a mixed step's fixed cost must be a finite number >= 0 s, got "
                              f"{self.fixed_s!r}")
-        if not 0 < self.decode_row_mfu <= 1:
+        if self.tiles is None and self.decode_row_mfu is None:
+            raise PdmuxError("a mixed step's fit needs its decode rows' MFU or its kernels' "
+                             "tile times")
+        if self.decode_row_mfu is not None and not 0 < self.decode_row_mfu <= 1:
             raise PdmuxError(f"decode_row_mfu must be in (0, 1], got {self.decode_row_mfu!r}")
 
 
@@ -391,12 +519,19 @@ def decode_row_attention_flops(model: ModelSpec, context_tokens: int, tile_rows:
 
 def mixed_step_s(model: ModelSpec, decode: DecodeRate, prefill: PrefillRate, total_sms: int,
                  decode_context_tokens: int, decode_batch: int, chunk, chunk_prefix,
-                 samples_chunk, decode_row_tile: int = 1, phases: MixedStepFit | None = None):
+                 samples_chunk, decode_row_tile: int = 1, phases: MixedStepFit | None = None,
+                 decode_contexts=None):
     """One chunked-prefill step on the whole GPU: a prompt chunk and the decode batch in one
     forward, bound by its compute or by reading the weights and the batch's KV, whichever is
     slower; the decode rows' attention counted in tiles of `decode_row_tile` rows. With
     `phases`, the GPU time of the step as the executor runs it (`MixedStepFit`, less its fixed
-    cost). `chunk`, `chunk_prefix` and `samples_chunk` may be arrays (every chunk at once)."""
+    cost); with its tile times, each decode row's own context (`decode_contexts`; else the
+    batch's context shared evenly). `chunk`, `chunk_prefix` and `samples_chunk` may be arrays
+    (every chunk at once) except with tile times."""
+    if phases is not None and phases.tiles is not None:
+        return _mixed_by_tiles(model, decode, prefill, total_sms, decode_context_tokens,
+                               decode_batch, int(chunk), int(chunk_prefix), bool(samples_chunk),
+                               phases.tiles, decode_contexts)
     flops = (decode_flops(model, decode_batch) + layer_flops(model, chunk, chunk_prefix)
              + lm_head_flops(model, np.asarray(samples_chunk, dtype=float)))
     rows = (decode_row_attention_flops(model, decode_context_tokens, decode_row_tile)
@@ -409,3 +544,24 @@ def mixed_step_s(model: ModelSpec, decode: DecodeRate, prefill: PrefillRate, tot
     memory = (decode_step_s(model, decode, decode_context_tokens, total_sms, False)
               if decode_batch else 0.0)
     return np.maximum(compute, memory)
+
+
+def _mixed_by_tiles(model, decode, prefill, total_sms, decode_context_tokens, decode_batch,
+                    chunk, chunk_prefix, samples_chunk, tiles, decode_contexts) -> float:
+    """`mixed_step_s`'s GPU phases by the kernels' tiles (`MixedStepFit`)."""
+    if decode_contexts is None:  # only the sum known: shared evenly
+        share, extra = divmod(int(decode_context_tokens), decode_batch) if decode_batch else (0, 0)
+        decode_contexts = [share + (i < extra) for i in range(decode_batch)]
+    tokens = chunk + decode_batch
+    gemms = gemm_layer_s(model, tokens, tiles, total_sms)
+    linears = (model.layers * gemms if gemms is not None else
+               compute_s(2 * model.layer_linear_params * tokens * model.layers, prefill, total_sms,
+                         corun=False))
+    rate = decode.tbps(total_sms, False) * 1e12
+    sampled = decode_batch + samples_chunk
+    head = (max(compute_s(lm_head_flops(model, sampled), prefill, total_sms, corun=False),
+                DTYPE_BYTES * model.vocab * model.hidden / rate) if sampled else 0.0)
+    attention = extend_attention_s(model, [(chunk, chunk_prefix)] +
+                                   [(1, c) for c in decode_contexts], tiles, total_sms)
+    return (linears + model.layers * tiles.small_s_per_token * tokens + head + attention
+            + kv_bytes(model, decode_context_tokens) / rate)

@@ -155,7 +155,8 @@ class SimExecutor:
                                             self.total_sms, sum(r.context for r in decoding),
                                             len(decoding), n, start, samples_chunk=last,
                                             decode_row_tile=self.overheads.decode_row_tile,
-                                            phases=fit))
+                                            phases=fit,
+                                            decode_contexts=[r.context for r in decoding]))
         step += (self.comm.layers_s(len(decoding) + n, self.num_layers)
                  + self.comm.logits_s(len(decoding) + last))
         # the batch made and uploaded, its tokens read back (as fitted, or an eager step's),
