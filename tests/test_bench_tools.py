@@ -346,6 +346,23 @@ def test_tile_times_come_back_from_layers_they_made(tmp_path):
     assert quality["layers"] == 7 and quality["max_abs_layer_error"] < 1e-9
 
 
+def test_mixed_rounds_replays_and_prices_mooncakes_chunked_rounds(tmp_path):
+    """The committed Mooncake chunked-512 point (cache off) replays: every round's decode batch
+    and context sum come back from its prefills and the trace, and the shipped tiles' law
+    prices its rounds within a few percent where the older law was 10% short."""
+    sys.path.insert(0, "bench")
+    import mixed_rounds
+
+    diagnostics = "bench/results/prefix-cache/conv-3000-200-off/capacity-diagnostics-h200.jsonl"
+    assert mixed_rounds.main([diagnostics, "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "mixed-rounds-h200.json").read_text())
+    (point,) = data["points"]
+    whole = next(b for b in point["bands"] if b["by"] == "all")
+    assert whole["rounds"] > 3000 and 0.95 < whole["measured_over_given"] < 1.05
+    gpu_bound = next(b for b in point["bands"] if b["band"] == "GPU")
+    assert gpu_bound["median_abs_error_given"] < 0.05
+
+
 def test_the_whole_gpu_prefill_fit_recovers_a_known_mfu_from_the_batches_it_bounds():
     """Prefill batches served at a known MFU after their eager step (on hosts of two speeds)
     give it back, exactly; batches bound by their launches are left out."""
