@@ -470,7 +470,7 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
                      f"from the file (these measurements hold too few prefill-first batches "
                      f"bound by their GPU)")
     if tiles is not None:
-        lines.append(f"tile times: GEMM waves " + ", ".join(
+        lines.append("tile times: GEMM waves " + ", ".join(
             f"{a}x{b} {t * 1e6:.1f} us (a partial one {share:.2f} +)"
             for a, b, t, share in tiles.gemm_wave_s)
             + f"; attention tile steps {tiles.attention_prefix_s * 1e6:.2f} us cached, "

@@ -64,7 +64,7 @@ def replayed_rounds(point: dict, requests: list) -> list[dict]:
         outputs.append(r.output_len)
     r = point["rounds"]
     labels = [r["labels"][i] for i in r["label"]]
-    decoding, prompt, start, rows = [], -1, None, []
+    decoding, prompt, start, done, rows = [], -1, None, False, []
     for i, label in enumerate(labels):
         contexts = [c for c, _ in decoding]
         if len(contexts) != r["decode_bs"][i] or sum(contexts) != r["decode_context"][i]:
