@@ -398,9 +398,10 @@ def plan(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device,
     key = (M, N, K, dtype, device, num_sms, ctas_per_sm, config, ALIGNED_SPLIT_BUSY,
            interpreting())
     try:
-        return _planned(*key)
+        hash(key)
     except TypeError:  # an unhashable argument: planned afresh, which names what is wrong
         return _plan(M, N, K, dtype, device, num_sms, ctas_per_sm, config)
+    return _planned(*key)
 
 
 @functools.lru_cache(maxsize=4096, typed=True)  # typed: num_sms=True is refused, not 1's plan

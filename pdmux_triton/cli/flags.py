@@ -19,7 +19,7 @@ from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiments.capacity_search import STEADY_POINTS
 from pdmux_triton.experiments.repeats import MAX_REPEATS
 from pdmux_triton.experiments.settings import (LENGTHS, LEVEL_POLICIES, MAX_SPEED, MAX_TP,
-                                               MAX_WARM, PREFIX_CACHE, WORKLOADS)
+                                               MAX_WARM, PREFIX_CACHE, WORKLOADS, RunSettings)
 from pdmux_triton.experiments.variants import DEFAULT_STRATEGIES, variant
 from pdmux_triton.measure.calibration_sweep import DECODE_WORKLOADS
 from pdmux_triton.multiplex import sglang_rules
@@ -178,7 +178,7 @@ def _served_flags(p: Parser) -> None:
     p.flag("--repeats", type=integer(1, MAX_REPEATS), default=1,
            help="measured: serve each strategy's requests this many times in one process; "
                 "figures are the medians, with their spread (highest - lowest, %% of the median)")
-    p.flag("--warm-requests", type=integer(0, MAX_WARM), default=100,
+    p.flag("--warm-requests", type=integer(0, MAX_WARM), default=RunSettings.warm_requests,
            help="measured: serve each strategy's first this many requests once untimed "
                 "before its points (the allocator then holds what the traffic's batches need; "
                 "what a measured point still allocates is counted in its row)")
