@@ -13,6 +13,10 @@ it to a host-costs file (`calibrate --host-costs`'s):
   to the captured kernel benchmarks of bench/prefill_rate.py (`--prefill-rate`, the whole
   GPU's rows); with `--prefill-rate` empty, by the older law (the linears at the prefill's
   MFU, the decode rows' padded attention at a fitted MFU, also solved for);
+- split_prefill_sustained: what each level's prefill keeps of the comparison's burst rate when
+  it runs on beside its decode (`--sustained`, bench/sustained_corun.py's file: the sustained
+  run's median call over the burst, the mean over its batches), since served PD-mux prefills
+  run on for seconds at the clocks a GPU under sustained power holds;
 - whole_gpu_prefill: the MFU at which prefill-first's prefill batches bound by their GPU were
   served (each batch's FLOPs over its span less its eager step), where the measurements hold
   them (trace_fidelity's points): the comparison times prefill alone on at most its levels'
@@ -31,7 +35,8 @@ step's error over the rounds.
         bench/results/capacity-diagnostics-h200.jsonl \\
         bench/results/capacity-conv/capacity-diagnostics-h200.jsonl \\
         bench/results/host-costs-h200.json --calibration bench/results/calibrate-h200.json \\
-        --compare bench/results/compare-h200.json
+        --compare bench/results/compare-h200.json \\
+        --sustained bench/results/sustained-corun-h200.json
 """
 
 from __future__ import annotations
@@ -63,7 +68,8 @@ PREFILL_RATE = ("bench/results/prefill-rate-h200.json", "bench/results/prefill-r
 GEMM_MIN_TOKENS, LAYER_MIN_TOKENS = 256, 512
 MIN_PREFILLS = 10  # GPU-bound prefill batches a whole-GPU MFU is fitted to, at the fewest
 GPU_BOUND_MARGIN = 2  # a batch whose GPU time is this many times its launches is bound by it
-FITTED = ("eager_step", "decode_step_extra", "whole_gpu_prefill", "mixed_step")  # what it adds
+FITTED = ("eager_step", "decode_step_extra", "whole_gpu_prefill", "mixed_step",
+          "split_prefill_sustained")  # what it adds
 # calibrate --host-costs' decode rounds: 512-token prompts, 30 steps (files before it said so)
 HOST_COSTS_DECODE_CONTEXT = 512 + 15
 
@@ -344,7 +350,31 @@ def main(argv=None) -> int:
     p.add_argument("--prefill-rate", nargs="*", default=list(PREFILL_RATE),
                    help="bench/prefill_rate.py's files the mixed step's tile times are fitted "
                         "to (default: the committed H200 files; none: the older law)")
+    p.add_argument("--sustained", help="bench/sustained_corun.py's file: each level's prefill "
+                   "sustained beside decode against its burst (default: the ratios already in "
+                   "the host-costs file, if any)")
     return run_script(p, fit)
+
+
+def sustained_ratios(path: str, gpu: str) -> dict:
+    """Each level's sustained-beside-decode rate over its burst, by prefill SMs (the mean over
+    the file's batches), as the host-costs file holds it."""
+    data = read_json(path, "sustained co-run file")
+    if data.get("gpu") != gpu:
+        raise PdmuxError(f"{path} was measured on {data.get('gpu')!r}, the rounds on {gpu!r}")
+    by_key = {(r.get("prefill_sms"), r.get("tokens"), r.get("prompts"), r.get("mode")): r
+              for r in data.get("rows", []) if isinstance(r, dict)}
+    ratios: dict[int, list[float]] = {}
+    for (sms, tokens, prompts, mode), row in by_key.items():
+        burst = by_key.get((sms, tokens, prompts, "burst"))
+        if mode == "sustained beside decode" and burst and row.get("ms_median") and \
+                burst.get("ms_median"):
+            ratios.setdefault(int(sms), []).append(burst["ms_median"] / row["ms_median"])
+    if not ratios:
+        raise PdmuxError(f"{path} holds no level with both a burst and a sustained-beside-decode "
+                         f"row (made by bench/sustained_corun.py)")
+    return {"ratio_by_prefill_sms": [[sms, float(np.mean(r))] for sms, r in sorted(ratios.items())],
+            "batches_a_level": min(len(r) for r in ratios.values()), "source": Path(path).name}
 
 
 def measured_rounds(measured: str, host: dict, overheads) -> tuple:
@@ -402,7 +432,8 @@ def pooled_rounds(measured: list[str], host: dict, overheads) -> tuple:
 
 
 def fitted(measured: list[str], host_costs: str, calibration: str,
-           compare: str, prefill_rate=PREFILL_RATE) -> tuple[dict, list]:
+           compare: str, prefill_rate=PREFILL_RATE, sustained: str | None = None
+           ) -> tuple[dict, list]:
     """The host-costs file's data with every fit the measurements allow (`measured`: stream
     runs, trace_fidelity's points or capacity folders' diagnostics), and the lines that say
     what each fit gave."""
@@ -457,6 +488,8 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
     host["eager_step"] = {"seconds": step, "source": f"{names}: median "
                           f"chunked_{size} round bound by its launches less its {model.layers} "
                           f"layer launches, on this file's host", "rounds": int(bound.sum())}
+    if sustained:
+        host["split_prefill_sustained"] = sustained_ratios(sustained, gpu.name)
     lines = [f"eager step {step * 1e3:.2f} ms",
              "decode step beyond its bytes: " + ", ".join(
                  f"batch {r['batch']} {r['extra_s'] * 1e3:+.2f} ms"
@@ -469,6 +502,10 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
         lines.append(f"prefill on the whole GPU: MFU {host['whole_gpu_prefill']['mfu']:.3f} kept "
                      f"from the file (these measurements hold too few prefill-first batches "
                      f"bound by their GPU)")
+    if "split_prefill_sustained" in host:
+        lines.append("a level's prefill sustained beside decode over its burst: " + ", ".join(
+            f"{sms} SMs {ratio:.3f}"
+            for sms, ratio in host["split_prefill_sustained"]["ratio_by_prefill_sms"]))
     if tiles is not None:
         lines.append("tile times: GEMM waves " + ", ".join(
             f"{a}x{b} {t * 1e6:.1f} us (a partial one {share:.2f} +)"
@@ -488,7 +525,7 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
 
 def fit(args) -> int:
     host, lines = fitted(args.measured, args.host_costs, args.calibration, args.compare,
-                         args.prefill_rate)
+                         args.prefill_rate, args.sustained)
     write_json(args.host_costs, host)
     print("\n".join(lines))
     print(f"wrote {args.host_costs}")

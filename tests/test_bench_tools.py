@@ -405,6 +405,37 @@ COMMITTED_FIT = ["bench/results/trace-fidelity/points-h200.jsonl",  # what the f
                  "bench/results/capacity-diagnostics-h200.jsonl"]
 
 
+def test_sustained_ratios_are_each_levels_burst_over_its_sustained_run(tmp_path):
+    """The committed host-costs file's ratios are the committed sustained file's, each level's
+    burst ms over its sustained-beside-decode ms averaged over its batches; a file of another
+    GPU or with no pair of rows is refused."""
+    import json
+
+    from fit_host_costs import sustained_ratios
+
+    from pdmux_triton.errors import PdmuxError
+
+    path = "bench/results/sustained-corun-h200.json"
+    got = sustained_ratios(path, "h200")
+    data = json.loads(Path(path).read_text())
+    rows = {(r["prefill_sms"], r["tokens"], r["mode"]): r["ms_median"] for r in data["rows"]}
+    for sms, ratio in got["ratio_by_prefill_sms"]:
+        tokens = [t for s, t, m in rows if s == sms and m == "burst"]
+        assert ratio == pytest.approx(sum(rows[sms, t, "burst"] / rows[sms, t,
+                                      "sustained beside decode"] for t in tokens) / len(tokens))
+        assert 0.85 < ratio < 1.0  # slower sustained, as measured
+    committed = json.loads(Path("bench/results/host-costs-h200.json").read_text())
+    assert committed["split_prefill_sustained"]["ratio_by_prefill_sms"] == \
+        got["ratio_by_prefill_sms"]
+    with pytest.raises(PdmuxError, match="measured on 'h200', the rounds on 'h100-sxm'"):
+        sustained_ratios(path, "h100-sxm")
+    bare = tmp_path / "s.json"
+    bare.write_text(json.dumps({"gpu": "h200", "rows": [r for r in data["rows"]
+                                                        if r["mode"] == "burst"]}))
+    with pytest.raises(PdmuxError, match="no level with both a burst"):
+        sustained_ratios(str(bare), "h200")
+
+
 def test_fit_host_costs_on_the_h200_trace_points_and_stream_run(tmp_path):
     """The committed trace-fidelity points and steady-state capacity folders (each run's host
     timed), pooled, fit the committed host-costs file's eager step, whole-GPU prefill and mixed

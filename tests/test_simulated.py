@@ -12,7 +12,8 @@ import pytest
 from pdmux_triton.cost import step_cost
 from pdmux_triton.experiments import estimate
 from pdmux_triton.serve import metrics, scheduler
-from pdmux_triton.serve.simulated import SimExecutor
+from pdmux_triton.multiplex import sglang_rules
+from pdmux_triton.serve.simulated import SUSTAINED_WINDOW_S, SimExecutor
 from pdmux_triton.spec import traces, traffic
 from pdmux_triton.spec.gpus import gpu_preset
 from pdmux_triton.spec.models import model_preset
@@ -118,6 +119,38 @@ def test_a_prefill_with_the_whole_gpu_runs_at_the_served_mfu_and_a_split_one_as_
                              ("served", served))}
     assert first["served"]["prefill_ms"] == pytest.approx(
         first["as compared"]["prefill_ms"] * 0.6 / 0.45, rel=1e-3)
+
+
+def test_a_split_prefill_slows_to_its_sustained_rate_as_it_runs_on():
+    """A split prefill after an idle spell runs at the comparison's burst rate; one whose side
+    ran the whole window before it at the sustained rate; between, by the share it ran. The
+    whole GPU's prefill is not a split one and keeps its rate."""
+    law = step_cost.SaturationLaw(H100.hbm_tbps * 0.85, 66.0)
+    rate = step_cost.PrefillRate(H100.bf16_tflops, H100.sms, ((60, 0.5), (112, 0.6)))
+    host = step_cost.Overheads(split_prefill_sustained=((60, 0.8), (112, 0.8)))
+    x = SimExecutor(H100, QWEN, law, rate, overheads=host)
+    x.start([])
+    level = next(lv for lv in sglang_rules.stream_groups(H100.sms, H100.cc_major)
+                 if 0 < lv[1] < H100.sms)
+    x.set_level(level)
+    sms = x.sms["prefill"]
+    req = traffic.Request(0, 4096, 1, 0.0)
+    layer = step_cost.compute_s(step_cost.layer_flops(QWEN, 4096, 0, 1), rate, sms, True)
+    spans = []
+    for _ in range(int(2 * SUSTAINED_WINDOW_S / layer) + 2):  # back to back past the window
+        carry = x.begin_prefill([req])
+        start = max(x.now(), x.free["prefill"])
+        x.launch_prefill(carry, 0, 1)
+        spans.append(carry.ends_at - start)
+    assert spans[0] == pytest.approx(layer, rel=1e-9)  # after idle: the burst's rate
+    assert spans[-1] == pytest.approx(layer / 0.8, rel=1e-9)  # the window full: sustained
+    assert all(a <= b + 1e-12 for a, b in zip(spans, spans[1:]))
+    assert layer < spans[len(spans) // 4] < layer / 0.8
+    x.idle_until(x.free["prefill"] + 2 * SUSTAINED_WINDOW_S)  # an idle spell: back to burst
+    carry = x.begin_prefill([req])
+    start = max(x.now(), x.free["prefill"])
+    x.launch_prefill(carry, 0, 1)
+    assert carry.ends_at - start == pytest.approx(layer, rel=1e-9)
 
 
 @pytest.mark.parametrize("launch_s", [0.0001, 0.002])

@@ -86,6 +86,23 @@ def test_a_prefill_rate_takes_the_whole_gpus_mfu_alone():
         step_cost.Overheads(whole_gpu_prefill_mfu=0.0)
 
 
+def test_a_sustained_prefill_rate_scales_the_corun_points_only():
+    """What a level keeps of its burst rate beside decode, read between the measured levels and
+    held at the ends, scales each co-run point; alone the burst's points stay (the co-run ones
+    where there were none), and an empty ratio set changes nothing."""
+    both = step_cost.PrefillRate(1000.0, 100, ((40, 0.4), (80, 0.6)), ((40, 0.5), (80, 0.7)))
+    kept = both.sustained(((60, 0.9), (100, 0.8)))
+    assert kept.mfu == ((40, pytest.approx(0.36)), (80, pytest.approx(0.51)))  # 0.9; 0.85
+    assert kept.mfu_alone == both.mfu_alone
+    coruns_only = step_cost.PrefillRate(1000.0, 100, ((40, 0.4), (80, 0.6)))
+    assert coruns_only.sustained(((60, 0.5),)).mfu_at(80, corun=False) == 0.6
+    assert coruns_only.sustained(((60, 0.5),)).mfu_at(80) == pytest.approx(0.3)
+    assert both.sustained(()) is both
+    for bad in (((0, 0.9),), ((60, 0.0),), ((60, float("nan")),), ((60, 2.5),)):
+        with pytest.raises(PdmuxError, match="split_prefill_sustained"):
+            step_cost.Overheads(split_prefill_sustained=bad)
+
+
 def test_a_mixed_step_is_bound_by_compute_or_by_reading():
     law = step_cost.SaturationLaw(3.0, 66)
     rate = step_cost.PrefillRate.fixed(989.0, 132, 0.5)

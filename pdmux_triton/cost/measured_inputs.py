@@ -161,7 +161,8 @@ def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
     an eager layer's launch time and of a decode round's wall time less its GPU time, the
     extend kernel's padded decode rows, and where bench/fit_host_costs.py added them, the
     fixed cost of an eager step, a captured decode step's cost beyond its bytes, the mixed
-    step's fit and the MFU a prefill with the whole GPU is served at."""
+    step's fit, the MFU a prefill with the whole GPU is served at, and what a level's prefill
+    keeps of its burst rate sustained beside decode (bench/sustained_corun.py)."""
     data = read_json(path, "host-costs file")
     _check_gpu(data, path, "host-costs file", gpu)
     try:
@@ -173,8 +174,11 @@ def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
         mixed = data.get("mixed_step")
         fit = _mixed_fit(mixed) if mixed else None
         whole = data.get("whole_gpu_prefill")
+        sustained = tuple((int(sms), float(ratio)) for sms, ratio in
+                          data.get("split_prefill_sustained", {}).get("ratio_by_prefill_sms", []))
         return Overheads(rounds[len(rounds) // 2], layers[len(layers) // 2], step,
-                         EXTEND_TILE_ROWS, extra, fit, float(whole["mfu"]) if whole else None)
+                         EXTEND_TILE_ROWS, extra, fit, float(whole["mfu"]) if whole else None,
+                         sustained)
     except (KeyError, TypeError, ValueError, IndexError):
         raise PdmuxError(f"{path} lacks the eager_layer and decode_round rows of a host-costs "
                          f"file (made by `pdmux-triton calibrate --host-costs`)") from None

@@ -239,6 +239,18 @@ class PrefillRate:
     def flops_per_s(self, sms: int, corun: bool = True) -> float:
         return self.peak_tflops * 1e12 * self.mfu_at(sms, corun) * sms / self.total_sms
 
+    def sustained(self, ratios: tuple[tuple[int, float], ...]) -> "PrefillRate":
+        """The same rate with each co-run point scaled by the ratio a level's prefill keeps of
+        its burst rate when it runs on for seconds beside its decode ((prefill SMs, ratio)
+        points, read between them and held at the ends): the comparison times ~60 ms after an
+        idle GPU, at clocks a GPU under sustained power does not hold. Alone, as before."""
+        if not ratios:
+            return self
+        budgets, kept = zip(*sorted(ratios))
+        return replace(self, mfu=tuple((sms, min(1.0, mfu * float(np.interp(sms, budgets, kept))))
+                                       for sms, mfu in self.mfu),
+                       mfu_alone=self.mfu_alone or self.mfu)
+
     def on_whole_gpu(self, mfu: float) -> "PrefillRate":
         """The same rate with the GPU's own MFU alone on all its SMs: a comparison's levels
         leave decode some SMs, so without it the whole GPU reads its largest level's."""
@@ -409,7 +421,9 @@ class Overheads:
     decode step takes beyond its bytes at the calibrated rate (`decode_step_extra`, (batch,
     seconds) points read between them), mixed steps as the executor runs them (`mixed`), and
     the MFU a prefill with the GPU to itself is served at (`whole_gpu_prefill_mfu`, which the
-    comparison cannot time: its levels leave decode some SMs). An eager step ends no earlier
+    comparison cannot time: its levels leave decode some SMs), and what a level's prefill keeps
+    of the comparison's burst rate when it runs on beside its decode (`split_prefill_sustained`,
+    (prefill SMs, ratio) points, `PrefillRate.sustained`). An eager step ends no earlier
     than its launches, and the host launches nothing else meanwhile. None by default (the
     chapter's model); `calibrate --host-costs` measures them and bench/fit_host_costs.py fits
     the eager step and the last three to measured runs."""
@@ -421,6 +435,7 @@ class Overheads:
     decode_step_extra: tuple[tuple[int, float], ...] = ()
     mixed: MixedStepFit | None = None
     whole_gpu_prefill_mfu: float | None = None
+    split_prefill_sustained: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self):
         for name in ("decode_round_s", "layer_launch_s", "eager_step_s"):
@@ -430,6 +445,10 @@ class Overheads:
         if self.whole_gpu_prefill_mfu is not None and not 0 < self.whole_gpu_prefill_mfu <= 1:
             raise PdmuxError(f"whole_gpu_prefill_mfu must be in (0, 1], got "
                              f"{self.whole_gpu_prefill_mfu!r}")
+        for sms, ratio in self.split_prefill_sustained:
+            if not (isinstance(sms, int) and sms >= 1 and np.isfinite(ratio) and 0 < ratio <= 2):
+                raise PdmuxError(f"split_prefill_sustained needs prefill SMs >= 1 and ratios in "
+                                 f"(0, 2], got ({sms!r}, {ratio!r})")
         if not (isinstance(self.decode_row_tile, int) and self.decode_row_tile >= 1):
             raise PdmuxError(f"decode_row_tile must be an integer >= 1, got {self.decode_row_tile!r}")
         for batch, seconds in self.decode_step_extra:

@@ -27,6 +27,12 @@ from pdmux_triton.spec.models import ModelSpec
 from pdmux_triton.spec.traffic import Request
 
 
+# how far back a split prefill's own launches set the clocks it runs at: bench/
+# sustained_corun.py's series slow within ~0.1 s of running on, and a burst after 1 s of idle
+# runs at the full clock
+SUSTAINED_WINDOW_S = 0.5
+
+
 @dataclass
 class SimPrefill:
     """A prefill batch's carry: its requests and when its last launched layer ends."""
@@ -43,6 +49,9 @@ class SimExecutor:
         if overheads.whole_gpu_prefill_mfu is not None:  # as served, where it was fitted
             prefill = prefill.on_whole_gpu(overheads.whole_gpu_prefill_mfu)
         self.model, self.decode_rate, self.prefill_rate, self.kind = model, decode, prefill, kind
+        # the rate a split prefill keeps once it has run on beside decode (clocks under
+        # sustained power); the comparison's burst rate after an idle spell
+        self.sustained_rate = prefill.sustained(overheads.split_prefill_sustained)
         self.overheads = overheads
         self.comm = comm or TensorParallel.of(model, 1)  # one GPU: no collectives
         # a disaggregated decode server: a request's KV comes over the link (`router`), so its
@@ -59,6 +68,7 @@ class SimExecutor:
         self.free = {"decode": 0.0, "prefill": 0.0}
         self.sms = {"decode": self.total_sms, "prefill": self.total_sms}
         self.busy = array("d")  # start, end of every launch, flat
+        self.prefill_spans: list[tuple[float, float]] = []  # the split prefill's recent launches
         self.decode_steps = array("d")
         self.drains = array("d")
 
@@ -134,12 +144,25 @@ class SimExecutor:
         began, launched = self._launch_layers(end - start)
         # on a split, decode steps run beside it; on the whole GPU, nothing does
         beside_decode = self.sms["prefill"] < self.total_sms
-        seconds = (step_cost.compute_s(flops, self.prefill_rate, self.sms["prefill"], beside_decode)
-                   + talk)
+        seconds = step_cost.compute_s(flops, self.prefill_rate, self.sms["prefill"], beside_decode)
+        if beside_decode and self.overheads.split_prefill_sustained:
+            at = max(began, self.free["prefill"])
+            slow = step_cost.compute_s(flops, self.sustained_rate, self.sms["prefill"], True)
+            seconds += self._prefill_busy(at) * (slow - seconds)
+            self.prefill_spans.append((at, at + seconds))
+        seconds += talk
         # the last layer runs after its launch: a prefill bound by its launches ends later
         carry.ends_at = max(self._enqueue("prefill", seconds, began),
                             launched + seconds / (end - start))
         self.free["prefill"] = carry.ends_at
+
+    def _prefill_busy(self, at: float) -> float:
+        """The share of the `SUSTAINED_WINDOW_S` before `at` that the split prefill ran: how
+        far the GPU's clocks have come down from an idle spell's."""
+        since = at - SUSTAINED_WINDOW_S
+        self.prefill_spans = [(a, b) for a, b in self.prefill_spans if b > since]
+        ran = sum(min(b, at) - max(a, since) for a, b in self.prefill_spans if a < at)
+        return min(1.0, max(0.0, ran / SUSTAINED_WINDOW_S))
 
     def prefill_result(self, carry: SimPrefill, wait: bool):
         # the host sees a finished prefill when it next looks, after the decode it waited for
