@@ -26,6 +26,8 @@
 #       conversation rows 3000-3199 (bench/prefix_cache.py; measured capacity, points resume)
 #   bash bench/gpu_session.sh gemm_rows   # decode GEMM tiles for 65-128 rows on 20-132 SMs
 #   bash bench/gpu_session.sh sustained   # a level's prefill sustained beside decode, with clocks
+#   SUSTAINED_ARGS="--batches 12288x9 --seconds 4 --busy-shares 0.3,0.6,0.8" bash \
+#       bench/gpu_session.sh sustained    # and busy part of the time: where the clocks fall
 #   bash bench/gpu_session.sh pinned floor   # pinned partitions: gpu tests, decode-floor figures
 #   bash bench/gpu_session.sh pinned anatomy sites floor   # and what the pinned gate costs
 #   bash bench/gpu_session.sh tests kernels run occupancy   # ~5 min

@@ -10,6 +10,10 @@ conversation batches form) this times two prefill layers:
 - burst: after a second of idle GPU, as the comparison does (`time_corun`, ~60 ms);
 - sustained: back to back for `--seconds` with the decode step replayed the whole time;
 - sustained alone: back to back for `--seconds`, nothing beside;
+- busy a share of the time (`--busy-shares`): beside the decode, each call followed by an idle
+  gap, to find how busy a prefill must be before the clocks fall (the simulator blends the
+  burst and sustained rates by the share of the last half second a split prefill ran);
+beside a decode, the decode step too (each replay's mean step while the prefills ran);
 each call of the sustained runs timed with CUDA events (the first half second's and the last
 two seconds' medians kept beside the whole series), with the SM clock, the power draw and the
 clock-event (throttle) reasons sampled by NVML every 20 ms. A prefill's rate is also read as
@@ -19,6 +23,7 @@ table.
 
     python bench/sustained_corun.py --out bench/results
     python bench/sustained_corun.py --levels 80 --batches 8192x1 --seconds 3 --out /tmp/s
+    python bench/sustained_corun.py --batches 12288x9 --seconds 4 --busy-shares 0.3,0.6,0.8
 """
 
 from __future__ import annotations
@@ -104,38 +109,48 @@ class Clocks:
                 "clock_event_reasons": reasons, "samples": len(inside)}
 
 
-def sustained(prefill, pbud, pstream, seconds: float, p_ms: float, decode=None) -> dict:
-    """Prefill calls back to back for about `seconds` (calls of `p_ms` each, as estimated),
-    the decode graph replayed beside them the whole time when given ((Repeated, its ms a
-    replay)): each call's start (s from the first) and ms; only calls that ended while the
-    decode still ran count as beside it."""
-    calls = max(4, math.ceil(seconds * 1e3 / p_ms))
+def sustained(prefill, pbud, pstream, seconds: float, p_ms: float, decode=None,
+              share: float = 1.0) -> dict:
+    """Prefill calls for about `seconds` (calls of `p_ms` each, as estimated), back to back
+    or, with `share` < 1, each followed by an idle gap (the host waits for the call, then
+    sleeps) so the prefill stream is busy that share of the time; the decode graph replayed
+    beside them the whole time when given ((Repeated, its ms a replay)). Returns each call's
+    start (s from the first) and ms (only calls that ended while the decode still ran count
+    as beside it) and, beside a decode, each replay's mean step ms while the prefills ran."""
+    calls = max(4, math.ceil(seconds * share * 1e3 / p_ms))
+    gap_s = p_ms / 1e3 * (1 - share) / share
     t0 = torch.cuda.Event(enable_timing=True)
     marks = [torch.cuda.Event(enable_timing=True) for _ in range(calls + 1)]
     torch.cuda.synchronize()
     host0 = time.perf_counter()
     t0.record(pstream)
-    decode_end = None
+    decode_marks = []
     if decode is not None:
         replays, replay_ms = decode
         replays.stream.wait_event(t0)
         for _ in range(math.ceil(1.5 * seconds * 1e3 / replay_ms) + 1):  # past the prefills
             replays.launch()
-        decode_end = torch.cuda.Event(enable_timing=True)
-        decode_end.record(replays.stream)
+            decode_marks.append(torch.cuda.Event(enable_timing=True))
+            decode_marks[-1].record(replays.stream)
     with torch.cuda.stream(pstream):
         marks[0].record(pstream)
         for i in range(calls):
             prefill.run(pbud)
             marks[i + 1].record(pstream)
+            if share < 1:
+                marks[i + 1].synchronize()
+                time.sleep(gap_s)
     torch.cuda.synchronize()
     host1 = time.perf_counter()
     ends = [t0.elapsed_time(m) for m in marks]
-    covered_ms = t0.elapsed_time(decode_end) if decode_end is not None else math.inf
+    replay_ends = [t0.elapsed_time(m) for m in decode_marks]
+    covered_ms = replay_ends[-1] if replay_ends else math.inf
     series = [(ends[i] / 1e3, ends[i + 1] - ends[i]) for i in range(calls)
               if ends[i + 1] <= covered_ms]
+    steps = [(b - a) / replays.runs for a, b in zip([0.0] + replay_ends, replay_ends)
+             if b <= ends[-1]] if decode is not None else []
     return {"series": series, "host": (host0, host1), "calls": calls,
-            "covered_calls": len(series)}
+            "covered_calls": len(series), "decode_step_ms": steps}
 
 
 def summary(series: list[tuple[float, float]]) -> dict:
@@ -158,8 +173,16 @@ def mfu_per_sm(flops: float, ms: float | None, sms: int, gpu) -> float | None:
     return flops / (ms / 1e3) / (gpu.bf16_tflops * 1e12 * sms / gpu.sms)
 
 
+def decode_steps(run: dict, alone_ms: float) -> dict:
+    """The decode step beside a sustained run (the median of its replays' mean steps) and
+    alone (a captured replay on the level's decode SMs, nothing beside it)."""
+    steps = run["decode_step_ms"]
+    return {"decode_step_ms_median": statistics.median(steps) if steps else None,
+            "decode_step_ms_alone": alone_ms}
+
+
 def measure_level(res: Results, gpu, level, decode: DecodeStep, prefills: dict, clocks: Clocks,
-                  seconds: float) -> None:
+                  seconds: float, shares: tuple[float, ...]) -> None:
     with PartitionStreams.open(for_level(level, "grid_cap", gpu.sms)) as part:
         dbud, pbud = part.decode_budget, part.prefill_budget
 
@@ -181,9 +204,20 @@ def measure_level(res: Results, gpu, level, decode: DecodeStep, prefills: dict, 
                            (replays, replays.runs * d_alone))
             rows["sustained beside decode"] = ({**summary(co["series"]),
                                                 "calls_beside_decode": co["covered_calls"],
-                                                "calls": co["calls"]}, co["host"])
+                                                "calls": co["calls"],
+                                                **decode_steps(co, d_alone)}, co["host"])
             alone = sustained(prefill, pbud, part.prefill_stream, seconds, p_alone)
             rows["sustained alone"] = (summary(alone["series"]), alone["host"])
+            for share in shares:  # busy part of the time: where the clocks start to fall
+                time.sleep(1.0)
+                part_busy = sustained(prefill, pbud, part.prefill_stream, seconds, burst.ms,
+                                      (replays, replays.runs * d_alone), share)
+                rows[f"busy {share:.2f} beside decode"] = (
+                    {**summary(part_busy["series"]), "busy_share": share,
+                     "calls_beside_decode": part_busy["covered_calls"],
+                     **decode_steps(part_busy, d_alone)}, part_busy["host"])
+                res.data["curves"][f"{level[0]}/{level[1]} {tokens}x{prompts} busy {share:.2f}"] \
+                    = {"beside_decode": part_busy["series"]}
             for mode, (figures, (t0, t1)) in rows.items():
                 res.row(level=f"{level[0]}/{level[1]}", prefill_sms=level[0], tokens=tokens,
                         prompts=prompts, mode=mode, **figures,
@@ -199,7 +233,7 @@ def measure_level(res: Results, gpu, level, decode: DecodeStep, prefills: dict, 
 
 def table(data: dict) -> str:
     lines = [f"{'level':<8} {'batch':<10} {'mode':<24} {'ms':>7} {'first':>7} {'last':>7} "
-             f"{'MFU/SM':>7} {'MHz':>6} {'W':>5}"]
+             f"{'MFU/SM':>7} {'MHz':>6} {'W':>5} {'decode':>7}"]
 
     def cell(v, spec):
         return "-" if v is None else format(v, spec)
@@ -209,7 +243,8 @@ def table(data: dict) -> str:
                      f"{cell(r.get('ms_first_median'), '7.2f')} "
                      f"{cell(r.get('ms_last_median'), '7.2f')} {cell(r['mfu_per_sm'], '7.3f')} "
                      f"{cell(r.get('sm_clock_mhz_median'), '6.0f')} "
-                     f"{cell(r.get('power_w_median'), '5.0f')}")
+                     f"{cell(r.get('power_w_median'), '5.0f')} "
+                     f"{cell(r.get('decode_step_ms_median'), '7.2f')}")
     return "\n".join(lines)
 
 
@@ -239,7 +274,8 @@ def run(args) -> int:
                          f"levels have {', '.join(map(str, sorted(groups)))}")
     res = Results(Path(args.out) / f"sustained-corun-{gpu.name}.json", gpu.name)
     res.data["inputs"] = {"levels": list(args.levels), "batches": [list(b) for b in args.batches],
-                          "seconds": args.seconds, "layers": LAYERS,
+                          "seconds": args.seconds, "busy_shares": list(args.busy_shares),
+                          "layers": LAYERS,
                           "decode": {"batch": DECODE_BATCH, "context": DECODE_CONTEXT},
                           "model": MODEL.name, "kind": "grid_cap"}
     decode = DecodeStep(MODEL, DECODE_BATCH, DECODE_CONTEXT)
@@ -247,7 +283,8 @@ def run(args) -> int:
     with Clocks() as clocks:
         res.data["nvml"] = clocks.why or "sampled"
         for p in args.levels:
-            measure_level(res, gpu, groups[p], decode, prefills, clocks, args.seconds)
+            measure_level(res, gpu, groups[p], decode, prefills, clocks, args.seconds,
+                          args.busy_shares)
     print(table(res.data))
     print(f"wrote {res.path}")
     return 0
@@ -260,6 +297,9 @@ def main(argv=None) -> int:
     p.add_argument("--batches", type=batch_list, default=BATCHES)
     p.add_argument("--seconds", type=number(0.5, 60.0, above=False), default=5.0,
                    help="how long each sustained run lasts")
+    p.add_argument("--busy-shares", type=listed(number(0.05, 0.95, above=False), "share"),
+                   default=(), help="also run each level's prefill busy only this share of the "
+                   "time beside decode (idle gaps between its calls), e.g. 0.3,0.6,0.8")
     return run_script(p, run, argv)
 
 

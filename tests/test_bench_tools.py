@@ -77,7 +77,9 @@ def test_benchmarks_without_a_gpu_say_so_in_one_line(script, says):
 @pytest.mark.parametrize("argv,says", [
     (["--batches", "12x20"], "--batches"), (["--batches", "8192"], "--batches"),
     (["--seconds", "0"], "--seconds"), (["--seconds", "nan"], "--seconds"),
-    (["--levels", "0"], "--levels"), (["--levels", "x"], "--levels")])
+    (["--levels", "0"], "--levels"), (["--levels", "x"], "--levels"),
+    (["--busy-shares", "1.2"], "--busy-shares"), (["--busy-shares", "0.5,0.5"], "--busy-shares"),
+    (["--busy-shares", "0"], "--busy-shares")])
 def test_sustained_corun_refuses_bad_values(argv, says):
     out = subprocess.run([sys.executable, "bench/sustained_corun.py", *argv],
                          capture_output=True, text=True, timeout=120)
@@ -104,6 +106,9 @@ def test_sustained_corun_reads_its_series_and_clocks():
     from pdmux_triton.spec.gpus import gpu_preset
     gpu = gpu_preset("h200")
     assert sc.mfu_per_sm(989e12 * 66 / 132 * 0.5 * 1e-3, 1.0, 66, gpu) == pytest.approx(0.5)
+    steps = sc.decode_steps({"decode_step_ms": [7.0, 7.4, 7.2]}, 6.5)
+    assert steps == {"decode_step_ms_median": 7.2, "decode_step_ms_alone": 6.5}
+    assert sc.decode_steps({"decode_step_ms": []}, 6.5)["decode_step_ms_median"] is None
 
 
 @pytest.mark.parametrize("argv,says", [
