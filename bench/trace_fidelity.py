@@ -40,7 +40,7 @@ from script import MEASURED_ON_H200, bench_inputs, bench_parser, finish, run_scr
 
 from pdmux_triton.cli.parsing import choice, integer, listed, number
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.experiments import capacity_search
+from pdmux_triton.experiments import capacity_search, repeats
 from pdmux_triton.experiments.capacity import repeat_capacities
 from pdmux_triton.experiments.capacity_search import Criteria
 from pdmux_triton.experiments.run import GUARDS, Servers
@@ -124,8 +124,9 @@ def batch_prefill_ms(diag: dict) -> float | None:
     return statistics.median(spans) if spans else None
 
 
+# host_layer_p50_ms: each repeat's host speed (repeat_values), which its simulation is priced on
 FIGURES = (*LATENCIES, "slo_attainment", "slo_attainment_last_half", "itl_p50_ms", "itl_p99_ms",
-           "sched_delay_p50_s", "requests_served", *GUARDS)
+           "sched_delay_p50_s", "requests_served", "host_layer_p50_ms", *GUARDS)
 
 
 def measure(args, store: PointStore, log) -> None:
@@ -168,33 +169,54 @@ def measure(args, store: PointStore, log) -> None:
 def simulate(args, store: PointStore, only: tuple | None = None) -> dict[tuple, dict]:
     """Every point (of window `only`) simulated with today's cost model: (trace, start, rate,
     strategy) -> its row priced with the committed host costs and, where the measured run
-    timed its host's eager launches, a row priced on that host (`Overheads.on_host`)."""
+    timed its host's eager launches, a row priced on that host (`Overheads.on_host`): on each
+    repeat's own host where the point kept them (the median over those simulations, as the
+    measured row is the repeats' median, and a host's speed moves between repeats), on its
+    first repeat's host where it did not."""
     out = {}
     base = settings(args, *windows(args, only)[0], simulate=True)
     shipped = Servers(base, [])
     on_host: dict[int, Servers] = {}  # by the host's launch time, us: one per measuring run
+
+    def host(us: int) -> Servers:
+        if us not in on_host:
+            on_host[us] = Servers(base, [], overheads=shipped.overheads.on_host(us / ROUND_US))
+        return on_host[us]
     for t, start in windows(args, only):
         s = settings(args, t, start, simulate=True)
         for name in args.strategies:
             for rate in rates_of(args, store, t, start, name):
-                rows = {"shipped_host": shipped}
-                measured = store.get(Key("gpu", t, start, rate, name))
-                host_us = measured and measured["diagnostics"].get("host_layer_us")
-                if host_us:
-                    if host_us not in on_host:
-                        on_host[host_us] = Servers(base, [], overheads=shipped.overheads.on_host(
-                            host_us / ROUND_US))
-                    rows["run_host"] = on_host[host_us]
+                rows = {"shipped_host": [shipped]}
+                hosts_us = repeat_hosts_us(store.get(Key("gpu", t, start, rate, name)))
+                if hosts_us:
+                    rows["run_host"] = [host(us) for us in hosts_us]
                 out[t, start, rate, name] = {which: _simulated(servers, name, s, rate)
                                              for which, servers in rows.items()}
     return out
 
 
-def _simulated(servers: Servers, name: str, s: RunSettings, rate: float) -> dict:
-    row, result = servers.serve(variant(name), make_requests(s, rate))
-    diag = diagnostics(result)
-    return {**{k: row.get(k) for k in FIGURES}, "prefill_ms": batch_prefill_ms(diag),
-            "diagnostics": diag}
+def repeat_hosts_us(measured: dict | None) -> list[int]:
+    """The eager layer's launch time (us) of each repeat of a measured point where it kept
+    them, else its first repeat's (older points), else none."""
+    if not measured:
+        return []
+    each = measured.get("repeat_values", {}).get("host_layer_p50_ms")
+    if each and all(each):
+        return [round(ms * 1e3) for ms in each]
+    first = measured["diagnostics"].get("host_layer_us")
+    return [first] if first else []
+
+
+def _simulated(servers: list[Servers], name: str, s: RunSettings, rate: float) -> dict:
+    """A point simulated on each of `servers` (one per measured repeat): their median row, the
+    first's diagnostics."""
+    rows, first = [], None
+    for x in servers:
+        row, result = x.serve(variant(name), make_requests(s, rate))
+        diag = diagnostics(result)
+        first = first or diag
+        rows.append({**{k: row.get(k) for k in FIGURES}, "prefill_ms": batch_prefill_ms(diag)})
+    return {**repeats.combined(rows), "diagnostics": first}
 
 
 def error_pct(simulated, measured) -> float | None:
@@ -203,13 +225,13 @@ def error_pct(simulated, measured) -> float | None:
     return (simulated - measured) / measured * 100
 
 
-def outside_repeats_pct(simulated, repeats: list | None) -> float | None:
+def outside_repeats_pct(simulated, values: list | None) -> float | None:
     """How far the simulation lies outside the range its measured repeats spanned, in percent
     of their median (0 inside it): the part of an error that run-to-run variation on the
     GPU does not cover. None without two repeats."""
-    if simulated is None or not repeats or len(repeats) < 2 or None in repeats:
+    if simulated is None or not values or len(values) < 2 or None in values:
         return None
-    low, high, mid = min(repeats), max(repeats), statistics.median(repeats)
+    low, high, mid = min(values), max(values), statistics.median(values)
     if mid == 0:
         return None
     return (max(0.0, low - simulated) + max(0.0, simulated - high)) / abs(mid) * 100

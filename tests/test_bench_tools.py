@@ -647,6 +647,44 @@ def test_trace_fidelity_judges_a_strategy_at_every_rate_measured_for_it(tmp_path
     assert missing.returncode == 2 and "at 30 req/s was never measured" in missing.stderr
 
 
+def test_trace_fidelity_prices_each_repeat_on_its_own_host(tmp_path, monkeypatch):
+    """A point that kept each repeat's host speed is simulated on each host and judged by the
+    median of those simulations (two hosts: their mean); one that kept only its first
+    repeat's is simulated on that host, as before."""
+    sys.path.insert(0, "bench")
+    import trace_fidelity
+    from trace_fidelity import repeat_hosts_us
+
+    assert repeat_hosts_us(None) == [] and repeat_hosts_us({"diagnostics": {}}) == []
+    assert repeat_hosts_us({"diagnostics": {"host_layer_us": 900}}) == [900]
+    assert repeat_hosts_us({"diagnostics": {"host_layer_us": 900}, "repeat_values": {
+        "host_layer_p50_ms": [0.9, 1.35]}}) == [900, 1350]
+    monkeypatch.setattr(trace_fidelity, "PLAN", {"conv": ((2000,), (12.0,))})
+    lines = Path("bench/results/trace-fidelity/points-h200.jsonl").read_text().splitlines()
+    point = next(json.loads(line) for line in lines
+                 if all(f in line for f in ('"prefill_first"', '"start": 2000', '"rate": 12.0')))
+    first_us = point["diagnostics"]["host_layer_us"]
+
+    def judged(hosts_ms: list[float] | None, first: int) -> dict:
+        kept = {**point, "diagnostics": {**point["diagnostics"], "host_layer_us": first}}
+        if hosts_ms:
+            kept["repeat_values"] = {**point["repeat_values"], "host_layer_p50_ms": hosts_ms}
+        folder = tmp_path / str(hosts_ms or first)
+        (folder / "trace-fidelity").mkdir(parents=True)
+        (folder / "trace-fidelity" / "points-h200.jsonl").write_text(json.dumps(kept) + "\n")
+        assert trace_fidelity.main(["--offline", "--traces", "conv", "--strategies",
+                                    "prefill_first", "--out", str(folder)]) == 0
+        data = json.loads((folder / "trace-fidelity-h200.json").read_text())
+        return data["points"][0]["simulated"]
+
+    slow_us = 2 * first_us
+    fast, slow = judged(None, first_us), judged(None, slow_us)
+    both = judged([first_us / 1e3, slow_us / 1e3], first_us)
+    assert slow["ttft_p50_ms"] > fast["ttft_p50_ms"]  # a slower host serves slower
+    for k in ("ttft_p50_ms", "tpot_p50_ms", "e2e_p50_ms"):
+        assert both[k] == pytest.approx((fast[k] + slow[k]) / 2)
+
+
 def test_trace_fidelity_reads_each_error_against_its_repeats_range():
     """The part of an error outside the measured repeats' range, in percent of their median:
     0 inside it; None without two repeats or a scale."""
