@@ -208,15 +208,18 @@ def repeat_hosts_us(measured: dict | None) -> list[int]:
 
 
 def _simulated(servers: list[Servers], name: str, s: RunSettings, rate: float) -> dict:
-    """A point simulated on each of `servers` (one per measured repeat): their median row, the
-    first's diagnostics."""
-    rows, first = [], None
+    """A point simulated on each of `servers` (one per measured repeat; repeats on one host
+    share its simulation, which is deterministic): their median row, the first's
+    diagnostics."""
+    sims: dict[int, tuple[dict, dict]] = {}
     for x in servers:
-        row, result = x.serve(variant(name), make_requests(s, rate))
-        diag = diagnostics(result)
-        first = first or diag
-        rows.append({**{k: row.get(k) for k in FIGURES}, "prefill_ms": batch_prefill_ms(diag)})
-    return {**repeats.combined(rows), "diagnostics": first}
+        if id(x) not in sims:
+            row, result = x.serve(variant(name), make_requests(s, rate))
+            diag = diagnostics(result)
+            sims[id(x)] = ({**{k: row.get(k) for k in FIGURES},
+                            "prefill_ms": batch_prefill_ms(diag)}, diag)
+    rows = [sims[id(x)][0] for x in servers]
+    return {**repeats.combined(rows), "diagnostics": sims[id(servers[0])][1]}
 
 
 def error_pct(simulated, measured) -> float | None:

@@ -1,8 +1,13 @@
 """`calibrate --host-costs`: the executor's host time per round, measured on the GPU into the
 file run and capacity read as --host-costs; its flags and its table."""
 
+import json
+import shutil
+
 import pytest
 import torch
+
+from pdmux_triton.errors import PdmuxError
 
 from pdmux_triton.cli.main import main
 from pdmux_triton.cli.tables import host_costs_table
@@ -37,3 +42,18 @@ def test_measured_host_costs_are_the_file_run_reads(tmp_path, capsys):
     costs = load_host_costs(path)
     assert costs.decode_round_s > 0 and costs.layer_launch_s > 0
     assert f"wrote {path}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("entry", [[0.95], {"ratios": []}, {"ratio_by_prefill_sms": [[72]]},
+                                   {"ratio_by_prefill_sms": [["x", 0.9]]},
+                                   {"ratio_by_prefill_sms": [[72, 3.0]]}])
+def test_a_malformed_sustained_entry_is_refused_by_name(entry, tmp_path):
+    """The committed file's ratios load; a malformed `split_prefill_sustained` is refused in a
+    line that names it, not read as a file without eager layers."""
+    path = tmp_path / "host-costs-h200.json"
+    shutil.copy("bench/results/host-costs-h200.json", path)
+    assert load_host_costs(path).split_prefill_sustained[0][0] == 72
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "split_prefill_sustained": entry}))
+    with pytest.raises(PdmuxError, match="split_prefill_sustained"):
+        load_host_costs(path)

@@ -156,6 +156,19 @@ def _mixed_fit(mixed: dict) -> MixedStepFit:
     return MixedStepFit(float(mixed["fixed_s"]), None if mfu is None else float(mfu), tiles)
 
 
+def _sustained_ratios(data: dict, path) -> tuple[tuple[int, float], ...]:
+    """A host-costs file's (prefill SMs, ratio) points of `split_prefill_sustained`, none where
+    it has none."""
+    if "split_prefill_sustained" not in data:
+        return ()
+    try:
+        return tuple((int(sms), float(ratio)) for sms, ratio in
+                     data["split_prefill_sustained"]["ratio_by_prefill_sms"])
+    except (KeyError, TypeError, ValueError):
+        raise PdmuxError(f"{path}: split_prefill_sustained needs ratio_by_prefill_sms, [prefill "
+                         f"SMs, ratio] pairs (bench/fit_host_costs.py --sustained)") from None
+
+
 def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
     """The executor's overheads from a host-costs file (calibrate --host-costs): the median over its cases of
     an eager layer's launch time and of a decode round's wall time less its GPU time, the
@@ -165,6 +178,7 @@ def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
     keeps of its burst rate sustained beside decode (bench/sustained_corun.py)."""
     data = read_json(path, "host-costs file")
     _check_gpu(data, path, "host-costs file", gpu)
+    sustained = _sustained_ratios(data, path)
     try:
         layers = sorted(float(r["host_s"]) for r in data["eager_layer"])
         rounds = sorted(max(0.0, float(r["wall_s"]) - float(r["gpu_s"])) for r in data["decode_round"])
@@ -174,11 +188,10 @@ def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
         mixed = data.get("mixed_step")
         fit = _mixed_fit(mixed) if mixed else None
         whole = data.get("whole_gpu_prefill")
-        sustained = tuple((int(sms), float(ratio)) for sms, ratio in
-                          data.get("split_prefill_sustained", {}).get("ratio_by_prefill_sms", []))
-        return Overheads(rounds[len(rounds) // 2], layers[len(layers) // 2], step,
-                         EXTEND_TILE_ROWS, extra, fit, float(whole["mfu"]) if whole else None,
-                         sustained)
+        whole_mfu = float(whole["mfu"]) if whole else None
+        round_s, layer_s = rounds[len(rounds) // 2], layers[len(layers) // 2]
     except (KeyError, TypeError, ValueError, IndexError):
         raise PdmuxError(f"{path} lacks the eager_layer and decode_round rows of a host-costs "
                          f"file (made by `pdmux-triton calibrate --host-costs`)") from None
+    # outside the try: a value out of range is refused by name (PdmuxError is a ValueError)
+    return Overheads(round_s, layer_s, step, EXTEND_TILE_ROWS, extra, fit, whole_mfu, sustained)

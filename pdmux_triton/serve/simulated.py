@@ -145,15 +145,16 @@ class SimExecutor:
         # on a split, decode steps run beside it; on the whole GPU, nothing does
         beside_decode = self.sms["prefill"] < self.total_sms
         seconds = step_cost.compute_s(flops, self.prefill_rate, self.sms["prefill"], beside_decode)
-        if beside_decode and self.overheads.split_prefill_sustained:
-            at = max(began, self.free["prefill"])
+        slows = beside_decode and bool(self.overheads.split_prefill_sustained)
+        if slows:
             slow = step_cost.compute_s(flops, self.sustained_rate, self.sms["prefill"], True)
-            seconds += self._prefill_busy(at) * (slow - seconds)
-            self.prefill_spans.append((at, at + seconds))
+            seconds += self._prefill_busy(max(began, self.free["prefill"])) * (slow - seconds)
         seconds += talk
+        ran_until = self._enqueue("prefill", seconds, began)
+        if slows:
+            self.prefill_spans.append((ran_until - seconds, ran_until))
         # the last layer runs after its launch: a prefill bound by its launches ends later
-        carry.ends_at = max(self._enqueue("prefill", seconds, began),
-                            launched + seconds / (end - start))
+        carry.ends_at = max(ran_until, launched + seconds / (end - start))
         self.free["prefill"] = carry.ends_at
 
     def _prefill_busy(self, at: float) -> float:
