@@ -16,7 +16,10 @@ it to a host-costs file (`calibrate --host-costs`'s):
 - split_prefill_sustained: what each level's prefill keeps of the comparison's burst rate when
   it runs on beside its decode (`--sustained`, bench/sustained_corun.py's file: the sustained
   run's median call over the burst, the mean over its batches), since served PD-mux prefills
-  run on for seconds at the clocks a GPU under sustained power holds;
+  run on for seconds at the clocks a GPU under sustained power holds; with `--busy` (a
+  sustained_corun.py file with `--busy-shares` rows), how far toward that rate a prefill busy
+  a share of the time has slowed (`slowdown_by_busy_share`: the clocks hold while it idles
+  often enough);
 - whole_gpu_prefill: the MFU at which prefill-first's prefill batches bound by their GPU were
   served (each batch's FLOPs over its span less its eager step), where the measurements hold
   them (trace_fidelity's points): the comparison times prefill alone on at most its levels'
@@ -36,7 +39,8 @@ step's error over the rounds.
         bench/results/capacity-conv/capacity-diagnostics-h200.jsonl \\
         bench/results/host-costs-h200.json --calibration bench/results/calibrate-h200.json \\
         --compare bench/results/compare-h200.json \\
-        --sustained bench/results/sustained-corun-h200.json
+        --sustained bench/results/sustained-corun-h200.json \\
+        --busy bench/results/sustained-busy-h200.json
 """
 
 from __future__ import annotations
@@ -354,7 +358,34 @@ def main(argv=None) -> int:
     p.add_argument("--sustained", help="bench/sustained_corun.py's file: each level's prefill "
                    "sustained beside decode against its burst (default: the ratios already in "
                    "the host-costs file, if any)")
+    p.add_argument("--busy", help="bench/sustained_corun.py's file with --busy-shares rows: "
+                   "how far toward the sustained rate a prefill busy a share of the time slows "
+                   "(default: what the host-costs file holds, if anything; else in proportion "
+                   "to the share)")
     return run_script(p, fit)
+
+
+def busy_slowdown(path: str, gpu: str) -> list[list[float]]:
+    """For each busy share the file measured, how far a level's prefill had slowed from its
+    burst toward its sustained-beside-decode rate: (call - burst) / (sustained - burst), the
+    mean over its levels and batches (each against the same run's burst and sustained rows),
+    held to [0, 1]."""
+    data = read_json(path, "sustained co-run file")
+    if data.get("gpu") != gpu:
+        raise PdmuxError(f"{path} was measured on {data.get('gpu')!r}, the rounds on {gpu!r}")
+    by_key = {(r.get("prefill_sms"), r.get("tokens"), r.get("prompts"), r.get("mode")): r
+              for r in data.get("rows", []) if isinstance(r, dict)}
+    fractions: dict[float, list[float]] = {}
+    for (sms, tokens, prompts, mode), row in by_key.items():
+        burst = by_key.get((sms, tokens, prompts, "burst"), {}).get("ms_median")
+        slow = by_key.get((sms, tokens, prompts, "sustained beside decode"), {}).get("ms_median")
+        if row.get("busy_share") and row.get("ms_median") and burst and slow and slow > burst:
+            fractions.setdefault(float(row["busy_share"]), []).append(
+                (row["ms_median"] - burst) / (slow - burst))
+    if not fractions:
+        raise PdmuxError(f"{path} holds no busy row beside a burst and a slower sustained row "
+                         f"(made by bench/sustained_corun.py --busy-shares)")
+    return [[share, float(np.clip(np.mean(f), 0.0, 1.0))] for share, f in sorted(fractions.items())]
 
 
 def sustained_ratios(path: str, gpu: str) -> dict:
@@ -433,8 +464,8 @@ def pooled_rounds(measured: list[str], host: dict, overheads) -> tuple:
 
 
 def fitted(measured: list[str], host_costs: str, calibration: str,
-           compare: str, prefill_rate=PREFILL_RATE, sustained: str | None = None
-           ) -> tuple[dict, list]:
+           compare: str, prefill_rate=PREFILL_RATE, sustained: str | None = None,
+           busy: str | None = None) -> tuple[dict, list]:
     """The host-costs file's data with every fit the measurements allow (`measured`: stream
     runs, trace_fidelity's points or capacity folders' diagnostics), and the lines that say
     what each fit gave."""
@@ -490,7 +521,15 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
                           f"chunked_{size} round bound by its launches less its {model.layers} "
                           f"layer launches, on this file's host", "rounds": int(bound.sum())}
     if sustained:
-        host["split_prefill_sustained"] = sustained_ratios(sustained, gpu.name)
+        host["split_prefill_sustained"] = {
+            **sustained_ratios(sustained, gpu.name),
+            **{k: v for k, v in host.get("split_prefill_sustained", {}).items()
+               if k in ("slowdown_by_busy_share", "busy_source")}}
+    if busy:
+        if "split_prefill_sustained" not in host:
+            raise PdmuxError("--busy needs the sustained ratios it scales: give --sustained too")
+        host["split_prefill_sustained"].update(
+            slowdown_by_busy_share=busy_slowdown(busy, gpu.name), busy_source=Path(busy).name)
     lines = [f"eager step {step * 1e3:.2f} ms",
              "decode step beyond its bytes: " + ", ".join(
                  f"batch {r['batch']} {r['extra_s'] * 1e3:+.2f} ms"
@@ -507,6 +546,10 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
         lines.append("a level's prefill sustained beside decode over its burst: " + ", ".join(
             f"{sms} SMs {ratio:.3f}"
             for sms, ratio in host["split_prefill_sustained"]["ratio_by_prefill_sms"]))
+        if "slowdown_by_busy_share" in host["split_prefill_sustained"]:
+            lines.append("slowed toward it when busy a share of the time: " + ", ".join(
+                f"{share:.0%} busy {fraction:.2f}" for share, fraction
+                in host["split_prefill_sustained"]["slowdown_by_busy_share"]))
     if tiles is not None:
         lines.append("tile times: GEMM waves " + ", ".join(
             f"{a}x{b} {t * 1e6:.1f} us (a partial one {share:.2f} +)"
@@ -526,7 +569,7 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
 
 def fit(args) -> int:
     host, lines = fitted(args.measured, args.host_costs, args.calibration, args.compare,
-                         args.prefill_rate, args.sustained)
+                         args.prefill_rate, args.sustained, args.busy)
     write_json(args.host_costs, host)
     print("\n".join(lines))
     print(f"wrote {args.host_costs}")

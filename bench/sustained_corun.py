@@ -115,12 +115,14 @@ def sustained(prefill, pbud, pstream, seconds: float, p_ms: float, decode=None,
     or, with `share` < 1, each followed by an idle gap (the host waits for the call, then
     sleeps) so the prefill stream is busy that share of the time; the decode graph replayed
     beside them the whole time when given ((Repeated, its ms a replay)). Returns each call's
-    start (s from the first) and ms (only calls that ended while the decode still ran count
-    as beside it) and, beside a decode, each replay's mean step ms while the prefills ran."""
+    start (s from the first) and ms, from its own start event (the gap before it not in it;
+    only calls that ended while the decode still ran count as beside it) and, beside a
+    decode, each replay's mean step ms while the prefills ran."""
     calls = max(4, math.ceil(seconds * share * 1e3 / p_ms))
     gap_s = p_ms / 1e3 * (1 - share) / share
     t0 = torch.cuda.Event(enable_timing=True)
-    marks = [torch.cuda.Event(enable_timing=True) for _ in range(calls + 1)]
+    starts, marks = ([torch.cuda.Event(enable_timing=True) for _ in range(calls)]
+                     for _ in range(2))
     torch.cuda.synchronize()
     host0 = time.perf_counter()
     t0.record(pstream)
@@ -133,24 +135,25 @@ def sustained(prefill, pbud, pstream, seconds: float, p_ms: float, decode=None,
             decode_marks.append(torch.cuda.Event(enable_timing=True))
             decode_marks[-1].record(replays.stream)
     with torch.cuda.stream(pstream):
-        marks[0].record(pstream)
         for i in range(calls):
+            starts[i].record(pstream)
             prefill.run(pbud)
-            marks[i + 1].record(pstream)
+            marks[i].record(pstream)
             if share < 1:
-                marks[i + 1].synchronize()
+                marks[i].synchronize()
                 time.sleep(gap_s)
     torch.cuda.synchronize()
     host1 = time.perf_counter()
     ends = [t0.elapsed_time(m) for m in marks]
+    began = [t0.elapsed_time(m) for m in starts]
     replay_ends = [t0.elapsed_time(m) for m in decode_marks]
     covered_ms = replay_ends[-1] if replay_ends else math.inf
-    series = [(ends[i] / 1e3, ends[i + 1] - ends[i]) for i in range(calls)
-              if ends[i + 1] <= covered_ms]
+    series = [(began[i] / 1e3, ends[i] - began[i]) for i in range(calls)
+              if ends[i] <= covered_ms]
     steps = [(b - a) / replays.runs for a, b in zip([0.0] + replay_ends, replay_ends)
              if b <= ends[-1]] if decode is not None else []
     return {"series": series, "host": (host0, host1), "calls": calls,
-            "covered_calls": len(series), "decode_step_ms": steps}
+            "covered_calls": len(series), "decode_step_ms": steps, "gap_ms": gap_s * 1e3}
 
 
 def summary(series: list[tuple[float, float]]) -> dict:
@@ -214,6 +217,7 @@ def measure_level(res: Results, gpu, level, decode: DecodeStep, prefills: dict, 
                                       (replays, replays.runs * d_alone), share)
                 rows[f"busy {share:.2f} beside decode"] = (
                     {**summary(part_busy["series"]), "busy_share": share,
+                     "idle_gap_ms": part_busy["gap_ms"],
                      "calls_beside_decode": part_busy["covered_calls"],
                      **decode_steps(part_busy, d_alone)}, part_busy["host"])
                 res.data["curves"][f"{level[0]}/{level[1]} {tokens}x{prompts} busy {share:.2f}"] \

@@ -104,6 +104,16 @@ def rates_of(args, store: PointStore, trace: str, start: int, name: str) -> list
     return sorted({*PLAN[trace][1], *args.rates, *measured})
 
 
+def judged_rates(args, store: PointStore, trace: str, start: int, name: str) -> list[float]:
+    """The rates a strategy is simulated and judged at on a window: every rate it is served at
+    (`rates_of`) or, offline, those of them measured (a trace measured in part is judged on
+    the points it has)."""
+    rates = rates_of(args, store, trace, start, name)
+    if args.offline:
+        rates = [r for r in rates if store.has(Key("gpu", trace, start, r, name))]
+    return rates
+
+
 def prefill_batches(diag: dict) -> dict[int, list]:
     """A run's prompt batches, by the moment they got their first token (the requests that got
     it at one moment are one batch): [first of them taken, tokens computed, prompts, tokens
@@ -136,10 +146,10 @@ def measure(args, store: PointStore, log) -> None:
             if not store.has(Key("gpu", t, start, rate, name))]
     if not todo:
         return
-    if args.offline:
-        t, start, rate, name = todo[0]
-        raise PdmuxError(f"{name} on {t} from row {start} at {rate:g} req/s was never measured "
-                         f"in {store.path}: measure it on the GPU (drop --offline)")
+    if args.offline:  # judged without them, named so a reader knows the set is partial
+        log(f"{len(todo)} points not measured in {store.path} (judged without them): " +
+            ", ".join(f"{name} {t}@{start} {rate:g} req/s" for t, start, rate, name in todo))
+        return
     every = {(t, start): settings(args, t, start, simulate=False) for t, start in windows(args)}
     # one executor set sized for every window's requests: one model and cache for the run
     union = [r for s in every.values() for r in make_requests(s)]
@@ -185,7 +195,7 @@ def simulate(args, store: PointStore, only: tuple | None = None) -> dict[tuple, 
     for t, start in windows(args, only):
         s = settings(args, t, start, simulate=True)
         for name in args.strategies:
-            for rate in rates_of(args, store, t, start, name):
+            for rate in judged_rates(args, store, t, start, name):
                 rows = {"shipped_host": [shipped]}
                 hosts_us = repeat_hosts_us(store.get(Key("gpu", t, start, rate, name)))
                 if hosts_us:
@@ -308,7 +318,9 @@ def _judged(args, store: PointStore, simulated: dict[tuple, dict],
     spreads: dict[str, list[float]] = {}
     for t, start in windows(args, only):
         for name in args.strategies:
-            rates = rates_of(args, store, t, start, name)
+            rates = judged_rates(args, store, t, start, name)
+            if not rates:
+                continue
             measured = {r: _measured(store.get(Key("gpu", t, start, r, name))) for r in rates}
             sim = {r: simulated[t, start, r, name] for r in rates}
             cap = capacity_search.crossing(sorted(measured.items()), criteria.goodput)
@@ -450,6 +462,10 @@ def run(args) -> int:
     gpu = "h200" if args.offline else detect_gpu().name
     store = PointStore(Path(args.out) / "trace-fidelity" / f"points-{gpu}.jsonl", Key)
     measure(args, store, lambda line: print(line, file=sys.stderr, flush=True))
+    if not any(judged_rates(args, store, t, start, name) for t, start in windows(args)
+               for name in args.strategies):
+        raise PdmuxError(f"no point of {','.join(args.strategies)} on {','.join(args.traces)} "
+                         f"was measured in {store.path}: measure them on the GPU (drop --offline)")
     result = judge(args, store, simulate(args, store))
     if args.held_out:
         result["summary"]["held_out"] = held_out(args, store)

@@ -46,14 +46,20 @@ def test_measured_host_costs_are_the_file_run_reads(tmp_path, capsys):
 
 @pytest.mark.parametrize("entry", [[0.95], {"ratios": []}, {"ratio_by_prefill_sms": [[72]]},
                                    {"ratio_by_prefill_sms": [["x", 0.9]]},
-                                   {"ratio_by_prefill_sms": [[72, 3.0]]}])
+                                   {"ratio_by_prefill_sms": [[72, 3.0]]},
+                                   {"ratio_by_prefill_sms": [[72, 0.9]],
+                                    "slowdown_by_busy_share": [[0.5]]},
+                                   {"ratio_by_prefill_sms": [[72, 0.9]],
+                                    "slowdown_by_busy_share": [[1.5, 0.5]]}])
 def test_a_malformed_sustained_entry_is_refused_by_name(entry, tmp_path):
     """The committed file's ratios load; a malformed `split_prefill_sustained` is refused in a
     line that names it, not read as a file without eager layers."""
     path = tmp_path / "host-costs-h200.json"
     shutil.copy("bench/results/host-costs-h200.json", path)
-    assert load_host_costs(path).split_prefill_sustained[0][0] == 72
+    loaded = load_host_costs(path)
+    assert loaded.split_prefill_sustained[0][0] == 72
+    assert loaded.split_prefill_slowdown[0][0] == 0.3
     data = json.loads(path.read_text())
     path.write_text(json.dumps({**data, "split_prefill_sustained": entry}))
-    with pytest.raises(PdmuxError, match="split_prefill_sustained"):
+    with pytest.raises(PdmuxError, match="split_prefill_(sustained|slowdown)"):
         load_host_costs(path)

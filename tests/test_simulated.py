@@ -153,6 +153,21 @@ def test_a_split_prefill_slows_to_its_sustained_rate_as_it_runs_on():
     assert carry.ends_at - start == pytest.approx(layer, rel=1e-9)
 
 
+def test_a_split_prefill_slows_as_measured_by_the_share_it_ran():
+    """With measured (busy share, fraction) points the blend follows them between (0, 0) and
+    (1, 1): no slowdown where the clocks held, the sustained rate when busy throughout."""
+    law = step_cost.SaturationLaw(H100.hbm_tbps * 0.85, 66.0)
+    rate = step_cost.PrefillRate(H100.bf16_tflops, H100.sms, ((60, 0.5), (112, 0.6)))
+    host = step_cost.Overheads(split_prefill_sustained=((60, 0.8), (112, 0.8)),
+                               split_prefill_slowdown=((0.6, 0.0), (0.8, 0.5)))
+    x = SimExecutor(H100, QWEN, law, rate, overheads=host)
+    assert [x._slowdown(b) for b in (0.0, 0.3, 0.6, 0.7, 0.8, 0.9, 1.0)] == pytest.approx(
+        [0.0, 0.0, 0.0, 0.25, 0.5, 0.75, 1.0])
+    linear = SimExecutor(H100, QWEN, law, rate, overheads=step_cost.Overheads(
+        split_prefill_sustained=((60, 0.8),)))
+    assert linear._slowdown(0.3) == pytest.approx(0.3)  # none measured: in proportion
+
+
 @pytest.mark.parametrize("launch_s", [0.0001, 0.002])
 def test_fitted_mixed_steps_and_decode_extras_price_the_executors_steps(launch_s):
     """A fitted mixed step: its fixed cost, then its GPU phases or its layers' launches,

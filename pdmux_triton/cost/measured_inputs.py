@@ -156,17 +156,24 @@ def _mixed_fit(mixed: dict) -> MixedStepFit:
     return MixedStepFit(float(mixed["fixed_s"]), None if mfu is None else float(mfu), tiles)
 
 
-def _sustained_ratios(data: dict, path) -> tuple[tuple[int, float], ...]:
-    """A host-costs file's (prefill SMs, ratio) points of `split_prefill_sustained`, none where
-    it has none."""
+def _sustained_ratios(data: dict, path) -> tuple[tuple, tuple]:
+    """A host-costs file's `split_prefill_sustained`: its (prefill SMs, ratio) points and its
+    (busy share, slowdown) points, none where it has none."""
     if "split_prefill_sustained" not in data:
-        return ()
+        return (), ()
+    sustained = data["split_prefill_sustained"]
     try:
-        return tuple((int(sms), float(ratio)) for sms, ratio in
-                     data["split_prefill_sustained"]["ratio_by_prefill_sms"])
+        ratios = tuple((int(sms), float(ratio)) for sms, ratio in sustained["ratio_by_prefill_sms"])
     except (KeyError, TypeError, ValueError):
         raise PdmuxError(f"{path}: split_prefill_sustained needs ratio_by_prefill_sms, [prefill "
                          f"SMs, ratio] pairs (bench/fit_host_costs.py --sustained)") from None
+    try:
+        slowdown = tuple((float(share), float(fraction)) for share, fraction
+                         in sustained.get("slowdown_by_busy_share", ()))
+    except (TypeError, ValueError):
+        raise PdmuxError(f"{path}: split_prefill_sustained's slowdown_by_busy_share needs [busy "
+                         f"share, fraction] pairs (bench/fit_host_costs.py --busy)") from None
+    return ratios, slowdown
 
 
 def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
@@ -175,10 +182,11 @@ def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
     extend kernel's padded decode rows, and where bench/fit_host_costs.py added them, the
     fixed cost of an eager step, a captured decode step's cost beyond its bytes, the mixed
     step's fit, the MFU a prefill with the whole GPU is served at, and what a level's prefill
-    keeps of its burst rate sustained beside decode (bench/sustained_corun.py)."""
+    keeps of its burst rate sustained beside decode and how far it slows toward that when
+    busy part of the time (bench/sustained_corun.py)."""
     data = read_json(path, "host-costs file")
     _check_gpu(data, path, "host-costs file", gpu)
-    sustained = _sustained_ratios(data, path)
+    sustained, slowdown = _sustained_ratios(data, path)
     try:
         layers = sorted(float(r["host_s"]) for r in data["eager_layer"])
         rounds = sorted(max(0.0, float(r["wall_s"]) - float(r["gpu_s"])) for r in data["decode_round"])
@@ -194,4 +202,5 @@ def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
         raise PdmuxError(f"{path} lacks the eager_layer and decode_round rows of a host-costs "
                          f"file (made by `pdmux-triton calibrate --host-costs`)") from None
     # outside the try: a value out of range is refused by name (PdmuxError is a ValueError)
-    return Overheads(round_s, layer_s, step, EXTEND_TILE_ROWS, extra, fit, whole_mfu, sustained)
+    return Overheads(round_s, layer_s, step, EXTEND_TILE_ROWS, extra, fit, whole_mfu, sustained,
+                     slowdown)

@@ -423,7 +423,9 @@ class Overheads:
     the MFU a prefill with the GPU to itself is served at (`whole_gpu_prefill_mfu`, which the
     comparison cannot time: its levels leave decode some SMs), and what a level's prefill keeps
     of the comparison's burst rate when it runs on beside its decode (`split_prefill_sustained`,
-    (prefill SMs, ratio) points, `PrefillRate.sustained`). An eager step ends no earlier
+    (prefill SMs, ratio) points, `PrefillRate.sustained`), and how far toward that rate it
+    has slowed when it ran a share of the recent past (`split_prefill_slowdown`, (busy share,
+    fraction) points between (0, 0) and (1, 1); none: the fraction is the share). An eager step ends no earlier
     than its launches, and the host launches nothing else meanwhile. None by default (the
     chapter's model); `calibrate --host-costs` measures them and bench/fit_host_costs.py fits
     the eager step and the last three to measured runs."""
@@ -436,6 +438,7 @@ class Overheads:
     mixed: MixedStepFit | None = None
     whole_gpu_prefill_mfu: float | None = None
     split_prefill_sustained: tuple[tuple[int, float], ...] = ()
+    split_prefill_slowdown: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self):
         for name in ("decode_round_s", "layer_launch_s", "eager_step_s"):
@@ -449,6 +452,10 @@ class Overheads:
             if not (isinstance(sms, int) and sms >= 1 and np.isfinite(ratio) and 0 < ratio <= 2):
                 raise PdmuxError(f"split_prefill_sustained needs prefill SMs >= 1 and ratios in "
                                  f"(0, 2], got ({sms!r}, {ratio!r})")
+        for share, fraction in self.split_prefill_slowdown:
+            if not (0 < share < 1 and 0 <= fraction <= 1):
+                raise PdmuxError(f"split_prefill_slowdown needs busy shares in (0, 1) and "
+                                 f"fractions in [0, 1], got ({share!r}, {fraction!r})")
         if not (isinstance(self.decode_row_tile, int) and self.decode_row_tile >= 1):
             raise PdmuxError(f"decode_row_tile must be an integer >= 1, got {self.decode_row_tile!r}")
         for batch, seconds in self.decode_step_extra:

@@ -148,7 +148,8 @@ class SimExecutor:
         slows = beside_decode and bool(self.overheads.split_prefill_sustained)
         if slows:
             slow = step_cost.compute_s(flops, self.sustained_rate, self.sms["prefill"], True)
-            seconds += self._prefill_busy(max(began, self.free["prefill"])) * (slow - seconds)
+            busy = self._prefill_busy(max(began, self.free["prefill"]))
+            seconds += self._slowdown(busy) * (slow - seconds)
         seconds += talk
         ran_until = self._enqueue("prefill", seconds, began)
         if slows:
@@ -164,6 +165,14 @@ class SimExecutor:
         self.prefill_spans = [(a, b) for a, b in self.prefill_spans if b > since]
         ran = sum(min(b, at) - max(a, since) for a, b in self.prefill_spans if a < at)
         return min(1.0, max(0.0, ran / SUSTAINED_WINDOW_S))
+
+    def _slowdown(self, busy: float) -> float:
+        """How far from its burst toward its sustained rate a split prefill that ran `busy` of
+        the recent past has slowed: as measured at some shares (the clocks hold while it idles
+        often enough), else in proportion."""
+        points = self.overheads.split_prefill_slowdown
+        return float(np.interp(busy, [0.0, *(s for s, _ in points), 1.0],
+                               [0.0, *(f for _, f in points), 1.0]))
 
     def prefill_result(self, carry: SimPrefill, wait: bool):
         # the host sees a finished prefill when it next looks, after the decode it waited for
