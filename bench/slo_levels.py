@@ -27,7 +27,9 @@ and the next another), simulates beside them with today's cost model and writes 
 file anywhere; a policy never measured is simulated only, a rate missing from one that was
 is an error.
 
-The simulated run writes slo-levels-<gpu>-simulated.json instead.
+The simulated run writes slo-levels-<gpu>-simulated.json instead. Offline and simulated, an
+advised folder measured with earlier advice is served with the divisions it was measured with
+(today's advice beside them, `advised_divisions_today`): the folder is shared.
 """
 
 from __future__ import annotations
@@ -259,12 +261,17 @@ def run(args) -> int:
     path = Path(args.out) / f"slo-levels-{gpu.name}{'-simulated' if args.simulate else ''}.json"
     for preset, fixed, capacity_rates in traffic:
         advised, disagreement = advised_config(args, gpu, preset)
-        served = measured_config(args.out, preset, gpu.name) if args.offline else None
+        today = advised.manual_divisions
+        # offline or simulated beside measured points (they share the folder): the divisions
+        # they were served with, where earlier advice differs from today's
+        served = None if not (args.offline or args.simulate) else \
+            measured_config(args.out, preset, gpu.name)
         if served is not None and served != advised:  # measured with earlier advice
             advised, disagreement = served, None  # (its disagreement was today's advice's)
         t = data["traffic"][preset] = {"fixed_rates": fixed, "capacity_rates": capacity_rates,
                                        "advised_disagreement": disagreement,
                                        "advised_divisions": advised.manual_divisions,
+                                       "advised_divisions_today": today,
                                        "policies": {}}
         for name in args.policies:
             config = advised if name == "advised" else sglang_rules.PDMuxConfig()

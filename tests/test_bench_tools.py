@@ -162,7 +162,8 @@ def test_slo_levels_keeps_each_policys_simulated_points_in_their_shared_folder(t
 
 def test_slo_levels_offline_reads_advised_points_with_the_divisions_they_were_served(tmp_path):
     """An advised folder measured with earlier advice (other manual divisions than today's
-    cost model gives) is read back with its own divisions, not refused."""
+    cost model gives) is read back, and simulated beside, with its own divisions, not
+    refused; today's advice is kept beside them."""
     import json
 
     def slo_levels(mode):
@@ -184,7 +185,12 @@ def test_slo_levels_offline_reads_advised_points_with_the_divisions_they_were_se
     assert out.returncode == 0, out.stderr[-2000:]
     data = json.loads((tmp_path / "slo-levels-h200.json").read_text())["traffic"]["sharegpt"]
     assert data["advised_divisions"] == earlier and data["advised_disagreement"] is None
+    assert data["advised_divisions_today"] != earlier
     assert data["policies"]["advised"]["at_rates"]["8"]["gpu"]["slo_attainment"] == 0.5
+    again = slo_levels("--simulate")  # simulated beside them: the same divisions, not refused
+    assert again.returncode == 0, again.stderr[-2000:]
+    data = json.loads((tmp_path / "slo-levels-h200-simulated.json").read_text())
+    assert data["traffic"]["sharegpt"]["advised_divisions"] == earlier
 
 
 def test_slo_levels_offline_reads_the_measured_points_back(tmp_path):
