@@ -365,16 +365,22 @@ def main(argv=None) -> int:
     return run_script(p, fit)
 
 
+def sustained_rows(path: str, gpu: str) -> dict[tuple, dict]:
+    """A bench/sustained_corun.py file's rows by (prefill SMs, tokens, prompts, mode), refused
+    where it was measured on another GPU."""
+    data = read_json(path, "sustained co-run file")
+    if data.get("gpu") != gpu:
+        raise PdmuxError(f"{path} was measured on {data.get('gpu')!r}, the rounds on {gpu!r}")
+    return {(r.get("prefill_sms"), r.get("tokens"), r.get("prompts"), r.get("mode")): r
+            for r in data.get("rows", []) if isinstance(r, dict)}
+
+
 def busy_slowdown(path: str, gpu: str) -> list[list[float]]:
     """For each busy share the file measured, how far a level's prefill had slowed from its
     burst toward its sustained-beside-decode rate: (call - burst) / (sustained - burst), the
     mean over its levels and batches (each against the same run's burst and sustained rows),
     held to [0, 1]."""
-    data = read_json(path, "sustained co-run file")
-    if data.get("gpu") != gpu:
-        raise PdmuxError(f"{path} was measured on {data.get('gpu')!r}, the rounds on {gpu!r}")
-    by_key = {(r.get("prefill_sms"), r.get("tokens"), r.get("prompts"), r.get("mode")): r
-              for r in data.get("rows", []) if isinstance(r, dict)}
+    by_key = sustained_rows(path, gpu)
     fractions: dict[float, list[float]] = {}
     for (sms, tokens, prompts, mode), row in by_key.items():
         burst = by_key.get((sms, tokens, prompts, "burst"), {}).get("ms_median")
@@ -391,11 +397,7 @@ def busy_slowdown(path: str, gpu: str) -> list[list[float]]:
 def sustained_ratios(path: str, gpu: str) -> dict:
     """Each level's sustained-beside-decode rate over its burst, by prefill SMs (the mean over
     the file's batches), as the host-costs file holds it."""
-    data = read_json(path, "sustained co-run file")
-    if data.get("gpu") != gpu:
-        raise PdmuxError(f"{path} was measured on {data.get('gpu')!r}, the rounds on {gpu!r}")
-    by_key = {(r.get("prefill_sms"), r.get("tokens"), r.get("prompts"), r.get("mode")): r
-              for r in data.get("rows", []) if isinstance(r, dict)}
+    by_key = sustained_rows(path, gpu)
     ratios: dict[int, list[float]] = {}
     for (sms, tokens, prompts, mode), row in by_key.items():
         burst = by_key.get((sms, tokens, prompts, "burst"))
