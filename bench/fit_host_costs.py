@@ -391,7 +391,8 @@ def busy_slowdown(path: str, gpu: str) -> list[list[float]]:
     if not fractions:
         raise PdmuxError(f"{path} holds no busy row beside a burst and a slower sustained row "
                          f"(made by bench/sustained_corun.py --busy-shares)")
-    return [[share, float(np.clip(np.mean(f), 0.0, 1.0))] for share, f in sorted(fractions.items())]
+    return [[share, float(np.clip(np.mean(f), 0.0, 1.0))]
+            for share, f in sorted(fractions.items())]
 
 
 def sustained_ratios(path: str, gpu: str) -> dict:
@@ -522,11 +523,8 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
     host["eager_step"] = {"seconds": step, "source": f"{names}: median "
                           f"chunked_{size} round bound by its launches less its {model.layers} "
                           f"layer launches, on this file's host", "rounds": int(bound.sum())}
-    if sustained:
-        host["split_prefill_sustained"] = {
-            **sustained_ratios(sustained, gpu.name),
-            **{k: v for k, v in host.get("split_prefill_sustained", {}).items()
-               if k in ("slowdown_by_busy_share", "busy_source")}}
+    if sustained:  # a busy curve the file holds stays (it scales whichever ratios)
+        host.setdefault("split_prefill_sustained", {}).update(sustained_ratios(sustained, gpu.name))
     if busy:
         if "split_prefill_sustained" not in host:
             raise PdmuxError("--busy needs the sustained ratios it scales: give --sustained too")

@@ -425,8 +425,8 @@ class Overheads:
     of the comparison's burst rate when it runs on beside its decode (`split_prefill_sustained`,
     (prefill SMs, ratio) points, `PrefillRate.sustained`), and how far toward that rate it
     has slowed when it ran a share of the recent past (`split_prefill_slowdown`, (busy share,
-    fraction) points between (0, 0) and (1, 1); none: the fraction is the share). An eager step ends no earlier
-    than its launches, and the host launches nothing else meanwhile. None by default (the
+    fraction) points between (0, 0) and (1, 1); none: the fraction is the share). An eager
+    step ends no earlier than its launches, and the host launches nothing else meanwhile. None by default (the
     chapter's model); `calibrate --host-costs` measures them and bench/fit_host_costs.py fits
     the eager step and the last three to measured runs."""
 

@@ -52,6 +52,10 @@ class SimExecutor:
         # the rate a split prefill keeps once it has run on beside decode (clocks under
         # sustained power); the comparison's burst rate after an idle spell
         self.sustained_rate = prefill.sustained(overheads.split_prefill_sustained)
+        # how far toward it by the share of the recent past it ran: (0, 0), as measured, (1, 1)
+        points = overheads.split_prefill_slowdown
+        self.slowdown_curve = ([0.0, *(s for s, _ in points), 1.0],
+                               [0.0, *(f for _, f in points), 1.0])
         self.overheads = overheads
         self.comm = comm or TensorParallel.of(model, 1)  # one GPU: no collectives
         # a disaggregated decode server: a request's KV comes over the link (`router`), so its
@@ -170,9 +174,7 @@ class SimExecutor:
         """How far from its burst toward its sustained rate a split prefill that ran `busy` of
         the recent past has slowed: as measured at some shares (the clocks hold while it idles
         often enough), else in proportion."""
-        points = self.overheads.split_prefill_slowdown
-        return float(np.interp(busy, [0.0, *(s for s, _ in points), 1.0],
-                               [0.0, *(f for _, f in points), 1.0]))
+        return float(np.interp(busy, *self.slowdown_curve))
 
     def prefill_result(self, carry: SimPrefill, wait: bool):
         # the host sees a finished prefill when it next looks, after the decode it waited for
