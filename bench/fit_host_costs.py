@@ -19,7 +19,8 @@ it to a host-costs file (`calibrate --host-costs`'s):
   run on for seconds at the clocks a GPU under sustained power holds; with `--busy` (a
   sustained_corun.py file with `--busy-shares` rows), how far toward that rate a prefill busy
   a share of the time has slowed (`slowdown_by_busy_share`: the clocks hold while it idles
-  often enough);
+  often enough), and how much slower the decode step beside it runs once it has
+  (`decode_step_by_prefill_sms`: the same clocks);
 - whole_gpu_prefill: the MFU at which prefill-first's prefill batches bound by their GPU were
   served (each batch's FLOPs over its span less its eager step), where the measurements hold
   them (trace_fidelity's points): the comparison times prefill alone on at most its levels'
@@ -395,6 +396,32 @@ def busy_slowdown(path: str, gpu: str) -> list[list[float]]:
             for share, f in sorted(fractions.items())]
 
 
+def busy_decode_slowdown(path: str, gpu: str) -> list[list[float]]:
+    """Each level's decode step beside its prefill sustained, over the same step beside a
+    prefill whose clocks still hold (the lowest busy share measured, where the prefill has not
+    slowed), by prefill SMs: the decode slows with the prefill's clocks. A busy row's decode
+    median mixes steps beside the prefill with steps alone in its idle gaps; the steps beside
+    it are unmixed as (median - (1 - share) x alone) / share."""
+    by_key = sustained_rows(path, gpu)
+    factors: dict[int, list[float]] = {}
+    for (sms, tokens, prompts, mode), row in by_key.items():
+        if mode != "sustained beside decode" or not row.get("decode_step_ms_median"):
+            continue
+        busy = sorted((r["busy_share"], r) for (s, t, n, _), r in by_key.items()
+                      if (s, t, n) == (sms, tokens, prompts) and r.get("busy_share")
+                      and r.get("decode_step_ms_median") and r.get("decode_step_ms_alone"))
+        if busy:
+            share, low = busy[0]
+            beside = (low["decode_step_ms_median"]
+                      - (1 - share) * low["decode_step_ms_alone"]) / share
+            factors.setdefault(int(sms), []).append(row["decode_step_ms_median"] / beside)
+    if not factors:
+        raise PdmuxError(f"{path} holds no level with a sustained-beside-decode row and busy "
+                         f"rows with their decode steps (made by bench/sustained_corun.py "
+                         f"--busy-shares)")
+    return [[sms, float(max(1.0, np.mean(f)))] for sms, f in sorted(factors.items())]
+
+
 def sustained_ratios(path: str, gpu: str) -> dict:
     """Each level's sustained-beside-decode rate over its burst, by prefill SMs (the mean over
     the file's batches), as the host-costs file holds it."""
@@ -529,7 +556,9 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
         if "split_prefill_sustained" not in host:
             raise PdmuxError("--busy needs the sustained ratios it scales: give --sustained too")
         host["split_prefill_sustained"].update(
-            slowdown_by_busy_share=busy_slowdown(busy, gpu.name), busy_source=Path(busy).name)
+            slowdown_by_busy_share=busy_slowdown(busy, gpu.name),
+            decode_step_by_prefill_sms=busy_decode_slowdown(busy, gpu.name),
+            busy_source=Path(busy).name)
     lines = [f"eager step {step * 1e3:.2f} ms",
              "decode step beyond its bytes: " + ", ".join(
                  f"batch {r['batch']} {r['extra_s'] * 1e3:+.2f} ms"
@@ -550,6 +579,10 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
             lines.append("slowed toward it when busy a share of the time: " + ", ".join(
                 f"{share:.0%} busy {fraction:.2f}" for share, fraction
                 in host["split_prefill_sustained"]["slowdown_by_busy_share"]))
+        if "decode_step_by_prefill_sms" in host["split_prefill_sustained"]:
+            lines.append("the decode step beside it, sustained over clocks held: " + ", ".join(
+                f"{sms} SMs {factor:.3f}x" for sms, factor
+                in host["split_prefill_sustained"]["decode_step_by_prefill_sms"]))
     if tiles is not None:
         lines.append("tile times: GEMM waves " + ", ".join(
             f"{a}x{b} {t * 1e6:.1f} us (a partial one {share:.2f} +)"

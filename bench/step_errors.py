@@ -3,10 +3,12 @@ batches and contexts the cost model is wrong, and by how much.
 
 Serves a stream (a length preset at each rate) with pd-mux under SGLang's levels and under the
 slo policy, on the GPU (or, --simulate, on the cost model's clock: there the only errors are
-the guess of which steps ran beside a prefill). Each round's decode step, as the executor timed
-it, is set beside its price: the calibration's decode TB/s at the round's decode SMs (beside a
-prefill when the round launched prefill layers) over the weights and the batch's KV, plus the
-host-costs file's step extra for the batch. Writes <out>/step-errors-<gpu>[-simulated].json
+the guess of which steps ran beside a prefill, and the simulator's slowdown of a step beside a
+split prefill busy long enough for the clocks to fall, which this price leaves out). Each
+round's decode step, as the executor timed it, is set beside its price: the calibration's
+decode TB/s at the round's decode SMs (beside a prefill when the round launched prefill
+layers) over the weights and the batch's KV, plus the host-costs file's step extra for the
+batch. Writes <out>/step-errors-<gpu>[-simulated].json
 with every round and the median measured / predicted ratio by level, by batch band and by
 decode SMs x batch band; prints the table.
 

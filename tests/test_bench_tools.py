@@ -440,6 +440,35 @@ def test_busy_slowdown_is_how_far_each_busy_call_went_toward_the_sustained_rate(
         busy_slowdown("bench/results/sustained-corun-h200.json", "h200")
 
 
+def test_busy_decode_slowdown_is_the_sustained_step_over_the_unmixed_step_at_held_clocks(tmp_path):
+    """A level's factor is its sustained-beside-decode step over the step beside the prefill at
+    the lowest busy share, unmixed from the steps alone in its gaps; never below 1; the
+    committed host-costs file holds the committed busy file's; no decode steps: refused."""
+    import json
+
+    from fit_host_costs import busy_decode_slowdown
+
+    from pdmux_triton.errors import PdmuxError
+
+    def row(mode, step, **more):
+        return {"prefill_sms": 96, "tokens": 8, "prompts": 1, "mode": mode, "ms_median": 1.0,
+                "decode_step_ms_median": step, "decode_step_ms_alone": 10.0, **more}
+    made = tmp_path / "busy.json"
+    made.write_text(json.dumps({"gpu": "h200", "rows": [
+        row("sustained beside decode", 14.4),
+        # 0.25 of the time beside (12 ms), the rest alone (10 ms): a median of 10.5
+        row("busy 0.25 beside decode", 10.5, busy_share=0.25),
+        row("busy 0.80 beside decode", 13.0, busy_share=0.8),  # not the lowest share
+        {**row("sustained beside decode", 9.0), "prefill_sms": 72},  # faster: held at 1
+        {**row("busy 0.50 beside decode", 10.0, busy_share=0.5), "prefill_sms": 72}]}))
+    assert busy_decode_slowdown(str(made), "h200") == [[72, 1.0], [96, pytest.approx(1.2)]]
+    committed = json.loads(Path("bench/results/host-costs-h200.json").read_text())
+    assert committed["split_prefill_sustained"]["decode_step_by_prefill_sms"] == \
+        busy_decode_slowdown("bench/results/sustained-busy-h200.json", "h200")
+    with pytest.raises(PdmuxError, match="no level with a sustained-beside-decode row and busy"):
+        busy_decode_slowdown("bench/results/sustained-corun-h200.json", "h200")
+
+
 COMMITTED_FIT = ["bench/results/trace-fidelity/points-h200.jsonl",  # what the file was fitted to
                  "bench/results/capacity-conv/capacity-diagnostics-h200.jsonl",
                  "bench/results/capacity-diagnostics-h200.jsonl"]
@@ -513,12 +542,15 @@ def test_fit_host_costs_on_the_h200_trace_points_and_stream_run(tmp_path):
 
 
 def test_step_errors_prices_each_simulated_step_as_the_simulator_did(tmp_path):
-    """On the cost model's clock every decode round pairs with its timed step, and every step,
-    beside a prefill or alone, is priced as the simulator priced it (ratio 1: the rounds after
-    a prefill's last layer run beside it too); --reprice gives the same prices back; bad
+    """On the cost model's clock every decode round pairs with its timed step, and every step
+    is priced as the simulator priced it: alone exactly, beside a prefill (the rounds after a
+    prefill's last layer too) before the slowdown of falling clocks, which is at most the
+    host-costs file's largest sustained factor; --reprice gives the same prices back; bad
     policies and a file of another kind are one line."""
     import json
 
+    host = json.loads(Path("bench/results/host-costs-h200.json").read_text())
+    most = max(f for _, f in host["split_prefill_sustained"]["decode_step_by_prefill_sms"])
     out = subprocess.run([sys.executable, "bench/step_errors.py", "--simulate", "--rates", "12",
                           "--count", "40", "--out", str(tmp_path)],
                          capture_output=True, text=True, timeout=300)
@@ -532,7 +564,9 @@ def test_step_errors_prices_each_simulated_step_as_the_simulator_did(tmp_path):
         assert corun and run["summary"]["corun_steps"] == len(corun)
         assert len(corun) < len(run["rounds"])
         assert all(abs(r["measured_ms"] / r["predicted_ms"] - 1) < 1e-9
-                   for r in run["rounds"]), name
+                   for r in run["rounds"] if not r["corun"]), name
+        assert all(1 - 1e-9 < r["measured_ms"] / r["predicted_ms"] < most + 1e-9
+                   for r in corun), name
     again = subprocess.run([sys.executable, "bench/step_errors.py", "--reprice", str(path),
                             "--out", str(tmp_path / "again")], capture_output=True, text=True,
                            timeout=120)

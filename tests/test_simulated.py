@@ -7,9 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pdmux_triton.cost import step_cost
+from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiments import estimate
 from pdmux_triton.serve import metrics, scheduler
 from pdmux_triton.multiplex import sglang_rules
@@ -166,6 +168,48 @@ def test_a_split_prefill_slows_as_measured_by_the_share_it_ran():
     linear = SimExecutor(H100, QWEN, law, rate, overheads=step_cost.Overheads(
         split_prefill_sustained=((60, 0.8),)))
     assert linear._slowdown(0.3) == pytest.approx(0.3)  # none measured: in proportion
+
+
+def test_a_decode_step_beside_a_busy_split_prefill_slows_with_its_clocks():
+    """A decode step beside a split prefill that ran the whole window before it takes the
+    level's sustained factor (read between the prefill SMs given); beside a prefill launched
+    after an idle spell, or with no factors, the comparison's co-run price; alone, never."""
+    law = step_cost.SaturationLaw(H100.hbm_tbps * 0.85, 66.0)
+    rate = step_cost.PrefillRate(H100.bf16_tflops, H100.sms, ((60, 0.5), (112, 0.6)))
+    level = next(lv for lv in sglang_rules.stream_groups(H100.sms, H100.cc_major)
+                 if 0 < lv[1] < H100.sms)
+    req = traffic.Request(0, 4096, 1, 0.0)
+    decoding = [traffic.Request(1, 2048, 64, 0.0)]
+
+    def steps(factors, busy_spells):
+        host = step_cost.Overheads(split_prefill_sustained=((60, 0.8), (112, 0.8)),
+                                   split_decode_sustained=factors)
+        x = SimExecutor(H100, QWEN, law, rate, overheads=host)
+        x.start(decoding)
+        x.set_level(level)
+        out = []
+        for _ in range(busy_spells):  # back to back, so the window before fills
+            x.launch_prefill(x.begin_prefill([req]), 0, 1)
+            x.idle_until(x.free["prefill"])
+        x.launch_prefill(x.begin_prefill([req]), 0, 1)  # the one the step runs beside
+        x.wait_decode(x.launch_decode(decoding))
+        out.append(x.decode_steps[-1])
+        x.idle_until(max(x.free.values()) + 2 * SUSTAINED_WINDOW_S)
+        x.wait_decode(x.launch_decode(decoding))  # alone: the prefill side idle
+        out.append(x.decode_steps[-1])
+        return out, x.sms["prefill"]
+
+    plain, sms = steps((), 0)
+    layer = step_cost.compute_s(step_cost.layer_flops(QWEN, 4096, 0, 1), rate, sms, True)
+    spells = int(2 * SUSTAINED_WINDOW_S / layer) + 2
+    factor = float(np.interp(sms, (60, 112), (1.1, 1.3)))
+    busy, _ = steps(((60, 1.1), (112, 1.3)), spells)
+    fresh, _ = steps(((60, 1.1), (112, 1.3)), 0)
+    assert busy[0] == pytest.approx(plain[0] * factor, rel=1e-9)  # beside: the whole factor
+    assert fresh[0] == pytest.approx(plain[0], rel=1e-9)  # after idle: the clocks held
+    assert busy[1] == fresh[1] == plain[1]  # alone: never slowed
+    with pytest.raises(PdmuxError, match="split_decode_sustained needs"):
+        step_cost.Overheads(split_decode_sustained=((60, 0.9),))
 
 
 @pytest.mark.parametrize("launch_s", [0.0001, 0.002])

@@ -156,11 +156,12 @@ def _mixed_fit(mixed: dict) -> MixedStepFit:
     return MixedStepFit(float(mixed["fixed_s"]), None if mfu is None else float(mfu), tiles)
 
 
-def _sustained_ratios(data: dict, path) -> tuple[tuple, tuple]:
-    """A host-costs file's `split_prefill_sustained`: its (prefill SMs, ratio) points and its
-    (busy share, slowdown) points, none where it has none."""
+def _sustained_ratios(data: dict, path) -> tuple[tuple, tuple, tuple]:
+    """A host-costs file's `split_prefill_sustained`: its (prefill SMs, ratio) points, its
+    (busy share, slowdown) points and its (prefill SMs, decode step factor) points, none where
+    it has none."""
     if "split_prefill_sustained" not in data:
-        return (), ()
+        return (), (), ()
     sustained = data["split_prefill_sustained"]
     try:
         ratios = tuple((int(sms), float(ratio)) for sms, ratio in sustained["ratio_by_prefill_sms"])
@@ -173,7 +174,13 @@ def _sustained_ratios(data: dict, path) -> tuple[tuple, tuple]:
     except (TypeError, ValueError):
         raise PdmuxError(f"{path}: split_prefill_sustained's slowdown_by_busy_share needs [busy "
                          f"share, fraction] pairs (bench/fit_host_costs.py --busy)") from None
-    return ratios, slowdown
+    try:
+        decode = tuple((int(sms), float(factor)) for sms, factor
+                       in sustained.get("decode_step_by_prefill_sms", ()))
+    except (TypeError, ValueError):
+        raise PdmuxError(f"{path}: split_prefill_sustained's decode_step_by_prefill_sms needs "
+                         f"[prefill SMs, factor] pairs (bench/fit_host_costs.py --busy)") from None
+    return ratios, slowdown, decode
 
 
 def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
@@ -182,11 +189,12 @@ def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
     extend kernel's padded decode rows, and where bench/fit_host_costs.py added them, the
     fixed cost of an eager step, a captured decode step's cost beyond its bytes, the mixed
     step's fit, the MFU a prefill with the whole GPU is served at, and what a level's prefill
-    keeps of its burst rate sustained beside decode and how far it slows toward that when
-    busy part of the time (bench/sustained_corun.py)."""
+    keeps of its burst rate sustained beside decode, how far it slows toward that when busy
+    part of the time, and how much slower the decode beside it then runs
+    (bench/sustained_corun.py)."""
     data = read_json(path, "host-costs file")
     _check_gpu(data, path, "host-costs file", gpu)
-    sustained, slowdown = _sustained_ratios(data, path)
+    sustained, slowdown, decode_sustained = _sustained_ratios(data, path)
     try:
         layers = sorted(float(r["host_s"]) for r in data["eager_layer"])
         rounds = sorted(max(0.0, float(r["wall_s"]) - float(r["gpu_s"])) for r in data["decode_round"])
@@ -203,4 +211,4 @@ def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
                          f"file (made by `pdmux-triton calibrate --host-costs`)") from None
     # outside the try: a value out of range is refused by name (PdmuxError is a ValueError)
     return Overheads(round_s, layer_s, step, EXTEND_TILE_ROWS, extra, fit, whole_mfu, sustained,
-                     slowdown)
+                     slowdown, decode_sustained)

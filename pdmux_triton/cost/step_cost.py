@@ -425,7 +425,9 @@ class Overheads:
     of the comparison's burst rate when it runs on beside its decode (`split_prefill_sustained`,
     (prefill SMs, ratio) points, `PrefillRate.sustained`), and how far toward that rate it
     has slowed when it ran a share of the recent past (`split_prefill_slowdown`, (busy share,
-    fraction) points between (0, 0) and (1, 1); none: the fraction is the share). An eager
+    fraction) points between (0, 0) and (1, 1); none: the fraction is the share), and how much
+    longer a decode step beside it takes once it has slowed all the way (`split_decode_sustained`,
+    (prefill SMs, factor) points: the same clocks, so the same fraction of the way). An eager
     step ends no earlier than its launches, and the host launches nothing else meanwhile. None by default (the
     chapter's model); `calibrate --host-costs` measures them and bench/fit_host_costs.py fits
     the eager step and the last three to measured runs."""
@@ -439,6 +441,7 @@ class Overheads:
     whole_gpu_prefill_mfu: float | None = None
     split_prefill_sustained: tuple[tuple[int, float], ...] = ()
     split_prefill_slowdown: tuple[tuple[float, float], ...] = ()
+    split_decode_sustained: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self):
         for name in ("decode_round_s", "layer_launch_s", "eager_step_s"):
@@ -456,6 +459,10 @@ class Overheads:
             if not (0 < share < 1 and 0 <= fraction <= 1):
                 raise PdmuxError(f"split_prefill_slowdown needs busy shares in (0, 1) and "
                                  f"fractions in [0, 1], got ({share!r}, {fraction!r})")
+        for sms, factor in self.split_decode_sustained:
+            if not (isinstance(sms, int) and sms >= 1 and np.isfinite(factor) and 1 <= factor <= 2):
+                raise PdmuxError(f"split_decode_sustained needs prefill SMs >= 1 and factors in "
+                                 f"[1, 2], got ({sms!r}, {factor!r})")
         if not (isinstance(self.decode_row_tile, int) and self.decode_row_tile >= 1):
             raise PdmuxError(f"decode_row_tile must be an integer >= 1, got {self.decode_row_tile!r}")
         for batch, seconds in self.decode_step_extra:

@@ -56,6 +56,8 @@ class SimExecutor:
         points = overheads.split_prefill_slowdown
         self.slowdown_curve = ([0.0, *(s for s, _ in points), 1.0],
                                [0.0, *(f for _, f in points), 1.0])
+        # the decode step beside it at those clocks, by the prefill's SMs (1: never slows)
+        self.decode_sustained = tuple(zip(*sorted(overheads.split_decode_sustained))) or None
         self.overheads = overheads
         self.comm = comm or TensorParallel.of(model, 1)  # one GPU: no collectives
         # a disaggregated decode server: a request's KV comes over the link (`router`), so its
@@ -118,6 +120,9 @@ class SimExecutor:
         step = step_cost.served_decode_step_s(self.model, self.decode_rate, self.overheads,
                                               sum(r.context for r in reqs), self.sms["decode"],
                                               corun, len(reqs), self.comm)
+        if corun and self.decode_sustained:  # beside a split prefill whose clocks have fallen
+            factor = float(np.interp(self.sms["prefill"], *self.decode_sustained))
+            step *= 1 + self._slowdown(self._prefill_busy(start)) * (factor - 1)
         self.decode_steps.append(step)
         self.t = max(self.t, self._enqueue("decode", step, launched))
         return self.t, None
@@ -157,6 +162,9 @@ class SimExecutor:
         seconds += talk
         ran_until = self._enqueue("prefill", seconds, began)
         if slows:
+            # kept for two windows: a decode step may start before the prefill launched last
+            self.prefill_spans = [(a, b) for a, b in self.prefill_spans
+                                  if b > ran_until - 2 * SUSTAINED_WINDOW_S]
             self.prefill_spans.append((ran_until - seconds, ran_until))
         # the last layer runs after its launch: a prefill bound by its launches ends later
         carry.ends_at = max(ran_until, launched + seconds / (end - start))
@@ -166,8 +174,8 @@ class SimExecutor:
         """The share of the `SUSTAINED_WINDOW_S` before `at` that the split prefill ran: how
         far the GPU's clocks have come down from an idle spell's."""
         since = at - SUSTAINED_WINDOW_S
-        self.prefill_spans = [(a, b) for a, b in self.prefill_spans if b > since]
-        ran = sum(min(b, at) - max(a, since) for a, b in self.prefill_spans if a < at)
+        ran = sum(min(b, at) - max(a, since) for a, b in self.prefill_spans
+                  if a < at and b > since)
         return min(1.0, max(0.0, ran / SUSTAINED_WINDOW_S))
 
     def _slowdown(self, busy: float) -> float:
