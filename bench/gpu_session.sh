@@ -19,7 +19,7 @@
 #       --policies default,slo" bash bench/gpu_session.sh slo     # the same on longer streams
 #   bash bench/gpu_session.sh steps batches    # served decode steps against the cost model's
 #       price (bench/step_errors.py); decode steps at other batches by SMs (calibrate
-#       --decode-batches, into a copy of the calibration: BATCHES=48 measures one more)
+#       --decode-batches, into a copy of the calibration; BATCHES=48 re-measures that one alone)
 #   FIDELITY_ARGS="--traces conv" bash bench/gpu_session.sh fidelity   # the simulator against
 #       the GPU on Azure trace windows (resumes its points when cut short)
 #   PREFIX_RATES=1.5,2 bash bench/gpu_session.sh prefix   # prefix cache on and off, Mooncake
@@ -35,6 +35,10 @@
 #       re-measures the decode workloads (CTAs 1) into a copy of the committed calibration, then
 #       serves the chapter's scenario at SGLang's default levels and at levels the calibration
 #       advises for a decode step of ADVISE_ITL_MS (default 12) ms
+#   bash bench/gpu_session.sh calibrate batches   # ~6 min: the whole decode price after a
+#       decode-kernel change: `calibrate` re-measures the own batch at its default budgets only;
+#       served steps of other batches, and PD-mux's 20-60 SM budgets, are priced from the rows
+#       `batches` measures (every batch the calibration holds), so both are needed
 set -u
 export OUT=${OUT:-out}
 mkdir -p "$OUT"
@@ -91,10 +95,11 @@ step gemm_rows ${GEMM_ROWS_S:-200} python3 bench/decode_occupancy.py --out "$OUT
 step steps ${STEPS_S:-240} python3 bench/step_errors.py --out "$OUT" ${STEP_ARGS:-}
 # the decode step by SMs, alone and beside a prefill, at other batches than the calibration's,
 # into a copy of the committed calibration (what its rows cost beyond their bytes)
-step batches ${BATCHES_S:-200} bash -c 'mkdir -p "$OUT/batches" && cp bench/results/calibrate-points-h200.jsonl \
+step batches ${BATCHES_S:-360} bash -c 'mkdir -p "$OUT/batches" && cp "$(dirname "$CALIBRATION")"/calibrate-points-h200.jsonl \
     bench/results/calibrate-settings-h200.json "$OUT/batches"/ && pdmux-triton calibrate \
-    --out "$OUT/batches" --workloads decode_step --kinds grid_cap --ctas 1 \
-    --budgets ${BATCH_BUDGETS:-20,28,36,44,52,60,132} --decode-batches ${BATCHES:-1,8,16,64,72,96,128};
+    --out "$OUT/batches" --workloads decode_step --kinds grid_cap --ctas 1 --remeasure \
+    --budgets ${BATCH_BUDGETS:-20,28,36,44,52,60,132} \
+    --decode-batches ${BATCHES:-1,8,16,40,48,56,64,72,96,128};
     rm -f "$OUT"/batches/*.png "$OUT/batches/calibrate-settings-h200.json"'
 # pinned partitions (issue 26): their gpu tests, then the decode step against its floor and
 # pinned SMs against green contexts at every level and 1-3 CTAs per SM (bench/decode_floor.py;
