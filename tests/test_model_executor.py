@@ -62,7 +62,10 @@ def test_strategies_serve_the_same_tokens():
     launches = sum(r.prefill.startswith("layers") for r in result.rounds)
     assert len(result.activity.host_layer_s) == launches
     assert all(0 < s < 10 for s in result.activity.host_layer_s)
-    assert metrics.summarize(result)["host_layer_p50_ms"] > 0
+    summary = metrics.summarize(result)
+    assert summary["host_layer_p50_ms"] > 0
+    assert summary["host_layer_mean_ms"] == pytest.approx(
+        1e3 * sum(result.activity.host_layer_s) / launches)
 
 
 def reference_logits(x: ModelExecutor, tokens: list[int]) -> torch.Tensor:

@@ -266,6 +266,9 @@ def summarize(result: RunResult, slo: Slo | None = None) -> dict:
         # how fast this machine's host launched an eager layer (measured runs): hosts beside
         # one GPU model differ, and host-bound steps follow it
         "host_layer_p50_ms": _pct(result.activity.host_layer_s, 50),
+        # and on average: launch-bound steps add up their launches, slow tail included
+        "host_layer_mean_ms": (float(np.mean(result.activity.host_layer_s)) * MS
+                               if len(result.activity.host_layer_s) else None),
         "prefill_ms": _pct(windows[:, 1] - windows[:, 0], 50),
         "tokens_during_prefill": float(np.mean(tokens_during)) if len(tokens_during) else None,
         "ttft_p50_ms": _pct(ttfts, 50),
