@@ -666,6 +666,14 @@ def test_trace_fidelity_judges_the_committed_conversation_points_offline(tmp_pat
         assert p["repeats"] == 2
     worst = max(abs(p["error_pct"]["ttft_p99_ms"]) for p in data["points"])
     assert data["summary"]["max_abs_error_pct"]["ttft_p99_ms"] == pytest.approx(worst)
+    # the stable region's summary: over the points at most 0.8 x their measured capacity
+    calm = [p for p in data["points"] if p["inside_stable_region"]]
+    caps = {(c["strategy"], c["start"]): c["measured_rps"] for c in data["capacities"]}
+    assert calm and all(p["rate"] <= 0.8 * caps[p["strategy"], p["start"]] for p in calm)
+    assert data["summary"]["stable_region"]["points"] == len(calm) < len(data["points"])
+    assert data["summary"]["stable_region"]["max_abs_error_pct"]["tpot_p50_ms"] == \
+        pytest.approx(max(abs(p["error_pct"]["tpot_p50_ms"]) for p in calm))
+    assert "inside the stable region" in printed
     # measured before the executor timed its host: judged on the committed host costs alone
     assert data["summary"]["points_on_their_own_host"] == 0
     assert data["summary"]["shipped_host"]["max_abs_error_pct"] == data["summary"][
