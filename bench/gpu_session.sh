@@ -19,7 +19,7 @@
 #       --policies default,slo" bash bench/gpu_session.sh slo     # the same on longer streams
 #   bash bench/gpu_session.sh steps batches    # served decode steps against the cost model's
 #       price (bench/step_errors.py); decode steps at other batches by SMs (calibrate
-#       --decode-batches, into a copy of the calibration; BATCHES=48 re-measures that one alone)
+#       --decode-batches, into a copy of the calibration; BATCHES=48: that batch and the own one)
 #   FIDELITY_ARGS="--traces conv" bash bench/gpu_session.sh fidelity   # the simulator against
 #       the GPU on Azure trace windows (resumes its points when cut short)
 #   PREFIX_RATES=1.5,2 bash bench/gpu_session.sh prefix   # prefix cache on and off, Mooncake
@@ -35,7 +35,7 @@
 #       re-measures the decode workloads (CTAs 1) into a copy of the committed calibration, then
 #       serves the chapter's scenario at SGLang's default levels and at levels the calibration
 #       advises for a decode step of ADVISE_ITL_MS (default 12) ms
-#   bash bench/gpu_session.sh calibrate batches   # ~6 min: the whole decode price after a
+#   bash bench/gpu_session.sh calibrate batches   # the whole decode price after a
 #       decode-kernel change: `calibrate` re-measures the own batch at its default budgets only;
 #       served steps of other batches, and PD-mux's 20-60 SM budgets, are priced from the rows
 #       `batches` measures (every batch the calibration holds), so both are needed

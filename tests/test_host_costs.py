@@ -50,7 +50,14 @@ def test_measured_host_costs_are_the_file_run_reads(tmp_path, capsys):
                                    {"ratio_by_prefill_sms": [[72, 0.9]],
                                     "slowdown_by_busy_share": [[0.5]]},
                                    {"ratio_by_prefill_sms": [[72, 0.9]],
-                                    "slowdown_by_busy_share": [[1.5, 0.5]]}])
+                                    "slowdown_by_busy_share": [[1.5, 0.5]]},
+                                   {"ratio_by_prefill_sms": [[72, 0.9]],
+                                    "decode_step_by_prefill_sms": [[72]]},
+                                   {"ratio_by_prefill_sms": [[72, 0.9]],
+                                    "decode_step_by_prefill_sms": [[72, 0.5]]},
+                                   {"ratio_by_prefill_sms": [[72, 0.9]],
+                                    "decode_step_by_prefill_sms": [[72, 1.1]],
+                                    "decode_slowdown_by_busy_share": [[0.5, 2.0]]}])
 def test_a_malformed_sustained_entry_is_refused_by_name(entry, tmp_path):
     """The committed file's ratios load; a malformed `split_prefill_sustained` is refused in a
     line that names it, not read as a file without eager layers."""
@@ -59,7 +66,9 @@ def test_a_malformed_sustained_entry_is_refused_by_name(entry, tmp_path):
     loaded = load_host_costs(path)
     assert loaded.split_prefill_sustained[0][0] == 72
     assert loaded.split_prefill_slowdown[0][0] == 0.3
+    assert loaded.split_decode_sustained[0][0] == 72 and loaded.split_decode_slowdown[0] == (
+        0.3, 0.0)
     data = json.loads(path.read_text())
     path.write_text(json.dumps({**data, "split_prefill_sustained": entry}))
-    with pytest.raises(PdmuxError, match="split_prefill_(sustained|slowdown)"):
+    with pytest.raises(PdmuxError, match="split_(prefill|decode)_(sustained|slowdown)"):
         load_host_costs(path)

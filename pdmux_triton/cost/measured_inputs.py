@@ -156,12 +156,12 @@ def _mixed_fit(mixed: dict) -> MixedStepFit:
     return MixedStepFit(float(mixed["fixed_s"]), None if mfu is None else float(mfu), tiles)
 
 
-def _sustained_ratios(data: dict, path) -> tuple[tuple, tuple, tuple]:
+def _sustained_ratios(data: dict, path) -> tuple[tuple, tuple, tuple, tuple]:
     """A host-costs file's `split_prefill_sustained`: its (prefill SMs, ratio) points, its
-    (busy share, slowdown) points and its (prefill SMs, decode step factor) points, none where
-    it has none."""
+    (busy share, slowdown) points, its (prefill SMs, decode step factor) points and the
+    decode's (busy share, slowdown) points, none where it has none."""
     if "split_prefill_sustained" not in data:
-        return (), (), ()
+        return (), (), (), ()
     sustained = data["split_prefill_sustained"]
     try:
         ratios = tuple((int(sms), float(ratio)) for sms, ratio in sustained["ratio_by_prefill_sms"])
@@ -177,10 +177,13 @@ def _sustained_ratios(data: dict, path) -> tuple[tuple, tuple, tuple]:
     try:
         decode = tuple((int(sms), float(factor)) for sms, factor
                        in sustained.get("decode_step_by_prefill_sms", ()))
+        decode_slowdown = tuple((float(share), float(fraction)) for share, fraction
+                                in sustained.get("decode_slowdown_by_busy_share", ()))
     except (TypeError, ValueError):
-        raise PdmuxError(f"{path}: split_prefill_sustained's decode_step_by_prefill_sms needs "
-                         f"[prefill SMs, factor] pairs (bench/fit_host_costs.py --busy)") from None
-    return ratios, slowdown, decode
+        raise PdmuxError(f"{path}: split_prefill_sustained's decode_step_by_prefill_sms and "
+                         f"decode_slowdown_by_busy_share need [prefill SMs, factor] and [busy "
+                         f"share, fraction] pairs (bench/fit_host_costs.py --busy)") from None
+    return ratios, slowdown, decode, decode_slowdown
 
 
 def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
@@ -194,7 +197,7 @@ def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
     (bench/sustained_corun.py)."""
     data = read_json(path, "host-costs file")
     _check_gpu(data, path, "host-costs file", gpu)
-    sustained, slowdown, decode_sustained = _sustained_ratios(data, path)
+    sustained, slowdown, decode_sustained, decode_slowdown = _sustained_ratios(data, path)
     try:
         layers = sorted(float(r["host_s"]) for r in data["eager_layer"])
         rounds = sorted(max(0.0, float(r["wall_s"]) - float(r["gpu_s"])) for r in data["decode_round"])
@@ -211,4 +214,4 @@ def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
                          f"file (made by `pdmux-triton calibrate --host-costs`)") from None
     # outside the try: a value out of range is refused by name (PdmuxError is a ValueError)
     return Overheads(round_s, layer_s, step, EXTEND_TILE_ROWS, extra, fit, whole_mfu, sustained,
-                     slowdown, decode_sustained)
+                     slowdown, decode_sustained, decode_slowdown)

@@ -56,8 +56,12 @@ class SimExecutor:
         points = overheads.split_prefill_slowdown
         self.slowdown_curve = ([0.0, *(s for s, _ in points), 1.0],
                                [0.0, *(f for _, f in points), 1.0])
-        # the decode step beside it at those clocks, by the prefill's SMs (1: never slows)
+        # the decode step beside it at those clocks: how much longer at most, by the prefill's
+        # SMs (held at the ends; none given: never slower), and how far by the same busy share
         self.decode_sustained = tuple(zip(*sorted(overheads.split_decode_sustained))) or None
+        points = overheads.split_decode_slowdown or overheads.split_prefill_slowdown
+        self.decode_slowdown_curve = ([0.0, *(s for s, _ in points), 1.0],
+                                      [0.0, *(f for _, f in points), 1.0])
         self.overheads = overheads
         self.comm = comm or TensorParallel.of(model, 1)  # one GPU: no collectives
         # a disaggregated decode server: a request's KV comes over the link (`router`), so its
@@ -119,10 +123,12 @@ class SimExecutor:
         corun = self.free["prefill"] > start
         step = step_cost.served_decode_step_s(self.model, self.decode_rate, self.overheads,
                                               sum(r.context for r in reqs), self.sms["decode"],
-                                              corun, len(reqs), self.comm)
+                                              corun, len(reqs))
         if corun and self.decode_sustained:  # beside a split prefill whose clocks have fallen
             factor = float(np.interp(self.sms["prefill"], *self.decode_sustained))
-            step *= 1 + self._slowdown(self._prefill_busy(start)) * (factor - 1)
+            busy = self._prefill_busy(start)
+            step *= 1 + float(np.interp(busy, *self.decode_slowdown_curve)) * (factor - 1)
+        step += self.comm.decode_s(step_cost.padded_batch(len(reqs)))  # the link keeps its pace
         self.decode_steps.append(step)
         self.t = max(self.t, self._enqueue("decode", step, launched))
         return self.t, None
@@ -162,9 +168,10 @@ class SimExecutor:
         seconds += talk
         ran_until = self._enqueue("prefill", seconds, began)
         if slows:
-            # kept for two windows: a decode step may start before the prefill launched last
+            # every later look is at or after the host's clock, less at most the round's own
+            # launches for a decode step launched before this prefill: a window's margin
             self.prefill_spans = [(a, b) for a, b in self.prefill_spans
-                                  if b > ran_until - 2 * SUSTAINED_WINDOW_S]
+                                  if b > self.t - 2 * SUSTAINED_WINDOW_S]
             self.prefill_spans.append((ran_until - seconds, ran_until))
         # the last layer runs after its launch: a prefill bound by its launches ends later
         carry.ends_at = max(ran_until, launched + seconds / (end - start))
