@@ -136,10 +136,11 @@ def batch_prefill_ms(diag: dict) -> float | None:
 
 
 # host_layer_p50_ms: each repeat's host speed (repeat_values), which its simulation is priced on;
-# host_layer_mean_ms beside it, with the slow launches' tail (kept, not yet priced)
+# host_layer_mean_ms beside it, with the slow launches' tail (kept, not yet priced), and the
+# garbage collections inside the run, which may be that tail
 FIGURES = (*LATENCIES, "slo_attainment", "slo_attainment_last_half", "itl_p50_ms", "itl_p99_ms",
            "sched_delay_p50_s", "requests_served", "host_layer_p50_ms", "host_layer_mean_ms",
-           *GUARDS)
+           "gc_collections_during_measurement", "gc_pause_ms_during_measurement", *GUARDS)
 
 
 def measure(args, store: PointStore, log) -> None:

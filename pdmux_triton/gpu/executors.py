@@ -11,6 +11,7 @@ import torch
 
 from pdmux_triton.cost import step_cost
 from pdmux_triton.gpu.compile_watch import CompileWatch
+from pdmux_triton.gpu.gc_watch import GcWatch
 from pdmux_triton.gpu.model_executor import ModelExecutor
 from pdmux_triton.multiplex.level_policy import LevelPolicy
 from pdmux_triton.multiplex.sglang_rules import Level, PDMuxConfig
@@ -64,10 +65,13 @@ class GpuExecutors:
         captures = x.graphs.captures
         torch.cuda.synchronize()
         segments = torch.cuda.memory_stats().get("segment.all.allocated", 0)
-        with CompileWatch() as compiled:
+        with CompileWatch() as compiled, GcWatch() as collected:
             yield counts
         torch.cuda.synchronize()
         counts["compiles_during_measurement"] = compiled.count
+        # not a guard: a diagnostic of the host's slow launches
+        counts["gc_collections_during_measurement"] = collected.collections
+        counts["gc_pause_ms_during_measurement"] = collected.pause_s * 1e3
         counts["captures_during_measurement"] = x.graphs.captures - captures
         counts["device_allocations_during_measurement"] = (
             torch.cuda.memory_stats().get("segment.all.allocated", 0) - segments)
