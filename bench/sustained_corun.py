@@ -32,7 +32,6 @@ import argparse
 import math
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -43,6 +42,7 @@ from script import bench_parser, run_script
 from pdmux_triton.cli.parsing import integer, listed, number
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.gpu.streams import PartitionStreams
+from pdmux_triton.measure.clocks import Clocks
 from pdmux_triton.measure.timing import Repeated, runs_for, time_alone, time_corun
 from pdmux_triton.measure.workloads import DecodeStep, PrefillLayers
 from pdmux_triton.multiplex import sglang_rules
@@ -53,60 +53,7 @@ LEVELS = (72, 96, 112)  # prefill SMs of SGLang's levels on the H200 (60, 36, 20
 BATCHES = ((8192, 1), (12288, 9))  # (tokens, prompts)
 DECODE_BATCH, DECODE_CONTEXT = 32, 2048
 LAYERS = 2
-SAMPLE_S = 0.02  # NVML's sampling period
 FIRST_S, LAST_S = 0.5, 2.0  # the windows of a sustained series compared
-
-
-class Clocks:
-    """NVML's SM clock (MHz), power draw (W) and clock-event reasons, sampled on a thread
-    while in use; `samples` is empty (and `why` says so) where NVML cannot be read."""
-
-    def __init__(self):
-        self.samples: list[tuple[float, int, float, int]] = []
-        self.why = None
-        try:
-            import pynvml
-            pynvml.nvmlInit()
-            index = torch.cuda.current_device()
-            self._nvml, self._handle = pynvml, pynvml.nvmlDeviceGetHandleByIndex(index)
-            self._reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
-                pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
-        except Exception as err:  # no nvidia-ml-py, no driver library: timed without clocks
-            self._nvml, self.why = None, f"NVML not readable: {err}"
-        self._stop = threading.Event()
-
-    def __enter__(self):
-        if self._nvml is not None:
-            self._thread = threading.Thread(target=self._run, daemon=True)
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        if self._nvml is not None:
-            self._thread.join()
-
-    def _run(self):
-        nvml, h = self._nvml, self._handle
-        while not self._stop.is_set():
-            self.samples.append((time.perf_counter(),
-                                 nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM),
-                                 nvml.nvmlDeviceGetPowerUsage(h) / 1e3, int(self._reasons(h))))
-            time.sleep(SAMPLE_S)
-
-    def between(self, t0: float, t1: float) -> dict:
-        """The samples taken between two host times: SM clock median and min, power median,
-        the reasons seen (bitwise or)."""
-        inside = [s for s in self.samples if t0 <= s[0] <= t1]
-        if not inside:
-            return {"sm_clock_mhz_median": None, "why": self.why or "no sample in the window"}
-        reasons = 0
-        for s in inside:
-            reasons |= s[3]
-        return {"sm_clock_mhz_median": statistics.median(s[1] for s in inside),
-                "sm_clock_mhz_min": min(s[1] for s in inside),
-                "power_w_median": statistics.median(s[2] for s in inside),
-                "clock_event_reasons": reasons, "samples": len(inside)}
 
 
 def sustained(prefill, pbud, pstream, seconds: float, p_ms: float, decode=None,

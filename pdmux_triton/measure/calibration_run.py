@@ -1,6 +1,8 @@
 """S_SAT calibration on the GPU: measure every point of a sweep plan not yet in the store, each
 workload on its SM budget (grid cap or green context), alone and beside a prefill on the
-other SMs. Points are saved as they are measured (`results.PointStore`)."""
+other SMs. Points are saved as they are measured (`results.PointStore`), each with the SM
+clock NVML saw while it was timed (a sweep keeps the GPU busy: its clocks are not an idle
+GPU's, and a served step is priced against them)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import torch
 
 from pdmux_triton.gpu.streams import PartitionStreams
 from pdmux_triton.measure.calibration_sweep import STATES, PointKey, SweepPlan
+from pdmux_triton.measure.clocks import Clocks
 from pdmux_triton.measure.timing import time_alone, time_corun
 from pdmux_triton.measure.workloads import PrefillLayers, make_decode_workload
 from pdmux_triton.multiplex.partition import for_level
@@ -29,13 +32,14 @@ def run_sweep(plan: SweepPlan, store: PointStore, log=print) -> None:
     spec = resolve_model(plan.model)
     prefill = PrefillLayers(spec, plan.prefill_tokens, layers=2) if plan.corun else None
     progress = _Progress(len(todo), log)
-    for batch in sorted({k.batch for k in todo}):
-        keys = [k for k in todo if k.batch == batch]
-        workloads = {name: make_decode_workload(name, spec, batch or plan.batch, plan.context)
-                     for name in dict.fromkeys(k.workload for k in keys)}  # one of each
-        _measure(plan, store, keys, workloads, prefill, progress)
-        del workloads
-        torch.cuda.empty_cache()
+    with Clocks() as clocks:
+        for batch in sorted({k.batch for k in todo}):
+            keys = [k for k in todo if k.batch == batch]
+            workloads = {name: make_decode_workload(name, spec, batch or plan.batch, plan.context)
+                         for name in dict.fromkeys(k.workload for k in keys)}  # one of each
+            _measure(plan, store, keys, workloads, prefill, progress, clocks)
+            del workloads
+            torch.cuda.empty_cache()
 
 
 class _Progress:
@@ -50,8 +54,14 @@ class _Progress:
                  f"ctas={key.ctas_per_sm} {key.state} {key.sms} SMs: {point['tbps']:.2f} TB/s")
 
 
+def _clock(clocks: Clocks, since: float) -> dict:
+    """The SM clock's median (MHz) over the samples since `since`, where NVML was read."""
+    mhz = clocks.between(since, time.perf_counter())["sm_clock_mhz_median"]
+    return {} if mhz is None else {"sm_clock_mhz": mhz}
+
+
 def _measure(plan: SweepPlan, store: PointStore, todo: list[PointKey], workloads: dict,
-             prefill: PrefillLayers | None, progress: _Progress) -> None:
+             prefill: PrefillLayers | None, progress: _Progress, clocks: Clocks) -> None:
     total = torch.cuda.get_device_properties(0).multi_processor_count
     by_partition: dict[tuple, list[PointKey]] = {}
     for key in todo:
@@ -75,16 +85,19 @@ def _measure(plan: SweepPlan, store: PointStore, todo: list[PointKey], workloads
                 if store.has(alone_key):
                     alone = store.get(alone_key)["ms"]
                 else:
+                    began = time.perf_counter()
                     alone = time_alone(lambda: wl.run(budget), part.decode_stream, graph=True)
-                    store.add(alone_key, ms=alone, tbps=wl.rate(alone), realized_sms=part.decode_sms)
+                    store.add(alone_key, ms=alone, tbps=wl.rate(alone), realized_sms=part.decode_sms,
+                              **_clock(clocks, began))
                 if key.state == "corun":
                     if prefill_alone is None:
                         prefill_alone = time_alone(lambda: prefill.run(pbudget),
                                                    part.prefill_stream, graph=False, repeats=1)
+                    began = time.perf_counter()
                     co = time_corun(lambda: wl.run(budget), part.decode_stream, True, alone,
                                     lambda: prefill.run(pbudget), part.prefill_stream, False,
                                     prefill_alone)
                     store.add(key, ms=co.ms, tbps=wl.rate(co.ms), covered=co.covered,
                               alone_tbps=wl.rate(alone), prefill_sms=part.prefill_sms,
-                              realized_sms=part.decode_sms)
+                              realized_sms=part.decode_sms, **_clock(clocks, began))
                 progress.point(key, store.get(key))
