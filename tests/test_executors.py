@@ -4,6 +4,7 @@ a warm-up once per strategy, kind, chunk and level policy, and on the GPU the co
 happened inside a measured block."""
 
 import dataclasses
+import gc
 import types
 
 import pytest
@@ -124,8 +125,13 @@ def test_a_watched_block_counts_compiles_captures_and_device_allocations():
     x = types.SimpleNamespace(graphs=types.SimpleNamespace(captures=3))  # what watch reads
     with gx.watch(x) as counts:
         pass
-    assert counts == {"compiles_during_measurement": 0, "captures_during_measurement": 0,
-                      "device_allocations_during_measurement": 0, "compiled": []}
+    guards = ("compiles_during_measurement", "captures_during_measurement",
+              "device_allocations_during_measurement", "compiled")
+    assert {k: counts[k] for k in guards} == {
+        "compiles_during_measurement": 0, "captures_during_measurement": 0,
+        "device_allocations_during_measurement": 0, "compiled": []}
+    assert set(counts) == {*guards, "gc_collections_during_measurement",
+                           "gc_pause_ms_during_measurement"}
     torch.cuda.empty_cache()  # so a large block needs a new segment
     with gx.watch(x) as counts:
         assert counts == {}  # filled in as the block exits
@@ -133,6 +139,9 @@ def test_a_watched_block_counts_compiles_captures_and_device_allocations():
         _fill[(1,)](big.view(torch.float32), BLOCK=64)
         _fill[(1,)](big.view(torch.float32), BLOCK=64)
         x.graphs.captures += 2
+        gc.collect()  # a collection inside: counted, its pause timed
+    assert counts["gc_collections_during_measurement"] >= 1
+    assert counts["gc_pause_ms_during_measurement"] > 0
     assert counts["compiles_during_measurement"] == 1 and "_fill" in counts["compiled"][0]
     assert counts["captures_during_measurement"] == 2
     assert counts["device_allocations_during_measurement"] >= 1
