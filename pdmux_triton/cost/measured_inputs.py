@@ -156,6 +156,17 @@ def _mixed_fit(mixed: dict) -> MixedStepFit:
     return MixedStepFit(float(mixed["fixed_s"]), None if mfu is None else float(mfu), tiles)
 
 
+def _pairs(entry: dict, key: str, kinds: tuple, path, what: str, required: bool = False) -> tuple:
+    """`entry[key]` as a tuple of typed pairs (none where it is absent and not required), or
+    one line that names it and what it needs."""
+    try:
+        pairs = entry[key] if required else entry.get(key, ())
+        return tuple((kinds[0](a), kinds[1](b)) for a, b in pairs)
+    except (KeyError, TypeError, ValueError):
+        raise PdmuxError(f"{path}: split_prefill_sustained's {key} needs [{what}] pairs "
+                         f"(bench/fit_host_costs.py --sustained, --busy)") from None
+
+
 def _sustained_ratios(data: dict, path) -> tuple[tuple, tuple, tuple, tuple]:
     """A host-costs file's `split_prefill_sustained`: its (prefill SMs, ratio) points, its
     (busy share, slowdown) points, its (prefill SMs, decode step factor) points and the
@@ -163,27 +174,17 @@ def _sustained_ratios(data: dict, path) -> tuple[tuple, tuple, tuple, tuple]:
     if "split_prefill_sustained" not in data:
         return (), (), (), ()
     sustained = data["split_prefill_sustained"]
-    try:
-        ratios = tuple((int(sms), float(ratio)) for sms, ratio in sustained["ratio_by_prefill_sms"])
-    except (KeyError, TypeError, ValueError):
+    if not isinstance(sustained, dict):
         raise PdmuxError(f"{path}: split_prefill_sustained needs ratio_by_prefill_sms, [prefill "
-                         f"SMs, ratio] pairs (bench/fit_host_costs.py --sustained)") from None
-    try:
-        slowdown = tuple((float(share), float(fraction)) for share, fraction
-                         in sustained.get("slowdown_by_busy_share", ()))
-    except (TypeError, ValueError):
-        raise PdmuxError(f"{path}: split_prefill_sustained's slowdown_by_busy_share needs [busy "
-                         f"share, fraction] pairs (bench/fit_host_costs.py --busy)") from None
-    try:
-        decode = tuple((int(sms), float(factor)) for sms, factor
-                       in sustained.get("decode_step_by_prefill_sms", ()))
-        decode_slowdown = tuple((float(share), float(fraction)) for share, fraction
-                                in sustained.get("decode_slowdown_by_busy_share", ()))
-    except (TypeError, ValueError):
-        raise PdmuxError(f"{path}: split_prefill_sustained's decode_step_by_prefill_sms and "
-                         f"decode_slowdown_by_busy_share need [prefill SMs, factor] and [busy "
-                         f"share, fraction] pairs (bench/fit_host_costs.py --busy)") from None
-    return ratios, slowdown, decode, decode_slowdown
+                         f"SMs, ratio] pairs (bench/fit_host_costs.py --sustained)")
+    return (_pairs(sustained, "ratio_by_prefill_sms", (int, float), path, "prefill SMs, ratio",
+                   required=True),
+            _pairs(sustained, "slowdown_by_busy_share", (float, float), path,
+                   "busy share, fraction"),
+            _pairs(sustained, "decode_step_by_prefill_sms", (int, float), path,
+                   "prefill SMs, factor"),
+            _pairs(sustained, "decode_slowdown_by_busy_share", (float, float), path,
+                   "busy share, fraction"))
 
 
 def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:

@@ -33,6 +33,12 @@ from pdmux_triton.spec.traffic import Request
 SUSTAINED_WINDOW_S = 0.5
 
 
+def _busy_curve(points: tuple[tuple[float, float], ...]) -> tuple[list[float], list[float]]:
+    """Measured (busy share, fraction of the way to the sustained rate) points between (0, 0)
+    and (1, 1), as `np.interp` reads them."""
+    return [0.0, *(s for s, _ in points), 1.0], [0.0, *(f for _, f in points), 1.0]
+
+
 @dataclass
 class SimPrefill:
     """A prefill batch's carry: its requests and when its last launched layer ends."""
@@ -53,15 +59,12 @@ class SimExecutor:
         # sustained power); the comparison's burst rate after an idle spell
         self.sustained_rate = prefill.sustained(overheads.split_prefill_sustained)
         # how far toward it by the share of the recent past it ran: (0, 0), as measured, (1, 1)
-        points = overheads.split_prefill_slowdown
-        self.slowdown_curve = ([0.0, *(s for s, _ in points), 1.0],
-                               [0.0, *(f for _, f in points), 1.0])
+        self.slowdown_curve = _busy_curve(overheads.split_prefill_slowdown)
         # the decode step beside it at those clocks: how much longer at most, by the prefill's
         # SMs (held at the ends; none given: never slower), and how far by the same busy share
         self.decode_sustained = tuple(zip(*sorted(overheads.split_decode_sustained))) or None
-        points = overheads.split_decode_slowdown or overheads.split_prefill_slowdown
-        self.decode_slowdown_curve = ([0.0, *(s for s, _ in points), 1.0],
-                                      [0.0, *(f for _, f in points), 1.0])
+        self.decode_slowdown_curve = _busy_curve(overheads.split_decode_slowdown
+                                                 or overheads.split_prefill_slowdown)
         self.overheads = overheads
         self.comm = comm or TensorParallel.of(model, 1)  # one GPU: no collectives
         # a disaggregated decode server: a request's KV comes over the link (`router`), so its
