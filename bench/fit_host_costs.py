@@ -19,8 +19,12 @@ it to a host-costs file (`calibrate --host-costs`'s):
   run on for seconds at the clocks a GPU under sustained power holds; with `--busy` (a
   sustained_corun.py file with `--busy-shares` rows), how far toward that rate a prefill busy
   a share of the time has slowed (`slowdown_by_busy_share`: the clocks hold while it idles
-  often enough), how much slower the decode step beside it runs once it has
-  (`decode_step_by_prefill_sms`) and how far by the busy share (`decode_slowdown_by_busy_share`);
+  often enough);
+- decode_beside_prefill: the decode step beside a split prefill as served over its co-run
+  price (the calibration's, with the extras above), by the prefill's busy share over the
+  half second before it: medians in busy-share bins (bench/corun_rounds.py's rounds) over the
+  pd-mux points that kept their launches' spans (trace_fidelity's); the co-run calibration
+  is timed at clocks the served rounds hold only part of the time;
 - whole_gpu_prefill: the MFU at which prefill-first's prefill batches bound by their GPU were
   served (each batch's FLOPs over its span less its eager step), where the measurements hold
   them (trace_fidelity's points): the comparison times prefill alone on at most its levels'
@@ -396,47 +400,6 @@ def busy_slowdown(path: str, gpu: str) -> list[list[float]]:
             for share, f in sorted(fractions.items())]
 
 
-def busy_decode_slowdown(path: str, gpu: str) -> dict:
-    """The decode step beside a split prefill as its clocks fall: each level's step beside the
-    prefill sustained over the same step at the lowest busy share measured, where the clocks
-    still hold (`decode_step_by_prefill_sms`, by prefill SMs, never below 1), and how far
-    toward it each busy share had gone (`decode_slowdown_by_busy_share`, the mean over levels
-    held to [0, 1]). A busy row's decode median mixes steps beside the prefill with steps
-    alone in its idle gaps: the steps beside it are unmixed as (median - (1 - share) x alone)
-    / share. Refused where the prefill had already slowed at the lowest share."""
-    lowest_share, lowest = busy_slowdown(path, gpu)[0]
-    if lowest > 0.05:
-        raise PdmuxError(f"{path}: the prefill had slowed {lowest:.2f} of the way at its lowest "
-                         f"busy share ({lowest_share:g}), so no share measured holds the clocks: "
-                         f"measure a lower one (bench/sustained_corun.py --busy-shares)")
-    by_key = sustained_rows(path, gpu)
-    factors: dict[int, list[float]] = {}
-    fractions: dict[float, list[float]] = {}
-    for (sms, tokens, prompts, mode), row in by_key.items():
-        if mode != "sustained beside decode" or not row.get("decode_step_ms_median"):
-            continue
-        beside = sorted((r["busy_share"], (r["decode_step_ms_median"] - (1 - r["busy_share"])
-                                           * r["decode_step_ms_alone"]) / r["busy_share"])
-                        for (s, t, n, _), r in by_key.items()
-                        if (s, t, n) == (sms, tokens, prompts) and r.get("busy_share")
-                        and r.get("decode_step_ms_median") and r.get("decode_step_ms_alone"))
-        if not beside:
-            continue
-        held, sustained = beside[0][1], row["decode_step_ms_median"]
-        factors.setdefault(int(sms), []).append(sustained / held)
-        for share, step in beside:
-            fractions.setdefault(float(share), []).append(
-                (step - held) / (sustained - held) if sustained > held else 0.0)
-    if not factors:
-        raise PdmuxError(f"{path} holds no level with a sustained-beside-decode row and busy "
-                         f"rows with their decode steps (made by bench/sustained_corun.py "
-                         f"--busy-shares)")
-    return {"decode_step_by_prefill_sms": [[sms, float(max(1.0, np.mean(f)))]
-                                           for sms, f in sorted(factors.items())],
-            "decode_slowdown_by_busy_share": [[share, float(np.clip(np.mean(f), 0.0, 1.0))]
-                                              for share, f in sorted(fractions.items())]}
-
-
 def sustained_ratios(path: str, gpu: str) -> dict:
     """Each level's sustained-beside-decode rate over its burst, by prefill SMs (the mean over
     the file's batches), as the host-costs file holds it."""
@@ -527,6 +490,17 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
         {"batch": r["batch"], "extra_s": r["gpu_s"] - step_cost.decode_step_s(
             model, decode, r["batch"] * r.get("context", HOST_COSTS_DECODE_CONTEXT),
             gpu.sms, False, r["batch"])} for r in host["decode_round"]]
+    # the served decode step beside a split prefill over its co-run price with these extras,
+    # by the prefill's busy share, where the points kept their launches' spans
+    from corun_rounds import ratio_by_busy  # it reads the rounds with this file's helpers
+
+    priced = replace(overheads, split_decode_by_busy=(), decode_step_extra=tuple(
+        (r["batch"], r["extra_s"]) for r in host["decode_step_extra"]))
+    curve, corun_rounds = ratio_by_busy([m for m in measured if m.endswith(".jsonl")],
+                                        calibration, compare, priced)
+    if curve:
+        host["decode_beside_prefill"] = {"ratio_by_busy_share": curve, "rounds": corun_rounds,
+                                         "source": source}
 
     # an eager step's fixed cost: the smallest chunks' rounds less their launches, in the file's
     # host, over the rounds their launches bound (first over all, for the prefill fit)
@@ -571,8 +545,7 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
         if "split_prefill_sustained" not in host:
             raise PdmuxError("--busy needs the sustained ratios it scales: give --sustained too")
         host["split_prefill_sustained"].update(
-            slowdown_by_busy_share=busy_slowdown(busy, gpu.name),
-            **busy_decode_slowdown(busy, gpu.name), busy_source=Path(busy).name)
+            slowdown_by_busy_share=busy_slowdown(busy, gpu.name), busy_source=Path(busy).name)
     lines = [f"eager step {step * 1e3:.2f} ms",
              "decode step beyond its bytes: " + ", ".join(
                  f"batch {r['batch']} {r['extra_s'] * 1e3:+.2f} ms"
@@ -593,13 +566,12 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
             lines.append("slowed toward it when busy a share of the time: " + ", ".join(
                 f"{share:.0%} busy {fraction:.2f}" for share, fraction
                 in host["split_prefill_sustained"]["slowdown_by_busy_share"]))
-        if "decode_step_by_prefill_sms" in host["split_prefill_sustained"]:
-            lines.append("the decode step beside it, sustained over clocks held: " + ", ".join(
-                f"{sms} SMs {factor:.3f}x" for sms, factor
-                in host["split_prefill_sustained"]["decode_step_by_prefill_sms"]) + "; of the "
-                "way by busy share: " + ", ".join(
-                f"{share:.0%} {fraction:.2f}" for share, fraction
-                in host["split_prefill_sustained"]["decode_slowdown_by_busy_share"]))
+    if "decode_beside_prefill" in host:
+        lines.append("the decode step beside a split prefill as served over its co-run price, by "
+                     "the prefill's busy share: " + ", ".join(
+                         f"{share:.0%} {ratio:.3f}" for share, ratio
+                         in host["decode_beside_prefill"]["ratio_by_busy_share"])
+                     + f" ({host['decode_beside_prefill']['rounds']} rounds)")
     if tiles is not None:
         lines.append("tile times: GEMM waves " + ", ".join(
             f"{a}x{b} {t * 1e6:.1f} us (a partial one {share:.2f} +)"

@@ -3,8 +3,8 @@ batches and contexts the cost model is wrong, and by how much.
 
 Serves a stream (a length preset at each rate) with pd-mux under SGLang's levels and under the
 slo policy, on the GPU (or, --simulate, on the cost model's clock: there the only errors are
-the guess of which steps ran beside a prefill, and the simulator's slowdown of a step beside a
-split prefill busy long enough for the clocks to fall, which this price leaves out). Each
+the guess of which steps ran beside a prefill, and the simulator's ratio for a step beside a
+split prefill by how busy that prefill kept the GPU, which this price leaves out). Each
 round's decode step, as the executor timed it, is set beside its price: the calibration's
 decode TB/s at the round's decode SMs (beside a prefill when the round launched prefill
 layers) over the weights and the batch's KV, plus the host-costs file's step extra for the

@@ -44,31 +44,32 @@ def test_measured_host_costs_are_the_file_run_reads(tmp_path, capsys):
     assert f"wrote {path}" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("entry", [[0.95], {"ratios": []}, {"ratio_by_prefill_sms": [[72]]},
-                                   {"ratio_by_prefill_sms": [["x", 0.9]]},
-                                   {"ratio_by_prefill_sms": [[72, 3.0]]},
-                                   {"ratio_by_prefill_sms": [[72, 0.9]],
-                                    "slowdown_by_busy_share": [[0.5]]},
-                                   {"ratio_by_prefill_sms": [[72, 0.9]],
-                                    "slowdown_by_busy_share": [[1.5, 0.5]]},
-                                   {"ratio_by_prefill_sms": [[72, 0.9]],
-                                    "decode_step_by_prefill_sms": [[72]]},
-                                   {"ratio_by_prefill_sms": [[72, 0.9]],
-                                    "decode_step_by_prefill_sms": [[72, 0.5]]},
-                                   {"ratio_by_prefill_sms": [[72, 0.9]],
-                                    "decode_step_by_prefill_sms": [[72, 1.1]],
-                                    "decode_slowdown_by_busy_share": [[0.5, 2.0]]}])
-def test_a_malformed_sustained_entry_is_refused_by_name(entry, tmp_path):
-    """The committed file's ratios load; a malformed `split_prefill_sustained` is refused in a
-    line that names it, not read as a file without eager layers."""
+@pytest.mark.parametrize("key, entry", [
+    ("split_prefill_sustained", [0.95]), ("split_prefill_sustained", {"ratios": []}),
+    ("split_prefill_sustained", {"ratio_by_prefill_sms": [[72]]}),
+    ("split_prefill_sustained", {"ratio_by_prefill_sms": [["x", 0.9]]}),
+    ("split_prefill_sustained", {"ratio_by_prefill_sms": [[72, 3.0]]}),
+    ("split_prefill_sustained", {"ratio_by_prefill_sms": [[72, 0.9]],
+                                 "slowdown_by_busy_share": [[0.5]]}),
+    ("split_prefill_sustained", {"ratio_by_prefill_sms": [[72, 0.9]],
+                                 "slowdown_by_busy_share": [[1.5, 0.5]]}),
+    ("decode_beside_prefill", [1.0]), ("decode_beside_prefill", {"ratios": []}),
+    ("decode_beside_prefill", {"ratio_by_busy_share": [[0.5]]}),
+    ("decode_beside_prefill", {"ratio_by_busy_share": [[1.5, 1.0]]}),
+    ("decode_beside_prefill", {"ratio_by_busy_share": [[0.5, 3.0]]})])
+def test_a_malformed_sustained_or_decode_entry_is_refused_by_name(key, entry, tmp_path):
+    """The committed file's ratios load; a malformed `split_prefill_sustained` or
+    `decode_beside_prefill` is refused in a line that names it, not read as a file without
+    eager layers."""
     path = tmp_path / "host-costs-h200.json"
     shutil.copy("bench/results/host-costs-h200.json", path)
     loaded = load_host_costs(path)
     assert loaded.split_prefill_sustained[0][0] == 72
     assert loaded.split_prefill_slowdown[0][0] == 0.3
-    assert loaded.split_decode_sustained[0][0] == 72 and loaded.split_decode_slowdown[0] == (
-        0.3, 0.0)
+    busy = [share for share, _ in loaded.split_decode_by_busy]
+    assert busy == sorted(busy) and 0 < busy[0] < busy[-1] < 1
     data = json.loads(path.read_text())
-    path.write_text(json.dumps({**data, "split_prefill_sustained": entry}))
-    with pytest.raises(PdmuxError, match="split_(prefill|decode)_(sustained|slowdown)"):
+    path.write_text(json.dumps({**data, key: entry}))
+    with pytest.raises(PdmuxError, match="split_prefill_(sustained|slowdown)|"
+                                         "(decode_beside_prefill|split_decode_by_busy)"):
         load_host_costs(path)

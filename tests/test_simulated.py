@@ -183,26 +183,24 @@ class _Link:
         return 0.0
 
 
-def test_a_decode_step_beside_a_busy_split_prefill_slows_with_its_clocks():
-    """A decode step beside a split prefill that ran the whole window before it takes the
-    level's sustained factor (read between the prefill SMs given); a share of the window, the
-    decode curve's fraction of it; after an idle spell, or with no factors, the comparison's
-    co-run price; alone, never; a tensor-parallel rank's collectives keep their time."""
+def test_a_decode_step_beside_a_split_prefill_takes_the_served_ratio_of_its_busy_share():
+    """A decode step beside a split prefill takes the served ratio (read between the busy
+    shares given, held at the ends) of the share of the window before it that the prefill ran:
+    the whole window, the last point's; a part, the ratio read there; after an idle spell, the
+    first point's; with no ratios, the comparison's co-run price; alone, never; a
+    tensor-parallel rank's collectives keep their time. The prefill's spans are kept with no
+    sustained terms of its own."""
     law = step_cost.SaturationLaw(H100.hbm_tbps * 0.85, 66.0)
     rate = step_cost.PrefillRate(H100.bf16_tflops, H100.sms, ((60, 0.5), (112, 0.6)))
     level = next(lv for lv in sglang_rules.stream_groups(H100.sms, H100.cc_major)
                  if 0 < lv[1] < H100.sms)
     req = traffic.Request(0, 4096, 1, 0.0)
     decoding = [traffic.Request(1, 2048, 64, 0.0)]
+    ratios = ((0.2, 0.95), (0.6, 1.0), (0.95, 1.1))
 
-    def steps(factors, busy_spells, comm=None):
-        host = step_cost.Overheads(split_prefill_sustained=((60, 0.8), (112, 0.8)),
-                                   # the prefill keeps its burst rate below 90% busy, so its
-                                   # spans, and the share they fill, are exact
-                                   split_prefill_slowdown=((0.9, 0.0),),
-                                   split_decode_sustained=factors,
-                                   split_decode_slowdown=((0.5, 0.25),) if factors else ())
-        x = SimExecutor(H100, QWEN, law, rate, overheads=host, comm=comm)
+    def steps(by_busy, busy_spells, comm=None):
+        x = SimExecutor(H100, QWEN, law, rate, comm=comm,
+                        overheads=step_cost.Overheads(split_decode_by_busy=by_busy))
         x.start(decoding)
         x.set_level(level)
         out = []
@@ -219,24 +217,21 @@ def test_a_decode_step_beside_a_busy_split_prefill_slows_with_its_clocks():
 
     plain, sms = steps((), 0)
     layer = step_cost.compute_s(step_cost.layer_flops(QWEN, 4096, 0, 1), rate, sms, True)
-    factor = float(np.interp(sms, (60, 112), (1.1, 1.3)))
-    whole, _ = steps(((60, 1.1), (112, 1.3)), int(SUSTAINED_WINDOW_S / layer) + 2)
-    part = int(0.3 * SUSTAINED_WINDOW_S / layer)
+    whole, _ = steps(ratios, int(SUSTAINED_WINDOW_S / layer) + 2)
+    part = int(0.4 * SUSTAINED_WINDOW_S / layer)
     share = part * layer / SUSTAINED_WINDOW_S
-    some, _ = steps(((60, 1.1), (112, 1.3)), part)
-    fresh, _ = steps(((60, 1.1), (112, 1.3)), 0)
-    assert 0.1 < share < 0.5
-    assert whole[0] == pytest.approx(plain[0] * factor, rel=1e-9)  # beside: the whole factor
-    assert some[0] == pytest.approx(plain[0] * (1 + share / 2 * (factor - 1)), rel=1e-6)
-    assert fresh[0] == pytest.approx(plain[0], rel=1e-9)  # after idle: the clocks held
-    assert whole[1] == fresh[1] == plain[1]  # alone: never slowed
-    linked, _ = steps(((60, 1.1), (112, 1.3)), int(SUSTAINED_WINDOW_S / layer) + 2, _Link())
-    assert linked[0] == pytest.approx(plain[0] * factor + 0.001, rel=1e-9)
-    with pytest.raises(PdmuxError, match="split_decode_sustained needs prefill SMs"):
-        step_cost.Overheads(split_prefill_sustained=((60, 0.8),),
-                            split_decode_sustained=((60, 0.9),))
-    with pytest.raises(PdmuxError, match="needs split_prefill_sustained"):
-        step_cost.Overheads(split_decode_sustained=((60, 1.1),))
+    some, _ = steps(ratios, part)
+    fresh, _ = steps(ratios, 0)
+    assert 0.2 < share < 0.6
+    assert whole[0] == pytest.approx(plain[0] * 1.1, rel=1e-9)  # busy throughout: held at 1.1
+    assert some[0] == pytest.approx(plain[0] * (0.95 + (share - 0.2) / 0.4 * 0.05), rel=1e-6)
+    assert fresh[0] == pytest.approx(plain[0] * 0.95, rel=1e-9)  # after idle: the first ratio
+    assert whole[1] == fresh[1] == plain[1]  # alone: never scaled
+    linked, _ = steps(ratios, int(SUSTAINED_WINDOW_S / layer) + 2, _Link())
+    assert linked[0] == pytest.approx(plain[0] * 1.1 + 0.001, rel=1e-9)
+    for bad in ((1.5, 1.0), (0.5, 0.2), (0.5, float("nan"))):
+        with pytest.raises(PdmuxError, match="split_decode_by_busy needs busy shares"):
+            step_cost.Overheads(split_decode_by_busy=(bad,))
 
 
 @pytest.mark.parametrize("launch_s", [0.0001, 0.002])

@@ -156,35 +156,43 @@ def _mixed_fit(mixed: dict) -> MixedStepFit:
     return MixedStepFit(float(mixed["fixed_s"]), None if mfu is None else float(mfu), tiles)
 
 
-def _pairs(entry: dict, key: str, kinds: tuple, path, what: str, required: bool = False) -> tuple:
+def _pairs(entry: dict, key: str, kinds: tuple, path, where: str, what: str,
+           required: bool = False) -> tuple:
     """`entry[key]` as a tuple of typed pairs (none where it is absent and not required), or
-    one line that names it and what it needs."""
+    one line that names it, the file's entry it is in (`where`) and what it needs."""
     try:
         pairs = entry[key] if required else entry.get(key, ())
         return tuple((kinds[0](a), kinds[1](b)) for a, b in pairs)
     except (KeyError, TypeError, ValueError):
-        raise PdmuxError(f"{path}: split_prefill_sustained's {key} needs [{what}] pairs "
-                         f"(bench/fit_host_costs.py --sustained, --busy)") from None
+        raise PdmuxError(f"{path}: {where}'s {key} needs [{what}] pairs "
+                         f"(bench/fit_host_costs.py)") from None
 
 
-def _sustained_ratios(data: dict, path) -> tuple[tuple, tuple, tuple, tuple]:
-    """A host-costs file's `split_prefill_sustained`: its (prefill SMs, ratio) points, its
-    (busy share, slowdown) points, its (prefill SMs, decode step factor) points and the
-    decode's (busy share, slowdown) points, none where it has none."""
+def _sustained_ratios(data: dict, path) -> tuple[tuple, tuple]:
+    """A host-costs file's `split_prefill_sustained`: its (prefill SMs, ratio) points and its
+    (busy share, slowdown) points, none where it has none."""
     if "split_prefill_sustained" not in data:
-        return (), (), (), ()
+        return (), ()
     sustained = data["split_prefill_sustained"]
     if not isinstance(sustained, dict):
         raise PdmuxError(f"{path}: split_prefill_sustained needs ratio_by_prefill_sms, [prefill "
                          f"SMs, ratio] pairs (bench/fit_host_costs.py --sustained)")
-    return (_pairs(sustained, "ratio_by_prefill_sms", (int, float), path, "prefill SMs, ratio",
-                   required=True),
-            _pairs(sustained, "slowdown_by_busy_share", (float, float), path,
-                   "busy share, fraction"),
-            _pairs(sustained, "decode_step_by_prefill_sms", (int, float), path,
-                   "prefill SMs, factor"),
-            _pairs(sustained, "decode_slowdown_by_busy_share", (float, float), path,
+    where = "split_prefill_sustained"
+    return (_pairs(sustained, "ratio_by_prefill_sms", (int, float), path, where,
+                   "prefill SMs, ratio", required=True),
+            _pairs(sustained, "slowdown_by_busy_share", (float, float), path, where,
                    "busy share, fraction"))
+
+
+def _decode_by_busy(data: dict, path) -> tuple:
+    """A host-costs file's `decode_beside_prefill`: the served decode step beside a split
+    prefill over its co-run price, (busy share, ratio) points; none where it has none."""
+    entry = data.get("decode_beside_prefill", {})
+    if not isinstance(entry, dict):
+        raise PdmuxError(f"{path}: decode_beside_prefill needs ratio_by_busy_share, [busy share, "
+                         f"ratio] pairs (bench/fit_host_costs.py)")
+    return _pairs(entry, "ratio_by_busy_share", (float, float), path, "decode_beside_prefill",
+                  "busy share, ratio", required="decode_beside_prefill" in data)
 
 
 def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
@@ -193,12 +201,13 @@ def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
     extend kernel's padded decode rows, and where bench/fit_host_costs.py added them, the
     fixed cost of an eager step, a captured decode step's cost beyond its bytes, the mixed
     step's fit, the MFU a prefill with the whole GPU is served at, and what a level's prefill
-    keeps of its burst rate sustained beside decode, how far it slows toward that when busy
-    part of the time, and how much slower the decode beside it then runs
-    (bench/sustained_corun.py)."""
+    keeps of its burst rate sustained beside decode and how far it slows toward that when busy
+    part of the time (bench/sustained_corun.py), and the decode step beside it as served over
+    its co-run price, by its busy share."""
     data = read_json(path, "host-costs file")
     _check_gpu(data, path, "host-costs file", gpu)
-    sustained, slowdown, decode_sustained, decode_slowdown = _sustained_ratios(data, path)
+    sustained, slowdown = _sustained_ratios(data, path)
+    decode_by_busy = _decode_by_busy(data, path)
     try:
         layers = sorted(float(r["host_s"]) for r in data["eager_layer"])
         rounds = sorted(max(0.0, float(r["wall_s"]) - float(r["gpu_s"])) for r in data["decode_round"])
@@ -215,4 +224,4 @@ def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
                          f"file (made by `pdmux-triton calibrate --host-costs`)") from None
     # outside the try: a value out of range is refused by name (PdmuxError is a ValueError)
     return Overheads(round_s, layer_s, step, EXTEND_TILE_ROWS, extra, fit, whole_mfu, sustained,
-                     slowdown, decode_sustained, decode_slowdown)
+                     slowdown, decode_by_busy)

@@ -425,15 +425,15 @@ class Overheads:
     of the comparison's burst rate when it runs on beside its decode (`split_prefill_sustained`,
     (prefill SMs, ratio) points, `PrefillRate.sustained`), and how far toward that rate it
     has slowed when it ran a share of the recent past (`split_prefill_slowdown`, (busy share,
-    fraction) points between (0, 0) and (1, 1); none: the fraction is the share), how much
-    longer a decode step beside it takes once its clocks have fallen all the way
-    (`split_decode_sustained`, (prefill SMs, factor) points), and how far by the prefill's busy
-    share (`split_decode_slowdown`, the decode's own points; none: the prefill's). An eager
+    fraction) points between (0, 0) and (1, 1); none: the fraction is the share), and the
+    decode step beside a split prefill as served over its co-run price, by that prefill's busy
+    share (`split_decode_by_busy`, (busy share, ratio) points, held at the ends: the clocks
+    fall as it keeps the GPU busy; none: the co-run price as it is). An eager
     step ends no earlier than its launches, and the host launches nothing else meanwhile. None
     by default (the chapter's model); `calibrate --host-costs` measures the host's share,
-    bench/fit_host_costs.py fits the eager step, the step extras, the mixed step and the whole
-    GPU's MFU to measured runs and reads the sustained terms from bench/sustained_corun.py's
-    files."""
+    bench/fit_host_costs.py fits the eager step, the step extras, the mixed step, the whole
+    GPU's MFU and the decode step beside a split prefill to measured runs and reads the
+    prefill's sustained terms from bench/sustained_corun.py's files."""
 
     decode_round_s: float = 0.0
     layer_launch_s: float = 0.0
@@ -444,8 +444,7 @@ class Overheads:
     whole_gpu_prefill_mfu: float | None = None
     split_prefill_sustained: tuple[tuple[int, float], ...] = ()
     split_prefill_slowdown: tuple[tuple[float, float], ...] = ()
-    split_decode_sustained: tuple[tuple[int, float], ...] = ()
-    split_decode_slowdown: tuple[tuple[float, float], ...] = ()
+    split_decode_by_busy: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self):
         for name in ("decode_round_s", "layer_launch_s", "eager_step_s"):
@@ -459,18 +458,14 @@ class Overheads:
             if not (isinstance(sms, int) and sms >= 1 and np.isfinite(ratio) and 0 < ratio <= 2):
                 raise PdmuxError(f"split_prefill_sustained needs prefill SMs >= 1 and ratios in "
                                  f"(0, 2], got ({sms!r}, {ratio!r})")
-        for name in ("split_prefill_slowdown", "split_decode_slowdown"):
-            for share, fraction in getattr(self, name):
-                if not (0 < share < 1 and 0 <= fraction <= 1):
-                    raise PdmuxError(f"{name} needs busy shares in (0, 1) and fractions in "
-                                     f"[0, 1], got ({share!r}, {fraction!r})")
-        if self.split_decode_sustained and not self.split_prefill_sustained:
-            raise PdmuxError("split_decode_sustained needs split_prefill_sustained: the decode "
-                             "slows by the busy share of a split prefill that slows too")
-        for sms, factor in self.split_decode_sustained:
-            if not (isinstance(sms, int) and sms >= 1 and np.isfinite(factor) and 1 <= factor <= 2):
-                raise PdmuxError(f"split_decode_sustained needs prefill SMs >= 1 and factors in "
-                                 f"[1, 2], got ({sms!r}, {factor!r})")
+        for share, fraction in self.split_prefill_slowdown:
+            if not (0 < share < 1 and 0 <= fraction <= 1):
+                raise PdmuxError(f"split_prefill_slowdown needs busy shares in (0, 1) and "
+                                 f"fractions in [0, 1], got ({share!r}, {fraction!r})")
+        for share, ratio in self.split_decode_by_busy:
+            if not (0 <= share <= 1 and np.isfinite(ratio) and 0.5 <= ratio <= 2):
+                raise PdmuxError(f"split_decode_by_busy needs busy shares in [0, 1] and ratios "
+                                 f"in [0.5, 2], got ({share!r}, {ratio!r})")
         if not (isinstance(self.decode_row_tile, int) and self.decode_row_tile >= 1):
             raise PdmuxError(f"decode_row_tile must be an integer >= 1, got {self.decode_row_tile!r}")
         for batch, seconds in self.decode_step_extra:

@@ -60,11 +60,11 @@ class SimExecutor:
         self.sustained_rate = prefill.sustained(overheads.split_prefill_sustained)
         # how far toward it by the share of the recent past it ran: (0, 0), as measured, (1, 1)
         self.slowdown_curve = _busy_curve(overheads.split_prefill_slowdown)
-        # the decode step beside it at those clocks: how much longer at most, by the prefill's
-        # SMs (held at the ends; none given: never slower), and how far by the same busy share
-        self.decode_sustained = tuple(zip(*sorted(overheads.split_decode_sustained))) or None
-        self.decode_slowdown_curve = _busy_curve(overheads.split_decode_slowdown
-                                                 or overheads.split_prefill_slowdown)
+        # the decode step beside it as served over its co-run price, by the same busy share
+        # (held at the ends; none given: the price as it is)
+        self.decode_by_busy = tuple(zip(*sorted(overheads.split_decode_by_busy))) or None
+        # the split prefill's spans are kept where either term reads its busy share
+        self.tracks_busy = bool(overheads.split_prefill_sustained or self.decode_by_busy)
         self.overheads = overheads
         self.comm = comm or TensorParallel.of(model, 1)  # one GPU: no collectives
         # a disaggregated decode server: a request's KV comes over the link (`router`), so its
@@ -127,10 +127,8 @@ class SimExecutor:
         step = step_cost.served_decode_step_s(self.model, self.decode_rate, self.overheads,
                                               sum(r.context for r in reqs), self.sms["decode"],
                                               corun, len(reqs))
-        if corun and self.decode_sustained:  # beside a split prefill whose clocks have fallen
-            factor = float(np.interp(self.sms["prefill"], *self.decode_sustained))
-            busy = self._prefill_busy(start)
-            step *= 1 + float(np.interp(busy, *self.decode_slowdown_curve)) * (factor - 1)
+        if corun and self.decode_by_busy:  # beside a split prefill, as busy as it has been
+            step *= float(np.interp(self._prefill_busy(start), *self.decode_by_busy))
         step += self.comm.decode_s(step_cost.padded_batch(len(reqs)))  # the link keeps its pace
         self.decode_steps.append(step)
         self.t = max(self.t, self._enqueue("decode", step, launched))
@@ -163,14 +161,13 @@ class SimExecutor:
         # on a split, decode steps run beside it; on the whole GPU, nothing does
         beside_decode = self.sms["prefill"] < self.total_sms
         seconds = step_cost.compute_s(flops, self.prefill_rate, self.sms["prefill"], beside_decode)
-        slows = beside_decode and bool(self.overheads.split_prefill_sustained)
-        if slows:
+        if beside_decode and self.overheads.split_prefill_sustained:
             slow = step_cost.compute_s(flops, self.sustained_rate, self.sms["prefill"], True)
             busy = self._prefill_busy(max(began, self.free["prefill"]))
             seconds += self._slowdown(busy) * (slow - seconds)
         seconds += talk
         ran_until = self._enqueue("prefill", seconds, began)
-        if slows:
+        if beside_decode and self.tracks_busy:
             # every later look is at or after the host's clock, less at most the round's own
             # launches for a decode step launched before this prefill: a window's margin
             self.prefill_spans = [(a, b) for a, b in self.prefill_spans
