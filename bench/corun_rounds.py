@@ -46,14 +46,18 @@ POINTS = ("bench/results/trace-fidelity/points-h200.jsonl",
           *sorted(glob.glob("bench/results/prefix-cache/*/capacity-diagnostics-h200.jsonl")))
 BUSY = (0.3, 0.6, 0.8, 0.95)  # busy-share bin edges: <0.3, 0.3-0.6, ..., >=0.95
 COVERED = (0.5, 0.9)  # the step's share its prefill's launches covered: <0.5, 0.5-0.9, >=0.9
+# the strategies whose split levels the pricer's grid-capped curves price (green: its own kind)
+GRID_CAPPED_PDMUX = ("pdmux_grid_cap", "pdmux_slo_grid_cap")
 
 
 class Pricer:
     """A points file's GPU, model and pd-mux levels, and the simulator's price of a decode step
-    (`SimExecutor.wait_decode`'s, without and with its busy-share term), from the calibration,
-    comparison and overheads given."""
+    (`SimExecutor.decode_price_s`, without and with its busy ratio), from the calibration,
+    comparison and overheads given (`gpu`: the GPU that bench/trace_fidelity.py's points ran
+    on; a capacity folder names its own)."""
 
-    def __init__(self, path: str, calibration: str, compare: str, overheads: step_cost.Overheads):
+    def __init__(self, path: str, calibration: str, compare: str, overheads: step_cost.Overheads,
+                 gpu: str):
         p = Path(path)
         if not p.is_file():
             raise PdmuxError(f"{path}: no such points file")
@@ -63,8 +67,8 @@ class Pricer:
             self.gpu, self.model = measured_gpu(p.parent, name), ModelSpec(**saved["model"])
             config = PDMuxConfig(**saved["config"])
             self.source = "capacity" if p.parent.name == "results" else p.parent.name
-        else:  # bench/trace_fidelity.py's points: its model on the H200
-            self.gpu, self.model = gpu_preset("h200"), model_preset(MODEL)
+        else:  # bench/trace_fidelity.py's points: its model
+            self.gpu, self.model = gpu_preset(gpu), model_preset(MODEL)
             self.source, config = p.parent.name, PDMuxConfig()
         self.levels = config.levels(self.gpu.sms, self.gpu.cc_major)
         decode = load_calibration(calibration, self.gpu.name).decode_curve("grid_cap")
@@ -81,12 +85,10 @@ class Pricer:
         return (0 if spec.whole_gpu else spec.prefill_sms), spec.decode_sms
 
     def price_s(self, x: dict) -> tuple[float, float]:
-        """A round's decode step as the simulator prices it: without and with its busy term."""
-        step = step_cost.served_decode_step_s(self.model, self.sim.decode_rate, self.sim.overheads,
-                                              x["context"], x["decode_sms"], x["corun"], x["batch"])
-        if not x["corun"] or not self.sim.decode_by_busy:
-            return step, step
-        return step, step * float(np.interp(x["busy"], *self.sim.decode_by_busy))
+        """A round's decode step as the simulator prices it: without and with its busy ratio."""
+        return tuple(self.sim.decode_price_s(x["context"], x["decode_sms"], x["corun"],
+                                             x["batch"], busy)
+                     for busy in (None, x.get("busy")))
 
 
 def covered_s(spans: np.ndarray, a: float, b: float) -> float:
@@ -132,20 +134,20 @@ def decode_rounds(point: dict, pricer: Pricer, where: str) -> list[dict]:
             # launch spans: the share of the step they covered; batches: in flight as it began
             x["coverage"] = covered_s(spans, a, b) / (b - a) if launches else None
             x["corun"] = covered_s(spans, a, b if launches else a + 1e-6) > 0
-        x["price_ms"], x["price_with_factor_ms"] = (s * 1e3 for s in pricer.price_s(x))
+        x["price_ms"], x["price_with_ratio_ms"] = (s * 1e3 for s in pricer.price_s(x))
     return rounds
 
 
 def medians(rows: list[dict], key, names=None) -> dict:
-    """Rounds and median measured / price (without the clock factor, with it) by `key` (an
+    """Rounds and median measured / price (without the busy ratio, with it) by `key` (an
     index into `names` where given)."""
     groups = defaultdict(list)
     for x in rows:
         groups[key(x)].append(x)
     ratio = lambda g, price: float(np.median([x["measured_ms"] / x[price] for x in g]))
     return {str(k if names is None else names[k]): {
-        "rounds": len(g), "no_factor": ratio(g, "price_ms"),
-        "factor": ratio(g, "price_with_factor_ms")} for k, g in sorted(groups.items())}
+        "rounds": len(g), "without_ratio": ratio(g, "price_ms"),
+        "with_ratio": ratio(g, "price_with_ratio_ms")} for k, g in sorted(groups.items())}
 
 
 def bins(edges) -> list[str]:
@@ -170,25 +172,31 @@ def summary(rows: list[dict]) -> dict:
 
 
 def ratio_by_busy(paths, calibration: str, compare: str, overheads: step_cost.Overheads,
-                  min_rounds: int = 30) -> tuple[list[list[float]], int]:
-    """The served decode step beside a split prefill over its co-run price without the busy
-    term, by busy share: (median busy share, median ratio) in each `BUSY` bin holding at least
-    `min_rounds` rounds, over the points that kept their launches' spans (the busy share on the
-    GPU's clock); and the rounds it rests on."""
-    rows = []
+                  gpu: str, min_rounds: int = 30) -> dict:
+    """The served decode step beside a grid-capped split prefill over its co-run price without
+    the busy ratio, by busy share: (median busy share, median ratio) in each `BUSY` bin holding
+    at least `min_rounds` rounds (`ratio_by_busy_share`), over the pd-mux points that kept their
+    launches' spans (the busy share on the GPU's clock; a round counts as beside the prefill
+    where any launch of it overlaps, as the simulator counts a step whose prefill queue ends
+    after it starts); with the rounds it rests on, those in bins too thin to keep, and the
+    files that held such points."""
+    rows, used = [], []
     for path in paths:
-        pricer = Pricer(path, calibration, compare, overheads)
+        pricer = Pricer(path, calibration, compare, overheads, gpu)
         for point, _ in timed_points(path):
-            if "busy_us" in point["diagnostics"] and "pdmux" in point["strategy"]:
+            if "busy_us" in point["diagnostics"] and point["strategy"] in GRID_CAPPED_PDMUX:
                 rows += [x for x in decode_rounds(point, pricer, f"{path} {point['strategy']}")
                          if x["corun"]]
+                used += [] if path in used else [path]
     groups = defaultdict(list)
     for x in rows:
         groups[int(np.digitize(x["busy"], BUSY))].append(x)
-    curve = [[float(np.median([x["busy"] for x in g])),
-              float(np.median([x["measured_ms"] / x["price_ms"] for x in g]))]
-             for _, g in sorted(groups.items()) if len(g) >= min_rounds]
-    return curve, sum(len(g) for g in groups.values() if len(g) >= min_rounds)
+    kept = [g for _, g in sorted(groups.items()) if len(g) >= min_rounds]
+    return {"ratio_by_busy_share": [[float(np.median([x["busy"] for x in g])),
+                                     float(np.median([x["measured_ms"] / x["price_ms"]
+                                                      for x in g]))] for g in kept],
+            "rounds": sum(map(len, kept)), "rounds_in_thin_bins": len(rows) - sum(map(len, kept)),
+            "files": used}
 
 
 def table(data: dict) -> str:
@@ -200,18 +208,18 @@ def table(data: dict) -> str:
         lines += ["", f"{name} ({s['points']} points at {rates} req/s)"]
         if busy := s["summary"]["corun_by_busy"]:
             lines.append(f"{'  busy':<22}" + "".join(f"{b:>17}" for b in bins(BUSY)))
-            for which in ("no_factor", "factor"):
+            for which in ("without_ratio", "with_ratio"):
                 lines.append(f"{'  ' + which:<22}" + "".join(f"{cell(busy.get(b), which):>17}"
                                                              for b in bins(BUSY)))
-            for e in s.get("each_point", ()):  # each point's, without the factor
+            for e in s.get("each_point", ()):  # each point's, without the ratio
                 at = f"{e['rate']:g}" + (f" @{e['start']}" if e["start"] is not None else "")
                 lines.append(f"{'    ' + at:<22}" + "".join(
-                    f"{cell(e['summary']['corun_by_busy'].get(b), 'no_factor'):>17}"
+                    f"{cell(e['summary']['corun_by_busy'].get(b), 'without_ratio'):>17}"
                     for b in bins(BUSY)))
         for key, g in s["summary"].items():
             if key != "corun_by_busy" and g:
                 lines.append(f"  {key.replace('_', ' ')}: " + "  ".join(
-                    f"{n} {v['no_factor']:.3f} [{v['factor']:.3f}] ({v['rounds']})"
+                    f"{n} {v['without_ratio']:.3f} [{v['with_ratio']:.3f}] ({v['rounds']})"
                     for n, v in g.items()))
     return "\n".join(lines)
 
@@ -219,8 +227,11 @@ def table(data: dict) -> str:
 def run(args) -> int:
     points, rows = defaultdict(list), defaultdict(list)  # by data set: each point, every round
     for path in args.points:
-        pricer = Pricer(path, args.calibration, args.compare, load_host_costs(args.host_costs))
+        pricer = Pricer(path, args.calibration, args.compare, load_host_costs(args.host_costs),
+                        read_json(args.host_costs, "host-costs file").get("gpu", ""))
         for point, _ in timed_points(path):
+            if "green" in point["strategy"]:  # its split levels' SMs and curve: another kind
+                continue
             d = point["diagnostics"]
             rate = point.get("rate", d.get("rate"))
             name = " ".join(filter(None, (pricer.source, point.get("trace"), point["strategy"])))

@@ -79,7 +79,8 @@ MIN_PREFILLS = 10  # GPU-bound prefill batches a whole-GPU MFU is fitted to, at 
 GPU_BOUND_MARGIN = 2  # a batch whose GPU time is this many times its launches is bound by it
 # what it fits to served runs (split_prefill_sustained, which it also adds, is carried from a
 # measurement of its own: a held-out judgement keeps it)
-FITTED = ("eager_step", "decode_step_extra", "whole_gpu_prefill", "mixed_step")
+FITTED = ("eager_step", "decode_step_extra", "whole_gpu_prefill", "mixed_step",
+          "decode_beside_prefill")
 # calibrate --host-costs' decode rounds: 512-token prompts, 30 steps (files before it said so)
 HOST_COSTS_DECODE_CONTEXT = 512 + 15
 
@@ -496,11 +497,14 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
 
     priced = replace(overheads, split_decode_by_busy=(), decode_step_extra=tuple(
         (r["batch"], r["extra_s"]) for r in host["decode_step_extra"]))
-    curve, corun_rounds = ratio_by_busy([m for m in measured if m.endswith(".jsonl")],
-                                        calibration, compare, priced)
-    if curve:
-        host["decode_beside_prefill"] = {"ratio_by_busy_share": curve, "rounds": corun_rounds,
-                                         "source": source}
+    beside = ratio_by_busy([m for m in measured if m.endswith(".jsonl")], calibration, compare,
+                           priced, gpu.name)
+    # two bins at least, or none: a ratio fitted before, to other extras, does not stay
+    host.pop("decode_beside_prefill", None)
+    if len(beside["ratio_by_busy_share"]) >= 2:
+        host["decode_beside_prefill"] = {
+            **beside, "files": [f"{Path(m).parent.name}/{Path(m).name}" for m in beside["files"]],
+            "calibration": Path(calibration).name, "compare": Path(compare).name}
 
     # an eager step's fixed cost: the smallest chunks' rounds less their launches, in the file's
     # host, over the rounds their launches bound (first over all, for the prefill fit)
@@ -508,7 +512,8 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
     small = np.array([r["size"] == size for r in rows])
     less_launches = np.array([(r["seconds"] - model.layers * r["host_s"])
                               * overheads.layer_launch_s / r["host_s"] for r in rows])
-    overheads = replace(overheads, eager_step_s=float(np.median(less_launches[small])))
+    overheads = replace(overheads, eager_step_s=_eager_step_s(less_launches[small], size,
+                                                              model, overheads))
     whole = (fit_whole_gpu_prefill(prefills, model, prefill, overheads)
              if prefills is not None else None)
     if whole is not None:
@@ -530,12 +535,7 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
     if not bound.any():
         raise PdmuxError(f"no chunked_{size} round was bound by its launches: an eager step's "
                          f"fixed cost cannot be read from them")
-    step = float(np.median(less_launches[bound]))
-    if step < 0:
-        raise PdmuxError(f"chunked_{size}'s rounds bound by their launches took less than "
-                         f"{model.layers} launches at the host's launch time "
-                         f"({overheads.layer_launch_s * 1e3:.2f} ms a layer, the file's where the "
-                         f"run did not time its own): fit to a run that timed its host")
+    step = _eager_step_s(less_launches[bound], size, model, overheads)
     host["eager_step"] = {"seconds": step, "source": f"{names}: median "
                           f"chunked_{size} round bound by its launches less its {model.layers} "
                           f"layer launches, on this file's host", "rounds": int(bound.sum())}
@@ -572,6 +572,10 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
                          f"{share:.0%} {ratio:.3f}" for share, ratio
                          in host["decode_beside_prefill"]["ratio_by_busy_share"])
                      + f" ({host['decode_beside_prefill']['rounds']} rounds)")
+    else:
+        lines.append("the decode step beside a split prefill: no busy ratio fitted (no two "
+                     "busy-share bins of pd-mux rounds with their launch spans): its co-run "
+                     "price as it is")
     if tiles is not None:
         lines.append("tile times: GEMM waves " + ", ".join(
             f"{a}x{b} {t * 1e6:.1f} us (a partial one {share:.2f} +)"
@@ -587,6 +591,18 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
                  f"({quality['launch_bound_share']:.0%} bound by their launches) |error| median "
                  f"{quality['median_abs_error']:.1%}, p90 {quality['p90_abs_error']:.1%}")
     return host, lines
+
+
+def _eager_step_s(less_launches: np.ndarray, size: int, model, overheads) -> float:
+    """The median of chunked rounds less their layers' launches; refused where it is negative
+    (the rounds took less than their launches at the host's launch time)."""
+    step = float(np.median(less_launches))
+    if step < 0:
+        raise PdmuxError(f"chunked_{size}'s rounds took less than {model.layers} launches at the "
+                         f"host's launch time ({overheads.layer_launch_s * 1e3:.2f} ms a layer, "
+                         f"the file's where the run did not time its own): fit to a run that "
+                         f"timed its host")
+    return step
 
 
 def fit(args) -> int:

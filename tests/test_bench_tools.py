@@ -451,10 +451,11 @@ def test_corun_rounds_reads_the_busy_share_and_coverage_from_a_points_launches()
     assert covered_s(spans, 3.0, 4.0) == 0.0
     assert covered_s(spans, -1.0, 9.0) == pytest.approx(2.5)
     host = "bench/results/host-costs-h200.json"
-    curve, rounds = ratio_by_busy(["bench/results/trace-fidelity/points-h200.jsonl"],
-                                  "bench/results/calibrate-h200.json",
-                                  "bench/results/compare-h200.json", load_host_costs(host))
-    assert rounds > 5000 and len(curve) >= 3
+    fit = ratio_by_busy(["bench/results/trace-fidelity/points-h200.jsonl"],
+                        "bench/results/calibrate-h200.json", "bench/results/compare-h200.json",
+                        load_host_costs(host), "h200")
+    curve = fit["ratio_by_busy_share"]
+    assert fit["rounds"] > 5000 and len(curve) >= 3
     assert [b for b, _ in curve] == sorted(b for b, _ in curve)
     assert curve[0][1] < 1.0 < curve[-1][1]
 
@@ -526,12 +527,23 @@ def test_fit_host_costs_on_the_h200_trace_points_and_stream_run(tmp_path):
                             committed["decode_beside_prefill"]["ratio_by_busy_share"],
                             strict=True):
         assert got == pytest.approx(shipped)
-    # the older stream run did not time its host, and its launch-bound rounds are shorter than
-    # 36 launches at the file's: refused in one line, the file untouched
-    out = _fit("bench/results/stream-h200.json", host)
+    # the older stream run did not time its host: its rounds are read on the file's host, and
+    # on one twice as slow its launch-bound rounds last less than their 36 launches: refused in
+    # one line, the file untouched
+    slow = tmp_path / "slow.json"
+    slow.write_text(json.dumps({**fitted, "eager_layer": [
+        {**r, "host_s": 2 * r["host_s"]} for r in fitted["eager_layer"]]}))
+    before = slow.read_text()
+    out = _fit("bench/results/stream-h200.json", slow)
     assert out.returncode == 2 and "fit to a run that timed its host" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
-    assert json.loads(host.read_text()) == fitted
+    assert slow.read_text() == before
+    # on the file's host it fits; it holds no pd-mux round with launch spans, so the busy ratio
+    # fitted to the trace points' rounds (and their extras) goes, and the fit says so
+    out = _fit("bench/results/stream-h200.json", host)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "no busy ratio fitted" in out.stdout
+    assert "decode_beside_prefill" not in json.loads(host.read_text())
     bad = _fit(str(host), host)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
 

@@ -2,6 +2,7 @@
 file run and capacity read as --host-costs; its flags and its table."""
 
 import json
+import re
 import shutil
 
 import pytest
@@ -44,20 +45,29 @@ def test_measured_host_costs_are_the_file_run_reads(tmp_path, capsys):
     assert f"wrote {path}" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("key, entry", [
-    ("split_prefill_sustained", [0.95]), ("split_prefill_sustained", {"ratios": []}),
-    ("split_prefill_sustained", {"ratio_by_prefill_sms": [[72]]}),
-    ("split_prefill_sustained", {"ratio_by_prefill_sms": [["x", 0.9]]}),
-    ("split_prefill_sustained", {"ratio_by_prefill_sms": [[72, 3.0]]}),
+# a shape the loader cannot read names the file and its entry; a value out of range, the
+# field it would fill (the cost model's own check)
+FILE = "{path}: {key}"
+
+
+@pytest.mark.parametrize("key, entry, message", [
+    ("split_prefill_sustained", [0.95], FILE), ("split_prefill_sustained", {"ratios": []}, FILE),
+    ("split_prefill_sustained", {"ratio_by_prefill_sms": [[72]]}, FILE),
+    ("split_prefill_sustained", {"ratio_by_prefill_sms": [["x", 0.9]]}, FILE),
+    ("split_prefill_sustained", {"ratio_by_prefill_sms": [[72, 3.0]]},
+     "split_prefill_sustained needs prefill SMs"),
     ("split_prefill_sustained", {"ratio_by_prefill_sms": [[72, 0.9]],
-                                 "slowdown_by_busy_share": [[0.5]]}),
+                                 "slowdown_by_busy_share": [[0.5]]}, FILE),
     ("split_prefill_sustained", {"ratio_by_prefill_sms": [[72, 0.9]],
-                                 "slowdown_by_busy_share": [[1.5, 0.5]]}),
-    ("decode_beside_prefill", [1.0]), ("decode_beside_prefill", {"ratios": []}),
-    ("decode_beside_prefill", {"ratio_by_busy_share": [[0.5]]}),
-    ("decode_beside_prefill", {"ratio_by_busy_share": [[1.5, 1.0]]}),
-    ("decode_beside_prefill", {"ratio_by_busy_share": [[0.5, 3.0]]})])
-def test_a_malformed_sustained_or_decode_entry_is_refused_by_name(key, entry, tmp_path):
+                                 "slowdown_by_busy_share": [[1.5, 0.5]]},
+     "split_prefill_slowdown needs busy shares"),
+    ("decode_beside_prefill", [1.0], FILE), ("decode_beside_prefill", {"ratios": []}, FILE),
+    ("decode_beside_prefill", {"ratio_by_busy_share": [[0.5]]}, FILE),
+    ("decode_beside_prefill", {"ratio_by_busy_share": [[1.5, 1.0]]}, FILE),
+    ("decode_beside_prefill", {"ratio_by_busy_share": [[0.5, 3.0]]}, FILE),
+    ("decode_beside_prefill", {"ratio_by_busy_share": [[0.5, 1.0], [0.5, 1.1]]}, FILE)])
+def test_a_malformed_sustained_or_decode_entry_is_refused_by_name(key, entry, message,
+                                                                  tmp_path):
     """The committed file's ratios load; a malformed `split_prefill_sustained` or
     `decode_beside_prefill` is refused in a line that names it, not read as a file without
     eager layers."""
@@ -70,6 +80,5 @@ def test_a_malformed_sustained_or_decode_entry_is_refused_by_name(key, entry, tm
     assert busy == sorted(busy) and 0 < busy[0] < busy[-1] < 1
     data = json.loads(path.read_text())
     path.write_text(json.dumps({**data, key: entry}))
-    with pytest.raises(PdmuxError, match="split_prefill_(sustained|slowdown)|"
-                                         "(decode_beside_prefill|split_decode_by_busy)"):
+    with pytest.raises(PdmuxError, match=re.escape(message.format(path=path, key=key))):
         load_host_costs(path)

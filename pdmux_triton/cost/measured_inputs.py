@@ -191,8 +191,14 @@ def _decode_by_busy(data: dict, path) -> tuple:
     if not isinstance(entry, dict):
         raise PdmuxError(f"{path}: decode_beside_prefill needs ratio_by_busy_share, [busy share, "
                          f"ratio] pairs (bench/fit_host_costs.py)")
-    return _pairs(entry, "ratio_by_busy_share", (float, float), path, "decode_beside_prefill",
-                  "busy share, ratio", required="decode_beside_prefill" in data)
+    pairs = _pairs(entry, "ratio_by_busy_share", (float, float), path, "decode_beside_prefill",
+                   "busy share, ratio", required="decode_beside_prefill" in data)
+    shares = [share for share, _ in pairs]
+    if len(set(shares)) < len(shares) or not all(
+            0 <= share <= 1 and 0.5 <= ratio <= 2 for share, ratio in pairs):
+        raise PdmuxError(f"{path}: decode_beside_prefill's ratio_by_busy_share needs distinct "
+                         f"busy shares in [0, 1] and ratios in [0.5, 2], got {list(pairs)}")
+    return pairs
 
 
 def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:

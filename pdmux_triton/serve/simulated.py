@@ -120,15 +120,24 @@ class SimExecutor:
         self.t += self.overheads.decode_round_s
         return list(reqs), self.t
 
+    def decode_price_s(self, context_tokens: int, decode_sms: int, corun: bool, batch: int,
+                       busy: float | None) -> float:
+        """A decode step as this executor prices it (its collectives aside): the served step
+        at its SMs, beside a split prefill or not, and beside one, the served ratio at the
+        prefill's busy share (`busy`; None: without it)."""
+        step = step_cost.served_decode_step_s(self.model, self.decode_rate, self.overheads,
+                                              context_tokens, decode_sms, corun, batch)
+        if corun and busy is not None and self.decode_by_busy:
+            step *= float(np.interp(busy, *self.decode_by_busy))
+        return step
+
     def wait_decode(self, pending):
         reqs, launched = pending
         start = max(launched, self.free["decode"])
         corun = self.free["prefill"] > start
-        step = step_cost.served_decode_step_s(self.model, self.decode_rate, self.overheads,
-                                              sum(r.context for r in reqs), self.sms["decode"],
-                                              corun, len(reqs))
-        if corun and self.decode_by_busy:  # beside a split prefill, as busy as it has been
-            step *= float(np.interp(self._prefill_busy(start), *self.decode_by_busy))
+        busy = self._prefill_busy(start) if corun and self.decode_by_busy else None
+        step = self.decode_price_s(sum(r.context for r in reqs), self.sms["decode"], corun,
+                                   len(reqs), busy)
         step += self.comm.decode_s(step_cost.padded_batch(len(reqs)))  # the link keeps its pace
         self.decode_steps.append(step)
         self.t = max(self.t, self._enqueue("decode", step, launched))
