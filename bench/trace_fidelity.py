@@ -302,7 +302,9 @@ def held_out(args, store: PointStore) -> dict:
             "fit": {"eager_step_s": host["eager_step"]["seconds"],
                     "whole_gpu_prefill_mfu": host.get("whole_gpu_prefill", {}).get("mfu"),
                     "mixed_fixed_s": host["mixed_step"]["fixed_s"],
-                    "mixed_decode_row_mfu": host["mixed_step"].get("decode_row_mfu")},
+                    "mixed_decode_row_mfu": host["mixed_step"].get("decode_row_mfu"),
+                    "decode_beside_prefill_by_busy": host.get(
+                        "decode_beside_prefill", {}).get("ratio_by_busy_share")},
             "median_abs_error_pct": judged["median_abs_error_pct"],
             "max_abs_error_pct": judged["max_abs_error_pct"]}
     return out

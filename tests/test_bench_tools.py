@@ -435,10 +435,12 @@ def test_busy_slowdown_is_how_far_each_busy_call_went_toward_the_sustained_rate(
 
 
 def test_corun_rounds_reads_the_busy_share_and_coverage_from_a_points_launches():
-    """A pd-mux point's decode rounds pair with its timed steps and its launch spans in launch
-    order; the busy share before a step and the share of it covered are the split prefill's
-    launches' seconds inside those windows; the committed trace points' co-run rounds read
+    """A pd-mux point's decode rounds pair with its timed steps (one missing: refused by name),
+    each beside the prefill or not, with a busy share and a coverage in [0, 1]; covered seconds
+    are the spans' seconds inside a window; the committed trace points' co-run rounds read
     faster than their price at a low busy share and slower at a high one (as fitted)."""
+    import json
+
     import numpy as np
 
     sys.path.insert(0, "bench")
@@ -446,6 +448,24 @@ def test_corun_rounds_reads_the_busy_share_and_coverage_from_a_points_launches()
 
     from pdmux_triton.cost.measured_inputs import load_host_costs
 
+    from corun_rounds import Pricer, decode_rounds
+
+    from pdmux_triton.errors import PdmuxError
+
+    points = "bench/results/trace-fidelity/points-h200.jsonl"
+    point = next(json.loads(line) for line in Path(points).read_text().splitlines()
+                 if '"pdmux_grid_cap"' in line and '"busy_us"' in line)
+    pricer = Pricer(points, "bench/results/calibrate-h200.json",
+                    "bench/results/compare-h200.json", load_host_costs(
+                        "bench/results/host-costs-h200.json"), "h200")
+    rounds = decode_rounds(point, pricer, "a point")
+    assert len(rounds) == len(point["diagnostics"]["decode_step_us"])
+    assert {x["corun"] for x in rounds} == {True, False}
+    assert all(0 <= x["busy"] <= 1 and 0 <= x["coverage"] <= 1 for x in rounds if x["corun"])
+    short = {**point, "diagnostics": {**point["diagnostics"],
+                                      "decode_step_us": point["diagnostics"]["decode_step_us"][1:]}}
+    with pytest.raises(PdmuxError, match="do not match its timed decode steps"):
+        decode_rounds(short, pricer, "a point")
     spans = np.array([[0.0, 1.0], [2.0, 3.0], [4.0, 4.5]])
     assert covered_s(spans, 0.5, 2.5) == pytest.approx(1.0)
     assert covered_s(spans, 3.0, 4.0) == 0.0
@@ -828,6 +848,9 @@ def test_trace_fidelity_judges_each_window_on_host_costs_fitted_to_the_others(tm
         assert other in held[window]["fitted_on"] and window not in held[window]["fitted_on"]
     fits = [h["fit"] for h in held.values()]
     assert fits[0] != fits[1] and all(0 < f["whole_gpu_prefill_mfu"] < 1 for f in fits)
+    # each fold's busy ratio is its own fit, not the committed one fitted on every window
+    ratios = [f["decode_beside_prefill_by_busy"] for f in fits]
+    assert all(len(r) >= 2 for r in ratios) and ratios[0] != ratios[1]
     for h in held.values():
         for k in ("ttft_p50_ms", "tpot_p50_ms", "e2e_p50_ms"):
             assert 0 <= h["median_abs_error_pct"][k] <= h["max_abs_error_pct"][k] < 100
