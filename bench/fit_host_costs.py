@@ -540,7 +540,9 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
                           f"chunked_{size} round bound by its launches less its {model.layers} "
                           f"layer launches, on this file's host", "rounds": int(bound.sum())}
     if sustained:  # a busy curve the file holds stays (it scales whichever ratios)
-        host.setdefault("split_prefill_sustained", {}).update(sustained_ratios(sustained, gpu.name))
+        held = {k: v for k, v in host.get("split_prefill_sustained", {}).items()
+                if k in ("slowdown_by_busy_share", "busy_source")}
+        host["split_prefill_sustained"] = {**held, **sustained_ratios(sustained, gpu.name)}
     if busy:
         if "split_prefill_sustained" not in host:
             raise PdmuxError("--busy needs the sustained ratios it scales: give --sustained too")

@@ -568,6 +568,33 @@ def test_fit_host_costs_on_the_h200_trace_points_and_stream_run(tmp_path):
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
 
 
+def test_a_refit_with_sustained_ratios_drops_an_older_fits_decode_clock_factor(tmp_path):
+    """A host-costs file an older fit left with the decode clock factor in its sustained entry,
+    refitted with --sustained: the entry holds the new ratios and the busy curve it had, not
+    the stale keys, and loads."""
+    import json
+    import shutil
+
+    from pdmux_triton.cost.measured_inputs import load_host_costs
+
+    host = tmp_path / "host.json"
+    shutil.copy("bench/results/host-costs-h200.json", host)
+    data = json.loads(host.read_text())
+    data["split_prefill_sustained"]["decode_step_by_prefill_sms"] = [[72, 1.064]]
+    host.write_text(json.dumps(data))
+    out = subprocess.run([sys.executable, "bench/fit_host_costs.py", *COMMITTED_FIT, str(host),
+                          "--calibration", "bench/results/calibrate-h200.json",
+                          "--compare", "bench/results/compare-h200.json",
+                          "--sustained", "bench/results/sustained-corun-h200.json"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    entry = json.loads(host.read_text())["split_prefill_sustained"]
+    assert "decode_step_by_prefill_sms" not in entry
+    assert entry["slowdown_by_busy_share"] == data["split_prefill_sustained"][
+        "slowdown_by_busy_share"]
+    assert load_host_costs(host).split_prefill_sustained
+
+
 def test_step_errors_prices_each_simulated_step_as_the_simulator_did(tmp_path):
     """On the cost model's clock every decode round pairs with its timed step, and every step
     is priced as the simulator priced it: alone exactly, beside a prefill (the rounds after a
