@@ -301,3 +301,34 @@ def test_a_long_trace_is_served_in_memory_that_does_not_grow_with_its_tokens(tmp
     summary = json.loads((tmp_path / "trace-scale-h200-simulated.json").read_text())["summary"]
     assert summary["requests_served"] == 20000 and summary["tokens_per_request"] > 150
     assert summary["bytes_per_request"] < 16 * summary["tokens_per_request"]
+
+
+def test_a_whole_gpu_prefill_takes_the_longer_of_its_mfu_and_its_tiles():
+    """On the whole GPU a prefill batch lasts the longer of its FLOPs at the prefill's MFU and
+    its kernels' tiles (GEMM waves, small ops per token, the extend attention): short prompts'
+    partial waves cost more than the MFU says, a long prompt's attention less than its FLOPs;
+    with no tile times, or 64 tokens or fewer (the skinny tile), the MFU alone."""
+    tiles = step_cost.TileTimes(((64, 128, 25e-6, 1.0), (128, 128, 27e-6, 1.0),
+                                 (128, 256, 50e-6, 0.5)), 1e-7, 1e-7, 5e-9)
+    rate = step_cost.PrefillRate.fixed(H100.bf16_tflops, H100.sms, 0.6)
+    law = step_cost.SaturationLaw(H100.hbm_tbps * 0.85, 66.0)
+    with_tiles = step_cost.Overheads(mixed=step_cost.MixedStepFit(0.0, tiles=tiles))
+
+    def prefill_s(prompt: int, overheads) -> tuple[float, float, float]:
+        x = SimExecutor(H100, QWEN, law, rate, overheads=overheads)
+        x.start([])
+        req = traffic.Request(0, prompt, 1, 0.0)
+        x.launch_prefill(x.begin_prefill([req]), 0, QWEN.layers)
+        mfu = step_cost.compute_s(step_cost.layer_flops(QWEN, prompt, 0, QWEN.layers)
+                                  + step_cost.lm_head_flops(QWEN, 1), rate, H100.sms, False)
+        return x.free["prefill"], mfu, x._tiled_prefill_s([req], prompt, QWEN.layers)
+
+    for prompt in (300, 1500, 16000, 40):
+        plain, mfu, tiled = prefill_s(prompt, step_cost.Overheads())
+        assert plain == pytest.approx(mfu, rel=1e-9)  # no tile times: the MFU
+        ends, mfu, tiled = prefill_s(prompt, with_tiles)
+        assert ends == pytest.approx(max(mfu, tiled), rel=1e-9)
+        if prompt <= 64:
+            assert tiled == 0.0
+    assert prefill_s(300, with_tiles)[2] > prefill_s(300, with_tiles)[1]  # partial waves
+    assert prefill_s(16000, with_tiles)[2] < prefill_s(16000, with_tiles)[1]  # long attention

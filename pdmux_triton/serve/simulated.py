@@ -170,6 +170,8 @@ class SimExecutor:
         # on a split, decode steps run beside it; on the whole GPU, nothing does
         beside_decode = self.sms["prefill"] < self.total_sms
         seconds = step_cost.compute_s(flops, self.prefill_rate, self.sms["prefill"], beside_decode)
+        if not beside_decode:
+            seconds = max(seconds, self._tiled_prefill_s(carry.reqs, tokens, end - start))
         if beside_decode and self.overheads.split_prefill_sustained:
             slow = step_cost.compute_s(flops, self.sustained_rate, self.sms["prefill"], True)
             busy = self._prefill_busy(max(began, self.free["prefill"]))
@@ -185,6 +187,22 @@ class SimExecutor:
         # the last layer runs after its launch: a prefill bound by its launches ends later
         carry.ends_at = max(ran_until, launched + seconds / (end - start))
         self.free["prefill"] = carry.ends_at
+
+    def _tiled_prefill_s(self, reqs: list[Request], tokens: int, layers: int) -> float:
+        """A whole-GPU prefill's layers by its kernels' tiles where the host costs hold them
+        (`step_cost.TileTimes`: GEMM waves, a layer's other kernels per token, each prompt's
+        extend attention), else 0. The one MFU misses short prompts' partial waves, the tiles
+        long prompts' attention: a batch takes at least each."""
+        tiles = self.overheads.mixed.tiles if self.overheads.mixed else None
+        gemms = (step_cost.gemm_layer_s(self.model, tokens, tiles, self.total_sms)
+                 if tiles is not None else None)
+        if gemms is None:  # no tile times, or the skinny tile's 64 rows or fewer
+            return 0.0
+        attention = step_cost.extend_attention_s(
+            self.model, [(r.prompt_len - r.cached_len, r.cached_len) for r in reqs], tiles,
+            self.total_sms)
+        return (layers * (gemms + tiles.small_s_per_token * tokens)
+                + attention * layers / self.num_layers)
 
     def _prefill_busy(self, at: float) -> float:
         """The share of the `SUSTAINED_WINDOW_S` before `at` that the split prefill ran: how
