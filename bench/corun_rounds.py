@@ -25,20 +25,19 @@ from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
-from fit_host_costs import CAPACITY_DIAGNOSTICS, timed_points
+from fit_host_costs import CAPACITY_DIAGNOSTICS, capacity_settings, timed_points
 from script import MEASURED_ON_H200, bench_parser, finish, run_script
 from trace_fidelity import MODEL, prefill_batches
 
 from pdmux_triton.cost import step_cost
 from pdmux_triton.cost.measured_inputs import load_calibration, load_compare, load_host_costs
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.experiments.capacity import measured_gpu
 from pdmux_triton.multiplex.partition import for_level
 from pdmux_triton.multiplex.sglang_rules import PDMuxConfig
 from pdmux_triton.results import provenance, read_json
 from pdmux_triton.serve.simulated import SUSTAINED_WINDOW_S, SimExecutor
 from pdmux_triton.spec.gpus import gpu_preset
-from pdmux_triton.spec.models import ModelSpec, model_preset
+from pdmux_triton.spec.models import model_preset
 
 POINTS = ("bench/results/trace-fidelity/points-h200.jsonl",
           "bench/results/capacity-conv/capacity-diagnostics-h200.jsonl",
@@ -62,9 +61,7 @@ class Pricer:
         if not p.is_file():
             raise PdmuxError(f"{path}: no such points file")
         if p.name.startswith(CAPACITY_DIAGNOSTICS):  # a capacity folder: as its settings say
-            name = p.stem.removeprefix(CAPACITY_DIAGNOSTICS)
-            saved = read_json(p.with_name(f"capacity-settings-{name}.json"), "capacity settings")
-            self.gpu, self.model = measured_gpu(p.parent, name), ModelSpec(**saved["model"])
+            self.gpu, self.model, saved = capacity_settings(p)
             config = PDMuxConfig(**saved["config"])
             self.source = "capacity" if p.parent.name == "results" else p.parent.name
         else:  # bench/trace_fidelity.py's points: its model

@@ -136,6 +136,15 @@ def chunk_rounds(run: dict, host_s: float) -> list[dict]:
 CAPACITY_DIAGNOSTICS = "capacity-diagnostics-"  # a capacity folder's (`capacity.open_diagnostics`)
 
 
+def capacity_settings(path: Path) -> tuple:
+    """(GPU, model, saved settings) of the capacity folder a diagnostics file is in."""
+    from pdmux_triton.experiments.capacity import measured_gpu
+
+    name = path.stem.removeprefix(CAPACITY_DIAGNOSTICS)
+    saved = read_json(path.with_name(f"capacity-settings-{name}.json"), "capacity settings")
+    return measured_gpu(path.parent, name), ModelSpec(**saved["model"]), saved
+
+
 def timed_points(path: str) -> list[tuple[dict, float]]:
     """Measured points whose run timed its host, each ({"strategy", "diagnostics"}, the host's
     launch time per eager layer): bench/trace_fidelity.py's points, or a capacity folder's
@@ -424,14 +433,9 @@ def measured_rounds(measured: str, host: dict, overheads) -> tuple:
     GPU), or bench/trace_fidelity.py's points (its model, on the host-costs file's GPU)."""
     path = Path(measured)
     if path.name.startswith(CAPACITY_DIAGNOSTICS):  # the GPU and model of the folder's settings
-        from pdmux_triton.experiments.capacity import measured_gpu
-
-        name = path.stem.removeprefix(CAPACITY_DIAGNOSTICS)
-        gpu = measured_gpu(path.parent, name)
-        saved = read_json(path.with_name(f"capacity-settings-{name}.json"), "capacity settings")
+        gpu, model, _ = capacity_settings(path)
         points = timed_points(measured)
-        return (gpu, ModelSpec(**saved["model"]), fidelity_rounds(points),
-                fidelity_prefills(points))
+        return gpu, model, fidelity_rounds(points), fidelity_prefills(points)
     if path.suffix == ".jsonl":
         from trace_fidelity import MODEL
 

@@ -381,6 +381,20 @@ def extend_attention_s(model: ModelSpec, seqs, tiles: TileTimes, programs: int) 
     return float(waves.sum(axis=0).max()) * per_key * model.layers
 
 
+def tiled_layers_s(model: ModelSpec, tokens: int, seqs, tiles: TileTimes, programs: int,
+                   layers: int | None = None, gemm_s: float | None = None) -> float | None:
+    """`layers` of the eager forward (all by default) over `tokens` rows by its kernels' tiles:
+    each layer's GEMMs in waves of tiles (`gemm_layer_s`; `gemm_s` a layer where given), its
+    other kernels per token, and the extend attention over `seqs` ((new, cached) tokens each);
+    None where the GEMMs take the skinny tile and no `gemm_s` is given."""
+    layers = model.layers if layers is None else layers
+    gemms = gemm_layer_s(model, tokens, tiles, programs) if gemm_s is None else gemm_s
+    if gemms is None:
+        return None
+    return (layers * (gemms + tiles.small_s_per_token * tokens)
+            + extend_attention_s(model, seqs, tiles, programs) * layers / model.layers)
+
+
 @dataclass(frozen=True)
 class MixedStepFit:
     """A mixed step as the executor runs it, fitted to measured chunked rounds: after
@@ -589,15 +603,13 @@ def _mixed_by_tiles(model, decode, prefill, total_sms, decode_context_tokens, de
         share, extra = divmod(int(decode_context_tokens), decode_batch) if decode_batch else (0, 0)
         decode_contexts = [share + (i < extra) for i in range(decode_batch)]
     tokens = chunk + decode_batch
-    gemms = gemm_layer_s(model, tokens, tiles, total_sms)
-    linears = (model.layers * gemms if gemms is not None else
-               compute_s(2 * model.layer_linear_params * tokens * model.layers, prefill, total_sms,
-                         corun=False))
+    seqs = [(chunk, chunk_prefix)] + [(1, c) for c in decode_contexts]
+    layers = tiled_layers_s(model, tokens, seqs, tiles, total_sms)
+    if layers is None:  # the skinny tile's rows: its linears at the prefill's MFU
+        layers = tiled_layers_s(model, tokens, seqs, tiles, total_sms, gemm_s=compute_s(
+            2 * model.layer_linear_params * tokens, prefill, total_sms, corun=False))
     rate = decode.tbps(total_sms, False) * 1e12
     sampled = decode_batch + samples_chunk
     head = (max(compute_s(lm_head_flops(model, sampled), prefill, total_sms, corun=False),
                 DTYPE_BYTES * model.vocab * model.hidden / rate) if sampled else 0.0)
-    attention = extend_attention_s(model, [(chunk, chunk_prefix)] +
-                                   [(1, c) for c in decode_contexts], tiles, total_sms)
-    return (linears + model.layers * tiles.small_s_per_token * tokens + head + attention
-            + kv_bytes(model, decode_context_tokens) / rate)
+    return layers + head + kv_bytes(model, decode_context_tokens) / rate

@@ -190,19 +190,14 @@ class SimExecutor:
 
     def _tiled_prefill_s(self, reqs: list[Request], tokens: int, layers: int) -> float:
         """A whole-GPU prefill's layers by its kernels' tiles where the host costs hold them
-        (`step_cost.TileTimes`: GEMM waves, a layer's other kernels per token, each prompt's
-        extend attention), else 0. The one MFU misses short prompts' partial waves, the tiles
-        long prompts' attention: a batch takes at least each."""
+        (`step_cost.tiled_layers_s`), else 0 (as for 64 tokens or fewer: the skinny tile). The
+        one MFU misses short prompts' partial waves, the tiles long prompts' attention: a
+        batch takes at least each."""
         tiles = self.overheads.mixed.tiles if self.overheads.mixed else None
-        gemms = (step_cost.gemm_layer_s(self.model, tokens, tiles, self.total_sms)
+        seqs = [(r.prompt_len - r.cached_len, r.cached_len) for r in reqs]
+        tiled = (step_cost.tiled_layers_s(self.model, tokens, seqs, tiles, self.total_sms, layers)
                  if tiles is not None else None)
-        if gemms is None:  # no tile times, or the skinny tile's 64 rows or fewer
-            return 0.0
-        attention = step_cost.extend_attention_s(
-            self.model, [(r.prompt_len - r.cached_len, r.cached_len) for r in reqs], tiles,
-            self.total_sms)
-        return (layers * (gemms + tiles.small_s_per_token * tokens)
-                + attention * layers / self.num_layers)
+        return tiled or 0.0
 
     def _prefill_busy(self, at: float) -> float:
         """The share of the `SUSTAINED_WINDOW_S` before `at` that the split prefill ran: how
