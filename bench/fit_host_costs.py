@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import re
 import sys
+from bisect import bisect_left
 from dataclasses import replace
 from pathlib import Path
 
@@ -77,10 +78,13 @@ PREFILL_RATE = ("bench/results/prefill-rate-h200.json", "bench/results/prefill-r
 GEMM_MIN_TOKENS, LAYER_MIN_TOKENS = 256, 512
 MIN_PREFILLS = 10  # GPU-bound prefill batches a whole-GPU MFU is fitted to, at the fewest
 GPU_BOUND_MARGIN = 2  # a batch whose GPU time is this many times its launches is bound by it
+MIN_ROUNDS = 100  # served decode rounds a round's host share is fitted to, at the fewest
+MIN_STEPS = 30  # served whole-GPU steps of one captured size its extra is read from, at the fewest
+WHOLE_GPU_LOOPS = ("prefill_first", "chunked_")  # strategies whose decode has every SM
 # what it fits to served runs (split_prefill_sustained, which it also adds, is carried from a
 # measurement of its own: a held-out judgement keeps it)
 FITTED = ("eager_step", "decode_step_extra", "whole_gpu_prefill", "mixed_step",
-          "decode_beside_prefill")
+          "decode_beside_prefill", "decode_round_served", "prefill_batch")
 # calibrate --host-costs' decode rounds: 512-token prompts, 30 steps (files before it said so)
 HOST_COSTS_DECODE_CONTEXT = 512 + 15
 
@@ -194,6 +198,118 @@ def fidelity_prefills(points: list[tuple[dict, float]]) -> list[dict]:
             for point, host in points if point["strategy"] == "prefill_first"
             for end, (start, tokens, prompts, cached) in
             prefill_batches(point["diagnostics"]).items()]
+
+
+def _step_rounds(point: dict) -> list[int]:
+    """The rounds of a point that launched its decode steps, in order: every round with
+    requests decoding, or (chunked prefill, whose mixed rounds step decode in their forward)
+    the decode-only ones; a point where neither count matches is refused."""
+    r, steps = point["diagnostics"]["rounds"], point["diagnostics"]["decode_step_us"]
+    plain = {i for i, label in enumerate(r["labels"]) if label == ""}
+    decoding = [i for i, bs in enumerate(r["decode_bs"]) if bs > 0]
+    only = [i for i in decoding if r["label"][i] in plain]
+    if len(steps) == len(decoding):
+        return decoding
+    if len(steps) == len(only):
+        return only
+    raise PdmuxError(f"{point['strategy']}: {len(steps)} decode steps for {len(decoding)} "
+                     f"rounds decoding ({len(only)} decode-only): its rounds and steps cannot "
+                     f"be matched")
+
+
+def served_decode_rounds(points: list[tuple[dict, float]]) -> list[dict]:
+    """Every round of the points (`timed_points`) that stepped decode and launched nothing
+    else: its requests, their KV, what it took beyond its decode step's GPU time (the host's
+    share: inputs made and uploaded, tokens back, the loop's bookkeeping) and the run's host
+    launch time (steps matched to rounds by `_step_rounds`)."""
+    rows = []
+    for point, host in points:
+        d = point["diagnostics"]
+        r, steps = d["rounds"], d["decode_step_us"]
+        plain = {i for i, label in enumerate(r["labels"]) if label == ""}
+        for i, step in zip(_step_rounds(point), steps):
+            if r["label"][i] in plain:
+                rows.append({"batch": r["decode_bs"][i], "context": r["decode_context"][i],
+                             "host_s": host,
+                             "seconds": (r["end_us"][i] - r["start_us"][i] - step) / 1e6})
+    return rows
+
+
+def whole_gpu_decode_steps(points: list[tuple[dict, float]]) -> list[dict]:
+    """Every decode step of the points (`timed_points`) of the loops that give decode the
+    whole GPU (prefill-first, chunked prefill's decode-only rounds; pd-mux's split levels are
+    the calibration's to price), matched to its round by `_step_rounds`: its requests, their
+    KV and its GPU time."""
+    rows = []
+    for point, _ in points:
+        if not point["strategy"].startswith(WHOLE_GPU_LOOPS):
+            continue
+        r, steps = point["diagnostics"]["rounds"], point["diagnostics"]["decode_step_us"]
+        for i, step in zip(_step_rounds(point), steps):
+            rows.append({"batch": r["decode_bs"][i], "context": r["decode_context"][i],
+                         "seconds": step / 1e6})
+    return rows
+
+
+def served_decode_extra(rows: list[dict], model, decode, sms: int) -> list[dict] | None:
+    """Per captured size, the median served step less its bytes at the calibration's rate and
+    the captured size's batch term (`step_cost.captured_decode_step_s`, as the simulator
+    prices it): what `Overheads.decode_extra_s` adds, read from
+    the steps themselves where each size holds MIN_STEPS of them. None with fewer than two such
+    sizes (the captured rounds' four then stand)."""
+    by_size: dict[int, list[float]] = {}
+    for r in rows:
+        by_size.setdefault(step_cost.padded_batch(r["batch"]), []).append(
+            r["seconds"] - step_cost.captured_decode_step_s(model, decode, r["context"], sms,
+                                                            False, r["batch"]))
+    extra = [{"batch": size, "extra_s": float(np.median(left)), "steps": len(left)}
+             for size, left in sorted(by_size.items()) if len(left) >= MIN_STEPS]
+    return extra if len(extra) >= 2 else None
+
+
+def fit_prefill_batch(points: list[tuple[dict, float]], layer_launch_s: float) -> dict | None:
+    """A split prefill batch made and uploaded before its layers launch, on a host launching an
+    eager layer in `layer_launch_s`: over pd-mux's served batches (the points' `timed_points`),
+    the median time from the batch being taken to the start of the round that launches its
+    first layers, each moved to that host. None with fewer than MIN_PREFILLS batches."""
+    gaps = []
+    for point, host in points:
+        if not point["strategy"].startswith("pdmux"):
+            continue
+        d = point["diagnostics"]
+        r = d["rounds"]
+        firsts = [start for start, label in zip(r["start_us"], r["label"])
+                  if r["labels"][label].startswith("layers 0-")]
+        for taken in sorted({batch[0] for batch in d["prefills"]}):
+            i = bisect_left(firsts, taken)
+            if i < len(firsts):
+                gaps.append((firsts[i] - taken) / 1e6 * layer_launch_s / host)
+    if len(gaps) < MIN_PREFILLS:
+        return None
+    return {"seconds": float(np.median(gaps)), "batches": len(gaps)}
+
+
+def fit_served_decode_round(rows: list[dict], layer_launch_s: float) -> dict | None:
+    """The host's share of a served decode round on a host launching an eager layer in
+    `layer_launch_s`: fixed + per request x batch + per KV token x context, each round moved
+    to that host first (a run's host that launched k times slower paid k times). Least
+    absolute deviations (iteratively reweighted least squares): a round the GPU or the
+    collector stretched is an outlier, not a mean to follow. None with fewer than MIN_ROUNDS
+    rounds or a single batch size."""
+    if len(rows) < MIN_ROUNDS or len({r["batch"] for r in rows}) < 2:
+        return None
+    a = np.array([[1.0, r["batch"], r["context"]] for r in rows])
+    y = np.array([r["seconds"] * layer_launch_s / r["host_s"] for r in rows])
+    scale = a.max(axis=0)  # columns of one size, for a well-conditioned solve
+    w = np.ones(len(y))
+    for _ in range(50):
+        coef = np.linalg.lstsq(a / scale * w[:, None], y * w, rcond=None)[0] / scale
+        w = 1 / np.sqrt(np.maximum(np.abs(y - a @ coef), 1e-6))
+    coef = np.maximum(coef, 0.0)  # a term the rounds do not show costs nothing, not less
+    error = np.abs(a @ coef - y)
+    return {"fixed_s": float(coef[0]), "per_request_s": float(coef[1]),
+            "per_kv_token_s": float(coef[2]), "rounds": len(rows),
+            "median_abs_error_s": float(np.median(error))}
 
 
 def fit_whole_gpu_prefill(rows, model, prefill, overheads) -> tuple[float, dict] | None:
@@ -491,7 +607,12 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
     names = ", ".join(f"{Path(m).parent.name}/{Path(m).name}" for m in measured)  # folders differ
     source = f"{names} with {Path(calibration).name}, {Path(compare).name}"
 
-    host["decode_step_extra"] = [
+    # a captured step's time beyond its bytes and the calibration's batch term: from the
+    # served whole-GPU steps by captured size where the measurements hold enough, else from
+    # the file's captured rounds (calibrate --host-costs: four sizes at one short context)
+    timed = [point for m in measured if m.endswith(".jsonl") for point in timed_points(m)]
+    extra = served_decode_extra(whole_gpu_decode_steps(timed), model, decode, gpu.sms)
+    host["decode_step_extra"] = extra or [
         {"batch": r["batch"], "extra_s": r["gpu_s"] - step_cost.decode_step_s(
             model, decode, r["batch"] * r.get("context", HOST_COSTS_DECODE_CONTEXT),
             gpu.sms, False, r["batch"])} for r in host["decode_round"]]
@@ -510,6 +631,13 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
             **beside, "files": [f"{Path(m).parent.name}/{Path(m).name}" for m in beside["files"]],
             "calibration": Path(calibration).name, "compare": Path(compare).name}
 
+    # the host's share of a served decode round, by its requests and their KV, where the
+    # measurements timed their hosts (a captured round alone lacks the loop's bookkeeping)
+    served = fit_served_decode_round(served_decode_rounds(timed), overheads.layer_launch_s)
+    host.pop("decode_round_served", None)  # one fitted to other rounds does not stay
+    if served is not None:
+        host["decode_round_served"] = {**served, "source": names}
+
     # an eager step's fixed cost: the smallest chunks' rounds less their launches, in the file's
     # host, over the rounds their launches bound (first over all, for the prefill fit)
     size = min(r["size"] for r in rows)
@@ -518,6 +646,11 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
                               * overheads.layer_launch_s / r["host_s"] for r in rows])
     overheads = replace(overheads, eager_step_s=_eager_step_s(less_launches[small], size,
                                                               model, overheads))
+    # a split prefill batch's upload: from pd-mux's served batches where the points hold them
+    batch = fit_prefill_batch(timed, overheads.layer_launch_s)
+    host.pop("prefill_batch", None)
+    if batch is not None:
+        host["prefill_batch"] = {**batch, "source": names}
     whole = (fit_whole_gpu_prefill(prefills, model, prefill, overheads)
              if prefills is not None else None)
     if whole is not None:
@@ -553,6 +686,16 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
         host["split_prefill_sustained"].update(
             slowdown_by_busy_share=busy_slowdown(busy, gpu.name), busy_source=Path(busy).name)
     lines = [f"eager step {step * 1e3:.2f} ms",
+             (f"a split prefill batch's upload {batch['seconds'] * 1e3:.2f} ms (median over "
+              f"{batch['batches']} pd-mux batches)" if batch is not None else
+              "a split prefill batch's upload: an eager step's (too few pd-mux batches)"),
+             "a served decode round's host share: " + (
+                 f"{served['fixed_s'] * 1e6:.0f} us + {served['per_request_s'] * 1e6:.2f} us a "
+                 f"request + {served['per_kv_token_s'] * 1e9:.2f} ns a token of KV over "
+                 f"{served['rounds']} rounds (|error| median "
+                 f"{served['median_abs_error_s'] * 1e6:.0f} us)" if served is not None else
+                 "not fitted (too few decode rounds with their hosts timed): the captured "
+                 "rounds' median"),
              "decode step beyond its bytes: " + ", ".join(
                  f"batch {r['batch']} {r['extra_s'] * 1e3:+.2f} ms"
                  for r in host["decode_step_extra"])]

@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+
+from pdmux_triton.errors import PdmuxError
 
 
 def test_decode_kernel_compiles_for_sm90_offline():
@@ -396,6 +399,57 @@ def test_the_whole_gpu_prefill_fit_recovers_a_known_mfu_from_the_batches_it_boun
     assert fit_whole_gpu_prefill(rows[-1:] * (MIN_PREFILLS + 2), qwen, rate, host) is None
 
 
+def test_the_served_decode_round_fit_recovers_known_terms_on_two_hosts_despite_outliers():
+    """Rounds whose host share is fixed + per request + per KV token on hosts launching at
+    two speeds (each paying in proportion), one round in ten stretched by a collection, give
+    the terms back on the reference host; too few rounds or one batch size give none."""
+    sys.path.insert(0, "bench")
+    from fit_host_costs import MIN_ROUNDS, fit_served_decode_round
+
+    rng = np.random.default_rng(7)
+    rows = []
+    for i in range(MIN_ROUNDS * 5):
+        batch, host_s = int(rng.integers(1, 128)), (8e-4, 1.2e-3)[i % 2]
+        context = batch * int(rng.integers(200, 4000))
+        seconds = (1e-4 + 4e-6 * batch + 2.5e-9 * context) * host_s / 8e-4
+        if i % 10 == 3:
+            seconds += 5e-3
+        rows.append({"batch": batch, "context": context, "host_s": host_s, "seconds": seconds})
+    got = fit_served_decode_round(rows, 8e-4)
+    assert got["fixed_s"] == pytest.approx(1e-4, rel=1e-2)
+    assert got["per_request_s"] == pytest.approx(4e-6, rel=1e-2)
+    assert got["per_kv_token_s"] == pytest.approx(2.5e-9, rel=1e-2)
+    assert got["rounds"] == len(rows) and got["median_abs_error_s"] < 1e-6
+    assert fit_served_decode_round(rows[:MIN_ROUNDS - 1], 8e-4) is None
+    assert fit_served_decode_round([{**r, "batch": 8} for r in rows], 8e-4) is None
+
+
+def test_served_decode_rounds_match_steps_to_the_rounds_that_launched_them():
+    """Every decoding round launched a step (pd-mux, prefill-first), or only the decode-only
+    ones (chunked: mixed rounds step decode in their forward); rounds that launched prefill
+    layers are left out; a count that matches neither is refused."""
+    sys.path.insert(0, "bench")
+    from fit_host_costs import served_decode_rounds
+
+    rounds = {"start_us": [0, 10_000, 30_000, 50_000], "end_us": [9_000, 29_000, 48_000, 60_000],
+              "decode_bs": [4, 4, 0, 8], "decode_context": [400, 404, 0, 900],
+              "label": [0, 1, 1, 0], "labels": ["", "layers 0-36"]}
+    every = {"strategy": "pdmux_grid_cap",
+             "diagnostics": {"rounds": rounds, "decode_step_us": [8_500, 18_000, 9_000]}}
+    got = served_decode_rounds([(every, 1e-3)])
+    assert [(r["batch"], r["context"], round(r["seconds"] * 1e6)) for r in got] == [
+        (4, 400, 500), (8, 900, 1_000)]
+    chunked = {"strategy": "chunked_512",
+               "diagnostics": {"rounds": {**rounds, "labels": ["", "chunk 0+512"]},
+                               "decode_step_us": [8_000, 9_500]}}
+    got = served_decode_rounds([(chunked, 1e-3)])
+    assert [round(r["seconds"] * 1e6) for r in got] == [1_000, 500] and got[0]["host_s"] == 1e-3
+    broken = {"strategy": "chunked_512",
+              "diagnostics": {"rounds": rounds, "decode_step_us": [8_000]}}
+    with pytest.raises(PdmuxError, match="1 decode steps for 3 rounds decoding"):
+        served_decode_rounds([(broken, 1e-3)])
+
+
 def _fit(run: str | list[str], host: Path):
     runs = [run] if isinstance(run, str) else run
     return subprocess.run([sys.executable, "bench/fit_host_costs.py", *runs, str(host),
@@ -413,7 +467,6 @@ def test_busy_slowdown_is_how_far_each_busy_call_went_toward_the_sustained_rate(
     sys.path.insert(0, "bench")
     from fit_host_costs import busy_slowdown
 
-    from pdmux_triton.errors import PdmuxError
 
     def row(mode, ms, **more):
         return {"prefill_sms": 96, "tokens": 8, "prompts": 1, "mode": mode, "ms_median": ms,
@@ -441,7 +494,6 @@ def test_corun_rounds_reads_the_busy_share_and_coverage_from_a_points_launches()
     faster than their price at a low busy share and slower at a high one (as fitted)."""
     import json
 
-    import numpy as np
 
     sys.path.insert(0, "bench")
     from corun_rounds import covered_s, ratio_by_busy
@@ -450,7 +502,6 @@ def test_corun_rounds_reads_the_busy_share_and_coverage_from_a_points_launches()
 
     from corun_rounds import Pricer, decode_rounds
 
-    from pdmux_triton.errors import PdmuxError
 
     points = "bench/results/trace-fidelity/points-h200.jsonl"
     point = next(json.loads(line) for line in Path(points).read_text().splitlines()
@@ -494,7 +545,6 @@ def test_sustained_ratios_are_each_levels_burst_over_its_sustained_run(tmp_path)
     sys.path.insert(0, "bench")
     from fit_host_costs import sustained_ratios
 
-    from pdmux_triton.errors import PdmuxError
 
     path = "bench/results/sustained-corun-h200.json"
     got = sustained_ratios(path, "h200")
@@ -519,8 +569,8 @@ def test_sustained_ratios_are_each_levels_burst_over_its_sustained_run(tmp_path)
 
 def test_fit_host_costs_on_the_h200_trace_points_and_stream_run(tmp_path):
     """The committed trace-fidelity points and steady-state capacity folders (each run's host
-    timed), pooled, fit the committed host-costs file's eager step, whole-GPU prefill and mixed
-    steps again; the older stream run (its host untimed) cannot give an eager step on the
+    timed), pooled, fit the committed host-costs file's eager step, whole-GPU prefill, mixed
+    steps, decode step extras, served decode round and split prefill batch again; the older stream run (its host untimed) cannot give an eager step on the
     file's host, and says so."""
     import json
     import shutil
@@ -542,7 +592,17 @@ def test_fit_host_costs_on_the_h200_trace_points_and_stream_run(tmp_path):
     assert fitted["eager_step"]["seconds"] == pytest.approx(committed["eager_step"]["seconds"])
     assert fitted["whole_gpu_prefill"]["batches"] >= 10
     assert fitted["whole_gpu_prefill"]["mfu"] == pytest.approx(committed["whole_gpu_prefill"]["mfu"])
-    assert [r["batch"] for r in fitted["decode_step_extra"]] == [1, 8, 32, 64]
+    # the captured sizes' extras from the served whole-GPU steps, every size served enough
+    assert [r["batch"] for r in fitted["decode_step_extra"]] == [
+        r["batch"] for r in committed["decode_step_extra"]]
+    assert len(fitted["decode_step_extra"]) > 4 and all(
+        r["steps"] >= 30 for r in fitted["decode_step_extra"])
+    for key, terms in (("decode_round_served", ("fixed_s", "per_request_s", "per_kv_token_s")),
+                       ("prefill_batch", ("seconds",))):
+        for term in terms:
+            assert fitted[key][term] == pytest.approx(committed[key][term])
+    assert fitted["decode_round_served"]["per_request_s"] > 0
+    assert 0 < fitted["prefill_batch"]["seconds"] < fitted["eager_step"]["seconds"]
     for got, shipped in zip(fitted["decode_beside_prefill"]["ratio_by_busy_share"],
                             committed["decode_beside_prefill"]["ratio_by_busy_share"],
                             strict=True):
@@ -668,7 +728,6 @@ def test_stream_length_reads_capacity_by_count_and_sample(tmp_path):
     level set saved with its points, and the by-count ratios those samples give."""
     import json
 
-    import numpy as np
 
     out = subprocess.run([sys.executable, "bench/stream_length.py", "--out", str(tmp_path),
                           "--counts", "30,40", "--seeds", "1,2"], capture_output=True, text=True,

@@ -65,12 +65,18 @@ FILE = "{path}: {key}"
     ("decode_beside_prefill", {"ratio_by_busy_share": [[0.5]]}, FILE),
     ("decode_beside_prefill", {"ratio_by_busy_share": [[1.5, 1.0]]}, FILE),
     ("decode_beside_prefill", {"ratio_by_busy_share": [[0.5, 3.0]]}, FILE),
-    ("decode_beside_prefill", {"ratio_by_busy_share": [[0.5, 1.0], [0.5, 1.1]]}, FILE)])
+    ("decode_beside_prefill", {"ratio_by_busy_share": [[0.5, 1.0], [0.5, 1.1]]}, FILE),
+    ("decode_round_served", [1e-4], FILE), ("decode_round_served", {"fixed_s": 1e-4}, FILE),
+    ("decode_round_served", {"fixed_s": 1e-4, "per_request_s": "x", "per_kv_token_s": 0}, FILE),
+    ("decode_round_served", {"fixed_s": 1e-4, "per_request_s": -1e-6, "per_kv_token_s": 0},
+     FILE),
+    ("decode_round_served", {"fixed_s": float("nan"), "per_request_s": 0, "per_kv_token_s": 0},
+     FILE)])
 def test_a_malformed_sustained_or_decode_entry_is_refused_by_name(key, entry, message,
                                                                   tmp_path):
-    """The committed file's ratios load; a malformed `split_prefill_sustained` or
-    `decode_beside_prefill` is refused in a line that names it, not read as a file without
-    eager layers."""
+    """The committed file's ratios and served decode round load; a malformed
+    `split_prefill_sustained`, `decode_beside_prefill` or `decode_round_served` is refused in
+    a line that names it, not read as a file without eager layers."""
     path = tmp_path / "host-costs-h200.json"
     shutil.copy("bench/results/host-costs-h200.json", path)
     loaded = load_host_costs(path)
@@ -79,6 +85,11 @@ def test_a_malformed_sustained_or_decode_entry_is_refused_by_name(key, entry, me
     busy = [share for share, _ in loaded.split_decode_by_busy]
     assert busy == sorted(busy) and 0 < busy[0] < busy[-1] < 1
     data = json.loads(path.read_text())
+    served = data["decode_round_served"]  # it prices rounds instead of the captured median
+    assert (loaded.decode_round_s, loaded.decode_round_per_request_s,
+            loaded.decode_round_per_kv_token_s) == (served["fixed_s"], served["per_request_s"],
+                                                    served["per_kv_token_s"])
+    assert loaded.decode_round_per_request_s > 0
     path.write_text(json.dumps({**data, key: entry}))
     with pytest.raises(PdmuxError, match=re.escape(message.format(path=path, key=key))):
         load_host_costs(path)

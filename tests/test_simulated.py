@@ -90,6 +90,21 @@ def test_overheads_bound_eager_steps_and_add_to_decode_rounds():
     assert all(r.end - r.start > 0.001 for r in plain)  # each round pays the host's share
 
 
+def test_a_decode_round_pays_the_hosts_share_for_its_requests_and_their_kv():
+    """The host's share of a round grows with the requests it steps and the KV their page
+    tables name (the serving loop's bookkeeping), before the step runs."""
+    host = step_cost.Overheads(decode_round_s=1e-4, decode_round_per_request_s=5e-6,
+                               decode_round_per_kv_token_s=2e-9)
+    x = SimExecutor(H100, QWEN, step_cost.SaturationLaw(H100.hbm_tbps * 0.85, 66.0),
+                    step_cost.PrefillRate.fixed(H100.bf16_tflops, H100.sms, 0.5), overheads=host)
+    reqs = prompt_during_decode(QWEN.vocab, batch=48, context=1000)[:48]
+    for r in reqs:
+        r.context = 1000
+    x.start([])
+    _, launched = x.launch_decode(reqs)
+    assert launched == pytest.approx(1e-4 + 48 * 5e-6 + 48 * 1000 * 2e-9, rel=1e-12)
+
+
 def test_a_prefill_bound_by_its_launches_ends_after_its_last_layer_runs():
     """The GPU runs a launched layer after its launch: a short prompt on a slow host is done
     one layer's GPU time after its last launch, not at it."""

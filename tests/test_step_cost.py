@@ -103,6 +103,24 @@ def test_a_sustained_prefill_rate_scales_the_corun_points_only():
             step_cost.Overheads(split_prefill_sustained=bad)
 
 
+def test_a_served_decode_rounds_host_share_grows_with_its_requests_and_kv_and_moves_with_the_host():
+    """Fixed + per request + per token of KV; a host launching twice as slowly pays twice each
+    part; a negative or non-finite term is refused by name."""
+    host = step_cost.Overheads(decode_round_s=1e-4, layer_launch_s=8e-4,
+                               decode_round_per_request_s=4e-6, decode_round_per_kv_token_s=2e-9)
+    assert host.decode_round_host_s(0, 0) == pytest.approx(1e-4)
+    assert host.decode_round_host_s(64, 64 * 2048) == pytest.approx(1e-4 + 64 * 4e-6
+                                                                     + 64 * 2048 * 2e-9)
+    slower = host.on_host(1.6e-3)
+    assert slower.decode_round_host_s(64, 64 * 2048) == pytest.approx(
+        2 * host.decode_round_host_s(64, 64 * 2048))
+    assert step_cost.Overheads().decode_round_host_s(128, 10**6) == 0.0
+    for name in ("decode_round_per_request_s", "decode_round_per_kv_token_s"):
+        for bad in (-1e-6, float("nan"), float("inf")):
+            with pytest.raises(PdmuxError, match=name):
+                step_cost.Overheads(**{name: bad})
+
+
 def test_a_mixed_step_is_bound_by_compute_or_by_reading():
     law = step_cost.SaturationLaw(3.0, 66)
     rate = step_cost.PrefillRate.fixed(989.0, 132, 0.5)

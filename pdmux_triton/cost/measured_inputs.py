@@ -5,6 +5,7 @@ H200's that ship with the package."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -201,6 +202,26 @@ def _decode_by_busy(data: dict, path) -> tuple:
     return pairs
 
 
+SERVED_ROUND_KEYS = ("fixed_s", "per_request_s", "per_kv_token_s")
+
+
+def _served_decode_round(data: dict, path) -> tuple[float, float, float] | None:
+    """A host-costs file's `decode_round_served`: the host's share of a served decode round,
+    (fixed, per request, per token of KV) seconds on the file's host; none where it has none."""
+    if "decode_round_served" not in data:
+        return None
+    entry = data["decode_round_served"]
+    try:
+        terms = tuple(float(entry[k]) for k in SERVED_ROUND_KEYS)
+    except (KeyError, TypeError, ValueError):
+        raise PdmuxError(f"{path}: decode_round_served needs {', '.join(SERVED_ROUND_KEYS)} in "
+                         f"seconds (bench/fit_host_costs.py)") from None
+    if not all(math.isfinite(t) and 0 <= t < 1 for t in terms):
+        raise PdmuxError(f"{path}: decode_round_served's terms must be seconds in [0, 1), got "
+                         f"{dict(zip(SERVED_ROUND_KEYS, terms))}")
+    return terms
+
+
 def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
     """The executor's overheads from a host-costs file (calibrate --host-costs): the median over its cases of
     an eager layer's launch time and of a decode round's wall time less its GPU time, the
@@ -209,15 +230,20 @@ def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
     step's fit, the MFU a prefill with the whole GPU is served at, and what a level's prefill
     keeps of its burst rate sustained beside decode and how far it slows toward that when busy
     part of the time (bench/sustained_corun.py), and the decode step beside it as served over
-    its co-run price, by its busy share."""
+    its co-run price, by its busy share. Where the fit gives the host's share of a served
+    decode round (fixed, per request, per token of KV), it prices rounds instead of the
+    captured rounds' median, which lacks the serving loop's bookkeeping."""
     data = read_json(path, "host-costs file")
     _check_gpu(data, path, "host-costs file", gpu)
     sustained, slowdown = _sustained_ratios(data, path)
     decode_by_busy = _decode_by_busy(data, path)
+    served = _served_decode_round(data, path)
     try:
         layers = sorted(float(r["host_s"]) for r in data["eager_layer"])
         rounds = sorted(max(0.0, float(r["wall_s"]) - float(r["gpu_s"])) for r in data["decode_round"])
         step = float(data.get("eager_step", {}).get("seconds", 0.0))
+        # a split prefill batch's upload as served where fitted, else an eager step's cost
+        batch_s = float(data.get("prefill_batch", {}).get("seconds", step))
         extra = tuple((int(r["batch"]), float(r["extra_s"]))
                       for r in data.get("decode_step_extra", []))
         mixed = data.get("mixed_step")
@@ -229,5 +255,9 @@ def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
         raise PdmuxError(f"{path} lacks the eager_layer and decode_round rows of a host-costs "
                          f"file (made by `pdmux-triton calibrate --host-costs`)") from None
     # outside the try: a value out of range is refused by name (PdmuxError is a ValueError)
+    per_request_s = per_kv_token_s = 0.0
+    if served is not None:
+        round_s, per_request_s, per_kv_token_s = served
     return Overheads(round_s, layer_s, step, EXTEND_TILE_ROWS, extra, fit, whole_mfu, sustained,
-                     slowdown, decode_by_busy)
+                     slowdown, decode_by_busy, decode_round_per_request_s=per_request_s,
+                     decode_round_per_kv_token_s=per_kv_token_s, prefill_batch_s=batch_s)

@@ -429,7 +429,10 @@ class MixedStepFit:
 @dataclass(frozen=True)
 class Overheads:
     """What this tool's executor spends beyond the first-order model: the host's share of a
-    captured decode round (inputs up, replay, tokens back), each eager layer's launches, an
+    captured decode round (inputs up, replay, tokens back, the loop's bookkeeping: a fixed
+    part, a part per request and one per token of KV its page tables name), a split
+    prefill's batch made and uploaded before its layers launch (`prefill_batch_s`), each eager
+    layer's launches, an
     eager step's batch (made, uploaded, its tokens read back), decode rows of a mixed step run
     through the extend attention in tiles of `decode_row_tile` query rows, what a captured
     decode step takes beyond its bytes at the calibrated rate (`decode_step_extra`, (batch,
@@ -459,9 +462,14 @@ class Overheads:
     split_prefill_sustained: tuple[tuple[int, float], ...] = ()
     split_prefill_slowdown: tuple[tuple[float, float], ...] = ()
     split_decode_by_busy: tuple[tuple[float, float], ...] = ()
+    decode_round_per_request_s: float = 0.0
+    decode_round_per_kv_token_s: float = 0.0
+    prefill_batch_s: float = 0.0
 
     def __post_init__(self):
-        for name in ("decode_round_s", "layer_launch_s", "eager_step_s"):
+        for name in ("decode_round_s", "layer_launch_s", "eager_step_s",
+                     "decode_round_per_request_s", "decode_round_per_kv_token_s",
+                     "prefill_batch_s"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and np.isfinite(value) and value >= 0):
                 raise PdmuxError(f"overhead {name} must be a finite number >= 0, got {value!r}")
@@ -500,7 +508,16 @@ class Overheads:
         f = layer_launch_s / self.layer_launch_s
         mixed = None if self.mixed is None else replace(self.mixed, fixed_s=self.mixed.fixed_s * f)
         return replace(self, decode_round_s=self.decode_round_s * f, layer_launch_s=layer_launch_s,
-                       eager_step_s=self.eager_step_s * f, mixed=mixed)
+                       eager_step_s=self.eager_step_s * f, mixed=mixed,
+                       decode_round_per_request_s=self.decode_round_per_request_s * f,
+                       decode_round_per_kv_token_s=self.decode_round_per_kv_token_s * f,
+                       prefill_batch_s=self.prefill_batch_s * f)
+
+    def decode_round_host_s(self, batch: int, context_tokens: int) -> float:
+        """The host's share of a decode round of `batch` requests holding `context_tokens` of
+        KV: the loop's work grows with the requests it steps and the pages it lists."""
+        return (self.decode_round_s + self.decode_round_per_request_s * batch
+                + self.decode_round_per_kv_token_s * context_tokens)
 
     def decode_extra_s(self, batch: int) -> float:
         """Beyond the bytes: a captured step's fixed costs, which its batch's rows move."""

@@ -84,6 +84,7 @@ class SimExecutor:
         self.prefill_spans: list[tuple[float, float]] = []  # the split prefill's recent launches
         self.decode_steps = array("d")
         self.drains = array("d")
+        self.decode_ends = 0.0  # when the decode step launched last ends (as priced so far)
 
     # --- timelines -------------------------------------------------------------------
     def _enqueue(self, side: str, seconds: float, at: float | None = None) -> float:
@@ -117,7 +118,10 @@ class SimExecutor:
     def launch_decode(self, reqs: list[Request]):
         # priced when waited for: the round's prefill layers are launched in between, and
         # decode co-runs when the prefill side is busy as the step starts
-        self.t += self.overheads.decode_round_s
+        self.t += self.overheads.decode_round_host_s(len(reqs), sum(r.context for r in reqs))
+        # until it is waited for and priced, the step is expected to last as long as the last
+        self.decode_ends = max(self.t, self.free["decode"]) + (
+            self.decode_steps[-1] if self.decode_steps else 0.0)
         return list(reqs), self.t
 
     def decode_price_s(self, context_tokens: int, decode_sms: int, corun: bool, batch: int,
@@ -140,12 +144,17 @@ class SimExecutor:
                                    len(reqs), busy)
         step += self.comm.decode_s(step_cost.padded_batch(len(reqs)))  # the link keeps its pace
         self.decode_steps.append(step)
-        self.t = max(self.t, self._enqueue("decode", step, launched))
+        self.decode_ends = self._enqueue("decode", step, launched)
+        self.t = max(self.t, self.decode_ends)
         return self.t, None
 
     # --- prefill ---------------------------------------------------------------------
     def begin_prefill(self, reqs: list[Request]) -> SimPrefill:
-        self.t += self.overheads.eager_step_s  # the batch made and uploaded
+        # the batch made and uploaded; on the whole GPU (prefill-first) the host then blocks on
+        # it, so its eager step holds the tokens' read-back too, which a split batch's wait for
+        # decode hides
+        split = self.sms["prefill"] < self.total_sms
+        self.t += self.overheads.prefill_batch_s if split else self.overheads.eager_step_s
         return SimPrefill(list(reqs))
 
     def _launch_layers(self, layers: int) -> tuple[float, float]:
@@ -169,13 +178,11 @@ class SimExecutor:
         began, launched = self._launch_layers(end - start)
         # on a split, decode steps run beside it; on the whole GPU, nothing does
         beside_decode = self.sms["prefill"] < self.total_sms
-        seconds = step_cost.compute_s(flops, self.prefill_rate, self.sms["prefill"], beside_decode)
-        if not beside_decode:
-            seconds = max(seconds, self._tiled_prefill_s(carry.reqs, tokens, end - start))
-        if beside_decode and self.overheads.split_prefill_sustained:
-            slow = step_cost.compute_s(flops, self.sustained_rate, self.sms["prefill"], True)
-            busy = self._prefill_busy(max(began, self.free["prefill"]))
-            seconds += self._slowdown(busy) * (slow - seconds)
+        if beside_decode:
+            seconds = self._split_prefill_s(flops, began, launched)
+        else:
+            seconds = max(step_cost.compute_s(flops, self.prefill_rate, self.total_sms, False),
+                          self._tiled_prefill_s(carry.reqs, tokens, end - start))
         seconds += talk
         ran_until = self._enqueue("prefill", seconds, began)
         if beside_decode and self.tracks_busy:
@@ -187,6 +194,27 @@ class SimExecutor:
         # the last layer runs after its launch: a prefill bound by its launches ends later
         carry.ends_at = max(ran_until, launched + seconds / (end - start))
         self.free["prefill"] = carry.ends_at
+
+    def _split_prefill_s(self, flops: float, began: float, launched: float) -> float:
+        """A split prefill's GPU time: at its co-run rate while a decode step runs beside it
+        (slowed toward its sustained rate as the GPU stays busy), at its rate alone while the
+        decode side waits for the host to launch these layers (from the end of the round's
+        decode step to the launches' end: the next step cannot be launched before). Decode
+        is taken to run beside it after that."""
+        sms = self.sms["prefill"]
+        corun = step_cost.compute_s(flops, self.prefill_rate, sms, True)
+        if self.overheads.split_prefill_sustained:
+            slow = step_cost.compute_s(flops, self.sustained_rate, sms, True)
+            corun += self._slowdown(self._prefill_busy(max(began, self.free["prefill"]))) * (
+                slow - corun)
+        alone = step_cost.compute_s(flops, self.prefill_rate, sms, False)
+        start = max(began, self.free["prefill"])
+        beside = min(corun, max(0.0, self.decode_ends - start))  # the round's step still runs
+        idle = max(0.0, launched - max(start, self.decode_ends))
+        left = 1.0 - beside / corun  # the share of the work still to do
+        if left * alone <= idle:
+            return beside + left * alone
+        return beside + idle + (left - idle / alone) * corun
 
     def _tiled_prefill_s(self, reqs: list[Request], tokens: int, layers: int) -> float:
         """A whole-GPU prefill's layers by its kernels' tiles where the host costs hold them
