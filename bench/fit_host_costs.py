@@ -2,10 +2,17 @@
 it to a host-costs file (`calibrate --host-costs`'s):
 
 - eager_step: the host's fixed cost of an eager step (its batch made and uploaded, its tokens
-  read back), as pd-mux pays it before each prefill: the median chunked round of the smallest
-  chunk size less its layers' launches;
-- decode_step_extra: per batch size, a captured decode step's GPU time (the file's decode
-  rounds) beyond its bytes at the calibration's whole-GPU rate alone;
+  read back), as a whole-GPU prefill batch pays it too: the median chunked round of the
+  smallest chunk size less its layers' launches;
+- prefill_batch: a split prefill's batch made and uploaded before its layers launch: the
+  median time from a pd-mux batch taken to its first layers' round, over the batches of
+  split levels;
+- decode_round_served: the host's share of a served decode round (its wall less its step's
+  GPU time, in rounds that launched nothing else), fixed + per request + per token of KV,
+  by least absolute deviations over every such round;
+- decode_step_extra: per captured size, a decode step's GPU time beyond its bytes at the
+  calibration's whole-GPU rate alone and its batch term: the median over the served
+  whole-GPU steps where each size holds enough, else from the file's captured decode rounds;
 - mixed_step: a chunked-prefill step's fixed cost (`step_cost.MixedStepFit`), by least squares
   over every chunked round measured; a round lasts its GPU phases or its layers' launches,
   whichever is longer. Its GPU phases are priced by the kernels' tiles (`step_cost.TileTimes`:
@@ -79,7 +86,9 @@ GEMM_MIN_TOKENS, LAYER_MIN_TOKENS = 256, 512
 MIN_PREFILLS = 10  # GPU-bound prefill batches a whole-GPU MFU is fitted to, at the fewest
 GPU_BOUND_MARGIN = 2  # a batch whose GPU time is this many times its launches is bound by it
 MIN_ROUNDS = 100  # served decode rounds a round's host share is fitted to, at the fewest
-MIN_STEPS = 30  # served whole-GPU steps of one captured size its extra is read from, at the fewest
+# served whole-GPU steps of one captured size its extra is read from, at the fewest (a size's
+# median mixes contexts; the GPU's step is not monotonic in rows: a whole 128-row tile)
+MIN_STEPS = 100
 WHOLE_GPU_LOOPS = ("prefill_first", "chunked_")  # strategies whose decode has every SM
 # what it fits to served runs (split_prefill_sustained, which it also adds, is carried from a
 # measurement of its own: a held-out judgement keeps it)
@@ -200,55 +209,49 @@ def fidelity_prefills(points: list[tuple[dict, float]]) -> list[dict]:
             prefill_batches(point["diagnostics"]).items()]
 
 
-def _step_rounds(point: dict) -> list[int]:
-    """The rounds of a point that launched its decode steps, in order: every round with
-    requests decoding, or (chunked prefill, whose mixed rounds step decode in their forward)
-    the decode-only ones; a point where neither count matches is refused."""
-    r, steps = point["diagnostics"]["rounds"], point["diagnostics"]["decode_step_us"]
-    plain = {i for i, label in enumerate(r["labels"]) if label == ""}
-    decoding = [i for i, bs in enumerate(r["decode_bs"]) if bs > 0]
-    only = [i for i in decoding if r["label"][i] in plain]
-    if len(steps) == len(decoding):
-        return decoding
-    if len(steps) == len(only):
-        return only
-    raise PdmuxError(f"{point['strategy']}: {len(steps)} decode steps for {len(decoding)} "
-                     f"rounds decoding ({len(only)} decode-only): its rounds and steps cannot "
-                     f"be matched")
+def decode_steps(points: list[tuple[dict, float]]):
+    """Every decode step of the points (`timed_points`), matched to the round that launched
+    it, as (point, its host's launch time, the round's index, the step's GPU seconds): a
+    round with requests decoding launches one, except chunked prefill's mixed rounds, which
+    step decode in their forward; a point whose steps match neither count is refused."""
+    for point, host in points:
+        r, steps = point["diagnostics"]["rounds"], point["diagnostics"]["decode_step_us"]
+        plain = {i for i, label in enumerate(r["labels"]) if label == ""}
+        decoding = [i for i, bs in enumerate(r["decode_bs"]) if bs > 0]
+        only = [i for i in decoding if r["label"][i] in plain]
+        launched = (decoding if len(steps) == len(decoding) else only
+                    if len(steps) == len(only) else None)
+        if launched is None:
+            raise PdmuxError(f"{point['strategy']}: {len(steps)} decode steps for "
+                             f"{len(decoding)} rounds decoding ({len(only)} decode-only): its "
+                             f"rounds and steps cannot be matched")
+        for i, step in zip(launched, steps):
+            yield point, host, i, step / 1e6
 
 
 def served_decode_rounds(points: list[tuple[dict, float]]) -> list[dict]:
     """Every round of the points (`timed_points`) that stepped decode and launched nothing
     else: its requests, their KV, what it took beyond its decode step's GPU time (the host's
     share: inputs made and uploaded, tokens back, the loop's bookkeeping) and the run's host
-    launch time (steps matched to rounds by `_step_rounds`)."""
+    launch time."""
     rows = []
-    for point, host in points:
-        d = point["diagnostics"]
-        r, steps = d["rounds"], d["decode_step_us"]
-        plain = {i for i, label in enumerate(r["labels"]) if label == ""}
-        for i, step in zip(_step_rounds(point), steps):
-            if r["label"][i] in plain:
-                rows.append({"batch": r["decode_bs"][i], "context": r["decode_context"][i],
-                             "host_s": host,
-                             "seconds": (r["end_us"][i] - r["start_us"][i] - step) / 1e6})
+    for point, host, i, step in decode_steps(points):
+        r = point["diagnostics"]["rounds"]
+        if r["labels"][r["label"][i]] == "":
+            rows.append({"batch": r["decode_bs"][i], "context": r["decode_context"][i],
+                         "host_s": host,
+                         "seconds": (r["end_us"][i] - r["start_us"][i]) / 1e6 - step})
     return rows
 
 
 def whole_gpu_decode_steps(points: list[tuple[dict, float]]) -> list[dict]:
     """Every decode step of the points (`timed_points`) of the loops that give decode the
     whole GPU (prefill-first, chunked prefill's decode-only rounds; pd-mux's split levels are
-    the calibration's to price), matched to its round by `_step_rounds`: its requests, their
-    KV and its GPU time."""
-    rows = []
-    for point, _ in points:
-        if not point["strategy"].startswith(WHOLE_GPU_LOOPS):
-            continue
-        r, steps = point["diagnostics"]["rounds"], point["diagnostics"]["decode_step_us"]
-        for i, step in zip(_step_rounds(point), steps):
-            rows.append({"batch": r["decode_bs"][i], "context": r["decode_context"][i],
-                         "seconds": step / 1e6})
-    return rows
+    the calibration's to price): its requests, their KV and its GPU time."""
+    return [{"batch": point["diagnostics"]["rounds"]["decode_bs"][i],
+             "context": point["diagnostics"]["rounds"]["decode_context"][i], "seconds": step}
+            for point, _, i, step in decode_steps(points)
+            if point["strategy"].startswith(WHOLE_GPU_LOOPS)]
 
 
 def served_decode_extra(rows: list[dict], model, decode, sms: int) -> list[dict] | None:
@@ -267,23 +270,29 @@ def served_decode_extra(rows: list[dict], model, decode, sms: int) -> list[dict]
     return extra if len(extra) >= 2 else None
 
 
-def fit_prefill_batch(points: list[tuple[dict, float]], layer_launch_s: float) -> dict | None:
-    """A split prefill batch made and uploaded before its layers launch, on a host launching an
-    eager layer in `layer_launch_s`: over pd-mux's served batches (the points' `timed_points`),
-    the median time from the batch being taken to the start of the round that launches its
-    first layers, each moved to that host. None with fewer than MIN_PREFILLS batches."""
+def fit_prefill_batch(points: list[tuple[dict, float]], layer_launch_s: float,
+                      split) -> dict | None:
+    """A split prefill batch made and uploaded before its layers launch, on a host launching
+    an eager layer in `layer_launch_s`: over pd-mux's served batches (the points'
+    `timed_points`) whose first layers ran at a split level (`split(point, level)`; a
+    whole-GPU level's batch pays the eager step), the median time from the batch being taken
+    to the start of the round that launches its first layers, each moved to that host (a
+    level switch's drain is in it too, mostly none: both sides are idle when a batch is
+    taken). None with fewer than MIN_PREFILLS batches."""
     gaps = []
     for point, host in points:
         if not point["strategy"].startswith("pdmux"):
             continue
         d = point["diagnostics"]
         r = d["rounds"]
-        firsts = [start for start, label in zip(r["start_us"], r["label"])
+        firsts = [(start, level) for start, label, level in
+                  zip(r["start_us"], r["label"], r["level"])
                   if r["labels"][label].startswith("layers 0-")]
+        starts = [start for start, _ in firsts]
         for taken in sorted({batch[0] for batch in d["prefills"]}):
-            i = bisect_left(firsts, taken)
-            if i < len(firsts):
-                gaps.append((firsts[i] - taken) / 1e6 * layer_launch_s / host)
+            i = bisect_left(starts, taken)
+            if i < len(firsts) and split(point, firsts[i][1]):
+                gaps.append((firsts[i][0] - taken) / 1e6 * layer_launch_s / host)
     if len(gaps) < MIN_PREFILLS:
         return None
     return {"seconds": float(np.median(gaps)), "batches": len(gaps)}
@@ -592,6 +601,19 @@ def pooled_rounds(measured: list[str], host: dict, overheads) -> tuple:
     return pooled[0], pooled[1], rows, prefills
 
 
+def split_level(timed: dict[str, list], calibration: str, compare: str, overheads, gpu: str):
+    """(point, level) -> whether that level splits the GPU, for the points of each points
+    file (`timed`: its `timed_points`; its levels: a capacity folder's own, trace_fidelity's
+    default)."""
+    from corun_rounds import Pricer
+
+    by_point = {}
+    for path, points in timed.items():
+        pricer = Pricer(path, calibration, compare, overheads, gpu)
+        by_point.update((id(point), pricer) for point, _ in points)
+    return lambda point, level: by_point[id(point)].sms(level)[0] > 0
+
+
 def fitted(measured: list[str], host_costs: str, calibration: str,
            compare: str, prefill_rate=PREFILL_RATE, sustained: str | None = None,
            busy: str | None = None) -> tuple[dict, list]:
@@ -610,7 +632,8 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
     # a captured step's time beyond its bytes and the calibration's batch term: from the
     # served whole-GPU steps by captured size where the measurements hold enough, else from
     # the file's captured rounds (calibrate --host-costs: four sizes at one short context)
-    timed = [point for m in measured if m.endswith(".jsonl") for point in timed_points(m)]
+    by_file = {m: timed_points(m) for m in measured if m.endswith(".jsonl")}
+    timed = [point for points in by_file.values() for point in points]
     extra = served_decode_extra(whole_gpu_decode_steps(timed), model, decode, gpu.sms)
     host["decode_step_extra"] = extra or [
         {"batch": r["batch"], "extra_s": r["gpu_s"] - step_cost.decode_step_s(
@@ -647,7 +670,8 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
     overheads = replace(overheads, eager_step_s=_eager_step_s(less_launches[small], size,
                                                               model, overheads))
     # a split prefill batch's upload: from pd-mux's served batches where the points hold them
-    batch = fit_prefill_batch(timed, overheads.layer_launch_s)
+    batch = fit_prefill_batch(timed, overheads.layer_launch_s,
+                              split_level(by_file, calibration, compare, overheads, gpu.name))
     host.pop("prefill_batch", None)
     if batch is not None:
         host["prefill_batch"] = {**batch, "source": names}

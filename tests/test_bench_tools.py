@@ -450,6 +450,44 @@ def test_served_decode_rounds_match_steps_to_the_rounds_that_launched_them():
         served_decode_rounds([(broken, 1e-3)])
 
 
+def test_the_split_prefill_batch_and_step_extra_fits_read_what_they_are_given():
+    """A split batch's upload: the median gap from a pd-mux batch taken to its first layers'
+    round, on the file's host, over split levels only; the step extras: per captured size, the
+    median step less the calibration's price, sizes with too few steps left out."""
+    sys.path.insert(0, "bench")
+    from fit_host_costs import (MIN_PREFILLS, MIN_STEPS, fit_prefill_batch,
+                                served_decode_extra)
+
+    from pdmux_triton.cost import step_cost
+    from pdmux_triton.spec.models import model_preset
+
+    rounds = {"start_us": [], "label": [], "level": [], "labels": ["", "layers 0-36"]}
+    prefills = []
+    for i in range(MIN_PREFILLS + 3):
+        taken, level = 100_000 * i, 0 if i == 0 else 6  # the first batch on a whole-GPU level
+        prefills.append([taken, taken + 50_000, 1000, 1, 0])
+        rounds["start_us"] += [taken + 500 + 100 * i, taken + 20_000]
+        rounds["label"] += [1, 0]
+        rounds["level"] += [level, level]
+    point = {"strategy": "pdmux_grid_cap", "diagnostics": {"rounds": rounds, "prefills": prefills}}
+    got = fit_prefill_batch([(point, 2e-3)], 1e-3, lambda p, level: level > 0)
+    gaps = sorted((500 + 100 * i) / 2 for i in range(1, MIN_PREFILLS + 3))  # on a 2x host
+    assert got["batches"] == MIN_PREFILLS + 2
+    assert got["seconds"] == pytest.approx(np.median(gaps) / 1e6)
+    assert fit_prefill_batch([(point, 2e-3)], 1e-3, lambda p, level: False) is None
+
+    qwen = model_preset("qwen3-8b")
+    law = step_cost.SaturationLaw(4.0, 66.0)
+    rows = [{"batch": b, "context": b * 1000,
+             "seconds": step_cost.captured_decode_step_s(qwen, law, b * 1000, 132, False, b)
+             + extra} for b, extra, n in ((7, 2e-4, MIN_STEPS), (30, 5e-4, MIN_STEPS),
+                                          (64, 9e-4, MIN_STEPS - 1)) for _ in range(n)]
+    extras = served_decode_extra(rows, qwen, law, 132)
+    assert [(e["batch"], e["steps"]) for e in extras] == [(8, MIN_STEPS), (32, MIN_STEPS)]
+    assert [e["extra_s"] for e in extras] == [pytest.approx(2e-4), pytest.approx(5e-4)]
+    assert served_decode_extra(rows[:MIN_STEPS], qwen, law, 132) is None
+
+
 def _fit(run: str | list[str], host: Path):
     runs = [run] if isinstance(run, str) else run
     return subprocess.run([sys.executable, "bench/fit_host_costs.py", *runs, str(host),
@@ -570,8 +608,8 @@ def test_sustained_ratios_are_each_levels_burst_over_its_sustained_run(tmp_path)
 def test_fit_host_costs_on_the_h200_trace_points_and_stream_run(tmp_path):
     """The committed trace-fidelity points and steady-state capacity folders (each run's host
     timed), pooled, fit the committed host-costs file's eager step, whole-GPU prefill, mixed
-    steps, decode step extras, served decode round and split prefill batch again; the older stream run (its host untimed) cannot give an eager step on the
-    file's host, and says so."""
+    steps, decode step extras, served decode round and split prefill batch again; the older
+    stream run (its host untimed) cannot give an eager step on the file's host, and says so."""
     import json
     import shutil
 

@@ -71,12 +71,16 @@ FILE = "{path}: {key}"
     ("decode_round_served", {"fixed_s": 1e-4, "per_request_s": -1e-6, "per_kv_token_s": 0},
      FILE),
     ("decode_round_served", {"fixed_s": float("nan"), "per_request_s": 0, "per_kv_token_s": 0},
-     FILE)])
+     FILE),
+    ("prefill_batch", [5e-4], FILE), ("prefill_batch", None, FILE),
+    ("prefill_batch", {"seconds": "x"}, FILE), ("prefill_batch", {"seconds": 5.0}, FILE),
+    ("prefill_batch", {"seconds": -1e-4}, FILE)])
 def test_a_malformed_sustained_or_decode_entry_is_refused_by_name(key, entry, message,
                                                                   tmp_path):
-    """The committed file's ratios and served decode round load; a malformed
-    `split_prefill_sustained`, `decode_beside_prefill` or `decode_round_served` is refused in
-    a line that names it, not read as a file without eager layers."""
+    """The committed file's ratios, served decode round and split prefill batch load (a file
+    without the served fits prices as before them); a malformed `split_prefill_sustained`,
+    `decode_beside_prefill`, `decode_round_served` or `prefill_batch` is refused in a line
+    that names it, not read as a file without eager layers."""
     path = tmp_path / "host-costs-h200.json"
     shutil.copy("bench/results/host-costs-h200.json", path)
     loaded = load_host_costs(path)
@@ -90,6 +94,18 @@ def test_a_malformed_sustained_or_decode_entry_is_refused_by_name(key, entry, me
             loaded.decode_round_per_kv_token_s) == (served["fixed_s"], served["per_request_s"],
                                                     served["per_kv_token_s"])
     assert loaded.decode_round_per_request_s > 0
+    assert loaded.prefill_batch_s == data["prefill_batch"]["seconds"] < loaded.eager_step_s
+    # without the served fits: the captured rounds' median, nothing per request, the eager step
+    bare = tmp_path / "bare" / "host-costs-h200.json"
+    bare.parent.mkdir()
+    bare.write_text(json.dumps({k: v for k, v in data.items()
+                                if k not in ("decode_round_served", "prefill_batch")}))
+    plain = load_host_costs(bare)
+    rounds = sorted(max(0.0, r["wall_s"] - r["gpu_s"]) for r in data["decode_round"])
+    assert plain.decode_round_s == rounds[len(rounds) // 2]
+    assert plain.decode_round_per_request_s == plain.decode_round_per_kv_token_s == 0.0
+    assert plain.prefill_batch_s is None
+    assert plain.split_prefill_batch_s() == plain.eager_step_s
     path.write_text(json.dumps({**data, key: entry}))
     with pytest.raises(PdmuxError, match=re.escape(message.format(path=path, key=key))):
         load_host_costs(path)

@@ -105,6 +105,79 @@ def test_a_decode_round_pays_the_hosts_share_for_its_requests_and_their_kv():
     assert launched == pytest.approx(1e-4 + 48 * 5e-6 + 48 * 1000 * 2e-9, rel=1e-12)
 
 
+def _split_executor(host):
+    """An executor at a level that splits the H100, its prefill at different rates alone and
+    beside decode (0.6 and 0.4 of the peak)."""
+    rate = step_cost.PrefillRate(H100.bf16_tflops, H100.sms, ((60, 0.4), (112, 0.4)),
+                                 ((60, 0.6), (112, 0.6)))
+    x = SimExecutor(H100, QWEN, step_cost.SaturationLaw(H100.hbm_tbps * 0.85, 66.0), rate,
+                    overheads=host)
+    x.start([])
+    x.set_level(next(lv for lv in sglang_rules.stream_groups(H100.sms, H100.cc_major)
+                     if 0 < lv[1] < H100.sms))
+    return x, rate
+
+
+@pytest.mark.parametrize("decode_ends, launched, expect", [
+    (0.0, 0.0, "corun"),            # no idle window: all beside decode
+    (0.0, 1.0, "alone"),            # decode idle until long after: all alone
+    (5.0, 6.0, "corun"),            # the round's step outlasts it: all beside decode
+    (0.002, 0.004, "mixed"),        # beside the step, alone while the host launches, beside
+])
+def test_a_split_prefill_runs_alone_while_decode_waits_for_the_hosts_launches(
+        decode_ends, launched, expect):
+    """A split prefill's work runs at its co-run rate while the round's decode step runs, at
+    its rate alone from that step's end to the host's last launch, and at its co-run rate
+    after; its time is the sum of the parts."""
+    x, rate = _split_executor(step_cost.Overheads())
+    sms, flops = x.sms["prefill"], 2e13
+    corun = step_cost.compute_s(flops, rate, sms, True)
+    alone = step_cost.compute_s(flops, rate, sms, False)
+    x.decode_ends = decode_ends
+    got = x._split_prefill_s(flops, 0.0, launched)
+    if expect == "mixed":  # 2 ms beside, 2 ms alone, the rest beside
+        left = 1 - 0.002 / corun - 0.002 / alone
+        assert corun > 0.004 and got == pytest.approx(0.004 + left * corun, rel=1e-12)
+        assert alone < got < corun
+    else:
+        assert got == pytest.approx({"corun": corun, "alone": alone}[expect], rel=1e-12)
+    assert x._split_prefill_s(0.0, 0.0, launched) == 0.0
+
+
+def test_a_split_batch_pays_its_upload_and_a_whole_gpu_batch_the_eager_step():
+    """A split prefill's batch costs the host its fitted upload (the eager step's without one),
+    a whole-GPU batch the eager step, which also holds the blocking read-back."""
+    prompt = prompt_during_decode(QWEN.vocab, batch=1, prompt=64)[-1]
+    for batch_s, split_pays in ((0.0005, 0.0005), (None, 0.003)):
+        x, _ = _split_executor(step_cost.Overheads(eager_step_s=0.003, prefill_batch_s=batch_s))
+        before = x.now()
+        x.begin_prefill([prompt])
+        assert x.now() - before == pytest.approx(split_pays)
+        x.set_level((H100.sms, 0))
+        before = x.now()
+        x.begin_prefill([prompt])
+        assert x.now() - before == pytest.approx(0.003)
+
+
+def test_a_launched_decode_step_is_expected_to_end_as_priced_at_its_level():
+    """Until it is waited for, a launched step is expected to last its price at the level it
+    runs on (beside the prefill on a split), not as long as the step before, which may have
+    run on the whole GPU; waited for, its end is the priced one."""
+    x, _ = _split_executor(step_cost.Overheads())
+    reqs = prompt_during_decode(QWEN.vocab, batch=32, context=2000)[:32]
+    x.set_level((0, H100.sms))
+    x.wait_decode(x.launch_decode(reqs))  # a whole-GPU step first
+    whole = x.decode_steps[-1]
+    x.set_level(next(lv for lv in sglang_rules.stream_groups(H100.sms, H100.cc_major)
+                     if 0 < lv[1] < H100.sms))
+    pending = x.launch_decode(reqs)
+    priced = x.decode_price_s(sum(r.context for r in reqs), x.sms["decode"], True, 32, None)
+    assert priced > 1.2 * whole
+    assert x.decode_ends == pytest.approx(max(x.now(), x.free["decode"]) + priced, rel=1e-12)
+    x.wait_decode(pending)
+    assert x.decode_ends == x.free["decode"]
+
+
 def test_a_prefill_bound_by_its_launches_ends_after_its_last_layer_runs():
     """The GPU runs a launched layer after its launch: a short prompt on a slow host is done
     one layer's GPU time after its last launch, not at it."""

@@ -222,6 +222,20 @@ def _served_decode_round(data: dict, path) -> tuple[float, float, float] | None:
     return terms
 
 
+def _prefill_batch(data: dict, path) -> float | None:
+    """A host-costs file's `prefill_batch`: a split prefill's batch made and uploaded, in
+    seconds on the file's host; none where it has none (the eager step's is charged)."""
+    if "prefill_batch" not in data:
+        return None
+    entry = data["prefill_batch"]
+    seconds = entry.get("seconds") if isinstance(entry, dict) else None
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (
+            math.isfinite(seconds) and 0 <= seconds < 1):
+        raise PdmuxError(f"{path}: prefill_batch needs seconds in [0, 1) "
+                         f"(bench/fit_host_costs.py), got {entry!r}")
+    return float(seconds)
+
+
 def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
     """The executor's overheads from a host-costs file (calibrate --host-costs): the median over its cases of
     an eager layer's launch time and of a decode round's wall time less its GPU time, the
@@ -232,18 +246,18 @@ def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
     part of the time (bench/sustained_corun.py), and the decode step beside it as served over
     its co-run price, by its busy share. Where the fit gives the host's share of a served
     decode round (fixed, per request, per token of KV), it prices rounds instead of the
-    captured rounds' median, which lacks the serving loop's bookkeeping."""
+    captured rounds' median, which lacks the serving loop's bookkeeping; where it gives a
+    split prefill's batch, that is charged instead of the eager step."""
     data = read_json(path, "host-costs file")
     _check_gpu(data, path, "host-costs file", gpu)
     sustained, slowdown = _sustained_ratios(data, path)
     decode_by_busy = _decode_by_busy(data, path)
     served = _served_decode_round(data, path)
+    batch_s = _prefill_batch(data, path)
     try:
         layers = sorted(float(r["host_s"]) for r in data["eager_layer"])
         rounds = sorted(max(0.0, float(r["wall_s"]) - float(r["gpu_s"])) for r in data["decode_round"])
         step = float(data.get("eager_step", {}).get("seconds", 0.0))
-        # a split prefill batch's upload as served where fitted, else an eager step's cost
-        batch_s = float(data.get("prefill_batch", {}).get("seconds", step))
         extra = tuple((int(r["batch"]), float(r["extra_s"]))
                       for r in data.get("decode_step_extra", []))
         mixed = data.get("mixed_step")

@@ -429,11 +429,12 @@ class MixedStepFit:
 @dataclass(frozen=True)
 class Overheads:
     """What this tool's executor spends beyond the first-order model: the host's share of a
-    captured decode round (inputs up, replay, tokens back, the loop's bookkeeping: a fixed
-    part, a part per request and one per token of KV its page tables name), a split
-    prefill's batch made and uploaded before its layers launch (`prefill_batch_s`), each eager
-    layer's launches, an
-    eager step's batch (made, uploaded, its tokens read back), decode rows of a mixed step run
+    decode round (inputs up, replay, tokens back, the loop's bookkeeping: `decode_round_s`
+    fixed, `decode_round_per_request_s` a request and `decode_round_per_kv_token_s` a token
+    of KV its page tables name), each eager layer's launches, an eager step's batch (made,
+    uploaded, its tokens read back; a whole-GPU prefill batch pays it too), a split prefill's
+    batch made and uploaded before its layers launch (`prefill_batch_s`; None: the eager
+    step's), decode rows of a mixed step run
     through the extend attention in tiles of `decode_row_tile` query rows, what a captured
     decode step takes beyond its bytes at the calibrated rate (`decode_step_extra`, (batch,
     seconds) points read between them), mixed steps as the executor runs them (`mixed`), and
@@ -447,10 +448,11 @@ class Overheads:
     share (`split_decode_by_busy`, (busy share, ratio) points, held at the ends: the clocks
     fall as it keeps the GPU busy; none: the co-run price as it is). An eager
     step ends no earlier than its launches, and the host launches nothing else meanwhile. None
-    by default (the chapter's model); `calibrate --host-costs` measures the host's share,
-    bench/fit_host_costs.py fits the eager step, the step extras, the mixed step, the whole
-    GPU's MFU and the decode step beside a split prefill to measured runs and reads the
-    prefill's sustained terms from bench/sustained_corun.py's files."""
+    by default (the chapter's model); `calibrate --host-costs` measures the host's share of a
+    captured round alone, bench/fit_host_costs.py fits the served round's share, the eager
+    step, a split prefill's batch, the step extras, the mixed step, the whole GPU's MFU and
+    the decode step beside a split prefill to measured runs and reads the prefill's
+    sustained terms from bench/sustained_corun.py's files."""
 
     decode_round_s: float = 0.0
     layer_launch_s: float = 0.0
@@ -464,13 +466,15 @@ class Overheads:
     split_decode_by_busy: tuple[tuple[float, float], ...] = ()
     decode_round_per_request_s: float = 0.0
     decode_round_per_kv_token_s: float = 0.0
-    prefill_batch_s: float = 0.0
+    prefill_batch_s: float | None = None
 
     def __post_init__(self):
         for name in ("decode_round_s", "layer_launch_s", "eager_step_s",
                      "decode_round_per_request_s", "decode_round_per_kv_token_s",
                      "prefill_batch_s"):
             value = getattr(self, name)
+            if value is None and name == "prefill_batch_s":
+                continue
             if not (isinstance(value, (int, float)) and np.isfinite(value) and value >= 0):
                 raise PdmuxError(f"overhead {name} must be a finite number >= 0, got {value!r}")
         if self.whole_gpu_prefill_mfu is not None and not 0 < self.whole_gpu_prefill_mfu <= 1:
@@ -497,10 +501,10 @@ class Overheads:
 
     def on_host(self, layer_launch_s: float) -> "Overheads":
         """The same costs on a host that launches an eager layer in `layer_launch_s`: what
-        the host does (a decode round's share, an eager step's batch, a mixed step's fixed
-        cost) scaled by how much faster or slower it launches; the GPU's terms kept. Hosts
-        beside the same GPU launch at different speeds (bench/NOTES.md), so a measured run is
-        judged against its own host."""
+        the host does (a decode round's share, an eager step's batch, a split prefill's batch,
+        a mixed step's fixed cost) scaled by how much faster or slower it launches; the GPU's
+        terms kept. Hosts beside the same GPU launch at different speeds (bench/NOTES.md), so
+        a measured run is judged against its own host."""
         _check_positive("an eager layer's launch time", layer_launch_s)
         if not self.layer_launch_s:
             raise PdmuxError("overheads without an eager layer's launch time cannot be moved "
@@ -511,7 +515,12 @@ class Overheads:
                        eager_step_s=self.eager_step_s * f, mixed=mixed,
                        decode_round_per_request_s=self.decode_round_per_request_s * f,
                        decode_round_per_kv_token_s=self.decode_round_per_kv_token_s * f,
-                       prefill_batch_s=self.prefill_batch_s * f)
+                       prefill_batch_s=(None if self.prefill_batch_s is None
+                                        else self.prefill_batch_s * f))
+
+    def split_prefill_batch_s(self) -> float:
+        """A split prefill's batch made and uploaded: as fitted, else an eager step's."""
+        return self.eager_step_s if self.prefill_batch_s is None else self.prefill_batch_s
 
     def decode_round_host_s(self, batch: int, context_tokens: int) -> float:
         """The host's share of a decode round of `batch` requests holding `context_tokens` of

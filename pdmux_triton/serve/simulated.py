@@ -118,10 +118,14 @@ class SimExecutor:
     def launch_decode(self, reqs: list[Request]):
         # priced when waited for: the round's prefill layers are launched in between, and
         # decode co-runs when the prefill side is busy as the step starts
-        self.t += self.overheads.decode_round_host_s(len(reqs), sum(r.context for r in reqs))
-        # until it is waited for and priced, the step is expected to last as long as the last
-        self.decode_ends = max(self.t, self.free["decode"]) + (
-            self.decode_steps[-1] if self.decode_steps else 0.0)
+        held = sum(r.context for r in reqs)
+        self.t += self.overheads.decode_round_host_s(len(reqs), held)
+        # until it is waited for and priced, the step is expected as priced at its level now
+        # (beside a prefill where the level splits the GPU)
+        split = self.sms["prefill"] < self.total_sms
+        self.decode_ends = max(self.t, self.free["decode"]) + self.decode_price_s(
+            held, self.sms["decode"], split, len(reqs), None) + self.comm.decode_s(
+            step_cost.padded_batch(len(reqs)))
         return list(reqs), self.t
 
     def decode_price_s(self, context_tokens: int, decode_sms: int, corun: bool, batch: int,
@@ -154,7 +158,7 @@ class SimExecutor:
         # it, so its eager step holds the tokens' read-back too, which a split batch's wait for
         # decode hides
         split = self.sms["prefill"] < self.total_sms
-        self.t += self.overheads.prefill_batch_s if split else self.overheads.eager_step_s
+        self.t += self.overheads.split_prefill_batch_s() if split else self.overheads.eager_step_s
         return SimPrefill(list(reqs))
 
     def _launch_layers(self, layers: int) -> tuple[float, float]:
@@ -200,13 +204,16 @@ class SimExecutor:
         (slowed toward its sustained rate as the GPU stays busy), at its rate alone while the
         decode side waits for the host to launch these layers (from the end of the round's
         decode step to the launches' end: the next step cannot be launched before). Decode
-        is taken to run beside it after that."""
+        is taken to run beside it after that, though the next round's host share keeps it
+        idle a little longer, and the part alone keeps the burst's rate: both err slow."""
         sms = self.sms["prefill"]
         corun = step_cost.compute_s(flops, self.prefill_rate, sms, True)
         if self.overheads.split_prefill_sustained:
             slow = step_cost.compute_s(flops, self.sustained_rate, sms, True)
             corun += self._slowdown(self._prefill_busy(max(began, self.free["prefill"]))) * (
                 slow - corun)
+        if corun <= 0:
+            return 0.0
         alone = step_cost.compute_s(flops, self.prefill_rate, sms, False)
         start = max(began, self.free["prefill"])
         beside = min(corun, max(0.0, self.decode_ends - start))  # the round's step still runs
