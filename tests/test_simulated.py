@@ -173,9 +173,9 @@ def test_a_launched_decode_step_is_expected_to_end_as_priced_at_its_level():
     pending = x.launch_decode(reqs)
     priced = x.decode_price_s(sum(r.context for r in reqs), x.sms["decode"], True, 32, None)
     assert priced > 1.2 * whole
-    assert x.decode_ends == pytest.approx(max(x.now(), x.free["decode"]) + priced, rel=1e-12)
+    assert x._decode_ends() == pytest.approx(max(x.now(), x.free["decode"]) + priced, rel=1e-12)
     x.wait_decode(pending)
-    assert x.decode_ends == x.free["decode"]
+    assert x._decode_ends() == x.decode_ends == x.free["decode"]
 
 
 def test_a_prefill_bound_by_its_launches_ends_after_its_last_layer_runs():

@@ -84,7 +84,8 @@ class SimExecutor:
         self.prefill_spans: list[tuple[float, float]] = []  # the split prefill's recent launches
         self.decode_steps = array("d")
         self.drains = array("d")
-        self.decode_ends = 0.0  # when the decode step launched last ends (as priced so far)
+        self.decode_ends = 0.0  # when the last decode step waited for ends
+        self.launched_decode = None  # a step launched, not yet waited for: (KV, batch, start)
 
     # --- timelines -------------------------------------------------------------------
     def _enqueue(self, side: str, seconds: float, at: float | None = None) -> float:
@@ -120,12 +121,7 @@ class SimExecutor:
         # decode co-runs when the prefill side is busy as the step starts
         held = sum(r.context for r in reqs)
         self.t += self.overheads.decode_round_host_s(len(reqs), held)
-        # until it is waited for and priced, the step is expected as priced at its level now
-        # (beside a prefill where the level splits the GPU)
-        split = self.sms["prefill"] < self.total_sms
-        self.decode_ends = max(self.t, self.free["decode"]) + self.decode_price_s(
-            held, self.sms["decode"], split, len(reqs), None) + self.comm.decode_s(
-            step_cost.padded_batch(len(reqs)))
+        self.launched_decode = (held, len(reqs), max(self.t, self.free["decode"]))
         return list(reqs), self.t
 
     def decode_price_s(self, context_tokens: int, decode_sms: int, corun: bool, batch: int,
@@ -148,6 +144,7 @@ class SimExecutor:
                                    len(reqs), busy)
         step += self.comm.decode_s(step_cost.padded_batch(len(reqs)))  # the link keeps its pace
         self.decode_steps.append(step)
+        self.launched_decode = None
         self.decode_ends = self._enqueue("decode", step, launched)
         self.t = max(self.t, self.decode_ends)
         return self.t, None
@@ -157,8 +154,8 @@ class SimExecutor:
         # the batch made and uploaded; on the whole GPU (prefill-first) the host then blocks on
         # it, so its eager step holds the tokens' read-back too, which a split batch's wait for
         # decode hides
-        split = self.sms["prefill"] < self.total_sms
-        self.t += self.overheads.split_prefill_batch_s() if split else self.overheads.eager_step_s
+        self.t += (self.overheads.split_prefill_batch_s() if self._split()
+                   else self.overheads.eager_step_s)
         return SimPrefill(list(reqs))
 
     def _launch_layers(self, layers: int) -> tuple[float, float]:
@@ -181,7 +178,7 @@ class SimExecutor:
             talk += self.comm.logits_s(len(carry.reqs))
         began, launched = self._launch_layers(end - start)
         # on a split, decode steps run beside it; on the whole GPU, nothing does
-        beside_decode = self.sms["prefill"] < self.total_sms
+        beside_decode = self._split()
         if beside_decode:
             seconds = self._split_prefill_s(flops, began, launched)
         else:
@@ -216,12 +213,27 @@ class SimExecutor:
             return 0.0
         alone = step_cost.compute_s(flops, self.prefill_rate, sms, False)
         start = max(began, self.free["prefill"])
-        beside = min(corun, max(0.0, self.decode_ends - start))  # the round's step still runs
-        idle = max(0.0, launched - max(start, self.decode_ends))
+        decode_ends = self._decode_ends()
+        beside = min(corun, max(0.0, decode_ends - start))  # the round's step still runs
+        idle = max(0.0, launched - max(start, decode_ends))
         left = 1.0 - beside / corun  # the share of the work still to do
         if left * alone <= idle:
             return beside + left * alone
         return beside + idle + (left - idle / alone) * corun
+
+    def _split(self) -> bool:
+        """Whether the level splits the GPU: a prefill then runs beside decode."""
+        return self.sms["prefill"] < self.total_sms
+
+    def _decode_ends(self) -> float:
+        """When the round's decode step ends: a step launched and not yet waited for is
+        expected as priced at its level now (beside a prefill where the level splits the GPU),
+        priced only here, where a split prefill needs it."""
+        if self.launched_decode is None:
+            return self.decode_ends
+        held, batch, start = self.launched_decode
+        return start + self.decode_price_s(held, self.sms["decode"], self._split(), batch, None) + \
+            self.comm.decode_s(step_cost.padded_batch(batch))
 
     def _tiled_prefill_s(self, reqs: list[Request], tokens: int, layers: int) -> float:
         """A whole-GPU prefill's layers by its kernels' tiles where the host costs hold them
