@@ -270,17 +270,18 @@ def served_decode_extra(rows: list[dict], model, decode, sms: int) -> list[dict]
     return extra if len(extra) >= 2 else None
 
 
-def fit_prefill_batch(points: list[tuple[dict, float]], layer_launch_s: float,
-                      split) -> dict | None:
+def fit_prefill_batch(points: list[tuple[dict, float, object]],
+                      layer_launch_s: float) -> dict | None:
     """A split prefill batch made and uploaded before its layers launch, on a host launching
-    an eager layer in `layer_launch_s`: over pd-mux's served batches (the points'
-    `timed_points`) whose first layers ran at a split level (`split(point, level)`; a
+    an eager layer in `layer_launch_s`: over pd-mux's served batches (the points, each with
+    its run's host launch time and its levels' (prefill SMs, decode SMs) by level, as
+    `corun_rounds.Pricer.sms` gives them) whose first layers ran at a split level (a
     whole-GPU level's batch pays the eager step), the median time from the batch being taken
     to the start of the round that launches its first layers, each moved to that host (a
     level switch's drain is in it too, mostly none: both sides are idle when a batch is
     taken). None with fewer than MIN_PREFILLS batches."""
     gaps = []
-    for point, host in points:
+    for point, host, level_sms in points:
         if not point["strategy"].startswith("pdmux"):
             continue
         d = point["diagnostics"]
@@ -291,7 +292,7 @@ def fit_prefill_batch(points: list[tuple[dict, float]], layer_launch_s: float,
         starts = [start for start, _ in firsts]
         for taken in sorted({batch[0] for batch in d["prefills"]}):
             i = bisect_left(starts, taken)
-            if i < len(firsts) and split(point, firsts[i][1]):
+            if i < len(firsts) and level_sms(firsts[i][1])[0] > 0:
                 gaps.append((firsts[i][0] - taken) / 1e6 * layer_launch_s / host)
     if len(gaps) < MIN_PREFILLS:
         return None
@@ -601,19 +602,6 @@ def pooled_rounds(measured: list[str], host: dict, overheads) -> tuple:
     return pooled[0], pooled[1], rows, prefills
 
 
-def split_level(timed: dict[str, list], calibration: str, compare: str, overheads, gpu: str):
-    """(point, level) -> whether that level splits the GPU, for the points of each points
-    file (`timed`: its `timed_points`; its levels: a capacity folder's own, trace_fidelity's
-    default)."""
-    from corun_rounds import Pricer
-
-    by_point = {}
-    for path, points in timed.items():
-        pricer = Pricer(path, calibration, compare, overheads, gpu)
-        by_point.update((id(point), pricer) for point, _ in points)
-    return lambda point, level: by_point[id(point)].sms(level)[0] > 0
-
-
 def fitted(measured: list[str], host_costs: str, calibration: str,
            compare: str, prefill_rate=PREFILL_RATE, sustained: str | None = None,
            busy: str | None = None) -> tuple[dict, list]:
@@ -641,7 +629,7 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
             gpu.sms, False, r["batch"])} for r in host["decode_round"]]
     # the served decode step beside a split prefill over its co-run price with these extras,
     # by the prefill's busy share, where the points kept their launches' spans
-    from corun_rounds import ratio_by_busy  # it reads the rounds with this file's helpers
+    from corun_rounds import Pricer, ratio_by_busy  # they read rounds with this file's helpers
 
     priced = replace(overheads, split_decode_by_busy=(), decode_step_extra=tuple(
         (r["batch"], r["extra_s"]) for r in host["decode_step_extra"]))
@@ -670,8 +658,12 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
     overheads = replace(overheads, eager_step_s=_eager_step_s(less_launches[small], size,
                                                               model, overheads))
     # a split prefill batch's upload: from pd-mux's served batches where the points hold them
-    batch = fit_prefill_batch(timed, overheads.layer_launch_s,
-                              split_level(by_file, calibration, compare, overheads, gpu.name))
+    # each file's levels: a capacity folder's own, trace_fidelity's the default
+    with_levels = []
+    for path, points in by_file.items():
+        level_sms = Pricer(path, calibration, compare, overheads, gpu.name).sms
+        with_levels += [(point, host, level_sms) for point, host in points]
+    batch = fit_prefill_batch(with_levels, overheads.layer_launch_s)
     host.pop("prefill_batch", None)
     if batch is not None:
         host["prefill_batch"] = {**batch, "source": names}

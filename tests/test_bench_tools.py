@@ -470,11 +470,12 @@ def test_the_split_prefill_batch_and_step_extra_fits_read_what_they_are_given():
         rounds["label"] += [1, 0]
         rounds["level"] += [level, level]
     point = {"strategy": "pdmux_grid_cap", "diagnostics": {"rounds": rounds, "prefills": prefills}}
-    got = fit_prefill_batch([(point, 2e-3)], 1e-3, lambda p, level: level > 0)
+    levels = lambda level: (72, 60) if level > 0 else (0, 132)  # noqa: E731
+    got = fit_prefill_batch([(point, 2e-3, levels)], 1e-3)
     gaps = sorted((500 + 100 * i) / 2 for i in range(1, MIN_PREFILLS + 3))  # on a 2x host
     assert got["batches"] == MIN_PREFILLS + 2
     assert got["seconds"] == pytest.approx(np.median(gaps) / 1e6)
-    assert fit_prefill_batch([(point, 2e-3)], 1e-3, lambda p, level: False) is None
+    assert fit_prefill_batch([(point, 2e-3, lambda level: (0, 132))], 1e-3) is None
 
     qwen = model_preset("qwen3-8b")
     law = step_cost.SaturationLaw(4.0, 66.0)
