@@ -27,6 +27,11 @@ it to a host-costs file (`calibrate --host-costs`'s):
   sustained_corun.py file with `--busy-shares` rows), how far toward that rate a prefill busy
   a share of the time has slowed (`slowdown_by_busy_share`: the clocks hold while it idles
   often enough);
+- split_prefill_served: what each level's prefill keeps of the comparison's burst rate as
+  served on a busy GPU (bench/split_batches.py: pd-mux's large batches after their prefill
+  was busy, each batch's co-run price over its span less its upload, the median by prefill
+  SMs), which prices the split prefill instead of the sustained bench's ratios where levels
+  hold enough batches: the bench runs one long prompt, served batches many;
 - decode_beside_prefill: the decode step beside a split prefill as served over its co-run
   price (the calibration's, with the extras above), by the prefill's busy share over the
   half second before it: medians in busy-share bins (bench/corun_rounds.py's rounds) over the
@@ -93,7 +98,7 @@ WHOLE_GPU_LOOPS = ("prefill_first", "chunked_")  # strategies whose decode has e
 # what it fits to served runs (split_prefill_sustained, which it also adds, is carried from a
 # measurement of its own: a held-out judgement keeps it)
 FITTED = ("eager_step", "decode_step_extra", "whole_gpu_prefill", "mixed_step",
-          "decode_beside_prefill", "decode_round_served", "prefill_batch")
+          "decode_beside_prefill", "decode_round_served", "prefill_batch", "split_prefill_served")
 # calibrate --host-costs' decode rounds: 512-token prompts, 30 steps (files before it said so)
 HOST_COSTS_DECODE_CONTEXT = 512 + 15
 
@@ -667,6 +672,16 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
     host.pop("prefill_batch", None)
     if batch is not None:
         host["prefill_batch"] = {**batch, "source": names}
+    # a level's prefill on a busy GPU as served, where two levels hold enough large batches
+    # (one fitted to other batches does not stay: the sustained bench's ratios then price it)
+    from split_batches import served_sustained
+
+    kept = served_sustained(list(by_file), calibration, compare, overheads if batch is None else
+                            replace(overheads, prefill_batch_s=batch["seconds"]), gpu.name)
+    host.pop("split_prefill_served", None)
+    if len(kept["ratio_by_prefill_sms"]) >= 2:
+        host["split_prefill_served"] = {**kept, "calibration": Path(calibration).name,
+                                        "compare": Path(compare).name}
     whole = (fit_whole_gpu_prefill(prefills, model, prefill, overheads)
              if prefills is not None else None)
     if whole is not None:
@@ -723,8 +738,15 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
         lines.append(f"prefill on the whole GPU: MFU {host['whole_gpu_prefill']['mfu']:.3f} kept "
                      f"from the file (these measurements hold too few prefill-first batches "
                      f"bound by their GPU)")
+    lines.append("a level's prefill on a busy GPU as served over its burst: " + (", ".join(
+        f"{sms} SMs {ratio:.3f}" for sms, ratio in kept["ratio_by_prefill_sms"])
+        + f" ({kept['batches']} batches)" if "split_prefill_served" in host else
+        "not fitted (too few large pd-mux batches at two levels): the sustained bench's"))
+    if kept["points_left_out"]:
+        lines.append("pd-mux points whose batches and requests disagree, left out: "
+                     + ", ".join(kept["points_left_out"]))
     if "split_prefill_sustained" in host:
-        lines.append("a level's prefill sustained beside decode over its burst: " + ", ".join(
+        lines.append("a level's prefill sustained beside decode over its burst (the bench): " + ", ".join(
             f"{sms} SMs {ratio:.3f}"
             for sms, ratio in host["split_prefill_sustained"]["ratio_by_prefill_sms"]))
         if "slowdown_by_busy_share" in host["split_prefill_sustained"]:

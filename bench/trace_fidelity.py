@@ -304,7 +304,9 @@ def held_out(args, store: PointStore) -> dict:
                     "mixed_fixed_s": host["mixed_step"]["fixed_s"],
                     "mixed_decode_row_mfu": host["mixed_step"].get("decode_row_mfu"),
                     "decode_beside_prefill_by_busy": host.get(
-                        "decode_beside_prefill", {}).get("ratio_by_busy_share")},
+                        "decode_beside_prefill", {}).get("ratio_by_busy_share"),
+                    "split_prefill_served_by_sms": host.get(
+                        "split_prefill_served", {}).get("ratio_by_prefill_sms")},
             "median_abs_error_pct": judged["median_abs_error_pct"],
             "max_abs_error_pct": judged["max_abs_error_pct"]}
     return out

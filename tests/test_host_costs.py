@@ -54,8 +54,7 @@ FILE = "{path}: {key}"
     ("split_prefill_sustained", [0.95], FILE), ("split_prefill_sustained", {"ratios": []}, FILE),
     ("split_prefill_sustained", {"ratio_by_prefill_sms": [[72]]}, FILE),
     ("split_prefill_sustained", {"ratio_by_prefill_sms": [["x", 0.9]]}, FILE),
-    ("split_prefill_sustained", {"ratio_by_prefill_sms": [[72, 3.0]]},
-     "split_prefill_sustained needs prefill SMs"),
+    ("split_prefill_sustained", {"ratio_by_prefill_sms": [[72, 3.0]]}, FILE),
     ("split_prefill_sustained", {"ratio_by_prefill_sms": [[72, 0.9]],
                                  "slowdown_by_busy_share": [[0.5]]}, FILE),
     ("split_prefill_sustained", {"ratio_by_prefill_sms": [[72, 0.9]],
@@ -74,13 +73,16 @@ FILE = "{path}: {key}"
      FILE),
     ("prefill_batch", [5e-4], FILE), ("prefill_batch", None, FILE),
     ("prefill_batch", {"seconds": "x"}, FILE), ("prefill_batch", {"seconds": 5.0}, FILE),
-    ("prefill_batch", {"seconds": -1e-4}, FILE)])
+    ("prefill_batch", {"seconds": -1e-4}, FILE),
+    ("split_prefill_served", [0.99], FILE), ("split_prefill_served", {"batches": 10}, FILE),
+    ("split_prefill_served", {"ratio_by_prefill_sms": [[72, "x"]]}, FILE),
+    ("split_prefill_served", {"ratio_by_prefill_sms": [[72, 0.0]]}, FILE)])
 def test_a_malformed_sustained_or_decode_entry_is_refused_by_name(key, entry, message,
                                                                   tmp_path):
     """The committed file's ratios, served decode round and split prefill batch load (a file
     without the served fits prices as before them); a malformed `split_prefill_sustained`,
-    `decode_beside_prefill`, `decode_round_served` or `prefill_batch` is refused in a line
-    that names it, not read as a file without eager layers."""
+    `split_prefill_served`, `decode_beside_prefill`, `decode_round_served` or `prefill_batch`
+    is refused in a line that names it, not read as a file without eager layers."""
     path = tmp_path / "host-costs-h200.json"
     shutil.copy("bench/results/host-costs-h200.json", path)
     loaded = load_host_costs(path)
@@ -109,3 +111,24 @@ def test_a_malformed_sustained_or_decode_entry_is_refused_by_name(key, entry, me
     path.write_text(json.dumps({**data, key: entry}))
     with pytest.raises(PdmuxError, match=re.escape(message.format(path=path, key=key))):
         load_host_costs(path)
+
+
+def test_served_split_prefill_ratios_replace_the_sustained_benchs(tmp_path):
+    """A level's prefill on a busy GPU is priced at the ratios fitted from served batches
+    (`split_prefill_served`) where the file holds them, else at the sustained bench's; the
+    busy curve is the bench's either way, and a file with only the served ratios has none."""
+    data = json.loads(open("bench/results/host-costs-h200.json").read())
+    served = [tuple(pair) for pair in data["split_prefill_served"]["ratio_by_prefill_sms"]]
+    bench = [tuple(pair) for pair in data["split_prefill_sustained"]["ratio_by_prefill_sms"]]
+    assert served != bench
+    curve = tuple(tuple(pair) for pair in data["split_prefill_sustained"]["slowdown_by_busy_share"])
+    for name, drop, ratios, slowdown in (
+            ("both", (), served, curve),
+            ("bench", ("split_prefill_served",), bench, curve),
+            ("served", ("split_prefill_sustained",), served, ())):
+        path = tmp_path / name / "host-costs-h200.json"
+        path.parent.mkdir()
+        path.write_text(json.dumps({k: v for k, v in data.items() if k not in drop}))
+        loaded = load_host_costs(path)
+        assert list(loaded.split_prefill_sustained) == ratios
+        assert loaded.split_prefill_slowdown == slowdown

@@ -170,19 +170,29 @@ def _pairs(entry: dict, key: str, kinds: tuple, path, where: str, what: str,
 
 
 def _sustained_ratios(data: dict, path) -> tuple[tuple, tuple]:
-    """A host-costs file's `split_prefill_sustained`: its (prefill SMs, ratio) points and its
-    (busy share, slowdown) points, none where it has none."""
-    if "split_prefill_sustained" not in data:
-        return (), ()
-    sustained = data["split_prefill_sustained"]
-    if not isinstance(sustained, dict):
-        raise PdmuxError(f"{path}: split_prefill_sustained needs ratio_by_prefill_sms, [prefill "
-                         f"SMs, ratio] pairs (bench/fit_host_costs.py --sustained)")
-    where = "split_prefill_sustained"
-    return (_pairs(sustained, "ratio_by_prefill_sms", (int, float), path, where,
-                   "prefill SMs, ratio", required=True),
-            _pairs(sustained, "slowdown_by_busy_share", (float, float), path, where,
-                   "busy share, fraction"))
+    """What a level's prefill keeps of its burst rate on a busy GPU, (prefill SMs, ratio)
+    points: as served (`split_prefill_served`, fitted from served pd-mux batches) where the
+    file has them, else as bench/sustained_corun.py measured it (`split_prefill_sustained`);
+    and how far toward it a prefill busy a share of the time slows, (busy share, slowdown)
+    points, the sustained bench's; none where the file has none."""
+    entries = {}
+    for where in ("split_prefill_sustained", "split_prefill_served"):
+        if where in data:
+            entries[where] = data[where]
+            if not isinstance(entries[where], dict):
+                raise PdmuxError(f"{path}: {where} needs ratio_by_prefill_sms, [prefill SMs, "
+                                 f"ratio] pairs (bench/fit_host_costs.py)")
+    ratios = {where: _pairs(entry, "ratio_by_prefill_sms", (int, float), path, where,
+                            "prefill SMs, ratio", required=True)
+              for where, entry in entries.items()}
+    for where, pairs in ratios.items():  # both checked: the one not used is still the file's
+        if not all(sms >= 1 and math.isfinite(ratio) and 0 < ratio <= 2 for sms, ratio in pairs):
+            raise PdmuxError(f"{path}: {where} needs prefill SMs >= 1 and ratios in (0, 2], got "
+                             f"{list(pairs)}")
+    sustained = entries.get("split_prefill_sustained", {})
+    return (ratios.get("split_prefill_served", ratios.get("split_prefill_sustained", ())),
+            _pairs(sustained, "slowdown_by_busy_share", (float, float), path,
+                   "split_prefill_sustained", "busy share, fraction"))
 
 
 def _decode_by_busy(data: dict, path) -> tuple:
@@ -242,9 +252,9 @@ def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
     extend kernel's padded decode rows, and where bench/fit_host_costs.py added them, the
     fixed cost of an eager step, a captured decode step's cost beyond its bytes, the mixed
     step's fit, the MFU a prefill with the whole GPU is served at, and what a level's prefill
-    keeps of its burst rate sustained beside decode and how far it slows toward that when busy
-    part of the time (bench/sustained_corun.py), and the decode step beside it as served over
-    its co-run price, by its busy share. Where the fit gives the host's share of a served
+    keeps of its burst rate on a busy GPU (as served where fitted, else bench/sustained_corun.py's)
+    and how far it slows toward that when busy part of the time, and the decode step beside it
+    as served over its co-run price, by its busy share. Where the fit gives the host's share of a served
     decode round (fixed, per request, per token of KV), it prices rounds instead of the
     captured rounds' median, which lacks the serving loop's bookkeeping; where it gives a
     split prefill's batch, that is charged instead of the eager step."""

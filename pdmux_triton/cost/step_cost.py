@@ -440,8 +440,8 @@ class Overheads:
     seconds) points read between them), mixed steps as the executor runs them (`mixed`), and
     the MFU a prefill with the GPU to itself is served at (`whole_gpu_prefill_mfu`, which the
     comparison cannot time: its levels leave decode some SMs), and what a level's prefill keeps
-    of the comparison's burst rate when it runs on beside its decode (`split_prefill_sustained`,
-    (prefill SMs, ratio) points, `PrefillRate.sustained`), and how far toward that rate it
+    of the comparison's burst rate when it runs on beside its decode on a busy GPU
+    (`split_prefill_sustained`, (prefill SMs, ratio) points, `PrefillRate.sustained`), and how far toward that rate it
     has slowed when it ran a share of the recent past (`split_prefill_slowdown`, (busy share,
     fraction) points between (0, 0) and (1, 1); none: the fraction is the share), and the
     decode step beside a split prefill as served over its co-run price, by that prefill's busy
@@ -451,8 +451,9 @@ class Overheads:
     by default (the chapter's model); `calibrate --host-costs` measures the host's share of a
     captured round alone, bench/fit_host_costs.py fits the served round's share, the eager
     step, a split prefill's batch, the step extras, the mixed step, the whole GPU's MFU and
-    the decode step beside a split prefill to measured runs and reads the prefill's
-    sustained terms from bench/sustained_corun.py's files."""
+    the decode step beside a split prefill and the prefill's sustained rate to measured runs
+    and reads how far a prefill busy part of the time slows from bench/sustained_corun.py's
+    files."""
 
     decode_round_s: float = 0.0
     layer_launch_s: float = 0.0

@@ -1,0 +1,193 @@
+"""Served PD-mux prefill batches at split levels against their co-run price: what each level's
+prefill keeps of the comparison's burst rate as served, the rate the simulator slows a busy
+split prefill toward (the host-costs file's `split_prefill_served`, which
+bench/fit_host_costs.py fits from these batches).
+
+A batch counts where it was served by a grid-capped pd-mux point, all its layers at one split
+level, with at least MIN_TOKENS prompt tokens (bound by its GPU: its upload and its wait for a
+round are a small part of its span), none read from a prefix cache, after its level's prefill
+was busy at least MIN_BUSY of the half second before it (the clocks of a GPU kept busy). Its
+prompts: a batch takes the waiting requests in arrival order, so the run's requests, made again
+from the point's settings, name each batch's prompts (a point whose batches do not add up to
+its requests is left out and counted). Its ratio: its FLOPs at the comparison's co-run rate on
+its prefill SMs (`step_cost.compute_s`) over its span (taken to first token) less its upload on
+its run's host. Prints the median ratio by points file and prefill SMs, and pooled; writes
+<out>/split-batches-<gpu>.json.
+
+    python bench/split_batches.py --out /tmp/x
+"""
+
+from __future__ import annotations
+
+import sys
+from bisect import bisect_left
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+from corun_rounds import POINTS, Pricer, covered_s
+from fit_host_costs import CAPACITY_DIAGNOSTICS, timed_points
+from script import MEASURED_ON_H200, bench_parser, finish, run_script
+
+from pdmux_triton.cost import step_cost
+from pdmux_triton.cost.measured_inputs import load_host_costs
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.experiments.settings import RunSettings, make_requests
+from pdmux_triton.results import provenance, read_json
+from pdmux_triton.serve.simulated import SUSTAINED_WINDOW_S
+from pdmux_triton.spec.traffic import Request
+
+MIN_TOKENS = 4096  # a batch's prompt tokens, at the fewest
+MIN_BUSY = 0.9  # its level's prefill busy this share of the window before it, at the least
+MIN_BATCHES = 10  # batches a level's ratio is read from, at the fewest
+# the pd-mux strategy whose split levels the comparison's grid-capped rate prices
+GRID_CAPPED = "pdmux_grid_cap"
+
+
+def point_requests(path: str, point: dict, pricer: Pricer) -> list[Request]:
+    """The requests a measured point served, made again from its settings: a capacity folder's
+    saved ones, or bench/trace_fidelity.py's window of its trace."""
+    rate = point.get("rate", point["diagnostics"].get("rate"))
+    if Path(path).name.startswith(CAPACITY_DIAGNOSTICS):
+        saved = read_json(Path(path).with_name(f"capacity-settings-{pricer.gpu.name}.json"),
+                          "capacity settings")
+        defaults = {k: v for k, v in RunSettings.defaults().items() if k != "model"}
+        return make_requests(RunSettings.from_dict({**defaults, **saved}), rate)
+    from trace_fidelity import COUNT, TRACES
+
+    return make_requests(RunSettings(
+        gpu=pricer.gpu, model=pricer.model, workload="trace", trace=str(TRACES[point["trace"]]),
+        trace_start=point["start"], trace_count=COUNT, simulate=True), rate)
+
+
+def split_batches(point: dict, requests: list[Request], pricer: Pricer,
+                  upload_s: float) -> list[dict] | None:
+    """Each prompt batch of a pd-mux point whose layers all ran at one split level: its prefill
+    SMs, prompts, tokens (new, cached), the split prefill's busy share before it, its compute
+    span (taken to first token, less `upload_s`) and its co-run price. None where its batches,
+    taken in arrival order, do not add up to `requests`."""
+    d = point["diagnostics"]
+    r = d["rounds"]
+    layers = [(start, level) for start, label, level in zip(r["start_us"], r["label"], r["level"])
+              if r["labels"][label].startswith("layers ")]
+    starts = [start for start, _ in layers]
+    waiting = iter(sorted(requests, key=lambda q: q.arrival))
+    batches = []
+    for start, end, tokens, prompts, *cached in sorted(d["prefills"]):
+        mine = [next(waiting, None) for _ in range(prompts)]
+        if None in mine or sum(q.prompt_len for q in mine) != tokens:
+            return None
+        levels = {level for _, level in layers[bisect_left(starts, start):bisect_left(starts, end)]}
+        sms = pricer.sms(levels.pop())[0] if len(levels) == 1 else 0
+        batches.append({"start": start / 1e6, "end": end / 1e6, "prefill_sms": sms,
+                        "prompts": prompts, "tokens": tokens, "prompt_lens": [
+                            q.prompt_len for q in mine], "cached": cached[0] if cached else 0})
+    spans = np.array([(b["start"], b["end"]) for b in batches if b["prefill_sms"]],
+                     dtype=float).reshape(-1, 2)
+    rows = []
+    for b in batches:
+        if not b["prefill_sms"]:
+            continue
+        flops = sum(step_cost.layer_flops(pricer.model, n) for n in b.pop("prompt_lens")) + \
+            step_cost.lm_head_flops(pricer.model, b["prompts"])
+        rows.append({**b, "busy": covered_s(spans, b["start"] - SUSTAINED_WINDOW_S, b["start"])
+                     / SUSTAINED_WINDOW_S, "seconds": b["end"] - b["start"] - upload_s,
+                     "corun_s": step_cost.compute_s(flops, pricer.sim.prefill_rate,
+                                                    b["prefill_sms"], True)})
+    return rows
+
+
+def counted(row: dict) -> bool:
+    """Whether a batch's span reads its level's rate at a busy GPU's clocks (module doc)."""
+    return row["tokens"] >= MIN_TOKENS and not row["cached"] and row["busy"] >= MIN_BUSY
+
+
+def served_batches(paths, calibration: str, compare: str, overheads: step_cost.Overheads,
+                   gpu: str) -> tuple[dict[str, list[dict]], list[str]]:
+    """Every grid-capped pd-mux point's split batches (`split_batches`), by file, and the
+    points left out (their batches and requests disagree)."""
+    by_file, left_out = {}, []
+    for path in paths:
+        pricer = Pricer(path, calibration, compare, overheads, gpu)
+        for point, host_s in timed_points(path):
+            if point["strategy"] != GRID_CAPPED:
+                continue
+            upload_s = overheads.on_host(host_s).split_prefill_batch_s()
+            rows = split_batches(point, point_requests(path, point, pricer), pricer, upload_s)
+            rate = point.get("rate", point["diagnostics"].get("rate"))
+            where = f"{pricer.source} {point.get('trace', '')}@{point.get('start', '')} {rate:g}"
+            if rows is None:
+                left_out.append(where)
+            else:
+                by_file.setdefault(path, []).extend({**row, "point": where} for row in rows)
+    return by_file, left_out
+
+
+def ratio_by_prefill_sms(rows: list[dict], min_batches: int = MIN_BATCHES) -> list[list]:
+    """[prefill SMs, median co-run price over compute span, batches] of each level holding at
+    least `min_batches` counted batches."""
+    by_sms = defaultdict(list)
+    for row in rows:
+        if counted(row) and row["seconds"] > 0:
+            by_sms[row["prefill_sms"]].append(row["corun_s"] / row["seconds"])
+    return [[sms, float(np.median(r)), len(r)] for sms, r in sorted(by_sms.items())
+            if len(r) >= min_batches]
+
+
+def served_sustained(paths, calibration: str, compare: str, overheads: step_cost.Overheads,
+                     gpu: str) -> dict:
+    """The host-costs file's `split_prefill_served` over the points files' batches, pooled:
+    each level's ratio (`ratio_by_prefill_sms`), the batches it rests on and what was left
+    out."""
+    by_file, left_out = served_batches(paths, calibration, compare, overheads, gpu)
+    levels = ratio_by_prefill_sms([row for rows in by_file.values() for row in rows])
+    return {"ratio_by_prefill_sms": [[sms, ratio] for sms, ratio, _ in levels],
+            "batches": sum(n for *_, n in levels), "min_tokens": MIN_TOKENS,
+            "min_busy": MIN_BUSY, "points_left_out": left_out,
+            "files": [f"{Path(p).parent.name}/{Path(p).name}" for p in by_file]}
+
+
+def table(data: dict) -> str:
+    sms = sorted({s for levels in data["by_file"].values() for s, *_ in levels})
+    cell = lambda levels, s: next((f"{r:.3f} ({n})" for x, r, n in levels if x == s), "-")
+    lines = [f"served split prefill batches (>= {MIN_TOKENS} tokens, busy >= {MIN_BUSY:.0%}): "
+             f"co-run price / compute span (batches), by prefill SMs",
+             f"{'':<48}" + "".join(f"{s:>14}" for s in sms)]
+    for name, levels in [*data["by_file"].items(), ("pooled", data["pooled"])]:
+        lines.append(f"{name:<48}" + "".join(f"{cell(levels, s):>14}" for s in sms))
+    if data["points_left_out"]:
+        lines.append("left out (batches and requests disagree): "
+                     + ", ".join(data["points_left_out"]))
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    overheads = load_host_costs(args.host_costs)
+    gpu = read_json(args.host_costs, "host-costs file").get("gpu", "")
+    by_file, left_out = served_batches(args.points, args.calibration, args.compare, overheads,
+                                       gpu)
+    if not by_file:
+        raise PdmuxError("the points hold no grid-capped pd-mux batch: measure pd-mux "
+                         "(bench/trace_fidelity.py, `pdmux-triton capacity`)")
+    name = lambda p: f"{Path(p).parent.name}/{Path(p).name}"
+    data = {**provenance(gpu),
+            "inputs": {"points": list(args.points), "min_tokens": MIN_TOKENS,
+                       "min_busy": MIN_BUSY, **{k: getattr(args, k) for k in MEASURED_ON_H200}},
+            "by_file": {name(p): ratio_by_prefill_sms(rows, 1) for p, rows in by_file.items()},
+            "pooled": ratio_by_prefill_sms([x for rows in by_file.values() for x in rows], 1),
+            "points_left_out": left_out}
+    return finish(Path(args.out) / f"split-batches-{gpu}.json", data, table(data))
+
+
+def main(argv=None) -> int:
+    p = bench_parser("split_batches.py", __doc__)
+    p.add_argument("points", nargs="*", default=POINTS,
+                   help="measured points files (default: the H200's trace-fidelity points, "
+                        "capacity diagnostics and prefix-cache folders)")
+    for key, path in MEASURED_ON_H200.items():
+        p.add_argument("--" + key.replace("_", "-"), default=path)
+    return run_script(p, run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
