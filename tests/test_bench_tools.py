@@ -997,6 +997,52 @@ def test_trace_fidelity_judges_each_window_on_host_costs_fitted_to_the_others(tm
             assert 0 <= h["median_abs_error_pct"][k] <= h["max_abs_error_pct"][k] < 100
 
 
+def test_launch_bound_hosts_reads_the_hosts_launch_from_launches_the_gpu_did_not_bound():
+    """A prefill-first point: a short batch's launches bound it (its host time a layer is its
+    launch span less one layer's price, over 36; its wall less that span is the batch's own
+    host work), a long one's GPU did (left out), a decode round's span is skipped; without
+    spans the wall is read; spans that do not match the rounds are refused by name; five
+    launches make a point's figures."""
+    sys.path.insert(0, "bench")
+    from corun_rounds import Pricer
+    from launch_bound_hosts import GPU_BOUND_S, LayerPrice, launch_bound, point_row
+
+    from pdmux_triton.cost.measured_inputs import load_host_costs
+
+    overheads = load_host_costs("bench/results/host-costs-h200.json")
+    price = LayerPrice(Pricer("bench/results/trace-fidelity/points-h200.jsonl",
+                              "bench/results/calibrate-h200.json",
+                              "bench/results/compare-h200.json", overheads, "h200"), overheads)
+    short, long = price.whole(100, 1, 0), price.whole(8000, 1, 0)
+    assert short < GPU_BOUND_S < long
+    launch_us = 36 * 700 + round(short * 1e6)  # 0.7 ms a layer, then the last layer runs
+    diag = {"prefills": [[0, 26000, 100, 1, 0], [27000, 300000, 8000, 1, 0]],
+            "rounds": {"start_us": [0, 26000, 27000], "end_us": [26000, 27000, 300000],
+                       "level": [-1, -1, -1], "decode_bs": [0, 1, 0],
+                       "decode_context": [0, 101, 0], "label": [0, 1, 0],
+                       "labels": ["whole", ""]},
+            "decode_step_us": [900], "host_layer_us": 800,
+            "busy_us": [[100, 100 + launch_us], [26100, 27000], [27100, 299900]]}
+    point = {"strategy": "prefill_first", "diagnostics": diag}
+    launches, own = launch_bound(point, price, "a point")
+    assert [t for t, _ in launches] == [0.0]
+    assert launches[0][1] == pytest.approx(0.7e-3, abs=1e-6)
+    assert own == [pytest.approx((26000 - launch_us) / 1e6)]
+    walls, none = launch_bound({**point, "diagnostics": {k: v for k, v in diag.items()
+                                                         if k != "busy_us"}}, price, "a point")
+    assert walls == [(0.0, pytest.approx(26e-3 / 36))] and none == []
+    with pytest.raises(PdmuxError, match="a point: its launch spans do not match its rounds"):
+        launch_bound({**point, "diagnostics": {**diag, "busy_us": diag["busy_us"][:2]}}, price,
+                     "a point")
+    few = point_row(point, 0.8e-3, launches, own, overheads.layer_launch_s)
+    assert "median_ms" not in few and few["own_host_work_ms"] == pytest.approx(
+        (26000 - launch_us) / 1e3 * overheads.layer_launch_s / 0.8e-3)
+    five = point_row(point, 0.8e-3, [(i, 0.7e-3) for i in range(4)] + [(4, 1.4e-3)], [],
+                     overheads.layer_launch_s)
+    assert five["median_ms"] == pytest.approx(0.7) and five["mean_ms"] == pytest.approx(0.84)
+    assert five["median_over_p50"] == pytest.approx(0.875)
+
+
 def test_a_batch_prefill_spans_its_first_prompt_taken_to_its_first_token():
     sys.path.insert(0, "bench")
     from trace_fidelity import batch_prefill_ms
