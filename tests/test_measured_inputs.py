@@ -25,6 +25,22 @@ def test_the_committed_comparison_gives_an_mfu_per_level():
     rate = cmp.prefill_rate("grid_cap", 989.0, 132)
     assert [s for s, _ in rate.mfu] == sorted(lv["prefill_sms"] for lv in cmp.levels)
     assert all(0 < m <= 1 for _, m in rate.mfu)
+    assert rate.timed_tokens == 8192  # the one prompt the comparison timed
+
+
+@pytest.mark.parametrize("tokens, message", [(0, "prefill_tokens must be"),
+                                             ("8192", "prefill_tokens must be"),
+                                             (1.5, "prefill_tokens must be")])
+def test_a_comparisons_timed_prompt_is_a_whole_number_of_tokens(tmp_path, tokens, message):
+    data = json.loads(open(COMPARISON).read())
+    path = tmp_path / "cmp.json"
+    path.write_text(json.dumps({**data, "prefill_tokens": tokens}))
+    with pytest.raises(PdmuxError, match=message):
+        measured_inputs.load_compare(path, "h200")
+    del data["prefill_tokens"]  # an older file: not known
+    path.write_text(json.dumps(data))
+    assert measured_inputs.load_compare(path).prefill_rate("grid_cap", 989.0, 132).timed_tokens \
+        is None
 
 
 @pytest.mark.parametrize("content,message", [

@@ -420,3 +420,31 @@ def test_a_whole_gpu_prefill_takes_the_longer_of_its_mfu_and_its_tiles():
             assert tiled == 0.0
     assert prefill_s(300, with_tiles)[2] > prefill_s(300, with_tiles)[1]  # partial waves
     assert prefill_s(16000, with_tiles)[2] < prefill_s(16000, with_tiles)[1]  # long attention
+
+
+def test_a_split_prefill_is_slowed_by_its_partial_waves_against_the_timed_prompt():
+    """A split batch's work, at the co-run and alone rates alike, is its FLOPs times its wave
+    slowdown on the level's prefill SMs (`step_cost.wave_slowdown`) when the host costs hold
+    tile times and the rate names the prompt it was timed on; without either, its FLOPs."""
+    tiles = step_cost.TileTimes(((64, 128, 25e-6, 1.0), (128, 128, 27e-6, 1.0),
+                                 (128, 256, 50e-6, 0.5)), 1e-7, 1e-7, 5e-9)
+    law = step_cost.SaturationLaw(H100.hbm_tbps * 0.85, 66.0)
+    level = next(lv for lv in sglang_rules.stream_groups(H100.sms, H100.cc_major)
+                 if 0 < lv[1] < H100.sms)
+    req = traffic.Request(0, 1000, 1, 0.0)
+
+    def split_prefill_s(timed, overheads) -> float:
+        rate = step_cost.PrefillRate(H100.bf16_tflops, H100.sms, ((60, 0.4), (112, 0.4)),
+                                     timed_tokens=timed)
+        x = SimExecutor(H100, QWEN, law, rate, overheads=overheads)
+        x.start([])
+        x.set_level(level)
+        x.launch_prefill(x.begin_prefill([req]), 0, QWEN.layers)
+        return x.free["prefill"], x.sms["prefill"]
+
+    with_tiles = step_cost.Overheads(mixed=step_cost.MixedStepFit(0.0, tiles=tiles))
+    plain, sms = split_prefill_s(None, with_tiles)
+    slowed, _ = split_prefill_s(8192, with_tiles)
+    wave = step_cost.wave_slowdown(QWEN, [(1000, 0)], tiles, sms, 8192)
+    assert wave > 1.05 and slowed == pytest.approx(plain * wave, rel=1e-9)
+    assert split_prefill_s(8192, step_cost.Overheads())[0] == pytest.approx(plain, rel=1e-9)

@@ -216,6 +216,27 @@ def test_the_extend_attention_is_its_busiest_programs_tiles():
     assert step_cost.extend_attention_s(QWEN, [], one, 132) == 0.0
 
 
+def test_a_batch_that_fills_its_waves_worse_than_the_timed_prompt_is_slowed_by_as_much():
+    """A prompt batch's time per FLOP by the tiles over the timed prompt's: a 1000-token prompt
+    on 112 SMs leaves its last GEMM waves part empty (slower than the 8192-token prompt an MFU
+    was timed on), the timed prompt itself and batches the tiles run faster per FLOP keep the
+    MFU (1), and 64 tokens or fewer (the skinny tile, not in the tile times) too."""
+    def per_flop(seqs):
+        tokens = sum(n for n, _ in seqs)
+        flops = sum(step_cost.layer_flops(QWEN, n, c) for n, c in seqs)
+        return step_cost.tiled_layers_s(QWEN, tokens, seqs, TILES, 112) / flops
+    short = step_cost.wave_slowdown(QWEN, [(1000, 0)], TILES, 112, 8192)
+    assert short == pytest.approx(per_flop([(1000, 0)]) / per_flop([(8192, 0)])) and short > 1.05
+    assert step_cost.wave_slowdown(QWEN, [(8192, 0)], TILES, 112, 8192) == pytest.approx(1.0)
+    assert per_flop([(4096, 0)] * 4) < per_flop([(8192, 0)])  # full waves, less attention
+    assert step_cost.wave_slowdown(QWEN, [(4096, 0)] * 4, TILES, 112, 8192) == 1.0
+    assert step_cost.wave_slowdown(QWEN, [(40, 0)], TILES, 112, 8192) == 1.0
+    # on fewer SMs the same prompt's partial waves weigh differently
+    assert step_cost.wave_slowdown(QWEN, [(1000, 0)], TILES, 52, 8192) != short
+    with pytest.raises(PdmuxError, match="timed on needs >= 1 token"):
+        step_cost.PrefillRate(989.0, 132, ((112, 0.5),), timed_tokens=0)
+
+
 def test_a_mixed_step_by_its_tiles_adds_its_kernels():
     """With tile times: GEMM waves over the chunk's and decode rows' tokens, the other kernels
     per token, the attention's busiest program (each decode row's own context), the LM head

@@ -118,6 +118,7 @@ class Comparison:
     path: str
     gpu: str
     levels: tuple[dict, ...]
+    prefill_tokens: int | None = None  # the one prompt its prefill was timed on
 
     def prefill_rate(self, kind: str, peak_tflops: float, total_sms: int) -> PrefillRate:
         """The MFU each level's prefill reached co-running and alone, as a rate over prefill
@@ -131,7 +132,8 @@ class Comparison:
             except (KeyError, TypeError, ValueError):
                 raise PdmuxError(f"{self.path}: the levels lack prefill / {kind} / "
                                  f"{state}_tflops") from None
-        return PrefillRate(peak_tflops, total_sms, mfus("corun"), mfus("alone"))
+        return PrefillRate(peak_tflops, total_sms, mfus("corun"), mfus("alone"),
+                           self.prefill_tokens)
 
 
 def load_compare(path: str | Path, gpu: str | None = None) -> Comparison:
@@ -141,7 +143,12 @@ def load_compare(path: str | Path, gpu: str | None = None) -> Comparison:
         raise PdmuxError(f"{path} lacks the summary levels of a comparison "
                          f"(made by `pdmux-triton compare`)")
     measured_on = _check_gpu(data, path, "comparison", gpu)
-    return Comparison(str(path), measured_on, tuple(lv for lv in levels if isinstance(lv, dict)))
+    tokens = data.get("prefill_tokens")
+    if tokens is not None and not (isinstance(tokens, int) and tokens >= 1):
+        raise PdmuxError(f"{path}: prefill_tokens must be a whole number of tokens >= 1, got "
+                         f"{tokens!r}")
+    return Comparison(str(path), measured_on, tuple(lv for lv in levels if isinstance(lv, dict)),
+                      tokens)
 
 
 def _mixed_fit(mixed: dict) -> MixedStepFit:

@@ -213,12 +213,14 @@ class PrefillRate:
     `mfu` holds (prefill SMs, MFU) points beside a decode, read between them and held at the
     ends: one point for a fixed MFU, or the MFU a comparison measured co-running at each level;
     `mfu_alone` the same with nothing beside it (a prefill-first or chunked step has the GPU
-    to itself), the co-run points where there are none."""
+    to itself), the co-run points where there are none; `timed_tokens` the one uncached
+    prompt a comparison timed them on (None: not known)."""
 
     peak_tflops: float
     total_sms: int
     mfu: tuple[tuple[int, float], ...]
     mfu_alone: tuple[tuple[int, float], ...] = ()
+    timed_tokens: int | None = None
 
     def __post_init__(self):
         _check_positive("peak bf16 TFLOP/s", self.peak_tflops)
@@ -227,6 +229,10 @@ class PrefillRate:
         for sms, mfu in self.mfu + self.mfu_alone:
             if not 0 < mfu <= 1:
                 raise PdmuxError(f"MFU must be in (0, 1], got {mfu} at {sms} SMs")
+        if self.timed_tokens is not None and not (isinstance(self.timed_tokens, int)
+                                                  and self.timed_tokens >= 1):
+            raise PdmuxError(f"the prompt a prefill rate was timed on needs >= 1 token, got "
+                             f"{self.timed_tokens!r}")
 
     @classmethod
     def fixed(cls, peak_tflops: float, total_sms: int, mfu: float) -> "PrefillRate":
@@ -393,6 +399,22 @@ def tiled_layers_s(model: ModelSpec, tokens: int, seqs, tiles: TileTimes, progra
         return None
     return (layers * (gemms + tiles.small_s_per_token * tokens)
             + extend_attention_s(model, seqs, tiles, programs) * layers / model.layers)
+
+
+def wave_slowdown(model: ModelSpec, seqs, tiles: TileTimes, programs: int,
+                  timed_tokens: int) -> float:
+    """How much longer than its FLOPs at an MFU timed on one uncached prompt of `timed_tokens`
+    a prompt batch (`seqs`: (new, cached) tokens each) takes on `programs` SMs: its time per
+    FLOP by the tiles (`tiled_layers_s`) over that prompt's, as a short batch's last wave of
+    GEMM tiles runs part empty; at least 1, since the MFU prices batches that fill their
+    waves as served. 1 where the tiles do not price the batch (the skinny tile)."""
+    tokens = sum(int(new) for new, _ in seqs)
+    batch = tiled_layers_s(model, tokens, seqs, tiles, programs)
+    timed = tiled_layers_s(model, timed_tokens, [(timed_tokens, 0)], tiles, programs)
+    if not batch or not timed:
+        return 1.0
+    flops = sum(layer_flops(model, int(new), int(cached)) for new, cached in seqs)
+    return max(1.0, batch / flops * layer_flops(model, timed_tokens) / timed)
 
 
 @dataclass(frozen=True)
