@@ -10,8 +10,9 @@ was busy at least MIN_BUSY of the half second before it (the clocks of a GPU kep
 prompts: a batch takes the waiting requests in arrival order, so the run's requests, made again
 from the point's settings, name each batch's prompts (a point whose batches do not add up to
 its requests is left out and counted). Its ratio: its FLOPs at the comparison's co-run rate on
-its prefill SMs (`step_cost.compute_s`) over its span (taken to first token) less its upload on
-its run's host. Prints the median ratio by points file and prefill SMs, and pooled; writes
+its prefill SMs, slowed by its part-empty GEMM waves as the simulator slows it
+(`SimExecutor.wave_slowdown`), over its span (taken to first token) less its upload on its
+run's host. Prints the median ratio by points file and prefill SMs, and pooled; writes
 <out>/split-batches-<gpu>.json.
 
     python bench/split_batches.py --out /tmp/x
@@ -88,8 +89,11 @@ def split_batches(point: dict, requests: list[Request], pricer: Pricer,
     for b in batches:
         if not b["prefill_sms"]:
             continue
-        flops = sum(step_cost.layer_flops(pricer.model, n) for n in b.pop("prompt_lens")) + \
-            step_cost.lm_head_flops(pricer.model, b["prompts"])
+        lens = b.pop("prompt_lens")
+        # as the simulator prices it: a short batch's part-empty GEMM waves slow it
+        slowdown = pricer.sim.wave_slowdown([(n, 0) for n in lens], b["prefill_sms"])
+        flops = (sum(step_cost.layer_flops(pricer.model, n) for n in lens) * slowdown
+                 + step_cost.lm_head_flops(pricer.model, b["prompts"]))
         rows.append({**b, "busy": covered_s(spans, b["start"] - SUSTAINED_WINDOW_S, b["start"])
                      / SUSTAINED_WINDOW_S, "seconds": b["end"] - b["start"] - upload_s,
                      "corun_s": step_cost.compute_s(flops, pricer.sim.prefill_rate,

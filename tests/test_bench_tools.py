@@ -1277,8 +1277,8 @@ def _split_point(levels: list[int], prefills: list[list]) -> dict:
 def test_split_batches_read_each_batchs_prompts_level_busy_share_and_price():
     """A pd-mux batch takes the waiting requests in arrival order: each batch's prompts come
     back from the run's requests, its level from the rounds that launched its layers, its busy
-    share from the split batches in the half second before it and its compute span less its
-    upload; a batch whose layers ran at two levels or on the whole GPU is no split batch, and
+    share from the split batches in the half second before it, its compute span less its
+    upload and its price as the simulator's (part-empty GEMM waves too); a batch whose layers ran at two levels or on the whole GPU is no split batch, and
     batches that do not add up to the requests give none. Only large batches after a busy
     half second count towards a level's ratio, from enough of them."""
     sys.path.insert(0, "bench")
@@ -1292,23 +1292,28 @@ def test_split_batches_read_each_batchs_prompts_level_busy_share_and_price():
     pricer = Pricer("bench/results/trace-fidelity/points-h200.jsonl",
                     "bench/results/calibrate-h200.json", "bench/results/compare-h200.json",
                     load_host_costs("bench/results/host-costs-h200.json"), "h200")
-    lens = [3000, 1500, 2600, 7000, 900, 4100]
+    lens = [3000, 1500, 2000, 7000, 900, 4100]
     requests = [Request(i, n, 10, arrival=0.01 * i) for i, n in enumerate(lens)][::-1]
     # batches of 2, 1, 2, 1 prompts; the third ran its layers at two levels, the last on the
     # whole GPU (level 0); rounds 0.1 s apart, each batch over two rounds (level 6: 72 SMs)
     levels = [6, 6, 1, 1, 6, 1, 0, 0]
-    prefills = [[0, 190_000, 4500, 2, 0], [200_000, 390_000, 2600, 1, 0],
+    prefills = [[0, 190_000, 4500, 2, 0], [200_000, 390_000, 2000, 1, 0],
                 [400_000, 590_000, 7900, 2, 0], [600_000, 790_000, 4100, 1, 0]]
     rows = split_batches(_split_point(levels, prefills), requests, pricer, upload_s=0.001)
     assert [(r["prefill_sms"], r["prompts"], r["tokens"]) for r in rows] == [
-        (72, 2, 4500), (112, 1, 2600)]
-    flops = sum(step_cost.layer_flops(pricer.model, n) for n in (3000, 1500)) + \
+        (72, 2, 4500), (112, 1, 2000)]
+    slowdown = pricer.sim.wave_slowdown([(3000, 0), (1500, 0)], 72)
+    flops = sum(step_cost.layer_flops(pricer.model, n) for n in (3000, 1500)) * slowdown + \
         step_cost.lm_head_flops(pricer.model, 2)
     assert rows[0]["corun_s"] == pytest.approx(
         step_cost.compute_s(flops, pricer.sim.prefill_rate, 72, True))
+    waves = pricer.sim.wave_slowdown([(2000, 0)], 112)  # its last GEMM waves part empty
+    assert waves > 1 and rows[1]["corun_s"] == pytest.approx(step_cost.compute_s(
+        step_cost.layer_flops(pricer.model, 2000) * waves + step_cost.lm_head_flops(
+            pricer.model, 1), pricer.sim.prefill_rate, 112, True))
     assert rows[0]["seconds"] == pytest.approx(0.19 - 0.001)
     assert rows[0]["busy"] == 0 and rows[1]["busy"] == pytest.approx(0.19 / 0.5)
-    short = split_batches(_split_point(levels, prefills[:1] + [[200_000, 390_000, 2601, 1, 0]]),
+    short = split_batches(_split_point(levels, prefills[:1] + [[200_000, 390_000, 2001, 1, 0]]),
                           requests, pricer, upload_s=0.001)
     assert short is None
     assert split_batches(_split_point(levels, prefills + [[800_000, 900_000, 100, 1, 0]]),

@@ -180,8 +180,9 @@ class SimExecutor:
         # on a split, decode steps run beside it; on the whole GPU, nothing does
         beside_decode = self._split()
         if beside_decode:
-            seconds = self._split_prefill_s(flops * self._wave_slowdown(carry.reqs), began,
-                                            launched)
+            seqs = [(r.prompt_len - r.cached_len, r.cached_len) for r in carry.reqs]
+            seconds = self._split_prefill_s(flops * self.wave_slowdown(seqs, self.sms["prefill"]),
+                                            began, launched)
         else:
             seconds = max(step_cost.compute_s(flops, self.prefill_rate, self.total_sms, False),
                           self._tiled_prefill_s(carry.reqs, tokens, end - start))
@@ -222,15 +223,15 @@ class SimExecutor:
             return beside + left * alone
         return beside + idle + (left - idle / alone) * corun
 
-    def _wave_slowdown(self, reqs: list[Request]) -> float:
-        """How much slower per FLOP than the prompt its MFU was timed on the batch runs on the
-        level's prefill SMs (`step_cost.wave_slowdown`): 1 without tile times or that prompt."""
+    def wave_slowdown(self, seqs, prefill_sms: int) -> float:
+        """How much slower per FLOP than the prompt its MFU was timed on a split prefill batch
+        (`seqs`: (new, cached) tokens each) runs on `prefill_sms` (`step_cost.wave_slowdown`):
+        1 without tile times or that prompt."""
         tiles = self.overheads.mixed.tiles if self.overheads.mixed else None
         timed = self.prefill_rate.timed_tokens
         if tiles is None or timed is None:
             return 1.0
-        seqs = [(r.prompt_len - r.cached_len, r.cached_len) for r in reqs]
-        return step_cost.wave_slowdown(self.model, seqs, tiles, self.sms["prefill"], timed)
+        return step_cost.wave_slowdown(self.model, seqs, tiles, prefill_sms, timed)
 
     def _split(self) -> bool:
         """Whether the level splits the GPU: a prefill then runs beside decode."""
