@@ -29,9 +29,10 @@ it to a host-costs file (`calibrate --host-costs`'s):
   often enough);
 - split_prefill_served: what each level's prefill keeps of the comparison's burst rate as
   served on a busy GPU (bench/split_batches.py: pd-mux's large batches after their prefill
-  was busy, each batch's co-run price over its span less its upload, the median by prefill
-  SMs), which prices the split prefill instead of the sustained bench's ratios where levels
-  hold enough batches: the bench runs one long prompt, served batches many;
+  was busy, each batch's co-run price over its compute span, the median by prefill SMs at
+  the levels holding enough batches), which prices the split prefill instead of the
+  sustained bench's ratios (read between the levels fitted and held beyond them, as those
+  are): the bench runs one long prompt, served batches many;
 - decode_beside_prefill: the decode step beside a split prefill as served over its co-run
   price (the calibration's, with the extras above), by the prefill's busy share over the
   half second before it: medians in busy-share bins (bench/corun_rounds.py's rounds) over the
@@ -672,16 +673,6 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
     host.pop("prefill_batch", None)
     if batch is not None:
         host["prefill_batch"] = {**batch, "source": names}
-    # a level's prefill on a busy GPU as served, where two levels hold enough large batches
-    # (one fitted to other batches does not stay: the sustained bench's ratios then price it)
-    from split_batches import served_sustained
-
-    kept = served_sustained(list(by_file), calibration, compare, overheads if batch is None else
-                            replace(overheads, prefill_batch_s=batch["seconds"]), gpu.name)
-    host.pop("split_prefill_served", None)
-    if len(kept["ratio_by_prefill_sms"]) >= 2:
-        host["split_prefill_served"] = {**kept, "calibration": Path(calibration).name,
-                                        "compare": Path(compare).name}
     whole = (fit_whole_gpu_prefill(prefills, model, prefill, overheads)
              if prefills is not None else None)
     if whole is not None:
@@ -699,6 +690,19 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
                           "source": source, **quality}
     if tiles is not None:
         host["mixed_step"]["tiles"] = tile_times_json(tiles, tile_source, tile_quality)
+    # a level's prefill on a busy GPU as served, priced with this fit's batch upload and tiles,
+    # where two levels hold enough large batches (one fitted to other batches does not stay:
+    # the sustained bench's ratios then price it)
+    from split_batches import served_sustained
+
+    kept = served_sustained(list(by_file), calibration, compare, replace(
+        overheads, mixed=mixed, prefill_batch_s=(batch or {}).get("seconds",
+                                                                  overheads.prefill_batch_s)),
+        gpu.name)
+    host.pop("split_prefill_served", None)
+    if len(kept["ratio_by_prefill_sms"]) >= 2:
+        host["split_prefill_served"] = {**kept, "calibration": Path(calibration).name,
+                                        "compare": Path(compare).name}
     bound = small & by_launches
     if not bound.any():
         raise PdmuxError(f"no chunked_{size} round was bound by its launches: an eager step's "

@@ -42,7 +42,7 @@ POINTS = ("bench/results/trace-fidelity/points-h200.jsonl",
           "bench/results/capacity-conv/capacity-diagnostics-h200.jsonl",
           "bench/results/capacity-diagnostics-h200.jsonl")
 # a launch whose layers the GPU runs in less than this each is bound by the host: about half
-# the fastest host's launch of a layer on the H200 (~0.6 ms)
+# the fastest host's launch of a layer on the H200 (bench/NOTES.md)
 GPU_BOUND_S = 0.35e-3
 MIN_LAUNCHES = 5  # launch-bound launches a point's figures are read from, at the fewest
 
@@ -71,8 +71,12 @@ class LayerPrice:
         """A split prefill batch's layer at its level's prefill SMs, beside decode (None at a
         whole-GPU level)."""
         sms = self.pricer.sms(level)[0]
-        return (step_cost.compute_s(self._flops(tokens, prompts, cached), self.rate, sms, True)
-                if sms else None)
+        if not sms:
+            return None
+        slowdown = self.pricer.sim.wave_slowdown([(tokens // prompts, cached // prompts)]
+                                                 * prompts, sms)  # part-empty GEMM waves
+        return step_cost.compute_s(self._flops(tokens, prompts, cached) * slowdown, self.rate,
+                                   sms, True)
 
     def mixed(self, chunk: int, prefix: int, batch: int, context: int) -> float:
         """A chunked round's layer: its mixed step's GPU phases over the layers."""

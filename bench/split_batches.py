@@ -5,14 +5,15 @@ bench/fit_host_costs.py fits from these batches).
 
 A batch counts where it was served by a grid-capped pd-mux point, all its layers at one split
 level, with at least MIN_TOKENS prompt tokens (bound by its GPU: its upload and its wait for a
-round are a small part of its span), none read from a prefix cache, after its level's prefill
-was busy at least MIN_BUSY of the half second before it (the clocks of a GPU kept busy). Its
+round are a small part of its span), none read from a prefix cache, after split batches kept
+the prefill busy at least MIN_BUSY of the half second before it (the clocks of a GPU kept
+busy; read from the batches' host spans, which every points file keeps). Its
 prompts: a batch takes the waiting requests in arrival order, so the run's requests, made again
 from the point's settings, name each batch's prompts (a point whose batches do not add up to
 its requests is left out and counted). Its ratio: its FLOPs at the comparison's co-run rate on
 its prefill SMs, slowed by its part-empty GEMM waves as the simulator slows it
-(`SimExecutor.wave_slowdown`), over its span (taken to first token) less its upload on its
-run's host. Prints the median ratio by points file and prefill SMs, and pooled; writes
+(`SimExecutor.wave_slowdown`), over its compute span: taken to first token, less its upload
+on its run's host and half the round its first token came at the end of. Prints the median ratio by points file and prefill SMs, and pooled; writes
 <out>/split-batches-<gpu>.json.
 
     python bench/split_batches.py --out /tmp/x
@@ -36,6 +37,7 @@ from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiments.settings import RunSettings, make_requests
 from pdmux_triton.results import provenance, read_json
 from pdmux_triton.serve.simulated import SUSTAINED_WINDOW_S
+from pdmux_triton.spec.models import model_preset
 from pdmux_triton.spec.traffic import Request
 
 MIN_TOKENS = 4096  # a batch's prompt tokens, at the fewest
@@ -53,7 +55,10 @@ def point_requests(path: str, point: dict, pricer: Pricer) -> list[Request]:
         saved = read_json(Path(path).with_name(f"capacity-settings-{pricer.gpu.name}.json"),
                           "capacity settings")
         defaults = {k: v for k, v in RunSettings.defaults().items() if k != "model"}
-        return make_requests(RunSettings.from_dict({**defaults, **saved}), rate)
+        # a folder keeps no context length (it only refuses requests); the run served its
+        # preset's, which leaves a trace's longest prompts out
+        model = {**saved["model"], "max_context": model_preset(saved["model"]["name"]).max_context}
+        return make_requests(RunSettings.from_dict({**defaults, **saved, "model": model}), rate)
     from trace_fidelity import COUNT, TRACES
 
     return make_requests(RunSettings(
@@ -63,10 +68,13 @@ def point_requests(path: str, point: dict, pricer: Pricer) -> list[Request]:
 
 def split_batches(point: dict, requests: list[Request], pricer: Pricer,
                   upload_s: float) -> list[dict] | None:
-    """Each prompt batch of a pd-mux point whose layers all ran at one split level: its prefill
-    SMs, prompts, tokens (new, cached), the split prefill's busy share before it, its compute
-    span (taken to first token, less `upload_s`) and its co-run price. None where its batches,
-    taken in arrival order, do not add up to `requests`."""
+    """Each uncached prompt batch of a pd-mux point whose layers all ran at one split level: its
+    prefill SMs, prompts, tokens, the split prefill's busy share before it (from the split
+    batches' spans), its compute span and its co-run price. The span runs from the batch
+    taken to its first token, which the host sees at the end of the round its last layer ended
+    in: less `upload_s` and half that round (where in it the layer ended is not kept; the
+    simulator adds that wait itself). None where its batches, taken in arrival order, do not
+    add up to `requests`."""
     d = point["diagnostics"]
     r = d["rounds"]
     layers = [(start, level) for start, label, level in zip(r["start_us"], r["label"], r["level"])
@@ -75,29 +83,31 @@ def split_batches(point: dict, requests: list[Request], pricer: Pricer,
     waiting = iter(sorted(requests, key=lambda q: q.arrival))
     batches = []
     for start, end, tokens, prompts, *cached in sorted(d["prefills"]):
+        cached = cached[0] if cached else 0
         mine = [next(waiting, None) for _ in range(prompts)]
-        if None in mine or sum(q.prompt_len for q in mine) != tokens:
+        if None in mine or sum(q.prompt_len for q in mine) != tokens + cached:
             return None
         levels = {level for _, level in layers[bisect_left(starts, start):bisect_left(starts, end)]}
-        sms = pricer.sms(levels.pop())[0] if len(levels) == 1 else 0
-        batches.append({"start": start / 1e6, "end": end / 1e6, "prefill_sms": sms,
-                        "prompts": prompts, "tokens": tokens, "prompt_lens": [
-                            q.prompt_len for q in mine], "cached": cached[0] if cached else 0})
-    spans = np.array([(b["start"], b["end"]) for b in batches if b["prefill_sms"]],
-                     dtype=float).reshape(-1, 2)
+        last = r["start_us"][max(0, bisect_left(r["start_us"], end) - 1)]
+        batches.append({"start": start / 1e6, "end": end / 1e6, "tail": (end - last) / 2e6,
+                        "prefill_sms": pricer.sms(levels.pop())[0] if len(levels) == 1 else 0,
+                        "prompts": prompts, "tokens": tokens, "cached": cached,
+                        "prompt_lens": [q.prompt_len for q in mine]})
+    split = [b for b in batches if b["prefill_sms"]]
+    spans = np.array([(b["start"], b["end"]) for b in split], dtype=float).reshape(-1, 2)
     rows = []
-    for b in batches:
-        if not b["prefill_sms"]:
+    for b in split:
+        if b["cached"]:  # which prompt read how much of the cache is not kept
             continue
-        lens = b.pop("prompt_lens")
-        # as the simulator prices it: a short batch's part-empty GEMM waves slow it
-        slowdown = pricer.sim.wave_slowdown([(n, 0) for n in lens], b["prefill_sms"])
-        flops = (sum(step_cost.layer_flops(pricer.model, n) for n in lens) * slowdown
-                 + step_cost.lm_head_flops(pricer.model, b["prompts"]))
+        lens, tail, sms = b.pop("prompt_lens"), b.pop("tail"), b["prefill_sms"]
+        # as the simulator prices it: its FLOPs slowed by its part-empty GEMM waves
+        flops = (sum(step_cost.layer_flops(pricer.model, n) for n in lens)
+                 + step_cost.lm_head_flops(pricer.model, b["prompts"])) * \
+            pricer.sim.wave_slowdown([(n, 0) for n in lens], sms)
         rows.append({**b, "busy": covered_s(spans, b["start"] - SUSTAINED_WINDOW_S, b["start"])
-                     / SUSTAINED_WINDOW_S, "seconds": b["end"] - b["start"] - upload_s,
-                     "corun_s": step_cost.compute_s(flops, pricer.sim.prefill_rate,
-                                                    b["prefill_sms"], True)})
+                     / SUSTAINED_WINDOW_S,
+                     "seconds": b["end"] - b["start"] - upload_s - tail,
+                     "corun_s": step_cost.compute_s(flops, pricer.sim.prefill_rate, sms, True)})
     return rows
 
 
@@ -171,8 +181,9 @@ def run(args) -> int:
     by_file, left_out = served_batches(args.points, args.calibration, args.compare, overheads,
                                        gpu)
     if not by_file:
-        raise PdmuxError("the points hold no grid-capped pd-mux batch: measure pd-mux "
-                         "(bench/trace_fidelity.py, `pdmux-triton capacity`)")
+        raise PdmuxError(f"{', '.join(args.points)} hold no grid-capped pd-mux point whose "
+                         f"batches add up to its requests ({len(left_out)} left out): measure "
+                         f"pd-mux (bench/trace_fidelity.py, `pdmux-triton capacity`)")
     name = lambda p: f"{Path(p).parent.name}/{Path(p).name}"
     data = {**provenance(gpu),
             "inputs": {"points": list(args.points), "min_tokens": MIN_TOKENS,

@@ -401,20 +401,28 @@ def tiled_layers_s(model: ModelSpec, tokens: int, seqs, tiles: TileTimes, progra
             + extend_attention_s(model, seqs, tiles, programs) * layers / model.layers)
 
 
-def wave_slowdown(model: ModelSpec, seqs, tiles: TileTimes, programs: int,
-                  timed_tokens: int) -> float:
+def tile_s_per_flop(model: ModelSpec, seqs, tiles: TileTimes, programs: int) -> float | None:
+    """A prompt batch's (`seqs`: (new, cached) tokens each) layers by its kernels' tiles on
+    `programs` SMs (`tiled_layers_s`) over their FLOPs; None where the tiles do not price it
+    (the skinny tile)."""
+    tiled = tiled_layers_s(model, sum(int(new) for new, _ in seqs), seqs, tiles, programs)
+    if not tiled:
+        return None
+    return tiled / sum(layer_flops(model, int(new), int(cached)) for new, cached in seqs)
+
+
+def wave_slowdown(model: ModelSpec, seqs, tiles: TileTimes, programs: int, timed_tokens: int,
+                  timed_s_per_flop: float | None = None) -> float:
     """How much longer than its FLOPs at an MFU timed on one uncached prompt of `timed_tokens`
     a prompt batch (`seqs`: (new, cached) tokens each) takes on `programs` SMs: its time per
-    FLOP by the tiles (`tiled_layers_s`) over that prompt's, as a short batch's last wave of
-    GEMM tiles runs part empty; at least 1, since the MFU prices batches that fill their
-    waves as served. 1 where the tiles do not price the batch (the skinny tile)."""
-    tokens = sum(int(new) for new, _ in seqs)
-    batch = tiled_layers_s(model, tokens, seqs, tiles, programs)
-    timed = tiled_layers_s(model, timed_tokens, [(timed_tokens, 0)], tiles, programs)
+    FLOP by the tiles over that prompt's (`timed_s_per_flop` where known), as a short batch's
+    last wave of GEMM tiles runs part empty; at least 1, since the MFU prices batches that
+    fill their waves as served. 1 where the tiles do not price the batch (the skinny tile)."""
+    batch = tile_s_per_flop(model, seqs, tiles, programs)
+    timed = timed_s_per_flop or tile_s_per_flop(model, [(timed_tokens, 0)], tiles, programs)
     if not batch or not timed:
         return 1.0
-    flops = sum(layer_flops(model, int(new), int(cached)) for new, cached in seqs)
-    return max(1.0, batch / flops * layer_flops(model, timed_tokens) / timed)
+    return max(1.0, batch / timed)
 
 
 @dataclass(frozen=True)
@@ -463,7 +471,8 @@ class Overheads:
     the MFU a prefill with the GPU to itself is served at (`whole_gpu_prefill_mfu`, which the
     comparison cannot time: its levels leave decode some SMs), and what a level's prefill keeps
     of the comparison's burst rate when it runs on beside its decode on a busy GPU
-    (`split_prefill_sustained`, (prefill SMs, ratio) points, `PrefillRate.sustained`), and how far toward that rate it
+    (`split_prefill_sustained`, (prefill SMs, ratio) points, `PrefillRate.sustained`: as its
+    served batches show where fitted, else as a sustained run of one long prompt), and how far toward that rate it
     has slowed when it ran a share of the recent past (`split_prefill_slowdown`, (busy share,
     fraction) points between (0, 0) and (1, 1); none: the fraction is the share), and the
     decode step beside a split prefill as served over its co-run price, by that prefill's busy

@@ -73,6 +73,7 @@ class SimExecutor:
         self.total_sms, self.cc_major, self.num_layers = gpu.sms, gpu.cc_major, model.layers
         self.kv_capacity_tokens = step_cost.kv_capacity_tokens(gpu, model)
         self.kv_page_tokens = step_cost.KV_PAGE_TOKENS  # as the GPU executor's
+        self._timed_s_per_flop: dict[int, float | None] = {}  # by prefill SMs
         self._reset()
 
     def _reset(self) -> None:
@@ -231,7 +232,11 @@ class SimExecutor:
         timed = self.prefill_rate.timed_tokens
         if tiles is None or timed is None:
             return 1.0
-        return step_cost.wave_slowdown(self.model, seqs, tiles, prefill_sms, timed)
+        if prefill_sms not in self._timed_s_per_flop:  # the same prompt at every launch
+            self._timed_s_per_flop[prefill_sms] = step_cost.tile_s_per_flop(
+                self.model, [(timed, 0)], tiles, prefill_sms)
+        return step_cost.wave_slowdown(self.model, seqs, tiles, prefill_sms, timed,
+                                       self._timed_s_per_flop[prefill_sms])
 
     def _split(self) -> bool:
         """Whether the level splits the GPU: a prefill then runs beside decode."""
