@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 from corun_rounds import Pricer
 from fit_host_costs import CHUNK, timed_points
-from script import MEASURED_ON_H200, bench_parser, finish, run_script
+from script import MEASURED_ON_H200, finish, points_parser, run_script
 from trace_fidelity import prefill_batches
 
 from pdmux_triton.cost import step_cost
@@ -219,13 +219,10 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    p = bench_parser("launch_bound_hosts.py", __doc__)
-    p.add_argument("points", nargs="*", default=POINTS,
-                   help="measured points files (default: the H200's trace-fidelity points and "
-                        "both steady-state capacity folders' diagnostics)")
-    for name, path in MEASURED_ON_H200.items():
-        p.add_argument("--" + name.replace("_", "-"), default=path)
-    return run_script(p, run, argv)
+    parser = points_parser("launch_bound_hosts.py", __doc__, POINTS,
+                           "the H200's trace-fidelity points and both steady-state "
+                           "capacity folders' diagnostics")
+    return run_script(parser, run, argv)
 
 
 if __name__ == "__main__":

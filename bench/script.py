@@ -39,6 +39,18 @@ def bench_parser(script: str, doc: str) -> Parser:
     return parser
 
 
+def points_parser(script: str, doc: str, points, what: str) -> Parser:
+    """The parser of a script that reads measured points files: --out, the files (`points`
+    unless named; `what` says which those are) and the cost model's measured inputs, the
+    H200's as bench/results commits them unless named."""
+    parser = bench_parser(script, doc)
+    parser.add_argument("points", nargs="*", default=points,
+                        help=f"measured points files (default: {what})")
+    for name, path in MEASURED_ON_H200.items():
+        parser.add_argument("--" + name.replace("_", "-"), default=path)
+    return parser
+
+
 def bench_inputs(parser: argparse.ArgumentParser, *measured: str, ttft: bool = True) -> None:
     """A bench script's SLO targets and the measured files it prices work with (`measured`
     among MEASURED_ON_H200's names; the H200's by default)."""

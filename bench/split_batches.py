@@ -13,8 +13,8 @@ from the point's settings, name each batch's prompts (a point whose batches do n
 its requests is left out and counted). Its ratio: its FLOPs at the comparison's co-run rate on
 its prefill SMs, slowed by its part-empty GEMM waves as the simulator slows it
 (`SimExecutor.wave_slowdown`), over its compute span: taken to first token, less its upload
-on its run's host and half the round its first token came at the end of. Prints the median ratio by points file and prefill SMs, and pooled; writes
-<out>/split-batches-<gpu>.json.
+on its run's host and half the round its first token came at the end of. Prints the median
+ratio by points file and prefill SMs, and pooled; writes <out>/split-batches-<gpu>.json.
 
     python bench/split_batches.py --out /tmp/x
 """
@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 from corun_rounds import POINTS, Pricer, covered_s
 from fit_host_costs import CAPACITY_DIAGNOSTICS, timed_points
-from script import MEASURED_ON_H200, bench_parser, finish, run_script
+from script import MEASURED_ON_H200, finish, points_parser, run_script
 
 from pdmux_triton.cost import step_cost
 from pdmux_triton.cost.measured_inputs import load_host_costs
@@ -195,13 +195,10 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    p = bench_parser("split_batches.py", __doc__)
-    p.add_argument("points", nargs="*", default=POINTS,
-                   help="measured points files (default: the H200's trace-fidelity points, "
-                        "capacity diagnostics and prefix-cache folders)")
-    for key, path in MEASURED_ON_H200.items():
-        p.add_argument("--" + key.replace("_", "-"), default=path)
-    return run_script(p, run, argv)
+    parser = points_parser("split_batches.py", __doc__, POINTS,
+                           "the H200's trace-fidelity points, capacity diagnostics and "
+                           "prefix-cache folders")
+    return run_script(parser, run, argv)
 
 
 if __name__ == "__main__":
