@@ -750,9 +750,9 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
         lines.append("pd-mux points whose batches and requests disagree, left out: "
                      + ", ".join(kept["points_left_out"]))
     if "split_prefill_sustained" in host:
-        lines.append("a level's prefill sustained beside decode over its burst (the bench): " + ", ".join(
-            f"{sms} SMs {ratio:.3f}"
-            for sms, ratio in host["split_prefill_sustained"]["ratio_by_prefill_sms"]))
+        lines.append("a level's prefill sustained beside decode over its burst (the bench): "
+                     + ", ".join(f"{sms} SMs {ratio:.3f}" for sms, ratio
+                                 in host["split_prefill_sustained"]["ratio_by_prefill_sms"]))
         if "slowdown_by_busy_share" in host["split_prefill_sustained"]:
             lines.append("slowed toward it when busy a share of the time: " + ", ".join(
                 f"{share:.0%} busy {fraction:.2f}" for share, fraction

@@ -1276,12 +1276,13 @@ def _split_point(levels: list[int], prefills: list[list]) -> dict:
 
 def test_split_batches_read_each_batchs_prompts_level_busy_share_and_price():
     """A pd-mux batch takes the waiting requests in arrival order: each batch's prompts come
-    back from the run's requests, its level from the rounds that launched its layers, its busy
-    share from the split batches in the half second before it, its compute span less its
-    upload and its price as the simulator's (part-empty GEMM waves too); a batch whose layers ran at two levels or on the whole GPU is no split batch, and
-    batches that do not add up to the requests give none; a batch that read part of its
-    prompts from the prefix cache adds up with its cached tokens and gives no row. Only large batches after a busy
-    half second count towards a level's ratio, from enough of them."""
+    back from the run's requests, its level from the rounds that launched its layers, its busy share
+    from the split batches in the half second before it, its compute span less its upload and its
+    price as the simulator's (part-empty GEMM waves too); a batch whose layers ran at two levels or
+    on the whole GPU is no split batch, and batches that do not add up to the requests give none; a
+    batch that read part of its prompts from the prefix cache adds up with its cached tokens and
+    gives no row. Only large batches after a busy half second count towards a level's ratio, from
+    enough of them."""
     sys.path.insert(0, "bench")
     from corun_rounds import Pricer
     from split_batches import MIN_BUSY, MIN_TOKENS, ratio_by_prefill_sms, split_batches

@@ -411,15 +411,15 @@ def tile_s_per_flop(model: ModelSpec, seqs, tiles: TileTimes, programs: int) -> 
     return tiled / sum(layer_flops(model, int(new), int(cached)) for new, cached in seqs)
 
 
-def wave_slowdown(model: ModelSpec, seqs, tiles: TileTimes, programs: int, timed_tokens: int,
-                  timed_s_per_flop: float | None = None) -> float:
+def wave_slowdown(model: ModelSpec, seqs, tiles: TileTimes, programs: int,
+                  timed_tokens: int) -> float:
     """How much longer than its FLOPs at an MFU timed on one uncached prompt of `timed_tokens`
     a prompt batch (`seqs`: (new, cached) tokens each) takes on `programs` SMs: its time per
-    FLOP by the tiles over that prompt's (`timed_s_per_flop` where known), as a short batch's
-    last wave of GEMM tiles runs part empty; at least 1, since the MFU prices batches that
-    fill their waves as served. 1 where the tiles do not price the batch (the skinny tile)."""
+    FLOP by the tiles over that prompt's, as a short batch's last wave of GEMM tiles runs part
+    empty; at least 1, since the MFU prices batches that fill their waves as served. 1 where
+    the tiles do not price the batch (the skinny tile)."""
     batch = tile_s_per_flop(model, seqs, tiles, programs)
-    timed = timed_s_per_flop or tile_s_per_flop(model, [(timed_tokens, 0)], tiles, programs)
+    timed = tile_s_per_flop(model, [(timed_tokens, 0)], tiles, programs)
     if not batch or not timed:
         return 1.0
     return max(1.0, batch / timed)
@@ -471,10 +471,10 @@ class Overheads:
     the MFU a prefill with the GPU to itself is served at (`whole_gpu_prefill_mfu`, which the
     comparison cannot time: its levels leave decode some SMs), and what a level's prefill keeps
     of the comparison's burst rate when it runs on beside its decode on a busy GPU
-    (`split_prefill_sustained`, (prefill SMs, ratio) points, `PrefillRate.sustained`: as its
-    served batches show where fitted, else as a sustained run of one long prompt), and how far toward that rate it
-    has slowed when it ran a share of the recent past (`split_prefill_slowdown`, (busy share,
-    fraction) points between (0, 0) and (1, 1); none: the fraction is the share), and the
+    (`split_prefill_sustained`, (prefill SMs, ratio) points, `PrefillRate.sustained`: as its served
+    batches show where fitted, else as a sustained run of one long prompt), and how far toward that
+    rate it has slowed when it ran a share of the recent past (`split_prefill_slowdown`, (busy
+    share, fraction) points between (0, 0) and (1, 1); none: the fraction is the share), and the
     decode step beside a split prefill as served over its co-run price, by that prefill's busy
     share (`split_decode_by_busy`, (busy share, ratio) points, held at the ends: the clocks
     fall as it keeps the GPU busy; none: the co-run price as it is). An eager

@@ -13,7 +13,7 @@ launches, nothing else is launched. On one rank of a tensor-parallel server (`mo
 from __future__ import annotations
 
 from array import array
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -41,10 +41,12 @@ def _busy_curve(points: tuple[tuple[float, float], ...]) -> tuple[list[float], l
 
 @dataclass
 class SimPrefill:
-    """A prefill batch's carry: its requests and when its last launched layer ends."""
+    """A prefill batch's carry: its requests, when its last launched layer ends, and its
+    part-empty GEMM waves' slowdown at each split level it ran at (`wave_slowdown`)."""
 
     reqs: list[Request]
     ends_at: float = 0.0
+    slowdown: dict[int, float] = field(default_factory=dict)
 
 
 class SimExecutor:
@@ -73,7 +75,6 @@ class SimExecutor:
         self.total_sms, self.cc_major, self.num_layers = gpu.sms, gpu.cc_major, model.layers
         self.kv_capacity_tokens = step_cost.kv_capacity_tokens(gpu, model)
         self.kv_page_tokens = step_cost.KV_PAGE_TOKENS  # as the GPU executor's
-        self._timed_s_per_flop: dict[int, float | None] = {}  # by prefill SMs
         self._reset()
 
     def _reset(self) -> None:
@@ -181,9 +182,11 @@ class SimExecutor:
         # on a split, decode steps run beside it; on the whole GPU, nothing does
         beside_decode = self._split()
         if beside_decode:
-            seqs = [(r.prompt_len - r.cached_len, r.cached_len) for r in carry.reqs]
-            seconds = self._split_prefill_s(flops * self.wave_slowdown(seqs, self.sms["prefill"]),
-                                            began, launched)
+            sms = self.sms["prefill"]
+            if sms not in carry.slowdown:  # the batch's, at this level: not at every launch
+                carry.slowdown[sms] = self.wave_slowdown(
+                    [(r.prompt_len - r.cached_len, r.cached_len) for r in carry.reqs], sms)
+            seconds = self._split_prefill_s(flops * carry.slowdown[sms], began, launched)
         else:
             seconds = max(step_cost.compute_s(flops, self.prefill_rate, self.total_sms, False),
                           self._tiled_prefill_s(carry.reqs, tokens, end - start))
@@ -232,11 +235,7 @@ class SimExecutor:
         timed = self.prefill_rate.timed_tokens
         if tiles is None or timed is None:
             return 1.0
-        if prefill_sms not in self._timed_s_per_flop:  # the same prompt at every launch
-            self._timed_s_per_flop[prefill_sms] = step_cost.tile_s_per_flop(
-                self.model, [(timed, 0)], tiles, prefill_sms)
-        return step_cost.wave_slowdown(self.model, seqs, tiles, prefill_sms, timed,
-                                       self._timed_s_per_flop[prefill_sms])
+        return step_cost.wave_slowdown(self.model, seqs, tiles, prefill_sms, timed)
 
     def _split(self) -> bool:
         """Whether the level splits the GPU: a prefill then runs beside decode."""
