@@ -94,31 +94,46 @@ def covered_s(spans: np.ndarray, a: float, b: float) -> float:
     return float(np.clip(np.minimum(part[:, 1], b) - np.maximum(part[:, 0], a), 0, None).sum())
 
 
+def round_launches(point: dict, where: str) -> list[tuple] | None:
+    """Each round's launches on the GPU's clock, (its decode step's span, its prefill launch's
+    span), None for what it did not launch: a round launches its decode step (a chunked round:
+    its mixed step instead), then its prefill's layers, a whole prefill or a mixed step, in
+    that order among the point's launch spans. None where the point kept no spans; refused
+    where they do not add up to its rounds."""
+    d = point["diagnostics"]
+    r, launches = d["rounds"], d.get("busy_us")
+    if launches is None:
+        return None
+    labels = [r["labels"][i] for i in r["label"]]
+    decodes = [b > 0 and not label.startswith("chunk") for b, label in zip(r["decode_bs"], labels)]
+    if len(launches) != sum(decodes) + sum(map(bool, labels)):
+        raise PdmuxError(f"{where}: its launch spans do not match its rounds")
+    launched = iter(launches)
+    return [(next(launched) if decode else None, next(launched) if label else None)
+            for decode, label in zip(decodes, labels)]
+
+
 def decode_rounds(point: dict, pricer: Pricer, where: str) -> list[dict]:
     """Each decode round of a point: its SMs, batch, context, measured step and prices and, at a
     split level, its prefill's busy share before it and whether (how much) it ran beside it."""
     d, r = point["diagnostics"], point["diagnostics"]["rounds"]
     labels = [r["labels"][i] for i in r["label"]]
-    # a round launches its decode step (a chunked round: its mixed step instead), then its
-    # prefill's layers, a whole prefill or a mixed step: in that order among the launch spans
     decodes = [b > 0 and not label.startswith("chunk") for b, label in zip(r["decode_bs"], labels)]
-    launches = d.get("busy_us")
-    if sum(decodes) != len(d["decode_step_us"]) or launches is not None and \
-            len(launches) != sum(decodes) + sum(map(bool, labels)):
-        raise PdmuxError(f"{where}: its rounds do not match its timed decode steps or launches")
-    launched, steps = iter(launches or ()), iter(d["decode_step_us"])
+    if sum(decodes) != len(d["decode_step_us"]):
+        raise PdmuxError(f"{where}: its rounds do not match its timed decode steps")
+    launches = round_launches(point, where)
+    steps = iter(d["decode_step_us"])
     rounds, spans = [], []
-    for start, level, batch, held, label, decode in zip(r["start_us"], r["level"], r["decode_bs"],
-                                                        r["decode_context"], labels, decodes):
+    for i, (start, level, batch, held, decode) in enumerate(zip(
+            r["start_us"], r["level"], r["decode_bs"], r["decode_context"], decodes)):
         prefill_sms, decode_sms = pricer.sms(level)
+        step_span, prefill_span = launches[i] if launches else (None, None)
         if decode:  # on the GPU's clock where the launches are kept, else the rounds'
-            began = next(launched)[0] if launches else start
+            began = step_span[0] if launches else start
             rounds.append({"prefill_sms": prefill_sms, "decode_sms": decode_sms, "batch": batch,
                            "context": held, "span": (began / 1e6, (began + next(steps)) / 1e6)})
-        if label and launches:
-            span = next(launched)
-            if prefill_sms:  # a split prefill's layers
-                spans.append(span)
+        if prefill_span and prefill_sms:  # a split prefill's layers
+            spans.append(prefill_span)
     if launches is None:  # each prompt batch at a split level, from its start to its first token
         spans = [[a, end] for end, (a, *_) in sorted(prefill_batches(d).items())
                  if pricer.sms(r["level"][bisect_left(r["start_us"], a)])[0]]

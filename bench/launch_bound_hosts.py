@@ -28,14 +28,13 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from corun_rounds import Pricer
+from corun_rounds import Pricer, round_launches
 from fit_host_costs import CHUNK, timed_points
 from script import MEASURED_ON_H200, finish, points_parser, run_script
 from trace_fidelity import prefill_batches
 
 from pdmux_triton.cost import step_cost
 from pdmux_triton.cost.measured_inputs import load_host_costs
-from pdmux_triton.errors import PdmuxError
 from pdmux_triton.results import provenance, read_json
 
 POINTS = ("bench/results/trace-fidelity/points-h200.jsonl",
@@ -89,21 +88,15 @@ def launch_bound(point: dict, price: LayerPrice, where: str) -> tuple[list, list
     """The point's launch-bound launches, (start s, host seconds a layer) each, and each
     prefill-first batch's wall less its launch span (s; none without spans)."""
     d = point["diagnostics"]
-    r, spans = d["rounds"], d.get("busy_us")
+    r = d["rounds"]
     labels = [r["labels"][i] for i in r["label"]]
-    decodes = [b > 0 and not label.startswith("chunk") for b, label in zip(r["decode_bs"], labels)]
-    if spans is not None and len(spans) != sum(decodes) + sum(map(bool, labels)):
-        raise PdmuxError(f"{where}: its launch spans do not match its rounds")
+    launches = round_launches(point, where)
     batches = prefill_batches(d)
     ends = sorted(batches)
-    launched = iter(spans or ())
     out, own = [], []
-    for start, end, label, batch, held, level, decode in zip(
-            r["start_us"], r["end_us"], labels, r["decode_bs"], r["decode_context"], r["level"],
-            decodes):
-        if decode and spans:
-            next(launched)  # a round launches its decode step before its prefill's layers
-        span = next(launched) if label and spans else None
+    for i, (start, end, label, batch, held, level) in enumerate(zip(
+            r["start_us"], r["end_us"], labels, r["decode_bs"], r["decode_context"], r["level"])):
+        span = launches[i][1] if launches else None
         layers, layer_s = _layers_and_price(label, batch, held, level, start, end, batches, ends,
                                             price)
         if layer_s is None or layer_s >= GPU_BOUND_S or (span is None and label.startswith(
