@@ -30,6 +30,7 @@ import numpy as np
 from corun_rounds import POINTS, Pricer, covered_s
 from fit_host_costs import CAPACITY_DIAGNOSTICS, timed_points
 from script import MEASURED_ON_H200, finish, points_parser, run_script
+from trace_fidelity import COUNT, TRACES, batch_prompts
 
 from pdmux_triton.cost import step_cost
 from pdmux_triton.cost.measured_inputs import load_host_costs
@@ -59,8 +60,6 @@ def point_requests(path: str, point: dict, pricer: Pricer) -> list[Request]:
         # preset's, which leaves a trace's longest prompts out
         model = {**saved["model"], "max_context": model_preset(saved["model"]["name"]).max_context}
         return make_requests(RunSettings.from_dict({**defaults, **saved, "model": model}), rate)
-    from trace_fidelity import COUNT, TRACES
-
     return make_requests(RunSettings(
         gpu=pricer.gpu, model=pricer.model, workload="trace", trace=str(TRACES[point["trace"]]),
         trace_start=point["start"], trace_count=COUNT, simulate=True), rate)
@@ -80,13 +79,14 @@ def split_batches(point: dict, requests: list[Request], pricer: Pricer,
     layers = [(start, level) for start, label, level in zip(r["start_us"], r["label"], r["level"])
               if r["labels"][label].startswith("layers ")]
     starts = [start for start, _ in layers]
-    waiting = iter(sorted(requests, key=lambda q: q.arrival))
+    prefills = sorted(d["prefills"])
+    taken = batch_prompts([(prompts, tokens + (cached[0] if cached else 0))
+                           for _, _, tokens, prompts, *cached in prefills], requests)
+    if taken is None:
+        return None
     batches = []
-    for start, end, tokens, prompts, *cached in sorted(d["prefills"]):
+    for (start, end, tokens, prompts, *cached), mine in zip(prefills, taken):
         cached = cached[0] if cached else 0
-        mine = [next(waiting, None) for _ in range(prompts)]
-        if None in mine or sum(q.prompt_len for q in mine) != tokens + cached:
-            return None
         levels = {level for _, level in layers[bisect_left(starts, start):bisect_left(starts, end)]}
         last = r["start_us"][max(0, bisect_left(r["start_us"], end) - 1)]
         batches.append({"start": start / 1e6, "end": end / 1e6, "tail": (end - last) / 2e6,

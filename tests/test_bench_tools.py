@@ -1364,3 +1364,107 @@ def test_served_split_prefill_ratios_from_the_committed_points(tmp_path):
     assert out.returncode == 2 and "no grid-capped pd-mux point" in out.stderr
     assert str(only_chunked) in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_prompt_batches_take_the_waiting_requests_in_arrival_order():
+    """Batches of (prompts, tokens) take the requests in arrival order; batches that do not
+    add up to them are refused (None)."""
+    sys.path.insert(0, "bench")
+    from trace_fidelity import batch_prompts
+
+    from pdmux_triton.spec.traffic import Request
+
+    reqs = [Request(i, n, 4, arrival) for i, (n, arrival) in
+            enumerate([(300, 0.2), (100, 0.0), (700, 0.5), (50, 0.4)])]
+    got = batch_prompts([(1, 100), (2, 350), (1, 700)], reqs)
+    assert [[q.rid for q in b] for b in got] == [[1], [0, 3], [2]]
+    assert batch_prompts([(1, 100), (2, 351)], reqs) is None  # tokens disagree
+    assert batch_prompts([(5, 1150)], reqs) is None  # more prompts than requests
+
+
+def test_an_errors_part_outside_both_noises_is_the_gap_between_two_ranges():
+    """The gap between the simulation's range (over GPU speeds) and the measured repeats',
+    in percent of the measured median, or in points for an attainment; 0 where they
+    overlap; None without values or a scale."""
+    sys.path.insert(0, "bench")
+    from trace_fidelity import range_gap_pct
+
+    assert range_gap_pct([90.0, 104.0], [100.0, 110.0]) == 0.0
+    assert range_gap_pct([80.0, 90.0], [100.0, 110.0]) == pytest.approx(10 / 105 * 100)
+    assert range_gap_pct([120.0], [100.0]) == pytest.approx(20.0)
+    assert range_gap_pct([0.9, 1.0], [0.8], of_median=False) == pytest.approx(10.0)
+    assert range_gap_pct([1.0, None], [1.0]) is None and range_gap_pct([], [1.0]) is None
+    assert range_gap_pct([1.0], [0.0]) is None
+
+
+def test_a_runs_gpu_speed_is_its_batches_price_over_their_gpu_time(tmp_path, monkeypatch):
+    """A prefill-first run whose GPU-bound batches took their simulated price over 0.8 (plus
+    the eager step on its host) ran at 0.8; a run with fewer such batches than the minimum,
+    or whose batches do not add up to its requests, has none."""
+    sys.path.insert(0, "bench")
+    import trace_fidelity
+    from trace_fidelity import (SPEED_MIN_BATCHES, Key, batch_prompts, prefill_batches,
+                                run_gpu_speed, settings)
+
+    from pdmux_triton.experiments.run import Servers
+    from pdmux_triton.experiments.settings import make_requests
+    from pdmux_triton.experiments.variants import variant
+    from pdmux_triton.results import PointStore
+
+    monkeypatch.setattr(trace_fidelity, "PLAN", {"conv": ((2000,), (24.0,))})
+    store = PointStore(Path("bench/results/trace-fidelity/points-h200.jsonl"), Key)
+    point = store.get(Key("gpu", "conv", 2000, 24.0, "prefill_first"))
+    args = trace_fidelity.main.__globals__["bench_parser"]("t", "t\n")
+    trace_fidelity.bench_inputs(args, *trace_fidelity.MEASURED_ON_H200)
+    args = args.parse_args(["--out", str(tmp_path)])
+    args.count, args.strategies, args.repeats, args.offline = 100, ("prefill_first",), 2, True
+    s = settings(args, "conv", 2000, simulate=True)
+    servers, requests = Servers(s, []), make_requests(s, 24.0)
+    host = servers.overheads.on_host(point["diagnostics"]["host_layer_us"] / 1e6)
+    sim = servers.executor(variant("prefill_first"))
+    batches = sorted(prefill_batches(point["diagnostics"]).items(), key=lambda b: b[1][0])
+    taken = batch_prompts([(p, t + c) for _, (_, t, p, c) in batches], requests)
+    # every batch re-timed to its price at a GPU 0.8 times as fast, one entry a batch
+    prefills = []
+    for (_, (start, tokens, prompts, cached)), reqs in zip(batches, taken):
+        price = sim.whole_gpu_prefill_s([(q.prompt_len, 0) for q in reqs], sim.num_layers, True)
+        end = start + round((price / 0.8 + host.eager_step_s) * 1e6)
+        prefills.append([start, end, tokens, prompts, cached])
+    retimed = {**point, "diagnostics": {**point["diagnostics"], "prefills": prefills}}
+    speed, counted = run_gpu_speed(retimed, requests, servers)
+    assert speed == pytest.approx(0.8, rel=1e-3) and SPEED_MIN_BATCHES <= counted < len(batches)
+    few = {**retimed, "diagnostics": {**retimed["diagnostics"], "prefills": prefills[:3]}}
+    assert run_gpu_speed(few, requests, servers) is None  # its batches take too few requests
+    assert run_gpu_speed(retimed, requests[1:], servers) is None
+
+
+def test_trace_fidelity_judges_each_error_outside_the_cards_speed_band(tmp_path, monkeypatch,
+                                                                       capsys):
+    """--speed-band: each prefill-first run's GPU speed is read, the points are simulated also
+    at the slowest and fastest of them, and each error's part outside both noises is never
+    more than its part outside the repeats alone (the band holds the simulation at 1)."""
+    sys.path.insert(0, "bench")
+    import trace_fidelity
+
+    monkeypatch.setattr(trace_fidelity, "PLAN", {"conv": ((2000,), (24.0, 48.0))})
+    out = _fidelity_folder(tmp_path, "bench/results/trace-fidelity/points-h200.jsonl")
+    assert trace_fidelity.main(["--offline", "--speed-band", "--traces", "conv", "--strategies",
+                                "prefill_first,pdmux_grid_cap", "--out", str(out)]) == 0
+    assert "outside noise" in capsys.readouterr().out
+    data = json.loads((out / "trace-fidelity-h200.json").read_text())
+    speed = data["summary"]["gpu_speed"]
+    speeds = [v for v, _ in speed["by_point"].values()]
+    # prefill-first's runs at 8, 18, 24 and 48 req/s (every rate measured is judged)
+    assert len(speeds) == 4 and speed["band"] == [min(speeds), max(speeds)]
+    assert all(0.9 < v < 1.1 for v in speeds) and speed["band"][0] < speed["band"][1]
+    for p in data["points"]:
+        for k, (low, high) in p["simulated_band"].items():
+            assert low <= p["simulated"][k] <= high
+        for k, v in p["outside_repeats_pct"].items():
+            if v is not None and p["outside_noise_pct"].get(k) is not None:
+                assert p["outside_noise_pct"][k] <= v + 1e-9
+    for c in data["capacities"]:
+        if c.get("simulated_band_rps"):
+            low, high = c["simulated_band_rps"]
+            assert low <= c["simulated_rps"] <= high
+    assert data["inputs"]["speed_band"]

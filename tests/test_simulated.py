@@ -409,7 +409,11 @@ def test_a_whole_gpu_prefill_takes_the_longer_of_its_mfu_and_its_tiles():
         x.launch_prefill(x.begin_prefill([req]), 0, QWEN.layers)
         mfu = step_cost.compute_s(step_cost.layer_flops(QWEN, prompt, 0, QWEN.layers)
                                   + step_cost.lm_head_flops(QWEN, 1), rate, H100.sms, False)
-        return x.free["prefill"], mfu, x._tiled_prefill_s([req], prompt, QWEN.layers)
+        # the executor's own price of the batch is what it served
+        assert x.whole_gpu_prefill_s([(prompt, 0)], QWEN.layers, True) == x.free["prefill"]
+        tiled = (step_cost.tiled_layers_s(QWEN, prompt, [(prompt, 0)], tiles, H100.sms,
+                                          QWEN.layers) or 0.0) if overheads.mixed else 0.0
+        return x.free["prefill"], mfu, tiled
 
     for prompt in (300, 1500, 16000, 40):
         plain, mfu, tiled = prefill_s(prompt, step_cost.Overheads())
@@ -448,3 +452,45 @@ def test_a_split_prefill_is_slowed_by_its_partial_waves_against_the_timed_prompt
     wave = step_cost.wave_slowdown(QWEN, [(1000, 0)], tiles, sms, 8192)
     assert wave > 1.05 and slowed == pytest.approx(plain * wave, rel=1e-9)
     assert split_prefill_s(8192, step_cost.Overheads())[0] == pytest.approx(plain, rel=1e-9)
+
+
+def test_a_faster_gpu_divides_every_gpu_time_and_not_the_hosts():
+    """At `gpu_speed` s every GPU time (decode steps alone and beside a prefill, whole-GPU and
+    split prefills, mixed steps) is its price at 1 over s; the host's share is not; a speed
+    that is not a finite positive number is refused in one line."""
+    law = step_cost.SaturationLaw(H100.hbm_tbps * 0.85, 66.0)
+    rate = step_cost.PrefillRate(H100.bf16_tflops, H100.sms, ((60, 0.4), (112, 0.45)))
+    host = step_cost.Overheads(decode_round_s=1e-3, layer_launch_s=1e-6, eager_step_s=1e-5)
+    level = next(lv for lv in sglang_rules.stream_groups(H100.sms, H100.cc_major)
+                 if 0 < lv[1] < H100.sms)
+
+    def served(speed: float) -> dict:
+        x = SimExecutor(H100, QWEN, law, rate, overheads=host, gpu_speed=speed)
+        x.start([])
+        out = {"decode": x.decode_price_s(32 * 2048, 40, True, 32, None),
+               "whole": x.whole_gpu_prefill_s([(3000, 0), (700, 500)], QWEN.layers, True)}
+        req = traffic.Request(0, 4000, 1, 0.0)
+        began = x.t
+        x.launch_prefill(x.begin_prefill([req]), 0, QWEN.layers)
+        out["whole_served"] = x.free["prefill"] - began - host.eager_step_s
+        x.set_level(level)  # a split prefill, nothing decoding beside it: its alone rate
+        began = x.t
+        x.launch_prefill(x.begin_prefill([req]), 0, QWEN.layers)
+        out["split"] = x.free["prefill"] - began - host.eager_step_s
+        x.set_level((0, H100.sms))
+        decoding = [traffic.Request(1, 2000, 8, 0.0)]
+        decoding[0].context = 2000
+        began = x.t
+        x.mixed(decoding, traffic.Request(2, 1000, 4, 0.0), 0, 512)
+        out["mixed"] = x.t - began - host.eager_step_s - QWEN.layers * host.layer_launch_s
+        out["round"] = x.overheads.decode_round_host_s(8, 16000)
+        return out
+
+    one, fast = served(1.0), served(2.0)
+    for k in ("decode", "whole", "whole_served", "split"):
+        assert fast[k] == pytest.approx(one[k] / 2, rel=1e-9), k
+    assert one["mixed"] > 0 and fast["mixed"] < one["mixed"]  # its launches floor it
+    assert fast["round"] == one["round"]
+    for bad in (0, -1.0, float("nan"), float("inf"), "2"):
+        with pytest.raises(PdmuxError, match="gpu_speed"):
+            SimExecutor(H100, QWEN, law, rate, gpu_speed=bad)

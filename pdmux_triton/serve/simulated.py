@@ -19,6 +19,7 @@ import numpy as np
 
 from pdmux_triton.cost import step_cost
 from pdmux_triton.cost.parallel import TensorParallel
+from pdmux_triton.errors import PdmuxError
 from pdmux_triton.multiplex import sglang_rules
 from pdmux_triton.multiplex.partition import for_level
 from pdmux_triton.serve.executor import Activity
@@ -53,7 +54,10 @@ class SimExecutor:
     def __init__(self, gpu: GPUSpec, model: ModelSpec, decode: step_cost.DecodeRate,
                  prefill: step_cost.PrefillRate, kind: str = "grid_cap",
                  overheads: step_cost.Overheads = step_cost.Overheads(),
-                 comm: TensorParallel | None = None, kv_arrives: bool = False):
+                 comm: TensorParallel | None = None, kv_arrives: bool = False,
+                 gpu_speed: float = 1.0):
+        if not (isinstance(gpu_speed, (int, float)) and 0 < gpu_speed < 10):
+            raise PdmuxError(f"gpu_speed must be a number in (0, 10), got {gpu_speed!r}")
         if overheads.whole_gpu_prefill_mfu is not None:  # as served, where it was fitted
             prefill = prefill.on_whole_gpu(overheads.whole_gpu_prefill_mfu)
         self.model, self.decode_rate, self.prefill_rate, self.kind = model, decode, prefill, kind
@@ -68,6 +72,10 @@ class SimExecutor:
         # the split prefill's spans are kept where either term reads its busy share
         self.tracks_busy = bool(overheads.split_prefill_sustained or self.decode_by_busy)
         self.overheads = overheads
+        # how fast this GPU runs its kernels against the one its costs were measured on: every
+        # GPU time is divided by it (the link's are not). Cards of one model run a few percent
+        # apart (bench/NOTES.md), so a simulation at 1 is one card's of several
+        self.gpu_speed = gpu_speed
         self.comm = comm or TensorParallel.of(model, 1)  # one GPU: no collectives
         # a disaggregated decode server: a request's KV comes over the link (`router`), so its
         # prefill computes nothing here
@@ -135,7 +143,7 @@ class SimExecutor:
                                               context_tokens, decode_sms, corun, batch)
         if corun and busy is not None and self.decode_by_busy:
             step *= float(np.interp(busy, *self.decode_by_busy))
-        return step
+        return step / self.gpu_speed
 
     def wait_decode(self, pending):
         reqs, launched = pending
@@ -171,12 +179,10 @@ class SimExecutor:
             carry.ends_at = self.t
             return
         # each prompt's tokens past its cached prefix, attending over the whole prompt
-        tokens = sum(r.prompt_len - r.cached_len for r in carry.reqs)
-        flops = sum(step_cost.layer_flops(self.model, r.prompt_len - r.cached_len, r.cached_len,
-                                          end - start) for r in carry.reqs)
-        talk = self.comm.layers_s(tokens, end - start)
-        if end == self.num_layers:  # the LM head samples each prompt's first token
-            flops += step_cost.lm_head_flops(self.model, len(carry.reqs))
+        seqs = [(r.prompt_len - r.cached_len, r.cached_len) for r in carry.reqs]
+        samples = end == self.num_layers  # the LM head samples each prompt's first token
+        talk = self.comm.layers_s(sum(n for n, _ in seqs), end - start)
+        if samples:
             talk += self.comm.logits_s(len(carry.reqs))
         began, launched = self._launch_layers(end - start)
         # on a split, decode steps run beside it; on the whole GPU, nothing does
@@ -184,12 +190,11 @@ class SimExecutor:
         if beside_decode:
             sms = self.sms["prefill"]
             if sms not in carry.slowdown:  # the batch's, at this level: not at every launch
-                carry.slowdown[sms] = self.wave_slowdown(
-                    [(r.prompt_len - r.cached_len, r.cached_len) for r in carry.reqs], sms)
-            seconds = self._split_prefill_s(flops * carry.slowdown[sms], began, launched)
+                carry.slowdown[sms] = self.wave_slowdown(seqs, sms)
+            seconds = self._split_prefill_s(
+                self._flops(seqs, end - start, samples) * carry.slowdown[sms], began, launched)
         else:
-            seconds = max(step_cost.compute_s(flops, self.prefill_rate, self.total_sms, False),
-                          self._tiled_prefill_s(carry.reqs, tokens, end - start))
+            seconds = self.whole_gpu_prefill_s(seqs, end - start, samples)
         seconds += talk
         ran_until = self._enqueue("prefill", seconds, began)
         if beside_decode and self.tracks_busy:
@@ -251,16 +256,28 @@ class SimExecutor:
         return start + self.decode_price_s(held, self.sms["decode"], self._split(), batch, None) + \
             self.comm.decode_s(step_cost.padded_batch(batch))
 
-    def _tiled_prefill_s(self, reqs: list[Request], tokens: int, layers: int) -> float:
-        """A whole-GPU prefill's layers by its kernels' tiles where the host costs hold them
-        (`step_cost.tiled_layers_s`), else 0 (as for 64 tokens or fewer: the skinny tile). The
-        one MFU misses short prompts' partial waves, the tiles long prompts' attention: a
-        batch takes at least each."""
+    def _flops(self, seqs, layers: int, samples: bool) -> float:
+        """A prefill batch's FLOPs over `layers` layers (`seqs`: each prompt's (new, cached)
+        tokens), with its LM head where it `samples`, over this GPU's speed: what its price at
+        the costs' rates stretches or shrinks by."""
+        flops = sum(step_cost.layer_flops(self.model, n, cached, layers) for n, cached in seqs)
+        if samples:
+            flops += step_cost.lm_head_flops(self.model, len(seqs))
+        return flops / self.gpu_speed
+
+    def whole_gpu_prefill_s(self, seqs, layers: int, samples: bool) -> float:
+        """A prefill batch's GPU time with the whole GPU to itself (`_flops`' arguments): at
+        the whole GPU's MFU, or by its kernels' tiles where the host costs hold them
+        (`step_cost.tiled_layers_s`), whichever is longer. The one MFU misses short prompts'
+        partial waves, the tiles long prompts' attention: a batch takes at least each."""
+        seconds = step_cost.compute_s(self._flops(seqs, layers, samples), self.prefill_rate,
+                                      self.total_sms, False)
         tiles = self.overheads.mixed.tiles if self.overheads.mixed else None
-        seqs = [(r.prompt_len - r.cached_len, r.cached_len) for r in reqs]
-        tiled = (step_cost.tiled_layers_s(self.model, tokens, seqs, tiles, self.total_sms, layers)
-                 if tiles is not None else None)
-        return tiled or 0.0
+        if tiles is None:
+            return seconds
+        tiled = step_cost.tiled_layers_s(self.model, sum(n for n, _ in seqs), seqs, tiles,
+                                         self.total_sms, layers)
+        return max(seconds, (tiled or 0.0) / self.gpu_speed)  # None: the skinny tile's
 
     def _prefill_busy(self, at: float) -> float:
         """The share of the `SUSTAINED_WINDOW_S` before `at` that the split prefill ran: how
@@ -292,6 +309,7 @@ class SimExecutor:
                                             decode_row_tile=self.overheads.decode_row_tile,
                                             phases=fit,
                                             decode_contexts=[r.context for r in decoding]))
+        step /= self.gpu_speed
         step += (self.comm.layers_s(len(decoding) + n, self.num_layers)
                  + self.comm.logits_s(len(decoding) + last))
         # the batch made and uploaded, its tokens read back (as fitted, or an eager step's),
