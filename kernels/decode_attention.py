@@ -48,45 +48,47 @@ def _unit_at(pos, work, bi, KV_HEADS):
 
 @triton.jit(do_not_specialize=["B", "spt_b", "first_site", "n_sms", "slots", "programs"])
 def decode_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, part_lse_ptr,
-                   count_ptr, kn_ptr, vn_ptr, cs_ptr, wq_ptr, wk_ptr, slot_ptr, eps, sm_ids_ptr,
-                   gate_ptr, place_ptr, first_site, n_sms, ctas, slots, programs, B, KV_HEADS,
-                   scale_log2, sq_b, sq_h, so_b, so_h, sc_s, sc_h, spt_b,
+                   count_ptr, kn_ptr, vn_ptr, qr_ptr, cs_ptr, wq_ptr, wk_ptr, slot_ptr, eps,
+                   sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, ctas, slots, programs, B,
+                   KV_HEADS, scale_log2, sq_b, sq_h, so_b, so_h, sc_s, sc_h, spt_b,
                    PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, UNIT_COST: tl.constexpr,
                    D: tl.constexpr, WIDE: tl.constexpr, ROPE: tl.constexpr, NORM: tl.constexpr,
                    RECORD_SM: tl.constexpr, PINNED: tl.constexpr, PLACED: tl.constexpr,
                    BLOCK_SMS: tl.constexpr, PDL: tl.constexpr):
     run_slots(_decode_slot, (q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr,
-              part_lse_ptr, count_ptr, kn_ptr, vn_ptr, cs_ptr, wq_ptr, wk_ptr, slot_ptr, eps, B,
-              KV_HEADS, scale_log2, sq_b, sq_h, so_b, so_h, sc_s, sc_h, spt_b, PAGE_SIZE, GROUP,
-              BLOCK_G, BLOCK_N, BLOCK_B, UNIT_COST, D, WIDE, ROPE, NORM), sm_ids_ptr, gate_ptr,
+              part_lse_ptr, count_ptr, kn_ptr, vn_ptr, qr_ptr, cs_ptr, wq_ptr, wk_ptr, slot_ptr,
+              eps, B, KV_HEADS, scale_log2, sq_b, sq_h, so_b, so_h, sc_s, sc_h, spt_b, PAGE_SIZE,
+              GROUP, BLOCK_G, BLOCK_N, BLOCK_B, UNIT_COST, D, WIDE, ROPE, NORM), sm_ids_ptr, gate_ptr,
               place_ptr, first_site, n_sms, ctas, slots, programs, RECORD_SM, PINNED, PLACED,
               BLOCK_SMS, PDL)
 
 
 @triton.jit
-def _normed_rotated(ptrs, mask, w_ptr, cs_row_ptr, eps, D: tl.constexpr, NORM: tl.constexpr):
-    """Heads [R, D] at `ptrs`, in fp32: RMS-normalized by w (NORM) and rotated to the position
+def _normed_rotated(ptr, w_ptr, cs_row_ptr, eps, D: tl.constexpr, NORM: tl.constexpr):
+    """One head [D] at `ptr`, in fp32: RMS-normalized by w (NORM) and rotated to the position
     whose cos | sin row `cs_row_ptr` points at (NeoX half-split), as kernels/rotary.py does it,
-    each element beside its partner half a head away."""
+    each element beside its partner half a head away. One head at a time: done on the
+    [BLOCK_G, D] tile the attention reads, it took the 3-stage kernel from 128 registers a
+    thread to 206, too many for three programs an SM (offline SASS; 168 this way)."""
     half = D // 2
     d = tl.arange(0, D)
     partner = (d + half) % D
-    x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-    xp = tl.load(ptrs + (partner - d)[None, :], mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(ptr + d).to(tl.float32)
+    xp = tl.load(ptr + partner).to(tl.float32)
     if NORM:
-        inv = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)
-        x = x * inv[:, None] * tl.load(w_ptr + d).to(tl.float32)[None, :]
-        xp = xp * inv[:, None] * tl.load(w_ptr + partner).to(tl.float32)[None, :]
-    cos = tl.load(cs_row_ptr + d % half)[None, :]
-    sin = tl.load(cs_row_ptr + half + d % half)[None, :]
-    return tl.where((d < half)[None, :], x * cos - xp * sin, x * cos + xp * sin)
+        inv = tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)
+        x = x * inv * tl.load(w_ptr + d).to(tl.float32)
+        xp = xp * inv * tl.load(w_ptr + partner).to(tl.float32)
+    cos = tl.load(cs_row_ptr + d % half)
+    sin = tl.load(cs_row_ptr + half + d % half)
+    return tl.where(d < half, x * cos - xp * sin, x * cos + xp * sin)
 
 
 @triton.jit
 def _decode_slot(pid, programs, q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr,
-                 part_lse_ptr, count_ptr, kn_ptr, vn_ptr, cs_ptr, wq_ptr, wk_ptr, slot_ptr, eps, B,
-                 KV_HEADS, scale_log2, sq_b, sq_h, so_b, so_h, sc_s, sc_h, spt_b,
+                 part_lse_ptr, count_ptr, kn_ptr, vn_ptr, qr_ptr, cs_ptr, wq_ptr, wk_ptr, slot_ptr,
+                 eps, B, KV_HEADS, scale_log2, sq_b, sq_h, so_b, so_h, sc_s, sc_h, spt_b,
                  PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, UNIT_COST: tl.constexpr,
                  D: tl.constexpr, WIDE: tl.constexpr, ROPE: tl.constexpr, NORM: tl.constexpr):
@@ -124,22 +126,28 @@ def _decode_slot(pid, programs, q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, p
             if seg_lo < seg_hi:  # a range may hold only a unit's fixed-cost slots; empty
                 #                  requests' units hold none at all
                 heads = h * GROUP + g
-                q_at = q_ptr + b * sq_b + heads[:, None] * sq_h + d[None, :]
                 if ROPE:  # q raw from the QKV projection; the new token is the last position
                     cs_row = cs_ptr + (tl.load(len_ptr + b) - 1) * D
-                    q = _normed_rotated(q_at, gmask[:, None], wq_ptr, cs_row, eps, D,
-                                        NORM).to(q_ptr.dtype.element_ty)
                     if seg_hi == u_end:  # this program folds the unit's last block: the new
                         #                  key and value go into the cache before it reads
-                        new = b * sq_b + h * sq_h + d[None, :]  # [1, D]; k and v as q strides
-                        k = _normed_rotated(kn_ptr + new, d[None, :] < D, wk_ptr, cs_row, eps, D,
-                                            NORM)
-                        at = tl.load(slot_ptr + b).to(tl.int64) * sc_s + h * sc_h + d[None, :]
+                        new = b * sq_b + h * sq_h  # k and v have q's strides
+                        k = _normed_rotated(kn_ptr + new, wk_ptr, cs_row, eps, D, NORM)
+                        at = tl.load(slot_ptr + b).to(tl.int64) * sc_s + h * sc_h + d
                         tl.store(kc_ptr + at, k.to(kc_ptr.dtype.element_ty))
-                        tl.store(vc_ptr + at, tl.load(vn_ptr + new))
-                        tl.debug_barrier()  # every thread's stores land before any thread reads
+                        tl.store(vc_ptr + at, tl.load(vn_ptr + new + d))
+                    # the group's q heads through this slot's own rows of `qr_ptr`
+                    rows = qr_ptr + pid * GROUP * D
+                    tl.debug_barrier()  # the last unit's q read back by every thread
+                    for j in tl.static_range(GROUP):
+                        q_j = _normed_rotated(q_ptr + b * sq_b + (h * GROUP + j) * sq_h, wq_ptr,
+                                              cs_row, eps, D, NORM)
+                        tl.store(rows + j * D + d, q_j.to(qr_ptr.dtype.element_ty))
+                    tl.debug_barrier()  # every thread's stores land before any thread reads
+                    q = tl.load(rows + g[:, None] * D + d[None, :], mask=gmask[:, None],
+                                other=0.0)
                 else:
-                    q = tl.load(q_at, mask=gmask[:, None], other=0.0)
+                    q = tl.load(q_ptr + b * sq_b + heads[:, None] * sq_h + d[None, :],
+                                mask=gmask[:, None], other=0.0)
                 acc = tl.zeros((BLOCK_G, D), dtype=tl.float32)
                 m_i = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
                 l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)
@@ -286,21 +294,24 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     grid = launch.slots
     # the gate's slot loop around the body takes so many registers that pinned programs of
     # the several-per-SM config would fit fewer than c to an SM, while the gate counts on c a
-    # site: capped, a few spill (bench/NOTES.md, session 23)
+    # site: capped, a few spill (bench/NOTES.md, session 23); the new tokens' prologue takes
+    # as many as fit three (`_normed_rotated`): capped so that it never takes more
     fit = ({"maxnreg": registers_to_fit(ctas_per_sm, cfg.num_warps)}
-           if pinned is not None and ctas_per_sm > 1 else {})
+           if (pinned is not None or new is not None) and ctas_per_sm > 1 else {})
     # a program's range cuts at most one unit at each end: units + programs partial rows
     part_o = torch.empty(((units + grid) * group, D), dtype=torch.float32, device=dev)
     part_lse = torch.empty(((units + grid) * group,), dtype=torch.float32, device=dev)
     scale = (sm_scale if sm_scale is not None else D ** -0.5) * LOG2E
-    # the prologue's pointers are read only with new tokens (ROPE), the norms' with norms
-    kn, vn, cs, slots = (q, q, part_o, seq_lens) if new is None else (
-        new.k, new.v, new.cos_sin, new.slots)
+    # the prologue's pointers are read only with new tokens (ROPE), the norms' with norms;
+    # each slot rotates its units' q heads through rows of its own
+    kn, vn, qr, cs, slots = (q, q, q, part_o, seq_lens) if new is None else (
+        new.k, new.v, torch.empty((grid * group, D), dtype=q.dtype, device=dev), new.cos_sin,
+        new.slots)
     norm = new is not None and new.q_norm is not None
     wq, wk = (new.q_norm, new.k_norm) if norm else (cs, cs)
     decode_kernel[(launch.grid,)](
         q, k_cache, v_cache, page_table, seq_lens, out, part_o, part_lse,
-        arrival_counters(units, dev), kn, vn, cs, wq, wk, slots,
+        arrival_counters(units, dev), kn, vn, qr, cs, wq, wk, slots,
         new.eps if new is not None else 0.0, sm_buf, *launch.args, B, HKV, scale, q.stride(0),
         q.stride(1), out.stride(0), out.stride(1), k_cache.stride(0), k_cache.stride(1),
         page_table.stride(0), PAGE_SIZE=page_size, GROUP=group,

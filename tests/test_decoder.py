@@ -137,10 +137,10 @@ def test_fused_decode_step_equals_the_layers_at_real_dims(sms=132):
     with mock.patch.object(Model, "fuses_norms", return_value=False):
         layers = model.decode_step(step, budget)
     assert rel_err(fused, layers) < REL_TOL[torch.bfloat16]
-    # the new token's prologue apart (rope_store_kv, then decode attention): the same logits
-    with mock.patch.object(Model, "rope_in_attention", False):
-        apart = model.decode_step(step, budget)
-    assert Model.rope_in_attention and rel_err(fused, apart) < REL_TOL[torch.bfloat16]
+    # the new token's prologue inside decode attention (`NewTokens`): the same logits
+    with mock.patch.object(Model, "rope_in_attention", True):
+        inside = model.decode_step(step, budget)
+    assert not Model.rope_in_attention and rel_err(fused, inside) < REL_TOL[torch.bfloat16]
 
 
 def test_folded_gains_give_the_norm_then_the_projection():

@@ -183,10 +183,11 @@ ONE_GPU = OneGpu()
 
 
 class Model:
-    # a decode step's new q, k and v are normalized, rotated and stored by decode attention
-    # itself (`NewTokens`: one launch a layer fewer); False: by `rope_store_kv` before it, as
-    # a prefill's are (bench/decode_floor.py times both)
-    rope_in_attention = True
+    # whether a decode step's new q, k and v are normalized, rotated and stored by decode
+    # attention itself (`NewTokens`: one launch a layer fewer) or, as a prefill's are, by
+    # `rope_store_kv` before it: off until bench/decode_floor.py's `rope_in_attention` turn
+    # has timed it on a GPU (bench/NOTES.md)
+    rope_in_attention = False
 
     def __init__(self, weights: Weights, cache: KVCache, max_positions: int = 131072):
         """On a tensor-parallel rank `weights` is its shard, and each call's `Budget.comm`
