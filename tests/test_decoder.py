@@ -46,11 +46,14 @@ def test_split_prefill_equals_whole():
     assert logits.shape == (1, 256) and torch.isfinite(logits).all()
 
 
+@pytest.mark.parametrize("in_attention", [False, True])
 @pytest.mark.parametrize("fused", [False, True])
-def test_decode_step_continues_the_prefill(fused):
+def test_decode_step_continues_the_prefill(fused, in_attention):
     """fused: the decode GEMMs take whole skinny tiles (forced), so the step runs
-    `fused_layer` (norms and residual adds inside the GEMMs) against the prefill's layers."""
-    with mock.patch.object(gemm, "whole_tiles", return_value=fused):
+    `fused_layer` (norms and residual adds inside the GEMMs) against the prefill's layers;
+    in_attention: decode attention normalizes, rotates and stores the new token itself."""
+    with mock.patch.object(gemm, "whole_tiles", return_value=fused), \
+            mock.patch.object(Model, "rope_in_attention", in_attention):
         _decode_continues_prefill(Budget(64) if fused else Budget(2), fused)
 
 
@@ -134,6 +137,10 @@ def test_fused_decode_step_equals_the_layers_at_real_dims(sms=132):
     with mock.patch.object(Model, "fuses_norms", return_value=False):
         layers = model.decode_step(step, budget)
     assert rel_err(fused, layers) < REL_TOL[torch.bfloat16]
+    # the new token's prologue inside decode attention (`NewTokens`): the same logits
+    with mock.patch.object(Model, "rope_in_attention", True):
+        inside = model.decode_step(step, budget)
+    assert not Model.rope_in_attention and rel_err(fused, inside) < REL_TOL[torch.bfloat16]
 
 
 def test_folded_gains_give_the_norm_then_the_projection():
