@@ -17,18 +17,17 @@ Writes <out>/trace-fidelity-<gpu>.json (points and the summary: `max_abs_error_p
 `median_abs_error_pct` per metric against the issue's targets, `spread_pct` of the repeats,
 `outside_repeats_pct`: each error's part that the measured repeats' range does not cover,
 `stable_region`: the latencies' errors over the points at most 0.8 x their strategy's measured
-capacity alone, where no queue grows through the window; with `--speed-band`, `gpu_speed`: each
-measured prefill-first run's GPU speed against the simulator's price of its batches, and
-`outside_noise_pct`: each error's part outside both its repeats' range and the simulation's
-range over the slowest and fastest of those speeds, the cards' own spread) and prints the
-table.
+capacity alone, where no queue grows through the window; `prefill_speed_by_commit`: how fast each
+set of runs served at one commit ran its long prefill-first batches against the simulator's price
+of them, the cards' own spread) and prints the table. `--prefill-speed X` simulates every
+point on a card that runs prefills X times as fast as the costs' card (`SimExecutor`).
 
     python bench/trace_fidelity.py --out bench/results                 # on the GPU
     python bench/trace_fidelity.py --traces conv --repeats 2 --out /tmp/tf
     python bench/trace_fidelity.py --traces conv --strategies pdmux_grid_cap --rates 30,36 \
         --out bench/results                                # more points near its capacity
     python bench/trace_fidelity.py --offline --out bench/results       # anywhere
-    python bench/trace_fidelity.py --offline --speed-band --out bench/results  # and the cards
+    python bench/trace_fidelity.py --offline --prefill-speed 0.98 --out /tmp/tf   # a slower card
     python bench/trace_fidelity.py --plan                              # the rates, simulated
 """
 
@@ -76,7 +75,11 @@ LATENCIES = ("ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p
 TARGETS = {"tpot_p50_ms": 5, "tpot_p99_ms": 10, "ttft_p50_ms": 10, "ttft_p99_ms": 20,
            "e2e_p50_ms": 5, "capacity": 5, "slo_attainment": 5}
 STABLE = 0.8  # a rate at most this share of its measured capacity is inside the stable region
-SPEED_MIN_BATCHES = 4  # GPU-bound whole-GPU prefill batches a run's GPU speed is read from
+# a card's prefill speed is read from prefill-first batches of this many prompt tokens or more,
+# where the simulator's price is right on average: shorter ones' partial waves and launches
+# make its error by batch size (bench/NOTES.md), which is not the card's
+SPEED_MIN_TOKENS = 4096
+SPEED_MIN_BATCHES = 4  # such batches a speed is read from, at the fewest
 
 
 @dataclass(frozen=True)
@@ -139,7 +142,8 @@ def prefill_batches(diag: dict) -> dict[int, list]:
 def batch_prompts(batches, requests: list[Request]) -> list[list[Request]] | None:
     """Each prompt batch's requests: batches (each (prompts, prompt tokens with the cached
     ones), in the order they were taken) take the waiting requests in arrival order. None where
-    they do not add up to `requests`."""
+    a batch's prompts do not add up to the requests next in line, or the requests run out
+    (requests left over at the end are a run's last, unbatched ones)."""
     waiting = iter(sorted(requests, key=lambda q: q.arrival))
     out = []
     for prompts, tokens in batches:
@@ -201,16 +205,12 @@ def measure(args, store: PointStore, log) -> None:
         servers.close()
 
 
-def run_gpu_speed(point: dict, requests: list[Request], servers: Servers) -> tuple | None:
-    """How fast a measured prefill-first run's GPU ran its prompt batches against the
-    simulator's price of them (`SimExecutor.whole_gpu_prefill_s` on `servers`' costs, its
-    prompts recovered from `requests`, `batch_prompts`): the median over its batches bound by
-    their GPU (their price at least GPU_BOUND_MARGIN times their layers' launches on the run's
-    host) of price over span less the eager step on that host, and how many there were (its
-    first repeat's batches: the only ones a point keeps). None with fewer than
-    SPEED_MIN_BATCHES, or where its batches do not add up to its requests."""
-    from fit_host_costs import GPU_BOUND_MARGIN
-
+def batch_speeds(point: dict, requests: list[Request], servers: Servers) -> list[float] | None:
+    """A measured prefill-first run's batches of SPEED_MIN_TOKENS prompt tokens or more, none
+    read from a prefix cache: each one's price (`SimExecutor.whole_gpu_prefill_s` on
+    `servers`' costs, its prompts recovered from `requests` by `batch_prompts`) over its span
+    less the eager step on the run's host (its first repeat's: the only batches a point
+    keeps). None where its batches do not add up to its requests."""
     d = point["diagnostics"]
     host = servers.overheads.on_host(d["host_layer_us"] / 1e6)
     batches = sorted(prefill_batches(d).items(), key=lambda b: b[1][0])
@@ -219,25 +219,19 @@ def run_gpu_speed(point: dict, requests: list[Request], servers: Servers) -> tup
     if taken is None:
         return None
     sim = servers.executor(variant("prefill_first"))
-    layers = sim.num_layers
-    ratios = []
-    for (end, (start, *_)), reqs in zip(batches, taken):
-        price = sim.whole_gpu_prefill_s([(q.prompt_len, 0) for q in reqs], layers, True)
-        if any(q.cached_len for q in reqs) or price < GPU_BOUND_MARGIN * layers * \
-                host.layer_launch_s:
-            continue
-        ratios.append(price / ((end - start) / 1e6 - host.eager_step_s))
-    if len(ratios) < SPEED_MIN_BATCHES:
-        return None
-    return statistics.median(ratios), len(ratios)
+    return [sim.whole_gpu_prefill_s([(q.prompt_len, 0) for q in reqs], sim.num_layers, True)
+            / ((end - start) / 1e6 - host.eager_step_s)
+            for (end, (start, tokens, _, cached)), reqs in zip(batches, taken)
+            if tokens >= SPEED_MIN_TOKENS and not cached]
 
 
-def gpu_speeds(args, store: PointStore) -> dict:
-    """Each measured prefill-first run's GPU speed (`run_gpu_speed`) and the band the cards
-    span: the slowest and fastest of them. Each run is a fresh card, and the costs are fitted
-    over several, so the simulation is also run at the band's ends: an error inside it is one
-    the card a point ran on can make (`_judged`'s `outside_noise_pct`)."""
-    by_point = {}
+def prefill_speeds(args, store: PointStore) -> dict:
+    """How fast the measured runs' cards ran prefills against the simulator's price: per
+    commit the points were served at (one session's calls; a call after the device's idle
+    release may have had another card, which the points cannot tell), the median of its
+    prefill-first runs' `batch_speeds`, and how many batches and runs that is; commits with
+    fewer than SPEED_MIN_BATCHES such batches are left out."""
+    by_commit: dict[str, list] = {}
     for t, start in windows(args):
         s = settings(args, t, start, simulate=True)
         servers = Servers(s, [])
@@ -245,33 +239,32 @@ def gpu_speeds(args, store: PointStore) -> dict:
             if (p["mode"], p["strategy"], p["trace"], p["start"]) != (
                     "gpu", "prefill_first", t, start) or not p["diagnostics"].get("host_layer_us"):
                 continue
-            speed = run_gpu_speed(p, make_requests(s, p["rate"]), servers)
-            if speed is not None:
-                by_point[f"{p['strategy']} {t}@{start} {p['rate']:g} req/s"] = list(speed)
-    speeds = [v for v, _ in by_point.values()]
-    return {"by_point": by_point, "band": [min(speeds), max(speeds)] if speeds else [1.0, 1.0],
-            "min_batches": SPEED_MIN_BATCHES}
+            speeds = batch_speeds(p, make_requests(s, p["rate"]), servers)
+            if speeds:
+                by_commit.setdefault(p["commit"], []).append(speeds)
+    return {commit: {"speed": statistics.median(x for run in runs for x in run),
+                     "batches": sum(map(len, runs)), "runs": len(runs)}
+            for commit, runs in sorted(by_commit.items())
+            if sum(map(len, runs)) >= SPEED_MIN_BATCHES}
 
 
-def simulate(args, store: PointStore, only: tuple | None = None,
-             speeds: tuple[float, ...] = ()) -> dict[tuple, dict]:
+def simulate(args, store: PointStore, only: tuple | None = None) -> dict[tuple, dict]:
     """Every point (of window `only`) simulated with today's cost model: (trace, start, rate,
     strategy) -> its row priced with the committed host costs and, where the measured run
     timed its host's eager launches, a row priced on that host (`Overheads.on_host`): on each
     repeat's own host where the point kept them (the median over those simulations, as the
     measured row is the repeats' median, and a host's speed moves between repeats), on its
-    first repeat's host where it did not; and on that host at each GPU speed of `speeds`
-    (`run_host_at_speed`, by speed)."""
+    first repeat's host where it did not. Both on a card of `--prefill-speed`."""
     out = {}
     base = settings(args, *windows(args, only)[0], simulate=True)
-    shipped = Servers(base, [])
-    on_host: dict[tuple, Servers] = {}  # by the host's launch time (us) and the GPU's speed
+    shipped = Servers(base, [], prefill_speed=args.prefill_speed)
+    on_host: dict[int, Servers] = {}  # by the host's launch time, us: one per measuring run
 
-    def host(us: int, speed: float = 1.0) -> Servers:
-        if (us, speed) not in on_host:
-            on_host[us, speed] = Servers(base, [], overheads=shipped.overheads.on_host(
-                us / ROUND_US), gpu_speed=speed)
-        return on_host[us, speed]
+    def host(us: int) -> Servers:
+        if us not in on_host:
+            on_host[us] = Servers(base, [], overheads=shipped.overheads.on_host(us / ROUND_US),
+                                  prefill_speed=args.prefill_speed)
+        return on_host[us]
     for t, start in windows(args, only):
         s = settings(args, t, start, simulate=True)
         for name in args.strategies:
@@ -282,10 +275,6 @@ def simulate(args, store: PointStore, only: tuple | None = None,
                     rows["run_host"] = [host(us) for us in hosts_us]
                 out[t, start, rate, name] = {which: _simulated(servers, name, s, rate)
                                              for which, servers in rows.items()}
-                if hosts_us and speeds:
-                    out[t, start, rate, name]["run_host_at_speed"] = {
-                        speed: _simulated([host(us, speed) for us in hosts_us], name, s, rate)
-                        for speed in speeds}
     return out
 
 
@@ -326,22 +315,12 @@ def outside_repeats_pct(simulated, values: list | None) -> float | None:
     """How far the simulation lies outside the range its measured repeats spanned, in percent
     of their median (0 inside it): the part of an error that run-to-run variation on the
     GPU does not cover. None without two repeats."""
-    if not values or len(values) < 2:
+    if simulated is None or not values or len(values) < 2 or None in values:
         return None
-    return range_gap_pct([simulated], values)
-
-
-def range_gap_pct(simulated: list, measured: list, of_median: bool = True) -> float | None:
-    """How far apart the range of the `simulated` values and that of the `measured` ones lie
-    (0 where they overlap), in percent of the measured median (`of_median`), else of 1 (an
-    attainment's points)."""
-    if not simulated or not measured or None in simulated or None in measured:
-        return None
-    mid = statistics.median(measured) if of_median else 1.0
+    low, high, mid = min(values), max(values), statistics.median(values)
     if mid == 0:
         return None
-    gap = max(0.0, min(measured) - max(simulated)) + max(0.0, min(simulated) - max(measured))
-    return gap / abs(mid) * 100
+    return (max(0.0, low - simulated) + max(0.0, simulated - high)) / abs(mid) * 100
 
 
 def _worst(errors: list[tuple[float, str]]) -> dict | None:
@@ -357,8 +336,7 @@ def judge(args, store: PointStore, simulations: dict[tuple, dict]) -> dict:
     simulation on the run's own host where the run timed it (the committed host costs where
     not), and against the committed host costs alone (`shipped_host`)."""
     out = _judged(args, store, {k: v.get("run_host", v["shipped_host"])
-                                for k, v in simulations.items()},
-                  at_speeds={k: v.get("run_host_at_speed", {}) for k, v in simulations.items()})
+                                for k, v in simulations.items()})
     shipped = _judged(args, store, {k: v["shipped_host"] for k, v in simulations.items()})
     out["summary"]["shipped_host"] = {k: shipped["summary"][k] for k in
                                       ("max_abs_error_pct", "median_abs_error_pct", "met")}
@@ -409,12 +387,7 @@ def _measured(point: dict) -> dict:
 
 
 def _judged(args, store: PointStore, simulated: dict[tuple, dict],
-            only: tuple | None = None, at_speeds: dict[tuple, dict] | None = None) -> dict:
-    """Each point's errors against `simulated`, each window's capacities, and the summary; with
-    `at_speeds` (per point, the simulation at other GPU speeds: `gpu_speeds`' band) each
-    error's part outside both noises (`outside_noise_pct`): the measured repeats' range
-    against the range of the simulations over those speeds."""
-    at_speeds = at_speeds or {}
+            only: tuple | None = None) -> dict:
     criteria = Criteria(Slo(args.slo_ttft_ms, args.slo_tpot_ms))
     points, capacities, errors = [], [], {k: [] for k in (*LATENCIES, "slo_attainment")}
     # the latencies again over the points inside their strategy's stable region alone: past
@@ -422,9 +395,6 @@ def _judged(args, store: PointStore, simulated: dict[tuple, dict],
     calm: dict[str, list[tuple[float, str]]] = {k: [] for k in LATENCIES}
     # (the prefill per batch is read from the first repeat's batches: no repeats to span)
     beyond: dict[str, list[tuple[float, str]]] = {k: [] for k in LATENCIES if k != "prefill_ms"}
-    noise: dict[str, list[tuple[float, str]]] = {k: [] for k in (*LATENCIES, "slo_attainment",
-                                                                 "capacity")}
-    calm_noise: dict[str, list[tuple[float, str]]] = {k: [] for k in LATENCIES}
     spreads: dict[str, list[float]] = {}
     for t, start in windows(args, only):
         for name in args.strategies:
@@ -435,25 +405,15 @@ def _judged(args, store: PointStore, simulated: dict[tuple, dict],
             sim = {r: simulated[t, start, r, name] for r in rates}
             cap = capacity_search.crossing(sorted(measured.items()), criteria.goodput)
             cap_sim = capacity_search.crossing(sorted(sim.items()), criteria.goodput)
-            speeds = sorted({sp for r in rates for sp in at_speeds.get((t, start, r, name), {})})
-            caps_at = [capacity_search.crossing(
-                sorted((r, at_speeds[t, start, r, name][sp]) for r in rates), criteria.goodput)
-                for sp in speeds if all((t, start, r, name) in at_speeds for r in rates)]
             # a capacity at either end of the rates served is a bound, not a crossing: the
             # error beside a measured crossing is then at least the figure
             inside = cap is not None and 0 < cap < max(rates)
-            by_repeat = _repeat_capacities(measured, criteria)
             capacities.append({"trace": t, "start": start, "strategy": name, "rates_rps": rates,
                                "measured_rps": cap, "simulated_rps": cap_sim,
                                "error_pct": error_pct(cap_sim, cap) if inside else None,
                                "error_is_a_bound": inside and not 0 < cap_sim < max(rates),
-                               "repeat_rps": by_repeat})
-            if caps_at and inside:
-                band = [cap_sim, *caps_at]
-                capacities[-1]["simulated_band_rps"] = [min(band), max(band)]
-                capacities[-1]["outside_noise_pct"] = range_gap_pct(band, by_repeat or [cap])
-                noise["capacity"].append((capacities[-1]["outside_noise_pct"],
-                                          f"{name} {t}@{start}"))
+                               "repeat_rps": _repeat_capacities(measured, criteria)})
+
             for rate in rates:
                 m, s = measured[rate], sim[rate]
                 where = f"{name} {t}@{start} {rate:g} req/s"
@@ -473,23 +433,6 @@ def _judged(args, store: PointStore, simulated: dict[tuple, dict],
                 point["outside_repeats_pct"] = {
                     k: outside_repeats_pct(s.get(k), m.get("repeat_values", {}).get(k))
                     for k in beyond}
-                others = at_speeds.get((t, start, rate, name), {})
-                if others:
-                    sims = [s, *others.values()]
-                    point["simulated_band"] = {k: [min(x.get(k) for x in sims),
-                                                   max(x.get(k) for x in sims)]
-                                               for k in noise if k != "capacity"
-                                               and None not in [x.get(k) for x in sims]}
-                    point["outside_noise_pct"] = {
-                        k: range_gap_pct([x.get(k) for x in sims],
-                                         m.get("repeat_values", {}).get(k) or [m.get(k)],
-                                         of_median=k != "slo_attainment")
-                        for k in noise if k != "capacity"}
-                    for k, v in point["outside_noise_pct"].items():
-                        if v is not None and (k != "slo_attainment" or stable):
-                            noise[k].append((v, where))
-                            if stable and k in calm_noise:
-                                calm_noise[k].append((v, where))
                 for k in LATENCIES:
                     if point["error_pct"][k] is not None:
                         errors[k].append((point["error_pct"][k], where))
@@ -523,20 +466,11 @@ def _judged(args, store: PointStore, simulated: dict[tuple, dict],
                                           "at": v["at"], "points_inside": sum(
                                               e == 0 for e, _ in beyond[k])}
                                 for k, v in ((k, _worst(b)) for k, b in beyond.items())},
-        # each error's part outside both the measured repeats' range and the simulation's
-        # over the cards' GPU speeds (`gpu_speeds`); attainment inside the stable region, in
-        # points
-        "outside_noise_pct": {k: v and {"max": v["max_abs"], "median": v["median_abs"],
-                                        "at": v["at"], "points_inside": sum(
-                                            e == 0 for e, _ in noise[k])}
-                              for k, v in ((k, _worst(b)) for k, b in noise.items())},
         "stable_region": {
             "points": sum(p["inside_stable_region"] for p in points),
             "max_abs_error_pct": {k: v and v["max_abs"] for k, v in calm.items()},
             "median_abs_error_pct": {k: v and v["median_abs"] for k, v in calm.items()},
             "worst_at": {k: v and v["at"] for k, v in calm.items()},
-            "outside_noise_max_pct": {k: v and v["max_abs"] for k, v in
-                                      ((k, _worst(b)) for k, b in calm_noise.items())},
             "met": {k: calm[k] is not None and calm[k]["max_abs"] <= target
                     for k, target in TARGETS.items() if k in calm}},
         "guards": {g: sum(p["measured"].get(g) or 0 for p in points) for g in GUARDS},
@@ -559,36 +493,29 @@ def _repeat_capacities(measured: dict[float, dict], criteria: Criteria) -> list 
 def table(result: dict) -> str:
     s = result["summary"]
     lines = [f"{'metric':<20} {'max |err|':>10} {'median |err|':>13} {'target':>7} "
-             f"{'repeats spread (median)':>24} {'outside repeats (max)':>22} "
-             f"{'outside noise (max)':>20}  worst at"]
+             f"{'repeats spread (median)':>24} {'outside repeats (max)':>22}  worst at"]
     for k in (*LATENCIES, "slo_attainment", "capacity"):
         mx, md = s["max_abs_error_pct"].get(k), s["median_abs_error_pct"].get(k)
         target = s["targets_pct"].get(k)
         spread = s["spread_pct"].get(k, {}).get("median")
         outside = (s.get("outside_repeats_pct", {}).get(k) or {}).get("max")
-        noise = (s.get("outside_noise_pct", {}).get(k) or {}).get("max")
         unit = " pt" if k == "slo_attainment" else " %"
         at_least = k == "capacity" and s["worst_at"].get(k) in s.get(
             "capacity_error_at_least_at", [])
         lines.append(f"{k:<20} {('>= ' if at_least else '') + _cell(mx, unit):>10} "
                      f"{_cell(md, unit):>13} "
                      f"{'' if target is None else f'{target}{unit}':>7} {_cell(spread, ' %'):>24}"
-                     f" {_cell(outside, ' %'):>22} {_cell(noise, unit):>20}  "
-                     f"{s['worst_at'].get(k) or ''}")
-    if "gpu_speed" in s:
-        lo, hi = s["gpu_speed"]["band"]
-        lines.append(f"outside noise: outside the measured repeats and the simulation at GPU "
-                     f"speeds {lo:.3f}-{hi:.3f} (the {len(s['gpu_speed']['by_point'])} "
-                     f"prefill-first runs' own, against the costs)")
+                     f" {_cell(outside, ' %'):>22}  {s['worst_at'].get(k) or ''}")
+    speeds = s.get("prefill_speed_by_commit", {})
+    if speeds:
+        lines.append(f"cards' prefill speed against the price (prefill-first batches >= "
+                     f"{SPEED_MIN_TOKENS} tokens, by commit): " + ", ".join(
+                         f"{c[:7]} {v['speed']:.3f} ({v['batches']})" for c, v in speeds.items()))
     calm = s["stable_region"]
     lines.append(f"inside the stable region ({calm['points']} points at <= {STABLE:g} x their "
                  f"measured capacity): " + ", ".join(
                      f"{k} {_cell(calm['max_abs_error_pct'].get(k), ' %')}" for k in TARGETS
                      if k in calm["max_abs_error_pct"]) + " (max)")
-    if "gpu_speed" in s:
-        lines.append("  outside noise there: " + ", ".join(
-            f"{k} {_cell(calm['outside_noise_max_pct'].get(k), ' %')}" for k in TARGETS
-            if k in calm["outside_noise_max_pct"]) + " (max)")
     for window, h in s.get("held_out", {}).items():
         md, mx = h["median_abs_error_pct"], h["max_abs_error_pct"]
         lines.append(f"held out {window} (fitted on {', '.join(h['fitted_on'])}): " + ", ".join(
@@ -643,11 +570,8 @@ def run(args) -> int:
                for name in args.strategies):
         raise PdmuxError(f"no point of {','.join(args.strategies)} on {','.join(args.traces)} "
                          f"was measured in {store.path}: measure them on the GPU (drop --offline)")
-    speed = gpu_speeds(args, store) if args.speed_band else None
-    band = tuple(sorted({x for x in speed["band"] if x != 1.0})) if speed else ()
-    result = judge(args, store, simulate(args, store, speeds=band))
-    if speed:
-        result["summary"]["gpu_speed"] = speed
+    result = judge(args, store, simulate(args, store))
+    result["summary"]["prefill_speed_by_commit"] = prefill_speeds(args, store)
     if args.held_out:
         result["summary"]["held_out"] = held_out(args, store)
     inputs = {"traces": {t: str(TRACES[t].relative_to(Path(__file__).parent.parent))
@@ -659,7 +583,7 @@ def run(args) -> int:
               "slo_ttft_ms": args.slo_ttft_ms, "slo_tpot_ms": args.slo_tpot_ms,
               "calibration": args.calibration, "compare": args.compare,
               "host_costs": args.host_costs, "points_file": str(store.path),
-              "speed_band": args.speed_band}
+              "prefill_speed": args.prefill_speed}
     data = {**provenance(gpu), "analysed_offline": args.offline, "model": MODEL,
             "inputs": inputs, **result}
     return finish(Path(args.out) / f"trace-fidelity-{gpu}.json", data, table(data))
@@ -681,10 +605,10 @@ def main(argv=None) -> int:
                    help="read the measured points back, simulate beside them (no GPU)")
     p.add_argument("--plan", action="store_true",
                    help="print pd-mux's simulated capacity on each window (no GPU)")
-    p.add_argument("--speed-band", action="store_true",
-                   help="also simulate each point at the slowest and fastest GPU speeds the "
-                        "measured prefill-first runs show, and judge each error's part outside "
-                        "both that band and the repeats' range (outside_noise_pct)")
+    p.add_argument("--prefill-speed", type=number(0.5, 2.0), default=1.0,
+                   help="simulate on a card that runs prefills this many times as fast as the "
+                        "costs' card (decode steps as calibrated): how much of an error a "
+                        "card's speed can make")
     p.add_argument("--held-out", action="store_true",
                    help="also judge each window with host costs fitted to the other windows' "
                         "points alone (bench/fit_host_costs.py)")

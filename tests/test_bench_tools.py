@@ -1382,29 +1382,16 @@ def test_prompt_batches_take_the_waiting_requests_in_arrival_order():
     assert batch_prompts([(5, 1150)], reqs) is None  # more prompts than requests
 
 
-def test_an_errors_part_outside_both_noises_is_the_gap_between_two_ranges():
-    """The gap between the simulation's range (over GPU speeds) and the measured repeats',
-    in percent of the measured median, or in points for an attainment; 0 where they
-    overlap; None without values or a scale."""
-    sys.path.insert(0, "bench")
-    from trace_fidelity import range_gap_pct
-
-    assert range_gap_pct([90.0, 104.0], [100.0, 110.0]) == 0.0
-    assert range_gap_pct([80.0, 90.0], [100.0, 110.0]) == pytest.approx(10 / 105 * 100)
-    assert range_gap_pct([120.0], [100.0]) == pytest.approx(20.0)
-    assert range_gap_pct([0.9, 1.0], [0.8], of_median=False) == pytest.approx(10.0)
-    assert range_gap_pct([1.0, None], [1.0]) is None and range_gap_pct([], [1.0]) is None
-    assert range_gap_pct([1.0], [0.0]) is None
-
-
-def test_a_runs_gpu_speed_is_its_batches_price_over_their_gpu_time(tmp_path, monkeypatch):
-    """A prefill-first run whose GPU-bound batches took their simulated price over 0.8 (plus
-    the eager step on its host) ran at 0.8; a run with fewer such batches than the minimum,
-    or whose batches do not add up to its requests, has none."""
+def test_a_cards_prefill_speed_is_its_long_batches_price_over_their_gpu_time(tmp_path,
+                                                                            monkeypatch):
+    """A prefill-first run whose batches took their simulated price over 0.8 (plus the eager
+    step on its host) ran at 0.8, read off its batches of SPEED_MIN_TOKENS tokens or more
+    alone and none read from a prefix cache; a run whose batches do not add up to its
+    requests has none; by commit, the median over its runs' batches."""
     sys.path.insert(0, "bench")
     import trace_fidelity
-    from trace_fidelity import (SPEED_MIN_BATCHES, Key, batch_prompts, prefill_batches,
-                                run_gpu_speed, settings)
+    from trace_fidelity import (SPEED_MIN_TOKENS, Key, batch_prompts, batch_speeds,
+                                prefill_batches, prefill_speeds, settings)
 
     from pdmux_triton.experiments.run import Servers
     from pdmux_triton.experiments.settings import make_requests
@@ -1414,57 +1401,71 @@ def test_a_runs_gpu_speed_is_its_batches_price_over_their_gpu_time(tmp_path, mon
     monkeypatch.setattr(trace_fidelity, "PLAN", {"conv": ((2000,), (24.0,))})
     store = PointStore(Path("bench/results/trace-fidelity/points-h200.jsonl"), Key)
     point = store.get(Key("gpu", "conv", 2000, 24.0, "prefill_first"))
-    args = trace_fidelity.main.__globals__["bench_parser"]("t", "t\n")
-    trace_fidelity.bench_inputs(args, *trace_fidelity.MEASURED_ON_H200)
-    args = args.parse_args(["--out", str(tmp_path)])
+    parser = trace_fidelity.bench_parser("t", "t\n")
+    trace_fidelity.bench_inputs(parser, *trace_fidelity.MEASURED_ON_H200)
+    args = parser.parse_args(["--out", str(tmp_path)])
     args.count, args.strategies, args.repeats, args.offline = 100, ("prefill_first",), 2, True
+    args.traces = ("conv",)
     s = settings(args, "conv", 2000, simulate=True)
     servers, requests = Servers(s, []), make_requests(s, 24.0)
     host = servers.overheads.on_host(point["diagnostics"]["host_layer_us"] / 1e6)
     sim = servers.executor(variant("prefill_first"))
     batches = sorted(prefill_batches(point["diagnostics"]).items(), key=lambda b: b[1][0])
     taken = batch_prompts([(p, t + c) for _, (_, t, p, c) in batches], requests)
-    # every batch re-timed to its price at a GPU 0.8 times as fast, one entry a batch
-    prefills = []
-    for (_, (start, tokens, prompts, cached)), reqs in zip(batches, taken):
-        price = sim.whole_gpu_prefill_s([(q.prompt_len, 0) for q in reqs], sim.num_layers, True)
-        end = start + round((price / 0.8 + host.eager_step_s) * 1e6)
-        prefills.append([start, end, tokens, prompts, cached])
-    retimed = {**point, "diagnostics": {**point["diagnostics"], "prefills": prefills}}
-    speed, counted = run_gpu_speed(retimed, requests, servers)
-    assert speed == pytest.approx(0.8, rel=1e-3) and SPEED_MIN_BATCHES <= counted < len(batches)
-    few = {**retimed, "diagnostics": {**retimed["diagnostics"], "prefills": prefills[:3]}}
-    assert run_gpu_speed(few, requests, servers) is None  # its batches take too few requests
-    assert run_gpu_speed(retimed, requests[1:], servers) is None
+    long = [t >= SPEED_MIN_TOKENS for _, (_, t, *_) in batches]
+    assert 4 <= sum(long) < len(batches)  # some batches are too short to count
+
+    def retimed(speed: float, cached_first_long: bool = False) -> dict:
+        prefills, first = [], long.index(True)
+        for i, ((_, (start, tokens, prompts, cached)), reqs) in enumerate(zip(batches, taken)):
+            price = sim.whole_gpu_prefill_s([(q.prompt_len, 0) for q in reqs], sim.num_layers,
+                                            True)
+            # a short batch far off its price: a speed that read it would not be `speed`
+            took = price / (speed if long[i] else 0.3) + host.eager_step_s
+            if cached_first_long and i == first:  # as if it read 16 tokens from a cache
+                tokens, cached = tokens - 16, 16
+            prefills.append([start, start + round(took * 1e6), tokens, prompts, cached])
+        return {**point, "diagnostics": {**point["diagnostics"], "prefills": prefills}}
+
+    speeds = batch_speeds(retimed(0.8), requests, servers)
+    assert len(speeds) == sum(long) and all(x == pytest.approx(0.8, rel=1e-3) for x in speeds)
+    assert len(batch_speeds(retimed(0.8, cached_first_long=True), requests, servers)) == \
+        sum(long) - 1
+    assert batch_speeds(retimed(0.8), requests[1:], servers) is None
+    # by commit: the committed conversation window's prefill-first runs, one commit
+    by_commit = prefill_speeds(args, store)
+    runs = [p for p in store.points.values() if (p["strategy"], p["trace"], p["start"]) == (
+        "prefill_first", "conv", 2000)]
+    assert set(by_commit) == {p["commit"] for p in runs}
+    for commit, v in by_commit.items():
+        assert 0.9 < v["speed"] < 1.1 and v["batches"] >= 4
+        assert v["runs"] <= sum(p["commit"] == commit for p in runs)
 
 
-def test_trace_fidelity_judges_each_error_outside_the_cards_speed_band(tmp_path, monkeypatch,
-                                                                       capsys):
-    """--speed-band: each prefill-first run's GPU speed is read, the points are simulated also
-    at the slowest and fastest of them, and each error's part outside both noises is never
-    more than its part outside the repeats alone (the band holds the simulation at 1)."""
+def test_trace_fidelity_simulates_a_card_of_another_prefill_speed(tmp_path, monkeypatch,
+                                                                  capsys):
+    """--prefill-speed: every point simulated on a card that runs prefills that much faster
+    or slower (its decode steps as calibrated); the speeds the measured cards ran at are
+    printed and kept; a speed outside [0.5, 2] is refused in one line."""
     sys.path.insert(0, "bench")
     import trace_fidelity
 
-    monkeypatch.setattr(trace_fidelity, "PLAN", {"conv": ((2000,), (24.0, 48.0))})
+    monkeypatch.setattr(trace_fidelity, "PLAN", {"conv": ((2000,), (24.0,))})
     out = _fidelity_folder(tmp_path, "bench/results/trace-fidelity/points-h200.jsonl")
-    assert trace_fidelity.main(["--offline", "--speed-band", "--traces", "conv", "--strategies",
-                                "prefill_first,pdmux_grid_cap", "--out", str(out)]) == 0
-    assert "outside noise" in capsys.readouterr().out
-    data = json.loads((out / "trace-fidelity-h200.json").read_text())
-    speed = data["summary"]["gpu_speed"]
-    speeds = [v for v, _ in speed["by_point"].values()]
-    # prefill-first's runs at 8, 18, 24 and 48 req/s (every rate measured is judged)
-    assert len(speeds) == 4 and speed["band"] == [min(speeds), max(speeds)]
-    assert all(0.9 < v < 1.1 for v in speeds) and speed["band"][0] < speed["band"][1]
-    for p in data["points"]:
-        for k, (low, high) in p["simulated_band"].items():
-            assert low <= p["simulated"][k] <= high
-        for k, v in p["outside_repeats_pct"].items():
-            if v is not None and p["outside_noise_pct"].get(k) is not None:
-                assert p["outside_noise_pct"][k] <= v + 1e-9
-    for c in data["capacities"]:
-        if c.get("simulated_band_rps"):
-            low, high = c["simulated_band_rps"]
-            assert low <= c["simulated_rps"] <= high
-    assert data["inputs"]["speed_band"]
+    judged = {}
+    for speed in ("1", "0.8"):
+        assert trace_fidelity.main(["--offline", "--traces", "conv", "--strategies",
+                                    "prefill_first,pdmux_grid_cap", "--rates", "24",
+                                    "--prefill-speed", speed, "--out", str(out)]) == 0
+        data = json.loads((out / "trace-fidelity-h200.json").read_text())
+        assert data["inputs"]["prefill_speed"] == float(speed)
+        judged[speed] = {(p["strategy"], p["rate"]): p["simulated"] for p in data["points"]}
+    assert "cards' prefill speed" in capsys.readouterr().out
+    assert data["summary"]["prefill_speed_by_commit"]
+    for key, slow in judged["0.8"].items():
+        assert slow["prefill_ms"] > judged["1"][key]["prefill_ms"]
+    bad = subprocess.run([sys.executable, "bench/trace_fidelity.py", "--offline",
+                          "--prefill-speed", "3", "--out", str(out)], capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2 and "--prefill-speed" in bad.stderr
+    assert "Traceback" not in bad.stderr

@@ -454,43 +454,50 @@ def test_a_split_prefill_is_slowed_by_its_partial_waves_against_the_timed_prompt
     assert split_prefill_s(8192, step_cost.Overheads())[0] == pytest.approx(plain, rel=1e-9)
 
 
-def test_a_faster_gpu_divides_every_gpu_time_and_not_the_hosts():
-    """At `gpu_speed` s every GPU time (decode steps alone and beside a prefill, whole-GPU and
-    split prefills, mixed steps) is its price at 1 over s; the host's share is not; a speed
-    that is not a finite positive number is refused in one line."""
+def test_a_faster_card_divides_its_prefill_times_and_nothing_else():
+    """At `prefill_speed` s a whole-GPU prefill's time (at its MFU and by its tiles) and a
+    mixed step's are their price at 1 over s, and a split prefill's work is its FLOPs over s
+    (what `_split_prefill_s` turns into time beside decode, alone while decode waits for the
+    host, and toward its sustained rate); a decode step's (memory-bound), the host's share
+    and the link's are not; a speed outside [0.5, 2] is refused in one line."""
+    tiles = step_cost.TileTimes(((64, 128, 25e-6, 1.0), (128, 128, 27e-6, 1.0),
+                                 (128, 256, 50e-6, 0.5)), 1e-7, 1e-7, 5e-9)
     law = step_cost.SaturationLaw(H100.hbm_tbps * 0.85, 66.0)
     rate = step_cost.PrefillRate(H100.bf16_tflops, H100.sms, ((60, 0.4), (112, 0.45)))
-    host = step_cost.Overheads(decode_round_s=1e-3, layer_launch_s=1e-6, eager_step_s=1e-5)
+    host = step_cost.Overheads(decode_round_s=1e-3, layer_launch_s=1e-6, eager_step_s=1e-5,
+                               mixed=step_cost.MixedStepFit(2e-3, tiles=tiles))
     level = next(lv for lv in sglang_rules.stream_groups(H100.sms, H100.cc_major)
                  if 0 < lv[1] < H100.sms)
 
     def served(speed: float) -> dict:
-        x = SimExecutor(H100, QWEN, law, rate, overheads=host, gpu_speed=speed)
+        x = SimExecutor(H100, QWEN, law, rate, overheads=host, prefill_speed=speed)
         x.start([])
         out = {"decode": x.decode_price_s(32 * 2048, 40, True, 32, None),
-               "whole": x.whole_gpu_prefill_s([(3000, 0), (700, 500)], QWEN.layers, True)}
-        req = traffic.Request(0, 4000, 1, 0.0)
-        began = x.t
-        x.launch_prefill(x.begin_prefill([req]), 0, QWEN.layers)
-        out["whole_served"] = x.free["prefill"] - began - host.eager_step_s
-        x.set_level(level)  # a split prefill, nothing decoding beside it: its alone rate
-        began = x.t
-        x.launch_prefill(x.begin_prefill([req]), 0, QWEN.layers)
-        out["split"] = x.free["prefill"] - began - host.eager_step_s
+               "round": x.overheads.decode_round_host_s(8, 16000),
+               "short": x.whole_gpu_prefill_s([(300, 0)], QWEN.layers, True),  # by its tiles
+               "long": x.whole_gpu_prefill_s([(16000, 0)], QWEN.layers, True)}  # by its MFU
+        work = []
+        priced = x._split_prefill_s
+        x._split_prefill_s = lambda flops, *when: work.append(flops) or priced(flops, *when)
+        x.set_level(level)
+        x.launch_prefill(x.begin_prefill([traffic.Request(0, 4000, 1, 0.0)]), 0, QWEN.layers)
+        out["split_work"] = work[0]
         x.set_level((0, H100.sms))
-        decoding = [traffic.Request(1, 2000, 8, 0.0)]
+        decoding = [traffic.Request(3, 2000, 8, 0.0)]
         decoding[0].context = 2000
-        began = x.t
-        x.mixed(decoding, traffic.Request(2, 1000, 4, 0.0), 0, 512)
-        out["mixed"] = x.t - began - host.eager_step_s - QWEN.layers * host.layer_launch_s
-        out["round"] = x.overheads.decode_round_host_s(8, 16000)
+        began = x.t + host.mixed.fixed_s
+        x.mixed(decoding, traffic.Request(2, 8000, 4, 0.0), 0, 4096)  # bound by its GPU
+        out["mixed"] = x.t - began
         return out
 
-    one, fast = served(1.0), served(2.0)
-    for k in ("decode", "whole", "whole_served", "split"):
-        assert fast[k] == pytest.approx(one[k] / 2, rel=1e-9), k
-    assert one["mixed"] > 0 and fast["mixed"] < one["mixed"]  # its launches floor it
-    assert fast["round"] == one["round"]
-    for bad in (0, -1.0, float("nan"), float("inf"), "2"):
-        with pytest.raises(PdmuxError, match="gpu_speed"):
-            SimExecutor(H100, QWEN, law, rate, gpu_speed=bad)
+    one, fast = served(1.0), served(1.25)
+    assert one["mixed"] > 2 * QWEN.layers * host.layer_launch_s  # not its launches'
+    assert one["short"] > step_cost.compute_s(
+        step_cost.layer_flops(QWEN, 300, 0, QWEN.layers) + step_cost.lm_head_flops(QWEN, 1),
+        rate, H100.sms, False)  # its tiles', not its MFU's
+    for k in ("short", "long", "split_work", "mixed"):
+        assert fast[k] == pytest.approx(one[k] / 1.25, rel=1e-9), k
+    assert fast["decode"] == one["decode"] and fast["round"] == one["round"]
+    for bad in (0.4, 2.5, float("nan"), float("inf"), True, "2"):
+        with pytest.raises(PdmuxError, match="prefill_speed"):
+            SimExecutor(H100, QWEN, law, rate, prefill_speed=bad)

@@ -55,16 +55,16 @@ class Servers:
     """The executors of one run: simulated, or real ones over one model on the GPU."""
 
     def __init__(self, s: RunSettings, requests: list[Request], log=None,
-                 overheads: step_cost.Overheads | None = None, gpu_speed: float = 1.0):
+                 overheads: step_cost.Overheads | None = None, prefill_speed: float = 1.0):
         """`overheads`: the host costs a simulation prices with, instead of the settings';
-        `gpu_speed`: how fast the simulated GPU runs against the one its costs were measured
-        on (`SimExecutor`)."""
+        `prefill_speed`: how fast the simulated card runs prefills against the one its costs
+        were fitted to (`SimExecutor`)."""
         self.s = s
         self.log = log  # where a long run's progress lines go (none: silent)
         self.gpu = None
         self.warm: set[str] = set()  # variants served once untimed (GPU)
         self.overheads = overheads or host_overheads(s)
-        self.gpu_speed = gpu_speed
+        self.prefill_speed = prefill_speed
         if s.simulate:
             self.cal = load_calibration(s.calibration, s.gpu.name) if s.calibration else None
             self.cmp = load_compare(s.compare, s.gpu.name) if s.compare else None
@@ -87,7 +87,7 @@ class Servers:
         prefill = (self.cmp.prefill_rate(kind, s.gpu.bf16_tflops, s.gpu.sms) if self.cmp else
                    step_cost.PrefillRate.fixed(s.gpu.bf16_tflops, s.gpu.sms, s.mfu))
         return SimExecutor(s.gpu, s.rank_model, parallel.rank_rate(decode, s.tp), prefill, kind,
-                           self.overheads, s.comm, kv_arrives, self.gpu_speed)
+                           self.overheads, s.comm, kv_arrives, self.prefill_speed)
 
     @contextmanager
     def watch(self, x) -> Iterator[dict]:

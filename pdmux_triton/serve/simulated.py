@@ -55,9 +55,11 @@ class SimExecutor:
                  prefill: step_cost.PrefillRate, kind: str = "grid_cap",
                  overheads: step_cost.Overheads = step_cost.Overheads(),
                  comm: TensorParallel | None = None, kv_arrives: bool = False,
-                 gpu_speed: float = 1.0):
-        if not (isinstance(gpu_speed, (int, float)) and 0 < gpu_speed < 10):
-            raise PdmuxError(f"gpu_speed must be a number in (0, 10), got {gpu_speed!r}")
+                 prefill_speed: float = 1.0):
+        if isinstance(prefill_speed, bool) or not (
+                isinstance(prefill_speed, (int, float)) and 0.5 <= prefill_speed <= 2):
+            raise PdmuxError(f"prefill_speed must be a number in [0.5, 2] (a card's clocks "
+                             f"against the costs' card), got {prefill_speed!r}")
         if overheads.whole_gpu_prefill_mfu is not None:  # as served, where it was fitted
             prefill = prefill.on_whole_gpu(overheads.whole_gpu_prefill_mfu)
         self.model, self.decode_rate, self.prefill_rate, self.kind = model, decode, prefill, kind
@@ -72,10 +74,11 @@ class SimExecutor:
         # the split prefill's spans are kept where either term reads its busy share
         self.tracks_busy = bool(overheads.split_prefill_sustained or self.decode_by_busy)
         self.overheads = overheads
-        # how fast this GPU runs its kernels against the one its costs were measured on: every
-        # GPU time is divided by it (the link's are not). Cards of one model run a few percent
-        # apart (bench/NOTES.md), so a simulation at 1 is one card's of several
-        self.gpu_speed = gpu_speed
+        # how fast this card runs compute-bound work (prefills, mixed steps) against the card
+        # the costs were fitted to: their GPU times are divided by it; decode steps (bound by
+        # memory, not clocks) and the link's are not. Cards of one model run prefill a few
+        # percent apart (bench/NOTES.md)
+        self.prefill_speed = prefill_speed
         self.comm = comm or TensorParallel.of(model, 1)  # one GPU: no collectives
         # a disaggregated decode server: a request's KV comes over the link (`router`), so its
         # prefill computes nothing here
@@ -143,7 +146,7 @@ class SimExecutor:
                                               context_tokens, decode_sms, corun, batch)
         if corun and busy is not None and self.decode_by_busy:
             step *= float(np.interp(busy, *self.decode_by_busy))
-        return step / self.gpu_speed
+        return step
 
     def wait_decode(self, pending):
         reqs, launched = pending
@@ -258,12 +261,12 @@ class SimExecutor:
 
     def _flops(self, seqs, layers: int, samples: bool) -> float:
         """A prefill batch's FLOPs over `layers` layers (`seqs`: each prompt's (new, cached)
-        tokens), with its LM head where it `samples`, over this GPU's speed: what its price at
-        the costs' rates stretches or shrinks by."""
+        tokens), with its LM head where it `samples`, over this card's prefill speed: what its
+        price at the costs' rates stretches or shrinks by."""
         flops = sum(step_cost.layer_flops(self.model, n, cached, layers) for n, cached in seqs)
         if samples:
             flops += step_cost.lm_head_flops(self.model, len(seqs))
-        return flops / self.gpu_speed
+        return flops / self.prefill_speed
 
     def whole_gpu_prefill_s(self, seqs, layers: int, samples: bool) -> float:
         """A prefill batch's GPU time with the whole GPU to itself (`_flops`' arguments): at
@@ -277,7 +280,7 @@ class SimExecutor:
             return seconds
         tiled = step_cost.tiled_layers_s(self.model, sum(n for n, _ in seqs), seqs, tiles,
                                          self.total_sms, layers)
-        return max(seconds, (tiled or 0.0) / self.gpu_speed)  # None: the skinny tile's
+        return max(seconds, (tiled or 0.0) / self.prefill_speed)  # None: the skinny tile's
 
     def _prefill_busy(self, at: float) -> float:
         """The share of the `SUSTAINED_WINDOW_S` before `at` that the split prefill ran: how
@@ -309,7 +312,7 @@ class SimExecutor:
                                             decode_row_tile=self.overheads.decode_row_tile,
                                             phases=fit,
                                             decode_contexts=[r.context for r in decoding]))
-        step /= self.gpu_speed
+        step /= self.prefill_speed
         step += (self.comm.layers_s(len(decoding) + n, self.num_layers)
                  + self.comm.logits_s(len(decoding) + last))
         # the batch made and uploaded, its tokens read back (as fitted, or an eager step's),
