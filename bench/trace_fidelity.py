@@ -19,7 +19,7 @@ Writes <out>/trace-fidelity-<gpu>.json (points and the summary: `max_abs_error_p
 `stable_region`: the latencies' errors over the points at most 0.8 x their strategy's measured
 capacity alone, where no queue grows through the window; `prefill_speed_by_commit`: how fast each
 set of runs served at one commit ran its long prefill-first batches against the simulator's price
-of them, the cards' own spread) and prints the table. `--prefill-speed X` simulates every
+of them, bench/card_speeds.py, the cards' own spread) and prints the table. `--prefill-speed X` simulates every
 point on a card that runs prefills X times as fast as the costs' card (`SimExecutor`).
 
     python bench/trace_fidelity.py --out bench/results                 # on the GPU
@@ -75,11 +75,6 @@ LATENCIES = ("ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p
 TARGETS = {"tpot_p50_ms": 5, "tpot_p99_ms": 10, "ttft_p50_ms": 10, "ttft_p99_ms": 20,
            "e2e_p50_ms": 5, "capacity": 5, "slo_attainment": 5}
 STABLE = 0.8  # a rate at most this share of its measured capacity is inside the stable region
-# a card's prefill speed is read from prefill-first batches of this many prompt tokens or more,
-# where the simulator's price is right on average: shorter ones' partial waves and launches
-# make its error by batch size (bench/NOTES.md), which is not the card's
-SPEED_MIN_TOKENS = 4096
-SPEED_MIN_BATCHES = 4  # such batches a speed is read from, at the fewest
 
 
 @dataclass(frozen=True)
@@ -205,47 +200,16 @@ def measure(args, store: PointStore, log) -> None:
         servers.close()
 
 
-def batch_speeds(point: dict, requests: list[Request], servers: Servers) -> list[float] | None:
-    """A measured prefill-first run's batches of SPEED_MIN_TOKENS prompt tokens or more, none
-    read from a prefix cache: each one's price (`SimExecutor.whole_gpu_prefill_s` on
-    `servers`' costs, its prompts recovered from `requests` by `batch_prompts`) over its span
-    less the eager step on the run's host (its first repeat's: the only batches a point
-    keeps). None where its batches do not add up to its requests."""
-    d = point["diagnostics"]
-    host = servers.overheads.on_host(d["host_layer_us"] / 1e6)
-    batches = sorted(prefill_batches(d).items(), key=lambda b: b[1][0])
-    taken = batch_prompts([(prompts, tokens + cached)
-                           for _, (_, tokens, prompts, cached) in batches], requests)
-    if taken is None:
-        return None
-    sim = servers.executor(variant("prefill_first"))
-    return [sim.whole_gpu_prefill_s([(q.prompt_len, 0) for q in reqs], sim.num_layers, True)
-            / ((end - start) / 1e6 - host.eager_step_s)
-            for (end, (start, tokens, _, cached)), reqs in zip(batches, taken)
-            if tokens >= SPEED_MIN_TOKENS and not cached]
+def card_speeds(args, store: PointStore) -> dict:
+    """How fast each card of the measured points ran its long prefill-first batches against
+    the simulator's price (bench/card_speeds.py): by commit, its speed, batches and runs."""
+    from card_speeds import card_speed, measured_speeds
 
-
-def prefill_speeds(args, store: PointStore) -> dict:
-    """How fast the measured runs' cards ran prefills against the simulator's price: per
-    commit the points were served at (one session's calls; a call after the device's idle
-    release may have had another card, which the points cannot tell), the median of its
-    prefill-first runs' `batch_speeds`, and how many batches and runs that is; commits with
-    fewer than SPEED_MIN_BATCHES such batches are left out."""
-    by_commit: dict[str, list] = {}
-    for t, start in windows(args):
-        s = settings(args, t, start, simulate=True)
-        servers = Servers(s, [])
-        for p in store.points.values():
-            if (p["mode"], p["strategy"], p["trace"], p["start"]) != (
-                    "gpu", "prefill_first", t, start) or not p["diagnostics"].get("host_layer_us"):
-                continue
-            speeds = batch_speeds(p, make_requests(s, p["rate"]), servers)
-            if speeds:
-                by_commit.setdefault(p["commit"], []).append(speeds)
-    return {commit: {"speed": statistics.median(x for run in runs for x in run),
-                     "batches": sum(map(len, runs)), "runs": len(runs)}
-            for commit, runs in sorted(by_commit.items())
-            if sum(map(len, runs)) >= SPEED_MIN_BATCHES}
+    base = settings(args, *windows(args)[0], simulate=True)
+    cards = measured_speeds([str(store.path)], args.calibration, args.compare,
+                            Servers(base, []).overheads, base.gpu.name)
+    return {c: {"speed": speed, "batches": sum(map(len, runs.values())), "runs": len(runs)}
+            for c, runs in sorted(cards.items()) if (speed := card_speed(cards, c)) is not None}
 
 
 def simulate(args, store: PointStore, only: tuple | None = None) -> dict[tuple, dict]:
@@ -508,8 +472,8 @@ def table(result: dict) -> str:
                      f" {_cell(outside, ' %'):>22}  {s['worst_at'].get(k) or ''}")
     speeds = s.get("prefill_speed_by_commit", {})
     if speeds:
-        lines.append(f"cards' prefill speed against the price (prefill-first batches >= "
-                     f"{SPEED_MIN_TOKENS} tokens, by commit): " + ", ".join(
+        lines.append("cards' prefill speed against the price (long prefill-first batches, by "
+                     "commit: bench/card_speeds.py): " + ", ".join(
                          f"{c[:7]} {v['speed']:.3f} ({v['batches']})" for c, v in speeds.items()))
     calm = s["stable_region"]
     lines.append(f"inside the stable region ({calm['points']} points at <= {STABLE:g} x their "
@@ -571,7 +535,7 @@ def run(args) -> int:
         raise PdmuxError(f"no point of {','.join(args.strategies)} on {','.join(args.traces)} "
                          f"was measured in {store.path}: measure them on the GPU (drop --offline)")
     result = judge(args, store, simulate(args, store))
-    result["summary"]["prefill_speed_by_commit"] = prefill_speeds(args, store)
+    result["summary"]["prefill_speed_by_commit"] = card_speeds(args, store)
     if args.held_out:
         result["summary"]["held_out"] = held_out(args, store)
     inputs = {"traces": {t: str(TRACES[t].relative_to(Path(__file__).parent.parent))

@@ -3,6 +3,7 @@ needs Triton's bundled ptxas, no GPU), the measuring scripts say they need one."
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -1382,37 +1383,35 @@ def test_prompt_batches_take_the_waiting_requests_in_arrival_order():
     assert batch_prompts([(5, 1150)], reqs) is None  # more prompts than requests
 
 
-def test_a_cards_prefill_speed_is_its_long_batches_price_over_their_gpu_time(tmp_path,
-                                                                            monkeypatch):
+def test_a_cards_prefill_speed_is_its_long_batches_price_over_their_gpu_time(tmp_path):
     """A prefill-first run whose batches took their simulated price over 0.8 (plus the eager
-    step on its host) ran at 0.8, read off its batches of SPEED_MIN_TOKENS tokens or more
-    alone and none read from a prefix cache; a run whose batches do not add up to its
-    requests has none; by commit, the median over its runs' batches."""
+    step on its host) ran at 0.8, read off its batches of MIN_TOKENS tokens or more alone and
+    none read from a prefix cache; a run whose batches do not add up to its requests has none;
+    a card's speed is the median over its runs' batches, without a point judged by it, and
+    its speed over the median card's is what a fit would take out."""
     sys.path.insert(0, "bench")
-    import trace_fidelity
-    from trace_fidelity import (SPEED_MIN_TOKENS, Key, batch_prompts, batch_speeds,
-                                prefill_batches, prefill_speeds, settings)
+    import card_speeds
+    from card_speeds import (MIN_TOKENS, batch_speeds, card_of, card_speed, measured_speeds,
+                             point_name, relative_speeds)
+    from corun_rounds import Pricer
+    from split_batches import point_requests
+    from trace_fidelity import Key, batch_prompts, prefill_batches
 
-    from pdmux_triton.experiments.run import Servers
-    from pdmux_triton.experiments.settings import make_requests
-    from pdmux_triton.experiments.variants import variant
+    from pdmux_triton.cost.measured_inputs import load_host_costs
     from pdmux_triton.results import PointStore
 
-    monkeypatch.setattr(trace_fidelity, "PLAN", {"conv": ((2000,), (24.0,))})
-    store = PointStore(Path("bench/results/trace-fidelity/points-h200.jsonl"), Key)
-    point = store.get(Key("gpu", "conv", 2000, 24.0, "prefill_first"))
-    parser = trace_fidelity.bench_parser("t", "t\n")
-    trace_fidelity.bench_inputs(parser, *trace_fidelity.MEASURED_ON_H200)
-    args = parser.parse_args(["--out", str(tmp_path)])
-    args.count, args.strategies, args.repeats, args.offline = 100, ("prefill_first",), 2, True
-    args.traces = ("conv",)
-    s = settings(args, "conv", 2000, simulate=True)
-    servers, requests = Servers(s, []), make_requests(s, 24.0)
-    host = servers.overheads.on_host(point["diagnostics"]["host_layer_us"] / 1e6)
-    sim = servers.executor(variant("prefill_first"))
+    path = "bench/results/trace-fidelity/points-h200.jsonl"
+    measured = {k: "bench/results/" + v for k, v in (("calibration", "calibrate-h200.json"),
+                                                     ("compare", "compare-h200.json"))}
+    overheads = load_host_costs("bench/results/host-costs-h200.json")
+    pricer = Pricer(path, measured["calibration"], measured["compare"], overheads, "h200")
+    point = PointStore(Path(path), Key).get(Key("gpu", "conv", 2000, 24.0, "prefill_first"))
+    requests = point_requests(path, point, pricer)
+    host = overheads.on_host(point["diagnostics"]["host_layer_us"] / 1e6)
+    sim = pricer.sim
     batches = sorted(prefill_batches(point["diagnostics"]).items(), key=lambda b: b[1][0])
     taken = batch_prompts([(p, t + c) for _, (_, t, p, c) in batches], requests)
-    long = [t >= SPEED_MIN_TOKENS for _, (_, t, *_) in batches]
+    long = [t >= MIN_TOKENS for _, (_, t, *_) in batches]
     assert 4 <= sum(long) < len(batches)  # some batches are too short to count
 
     def retimed(speed: float, cached_first_long: bool = False) -> dict:
@@ -1427,19 +1426,24 @@ def test_a_cards_prefill_speed_is_its_long_batches_price_over_their_gpu_time(tmp
             prefills.append([start, start + round(took * 1e6), tokens, prompts, cached])
         return {**point, "diagnostics": {**point["diagnostics"], "prefills": prefills}}
 
-    speeds = batch_speeds(retimed(0.8), requests, servers)
+    speeds = batch_speeds(retimed(0.8), requests, sim, host)
     assert len(speeds) == sum(long) and all(x == pytest.approx(0.8, rel=1e-3) for x in speeds)
-    assert len(batch_speeds(retimed(0.8, cached_first_long=True), requests, servers)) == \
+    assert len(batch_speeds(retimed(0.8, cached_first_long=True), requests, sim, host)) == \
         sum(long) - 1
-    assert batch_speeds(retimed(0.8), requests[1:], servers) is None
-    # by commit: the committed conversation window's prefill-first runs, one commit
-    by_commit = prefill_speeds(args, store)
-    runs = [p for p in store.points.values() if (p["strategy"], p["trace"], p["start"]) == (
-        "prefill_first", "conv", 2000)]
-    assert set(by_commit) == {p["commit"] for p in runs}
-    for commit, v in by_commit.items():
-        assert 0.9 < v["speed"] < 1.1 and v["batches"] >= 4
-        assert v["runs"] <= sum(p["commit"] == commit for p in runs)
+    assert batch_speeds(retimed(0.8), requests[1:], sim, host) is None
+    # a card's speed from its runs, without the one judged; over the median card's
+    cards = measured_speeds([path], measured["calibration"], measured["compare"], overheads,
+                            "h200")
+    card, name = card_of(point), point_name(path, point)
+    assert name in cards[card] and len(cards[card]) >= 2
+    others = [x for n, run in cards[card].items() if n != name for x in run]
+    assert card_speed(cards, card, leave_out=name) == pytest.approx(statistics.median(others))
+    assert card_speed(cards, card) != card_speed(cards, card, leave_out=name)
+    assert card_speed(cards, "no such commit") is None
+    assert statistics.median(relative_speeds(cards).values()) == pytest.approx(1.0)
+    assert card_speeds.main([path, "--out", str(tmp_path)]) == 0
+    saved = json.loads((tmp_path / "card-speeds-h200.json").read_text())
+    assert saved["cards"][card]["speed"] == pytest.approx(card_speed(cards, card))
 
 
 def test_trace_fidelity_simulates_a_card_of_another_prefill_speed(tmp_path, monkeypatch,
