@@ -205,6 +205,8 @@ def card_speeds(args, store: PointStore) -> dict:
     the simulator's price (bench/card_speeds.py): by commit, its speed, batches and runs."""
     from card_speeds import card_speed, measured_speeds
 
+    if not any(p["diagnostics"].get("host_layer_us") for p in store.points.values()):
+        return {}  # points measured before runs timed their host: no eager step to take off
     base = settings(args, *windows(args)[0], simulate=True)
     cards = measured_speeds([str(store.path)], args.calibration, args.compare,
                             Servers(base, []).overheads, base.gpu.name)

@@ -294,10 +294,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     grid = launch.slots
     # the gate's slot loop around the body takes so many registers that pinned programs of
     # the several-per-SM config would fit fewer than c to an SM, while the gate counts on c a
-    # site: capped, a few spill (bench/NOTES.md, session 23); the new tokens' prologue takes
-    # as many as fit three (`_normed_rotated`): capped so that it never takes more
+    # site: capped, a few spill (bench/NOTES.md, session 23)
     fit = ({"maxnreg": registers_to_fit(ctas_per_sm, cfg.num_warps)}
-           if (pinned is not None or new is not None) and ctas_per_sm > 1 else {})
+           if pinned is not None and ctas_per_sm > 1 else {})
     # a program's range cuts at most one unit at each end: units + programs partial rows
     part_o = torch.empty(((units + grid) * group, D), dtype=torch.float32, device=dev)
     part_lse = torch.empty(((units + grid) * group,), dtype=torch.float32, device=dev)
