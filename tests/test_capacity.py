@@ -162,10 +162,11 @@ def test_repeats_give_each_repeat_its_capacity_and_the_spread(monkeypatch, tmp_p
     assert row["steady"]["goodput"] in (True, False)
 
 
-def _sim_servers(self, s, requests, log=None, overheads=None):
+def _sim_servers(self, s, requests, log=None, overheads=None, prefill_speed=1.0):
     self.s, self.gpu, self.warm, self.log = s, None, set(), log
     self.cal = self.cmp = None
     self.overheads = overheads or Overheads()
+    self.prefill_speed = prefill_speed
 
 
 def test_points_of_other_settings_are_refused(tmp_path):
