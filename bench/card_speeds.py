@@ -8,9 +8,7 @@ prefix cache: each batch's price on the whole GPU (`SimExecutor.whole_gpu_prefil
 prompts recovered from the run's requests) over its span less the eager step on the run's host;
 the median over the card's batches. Shorter batches are left out: their partial waves and
 launches make the price's own error by batch size, which is not the card's. A speed of 1 runs
-at the price; bench/fit_host_costs.py takes each card's speed over their median out of the
-served batches it fits, and bench/trace_fidelity.py simulates each point on its card's speed,
-read without the point's own batches.
+at the price; `bench/trace_fidelity.py --prefill-speed` simulates a card of another speed.
 
     python bench/card_speeds.py --out /tmp/x
 """
@@ -24,7 +22,7 @@ from pathlib import Path
 from corun_rounds import POINTS, Pricer
 from fit_host_costs import timed_points
 from script import MEASURED_ON_H200, finish, points_parser, run_script
-from split_batches import point_requests
+from split_batches import MIN_TOKENS, point_requests
 from trace_fidelity import batch_prompts, prefill_batches
 
 from pdmux_triton.cost import step_cost
@@ -32,7 +30,8 @@ from pdmux_triton.cost.measured_inputs import load_host_costs
 from pdmux_triton.results import provenance, read_json
 from pdmux_triton.spec.traffic import Request
 
-MIN_TOKENS = 4096  # a batch's prompt tokens, at the fewest
+# a batch's prompt tokens, at the fewest: MIN_TOKENS, the size split_batches reads a level's
+# served rate from
 MIN_BATCHES = 4  # such batches a speed is read from, at the fewest
 
 
@@ -60,9 +59,10 @@ def batch_speeds(point: dict, requests: list[Request], sim,
 
 
 def point_name(path: str, point: dict) -> str:
+    """A measured point's name among every points file's: its file, strategy, window, rate."""
     rate = point.get("rate", point["diagnostics"].get("rate"))
     where = f"{point.get('trace', '')}@{point.get('start', '')} " if "trace" in point else ""
-    return f"{Path(path).parent.name} {point['strategy']} {where}{rate:g} req/s"
+    return f"{path} {point['strategy']} {where}{rate:g} req/s"
 
 
 def measured_speeds(paths, calibration: str, compare: str, overheads: step_cost.Overheads,
@@ -82,41 +82,33 @@ def measured_speeds(paths, calibration: str, compare: str, overheads: step_cost.
     return cards
 
 
-def card_speed(cards: dict, card: str, leave_out: str | None = None) -> float | None:
-    """A card's speed: the median over its runs' batches (`measured_speeds`), without the
-    batches of `leave_out` (a point judged by it); None with fewer than MIN_BATCHES."""
-    ratios = [x for name, run in cards.get(card, {}).items() if name != leave_out for x in run]
+def card_speed(runs: dict[str, list[float]]) -> float | None:
+    """A card's speed: the median over its runs' batches (`measured_speeds`' entry for it);
+    None with fewer than MIN_BATCHES."""
+    ratios = [x for run in runs.values() for x in run]
     return statistics.median(ratios) if len(ratios) >= MIN_BATCHES else None
 
 
-def relative_speeds(cards: dict) -> dict[str, float]:
-    """Each card's speed over the median card's: what a fit takes out of its batches, so that
-    the costs describe the median card."""
-    speeds = {c: s for c in cards if (s := card_speed(cards, c)) is not None}
-    if not speeds:
-        return {}
-    mid = statistics.median(speeds.values())
-    return {c: s / mid for c, s in speeds.items()}
+def summary(cards: dict) -> dict[str, dict]:
+    """Each card with a speed: the speed, its batches and the runs they came from."""
+    return {card: {"speed": speed, "batches": sum(map(len, runs.values())),
+                   "runs": sorted(runs)}
+            for card, runs in sorted(cards.items()) if (speed := card_speed(runs)) is not None}
 
 
 def run(args) -> int:
     overheads = load_host_costs(args.host_costs)
     gpu = read_json(args.host_costs, "host-costs file").get("gpu", "")
-    cards = measured_speeds(args.points, args.calibration, args.compare, overheads, gpu)
-    rows = {c: {"speed": card_speed(cards, c), "batches": sum(map(len, runs.values())),
-                "runs": sorted(runs)} for c, runs in sorted(cards.items())}
+    cards = summary(measured_speeds(args.points, args.calibration, args.compare, overheads, gpu))
     data = {**provenance(gpu),
             "inputs": {"points": list(args.points), "min_tokens": MIN_TOKENS,
                        "min_batches": MIN_BATCHES,
                        **{k: getattr(args, k) for k in MEASURED_ON_H200}},
-            "cards": rows, "relative_to_median": relative_speeds(cards)}
+            "cards": cards}
     lines = [f"cards' prefill speed against the price (prefill-first batches >= {MIN_TOKENS} "
-             f"tokens): card, speed, over the median card, batches, runs"]
-    rel = data["relative_to_median"]
-    for c, r in rows.items():
-        speed = "-" if r["speed"] is None else f"{r['speed']:.3f}"
-        over = f"{rel[c]:.3f}" if c in rel else "-"
-        lines.append(f"  {c[:12]:<14} {speed:>6} {over:>6} {r['batches']:>5} {len(r['runs']):>4}")
+             f"tokens): card, speed, batches, runs"]
+    lines += [f"  {c[:12]:<14} {r['speed']:6.3f} {r['batches']:>5} {len(r['runs']):>4}"
+              for c, r in cards.items()]
     return finish(Path(args.out) / f"card-speeds-{gpu}.json", data, "\n".join(lines))
 
 

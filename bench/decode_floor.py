@@ -6,8 +6,8 @@ rate); the whole decode step of the Qwen3-8B preset, 32 requests x 2048 tokens, 
 the whole GPU as served (launches overlapped), without the GEMMs' early weight lines, with each
 launch after the last, with stream-K on every program (no aligned split) and with decode
 attention finishing the new tokens' prologue itself (`rope_in_attention`: one launch a layer
-fewer), and its kernel launches (counted by the profiler in one eager step, both ways); the same bytes as streaming reads, a
-launch per weight (`stream_equivalent`: what a step of separate kernels could reach); the
+fewer), and its kernel launches (counted by the profiler in one eager step, both ways); the
+same bytes as streaming reads, a launch per weight (`stream_equivalent`: what a step of separate kernels could reach); the
 decode step on each of SGLang's levels' decode SMs (20-60 on an H200) on green contexts and on
 pinned SMs at 1-3 CTAs per SM and as a served decode side runs, alone and beside a prefill on
 the rest, with the SMs each side's kernels ran on; decode attention on 16 pinned SMs at 1-3

@@ -74,8 +74,8 @@ def describe_loop(sass: str) -> None:
 
 
 def resource_usage(cubin: bytes) -> str:
-    """A cubin's registers a thread and spill stores, as cuobjdump reads them (Triton's own
-    figures need a device to load the kernel on)."""
+    """A cubin's registers a thread and its stack frame (where spilled registers go), as
+    cuobjdump reads them (Triton's own figures need a device to load the kernel on)."""
     import subprocess
     import tempfile
 
@@ -87,10 +87,9 @@ def resource_usage(cubin: bytes) -> str:
         f.flush()
         usage = subprocess.run([tool, "--dump-resource-usage", f.name], capture_output=True,
                                text=True, check=True).stdout
-    regs = re.search(r"REG:(\d+)", usage)
-    spills = re.search(r"STACK:(\d+)", usage)
-    return (f"{regs.group(1) if regs else '?'} registers, stack {spills.group(1) if spills else '?'}"
-            f" B")
+    regs, stack = re.search(r"REG:(\d+)", usage), re.search(r"STACK:(\d+)", usage)
+    return (f"{regs.group(1) if regs else '?'} registers, stack "
+            f"{stack.group(1) if stack else '?'} B")
 
 
 def offline(block_n: int, num_warps: int, num_stages: int, pinned: bool = False,
@@ -107,8 +106,8 @@ def offline(block_n: int, num_warps: int, num_stages: int, pinned: bool = False,
     pointers = {"q_ptr": "*bf16", "kc_ptr": "*bf16", "vc_ptr": "*bf16", "pt_ptr": "*i32",
                 "len_ptr": "*i32", "o_ptr": "*bf16", "part_o_ptr": "*fp32",
                 "part_lse_ptr": "*fp32", "count_ptr": "*i32", "kn_ptr": "*bf16",
-                "vn_ptr": "*bf16", "qr_ptr": "*bf16", "cs_ptr": "*fp32", "wq_ptr": "*bf16", "wk_ptr": "*bf16",
-                "slot_ptr": "*i64", "sm_ids_ptr": "*i32", "gate_ptr": "*i32", "place_ptr": "*i32"}
+                "vn_ptr": "*bf16", "qr_ptr": "*bf16", "cs_ptr": "*fp32", "wq_ptr": "*bf16",
+                "wk_ptr": "*bf16", "slot_ptr": "*i64", "sm_ids_ptr": "*i32", "gate_ptr": "*i32", "place_ptr": "*i32"}
     constexprs = {"PAGE_SIZE": 16, "GROUP": 4, "BLOCK_G": 16, "BLOCK_N": block_n, "BLOCK_B": 32,
                   "UNIT_COST": UNIT_COST, "D": 128, "WIDE": False, "ROPE": rope, "NORM": rope,
                   "RECORD_SM": False, "PINNED": pinned, "PLACED": False,
@@ -123,7 +122,8 @@ def offline(block_n: int, num_warps: int, num_stages: int, pinned: bool = False,
                             target=GPUTarget("cuda", 90, 32),
                             options={"num_warps": num_warps, "num_stages": num_stages,
                                      "launch_pdl": pdl})
-    form = ", ".join(name for name, on in (("pinned", pinned), ("new tokens", rope)) if on)
+    form = ", ".join(name for name, on in (("pinned", pinned), ("pdl", pdl),
+                                           ("new tokens", rope)) if on)
     print(f"decode attention{f' ({form})' if form else ''}, BLOCK_N={block_n}, {num_warps} "
           f"warps, {num_stages} stages, shared {kernel.metadata.shared} B, "
           f"{resource_usage(kernel.asm['cubin'])}")

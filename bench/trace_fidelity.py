@@ -17,10 +17,11 @@ Writes <out>/trace-fidelity-<gpu>.json (points and the summary: `max_abs_error_p
 `median_abs_error_pct` per metric against the issue's targets, `spread_pct` of the repeats,
 `outside_repeats_pct`: each error's part that the measured repeats' range does not cover,
 `stable_region`: the latencies' errors over the points at most 0.8 x their strategy's measured
-capacity alone, where no queue grows through the window; `prefill_speed_by_commit`: how fast each
-set of runs served at one commit ran its long prefill-first batches against the simulator's price
-of them, bench/card_speeds.py, the cards' own spread) and prints the table. `--prefill-speed X` simulates every
-point on a card that runs prefills X times as fast as the costs' card (`SimExecutor`).
+capacity alone, where no queue grows through the window; `prefill_speed_by_commit`: how fast
+each set of runs served at one commit ran its long prefill-first batches against the
+simulator's price of them, bench/card_speeds.py) and prints the table. `--prefill-speed X`
+simulates every point on a card that runs prefills X times as fast as the costs' card
+(`SimExecutor`).
 
     python bench/trace_fidelity.py --out bench/results                 # on the GPU
     python bench/trace_fidelity.py --traces conv --repeats 2 --out /tmp/tf
@@ -200,18 +201,16 @@ def measure(args, store: PointStore, log) -> None:
         servers.close()
 
 
-def card_speeds(args, store: PointStore) -> dict:
+def prefill_speed_by_commit(args, store: PointStore) -> dict:
     """How fast each card of the measured points ran its long prefill-first batches against
     the simulator's price (bench/card_speeds.py): by commit, its speed, batches and runs."""
-    from card_speeds import card_speed, measured_speeds
+    from card_speeds import measured_speeds, summary
 
     if not any(p["diagnostics"].get("host_layer_us") for p in store.points.values()):
         return {}  # points measured before runs timed their host: no eager step to take off
     base = settings(args, *windows(args)[0], simulate=True)
-    cards = measured_speeds([str(store.path)], args.calibration, args.compare,
-                            Servers(base, []).overheads, base.gpu.name)
-    return {c: {"speed": speed, "batches": sum(map(len, runs.values())), "runs": len(runs)}
-            for c, runs in sorted(cards.items()) if (speed := card_speed(cards, c)) is not None}
+    return summary(measured_speeds([str(store.path)], args.calibration, args.compare,
+                                   Servers(base, []).overheads, base.gpu.name))
 
 
 def simulate(args, store: PointStore, only: tuple | None = None) -> dict[tuple, dict]:
@@ -537,7 +536,7 @@ def run(args) -> int:
         raise PdmuxError(f"no point of {','.join(args.strategies)} on {','.join(args.traces)} "
                          f"was measured in {store.path}: measure them on the GPU (drop --offline)")
     result = judge(args, store, simulate(args, store))
-    result["summary"]["prefill_speed_by_commit"] = card_speeds(args, store)
+    result["summary"]["prefill_speed_by_commit"] = prefill_speed_by_commit(args, store)
     if args.held_out:
         result["summary"]["held_out"] = held_out(args, store)
     inputs = {"traces": {t: str(TRACES[t].relative_to(Path(__file__).parent.parent))
@@ -571,7 +570,7 @@ def main(argv=None) -> int:
                    help="read the measured points back, simulate beside them (no GPU)")
     p.add_argument("--plan", action="store_true",
                    help="print pd-mux's simulated capacity on each window (no GPU)")
-    p.add_argument("--prefill-speed", type=number(0.5, 2.0), default=1.0,
+    p.add_argument("--prefill-speed", type=number(0.5, 2.0, above=False), default=1.0,
                    help="simulate on a card that runs prefills this many times as fast as the "
                         "costs' card (decode steps as calibrated): how much of an error a "
                         "card's speed can make")
