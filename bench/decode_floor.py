@@ -4,10 +4,9 @@ on one GPU (issue 26's figures; bench/results/decode-floor-<gpu>.json).
 Measured in one process: the streaming read over 2 GiB buffers on the whole GPU (the floor's
 rate); the whole decode step of the Qwen3-8B preset, 32 requests x 2048 tokens, captured, on
 the whole GPU as served (launches overlapped), without the GEMMs' early weight lines, with each
-launch after the last, with stream-K on every program (no aligned split) and with decode
-attention finishing the new tokens' prologue itself (`rope_in_attention`: one launch a layer
-fewer), and its kernel launches (counted by the profiler in one eager step, both ways); the
-same bytes as streaming reads, a launch per weight (`stream_equivalent`: what a step of separate kernels could reach); the
+launch after the last, and with stream-K on every program (no aligned split), and its kernel
+launches (counted by the profiler in one eager step); the same bytes as streaming reads, a
+launch per weight (`stream_equivalent`: what a step of separate kernels could reach); the
 decode step on each of SGLang's levels' decode SMs (20-60 on an H200) on green contexts and on
 pinned SMs at 1-3 CTAs per SM and as a served decode side runs, alone and beside a prefill on
 the rest, with the SMs each side's kernels ran on; decode attention on 16 pinned SMs at 1-3
@@ -29,7 +28,6 @@ import torch
 from common import MODEL, Results, require_gpu, same_bytes_buffers, stream_same_bytes, t_graph
 
 from pdmux_triton.cost import step_cost
-from pdmux_triton.gpu.decoder import Model
 from pdmux_triton.gpu.streams import PartitionStreams, kernel_args
 from pdmux_triton.kernels import decode_attention, gemm, linear, stream_read
 from pdmux_triton.measure.telemetry import probe
@@ -76,19 +74,14 @@ def stream_equivalent(step: DecodeStep):
             sum(r.numel() * r.element_size() for r in reads))
 
 
-def _settings(lines: int | None = None, split: float | None = None,
-              in_attention: bool | None = None) -> dict:
-    """The module settings a turn varies (the GEMM's early weight lines, its aligned split's
-    threshold, whether decode attention finishes the new tokens' prologue itself): set those
-    given, return all three."""
+def _settings(lines: int | None = None, split: float | None = None) -> dict:
+    """The GEMM's module settings a turn varies (its early weight lines, the aligned split's
+    threshold): set those given, return both."""
     if lines is not None:
         gemm.PDL_PREFETCH_LINES = lines
     if split is not None:
         gemm.ALIGNED_SPLIT_BUSY = split
-    if in_attention is not None:
-        Model.rope_in_attention = in_attention
-    return {"lines": gemm.PDL_PREFETCH_LINES, "split": gemm.ALIGNED_SPLIT_BUSY,
-            "in_attention": Model.rope_in_attention}
+    return {"lines": gemm.PDL_PREFETCH_LINES, "split": gemm.ALIGNED_SPLIT_BUSY}
 
 
 def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
@@ -104,9 +97,7 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
     turns = [("served", served, {}), ("no_prefetch", served, {"lines": 0}),
              ("apart", apart, {}),
              # stream-K on every program, tiles cut unevenly, instead of the aligned split
-             ("unaligned", served, {"split": 2.0}),
-             # the new tokens' prologue inside decode attention, not a launch of its own
-             ("rope_in_attention", served, {"in_attention": True})]
+             ("unaligned", served, {"split": 2.0})]
     turns += [(f"attention_c{c}", Budget(pdl=True, attention_ctas_per_sm=c), {}) for c in (2, 3)]
     # (and more of each weight row's first lines fetched early: is PDL_PREFETCH_LINES enough?)
     turns += [(f"prefetch_{n}", served, {"lines": n}) for n in (16, 32)]
@@ -122,30 +113,23 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
             times["stream_equivalent"].append(t_graph(streamed))
     finally:
         _settings(**shipped)
-    ms, no_prefetch_ms, apart_ms, unaligned_ms, rope_ms, c2_ms, c3_ms, streamed_ms = (
+    ms, no_prefetch_ms, apart_ms, unaligned_ms, c2_ms, c3_ms, streamed_ms = (
         statistics.median(times[k]) for k in ("served", "no_prefetch", "apart", "unaligned",
-                                              "rope_in_attention", "attention_c2",
-                                              "attention_c3", "stream_equivalent"))
-    try:
-        _settings(in_attention=True)
-        rope_launches = launches_per_step(step, served)
-    finally:
-        _settings(**shipped)
+                                              "attention_c2", "attention_c3",
+                                              "stream_equivalent"))
     floor_ms = step_cost.decode_step_bytes(MODEL, BATCH * CONTEXT) / (tbps * 1e12) * 1e3
     res.row(section="whole gpu", stream_read_tbps=tbps, decode_only_step_ms=ms,
             decode_step_pdl_no_prefetch_ms=no_prefetch_ms, decode_step_without_pdl_ms=apart_ms,
             decode_step_unaligned_split_ms=unaligned_ms,
-            decode_step_rope_in_attention_ms=rope_ms,
             decode_step_attention_c2_ms=c2_ms, decode_step_attention_c3_ms=c3_ms,
             stream_equivalent_step_ms=streamed_ms,
             stream_equivalent_bytes=streamed_bytes, decode_step_bytes=step.amount,
             step_ms_by_turn=times, decode_step_floor_ms=floor_ms,
-            launches=launches_per_step(step, served), rope_in_attention_launches=rope_launches)
+            launches=launches_per_step(step, served))
     res.data["summary"].update(stream_read_tbps=tbps, decode_only_step_ms=ms,
                                decode_step_pdl_no_prefetch_ms=no_prefetch_ms,
                                decode_step_without_pdl_ms=apart_ms,
                                decode_step_unaligned_split_ms=unaligned_ms,
-                               decode_step_rope_in_attention_ms=rope_ms,
                                decode_step_attention_c2_ms=c2_ms,
                                decode_step_attention_c3_ms=c3_ms,
                                decode_step_floor_ms=floor_ms, decode_step_vs_floor=floor_ms / ms,

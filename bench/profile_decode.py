@@ -7,7 +7,6 @@ mma.sync vs wgmma, and (offline) the shared-memory buffers of the software pipel
 warp of the attention's inner loop by opcode (what bounds it at one program per SM).
 
     python bench/profile_decode.py --offline             # no GPU needed: compile for sm_90
-    python bench/profile_decode.py --offline --new-tokens --pdl   # as the served step runs it
     python bench/profile_decode.py                       # compile, run once, print the stats
     ncu --clock-control none -k regex:decode_kernel -c 1 \\
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \\
@@ -93,10 +92,9 @@ def resource_usage(cubin: bytes) -> str:
 
 
 def offline(block_n: int, num_warps: int, num_stages: int, pinned: bool = False,
-            pdl: bool = False, rope: bool = False) -> None:
+            pdl: bool = False) -> None:
     """Compile the decode attention kernel for sm_90 with the launcher's specialization
-    (`pinned`: its pinned-partition form, kernels/_pinned.py; `rope`: the form that finishes
-    the new tokens' prologue, Qwen3's q/k norms included)."""
+    (`pinned`: its pinned-partition form, kernels/_pinned.py)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -105,16 +103,15 @@ def offline(block_n: int, num_warps: int, num_stages: int, pinned: bool = False,
 
     pointers = {"q_ptr": "*bf16", "kc_ptr": "*bf16", "vc_ptr": "*bf16", "pt_ptr": "*i32",
                 "len_ptr": "*i32", "o_ptr": "*bf16", "part_o_ptr": "*fp32",
-                "part_lse_ptr": "*fp32", "count_ptr": "*i32", "kn_ptr": "*bf16",
-                "vn_ptr": "*bf16", "qr_ptr": "*bf16", "cs_ptr": "*fp32", "wq_ptr": "*bf16",
-                "wk_ptr": "*bf16", "slot_ptr": "*i64", "sm_ids_ptr": "*i32", "gate_ptr": "*i32", "place_ptr": "*i32"}
+                "part_lse_ptr": "*fp32", "count_ptr": "*i32", "sm_ids_ptr": "*i32",
+                "gate_ptr": "*i32", "place_ptr": "*i32"}
     constexprs = {"PAGE_SIZE": 16, "GROUP": 4, "BLOCK_G": 16, "BLOCK_N": block_n, "BLOCK_B": 32,
-                  "UNIT_COST": UNIT_COST, "D": 128, "WIDE": False, "ROPE": rope, "NORM": rope,
-                  "RECORD_SM": False, "PINNED": pinned, "PLACED": False,
-                  "BLOCK_SMS": 32 if pinned else 1, "PDL": pdl}
+                  "UNIT_COST": UNIT_COST, "D": 128, "WIDE": False, "RECORD_SM": False,
+                  "PINNED": pinned, "PLACED": False, "BLOCK_SMS": 32 if pinned else 1,
+                  "PDL": pdl}
     names = list(inspect.signature(decode_kernel.fn).parameters)
     signature = {n: "constexpr" if n in constexprs else pointers.get(n, "i32") for n in names}
-    signature["scale_log2"] = signature["eps"] = "fp32"
+    signature["scale_log2"] = "fp32"
     # what a real launch specializes: 16-byte aligned pointers, strides divisible by 16
     aligned = set(pointers) | {"sq_b", "sq_h", "so_b", "so_h", "sc_s", "sc_h", "spt_b"}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n in aligned}
@@ -122,8 +119,7 @@ def offline(block_n: int, num_warps: int, num_stages: int, pinned: bool = False,
                             target=GPUTarget("cuda", 90, 32),
                             options={"num_warps": num_warps, "num_stages": num_stages,
                                      "launch_pdl": pdl})
-    form = ", ".join(name for name, on in (("pinned", pinned), ("pdl", pdl),
-                                           ("new tokens", rope)) if on)
+    form = ", ".join(name for name, on in (("pinned", pinned), ("pdl", pdl)) if on)
     print(f"decode attention{f' ({form})' if form else ''}, BLOCK_N={block_n}, {num_warps} "
           f"warps, {num_stages} stages, shared {kernel.metadata.shared} B, "
           f"{resource_usage(kernel.asm['cubin'])}")
@@ -228,17 +224,14 @@ def main(argv=None) -> int:
                    help="with --offline: the kernels' pinned-partition forms")
     p.add_argument("--pdl", action="store_true",
                    help="with --offline: the kernels' programmatic-dependent-launch forms")
-    p.add_argument("--new-tokens", action="store_true",
-                   help="with --offline: decode attention's form that finishes the new tokens' "
-                        "prologue (kernels.NewTokens)")
     args = p.parse_args(argv)
-    if (args.pinned or args.pdl or args.new_tokens) and not args.offline:
-        p.error("--pinned, --pdl and --new-tokens compile offline: add --offline")
+    if (args.pinned or args.pdl) and not args.offline:
+        p.error("--pinned and --pdl compile offline: add --offline")
     if args.pinned and args.pdl:
         p.error("--pinned and --pdl conflict: a pinned launch never overlaps the one before")
     if args.offline:
         os.environ.pop("TRITON_INTERPRET", None)
-        offline(args.block_n, args.warps, args.stages, args.pinned, args.pdl, args.new_tokens)
+        offline(args.block_n, args.warps, args.stages, args.pinned, args.pdl)
         offline_gemm(args.pinned, args.pdl)
     else:
         on_gpu(args.budget)

@@ -8,7 +8,7 @@ on a fixed set of SMs instead (a range of the device's sites), at most ctas_per_
 
 if __name__ == "pdmux_triton.kernels":
     from pdmux_triton.kernels.activation import silu_mul
-    from pdmux_triton.kernels.decode_attention import NewTokens, decode_attention
+    from pdmux_triton.kernels.decode_attention import decode_attention
     from pdmux_triton.kernels._paged import AttnConfig
     from pdmux_triton.kernels.gemm import GemmConfig, linear, swiglu_linear
     from pdmux_triton.kernels.prefill_attention import extend_attention
@@ -16,8 +16,8 @@ if __name__ == "pdmux_triton.kernels":
     from pdmux_triton.kernels.rotary import rope_, rope_cache, rope_store_kv
     from pdmux_triton.kernels.stream import stream_read
 
-    __all__ = ["AttnConfig", "GemmConfig", "NewTokens", "decode_attention", "extend_attention",
-               "linear", "rmsnorm", "rope_", "rope_cache", "rope_store_kv", "silu_mul", "stream_read",
+    __all__ = ["AttnConfig", "GemmConfig", "decode_attention", "extend_attention", "linear",
+               "rmsnorm", "rope_", "rope_cache", "rope_store_kv", "silu_mul", "stream_read",
                "swiglu_linear"]
 else:
     # Imported as `kernels` from the repository's root, where this folder comes first on

@@ -9,15 +9,13 @@ long runs. Units cut between programs are merged by their last program (log-sum-
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import (FLOAT_DTYPES, INDEX_DTYPES, arrival_counters,
-                                          check_tensor, interpreting, registers_to_fit)
+from pdmux_triton.kernels._launch import (arrival_counters, check_tensor, interpreting,
+                                          registers_to_fit)
 from pdmux_triton.kernels._paged import AttnConfig, attend_range, check_paged_inputs, wide_offsets
 from pdmux_triton.kernels._pinned import Pinned, budget_launch, run_slots
 
@@ -48,50 +46,26 @@ def _unit_at(pos, work, bi, KV_HEADS):
 
 @triton.jit(do_not_specialize=["B", "spt_b", "first_site", "n_sms", "slots", "programs"])
 def decode_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, part_lse_ptr,
-                   count_ptr, kn_ptr, vn_ptr, qr_ptr, cs_ptr, wq_ptr, wk_ptr, slot_ptr, eps,
-                   sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, ctas, slots, programs, B,
-                   KV_HEADS, scale_log2, sq_b, sq_h, so_b, so_h, sc_s, sc_h, spt_b,
+                   count_ptr, sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, ctas, slots,
+                   programs, B, KV_HEADS, scale_log2, sq_b, sq_h, so_b, so_h, sc_s, sc_h, spt_b,
                    PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
                    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, UNIT_COST: tl.constexpr,
-                   D: tl.constexpr, WIDE: tl.constexpr, ROPE: tl.constexpr, NORM: tl.constexpr,
-                   RECORD_SM: tl.constexpr, PINNED: tl.constexpr, PLACED: tl.constexpr,
-                   BLOCK_SMS: tl.constexpr, PDL: tl.constexpr):
+                   D: tl.constexpr, WIDE: tl.constexpr, RECORD_SM: tl.constexpr,
+                   PINNED: tl.constexpr, PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr,
+                   PDL: tl.constexpr):
     run_slots(_decode_slot, (q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr,
-              part_lse_ptr, count_ptr, kn_ptr, vn_ptr, qr_ptr, cs_ptr, wq_ptr, wk_ptr, slot_ptr,
-              eps, B, KV_HEADS, scale_log2, sq_b, sq_h, so_b, so_h, sc_s, sc_h, spt_b, PAGE_SIZE,
-              GROUP, BLOCK_G, BLOCK_N, BLOCK_B, UNIT_COST, D, WIDE, ROPE, NORM), sm_ids_ptr, gate_ptr,
-              place_ptr, first_site, n_sms, ctas, slots, programs, RECORD_SM, PINNED, PLACED,
-              BLOCK_SMS, PDL)
-
-
-@triton.jit
-def _normed_rotated(ptr, w_ptr, cs_row_ptr, eps, D: tl.constexpr, NORM: tl.constexpr):
-    """One head [D] at `ptr`, in fp32: RMS-normalized by w (NORM) and rotated to the position
-    whose cos | sin row `cs_row_ptr` points at (NeoX half-split), as kernels/rotary.py does it,
-    each element beside its partner half a head away. One head at a time: done on the
-    [BLOCK_G, D] tile the attention reads, it took the 3-stage kernel from 128 registers a
-    thread to 206, too many for three programs an SM (offline SASS; 168 this way)."""
-    half = D // 2
-    d = tl.arange(0, D)
-    partner = (d + half) % D
-    x = tl.load(ptr + d).to(tl.float32)
-    xp = tl.load(ptr + partner).to(tl.float32)
-    if NORM:
-        inv = tl.rsqrt(tl.sum(x * x, axis=0) / D + eps)
-        x = x * inv * tl.load(w_ptr + d).to(tl.float32)
-        xp = xp * inv * tl.load(w_ptr + partner).to(tl.float32)
-    cos = tl.load(cs_row_ptr + d % half)
-    sin = tl.load(cs_row_ptr + half + d % half)
-    return tl.where(d < half, x * cos - xp * sin, x * cos + xp * sin)
+              part_lse_ptr, count_ptr, B, KV_HEADS, scale_log2, sq_b, sq_h, so_b, so_h, sc_s, sc_h,
+              spt_b, PAGE_SIZE, GROUP, BLOCK_G, BLOCK_N, BLOCK_B, UNIT_COST, D, WIDE), sm_ids_ptr,
+              gate_ptr, place_ptr, first_site, n_sms, ctas, slots, programs, RECORD_SM, PINNED,
+              PLACED, BLOCK_SMS, PDL)
 
 
 @triton.jit
 def _decode_slot(pid, programs, q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr,
-                 part_lse_ptr, count_ptr, kn_ptr, vn_ptr, qr_ptr, cs_ptr, wq_ptr, wk_ptr, slot_ptr,
-                 eps, B, KV_HEADS, scale_log2, sq_b, sq_h, so_b, so_h, sc_s, sc_h, spt_b,
-                 PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+                 part_lse_ptr, count_ptr, B, KV_HEADS, scale_log2, sq_b, sq_h, so_b, so_h, sc_s,
+                 sc_h, spt_b, PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, UNIT_COST: tl.constexpr,
-                 D: tl.constexpr, WIDE: tl.constexpr, ROPE: tl.constexpr, NORM: tl.constexpr):
+                 D: tl.constexpr, WIDE: tl.constexpr):
     # What program `pid` of `programs` does. The work is every unit's K/V blocks back to back
     # (unit = request, KV head), each unit led by UNIT_COST slots for its fixed cost; each
     # program takes an equal contiguous range of slots, whatever the lengths, so ragged and
@@ -126,28 +100,8 @@ def _decode_slot(pid, programs, q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, p
             if seg_lo < seg_hi:  # a range may hold only a unit's fixed-cost slots; empty
                 #                  requests' units hold none at all
                 heads = h * GROUP + g
-                if ROPE:  # q raw from the QKV projection; the new token is the last position
-                    cs_row = cs_ptr + (tl.load(len_ptr + b) - 1) * D
-                    if seg_hi == u_end:  # this program folds the unit's last block: the new
-                        #                  key and value go into the cache before it reads
-                        new = b * sq_b + h * sq_h  # k and v have q's strides
-                        k = _normed_rotated(kn_ptr + new, wk_ptr, cs_row, eps, D, NORM)
-                        at = tl.load(slot_ptr + b).to(tl.int64) * sc_s + h * sc_h + d
-                        tl.store(kc_ptr + at, k.to(kc_ptr.dtype.element_ty))
-                        tl.store(vc_ptr + at, tl.load(vn_ptr + new + d))
-                    # the group's q heads through this slot's own rows of `qr_ptr`
-                    rows = qr_ptr + pid * GROUP * D
-                    tl.debug_barrier()  # the last unit's q read back by every thread
-                    for j in tl.static_range(GROUP):
-                        q_j = _normed_rotated(q_ptr + b * sq_b + (h * GROUP + j) * sq_h, wq_ptr,
-                                              cs_row, eps, D, NORM)
-                        tl.store(rows + j * D + d, q_j.to(qr_ptr.dtype.element_ty))
-                    tl.debug_barrier()  # every thread's stores land before any thread reads
-                    q = tl.load(rows + g[:, None] * D + d[None, :], mask=gmask[:, None],
-                                other=0.0)
-                else:
-                    q = tl.load(q_ptr + b * sq_b + heads[:, None] * sq_h + d[None, :],
-                                mask=gmask[:, None], other=0.0)
+                q = tl.load(q_ptr + b * sq_b + heads[:, None] * sq_h + d[None, :],
+                            mask=gmask[:, None], other=0.0)
                 acc = tl.zeros((BLOCK_G, D), dtype=tl.float32)
                 m_i = tl.full((BLOCK_G,), float("-inf"), dtype=tl.float32)
                 l_i = tl.zeros((BLOCK_G,), dtype=tl.float32)
@@ -211,56 +165,14 @@ def default_decode_config(ctas_per_sm: int) -> AttnConfig:
     return AttnConfig(16, 128, 4, 5 if ctas_per_sm == 1 else 3)
 
 
-@dataclass(frozen=True)
-class NewTokens:
-    """Each request's new token straight from the QKV projection, for decode attention to
-    finish its prologue itself (one launch where `rotary.rope_store_kv` and decode attention
-    took two): q, which it is called with, and `k` RMS-normalized by `q_norm` and `k_norm`
-    (Qwen3's; both or neither) and rotated to the token's position, its request's length less
-    one; k and `v` written to the caches at `slots` before they are read. k and v [B, Hkv, D]
-    with q's strides (views of one QKV output); `cos_sin` as `rotary.rope_cache` makes it."""
-
-    k: torch.Tensor
-    v: torch.Tensor
-    cos_sin: torch.Tensor
-    slots: torch.Tensor
-    q_norm: torch.Tensor | None = None
-    k_norm: torch.Tensor | None = None
-    eps: float = 1e-6
-
-    def check(self, q: torch.Tensor, k_cache: torch.Tensor, max_seq_len: int) -> None:
-        B, _, D = q.shape
-        for name, t in (("k", self.k), ("v", self.v)):
-            check_tensor(f"new tokens' {name}", t, 3, (q.dtype,), q.device)
-            strides = t.stride(1) == q.stride(1) and (B == 1 or t.stride(0) == q.stride(0))
-            if tuple(t.shape) != (B, k_cache.shape[1], D) or not strides:
-                raise PdmuxError(f"new tokens' {name} must be [{B}, {k_cache.shape[1]}, {D}] "
-                                 f"with q's strides {q.stride()}, got {tuple(t.shape)} with "
-                                 f"{t.stride()}")
-        check_tensor("cos_sin", self.cos_sin, 2, (torch.float32,), q.device)
-        if self.cos_sin.shape[1] != D or not self.cos_sin.is_contiguous() or \
-                self.cos_sin.shape[0] < max_seq_len:
-            raise PdmuxError(f"cos_sin must be a contiguous [positions >= {max_seq_len}, {D}] "
-                             f"table, got {tuple(self.cos_sin.shape)}")
-        if (self.q_norm is None) != (self.k_norm is None):
-            raise PdmuxError("q_norm and k_norm go together (Qwen3 has both, Llama neither)")
-        for name, w in (("q_norm", self.q_norm), ("k_norm", self.k_norm)):
-            if w is not None:
-                check_tensor(name, w, 1, FLOAT_DTYPES, q.device)
-                if w.shape[0] != D:
-                    raise PdmuxError(f"{name} has {w.shape[0]} entries, head dim is {D}")
-        check_tensor("slots", self.slots, 1, INDEX_DTYPES, q.device)
-        if self.slots.shape[0] != B:
-            raise PdmuxError(f"slots has {self.slots.shape[0]} entries for {B} requests")
-
-
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      page_table: torch.Tensor, seq_lens: torch.Tensor, page_size: int,
                      max_seq_len: int, sm_scale: float | None = None,
-                     out: torch.Tensor | None = None, *, new: NewTokens | None = None,
-                     num_sms: int | None = None, ctas_per_sm: int = 1,
-                     config: AttnConfig | None = None, sm_ids: torch.Tensor | None = None,
-                     pinned: Pinned | None = None, pdl: bool = False) -> torch.Tensor:
+                     out: torch.Tensor | None = None, *, num_sms: int | None = None,
+                     ctas_per_sm: int = 1, config: AttnConfig | None = None,
+                     sm_ids: torch.Tensor | None = None,
+                     pinned: Pinned | None = None,
+                     pdl: bool = False) -> torch.Tensor:
     """out[b, h] = softmax(q[b, h] . K_b^T * scale) V_b over the first seq_lens[b] cached tokens.
 
     q [B, Hq, D]; caches [slots, Hkv, D]; page_table [B, pages] int32 (page ids); seq_lens [B]
@@ -268,12 +180,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     can be captured in a CUDA graph: the kernel splits the work by the lengths it reads). A
     request of length 0 gets zeros. Calls on one stream run in order; calls on concurrent
     streams each get their own counters. `pinned`: run on those SMs (kernels/_pinned.py).
-    `new`: q and the last token's k and v are raw (`NewTokens`); the kernel normalizes, rotates
-    and stores them.
     """
     out = check_paged_inputs(q, k_cache, v_cache, page_table, out)
-    if new is not None:
-        new.check(q, k_cache, max_seq_len)
     dev = q.device
     check_tensor("seq_lens", seq_lens, 1, (torch.int32,), dev)
     B, HQ, D = q.shape
@@ -301,21 +209,12 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     part_o = torch.empty(((units + grid) * group, D), dtype=torch.float32, device=dev)
     part_lse = torch.empty(((units + grid) * group,), dtype=torch.float32, device=dev)
     scale = (sm_scale if sm_scale is not None else D ** -0.5) * LOG2E
-    # the prologue's pointers are read only with new tokens (ROPE), the norms' with norms;
-    # each slot rotates its units' q heads through rows of its own
-    kn, vn, qr, cs, slots = (q, q, q, part_o, seq_lens) if new is None else (
-        new.k, new.v, torch.empty((grid * group, D), dtype=q.dtype, device=dev), new.cos_sin,
-        new.slots)
-    norm = new is not None and new.q_norm is not None
-    wq, wk = (new.q_norm, new.k_norm) if norm else (cs, cs)
     decode_kernel[(launch.grid,)](
         q, k_cache, v_cache, page_table, seq_lens, out, part_o, part_lse,
-        arrival_counters(units, dev), kn, vn, qr, cs, wq, wk, slots,
-        new.eps if new is not None else 0.0, sm_buf, *launch.args, B, HKV, scale, q.stride(0),
-        q.stride(1), out.stride(0), out.stride(1), k_cache.stride(0), k_cache.stride(1),
-        page_table.stride(0), PAGE_SIZE=page_size, GROUP=group,
-        BLOCK_G=max(16, triton.next_power_of_2(group)), BLOCK_N=cfg.block_n,
-        BLOCK_B=triton.next_power_of_2(B), UNIT_COST=UNIT_COST, D=D, WIDE=wide_offsets(k_cache),
-        ROPE=new is not None, NORM=norm, RECORD_SM=record,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **fit, **launch.kwargs)
+        arrival_counters(units, dev), sm_buf, *launch.args, B, HKV, scale, q.stride(0), q.stride(1),
+        out.stride(0), out.stride(1), k_cache.stride(0), k_cache.stride(1), page_table.stride(0),
+        PAGE_SIZE=page_size, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
+        BLOCK_N=cfg.block_n, BLOCK_B=triton.next_power_of_2(B), UNIT_COST=UNIT_COST, D=D,
+        WIDE=wide_offsets(k_cache), RECORD_SM=record, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages, **fit, **launch.kwargs)
     return out

@@ -42,25 +42,6 @@ def poisoned(shape, dtype, device) -> torch.Tensor:
     return torch.full(shape, float("nan"), dtype=dtype, device=device)
 
 
-def rms_ref(x, w, eps):
-    x = x.double()
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w.double()
-
-
-def rope_ref(x, pos, theta, w=None, eps=1e-6):
-    """x [T, H, D] (normalized by w first where given) rotated to each token's position
-    (NeoX half-split), in float64 on the CPU."""
-    x = x.double()
-    if w is not None:
-        x = rms_ref(x, w, eps)
-    d = x.shape[-1]
-    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
-    ang = pos.double().cpu()[:, None] * inv[None, :]
-    cos, sin = ang.cos()[:, None, :], ang.sin()[:, None, :]
-    x1, x2 = x[..., : d // 2].cpu(), x[..., d // 2:].cpu()
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-
-
 def attention_ref(q, k, v, q_pos=None):
     """q [M, Hq, D], k/v [N, Hkv, D] in float64; causal where q_pos (positions of q rows) given."""
     group = q.shape[1] // k.shape[1]

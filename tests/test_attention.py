@@ -3,10 +3,10 @@ import sys
 import pytest
 import torch
 from conftest import HAS_CUDA
-from reference import assert_close, attention_ref, placements, poisoned, rope_ref
+from reference import assert_close, attention_ref, placements, poisoned
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels import NewTokens, decode_attention, extend_attention, rope_cache
+from pdmux_triton.kernels import decode_attention, extend_attention
 from pdmux_triton.kernels._pinned import Pinned
 from pdmux_triton.measure.random_kv import PagedKV
 
@@ -186,120 +186,6 @@ def test_decode_attention_bf16_real_sizes(page_size):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("num_sms,ctas,norm,pdl", [(132, 1, True, True), (132, 1, False, False),
-                                                   (16, 1, True, True), (16, 3, True, False),
-                                                   (48, 1, True, False)])
-def test_decode_attention_finishes_the_prologue_bf16_real_sizes(num_sms, ctas, norm, pdl):
-    # every program of a unit runs at once on the GPU: the new key must be stored by the one
-    # folding the unit's last block and read by it alone (the interpreter runs them in turn,
-    # so only here can a race show: each case launched a few times on fresh inputs)
-    lens = [1, 100, 2048, 16000, 131072, 0, 37, 4097, 300]
-    for _ in range(3):
-        check_decode_new_tokens(lens, 32, 8, 128, 16, torch.bfloat16, num_sms, norm,
-                                device="cuda", ctas_per_sm=ctas, pdl=pdl)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("ctas", [1, 3])
-def test_pinned_decode_attention_finishes_the_prologue_bf16(ctas):
-    # 20 pinned SMs (the device's site order), units cut between slots claimed in turn
-    lens = [1, 100, 2048, 16000, 0, 37, 4097, 300]
-    for _ in range(3):
-        check_decode_new_tokens(lens, 32, 8, 128, 16, torch.bfloat16, None, True, device="cuda",
-                                ctas_per_sm=ctas, pinned=Pinned(112, 20))
-
-
-@pytest.mark.gpu
 @pytest.mark.parametrize("extend,prefix", [([8192], [0]), ([2048], [6144]), ([97, 1000], [0, 300])])
 def test_extend_attention_bf16_real_sizes(extend, prefix):
     check_extend(extend, prefix, 32, 8, 128, 16, torch.bfloat16, num_sms=112, device="cuda")
-
-
-def check_decode_new_tokens(lens, hq, hkv, d, page_size, dtype, num_sms, norm, device=DEV,
-                            **budget):
-    """Decode attention that finishes its own prologue (`NewTokens`): against q and k
-    normalized and rotated in float64 (reference.rope_ref) and attention over the cache with
-    the new key and value at each request's last position. Those cache slots are poisoned
-    first (a kernel reading one before writing it gives NaN), every other slot must come back
-    untouched, and an empty request's slot (a spare one) is never written."""
-    kv = PagedKV(lens, hkv, d, page_size, dtype, device)
-    B = len(lens)
-    qkv = torch.randn(B, (hq + 2 * hkv) * d, dtype=dtype, device=device)
-    q = qkv[:, :hq * d].view(B, hq, d)
-    k = qkv[:, hq * d:(hq + hkv) * d].view(B, hkv, d)
-    v = qkv[:, (hq + hkv) * d:].view(B, hkv, d)
-    spare = kv.k_cache.shape[0] - 1  # the last page is a spare: no request's
-    slots = torch.tensor([int(kv.slots(b, n - 1, n)[0]) if n else spare
-                          for b, n in enumerate(lens)], device=device)
-    pos = torch.tensor([max(n - 1, 0) for n in lens])
-    wq, wk = ((torch.randn(d, dtype=dtype, device=device) for _ in range(2)) if norm
-              else (None, None))
-    cos_sin = rope_cache(max(lens) + 5, d, 1e4, device)
-    new = [b for b, n in enumerate(lens) if n]
-    kv.k_cache[slots[new]] = float("nan")
-    kv.v_cache[slots[new]] = float("nan")
-    k_before, v_before = kv.k_cache.clone(), kv.v_cache.clone()
-    out = poisoned(q.shape, dtype, device)
-    decode_attention(q, kv.k_cache, kv.v_cache, kv.page_table, kv.seq_lens, page_size,
-                     max(lens), out=out, new=NewTokens(k, v, cos_sin, slots, wq, wk),
-                     num_sms=num_sms, **budget)
-    q_ref, k_ref = rope_ref(q, pos, 1e4, wq), rope_ref(k, pos, 1e4, wk)
-    written = torch.zeros(kv.k_cache.shape[0], dtype=torch.bool)
-    written[slots[new].cpu()] = True
-    kept = ~written.to(device)
-    assert torch.equal(kv.k_cache[kept], k_before[kept])
-    assert torch.equal(kv.v_cache[kept], v_before[kept])
-    for b, n in enumerate(lens):
-        if n == 0:
-            assert (out[b] == 0).all()
-            continue
-        assert_close(kv.k_cache[slots[b]], k_ref[b], dtype)
-        assert torch.equal(kv.v_cache[slots[b]], v[b])
-        keys, values = kv.dense(b)
-        assert_close(out[b], attention_ref(q_ref[b:b + 1], keys, values)[0], dtype)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("norm", [False, True])
-@pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize("lens", [[1], [7, 97], [255, 3, 40]])
-def test_decode_attention_finishes_the_new_tokens_prologue(lens, page_size, norm, dtype):
-    check_decode_new_tokens(lens, 4, 2, 16, page_size, dtype, 3, norm)
-
-
-@pytest.mark.parametrize("lens", [[130, 5, 33], [1, 130, 1, 1, 40, 1, 0, 1], [40, 0, 40, 0]])
-@pytest.mark.parametrize("num_sms", [1, 2, 7, 500])
-def test_decode_attention_writes_each_new_token_once_on_any_grid(lens, num_sms):
-    # units cut between programs at different blocks: only the program folding a unit's last
-    # block writes its new key, and it reads it after; 500 programs give every block its own
-    check_decode_new_tokens(lens, 8, 2, 32, 16, torch.float32, num_sms, True)
-
-
-@pytest.mark.parametrize("ctas", [1, 2])
-def test_pinned_decode_attention_finishes_the_prologue_whoever_survives(ctas):
-    for lens, first, k in (([130, 5, 33], 1, 3), ([1, 130, 1, 0, 40], 0, 6)):
-        for _, placement in placements(6, ctas, first, k, seed=len(lens)):
-            pinned = Pinned(first, k, placement.to(torch.int32).to(DEV))
-            check_decode_new_tokens(lens, 8, 2, 32, 16, torch.float32, None, True,
-                                    ctas_per_sm=ctas, pinned=pinned)
-
-
-def test_new_tokens_bad_inputs():
-    kv = PagedKV([5, 9], 2, 16, 16, torch.float32, DEV)
-    qkv = torch.randn(2, 8 * 16, device=DEV)
-    q, k, v = qkv[:, :64].view(2, 4, 16), qkv[:, 64:96].view(2, 2, 16), qkv[:, 96:].view(2, 2, 16)
-    cs, slots = rope_cache(16, 16, 1e4, DEV), torch.tensor([4, 8], device=DEV)
-    w = torch.ones(16, device=DEV)
-
-    def attend(**new):
-        fields = {"k": k, "v": v, "cos_sin": cs, "slots": slots, **new}
-        decode_attention(q, kv.k_cache, kv.v_cache, kv.page_table, kv.seq_lens, 16, 9,
-                         new=NewTokens(**fields))
-    for bad, says in (({"k": k.contiguous()}, "q's strides"), ({"v": v[:1]}, "new tokens' v"),
-                      ({"cos_sin": cs[:8]}, "positions >= 9"),
-                      ({"cos_sin": cs.double()}, "cos_sin has dtype"),
-                      ({"q_norm": w}, "go together"), ({"q_norm": w[:8], "k_norm": w}, "8 entries"),
-                      ({"slots": slots[:1]}, "1 entries for 2"),
-                      ({"slots": slots.float()}, "slots has dtype")):
-        with pytest.raises(PdmuxError, match=says):
-            attend(**bad)

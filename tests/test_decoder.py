@@ -46,14 +46,11 @@ def test_split_prefill_equals_whole():
     assert logits.shape == (1, 256) and torch.isfinite(logits).all()
 
 
-@pytest.mark.parametrize("in_attention", [False, True])
 @pytest.mark.parametrize("fused", [False, True])
-def test_decode_step_continues_the_prefill(fused, in_attention):
+def test_decode_step_continues_the_prefill(fused):
     """fused: the decode GEMMs take whole skinny tiles (forced), so the step runs
-    `fused_layer` (norms and residual adds inside the GEMMs) against the prefill's layers;
-    in_attention: decode attention normalizes, rotates and stores the new token itself."""
-    with mock.patch.object(gemm, "whole_tiles", return_value=fused), \
-            mock.patch.object(Model, "rope_in_attention", in_attention):
+    `fused_layer` (norms and residual adds inside the GEMMs) against the prefill's layers."""
+    with mock.patch.object(gemm, "whole_tiles", return_value=fused):
         _decode_continues_prefill(Budget(64) if fused else Budget(2), fused)
 
 
@@ -137,14 +134,6 @@ def test_fused_decode_step_equals_the_layers_at_real_dims(sms=132):
     with mock.patch.object(Model, "fuses_norms", return_value=False):
         layers = model.decode_step(step, budget)
     assert rel_err(fused, layers) < REL_TOL[torch.bfloat16]
-    # the new token's prologue inside decode attention (`NewTokens`): the same logits, with
-    # the new tokens' cache slots poisoned first (the steps above wrote them)
-    for layer in range(2):
-        cache.k[layer][slots] = float("nan")
-        cache.v[layer][slots] = float("nan")
-    with mock.patch.object(Model, "rope_in_attention", True):
-        inside = model.decode_step(step, budget)
-    assert rel_err(fused, inside) < REL_TOL[torch.bfloat16]
 
 
 def test_folded_gains_give_the_norm_then_the_projection():

@@ -6,10 +6,15 @@ from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels import (rmsnorm, rope_, rope_cache, rope_store_kv, silu_mul,
                                   stream_read)
 from pdmux_triton.kernels._pinned import Pinned
-from reference import assert_close, placements, poisoned, rms_ref, rope_ref
+from reference import assert_close, placements, poisoned
 
 DEV = "cuda" if HAS_CUDA else "cpu"
 DTYPES = [torch.float32, torch.float16]
+
+
+def rms_ref(x, w, eps):
+    x = x.double()
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w.double()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -44,6 +49,18 @@ def test_per_head_norm_on_a_strided_view_in_place():
     rmsnorm(q, w, 1e-6, out=q, num_sms=2)
     assert_close(q, ref, torch.float32)
     assert torch.equal(qkv[:, 64:], untouched)
+
+
+def rope_ref(x, pos, theta, w=None, eps=1e-6):
+    x = x.double()
+    if w is not None:
+        x = rms_ref(x, w, eps)
+    d = x.shape[-1]
+    inv = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+    ang = pos.double().cpu()[:, None] * inv[None, :]
+    cos, sin = ang.cos()[:, None, :], ang.sin()[:, None, :]
+    x1, x2 = x[..., : d // 2].cpu(), x[..., d // 2:].cpu()
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

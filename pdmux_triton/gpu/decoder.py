@@ -17,8 +17,8 @@ import torch
 
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.gpu.streams import kernel_args
-from pdmux_triton.kernels import (NewTokens, decode_attention, extend_attention, linear, rmsnorm,
-                                  rope_cache, rope_store_kv, swiglu_linear)
+from pdmux_triton.kernels import (decode_attention, extend_attention, linear, rmsnorm, rope_cache,
+                                  rope_store_kv, swiglu_linear)
 from pdmux_triton.kernels.gemm import normalizes_rows
 from pdmux_triton.kernels.prefill_attention import plan_extend
 from pdmux_triton.multiplex.partition import Budget
@@ -183,12 +183,6 @@ ONE_GPU = OneGpu()
 
 
 class Model:
-    # whether a decode step's new q, k and v are normalized, rotated and stored by decode
-    # attention itself (`NewTokens`: one launch a layer fewer) or, as a prefill's are, by
-    # `rope_store_kv` before it: off until bench/decode_floor.py's `rope_in_attention` turn
-    # has timed it on a GPU (bench/NOTES.md)
-    rope_in_attention = False
-
     def __init__(self, weights: Weights, cache: KVCache, max_positions: int = 131072):
         """On a tensor-parallel rank `weights` is its shard, and each call's `Budget.comm`
         sums the row-parallel o and down projections and gathers the logits."""
@@ -203,11 +197,9 @@ class Model:
         return self.w.embed[tokens]
 
     def layer(self, i: int, hidden: torch.Tensor, residual: torch.Tensor | None,
-              positions: torch.Tensor, slots: torch.Tensor, attend, budget: Budget,
-              in_attention: bool = False):
+              positions: torch.Tensor, slots: torch.Tensor, attend, budget: Budget):
         """One transformer layer; `attend(q, k, v, k_cache, v_cache)` is decode or extend
-        attention (k, v: this call's new keys and values, already in the cache too; with
-        `in_attention`, `attend(..., new=NewTokens)` finishes them itself: `_attention`).
+        attention (k, v: this call's new keys and values, already in the cache too).
 
         Returns (hidden, residual) for the next layer: the MLP output and the running sum.
         """
@@ -218,7 +210,7 @@ class Model:
         else:
             x = rmsnorm(hidden, lw["in_norm"], s.rms_eps, residual=residual, **kw)
         attn = self._attention(i, linear(x, lw["qkv"], bias=lw.get("qkv_bias"), **kw), positions,
-                               slots, attend, kw, in_attention)
+                               slots, attend, kw)
         comm = budget.comm or ONE_GPU
         o = comm.reduce(linear(attn, lw["o"], **kw))
         x = rmsnorm(o, lw["post_norm"], s.rms_eps, residual=residual, **kw)
@@ -226,16 +218,15 @@ class Model:
         return mlp, residual
 
     def fused_layer(self, i: int, residual: torch.Tensor, positions: torch.Tensor,
-                    slots: torch.Tensor, attend, budget: Budget,
-                    in_attention: bool = False) -> None:
+                    slots: torch.Tensor, attend, budget: Budget) -> None:
         """One layer of a decode-sized batch on one GPU (`fuses_norms`), with the norms and
         residual adds inside the GEMMs: the QKV and gate-up GEMMs normalize the residual
         stream's rows themselves (the gains are in their weights: `Weights.fold_norm_gains`)
         and the o and down GEMMs add into it, which is updated in place. Six launches, where
-        `layer` makes eight; five `in_attention` (`layer`'s)."""
+        `layer` makes eight."""
         s, lw, kw = self.spec, self.w.layers[i], kernel_args(budget)
         qkv = linear(residual, lw["qkv"], bias=lw.get("qkv_bias"), rms_eps=s.rms_eps, **kw)
-        attn = self._attention(i, qkv, positions, slots, attend, kw, in_attention)
+        attn = self._attention(i, qkv, positions, slots, attend, kw)
         linear(attn, lw["o"], residual, accumulate=True, **kw)
         mlp_in = swiglu_linear(residual, lw["gate_up"], rms_eps=s.rms_eps, **kw)
         linear(mlp_in, lw["down"], residual, accumulate=True, **kw)
@@ -250,22 +241,17 @@ class Model:
         return all(normalizes_rows(rows, lw[name], **kw) for name in ("qkv", "gate_up"))
 
     def _attention(self, i: int, qkv: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                   attend, kw: dict, in_attention: bool = False) -> torch.Tensor:
+                   attend, kw: dict) -> torch.Tensor:
         """Layer i's attention from its QKV projection: q and k normed and rotated, k and v
-        into the cache, then `attend`; [T, q_dim]. `in_attention`: one new token a request
-        at the last of its positions, finished by `attend` itself (`NewTokens`)."""
+        into the cache, then `attend`; [T, q_dim]."""
         s, lw = self.spec, self.w.layers[i]
         T = qkv.shape[0]
         heads = qkv.view(T, s.q_heads + 2 * s.kv_heads, s.head_dim)
         q, k, v = heads.split([s.q_heads, s.kv_heads, s.kv_heads], dim=1)
-        norms = (lw["q_norm"], lw["k_norm"]) if s.qk_norm else (None, None)
-        caches = (self.cache.k[i], self.cache.v[i])
-        if in_attention:
-            new = NewTokens(k, v, self.cos_sin, slots, *norms, s.rms_eps)
-            return attend(q, k, v, *caches, new=new).view(T, s.q_dim)
-        rope_store_kv(heads, positions, self.cos_sin, s.q_heads, *caches, slots, *norms,
-                      s.rms_eps, **kw)
-        return attend(q, k, v, *caches).view(T, s.q_dim)
+        rope_store_kv(heads, positions, self.cos_sin, s.q_heads, self.cache.k[i], self.cache.v[i],
+                      slots, lw["q_norm"] if s.qk_norm else None,
+                      lw["k_norm"] if s.qk_norm else None, s.rms_eps, **kw)
+        return attend(q, k, v, self.cache.k[i], self.cache.v[i]).view(T, s.q_dim)
 
     def logits(self, hidden: torch.Tensor | None, residual: torch.Tensor,
                budget: Budget) -> torch.Tensor:
@@ -282,21 +268,18 @@ class Model:
         """Logits [B, vocab] of one new token per request (its K/V enter the cache)."""
         ps = self.cache.page_size
 
-        def attend(q, k, v, kc, vc, new=None):
+        def attend(q, k, v, kc, vc):
             return decode_attention(q, kc, vc, batch.page_table, batch.seq_lens, ps,
-                                    batch.max_seq_len, new=new,
-                                    **kernel_args(budget, attention=True))
+                                    batch.max_seq_len, **kernel_args(budget, attention=True))
         hidden, residual = self.embed(batch.tokens), None
-        in_attention = self.rope_in_attention
         if self.fuses_norms(hidden.shape[0], budget):
             residual = hidden  # the gather's own tensor: the residual stream, updated in place
             for i in range(len(self.w.layers)):
-                self.fused_layer(i, residual, batch.positions, batch.slots, attend, budget,
-                                 in_attention)
+                self.fused_layer(i, residual, batch.positions, batch.slots, attend, budget)
             return self.logits(None, residual, budget)
         for i in range(len(self.w.layers)):
             hidden, residual = self.layer(i, hidden, residual, batch.positions, batch.slots,
-                                          attend, budget, in_attention)
+                                          attend, budget)
         return self.logits(hidden, residual, budget)
 
     def extend_layers(self, batch: ExtendBatch, start: int, end: int, hidden=None, residual=None,

@@ -109,9 +109,8 @@ class ModelExecutor:
             if rank is not None:  # every rank makes the two groups, in the same order
                 weights = shard_weights(weights, *rank)
                 comms = (DistCollectives(dist.new_group()), DistCollectives(dist.new_group()))
-            # rotary's table reaches every position a page table of the context can name
             model = Model(weights, KVCache(weights.spec, pages, page_size, device, dtype),
-                          max_positions=-(-(max_context + 1) // page_size) * page_size)
+                          max_positions=max_context + 1)
             graphs = DecodeGraphs(model, width=-(-max_context // page_size))
             cls._shared[key] = Runtime(model, PartitionPool(), graphs, comms)
         return cls(cls._shared[key], gpu, kind)
