@@ -58,13 +58,9 @@ class LayerPrice:
         return prompts * step_cost.layer_flops(self.model, tokens // prompts, cached // prompts, 1)
 
     def whole(self, tokens: int, prompts: int, cached: int) -> float:
-        """A whole-GPU prefill batch's layer: its MFU alone, or its kernels' tiles if longer."""
-        alone = step_cost.compute_s(self._flops(tokens, prompts, cached), self.rate, self.sms,
-                                    False)
-        seqs = [(tokens // prompts, cached // prompts)] * prompts
-        tiled = (step_cost.tiled_layers_s(self.model, tokens, seqs, self.tiles, self.sms, 1)
-                 if self.tiles else None)
-        return max(alone, tiled or 0.0)
+        """A whole-GPU prefill batch's layer (`SimExecutor.whole_gpu_prefill_s`)."""
+        return self.pricer.sim.whole_gpu_prefill_s(
+            [(tokens // prompts, cached // prompts)] * prompts, 1, False)
 
     def split(self, tokens: int, prompts: int, cached: int, level: int) -> float | None:
         """A split prefill batch's layer at its level's prefill SMs, beside decode (None at a

@@ -21,6 +21,7 @@ ratio by points file and prefill SMs, and pooled; writes <out>/split-batches-<gp
 
 from __future__ import annotations
 
+import functools
 import sys
 from bisect import bisect_left
 from collections import defaultdict
@@ -30,7 +31,7 @@ import numpy as np
 from corun_rounds import POINTS, Pricer, covered_s
 from fit_host_costs import CAPACITY_DIAGNOSTICS, timed_points
 from script import MEASURED_ON_H200, finish, points_parser, run_script
-from trace_fidelity import COUNT, TRACES, batch_prompts
+from trace_fidelity import COUNT, MODEL, TRACES, batch_prompts
 
 from pdmux_triton.cost import step_cost
 from pdmux_triton.cost.measured_inputs import load_host_costs
@@ -38,6 +39,7 @@ from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiments.settings import RunSettings, make_requests
 from pdmux_triton.results import provenance, read_json
 from pdmux_triton.serve.simulated import SUSTAINED_WINDOW_S
+from pdmux_triton.spec.gpus import gpu_preset
 from pdmux_triton.spec.models import model_preset
 from pdmux_triton.spec.traffic import Request
 
@@ -49,20 +51,28 @@ GRID_CAPPED = "pdmux_grid_cap"
 
 
 def point_requests(path: str, point: dict, pricer: Pricer) -> list[Request]:
-    """The requests a measured point served, made again from its settings: a capacity folder's
-    saved ones, or bench/trace_fidelity.py's window of its trace."""
+    """The requests a measured point served, made again from its settings (`run_settings`)."""
     rate = point.get("rate", point["diagnostics"].get("rate"))
+    return make_requests(run_settings(path, pricer.gpu.name, point.get("trace"),
+                                      point.get("start")), rate)
+
+
+@functools.lru_cache(maxsize=None)
+def run_settings(path: str, gpu: str, trace: str | None, start: int | None) -> RunSettings:
+    """The settings a points file's runs were served with: a capacity folder's saved ones, or
+    bench/trace_fidelity.py's window of its trace; made once a folder or window, so its trace
+    is read once (a run's requests are its window's, sped up to its rate)."""
     if Path(path).name.startswith(CAPACITY_DIAGNOSTICS):
-        saved = read_json(Path(path).with_name(f"capacity-settings-{pricer.gpu.name}.json"),
+        saved = read_json(Path(path).with_name(f"capacity-settings-{gpu}.json"),
                           "capacity settings")
         defaults = {k: v for k, v in RunSettings.defaults().items() if k != "model"}
         # a folder keeps no context length (it only refuses requests); the run served its
         # preset's, which leaves a trace's longest prompts out
         model = {**saved["model"], "max_context": model_preset(saved["model"]["name"]).max_context}
-        return make_requests(RunSettings.from_dict({**defaults, **saved, "model": model}), rate)
-    return make_requests(RunSettings(
-        gpu=pricer.gpu, model=pricer.model, workload="trace", trace=str(TRACES[point["trace"]]),
-        trace_start=point["start"], trace_count=COUNT, simulate=True), rate)
+        return RunSettings.from_dict({**defaults, **saved, "model": model})
+    return RunSettings(gpu=gpu_preset(gpu), model=model_preset(MODEL), workload="trace",
+                       trace=str(TRACES[trace]), trace_start=start, trace_count=COUNT,
+                       simulate=True)
 
 
 def split_batches(point: dict, requests: list[Request], pricer: Pricer,

@@ -45,6 +45,7 @@ from pathlib import Path
 from script import MEASURED_ON_H200, bench_inputs, bench_parser, finish, run_script
 
 from pdmux_triton.cli.parsing import choice, integer, listed, number
+from pdmux_triton.cost.measured_inputs import load_host_costs
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiments import capacity_search, repeats
 from pdmux_triton.experiments.capacity import repeat_capacities
@@ -203,14 +204,17 @@ def measure(args, store: PointStore, log) -> None:
 
 def prefill_speed_by_commit(args, store: PointStore) -> dict:
     """How fast each card of the measured points ran its long prefill-first batches against
-    the simulator's price (bench/card_speeds.py): by commit, its speed, batches and runs."""
+    the simulator's price (bench/card_speeds.py): by commit, its speed, batches and runs. Read
+    where the points are the plan's windows (COUNT requests, which its reader makes again)
+    and their runs timed their host (the eager step it takes off)."""
     from card_speeds import measured_speeds, summary
 
-    if not any(p["diagnostics"].get("host_layer_us") for p in store.points.values()):
-        return {}  # points measured before runs timed their host: no eager step to take off
-    base = settings(args, *windows(args)[0], simulate=True)
+    if args.count != COUNT or not any(p["diagnostics"].get("host_layer_us")
+                                      for p in store.points.values()):
+        return {}
     return summary(measured_speeds([str(store.path)], args.calibration, args.compare,
-                                   Servers(base, []).overheads, base.gpu.name))
+                                   load_host_costs(args.host_costs),
+                                   settings(args, *windows(args)[0], simulate=True).gpu.name))
 
 
 def simulate(args, store: PointStore, only: tuple | None = None) -> dict[tuple, dict]:
