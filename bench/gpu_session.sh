@@ -24,6 +24,8 @@
 #       the GPU on Azure trace windows (resumes its points when cut short)
 #   PREFIX_RATES=1.5,2 bash bench/gpu_session.sh prefix   # prefix cache on and off, Mooncake
 #       conversation rows 3000-3199 (bench/prefix_cache.py; measured capacity, points resume)
+#   PREFIX_RATES=0.6 PREFIX_WARM=40 PREFIX_STRATEGIES=prefill_first PREFIX_ARGS="--cache on" \
+#       bash bench/gpu_session.sh prefix   # one slow point a device call (~450 s)
 #   bash bench/gpu_session.sh gemm_rows   # decode GEMM tiles for 65-128 rows on 20-132 SMs
 #   bash bench/gpu_session.sh sustained   # a level's prefill sustained beside decode, with clocks
 #   SUSTAINED_ARGS="--batches 12288x9 --seconds 4 --busy-shares 0.3,0.6,0.8" bash \
@@ -159,7 +161,7 @@ case " $STEPS " in *" slo "*) [ -d "$SLO_OUT/slo-levels" ] && tar czf "$OUT/$(ba
 step prefix ${PREFIX_S:-540} python3 bench/prefix_cache.py --out bench/results \
     --traces ${PREFIX_TRACES:-conv} --window ${PREFIX_WINDOW:-3000:200} \
     --strategies ${PREFIX_STRATEGIES:-pdmux_grid_cap,chunked_512} --rates ${PREFIX_RATES:-1.5,2} \
-    --warm-requests ${PREFIX_WARM:-100}
+    --warm-requests ${PREFIX_WARM:-100} ${PREFIX_ARGS:-}
 case " $STEPS " in *" prefix "*) tar czf "$OUT/prefix-cache.tgz" -C bench/results prefix-cache \
     $(cd bench/results && ls prefix-cache-h200*.json 2>/dev/null) ;; esac
 grep -E "^(== |   )|passed|failed|MISS|  ok|capacity req/s|pdmux_|chunked_|prefill_first|^sharegpt|^arxiv" \

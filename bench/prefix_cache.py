@@ -16,6 +16,7 @@ at any rate. Writes <out>/prefix-cache-h200[-simulated].json; prints the table.
 
     python bench/prefix_cache.py                                    # simulated, both traces
     python bench/prefix_cache.py --traces conv --rates 1.5,2 --strategies pdmux_grid_cap,chunked_512
+    python bench/prefix_cache.py --traces conv --rates 0.6 --strategies prefill_first --cache on
     python bench/prefix_cache.py --traces conv --window 3000:200 --offline   # those points again
 """
 
@@ -201,6 +202,10 @@ def run(args) -> int:
     if args.warm_requests != WARM_REQUESTS and not args.rates:
         raise PdmuxError(f"--warm-requests {args.warm_requests} does nothing without --rates "
                          f"(only a measured point is warmed first)")
+    if args.cache != "both" and not args.rates:
+        raise PdmuxError(f"--cache {args.cache} does nothing without --rates (the summary "
+                         f"compares both sides: simulate or read them offline together)")
+    args.cache = ("on", "off") if args.cache == "both" else (args.cache,)
     start, count = args.window
     model, gpu = model_preset("qwen3-8b"), gpu_preset("h200")
     kv_tokens = step_cost.kv_capacity_tokens(gpu, model)
@@ -214,6 +219,9 @@ def run(args) -> int:
             "path": trace, "counted_hit_rates": counted_hit_rates(
                 trace, start, count, kv_tokens, model.max_context), "capacity": {}}
         for cache in ("on", "off"):
+            if cache not in args.cache:  # a side left out keeps no result here (None)
+                t["capacity"][cache] = None
+                continue
             folder = Path(args.out) / "prefix-cache" / f"{name}-{start}-{count}-{cache}"
             strategies = (measured_strategies(folder, args.strategies) if args.offline
                           else args.strategies)
@@ -244,6 +252,9 @@ def main(argv=None) -> int:
     p.add_argument("--offline", action="store_true",
                    help="read the points measured before under <out>/prefix-cache/ (no GPU): "
                         "each cache side's summary holds the strategies measured with it")
+    p.add_argument("--cache", type=choice(("on", "off", "both")), default="both",
+                   help="the cache sides served: a measured point at a slow rate fills a device "
+                        "call, so one side a call keeps the other from being cut half-way")
     bench_inputs(p, "calibration", "compare", "host_costs")
     p.set_defaults(slo_ttft_ms=10000.0, slo_tpot_ms=50.0)
     return run_script(p, run, argv)

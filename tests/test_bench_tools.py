@@ -1197,6 +1197,10 @@ def test_prefix_cache_ratios_over_a_capacity_below_every_rate_are_lower_bounds(t
                            "--warm-requests", "40"], capture_output=True, text=True, timeout=120)
     assert idle.returncode == 2 and "--warm-requests 40 does nothing without --rates" in \
         idle.stderr and "Traceback" not in idle.stderr
+    side = subprocess.run([sys.executable, "bench/prefix_cache.py", "--out", str(tmp_path),
+                           "--cache", "on"], capture_output=True, text=True, timeout=120)
+    assert side.returncode == 2 and "--cache on does nothing without --rates" in side.stderr \
+        and "Traceback" not in side.stderr
 
 
 def test_prefix_cache_offline_summarizes_each_side_as_measured(tmp_path):
