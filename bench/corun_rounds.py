@@ -45,18 +45,19 @@ POINTS = ("bench/results/trace-fidelity/points-h200.jsonl",
           *sorted(glob.glob("bench/results/prefix-cache/*/capacity-diagnostics-h200.jsonl")))
 BUSY = (0.3, 0.6, 0.8, 0.95)  # busy-share bin edges: <0.3, 0.3-0.6, ..., >=0.95
 COVERED = (0.5, 0.9)  # the step's share its prefill's launches covered: <0.5, 0.5-0.9, >=0.9
-# the strategies whose split levels the pricer's grid-capped curves price (green: its own kind)
-GRID_CAPPED_PDMUX = ("pdmux_grid_cap", "pdmux_slo_grid_cap")
+# the pd-mux strategies whose split levels run on each partition kind
+PDMUX_KIND_STRATEGIES = {"grid_cap": ("pdmux_grid_cap", "pdmux_slo_grid_cap"),
+                         "green": ("pdmux_green", "pdmux_slo_green")}
 
 
 class Pricer:
     """A points file's GPU, model and pd-mux levels, and the simulator's price of a decode step
     (`SimExecutor.decode_price_s`, without and with its busy ratio), from the calibration,
     comparison and overheads given (`gpu`: the GPU that bench/trace_fidelity.py's points ran
-    on; a capacity folder names its own)."""
+    on; a capacity folder names its own), for the partition `kind` its split levels ran on."""
 
     def __init__(self, path: str, calibration: str, compare: str, overheads: step_cost.Overheads,
-                 gpu: str):
+                 gpu: str, kind: str = "grid_cap"):
         p = Path(path)
         if not p.is_file():
             raise PdmuxError(f"{path}: no such points file")
@@ -68,17 +69,18 @@ class Pricer:
             self.gpu, self.model = gpu_preset(gpu), model_preset(MODEL)
             self.source, config = p.parent.name, PDMuxConfig()
         self.levels = config.levels(self.gpu.sms, self.gpu.cc_major)
-        decode = load_calibration(calibration, self.gpu.name).decode_curve("grid_cap")
+        decode = load_calibration(calibration, self.gpu.name).decode_curve(kind)
         prefill = load_compare(compare, self.gpu.name).prefill_rate(
-            "grid_cap", self.gpu.bf16_tflops, self.gpu.sms)
-        self.sim = SimExecutor(self.gpu, self.model, decode, prefill, overheads=overheads)
+            kind, self.gpu.bf16_tflops, self.gpu.sms)
+        self.kind = kind
+        self.sim = SimExecutor(self.gpu, self.model, decode, prefill, kind, overheads)
 
     def sms(self, level: int) -> tuple[int, int]:
         """(prefill SMs, decode SMs) of a round's level (-1: a whole-GPU loop's); 0 prefill SMs
         where the decode has the whole GPU."""
         if level < 0:
             return 0, self.gpu.sms
-        spec = for_level(self.levels[level], "grid_cap", self.gpu.sms)
+        spec = for_level(self.levels[level], self.kind, self.gpu.sms)
         return (0 if spec.whole_gpu else spec.prefill_sms), spec.decode_sms
 
     def price_s(self, x: dict) -> tuple[float, float]:
@@ -184,9 +186,9 @@ def summary(rows: list[dict]) -> dict:
 
 
 def ratio_by_busy(paths, calibration: str, compare: str, overheads: step_cost.Overheads,
-                  gpu: str, min_rounds: int = 30) -> dict:
-    """The served decode step beside a grid-capped split prefill over its co-run price without
-    the busy ratio, by busy share: (median busy share, median ratio) in each `BUSY` bin holding
+                  gpu: str, min_rounds: int = 30, kind: str = "grid_cap") -> dict:
+    """The served decode step beside a split prefill on partition `kind` over its co-run price
+    without the busy ratio, by busy share: (median busy share, median ratio) in each `BUSY` bin holding
     at least `min_rounds` rounds (`ratio_by_busy_share`), over the pd-mux points that kept their
     launches' spans (the busy share on the GPU's clock; a round counts as beside the prefill
     where any launch of it overlaps, as the simulator counts a step whose prefill queue ends
@@ -194,9 +196,10 @@ def ratio_by_busy(paths, calibration: str, compare: str, overheads: step_cost.Ov
     files that held such points."""
     rows, used = [], []
     for path in paths:
-        pricer = Pricer(path, calibration, compare, overheads, gpu)
+        pricer = Pricer(path, calibration, compare, overheads, gpu, kind)
         for point, _ in timed_points(path):
-            if "busy_us" in point["diagnostics"] and point["strategy"] in GRID_CAPPED_PDMUX:
+            if "busy_us" in point["diagnostics"] and point["strategy"] in \
+                    PDMUX_KIND_STRATEGIES[kind]:
                 rows += [x for x in decode_rounds(point, pricer, f"{path} {point['strategy']}")
                          if x["corun"]]
                 used += [] if path in used else [path]

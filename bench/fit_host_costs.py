@@ -96,10 +96,13 @@ MIN_ROUNDS = 100  # served decode rounds a round's host share is fitted to, at t
 # median mixes contexts; the GPU's step is not monotonic in rows: a whole 128-row tile)
 MIN_STEPS = 100
 WHOLE_GPU_LOOPS = ("prefill_first", "chunked_")  # strategies whose decode has every SM
+# partition kinds whose split levels are fitted apart from the grid cap's (`by_kind`)
+OTHER_KINDS = ("green",)
 # what it fits to served runs (split_prefill_sustained, which it also adds, is carried from a
 # measurement of its own: a held-out judgement keeps it)
 FITTED = ("eager_step", "decode_step_extra", "whole_gpu_prefill", "mixed_step",
-          "decode_beside_prefill", "decode_round_served", "prefill_batch", "split_prefill_served")
+          "decode_beside_prefill", "decode_round_served", "prefill_batch", "split_prefill_served",
+          "by_kind")
 # calibrate --host-costs' decode rounds: 512-token prompts, 30 steps (files before it said so)
 HOST_COSTS_DECODE_CONTEXT = 512 + 15
 
@@ -637,16 +640,21 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
     # by the prefill's busy share, where the points kept their launches' spans
     from corun_rounds import Pricer, ratio_by_busy  # they read rounds with this file's helpers
 
-    priced = replace(overheads, split_decode_by_busy=(), decode_step_extra=tuple(
+    priced = replace(overheads, split_decode_by_busy=(), by_kind=(), decode_step_extra=tuple(
         (r["batch"], r["extra_s"]) for r in host["decode_step_extra"]))
-    beside = ratio_by_busy([m for m in measured if m.endswith(".jsonl")], calibration, compare,
-                           priced, gpu.name)
-    # two bins at least, or none: a ratio fitted before, to other extras, does not stay
+    # each kind's own (a green context's decode and prefill are not a capped grid's): the
+    # grid cap's at the top, another kind's under by_kind where its points allow a fit
     host.pop("decode_beside_prefill", None)
-    if len(beside["ratio_by_busy_share"]) >= 2:
-        host["decode_beside_prefill"] = {
-            **beside, "files": [f"{Path(m).parent.name}/{Path(m).name}" for m in beside["files"]],
-            "calibration": Path(calibration).name, "compare": Path(compare).name}
+    by_kind = {kind: {} for kind in OTHER_KINDS}
+    for kind in ("grid_cap", *OTHER_KINDS):
+        beside = ratio_by_busy([m for m in measured if m.endswith(".jsonl")], calibration,
+                               compare, priced, gpu.name, kind=kind)
+        # two bins at least, or none: a ratio fitted before, to other extras, does not stay
+        if len(beside["ratio_by_busy_share"]) >= 2:
+            (by_kind[kind] if kind in by_kind else host)["decode_beside_prefill"] = {
+                **beside, "files": [f"{Path(m).parent.name}/{Path(m).name}"
+                                    for m in beside["files"]],
+                "calibration": Path(calibration).name, "compare": Path(compare).name}
 
     # the host's share of a served decode round, by its requests and their KV, where the
     # measurements timed their hosts (a captured round alone lacks the loop's bookkeeping)
@@ -695,14 +703,18 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
     # the sustained bench's ratios then price it)
     from split_batches import served_sustained
 
-    kept = served_sustained(list(by_file), calibration, compare, replace(
-        overheads, mixed=mixed, prefill_batch_s=(batch or {}).get("seconds",
-                                                                  overheads.prefill_batch_s)),
-        gpu.name)
     host.pop("split_prefill_served", None)
-    if len(kept["ratio_by_prefill_sms"]) >= 2:
-        host["split_prefill_served"] = {**kept, "calibration": Path(calibration).name,
-                                        "compare": Path(compare).name}
+    served_by_kind = {}
+    for kind in ("grid_cap", *OTHER_KINDS):
+        kept = served_by_kind[kind] = served_sustained(list(by_file), calibration, compare, replace(
+            overheads, mixed=mixed, by_kind=(), prefill_batch_s=(batch or {}).get(
+                "seconds", overheads.prefill_batch_s)), gpu.name, kind)
+        if len(kept["ratio_by_prefill_sms"]) >= 2:
+            (by_kind[kind] if kind in by_kind else host)["split_prefill_served"] = {
+                **kept, "calibration": Path(calibration).name, "compare": Path(compare).name}
+    host.pop("by_kind", None)  # one fitted to other points does not stay
+    if any(by_kind.values()):
+        host["by_kind"] = {kind: fits for kind, fits in by_kind.items() if fits}
     bound = small & by_launches
     if not bound.any():
         raise PdmuxError(f"no chunked_{size} round was bound by its launches: an eager step's "
@@ -742,13 +754,17 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
         lines.append(f"prefill on the whole GPU: MFU {host['whole_gpu_prefill']['mfu']:.3f} kept "
                      f"from the file (these measurements hold too few prefill-first batches "
                      f"bound by their GPU)")
-    lines.append("a level's prefill on a busy GPU as served over its burst: " + (", ".join(
-        f"{sms} SMs {ratio:.3f}" for sms, ratio in kept["ratio_by_prefill_sms"])
-        + f" ({kept['batches']} batches)" if "split_prefill_served" in host else
-        "not fitted (too few large pd-mux batches at two levels): the sustained bench's"))
-    if kept["points_left_out"]:
-        lines.append("pd-mux points whose batches and requests disagree, left out: "
-                     + ", ".join(kept["points_left_out"]))
+    for kind, kept in served_by_kind.items():
+        fits = host if kind == "grid_cap" else host.get("by_kind", {}).get(kind, {})
+        lines.append(f"a level's prefill on a busy GPU as served over its burst ({kind}): "
+                     + (", ".join(f"{sms} SMs {ratio:.3f}"
+                                  for sms, ratio in kept["ratio_by_prefill_sms"])
+                        + f" ({kept['batches']} batches)" if "split_prefill_served" in fits else
+                        "not fitted (too few large pd-mux batches at two levels): "
+                        + ("the sustained bench's" if kind == "grid_cap" else "the grid cap's")))
+        if kept["points_left_out"]:
+            lines.append(f"pd-mux points ({kind}) whose batches and requests disagree, left "
+                         f"out: " + ", ".join(kept["points_left_out"]))
     if "split_prefill_sustained" in host:
         lines.append("a level's prefill sustained beside decode over its burst (the bench): "
                      + ", ".join(f"{sms} SMs {ratio:.3f}" for sms, ratio
@@ -767,6 +783,12 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
         lines.append("the decode step beside a split prefill: no busy ratio fitted (no two "
                      "busy-share bins of pd-mux rounds with their launch spans): its co-run "
                      "price as it is")
+    for kind, fits in host.get("by_kind", {}).items():
+        if "decode_beside_prefill" in fits:
+            lines.append(f"the same on {kind}: " + ", ".join(
+                f"{share:.0%} {ratio:.3f}" for share, ratio
+                in fits["decode_beside_prefill"]["ratio_by_busy_share"])
+                + f" ({fits['decode_beside_prefill']['rounds']} rounds)")
     if tiles is not None:
         lines.append("tile times: GEMM waves " + ", ".join(
             f"{a}x{b} {t * 1e6:.1f} us (a partial one {share:.2f} +)"

@@ -3,7 +3,8 @@ prefill keeps of the comparison's burst rate as served, the rate the simulator s
 split prefill toward (the host-costs file's `split_prefill_served`, which
 bench/fit_host_costs.py fits from these batches).
 
-A batch counts where it was served by a grid-capped pd-mux point, all its layers at one split
+A batch counts where it was served by a pd-mux point at SGLang's levels on the partition kind
+asked for (`--kind`: grid-capped, the default, or green contexts), all its layers at one split
 level, with at least MIN_TOKENS prompt tokens (bound by its GPU: its upload and its wait for a
 round are a small part of its span), none read from a prefix cache, after split batches kept
 the prefill busy at least MIN_BUSY of the half second before it (the clocks of a GPU kept
@@ -33,6 +34,7 @@ from fit_host_costs import CAPACITY_DIAGNOSTICS, timed_points
 from script import MEASURED_ON_H200, finish, points_parser, run_script
 from trace_fidelity import COUNT, MODEL, TRACES, batch_prompts
 
+from pdmux_triton.cli.parsing import choice
 from pdmux_triton.cost import step_cost
 from pdmux_triton.cost.measured_inputs import load_host_costs
 from pdmux_triton.errors import PdmuxError
@@ -46,8 +48,9 @@ from pdmux_triton.spec.traffic import Request
 MIN_TOKENS = 4096  # a batch's prompt tokens, at the fewest
 MIN_BUSY = 0.9  # its level's prefill busy this share of the window before it, at the least
 MIN_BATCHES = 10  # batches a level's ratio is read from, at the fewest
-# the pd-mux strategy whose split levels the comparison's grid-capped rate prices
-GRID_CAPPED = "pdmux_grid_cap"
+# the pd-mux strategy served at SGLang's levels on each partition kind, whose split levels
+# that kind's comparison rate prices
+PDMUX_OF_KIND = {"grid_cap": "pdmux_grid_cap", "green": "pdmux_green"}
 
 
 def point_requests(path: str, point: dict, pricer: Pricer) -> list[Request]:
@@ -127,14 +130,14 @@ def counted(row: dict) -> bool:
 
 
 def served_batches(paths, calibration: str, compare: str, overheads: step_cost.Overheads,
-                   gpu: str) -> tuple[dict[str, list[dict]], list[str]]:
-    """Every grid-capped pd-mux point's split batches (`split_batches`), by file, and the
-    points left out (their batches and requests disagree)."""
+                   gpu: str, kind: str = "grid_cap") -> tuple[dict[str, list[dict]], list[str]]:
+    """Every pd-mux point's split batches (`split_batches`) on partition `kind`, by file, and
+    the points left out (their batches and requests disagree)."""
     by_file, left_out = {}, []
     for path in paths:
-        pricer = Pricer(path, calibration, compare, overheads, gpu)
+        pricer = Pricer(path, calibration, compare, overheads, gpu, kind)
         for point, host_s in timed_points(path):
-            if point["strategy"] != GRID_CAPPED:
+            if point["strategy"] != PDMUX_OF_KIND[kind]:
                 continue
             upload_s = overheads.on_host(host_s).split_prefill_batch_s()
             rows = split_batches(point, point_requests(path, point, pricer), pricer, upload_s)
@@ -159,11 +162,11 @@ def ratio_by_prefill_sms(rows: list[dict], min_batches: int = MIN_BATCHES) -> li
 
 
 def served_sustained(paths, calibration: str, compare: str, overheads: step_cost.Overheads,
-                     gpu: str) -> dict:
-    """The host-costs file's `split_prefill_served` over the points files' batches, pooled:
-    each level's ratio (`ratio_by_prefill_sms`), the batches it rests on and what was left
-    out."""
-    by_file, left_out = served_batches(paths, calibration, compare, overheads, gpu)
+                     gpu: str, kind: str = "grid_cap") -> dict:
+    """The host-costs file's `split_prefill_served` for partition `kind` over the points
+    files' batches, pooled: each level's ratio (`ratio_by_prefill_sms`), the batches it rests
+    on and what was left out."""
+    by_file, left_out = served_batches(paths, calibration, compare, overheads, gpu, kind)
     levels = ratio_by_prefill_sms([row for rows in by_file.values() for row in rows])
     return {"ratio_by_prefill_sms": [[sms, ratio] for sms, ratio, _ in levels],
             "batches": sum(n for *_, n in levels), "min_tokens": MIN_TOKENS,
@@ -189,25 +192,28 @@ def run(args) -> int:
     overheads = load_host_costs(args.host_costs)
     gpu = read_json(args.host_costs, "host-costs file").get("gpu", "")
     by_file, left_out = served_batches(args.points, args.calibration, args.compare, overheads,
-                                       gpu)
+                                       gpu, args.kind)
     if not by_file:
-        raise PdmuxError(f"{', '.join(args.points)} hold no grid-capped pd-mux point whose "
-                         f"batches add up to its requests ({len(left_out)} left out): measure "
-                         f"pd-mux (bench/trace_fidelity.py, `pdmux-triton capacity`)")
-    name = lambda p: f"{Path(p).parent.name}/{Path(p).name}"
+        raise PdmuxError(f"{', '.join(args.points)} hold no {PDMUX_OF_KIND[args.kind]} point "
+                         f"whose batches add up to its requests ({len(left_out)} left out): "
+                         f"measure it (bench/trace_fidelity.py, `pdmux-triton capacity`)")
+    label = lambda p: f"{Path(p).parent.name}/{Path(p).name}"
     data = {**provenance(gpu),
-            "inputs": {"points": list(args.points), "min_tokens": MIN_TOKENS,
+            "inputs": {"points": list(args.points), "kind": args.kind, "min_tokens": MIN_TOKENS,
                        "min_busy": MIN_BUSY, **{k: getattr(args, k) for k in MEASURED_ON_H200}},
-            "by_file": {name(p): ratio_by_prefill_sms(rows, 1) for p, rows in by_file.items()},
+            "by_file": {label(p): ratio_by_prefill_sms(rows, 1) for p, rows in by_file.items()},
             "pooled": ratio_by_prefill_sms([x for rows in by_file.values() for x in rows], 1),
             "points_left_out": left_out}
-    return finish(Path(args.out) / f"split-batches-{gpu}.json", data, table(data))
+    name = "split-batches" + ("" if args.kind == "grid_cap" else f"-{args.kind}")
+    return finish(Path(args.out) / f"{name}-{gpu}.json", data, table(data))
 
 
 def main(argv=None) -> int:
     parser = points_parser("split_batches.py", __doc__, POINTS,
                            "the H200's trace-fidelity points, capacity diagnostics and "
                            "prefix-cache folders")
+    parser.add_argument("--kind", type=choice(tuple(PDMUX_OF_KIND)), default="grid_cap",
+                        help="the partition kind whose pd-mux points are read")
     return run_script(parser, run, argv)
 
 

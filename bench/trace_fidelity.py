@@ -334,7 +334,10 @@ def held_out(args, store: PointStore) -> dict:
             fit_args = argparse.Namespace(**{**vars(args), "host_costs": str(host_costs)})
             sims = simulate(fit_args, store, only=(t, start))
         judged = _judged(args, store, {k: v.get("run_host", v["shipped_host"])
-                                       for k, v in sims.items()}, only=(t, start))["summary"]
+                                       for k, v in sims.items()}, only=(t, start))
+        capacity_errors = {c["strategy"]: c["error_pct"] for c in judged["capacities"]
+                           if c["error_pct"] is not None}
+        judged = judged["summary"]
         out[f"{t}@{start}"] = {
             "fitted_on": sorted({f"{p['trace']}@{p['start']}" for p in train}),
             "fit": {"eager_step_s": host["eager_step"]["seconds"],
@@ -344,9 +347,16 @@ def held_out(args, store: PointStore) -> dict:
                     "decode_beside_prefill_by_busy": host.get(
                         "decode_beside_prefill", {}).get("ratio_by_busy_share"),
                     "split_prefill_served_by_sms": host.get(
-                        "split_prefill_served", {}).get("ratio_by_prefill_sms")},
+                        "split_prefill_served", {}).get("ratio_by_prefill_sms"),
+                    "by_kind": {kind: {
+                        "split_prefill_served_by_sms": fits.get(
+                            "split_prefill_served", {}).get("ratio_by_prefill_sms"),
+                        "decode_beside_prefill_by_busy": fits.get(
+                            "decode_beside_prefill", {}).get("ratio_by_busy_share")}
+                        for kind, fits in host.get("by_kind", {}).items()}},
             "median_abs_error_pct": judged["median_abs_error_pct"],
-            "max_abs_error_pct": judged["max_abs_error_pct"]}
+            "max_abs_error_pct": judged["max_abs_error_pct"],
+            "capacity_error_pct": capacity_errors}
     return out
 
 
@@ -489,7 +499,10 @@ def table(result: dict) -> str:
         md, mx = h["median_abs_error_pct"], h["max_abs_error_pct"]
         lines.append(f"held out {window} (fitted on {', '.join(h['fitted_on'])}): " + ", ".join(
             f"{k} {_cell(md.get(k), ' %')} / {_cell(mx.get(k), ' %')}"
-            for k in ("ttft_p50_ms", "tpot_p50_ms", "e2e_p50_ms", "capacity")) + " (median / max)")
+            for k in ("ttft_p50_ms", "tpot_p50_ms", "e2e_p50_ms", "capacity")) + " (median / max)"
+            + "; capacity by strategy " + (", ".join(
+                f"{name} {err:+.1f} %" for name, err in h.get("capacity_error_pct", {}).items())
+                or "none crossed"))
     lines.append("")
     lines.append(f"{'window':<14} {'strategy':<20} {'capacity measured':>18} {'simulated':>10}")
     for c in result["capacities"]:

@@ -650,6 +650,15 @@ def test_fit_host_costs_on_the_h200_trace_points_and_stream_run(tmp_path):
                             committed["decode_beside_prefill"]["ratio_by_busy_share"],
                             strict=True):
         assert got == pytest.approx(shipped)
+    # green's own, from its points alone: fitted again as committed, and not the grid cap's
+    mine, shipped = fitted["by_kind"]["green"], committed["by_kind"]["green"]
+    for key, pairs in (("split_prefill_served", "ratio_by_prefill_sms"),
+                       ("decode_beside_prefill", "ratio_by_busy_share")):
+        for got, want in zip(mine[key][pairs], shipped[key][pairs], strict=True):
+            assert got == pytest.approx(want)
+    assert mine["split_prefill_served"]["batches"] < fitted["split_prefill_served"]["batches"]
+    assert mine["split_prefill_served"]["ratio_by_prefill_sms"] != \
+        fitted["split_prefill_served"]["ratio_by_prefill_sms"]
     # the older stream run did not time its host: its rounds are read on the file's host, and
     # on one twice as slow its launch-bound rounds last less than their 36 launches: refused in
     # one line, the file untouched
@@ -668,6 +677,7 @@ def test_fit_host_costs_on_the_h200_trace_points_and_stream_run(tmp_path):
     assert "no busy ratio fitted" in out.stdout and "too few large pd-mux batches" in out.stdout
     assert "decode_beside_prefill" not in json.loads(host.read_text())
     assert "split_prefill_served" not in json.loads(host.read_text())
+    assert "by_kind" not in json.loads(host.read_text())  # green's fits went with the points
     bad = _fit(str(host), host)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
 
@@ -1366,9 +1376,16 @@ def test_served_split_prefill_ratios_from_the_committed_points(tmp_path):
                                     if '"strategy": "pdmux' not in line))
     out = subprocess.run([sys.executable, "bench/split_batches.py", str(only_chunked), "--out",
                           str(tmp_path)], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 2 and "no grid-capped pd-mux point" in out.stderr
+    assert out.returncode == 2 and "no pdmux_grid_cap point" in out.stderr
     assert str(only_chunked) in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+    # green contexts' own batches, priced at green's burst rate, where its points are
+    green = subprocess.run([sys.executable, "bench/split_batches.py", files[0], "--kind", "green",
+                            "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert green.returncode == 0, green.stderr[-2000:]
+    data = json.loads((tmp_path / "split-batches-green-h200.json").read_text())
+    assert data["inputs"]["kind"] == "green"
+    assert data["pooled"] and all(0.8 < ratio < 1.05 for _, ratio, _ in data["pooled"])
 
 
 def test_prompt_batches_take_the_waiting_requests_in_arrival_order():

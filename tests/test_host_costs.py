@@ -76,13 +76,18 @@ FILE = "{path}: {key}"
     ("prefill_batch", {"seconds": -1e-4}, FILE),
     ("split_prefill_served", [0.99], FILE), ("split_prefill_served", {"batches": 10}, FILE),
     ("split_prefill_served", {"ratio_by_prefill_sms": [[72, "x"]]}, FILE),
-    ("split_prefill_served", {"ratio_by_prefill_sms": [[72, 0.0]]}, FILE)])
+    ("split_prefill_served", {"ratio_by_prefill_sms": [[72, 0.0]]}, FILE),
+    ("by_kind", [0.9], FILE), ("by_kind", {"green": [0.9]}, FILE),
+    ("by_kind", {"green": {"split_prefill_served": {"ratio_by_prefill_sms": [[72, 3.0]]}}},
+     "{path}: split_prefill_served"),
+    ("by_kind", {"green": {"decode_beside_prefill": {"ratio_by_busy_share": [[0.5]]}}},
+     "{path}: decode_beside_prefill")])
 def test_a_malformed_sustained_or_decode_entry_is_refused_by_name(key, entry, message,
                                                                   tmp_path):
     """The committed file's ratios, served decode round and split prefill batch load (a file
     without the served fits prices as before them); a malformed `split_prefill_sustained`,
-    `split_prefill_served`, `decode_beside_prefill`, `decode_round_served` or `prefill_batch`
-    is refused in a line that names it, not read as a file without eager layers."""
+    `split_prefill_served`, `decode_beside_prefill`, `decode_round_served`, `prefill_batch` or
+    a kind's own (`by_kind`) is refused in a line that names it, not read as a file without eager layers."""
     path = tmp_path / "host-costs-h200.json"
     shutil.copy("bench/results/host-costs-h200.json", path)
     loaded = load_host_costs(path)
@@ -132,3 +137,46 @@ def test_served_split_prefill_ratios_replace_the_sustained_benchs(tmp_path):
         loaded = load_host_costs(path)
         assert list(loaded.split_prefill_sustained) == ratios
         assert loaded.split_prefill_slowdown == slowdown
+
+
+def test_a_kinds_own_served_ratios_price_its_split_levels_alone(tmp_path):
+    """A green context's split prefill and the decode beside it are priced at the ratios fitted
+    on its own points (`by_kind`), a capped grid's at the file's top-level ones; a kind with
+    only one of the two keeps the default's other, and a kind the file does not name, both."""
+    from dataclasses import replace
+
+    from pdmux_triton.cost.measured_inputs import load_calibration, load_compare
+    from pdmux_triton.serve.simulated import SimExecutor
+    from pdmux_triton.spec.gpus import gpu_preset
+    from pdmux_triton.spec.models import model_preset
+
+    data = json.loads(open("bench/results/host-costs-h200.json").read())
+    green = data["by_kind"]["green"]
+    loaded = load_host_costs("bench/results/host-costs-h200.json")
+    mine = loaded.for_kind("green")
+    assert mine.split_prefill_sustained == tuple(
+        tuple(p) for p in green["split_prefill_served"]["ratio_by_prefill_sms"])
+    assert mine.split_decode_by_busy == tuple(
+        tuple(p) for p in green["decode_beside_prefill"]["ratio_by_busy_share"])
+    assert mine.split_prefill_sustained != loaded.split_prefill_sustained
+    assert mine.by_kind == () and mine.eager_step_s == loaded.eager_step_s
+    assert loaded.for_kind("grid_cap") is loaded and loaded.for_kind("pinned") is loaded
+    half = tmp_path / "host-costs-h200.json"
+    half.write_text(json.dumps({**data, "by_kind": {"green": {
+        "decode_beside_prefill": green["decode_beside_prefill"]}}}))
+    only_decode = load_host_costs(half).for_kind("green")
+    assert only_decode.split_prefill_sustained == loaded.split_prefill_sustained
+    assert only_decode.split_decode_by_busy == mine.split_decode_by_busy
+    # the simulator prices a green split level's busy prefill at green's own ratio
+    gpu, model = gpu_preset("h200"), model_preset("qwen3-8b")
+    cal = load_calibration("bench/results/calibrate-h200.json", "h200")
+    cmp = load_compare("bench/results/compare-h200.json", "h200")
+    make = lambda kind, overheads: SimExecutor(
+        gpu, model, cal.decode_curve(kind), cmp.prefill_rate(kind, gpu.bf16_tflops, gpu.sms),
+        kind, overheads)
+    for kind, own in (("green", mine), ("grid_cap", replace(loaded, by_kind=()))):
+        x, expected = make(kind, loaded), make(kind, own)
+        assert (x.sustained_rate, x.decode_by_busy) == (expected.sustained_rate,
+                                                        expected.decode_by_busy)
+    unfitted = make("green", replace(loaded, by_kind=()))
+    assert make("green", loaded).sustained_rate != unfitted.sustained_rate

@@ -219,6 +219,22 @@ def _decode_by_busy(data: dict, path) -> tuple:
     return pairs
 
 
+def _by_kind(data: dict, path) -> tuple:
+    """A host-costs file's `by_kind`: {kind: {split_prefill_served, decode_beside_prefill}},
+    what another partition kind's split levels were served at, fitted on its own points
+    (`Overheads.by_kind`); each entry read as the defaults are, and either may be absent."""
+    entries = data.get("by_kind", {})
+    if not isinstance(entries, dict) or not all(isinstance(e, dict) for e in entries.values()):
+        raise PdmuxError(f"{path}: by_kind needs {{kind: {{split_prefill_served, "
+                         f"decode_beside_prefill}}}} (bench/fit_host_costs.py)")
+    out = []
+    for kind, entry in sorted(entries.items()):
+        sustained = (_sustained_ratios({"split_prefill_served": entry["split_prefill_served"]},
+                                       path)[0] if "split_prefill_served" in entry else ())
+        out.append((kind, sustained, _decode_by_busy(entry, path)))
+    return tuple(out)
+
+
 SERVED_ROUND_KEYS = ("fixed_s", "per_request_s", "per_kv_token_s")
 
 
@@ -269,6 +285,7 @@ def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
     _check_gpu(data, path, "host-costs file", gpu)
     sustained, slowdown = _sustained_ratios(data, path)
     decode_by_busy = _decode_by_busy(data, path)
+    by_kind = _by_kind(data, path)
     served = _served_decode_round(data, path)
     batch_s = _prefill_batch(data, path)
     try:
@@ -291,4 +308,5 @@ def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
         round_s, per_request_s, per_kv_token_s = served
     return Overheads(round_s, layer_s, step, EXTEND_TILE_ROWS, extra, fit, whole_mfu, sustained,
                      slowdown, decode_by_busy, decode_round_per_request_s=per_request_s,
-                     decode_round_per_kv_token_s=per_kv_token_s, prefill_batch_s=batch_s)
+                     decode_round_per_kv_token_s=per_kv_token_s, prefill_batch_s=batch_s,
+                     by_kind=by_kind)

@@ -499,6 +499,10 @@ class Overheads:
     decode_round_per_request_s: float = 0.0
     decode_round_per_kv_token_s: float = 0.0
     prefill_batch_s: float | None = None
+    # another partition kind's split prefill and its decode beside it, where fitted on that
+    # kind's own served points: (kind, split_prefill_sustained, split_decode_by_busy); a green
+    # context's prefill keeps its burst rate unlike a grid-capped one's (`for_kind`)
+    by_kind: tuple[tuple[str, tuple, tuple], ...] = ()
 
     def __post_init__(self):
         for name in ("decode_round_s", "layer_launch_s", "eager_step_s",
@@ -524,12 +528,27 @@ class Overheads:
             if not (0 <= share <= 1 and np.isfinite(ratio) and 0.5 <= ratio <= 2):
                 raise PdmuxError(f"split_decode_by_busy needs busy shares in [0, 1] and ratios "
                                  f"in [0.5, 2], got ({share!r}, {ratio!r})")
+        for name, sustained, by_busy in self.by_kind:
+            if not isinstance(name, str):
+                raise PdmuxError(f"by_kind needs a partition kind's name, got {name!r}")
+            replace(self, split_prefill_sustained=sustained, split_decode_by_busy=by_busy,
+                    by_kind=())  # checked as the defaults are
         if not (isinstance(self.decode_row_tile, int) and self.decode_row_tile >= 1):
             raise PdmuxError(f"decode_row_tile must be an integer >= 1, got {self.decode_row_tile!r}")
         for batch, seconds in self.decode_step_extra:
             if not (batch >= 1 and np.isfinite(seconds) and abs(seconds) < 1.0):
                 raise PdmuxError(f"decode_step_extra needs batches >= 1 and finite seconds under "
                                  f"1 s, got ({batch!r}, {seconds!r})")
+
+    def for_kind(self, kind: str) -> "Overheads":
+        """These costs for split levels of partition `kind`: its own served ratios where they
+        were fitted apart (`by_kind`; an empty one keeps the default's), else the default's."""
+        for name, sustained, by_busy in self.by_kind:
+            if name == kind:
+                return replace(self, split_prefill_sustained=sustained or
+                               self.split_prefill_sustained, split_decode_by_busy=by_busy or
+                               self.split_decode_by_busy, by_kind=())
+        return self
 
     def on_host(self, layer_launch_s: float) -> "Overheads":
         """The same costs on a host that launches an eager layer in `layer_launch_s`: what

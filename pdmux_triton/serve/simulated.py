@@ -60,6 +60,7 @@ class SimExecutor:
                 isinstance(prefill_speed, (int, float)) and 0.5 <= prefill_speed <= 2):
             raise PdmuxError(f"prefill_speed must be a number in [0.5, 2] (a card's clocks "
                              f"against the costs' card), got {prefill_speed!r}")
+        overheads = overheads.for_kind(kind)  # its split levels' served ratios, where fitted
         if overheads.whole_gpu_prefill_mfu is not None:  # as served, where it was fitted
             prefill = prefill.on_whole_gpu(overheads.whole_gpu_prefill_mfu)
         self.model, self.decode_rate, self.prefill_rate, self.kind = model, decode, prefill, kind
