@@ -116,11 +116,15 @@ def capacity_run(args, path: str, start: int, count: int, cache: str, folder: Pa
 
 
 def _ratio(top: float | None, bottom: float | None, bottom_below: float | None,
-           key: str) -> dict:
+           key: str, top_at_least: bool = False, bottom_at_least: bool = False) -> dict:
     """{key: top / bottom, key_at_least: whether that is only a lower bound}: where the bottom
-    capacity failed at every rate served, the ratio over the lowest rate is a lower bound."""
+    capacity failed at every rate served, the ratio over the lowest rate is a lower bound, as it
+    is where the top met the SLOs at every rate served (at least its highest); where the bottom
+    did (a lower bound under the ratio), the ratio is not bounded from below: none."""
+    if bottom_at_least:
+        return {key: None, f"{key}_at_least": False}
     if top and bottom:
-        return {key: top / bottom, f"{key}_at_least": False}
+        return {key: top / bottom, f"{key}_at_least": top_at_least}
     if top and bottom_below:
         return {key: top / bottom_below, f"{key}_at_least": True}
     return {key: None, f"{key}_at_least": False}
@@ -142,11 +146,15 @@ def summarize(traces: dict) -> dict:
             bursts = {c: r.get("steady", {}).get("goodput") is False for c, r in got.items()}
             # failed at every rate served: below the lowest (`capacity`'s bound)
             below = {c: r.get("below_rps", {}).get("goodput") for c, r in got.items()}
+            # met the SLOs at every rate served: at least the highest (`capacity`'s bound)
+            above = {c: bool(r.get("at_least", {}).get("goodput")) for c, r in got.items()}
             rows[strategy] = {**{f"goodput_capacity_{c}_rps": v for c, v in caps.items()},
                               **{f"below_{c}_rps": v for c, v in below.items()},
+                              **{f"at_least_{c}": a for c, a in above.items()},
                               **{f"burst_{c}": b for c, b in bursts.items()},
                               **{f"measured_{c}": bool(got[c]) for c in got},
-                              **_ratio(caps["on"], caps["off"], below["off"], "on_vs_off"),
+                              **_ratio(caps["on"], caps["off"], below["off"], "on_vs_off",
+                                       above["on"], above["off"]),
                               # at the point its goodput capacity is read from (`capacity`)
                               "hit_rate_at_capacity": got["on"].get("prefix_hit_rate")}
         pdmux = rows.get("pdmux_grid_cap", {}).get("goodput_capacity_on_rps")
@@ -154,7 +162,9 @@ def summarize(traces: dict) -> dict:
         best = max(chunked, key=lambda r: r["goodput_capacity_on_rps"] or 0.0, default={})
         out[name] = {"strategies": rows, "counted_hit_rates": t["counted_hit_rates"],
                      **_ratio(pdmux, best.get("goodput_capacity_on_rps"),
-                              best.get("below_on_rps"), "pdmux_vs_best_chunked_cache_on"),
+                              best.get("below_on_rps"), "pdmux_vs_best_chunked_cache_on",
+                              rows.get("pdmux_grid_cap", {}).get("at_least_on", False),
+                              best.get("at_least_on", False)),
                      "published_pdmux_vs_chunked": PUBLISHED_GAIN,
                      "measured": any((t["capacity"][c] or {}).get("mode") == "gpu"
                                      for c in ("on", "off"))}
@@ -178,7 +188,8 @@ def table(summary: dict) -> str:
             fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
             cap = {c: ("not measured" if not r[f"measured_{c}"]
                        else f"< {r[f'below_{c}_rps']:.2f}" if r[f"below_{c}_rps"] is not None
-                       else fmt(r[f"goodput_capacity_{c}_rps"], ".2f")
+                       else (">= " if r[f"at_least_{c}"] else "")
+                       + fmt(r[f"goodput_capacity_{c}_rps"], ".2f")
                        + (" burst" if r[f"burst_{c}"] else "")) for c in ("on", "off")}
             hit = fmt(r["hit_rate_at_capacity"], ".1%")
             ratio = _bound(r, "on_vs_off") + fmt(r["on_vs_off"], ".2f")
@@ -187,7 +198,7 @@ def table(summary: dict) -> str:
     lines.append("burst: read on a stream too short for its rate (the later half's attainment "
                  "more than 5 points from the whole's): more than the GPU sustains")
     lines.append("< X: failed the SLOs at every rate served, X the lowest; a ratio over it is "
-                 "a lower bound (>=)")
+                 "a lower bound (>=); >= X: met them at every rate served, X the highest")
     return "\n".join(lines)
 
 

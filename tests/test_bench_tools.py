@@ -1199,6 +1199,10 @@ def test_prefix_cache_ratios_over_a_capacity_below_every_rate_are_lower_bounds(t
     assert _ratio(2.4, 1.2, None, "k") == {"k": 2.0, "k_at_least": False}
     assert _ratio(2.4, 0.0, 2.0, "k") == {"k": 1.2, "k_at_least": True}
     assert _ratio(0.0, 0.0, 2.0, "k") == {"k": None, "k_at_least": False}
+    # a top that met the SLOs at every rate served is at least its highest: so is the ratio;
+    # a bottom that did leaves the ratio unbounded from below
+    assert _ratio(2.4, 1.2, None, "k", top_at_least=True) == {"k": 2.0, "k_at_least": True}
+    assert _ratio(2.4, 0.6, None, "k", bottom_at_least=True) == {"k": None, "k_at_least": False}
     bad = subprocess.run([sys.executable, "bench/prefix_cache.py", "--out", str(tmp_path),
                           "--offline", "--rates", "1"], capture_output=True, text=True,
                          timeout=120)
@@ -1215,8 +1219,9 @@ def test_prefix_cache_ratios_over_a_capacity_below_every_rate_are_lower_bounds(t
 
 def test_prefix_cache_offline_summarizes_each_side_as_measured(tmp_path):
     """--offline reads each cache side's strategies from its GPU points alone; a strategy
-    measured on one side only reads "not measured" on the other, and a ratio over a capacity
-    below every rate served stays a lower bound."""
+    measured on one side only reads "not measured" on the other, a ratio over a capacity
+    below every rate served stays a lower bound, and one met at every rate served reads ">= X"
+    with no on/off ratio."""
     import json
 
     sys.path.insert(0, "bench")
@@ -1240,7 +1245,15 @@ def test_prefix_cache_offline_summarizes_each_side_as_measured(tmp_path):
     traces = {"conv": {"counted_hit_rates": {"unbounded": 0.08, "lru_at_kv_capacity": 0.05},
                        "capacity": {"on": side(pdmux_grid_cap=pdmux, chunked_512=chunked),
                                     "off": side(pdmux_grid_cap=off)}}}
+    first = {"goodput_capacity_rps": 0.6, "below_rps": {"goodput": None},
+             "at_least": {"goodput": True}, "steady": {"goodput": True}, "prefix_hit_rate": 0.057}
+    traces["conv"]["capacity"]["on"]["summary"]["strategies"]["prefill_first"] = first
+    traces["conv"]["capacity"]["off"]["summary"]["strategies"]["prefill_first"] = {
+        **first, "prefix_hit_rate": None}
     s = summarize(traces)["conv"]
+    met = s["strategies"]["prefill_first"]
+    assert met["at_least_on"] and met["at_least_off"] and met["on_vs_off"] is None
+    assert ">= 0.60" in table(summarize(traces))
     row = s["strategies"]["chunked_512"]
     assert row["measured_on"] and not row["measured_off"] and row["below_on_rps"] == 0.75
     assert row["on_vs_off"] is None
