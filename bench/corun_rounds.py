@@ -241,12 +241,15 @@ def table(data: dict) -> str:
 
 def run(args) -> int:
     points, rows = defaultdict(list), defaultdict(list)  # by data set: each point, every round
+    overheads = load_host_costs(args.host_costs)
+    gpu = read_json(args.host_costs, "host-costs file").get("gpu", "")
     for path in args.points:
-        pricer = Pricer(path, args.calibration, args.compare, load_host_costs(args.host_costs),
-                        read_json(args.host_costs, "host-costs file").get("gpu", ""))
+        # each point priced on its partition kind's curves, levels and served ratios
+        pricers = {kind: Pricer(path, args.calibration, args.compare, overheads, gpu, kind)
+                   for kind in PDMUX_KIND_STRATEGIES}
         for point, _ in timed_points(path):
-            if "green" in point["strategy"]:  # its split levels' SMs and curve: another kind
-                continue
+            pricer = pricers["green" if point["strategy"] in PDMUX_KIND_STRATEGIES["green"]
+                             else "grid_cap"]
             d = point["diagnostics"]
             rate = point.get("rate", d.get("rate"))
             name = " ".join(filter(None, (pricer.source, point.get("trace"), point["strategy"])))

@@ -1,7 +1,7 @@
 """Served PD-mux prefill batches at split levels against their co-run price: what each level's
 prefill keeps of the comparison's burst rate as served, the rate the simulator slows a busy
-split prefill toward (the host-costs file's `split_prefill_served`, which
-bench/fit_host_costs.py fits from these batches).
+split prefill toward (the host-costs file's `split_prefill_served`, or `by_kind.green`'s for
+green contexts, which bench/fit_host_costs.py fits from these batches).
 
 A batch counts where it was served by a pd-mux point at SGLang's levels on the partition kind
 asked for (`--kind`: grid-capped, the default, or green contexts), all its layers at one split
@@ -15,9 +15,11 @@ its requests is left out and counted). Its ratio: its FLOPs at the comparison's 
 its prefill SMs, slowed by its part-empty GEMM waves as the simulator slows it
 (`SimExecutor.wave_slowdown`), over its compute span: taken to first token, less its upload
 on its run's host and half the round its first token came at the end of. Prints the median
-ratio by points file and prefill SMs, and pooled; writes <out>/split-batches-<gpu>.json.
+ratio by points file and prefill SMs, and pooled; writes <out>/split-batches-<gpu>.json
+(split-batches-green-<gpu>.json with `--kind green`).
 
     python bench/split_batches.py --out /tmp/x
+    python bench/split_batches.py --kind green --out /tmp/x
 """
 
 from __future__ import annotations

@@ -986,14 +986,16 @@ def test_trace_fidelity_prices_a_run_on_its_own_host(tmp_path, monkeypatch, caps
 
 def test_trace_fidelity_judges_each_window_on_host_costs_fitted_to_the_others(tmp_path):
     """--held-out: each window is simulated with host costs fitted to the other windows'
-    points alone, and its errors are kept beside the in-sample ones."""
+    points alone (green contexts' own ratios too), and its errors, each strategy's capacity
+    error among them, are kept beside the in-sample ones."""
     sys.path.insert(0, "bench")
     import trace_fidelity
 
     out = _fidelity_folder(tmp_path, "bench/results/trace-fidelity/points-h200.jsonl")
     assert trace_fidelity.main(["--offline", "--held-out", "--traces", "conv", "--out",
                                 str(out), "--strategies", "prefill_first,chunked_512,"
-                                "chunked_2048,pdmux_grid_cap,pdmux_slo_grid_cap"]) == 0
+                                "chunked_2048,pdmux_grid_cap,pdmux_green,"
+                                "pdmux_slo_grid_cap"]) == 0
     summary = json.loads((out / "trace-fidelity-h200.json").read_text())["summary"]
     held = summary["held_out"]
     for window, other in (("conv@2000", "conv@12000"), ("conv@12000", "conv@2000")):
@@ -1006,6 +1008,12 @@ def test_trace_fidelity_judges_each_window_on_host_costs_fitted_to_the_others(tm
     for h in held.values():
         for k in ("ttft_p50_ms", "tpot_p50_ms", "e2e_p50_ms"):
             assert 0 <= h["median_abs_error_pct"][k] <= h["max_abs_error_pct"][k] < 100
+        # every strategy crossing inside its rates, green's priced by its own fold's fit
+        assert {"prefill_first", "pdmux_grid_cap", "pdmux_green"} <= set(h["capacity_error_pct"])
+        assert max(map(abs, h["capacity_error_pct"].values())) == pytest.approx(
+            h["max_abs_error_pct"]["capacity"])
+    green = [f["by_kind"]["green"]["decode_beside_prefill_by_busy"] for f in fits]
+    assert all(len(r) >= 2 for r in green) and green[0] != green[1] and green[0] != ratios[0]
 
 
 def test_launch_bound_hosts_reads_the_hosts_launch_from_launches_the_gpu_did_not_bound():
@@ -1399,6 +1407,13 @@ def test_served_split_prefill_ratios_from_the_committed_points(tmp_path):
     data = json.loads((tmp_path / "split-batches-green-h200.json").read_text())
     assert data["inputs"]["kind"] == "green"
     assert data["pooled"] and all(0.8 < ratio < 1.05 for _, ratio, _ in data["pooled"])
+    # the levels with enough batches are what the committed file's green fit holds
+    shipped = json.loads(Path("bench/results/host-costs-h200.json").read_text())
+    fitted = shipped["by_kind"]["green"]["split_prefill_served"]["ratio_by_prefill_sms"]
+    kept = [[sms, ratio] for sms, ratio, n in data["pooled"] if n >= 10]
+    assert [sms for sms, _ in kept] == [sms for sms, _ in fitted]
+    for (_, got), (_, want) in zip(kept, fitted):
+        assert got == pytest.approx(want)
 
 
 def test_prompt_batches_take_the_waiting_requests_in_arrival_order():

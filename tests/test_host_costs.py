@@ -79,9 +79,16 @@ FILE = "{path}: {key}"
     ("split_prefill_served", {"ratio_by_prefill_sms": [[72, 0.0]]}, FILE),
     ("by_kind", [0.9], FILE), ("by_kind", {"green": [0.9]}, FILE),
     ("by_kind", {"green": {"split_prefill_served": {"ratio_by_prefill_sms": [[72, 3.0]]}}},
-     "{path}: split_prefill_served"),
+     "{path}: by_kind.green.split_prefill_served"),
     ("by_kind", {"green": {"decode_beside_prefill": {"ratio_by_busy_share": [[0.5]]}}},
-     "{path}: decode_beside_prefill")])
+     "{path}: by_kind.green.decode_beside_prefill"),
+    ("by_kind", {"gren": {"decode_beside_prefill": {"ratio_by_busy_share": [[0.5, 1.0]]}}},
+     "{path}: by_kind.gren must be one of green, pinned"),
+    ("by_kind", {"grid_cap": {"decode_beside_prefill": {"ratio_by_busy_share": [[0.5, 1.0]]}}},
+     "{path}: by_kind.grid_cap must be one of"),
+    ("by_kind", {"green": {}}, "{path}: by_kind.green must be one of"),
+    ("by_kind", {"green": {"split_prefill_sustained": {"ratio_by_prefill_sms": [[72, 0.9]]}}},
+     "{path}: by_kind.green must be one of")])
 def test_a_malformed_sustained_or_decode_entry_is_refused_by_name(key, entry, message,
                                                                   tmp_path):
     """The committed file's ratios, served decode round and split prefill batch load (a file
@@ -159,6 +166,7 @@ def test_a_kinds_own_served_ratios_price_its_split_levels_alone(tmp_path):
     assert mine.split_decode_by_busy == tuple(
         tuple(p) for p in green["decode_beside_prefill"]["ratio_by_busy_share"])
     assert mine.split_prefill_sustained != loaded.split_prefill_sustained
+    assert mine.split_decode_by_busy != loaded.split_decode_by_busy
     assert mine.by_kind == () and mine.eager_step_s == loaded.eager_step_s
     assert loaded.for_kind("grid_cap") is loaded and loaded.for_kind("pinned") is loaded
     half = tmp_path / "host-costs-h200.json"
@@ -167,6 +175,11 @@ def test_a_kinds_own_served_ratios_price_its_split_levels_alone(tmp_path):
     only_decode = load_host_costs(half).for_kind("green")
     assert only_decode.split_prefill_sustained == loaded.split_prefill_sustained
     assert only_decode.split_decode_by_busy == mine.split_decode_by_busy
+    half.write_text(json.dumps({**data, "by_kind": {"green": {
+        "split_prefill_served": green["split_prefill_served"]}}}))
+    only_prefill = load_host_costs(half).for_kind("green")
+    assert only_prefill.split_prefill_sustained == mine.split_prefill_sustained
+    assert only_prefill.split_decode_by_busy == loaded.split_decode_by_busy
     # the simulator prices a green split level's busy prefill at green's own ratio
     gpu, model = gpu_preset("h200"), model_preset("qwen3-8b")
     cal = load_calibration("bench/results/calibrate-h200.json", "h200")
@@ -180,3 +193,12 @@ def test_a_kinds_own_served_ratios_price_its_split_levels_alone(tmp_path):
                                                         expected.decode_by_busy)
     unfitted = make("green", replace(loaded, by_kind=()))
     assert make("green", loaded).sustained_rate != unfitted.sustained_rate
+
+
+def test_the_kinds_fitted_apart_are_the_split_kinds_but_the_grid_caps():
+    """The cost layer names the kinds a host-costs file may fit apart itself (it imports
+    nothing above it): they are the partition module's split kinds, the grid cap's aside."""
+    from pdmux_triton.cost.measured_inputs import KINDS_FITTED_APART
+    from pdmux_triton.multiplex.partition import SPLIT_KINDS
+
+    assert KINDS_FITTED_APART == tuple(k for k in SPLIT_KINDS if k != "grid_cap")

@@ -219,19 +219,32 @@ def _decode_by_busy(data: dict, path) -> tuple:
     return pairs
 
 
+# the split kinds besides the grid cap (multiplex.partition.SPLIT_KINDS; this layer imports
+# nothing above it): a host-costs file may hold their served ratios apart (`by_kind`)
+KINDS_FITTED_APART = ("green", "pinned")
+
+
 def _by_kind(data: dict, path) -> tuple:
     """A host-costs file's `by_kind`: {kind: {split_prefill_served, decode_beside_prefill}},
     what another partition kind's split levels were served at, fitted on its own points
-    (`Overheads.by_kind`); each entry read as the defaults are, and either may be absent."""
+    (`Overheads.by_kind`); each entry read as the top-level ones are, either may be absent,
+    not both. The grid cap's are the top-level entries, so it is no key here."""
     entries = data.get("by_kind", {})
     if not isinstance(entries, dict) or not all(isinstance(e, dict) for e in entries.values()):
         raise PdmuxError(f"{path}: by_kind needs {{kind: {{split_prefill_served, "
                          f"decode_beside_prefill}}}} (bench/fit_host_costs.py)")
+    kinds, keys = KINDS_FITTED_APART, ("split_prefill_served", "decode_beside_prefill")
     out = []
     for kind, entry in sorted(entries.items()):
-        sustained = (_sustained_ratios({"split_prefill_served": entry["split_prefill_served"]},
-                                       path)[0] if "split_prefill_served" in entry else ())
-        out.append((kind, sustained, _decode_by_busy(entry, path)))
+        if kind not in kinds or not entry or set(entry) - set(keys):
+            raise PdmuxError(f"{path}: by_kind.{kind} must be one of {', '.join(kinds)} holding "
+                             f"{' and/or '.join(keys)}, got {sorted(entry)}")
+        try:
+            sustained = (_sustained_ratios({keys[0]: entry[keys[0]]}, path)[0]
+                         if keys[0] in entry else ())
+            out.append((kind, sustained, _decode_by_busy(entry, path)))
+        except PdmuxError as e:  # named as the kind's entry, not the top-level one
+            raise PdmuxError(str(e).replace(f"{path}: ", f"{path}: by_kind.{kind}.", 1)) from None
     return tuple(out)
 
 
@@ -280,7 +293,8 @@ def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
     as served over its co-run price, by its busy share. Where the fit gives the host's share of a served
     decode round (fixed, per request, per token of KV), it prices rounds instead of the
     captured rounds' median, which lacks the serving loop's bookkeeping; where it gives a
-    split prefill's batch, that is charged instead of the eager step."""
+    split prefill's batch, that is charged instead of the eager step; where it fitted another
+    partition kind's split ratios apart (`by_kind`), that kind is priced with its own."""
     data = read_json(path, "host-costs file")
     _check_gpu(data, path, "host-costs file", gpu)
     sustained, slowdown = _sustained_ratios(data, path)

@@ -477,7 +477,8 @@ class Overheads:
     share, fraction) points between (0, 0) and (1, 1); none: the fraction is the share), and the
     decode step beside a split prefill as served over its co-run price, by that prefill's busy
     share (`split_decode_by_busy`, (busy share, ratio) points, held at the ends: the clocks
-    fall as it keeps the GPU busy; none: the co-run price as it is). An eager
+    fall as it keeps the GPU busy; none: the co-run price as it is); those two are the grid
+    cap's, and another kind's own where fitted apart (`by_kind`, `for_kind`). An eager
     step ends no earlier than its launches, and the host launches nothing else meanwhile. None
     by default (the chapter's model); `calibrate --host-costs` measures the host's share of a
     captured round alone, bench/fit_host_costs.py fits the served round's share, the eager
@@ -501,7 +502,8 @@ class Overheads:
     prefill_batch_s: float | None = None
     # another partition kind's split prefill and its decode beside it, where fitted on that
     # kind's own served points: (kind, split_prefill_sustained, split_decode_by_busy); a green
-    # context's prefill keeps its burst rate unlike a grid-capped one's (`for_kind`)
+    # context's served prefill keeps less of its burst rate than a grid-capped one's
+    # (bench/NOTES.md), so each kind is priced from its own points (`for_kind`)
     by_kind: tuple[tuple[str, tuple, tuple], ...] = ()
 
     def __post_init__(self):
@@ -528,10 +530,11 @@ class Overheads:
             if not (0 <= share <= 1 and np.isfinite(ratio) and 0.5 <= ratio <= 2):
                 raise PdmuxError(f"split_decode_by_busy needs busy shares in [0, 1] and ratios "
                                  f"in [0.5, 2], got ({share!r}, {ratio!r})")
-        for name, sustained, by_busy in self.by_kind:
-            if not isinstance(name, str):
-                raise PdmuxError(f"by_kind needs a partition kind's name, got {name!r}")
-            replace(self, split_prefill_sustained=sustained, split_decode_by_busy=by_busy,
+        for entry in self.by_kind:
+            if not (isinstance(entry, tuple) and len(entry) == 3 and isinstance(entry[0], str)):
+                raise PdmuxError(f"by_kind needs (kind, split_prefill_sustained, "
+                                 f"split_decode_by_busy) entries, got {entry!r}")
+            replace(self, split_prefill_sustained=entry[1], split_decode_by_busy=entry[2],
                     by_kind=())  # checked as the defaults are
         if not (isinstance(self.decode_row_tile, int) and self.decode_row_tile >= 1):
             raise PdmuxError(f"decode_row_tile must be an integer >= 1, got {self.decode_row_tile!r}")
