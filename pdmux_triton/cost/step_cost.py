@@ -545,7 +545,9 @@ class Overheads:
 
     def for_kind(self, kind: str) -> "Overheads":
         """These costs for split levels of partition `kind`: its own served ratios where they
-        were fitted apart (`by_kind`; an empty one keeps the default's), else the default's."""
+        were fitted apart (`by_kind`; an empty one keeps the default's), else the default's,
+        the grid cap's: ratios to a burst rate and a co-run price, read against this kind's
+        own (the best guess where its points are too few to fit)."""
         for name, sustained, by_busy in self.by_kind:
             if name == kind:
                 return replace(self, split_prefill_sustained=sustained or
