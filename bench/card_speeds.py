@@ -19,7 +19,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from corun_rounds import POINTS, Pricer
+from corun_rounds import POINTS, POINTS_SAID, Pricer
 from fit_host_costs import timed_points
 from script import MEASURED_ON_H200, finish, points_parser, run_script
 from split_batches import MIN_TOKENS, point_requests
@@ -113,9 +113,7 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    parser = points_parser("card_speeds.py", __doc__, POINTS,
-                           "the H200's trace-fidelity points, capacity diagnostics and "
-                           "prefix-cache folders")
+    parser = points_parser("card_speeds.py", __doc__, POINTS, POINTS_SAID)
     return run_script(parser, run, argv)
 
 

@@ -45,9 +45,12 @@ POINTS = ("bench/results/trace-fidelity/points-h200.jsonl",
           *sorted(glob.glob("bench/results/prefix-cache/*/capacity-diagnostics-h200.jsonl")))
 BUSY = (0.3, 0.6, 0.8, 0.95)  # busy-share bin edges: <0.3, 0.3-0.6, ..., >=0.95
 COVERED = (0.5, 0.9)  # the step's share its prefill's launches covered: <0.5, 0.5-0.9, >=0.9
-# the pd-mux strategies whose split levels run on each partition kind
-PDMUX_KIND_STRATEGIES = {"grid_cap": ("pdmux_grid_cap", "pdmux_slo_grid_cap"),
-                         "green": ("pdmux_green", "pdmux_slo_green")}
+# what POINTS are, as the scripts reading them say it
+POINTS_SAID = "the H200's trace-fidelity points, capacity diagnostics and prefix-cache folders"
+# the pd-mux strategies whose split levels run on each partition kind: at SGLang's levels
+# first, then at the slo policy's
+PDMUX_KIND_STRATEGIES = {kind: (f"pdmux_{kind}", f"pdmux_slo_{kind}")
+                         for kind in ("grid_cap", "green")}
 
 
 class Pricer:
@@ -188,8 +191,8 @@ def summary(rows: list[dict]) -> dict:
 def ratio_by_busy(paths, calibration: str, compare: str, overheads: step_cost.Overheads,
                   gpu: str, min_rounds: int = 30, kind: str = "grid_cap") -> dict:
     """The served decode step beside a split prefill on partition `kind` over its co-run price
-    without the busy ratio, by busy share: (median busy share, median ratio) in each `BUSY` bin holding
-    at least `min_rounds` rounds (`ratio_by_busy_share`), over the pd-mux points that kept their
+    without the busy ratio, by busy share: (median busy share, median ratio) in each `BUSY` bin
+    holding at least `min_rounds` rounds (`ratio_by_busy_share`), over the pd-mux points that kept their
     launches' spans (the busy share on the GPU's clock; a round counts as beside the prefill
     where any launch of it overlaps, as the simulator counts a step whose prefill queue ends
     after it starts); with the rounds it rests on, those in bins too thin to keep, and the
@@ -277,9 +280,7 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    parser = points_parser("corun_rounds.py", __doc__, POINTS,
-                           "the H200's trace-fidelity points, capacity diagnostics and "
-                           "prefix-cache folders")
+    parser = points_parser("corun_rounds.py", __doc__, POINTS, POINTS_SAID)
     return run_script(parser, run, argv)
 
 

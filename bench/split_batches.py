@@ -31,7 +31,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from corun_rounds import POINTS, Pricer, covered_s
+from corun_rounds import PDMUX_KIND_STRATEGIES, POINTS, POINTS_SAID, Pricer, covered_s
 from fit_host_costs import CAPACITY_DIAGNOSTICS, timed_points
 from script import MEASURED_ON_H200, finish, points_parser, run_script
 from trace_fidelity import COUNT, MODEL, TRACES, batch_prompts
@@ -52,7 +52,7 @@ MIN_BUSY = 0.9  # its level's prefill busy this share of the window before it, a
 MIN_BATCHES = 10  # batches a level's ratio is read from, at the fewest
 # the pd-mux strategy served at SGLang's levels on each partition kind, whose split levels
 # that kind's comparison rate prices
-PDMUX_OF_KIND = {"grid_cap": "pdmux_grid_cap", "green": "pdmux_green"}
+PDMUX_OF_KIND = {kind: names[0] for kind, names in PDMUX_KIND_STRATEGIES.items()}
 
 
 def point_requests(path: str, point: dict, pricer: Pricer) -> list[Request]:
@@ -211,9 +211,7 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    parser = points_parser("split_batches.py", __doc__, POINTS,
-                           "the H200's trace-fidelity points, capacity diagnostics and "
-                           "prefix-cache folders")
+    parser = points_parser("split_batches.py", __doc__, POINTS, POINTS_SAID)
     parser.add_argument("--kind", type=choice(tuple(PDMUX_OF_KIND)), default="grid_cap",
                         help="the partition kind whose pd-mux points are read")
     return run_script(parser, run, argv)

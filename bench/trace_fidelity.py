@@ -392,7 +392,6 @@ def _judged(args, store: PointStore, simulated: dict[tuple, dict],
                                "error_pct": error_pct(cap_sim, cap) if inside else None,
                                "error_is_a_bound": inside and not 0 < cap_sim < max(rates),
                                "repeat_rps": _repeat_capacities(measured, criteria)})
-
             for rate in rates:
                 m, s = measured[rate], sim[rate]
                 where = f"{name} {t}@{start} {rate:g} req/s"
