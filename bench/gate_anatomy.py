@@ -17,7 +17,10 @@ launch after zeroing a small counter buffer (so each variant pays the same memse
   SM reads its SM id and its site (the capped launch's SMs are sites 0..19), takes the slot
   of its site by one relaxed atomic, does it, and leaves by one release atomic; `rank by site,
   no leave` without the last atomic, `relaxed leave` with it relaxed (is the fence the
-  cost, or the round trip?). All are checked against `plain`'s output;
+  cost, or the round trip?). `rank by site, arrival first`: the leave moved to the start,
+  an acquire-release arrival right after the site's atomic, whose last arriver would do the
+  slots of sites that got no program (none here) and resets the count: no atomic at the end.
+  All are checked against `plain`'s output;
 - `pinned`: the product's pinned launch (kernels/_pinned.py) on sites 0..19, with the
   device's measured site order and with an order whose first 20 sites are the SMs the capped
   launch ran on (so the two run on the same SMs).
@@ -42,9 +45,9 @@ from pdmux_triton.measure.timing import time_alone
 SMS, ROWS = 20, 32
 SHAPES = {"down": (4096, 12288), "gate_up": (24576, 4096)}
 MODES = ("plain", "loop", "atomic first", "queue", "extra programs", "rank by site",
-         "rank by site, no leave", "rank by site, relaxed leave")
+         "rank by site, no leave", "rank by site, relaxed leave", "rank by site, arrival first")
 ONE_AN_SM = ("extra programs", "rank by site", "rank by site, no leave",
-             "rank by site, relaxed leave")  # grids of every SM
+             "rank by site, relaxed leave", "rank by site, arrival first")  # grids of every SM
 
 
 @triton.jit
@@ -80,6 +83,15 @@ def _run_mode(pid, programs, queue_ptr, table_ptr, args, MODE: tl.constexpr):
     elif MODE == 4:
         if pid < programs:
             _skinny_slot(pid, programs, *args)
+    elif MODE == 8:  # rank by site, the arrival counted at the start: no atomic at the end
+        site = tl.load(table_ptr + tl.extra.cuda.smid())
+        ok = (site >= 0) & (site < programs)
+        if ok:
+            ok = tl.atomic_add(queue_ptr + 2 + site, 1, sem="relaxed") == 0
+        if tl.atomic_add(queue_ptr + 1, 1, sem="acq_rel") == tl.num_programs(0) - 1:
+            tl.store(queue_ptr + 1, 0)  # the last arriver: every admission is in by now
+        if ok:
+            _skinny_slot(site, programs, *args)
     else:  # rank by site: the site's slot by one atomic, no queue
         site = tl.load(table_ptr + tl.extra.cuda.smid())
         if site < programs:
