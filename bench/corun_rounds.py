@@ -192,11 +192,11 @@ def ratio_by_busy(paths, calibration: str, compare: str, overheads: step_cost.Ov
                   gpu: str, min_rounds: int = 30, kind: str = "grid_cap") -> dict:
     """The served decode step beside a split prefill on partition `kind` over its co-run price
     without the busy ratio, by busy share: (median busy share, median ratio) in each `BUSY` bin
-    holding at least `min_rounds` rounds (`ratio_by_busy_share`), over the pd-mux points that kept their
-    launches' spans (the busy share on the GPU's clock; a round counts as beside the prefill
-    where any launch of it overlaps, as the simulator counts a step whose prefill queue ends
-    after it starts); with the rounds it rests on, those in bins too thin to keep, and the
-    files that held such points."""
+    holding at least `min_rounds` rounds (`ratio_by_busy_share`), over the pd-mux points that
+    kept their launches' spans (the busy share on the GPU's clock; a round counts as beside the
+    prefill where any launch of it overlaps, as the simulator counts a step whose prefill queue
+    ends after it starts); with the rounds it rests on, those in bins too thin to keep, and
+    the files that held such points."""
     rows, used = [], []
     for path in paths:
         pricer = Pricer(path, calibration, compare, overheads, gpu, kind)

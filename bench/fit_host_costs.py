@@ -28,16 +28,16 @@ it to a host-costs file (`calibrate --host-costs`'s):
   a share of the time has slowed (`slowdown_by_busy_share`: the clocks hold while it idles
   often enough);
 - split_prefill_served: what each level's prefill keeps of the comparison's burst rate as
-  served on a busy GPU (bench/split_batches.py: grid-capped pd-mux's large batches after their prefill
-  was busy, each batch's co-run price over its compute span, the median by prefill SMs at
-  the levels holding enough batches), which prices the split prefill instead of the
+  served on a busy GPU (bench/split_batches.py: grid-capped pd-mux's large batches after
+  their prefill was busy, each batch's co-run price over its compute span, the median by
+  prefill SMs at the levels holding enough batches), which prices the split prefill instead of the
   sustained bench's ratios (read between the levels fitted and held beyond them, as those
   are): the bench runs one long prompt, served batches many;
 - decode_beside_prefill: the decode step beside a split prefill as served over its co-run
   price (the calibration's, with the extras above), by the prefill's busy share over the
   half second before it: medians in busy-share bins (bench/corun_rounds.py's rounds) over the
-  grid-capped pd-mux points that kept their launches' spans (trace_fidelity's); the co-run calibration
-  is timed at clocks the served rounds hold only part of the time;
+  grid-capped pd-mux points that kept their launches' spans (trace_fidelity's); the co-run
+  calibration is timed at clocks the served rounds hold only part of the time;
 - by_kind: the two entries above again for each other partition kind (OTHER_KINDS: green
   contexts), fitted on that kind's pd-mux points alone where they allow it: a green
   context's split prefill keeps less of its own burst rate than a capped grid's, and its
