@@ -25,6 +25,10 @@ import re
 import sys
 from collections import Counter
 
+# kernels/_pinned.py's PINNED values (CLAIMING, ONE_A_SITE) by name; not imported from there,
+# since a kernel module imported before TRITON_INTERPRET is cleared builds interpreted kernels
+GATES = {1: "claiming", 2: "one-a-site"}
+
 PTX_PATTERNS = {
     "cp.async (to shared)": r"cp\.async\.(ca|cg)",
     "TMA bulk tensor copy": r"cp\.async\.bulk\.tensor",
@@ -91,10 +95,11 @@ def resource_usage(cubin: bytes) -> str:
             f"{stack.group(1) if stack else '?'} B")
 
 
-def offline(block_n: int, num_warps: int, num_stages: int, pinned: bool = False,
+def offline(block_n: int, num_warps: int, num_stages: int, pinned: int = 0,
             pdl: bool = False) -> None:
     """Compile the decode attention kernel for sm_90 with the launcher's specialization
-    (`pinned`: its pinned-partition form, kernels/_pinned.py)."""
+    (`pinned`: its pinned-partition form with that gate, kernels/_pinned.py's CLAIMING or
+    ONE_A_SITE)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -119,7 +124,7 @@ def offline(block_n: int, num_warps: int, num_stages: int, pinned: bool = False,
                             target=GPUTarget("cuda", 90, 32),
                             options={"num_warps": num_warps, "num_stages": num_stages,
                                      "launch_pdl": pdl})
-    form = ", ".join(name for name, on in (("pinned", pinned), ("pdl", pdl)) if on)
+    form = ", ".join(name for name, on in ((GATES.get(pinned), pinned), ("pdl", pdl)) if on)
     print(f"decode attention{f' ({form})' if form else ''}, BLOCK_N={block_n}, {num_warps} "
           f"warps, {num_stages} stages, shared {kernel.metadata.shared} B, "
           f"{resource_usage(kernel.asm['cubin'])}")
@@ -130,9 +135,9 @@ def offline(block_n: int, num_warps: int, num_stages: int, pinned: bool = False,
     describe_loop(kernel.asm["sass"])
 
 
-def offline_gemm(pinned: bool = False, pdl: bool = False) -> None:
+def offline_gemm(pinned: int = 0, pdl: bool = False) -> None:
     """The GEMM tiles kernels/gemm.py picks, compiled for sm_90: MMA kind, loads, buffers and
-    the decode (skinny) loop's instructions (`pinned`: the pinned-partition form)."""
+    the decode (skinny) loop's instructions (`pinned`: the pinned-partition form, its gate)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -176,7 +181,7 @@ def offline_gemm(pinned: bool = False, pdl: bool = False) -> None:
         ptx = kernel.asm["ptx"]
         buffers = {m for line in kernel.asm["ttgir"].splitlines() if "local_alloc" in line
                    for m in re.findall(r"memdesc<([\dx]+xbf16)", line)}
-        print(f"gemm{' (pinned)' if pinned else ''}{' (pdl)' if pdl else ''} {label} {cfg.block_m}x{cfg.block_n}x{cfg.block_k}, {cfg.num_warps} warps, "
+        print(f"gemm{f' ({GATES[pinned]})' if pinned else ''}{' (pdl)' if pdl else ''} {label} {cfg.block_m}x{cfg.block_n}x{cfg.block_k}, {cfg.num_warps} warps, "
               f"{'skinny' if cfg.skinny else 'tiles'}: "
               + ", ".join(f"{what} {len(re.findall(pattern, ptx))}"
                           for what, pattern in PTX_PATTERNS.items())
@@ -220,8 +225,9 @@ def main(argv=None) -> int:
     p.add_argument("--block-n", type=int, default=128)
     p.add_argument("--warps", type=int, default=4)
     p.add_argument("--stages", type=int, default=5)
-    p.add_argument("--pinned", action="store_true",
-                   help="with --offline: the kernels' pinned-partition forms")
+    p.add_argument("--pinned", nargs="?", const="claiming", choices=list(GATES.values()),
+                   help="with --offline: the kernels' pinned-partition forms, with this gate "
+                        "(claiming if none is named)")
     p.add_argument("--pdl", action="store_true",
                    help="with --offline: the kernels' programmatic-dependent-launch forms")
     args = p.parse_args(argv)
@@ -231,8 +237,9 @@ def main(argv=None) -> int:
         p.error("--pinned and --pdl conflict: a pinned launch never overlaps the one before")
     if args.offline:
         os.environ.pop("TRITON_INTERPRET", None)
-        offline(args.block_n, args.warps, args.stages, args.pinned, args.pdl)
-        offline_gemm(args.pinned, args.pdl)
+        gate = {name: value for value, name in GATES.items()}.get(args.pinned, 0)
+        offline(args.block_n, args.warps, args.stages, gate, args.pdl)
+        offline_gemm(gate, args.pdl)
     else:
         on_gpu(args.budget)
     return 0

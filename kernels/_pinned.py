@@ -29,10 +29,23 @@ cost that counted (bench/NOTES.md). Claims and departures release (each program'
 count is out before them) and the last program out acquires them with one more claim, so it
 resets the counts after every admission; acquiring on every claim would cost an L1 flush each
 on Hopper (CCTL.IVALL). The per-site admission counts are relaxed.
+
+At one program an SM a launch can go without that atomic at each program's end (the gate's
+anatomy measured it as the claiming gate's cost: bench/results/gate-anatomy-<gpu>.json). The
+*one-a-site* gate (`ONE_A_SITE`): the program admitted on the partition's r-th site does slot
+r, nothing claimed. Every program counts its arrival (a release) right after its admission; the
+last to arrive acquires them all (one L1 flush a launch), does the slots of the sites no
+program was admitted on (wherever it runs: telemetry shows it) and leaves the counters zero.
+Several programs an SM keep the claiming gate: whether an SM gets all c of them depends on how
+many of the kernel's programs fit it (a GEMM's shared memory holds one), so slots handed out
+by rank would fall to the last arriver one after another. `ONE_A_SITE_AT_C1` chooses the gate
+at one an SM until the GPU has measured the one-a-site gate against the claiming one
+(bench/decode_floor.py, bench/gate_anatomy.py time both in one process).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass, field
 
@@ -46,8 +59,25 @@ from pdmux_triton.kernels._launch import (default_num_sms, grid_size, interpreti
                                           shared_counters, telemetry_args, unused_pointer)
 
 # the gate buffer: one 64-bit word of slots claimed and programs left (`_gate_word`: its two
-# int32 words), then a count per site
-GATE_WORD, SITE_COUNTS = tl.constexpr(0), tl.constexpr(2)
+# int32 words), then a count per site; a one-a-site launch, which claims nothing, counts its
+# programs' arrivals in the word's low half
+GATE_WORD, ARRIVALS, SITE_COUNTS = tl.constexpr(0), tl.constexpr(0), tl.constexpr(2)
+# the kernels' PINNED constexpr: the gate a pinned launch takes (False: a plain launch)
+CLAIMING, ONE_A_SITE = 1, 2
+ONE_A_SITE_GATE = tl.constexpr(ONE_A_SITE)  # the same, in a kernel
+# whether a launch of one program an SM takes the one-a-site gate (the module's note)
+ONE_A_SITE_AT_C1 = False
+
+
+@contextlib.contextmanager
+def one_a_site_at_c1(on: bool):
+    """`ONE_A_SITE_AT_C1` set to `on` inside the block (both gates timed in one process)."""
+    global ONE_A_SITE_AT_C1
+    before, ONE_A_SITE_AT_C1 = ONE_A_SITE_AT_C1, on
+    try:
+        yield
+    finally:
+        ONE_A_SITE_AT_C1 = before
 GATE_WORDS = 1024  # the gate buffer's int32 counters, and the site table's entries (SM ids)
 MAX_SITE = GATE_WORDS - 3  # the highest site it counts (after the 64-bit word)
 TABLE_WORDS = tl.constexpr(GATE_WORDS)  # the site table's entries, in a kernel
@@ -215,9 +245,12 @@ def pinned_launch(pinned: Pinned | None, slots: int, ctas_per_sm: int, device: t
             raise PdmuxError(f"a placement's sites must be in 0..{MAX_SITE}, got {low}..{high}")
         grid, where = placement.numel(), placement
     gate = shared_counters("pinned gate", GATE_WORDS, device)
+    # one a site needs a site for every slot; grid_size gives at most c x k slots
+    one_a_site = ONE_A_SITE_AT_C1 and ctas_per_sm == 1 and slots <= pinned.sms
     return PinnedLaunch(grid, slots,
                         (gate, where, pinned.first_site, pinned.sms, ctas_per_sm, slots, grid),
-                        {"PINNED": True, "PLACED": placement is not None,
+                        {"PINNED": ONE_A_SITE if one_a_site else CLAIMING,
+                         "PLACED": placement is not None,
                          "BLOCK_SMS": triton.next_power_of_2(pinned.sms),
                          "PDL": False, "launch_pdl": False})
 
@@ -282,8 +315,9 @@ def _last_out(gate_ptr, left, first_site, n_sms, slots, programs, BLOCK_SMS: tl.
 @triton.jit
 def admitted(gate_ptr, place_ptr, first_site, n_sms, ctas, PLACED: tl.constexpr):
     """(whether this program may work: its SM's site is in the range and holds fewer than c
-    programs that were admitted before it; the SM it runs on, or its placed site).
-    `place_ptr`: the placement (a site a program) or the site table (a site an SM id)."""
+    programs that were admitted before it; its site's place in the range; the SM it runs on,
+    or its placed site). `place_ptr`: the placement (a site a program) or the site table (a
+    site an SM id)."""
     if PLACED:
         sm = tl.load(place_ptr + tl.program_id(0))
         site = sm
@@ -293,7 +327,7 @@ def admitted(gate_ptr, place_ptr, first_site, n_sms, ctas, PLACED: tl.constexpr)
     ok = (site >= first_site) & (site < first_site + n_sms)
     if ok:
         ok = tl.atomic_add(gate_ptr + SITE_COUNTS + site, 1, sem="relaxed") < ctas
-    return ok, sm
+    return ok, site - first_site, sm
 
 
 @triton.jit
@@ -310,7 +344,7 @@ def first_slot(gate_ptr, ok, first_site, n_sms, slots, programs, BLOCK_SMS: tl.c
 def pinned_start(gate_ptr, place_ptr, first_site, n_sms, ctas, slots, programs,
                  PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr):
     """(this program's first slot, or `slots` if the gate turned it away; its SM)."""
-    ok, sm = admitted(gate_ptr, place_ptr, first_site, n_sms, ctas, PLACED)
+    ok, _, sm = admitted(gate_ptr, place_ptr, first_site, n_sms, ctas, PLACED)
     return first_slot(gate_ptr, ok, first_site, n_sms, slots, programs, BLOCK_SMS), sm
 
 
@@ -334,7 +368,10 @@ def run_slots(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, first_s
     if PDL:
         gdc_launch_dependents()
         gdc_wait()
-    if PINNED:
+    if PINNED == ONE_A_SITE_GATE:
+        run_one_a_site(BODY, args, sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, slots,
+                       programs, RECORD_SM, PLACED, BLOCK_SMS)
+    elif PINNED:
         slot, sm = pinned_start(gate_ptr, place_ptr, first_site, n_sms, ctas, slots, programs,
                                 PLACED, BLOCK_SMS)
         run_claimed(BODY, args, slot, sm, sm_ids_ptr, gate_ptr, first_site, n_sms, slots,
@@ -353,3 +390,52 @@ def run_claimed(BODY: tl.constexpr, args, slot, sm, sm_ids_ptr, gate_ptr, first_
         record_slot(sm_ids_ptr, slot, sm, RECORD_SM)
         BODY(slot, slots, *args)
         slot = _claim(gate_ptr, first_site, n_sms, slots, programs, BLOCK_SMS)
+
+
+@triton.jit
+def run_one_a_site(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms,
+                   slots, programs, RECORD_SM: tl.constexpr, PLACED: tl.constexpr,
+                   BLOCK_SMS: tl.constexpr):
+    """The one-a-site gate (the module's note): the program admitted on the range's r-th site
+    does slot r; the launch's last program to arrive also does the slots of the sites nobody
+    was admitted on, and leaves the counters zero."""
+    ok, rank, sm = admitted(gate_ptr, place_ptr, first_site, n_sms, 1, PLACED)
+    # released after this program's admission count: the last arriver sees every count
+    last = tl.atomic_add(gate_ptr + ARRIVALS, 1, sem="release") == programs - 1
+    missed = tl.zeros((BLOCK_SMS,), tl.int32)
+    if last:
+        missed = _sites_missed(gate_ptr, first_site, n_sms, slots, BLOCK_SMS)
+    slot = tl.where(ok & (rank < slots), rank, slots)
+    done = -1  # the last missed slot done
+    if slot >= slots:
+        slot = _next_missed(missed, done, slots, BLOCK_SMS)
+        done = slot
+    while slot < slots:
+        record_slot(sm_ids_ptr, slot, sm, RECORD_SM)
+        BODY(slot, slots, *args)
+        if last:
+            slot = _next_missed(missed, done, slots, BLOCK_SMS)
+            done = slot
+        else:
+            slot = slots
+
+
+@triton.jit
+def _sites_missed(gate_ptr, first_site, n_sms, slots, BLOCK_SMS: tl.constexpr):
+    """The last arriver's: 1 for each of the range's first `slots` sites that no program was
+    admitted on, 0 elsewhere; the counters left zero for the next launch."""
+    # acquire: after every program's release of its arrival, so every admission count is in
+    tl.atomic_xchg(gate_ptr + ARRIVALS, 0, sem="acquire")
+    offs = tl.arange(0, BLOCK_SMS)
+    counts = tl.load(gate_ptr + SITE_COUNTS + first_site + offs, mask=offs < n_sms, other=1,
+                     cache_modifier=".cg")
+    tl.store(gate_ptr + SITE_COUNTS + first_site + offs, tl.zeros((BLOCK_SMS,), tl.int32),
+             mask=offs < n_sms)
+    return ((counts == 0) & (offs < slots)).to(tl.int32)
+
+
+@triton.jit
+def _next_missed(missed, done, slots, BLOCK_SMS: tl.constexpr):
+    """The first missed site's slot after `done`, or `slots` when none is left."""
+    offs = tl.arange(0, BLOCK_SMS)
+    return tl.min(tl.where((missed != 0) & (offs > done), offs, slots), axis=0)

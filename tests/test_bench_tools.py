@@ -29,15 +29,18 @@ def test_decode_kernel_compiles_for_sm90_offline():
     # the attention loop's instructions were counted: HMMA among them, a few hundred in all
     loop = next(line for line in out.stdout.splitlines() if "inner loop (SASS/warp)" in line)
     assert "HMMA" in loop and 100 < int(loop.split()[3].rstrip(":")) < 2000
-    # the pinned form (an SM gate and slots claimed around the same body) compiles for sm_90,
-    # %smid included, and its inner loop is the plain one's, give or take a few instructions
-    pinned = subprocess.run([sys.executable, "bench/profile_decode.py", "--offline", "--pinned"],
-                            env=env, capture_output=True, text=True, timeout=300)
-    assert pinned.returncode == 0, pinned.stderr[-2000:]
-    assert "decode attention (pinned)" in pinned.stdout
-    pinned_loop = next(line for line in pinned.stdout.splitlines()
-                       if "inner loop (SASS/warp)" in line)
-    assert abs(int(pinned_loop.split()[3].rstrip(":")) - int(loop.split()[3].rstrip(":"))) <= 8
+    # the pinned forms (an SM gate and slots claimed, or one slot a site, around the same
+    # body) compile for sm_90, %smid included, and their inner loop is the plain one's, give
+    # or take a few instructions; the GEMMs compile with either gate
+    for gate, flags in (("claiming", ["--pinned"]), ("one-a-site", ["--pinned", "one-a-site"])):
+        pinned = subprocess.run([sys.executable, "bench/profile_decode.py", "--offline", *flags],
+                                env=env, capture_output=True, text=True, timeout=300)
+        assert pinned.returncode == 0, pinned.stderr[-2000:]
+        assert f"decode attention ({gate})" in pinned.stdout
+        assert f"gemm ({gate}) M<=16, whole GPU" in pinned.stdout
+        pinned_loop = next(line for line in pinned.stdout.splitlines()
+                           if "inner loop (SASS/warp)" in line)
+        assert abs(int(pinned_loop.split()[3].rstrip(":")) - int(loop.split()[3].rstrip(":"))) <= 8
     # overlapped launches (PDL): the skinny GEMMs fetch their first weight lines into L2
     # before they wait for the kernel before; launched plain, they fetch none
     pdl = subprocess.run([sys.executable, "bench/profile_decode.py", "--offline", "--pdl"],

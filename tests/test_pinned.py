@@ -14,8 +14,9 @@ from reference import placements
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels import stream_read
 from pdmux_triton.kernels._launch import shared_counters
-from pdmux_triton.kernels._pinned import (_SITES, GATE_WORDS, MAX_SITE, Pinned, admitted,
-                                          first_slot, pinned_launch, run_claimed, site_order)
+from pdmux_triton.kernels._pinned import (_SITES, CLAIMING, GATE_WORDS, MAX_SITE, ONE_A_SITE,
+                                          Pinned, admitted, first_slot, one_a_site_at_c1,
+                                          pinned_launch, run_claimed, run_slots, site_order)
 
 # indexed as kernels see their tensors' devices: the gate's counters are kept per device
 DEV = torch.device("cuda", torch.cuda.current_device()) if HAS_CUDA else torch.device("cpu")
@@ -35,7 +36,7 @@ def _count_slots_kernel(hits_ptr, worker_ptr, admitted_ptr, gate_ptr, place_ptr,
     """Each slot counts how often it was done and who did it (program id, SM) through the
     kernels' own claiming loop; each program says whether the gate admitted it. (PDL comes
     with every launch's keyword arguments; a pinned launch's is always off.)"""
-    ok, sm = admitted(gate_ptr, place_ptr, first_site, n_sms, ctas, PLACED)
+    ok, _, sm = admitted(gate_ptr, place_ptr, first_site, n_sms, ctas, PLACED)
     tl.store(admitted_ptr + tl.program_id(0), ok.to(tl.int32))
     slot = first_slot(gate_ptr, ok, first_site, n_sms, slots, programs, BLOCK_SMS)
     run_claimed(_count_slot, (hits_ptr, worker_ptr, sm), slot, sm, worker_ptr, gate_ptr,
@@ -73,6 +74,71 @@ def test_every_slot_done_once_whoever_survives(total, first, k, ctas, slots, see
             assert all(admitted[p] for p in workers), name
         else:  # nobody was admitted: the launch's last program did every slot itself
             assert workers == {placement.numel() - 1}, name
+
+
+@triton.jit
+def _record_slot(slot, slots, hits_ptr, worker_ptr):
+    tl.atomic_add(hits_ptr + slot, 1)
+    tl.store(worker_ptr + slot, tl.program_id(0))
+
+
+@triton.jit
+def _gated_kernel(hits_ptr, worker_ptr, sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, ctas,
+                  slots, programs, PINNED: tl.constexpr, PLACED: tl.constexpr,
+                  BLOCK_SMS: tl.constexpr, PDL: tl.constexpr):
+    """The kernels' own entry (`run_slots`), whichever gate the launch took: each slot counts
+    how often it was done and which program did it."""
+    run_slots(_record_slot, (hits_ptr, worker_ptr), sm_ids_ptr, gate_ptr, place_ptr, first_site,
+              n_sms, ctas, slots, programs, False, PINNED, PLACED, BLOCK_SMS, PDL)
+
+
+def _run_gated(pinned: Pinned, slots: int, ctas: int):
+    """(the gate the launch took, times each slot was done, the program that did each)."""
+    launch = pinned_launch(pinned, slots, ctas, DEV)
+    hits = torch.zeros(slots, dtype=torch.int32, device=DEV)
+    worker = torch.full((slots,), -1, dtype=torch.int32, device=DEV)
+    _gated_kernel[(launch.grid,)](hits, worker, worker, *launch.args, **launch.kwargs)
+    return launch.kwargs["PINNED"], hits, worker
+
+
+@pytest.mark.parametrize("total,first,k,slots", [
+    (8, 0, 3, 3), (8, 5, 3, 2), (12, 2, 7, 7), (6, 0, 6, 6), (9, 4, 1, 1), (5, 1, 2, 1)])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_one_a_site_slot_r_runs_on_site_r(total, first, k, slots, seed):
+    """The one-a-site gate (one program an SM): slot r is done by the first program that
+    arrived on the range's site r (the interpreter runs programs in order: the lowest id), a
+    slot whose site got no program by the launch's last program to arrive, every slot once,
+    and the counters are left zero."""
+    gate = shared_counters("pinned gate", GATE_WORDS, DEV)
+    for name, placement in placements(total, 1, first, k, seed):
+        placement = placement.to(torch.int32).to(DEV)
+        with one_a_site_at_c1(True):
+            kind, hits, worker = _run_gated(Pinned(first, k, placement), slots, 1)
+        assert kind == ONE_A_SITE
+        assert (hits == 1).all(), (name, hits.tolist())
+        assert (gate == 0).all(), f"{name}: the gate's counters were not left zero"
+        for r in range(slots):
+            on_site = (placement == first + r).nonzero().flatten().tolist()
+            if HAS_CUDA:  # programs arrive in the hardware's order: one of the site's, if any
+                assert not on_site or worker[r].item() in on_site, (name, r, worker.tolist())
+            else:
+                want = on_site[0] if on_site else placement.numel() - 1
+                assert worker[r].item() == want, (name, r, worker.tolist())
+
+
+def test_the_gates_take_turns_on_one_counter_buffer():
+    """Launches of both gates on one stream share its gate buffer: each leaves it zero for the
+    next, whichever ran before, and each does every slot once."""
+    gate = shared_counters("pinned gate", GATE_WORDS, DEV)
+    placement = torch.tensor([3, 0, 1, 1, 5, 2, 4, 2], dtype=torch.int32, device=DEV)
+    for one_a_site, ctas, slots, want in ((True, 1, 4, ONE_A_SITE), (False, 1, 4, CLAIMING),
+                                          (True, 2, 7, CLAIMING), (True, 1, 3, ONE_A_SITE),
+                                          (True, 1, 5, CLAIMING)):
+        with one_a_site_at_c1(one_a_site):
+            # slots past the range's 4 sites (5 at c = 1): no site to rank them by, so they
+            # are claimed
+            kind, hits, _ = _run_gated(Pinned(1, 4, placement[:4 * ctas]), slots, ctas)
+        assert kind == want and (hits == 1).all() and (gate == 0).all(), (one_a_site, ctas)
 
 
 def test_the_highest_site_is_counted_inside_the_gate_buffer():
@@ -157,21 +223,29 @@ def test_a_splits_first_sites_are_where_a_capped_launch_of_its_size_lands():
         site_order(dev, total + 1)
 
 
+# (CTAs per SM, the one-a-site gate at one an SM): every gate a pinned launch can take
+GATES = [(1, False), (1, True), (2, False), (3, False)]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("ctas", [1, 2, 3])
-def test_pinned_stream_read_stays_on_its_sms(ctas):
+@pytest.mark.parametrize("ctas,one_a_site", GATES)
+def test_pinned_stream_read_stays_on_its_sms(ctas, one_a_site):
     """On the GPU the hardware places the programs: every slot runs on the partition's SMs,
-    the read is whole, and the counters are left zero."""
+    the read is whole, and the counters are left zero. One a site: slot r on site r (on an
+    idle GPU every SM of the range gets a program, as the claiming gate's c = 1 shows)."""
     total = torch.cuda.get_device_properties(0).multi_processor_count
     buf = torch.randint(-1000, 1000, (1 << 24,), dtype=torch.int32, device="cuda")
     for first, k in ((0, 16), (total - 20, 20), (40, 52)):
         sm_ids = torch.empty(k * ctas, dtype=torch.int32, device="cuda")
-        sums = stream_read(buf, ctas_per_sm=ctas, pinned=Pinned(first, k), sm_ids=sm_ids)
+        with one_a_site_at_c1(one_a_site):
+            sums = stream_read(buf, ctas_per_sm=ctas, pinned=Pinned(first, k), sm_ids=sm_ids)
         assert sums.sum().item() == buf.sum().item()
         assert all(first <= s < first + k for s in _sites(sm_ids)), sm_ids.tolist()
         assert (shared_counters("pinned gate", GATE_WORDS, buf.device) == 0).all()
         if ctas == 1:  # SM ids are 0..total-1 and the hardware gave each SM of the range one
             assert len(set(sm_ids.tolist())) == k, sorted(set(sm_ids.tolist()))
+        if one_a_site:
+            assert _sites(sm_ids) == list(range(first, first + k)), _sites(sm_ids)
 
 
 def _decode_inputs():
@@ -199,18 +273,20 @@ def _decode_kernels(inputs, pinned: Pinned | None, num_sms: int | None, ctas: in
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("ctas", [1, 2, 3])
-def test_pinned_decode_kernels_equal_the_capped_launch(ctas):
+@pytest.mark.parametrize("ctas,one_a_site", GATES)
+def test_pinned_decode_kernels_equal_the_capped_launch(ctas, one_a_site):
     """Admitted programs do the capped launch's programs' work as slots: the same results to
     the bit (same partials, same merge order), on the hardware's placement and on a placement
-    that admits fewer programs than c x k (all programs crowded onto two SMs)."""
+    that admits fewer programs than c x k (all programs crowded onto two SMs: one a site, the
+    last arriver does the other 18 sites' slots)."""
     total = torch.cuda.get_device_properties(0).multi_processor_count
     inputs = _decode_inputs()
     capped = _decode_kernels(inputs, None, 20, ctas)
-    pinned = _decode_kernels(inputs, Pinned(total - 20, 20), None, ctas)
     crowded = torch.full((ctas * total,), total - 20, dtype=torch.int32, device="cuda")
     crowded[::2] = total - 1
-    few = _decode_kernels(inputs, Pinned(total - 20, 20, crowded), None, ctas)
+    with one_a_site_at_c1(one_a_site):
+        pinned = _decode_kernels(inputs, Pinned(total - 20, 20), None, ctas)
+        few = _decode_kernels(inputs, Pinned(total - 20, 20, crowded), None, ctas)
     for a, b, c in zip(capped, pinned, few):
         assert torch.equal(a, b) and torch.equal(a, c)
 
@@ -254,3 +330,64 @@ def test_pinned_sides_share_no_sm_and_replay_from_a_graph():
         torch.cuda.synchronize()
         for a, b in zip(_decode_kernels(inputs, None, 16, 2), captured):
             assert torch.equal(a, b)
+
+
+@pytest.mark.gpu
+def test_one_a_site_sides_at_once_and_in_a_graph_beside_the_claiming_gate():
+    """Both sides one a site on complementary SMs, on two streams at once: every slot on its
+    own site (a decode GEMM, one program an SM by its shared memory, and rmsnorm, whose
+    programs are small enough to share an SM: a site the hardware left empty would put its slot
+    on the last arriver, wherever that is), results exact. Then a captured graph of a served
+    decode side, attention at three an SM (the claiming gate) and the linears one a site,
+    replays exactly on new inputs."""
+    from pdmux_triton.kernels import decode_attention, linear, rmsnorm
+
+    total = torch.cuda.get_device_properties(0).multi_processor_count
+    sides = [(0, 20), (20, total - 20)]
+    x = torch.randn(8, 4096, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(128 * total, 4096, dtype=torch.bfloat16, device="cuda") / 64
+    rows = torch.randn(4 * total, 4096, dtype=torch.bfloat16, device="cuda")
+    norm_w = torch.randn(4096, dtype=torch.bfloat16, device="cuda")
+    want = [linear(x, w), rmsnorm(rows, norm_w)]
+    streams = [torch.cuda.Stream() for _ in sides]
+    with one_a_site_at_c1(True):
+        for _ in range(3):
+            got, ids = [], []
+            for (first, k), stream in zip(sides, streams):
+                sm = [torch.empty(k, dtype=torch.int32, device="cuda") for _ in want]
+                with torch.cuda.stream(stream):
+                    got.append([linear(x, w, pinned=Pinned(first, k), sm_ids=sm[0]),
+                                rmsnorm(rows, norm_w, pinned=Pinned(first, k), sm_ids=sm[1])])
+                ids.append(sm)
+            torch.cuda.synchronize()
+            for (first, k), results, sm in zip(sides, got, ids):
+                for a, b, where in zip(want, results, sm):
+                    assert torch.equal(a, b)
+                    assert _sites(where) == list(range(first, first + k)), _sites(where)
+
+        inputs = _decode_inputs()
+        kv, lens, q, x8, ws = inputs
+        stream = torch.cuda.Stream()
+
+        def side():
+            return [decode_attention(q, kv.k_cache, kv.v_cache, kv.page_table, lens, 16, 5000,
+                                     ctas_per_sm=3, pinned=Pinned(0, 16)),
+                    *(linear(x8, w, pinned=Pinned(0, 16)) for w in ws)]
+
+        with torch.cuda.stream(stream):  # warm up on the capturing stream: counters made once
+            side()
+        stream.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            captured = side()
+        for _ in range(2):
+            q.normal_()
+            x8.normal_()
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(captured[0], decode_attention(
+                q, kv.k_cache, kv.v_cache, kv.page_table, lens, 16, 5000, num_sms=16,
+                ctas_per_sm=3))
+            for w, b in zip(ws, captured[1:]):
+                assert torch.equal(linear(x8, w, num_sms=16), b)
+        assert (shared_counters("pinned gate", GATE_WORDS, q.device) == 0).all()
