@@ -5,6 +5,7 @@ presets (`models.MODELS`), bytes and FLOPs from `cost`."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import math
 import statistics
@@ -16,7 +17,7 @@ import torch
 from triton.testing import do_bench
 
 from pdmux_triton.cost import step_cost
-from pdmux_triton.kernels import stream_read
+from pdmux_triton.kernels import _pinned, stream_read
 from pdmux_triton.measure.random_kv import PagedKV
 from pdmux_triton.measure.timing import time_alone
 from pdmux_triton.results import provenance, write_json
@@ -66,6 +67,21 @@ class Results:
 
     def save(self):
         write_json(self.path, self.data)
+
+
+@contextlib.contextmanager
+def sites_headed_by(first: list[int], head: int | None = None):
+    """Inside the block, pinned launches index a site order (kernels/_pinned.site_order, of
+    `head`) whose first sites are the SM ids `first`, the rest in the measured order: a pinned
+    partition put on SMs of the caller's choosing."""
+    dev = torch.device("cuda", torch.cuda.current_device())
+    measured = _pinned.site_order(dev, head)
+    order = list(first) + [sm for sm in measured[0] if sm not in first]
+    _pinned._SITES[(dev, head)] = order, _pinned.site_table(order, dev)
+    try:
+        yield
+    finally:
+        _pinned._SITES[(dev, head)] = measured
 
 
 @functools.cache

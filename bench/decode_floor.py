@@ -4,14 +4,17 @@ on one GPU (issue 26's figures; bench/results/decode-floor-<gpu>.json).
 Measured in one process: the streaming read over 2 GiB buffers on the whole GPU (the floor's
 rate); the whole decode step of the Qwen3-8B preset, 32 requests x 2048 tokens, captured, on
 the whole GPU as served (launches overlapped), without the GEMMs' early weight lines, with each
-launch after the last, and with stream-K on every program (no aligned split), and its kernel
-launches (counted by the profiler in one eager step); the same bytes as streaming reads, a
-launch per weight (`stream_equivalent`: what a step of separate kernels could reach); the
-decode step on each of SGLang's levels' decode SMs (20-60 on an H200) on green contexts and on
-pinned SMs at 1-3 CTAs per SM and as a served decode side runs, alone and beside a prefill on
-the rest, with the SMs each side's kernels ran on; decode attention on 16 pinned SMs at 1-3
-CTAs per SM. The kernel benchmark's and a run's figures (decode linears and attention against
-the streaming read, pd-mux's ITL and prefill at 80/52) come from their files when given.
+launch after the last, with stream-K on every program (no aligned split), with decode
+attention at 2-3 programs an SM (at 2 also a program a whole unit), and its kernel launches
+(counted by the profiler in one eager step); the same bytes as streaming reads, a launch per
+weight (`stream_equivalent`: what a step of separate kernels could reach); the decode step on
+each of SGLang's levels' decode SMs (20-60 on an H200) on green contexts and on pinned SMs at
+1-3 CTAs per SM and as a served decode side runs, alone and beside a prefill on the rest,
+with the SMs each side's kernels ran on (pinned at one also with the one-a-site gate and on
+the SMs green's decode side ran on: the gap to green by cause); decode attention on 16 pinned
+SMs at 1-3 CTAs per SM. The kernel benchmark's and a run's figures (decode linears and
+attention against the streaming read, pd-mux's ITL and prefill at 80/52) come from their
+files when given.
 
     python bench/decode_floor.py --out bench/results [--kernels FILE] [--run FILE]
 """
@@ -19,17 +22,21 @@ the streaming read, pd-mux's ITL and prefill at 80/52) come from their files whe
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib
 import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
 
 import torch
-from common import MODEL, Results, require_gpu, same_bytes_buffers, stream_same_bytes, t_graph
+from common import (MODEL, Results, require_gpu, same_bytes_buffers, sites_headed_by,
+                    stream_same_bytes, t_graph)
 
 from pdmux_triton.cost import step_cost
 from pdmux_triton.gpu.streams import PartitionStreams, kernel_args
 from pdmux_triton.kernels import decode_attention, gemm, linear, stream_read
+from pdmux_triton.kernels._pinned import one_a_site_at_c1
 from pdmux_triton.measure.telemetry import probe
 from pdmux_triton.measure.timing import time_alone, time_corun
 from pdmux_triton.measure.workloads import DecodeAttention, DecodeStep, PrefillLayers
@@ -38,6 +45,8 @@ from pdmux_triton.multiplex.partition import Budget, for_level
 from pdmux_triton.results import read_json
 from pdmux_triton.spec.gpus import detect_gpu
 
+# the module (the package's name of the same spelling is the function)
+attention_module = importlib.import_module("pdmux_triton.kernels.decode_attention")
 BATCH, CONTEXT = 32, 2048
 CTAS = (1, 2, 3)
 STREAM_BYTES = 1 << 31
@@ -74,14 +83,18 @@ def stream_equivalent(step: DecodeStep):
             sum(r.numel() * r.element_size() for r in reads))
 
 
-def _settings(lines: int | None = None, split: float | None = None) -> dict:
-    """The GEMM's module settings a turn varies (its early weight lines, the aligned split's
-    threshold): set those given, return both."""
+def _settings(lines: int | None = None, split: float | None = None,
+              whole_units: bool | None = None) -> dict:
+    """The kernels' module settings a turn varies (the GEMM's early weight lines and aligned
+    split's threshold, decode attention's whole units): set those given, return all three."""
     if lines is not None:
         gemm.PDL_PREFETCH_LINES = lines
     if split is not None:
         gemm.ALIGNED_SPLIT_BUSY = split
-    return {"lines": gemm.PDL_PREFETCH_LINES, "split": gemm.ALIGNED_SPLIT_BUSY}
+    if whole_units is not None:
+        attention_module.WHOLE_UNITS = whole_units
+    return {"lines": gemm.PDL_PREFETCH_LINES, "split": gemm.ALIGNED_SPLIT_BUSY,
+            "whole_units": attention_module.WHOLE_UNITS}
 
 
 def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
@@ -99,6 +112,9 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
              # stream-K on every program, tiles cut unevenly, instead of the aligned split
              ("unaligned", served, {"split": 2.0})]
     turns += [(f"attention_c{c}", Budget(pdl=True, attention_ctas_per_sm=c), {}) for c in (2, 3)]
+    # (and at 2 an SM a program a whole unit: 256 units, 132 x 2 programs; at 3 the same launch)
+    turns += [("attention_c2_whole_units", Budget(pdl=True, attention_ctas_per_sm=2),
+               {"whole_units": True})]
     # (and more of each weight row's first lines fetched early: is PDL_PREFETCH_LINES enough?)
     turns += [(f"prefetch_{n}", served, {"lines": n}) for n in (16, 32)]
     # (and the step's bytes as streaming reads, a launch a weight: `stream_equivalent`)
@@ -113,15 +129,17 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
             times["stream_equivalent"].append(t_graph(streamed))
     finally:
         _settings(**shipped)
-    ms, no_prefetch_ms, apart_ms, unaligned_ms, c2_ms, c3_ms, streamed_ms = (
+    ms, no_prefetch_ms, apart_ms, unaligned_ms, c2_ms, c3_ms, whole_ms, streamed_ms = (
         statistics.median(times[k]) for k in ("served", "no_prefetch", "apart", "unaligned",
                                               "attention_c2", "attention_c3",
+                                              "attention_c2_whole_units",
                                               "stream_equivalent"))
     floor_ms = step_cost.decode_step_bytes(MODEL, BATCH * CONTEXT) / (tbps * 1e12) * 1e3
     res.row(section="whole gpu", stream_read_tbps=tbps, decode_only_step_ms=ms,
             decode_step_pdl_no_prefetch_ms=no_prefetch_ms, decode_step_without_pdl_ms=apart_ms,
             decode_step_unaligned_split_ms=unaligned_ms,
             decode_step_attention_c2_ms=c2_ms, decode_step_attention_c3_ms=c3_ms,
+            decode_step_attention_c2_whole_units_ms=whole_ms,
             stream_equivalent_step_ms=streamed_ms,
             stream_equivalent_bytes=streamed_bytes, decode_step_bytes=step.amount,
             step_ms_by_turn=times, decode_step_floor_ms=floor_ms,
@@ -132,6 +150,7 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
                                decode_step_unaligned_split_ms=unaligned_ms,
                                decode_step_attention_c2_ms=c2_ms,
                                decode_step_attention_c3_ms=c3_ms,
+                               decode_step_attention_c2_whole_units_ms=whole_ms,
                                decode_step_floor_ms=floor_ms, decode_step_vs_floor=floor_ms / ms,
                                stream_equivalent_step_ms=streamed_ms,
                                stream_equivalent_vs_floor=floor_ms / streamed_ms,
@@ -140,11 +159,30 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
     res.save()
 
 
+# pinned turns that take a product turn's budget another way, to split the gap to green by
+# cause: the one-a-site gate (kernels/_pinned.py) instead of the claiming one, and the
+# claiming gate on the very SMs green's decode side ran on (placement apart from the gate)
+ONE_A_SITE_TURN, ON_GREEN_SMS_TURN = "1 one-a-site", "1 on green's SMs"
+DIAGNOSTIC_TURNS = (ONE_A_SITE_TURN, ON_GREEN_SMS_TURN)
+
+
+def green_decode_sms(part: PartitionStreams, probe_x: torch.Tensor,
+                     weight: torch.Tensor) -> list[int]:
+    """The SMs a decode GEMM's programs ran on on green's decode side, in program order (the
+    GEMM the site order is measured with: one program an SM)."""
+    ids = torch.full((part.decode_sms,), -1, dtype=torch.int32, device="cuda")
+    with torch.cuda.stream(part.decode_stream):
+        linear(probe_x[:BATCH], weight, sm_ids=ids, **kernel_args(part.decode_budget))
+    torch.cuda.synchronize()
+    return list(dict.fromkeys(sm for sm in ids.tolist() if sm >= 0))
+
+
 def levels(res: Results, step: DecodeStep, prefill: PrefillLayers, gpu) -> None:
     """Each middle level up to 60 decode SMs: green (one CTA per SM: a grid of the budget) and
     pinned at each c for every kernel, and as a served decode side runs (decode attention at
     the split's served CTAs per SM, the other kernels at one), the decode step alone and
-    beside the prefill; green at one and as served also without PDL."""
+    beside the prefill; green at one and as served also without PDL; pinned at one also with
+    the one-a-site gate and on green's decode SMs (`DIAGNOSTIC_TURNS`)."""
     groups = [g for g in sglang_rules.stream_groups(gpu.sms, gpu.cc_major)[1:-1] if g[1] <= 60]
     probe_x = torch.randn(4096, MODEL.hidden, dtype=torch.bfloat16, device="cuda")
     probe_q = torch.randn(BATCH, MODEL.q_heads, MODEL.head_dim, dtype=torch.bfloat16,
@@ -152,7 +190,7 @@ def levels(res: Results, step: DecodeStep, prefill: PrefillLayers, gpu) -> None:
     gate_up = prefill.model.w.layers[0]["gate_up"]
     dm, db = step.model, step.batch
     for level in groups:
-        green = {}
+        green, green_sms = {}, []
         for kind in ("green", "pinned"):
             with PartitionStreams.open(for_level(level, kind, gpu.sms)) as part:
                 pbud = part.prefill_budget
@@ -160,36 +198,48 @@ def levels(res: Results, step: DecodeStep, prefill: PrefillLayers, gpu) -> None:
                                      repeats=1)
                 served = replace(part.decode_budget,
                                  attention_ctas_per_sm=part.spec.served_attention_ctas)
-                turns = [*((c, replace(part.decode_budget, ctas_per_sm=c)) for c in CTAS),
-                         ("served", served)]
-                if part.decode_budget.pdl:  # green: also without overlapped launches, which
-                    # pinned launches cannot have (the gap's part that is PDL's, not the gate's)
-                    turns += [(f"{c} no pdl", replace(b, pdl=False)) for c, b in turns
-                              if c in (1, "served")]
-                for c, dbud in turns:
-                    alone = time_alone(lambda: step.run(dbud), part.decode_stream, graph=True)
-                    co = time_corun(lambda: step.run(dbud), part.decode_stream, True, alone,
-                                    lambda: prefill.run(pbud), part.prefill_stream, False,
-                                    p_alone)
-                    used = probe(part, lambda ids: linear(probe_x, gate_up, sm_ids=ids,
-                                                          **kernel_args(pbud)),
-                                 lambda ids: decode_attention(
-                                     probe_q, dm.cache.k[0], dm.cache.v[0], db.page_table,
-                                     db.seq_lens, dm.cache.page_size, db.max_seq_len,
-                                     sm_ids=ids, **kernel_args(dbud)),
-                                 grid_cap=gpu.sms * max(CTAS))
+                # (label, decode budget, green's turn to compare with, how the turn runs)
+                turns = [*((c, replace(part.decode_budget, ctas_per_sm=c), c, None)
+                           for c in CTAS), ("served", served, "served", None)]
+                if kind == "green":
+                    if part.decode_budget.pdl:  # also without overlapped launches, which pinned
+                        # launches cannot have (the gap's part that is PDL's, not the gate's)
+                        turns += [(f"{c} no pdl", replace(b, pdl=False), f"{c} no pdl", None)
+                                  for c, b, *_ in turns if c in (1, "served")]
+                    green_sms = green_decode_sms(part, probe_x, gate_up)
+                else:
+                    one = turns[0][1]
+                    turns += [(ONE_A_SITE_TURN, one, 1, one_a_site_at_c1(True)),
+                              (ON_GREEN_SMS_TURN, one, 1,
+                               sites_headed_by(green_sms, part.decode_budget.site_head))]
+                for c, dbud, versus, how in turns:
+                    with how or contextlib.nullcontext():
+                        alone = time_alone(lambda: step.run(dbud), part.decode_stream,
+                                           graph=True)
+                        co = time_corun(lambda: step.run(dbud), part.decode_stream, True, alone,
+                                        lambda: prefill.run(pbud), part.prefill_stream, False,
+                                        p_alone)
+                        used = probe(part, lambda ids: linear(probe_x, gate_up, sm_ids=ids,
+                                                              **kernel_args(pbud)),
+                                     lambda ids: decode_attention(
+                                         probe_q, dm.cache.k[0], dm.cache.v[0], db.page_table,
+                                         db.seq_lens, dm.cache.page_size, db.max_seq_len,
+                                         sm_ids=ids, **kernel_args(dbud, attention=True)),
+                                     grid_cap=gpu.sms * max(CTAS))
                     row = res.row(section="level", kind=kind, prefill_sms=level[0],
                                   decode_sms=part.decode_sms, ctas_per_sm=c,
                                   attention_ctas_per_sm=dbud.attention_ctas_per_sm,
                                   alone_ms=alone, corun_ms=co.ms, covered=co.covered, **used)
                     if kind == "green":
                         green[c] = row
+                        if c == 1:
+                            row["decode_sm_ids"] = green_sms
                     else:
-                        row["vs_green_alone_pct"] = (green[c]["alone_ms"] / alone - 1) * 100
-                        row["vs_green_corun_pct"] = (green[c]["corun_ms"] / co.ms - 1) * 100
-                        if f"{c} no pdl" in green:
+                        row["vs_green_alone_pct"] = (green[versus]["alone_ms"] / alone - 1) * 100
+                        row["vs_green_corun_pct"] = (green[versus]["corun_ms"] / co.ms - 1) * 100
+                        if f"{versus} no pdl" in green:
                             row["vs_green_no_pdl_alone_pct"] = (
-                                green[f"{c} no pdl"]["alone_ms"] / alone - 1) * 100
+                                green[f"{versus} no pdl"]["alone_ms"] / alone - 1) * 100
                     res.save()
 
 
@@ -229,7 +279,10 @@ def from_files(res: Results, kernels: str | None, run: str | None) -> None:
 
 
 def summarize(res: Results) -> None:
-    rows = [r for r in res.data["rows"] if r["section"] == "level" and r["kind"] == "pinned"]
+    """Pinned against green: the product's turns (the diagnostic ones apart, each its own
+    figure), the served side, the SMs the sides shared, and the gap left without PDL."""
+    pinned = [r for r in res.data["rows"] if r["section"] == "level" and r["kind"] == "pinned"]
+    rows = [r for r in pinned if r["ctas_per_sm"] not in DIAGNOSTIC_TURNS]
     s = res.data["summary"]
     if rows:
         def worst(rs):
@@ -244,6 +297,11 @@ def summarize(res: Results) -> None:
                   if "vs_green_no_pdl_alone_pct" in r]
         if no_pdl:  # the gap left with green's launches apart too: the gate's
             s["pinned_vs_green_without_pdl_max_alone_pct"] = max(no_pdl)
+        for turn, key in ((ONE_A_SITE_TURN, "pinned_one_a_site_vs_green_max_error_pct"),
+                          (ON_GREEN_SMS_TURN, "pinned_on_green_sms_vs_green_max_error_pct")):
+            diagnostic = [r for r in pinned if r["ctas_per_sm"] == turn]
+            if diagnostic:
+                s[key] = worst(diagnostic)
     res.save()
 
 

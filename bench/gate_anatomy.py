@@ -23,7 +23,9 @@ launch after zeroing a small counter buffer (so each variant pays the same memse
   All are checked against `plain`'s output;
 - `pinned`: the product's pinned launch (kernels/_pinned.py) on sites 0..19, with the
   device's measured site order and with an order whose first 20 sites are the SMs the capped
-  launch ran on (so the two run on the same SMs).
+  launch ran on (so the two run on the same SMs); with its claiming gate and with the
+  one-a-site gate (`_pinned.ONE_A_SITE_AT_C1`), the idea `rank by site, arrival first` tried
+  as the product does it.
 
     python bench/gate_anatomy.py --out bench/results
 """
@@ -35,10 +37,11 @@ import sys
 import torch
 import triton
 import triton.language as tl
-from common import gpu_results
+from common import gpu_results, sites_headed_by
 
-from pdmux_triton.kernels import _pinned, linear
-from pdmux_triton.kernels._pinned import GATE_WORDS, Pinned, site_order, site_table
+from pdmux_triton.kernels import linear
+from pdmux_triton.kernels._pinned import (GATE_WORDS, Pinned, one_a_site_at_c1, site_order,
+                                          site_table)
 from pdmux_triton.kernels.gemm import _skinny_slot, plan
 from pdmux_triton.measure.timing import time_alone
 
@@ -136,25 +139,19 @@ def variants(N: int, K: int, device_sms: int) -> dict:
                                      num_stages=cfg.num_stages)
         return run
 
-    def product(**budget):
+    def product(one_a_site: bool = False, **budget):
         def run():
             queue.zero_()
-            linear(x, w, out, **budget)
+            with one_a_site_at_c1(one_a_site):
+                linear(x, w, out, **budget)
         return run
 
     runs = {name: launch(i) for i, name in enumerate(MODES)}
     runs["capped (product)"] = product(num_sms=SMS)
     runs["pinned (product)"] = product(pinned=Pinned(0, SMS))
+    runs["pinned, one-a-site gate"] = product(True, pinned=Pinned(0, SMS))
     torch.cuda.synchronize()
     return runs, capped_sms, p, out
-
-
-def with_first_sites(first: list[int]) -> None:
-    """Replace the device's whole-GPU site order (no head) by one whose first sites are
-    `first`."""
-    dev = torch.device("cuda", torch.cuda.current_device())
-    order = first + [sm for sm in site_order(dev)[0] if sm not in first]
-    _pinned._SITES[(dev, None)] = order, site_table(order, dev)
 
 
 def main(argv=None) -> int:
@@ -164,7 +161,6 @@ def main(argv=None) -> int:
     measured = site_order(torch.device("cuda"))[0][:SMS]
     for shape, (N, K) in SHAPES.items():
         runs, capped_sms, pl, out = variants(N, K, gpu.sms)
-        with_first_sites(measured)
         base = ref = None
         for name, fn in runs.items():
             out.fill_(float("nan"))  # an unwritten element fails the comparison
@@ -175,15 +171,16 @@ def main(argv=None) -> int:
             base = base or us
             res.row(section="anatomy", shape=shape, variant=name, us=us, over_plain=us / base,
                     whole_tiles=pl.whole, grid=pl.grid, equals_plain=torch.equal(out, ref))
-        with_first_sites(capped_sms)
-        us = time_alone(runs["pinned (product)"], stream, graph=True) * 1e3
-        res.row(section="anatomy", shape=shape, variant="pinned on the capped launch's SMs",
-                us=us, over_plain=us / base, capped_sms=capped_sms,
-                shared_with_first_sites=len(set(capped_sms) & set(measured)))
+        with sites_headed_by(capped_sms):
+            for gate in ("pinned (product)", "pinned, one-a-site gate"):
+                us = time_alone(runs[gate], stream, graph=True) * 1e3
+                res.row(section="anatomy", shape=shape, variant=f"{gate} on the capped "
+                        "launch's SMs", us=us, over_plain=us / base, capped_sms=capped_sms,
+                        shared_with_first_sites=len(set(capped_sms) & set(measured)))
         res.save()
     print(f"wrote {res.path}")
     for r in res.data["rows"]:
-        print(f"{r['shape']:8s} {r['variant']:36s} {r['us']:8.1f} us  {r['over_plain']:.3f}"
+        print(f"{r['shape']:8s} {r['variant']:52s} {r['us']:8.1f} us  {r['over_plain']:.3f}"
               + ("" if r.get("equals_plain", True) else "  OUTPUT DIFFERS FROM plain"))
     return 0
 
