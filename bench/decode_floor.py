@@ -160,8 +160,9 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
 
 
 # pinned turns that take a product turn's budget another way, to split the gap to green by
-# cause: the one-a-site gate (kernels/_pinned.py) instead of the claiming one, and the
-# claiming gate on the very SMs green's decode side ran on (placement apart from the gate)
+# cause: the one-a-site gate (kernels/_pinned.py) instead of the claiming one (on both sides,
+# as the product would run with it on), and the claiming gate on the very SMs green's decode
+# side ran on, the prefill side on the rest (placement apart from the gate)
 ONE_A_SITE_TURN, ON_GREEN_SMS_TURN = "1 one-a-site", "1 on green's SMs"
 DIAGNOSTIC_TURNS = (ONE_A_SITE_TURN, ON_GREEN_SMS_TURN)
 
@@ -169,12 +170,21 @@ DIAGNOSTIC_TURNS = (ONE_A_SITE_TURN, ON_GREEN_SMS_TURN)
 def green_decode_sms(part: PartitionStreams, probe_x: torch.Tensor,
                      weight: torch.Tensor) -> list[int]:
     """The SMs a decode GEMM's programs ran on on green's decode side, in program order (the
-    GEMM the site order is measured with: one program an SM)."""
+    GEMM the site order is measured with: one program an SM); launched three times and the
+    last counts, as `site_order` does (a cold GPU's first launches can place otherwise)."""
     ids = torch.full((part.decode_sms,), -1, dtype=torch.int32, device="cuda")
     with torch.cuda.stream(part.decode_stream):
-        linear(probe_x[:BATCH], weight, sm_ids=ids, **kernel_args(part.decode_budget))
+        for _ in range(3):
+            linear(probe_x[:BATCH], weight, sm_ids=ids, **kernel_args(part.decode_budget))
     torch.cuda.synchronize()
     return list(dict.fromkeys(sm for sm in ids.tolist() if sm >= 0))
+
+
+@contextlib.contextmanager
+def claiming_on(sms: list[int], head: int | None):
+    """The claiming gate on pinned sites headed by `sms`, whatever the module's default."""
+    with one_a_site_at_c1(False), sites_headed_by(sms, head):
+        yield
 
 
 def levels(res: Results, step: DecodeStep, prefill: PrefillLayers, gpu) -> None:
@@ -211,7 +221,7 @@ def levels(res: Results, step: DecodeStep, prefill: PrefillLayers, gpu) -> None:
                     one = turns[0][1]
                     turns += [(ONE_A_SITE_TURN, one, 1, one_a_site_at_c1(True)),
                               (ON_GREEN_SMS_TURN, one, 1,
-                               sites_headed_by(green_sms, part.decode_budget.site_head))]
+                               claiming_on(green_sms, part.decode_budget.site_head))]
                 for c, dbud, versus, how in turns:
                     with how or contextlib.nullcontext():
                         alone = time_alone(lambda: step.run(dbud), part.decode_stream,
@@ -232,7 +242,7 @@ def levels(res: Results, step: DecodeStep, prefill: PrefillLayers, gpu) -> None:
                                   alone_ms=alone, corun_ms=co.ms, covered=co.covered, **used)
                     if kind == "green":
                         green[c] = row
-                        if c == 1:
+                        if c == 1:  # (fewer than decode_sms where two shared an SM)
                             row["decode_sm_ids"] = green_sms
                     else:
                         row["vs_green_alone_pct"] = (green[versus]["alone_ms"] / alone - 1) * 100

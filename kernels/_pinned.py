@@ -424,11 +424,16 @@ def run_one_a_site(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, fi
 def _sites_missed(gate_ptr, first_site, n_sms, slots, BLOCK_SMS: tl.constexpr):
     """The last arriver's: 1 for each of the range's first `slots` sites that no program was
     admitted on, 0 elsewhere; the counters left zero for the next launch."""
-    # acquire: after every program's release of its arrival, so every admission count is in
+    # acquire: after every program's release of its arrival, so every admission count is in.
+    # One thread does the atomic and every warp reads the counts (each keeps its own copy of
+    # `missed`): a barrier orders their reads after the acquire, and another keeps the zeros
+    # from landing before a warp has read, or warps would disagree on the slots left
     tl.atomic_xchg(gate_ptr + ARRIVALS, 0, sem="acquire")
+    tl.debug_barrier()
     offs = tl.arange(0, BLOCK_SMS)
     counts = tl.load(gate_ptr + SITE_COUNTS + first_site + offs, mask=offs < n_sms, other=1,
                      cache_modifier=".cg")
+    tl.debug_barrier()
     tl.store(gate_ptr + SITE_COUNTS + first_site + offs, tl.zeros((BLOCK_SMS,), tl.int32),
              mask=offs < n_sms)
     return ((counts == 0) & (offs < slots)).to(tl.int32)

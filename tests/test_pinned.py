@@ -334,12 +334,12 @@ def test_pinned_sides_share_no_sm_and_replay_from_a_graph():
 
 @pytest.mark.gpu
 def test_one_a_site_sides_at_once_and_in_a_graph_beside_the_claiming_gate():
-    """Both sides one a site on complementary SMs, on two streams at once: every slot on its
-    own site (a decode GEMM, one program an SM by its shared memory, and rmsnorm, whose
-    programs are small enough to share an SM: a site the hardware left empty would put its slot
-    on the last arriver, wherever that is), results exact. Then a captured graph of a served
-    decode side, attention at three an SM (the claiming gate) and the linears one a site,
-    replays exactly on new inputs."""
+    """Both sides one a site on complementary SMs, on two streams at once, results exact: a
+    decode GEMM (one program an SM by its shared memory) and rmsnorm (small programs, which may
+    share an SM). Every slot runs on its own site but those of sites the hardware left empty,
+    which all run where the last arriver is (one SM; how many is printed). Then a captured
+    graph of a served decode side, attention at three an SM (the claiming gate) and the linears
+    one a site, replays exactly on new inputs; every stream's gate buffer is left zero."""
     from pdmux_triton.kernels import decode_attention, linear, rmsnorm
 
     total = torch.cuda.get_device_properties(0).multi_processor_count
@@ -363,7 +363,10 @@ def test_one_a_site_sides_at_once_and_in_a_graph_beside_the_claiming_gate():
             for (first, k), results, sm in zip(sides, got, ids):
                 for a, b, where in zip(want, results, sm):
                     assert torch.equal(a, b)
-                    assert _sites(where) == list(range(first, first + k)), _sites(where)
+                    sites = _sites(where)
+                    off = [r for r, site in enumerate(sites) if site != first + r]
+                    assert len({sites[r] for r in off}) <= 1, sites
+                    print(f"sites {first}..{first + k - 1}: {len(off)} slots off their site")
 
         inputs = _decode_inputs()
         kv, lens, q, x8, ws = inputs
@@ -390,4 +393,6 @@ def test_one_a_site_sides_at_once_and_in_a_graph_beside_the_claiming_gate():
                 ctas_per_sm=3))
             for w, b in zip(ws, captured[1:]):
                 assert torch.equal(linear(x8, w, num_sms=16), b)
-        assert (shared_counters("pinned gate", GATE_WORDS, q.device) == 0).all()
+    for s in (*streams, stream):
+        with torch.cuda.stream(s):
+            assert (shared_counters("pinned gate", GATE_WORDS, q.device) == 0).all()
