@@ -402,14 +402,14 @@ def run_one_a_site(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, fi
     ok, rank, sm = admitted(gate_ptr, place_ptr, first_site, n_sms, 1, PLACED)
     # released after this program's admission count: the last arriver sees every count
     last = tl.atomic_add(gate_ptr + ARRIVALS, 1, sem="release") == programs - 1
-    missed = tl.zeros((BLOCK_SMS,), tl.int32)
-    if last:
-        missed = _sites_missed(gate_ptr, first_site, n_sms, slots, BLOCK_SMS)
     slot = tl.where(ok & (rank < slots), rank, slots)
     done = -1  # the last missed slot done
-    if slot >= slots:
-        slot = _next_missed(missed, done, slots, BLOCK_SMS)
-        done = slot
+    missed = tl.zeros((BLOCK_SMS,), tl.int32)
+    if last:  # (only the last arriver reduces over the sites: turned-away programs leave at once)
+        missed = _sites_missed(gate_ptr, first_site, n_sms, slots, BLOCK_SMS)
+        if slot >= slots:
+            slot = _next_missed(missed, done, slots, BLOCK_SMS)
+            done = slot
     while slot < slots:
         record_slot(sm_ids_ptr, slot, sm, RECORD_SM)
         BODY(slot, slots, *args)
