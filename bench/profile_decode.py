@@ -25,9 +25,8 @@ import re
 import sys
 from collections import Counter
 
-# kernels/_pinned.py's PINNED values (CLAIMING, ONE_A_SITE) by name; not imported from there,
-# since a kernel module imported before TRITON_INTERPRET is cleared builds interpreted kernels
-GATES = {1: "claiming", 2: "one-a-site"}
+# the pinned gates by name (kernels/_pinned.py's CLAIMING, ONE_A_SITE)
+GATES = ("claiming", "one-a-site")
 
 PTX_PATTERNS = {
     "cp.async (to shared)": r"cp\.async\.(ca|cg)",
@@ -95,11 +94,19 @@ def resource_usage(cubin: bytes) -> str:
             f"{stack.group(1) if stack else '?'} B")
 
 
-def offline(block_n: int, num_warps: int, num_stages: int, pinned: int = 0,
+def pinned_constexpr(gate: str | None):
+    """The kernels' PINNED constexpr for a gate's name (None: a plain launch). Imported here,
+    not at the top: a kernel module imported before TRITON_INTERPRET is cleared builds
+    interpreted kernels."""
+    from pdmux_triton.kernels._pinned import CLAIMING, ONE_A_SITE
+
+    return dict(zip(GATES, (CLAIMING, ONE_A_SITE)))[gate] if gate else False
+
+
+def offline(block_n: int, num_warps: int, num_stages: int, pinned: str | None = None,
             pdl: bool = False) -> None:
     """Compile the decode attention kernel for sm_90 with the launcher's specialization
-    (`pinned`: its pinned-partition form with that gate, kernels/_pinned.py's CLAIMING or
-    ONE_A_SITE)."""
+    (`pinned`: its pinned-partition form with that gate, one of `GATES`)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -112,8 +119,8 @@ def offline(block_n: int, num_warps: int, num_stages: int, pinned: int = 0,
                 "gate_ptr": "*i32", "place_ptr": "*i32"}
     constexprs = {"PAGE_SIZE": 16, "GROUP": 4, "BLOCK_G": 16, "BLOCK_N": block_n, "BLOCK_B": 32,
                   "UNIT_COST": UNIT_COST, "D": 128, "WIDE": False, "RECORD_SM": False,
-                  "PINNED": pinned, "PLACED": False, "BLOCK_SMS": 32 if pinned else 1,
-                  "PDL": pdl}
+                  "PINNED": pinned_constexpr(pinned), "PLACED": False,
+                  "BLOCK_SMS": 32 if pinned else 1, "PDL": pdl}
     names = list(inspect.signature(decode_kernel.fn).parameters)
     signature = {n: "constexpr" if n in constexprs else pointers.get(n, "i32") for n in names}
     signature["scale_log2"] = "fp32"
@@ -124,7 +131,7 @@ def offline(block_n: int, num_warps: int, num_stages: int, pinned: int = 0,
                             target=GPUTarget("cuda", 90, 32),
                             options={"num_warps": num_warps, "num_stages": num_stages,
                                      "launch_pdl": pdl})
-    form = ", ".join(name for name, on in ((GATES.get(pinned), pinned), ("pdl", pdl)) if on)
+    form = ", ".join(name for name, on in ((pinned, pinned), ("pdl", pdl)) if on)
     print(f"decode attention{f' ({form})' if form else ''}, BLOCK_N={block_n}, {num_warps} "
           f"warps, {num_stages} stages, shared {kernel.metadata.shared} B, "
           f"{resource_usage(kernel.asm['cubin'])}")
@@ -135,7 +142,7 @@ def offline(block_n: int, num_warps: int, num_stages: int, pinned: int = 0,
     describe_loop(kernel.asm["sass"])
 
 
-def offline_gemm(pinned: int = 0, pdl: bool = False) -> None:
+def offline_gemm(pinned: str | None = None, pdl: bool = False) -> None:
     """The GEMM tiles kernels/gemm.py picks, compiled for sm_90: MMA kind, loads, buffers and
     the decode (skinny) loop's instructions (`pinned`: the pinned-partition form, its gate)."""
     import triton
@@ -159,8 +166,8 @@ def offline_gemm(pinned: int = 0, pdl: bool = False) -> None:
         names = list(inspect.signature(fn.fn).parameters)
         constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
                       "HAS_BIAS": False, "ACCUMULATE": accumulate, "RECORD_SM": False,
-                      "PINNED": pinned, "PLACED": False, "BLOCK_SMS": 32 if pinned else 1,
-                      "PDL": pdl}
+                      "PINNED": pinned_constexpr(pinned), "PLACED": False,
+                      "BLOCK_SMS": 32 if pinned else 1, "PDL": pdl}
         # skinny: whole tiles, the schedule most decode shapes take (a constexpr, as launched)
         constexprs.update({"EVEN_K": True, "WHOLE_TILES": True, "GLU": glu, "RMS": rms,
                            "PREFETCH_LINES": PDL_PREFETCH_LINES if pdl else 0} if cfg.skinny
@@ -181,7 +188,7 @@ def offline_gemm(pinned: int = 0, pdl: bool = False) -> None:
         ptx = kernel.asm["ptx"]
         buffers = {m for line in kernel.asm["ttgir"].splitlines() if "local_alloc" in line
                    for m in re.findall(r"memdesc<([\dx]+xbf16)", line)}
-        print(f"gemm{f' ({GATES[pinned]})' if pinned else ''}{' (pdl)' if pdl else ''} {label} {cfg.block_m}x{cfg.block_n}x{cfg.block_k}, {cfg.num_warps} warps, "
+        print(f"gemm{f' ({pinned})' if pinned else ''}{' (pdl)' if pdl else ''} {label} {cfg.block_m}x{cfg.block_n}x{cfg.block_k}, {cfg.num_warps} warps, "
               f"{'skinny' if cfg.skinny else 'tiles'}: "
               + ", ".join(f"{what} {len(re.findall(pattern, ptx))}"
                           for what, pattern in PTX_PATTERNS.items())
@@ -225,7 +232,7 @@ def main(argv=None) -> int:
     p.add_argument("--block-n", type=int, default=128)
     p.add_argument("--warps", type=int, default=4)
     p.add_argument("--stages", type=int, default=5)
-    p.add_argument("--pinned", nargs="?", const="claiming", choices=list(GATES.values()),
+    p.add_argument("--pinned", nargs="?", const="claiming", choices=GATES,
                    help="with --offline: the kernels' pinned-partition forms, with this gate "
                         "(claiming if none is named)")
     p.add_argument("--pdl", action="store_true",
@@ -237,9 +244,8 @@ def main(argv=None) -> int:
         p.error("--pinned and --pdl conflict: a pinned launch never overlaps the one before")
     if args.offline:
         os.environ.pop("TRITON_INTERPRET", None)
-        gate = {name: value for value, name in GATES.items()}.get(args.pinned, 0)
-        offline(args.block_n, args.warps, args.stages, gate, args.pdl)
-        offline_gemm(gate, args.pdl)
+        offline(args.block_n, args.warps, args.stages, args.pinned, args.pdl)
+        offline_gemm(args.pinned, args.pdl)
     else:
         on_gpu(args.budget)
     return 0

@@ -205,9 +205,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     cfg = config or default_decode_config(ctas_per_sm)
     units = B * HKV
     work = units * max(1, triton.cdiv(max_seq_len, cfg.block_n))
-    sms = pinned_budget(pinned, num_sms) or default_num_sms(dev)
-    if WHOLE_UNITS and sms <= units < sms * ctas_per_sm:
-        work = units  # a program a unit (the setting's note)
+    if WHOLE_UNITS:  # a program a unit where the setting's note says
+        sms = pinned_budget(pinned, num_sms) or default_num_sms(dev)
+        if sms <= units < sms * ctas_per_sm:
+            work = units
     launch, sm_buf, record = budget_launch(work, num_sms, ctas_per_sm, dev, pinned, pdl, sm_ids)
     grid = launch.slots
     # the gate's slot loop around the body takes so many registers that pinned programs of
