@@ -14,8 +14,8 @@ it to a host-costs file (`calibrate --host-costs`'s):
   calibration's whole-GPU rate alone and its batch term: the median over the served
   whole-GPU steps where each size holds enough, else from the file's captured decode rounds;
 - mixed_step: a chunked-prefill step's fixed cost (`step_cost.MixedStepFit`), by least squares
-  over every chunked round measured; a round lasts its GPU phases or its layers' launches,
-  whichever is longer. Its GPU phases are priced by the kernels' tiles (`step_cost.TileTimes`:
+  over every chunked round measured; a round lasts that cost and its layers as the host
+  launches them and the GPU runs them (`step_cost.layer_pipeline_s`). Its GPU phases are priced by the kernels' tiles (`step_cost.TileTimes`:
   GEMM waves, the extend attention's tiles, a layer's other kernels per token), fitted first
   to the captured kernel benchmarks of bench/prefill_rate.py (`--prefill-rate`, the whole
   GPU's rows); with `--prefill-rate` empty, by the older law (the linears at the prefill's
@@ -53,7 +53,7 @@ or from bench/trace_fidelity.py's measured points or a measured capacity folder'
 (each run's rounds and the speed its host launched an eager layer at); several files are
 pooled (fit on the traces, not on one window). Host times are put in
 the file's host (its eager layer's launch time): a run on a host that launched k times slower
-paid k times its fixed costs, as `Overheads.on_host` prices it. Prints each fit and the mixed
+paid k times its fixed costs, as `Overheads.on_host` prices it (a mixed step's excepted). Prints each fit and the mixed
 step's error over the rounds.
 
     python bench/fit_host_costs.py bench/results/trace-fidelity/points-h200.jsonl \\
@@ -442,18 +442,19 @@ def tile_times_json(tiles: step_cost.TileTimes, source: str, quality: dict) -> d
             "small_s_per_token": tiles.small_s_per_token, "source": source, **quality}
 
 
-def fit_mixed(rows, model, decode, prefill, total_sms, tile, layer_launch_s: float,
+def fit_mixed(rows, model, decode, prefill, total_sms, tile,
               tiles: step_cost.TileTimes | None = None
               ) -> tuple[step_cost.MixedStepFit, np.ndarray, dict]:
-    """Least squares of measured = fixed x host + max(GPU phases, layers x the run's launch
-    time), `host` the run's launch time over the file's (`layer_launch_s`). With `tiles`, the
-    GPU phases are the tiles' law and only the fixed cost is fitted (each round's decode rows
+    """Least squares of measured = fixed + the layers' pipeline of the GPU phases and the
+    run's launches (`step_cost.layer_pipeline_s`): the fixed cost is one for every host (fitted
+    with a term for the host's speed, it came out at or below zero). With `tiles`, the GPU
+    phases are the tiles' law and only the fixed cost is fitted (each round's decode rows
     share its context evenly: the rounds keep its sum); without, compute + read + row tiles'
     FLOPs / (peak x MFU), the MFU fitted too. Linear once each round is known to be bound by
     its GPU or by its launches: solved again until no round changes sides."""
     measured = np.array([r["seconds"] for r in rows])
     host = np.array([r["host_s"] for r in rows])
-    launches, scale = model.layers * host, host / layer_launch_s
+    n = model.layers
     if tiles is not None:
         law = step_cost.MixedStepFit(0.0, tiles=tiles)
         base = np.array([step_cost.mixed_step_s(model, decode, prefill, total_sms, r["context"],
@@ -473,13 +474,15 @@ def fit_mixed(rows, model, decode, prefill, total_sms, tile, layer_launch_s: flo
         if tiles is None and not (~by_launches & (tiles_flops > 0)).any():
             raise PdmuxError("no chunked round with decode rows was bound by its GPU: the "
                              "decode rows' MFU cannot be fitted (measure larger chunks)")
-        target = measured - np.where(by_launches, launches, base)
+        # launch-bound: n launches and one layer of GPU; GPU-bound: the GPU and one launch
+        target = measured - np.where(by_launches, n * host + base / n, base + host)
+        rows_term = np.where(by_launches, tiles_flops / n, tiles_flops)
         if tiles is None:
-            design = np.vstack([scale, np.where(by_launches, 0.0, tiles_flops)]).T
+            design = np.vstack([np.ones(len(rows)), rows_term]).T
             (fixed, inverse), *_ = np.linalg.lstsq(design, target, rcond=None)
         else:
-            fixed = float((scale * target).sum() / (scale * scale).sum())
-        now = launches > base + tiles_flops * inverse
+            fixed = float(target.mean())
+        now = host > (base + tiles_flops * inverse) / n
         if (now == by_launches).all():
             break
         by_launches = now
@@ -490,7 +493,8 @@ def fit_mixed(rows, model, decode, prefill, total_sms, tile, layer_launch_s: flo
                          f"rows at {1 / inverse if inverse else float('inf'):.2f} of peak)")
     fit = (step_cost.MixedStepFit(float(fixed), tiles=tiles) if tiles is not None
            else step_cost.MixedStepFit(float(fixed), float(1 / inverse)))
-    priced = fixed * scale + np.maximum(base + tiles_flops * inverse, launches)
+    priced = fixed + np.array([step_cost.layer_pipeline_s(gpu, n, h) for gpu, h in
+                               zip(base + tiles_flops * inverse, host)])
     error = np.abs(priced - measured) / measured
     return fit, by_launches, {"rounds": len(rows), "launch_bound_share": float(by_launches.mean()),
                  "median_abs_error": float(np.median(error)),
@@ -696,8 +700,7 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
         tiles, tile_quality = fit_tile_times(prefill_rate, model, gpu.sms)
         tile_source = ", ".join(Path(p).name for p in prefill_rate)
     mixed, by_launches, quality = fit_mixed(rows, model, decode, prefill, gpu.sms,
-                                            overheads.decode_row_tile, overheads.layer_launch_s,
-                                            tiles)
+                                            overheads.decode_row_tile, tiles)
     host["mixed_step"] = {"fixed_s": mixed.fixed_s, "decode_row_mfu": mixed.decode_row_mfu,
                           "source": source, **quality}
     if tiles is not None:

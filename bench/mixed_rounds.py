@@ -95,12 +95,13 @@ def priced(rounds: list[dict], s: RunSettings, host, host_s: float) -> tuple[np.
     if host.whole_gpu_prefill_mfu is not None:
         prefill = prefill.on_whole_gpu(host.whole_gpu_prefill_mfu)
     moved = host.on_host(host_s)
-    fit, launches = moved.mixed, s.model.layers * host_s
+    fit, layers = moved.mixed, s.model.layers
     gpu = np.array([float(step_cost.mixed_step_s(
         s.model, decode, prefill, s.gpu.sms, sum(r["contexts"]), len(r["contexts"]), r["chunk"],
         r["start"], r["last"], moved.decode_row_tile, fit, decode_contexts=r["contexts"]))
         for r in rounds])
-    return fit.fixed_s + np.maximum(gpu, launches), gpu > launches
+    return (fit.fixed_s + np.array([step_cost.layer_pipeline_s(g, layers, host_s) for g in gpu]),
+            gpu > layers * host_s)
 
 
 def band_rows(rounds, prices: dict[str, np.ndarray], bound: np.ndarray) -> list[dict]:

@@ -247,8 +247,8 @@ def test_slo_levels_without_a_gpu_or_with_bad_traffic_says_so_in_one_line(tmp_pa
 
 
 def test_the_mixed_step_fit_recovers_a_known_executor():
-    """Rounds made by a known MixedStepFit on hosts of several speeds, some bound by their
-    GPU and some by their launches, come back as it, exactly."""
+    """Rounds made by a known MixedStepFit on hosts of several speeds (its fixed cost the same
+    on each), some bound by their GPU and some by their launches, come back as it, exactly."""
     sys.path.insert(0, "bench")
     from fit_host_costs import fit_mixed
 
@@ -258,7 +258,7 @@ def test_the_mixed_step_fit_recovers_a_known_executor():
     qwen = model_preset("qwen3-8b")
     law = step_cost.SaturationLaw(3.4, 60.0)
     rate = step_cost.PrefillRate(989.0, 132, ((132, 0.55),), ((132, 0.65),))
-    truth, file_host = step_cost.MixedStepFit(0.0095, 0.48), 0.0008
+    truth = step_cost.MixedStepFit(0.0095, 0.48)
     rows = [{"size": 512, "chunk": c, "prefix": p, "batch": b, "context": b * ctx, "host_s": h}
             for c, p, b, ctx, h in [(2048, 0, 20, 2500, 0.0008), (512, 1024, 35, 1800, 0.0016),
                                     (256, 0, 8, 900, 0.0012), (1024, 4096, 50, 3000, 0.0008),
@@ -269,11 +269,10 @@ def test_the_mixed_step_fit_recovers_a_known_executor():
         gpu = step_cost.mixed_step_s(qwen, law, rate, 132, r["context"], r["batch"], r["chunk"],
                                      r["prefix"], samples_chunk=0, decode_row_tile=128,
                                      phases=truth)
-        launches = qwen.layers * r["host_s"]
-        bound.append(launches > gpu)
-        r["seconds"] = truth.fixed_s * r["host_s"] / file_host + max(gpu, launches)
+        bound.append(qwen.layers * r["host_s"] > gpu)
+        r["seconds"] = truth.fixed_s + step_cost.layer_pipeline_s(gpu, qwen.layers, r["host_s"])
     assert any(bound) and not all(bound)  # both kinds of round are in the fit
-    fit, by_launches, quality = fit_mixed(rows, qwen, law, rate, 132, 128, file_host)
+    fit, by_launches, quality = fit_mixed(rows, qwen, law, rate, 132, 128)
     assert list(by_launches) == bound
     assert fit.fixed_s == pytest.approx(truth.fixed_s, rel=1e-6)
     assert fit.decode_row_mfu == pytest.approx(truth.decode_row_mfu, rel=1e-6)
@@ -295,7 +294,7 @@ def test_the_mixed_step_fit_by_tiles_recovers_a_known_fixed_cost():
     rate = step_cost.PrefillRate(989.0, 132, ((132, 0.55),), ((132, 0.65),))
     tiles = step_cost.TileTimes(((64, 128, 25e-6, 1.0), (128, 128, 27e-6, 1.0),
                                  (128, 256, 50e-6, 0.6)), 2.5e-6, 2.3e-6, 7e-8)
-    truth, file_host = step_cost.MixedStepFit(0.0012, tiles=tiles), 0.0008
+    truth = step_cost.MixedStepFit(0.0012, tiles=tiles)
     rows = [{"size": 512, "chunk": c, "prefix": p, "batch": b, "context": b * ctx, "host_s": h}
             for c, p, b, ctx, h in [(512, 0, 20, 2500, 0.0008), (512, 8192, 9, 15000, 0.0011),
                                     (256, 0, 8, 900, 0.0012), (2048, 4096, 50, 3000, 0.0008),
@@ -304,11 +303,10 @@ def test_the_mixed_step_fit_by_tiles_recovers_a_known_fixed_cost():
     for r in rows:
         gpu = step_cost.mixed_step_s(qwen, law, rate, 132, r["context"], r["batch"], r["chunk"],
                                      r["prefix"], samples_chunk=0, phases=truth)
-        launches = qwen.layers * r["host_s"]
-        bound.append(launches > gpu)
-        r["seconds"] = truth.fixed_s * r["host_s"] / file_host + max(gpu, launches)
+        bound.append(qwen.layers * r["host_s"] > gpu)
+        r["seconds"] = truth.fixed_s + step_cost.layer_pipeline_s(gpu, qwen.layers, r["host_s"])
     assert any(bound) and not all(bound)
-    fit, by_launches, quality = fit_mixed(rows, qwen, law, rate, 132, 128, file_host, tiles)
+    fit, by_launches, quality = fit_mixed(rows, qwen, law, rate, 132, 128, tiles)
     assert list(by_launches) == bound and fit.tiles == tiles and fit.decode_row_mfu is None
     assert fit.fixed_s == pytest.approx(truth.fixed_s, rel=1e-6)
     assert quality["median_abs_error"] < 1e-9

@@ -323,9 +323,9 @@ def test_a_decode_step_beside_a_split_prefill_takes_the_served_ratio_of_its_busy
 
 @pytest.mark.parametrize("launch_s", [0.0001, 0.002])
 def test_fitted_mixed_steps_and_decode_extras_price_the_executors_steps(launch_s):
-    """A fitted mixed step: its fixed cost, then its GPU phases or its layers' launches,
-    whichever is longer (a fast host: the phases; a slow one: the launches); a decode step:
-    its bytes at the rate, plus the extra for its batch."""
+    """A fitted mixed step: its fixed cost, then its layers launched and run as a pipeline
+    (a fast host: the phases and one launch; a slow one: the launches and one layer's
+    phases); a decode step: its bytes at the rate, plus the extra for its batch."""
     fit = step_cost.MixedStepFit(0.010, 0.5)
     host = step_cost.Overheads(layer_launch_s=launch_s, eager_step_s=0.003, decode_row_tile=128,
                                decode_step_extra=((1, 0.0007), (64, 0.0007)), mixed=fit)
@@ -339,7 +339,9 @@ def test_fitted_mixed_steps_and_decode_extras_price_the_executors_steps(launch_s
                                     samples_chunk=False, decode_row_tile=128, phases=fit)
     launches = QWEN.layers * launch_s
     assert (phases > launches) == (launch_s < 0.001)  # each case is the bound it tests
-    assert first.end - first.start == pytest.approx(0.010 + max(phases, launches), rel=1e-6)
+    slower = QWEN.layers * max(phases / QWEN.layers, launch_s)
+    faster = min(phases / QWEN.layers, launch_s)
+    assert first.end - first.start == pytest.approx(0.010 + slower + faster, rel=1e-6)
     plain = next(r for r in result.rounds if not r.prefill)
     step = step_cost.decode_step_s(QWEN, law, plain.decode_context, H100.sms, False) + 0.0007
     assert plain.end - plain.start == pytest.approx(step, rel=1e-6)
@@ -485,7 +487,7 @@ def test_a_faster_card_divides_its_prefill_times_and_nothing_else():
         x.set_level((0, H100.sms))
         decoding = [traffic.Request(3, 2000, 8, 0.0)]
         decoding[0].context = 2000
-        began = x.t + host.mixed.fixed_s
+        began = x.t + host.mixed.fixed_s + host.layer_launch_s  # the GPU waits for one launch
         x.mixed(decoding, traffic.Request(2, 8000, 4, 0.0), 0, 4096)  # bound by its GPU
         out["mixed"] = x.t - began
         return out

@@ -128,6 +128,19 @@ def test_a_served_decode_rounds_host_share_grows_with_its_requests_and_kv_and_mo
                 step_cost.Overheads(**{name: bad})
 
 
+def test_eager_layers_run_as_a_pipeline_of_launches_and_gpu_work():
+    """The slower side paces every layer, the faster adds one; equal sides meet; no launch
+    time leaves the GPU's own; a mixed step's fixed cost stays when the host moves."""
+    assert step_cost.layer_pipeline_s(36e-3, 36, 0.5e-3) == pytest.approx(36e-3 + 0.5e-3)
+    assert step_cost.layer_pipeline_s(18e-3, 36, 1e-3) == pytest.approx(36e-3 + 0.5e-3)
+    assert step_cost.layer_pipeline_s(36e-3, 36, 1e-3) == pytest.approx(37e-3)
+    assert step_cost.layer_pipeline_s(36e-3, 36, 0.0) == pytest.approx(36e-3)
+    host = step_cost.Overheads(layer_launch_s=8e-4, eager_step_s=3e-3,
+                               mixed=step_cost.MixedStepFit(3e-3, 0.5))
+    moved = host.on_host(1.6e-3)
+    assert moved.mixed.fixed_s == 3e-3 and moved.eager_step_s == pytest.approx(6e-3)
+
+
 def test_a_mixed_step_is_bound_by_compute_or_by_reading():
     law = step_cost.SaturationLaw(3.0, 66)
     rate = step_cost.PrefillRate.fixed(989.0, 132, 0.5)

@@ -427,10 +427,11 @@ def wave_slowdown(model: ModelSpec, seqs, tiles: TileTimes, programs: int,
 
 @dataclass(frozen=True)
 class MixedStepFit:
-    """A mixed step as the executor runs it, fitted to measured chunked rounds: after
-    `fixed_s` (its batch made and uploaded, its tokens read back, the forward's fixed costs),
-    its GPU phases one after another, or its layers' eager launches, whichever is longer: a
-    short chunk on a slow host waits on its launches.
+    """A mixed step as the executor runs it, fitted to measured chunked rounds: `fixed_s`
+    (its batch made and uploaded, its tokens read back, the forward's fixed costs; measured
+    rounds do not show it moving with the host's launch speed, so `Overheads.on_host` keeps
+    it), then its layers as the host launches them and the GPU runs them
+    (`layer_pipeline_s`): a short chunk on a slow host waits on its launches.
 
     The GPU phases, with `tiles` (`TileTimes`): each layer's GEMMs over the chunk's and the
     decode rows' tokens in whole waves of tiles, its other kernels per token, the extend
@@ -557,18 +558,17 @@ class Overheads:
 
     def on_host(self, layer_launch_s: float) -> "Overheads":
         """The same costs on a host that launches an eager layer in `layer_launch_s`: what
-        the host does (a decode round's share, an eager step's batch, a split prefill's batch,
-        a mixed step's fixed cost) scaled by how much faster or slower it launches; the GPU's
-        terms kept. Hosts beside the same GPU launch at different speeds (bench/NOTES.md), so
+        the host does (a decode round's share, an eager step's batch, a split prefill's batch)
+        scaled by how much faster or slower it launches; the GPU's terms and a mixed step's
+        fixed cost (`MixedStepFit`) kept. Hosts beside the same GPU launch at different speeds (bench/NOTES.md), so
         a measured run is judged against its own host."""
         _check_positive("an eager layer's launch time", layer_launch_s)
         if not self.layer_launch_s:
             raise PdmuxError("overheads without an eager layer's launch time cannot be moved "
                              "to another host")
         f = layer_launch_s / self.layer_launch_s
-        mixed = None if self.mixed is None else replace(self.mixed, fixed_s=self.mixed.fixed_s * f)
         return replace(self, decode_round_s=self.decode_round_s * f, layer_launch_s=layer_launch_s,
-                       eager_step_s=self.eager_step_s * f, mixed=mixed,
+                       eager_step_s=self.eager_step_s * f,
                        decode_round_per_request_s=self.decode_round_per_request_s * f,
                        decode_round_per_kv_token_s=self.decode_round_per_kv_token_s * f,
                        prefill_batch_s=(None if self.prefill_batch_s is None
@@ -636,6 +636,15 @@ def served_decode_step_s(model: ModelSpec, rate: DecodeRate, overheads: Overhead
 
 def compute_s(flops: float, rate: PrefillRate, sms: int, corun: bool = True) -> float:
     return flops / rate.flops_per_s(sms, corun)
+
+
+def layer_pipeline_s(gpu_s: float, layers: int, layer_launch_s: float) -> float:
+    """Eager layers from the first launch to the last layer's end, the host launching layer i
+    while the GPU runs an earlier one (`gpu_s` over all layers, run evenly): the slower side
+    paces every layer and the faster adds one (the GPU waits for the first launch, or the last
+    layer runs after its own launch)."""
+    layer = gpu_s / layers
+    return layers * max(layer, layer_launch_s) + min(layer, layer_launch_s)
 
 
 # The extend attention's tiles hold this many query rows of one head: in a mixed step a

@@ -317,11 +317,12 @@ class SimExecutor:
         step += (self.comm.layers_s(len(decoding) + n, self.num_layers)
                  + self.comm.logits_s(len(decoding) + last))
         # the batch made and uploaded, its tokens read back (as fitted, or an eager step's),
-        # then the GPU's phases or the layers' launches, whichever is longer (the fitted fixed
-        # cost holds the last layer's tail that a prefill's end adds)
+        # then the layers as the host launches them and the GPU runs them
         self.t += fit.fixed_s if fit is not None else self.overheads.eager_step_s
-        began, launched = self._launch_layers(self.num_layers)
-        self.t = max(self._enqueue("decode", step, began), launched)
+        began = self.t
+        self._enqueue("decode", step, began)
+        self.t = began + step_cost.layer_pipeline_s(step, self.num_layers,
+                                                    self.overheads.layer_launch_s)
         return self.t, None, None
 
     def release(self, r: Request) -> None:
