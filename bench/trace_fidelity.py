@@ -21,7 +21,8 @@ capacity alone, where no queue grows through the window; `prefill_speed_by_commi
 each set of runs served at one commit ran its long prefill-first batches against the
 simulator's price of them, bench/card_speeds.py) and prints the table. `--prefill-speed X`
 simulates every point on a card that runs prefills X times as fast as the costs' card
-(`SimExecutor`).
+(`SimExecutor`); `--card-band FILE` simulates each also on the slowest and fastest card a
+card-speeds file read and reports each error beyond them and the repeats (`card_band`).
 
     python bench/trace_fidelity.py --out bench/results                 # on the GPU
     python bench/trace_fidelity.py --traces conv --repeats 2 --out /tmp/tf
@@ -29,6 +30,8 @@ simulates every point on a card that runs prefills X times as fast as the costs'
         --out bench/results                                # more points near its capacity
     python bench/trace_fidelity.py --offline --out bench/results       # anywhere
     python bench/trace_fidelity.py --offline --prefill-speed 0.98 --out /tmp/tf   # a slower card
+    python bench/trace_fidelity.py --offline --held-out \
+        --card-band bench/results/card-speeds-h200.json --out bench/results
     python bench/trace_fidelity.py --plan                              # the rates, simulated
 """
 
@@ -280,16 +283,18 @@ def error_pct(simulated, measured) -> float | None:
     return (simulated - measured) / measured * 100
 
 
-def outside_repeats_pct(simulated, values: list | None) -> float | None:
+def outside_repeats_pct(simulated, values: list | None, band: tuple = ()) -> float | None:
     """How far the simulation lies outside the range its measured repeats spanned, in percent
     of their median (0 inside it): the part of an error that run-to-run variation on the
-    GPU does not cover. None without two repeats."""
-    if simulated is None or not values or len(values) < 2 or None in values:
+    GPU does not cover. With `band` (the same point simulated on other cards), the gap
+    between the simulations' range and the repeats'. None without two repeats."""
+    simulated = [simulated, *band]
+    if None in simulated or not values or len(values) < 2 or None in values:
         return None
     low, high, mid = min(values), max(values), statistics.median(values)
     if mid == 0:
         return None
-    return (max(0.0, low - simulated) + max(0.0, simulated - high)) / abs(mid) * 100
+    return (max(0.0, low - max(simulated)) + max(0.0, min(simulated) - high)) / abs(mid) * 100
 
 
 def _worst(errors: list[tuple[float, str]]) -> dict | None:
@@ -358,6 +363,49 @@ def held_out(args, store: PointStore) -> dict:
             "max_abs_error_pct": judged["max_abs_error_pct"],
             "capacity_error_pct": capacity_errors}
     return out
+
+
+def card_speeds(path: str) -> tuple[float, float]:
+    """The slowest and the fastest card of a bench/card_speeds.py file."""
+    data = read_json(path, "card-speeds file")
+    cards = data.get("cards") if isinstance(data, dict) else None
+    speeds = [c.get("speed") for c in cards.values()] if isinstance(cards, dict) else []
+    if not speeds or not all(isinstance(v, (int, float)) and v > 0 for v in speeds):
+        raise PdmuxError(f"{path} is not a card-speeds file with a speed for each card "
+                         f"(bench/card_speeds.py writes one)")
+    return min(speeds), max(speeds)
+
+
+def card_band(args, store: PointStore, result: dict, cards: tuple[float, float]) -> dict:
+    """Each latency's error beyond what the GPU's own runs and its cards' speeds allow: every
+    point simulated again on the slowest and the fastest card the card-speeds file read
+    (bench/card_speeds.py: cards of one model serve prefills a few percent apart, and the
+    costs are one card's), and its error taken as the gap between the three simulations'
+    range and its measured repeats' (`outside_repeats_pct`). A miss with nothing beyond is
+    one that a card within the measured spread, or the GPU's run-to-run variation, makes."""
+    on_card = [simulate(argparse.Namespace(**{**vars(args), "prefill_speed": speed}), store)
+               for speed in cards]
+    beyond: dict[str, list] = {k: [] for k in LATENCIES if k != "prefill_ms"}
+    calm: dict[str, list] = {k: [] for k in beyond}
+    for point in result["points"]:
+        key = (point["trace"], point["start"], point["rate"], point["strategy"])
+        sims = [v.get("run_host", v["shipped_host"]) for v in (sim[key] for sim in on_card)]
+        values = store.get(Key("gpu", *key[:3], key[3])).get("repeat_values", {})
+        point["outside_repeats_and_cards_pct"] = gaps = {
+            k: outside_repeats_pct(point["simulated"].get(k), values.get(k),
+                                   tuple(s.get(k) for s in sims)) for k in beyond}
+        where = f"{key[3]} {key[0]}@{key[1]} {key[2]:g} req/s"
+        for k, gap in gaps.items():
+            if gap is not None:
+                beyond[k].append((gap, where))
+                if point["inside_stable_region"]:
+                    calm[k].append((gap, where))
+
+    def worst(errors):
+        return {k: v and {"max": v["max_abs"], "median": v["median_abs"], "at": v["at"]}
+                for k, v in ((k, _worst(e)) for k, e in errors.items())}
+    return {"card_speeds": list(cards), "file": args.card_band, "all_points": worst(beyond),
+            "stable_region": worst(calm)}
 
 
 def _measured(point: dict) -> dict:
@@ -494,6 +542,13 @@ def table(result: dict) -> str:
                  f"measured capacity): " + ", ".join(
                      f"{k} {_cell(calm['max_abs_error_pct'].get(k), ' %')}" for k in TARGETS
                      if k in calm["max_abs_error_pct"]) + " (max)")
+    band = s.get("card_band")
+    if band:
+        lines.append(f"beyond the repeats' range and cards of {band['card_speeds'][0]:.3f}-"
+                     f"{band['card_speeds'][1]:.3f} (max, all points / stable region): " +
+                     ", ".join(f"{k} {_cell((band['all_points'][k] or {}).get('max'), ' %')} / "
+                               f"{_cell((band['stable_region'][k] or {}).get('max'), ' %')}"
+                               for k in TARGETS if k in band["all_points"]))
     for window, h in s.get("held_out", {}).items():
         md, mx = h["median_abs_error_pct"], h["max_abs_error_pct"]
         lines.append(f"held out {window} (fitted on {', '.join(h['fitted_on'])}): " + ", ".join(
@@ -544,6 +599,7 @@ def plan(args) -> int:
 def run(args) -> int:
     if args.plan:
         return plan(args)
+    cards = card_speeds(args.card_band) if args.card_band else None  # refused before any work
     gpu = "h200" if args.offline else detect_gpu().name
     store = PointStore(Path(args.out) / "trace-fidelity" / f"points-{gpu}.jsonl", Key)
     measure(args, store, lambda line: print(line, file=sys.stderr, flush=True))
@@ -555,6 +611,8 @@ def run(args) -> int:
     result["summary"]["prefill_speed_by_commit"] = prefill_speed_by_commit(args, store)
     if args.held_out:
         result["summary"]["held_out"] = held_out(args, store)
+    if args.card_band:
+        result["summary"]["card_band"] = card_band(args, store, result, cards)
     inputs = {"traces": {t: str(TRACES[t].relative_to(Path(__file__).parent.parent))
                          for t in args.traces},
               "windows": {t: PLAN[t][0] for t in args.traces},
@@ -564,7 +622,7 @@ def run(args) -> int:
               "slo_ttft_ms": args.slo_ttft_ms, "slo_tpot_ms": args.slo_tpot_ms,
               "calibration": args.calibration, "compare": args.compare,
               "host_costs": args.host_costs, "points_file": str(store.path),
-              "prefill_speed": args.prefill_speed}
+              "prefill_speed": args.prefill_speed, "card_band": args.card_band}
     data = {**provenance(gpu), "analysed_offline": args.offline, "model": MODEL,
             "inputs": inputs, **result}
     return finish(Path(args.out) / f"trace-fidelity-{gpu}.json", data, table(data))
@@ -590,6 +648,10 @@ def main(argv=None) -> int:
                    help="simulate on a card that runs prefills this many times as fast as the "
                         "costs' card (decode steps as calibrated): how much of an error a "
                         "card's speed can make")
+    p.add_argument("--card-band", metavar="CARD_SPEEDS",
+                   help="also simulate every point on the slowest and the fastest card of this "
+                        "bench/card_speeds.py file and report each error beyond them and the "
+                        "repeats' range")
     p.add_argument("--held-out", action="store_true",
                    help="also judge each window with host costs fitted to the other windows' "
                         "points alone (bench/fit_host_costs.py)")

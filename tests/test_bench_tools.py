@@ -965,6 +965,55 @@ def test_trace_fidelity_reads_each_error_against_its_repeats_range():
     assert outside_repeats_pct(121.0, [100.0, 110.0]) == pytest.approx(11 / 105 * 100)
     assert outside_repeats_pct(5.0, [100.0]) is None and outside_repeats_pct(None, [1, 2]) is None
     assert outside_repeats_pct(1.0, [0.0, 0.0]) is None
+    # with a band of simulations beside it: the gap between their range and the repeats'
+    assert outside_repeats_pct(121.0, [100.0, 110.0], (108.0, 125.0)) == 0.0
+    assert outside_repeats_pct(121.0, [100.0, 110.0], (115.0,)) == pytest.approx(5 / 105 * 100)
+    assert outside_repeats_pct(99.0, [100.0, 110.0], (90.0,)) == pytest.approx(1 / 105 * 100)
+    assert outside_repeats_pct(105.0, [100.0, 110.0], (None,)) is None
+
+
+def test_trace_fidelity_reads_each_error_beyond_the_cards_speeds(tmp_path, monkeypatch):
+    """--card-band: each point's gap between its simulations on the file's slowest card, the
+    costs' and its fastest (each as `--prefill-speed` simulates it alone) and its repeats'
+    range; never more than the error outside the repeats alone; a file that is not a
+    card-speeds file is refused in one line."""
+    sys.path.insert(0, "bench")
+    import trace_fidelity
+    from trace_fidelity import outside_repeats_pct
+
+    monkeypatch.setattr(trace_fidelity, "PLAN", {"conv": ((2000,), (24.0, 30.0))})
+    out = _fidelity_folder(tmp_path, "bench/results/trace-fidelity/points-h200.jsonl")
+    speeds = tmp_path / "card-speeds.json"
+    speeds.write_text(json.dumps({"cards": {"a": {"speed": 0.95}, "b": {"speed": 1.05},
+                                            "c": {"speed": 1.0}}}))
+    args = ["--offline", "--traces", "conv", "--strategies", "pdmux_grid_cap", "--out", str(out)]
+
+    def points(*more: str) -> list[dict]:
+        assert trace_fidelity.main([*args, *more]) == 0
+        return json.loads((out / "trace-fidelity-h200.json").read_text())
+
+    slow, fast = (points("--prefill-speed", v)["points"] for v in ("0.95", "1.05"))
+    data = points("--card-band", str(speeds))
+    band = data["summary"]["card_band"]
+    assert band["card_speeds"] == [0.95, 1.05] and data["inputs"]["card_band"] == str(speeds)
+    stored = [json.loads(line) for line in
+              (out / "trace-fidelity" / "points-h200.jsonl").read_text().splitlines()]
+    gaps = []
+    for p, lo, hi in zip(data["points"], slow, fast, strict=True):
+        values = next(q for q in stored if (q["strategy"], q["start"], q["rate"]) == (
+            p["strategy"], p["start"], p["rate"]))["repeat_values"]
+        for k in ("ttft_p50_ms", "tpot_p50_ms"):
+            got = p["outside_repeats_and_cards_pct"][k]
+            assert got == pytest.approx(outside_repeats_pct(
+                p["simulated"][k], values[k], (lo["simulated"][k], hi["simulated"][k])))
+            assert got <= p["outside_repeats_pct"][k] + 1e-9
+            gaps.append(got)
+    assert band["all_points"]["ttft_p50_ms"]["max"] == pytest.approx(max(gaps[0::2]))
+    speeds.write_text(json.dumps({"rows": []}))
+    bad = subprocess.run([sys.executable, "bench/trace_fidelity.py", *args, "--card-band",
+                          str(speeds)], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "is not a card-speeds file" in bad.stderr
+    assert len(bad.stderr.strip().splitlines()) == 1
 
 
 def test_trace_fidelity_prices_a_run_on_its_own_host(tmp_path, monkeypatch, capsys):

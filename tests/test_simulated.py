@@ -84,8 +84,9 @@ def test_overheads_bound_eager_steps_and_add_to_decode_rounds():
     reqs = prompt_during_decode(QWEN.vocab, batch=1, context=16, prompt=16, decode_tokens=12)
     result = scheduler.run("chunked", x, reqs, chunk=16)
     chunk = next(r for r in result.rounds if r.prefill.startswith("chunk"))
-    # a 16-token chunk computes in microseconds: its batch and 36 eager layers' launches bound it
-    assert chunk.end - chunk.start == pytest.approx(0.003 + 36 * 0.002, rel=1e-6)
+    # a 16-token chunk computes in microseconds: its batch and 36 eager layers' launches bound
+    # it, and the last layer runs after its launch (its GPU time, well under a launch here)
+    assert 0.003 + 36 * 0.002 < chunk.end - chunk.start < 0.003 + 36 * 0.002 + 0.0005
     plain = [r for r in result.rounds if not r.prefill]
     assert all(r.end - r.start > 0.001 for r in plain)  # each round pays the host's share
 
