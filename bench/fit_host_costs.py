@@ -15,11 +15,12 @@ it to a host-costs file (`calibrate --host-costs`'s):
   whole-GPU steps where each size holds enough, else from the file's captured decode rounds;
 - mixed_step: a chunked-prefill step's fixed cost (`step_cost.MixedStepFit`), by least squares
   over every chunked round measured; a round lasts that cost and its layers as the host
-  launches them and the GPU runs them (`step_cost.layer_pipeline_s`). Its GPU phases are priced by the kernels' tiles (`step_cost.TileTimes`:
-  GEMM waves, the extend attention's tiles, a layer's other kernels per token), fitted first
-  to the captured kernel benchmarks of bench/prefill_rate.py (`--prefill-rate`, the whole
-  GPU's rows); with `--prefill-rate` empty, by the older law (the linears at the prefill's
-  MFU, the decode rows' padded attention at a fitted MFU, also solved for);
+  launches them and the GPU runs them (`step_cost.layer_pipeline_s`). Its GPU phases are
+  priced by the kernels' tiles (`step_cost.TileTimes`: GEMM waves, the extend attention's
+  tiles, a layer's other kernels per token), fitted first to the captured kernel benchmarks
+  of bench/prefill_rate.py (`--prefill-rate`, the whole GPU's rows); with `--prefill-rate`
+  empty, by the older law (the linears at the prefill's MFU, the decode rows' padded
+  attention at a fitted MFU, also solved for);
 - split_prefill_sustained: what each level's prefill keeps of the comparison's burst rate when
   it runs on beside its decode (`--sustained`, bench/sustained_corun.py's file: the sustained
   run's median call over the burst, the mean over its batches), since served PD-mux prefills
@@ -53,8 +54,8 @@ or from bench/trace_fidelity.py's measured points or a measured capacity folder'
 (each run's rounds and the speed its host launched an eager layer at); several files are
 pooled (fit on the traces, not on one window). Host times are put in
 the file's host (its eager layer's launch time): a run on a host that launched k times slower
-paid k times its fixed costs, as `Overheads.on_host` prices it (a mixed step's excepted). Prints each fit and the mixed
-step's error over the rounds.
+paid k times its fixed costs, as `Overheads.on_host` prices it (a mixed step's excepted).
+Prints each fit and the mixed step's error over the rounds.
 
     python bench/fit_host_costs.py bench/results/trace-fidelity/points-h200.jsonl \\
         bench/results/capacity-diagnostics-h200.jsonl \\

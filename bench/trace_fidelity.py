@@ -382,7 +382,8 @@ def card_band(args, store: PointStore, result: dict, cards: tuple[float, float])
     (bench/card_speeds.py: cards of one model serve prefills a few percent apart, and the
     costs are one card's), and its error taken as the gap between the three simulations'
     range and its measured repeats' (`outside_repeats_pct`). A miss with nothing beyond is
-    one that a card within the measured spread, or the GPU's run-to-run variation, makes."""
+    one that a card within the measured spread, or the GPU's run-to-run variation, makes.
+    Capacities likewise: each window's crossing on either card against its repeats' own."""
     on_card = [simulate(argparse.Namespace(**{**vars(args), "prefill_speed": speed}), store)
                for speed in cards]
     beyond: dict[str, list] = {k: [] for k in LATENCIES if k != "prefill_ms"}
@@ -400,6 +401,22 @@ def card_band(args, store: PointStore, result: dict, cards: tuple[float, float])
                 beyond[k].append((gap, where))
                 if point["inside_stable_region"]:
                     calm[k].append((gap, where))
+
+    # each crossing on either card, against its repeats' own crossings
+    criteria = Criteria(Slo(args.slo_ttft_ms, args.slo_tpot_ms))
+    for c in result["capacities"]:
+        if c["error_pct"] is None:
+            continue
+        on = [capacity_search.crossing(sorted(
+            (r, sim[c["trace"], c["start"], r, c["strategy"]].get(
+                "run_host", sim[c["trace"], c["start"], r, c["strategy"]]["shipped_host"]))
+            for r in c["rates_rps"]), criteria.goodput) for sim in on_card]
+        c["simulated_on_cards_rps"] = on
+        c["outside_repeats_and_cards_pct"] = gap = outside_repeats_pct(
+            c["simulated_rps"], c["repeat_rps"] or [c["measured_rps"]] * 2, tuple(on))
+        if gap is not None:
+            beyond.setdefault("capacity", []).append((gap, f"{c['strategy']} {c['trace']}@"
+                                                            f"{c['start']}"))
 
     def worst(errors):
         return {k: v and {"max": v["max_abs"], "median": v["median_abs"], "at": v["at"]}
@@ -547,7 +564,7 @@ def table(result: dict) -> str:
         lines.append(f"beyond the repeats' range and cards of {band['card_speeds'][0]:.3f}-"
                      f"{band['card_speeds'][1]:.3f} (max, all points / stable region): " +
                      ", ".join(f"{k} {_cell((band['all_points'][k] or {}).get('max'), ' %')} / "
-                               f"{_cell((band['stable_region'][k] or {}).get('max'), ' %')}"
+                               f"{_cell((band['stable_region'].get(k) or {}).get('max'), ' %')}"
                                for k in TARGETS if k in band["all_points"]))
     for window, h in s.get("held_out", {}).items():
         md, mx = h["median_abs_error_pct"], h["max_abs_error_pct"]

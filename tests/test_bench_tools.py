@@ -975,13 +975,13 @@ def test_trace_fidelity_reads_each_error_against_its_repeats_range():
 def test_trace_fidelity_reads_each_error_beyond_the_cards_speeds(tmp_path, monkeypatch):
     """--card-band: each point's gap between its simulations on the file's slowest card, the
     costs' and its fastest (each as `--prefill-speed` simulates it alone) and its repeats'
-    range; never more than the error outside the repeats alone; a file that is not a
-    card-speeds file is refused in one line."""
+    range, never more than the error outside the repeats alone; the window's capacity on
+    either card; a file that is not a card-speeds file is refused in one line."""
     sys.path.insert(0, "bench")
     import trace_fidelity
     from trace_fidelity import outside_repeats_pct
 
-    monkeypatch.setattr(trace_fidelity, "PLAN", {"conv": ((2000,), (24.0, 30.0))})
+    monkeypatch.setattr(trace_fidelity, "PLAN", {"conv": ((2000,), (30.0, 36.0, 48.0))})
     out = _fidelity_folder(tmp_path, "bench/results/trace-fidelity/points-h200.jsonl")
     speeds = tmp_path / "card-speeds.json"
     speeds.write_text(json.dumps({"cards": {"a": {"speed": 0.95}, "b": {"speed": 1.05},
@@ -992,8 +992,15 @@ def test_trace_fidelity_reads_each_error_beyond_the_cards_speeds(tmp_path, monke
         assert trace_fidelity.main([*args, *more]) == 0
         return json.loads((out / "trace-fidelity-h200.json").read_text())
 
-    slow, fast = (points("--prefill-speed", v)["points"] for v in ("0.95", "1.05"))
+    slow, fast = (points("--prefill-speed", v) for v in ("0.95", "1.05"))
     data = points("--card-band", str(speeds))
+    # the window's crossing on either card is the one simulated on that card alone
+    (cap,) = data["capacities"]
+    assert cap["simulated_on_cards_rps"] == [slow["capacities"][0]["simulated_rps"],
+                                             fast["capacities"][0]["simulated_rps"]]
+    assert cap["outside_repeats_and_cards_pct"] == pytest.approx(outside_repeats_pct(
+        cap["simulated_rps"], cap["repeat_rps"], tuple(cap["simulated_on_cards_rps"])))
+    slow, fast = slow["points"], fast["points"]
     band = data["summary"]["card_band"]
     assert band["card_speeds"] == [0.95, 1.05] and data["inputs"]["card_band"] == str(speeds)
     stored = [json.loads(line) for line in
