@@ -1585,3 +1585,68 @@ def test_trace_fidelity_simulates_a_card_of_another_prefill_speed(tmp_path, monk
                              capture_output=True, text=True, timeout=120)
         assert bad.returncode == 2 and "--prefill-speed" in bad.stderr
         assert len(bad.stderr.strip().splitlines()) <= 2 and "Traceback" not in bad.stderr
+
+
+def test_a_replayed_host_prices_each_launch_on_the_host_of_its_moment():
+    """The timeline is the median of the launches within its window of a moment, the
+    nearest launch's where none is near; an executor following it prices a launch-bound mixed
+    round at each moment as a plain one on that moment's host would."""
+    sys.path.insert(0, "bench")
+    from host_replay import HOST_WINDOW_S, HostFollowing, HostTimeline
+
+    from pdmux_triton.cost import step_cost
+    from pdmux_triton.serve.simulated import SimExecutor
+    from pdmux_triton.spec.gpus import gpu_preset
+    from pdmux_triton.spec.models import model_preset
+    from pdmux_triton.spec.traffic import Request
+
+    timeline = HostTimeline([(0.0, 1e-3), (0.2, 3e-3), (0.4, 2e-3), (10.0, 4e-3)])
+    assert timeline(0.2) == 2e-3  # the three within +-1 s
+    assert timeline(10.0 + HOST_WINDOW_S) == 4e-3 and timeline(6.0) == 4e-3
+    assert timeline(2.0) == 2e-3  # none near: the nearest (0.4 s)
+    with pytest.raises(PdmuxError, match="one launch"):
+        HostTimeline([])
+    qwen, h200 = model_preset("qwen3-8b"), gpu_preset("h200")
+    law = step_cost.SaturationLaw(4.0, 60.0)
+    rate = step_cost.PrefillRate.fixed(h200.bf16_tflops, h200.sms, 0.5)
+    host = step_cost.Overheads(layer_launch_s=1e-3, eager_step_s=3e-3, decode_round_s=1e-4,
+                               mixed=step_cost.MixedStepFit(2e-3, 0.5))
+
+    def round_at(x, t: float) -> float:
+        x.start([])
+        x.idle_until(t)
+        decoding = [Request(1, 500, 8, 0.0)]
+        decoding[0].context = 500
+        began = x.t
+        x.mixed(decoding, Request(2, 64, 4, 0.0), 0, 64)  # a short chunk: its launches bind
+        return x.t - began
+
+    following = HostFollowing.of(SimExecutor(h200, qwen, law, rate, overheads=host), timeline)
+    for t in (0.2, 10.0):
+        plain = SimExecutor(h200, qwen, law, rate, overheads=host.on_host(timeline(t)))
+        assert round_at(following, t) == pytest.approx(round_at(plain, t), rel=1e-12)
+    assert round_at(following, 10.0) > 1.9 * round_at(following, 0.2)  # 4 ms a layer against 2
+
+
+def test_host_replay_judges_each_first_repeat_on_both_hosts(tmp_path):
+    """Every point of the committed trace points that kept enough launch-bound launches, each
+    on both hosts against its first repeat; a points file that is not there is one line."""
+    sys.path.insert(0, "bench")
+    import host_replay
+
+    missing = subprocess.run([sys.executable, "bench/host_replay.py", "--points",
+                              str(tmp_path / "none.jsonl"), "--out", str(tmp_path)],
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and "no such points file" in missing.stderr
+    assert len(missing.stderr.strip().splitlines()) == 1
+
+    assert host_replay.main(["--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "host-replay-h200.json").read_text())
+    assert data["points"] and all("green" not in r["strategy"] for r in data["points"])
+    for r in data["points"]:
+        assert r["launches"] >= host_replay.MIN_LAUNCHES
+        for host in ("median_host", "host_timeline"):
+            m, s = r["measured"]["ttft_p50_ms"], r[host]["simulated"]["ttft_p50_ms"]
+            assert r[host]["error_pct"]["ttft_p50_ms"] == pytest.approx((s - m) / m * 100)
+    worst = max(abs(r["host_timeline"]["error_pct"]["e2e_p50_ms"]) for r in data["points"])
+    assert data["summary"]["all_points"]["host_timeline"]["e2e_p50_ms"]["max"] == worst

@@ -1,0 +1,224 @@
+"""How much of each trace point's error its host's phases make: the first repeat of every
+bench/trace_fidelity.py point simulated twice, on the one host speed the simulator prices a
+run on (that repeat's median eager-layer launch, `Overheads.on_host`) and on the speeds its
+launches ran at through the run (bench/launch_bound_hosts.py's launch-bound launches, their
+median within HOST_WINDOW_S of each moment), each against that repeat's measured figures.
+
+A host runs in phases (bench/NOTES.md: 5-30 s at ~0.75 and ~1.25 ms a layer) that no
+simulator can know ahead, so the part of an error that the replayed host removes is the
+host's, not the cost model's. A run keeps 5-33 such launches, so its timeline is sparse: far
+from any launch the nearest one's speed holds, which can be wrong for seconds; read the
+medians over the points before any one point. Points whose run kept fewer than MIN_LAUNCHES
+launch-bound launches, and green contexts' (their split levels are another kind's), are left
+out. Writes <out>/host-replay-<gpu>.json; prints per metric the largest and median |error|
+on either host, over every point replayed and over the stable region of trace_fidelity's
+file.
+
+    python bench/host_replay.py --out /tmp/x
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from bisect import bisect_left, bisect_right
+from pathlib import Path
+
+from corun_rounds import Pricer
+from launch_bound_hosts import MIN_LAUNCHES, LayerPrice, launch_bound
+from script import MEASURED_ON_H200, bench_inputs, bench_parser, finish, run_script
+from trace_fidelity import COUNT, Key, settings
+
+from pdmux_triton.cost import step_cost
+from pdmux_triton.cost.measured_inputs import load_host_costs
+from pdmux_triton.errors import PdmuxError
+from pdmux_triton.experiments.run import Servers
+from pdmux_triton.experiments.settings import make_requests
+from pdmux_triton.experiments.variants import variant
+from pdmux_triton.results import PointStore, provenance, read_json
+from pdmux_triton.serve.simulated import SimExecutor
+
+POINTS = "bench/results/trace-fidelity/points-h200.jsonl"
+FIDELITY = "bench/results/trace-fidelity-h200.json"
+HOST_WINDOW_S = 2.0  # a host's phases last 5-30 s: the launches within +-1 s of a moment
+FIGURES = ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "e2e_p50_ms")
+
+
+class HostTimeline:
+    """A run's host over its clock: the median launch time a layer of its launches within
+    HOST_WINDOW_S of a moment, the nearest launch's where none is."""
+
+    def __init__(self, launches: list[tuple[float, float]]):
+        if not launches:
+            raise PdmuxError("a host timeline needs one launch at least")
+        launches = sorted(launches)
+        self.at = [t for t, _ in launches]
+        self.layer_s = [s for _, s in launches]
+
+    def __call__(self, t: float) -> float:
+        lo = bisect_left(self.at, t - HOST_WINDOW_S / 2)
+        hi = bisect_right(self.at, t + HOST_WINDOW_S / 2)
+        if lo < hi:
+            return statistics.median(self.layer_s[lo:hi])
+        i = min(lo, len(self.at) - 1)  # none near: the nearest one's
+        if i > 0 and t - self.at[i - 1] < self.at[i] - t:
+            i -= 1
+        return self.layer_s[i]
+
+
+class HostFollowing(SimExecutor):
+    """A simulated executor whose host moves with a run's: every call that spends host time
+    (a decode round's share, an eager step's batch, eager layers' launches) is priced on the
+    host as the run's ran at that moment of its clock (`Overheads.on_host`)."""
+
+    @classmethod
+    def of(cls, x: SimExecutor, timeline: HostTimeline) -> "HostFollowing":
+        y = cls.__new__(cls)
+        y.__dict__.update(x.__dict__)
+        y.fitted, y.timeline = x.overheads, timeline
+        return y
+
+    def _on_host_now(self) -> None:
+        self.overheads = self.fitted.on_host(self.timeline(self.t))
+
+    def launch_decode(self, reqs):
+        self._on_host_now()
+        return super().launch_decode(reqs)
+
+    def begin_prefill(self, reqs):
+        self._on_host_now()
+        return super().begin_prefill(reqs)
+
+    def launch_prefill(self, carry, start, end):
+        self._on_host_now()
+        return super().launch_prefill(carry, start, end)
+
+    def mixed(self, decoding, prompt, start, n):
+        self._on_host_now()
+        return super().mixed(decoding, prompt, start, n)
+
+
+class ReplayedHost(Servers):
+    """Simulated servers whose executors' host follows `timeline`."""
+
+    def __init__(self, s, overheads: step_cost.Overheads, timeline: HostTimeline):
+        super().__init__(s, [], overheads=overheads)
+        self.timeline = timeline
+
+    def executor(self, v, kv_arrives: bool = False):
+        return HostFollowing.of(super().executor(v, kv_arrives), self.timeline)
+
+
+def first_repeat(point: dict, k: str) -> float | None:
+    """A measured point's figure in its first repeat (the one whose launches it kept)."""
+    values = point.get("repeat_values", {}).get(k)
+    return values[0] if values else point.get(k)
+
+
+def error_pct(simulated, measured) -> float | None:
+    if simulated is None or not measured:
+        return None
+    return (simulated - measured) / measured * 100
+
+
+def replayed(args, point: dict, launches, overheads: step_cost.Overheads) -> dict:
+    """One point's first repeat: measured, and simulated on its median host and on its host's
+    timeline."""
+    served = argparse.Namespace(**{**vars(args), "strategies": (point["strategy"],)})
+    s = settings(served, point["trace"], point["start"], simulate=True)
+    median_host = point["diagnostics"]["host_layer_us"] / 1e6
+    rows = {name: servers.serve(variant(point["strategy"]), make_requests(s, point["rate"]))[0]
+            for name, servers in (
+                ("median_host", Servers(s, [], overheads=overheads.on_host(median_host))),
+                ("host_timeline", ReplayedHost(s, overheads, HostTimeline(launches))))}
+    measured = {k: first_repeat(point, k) for k in FIGURES}
+    hosts = sorted(h for _, h in launches)
+    return {"trace": point["trace"], "start": point["start"], "rate": point["rate"],
+            "strategy": point["strategy"], "median_host_ms": median_host * 1e3,
+            "launches": len(launches), "launch_bound_host_ms": {
+                "min": hosts[0] * 1e3, "median": statistics.median(hosts) * 1e3,
+                "max": hosts[-1] * 1e3},
+            "measured": measured,
+            **{name: {"simulated": {k: row.get(k) for k in FIGURES},
+                      "error_pct": {k: error_pct(row.get(k), measured[k]) for k in FIGURES}}
+               for name, row in rows.items()}}
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Per region (every point replayed, the stable region) and host: each figure's largest
+    |error|, where, and its median."""
+    out = {}
+    for region, chosen in (("all_points", rows),
+                           ("stable_region", [r for r in rows if r["inside_stable_region"]])):
+        out[region] = {"points": len(chosen)}
+        for host in ("median_host", "host_timeline"):
+            per = {}
+            for k in FIGURES:
+                errs = [(abs(r[host]["error_pct"][k]), f"{r['strategy']} {r['trace']}@"
+                         f"{r['start']} {r['rate']:g} req/s") for r in chosen
+                        if r[host]["error_pct"][k] is not None]
+                if errs:
+                    worst = max(errs)
+                    per[k] = {"max": worst[0], "at": worst[1],
+                              "median": statistics.median(e for e, _ in errs)}
+            out[region][host] = per
+    return out
+
+
+def table(data: dict) -> str:
+    lines = ["each point's first repeat against its simulation on its median host -> on its "
+             "host's timeline (|error| %)"]
+    for region, v in data["summary"].items():
+        lines.append(f"{region} ({v['points']} points):")
+        for k in FIGURES:
+            a, b = v["median_host"].get(k), v["host_timeline"].get(k)
+            if a and b:
+                lines.append(f"  {k:<12} median {a['median']:5.1f} -> {b['median']:5.1f}   max "
+                             f"{a['max']:6.1f} -> {b['max']:6.1f} (now at {b['at']})")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    overheads = load_host_costs(args.host_costs)
+    gpu = read_json(args.host_costs, "host-costs file").get("gpu", "")
+    fidelity = read_json(args.fidelity, "trace-fidelity file")
+    stable = {(p["trace"], p["start"], p["rate"], p["strategy"]): p["inside_stable_region"]
+              for p in fidelity.get("points", [])}
+    price = LayerPrice(Pricer(args.points, args.calibration, args.compare, overheads, gpu),
+                       overheads)
+    rows = []
+    for point in PointStore(args.points, Key).points.values():
+        if "green" in point["strategy"] or not point["diagnostics"].get("host_layer_us"):
+            continue
+        launches, _ = launch_bound(point, price, f"{args.points} {point['strategy']}")
+        if len(launches) < MIN_LAUNCHES:
+            continue
+        row = replayed(args, point, launches, overheads)
+        row["inside_stable_region"] = stable.get(
+            (point["trace"], point["start"], point["rate"], point["strategy"]), False)
+        rows.append(row)
+    if not rows:
+        raise PdmuxError(f"no point of {args.points} kept {MIN_LAUNCHES} launch-bound launches "
+                         f"on a timed host: nothing to replay")
+    data = {**provenance(gpu), "inputs": {"points": args.points, "fidelity": args.fidelity,
+                                          "host_window_s": HOST_WINDOW_S,
+                                          "min_launches": MIN_LAUNCHES,
+                                          **{k: getattr(args, k) for k in MEASURED_ON_H200}},
+            "summary": summarize(rows), "points": rows}
+    return finish(Path(args.out) / f"host-replay-{gpu}.json", data, table(data))
+
+
+def main(argv=None) -> int:
+    p = bench_parser("host_replay.py", __doc__)
+    bench_inputs(p, *MEASURED_ON_H200)
+    p.add_argument("--points", default=POINTS, help="bench/trace_fidelity.py's measured points")
+    p.add_argument("--fidelity", default=FIDELITY,
+                   help="bench/trace_fidelity.py's file, for each point's stable region")
+    # what trace_fidelity's settings read besides: its windows' length, a simulation's
+    p.set_defaults(count=COUNT, offline=True, repeats=1, strategies=())
+    return run_script(p, run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
