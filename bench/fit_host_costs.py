@@ -54,7 +54,7 @@ or from bench/trace_fidelity.py's measured points or a measured capacity folder'
 (each run's rounds and the speed its host launched an eager layer at); several files are
 pooled (fit on the traces, not on one window). Host times are put in
 the file's host (its eager layer's launch time): a run on a host that launched k times slower
-paid k times its fixed costs, as `Overheads.on_host` prices it (a mixed step's excepted).
+paid k times its fixed costs, as `Overheads.on_host` prices it (except a mixed step's).
 Prints each fit and the mixed step's error over the rounds.
 
     python bench/fit_host_costs.py bench/results/trace-fidelity/points-h200.jsonl \\
@@ -472,9 +472,9 @@ def fit_mixed(rows, model, decode, prefill, total_sms, tile,
                                 for r in rows]) / (prefill.peak_tflops * 1e12)
     by_launches = np.zeros(len(rows), dtype=bool)  # first as if no round's launches bound it
     for _ in range(len(rows) + 1):
-        if tiles is None and not (~by_launches & (tiles_flops > 0)).any():
-            raise PdmuxError("no chunked round with decode rows was bound by its GPU: the "
-                             "decode rows' MFU cannot be fitted (measure larger chunks)")
+        if tiles is None and not (tiles_flops > 0).any():
+            raise PdmuxError("no chunked round stepped decode rows: the decode rows' MFU "
+                             "cannot be fitted (measure chunked prefill beside decoding)")
         # launch-bound: n launches and one layer of GPU; GPU-bound: the GPU and one launch
         target = measured - np.where(by_launches, n * host + base / n, base + host)
         rows_term = np.where(by_launches, tiles_flops / n, tiles_flops)

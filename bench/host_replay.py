@@ -2,7 +2,8 @@
 bench/trace_fidelity.py point simulated twice, on the one host speed the simulator prices a
 run on (that repeat's median eager-layer launch, `Overheads.on_host`) and on the speeds its
 launches ran at through the run (bench/launch_bound_hosts.py's launch-bound launches, their
-median within HOST_WINDOW_S of each moment), each against that repeat's measured figures.
+median over a window of HOST_WINDOW_S around each moment), each against that repeat's
+measured figures.
 
 A host runs in phases (bench/NOTES.md: 5-30 s at ~0.75 and ~1.25 ms a layer) that no
 simulator can know ahead, so the part of an error that the replayed host removes is the
@@ -28,7 +29,7 @@ from pathlib import Path
 from corun_rounds import Pricer
 from launch_bound_hosts import MIN_LAUNCHES, LayerPrice, launch_bound
 from script import MEASURED_ON_H200, bench_inputs, bench_parser, finish, run_script
-from trace_fidelity import COUNT, Key, settings
+from trace_fidelity import COUNT, Key, error_pct, settings, worst_by_metric
 
 from pdmux_triton.cost import step_cost
 from pdmux_triton.cost.measured_inputs import load_host_costs
@@ -95,6 +96,7 @@ class HostFollowing(SimExecutor):
         return super().launch_prefill(carry, start, end)
 
     def mixed(self, decoding, prompt, start, n):
+        self._drain()  # (as the round does first: its host time is spent after the drain)
         self._on_host_now()
         return super().mixed(decoding, prompt, start, n)
 
@@ -114,12 +116,6 @@ def first_repeat(point: dict, k: str) -> float | None:
     """A measured point's figure in its first repeat (the one whose launches it kept)."""
     values = point.get("repeat_values", {}).get(k)
     return values[0] if values else point.get(k)
-
-
-def error_pct(simulated, measured) -> float | None:
-    if simulated is None or not measured:
-        return None
-    return (simulated - measured) / measured * 100
 
 
 def replayed(args, point: dict, launches, overheads: step_cost.Overheads) -> dict:
@@ -151,18 +147,11 @@ def summarize(rows: list[dict]) -> dict:
     out = {}
     for region, chosen in (("all_points", rows),
                            ("stable_region", [r for r in rows if r["inside_stable_region"]])):
-        out[region] = {"points": len(chosen)}
-        for host in ("median_host", "host_timeline"):
-            per = {}
-            for k in FIGURES:
-                errs = [(abs(r[host]["error_pct"][k]), f"{r['strategy']} {r['trace']}@"
-                         f"{r['start']} {r['rate']:g} req/s") for r in chosen
-                        if r[host]["error_pct"][k] is not None]
-                if errs:
-                    worst = max(errs)
-                    per[k] = {"max": worst[0], "at": worst[1],
-                              "median": statistics.median(e for e, _ in errs)}
-            out[region][host] = per
+        out[region] = {"points": len(chosen), **{host: worst_by_metric({
+            k: [(r[host]["error_pct"][k], f"{r['strategy']} {r['trace']}@{r['start']} "
+                                           f"{r['rate']:g} req/s")
+                for r in chosen if r[host]["error_pct"][k] is not None] for k in FIGURES})
+            for host in ("median_host", "host_timeline")}}
     return out
 
 
@@ -179,17 +168,30 @@ def table(data: dict) -> str:
     return "\n".join(lines)
 
 
+def stable_region(path: str) -> dict[tuple, bool]:
+    """Whether trace_fidelity's file put each point inside its strategy's stable region."""
+    points = read_json(path, "trace-fidelity file").get("points")
+    try:
+        if points:
+            return {(p["trace"], p["start"], p["rate"], p["strategy"]):
+                    p["inside_stable_region"] for p in points}
+    except (KeyError, TypeError):
+        pass
+    raise PdmuxError(f"{path} is not bench/trace_fidelity.py's file (its points, each with its "
+                     f"stable region)")
+
+
 def run(args) -> int:
     overheads = load_host_costs(args.host_costs)
     gpu = read_json(args.host_costs, "host-costs file").get("gpu", "")
-    fidelity = read_json(args.fidelity, "trace-fidelity file")
-    stable = {(p["trace"], p["start"], p["rate"], p["strategy"]): p["inside_stable_region"]
-              for p in fidelity.get("points", [])}
+    stable = stable_region(args.fidelity)
     price = LayerPrice(Pricer(args.points, args.calibration, args.compare, overheads, gpu),
                        overheads)
     rows = []
     for point in PointStore(args.points, Key).points.values():
-        if "green" in point["strategy"] or not point["diagnostics"].get("host_layer_us"):
+        diagnostics = point.get("diagnostics") or {}
+        if ("green" in point["strategy"] or not diagnostics.get("host_layer_us")
+                or "rounds" not in diagnostics):  # an untimed host, or no rounds to read
             continue
         launches, _ = launch_bound(point, price, f"{args.points} {point['strategy']}")
         if len(launches) < MIN_LAUNCHES:
@@ -209,7 +211,7 @@ def run(args) -> int:
     return finish(Path(args.out) / f"host-replay-{gpu}.json", data, table(data))
 
 
-def main(argv=None) -> int:
+def parser():
     p = bench_parser("host_replay.py", __doc__)
     bench_inputs(p, *MEASURED_ON_H200)
     p.add_argument("--points", default=POINTS, help="bench/trace_fidelity.py's measured points")
@@ -217,7 +219,11 @@ def main(argv=None) -> int:
                    help="bench/trace_fidelity.py's file, for each point's stable region")
     # what trace_fidelity's settings read besides: its windows' length, a simulation's
     p.set_defaults(count=COUNT, offline=True, repeats=1, strategies=())
-    return run_script(p, run, argv)
+    return p
+
+
+def main(argv=None) -> int:
+    return run_script(parser(), run, argv)
 
 
 if __name__ == "__main__":

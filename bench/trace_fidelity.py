@@ -277,6 +277,12 @@ def _simulated(servers: list[Servers], name: str, s: RunSettings, rate: float) -
     return {**repeats.combined(rows), "diagnostics": sims[id(servers[0])][1]}
 
 
+def on_own_host(simulation: dict) -> dict:
+    """A point's simulation on its run's own host where the run timed it, else on the
+    committed host costs' (`simulate`)."""
+    return simulation.get("run_host", simulation["shipped_host"])
+
+
 def error_pct(simulated, measured) -> float | None:
     if simulated is None or measured is None or measured == 0:
         return None
@@ -309,8 +315,7 @@ def judge(args, store: PointStore, simulations: dict[tuple, dict]) -> dict:
     """Each point's errors, each window's capacities, and the summary over them: against the
     simulation on the run's own host where the run timed it (the committed host costs where
     not), and against the committed host costs alone (`shipped_host`)."""
-    out = _judged(args, store, {k: v.get("run_host", v["shipped_host"])
-                                for k, v in simulations.items()})
+    out = _judged(args, store, {k: on_own_host(v) for k, v in simulations.items()})
     shipped = _judged(args, store, {k: v["shipped_host"] for k, v in simulations.items()})
     out["summary"]["shipped_host"] = {k: shipped["summary"][k] for k in
                                       ("max_abs_error_pct", "median_abs_error_pct", "met")}
@@ -338,8 +343,8 @@ def held_out(args, store: PointStore) -> dict:
             write_json(host_costs, host)
             fit_args = argparse.Namespace(**{**vars(args), "host_costs": str(host_costs)})
             sims = simulate(fit_args, store, only=(t, start))
-        judged = _judged(args, store, {k: v.get("run_host", v["shipped_host"])
-                                       for k, v in sims.items()}, only=(t, start))
+        judged = _judged(args, store, {k: on_own_host(v) for k, v in sims.items()},
+                         only=(t, start))
         capacity_errors = {c["strategy"]: c["error_pct"] for c in judged["capacities"]
                            if c["error_pct"] is not None}
         judged = judged["summary"]
@@ -367,12 +372,14 @@ def held_out(args, store: PointStore) -> dict:
 
 def card_speeds(path: str) -> tuple[float, float]:
     """The slowest and the fastest card of a bench/card_speeds.py file."""
-    data = read_json(path, "card-speeds file")
-    cards = data.get("cards") if isinstance(data, dict) else None
-    speeds = [c.get("speed") for c in cards.values()] if isinstance(cards, dict) else []
-    if not speeds or not all(isinstance(v, (int, float)) and v > 0 for v in speeds):
-        raise PdmuxError(f"{path} is not a card-speeds file with a speed for each card "
-                         f"(bench/card_speeds.py writes one)")
+    cards = read_json(path, "card-speeds file").get("cards")
+    speeds = ([c.get("speed") if isinstance(c, dict) else None for c in cards.values()]
+              if isinstance(cards, dict) else [])
+    # a card's speed against the price, as SimExecutor takes one
+    if not speeds or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                             and 0.5 <= v <= 2 for v in speeds):
+        raise PdmuxError(f"{path} is not a card-speeds file with a speed in [0.5, 2] for each "
+                         f"card (bench/card_speeds.py writes one)")
     return min(speeds), max(speeds)
 
 
@@ -390,7 +397,7 @@ def card_band(args, store: PointStore, result: dict, cards: tuple[float, float])
     calm: dict[str, list] = {k: [] for k in beyond}
     for point in result["points"]:
         key = (point["trace"], point["start"], point["rate"], point["strategy"])
-        sims = [v.get("run_host", v["shipped_host"]) for v in (sim[key] for sim in on_card)]
+        sims = [on_own_host(sim[key]) for sim in on_card]
         values = store.get(Key("gpu", *key[:3], key[3])).get("repeat_values", {})
         point["outside_repeats_and_cards_pct"] = gaps = {
             k: outside_repeats_pct(point["simulated"].get(k), values.get(k),
@@ -408,21 +415,18 @@ def card_band(args, store: PointStore, result: dict, cards: tuple[float, float])
         if c["error_pct"] is None:
             continue
         on = [capacity_search.crossing(sorted(
-            (r, sim[c["trace"], c["start"], r, c["strategy"]].get(
-                "run_host", sim[c["trace"], c["start"], r, c["strategy"]]["shipped_host"]))
+            (r, on_own_host(sim[c["trace"], c["start"], r, c["strategy"]]))
             for r in c["rates_rps"]), criteria.goodput) for sim in on_card]
         c["simulated_on_cards_rps"] = on
+        # (None without two repeats, as a latency's)
         c["outside_repeats_and_cards_pct"] = gap = outside_repeats_pct(
-            c["simulated_rps"], c["repeat_rps"] or [c["measured_rps"]] * 2, tuple(on))
+            c["simulated_rps"], c["repeat_rps"], tuple(on))
         if gap is not None:
             beyond.setdefault("capacity", []).append((gap, f"{c['strategy']} {c['trace']}@"
                                                             f"{c['start']}"))
 
-    def worst(errors):
-        return {k: v and {"max": v["max_abs"], "median": v["median_abs"], "at": v["at"]}
-                for k, v in ((k, _worst(e)) for k, e in errors.items())}
-    return {"card_speeds": list(cards), "file": args.card_band, "all_points": worst(beyond),
-            "stable_region": worst(calm)}
+    return {"card_speeds": list(cards), "file": args.card_band,
+            "all_points": worst_by_metric(beyond), "stable_region": worst_by_metric(calm)}
 
 
 def _measured(point: dict) -> dict:
@@ -522,6 +526,12 @@ def _judged(args, store: PointStore, simulated: dict[tuple, dict],
                                        for c in capacities if c["error_is_a_bound"]],
     }
     return {"points": points, "capacities": capacities, "summary": summary}
+
+
+def worst_by_metric(errors: dict[str, list[tuple[float, str]]]) -> dict:
+    """Per metric, the largest |error| over (error, where) pairs, where, and the median."""
+    return {k: v and {"max": v["max_abs"], "median": v["median_abs"], "at": v["at"]}
+            for k, v in ((k, _worst(e)) for k, e in errors.items())}
 
 
 def _repeat_capacities(measured: dict[float, dict], criteria: Criteria) -> list | None:

@@ -274,6 +274,17 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, files, capsys):
     fails(capsys, argv, message.replace("{d}", str(files)))
 
 
+@no_gpu
+def test_offline_capacity_on_another_gpus_points_names_the_gpu(tmp_path, capsys):
+    """Read offline on a machine without that GPU and without --gpu, a folder of H200 points
+    is not looked up as the default preset's: one line says which --gpu reads them."""
+    import shutil
+
+    shutil.copy("bench/results/capacity-burst-100/capacity-settings-h200.json", tmp_path)
+    fails(capsys, ["capacity", "--offline", "--out", str(tmp_path)],
+          "holds capacity points of the h200, not the h100-sxm: add --gpu h200")
+
+
 def test_advise_with_an_sm_override_keeps_the_calibrations_gpu(capsys):
     assert main(["advise", "--calibration", CALIBRATION, "--itl-ms", "12", "--sms",
                  "100"]) == 0

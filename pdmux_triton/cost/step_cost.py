@@ -560,8 +560,8 @@ class Overheads:
         """The same costs on a host that launches an eager layer in `layer_launch_s`: what
         the host does (a decode round's share, an eager step's batch, a split prefill's batch)
         scaled by how much faster or slower it launches; the GPU's terms and a mixed step's
-        fixed cost (`MixedStepFit`) kept. Hosts beside the same GPU launch at different speeds (bench/NOTES.md), so
-        a measured run is judged against its own host."""
+        fixed cost (`MixedStepFit`) kept. Hosts beside the same GPU launch at different speeds
+        (bench/NOTES.md), so a measured run is judged against its own host."""
         _check_positive("an eager layer's launch time", layer_launch_s)
         if not self.layer_launch_s:
             raise PdmuxError("overheads without an eager layer's launch time cannot be moved "

@@ -73,7 +73,13 @@ def open_diagnostics(folder: Path, gpu: str) -> PointStore:
 def measured_gpu(folder: Path, name: str) -> GPUSpec:
     """The GPU a folder's points were measured on, as it was detected there (its memory is
     the device's, not the preset's)."""
-    saved = read_json(folder / f"capacity-settings-{name}.json", "capacity settings")
+    path = folder / f"capacity-settings-{name}.json"
+    held = sorted(f.name.removeprefix("capacity-settings-").removesuffix(".json")
+                  for f in folder.glob("capacity-settings-*.json"))
+    if not path.is_file() and held:  # the flags name another GPU than the points'
+        raise PdmuxError(f"{folder} holds capacity points of the {', '.join(held)}, not the "
+                         f"{name}: add --gpu {held[0]}")
+    saved = read_json(path, "capacity settings")
     try:
         return GPUSpec(**{**saved["gpu"], "cc": tuple(saved["gpu"]["cc"])})
     except (KeyError, TypeError):

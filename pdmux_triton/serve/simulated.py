@@ -319,10 +319,8 @@ class SimExecutor:
         # the batch made and uploaded, its tokens read back (as fitted, or an eager step's),
         # then the layers as the host launches them and the GPU runs them
         self.t += fit.fixed_s if fit is not None else self.overheads.eager_step_s
-        began = self.t
-        self._enqueue("decode", step, began)
-        self.t = began + step_cost.layer_pipeline_s(step, self.num_layers,
-                                                    self.overheads.layer_launch_s)
+        self.t += step_cost.layer_pipeline_s(step, self.num_layers, self.overheads.layer_launch_s)
+        self._enqueue("decode", step, self.t - step)  # its last layer ends the round
         return self.t, None, None
 
     def release(self, r: Request) -> None:
