@@ -1,17 +1,17 @@
 """How much of each trace point's error its host's phases make: the first repeat of every
 bench/trace_fidelity.py point simulated twice, on the one host speed the simulator prices a
 run on (that repeat's median eager-layer launch, `Overheads.on_host`) and on the speeds its
-launches ran at through the run (bench/launch_bound_hosts.py's launch-bound launches, their
-median over a window of HOST_WINDOW_S around each moment), each against that repeat's
-measured figures.
+launches ran at through the run (their median over a window of HOST_WINDOW_S around each
+moment), each against that repeat's measured figures. A run measured since session 40 keeps
+every eager launch's host time and moment (`host_layers_us`); an older one gives only its
+launch-bound launches, read off its rounds (bench/launch_bound_hosts.py).
 
 A host runs in phases (bench/NOTES.md: 5-30 s at ~0.75 and ~1.25 ms a layer) that no
 simulator can know ahead, so the part of an error that the replayed host removes is the
-host's, not the cost model's. A run keeps 5-33 such launches, so its timeline is sparse: far
-from any launch the nearest one's speed holds, which can be wrong for seconds; read the
-medians over the points before any one point. Points whose run kept fewer than MIN_LAUNCHES
-launch-bound launches, and green contexts' (their split levels are another kind's), are left
-out. Writes <out>/host-replay-<gpu>.json; prints per metric the largest and median |error|
+host's, not the cost model's. An older run gives 5-33 launch-bound launches, so its timeline
+is sparse: far from any launch the nearest one's speed holds, which can be wrong for seconds;
+read the medians over the points before any one point. Points with fewer than MIN_LAUNCHES
+launches, and green contexts' (their split levels are another kind's), are left out. Writes <out>/host-replay-<gpu>.json; prints per metric the largest and median |error|
 on either host, over every point replayed and over the stable region of trace_fidelity's
 file.
 
@@ -112,6 +112,15 @@ class ReplayedHost(Servers):
         return HostFollowing.of(super().executor(v, kv_arrives), self.timeline)
 
 
+def host_launches(point: dict, price: LayerPrice, where: str) -> tuple[list, str]:
+    """A point's eager launches, (began s, host seconds a layer) each, and where they came
+    from: every launch as its run kept it, else the launch-bound ones read off its rounds."""
+    kept = point["diagnostics"].get("host_layers_us")
+    if kept:
+        return [(t / 1e6, s / 1e6) for t, s in kept], "every launch, as the run kept it"
+    return launch_bound(point, price, where)[0], "launch-bound launches, from the rounds"
+
+
 def first_repeat(point: dict, k: str) -> float | None:
     """A measured point's figure in its first repeat (the one whose launches it kept)."""
     values = point.get("repeat_values", {}).get(k)
@@ -193,10 +202,10 @@ def run(args) -> int:
         if ("green" in point["strategy"] or not diagnostics.get("host_layer_us")
                 or "rounds" not in diagnostics):  # an untimed host, or no rounds to read
             continue
-        launches, _ = launch_bound(point, price, f"{args.points} {point['strategy']}")
+        launches, source = host_launches(point, price, f"{args.points} {point['strategy']}")
         if len(launches) < MIN_LAUNCHES:
             continue
-        row = replayed(args, point, launches, overheads)
+        row = {**replayed(args, point, launches, overheads), "launches_from": source}
         row["inside_stable_region"] = stable.get(
             (point["trace"], point["start"], point["rate"], point["strategy"]), False)
         rows.append(row)

@@ -1669,3 +1669,10 @@ def test_host_replay_judges_each_first_repeat_on_both_hosts(tmp_path):
         median = point["diagnostics"]["host_layer_us"] / 1e6
         row = host_replay.replayed(args, point, [(0.0, median), (30.0, median)], overheads)
         assert row["host_timeline"]["simulated"] == row["median_host"]["simulated"]
+    # a run that kept every launch is read as kept, an older one off its launch-bound rounds
+    kept = {**point, "diagnostics": {**point["diagnostics"],
+                                     "host_layers_us": [[1_000_000, 700], [2_500_000, 900]]}}
+    assert host_replay.host_launches(kept, None, "a point") == (
+        [(1.0, 0.0007), (2.5, 0.0009)], "every launch, as the run kept it")
+    assert data["points"] and all(r["launches_from"] == "launch-bound launches, from the rounds"
+                                  for r in data["points"])

@@ -62,6 +62,13 @@ def test_strategies_serve_the_same_tokens():
     launches = sum(r.prefill.startswith("layers") for r in result.rounds)
     assert len(result.activity.host_layer_s) == launches
     assert all(0 < s < 10 for s in result.activity.host_layer_s)
+    # each launch at its moment of the run, on the rounds' clock: inside the round that made it
+    began = result.activity.host_layer_at_s
+    layer_rounds = [r for r in result.rounds if r.prefill.startswith("layers")]
+    assert len(began) == launches and began == sorted(began)
+    assert all(r.start <= t <= r.end for r, t in zip(layer_rounds, began))
+    kept = metrics.diagnostics(result)["host_layers_us"]
+    assert [t for t, _ in kept] == [round(t * 1e6) for t in began]
     summary = metrics.summarize(result)
     assert summary["host_layer_p50_ms"] > 0
     assert summary["host_layer_mean_ms"] == pytest.approx(

@@ -42,11 +42,12 @@ def test_the_activity_holds_a_copy_of_the_drains_and_clear_forgets_everything():
     a = marks.activity()
     marks.drains.append(9.0)
     assert a.drain_s == [0.125]
-    marks.launched_layers(0.5, 4)
-    marks.launched_layers(0.25, 0)  # nothing launched: nothing to count
-    assert marks.activity().host_layer_s == [0.125]
+    marks.launched_layers(0.5, 4, at=3.0)
+    marks.launched_layers(0.25, 0, at=4.0)  # nothing launched: nothing to count
+    assert (marks.activity().host_layer_s, marks.activity().host_layer_at_s) == ([0.125], [3.0])
     marks.clear()
-    assert (marks.launches, marks.decode_steps, marks.drains, marks.host_layers) == ([], [], [], [])
+    assert (marks.launches, marks.decode_steps, marks.drains, marks.host_layers,
+            marks.host_layers_at) == ([], [], [], [], [])
     assert marks.activity().busy == []
 
 

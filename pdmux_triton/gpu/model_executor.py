@@ -336,7 +336,8 @@ class ModelExecutor:
             began = time.perf_counter()
             carry.hidden, carry.residual = self.model.extend_layers(
                 carry.batch, start, end, carry.hidden, carry.residual, budget=side.budget)
-            self.marks.launched_layers(time.perf_counter() - began, end - start)
+            self.marks.launched_layers(time.perf_counter() - began, end - start,
+                                       began - self.t0)
             if end == self.num_layers:
                 carry.first = self._greedy(carry.hidden, carry.residual, carry.batch, side)
                 carry.hidden = carry.residual = None  # free the activations
@@ -362,7 +363,8 @@ class ModelExecutor:
             batch = self._extend_batch(seqs)
             began = time.perf_counter()
             h, r = self.model.extend_layers(batch, 0, self.num_layers, budget=side.budget)
-            self.marks.launched_layers(time.perf_counter() - began, self.num_layers)
+            self.marks.launched_layers(time.perf_counter() - began, self.num_layers,
+                                       began - self.t0)
             out = self._greedy(h, r, batch, side)
             end = self.marks.mark(side.stream)
         self.marks.add(mark, end)

@@ -30,6 +30,7 @@ class LaunchMarks:
         self.decode_steps: list[tuple[object, object]] = []
         self.drains: list[float] = []  # host seconds each level switch waited
         self.host_layers: list[float] = []  # host seconds per layer of each eager launch
+        self.host_layers_at: list[float] = []  # when each began, on the executor's clock
 
     def mark(self, stream):
         if not self.cuda:
@@ -48,11 +49,13 @@ class LaunchMarks:
         self.decode_steps.clear()
         self.drains.clear()
         self.host_layers.clear()
+        self.host_layers_at.clear()
 
-    def launched_layers(self, seconds: float, layers: int) -> None:
-        """The host took `seconds` to launch `layers` eager layers."""
+    def launched_layers(self, seconds: float, layers: int, at: float) -> None:
+        """The host took `seconds` to launch `layers` eager layers, from `at` on."""
         if layers:
             self.host_layers.append(seconds / layers)
+            self.host_layers_at.append(at)
 
     def _seconds(self, a, b) -> float:
         return a.elapsed_time(b) / 1e3 if self.cuda else b.t - a.t
@@ -60,9 +63,10 @@ class LaunchMarks:
     def activity(self) -> Activity:
         """Busy spans relative to the first launch (call after the GPU drained)."""
         if not self.launches:
-            return Activity([], (0.0, 0.0), [], list(self.drains), list(self.host_layers))
+            return Activity([], (0.0, 0.0), [], list(self.drains), list(self.host_layers),
+                            list(self.host_layers_at))
         base = self.launches[0][0]
         spans = [(self._seconds(base, a), self._seconds(base, b)) for a, b in self.launches]
         window = (min(a for a, _ in spans), max(b for _, b in spans))
         return Activity(spans, window, [self._seconds(a, b) for a, b in self.decode_steps],
-                        list(self.drains), list(self.host_layers))
+                        list(self.drains), list(self.host_layers), list(self.host_layers_at))

@@ -28,6 +28,8 @@ class Activity:
     # host seconds per layer of each eager launch (prefill layers, mixed steps): how fast this
     # machine's host launches, measured in the run itself; empty on a simulated clock
     host_layer_s: Sequence[float] = field(default_factory=list)
+    # when each of those launches began, on the executor's clock: a host runs in phases
+    host_layer_at_s: Sequence[float] = field(default_factory=list)
 
 
 class Executor(Protocol):

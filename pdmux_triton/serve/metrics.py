@@ -379,8 +379,8 @@ ROUND_US = 1e6  # diagnostics' times are kept in whole microseconds
 def diagnostics(result: RunResult, spans: bool = True) -> dict:
     """What a measured point's figures come from, in microseconds: each prefill batch (start,
     end, tokens computed, prompts, tokens read from the prefix cache), every round, every
-    decode step's GPU time, how fast the host launched an eager layer and, with `spans`,
-    every launch's span on the GPU."""
+    decode step's GPU time, how fast the host launched an eager layer (the median, and each
+    launch's with when it began) and, with `spans`, every launch's span on the GPU."""
     batches: dict[tuple, list] = {}
     for r in result.requests:
         if not r.warm and r.prefill_start is not None and r.prefill_end is not None:
@@ -402,6 +402,9 @@ def diagnostics(result: RunResult, spans: bool = True) -> dict:
         # measured before the executor timed its launches)
         "host_layer_us": (us(statistics.median(result.activity.host_layer_s))
                           if len(result.activity.host_layer_s) else None),
+        # and every eager launch's (began, host a layer): the host's phases through the run
+        "host_layers_us": [[us(t), us(s)] for t, s in zip(result.activity.host_layer_at_s,
+                                                           result.activity.host_layer_s)],
     }
     if spans:  # every launch's (start, end) on the GPU, from its first (not the rounds' clock)
         out["busy_us"] = [[us(a), us(b)] for a, b in result.activity.busy]
