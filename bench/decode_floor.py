@@ -160,11 +160,11 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
 
 
 # pinned turns that take a product turn's budget another way, to split the gap to green by
-# cause: the one-a-site gate (kernels/_pinned.py) instead of the claiming one (on both sides,
-# as the product would run with it on), and the claiming gate on the very SMs green's decode
-# side ran on, the prefill side on the rest (placement apart from the gate)
-ONE_A_SITE_TURN, ON_GREEN_SMS_TURN = "1 one-a-site", "1 on green's SMs"
-DIAGNOSTIC_TURNS = (ONE_A_SITE_TURN, ON_GREEN_SMS_TURN)
+# cause: the claiming gate (kernels/_pinned.py) instead of the one-a-site one that one program
+# an SM takes (on both sides), and the product's gate on the very SMs green's decode side ran
+# on, the prefill side on the rest (placement apart from the gate)
+CLAIMING_TURN, ON_GREEN_SMS_TURN = "1 claiming", "1 on green's SMs"
+DIAGNOSTIC_TURNS = (CLAIMING_TURN, ON_GREEN_SMS_TURN)
 
 
 def green_decode_sms(part: PartitionStreams, probe_x: torch.Tensor,
@@ -180,19 +180,12 @@ def green_decode_sms(part: PartitionStreams, probe_x: torch.Tensor,
     return list(dict.fromkeys(sm for sm in ids.tolist() if sm >= 0))
 
 
-@contextlib.contextmanager
-def claiming_on(sms: list[int], head: int | None):
-    """The claiming gate on pinned sites headed by `sms`, whatever the module's default."""
-    with one_a_site_at_c1(False), sites_headed_by(sms, head):
-        yield
-
-
 def levels(res: Results, step: DecodeStep, prefill: PrefillLayers, gpu) -> None:
     """Each middle level up to 60 decode SMs: green (one CTA per SM: a grid of the budget) and
     pinned at each c for every kernel, and as a served decode side runs (decode attention at
     the split's served CTAs per SM, the other kernels at one), the decode step alone and
     beside the prefill; green at one and as served also without PDL; pinned at one also with
-    the one-a-site gate and on green's decode SMs (`DIAGNOSTIC_TURNS`)."""
+    the claiming gate and on green's decode SMs (`DIAGNOSTIC_TURNS`)."""
     groups = [g for g in sglang_rules.stream_groups(gpu.sms, gpu.cc_major)[1:-1] if g[1] <= 60]
     probe_x = torch.randn(4096, MODEL.hidden, dtype=torch.bfloat16, device="cuda")
     probe_q = torch.randn(BATCH, MODEL.q_heads, MODEL.head_dim, dtype=torch.bfloat16,
@@ -219,9 +212,9 @@ def levels(res: Results, step: DecodeStep, prefill: PrefillLayers, gpu) -> None:
                     green_sms = green_decode_sms(part, probe_x, gate_up)
                 else:
                     one = turns[0][1]
-                    turns += [(ONE_A_SITE_TURN, one, 1, one_a_site_at_c1(True)),
+                    turns += [(CLAIMING_TURN, one, 1, one_a_site_at_c1(False)),
                               (ON_GREEN_SMS_TURN, one, 1,
-                               claiming_on(green_sms, part.decode_budget.site_head))]
+                               sites_headed_by(green_sms, part.decode_budget.site_head))]
                 for c, dbud, versus, how in turns:
                     with how or contextlib.nullcontext():
                         alone = time_alone(lambda: step.run(dbud), part.decode_stream,
@@ -307,7 +300,7 @@ def summarize(res: Results) -> None:
                   if "vs_green_no_pdl_alone_pct" in r]
         if no_pdl:  # the gap left with green's launches apart too: the gate's
             s["pinned_vs_green_without_pdl_max_alone_pct"] = max(no_pdl)
-        for turn, key in ((ONE_A_SITE_TURN, "pinned_one_a_site_vs_green_max_error_pct"),
+        for turn, key in ((CLAIMING_TURN, "pinned_claiming_vs_green_max_error_pct"),
                           (ON_GREEN_SMS_TURN, "pinned_on_green_sms_vs_green_max_error_pct")):
             diagnostic = [r for r in pinned if r["ctas_per_sm"] == turn]
             if diagnostic:

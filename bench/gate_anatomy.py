@@ -23,15 +23,16 @@ launch after zeroing a small counter buffer (so each variant pays the same memse
   All are checked against `plain`'s output;
 - `pinned`: the product's pinned launch (kernels/_pinned.py) on sites 0..19, with the
   device's measured site order and with an order whose first 20 sites are the SMs the capped
-  launch ran on (so the two run on the same SMs); with its claiming gate and with the
-  one-a-site gate (`_pinned.ONE_A_SITE_AT_C1`), the idea `rank by site, arrival first` tried
-  as the product does it.
+  launch ran on (so the two run on the same SMs); with the product's gate at one program an
+  SM (the one-a-site gate, `_pinned.ONE_A_SITE_AT_C1`: the idea `rank by site, arrival first`
+  as the product does it) and with the claiming gate.
 
     python bench/gate_anatomy.py --out bench/results
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 import torch
@@ -139,17 +140,18 @@ def variants(N: int, K: int, device_sms: int) -> dict:
                                      num_stages=cfg.num_stages)
         return run
 
-    def product(one_a_site: bool = False, **budget):
+    def product(one_a_site: bool | None = None, **budget):  # None: the product's gate
         def run():
             queue.zero_()
-            with one_a_site_at_c1(one_a_site):
+            with (contextlib.nullcontext() if one_a_site is None
+                  else one_a_site_at_c1(one_a_site)):
                 linear(x, w, out, **budget)
         return run
 
     runs = {name: launch(i) for i, name in enumerate(MODES)}
     runs["capped (product)"] = product(num_sms=SMS)
     runs["pinned (product)"] = product(pinned=Pinned(0, SMS))
-    runs["pinned, one-a-site gate"] = product(True, pinned=Pinned(0, SMS))
+    runs["pinned, claiming gate"] = product(False, pinned=Pinned(0, SMS))
     torch.cuda.synchronize()
     return runs, capped_sms, p, out
 
@@ -172,7 +174,7 @@ def main(argv=None) -> int:
             res.row(section="anatomy", shape=shape, variant=name, us=us, over_plain=us / base,
                     whole_tiles=pl.whole, grid=pl.grid, equals_plain=torch.equal(out, ref))
         with sites_headed_by(capped_sms):
-            for gate in ("pinned (product)", "pinned, one-a-site gate"):
+            for gate in ("pinned (product)", "pinned, claiming gate"):
                 us = time_alone(runs[gate], stream, graph=True) * 1e3
                 res.row(section="anatomy", shape=shape, variant=f"{gate} on the capped "
                         "launch's SMs", us=us, over_plain=us / base, capped_sms=capped_sms,

@@ -39,8 +39,9 @@ program was admitted on (wherever it runs: telemetry shows it) and leaves the co
 Several programs an SM keep the claiming gate: whether an SM gets all c of them depends on how
 many of the kernel's programs fit it (a GEMM's shared memory holds one), so slots handed out
 by rank would fall to the last arriver one after another. `ONE_A_SITE_AT_C1` chooses the gate
-at one an SM until the GPU has measured the one-a-site gate against the claiming one
-(bench/decode_floor.py, bench/gate_anatomy.py time both in one process).
+at one an SM: the one-a-site gate, since the GPU measured it faster than the claiming one at
+every level, alone and beside a prefill (bench/decode_floor.py times both in one process;
+bench/NOTES.md says by how much).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ GATE_WORD, ARRIVALS, SITE_COUNTS = tl.constexpr(0), tl.constexpr(0), tl.constexp
 CLAIMING, ONE_A_SITE = 1, 2
 ONE_A_SITE_GATE = tl.constexpr(ONE_A_SITE)  # the same, in a kernel
 # whether a launch of one program an SM takes the one-a-site gate (the module's note)
-ONE_A_SITE_AT_C1 = False
+ONE_A_SITE_AT_C1 = True
 
 
 @contextlib.contextmanager

@@ -1216,7 +1216,7 @@ def test_decode_floor_summary_reads_its_rows_and_the_sessions_files(tmp_path):
          "vs_green_alone_pct": -7.0, "vs_green_corun_pct": 3.0,
          "vs_green_no_pdl_alone_pct": -1.25, "shared_sms": 0},
         # the diagnostic turns: each its own figure, none in the product's
-        {"section": "level", "kind": "pinned", "ctas_per_sm": "1 one-a-site",
+        {"section": "level", "kind": "pinned", "ctas_per_sm": "1 claiming",
          "vs_green_alone_pct": -9.0, "vs_green_corun_pct": 0.5, "shared_sms": 3},
         {"section": "level", "kind": "pinned", "ctas_per_sm": "1 on green's SMs",
          "vs_green_alone_pct": 0.5, "vs_green_corun_pct": -11.0, "shared_sms": 0}]
@@ -1228,7 +1228,7 @@ def test_decode_floor_summary_reads_its_rows_and_the_sessions_files(tmp_path):
     assert s["served_pinned_vs_green_max_error_pct"] == 7.0  # as a served decode side runs
     # against green with its launches apart too (the gate's share of the gap)
     assert s["pinned_vs_green_without_pdl_max_alone_pct"] == 1.25
-    assert s["pinned_one_a_site_vs_green_max_error_pct"] == 9.0
+    assert s["pinned_claiming_vs_green_max_error_pct"] == 9.0
     assert s["pinned_on_green_sms_vs_green_max_error_pct"] == 11.0
     assert 0.3 < s["decode_linear_min_bw_frac"] < 1 and 0.5 < s["decode_attention_min_bw_frac"] < 1
     assert s["pdmux_best_kind"] in ("pdmux_grid_cap", "pdmux_green")
