@@ -36,7 +36,7 @@ from common import (MODEL, Results, require_gpu, same_bytes_buffers, sites_heade
 from pdmux_triton.cost import step_cost
 from pdmux_triton.gpu.streams import PartitionStreams, kernel_args
 from pdmux_triton.kernels import decode_attention, gemm, linear, stream_read
-from pdmux_triton.kernels._pinned import one_a_site_at_c1
+from pdmux_triton.kernels._pinned import one_a_site_at_c1, partition_grid
 from pdmux_triton.measure.telemetry import probe
 from pdmux_triton.measure.timing import time_alone, time_corun
 from pdmux_triton.measure.workloads import DecodeAttention, DecodeStep, PrefillLayers
@@ -163,8 +163,12 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
 # cause: the claiming gate (kernels/_pinned.py) instead of the one-a-site one that one program
 # an SM takes (on both sides), and the product's gate on the very SMs green's decode side ran
 # on, the prefill side on the rest (placement apart from the gate)
+# (and the one-a-site gate with no surplus programs, on both sides: only as many as a side's
+# SMs, which the hardware places where it likes; what the surplus programs cost,
+# `_pinned.PARTITION_GRID`)
 CLAIMING_TURN, ON_GREEN_SMS_TURN = "1 claiming", "1 on green's SMs"
-DIAGNOSTIC_TURNS = (CLAIMING_TURN, ON_GREEN_SMS_TURN)
+PARTITION_GRID_TURN = "1 partition's grid"
+DIAGNOSTIC_TURNS = (CLAIMING_TURN, ON_GREEN_SMS_TURN, PARTITION_GRID_TURN)
 
 
 def green_decode_sms(part: PartitionStreams, probe_x: torch.Tensor,
@@ -214,7 +218,8 @@ def levels(res: Results, step: DecodeStep, prefill: PrefillLayers, gpu) -> None:
                     one = turns[0][1]
                     turns += [(CLAIMING_TURN, one, 1, one_a_site_at_c1(False)),
                               (ON_GREEN_SMS_TURN, one, 1,
-                               sites_headed_by(green_sms, part.decode_budget.site_head))]
+                               sites_headed_by(green_sms, part.decode_budget.site_head)),
+                              (PARTITION_GRID_TURN, one, 1, partition_grid(True))]
                 for c, dbud, versus, how in turns:
                     with how or contextlib.nullcontext():
                         alone = time_alone(lambda: step.run(dbud), part.decode_stream,
@@ -301,7 +306,9 @@ def summarize(res: Results) -> None:
         if no_pdl:  # the gap left with green's launches apart too: the gate's
             s["pinned_vs_green_without_pdl_max_alone_pct"] = max(no_pdl)
         for turn, key in ((CLAIMING_TURN, "pinned_claiming_vs_green_max_error_pct"),
-                          (ON_GREEN_SMS_TURN, "pinned_on_green_sms_vs_green_max_error_pct")):
+                          (ON_GREEN_SMS_TURN, "pinned_on_green_sms_vs_green_max_error_pct"),
+                          (PARTITION_GRID_TURN,
+                           "pinned_partition_grid_vs_green_max_error_pct")):
             diagnostic = [r for r in pinned if r["ctas_per_sm"] == turn]
             if diagnostic:
                 s[key] = worst(diagnostic)

@@ -70,6 +70,24 @@ ONE_A_SITE_GATE = tl.constexpr(ONE_A_SITE)  # the same, in a kernel
 ONE_A_SITE_AT_C1 = True
 
 
+# whether a one-a-site launch has only as many programs as its partition has SMs instead of
+# one for every SM of the GPU (a diagnostic, off: the hardware then places them where it
+# likes and the last arriver does the slots of every site none landed on, off the partition;
+# what it measures is what the surplus programs cost a partition beside a busy one)
+PARTITION_GRID = False
+
+
+@contextlib.contextmanager
+def partition_grid(on: bool):
+    """`PARTITION_GRID` set to `on` inside the block."""
+    global PARTITION_GRID
+    before, PARTITION_GRID = PARTITION_GRID, on
+    try:
+        yield
+    finally:
+        PARTITION_GRID = before
+
+
 @contextlib.contextmanager
 def one_a_site_at_c1(on: bool):
     """`ONE_A_SITE_AT_C1` set to `on` inside the block (both gates timed in one process)."""
@@ -237,6 +255,8 @@ def pinned_launch(pinned: Pinned | None, slots: int, ctas_per_sm: int, device: t
             raise PdmuxError(f"sites {pinned.first_site}..{pinned.first_site + pinned.sms - 1} "
                              f"are not all on this GPU, which has {len(order)} SMs")
         grid = ctas_per_sm * default_num_sms(device)
+        if PARTITION_GRID and ONE_A_SITE_AT_C1 and ctas_per_sm == 1 and slots <= pinned.sms:
+            grid = pinned.sms  # one-a-site only: any grid is correct under it
     else:
         if (not isinstance(placement, torch.Tensor) or placement.dtype != torch.int32
                 or placement.dim() != 1 or placement.device != device or placement.numel() < 1):

@@ -16,7 +16,8 @@ from pdmux_triton.kernels import stream_read
 from pdmux_triton.kernels._launch import shared_counters
 from pdmux_triton.kernels._pinned import (_SITES, CLAIMING, GATE_WORDS, MAX_SITE, ONE_A_SITE,
                                           Pinned, admitted, first_slot, one_a_site_at_c1,
-                                          pinned_launch, run_claimed, run_slots, site_order)
+                                          partition_grid, pinned_launch, run_claimed,
+                                          run_slots, site_order)
 
 # indexed as kernels see their tensors' devices: the gate's counters are kept per device
 DEV = torch.device("cuda", torch.cuda.current_device()) if HAS_CUDA else torch.device("cpu")
@@ -246,6 +247,22 @@ def test_pinned_stream_read_stays_on_its_sms(ctas, one_a_site):
             assert len(set(sm_ids.tolist())) == k, sorted(set(sm_ids.tolist()))
         if one_a_site:
             assert _sites(sm_ids) == list(range(first, first + k)), _sites(sm_ids)
+
+
+@pytest.mark.gpu
+def test_a_partitions_grid_reads_every_word_wherever_its_programs_land():
+    """One a site with only the partition's programs (`partition_grid`): the hardware places
+    them where it likes, the last arriver does the sites none landed on, the read is whole and
+    the counters are left zero; prints how many slots ran on their own site."""
+    buf = torch.randint(-1000, 1000, (1 << 24,), dtype=torch.int32, device="cuda")
+    for first, k in ((0, 16), (40, 52)):
+        sm_ids = torch.empty(k, dtype=torch.int32, device="cuda")
+        with one_a_site_at_c1(True), partition_grid(True):
+            sums = stream_read(buf, pinned=Pinned(first, k), sm_ids=sm_ids)
+        assert sums.sum().item() == buf.sum().item()
+        assert (shared_counters("pinned gate", GATE_WORDS, buf.device) == 0).all()
+        own = sum(site == first + r for r, site in enumerate(_sites(sm_ids)))
+        print(f"sites {first}..{first + k - 1}: {own} of {k} slots on their own site")
 
 
 def _decode_inputs():
