@@ -78,25 +78,26 @@ PARTITION_GRID = False
 
 
 @contextlib.contextmanager
+def _switched(name: str, on: bool):
+    """The module's switch `name` set to `on` inside the block (both ways timed in one
+    process)."""
+    before, globals()[name] = globals()[name], on
+    try:
+        yield
+    finally:
+        globals()[name] = before
+
+
 def partition_grid(on: bool):
     """`PARTITION_GRID` set to `on` inside the block."""
-    global PARTITION_GRID
-    before, PARTITION_GRID = PARTITION_GRID, on
-    try:
-        yield
-    finally:
-        PARTITION_GRID = before
+    return _switched("PARTITION_GRID", on)
 
 
-@contextlib.contextmanager
 def one_a_site_at_c1(on: bool):
-    """`ONE_A_SITE_AT_C1` set to `on` inside the block (both gates timed in one process)."""
-    global ONE_A_SITE_AT_C1
-    before, ONE_A_SITE_AT_C1 = ONE_A_SITE_AT_C1, on
-    try:
-        yield
-    finally:
-        ONE_A_SITE_AT_C1 = before
+    """`ONE_A_SITE_AT_C1` set to `on` inside the block."""
+    return _switched("ONE_A_SITE_AT_C1", on)
+
+
 GATE_WORDS = 1024  # the gate buffer's int32 counters, and the site table's entries (SM ids)
 MAX_SITE = GATE_WORDS - 3  # the highest site it counts (after the 64-bit word)
 TABLE_WORDS = tl.constexpr(GATE_WORDS)  # the site table's entries, in a kernel
