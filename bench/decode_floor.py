@@ -10,8 +10,9 @@ attention at 2-3 programs an SM (at 2 also a program a whole unit), and its kern
 weight (`stream_equivalent`: what a step of separate kernels could reach); the decode step on
 each of SGLang's levels' decode SMs (20-60 on an H200) on green contexts and on pinned SMs at
 1-3 CTAs per SM and as a served decode side runs, alone and beside a prefill on the rest,
-with the SMs each side's kernels ran on (pinned at one also with the one-a-site gate and on
-the SMs green's decode side ran on: the gap to green by cause); decode attention on 16 pinned
+with the SMs each side's kernels ran on (pinned at one also with the claiming gate instead of
+the one-a-site one, on the SMs green's decode side ran on, and with only each side's programs
+launched: the gap to green by cause); decode attention on 16 pinned
 SMs at 1-3 CTAs per SM. The kernel benchmark's and a run's figures (decode linears and
 attention against the streaming read, pd-mux's ITL and prefill at 80/52) come from their
 files when given.
@@ -189,7 +190,8 @@ def levels(res: Results, step: DecodeStep, prefill: PrefillLayers, gpu) -> None:
     pinned at each c for every kernel, and as a served decode side runs (decode attention at
     the split's served CTAs per SM, the other kernels at one), the decode step alone and
     beside the prefill; green at one and as served also without PDL; pinned at one also with
-    the claiming gate and on green's decode SMs (`DIAGNOSTIC_TURNS`)."""
+    the claiming gate, on green's decode SMs and with each side's programs alone
+    (`DIAGNOSTIC_TURNS`)."""
     groups = [g for g in sglang_rules.stream_groups(gpu.sms, gpu.cc_major)[1:-1] if g[1] <= 60]
     probe_x = torch.randn(4096, MODEL.hidden, dtype=torch.bfloat16, device="cuda")
     probe_q = torch.randn(BATCH, MODEL.q_heads, MODEL.head_dim, dtype=torch.bfloat16,

@@ -11,9 +11,9 @@ simulator can know ahead, so the part of an error that the replayed host removes
 host's, not the cost model's. An older run gives 5-33 launch-bound launches, so its timeline
 is sparse: far from any launch the nearest one's speed holds, which can be wrong for seconds;
 read the medians over the points before any one point. Points with fewer than MIN_LAUNCHES
-launches, and green contexts' (their split levels are another kind's), are left out. Writes <out>/host-replay-<gpu>.json; prints per metric the largest and median |error|
-on either host, over every point replayed and over the stable region of trace_fidelity's
-file.
+launches, and green contexts' (their split levels are another kind's), are left out.
+Writes <out>/host-replay-<gpu>.json; prints per metric the largest and median |error| on
+either host, over every point replayed and over the stable region of trace_fidelity's file.
 
     python bench/host_replay.py --out /tmp/x
 """
@@ -117,6 +117,11 @@ def host_launches(point: dict, price: LayerPrice, where: str) -> tuple[list, str
     from: every launch as its run kept it, else the launch-bound ones read off its rounds."""
     kept = point["diagnostics"].get("host_layers_us")
     if kept:
+        if not (isinstance(kept, list) and all(
+                isinstance(x, list) and len(x) == 2 and all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) for v in x)
+                for x in kept)):
+            raise PdmuxError(f"{where}: its host_layers_us are not [began us, us a layer] pairs")
         return [(t / 1e6, s / 1e6) for t, s in kept], "every launch, as the run kept it"
     return launch_bound(point, price, where)[0], "launch-bound launches, from the rounds"
 
@@ -141,7 +146,7 @@ def replayed(args, point: dict, launches, overheads: step_cost.Overheads) -> dic
     hosts = sorted(h for _, h in launches)
     return {"trace": point["trace"], "start": point["start"], "rate": point["rate"],
             "strategy": point["strategy"], "median_host_ms": median_host * 1e3,
-            "launches": len(launches), "launch_bound_host_ms": {
+            "launches": len(launches), "host_ms": {
                 "min": hosts[0] * 1e3, "median": statistics.median(hosts) * 1e3,
                 "max": hosts[-1] * 1e3},
             "measured": measured,
@@ -210,8 +215,8 @@ def run(args) -> int:
             (point["trace"], point["start"], point["rate"], point["strategy"]), False)
         rows.append(row)
     if not rows:
-        raise PdmuxError(f"no point of {args.points} kept {MIN_LAUNCHES} launch-bound launches "
-                         f"on a timed host: nothing to replay")
+        raise PdmuxError(f"no point of {args.points} kept {MIN_LAUNCHES} host launches on a "
+                         f"timed host: nothing to replay")
     data = {**provenance(gpu), "inputs": {"points": args.points, "fidelity": args.fidelity,
                                           "host_window_s": HOST_WINDOW_S,
                                           "min_launches": MIN_LAUNCHES,

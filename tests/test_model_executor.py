@@ -68,7 +68,8 @@ def test_strategies_serve_the_same_tokens():
     assert len(began) == launches and began == sorted(began)
     assert all(r.start <= t <= r.end for r, t in zip(layer_rounds, began))
     kept = metrics.diagnostics(result)["host_layers_us"]
-    assert [t for t, _ in kept] == [round(t * 1e6) for t in began]
+    assert kept == [[round(t * 1e6), round(s * 1e6)]
+                    for t, s in zip(began, result.activity.host_layer_s)]
     summary = metrics.summarize(result)
     assert summary["host_layer_p50_ms"] > 0
     assert summary["host_layer_mean_ms"] == pytest.approx(

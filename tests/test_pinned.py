@@ -258,6 +258,7 @@ def test_a_partitions_grid_reads_every_word_wherever_its_programs_land():
     for first, k in ((0, 16), (40, 52)):
         sm_ids = torch.empty(k, dtype=torch.int32, device="cuda")
         with one_a_site_at_c1(True), partition_grid(True):
+            assert pinned_launch(Pinned(first, k), k, 1, DEV).grid == k  # no surplus programs
             sums = stream_read(buf, pinned=Pinned(first, k), sm_ids=sm_ids)
         assert sums.sum().item() == buf.sum().item()
         assert (shared_counters("pinned gate", GATE_WORDS, buf.device) == 0).all()
