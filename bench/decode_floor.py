@@ -35,6 +35,7 @@ from common import (MODEL, Results, require_gpu, same_bytes_buffers, sites_heade
                     stream_same_bytes, t_graph)
 
 from pdmux_triton.cost import step_cost
+from pdmux_triton.errors import PdmuxError
 from pdmux_triton.gpu.streams import PartitionStreams, kernel_args
 from pdmux_triton.kernels import decode_attention, gemm, linear, stream_read
 from pdmux_triton.kernels._pinned import one_a_site_at_c1, partition_grid
@@ -268,16 +269,35 @@ def attention_16(res: Results, gpu) -> None:
     res.save()
 
 
+def read_files(kernels: str | None, run: str | None) -> tuple[dict | None, list | None]:
+    """The kernel benchmark's summary and a run's rows, where given: read before anything is
+    measured, so a wrong file ends the script at once and not after its GPU work."""
+    summary = rows = None
+    if kernels:
+        summary = read_json(kernels, "kernel benchmark").get("summary")
+        if not isinstance(summary, dict) or not {"decode_linear_bw_frac",
+                                                 "decode_attention_bw_frac"} <= summary.keys():
+            raise PdmuxError(f"{kernels} is not bench/bench_kernels.py's file (its summary's "
+                             f"decode_linear_bw_frac and decode_attention_bw_frac)")
+    if run:
+        rows = read_json(run, "run result").get("rows")
+        if not isinstance(rows, list) or not all(isinstance(r, dict) and "strategy" in r
+                                                 for r in rows):
+            raise PdmuxError(f"{run} is not a `pdmux-triton run` result (its rows, a strategy "
+                             f"each)")
+    return summary, rows
+
+
 def from_files(res: Results, kernels: str | None, run: str | None) -> None:
     """The kernel benchmark's and a run's figures, where their files are given."""
     s = res.data["summary"]
+    k, run_rows = read_files(kernels, run)
     if kernels:
-        k = read_json(kernels, "kernel benchmark")["summary"]
         s["decode_linear_min_bw_frac"] = k["decode_linear_bw_frac"]
         s["decode_attention_min_bw_frac"] = k["decode_attention_bw_frac"]
         s["kernels_file"] = kernels
     if run:
-        rows = {r["strategy"]: r for r in read_json(run, "run result")["rows"]}
+        rows = {r["strategy"]: r for r in run_rows}
         pdmux = {n: r for n, r in rows.items() if n.startswith("pdmux_")}
         if pdmux:
             best = min(pdmux, key=lambda n: pdmux[n]["itl_during_prefill_p50_ms"])
@@ -323,6 +343,11 @@ def main(argv=None) -> int:
     p.add_argument("--kernels", help="bench/bench_kernels.py's kernels-<gpu>.json")
     p.add_argument("--run", help="`pdmux-triton run --kinds ...`'s run-<gpu>.json")
     args = p.parse_args(argv)
+    try:
+        read_files(args.kernels, args.run)
+    except PdmuxError as err:
+        print(f"bench/decode_floor.py: error: {err}", file=sys.stderr)
+        return 2
     require_gpu("bench/decode_floor.py")
     gpu = detect_gpu()
     res = Results(args.out / f"decode-floor-{gpu.name}.json", gpu.name)

@@ -1240,6 +1240,14 @@ def test_decode_floor_summary_reads_its_rows_and_the_sessions_files(tmp_path):
         out = subprocess.run([sys.executable, "bench/decode_floor.py", "--out", str(tmp_path)],
                              capture_output=True, text=True, timeout=120)
         assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+    # a wrong file given is refused before anything is measured, GPU or not
+    for flag, path, says in (("--kernels", "bench/results/run-h200.json", "bench_kernels.py"),
+                             ("--run", "bench/results/kernels-h200.json", "pdmux-triton run"),
+                             ("--run", str(tmp_path / "none.json"), "cannot read")):
+        out = subprocess.run([sys.executable, "bench/decode_floor.py", "--out", str(tmp_path),
+                              flag, path], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and says in out.stderr, out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1
 
 
 def test_prefix_cache_compares_capacities_with_the_cache_on_and_off(tmp_path):
