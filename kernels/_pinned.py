@@ -247,6 +247,8 @@ def pinned_launch(pinned: Pinned | None, slots: int, ctas_per_sm: int, device: t
                          "dependent launch): its programs that wait would hold SMs outside "
                          "the partition")
     placement = pinned.placement
+    # one a site needs a site for every slot; grid_size gives at most c x k slots
+    one_a_site = ONE_A_SITE_AT_C1 and ctas_per_sm == 1 and slots <= pinned.sms
     if placement is None:
         if interpreting() or device.type != "cuda":
             raise PdmuxError("a pinned partition reads %smid, which only a GPU has: give a "
@@ -256,7 +258,7 @@ def pinned_launch(pinned: Pinned | None, slots: int, ctas_per_sm: int, device: t
             raise PdmuxError(f"sites {pinned.first_site}..{pinned.first_site + pinned.sms - 1} "
                              f"are not all on this GPU, which has {len(order)} SMs")
         grid = ctas_per_sm * default_num_sms(device)
-        if PARTITION_GRID and ONE_A_SITE_AT_C1 and ctas_per_sm == 1 and slots <= pinned.sms:
+        if PARTITION_GRID and one_a_site:
             grid = pinned.sms  # one-a-site only: any grid is correct under it
     else:
         if (not isinstance(placement, torch.Tensor) or placement.dtype != torch.int32
@@ -267,8 +269,6 @@ def pinned_launch(pinned: Pinned | None, slots: int, ctas_per_sm: int, device: t
             raise PdmuxError(f"a placement's sites must be in 0..{MAX_SITE}, got {low}..{high}")
         grid, where = placement.numel(), placement
     gate = shared_counters("pinned gate", GATE_WORDS, device)
-    # one a site needs a site for every slot; grid_size gives at most c x k slots
-    one_a_site = ONE_A_SITE_AT_C1 and ctas_per_sm == 1 and slots <= pinned.sms
     return PinnedLaunch(grid, slots,
                         (gate, where, pinned.first_site, pinned.sms, ctas_per_sm, slots, grid),
                         {"PINNED": ONE_A_SITE if one_a_site else CLAIMING,
