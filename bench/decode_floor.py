@@ -5,7 +5,7 @@ Measured in one process: the streaming read over 2 GiB buffers on the whole GPU 
 rate); the whole decode step of the Qwen3-8B preset, 32 requests x 2048 tokens, captured, on
 the whole GPU as served (launches overlapped), without the GEMMs' early weight lines, with each
 launch after the last, with stream-K on every program (no aligned split), with decode
-attention at 2-3 programs an SM (at 2 also a program a whole unit), and its kernel launches
+attention at 2-3 programs an SM, and its kernel launches
 (counted by the profiler in one eager step); the same bytes as streaming reads, a launch per
 weight (`stream_equivalent`: what a step of separate kernels could reach); the decode step on
 each of SGLang's levels' decode SMs (20-60 on an H200) on green contexts and on pinned SMs at
@@ -22,9 +22,7 @@ files when given.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import importlib
 import statistics
 import sys
 from dataclasses import replace
@@ -33,6 +31,7 @@ from pathlib import Path
 import torch
 from common import (MODEL, Results, require_gpu, same_bytes_buffers, sites_headed_by,
                     stream_same_bytes, t_graph)
+from script import bench_parser, run_script
 
 from pdmux_triton.cost import step_cost
 from pdmux_triton.errors import PdmuxError
@@ -47,8 +46,6 @@ from pdmux_triton.multiplex.partition import Budget, for_level
 from pdmux_triton.results import read_json
 from pdmux_triton.spec.gpus import detect_gpu
 
-# the module (the package's name of the same spelling is the function)
-attention_module = importlib.import_module("pdmux_triton.kernels.decode_attention")
 BATCH, CONTEXT = 32, 2048
 CTAS = (1, 2, 3)
 STREAM_BYTES = 1 << 31
@@ -85,18 +82,14 @@ def stream_equivalent(step: DecodeStep):
             sum(r.numel() * r.element_size() for r in reads))
 
 
-def _settings(lines: int | None = None, split: float | None = None,
-              whole_units: bool | None = None) -> dict:
-    """The kernels' module settings a turn varies (the GEMM's early weight lines and aligned
-    split's threshold, decode attention's whole units): set those given, return all three."""
+def _settings(lines: int | None = None, split: float | None = None) -> dict:
+    """The GEMM's module settings a turn varies (its early weight lines, the aligned split's
+    threshold): set those given, return both."""
     if lines is not None:
         gemm.PDL_PREFETCH_LINES = lines
     if split is not None:
         gemm.ALIGNED_SPLIT_BUSY = split
-    if whole_units is not None:
-        attention_module.WHOLE_UNITS = whole_units
-    return {"lines": gemm.PDL_PREFETCH_LINES, "split": gemm.ALIGNED_SPLIT_BUSY,
-            "whole_units": attention_module.WHOLE_UNITS}
+    return {"lines": gemm.PDL_PREFETCH_LINES, "split": gemm.ALIGNED_SPLIT_BUSY}
 
 
 def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
@@ -114,9 +107,6 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
              # stream-K on every program, tiles cut unevenly, instead of the aligned split
              ("unaligned", served, {"split": 2.0})]
     turns += [(f"attention_c{c}", Budget(pdl=True, attention_ctas_per_sm=c), {}) for c in (2, 3)]
-    # (and at 2 an SM a program a whole unit: 256 units, 132 x 2 programs; at 3 the same launch)
-    turns += [("attention_c2_whole_units", Budget(pdl=True, attention_ctas_per_sm=2),
-               {"whole_units": True})]
     # (and more of each weight row's first lines fetched early: is PDL_PREFETCH_LINES enough?)
     turns += [(f"prefetch_{n}", served, {"lines": n}) for n in (16, 32)]
     # (and the step's bytes as streaming reads, a launch a weight: `stream_equivalent`)
@@ -131,17 +121,15 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
             times["stream_equivalent"].append(t_graph(streamed))
     finally:
         _settings(**shipped)
-    ms, no_prefetch_ms, apart_ms, unaligned_ms, c2_ms, c3_ms, whole_ms, streamed_ms = (
+    ms, no_prefetch_ms, apart_ms, unaligned_ms, c2_ms, c3_ms, streamed_ms = (
         statistics.median(times[k]) for k in ("served", "no_prefetch", "apart", "unaligned",
                                               "attention_c2", "attention_c3",
-                                              "attention_c2_whole_units",
                                               "stream_equivalent"))
     floor_ms = step_cost.decode_step_bytes(MODEL, BATCH * CONTEXT) / (tbps * 1e12) * 1e3
     res.row(section="whole gpu", stream_read_tbps=tbps, decode_only_step_ms=ms,
             decode_step_pdl_no_prefetch_ms=no_prefetch_ms, decode_step_without_pdl_ms=apart_ms,
             decode_step_unaligned_split_ms=unaligned_ms,
             decode_step_attention_c2_ms=c2_ms, decode_step_attention_c3_ms=c3_ms,
-            decode_step_attention_c2_whole_units_ms=whole_ms,
             stream_equivalent_step_ms=streamed_ms,
             stream_equivalent_bytes=streamed_bytes, decode_step_bytes=step.amount,
             step_ms_by_turn=times, decode_step_floor_ms=floor_ms,
@@ -152,7 +140,6 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
                                decode_step_unaligned_split_ms=unaligned_ms,
                                decode_step_attention_c2_ms=c2_ms,
                                decode_step_attention_c3_ms=c3_ms,
-                               decode_step_attention_c2_whole_units_ms=whole_ms,
                                decode_step_floor_ms=floor_ms, decode_step_vs_floor=floor_ms / ms,
                                stream_equivalent_step_ms=streamed_ms,
                                stream_equivalent_vs_floor=floor_ms / streamed_ms,
@@ -269,42 +256,39 @@ def attention_16(res: Results, gpu) -> None:
     res.save()
 
 
-def read_files(kernels: str | None, run: str | None) -> tuple[dict | None, list | None]:
-    """The kernel benchmark's summary and a run's rows, where given: read before anything is
-    measured, so a wrong file ends the script at once and not after its GPU work."""
-    summary = rows = None
+def file_figures(kernels: str | None, run: str | None) -> dict:
+    """The kernel benchmark's and a run's figures, where their files are given: read before
+    anything is measured, so a wrong file ends the script at once and not after its GPU work."""
+    s = {}
     if kernels:
-        summary = read_json(kernels, "kernel benchmark").get("summary")
-        if not isinstance(summary, dict) or not {"decode_linear_bw_frac",
-                                                 "decode_attention_bw_frac"} <= summary.keys():
+        k = read_json(kernels, "kernel benchmark").get("summary")
+        if not isinstance(k, dict) or not {"decode_linear_bw_frac",
+                                           "decode_attention_bw_frac"} <= k.keys():
             raise PdmuxError(f"{kernels} is not bench/bench_kernels.py's file (its summary's "
                              f"decode_linear_bw_frac and decode_attention_bw_frac)")
+        s.update(decode_linear_min_bw_frac=k["decode_linear_bw_frac"],
+                 decode_attention_min_bw_frac=k["decode_attention_bw_frac"], kernels_file=kernels)
     if run:
         rows = read_json(run, "run result").get("rows")
         if not isinstance(rows, list) or not all(isinstance(r, dict) and "strategy" in r
                                                  for r in rows):
             raise PdmuxError(f"{run} is not a `pdmux-triton run` result (its rows, a strategy "
                              f"each)")
-    return summary, rows
+        pdmux = {r["strategy"]: r for r in rows if r["strategy"].startswith("pdmux_")}
+        try:
+            if pdmux:
+                best = min(pdmux, key=lambda n: pdmux[n]["itl_during_prefill_p50_ms"])
+                s.update(pdmux_best_kind=best,
+                         pdmux_itl_in_prefill_ms=pdmux[best]["itl_during_prefill_p50_ms"],
+                         pdmux_prefill_ms=pdmux[best]["prefill_ms"], run_file=run)
+        except KeyError as missing:
+            raise PdmuxError(f"{run}: its pd-mux rows lack {missing}") from None
+    return s
 
 
-def from_files(res: Results, kernels: str | None, run: str | None) -> None:
-    """The kernel benchmark's and a run's figures, where their files are given."""
-    s = res.data["summary"]
-    k, run_rows = read_files(kernels, run)
-    if kernels:
-        s["decode_linear_min_bw_frac"] = k["decode_linear_bw_frac"]
-        s["decode_attention_min_bw_frac"] = k["decode_attention_bw_frac"]
-        s["kernels_file"] = kernels
-    if run:
-        rows = {r["strategy"]: r for r in run_rows}
-        pdmux = {n: r for n, r in rows.items() if n.startswith("pdmux_")}
-        if pdmux:
-            best = min(pdmux, key=lambda n: pdmux[n]["itl_during_prefill_p50_ms"])
-            s["pdmux_best_kind"] = best
-            s["pdmux_itl_in_prefill_ms"] = pdmux[best]["itl_during_prefill_p50_ms"]
-            s["pdmux_prefill_ms"] = pdmux[best]["prefill_ms"]
-            s["run_file"] = run
+def from_files(res: Results, figures: dict) -> None:
+    """The kernel benchmark's and a run's figures (`file_figures`) into the summary."""
+    res.data["summary"].update(figures)
     res.save()
 
 
@@ -337,20 +321,11 @@ def summarize(res: Results) -> None:
     res.save()
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=Path("bench/results"))
-    p.add_argument("--kernels", help="bench/bench_kernels.py's kernels-<gpu>.json")
-    p.add_argument("--run", help="`pdmux-triton run --kinds ...`'s run-<gpu>.json")
-    args = p.parse_args(argv)
-    try:
-        read_files(args.kernels, args.run)
-    except PdmuxError as err:
-        print(f"bench/decode_floor.py: error: {err}", file=sys.stderr)
-        return 2
+def run(args) -> int:
+    figures = file_figures(args.kernels, args.run)
     require_gpu("bench/decode_floor.py")
     gpu = detect_gpu()
-    res = Results(args.out / f"decode-floor-{gpu.name}.json", gpu.name)
+    res = Results(Path(args.out) / f"decode-floor-{gpu.name}.json", gpu.name)
     res.data["inputs"] = {"model": MODEL.name, "batch": BATCH, "context": CONTEXT,
                           "ctas": list(CTAS), "stream_bytes": STREAM_BYTES}
     step = DecodeStep(MODEL, BATCH, CONTEXT)
@@ -358,11 +333,18 @@ def main(argv=None) -> int:
     attention_16(res, gpu)
     levels(res, step, PrefillLayers(MODEL, 8192, layers=2), gpu)
     summarize(res)
-    from_files(res, args.kernels, args.run)
+    from_files(res, figures)
     print(f"wrote {res.path}")
     for key, value in res.data["summary"].items():
         print(f"{key:36s} {value:.4g}" if isinstance(value, float) else f"{key:36s} {value}")
     return 0
+
+
+def main(argv=None) -> int:
+    p = bench_parser("decode_floor.py", __doc__)
+    p.add_argument("--kernels", help="bench/bench_kernels.py's kernels-<gpu>.json")
+    p.add_argument("--run", help="`pdmux-triton run --kinds ...`'s run-<gpu>.json")
+    return run_script(p, run, argv)
 
 
 if __name__ == "__main__":

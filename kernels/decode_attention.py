@@ -14,10 +14,10 @@ import triton
 import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import (arrival_counters, check_tensor, default_num_sms,
-                                          interpreting, registers_to_fit)
+from pdmux_triton.kernels._launch import (arrival_counters, check_tensor, interpreting,
+                                          registers_to_fit)
 from pdmux_triton.kernels._paged import AttnConfig, attend_range, check_paged_inputs, wide_offsets
-from pdmux_triton.kernels._pinned import Pinned, budget_launch, pinned_budget, run_slots
+from pdmux_triton.kernels._pinned import Pinned, budget_launch, run_slots
 
 LOG2E = 1.4426950408889634
 
@@ -27,13 +27,6 @@ LOG2E = 1.4426950408889634
 # dozens of one-block units; the value was swept on ragged, padded and uniform batches
 # (bench/NOTES.md has what each gave)
 UNIT_COST = 2
-
-# Several programs an SM whose units fill every SM but not every program (k <= units < c x k):
-# whether each program takes one whole unit (units programs: a uniform batch's every unit read
-# by one program, one pipeline start, no merge) instead of c x k even ranges cut across
-# nearly every unit. Off until the GPU has timed it (bench/decode_floor.py's
-# `attention_c2_whole_units` turn).
-WHOLE_UNITS = False
 
 
 @triton.jit
@@ -204,12 +197,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     group = HQ // HKV
     cfg = config or default_decode_config(ctas_per_sm)
     units = B * HKV
-    work = units * max(1, triton.cdiv(max_seq_len, cfg.block_n))
-    if WHOLE_UNITS:  # a program a unit where the setting's note says
-        sms = pinned_budget(pinned, num_sms) or default_num_sms(dev)
-        if sms <= units < sms * ctas_per_sm:
-            work = units
-    launch, sm_buf, record = budget_launch(work, num_sms, ctas_per_sm, dev, pinned, pdl, sm_ids)
+    launch, sm_buf, record = budget_launch(units * max(1, triton.cdiv(max_seq_len, cfg.block_n)),
+                                           num_sms, ctas_per_sm, dev, pinned, pdl, sm_ids)
     grid = launch.slots
     # the gate's slot loop around the body takes so many registers that pinned programs of
     # the several-per-SM config would fit fewer than c to an SM, while the gate counts on c a

@@ -1,4 +1,3 @@
-import importlib
 import sys
 
 import pytest
@@ -8,7 +7,7 @@ from reference import assert_close, attention_ref, placements, poisoned
 
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels import decode_attention, extend_attention
-from pdmux_triton.kernels._pinned import Pinned, budget_launch, one_a_site_at_c1
+from pdmux_triton.kernels._pinned import Pinned, one_a_site_at_c1
 from pdmux_triton.measure.random_kv import PagedKV
 
 DEV = "cuda" if HAS_CUDA else "cpu"
@@ -64,34 +63,6 @@ def test_pinned_decode_attention_whoever_survives(ctas, one_a_site):
             with one_a_site_at_c1(one_a_site):
                 check_decode(lens, 8, 2, 32, 16, torch.float32, None, ctas_per_sm=ctas,
                              pinned=pinned)
-
-
-def test_decode_attention_whole_units(monkeypatch):
-    """`WHOLE_UNITS`: where a budget's units fill every SM but not every program, one program a
-    unit: exact on uniform, ragged and padded batches, capped and pinned; elsewhere (fewer
-    units than SMs, or enough to fill every program) the even split over the blocks."""
-    # the module (the package's name of the same spelling is the function)
-    module = importlib.import_module("pdmux_triton.kernels.decode_attention")
-    launched = []
-
-    def counting(work, *args):
-        launched.append(work)
-        return budget_launch(work, *args)
-
-    monkeypatch.setattr(module, "WHOLE_UNITS", True)
-    monkeypatch.setattr(module, "budget_launch", counting)
-    # (lens, KV heads, SMs, programs an SM, whether a program takes a whole unit)
-    for lens, hkv, sms, ctas, whole in (([40] * 6, 4, 10, 3, True), ([130, 5, 33], 2, 4, 2, True),
-                                        ([40, 0, 40, 40, 0], 2, 5, 3, True),
-                                        ([130, 5, 33], 2, 7, 2, False),
-                                        ([40] * 6, 4, 8, 3, False), ([40] * 6, 4, 10, 1, False)):
-        check_decode(lens, 2 * hkv, hkv, 16, 16, torch.float32, sms, ctas_per_sm=ctas)
-        units = len(lens) * hkv
-        assert (launched.pop() == units) == whole, (lens, sms, ctas)
-        for _, placement in placements(sms, ctas, 0, sms, seed=sms):
-            check_decode(lens, 2 * hkv, hkv, 16, 16, torch.float32, None, ctas_per_sm=ctas,
-                         pinned=Pinned(0, sms, placement.to(torch.int32).to(DEV)))
-            assert (launched.pop() == units) == whole, (lens, sms, ctas)
 
 
 def test_decode_attention_repeated_calls():

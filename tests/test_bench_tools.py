@@ -1196,7 +1196,7 @@ def test_decode_floor_summary_reads_its_rows_and_the_sessions_files(tmp_path):
     its level rows, the kernel benchmark's and a run's figures from their files (the best pd-mux
     kind by ITL during the prefill); without a GPU it says so in one line, exit 2."""
     sys.path.insert(0, "bench")
-    from decode_floor import from_files, summarize
+    from decode_floor import file_figures, from_files, summarize
 
     class Saved:  # what the two read and write of common.Results (which needs a GPU to make)
         data = {"summary": {}}
@@ -1223,7 +1223,8 @@ def test_decode_floor_summary_reads_its_rows_and_the_sessions_files(tmp_path):
         {"section": "level", "kind": "pinned", "ctas_per_sm": "1 partition's grid",
          "vs_green_alone_pct": 0.0, "vs_green_corun_pct": 30.0, "shared_sms": 9}]
     summarize(res)
-    from_files(res, "bench/results/kernels-h200.json", "bench/results/run-h200.json")
+    from_files(res, file_figures("bench/results/kernels-h200.json",
+                                 "bench/results/run-h200.json"))
     s = res.data["summary"]
     assert res.saves == 2
     assert s["pinned_vs_green_max_error_pct"] == 4.0 and s["pinned_shared_sms"] == 0
