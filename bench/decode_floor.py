@@ -12,7 +12,8 @@ each of SGLang's levels' decode SMs (20-60 on an H200) on green contexts and on 
 1-3 CTAs per SM and as a served decode side runs, alone and beside a prefill on the rest,
 with the SMs each side's kernels ran on (pinned at one also with the claiming gate instead of
 the one-a-site one, on the SMs green's decode side ran on, and with only each side's programs
-launched: the gap to green by cause); decode attention on 16 pinned
+launched and a share more: the gap to green by cause; each pinned row counts the probe's slots
+that ran off their side's SMs); decode attention on 16 pinned
 SMs at 1-3 CTAs per SM. The kernel benchmark's and a run's figures (decode linears and
 attention against the streaming read, pd-mux's ITL and prefill at 80/52) come from their
 files when given.
@@ -37,7 +38,7 @@ from pdmux_triton.cost import step_cost
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.gpu.streams import PartitionStreams, kernel_args
 from pdmux_triton.kernels import decode_attention, gemm, linear, stream_read
-from pdmux_triton.kernels._pinned import one_a_site_at_c1, partition_grid
+from pdmux_triton.kernels._pinned import one_a_site_at_c1, site_order, surplus_share
 from pdmux_triton.measure.telemetry import probe
 from pdmux_triton.measure.timing import time_alone, time_corun
 from pdmux_triton.measure.workloads import DecodeAttention, DecodeStep, PrefillLayers
@@ -152,12 +153,13 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
 # cause: the claiming gate (kernels/_pinned.py) instead of the one-a-site one that one program
 # an SM takes (on both sides), and the product's gate on the very SMs green's decode side ran
 # on, the prefill side on the rest (placement apart from the gate)
-# (and the one-a-site gate with no surplus programs, on both sides: only as many as a side's
-# SMs, which the hardware places where it likes; what the surplus programs cost,
-# `_pinned.PARTITION_GRID`)
+# (and the one-a-site gate with fewer surplus programs, on both sides: a side's SMs and a
+# share of them more, which the hardware places where it likes; what the surplus programs
+# cost a side beside a busy one, `_pinned.SURPLUS_SHARE`)
 CLAIMING_TURN, ON_GREEN_SMS_TURN = "1 claiming", "1 on green's SMs"
-PARTITION_GRID_TURN = "1 partition's grid"
-DIAGNOSTIC_TURNS = (CLAIMING_TURN, ON_GREEN_SMS_TURN, PARTITION_GRID_TURN)
+SURPLUS_SHARES = (0, 0.5, 1)
+SURPLUS_TURNS = {f"1 surplus {share:g}x": share for share in SURPLUS_SHARES}
+DIAGNOSTIC_TURNS = (CLAIMING_TURN, ON_GREEN_SMS_TURN, *SURPLUS_TURNS)
 
 
 def green_decode_sms(part: PartitionStreams, probe_x: torch.Tensor,
@@ -171,6 +173,12 @@ def green_decode_sms(part: PartitionStreams, probe_x: torch.Tensor,
             linear(probe_x[:BATCH], weight, sm_ids=ids, **kernel_args(part.decode_budget))
     torch.cuda.synchronize()
     return list(dict.fromkeys(sm for sm in ids.tolist() if sm >= 0))
+
+
+def pinned_sms(budget) -> list[int]:
+    """A pinned side's SMs: its range of the device's site order (the one in force)."""
+    order, _ = site_order(torch.device("cuda", torch.cuda.current_device()), budget.site_head)
+    return order[budget.first_site:budget.first_site + budget.num_sms]
 
 
 def levels(res: Results, step: DecodeStep, prefill: PrefillLayers, gpu) -> None:
@@ -209,7 +217,8 @@ def levels(res: Results, step: DecodeStep, prefill: PrefillLayers, gpu) -> None:
                     turns += [(CLAIMING_TURN, one, 1, one_a_site_at_c1(False)),
                               (ON_GREEN_SMS_TURN, one, 1,
                                sites_headed_by(green_sms, part.decode_budget.site_head)),
-                              (PARTITION_GRID_TURN, one, 1, partition_grid(True))]
+                              *((turn, one, 1, surplus_share(share))
+                                for turn, share in SURPLUS_TURNS.items())]
                 for c, dbud, versus, how in turns:
                     with how or contextlib.nullcontext():
                         alone = time_alone(lambda: step.run(dbud), part.decode_stream,
@@ -223,7 +232,9 @@ def levels(res: Results, step: DecodeStep, prefill: PrefillLayers, gpu) -> None:
                                          probe_q, dm.cache.k[0], dm.cache.v[0], db.page_table,
                                          db.seq_lens, dm.cache.page_size, db.max_seq_len,
                                          sm_ids=ids, **kernel_args(dbud, attention=True)),
-                                     grid_cap=gpu.sms * max(CTAS))
+                                     grid_cap=gpu.sms * max(CTAS),
+                                     sides=(pinned_sms(pbud), pinned_sms(dbud))
+                                     if kind == "pinned" else None)
                     row = res.row(section="level", kind=kind, prefill_sms=level[0],
                                   decode_sms=part.decode_sms, ctas_per_sm=c,
                                   attention_ctas_per_sm=dbud.attention_ctas_per_sm,
@@ -313,8 +324,8 @@ def summarize(res: Results) -> None:
             s["pinned_vs_green_without_pdl_max_alone_pct"] = max(no_pdl)
         for turn, key in ((CLAIMING_TURN, "pinned_claiming_vs_green_max_error_pct"),
                           (ON_GREEN_SMS_TURN, "pinned_on_green_sms_vs_green_max_error_pct"),
-                          (PARTITION_GRID_TURN,
-                           "pinned_partition_grid_vs_green_max_error_pct")):
+                          *((turn, f"pinned_surplus_{share:g}x_vs_green_max_error_pct")
+                            for turn, share in SURPLUS_TURNS.items())):
             diagnostic = [r for r in pinned if r["ctas_per_sm"] == turn]
             if diagnostic:
                 s[key] = worst(diagnostic)

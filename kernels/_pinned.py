@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -70,27 +71,32 @@ ONE_A_SITE_GATE = tl.constexpr(ONE_A_SITE)  # the same, in a kernel
 ONE_A_SITE_AT_C1 = True
 
 
-# whether a one-a-site launch has only as many programs as its partition has SMs instead of
-# one for every SM of the GPU (a diagnostic, off: the hardware then places them where it
-# likes and the last arriver does the slots of every site none landed on, off the partition;
-# what it measures is what the surplus programs cost a partition beside a busy one)
-PARTITION_GRID = False
+# the programs a one-a-site launch has beyond its partition's SMs, as a share of them (a
+# diagnostic, off: None gives every SM of the GPU one). Beside a busy partition the surplus
+# queue for the partition's own SMs behind its working programs, so fewer cost less; but a
+# program the hardware places off the partition leaves its slot to the last arriver, and only
+# a surplus program that lands on the empty site takes it back (0: the partition's programs
+# alone, every misplaced slot done by the last arriver, off the partition)
+SURPLUS_SHARE = None
 
 
 @contextlib.contextmanager
-def _switched(name: str, on: bool):
-    """The module's switch `name` set to `on` inside the block (both ways timed in one
+def _switched(name: str, value):
+    """The module's switch `name` set to `value` inside the block (both ways timed in one
     process)."""
-    before, globals()[name] = globals()[name], on
+    before, globals()[name] = globals()[name], value
     try:
         yield
     finally:
         globals()[name] = before
 
 
-def partition_grid(on: bool):
-    """`PARTITION_GRID` set to `on` inside the block."""
-    return _switched("PARTITION_GRID", on)
+def surplus_share(share: float | None):
+    """`SURPLUS_SHARE` set to `share` inside the block."""
+    if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float))
+                              or not 0 <= share < 1e6):
+        raise PdmuxError(f"a surplus share must be a number >= 0 or None, got {share!r}")
+    return _switched("SURPLUS_SHARE", share)
 
 
 def one_a_site_at_c1(on: bool):
@@ -258,8 +264,8 @@ def pinned_launch(pinned: Pinned | None, slots: int, ctas_per_sm: int, device: t
             raise PdmuxError(f"sites {pinned.first_site}..{pinned.first_site + pinned.sms - 1} "
                              f"are not all on this GPU, which has {len(order)} SMs")
         grid = ctas_per_sm * default_num_sms(device)
-        if PARTITION_GRID and one_a_site:
-            grid = pinned.sms  # one-a-site only: any grid is correct under it
+        if SURPLUS_SHARE is not None and one_a_site:  # one-a-site only: any grid is correct
+            grid = min(grid, pinned.sms + math.ceil(SURPLUS_SHARE * pinned.sms))
     else:
         if (not isinstance(placement, torch.Tensor) or placement.dtype != torch.int32
                 or placement.dim() != 1 or placement.device != device or placement.numel() < 1):

@@ -4,6 +4,8 @@ counters are left zero for the next launch. Under the interpreter a placement (a
 program) stands in for `%smid`; on the GPU the hardware places the programs and the device's
 site order says which SMs a range of sites is."""
 
+import math
+
 import pytest
 import torch
 import triton
@@ -16,8 +18,8 @@ from pdmux_triton.kernels import stream_read
 from pdmux_triton.kernels._launch import shared_counters
 from pdmux_triton.kernels._pinned import (_SITES, CLAIMING, GATE_WORDS, MAX_SITE, ONE_A_SITE,
                                           Pinned, admitted, first_slot, one_a_site_at_c1,
-                                          partition_grid, pinned_launch, run_claimed,
-                                          run_slots, site_order)
+                                          pinned_launch, run_claimed, run_slots, site_order,
+                                          surplus_share)
 
 # indexed as kernels see their tensors' devices: the gate's counters are kept per device
 DEV = torch.device("cuda", torch.cuda.current_device()) if HAS_CUDA else torch.device("cpu")
@@ -250,20 +252,29 @@ def test_pinned_stream_read_stays_on_its_sms(ctas, one_a_site):
 
 
 @pytest.mark.gpu
-def test_a_partitions_grid_reads_every_word_wherever_its_programs_land():
-    """One a site with only the partition's programs (`partition_grid`): the hardware places
-    them where it likes, the last arriver does the sites none landed on, the read is whole and
-    the counters are left zero; prints how many slots ran on their own site."""
+@pytest.mark.parametrize("share", [0, 0.5])
+def test_a_partitions_grid_reads_every_word_wherever_its_programs_land(share):
+    """One a site with only the partition's programs and a share of surplus (`surplus_share`):
+    the hardware places them where it likes, the last arriver does the sites none landed on,
+    the read is whole and the counters are left zero; prints how many slots ran on their own
+    site."""
     buf = torch.randint(-1000, 1000, (1 << 24,), dtype=torch.int32, device="cuda")
     for first, k in ((0, 16), (40, 52)):
         sm_ids = torch.empty(k, dtype=torch.int32, device="cuda")
-        with one_a_site_at_c1(True), partition_grid(True):
-            assert pinned_launch(Pinned(first, k), k, 1, DEV).grid == k  # no surplus programs
+        with one_a_site_at_c1(True), surplus_share(share):
+            assert pinned_launch(Pinned(first, k), k, 1, DEV).grid == k + math.ceil(share * k)
             sums = stream_read(buf, pinned=Pinned(first, k), sm_ids=sm_ids)
         assert sums.sum().item() == buf.sum().item()
         assert (shared_counters("pinned gate", GATE_WORDS, buf.device) == 0).all()
         own = sum(site == first + r for r, site in enumerate(_sites(sm_ids)))
-        print(f"sites {first}..{first + k - 1}: {own} of {k} slots on their own site")
+        print(f"surplus {share}, sites {first}..{first + k - 1}: {own} of {k} slots on their "
+              f"own site")
+
+
+def test_a_surplus_share_is_a_number_at_least_zero():
+    for bad in (-1, float("nan"), float("inf"), True, "1"):
+        with pytest.raises(PdmuxError, match="surplus share"):
+            surplus_share(bad)
 
 
 def _decode_inputs():

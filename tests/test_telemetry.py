@@ -12,6 +12,14 @@ def test_sm_usage_overlap_and_tpcs():
     assert (u["prefill_sms_used"], u["decode_sms_used"], u["shared_sms"]) == (4, 3, 1)
     assert u["shared_sm_ids"] == [3]
     assert (u["prefill_tpcs"], u["decode_tpcs"], u["shared_tpcs"]) == (2, 2, 1)
+    assert "decode_off_side" not in u
+
+
+def test_sm_usage_counts_records_off_their_side():
+    """A pinned launch records an SM a slot: slots run twice on one SM count twice."""
+    u = sm_usage([0, 1, 2, 7, 7, -1], [8, 9, 1, 1, -1], sides=([0, 1, 2, 3], {8, 9}))
+    assert (u["prefill_off_side"], u["decode_off_side"]) == (2, 2)
+    assert u["shared_sm_ids"] == [1]
 
 
 @pytest.mark.gpu

@@ -8,15 +8,24 @@ driver, so spread is reported per TPC, not per GPC.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 
 
-def sm_usage(prefill_ids: Iterable[int], decode_ids: Iterable[int]) -> dict:
-    """Summary of two sides' recorded SM ids (negative entries: programs that never ran)."""
-    prefill = {int(i) for i in prefill_ids if int(i) >= 0}
-    decode = {int(i) for i in decode_ids if int(i) >= 0}
+def sm_usage(prefill_ids: Iterable[int], decode_ids: Iterable[int],
+             sides: tuple[Collection[int], Collection[int]] | None = None) -> dict:
+    """Summary of two sides' recorded SM ids (negative entries: programs that never ran);
+    `sides`, each side's own SMs (a pinned partition's), adds how many of each side's records
+    (programs, or a pinned launch's slots) ran off them."""
+    prefill_ids = [int(i) for i in prefill_ids if int(i) >= 0]
+    decode_ids = [int(i) for i in decode_ids if int(i) >= 0]
+    prefill, decode = set(prefill_ids), set(decode_ids)
     shared = prefill & decode
-    return {
+    off = {}
+    if sides is not None:
+        off = {f"{name}_off_side": sum(i not in set(own) for i in ids)
+               for name, ids, own in (("prefill", prefill_ids, sides[0]),
+                                      ("decode", decode_ids, sides[1]))}
+    return {**off,
         "prefill_sms_used": len(prefill),
         "decode_sms_used": len(decode),
         "shared_sms": len(shared),
@@ -27,9 +36,11 @@ def sm_usage(prefill_ids: Iterable[int], decode_ids: Iterable[int]) -> dict:
     }
 
 
-def probe(partition, prefill_fn, decode_fn, grid_cap: int) -> dict:
+def probe(partition, prefill_fn, decode_fn, grid_cap: int,
+          sides: tuple[Collection[int], Collection[int]] | None = None) -> dict:
     """Run one prefill-side and one decode-side kernel at once on the partition's streams with
-    SM-id recording; `prefill_fn(sm_ids)` / `decode_fn(sm_ids)` launch them."""
+    SM-id recording; `prefill_fn(sm_ids)` / `decode_fn(sm_ids)` launch them (`sides`:
+    `sm_usage`'s)."""
     import torch
 
     ids_p = torch.full((grid_cap,), -1, dtype=torch.int32, device="cuda")
@@ -40,4 +51,4 @@ def probe(partition, prefill_fn, decode_fn, grid_cap: int) -> dict:
     with torch.cuda.stream(partition.decode_stream):
         decode_fn(ids_d)
     torch.cuda.synchronize()
-    return sm_usage(ids_p.tolist(), ids_d.tolist())
+    return sm_usage(ids_p.tolist(), ids_d.tolist(), sides)
