@@ -64,11 +64,19 @@ from pdmux_triton.kernels._launch import (default_num_sms, grid_size, interpreti
 # int32 words), then a count per site; a one-a-site launch, which claims nothing, counts its
 # programs' arrivals in the word's low half
 GATE_WORD, ARRIVALS, SITE_COUNTS = tl.constexpr(0), tl.constexpr(0), tl.constexpr(2)
-# the kernels' PINNED constexpr: the gate a pinned launch takes (False: a plain launch)
-CLAIMING, ONE_A_SITE = 1, 2
+# the kernels' PINNED constexpr: the gate a pinned launch takes (False: a plain launch); the
+# one-a-site gate reads whether its program arrived last before its slot, or after it
+# (`DEFERRED_ARRIVAL`)
+CLAIMING, ONE_A_SITE, ONE_A_SITE_DEFERRED = 1, 2, 3
 ONE_A_SITE_GATE = tl.constexpr(ONE_A_SITE)  # the same, in a kernel
+ONE_A_SITE_DEFERRED_GATE = tl.constexpr(ONE_A_SITE_DEFERRED)
 # whether a launch of one program an SM takes the one-a-site gate (the module's note)
 ONE_A_SITE_AT_C1 = True
+# whether a one-a-site program does its slot before it learns whether it arrived last (a
+# diagnostic, off until measured). A kernel's atomic hands its result to every thread at once
+# (a barrier), so the arrival's round trip, queued behind every other program's on one word,
+# sits before the slot; deferred, one thread issues it and the result is read after the slot.
+DEFERRED_ARRIVAL = False
 
 
 # the programs a one-a-site launch has beyond its partition's SMs, as a share of them (a
@@ -102,6 +110,11 @@ def surplus_share(share: float | None):
 def one_a_site_at_c1(on: bool):
     """`ONE_A_SITE_AT_C1` set to `on` inside the block."""
     return _switched("ONE_A_SITE_AT_C1", on)
+
+
+def deferred_arrival(on: bool):
+    """`DEFERRED_ARRIVAL` set to `on` inside the block."""
+    return _switched("DEFERRED_ARRIVAL", on)
 
 
 GATE_WORDS = 1024  # the gate buffer's int32 counters, and the site table's entries (SM ids)
@@ -277,7 +290,8 @@ def pinned_launch(pinned: Pinned | None, slots: int, ctas_per_sm: int, device: t
     gate = shared_counters("pinned gate", GATE_WORDS, device)
     return PinnedLaunch(grid, slots,
                         (gate, where, pinned.first_site, pinned.sms, ctas_per_sm, slots, grid),
-                        {"PINNED": ONE_A_SITE if one_a_site else CLAIMING,
+                        {"PINNED": (ONE_A_SITE_DEFERRED if DEFERRED_ARRIVAL else ONE_A_SITE)
+                                   if one_a_site else CLAIMING,
                          "PLACED": placement is not None,
                          "BLOCK_SMS": triton.next_power_of_2(pinned.sms),
                          "PDL": False, "launch_pdl": False})
@@ -396,9 +410,9 @@ def run_slots(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, first_s
     if PDL:
         gdc_launch_dependents()
         gdc_wait()
-    if PINNED == ONE_A_SITE_GATE:
+    if PINNED == ONE_A_SITE_GATE or PINNED == ONE_A_SITE_DEFERRED_GATE:
         run_one_a_site(BODY, args, sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, slots,
-                       programs, RECORD_SM, PLACED, BLOCK_SMS)
+                       programs, RECORD_SM, PLACED, BLOCK_SMS, PINNED == ONE_A_SITE_DEFERRED_GATE)
     elif PINNED:
         slot, sm = pinned_start(gate_ptr, place_ptr, first_site, n_sms, ctas, slots, programs,
                                 PLACED, BLOCK_SMS)
@@ -423,29 +437,73 @@ def run_claimed(BODY: tl.constexpr, args, slot, sm, sm_ids_ptr, gate_ptr, first_
 @triton.jit
 def run_one_a_site(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms,
                    slots, programs, RECORD_SM: tl.constexpr, PLACED: tl.constexpr,
-                   BLOCK_SMS: tl.constexpr):
+                   BLOCK_SMS: tl.constexpr, DEFERRED: tl.constexpr):
     """The one-a-site gate (the module's note): the program admitted on the range's r-th site
     does slot r; the launch's last program to arrive also does the slots of the sites nobody
-    was admitted on, and leaves the counters zero."""
+    was admitted on, and leaves the counters zero. Whether it arrived last is read before its
+    slot, or after it (`DEFERRED`: a program with no slot of its own reads it at once)."""
     ok, rank, sm = admitted(gate_ptr, place_ptr, first_site, n_sms, 1, PLACED)
     # released after this program's admission count: the last arriver sees every count
-    last = tl.atomic_add(gate_ptr + ARRIVALS, 1, sem="release") == programs - 1
+    arrived = _arrive(gate_ptr, DEFERRED and not PLACED)
     slot = tl.where(ok & (rank < slots), rank, slots)
     done = -1  # the last missed slot done
-    missed = tl.zeros((BLOCK_SMS,), tl.int32)
-    if last:  # (only the last arriver reduces over the sites: turned-away programs leave at once)
-        missed = _sites_missed(gate_ptr, first_site, n_sms, slots, BLOCK_SMS)
+    missed = tl.zeros((BLOCK_SMS,), tl.int32)  # none, unless this program arrived last
+    read = slot >= slots  # whether it has read its arrival (deferred: at once without a slot)
+    if not DEFERRED:
+        read = slot == slot
+    if read:
+        missed = _missed_if_last(gate_ptr, arrived, first_site, n_sms, slots, programs,
+                                 DEFERRED and not PLACED, BLOCK_SMS)
         if slot >= slots:
             slot = _next_missed(missed, done, slots, BLOCK_SMS)
             done = slot
     while slot < slots:
         record_slot(sm_ids_ptr, slot, sm, RECORD_SM)
         BODY(slot, slots, *args)
-        if last:
-            slot = _next_missed(missed, done, slots, BLOCK_SMS)
-            done = slot
-        else:
-            slot = slots
+        if DEFERRED:
+            if not read:  # its own slot done: now whether it arrived last
+                missed = _missed_if_last(gate_ptr, arrived, first_site, n_sms, slots, programs,
+                                         not PLACED, BLOCK_SMS)
+                read = slot == slot
+        # its own site was admitted on, so it is not among the missed ones
+        slot = _next_missed(missed, done, slots, BLOCK_SMS)
+        done = slot
+
+
+# any kernel's threads (at most 1024 a program): a vector this long has one copy of each element
+_THREADS = tl.constexpr(1024)
+
+
+@triton.jit
+def _arrive(gate_ptr, DEFERRED: tl.constexpr):
+    """This program's arrival, one release atomic on the gate's arrivals (after its admission
+    count): the arrivals before it. Deferred, thread 0 issues it and nobody waits for it until
+    `_arrivals_before` reads it (the other threads hold 0)."""
+    if DEFERRED:
+        old = tl.inline_asm_elementwise(
+            "{ .reg .pred %p; .reg .b32 %t; mov.u32 %t, %tid.x; setp.eq.u32 %p, %t, 0; "
+            "mov.u32 $0, 0; @%p atom.global.gpu.release.add.u32 $0, [$1], 1; }",
+            "=r,l", [gate_ptr + ARRIVALS], dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        old = tl.atomic_add(gate_ptr + ARRIVALS, 1, sem="release")
+    return old
+
+
+@triton.jit
+def _missed_if_last(gate_ptr, arrived, first_site, n_sms, slots, programs,
+                    DEFERRED: tl.constexpr, BLOCK_SMS: tl.constexpr):
+    """`_sites_missed` for the launch's last program to arrive (`arrived`: `_arrive`'s), none
+    for the others."""
+    if DEFERRED:  # thread 0's count to every thread (a reduction over one element a thread),
+        # read here: an asm with effects is not hoisted, and the compiler would otherwise work
+        # on the count (and so wait for it) where it was issued, before the slot
+        arrived = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [arrived],
+                                            dtype=tl.int32, is_pure=False, pack=1)
+        arrived = tl.max(tl.where(tl.arange(0, _THREADS) == 0, arrived, 0), axis=0)
+    missed = tl.zeros((BLOCK_SMS,), tl.int32)
+    if arrived == programs - 1:
+        missed = _sites_missed(gate_ptr, first_site, n_sms, slots, BLOCK_SMS)
+    return missed
 
 
 @triton.jit
