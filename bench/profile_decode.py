@@ -25,7 +25,7 @@ import re
 import sys
 from collections import Counter
 
-# the pinned gates by name (kernels/_pinned.py's CLAIMING, ONE_A_SITE)
+# the pinned gates by name (kernels/_pinned.py's CLAIMING, ONE_A_SITE, ONE_A_SITE_DEFERRED)
 GATES = ("claiming", "one-a-site", "one-a-site-deferred")
 
 PTX_PATTERNS = {

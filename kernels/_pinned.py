@@ -114,6 +114,8 @@ def one_a_site_at_c1(on: bool):
 
 def deferred_arrival(on: bool):
     """`DEFERRED_ARRIVAL` set to `on` inside the block."""
+    if not isinstance(on, bool):
+        raise PdmuxError(f"deferred_arrival takes True or False, got {on!r}")
     return _switched("DEFERRED_ARRIVAL", on)
 
 
@@ -278,7 +280,7 @@ def pinned_launch(pinned: Pinned | None, slots: int, ctas_per_sm: int, device: t
                              f"are not all on this GPU, which has {len(order)} SMs")
         grid = ctas_per_sm * default_num_sms(device)
         if SURPLUS_SHARE is not None and one_a_site:  # one-a-site only: any grid is correct
-            grid = min(grid, pinned.sms + math.ceil(SURPLUS_SHARE * pinned.sms))
+            grid = min(grid, pinned.sms + math.ceil(round(SURPLUS_SHARE * pinned.sms, 6)))
     else:
         if (not isinstance(placement, torch.Tensor) or placement.dtype != torch.int32
                 or placement.dim() != 1 or placement.device != device or placement.numel() < 1):
@@ -451,23 +453,27 @@ def run_one_a_site(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, fi
     read = slot >= slots  # whether it has read its arrival (deferred: at once without a slot)
     if not DEFERRED:
         read = slot == slot
+    last = slot < 0  # whether it arrived last (once read)
     if read:
-        missed = _missed_if_last(gate_ptr, arrived, first_site, n_sms, slots, programs,
-                                 DEFERRED and not PLACED, BLOCK_SMS)
+        last, missed = _missed_if_last(gate_ptr, arrived, first_site, n_sms, slots, programs,
+                                       DEFERRED and not PLACED, BLOCK_SMS)
         if slot >= slots:
-            slot = _next_missed(missed, done, slots, BLOCK_SMS)
-            done = slot
+            if last:
+                slot = _next_missed(missed, done, slots, BLOCK_SMS)
+                done = slot
     while slot < slots:
         record_slot(sm_ids_ptr, slot, sm, RECORD_SM)
         BODY(slot, slots, *args)
         if DEFERRED:
             if not read:  # its own slot done: now whether it arrived last
-                missed = _missed_if_last(gate_ptr, arrived, first_site, n_sms, slots, programs,
-                                         not PLACED, BLOCK_SMS)
+                last, missed = _missed_if_last(gate_ptr, arrived, first_site, n_sms, slots,
+                                               programs, not PLACED, BLOCK_SMS)
                 read = slot == slot
-        # its own site was admitted on, so it is not among the missed ones
-        slot = _next_missed(missed, done, slots, BLOCK_SMS)
-        done = slot
+        if last:  # its own site was admitted on, so it is not among the missed ones
+            slot = _next_missed(missed, done, slots, BLOCK_SMS)
+            done = slot
+        else:
+            slot = slots
 
 
 # any kernel's threads (at most 1024 a program): a vector this long has one copy of each element
@@ -478,7 +484,7 @@ _THREADS = tl.constexpr(1024)
 def _arrive(gate_ptr, DEFERRED: tl.constexpr):
     """This program's arrival, one release atomic on the gate's arrivals (after its admission
     count): the arrivals before it. Deferred, thread 0 issues it and nobody waits for it until
-    `_arrivals_before` reads it (the other threads hold 0)."""
+    `_missed_if_last` reads it (the other threads hold 0)."""
     if DEFERRED:
         old = tl.inline_asm_elementwise(
             "{ .reg .pred %p; .reg .b32 %t; mov.u32 %t, %tid.x; setp.eq.u32 %p, %t, 0; "
@@ -492,18 +498,19 @@ def _arrive(gate_ptr, DEFERRED: tl.constexpr):
 @triton.jit
 def _missed_if_last(gate_ptr, arrived, first_site, n_sms, slots, programs,
                     DEFERRED: tl.constexpr, BLOCK_SMS: tl.constexpr):
-    """`_sites_missed` for the launch's last program to arrive (`arrived`: `_arrive`'s), none
-    for the others."""
+    """(whether this program arrived last, `arrived` being `_arrive`'s; `_sites_missed` if it
+    did, else none)."""
     if DEFERRED:  # thread 0's count to every thread (a reduction over one element a thread),
         # read here: an asm with effects is not hoisted, and the compiler would otherwise work
         # on the count (and so wait for it) where it was issued, before the slot
         arrived = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [arrived],
                                             dtype=tl.int32, is_pure=False, pack=1)
         arrived = tl.max(tl.where(tl.arange(0, _THREADS) == 0, arrived, 0), axis=0)
+    last = arrived == programs - 1
     missed = tl.zeros((BLOCK_SMS,), tl.int32)
-    if arrived == programs - 1:
+    if last:
         missed = _sites_missed(gate_ptr, first_site, n_sms, slots, BLOCK_SMS)
-    return missed
+    return last, missed
 
 
 @triton.jit

@@ -286,10 +286,13 @@ def test_a_partitions_grid_reads_every_word_wherever_its_programs_land(share):
               f"own site")
 
 
-def test_a_surplus_share_is_a_number_at_least_zero():
+def test_the_diagnostic_switches_refuse_what_they_do_not_take():
     for bad in (-1, float("nan"), float("inf"), True, "1"):
         with pytest.raises(PdmuxError, match="surplus share"):
             surplus_share(bad)
+    for bad in (1, None, "on"):
+        with pytest.raises(PdmuxError, match="deferred_arrival"):
+            deferred_arrival(bad)
 
 
 def _decode_inputs():
