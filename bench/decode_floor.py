@@ -12,7 +12,7 @@ each of SGLang's levels' decode SMs (20-60 on an H200) on green contexts and on 
 1-3 CTAs per SM and as a served decode side runs, alone and beside a prefill on the rest,
 with the SMs each side's kernels ran on (pinned at one also with the claiming gate instead of
 the one-a-site one, on the SMs green's decode side ran on, and with only each side's programs
-launched and a share more, and reading whether a program arrived last after its slot: the
+launched and a few more, and reading whether a program arrived last after its slot: the
 gap to green by cause; each pinned row counts the probe's slots
 that ran off their side's SMs); decode attention on 16 pinned
 SMs at 1-3 CTAs per SM. The kernel benchmark's and a run's figures (decode linears and
@@ -40,7 +40,7 @@ from pdmux_triton.errors import PdmuxError
 from pdmux_triton.gpu.streams import PartitionStreams, kernel_args
 from pdmux_triton.kernels import decode_attention, gemm, linear, stream_read
 from pdmux_triton.kernels._pinned import (deferred_arrival, one_a_site_at_c1, site_order,
-                                          surplus_share)
+                                          surplus_programs)
 from pdmux_triton.measure.telemetry import probe
 from pdmux_triton.measure.timing import time_alone, time_corun
 from pdmux_triton.measure.workloads import DecodeAttention, DecodeStep, PrefillLayers
@@ -155,15 +155,14 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
 # cause: the claiming gate (kernels/_pinned.py) instead of the one-a-site one that one program
 # an SM takes (on both sides), and the product's gate on the very SMs green's decode side ran
 # on, the prefill side on the rest (placement apart from the gate)
-# (and the one-a-site gate with fewer surplus programs, on both sides: a side's SMs and a
-# share of them more, which the hardware places where it likes; what the surplus programs
-# cost a side beside a busy one, `_pinned.SURPLUS_SHARE`)
+# (and the one-a-site gate with fewer surplus programs, on both sides: a side's SMs and a few
+# more, which the hardware places where it likes; what the surplus programs cost a side
+# beside a busy one, `_pinned.SURPLUS_PROGRAMS`)
 # (and the one-a-site gate reading whether a program arrived last after its slot, not before:
 # `_pinned.DEFERRED_ARRIVAL`)
 CLAIMING_TURN, ON_GREEN_SMS_TURN = "1 claiming", "1 on green's SMs"
 DEFERRED_TURN = "1 arrival deferred"
-SURPLUS_SHARES = (0, 0.5, 1)
-SURPLUS_TURNS = {f"1 surplus {share:g}x": share for share in SURPLUS_SHARES}
+SURPLUS_TURNS = {f"1 surplus {n}": n for n in (0, 8, 32)}
 DIAGNOSTIC_TURNS = (CLAIMING_TURN, ON_GREEN_SMS_TURN, DEFERRED_TURN, *SURPLUS_TURNS)
 
 
@@ -223,8 +222,8 @@ def levels(res: Results, step: DecodeStep, prefill: PrefillLayers, gpu) -> None:
                               (ON_GREEN_SMS_TURN, one, 1,
                                sites_headed_by(green_sms, part.decode_budget.site_head)),
                               (DEFERRED_TURN, one, 1, deferred_arrival(True)),
-                              *((turn, one, 1, surplus_share(share))
-                                for turn, share in SURPLUS_TURNS.items())]
+                              *((turn, one, 1, surplus_programs(n))
+                                for turn, n in SURPLUS_TURNS.items())]
                 for c, dbud, versus, how in turns:
                     with how or contextlib.nullcontext():
                         alone = time_alone(lambda: step.run(dbud), part.decode_stream,
@@ -331,8 +330,8 @@ def summarize(res: Results) -> None:
         for turn, key in ((CLAIMING_TURN, "pinned_claiming_vs_green_max_error_pct"),
                           (ON_GREEN_SMS_TURN, "pinned_on_green_sms_vs_green_max_error_pct"),
                           (DEFERRED_TURN, "pinned_arrival_deferred_vs_green_max_error_pct"),
-                          *((turn, f"pinned_surplus_{share:g}x_vs_green_max_error_pct")
-                            for turn, share in SURPLUS_TURNS.items())):
+                          *((turn, f"pinned_surplus_{n}_vs_green_max_error_pct")
+                            for turn, n in SURPLUS_TURNS.items())):
             diagnostic = [r for r in pinned if r["ctas_per_sm"] == turn]
             if diagnostic:
                 s[key] = worst(diagnostic)

@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import math
 from dataclasses import dataclass, field
 
 import torch
@@ -79,13 +78,14 @@ ONE_A_SITE_AT_C1 = True
 DEFERRED_ARRIVAL = False
 
 
-# the programs a one-a-site launch has beyond its partition's SMs, as a share of them (a
-# diagnostic, off: None gives every SM of the GPU one). Beside a busy partition the surplus
-# queue for the partition's own SMs behind its working programs, so fewer cost less; but a
-# program the hardware places off the partition leaves its slot to the last arriver, and only
-# a surplus program that lands on the empty site takes it back (0: the partition's programs
-# alone, every misplaced slot done by the last arriver, off the partition)
-SURPLUS_SHARE = None
+# the programs a one-a-site launch has beyond its partition's SMs (a diagnostic, off: None
+# gives every SM of the GPU one). Beside a busy partition the surplus queue for the
+# partition's own SMs behind its working programs, so fewer cost less; but a program the
+# hardware places off the partition leaves its slot to the last arriver, and only a surplus
+# program that lands on the empty site takes it back. How many land off it depends on the
+# other side's free SMs, not on the partition's size, hence a count (0: the partition's
+# programs alone, every misplaced slot done by the last arriver, off the partition)
+SURPLUS_PROGRAMS = None
 
 
 @contextlib.contextmanager
@@ -99,12 +99,13 @@ def _switched(name: str, value):
         globals()[name] = before
 
 
-def surplus_share(share: float | None):
-    """`SURPLUS_SHARE` set to `share` inside the block."""
-    if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float))
-                              or not 0 <= share < 1e6):
-        raise PdmuxError(f"a surplus share must be a number >= 0 or None, got {share!r}")
-    return _switched("SURPLUS_SHARE", share)
+def surplus_programs(count: int | None):
+    """`SURPLUS_PROGRAMS` set to `count` inside the block."""
+    if count is not None and (isinstance(count, bool) or not isinstance(count, int)
+                              or not 0 <= count <= MAX_SITE):
+        raise PdmuxError(f"surplus programs must be an integer in 0..{MAX_SITE} or None, got "
+                         f"{count!r}")
+    return _switched("SURPLUS_PROGRAMS", count)
 
 
 def one_a_site_at_c1(on: bool):
@@ -279,8 +280,8 @@ def pinned_launch(pinned: Pinned | None, slots: int, ctas_per_sm: int, device: t
             raise PdmuxError(f"sites {pinned.first_site}..{pinned.first_site + pinned.sms - 1} "
                              f"are not all on this GPU, which has {len(order)} SMs")
         grid = ctas_per_sm * default_num_sms(device)
-        if SURPLUS_SHARE is not None and one_a_site:  # one-a-site only: any grid is correct
-            grid = min(grid, pinned.sms + math.ceil(round(SURPLUS_SHARE * pinned.sms, 6)))
+        if SURPLUS_PROGRAMS is not None and one_a_site:  # one-a-site only: any grid is correct
+            grid = min(grid, pinned.sms + SURPLUS_PROGRAMS)
     else:
         if (not isinstance(placement, torch.Tensor) or placement.dtype != torch.int32
                 or placement.dim() != 1 or placement.device != device or placement.numel() < 1):

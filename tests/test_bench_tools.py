@@ -1222,9 +1222,9 @@ def test_decode_floor_summary_reads_its_rows_and_the_sessions_files(tmp_path):
          "vs_green_alone_pct": 0.5, "vs_green_corun_pct": -11.0, "shared_sms": 0},
         {"section": "level", "kind": "pinned", "ctas_per_sm": "1 arrival deferred",
          "vs_green_alone_pct": -1.5, "vs_green_corun_pct": 2.5, "shared_sms": 0},
-        {"section": "level", "kind": "pinned", "ctas_per_sm": "1 surplus 0x",
+        {"section": "level", "kind": "pinned", "ctas_per_sm": "1 surplus 0",
          "vs_green_alone_pct": 0.0, "vs_green_corun_pct": 30.0, "shared_sms": 9},
-        {"section": "level", "kind": "pinned", "ctas_per_sm": "1 surplus 0.5x",
+        {"section": "level", "kind": "pinned", "ctas_per_sm": "1 surplus 8",
          "vs_green_alone_pct": -2.0, "vs_green_corun_pct": 12.5, "shared_sms": 1}]
     summarize(res)
     from_files(res, file_figures("bench/results/kernels-h200.json",
@@ -1238,9 +1238,9 @@ def test_decode_floor_summary_reads_its_rows_and_the_sessions_files(tmp_path):
     assert s["pinned_claiming_vs_green_max_error_pct"] == 9.0
     assert s["pinned_on_green_sms_vs_green_max_error_pct"] == 11.0
     assert s["pinned_arrival_deferred_vs_green_max_error_pct"] == 2.5
-    assert s["pinned_surplus_0x_vs_green_max_error_pct"] == 30.0
-    assert s["pinned_surplus_0.5x_vs_green_max_error_pct"] == 12.5
-    assert "pinned_surplus_1x_vs_green_max_error_pct" not in s  # no row, no figure
+    assert s["pinned_surplus_0_vs_green_max_error_pct"] == 30.0
+    assert s["pinned_surplus_8_vs_green_max_error_pct"] == 12.5
+    assert "pinned_surplus_32_vs_green_max_error_pct" not in s  # no row, no figure
     assert 0.3 < s["decode_linear_min_bw_frac"] < 1 and 0.5 < s["decode_attention_min_bw_frac"] < 1
     assert s["pdmux_best_kind"] in ("pdmux_grid_cap", "pdmux_green")
     assert s["pdmux_itl_in_prefill_ms"] > 5 and s["pdmux_prefill_ms"] > 100

@@ -5,7 +5,6 @@ program) stands in for `%smid`; on the GPU the hardware places the programs and 
 site order says which SMs a range of sites is."""
 
 import contextlib
-import math
 
 import pytest
 import torch
@@ -21,7 +20,7 @@ from pdmux_triton.kernels._pinned import (_SITES, CLAIMING, GATE_WORDS, MAX_SITE
                                           ONE_A_SITE_DEFERRED, Pinned, admitted,
                                           deferred_arrival, first_slot, one_a_site_at_c1,
                                           pinned_launch, run_claimed, run_slots, site_order,
-                                          surplus_share)
+                                          surplus_programs)
 
 # indexed as kernels see their tensors' devices: the gate's counters are kept per device
 DEV = torch.device("cuda", torch.cuda.current_device()) if HAS_CUDA else torch.device("cpu")
@@ -267,29 +266,29 @@ def test_pinned_stream_read_stays_on_its_sms(ctas, one_a_site):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("share", [0, 0.5])
-def test_a_partitions_grid_reads_every_word_wherever_its_programs_land(share):
-    """One a site with only the partition's programs and a share of surplus (`surplus_share`):
+@pytest.mark.parametrize("surplus", [0, 8])
+def test_a_partitions_grid_reads_every_word_wherever_its_programs_land(surplus):
+    """One a site with only the partition's programs and a few more (`surplus_programs`):
     the hardware places them where it likes, the last arriver does the sites none landed on,
     the read is whole and the counters are left zero; prints how many slots ran on their own
     site."""
     buf = torch.randint(-1000, 1000, (1 << 24,), dtype=torch.int32, device="cuda")
     for first, k in ((0, 16), (40, 52)):
         sm_ids = torch.empty(k, dtype=torch.int32, device="cuda")
-        with one_a_site_at_c1(True), surplus_share(share):
-            assert pinned_launch(Pinned(first, k), k, 1, DEV).grid == k + math.ceil(share * k)
+        with one_a_site_at_c1(True), surplus_programs(surplus):
+            assert pinned_launch(Pinned(first, k), k, 1, DEV).grid == k + surplus
             sums = stream_read(buf, pinned=Pinned(first, k), sm_ids=sm_ids)
         assert sums.sum().item() == buf.sum().item()
         assert (shared_counters("pinned gate", GATE_WORDS, buf.device) == 0).all()
         own = sum(site == first + r for r, site in enumerate(_sites(sm_ids)))
-        print(f"surplus {share}, sites {first}..{first + k - 1}: {own} of {k} slots on their "
+        print(f"surplus {surplus}, sites {first}..{first + k - 1}: {own} of {k} slots on their "
               f"own site")
 
 
 def test_the_diagnostic_switches_refuse_what_they_do_not_take():
-    for bad in (-1, float("nan"), float("inf"), True, "1"):
-        with pytest.raises(PdmuxError, match="surplus share"):
-            surplus_share(bad)
+    for bad in (-1, 0.5, float("nan"), True, "1", MAX_SITE + 1):
+        with pytest.raises(PdmuxError, match="surplus programs"):
+            surplus_programs(bad)
     for bad in (1, None, "on"):
         with pytest.raises(PdmuxError, match="deferred_arrival"):
             deferred_arrival(bad)
