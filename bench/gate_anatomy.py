@@ -25,8 +25,7 @@ launch after zeroing a small counter buffer (so each variant pays the same memse
   device's measured site order and with an order whose first 20 sites are the SMs the capped
   launch ran on (so the two run on the same SMs); with the product's gate at one program an
   SM (the one-a-site gate, `_pinned.ONE_A_SITE_AT_C1`: the idea `rank by site, arrival first`
-  as the product does it), with the claiming gate, and with the one-a-site gate's arrival
-  read after the slot (`pinned, arrival deferred`).
+  as the product does it) and with the claiming gate.
 
     python bench/gate_anatomy.py --out bench/results
 """
@@ -42,8 +41,8 @@ import triton.language as tl
 from common import gpu_results, sites_headed_by
 
 from pdmux_triton.kernels import linear
-from pdmux_triton.kernels._pinned import (GATE_WORDS, Pinned, deferred_arrival,
-                                          one_a_site_at_c1, site_order, site_table)
+from pdmux_triton.kernels._pinned import (GATE_WORDS, Pinned, one_a_site_at_c1, site_order,
+                                          site_table)
 from pdmux_triton.kernels.gemm import _skinny_slot, plan
 from pdmux_triton.measure.timing import time_alone
 
@@ -51,10 +50,6 @@ SMS, ROWS = 20, 32
 SHAPES = {"down": (4096, 12288), "gate_up": (24576, 4096)}
 MODES = ("plain", "loop", "atomic first", "queue", "extra programs", "rank by site",
          "rank by site, no leave", "rank by site, relaxed leave", "rank by site, arrival first")
-# the one-a-site gate reading whether its program arrived last after its slot
-# (`_pinned.DEFERRED_ARRIVAL`): the arrival's round trip, queued on one word behind every other
-# program's, off the slot's way
-DEFERRED = "pinned, arrival deferred"
 ONE_AN_SM = ("extra programs", "rank by site", "rank by site, no leave",
              "rank by site, relaxed leave", "rank by site, arrival first")  # grids of every SM
 
@@ -145,19 +140,18 @@ def variants(N: int, K: int, device_sms: int) -> dict:
                                      num_stages=cfg.num_stages)
         return run
 
-    def product(switches=contextlib.nullcontext, **budget):  # the product's gate unswitched
+    def product(one_a_site: bool | None = None, **budget):  # None: the product's gate
         def run():
             queue.zero_()
-            with switches():
+            with (contextlib.nullcontext() if one_a_site is None
+                  else one_a_site_at_c1(one_a_site)):
                 linear(x, w, out, **budget)
         return run
 
     runs = {name: launch(i) for i, name in enumerate(MODES)}
     runs["capped (product)"] = product(num_sms=SMS)
     runs["pinned (product)"] = product(pinned=Pinned(0, SMS))
-    runs["pinned, claiming gate"] = product(lambda: one_a_site_at_c1(False),
-                                            pinned=Pinned(0, SMS))
-    runs[DEFERRED] = product(lambda: deferred_arrival(True), pinned=Pinned(0, SMS))
+    runs["pinned, claiming gate"] = product(False, pinned=Pinned(0, SMS))
     torch.cuda.synchronize()
     return runs, capped_sms, p, out
 
@@ -180,7 +174,7 @@ def main(argv=None) -> int:
             res.row(section="anatomy", shape=shape, variant=name, us=us, over_plain=us / base,
                     whole_tiles=pl.whole, grid=pl.grid, equals_plain=torch.equal(out, ref))
         with sites_headed_by(capped_sms):
-            for gate in ("pinned (product)", "pinned, claiming gate", DEFERRED):
+            for gate in ("pinned (product)", "pinned, claiming gate"):
                 us = time_alone(runs[gate], stream, graph=True) * 1e3
                 res.row(section="anatomy", shape=shape, variant=f"{gate} on the capped "
                         "launch's SMs", us=us, over_plain=us / base, capped_sms=capped_sms,

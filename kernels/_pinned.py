@@ -63,28 +63,21 @@ from pdmux_triton.kernels._launch import (default_num_sms, grid_size, interpreti
 # int32 words), then a count per site; a one-a-site launch, which claims nothing, counts its
 # programs' arrivals in the word's low half
 GATE_WORD, ARRIVALS, SITE_COUNTS = tl.constexpr(0), tl.constexpr(0), tl.constexpr(2)
-# the kernels' PINNED constexpr: the gate a pinned launch takes (False: a plain launch); the
-# one-a-site gate reads whether its program arrived last before its slot, or after it
-# (`DEFERRED_ARRIVAL`)
-CLAIMING, ONE_A_SITE, ONE_A_SITE_DEFERRED = 1, 2, 3
+# the kernels' PINNED constexpr: the gate a pinned launch takes (False: a plain launch)
+CLAIMING, ONE_A_SITE = 1, 2
 ONE_A_SITE_GATE = tl.constexpr(ONE_A_SITE)  # the same, in a kernel
-ONE_A_SITE_DEFERRED_GATE = tl.constexpr(ONE_A_SITE_DEFERRED)
 # whether a launch of one program an SM takes the one-a-site gate (the module's note)
 ONE_A_SITE_AT_C1 = True
-# whether a one-a-site program does its slot before it learns whether it arrived last (a
-# diagnostic, off until measured). A kernel's atomic hands its result to every thread at once
-# (a barrier), so the arrival's round trip, queued behind every other program's on one word,
-# sits before the slot; deferred, one thread issues it and the result is read after the slot.
-DEFERRED_ARRIVAL = False
 
 
-# the programs a one-a-site launch has beyond its partition's SMs (a diagnostic, off: None
-# gives every SM of the GPU one). Beside a busy partition the surplus queue for the
-# partition's own SMs behind its working programs, so fewer cost less; but a program the
-# hardware places off the partition leaves its slot to the last arriver, and only a surplus
-# program that lands on the empty site takes it back. How many land off it depends on the
-# other side's free SMs, not on the partition's size, hence a count (0: the partition's
-# programs alone, every misplaced slot done by the last arriver, off the partition)
+# the programs a one-a-site launch has beyond its partition's SMs, where the partition is the
+# head of its site order: the SMs a launch of that many programs lands on when the GPU is idle
+# (a split's decode side). A diagnostic, off (None: every SM of the GPU one). Beside a busy
+# partition the surplus programs queue for the partition's own SMs behind its working
+# programs, so fewer cost less, and a few cover a working program the hardware puts off the
+# partition (one that lands on the empty site takes its slot). Any other range keeps one
+# program an SM: a launch of its size lands elsewhere on an idle GPU, and the last arriver
+# would do most of its slots (a prefill side of 72 ran on 12 SMs: bench/NOTES.md)
 SURPLUS_PROGRAMS = None
 
 
@@ -111,13 +104,6 @@ def surplus_programs(count: int | None):
 def one_a_site_at_c1(on: bool):
     """`ONE_A_SITE_AT_C1` set to `on` inside the block."""
     return _switched("ONE_A_SITE_AT_C1", on)
-
-
-def deferred_arrival(on: bool):
-    """`DEFERRED_ARRIVAL` set to `on` inside the block."""
-    if not isinstance(on, bool):
-        raise PdmuxError(f"deferred_arrival takes True or False, got {on!r}")
-    return _switched("DEFERRED_ARRIVAL", on)
 
 
 GATE_WORDS = 1024  # the gate buffer's int32 counters, and the site table's entries (SM ids)
@@ -280,7 +266,8 @@ def pinned_launch(pinned: Pinned | None, slots: int, ctas_per_sm: int, device: t
             raise PdmuxError(f"sites {pinned.first_site}..{pinned.first_site + pinned.sms - 1} "
                              f"are not all on this GPU, which has {len(order)} SMs")
         grid = ctas_per_sm * default_num_sms(device)
-        if SURPLUS_PROGRAMS is not None and one_a_site:  # one-a-site only: any grid is correct
+        if (SURPLUS_PROGRAMS is not None and one_a_site and pinned.first_site == 0
+                and pinned.head == pinned.sms):  # one-a-site only: any grid is correct
             grid = min(grid, pinned.sms + SURPLUS_PROGRAMS)
     else:
         if (not isinstance(placement, torch.Tensor) or placement.dtype != torch.int32
@@ -293,8 +280,7 @@ def pinned_launch(pinned: Pinned | None, slots: int, ctas_per_sm: int, device: t
     gate = shared_counters("pinned gate", GATE_WORDS, device)
     return PinnedLaunch(grid, slots,
                         (gate, where, pinned.first_site, pinned.sms, ctas_per_sm, slots, grid),
-                        {"PINNED": (ONE_A_SITE_DEFERRED if DEFERRED_ARRIVAL else ONE_A_SITE)
-                                   if one_a_site else CLAIMING,
+                        {"PINNED": ONE_A_SITE if one_a_site else CLAIMING,
                          "PLACED": placement is not None,
                          "BLOCK_SMS": triton.next_power_of_2(pinned.sms),
                          "PDL": False, "launch_pdl": False})
@@ -413,9 +399,9 @@ def run_slots(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, first_s
     if PDL:
         gdc_launch_dependents()
         gdc_wait()
-    if PINNED == ONE_A_SITE_GATE or PINNED == ONE_A_SITE_DEFERRED_GATE:
+    if PINNED == ONE_A_SITE_GATE:
         run_one_a_site(BODY, args, sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, slots,
-                       programs, RECORD_SM, PLACED, BLOCK_SMS, PINNED == ONE_A_SITE_DEFERRED_GATE)
+                       programs, RECORD_SM, PLACED, BLOCK_SMS)
     elif PINNED:
         slot, sm = pinned_start(gate_ptr, place_ptr, first_site, n_sms, ctas, slots, programs,
                                 PLACED, BLOCK_SMS)
@@ -440,78 +426,29 @@ def run_claimed(BODY: tl.constexpr, args, slot, sm, sm_ids_ptr, gate_ptr, first_
 @triton.jit
 def run_one_a_site(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms,
                    slots, programs, RECORD_SM: tl.constexpr, PLACED: tl.constexpr,
-                   BLOCK_SMS: tl.constexpr, DEFERRED: tl.constexpr):
+                   BLOCK_SMS: tl.constexpr):
     """The one-a-site gate (the module's note): the program admitted on the range's r-th site
     does slot r; the launch's last program to arrive also does the slots of the sites nobody
-    was admitted on, and leaves the counters zero. Whether it arrived last is read before its
-    slot, or after it (`DEFERRED`: a program with no slot of its own reads it at once)."""
+    was admitted on, and leaves the counters zero."""
     ok, rank, sm = admitted(gate_ptr, place_ptr, first_site, n_sms, 1, PLACED)
     # released after this program's admission count: the last arriver sees every count
-    arrived = _arrive(gate_ptr, DEFERRED and not PLACED)
+    last = tl.atomic_add(gate_ptr + ARRIVALS, 1, sem="release") == programs - 1
     slot = tl.where(ok & (rank < slots), rank, slots)
     done = -1  # the last missed slot done
-    missed = tl.zeros((BLOCK_SMS,), tl.int32)  # none, unless this program arrived last
-    read = slot >= slots  # whether it has read its arrival (deferred: at once without a slot)
-    if not DEFERRED:
-        read = slot == slot
-    last = slot < 0  # whether it arrived last (once read)
-    if read:
-        last, missed = _missed_if_last(gate_ptr, arrived, first_site, n_sms, slots, programs,
-                                       DEFERRED and not PLACED, BLOCK_SMS)
+    missed = tl.zeros((BLOCK_SMS,), tl.int32)
+    if last:  # (only the last arriver reduces over the sites: turned-away programs leave at once)
+        missed = _sites_missed(gate_ptr, first_site, n_sms, slots, BLOCK_SMS)
         if slot >= slots:
-            if last:
-                slot = _next_missed(missed, done, slots, BLOCK_SMS)
-                done = slot
+            slot = _next_missed(missed, done, slots, BLOCK_SMS)
+            done = slot
     while slot < slots:
         record_slot(sm_ids_ptr, slot, sm, RECORD_SM)
         BODY(slot, slots, *args)
-        if DEFERRED:
-            if not read:  # its own slot done: now whether it arrived last
-                last, missed = _missed_if_last(gate_ptr, arrived, first_site, n_sms, slots,
-                                               programs, not PLACED, BLOCK_SMS)
-                read = slot == slot
-        if last:  # its own site was admitted on, so it is not among the missed ones
+        if last:
             slot = _next_missed(missed, done, slots, BLOCK_SMS)
             done = slot
         else:
             slot = slots
-
-
-# any kernel's threads (at most 1024 a program): a vector this long has one copy of each element
-_THREADS = tl.constexpr(1024)
-
-
-@triton.jit
-def _arrive(gate_ptr, DEFERRED: tl.constexpr):
-    """This program's arrival, one release atomic on the gate's arrivals (after its admission
-    count): the arrivals before it. Deferred, thread 0 issues it and nobody waits for it until
-    `_missed_if_last` reads it (the other threads hold 0)."""
-    if DEFERRED:
-        old = tl.inline_asm_elementwise(
-            "{ .reg .pred %p; .reg .b32 %t; mov.u32 %t, %tid.x; setp.eq.u32 %p, %t, 0; "
-            "mov.u32 $0, 0; @%p atom.global.gpu.release.add.u32 $0, [$1], 1; }",
-            "=r,l", [gate_ptr + ARRIVALS], dtype=tl.int32, is_pure=False, pack=1)
-    else:
-        old = tl.atomic_add(gate_ptr + ARRIVALS, 1, sem="release")
-    return old
-
-
-@triton.jit
-def _missed_if_last(gate_ptr, arrived, first_site, n_sms, slots, programs,
-                    DEFERRED: tl.constexpr, BLOCK_SMS: tl.constexpr):
-    """(whether this program arrived last, `arrived` being `_arrive`'s; `_sites_missed` if it
-    did, else none)."""
-    if DEFERRED:  # thread 0's count to every thread (a reduction over one element a thread),
-        # read here: an asm with effects is not hoisted, and the compiler would otherwise work
-        # on the count (and so wait for it) where it was issued, before the slot
-        arrived = tl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r", [arrived],
-                                            dtype=tl.int32, is_pure=False, pack=1)
-        arrived = tl.max(tl.where(tl.arange(0, _THREADS) == 0, arrived, 0), axis=0)
-    last = arrived == programs - 1
-    missed = tl.zeros((BLOCK_SMS,), tl.int32)
-    if last:
-        missed = _sites_missed(gate_ptr, first_site, n_sms, slots, BLOCK_SMS)
-    return last, missed
 
 
 @triton.jit

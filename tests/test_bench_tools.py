@@ -1220,8 +1220,6 @@ def test_decode_floor_summary_reads_its_rows_and_the_sessions_files(tmp_path):
          "vs_green_alone_pct": -9.0, "vs_green_corun_pct": 0.5, "shared_sms": 3},
         {"section": "level", "kind": "pinned", "ctas_per_sm": "1 on green's SMs",
          "vs_green_alone_pct": 0.5, "vs_green_corun_pct": -11.0, "shared_sms": 0},
-        {"section": "level", "kind": "pinned", "ctas_per_sm": "1 arrival deferred",
-         "vs_green_alone_pct": -1.5, "vs_green_corun_pct": 2.5, "shared_sms": 0},
         {"section": "level", "kind": "pinned", "ctas_per_sm": "1 surplus 0",
          "vs_green_alone_pct": 0.0, "vs_green_corun_pct": 30.0, "shared_sms": 9},
         {"section": "level", "kind": "pinned", "ctas_per_sm": "1 surplus 8",
@@ -1237,7 +1235,6 @@ def test_decode_floor_summary_reads_its_rows_and_the_sessions_files(tmp_path):
     assert s["pinned_vs_green_without_pdl_max_alone_pct"] == 1.25
     assert s["pinned_claiming_vs_green_max_error_pct"] == 9.0
     assert s["pinned_on_green_sms_vs_green_max_error_pct"] == 11.0
-    assert s["pinned_arrival_deferred_vs_green_max_error_pct"] == 2.5
     assert s["pinned_surplus_0_vs_green_max_error_pct"] == 30.0
     assert s["pinned_surplus_8_vs_green_max_error_pct"] == 12.5
     assert "pinned_surplus_32_vs_green_max_error_pct" not in s  # no row, no figure

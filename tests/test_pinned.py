@@ -4,8 +4,6 @@ counters are left zero for the next launch. Under the interpreter a placement (a
 program) stands in for `%smid`; on the GPU the hardware places the programs and the device's
 site order says which SMs a range of sites is."""
 
-import contextlib
-
 import pytest
 import torch
 import triton
@@ -17,22 +15,12 @@ from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels import stream_read
 from pdmux_triton.kernels._launch import shared_counters
 from pdmux_triton.kernels._pinned import (_SITES, CLAIMING, GATE_WORDS, MAX_SITE, ONE_A_SITE,
-                                          ONE_A_SITE_DEFERRED, Pinned, admitted,
-                                          deferred_arrival, first_slot, one_a_site_at_c1,
+                                          Pinned, admitted, first_slot, one_a_site_at_c1,
                                           pinned_launch, run_claimed, run_slots, site_order,
                                           surplus_programs)
 
 # indexed as kernels see their tensors' devices: the gate's counters are kept per device
 DEV = torch.device("cuda", torch.cuda.current_device()) if HAS_CUDA else torch.device("cpu")
-
-
-def _gate(one_a_site):
-    """The switches for a gate at one program an SM: the claiming one (False), one a site
-    (True), one a site reading its arrival after its slot ("deferred")."""
-    stack = contextlib.ExitStack()
-    stack.enter_context(one_a_site_at_c1(bool(one_a_site)))
-    stack.enter_context(deferred_arrival(one_a_site == "deferred"))
-    return stack
 
 
 @triton.jit
@@ -117,19 +105,17 @@ def _run_gated(pinned: Pinned, slots: int, ctas: int):
 @pytest.mark.parametrize("total,first,k,slots", [
     (8, 0, 3, 3), (8, 5, 3, 2), (12, 2, 7, 7), (6, 0, 6, 6), (9, 4, 1, 1), (5, 1, 2, 1)])
 @pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("gate_kind", [True, "deferred"])
-def test_one_a_site_slot_r_runs_on_site_r(total, first, k, slots, seed, gate_kind):
+def test_one_a_site_slot_r_runs_on_site_r(total, first, k, slots, seed):
     """The one-a-site gate (one program an SM): slot r is done by the first program that
     arrived on the range's site r (the interpreter runs programs in order: the lowest id), a
     slot whose site got no program by the launch's last program to arrive, every slot once,
-    and the counters are left zero; whether a program arrived last read before its slot or
-    after it (deferred)."""
+    and the counters are left zero."""
     gate = shared_counters("pinned gate", GATE_WORDS, DEV)
     for name, placement in placements(total, 1, first, k, seed):
         placement = placement.to(torch.int32).to(DEV)
-        with _gate(gate_kind):
+        with one_a_site_at_c1(True):
             kind, hits, worker = _run_gated(Pinned(first, k, placement), slots, 1)
-        assert kind == (ONE_A_SITE_DEFERRED if gate_kind == "deferred" else ONE_A_SITE)
+        assert kind == ONE_A_SITE
         assert (hits == 1).all(), (name, hits.tolist())
         assert (gate == 0).all(), f"{name}: the gate's counters were not left zero"
         for r in range(slots):
@@ -147,11 +133,9 @@ def test_the_gates_take_turns_on_one_counter_buffer():
     gate = shared_counters("pinned gate", GATE_WORDS, DEV)
     placement = torch.tensor([3, 0, 1, 1, 5, 2, 4, 2], dtype=torch.int32, device=DEV)
     for one_a_site, ctas, slots, want in ((True, 1, 4, ONE_A_SITE), (False, 1, 4, CLAIMING),
-                                          ("deferred", 1, 4, ONE_A_SITE_DEFERRED),
                                           (True, 2, 7, CLAIMING), (True, 1, 3, ONE_A_SITE),
-                                          ("deferred", 1, 2, ONE_A_SITE_DEFERRED),
                                           (True, 1, 5, CLAIMING)):
-        with _gate(one_a_site):
+        with one_a_site_at_c1(one_a_site):
             # slots past the range's 4 sites (5 at c = 1): no site to rank them by, so they
             # are claimed
             kind, hits, _ = _run_gated(Pinned(1, 4, placement[:4 * ctas]), slots, ctas)
@@ -202,9 +186,9 @@ def test_pinned_errors():
         stream_read(buf, pinned=Pinned(0, 2, placement), pdl=True)
 
 
-def _sites(sm_ids: torch.Tensor) -> list[int]:
-    """The sites of recorded SM ids (the device's site order)."""
-    order, _ = site_order(torch.device("cuda"))
+def _sites(sm_ids: torch.Tensor, head: int | None = None) -> list[int]:
+    """The sites of recorded SM ids (the device's site order of `head`)."""
+    order, _ = site_order(torch.device("cuda"), head)
     return [order.index(sm) for sm in sm_ids.tolist()]
 
 
@@ -240,8 +224,8 @@ def test_a_splits_first_sites_are_where_a_capped_launch_of_its_size_lands():
         site_order(dev, total + 1)
 
 
-# (CTAs per SM, the gate at one an SM, `_gate`'s): every gate a pinned launch can take
-GATES = [(1, False), (1, True), (1, "deferred"), (2, False), (3, False)]
+# (CTAs per SM, the one-a-site gate at one an SM): every gate a pinned launch can take
+GATES = [(1, False), (1, True), (2, False), (3, False)]
 
 
 @pytest.mark.gpu
@@ -254,7 +238,7 @@ def test_pinned_stream_read_stays_on_its_sms(ctas, one_a_site):
     buf = torch.randint(-1000, 1000, (1 << 24,), dtype=torch.int32, device="cuda")
     for first, k in ((0, 16), (total - 20, 20), (40, 52)):
         sm_ids = torch.empty(k * ctas, dtype=torch.int32, device="cuda")
-        with _gate(one_a_site):
+        with one_a_site_at_c1(one_a_site):
             sums = stream_read(buf, ctas_per_sm=ctas, pinned=Pinned(first, k), sm_ids=sm_ids)
         assert sums.sum().item() == buf.sum().item()
         assert all(first <= s < first + k for s in _sites(sm_ids)), sm_ids.tolist()
@@ -267,31 +251,31 @@ def test_pinned_stream_read_stays_on_its_sms(ctas, one_a_site):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("surplus", [0, 8])
-def test_a_partitions_grid_reads_every_word_wherever_its_programs_land(surplus):
-    """One a site with only the partition's programs and a few more (`surplus_programs`):
-    the hardware places them where it likes, the last arriver does the sites none landed on,
-    the read is whole and the counters are left zero; prints how many slots ran on their own
-    site."""
+def test_a_heads_grid_reads_every_word_wherever_its_programs_land(surplus):
+    """One a site on the head of a site order (a split's decode side) with only its programs
+    and a few more (`surplus_programs`): the hardware places them where it likes, the last
+    arriver does the sites none landed on, the read is whole and the counters are left zero;
+    prints how many slots ran on their own site. A range that is not the head keeps one
+    program an SM."""
+    total = torch.cuda.get_device_properties(0).multi_processor_count
     buf = torch.randint(-1000, 1000, (1 << 24,), dtype=torch.int32, device="cuda")
-    for first, k in ((0, 16), (40, 52)):
+    for k in (16, 52):
         sm_ids = torch.empty(k, dtype=torch.int32, device="cuda")
         with one_a_site_at_c1(True), surplus_programs(surplus):
-            assert pinned_launch(Pinned(first, k), k, 1, DEV).grid == k + surplus
-            sums = stream_read(buf, pinned=Pinned(first, k), sm_ids=sm_ids)
+            assert pinned_launch(Pinned(0, k, head=k), k, 1, DEV).grid == k + surplus
+            assert pinned_launch(Pinned(0, k), k, 1, DEV).grid == total  # not the head
+            assert pinned_launch(Pinned(k, k, head=k), k, 1, DEV).grid == total
+            sums = stream_read(buf, pinned=Pinned(0, k, head=k), sm_ids=sm_ids)
         assert sums.sum().item() == buf.sum().item()
         assert (shared_counters("pinned gate", GATE_WORDS, buf.device) == 0).all()
-        own = sum(site == first + r for r, site in enumerate(_sites(sm_ids)))
-        print(f"surplus {surplus}, sites {first}..{first + k - 1}: {own} of {k} slots on their "
-              f"own site")
+        own = sum(site == r for r, site in enumerate(_sites(sm_ids, k)))
+        print(f"surplus {surplus}, the head's {k} sites: {own} of {k} slots on their own site")
 
 
-def test_the_diagnostic_switches_refuse_what_they_do_not_take():
+def test_surplus_programs_are_a_count():
     for bad in (-1, 0.5, float("nan"), True, "1", MAX_SITE + 1):
         with pytest.raises(PdmuxError, match="surplus programs"):
             surplus_programs(bad)
-    for bad in (1, None, "on"):
-        with pytest.raises(PdmuxError, match="deferred_arrival"):
-            deferred_arrival(bad)
 
 
 def _decode_inputs():
@@ -330,7 +314,7 @@ def test_pinned_decode_kernels_equal_the_capped_launch(ctas, one_a_site):
     capped = _decode_kernels(inputs, None, 20, ctas)
     crowded = torch.full((ctas * total,), total - 20, dtype=torch.int32, device="cuda")
     crowded[::2] = total - 1
-    with _gate(one_a_site):
+    with one_a_site_at_c1(one_a_site):
         pinned = _decode_kernels(inputs, Pinned(total - 20, 20), None, ctas)
         few = _decode_kernels(inputs, Pinned(total - 20, 20, crowded), None, ctas)
     for a, b, c in zip(capped, pinned, few):
@@ -379,8 +363,7 @@ def test_pinned_sides_share_no_sm_and_replay_from_a_graph():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("gate_kind", [True, "deferred"])
-def test_one_a_site_sides_at_once_and_in_a_graph_beside_the_claiming_gate(gate_kind):
+def test_one_a_site_sides_at_once_and_in_a_graph_beside_the_claiming_gate():
     """Both sides one a site on complementary SMs, on two streams at once, results exact: a
     decode GEMM (one program an SM by its shared memory) and rmsnorm (small programs, which may
     share an SM). Every slot runs on its own site but those of sites the hardware left empty,
@@ -397,7 +380,7 @@ def test_one_a_site_sides_at_once_and_in_a_graph_beside_the_claiming_gate(gate_k
     norm_w = torch.randn(4096, dtype=torch.bfloat16, device="cuda")
     want = [linear(x, w), rmsnorm(rows, norm_w)]
     streams = [torch.cuda.Stream() for _ in sides]
-    with _gate(gate_kind):
+    with one_a_site_at_c1(True):
         for _ in range(3):
             got, ids = [], []
             for (first, k), stream in zip(sides, streams):
