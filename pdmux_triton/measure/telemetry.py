@@ -22,9 +22,9 @@ def sm_usage(prefill_ids: Iterable[int], decode_ids: Iterable[int],
     shared = prefill & decode
     off = {}
     if sides is not None:
-        off = {f"{name}_off_side": sum(i not in set(own) for i in ids)
-               for name, ids, own in (("prefill", prefill_ids, sides[0]),
-                                      ("decode", decode_ids, sides[1]))}
+        off = {f"{name}_off_side": sum(i not in own for i in ids)
+               for name, ids, own in (("prefill", prefill_ids, set(sides[0])),
+                                      ("decode", decode_ids, set(sides[1])))}
     return {**off,
         "prefill_sms_used": len(prefill),
         "decode_sms_used": len(decode),
