@@ -9,8 +9,9 @@ attention at 2-3 programs an SM, and its kernel launches
 (counted by the profiler in one eager step); the same bytes as streaming reads, a launch per
 weight (`stream_equivalent`: what a step of separate kernels could reach); the decode step on
 each of SGLang's levels' decode SMs (20-60 on an H200) on green contexts and on pinned SMs at
-1-3 CTAs per SM and as a served decode side runs, alone and beside a prefill on the rest,
-with the SMs each side's kernels ran on (pinned at one also with the claiming gate instead of
+1-3 CTAs per SM and as a served decode side runs, alone and beside a prefill on the rest
+(at one CTA an SM also the prefill's own time beside the decode step: what a decode-side
+setting costs the other side), with the SMs each side's kernels ran on (pinned at one also with the claiming gate instead of
 the one-a-site one, on the SMs green's decode side ran on, and with only the decode side's
 programs and a few more: the gap to green by cause; each pinned row counts the probe's slots
 that ran off their side's SMs); decode attention on 16 pinned SMs at 1-3 CTAs per SM. The
@@ -224,6 +225,11 @@ def levels(res: Results, step: DecodeStep, prefill: PrefillLayers, gpu) -> None:
                         co = time_corun(lambda: step.run(dbud), part.decode_stream, True, alone,
                                         lambda: prefill.run(pbud), part.prefill_stream, False,
                                         p_alone)
+                        # the other side of the co-run, at one CTA an SM and in the diagnostic
+                        # turns: what a decode-side setting costs the prefill beside it
+                        pco = time_corun(lambda: prefill.run(pbud), part.prefill_stream, False,
+                                         p_alone, lambda: step.run(dbud), part.decode_stream,
+                                         True, alone) if versus == 1 else None
                         used = probe(part, lambda ids: linear(probe_x, gate_up, sm_ids=ids,
                                                               **kernel_args(pbud)),
                                      lambda ids: decode_attention(
@@ -237,6 +243,9 @@ def levels(res: Results, step: DecodeStep, prefill: PrefillLayers, gpu) -> None:
                                   decode_sms=part.decode_sms, ctas_per_sm=c,
                                   attention_ctas_per_sm=dbud.attention_ctas_per_sm,
                                   alone_ms=alone, corun_ms=co.ms, covered=co.covered, **used)
+                    if pco is not None:
+                        row.update(prefill_alone_ms=p_alone, prefill_corun_ms=pco.ms,
+                                   prefill_covered=pco.covered)
                     if kind == "green":
                         green[c] = row
                         if c == 1:  # (fewer than decode_sms where two shared an SM)
@@ -244,6 +253,9 @@ def levels(res: Results, step: DecodeStep, prefill: PrefillLayers, gpu) -> None:
                     else:
                         row["vs_green_alone_pct"] = (green[versus]["alone_ms"] / alone - 1) * 100
                         row["vs_green_corun_pct"] = (green[versus]["corun_ms"] / co.ms - 1) * 100
+                        if pco is not None:
+                            row["prefill_vs_green_corun_pct"] = (
+                                green[versus]["prefill_corun_ms"] / pco.ms - 1) * 100
                         if f"{versus} no pdl" in green:
                             row["vs_green_no_pdl_alone_pct"] = (
                                 green[f"{versus} no pdl"]["alone_ms"] / alone - 1) * 100
@@ -316,6 +328,14 @@ def summarize(res: Results) -> None:
         if served:
             s["served_pinned_vs_green_max_error_pct"] = worst(served)
         s["pinned_shared_sms"] = max(r["shared_sms"] for r in rows)
+
+        def prefill_beside(name, rs):  # the prefill beside a turn: its slowest level against
+            # green's beside green's decode side (negative: slower); files before it lack it
+            pcts = [r["prefill_vs_green_corun_pct"] for r in rs
+                    if "prefill_vs_green_corun_pct" in r]
+            if pcts:
+                s[f"{name}_prefill_vs_green_min_pct"] = min(pcts)
+        prefill_beside("pinned", [r for r in rows if r["ctas_per_sm"] == 1])
         no_pdl = [abs(r["vs_green_no_pdl_alone_pct"]) for r in rows
                   if "vs_green_no_pdl_alone_pct" in r]
         if no_pdl:  # the gap left with green's launches apart too: the gate's
@@ -327,6 +347,7 @@ def summarize(res: Results) -> None:
             diagnostic = [r for r in pinned if r["ctas_per_sm"] == turn]
             if diagnostic:
                 s[key] = worst(diagnostic)
+                prefill_beside(key.replace("_vs_green_max_error_pct", ""), diagnostic)
     res.save()
 
 
