@@ -17,7 +17,9 @@ launch after zeroing a small counter buffer (so each variant pays the same memse
   SM reads its SM id and its site (the capped launch's SMs are sites 0..19), takes the slot
   of its site by one relaxed atomic, does it, and leaves by one release atomic; `rank by site,
   no leave` without the last atomic, `relaxed leave` with it relaxed (is the fence the
-  cost, or the round trip?). `rank by site, arrival first`: the leave moved to the start,
+  cost, or the round trip?), `spread leave` with it relaxed on one of 16 words by program id
+  (is it the one word all of the GPU's programs hit?), `workers leave` with only the programs
+  that worked leaving by it (or the turned-away programs' traffic?). `rank by site, arrival first`: the leave moved to the start,
   an acquire-release arrival right after the site's atomic, whose last arriver would do the
   slots of sites that got no program (none here) and resets the count: no atomic at the end.
   All are checked against `plain`'s output;
@@ -49,9 +51,11 @@ from pdmux_triton.measure.timing import time_alone
 SMS, ROWS = 20, 32
 SHAPES = {"down": (4096, 12288), "gate_up": (24576, 4096)}
 MODES = ("plain", "loop", "atomic first", "queue", "extra programs", "rank by site",
-         "rank by site, no leave", "rank by site, relaxed leave", "rank by site, arrival first")
-ONE_AN_SM = ("extra programs", "rank by site", "rank by site, no leave",
-             "rank by site, relaxed leave", "rank by site, arrival first")  # grids of every SM
+         "rank by site, no leave", "rank by site, relaxed leave", "rank by site, arrival first",
+         "rank by site, spread leave", "rank by site, workers leave")
+ONE_AN_SM = MODES[4:]  # grids of every SM
+# `spread leave`'s words: 16, a 128-byte line apart, after the site counts
+SPREAD_BASE, SPREAD_WORDS, SPREAD_STRIDE = tl.constexpr(256), tl.constexpr(16), tl.constexpr(32)
 
 
 @triton.jit
@@ -102,10 +106,15 @@ def _run_mode(pid, programs, queue_ptr, table_ptr, args, MODE: tl.constexpr):
             if site >= 0:
                 if tl.atomic_add(queue_ptr + 2 + site, 1, sem="relaxed") == 0:
                     _skinny_slot(site, programs, *args)
+                    if MODE == 10:  # only the programs that worked leave by the shared word
+                        tl.atomic_add(queue_ptr + 1, 1, sem="relaxed")
         if MODE == 5:
             tl.atomic_add(queue_ptr + 1, 1, sem="release")
         elif MODE == 7:
             tl.atomic_add(queue_ptr + 1, 1, sem="relaxed")
+        elif MODE == 9:  # the leaves spread over words in other lines (other L2 slices)
+            tl.atomic_add(queue_ptr + SPREAD_BASE + (tl.program_id(0) % SPREAD_WORDS) * SPREAD_STRIDE,
+                          1, sem="relaxed")
 
 
 def variants(N: int, K: int, device_sms: int) -> dict:
