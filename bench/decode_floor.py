@@ -282,15 +282,18 @@ def file_figures(kernels: str | None, run: str | None) -> dict:
     anything is measured, so a wrong file ends the script at once and not after its GPU work."""
     s = {}
     if kernels:
-        k = read_json(kernels, "kernel benchmark").get("summary")
+        data = read_json(kernels, "kernel benchmark")
+        k = data.get("summary")
         if not isinstance(k, dict) or not {"decode_linear_bw_frac",
                                            "decode_attention_bw_frac"} <= k.keys():
             raise PdmuxError(f"{kernels} is not bench/bench_kernels.py's file (its summary's "
                              f"decode_linear_bw_frac and decode_attention_bw_frac)")
         s.update(decode_linear_min_bw_frac=k["decode_linear_bw_frac"],
-                 decode_attention_min_bw_frac=k["decode_attention_bw_frac"], kernels_file=kernels)
+                 decode_attention_min_bw_frac=k["decode_attention_bw_frac"], kernels_file=kernels,
+                 kernels_gpu=data.get("gpu"))
     if run:
-        rows = read_json(run, "run result").get("rows")
+        data = read_json(run, "run result")
+        rows = data.get("rows")
         if not isinstance(rows, list) or not all(isinstance(r, dict) and "strategy" in r
                                                  for r in rows):
             raise PdmuxError(f"{run} is not a `pdmux-triton run` result (its rows, a strategy "
@@ -301,10 +304,21 @@ def file_figures(kernels: str | None, run: str | None) -> dict:
                 best = min(pdmux, key=lambda n: pdmux[n]["itl_during_prefill_p50_ms"])
                 s.update(pdmux_best_kind=best,
                          pdmux_itl_in_prefill_ms=pdmux[best]["itl_during_prefill_p50_ms"],
-                         pdmux_prefill_ms=pdmux[best]["prefill_ms"], run_file=run)
+                         pdmux_prefill_ms=pdmux[best]["prefill_ms"], run_file=run,
+                         run_gpu=data.get("gpu"))
         except KeyError as missing:
             raise PdmuxError(f"{run}: its pd-mux rows lack {missing}") from None
     return s
+
+
+def check_files_gpu(figures: dict, gpu_name: str) -> None:
+    """The files' figures are this GPU's: another card's would sit in this card's summary as
+    if measured beside its floor."""
+    for what in ("kernels", "run"):
+        if f"{what}_file" in figures and figures[f"{what}_gpu"] != gpu_name:
+            raise PdmuxError(f"{figures[f'{what}_file']} was measured on "
+                             f"{figures[f'{what}_gpu']!r}, not on this GPU ({gpu_name!r}): "
+                             f"give this GPU's file or none")
 
 
 def from_files(res: Results, figures: dict) -> None:
@@ -355,6 +369,7 @@ def run(args) -> int:
     figures = file_figures(args.kernels, args.run)
     require_gpu("bench/decode_floor.py")
     gpu = detect_gpu()
+    check_files_gpu(figures, gpu.name)
     res = Results(Path(args.out) / f"decode-floor-{gpu.name}.json", gpu.name)
     res.data["inputs"] = {"model": MODEL.name, "batch": BATCH, "context": CONTEXT,
                           "ctas": list(CTAS), "stream_bytes": STREAM_BYTES}

@@ -120,9 +120,13 @@ step prefill ${PREFILL_S:-240} python3 bench/prefill_rate.py --out "$OUT" --sms 
 # with NVML's SM clock and power (bench/sustained_corun.py; issue 27: served PD-mux batches run
 # slower than the burst prices them)
 step sustained ${SUSTAINED_S:-240} python3 bench/sustained_corun.py --out "$OUT" ${SUSTAINED_ARGS:-}
-step floor ${FLOOR_S:-300} bash -c 'python3 bench/decode_floor.py --out "$OUT" \
-    --kernels "$( [ -f "$OUT/kernels-h200.json" ] && echo "$OUT" || echo bench/results )/kernels-h200.json" \
-    $( [ -f "$OUT/run-h200.json" ] && echo --run "$OUT/run-h200.json" )'
+# (the kernel benchmark's and a run's files of this card only: this call's, else the committed
+# kernel benchmark's; `run` serves the H200 preset, so on another card its file is left out)
+step floor ${FLOOR_S:-300} bash -c 'card=$(python3 -c "from pdmux_triton.spec.gpus import \
+    detect_gpu; print(detect_gpu().name)"); k=$OUT/kernels-$card.json
+    [ -f "$k" ] || k=bench/results/kernels-$card.json
+    python3 bench/decode_floor.py --out "$OUT" $( [ -f "$k" ] && echo --kernels "$k" ) \
+    $( [ -f "$OUT/run-$card.json" ] && echo --run "$OUT/run-$card.json" )'
 # the simulator against the GPU on windows of the Azure traces (bench/trace_fidelity.py); its
 # points go to bench/results/trace-fidelity (carried back in $OUT), so a call cut short by its
 # limit resumes there on the next call once they are copied back into the tree

@@ -1196,7 +1196,7 @@ def test_decode_floor_summary_reads_its_rows_and_the_sessions_files(tmp_path):
     its level rows, the kernel benchmark's and a run's figures from their files (the best pd-mux
     kind by ITL during the prefill); without a GPU it says so in one line, exit 2."""
     sys.path.insert(0, "bench")
-    from decode_floor import file_figures, from_files, summarize
+    from decode_floor import check_files_gpu, file_figures, from_files, summarize
 
     class Saved:  # what the two read and write of common.Results (which needs a GPU to make)
         data = {"summary": {}}
@@ -1229,8 +1229,13 @@ def test_decode_floor_summary_reads_its_rows_and_the_sessions_files(tmp_path):
         {"section": "level", "kind": "pinned", "ctas_per_sm": "1 surplus 8",
          "vs_green_alone_pct": -2.0, "vs_green_corun_pct": 12.5, "shared_sms": 1}]
     summarize(res)
-    from_files(res, file_figures("bench/results/kernels-h200.json",
-                                 "bench/results/run-h200.json"))
+    figures = file_figures("bench/results/kernels-h200.json", "bench/results/run-h200.json")
+    check_files_gpu(figures, "h200")
+    for other in ({**figures, "kernels_gpu": "h100-sxm"}, {**figures, "run_gpu": None}):
+        with pytest.raises(PdmuxError, match="was measured on .*not on this GPU .'h200'"):
+            check_files_gpu(other, "h200")  # another card's figures in this card's summary
+    check_files_gpu({}, "h100-sxm")  # no files, nothing to check
+    from_files(res, figures)
     s = res.data["summary"]
     assert res.saves == 2
     assert s["pinned_vs_green_max_error_pct"] == 4.0 and s["pinned_shared_sms"] == 0
