@@ -9,13 +9,13 @@ attention at 2-3 programs an SM, and its kernel launches
 (counted by the profiler in one eager step); the same bytes as streaming reads, a launch per
 weight (`stream_equivalent`: what a step of separate kernels could reach); the decode step on
 each of SGLang's levels' decode SMs (20-60 on an H200) on green contexts and on pinned SMs at
-1-3 CTAs per SM and as a served decode side runs, alone and beside a prefill on the rest
-(at one CTA an SM also the prefill's own time beside the decode step: what a decode-side
-setting costs the other side), with the SMs each side's kernels ran on (pinned at one also with the claiming gate instead of
-the one-a-site one, with its arrivals spread over several words, on the SMs green's decode
-side ran on, and with only the decode side's
-programs and a few more: the gap to green by cause; each pinned row counts the probe's slots
-that ran off their side's SMs); decode attention on 16 pinned SMs at 1-3 CTAs per SM. The
+1-3 CTAs per SM and as a served decode side runs, alone and beside a prefill on the rest (at one
+CTA an SM also the prefill's own time beside the decode step: what a decode-side setting costs
+the other side), with the SMs each side's kernels ran on (pinned at one also with the claiming
+gate instead of the one-a-site one, with its arrivals spread over several words, on the SMs
+green's decode side ran on, and with only the decode side's programs and a few more: the gap to
+green by cause; each pinned row counts the probe's slots that ran off their side's SMs); decode
+attention on 16 pinned SMs at 1-3 CTAs per SM. The
 kernel benchmark's and a run's figures (decode linears and attention against the streaming
 read, pd-mux's ITL and prefill at 80/52) come from their files when given.
 
