@@ -12,8 +12,7 @@ each of SGLang's levels' decode SMs (20-60 on an H200) on green contexts and on 
 1-3 CTAs per SM and as a served decode side runs, alone and beside a prefill on the rest (at one
 CTA an SM also the prefill's own time beside the decode step: what a decode-side setting costs
 the other side), with the SMs each side's kernels ran on (pinned at one also with the claiming
-gate instead of the one-a-site one, with its arrivals spread over several words, on the SMs
-green's decode side ran on, and with only the decode side's programs and a few more: the gap to
+gate instead of the one-a-site one and on the SMs green's decode side ran on: the gap to
 green by cause; each pinned row counts the probe's slots that ran off their side's SMs); decode
 attention on 16 pinned SMs at 1-3 CTAs per SM. The
 kernel benchmark's and a run's figures (decode linears and attention against the streaming
@@ -39,8 +38,7 @@ from pdmux_triton.cost import step_cost
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.gpu.streams import PartitionStreams, kernel_args
 from pdmux_triton.kernels import decode_attention, gemm, linear, stream_read
-from pdmux_triton.kernels._pinned import (one_a_site_at_c1, site_order, spread_arrivals,
-                                          surplus_programs)
+from pdmux_triton.kernels._pinned import one_a_site_at_c1, site_order
 from pdmux_triton.measure.telemetry import probe
 from pdmux_triton.measure.timing import time_alone, time_corun
 from pdmux_triton.measure.workloads import DecodeAttention, DecodeStep, PrefillLayers
@@ -155,14 +153,8 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
 # cause: the claiming gate (kernels/_pinned.py) instead of the one-a-site one that one program
 # an SM takes (on both sides), and the product's gate on the very SMs green's decode side ran
 # on, the prefill side on the rest (placement apart from the gate)
-# (and the one-a-site gate with fewer surplus programs on the decode side, the head of the
-# site order: its SMs and a few more, which the hardware places where it likes; what the
-# surplus programs cost it beside a busy prefill, `_pinned.SURPLUS_PROGRAMS`)
-# (and the one-a-site gate with its arrivals spread over several words: `_pinned.SPREAD_ARRIVALS`)
 CLAIMING_TURN, ON_GREEN_SMS_TURN = "1 claiming", "1 on green's SMs"
-SPREAD_TURN = "1 spread arrivals"
-SURPLUS_TURNS = {f"1 surplus {n}": n for n in (0, 8, 32)}
-DIAGNOSTIC_TURNS = (CLAIMING_TURN, ON_GREEN_SMS_TURN, SPREAD_TURN, *SURPLUS_TURNS)
+DIAGNOSTIC_TURNS = (CLAIMING_TURN, ON_GREEN_SMS_TURN)
 
 
 def green_decode_sms(part: PartitionStreams, probe_x: torch.Tensor,
@@ -218,11 +210,8 @@ def levels(res: Results, step: DecodeStep, prefill: PrefillLayers, gpu) -> None:
                 else:
                     one = turns[0][1]
                     turns += [(CLAIMING_TURN, one, 1, one_a_site_at_c1(False)),
-                              (SPREAD_TURN, one, 1, spread_arrivals(True)),
                               (ON_GREEN_SMS_TURN, one, 1,
-                               sites_headed_by(green_sms, part.decode_budget.site_head)),
-                              *((turn, one, 1, surplus_programs(n))
-                                for turn, n in SURPLUS_TURNS.items())]
+                               sites_headed_by(green_sms, part.decode_budget.site_head))]
                 for c, dbud, versus, how in turns:
                     with how or contextlib.nullcontext():
                         alone = time_alone(lambda: step.run(dbud), part.decode_stream,
@@ -360,10 +349,7 @@ def summarize(res: Results) -> None:
         if no_pdl:  # the gap left with green's launches apart too: the gate's
             s["pinned_vs_green_without_pdl_max_alone_pct"] = max(no_pdl)
         for turn, key in ((CLAIMING_TURN, "pinned_claiming_vs_green_max_error_pct"),
-                          (ON_GREEN_SMS_TURN, "pinned_on_green_sms_vs_green_max_error_pct"),
-                          (SPREAD_TURN, "pinned_spread_arrivals_vs_green_max_error_pct"),
-                          *((turn, f"pinned_surplus_{n}_vs_green_max_error_pct")
-                            for turn, n in SURPLUS_TURNS.items())):
+                          (ON_GREEN_SMS_TURN, "pinned_on_green_sms_vs_green_max_error_pct")):
             diagnostic = [r for r in pinned if r["ctas_per_sm"] == turn]
             if diagnostic:
                 s[key] = worst(diagnostic)

@@ -27,8 +27,7 @@ launch after zeroing a small counter buffer (so each variant pays the same memse
   device's measured site order and with an order whose first 20 sites are the SMs the capped
   launch ran on (so the two run on the same SMs); with the product's gate at one program an
   SM (the one-a-site gate, `_pinned.ONE_A_SITE_AT_C1`: the idea `rank by site, arrival first`
-  as the product does it), with its arrivals spread over several words (`SPREAD_ARRIVALS`)
-  and with the claiming gate.
+  as the product does it) and with the claiming gate.
 
     python bench/gate_anatomy.py --out bench/results
 """
@@ -45,7 +44,7 @@ from common import gpu_results, sites_headed_by
 
 from pdmux_triton.kernels import linear
 from pdmux_triton.kernels._pinned import (GATE_WORDS, Pinned, one_a_site_at_c1, site_order,
-                                          site_table, spread_arrivals)
+                                          site_table)
 from pdmux_triton.kernels.gemm import _skinny_slot, plan
 from pdmux_triton.measure.timing import time_alone
 
@@ -150,11 +149,11 @@ def variants(N: int, K: int, device_sms: int) -> dict:
                                      num_stages=cfg.num_stages)
         return run
 
-    def product(one_a_site: bool | None = None, spread: bool = False, **budget):
-        def run():  # (one_a_site None: the product's gate)
+    def product(one_a_site: bool | None = None, **budget):  # None: the product's gate
+        def run():
             queue.zero_()
             with (contextlib.nullcontext() if one_a_site is None
-                  else one_a_site_at_c1(one_a_site)), spread_arrivals(spread):
+                  else one_a_site_at_c1(one_a_site)):
                 linear(x, w, out, **budget)
         return run
 
@@ -162,7 +161,6 @@ def variants(N: int, K: int, device_sms: int) -> dict:
     runs["capped (product)"] = product(num_sms=SMS)
     runs["pinned (product)"] = product(pinned=Pinned(0, SMS))
     runs["pinned, claiming gate"] = product(False, pinned=Pinned(0, SMS))
-    runs["pinned, spread arrivals"] = product(True, True, pinned=Pinned(0, SMS))
     torch.cuda.synchronize()
     return runs, capped_sms, p, out
 
@@ -185,7 +183,7 @@ def main(argv=None) -> int:
             res.row(section="anatomy", shape=shape, variant=name, us=us, over_plain=us / base,
                     whole_tiles=pl.whole, grid=pl.grid, equals_plain=torch.equal(out, ref))
         with sites_headed_by(capped_sms):
-            for gate in ("pinned (product)", "pinned, claiming gate", "pinned, spread arrivals"):
+            for gate in ("pinned (product)", "pinned, claiming gate"):
                 us = time_alone(runs[gate], stream, graph=True) * 1e3
                 res.row(section="anatomy", shape=shape, variant=f"{gate} on the capped "
                         "launch's SMs", us=us, over_plain=us / base, capped_sms=capped_sms,

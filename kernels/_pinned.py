@@ -63,30 +63,11 @@ from pdmux_triton.kernels._launch import (default_num_sms, grid_size, interpreti
 # int32 words), then a count per site; a one-a-site launch, which claims nothing, counts its
 # programs' arrivals in the word's low half
 GATE_WORD, ARRIVALS, SITE_COUNTS = tl.constexpr(0), tl.constexpr(0), tl.constexpr(2)
-# the kernels' PINNED constexpr: the gate a pinned launch takes (False: a plain launch); the
-# one-a-site gate with its arrivals spread over several words is `SPREAD_ARRIVALS`'s
-CLAIMING, ONE_A_SITE, ONE_A_SITE_SPREAD = 1, 2, 3
+# the kernels' PINNED constexpr: the gate a pinned launch takes (False: a plain launch)
+CLAIMING, ONE_A_SITE = 1, 2
 ONE_A_SITE_GATE = tl.constexpr(ONE_A_SITE)  # the same, in a kernel
-ONE_A_SITE_SPREAD_GATE = tl.constexpr(ONE_A_SITE_SPREAD)
 # whether a launch of one program an SM takes the one-a-site gate (the module's note)
 ONE_A_SITE_AT_C1 = True
-# whether the one-a-site gate counts its arrivals on ARRIVAL_WORDS words, each in its own
-# 128-byte line, by program id, each word's last arriver adding to the one word: the launch's
-# last is the one that completes it. A diagnostic, off: is the cost of the one arrivals word
-# that every program of the GPU hits (bench/NOTES.md) the queue on it, which spreading
-# shortens, at the price of two more round trips for a word's last arriver?
-SPREAD_ARRIVALS = False
-
-
-# the programs a one-a-site launch has beyond its partition's SMs, where the partition is the
-# head of its site order: the SMs a launch of that many programs lands on when the GPU is idle
-# (a split's decode side). A diagnostic, off (None: every SM of the GPU one). Beside a busy
-# partition the surplus programs queue for the partition's own SMs behind its working
-# programs, so fewer cost less, and a few cover a working program the hardware puts off the
-# partition (one that lands on the empty site takes its slot). Any other range keeps one
-# program an SM: a launch of its size lands elsewhere on an idle GPU, and the last arriver
-# would do most of its slots (a prefill side of 72 ran on 12 SMs: bench/NOTES.md)
-SURPLUS_PROGRAMS = None
 
 
 @contextlib.contextmanager
@@ -100,33 +81,14 @@ def _switched(name: str, value):
         globals()[name] = before
 
 
-def surplus_programs(count: int | None):
-    """`SURPLUS_PROGRAMS` set to `count` inside the block."""
-    if count is not None and (isinstance(count, bool) or not isinstance(count, int)
-                              or not 0 <= count <= MAX_SITE):
-        raise PdmuxError(f"surplus programs must be an integer in 0..{MAX_SITE} or None, got "
-                         f"{count!r}")
-    return _switched("SURPLUS_PROGRAMS", count)
-
-
 def one_a_site_at_c1(on: bool):
     """`ONE_A_SITE_AT_C1` set to `on` inside the block."""
     return _switched("ONE_A_SITE_AT_C1", on)
 
 
-def spread_arrivals(on: bool):
-    """`SPREAD_ARRIVALS` set to `on` inside the block."""
-    return _switched("SPREAD_ARRIVALS", on)
-
-
-GATE_WORDS = 1024  # the gate's int32 counters before the spread arrivals', and the site
-# table's entries (SM ids)
+GATE_WORDS = 1024  # the gate buffer's int32 counters, and the site table's entries (SM ids)
 MAX_SITE = GATE_WORDS - 3  # the highest site it counts (after the 64-bit word)
 TABLE_WORDS = tl.constexpr(GATE_WORDS)  # the site table's entries, in a kernel
-# the spread arrivals' words, after the site counts, a line (32 int32) apart
-ARRIVAL_WORDS, LINE_WORDS = tl.constexpr(16), tl.constexpr(32)
-SPREAD_BASE = tl.constexpr(GATE_WORDS)
-GATE_BUFFER_WORDS = GATE_WORDS + ARRIVAL_WORDS * LINE_WORDS  # the whole gate buffer
 
 
 @dataclass(frozen=True)
@@ -284,9 +246,6 @@ def pinned_launch(pinned: Pinned | None, slots: int, ctas_per_sm: int, device: t
             raise PdmuxError(f"sites {pinned.first_site}..{pinned.first_site + pinned.sms - 1} "
                              f"are not all on this GPU, which has {len(order)} SMs")
         grid = ctas_per_sm * default_num_sms(device)
-        if (SURPLUS_PROGRAMS is not None and one_a_site and pinned.first_site == 0
-                and pinned.head == pinned.sms):  # one-a-site only: any grid is correct
-            grid = min(grid, pinned.sms + SURPLUS_PROGRAMS)
     else:
         if (not isinstance(placement, torch.Tensor) or placement.dtype != torch.int32
                 or placement.dim() != 1 or placement.device != device or placement.numel() < 1):
@@ -295,11 +254,10 @@ def pinned_launch(pinned: Pinned | None, slots: int, ctas_per_sm: int, device: t
         if low < 0 or high > MAX_SITE:
             raise PdmuxError(f"a placement's sites must be in 0..{MAX_SITE}, got {low}..{high}")
         grid, where = placement.numel(), placement
-    gate = shared_counters("pinned gate", GATE_BUFFER_WORDS, device)
-    gate_kind = (ONE_A_SITE_SPREAD if SPREAD_ARRIVALS else ONE_A_SITE) if one_a_site else CLAIMING
+    gate = shared_counters("pinned gate", GATE_WORDS, device)
     return PinnedLaunch(grid, slots,
                         (gate, where, pinned.first_site, pinned.sms, ctas_per_sm, slots, grid),
-                        {"PINNED": gate_kind,
+                        {"PINNED": ONE_A_SITE if one_a_site else CLAIMING,
                          "PLACED": placement is not None,
                          "BLOCK_SMS": triton.next_power_of_2(pinned.sms),
                          "PDL": False, "launch_pdl": False})
@@ -418,9 +376,9 @@ def run_slots(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, first_s
     if PDL:
         gdc_launch_dependents()
         gdc_wait()
-    if (PINNED == ONE_A_SITE_GATE) or (PINNED == ONE_A_SITE_SPREAD_GATE):
+    if PINNED == ONE_A_SITE_GATE:
         run_one_a_site(BODY, args, sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, slots,
-                       programs, RECORD_SM, PLACED, BLOCK_SMS, PINNED == ONE_A_SITE_SPREAD_GATE)
+                       programs, RECORD_SM, PLACED, BLOCK_SMS)
     elif PINNED:
         slot, sm = pinned_start(gate_ptr, place_ptr, first_site, n_sms, ctas, slots, programs,
                                 PLACED, BLOCK_SMS)
@@ -445,16 +403,13 @@ def run_claimed(BODY: tl.constexpr, args, slot, sm, sm_ids_ptr, gate_ptr, first_
 @triton.jit
 def run_one_a_site(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms,
                    slots, programs, RECORD_SM: tl.constexpr, PLACED: tl.constexpr,
-                   BLOCK_SMS: tl.constexpr, SPREAD: tl.constexpr):
+                   BLOCK_SMS: tl.constexpr):
     """The one-a-site gate (the module's note): the program admitted on the range's r-th site
     does slot r; the launch's last program to arrive also does the slots of the sites nobody
     was admitted on, and leaves the counters zero."""
     ok, rank, sm = admitted(gate_ptr, place_ptr, first_site, n_sms, 1, PLACED)
     # released after this program's admission count: the last arriver sees every count
-    if SPREAD:
-        last = _arrive_spread(gate_ptr, programs)
-    else:
-        last = tl.atomic_add(gate_ptr + ARRIVALS, 1, sem="release") == programs - 1
+    last = tl.atomic_add(gate_ptr + ARRIVALS, 1, sem="release") == programs - 1
     slot = tl.where(ok & (rank < slots), rank, slots)
     done = -1  # the last missed slot done
     missed = tl.zeros((BLOCK_SMS,), tl.int32)
@@ -471,23 +426,6 @@ def run_one_a_site(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, fi
             done = slot
         else:
             slot = slots
-
-
-@triton.jit
-def _arrive_spread(gate_ptr, programs):
-    """Whether this program is the launch's last to arrive, its arrival counted on word
-    pid mod W of `SPREAD_ARRIVALS`'s W (each word the count of a known number of programs).
-    A word's last arriver resets it, acquiring its programs' releases (a read-modify-write
-    reads the end of their release sequences), and adds to the one arrivals word by a release:
-    the launch's last is the word's last to add there, and `_sites_missed` acquires."""
-    words = tl.minimum(programs, ARRIVAL_WORDS)
-    group = tl.program_id(0) % words
-    word = gate_ptr + SPREAD_BASE + group * LINE_WORDS
-    last = False
-    if tl.atomic_add(word, 1, sem="release") == (programs - 1 - group) // words:
-        tl.atomic_xchg(word, 0, sem="acq_rel")
-        last = tl.atomic_add(gate_ptr + ARRIVALS, 1, sem="release") == words - 1
-    return last
 
 
 @triton.jit

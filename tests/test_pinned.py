@@ -14,11 +14,9 @@ from reference import placements
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels import stream_read
 from pdmux_triton.kernels._launch import shared_counters
-from pdmux_triton.kernels._pinned import (_SITES, CLAIMING, GATE_BUFFER_WORDS, GATE_WORDS,
-                                          MAX_SITE, ONE_A_SITE, ONE_A_SITE_SPREAD, Pinned,
-                                          admitted, first_slot, one_a_site_at_c1, pinned_launch,
-                                          run_claimed, run_slots, site_order, spread_arrivals,
-                                          surplus_programs)
+from pdmux_triton.kernels._pinned import (_SITES, CLAIMING, GATE_WORDS, MAX_SITE, ONE_A_SITE,
+                                          Pinned, admitted, first_slot, one_a_site_at_c1,
+                                          pinned_launch, run_claimed, run_slots, site_order)
 
 # indexed as kernels see their tensors' devices: the gate's counters are kept per device
 DEV = torch.device("cuda", torch.cuda.current_device()) if HAS_CUDA else torch.device("cpu")
@@ -59,7 +57,7 @@ def _served(pinned: Pinned, slots: int, ctas: int):
     (5, 1, 2, 1, 1)])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_every_slot_done_once_whoever_survives(total, first, k, ctas, slots, seed):
-    gate = shared_counters("pinned gate", GATE_BUFFER_WORDS, DEV)
+    gate = shared_counters("pinned gate", GATE_WORDS, DEV)
     for name, placement in placements(total, ctas, first, k, seed):
         placement = placement.to(torch.int32).to(DEV)
         hits, worker, admitted = _served(Pinned(first, k, placement), slots, ctas)
@@ -104,22 +102,19 @@ def _run_gated(pinned: Pinned, slots: int, ctas: int):
 
 
 @pytest.mark.parametrize("total,first,k,slots", [
-    (8, 0, 3, 3), (8, 5, 3, 2), (12, 2, 7, 7), (6, 0, 6, 6), (9, 4, 1, 1), (5, 1, 2, 1),
-    (40, 3, 20, 19)])
+    (8, 0, 3, 3), (8, 5, 3, 2), (12, 2, 7, 7), (6, 0, 6, 6), (9, 4, 1, 1), (5, 1, 2, 1)])
 @pytest.mark.parametrize("seed", [0, 1])
-@pytest.mark.parametrize("spread", [False, True])
-def test_one_a_site_slot_r_runs_on_site_r(total, first, k, slots, seed, spread):
+def test_one_a_site_slot_r_runs_on_site_r(total, first, k, slots, seed):
     """The one-a-site gate (one program an SM): slot r is done by the first program that
     arrived on the range's site r (the interpreter runs programs in order: the lowest id), a
     slot whose site got no program by the launch's last program to arrive, every slot once,
-    and the counters are left zero; its arrivals counted on one word or spread over several
-    (`spread_arrivals`: fewer programs than words too)."""
-    gate = shared_counters("pinned gate", GATE_BUFFER_WORDS, DEV)
+    and the counters are left zero."""
+    gate = shared_counters("pinned gate", GATE_WORDS, DEV)
     for name, placement in placements(total, 1, first, k, seed):
         placement = placement.to(torch.int32).to(DEV)
-        with one_a_site_at_c1(True), spread_arrivals(spread):
+        with one_a_site_at_c1(True):
             kind, hits, worker = _run_gated(Pinned(first, k, placement), slots, 1)
-        assert kind == (ONE_A_SITE_SPREAD if spread else ONE_A_SITE)
+        assert kind == ONE_A_SITE
         assert (hits == 1).all(), (name, hits.tolist())
         assert (gate == 0).all(), f"{name}: the gate's counters were not left zero"
         for r in range(slots):
@@ -134,7 +129,7 @@ def test_one_a_site_slot_r_runs_on_site_r(total, first, k, slots, seed, spread):
 def test_the_gates_take_turns_on_one_counter_buffer():
     """Launches of both gates on one stream share its gate buffer: each leaves it zero for the
     next, whichever ran before, and each does every slot once."""
-    gate = shared_counters("pinned gate", GATE_BUFFER_WORDS, DEV)
+    gate = shared_counters("pinned gate", GATE_WORDS, DEV)
     placement = torch.tensor([3, 0, 1, 1, 5, 2, 4, 2], dtype=torch.int32, device=DEV)
     for one_a_site, ctas, slots, want in ((True, 1, 4, ONE_A_SITE), (False, 1, 4, CLAIMING),
                                           (True, 2, 7, CLAIMING), (True, 1, 3, ONE_A_SITE),
@@ -147,8 +142,8 @@ def test_the_gates_take_turns_on_one_counter_buffer():
 
 
 def test_the_highest_site_is_counted_inside_the_gate_buffer():
-    gate = shared_counters("pinned gate", GATE_BUFFER_WORDS, DEV)
-    assert gate.numel() == GATE_BUFFER_WORDS and MAX_SITE + 2 < GATE_WORDS  # (spread words after)
+    gate = shared_counters("pinned gate", GATE_WORDS, DEV)
+    assert gate.numel() == GATE_WORDS
     placement = torch.full((3,), MAX_SITE, dtype=torch.int32, device=DEV)
     hits, _, admitted = _served(Pinned(MAX_SITE, 1, placement), 2, 1)
     assert (hits == 1).all() and admitted.tolist() == [True, False, False]
@@ -246,40 +241,11 @@ def test_pinned_stream_read_stays_on_its_sms(ctas, one_a_site):
             sums = stream_read(buf, ctas_per_sm=ctas, pinned=Pinned(first, k), sm_ids=sm_ids)
         assert sums.sum().item() == buf.sum().item()
         assert all(first <= s < first + k for s in _sites(sm_ids)), sm_ids.tolist()
-        assert (shared_counters("pinned gate", GATE_BUFFER_WORDS, buf.device) == 0).all()
+        assert (shared_counters("pinned gate", GATE_WORDS, buf.device) == 0).all()
         if ctas == 1:  # SM ids are 0..total-1 and the hardware gave each SM of the range one
             assert len(set(sm_ids.tolist())) == k, sorted(set(sm_ids.tolist()))
         if one_a_site:
             assert _sites(sm_ids) == list(range(first, first + k)), _sites(sm_ids)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("surplus", [0, 8])
-def test_a_heads_grid_reads_every_word_wherever_its_programs_land(surplus):
-    """One a site on the head of a site order (a split's decode side) with only its programs
-    and a few more (`surplus_programs`): the hardware places them where it likes, the last
-    arriver does the sites none landed on, the read is whole and the counters are left zero;
-    prints how many slots ran on their own site. A range that is not the head keeps one
-    program an SM."""
-    total = torch.cuda.get_device_properties(0).multi_processor_count
-    buf = torch.randint(-1000, 1000, (1 << 24,), dtype=torch.int32, device="cuda")
-    for k in (16, 52):
-        sm_ids = torch.empty(k, dtype=torch.int32, device="cuda")
-        with one_a_site_at_c1(True), surplus_programs(surplus):
-            assert pinned_launch(Pinned(0, k, head=k), k, 1, DEV).grid == k + surplus
-            assert pinned_launch(Pinned(0, k), k, 1, DEV).grid == total  # not the head
-            assert pinned_launch(Pinned(k, k, head=k), k, 1, DEV).grid == total
-            sums = stream_read(buf, pinned=Pinned(0, k, head=k), sm_ids=sm_ids)
-        assert sums.sum().item() == buf.sum().item()
-        assert (shared_counters("pinned gate", GATE_BUFFER_WORDS, buf.device) == 0).all()
-        own = sum(site == r for r, site in enumerate(_sites(sm_ids, k)))
-        print(f"surplus {surplus}, the head's {k} sites: {own} of {k} slots on their own site")
-
-
-def test_surplus_programs_are_a_count():
-    for bad in (-1, 0.5, float("nan"), True, "1", MAX_SITE + 1):
-        with pytest.raises(PdmuxError, match="surplus programs"):
-            surplus_programs(bad)
 
 
 def _decode_inputs():
@@ -367,10 +333,8 @@ def test_pinned_sides_share_no_sm_and_replay_from_a_graph():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("spread", [False, True])
-def test_one_a_site_sides_at_once_and_in_a_graph_beside_the_claiming_gate(spread):
-    """Both sides one a site on complementary SMs (arrivals on one word, or spread over several:
-    `spread_arrivals`), on two streams at once, results exact: a
+def test_one_a_site_sides_at_once_and_in_a_graph_beside_the_claiming_gate():
+    """Both sides one a site on complementary SMs, on two streams at once, results exact: a
     decode GEMM (one program an SM by its shared memory) and rmsnorm (small programs, which may
     share an SM). Every slot runs on its own site but those of sites the hardware left empty,
     which all run where the last arriver is (one SM; how many is printed). Then a captured
@@ -386,7 +350,7 @@ def test_one_a_site_sides_at_once_and_in_a_graph_beside_the_claiming_gate(spread
     norm_w = torch.randn(4096, dtype=torch.bfloat16, device="cuda")
     want = [linear(x, w), rmsnorm(rows, norm_w)]
     streams = [torch.cuda.Stream() for _ in sides]
-    with one_a_site_at_c1(True), spread_arrivals(spread):
+    with one_a_site_at_c1(True):
         for _ in range(3):
             got, ids = [], []
             for (first, k), stream in zip(sides, streams):
@@ -431,4 +395,4 @@ def test_one_a_site_sides_at_once_and_in_a_graph_beside_the_claiming_gate(spread
                 assert torch.equal(linear(x8, w, num_sms=16), b)
     for s in (*streams, stream):
         with torch.cuda.stream(s):
-            assert (shared_counters("pinned gate", GATE_BUFFER_WORDS, q.device) == 0).all()
+            assert (shared_counters("pinned gate", GATE_WORDS, q.device) == 0).all()
