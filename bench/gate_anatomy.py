@@ -19,7 +19,10 @@ launch after zeroing a small counter buffer (so each variant pays the same memse
   no leave` without the last atomic, `relaxed leave` with it relaxed (is the fence the
   cost, or the round trip?), `spread leave` with it relaxed on one of 16 words by program id
   (is it the one word all of the GPU's programs hit?), `workers leave` with only the programs
-  that worked leaving by it (or the turned-away programs' traffic?). `rank by site, arrival first`: the leave moved to the start,
+  that worked leaving by it (or the turned-away programs' traffic?), `late leave` with the
+  turned-away programs' leave 20 us after they start (the atomics at the working programs'
+  start, or at all?), `stored leave` with a plain store a program, each to its own word (an
+  atomic, or any write?). `rank by site, arrival first`: the leave moved to the start,
   an acquire-release arrival right after the site's atomic, whose last arriver would do the
   slots of sites that got no program (none here) and resets the count: no atomic at the end.
   All are checked against `plain`'s output;
@@ -52,10 +55,12 @@ SMS, ROWS = 20, 32
 SHAPES = {"down": (4096, 12288), "gate_up": (24576, 4096)}
 MODES = ("plain", "loop", "atomic first", "queue", "extra programs", "rank by site",
          "rank by site, no leave", "rank by site, relaxed leave", "rank by site, arrival first",
-         "rank by site, spread leave", "rank by site, workers leave")
+         "rank by site, spread leave", "rank by site, workers leave", "rank by site, late leave",
+         "rank by site, stored leave")
 ONE_AN_SM = MODES[4:]  # grids of every SM
 # `spread leave`'s words: 16, a 128-byte line apart, after the site counts
 SPREAD_BASE, SPREAD_WORDS, SPREAD_STRIDE = tl.constexpr(256), tl.constexpr(16), tl.constexpr(32)
+LATE_NS = tl.constexpr(20_000)  # `late leave`: how long a turned-away program waits first
 
 
 @triton.jit
@@ -115,6 +120,15 @@ def _run_mode(pid, programs, queue_ptr, table_ptr, args, MODE: tl.constexpr):
         elif MODE == 9:  # the leaves spread over words in other lines (other L2 slices)
             tl.atomic_add(queue_ptr + SPREAD_BASE + (tl.program_id(0) % SPREAD_WORDS) * SPREAD_STRIDE,
                           1, sem="relaxed")
+        elif MODE == 11:  # a turned-away program leaves once the working ones are well under way
+            if site >= programs:
+                now = tl.extra.cuda.globaltimer()
+                until = now + LATE_NS
+                while now < until:
+                    now = tl.extra.cuda.globaltimer()
+            tl.atomic_add(queue_ptr + 1, 1, sem="relaxed")
+        elif MODE == 12:  # a plain store a program, each its own word, instead of an atomic
+            tl.store(queue_ptr + SPREAD_BASE + tl.program_id(0), 1)
 
 
 def variants(N: int, K: int, device_sms: int) -> dict:
