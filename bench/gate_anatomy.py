@@ -56,28 +56,30 @@ SHAPES = {"down": (4096, 12288), "gate_up": (24576, 4096)}
 MODES = ("plain", "loop", "atomic first", "queue", "extra programs", "rank by site",
          "rank by site, no leave", "rank by site, relaxed leave", "rank by site, arrival first",
          "rank by site, spread leave", "rank by site, workers leave", "rank by site, late leave",
-         "rank by site, stored leave")
+         "rank by site, stored leave", "rank by site, leave 5 us late",
+         "rank by site, leave 2 us late")
 ONE_AN_SM = MODES[4:]  # grids of every SM
 # `spread leave`'s words: 16, a 128-byte line apart, after the site counts
 SPREAD_BASE, SPREAD_WORDS, SPREAD_STRIDE = tl.constexpr(256), tl.constexpr(16), tl.constexpr(32)
-LATE_NS = tl.constexpr(20_000)  # `late leave`: how long a turned-away program waits first
+# `late leave`: how long a turned-away program waits first, by mode
+LATE_NS = {11: 20_000, 13: 5_000, 14: 2_000}
 
 
 @triton.jit
 def _anatomy_kernel(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, queue_ptr, table_ptr, slots,
                     M, N, K, stride_xm, stride_wn, stride_ym, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                    WHOLE_TILES: tl.constexpr, MODE: tl.constexpr):
+                    WHOLE_TILES: tl.constexpr, MODE: tl.constexpr, LATE: tl.constexpr):
     # the body's arguments as a tuple literal in the call (a tuple bound to a local name turns
     # its constexprs into tensors), as kernels/_pinned.run_slots takes them
     _run_mode(tl.program_id(0), slots, queue_ptr, table_ptr,
               (x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_wn,
                stride_ym, 0.0, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, WHOLE_TILES, False, False, False,
-               False), MODE)
+               False), MODE, LATE)
 
 
 @triton.jit
-def _run_mode(pid, programs, queue_ptr, table_ptr, args, MODE: tl.constexpr):
+def _run_mode(pid, programs, queue_ptr, table_ptr, args, MODE: tl.constexpr, LATE: tl.constexpr):
     if MODE == 0:
         _skinny_slot(pid, programs, *args)
     elif MODE == 1:
@@ -118,12 +120,12 @@ def _run_mode(pid, programs, queue_ptr, table_ptr, args, MODE: tl.constexpr):
         elif MODE == 7:
             tl.atomic_add(queue_ptr + 1, 1, sem="relaxed")
         elif MODE == 9:  # the leaves spread over words in other lines (other L2 slices)
-            tl.atomic_add(queue_ptr + SPREAD_BASE + (tl.program_id(0) % SPREAD_WORDS) * SPREAD_STRIDE,
-                          1, sem="relaxed")
-        elif MODE == 11:  # a turned-away program leaves once the working ones are well under way
-            if site >= programs:
+            word = SPREAD_BASE + (tl.program_id(0) % SPREAD_WORDS) * SPREAD_STRIDE
+            tl.atomic_add(queue_ptr + word, 1, sem="relaxed")
+        elif (MODE == 11) or (MODE == 13) or (MODE == 14):  # a turned-away program leaves once
+            if site >= programs:  # the working ones are under way
                 now = tl.extra.cuda.globaltimer()
-                until = now + LATE_NS
+                until = now + LATE
                 while now < until:
                     now = tl.extra.cuda.globaltimer()
             tl.atomic_add(queue_ptr + 1, 1, sem="relaxed")
@@ -159,7 +161,8 @@ def variants(N: int, K: int, device_sms: int) -> dict:
                                      x.stride(0), w.stride(0), out.stride(0),
                                      BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                                      BLOCK_K=cfg.block_k, EVEN_K=K % cfg.block_k == 0,
-                                     WHOLE_TILES=p.whole, MODE=mode, num_warps=cfg.num_warps,
+                                     WHOLE_TILES=p.whole, MODE=mode, LATE=LATE_NS.get(mode, 0),
+                                     num_warps=cfg.num_warps,
                                      num_stages=cfg.num_stages)
         return run
 
