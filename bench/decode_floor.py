@@ -2,21 +2,21 @@
 on one GPU (issue 26's figures; bench/results/decode-floor-<gpu>.json).
 
 Measured in one process: the streaming read over 2 GiB buffers on the whole GPU (the floor's
-rate); the whole decode step of the Qwen3-8B preset, 32 requests x 2048 tokens, captured, on
-the whole GPU as served (launches overlapped), without the GEMMs' early weight lines, with each
-launch after the last, with stream-K on every program (no aligned split), with decode
-attention at 2-3 programs an SM, and its kernel launches
-(counted by the profiler in one eager step); the same bytes as streaming reads, a launch per
-weight (`stream_equivalent`: what a step of separate kernels could reach); the decode step on
-each of SGLang's levels' decode SMs (20-60 on an H200) on green contexts and on pinned SMs at
-1-3 CTAs per SM and as a served decode side runs, alone and beside a prefill on the rest (at one
-CTA an SM also the prefill's own time beside the decode step: what a decode-side setting costs
-the other side), with the SMs each side's kernels ran on (pinned at one also with the claiming
-gate instead of the one-a-site one and on the SMs green's decode side ran on: the gap to
-green by cause; each pinned row counts the probe's slots that ran off their side's SMs); decode
-attention on 16 pinned SMs at 1-3 CTAs per SM. The
-kernel benchmark's and a run's figures (decode linears and attention against the streaming
-read, pd-mux's ITL and prefill at 80/52) come from their files when given.
+rate); the whole decode step of the Qwen3-8B preset, 32 requests x 2048 tokens, captured, on the
+whole GPU as served (launches overlapped), without the GEMMs' early weight lines, with each
+launch after the last, with stream-K on every program (no aligned split), with decode attention
+at 2-3 programs an SM, and its kernel launches (counted by the profiler in one eager step); the
+same bytes as streaming reads, a launch per weight (`stream_equivalent`: what a step of separate
+kernels could reach); the decode step on each of SGLang's levels' decode SMs (20-60 on an H200)
+on green contexts and on pinned SMs at 1-3 CTAs per SM and as a served decode side runs, alone
+and beside a prefill on the rest (at one CTA an SM also the prefill's own time beside the decode
+step: what a decode-side setting costs the other side), with the SMs each side's kernels ran on
+(pinned at one also with the claiming gate instead of the one-a-site one, with the programs off
+a side's range arriving late, and on the SMs green's decode side ran on: the gap to green by
+cause; each pinned row counts the probe's slots that ran off their side's SMs); decode attention
+on 16 pinned SMs at 1-3 CTAs per SM. The kernel benchmark's and a run's figures (decode linears
+and attention against the streaming read, pd-mux's ITL and prefill at 80/52) come from their
+files when given.
 
     python bench/decode_floor.py --out bench/results [--kernels FILE] [--run FILE]
 """
@@ -38,7 +38,7 @@ from pdmux_triton.cost import step_cost
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.gpu.streams import PartitionStreams, kernel_args
 from pdmux_triton.kernels import decode_attention, gemm, linear, stream_read
-from pdmux_triton.kernels._pinned import one_a_site_at_c1, site_order
+from pdmux_triton.kernels._pinned import late_arrivals, one_a_site_at_c1, site_order
 from pdmux_triton.measure.telemetry import probe
 from pdmux_triton.measure.timing import time_alone, time_corun
 from pdmux_triton.measure.workloads import DecodeAttention, DecodeStep, PrefillLayers
@@ -153,8 +153,9 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
 # cause: the claiming gate (kernels/_pinned.py) instead of the one-a-site one that one program
 # an SM takes (on both sides), and the product's gate on the very SMs green's decode side ran
 # on, the prefill side on the rest (placement apart from the gate)
-CLAIMING_TURN, ON_GREEN_SMS_TURN = "1 claiming", "1 on green's SMs"
-DIAGNOSTIC_TURNS = (CLAIMING_TURN, ON_GREEN_SMS_TURN)
+# (and the one-a-site gate with its programs off the range arriving late: `_pinned.LATE_ARRIVALS`)
+CLAIMING_TURN, ON_GREEN_SMS_TURN, LATE_TURN = "1 claiming", "1 on green's SMs", "1 late arrivals"
+DIAGNOSTIC_TURNS = (CLAIMING_TURN, ON_GREEN_SMS_TURN, LATE_TURN)
 
 
 def green_decode_sms(part: PartitionStreams, probe_x: torch.Tensor,
@@ -210,6 +211,7 @@ def levels(res: Results, step: DecodeStep, prefill: PrefillLayers, gpu) -> None:
                 else:
                     one = turns[0][1]
                     turns += [(CLAIMING_TURN, one, 1, one_a_site_at_c1(False)),
+                              (LATE_TURN, one, 1, late_arrivals(True)),
                               (ON_GREEN_SMS_TURN, one, 1,
                                sites_headed_by(green_sms, part.decode_budget.site_head))]
                 for c, dbud, versus, how in turns:
@@ -349,7 +351,8 @@ def summarize(res: Results) -> None:
         if no_pdl:  # the gap left with green's launches apart too: the gate's
             s["pinned_vs_green_without_pdl_max_alone_pct"] = max(no_pdl)
         for turn, key in ((CLAIMING_TURN, "pinned_claiming_vs_green_max_error_pct"),
-                          (ON_GREEN_SMS_TURN, "pinned_on_green_sms_vs_green_max_error_pct")):
+                          (ON_GREEN_SMS_TURN, "pinned_on_green_sms_vs_green_max_error_pct"),
+                          (LATE_TURN, "pinned_late_arrivals_vs_green_max_error_pct")):
             diagnostic = [r for r in pinned if r["ctas_per_sm"] == turn]
             if diagnostic:
                 s[key] = worst(diagnostic)

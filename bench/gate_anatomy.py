@@ -20,9 +20,9 @@ launch after zeroing a small counter buffer (so each variant pays the same memse
   cost, or the round trip?), `spread leave` with it relaxed on one of 16 words by program id
   (is it the one word all of the GPU's programs hit?), `workers leave` with only the programs
   that worked leaving by it (or the turned-away programs' traffic?), `late leave` with the
-  turned-away programs' leave 20 us after they start (the atomics at the working programs'
-  start, or at all?), `stored leave` with a plain store a program, each to its own word (an
-  atomic, or any write?). `rank by site, arrival first`: the leave moved to the start,
+  turned-away programs' leave 20 us after they start, or 5 or 2 (the atomics at the working
+  programs' start, or at all?), `stored leave` with a plain store a program, each to its own
+  word (an atomic, or any write?). `rank by site, arrival first`: the leave moved to the start,
   an acquire-release arrival right after the site's atomic, whose last arriver would do the
   slots of sites that got no program (none here) and resets the count: no atomic at the end.
   All are checked against `plain`'s output;
@@ -30,7 +30,8 @@ launch after zeroing a small counter buffer (so each variant pays the same memse
   device's measured site order and with an order whose first 20 sites are the SMs the capped
   launch ran on (so the two run on the same SMs); with the product's gate at one program an
   SM (the one-a-site gate, `_pinned.ONE_A_SITE_AT_C1`: the idea `rank by site, arrival first`
-  as the product does it) and with the claiming gate.
+  as the product does it), with its programs off the range arriving late (`LATE_ARRIVALS`)
+  and with the claiming gate.
 
     python bench/gate_anatomy.py --out bench/results
 """
@@ -46,8 +47,8 @@ import triton.language as tl
 from common import gpu_results, sites_headed_by
 
 from pdmux_triton.kernels import linear
-from pdmux_triton.kernels._pinned import (GATE_WORDS, Pinned, one_a_site_at_c1, site_order,
-                                          site_table)
+from pdmux_triton.kernels._pinned import (GATE_WORDS, Pinned, late_arrivals, one_a_site_at_c1,
+                                          site_order, site_table)
 from pdmux_triton.kernels.gemm import _skinny_slot, plan
 from pdmux_triton.measure.timing import time_alone
 
@@ -166,11 +167,11 @@ def variants(N: int, K: int, device_sms: int) -> dict:
                                      num_stages=cfg.num_stages)
         return run
 
-    def product(one_a_site: bool | None = None, **budget):  # None: the product's gate
-        def run():
+    def product(one_a_site: bool | None = None, late: bool = False, **budget):
+        def run():  # (one_a_site None: the product's gate)
             queue.zero_()
             with (contextlib.nullcontext() if one_a_site is None
-                  else one_a_site_at_c1(one_a_site)):
+                  else one_a_site_at_c1(one_a_site)), late_arrivals(late):
                 linear(x, w, out, **budget)
         return run
 
@@ -178,6 +179,7 @@ def variants(N: int, K: int, device_sms: int) -> dict:
     runs["capped (product)"] = product(num_sms=SMS)
     runs["pinned (product)"] = product(pinned=Pinned(0, SMS))
     runs["pinned, claiming gate"] = product(False, pinned=Pinned(0, SMS))
+    runs["pinned, late arrivals"] = product(True, True, pinned=Pinned(0, SMS))
     torch.cuda.synchronize()
     return runs, capped_sms, p, out
 
@@ -200,7 +202,7 @@ def main(argv=None) -> int:
             res.row(section="anatomy", shape=shape, variant=name, us=us, over_plain=us / base,
                     whole_tiles=pl.whole, grid=pl.grid, equals_plain=torch.equal(out, ref))
         with sites_headed_by(capped_sms):
-            for gate in ("pinned (product)", "pinned, claiming gate"):
+            for gate in ("pinned (product)", "pinned, claiming gate", "pinned, late arrivals"):
                 us = time_alone(runs[gate], stream, graph=True) * 1e3
                 res.row(section="anatomy", shape=shape, variant=f"{gate} on the capped "
                         "launch's SMs", us=us, over_plain=us / base, capped_sms=capped_sms,

@@ -63,11 +63,19 @@ from pdmux_triton.kernels._launch import (default_num_sms, grid_size, interpreti
 # int32 words), then a count per site; a one-a-site launch, which claims nothing, counts its
 # programs' arrivals in the word's low half
 GATE_WORD, ARRIVALS, SITE_COUNTS = tl.constexpr(0), tl.constexpr(0), tl.constexpr(2)
-# the kernels' PINNED constexpr: the gate a pinned launch takes (False: a plain launch)
-CLAIMING, ONE_A_SITE = 1, 2
+# the kernels' PINNED constexpr: the gate a pinned launch takes (False: a plain launch); the
+# one-a-site gate whose programs off the range arrive late is `LATE_ARRIVALS`'s
+CLAIMING, ONE_A_SITE, ONE_A_SITE_LATE = 1, 2, 3
 ONE_A_SITE_GATE = tl.constexpr(ONE_A_SITE)  # the same, in a kernel
+ONE_A_SITE_LATE_GATE = tl.constexpr(ONE_A_SITE_LATE)
 # whether a launch of one program an SM takes the one-a-site gate (the module's note)
 ONE_A_SITE_AT_C1 = True
+# whether a one-a-site program that lands off the range waits ARRIVAL_DELAY_NS before it counts
+# its arrival. A diagnostic, off: any write of the turned-away programs while the working ones
+# start cost the down GEMM ~4 us a launch and the same write 20 us later nothing
+# (bench/gate_anatomy.py); but a program that waits holds its SM, outside the partition
+LATE_ARRIVALS = False
+ARRIVAL_DELAY_NS = tl.constexpr(5_000)
 
 
 @contextlib.contextmanager
@@ -84,6 +92,11 @@ def _switched(name: str, value):
 def one_a_site_at_c1(on: bool):
     """`ONE_A_SITE_AT_C1` set to `on` inside the block."""
     return _switched("ONE_A_SITE_AT_C1", on)
+
+
+def late_arrivals(on: bool):
+    """`LATE_ARRIVALS` set to `on` inside the block."""
+    return _switched("LATE_ARRIVALS", on)
 
 
 GATE_WORDS = 1024  # the gate buffer's int32 counters, and the site table's entries (SM ids)
@@ -255,9 +268,12 @@ def pinned_launch(pinned: Pinned | None, slots: int, ctas_per_sm: int, device: t
             raise PdmuxError(f"a placement's sites must be in 0..{MAX_SITE}, got {low}..{high}")
         grid, where = placement.numel(), placement
     gate = shared_counters("pinned gate", GATE_WORDS, device)
+    gate_kind = CLAIMING
+    if one_a_site:  # (a placement runs where there is no %globaltimer to wait by)
+        gate_kind = ONE_A_SITE_LATE if LATE_ARRIVALS and placement is None else ONE_A_SITE
     return PinnedLaunch(grid, slots,
                         (gate, where, pinned.first_site, pinned.sms, ctas_per_sm, slots, grid),
-                        {"PINNED": ONE_A_SITE if one_a_site else CLAIMING,
+                        {"PINNED": gate_kind,
                          "PLACED": placement is not None,
                          "BLOCK_SMS": triton.next_power_of_2(pinned.sms),
                          "PDL": False, "launch_pdl": False})
@@ -376,9 +392,9 @@ def run_slots(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, first_s
     if PDL:
         gdc_launch_dependents()
         gdc_wait()
-    if PINNED == ONE_A_SITE_GATE:
+    if (PINNED == ONE_A_SITE_GATE) or (PINNED == ONE_A_SITE_LATE_GATE):
         run_one_a_site(BODY, args, sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, slots,
-                       programs, RECORD_SM, PLACED, BLOCK_SMS)
+                       programs, RECORD_SM, PLACED, BLOCK_SMS, PINNED == ONE_A_SITE_LATE_GATE)
     elif PINNED:
         slot, sm = pinned_start(gate_ptr, place_ptr, first_site, n_sms, ctas, slots, programs,
                                 PLACED, BLOCK_SMS)
@@ -403,11 +419,18 @@ def run_claimed(BODY: tl.constexpr, args, slot, sm, sm_ids_ptr, gate_ptr, first_
 @triton.jit
 def run_one_a_site(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms,
                    slots, programs, RECORD_SM: tl.constexpr, PLACED: tl.constexpr,
-                   BLOCK_SMS: tl.constexpr):
+                   BLOCK_SMS: tl.constexpr, LATE: tl.constexpr):
     """The one-a-site gate (the module's note): the program admitted on the range's r-th site
     does slot r; the launch's last program to arrive also does the slots of the sites nobody
-    was admitted on, and leaves the counters zero."""
+    was admitted on, and leaves the counters zero. LATE: a program off the range arrives
+    `ARRIVAL_DELAY_NS` after it starts (`LATE_ARRIVALS`; `%globaltimer`: a GPU only)."""
     ok, rank, sm = admitted(gate_ptr, place_ptr, first_site, n_sms, 1, PLACED)
+    if LATE:
+        if (rank < 0) | (rank >= n_sms):
+            now = tl.extra.cuda.globaltimer()
+            until = now + ARRIVAL_DELAY_NS
+            while now < until:
+                now = tl.extra.cuda.globaltimer()
     # released after this program's admission count: the last arriver sees every count
     last = tl.atomic_add(gate_ptr + ARRIVALS, 1, sem="release") == programs - 1
     slot = tl.where(ok & (rank < slots), rank, slots)

@@ -15,8 +15,9 @@ from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels import stream_read
 from pdmux_triton.kernels._launch import shared_counters
 from pdmux_triton.kernels._pinned import (_SITES, CLAIMING, GATE_WORDS, MAX_SITE, ONE_A_SITE,
-                                          Pinned, admitted, first_slot, one_a_site_at_c1,
-                                          pinned_launch, run_claimed, run_slots, site_order)
+                                          ONE_A_SITE_LATE, Pinned, admitted, first_slot,
+                                          late_arrivals, one_a_site_at_c1, pinned_launch,
+                                          run_claimed, run_slots, site_order)
 
 # indexed as kernels see their tensors' devices: the gate's counters are kept per device
 DEV = torch.device("cuda", torch.cuda.current_device()) if HAS_CUDA else torch.device("cpu")
@@ -332,9 +333,23 @@ def test_pinned_sides_share_no_sm_and_replay_from_a_graph():
             assert torch.equal(a, b)
 
 
+def test_late_arrivals_wait_only_where_there_is_a_clock():
+    """`late_arrivals` makes a one-a-site launch's programs off the range wait by
+    %globaltimer, which a placement's launch (the interpreter's) has not: it keeps the plain
+    one-a-site gate there; at several CTAs an SM the claiming gate as before."""
+    placement = torch.tensor([0, 1, 2, 3], dtype=torch.int32, device=DEV)
+    with one_a_site_at_c1(True), late_arrivals(True):
+        assert pinned_launch(Pinned(1, 2, placement), 2, 1, DEV).kwargs["PINNED"] == ONE_A_SITE
+        assert pinned_launch(Pinned(1, 2, placement), 4, 2, DEV).kwargs["PINNED"] == CLAIMING
+        if HAS_CUDA:
+            assert pinned_launch(Pinned(1, 2), 2, 1, DEV).kwargs["PINNED"] == ONE_A_SITE_LATE
+
+
 @pytest.mark.gpu
-def test_one_a_site_sides_at_once_and_in_a_graph_beside_the_claiming_gate():
-    """Both sides one a site on complementary SMs, on two streams at once, results exact: a
+@pytest.mark.parametrize("late", [False, True])
+def test_one_a_site_sides_at_once_and_in_a_graph_beside_the_claiming_gate(late):
+    """Both sides one a site on complementary SMs (programs off a side's range arriving at once
+    or late: `late_arrivals`), on two streams at once, results exact: a
     decode GEMM (one program an SM by its shared memory) and rmsnorm (small programs, which may
     share an SM). Every slot runs on its own site but those of sites the hardware left empty,
     which all run where the last arriver is (one SM; how many is printed). Then a captured
@@ -350,7 +365,7 @@ def test_one_a_site_sides_at_once_and_in_a_graph_beside_the_claiming_gate():
     norm_w = torch.randn(4096, dtype=torch.bfloat16, device="cuda")
     want = [linear(x, w), rmsnorm(rows, norm_w)]
     streams = [torch.cuda.Stream() for _ in sides]
-    with one_a_site_at_c1(True):
+    with one_a_site_at_c1(True), late_arrivals(late):
         for _ in range(3):
             got, ids = [], []
             for (first, k), stream in zip(sides, streams):
