@@ -70,10 +70,11 @@ ONE_A_SITE_GATE = tl.constexpr(ONE_A_SITE)  # the same, in a kernel
 ONE_A_SITE_LATE_GATE = tl.constexpr(ONE_A_SITE_LATE)
 # whether a launch of one program an SM takes the one-a-site gate (the module's note)
 ONE_A_SITE_AT_C1 = True
-# whether a one-a-site program that lands off the range waits ARRIVAL_DELAY_NS before it counts
-# its arrival. A diagnostic, off: any write of the turned-away programs while the working ones
-# start cost the down GEMM ~4 us a launch and the same write 20 us later nothing
-# (bench/gate_anatomy.py); but a program that waits holds its SM, outside the partition
+# whether a one-a-site program that lands off the range while the range's sites still fill
+# waits ARRIVAL_DELAY_NS before it counts its arrival (`_wait_while_sites_fill`). A diagnostic,
+# off: any write of the turned-away programs while the working ones start cost the down GEMM
+# ~4 us a launch and the same write 20 us later nothing (bench/gate_anatomy.py); but a program
+# that waits holds its SM, outside the partition
 LATE_ARRIVALS = False
 ARRIVAL_DELAY_NS = tl.constexpr(5_000)
 
@@ -427,10 +428,7 @@ def run_one_a_site(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, fi
     ok, rank, sm = admitted(gate_ptr, place_ptr, first_site, n_sms, 1, PLACED)
     if LATE:
         if (rank < 0) | (rank >= n_sms):
-            now = tl.extra.cuda.globaltimer()
-            until = now + ARRIVAL_DELAY_NS
-            while now < until:
-                now = tl.extra.cuda.globaltimer()
+            _wait_while_sites_fill(gate_ptr, first_site, n_sms, BLOCK_SMS)
     # released after this program's admission count: the last arriver sees every count
     last = tl.atomic_add(gate_ptr + ARRIVALS, 1, sem="release") == programs - 1
     slot = tl.where(ok & (rank < slots), rank, slots)
@@ -449,6 +447,23 @@ def run_one_a_site(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, fi
             done = slot
         else:
             slot = slots
+
+
+@triton.jit
+def _wait_while_sites_fill(gate_ptr, first_site, n_sms, BLOCK_SMS: tl.constexpr):
+    """A program off the range, before it arrives: if a site of the range has no program yet,
+    the working programs are starting, and it waits `ARRIVAL_DELAY_NS` (its write then would
+    hold them up); one that lands once every site is taken (beside a busy partition, where
+    it waited for an SM) arrives at once rather than hold its SM. Loads only: they cost the
+    working programs nothing (bench/gate_anatomy.py)."""
+    offs = tl.arange(0, BLOCK_SMS)
+    counts = tl.load(gate_ptr + SITE_COUNTS + first_site + offs, mask=offs < n_sms, other=1,
+                     cache_modifier=".cg")
+    if tl.min(counts, axis=0) == 0:
+        now = tl.extra.cuda.globaltimer()
+        until = now + ARRIVAL_DELAY_NS
+        while now < until:
+            now = tl.extra.cuda.globaltimer()
 
 
 @triton.jit
