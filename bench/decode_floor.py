@@ -34,6 +34,7 @@ from common import (MODEL, Results, require_gpu, same_bytes_buffers, sites_heade
                     stream_same_bytes, t_graph)
 from script import bench_parser, run_script
 
+from pdmux_triton.cli.parsing import choice, listed
 from pdmux_triton.cost import step_cost
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.gpu.streams import PartitionStreams, kernel_args
@@ -156,6 +157,19 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
 # (and the one-a-site gate with its programs off the range arriving late: `_pinned.LATE_ARRIVALS`)
 CLAIMING_TURN, ON_GREEN_SMS_TURN, LATE_TURN = "1 claiming", "1 on green's SMs", "1 late arrivals"
 DIAGNOSTIC_TURNS = (CLAIMING_TURN, ON_GREEN_SMS_TURN, LATE_TURN)
+# the pinned turns of a level by label (each compared with green's turn of its c, the
+# diagnostic ones with green's "1")
+TURNS = (*map(str, CTAS), "served", *DIAGNOSTIC_TURNS)
+
+
+def compared_turns(only: tuple[str, ...], kind: str) -> set[str]:
+    """The turns of a `kind` partition to run for the pinned turns `only`: those for pinned;
+    for green, each one's turn to compare with (a diagnostic turn's is green's "1") and the
+    same without PDL."""
+    if kind == "pinned":
+        return set(only)
+    versus = {"1" if t in DIAGNOSTIC_TURNS else t for t in only}
+    return versus | {f"{t} no pdl" for t in versus}
 
 
 def green_decode_sms(part: PartitionStreams, probe_x: torch.Tensor,
@@ -177,13 +191,14 @@ def pinned_sms(budget) -> list[int]:
     return order[budget.first_site:budget.first_site + budget.num_sms]
 
 
-def levels(res: Results, step: DecodeStep, prefill: PrefillLayers, gpu) -> None:
+def levels(res: Results, step: DecodeStep, prefill: PrefillLayers, gpu,
+           only: tuple[str, ...] | None = None) -> None:
     """Each middle level up to 60 decode SMs: green (one CTA per SM: a grid of the budget) and
     pinned at each c for every kernel, and as a served decode side runs (decode attention at
     the split's served CTAs per SM, the other kernels at one), the decode step alone and
     beside the prefill; green at one and as served also without PDL; pinned at one also with
-    the claiming gate, on green's decode SMs and with each side's programs alone
-    (`DIAGNOSTIC_TURNS`)."""
+    the claiming gate, with late arrivals and on green's decode SMs (`DIAGNOSTIC_TURNS`).
+    `only`: the pinned turns to run (`TURNS`), and green's that they are compared with."""
     groups = [g for g in sglang_rules.stream_groups(gpu.sms, gpu.cc_major)[1:-1] if g[1] <= 60]
     probe_x = torch.randn(4096, MODEL.hidden, dtype=torch.bfloat16, device="cuda")
     probe_q = torch.randn(BATCH, MODEL.q_heads, MODEL.head_dim, dtype=torch.bfloat16,
@@ -214,6 +229,8 @@ def levels(res: Results, step: DecodeStep, prefill: PrefillLayers, gpu) -> None:
                               (LATE_TURN, one, 1, late_arrivals(True)),
                               (ON_GREEN_SMS_TURN, one, 1,
                                sites_headed_by(green_sms, part.decode_budget.site_head))]
+                if only is not None:
+                    turns = [t for t in turns if str(t[0]) in compared_turns(only, kind)]
                 for c, dbud, versus, how in turns:
                     with how or contextlib.nullcontext():
                         alone = time_alone(lambda: step.run(dbud), part.decode_stream,
@@ -367,11 +384,12 @@ def run(args) -> int:
     check_files_gpu(figures, gpu.name)
     res = Results(Path(args.out) / f"decode-floor-{gpu.name}.json", gpu.name)
     res.data["inputs"] = {"model": MODEL.name, "batch": BATCH, "context": CONTEXT,
-                          "ctas": list(CTAS), "stream_bytes": STREAM_BYTES}
+                          "ctas": list(CTAS), "stream_bytes": STREAM_BYTES,
+                          "turns": list(args.turns or TURNS)}
     step = DecodeStep(MODEL, BATCH, CONTEXT)
     whole_gpu(res, step, gpu.sms)
     attention_16(res, gpu)
-    levels(res, step, PrefillLayers(MODEL, 8192, layers=2), gpu)
+    levels(res, step, PrefillLayers(MODEL, 8192, layers=2), gpu, args.turns)
     summarize(res)
     from_files(res, figures)
     print(f"wrote {res.path}")
@@ -384,6 +402,9 @@ def main(argv=None) -> int:
     p = bench_parser("decode_floor.py", __doc__)
     p.add_argument("--kernels", help="bench/bench_kernels.py's kernels-<gpu>.json")
     p.add_argument("--run", help="`pdmux-triton run --kinds ...`'s run-<gpu>.json")
+    p.add_argument("--turns", type=listed(choice(TURNS), "turn"),
+                   help="only these pinned turns at each level, and green's they are compared "
+                        f"with (default: all of {', '.join(TURNS)})")
     return run_script(p, run, argv)
 
 

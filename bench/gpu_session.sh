@@ -32,6 +32,7 @@
 #       bench/gpu_session.sh sustained    # and busy part of the time: where the clocks fall
 #   bash bench/gpu_session.sh pinned floor   # pinned partitions: gpu tests, decode-floor figures
 #   bash bench/gpu_session.sh pinned anatomy sites floor   # and what the pinned gate costs
+#   FLOOR_TURNS="1,1 late arrivals" bash bench/gpu_session.sh floor   # only those pinned turns
 #   bash bench/gpu_session.sh tests kernels run occupancy   # ~5 min
 #   bash bench/gpu_session.sh calibrate run advised         # ~3.5 min: after a decode-kernel change,
 #       re-measures the decode workloads (CTAs 1) into a copy of the committed calibration, then
@@ -73,7 +74,7 @@ step calibrate 150 bash -c 'cp bench/results/calibrate-points-h200.jsonl \
     rm -f "$OUT/calibrate-h200.png" "$OUT/calibrate-settings-h200.json"'
 export CALIBRATION=bench/results/calibrate-h200.json
 [ -f "$OUT/calibrate-h200.json" ] && CALIBRATION="$OUT/calibrate-h200.json"
-export ADVISE_ITL_MS=${ADVISE_ITL_MS:-12}
+export ADVISE_ITL_MS=${ADVISE_ITL_MS:-12} FLOOR_TURNS=${FLOOR_TURNS:-}
 # the README's main command with --out: bench/results/run-h200.json (the shipped H200
 # measurements price its estimate)
 step run ${RUN_S:-150} pdmux-triton run --gpu h200 --out "$OUT" ${RUN_ARGS:-}
@@ -126,7 +127,8 @@ step floor ${FLOOR_S:-300} bash -c 'card=$(python3 -c "from pdmux_triton.spec.gp
     detect_gpu; print(detect_gpu().name)"); k=$OUT/kernels-$card.json
     [ -f "$k" ] || k=bench/results/kernels-$card.json
     python3 bench/decode_floor.py --out "$OUT" $( [ -f "$k" ] && echo --kernels "$k" ) \
-    $( [ -f "$OUT/run-$card.json" ] && echo --run "$OUT/run-$card.json" )'
+    $( [ -f "$OUT/run-$card.json" ] && echo --run "$OUT/run-$card.json" ) \
+    ${FLOOR_TURNS:+--turns "$FLOOR_TURNS"}'
 # the simulator against the GPU on windows of the Azure traces (bench/trace_fidelity.py); its
 # points go to bench/results/trace-fidelity (carried back in $OUT), so a call cut short by its
 # limit resumes there on the next call once they are copied back into the tree

@@ -1196,7 +1196,8 @@ def test_decode_floor_summary_reads_its_rows_and_the_sessions_files(tmp_path):
     its level rows, the kernel benchmark's and a run's figures from their files (the best pd-mux
     kind by ITL during the prefill); without a GPU it says so in one line, exit 2."""
     sys.path.insert(0, "bench")
-    from decode_floor import check_files_gpu, file_figures, from_files, summarize
+    from decode_floor import (TURNS, check_files_gpu, compared_turns, file_figures, from_files,
+                              summarize)
 
     class Saved:  # what the two read and write of common.Results (which needs a GPU to make)
         data = {"summary": {}}
@@ -1234,6 +1235,10 @@ def test_decode_floor_summary_reads_its_rows_and_the_sessions_files(tmp_path):
         with pytest.raises(PdmuxError, match="was measured on .*not on this GPU .'h200'"):
             check_files_gpu(other, "h200")  # another card's figures in this card's summary
     check_files_gpu({}, "h100-sxm")  # no files, nothing to check
+    # --turns: the pinned turns named, and green's each is compared with (with and without PDL)
+    assert compared_turns(("2", "1 late arrivals"), "pinned") == {"2", "1 late arrivals"}
+    assert compared_turns(("2", "1 late arrivals"), "green") == {"2", "1", "2 no pdl", "1 no pdl"}
+    assert compared_turns(TURNS, "green") >= {"1", "2", "3", "served", "served no pdl"}
     from_files(res, figures)
     s = res.data["summary"]
     assert res.saves == 2
