@@ -19,6 +19,7 @@ and attention against the streaming read, pd-mux's ITL and prefill at 80/52) com
 files when given.
 
     python bench/decode_floor.py --out bench/results [--kernels FILE] [--run FILE]
+        [--turns "1,1 late arrivals"]   # only those pinned turns: decode-floor-turns-<gpu>.json
 """
 
 from __future__ import annotations
@@ -340,40 +341,47 @@ def from_files(res: Results, figures: dict) -> None:
     res.save()
 
 
+def _worst(rows: list[dict]) -> float:
+    """The largest |pinned vs green| over rows, alone or beside the prefill."""
+    return max(max(abs(r["vs_green_alone_pct"]), abs(r["vs_green_corun_pct"])) for r in rows)
+
+
+def _prefill_beside(s: dict, name: str, rows: list[dict]) -> None:
+    """The prefill beside a pinned turn: its slowest level against the prefill beside green's
+    decode side (negative: slower); rows from before the prefill was timed beside lack it."""
+    pcts = [r["prefill_vs_green_corun_pct"] for r in rows if "prefill_vs_green_corun_pct" in r]
+    if pcts:
+        s[f"{name}_prefill_vs_green_min_pct"] = min(pcts)
+
+
 def summarize(res: Results) -> None:
-    """Pinned against green: the product's turns (the diagnostic ones apart, each its own
-    figure), the served side, the SMs the sides shared, and the gap left without PDL."""
+    """Pinned against green: the product's turns at 1-3 CTAs an SM, the served side, the SMs
+    the sides shared, the gap left without PDL, each diagnostic turn's own figure, and the
+    prefill beside each turn at one CTA an SM. A run of some turns (`--turns`) gets the figures
+    of those it ran."""
     pinned = [r for r in res.data["rows"] if r["section"] == "level" and r["kind"] == "pinned"]
     rows = [r for r in pinned if r["ctas_per_sm"] not in DIAGNOSTIC_TURNS]
     s = res.data["summary"]
+    by_c = [r for r in rows if r["ctas_per_sm"] != "served"]
+    if by_c:
+        s["pinned_vs_green_max_error_pct"] = _worst(by_c)
+    served = [r for r in rows if r["ctas_per_sm"] == "served"]
+    if served:
+        s["served_pinned_vs_green_max_error_pct"] = _worst(served)
     if rows:
-        def worst(rs):
-            return max(max(abs(r["vs_green_alone_pct"]), abs(r["vs_green_corun_pct"])) for r in rs)
-        s["pinned_vs_green_max_error_pct"] = worst(
-            [r for r in rows if r["ctas_per_sm"] != "served"])
-        served = [r for r in rows if r["ctas_per_sm"] == "served"]
-        if served:
-            s["served_pinned_vs_green_max_error_pct"] = worst(served)
         s["pinned_shared_sms"] = max(r["shared_sms"] for r in rows)
-
-        def prefill_beside(name, rs):  # the prefill beside a turn: its slowest level against
-            # green's beside green's decode side (negative: slower); files before it lack it
-            pcts = [r["prefill_vs_green_corun_pct"] for r in rs
-                    if "prefill_vs_green_corun_pct" in r]
-            if pcts:
-                s[f"{name}_prefill_vs_green_min_pct"] = min(pcts)
-        prefill_beside("pinned", [r for r in rows if r["ctas_per_sm"] == 1])
-        no_pdl = [abs(r["vs_green_no_pdl_alone_pct"]) for r in rows
-                  if "vs_green_no_pdl_alone_pct" in r]
-        if no_pdl:  # the gap left with green's launches apart too: the gate's
-            s["pinned_vs_green_without_pdl_max_alone_pct"] = max(no_pdl)
-        for turn, key in ((CLAIMING_TURN, "pinned_claiming_vs_green_max_error_pct"),
-                          (ON_GREEN_SMS_TURN, "pinned_on_green_sms_vs_green_max_error_pct"),
-                          (LATE_TURN, "pinned_late_arrivals_vs_green_max_error_pct")):
-            diagnostic = [r for r in pinned if r["ctas_per_sm"] == turn]
-            if diagnostic:
-                s[key] = worst(diagnostic)
-                prefill_beside(key.replace("_vs_green_max_error_pct", ""), diagnostic)
+    _prefill_beside(s, "pinned", [r for r in rows if r["ctas_per_sm"] == 1])
+    no_pdl = [abs(r["vs_green_no_pdl_alone_pct"]) for r in rows
+              if "vs_green_no_pdl_alone_pct" in r]
+    if no_pdl:  # the gap left with green's launches apart too: the gate's
+        s["pinned_vs_green_without_pdl_max_alone_pct"] = max(no_pdl)
+    for turn, key in ((CLAIMING_TURN, "pinned_claiming"),
+                      (ON_GREEN_SMS_TURN, "pinned_on_green_sms"),
+                      (LATE_TURN, "pinned_late_arrivals")):
+        diagnostic = [r for r in pinned if r["ctas_per_sm"] == turn]
+        if diagnostic:
+            s[f"{key}_vs_green_max_error_pct"] = _worst(diagnostic)
+            _prefill_beside(s, key, diagnostic)
     res.save()
 
 
@@ -382,7 +390,9 @@ def run(args) -> int:
     require_gpu("bench/decode_floor.py")
     gpu = detect_gpu()
     check_files_gpu(figures, gpu.name)
-    res = Results(Path(args.out) / f"decode-floor-{gpu.name}.json", gpu.name)
+    # (a run of some turns is not the floor's whole file: it gets its own name)
+    name = "decode-floor-turns" if args.turns else "decode-floor"
+    res = Results(Path(args.out) / f"{name}-{gpu.name}.json", gpu.name)
     res.data["inputs"] = {"model": MODEL.name, "batch": BATCH, "context": CONTEXT,
                           "ctas": list(CTAS), "stream_bytes": STREAM_BYTES,
                           "turns": list(args.turns or TURNS)}

@@ -57,8 +57,8 @@ SHAPES = {"down": (4096, 12288), "gate_up": (24576, 4096)}
 MODES = ("plain", "loop", "atomic first", "queue", "extra programs", "rank by site",
          "rank by site, no leave", "rank by site, relaxed leave", "rank by site, arrival first",
          "rank by site, spread leave", "rank by site, workers leave", "rank by site, late leave",
-         "rank by site, stored leave", "rank by site, leave 5 us late",
-         "rank by site, leave 2 us late")
+         "rank by site, stored leave", "rank by site, late leave 5 us",
+         "rank by site, late leave 2 us")
 ONE_AN_SM = MODES[4:]  # grids of every SM
 # `spread leave`'s words: 16, a 128-byte line apart, after the site counts
 SPREAD_BASE, SPREAD_WORDS, SPREAD_STRIDE = tl.constexpr(256), tl.constexpr(16), tl.constexpr(32)
@@ -123,8 +123,9 @@ def _run_mode(pid, programs, queue_ptr, table_ptr, args, MODE: tl.constexpr, LAT
         elif MODE == 9:  # the leaves spread over words in other lines (other L2 slices)
             word = SPREAD_BASE + (tl.program_id(0) % SPREAD_WORDS) * SPREAD_STRIDE
             tl.atomic_add(queue_ptr + word, 1, sem="relaxed")
-        elif (MODE == 11) or (MODE == 13) or (MODE == 14):  # a turned-away program leaves once
-            if site >= programs:  # the working ones are under way
+        elif (MODE == 11) or (MODE == 13) or (MODE == 14):
+            if site >= programs:  # turned away: its write waits until the working programs
+                # are under way (theirs comes after their slot anyway)
                 now = tl.extra.cuda.globaltimer()
                 until = now + LATE
                 while now < until:

@@ -74,7 +74,8 @@ ONE_A_SITE_AT_C1 = True
 # waits ARRIVAL_DELAY_NS before it counts its arrival (`_wait_while_sites_fill`). A diagnostic,
 # off: any write of the turned-away programs while the working ones start cost the down GEMM
 # ~4 us a launch and the same write 20 us later nothing (bench/gate_anatomy.py); but a program
-# that waits holds its SM, outside the partition
+# that waits holds its SM, outside the partition (the other side's), and, arriving last, does
+# the slots of the sites nobody took there
 LATE_ARRIVALS = False
 ARRIVAL_DELAY_NS = tl.constexpr(5_000)
 
@@ -270,7 +271,7 @@ def pinned_launch(pinned: Pinned | None, slots: int, ctas_per_sm: int, device: t
         grid, where = placement.numel(), placement
     gate = shared_counters("pinned gate", GATE_WORDS, device)
     gate_kind = CLAIMING
-    if one_a_site:  # (a placement runs where there is no %globaltimer to wait by)
+    if one_a_site:  # (the interpreter, which has no %globaltimer, runs with a placement)
         gate_kind = ONE_A_SITE_LATE if LATE_ARRIVALS and placement is None else ONE_A_SITE
     return PinnedLaunch(grid, slots,
                         (gate, where, pinned.first_site, pinned.sms, ctas_per_sm, slots, grid),
@@ -454,8 +455,9 @@ def _wait_while_sites_fill(gate_ptr, first_site, n_sms, BLOCK_SMS: tl.constexpr)
     """A program off the range, before it arrives: if a site of the range has no program yet,
     the working programs are starting, and it waits `ARRIVAL_DELAY_NS` (its write then would
     hold them up); one that lands once every site is taken (beside a busy partition, where
-    it waited for an SM) arrives at once rather than hold its SM. Loads only: they cost the
-    working programs nothing (bench/gate_anatomy.py)."""
+    it waited for an SM) arrives at once rather than hold its SM. It only loads: a load of the
+    read-only site table cost the working programs nothing (bench/gate_anatomy.py); these
+    read the counts they update, which is not measured apart."""
     offs = tl.arange(0, BLOCK_SMS)
     counts = tl.load(gate_ptr + SITE_COUNTS + first_site + offs, mask=offs < n_sms, other=1,
                      cache_modifier=".cg")
