@@ -155,9 +155,15 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
 # cause: the claiming gate (kernels/_pinned.py) instead of the one-a-site one that one program
 # an SM takes (on both sides), and the product's gate on the very SMs green's decode side ran
 # on, the prefill side on the rest (placement apart from the gate)
-# (and the one-a-site gate with its programs off the range arriving late: `_pinned.LATE_ARRIVALS`)
-CLAIMING_TURN, ON_GREEN_SMS_TURN, LATE_TURN = "1 claiming", "1 on green's SMs", "1 late arrivals"
-DIAGNOSTIC_TURNS = (CLAIMING_TURN, ON_GREEN_SMS_TURN, LATE_TURN)
+# (and the gates with their programs off the range arriving late, `_pinned.LATE_ARRIVALS`, at
+# one and three CTAs an SM and as served: each against green's turn of the same c)
+CLAIMING_TURN, ON_GREEN_SMS_TURN = "1 claiming", "1 on green's SMs"
+LATE_TURNS = {"1 late arrivals": 1, "3 late arrivals": 3, "served late arrivals": "served"}
+DIAGNOSTIC_TURNS = (CLAIMING_TURN, ON_GREEN_SMS_TURN, *LATE_TURNS)
+# each diagnostic turn's figures in the summary: f"{name}_vs_green_max_error_pct", ...
+DIAGNOSTIC_NAMES = {CLAIMING_TURN: "pinned_claiming", ON_GREEN_SMS_TURN: "pinned_on_green_sms",
+                    **{t: f"pinned_late_arrivals_{'c' if v != 'served' else ''}{v}"
+                       for t, v in LATE_TURNS.items()}}
 # the pinned turns of a level by label (each compared with green's turn of its c, the
 # diagnostic ones with green's "1")
 TURNS = (*map(str, CTAS), "served", *DIAGNOSTIC_TURNS)
@@ -169,7 +175,7 @@ def compared_turns(only: tuple[str, ...], kind: str) -> set[str]:
     same without PDL."""
     if kind == "pinned":
         return set(only)
-    versus = {"1" if t in DIAGNOSTIC_TURNS else t for t in only}
+    versus = {str(LATE_TURNS.get(t, 1)) if t in DIAGNOSTIC_TURNS else t for t in only}
     return versus | {f"{t} no pdl" for t in versus}
 
 
@@ -198,7 +204,8 @@ def levels(res: Results, step: DecodeStep, prefill: PrefillLayers, gpu,
     pinned at each c for every kernel, and as a served decode side runs (decode attention at
     the split's served CTAs per SM, the other kernels at one), the decode step alone and
     beside the prefill; green at one and as served also without PDL; pinned at one also with
-    the claiming gate, with late arrivals and on green's decode SMs (`DIAGNOSTIC_TURNS`).
+    the claiming gate and on green's decode SMs, and at one, three and as served with late
+    arrivals (`DIAGNOSTIC_TURNS`).
     `only`: the pinned turns to run (`TURNS`), and green's that they are compared with."""
     groups = [g for g in sglang_rules.stream_groups(gpu.sms, gpu.cc_major)[1:-1] if g[1] <= 60]
     probe_x = torch.randn(4096, MODEL.hidden, dtype=torch.bfloat16, device="cuda")
@@ -225,11 +232,12 @@ def levels(res: Results, step: DecodeStep, prefill: PrefillLayers, gpu,
                                   for c, b, *_ in turns if c in (1, "served")]
                     green_sms = green_decode_sms(part, probe_x, gate_up)
                 else:
-                    one = turns[0][1]
-                    turns += [(CLAIMING_TURN, one, 1, one_a_site_at_c1(False)),
-                              (LATE_TURN, one, 1, late_arrivals(True)),
-                              (ON_GREEN_SMS_TURN, one, 1,
-                               sites_headed_by(green_sms, part.decode_budget.site_head))]
+                    base = {label: budget for label, budget, *_ in turns}
+                    turns += [(CLAIMING_TURN, base[1], 1, one_a_site_at_c1(False)),
+                              (ON_GREEN_SMS_TURN, base[1], 1,
+                               sites_headed_by(green_sms, part.decode_budget.site_head)),
+                              *((label, base[c], c, late_arrivals(True))
+                                for label, c in LATE_TURNS.items())]
                 if only is not None:
                     turns = [t for t in turns if str(t[0]) in compared_turns(only, kind)]
                 for c, dbud, versus, how in turns:
@@ -375,9 +383,7 @@ def summarize(res: Results) -> None:
               if "vs_green_no_pdl_alone_pct" in r]
     if no_pdl:  # the gap left with green's launches apart too: the gate's
         s["pinned_vs_green_without_pdl_max_alone_pct"] = max(no_pdl)
-    for turn, key in ((CLAIMING_TURN, "pinned_claiming"),
-                      (ON_GREEN_SMS_TURN, "pinned_on_green_sms"),
-                      (LATE_TURN, "pinned_late_arrivals")):
+    for turn, key in DIAGNOSTIC_NAMES.items():
         diagnostic = [r for r in pinned if r["ctas_per_sm"] == turn]
         if diagnostic:
             s[f"{key}_vs_green_max_error_pct"] = _worst(diagnostic)

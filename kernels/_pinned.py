@@ -63,16 +63,17 @@ from pdmux_triton.kernels._launch import (default_num_sms, grid_size, interpreti
 # int32 words), then a count per site; a one-a-site launch, which claims nothing, counts its
 # programs' arrivals in the word's low half
 GATE_WORD, ARRIVALS, SITE_COUNTS = tl.constexpr(0), tl.constexpr(0), tl.constexpr(2)
-# the kernels' PINNED constexpr: the gate a pinned launch takes (False: a plain launch); the
-# one-a-site gate whose programs off the range arrive late is `LATE_ARRIVALS`'s
-CLAIMING, ONE_A_SITE, ONE_A_SITE_LATE = 1, 2, 3
-ONE_A_SITE_GATE = tl.constexpr(ONE_A_SITE)  # the same, in a kernel
-ONE_A_SITE_LATE_GATE = tl.constexpr(ONE_A_SITE_LATE)
+# the kernels' PINNED constexpr: the gate a pinned launch takes (False: a plain launch), with
+# LATE added where its programs off the range arrive late (`LATE_ARRIVALS`)
+CLAIMING, ONE_A_SITE, LATE = 1, 2, 4
+# the same, in a kernel
+ONE_A_SITE_GATE, ONE_A_SITE_LATE_GATE = tl.constexpr(ONE_A_SITE), tl.constexpr(ONE_A_SITE + LATE)
+CLAIMING_LATE_GATE = tl.constexpr(CLAIMING + LATE)
 # whether a launch of one program an SM takes the one-a-site gate (the module's note)
 ONE_A_SITE_AT_C1 = True
-# whether a one-a-site program that lands off the range while the range's sites still fill
-# waits ARRIVAL_DELAY_NS before it counts its arrival (`_wait_while_sites_fill`). A diagnostic,
-# off: any write of the turned-away programs while the working ones start cost the down GEMM
+# whether a pinned program that lands off the range while the range's sites still fill waits
+# ARRIVAL_DELAY_NS before it counts its arrival or departure (`_wait_while_sites_fill`). A
+# diagnostic, off: any write of the turned-away programs while the working ones start cost the down GEMM
 # ~4 us a launch and the same write 20 us later nothing (bench/gate_anatomy.py); but a program
 # that waits holds its SM, outside the partition (the other side's), and, arriving last, does
 # the slots of the sites nobody took there
@@ -270,9 +271,9 @@ def pinned_launch(pinned: Pinned | None, slots: int, ctas_per_sm: int, device: t
             raise PdmuxError(f"a placement's sites must be in 0..{MAX_SITE}, got {low}..{high}")
         grid, where = placement.numel(), placement
     gate = shared_counters("pinned gate", GATE_WORDS, device)
-    gate_kind = CLAIMING
-    if one_a_site:  # (the interpreter, which has no %globaltimer, runs with a placement)
-        gate_kind = ONE_A_SITE_LATE if LATE_ARRIVALS and placement is None else ONE_A_SITE
+    gate_kind = ONE_A_SITE if one_a_site else CLAIMING
+    if LATE_ARRIVALS and placement is None:  # (the interpreter, which has no %globaltimer,
+        gate_kind += LATE  # runs with a placement)
     return PinnedLaunch(grid, slots,
                         (gate, where, pinned.first_site, pinned.sms, ctas_per_sm, slots, grid),
                         {"PINNED": gate_kind,
@@ -368,9 +369,13 @@ def first_slot(gate_ptr, ok, first_site, n_sms, slots, programs, BLOCK_SMS: tl.c
 
 @triton.jit
 def pinned_start(gate_ptr, place_ptr, first_site, n_sms, ctas, slots, programs,
-                 PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr):
-    """(this program's first slot, or `slots` if the gate turned it away; its SM)."""
-    ok, _, sm = admitted(gate_ptr, place_ptr, first_site, n_sms, ctas, PLACED)
+                 PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr, LATE: tl.constexpr):
+    """(this program's first slot, or `slots` if the gate turned it away; its SM). LATE: a
+    program off the range departs late (`_wait_while_sites_fill`)."""
+    ok, rank, sm = admitted(gate_ptr, place_ptr, first_site, n_sms, ctas, PLACED)
+    if LATE:
+        if (rank < 0) | (rank >= n_sms):
+            _wait_while_sites_fill(gate_ptr, first_site, n_sms, BLOCK_SMS)
     return first_slot(gate_ptr, ok, first_site, n_sms, slots, programs, BLOCK_SMS), sm
 
 
@@ -394,12 +399,13 @@ def run_slots(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, first_s
     if PDL:
         gdc_launch_dependents()
         gdc_wait()
+    late = (PINNED == ONE_A_SITE_LATE_GATE) or (PINNED == CLAIMING_LATE_GATE)
     if (PINNED == ONE_A_SITE_GATE) or (PINNED == ONE_A_SITE_LATE_GATE):
         run_one_a_site(BODY, args, sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, slots,
-                       programs, RECORD_SM, PLACED, BLOCK_SMS, PINNED == ONE_A_SITE_LATE_GATE)
+                       programs, RECORD_SM, PLACED, BLOCK_SMS, late)
     elif PINNED:
         slot, sm = pinned_start(gate_ptr, place_ptr, first_site, n_sms, ctas, slots, programs,
-                                PLACED, BLOCK_SMS)
+                                PLACED, BLOCK_SMS, late)
         run_claimed(BODY, args, slot, sm, sm_ids_ptr, gate_ptr, first_site, n_sms, slots,
                     programs, RECORD_SM, BLOCK_SMS)
     else:

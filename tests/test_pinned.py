@@ -15,7 +15,7 @@ from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels import stream_read
 from pdmux_triton.kernels._launch import shared_counters
 from pdmux_triton.kernels._pinned import (_SITES, CLAIMING, GATE_WORDS, MAX_SITE, ONE_A_SITE,
-                                          ONE_A_SITE_LATE, Pinned, admitted, first_slot,
+                                          LATE, Pinned, admitted, first_slot,
                                           late_arrivals, one_a_site_at_c1, pinned_launch,
                                           run_claimed, run_slots, site_order)
 
@@ -230,15 +230,17 @@ GATES = [(1, False), (1, True), (2, False), (3, False)]
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("ctas,one_a_site", GATES)
-def test_pinned_stream_read_stays_on_its_sms(ctas, one_a_site):
+@pytest.mark.parametrize("late", [False, True])
+def test_pinned_stream_read_stays_on_its_sms(ctas, one_a_site, late):
     """On the GPU the hardware places the programs: every slot runs on the partition's SMs,
     the read is whole, and the counters are left zero. One a site: slot r on site r (on an
-    idle GPU every SM of the range gets a program, as the claiming gate's c = 1 shows)."""
+    idle GPU every SM of the range gets a program, as the claiming gate's c = 1 shows). The
+    same with the programs off the range arriving late (`late_arrivals`)."""
     total = torch.cuda.get_device_properties(0).multi_processor_count
     buf = torch.randint(-1000, 1000, (1 << 24,), dtype=torch.int32, device="cuda")
     for first, k in ((0, 16), (total - 20, 20), (40, 52)):
         sm_ids = torch.empty(k * ctas, dtype=torch.int32, device="cuda")
-        with one_a_site_at_c1(one_a_site):
+        with one_a_site_at_c1(one_a_site), late_arrivals(late):
             sums = stream_read(buf, ctas_per_sm=ctas, pinned=Pinned(first, k), sm_ids=sm_ids)
         assert sums.sum().item() == buf.sum().item()
         assert all(first <= s < first + k for s in _sites(sm_ids)), sm_ids.tolist()
@@ -334,15 +336,17 @@ def test_pinned_sides_share_no_sm_and_replay_from_a_graph():
 
 
 def test_late_arrivals_wait_only_where_there_is_a_clock():
-    """`late_arrivals` makes a one-a-site launch's programs off the range wait by
-    %globaltimer, which a placement's launch (the interpreter's) has not: it keeps the plain
-    one-a-site gate there; at several CTAs an SM the claiming gate as before."""
+    """`late_arrivals` makes a pinned launch's programs off the range wait by %globaltimer,
+    either gate, which a placement's launch (the interpreter's) has not: it keeps its plain
+    gate there."""
     placement = torch.tensor([0, 1, 2, 3], dtype=torch.int32, device=DEV)
     with one_a_site_at_c1(True), late_arrivals(True):
         assert pinned_launch(Pinned(1, 2, placement), 2, 1, DEV).kwargs["PINNED"] == ONE_A_SITE
         assert pinned_launch(Pinned(1, 2, placement), 4, 2, DEV).kwargs["PINNED"] == CLAIMING
         if HAS_CUDA:
-            assert pinned_launch(Pinned(1, 2), 2, 1, DEV).kwargs["PINNED"] == ONE_A_SITE_LATE
+            for ctas, gate in ((1, ONE_A_SITE), (2, CLAIMING)):
+                launch = pinned_launch(Pinned(1, 2), 2 * ctas, ctas, DEV)
+                assert launch.kwargs["PINNED"] == gate + LATE
 
 
 @pytest.mark.gpu
