@@ -63,7 +63,7 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >> "$LOG" 2>&1
 # the README's main command for a GPU machine, verbatim (its output is the step's log)
 step readme 240 bash -c 'python3 -m pip install --no-build-isolation -e . && pdmux-triton run --gpu h200'
 # TESTS_FILES splits the suite between calls (it outlasts one: 'tests/test_[a-g]*.py', then h-z)
-step tests ${TESTS_S:-420} python3 -m pytest -q -rP --durations=20 -m gpu ${TESTS_FILES:-tests} \
+step tests ${TESTS_S:-420} python3 -m pytest -q -rsP --durations=20 -m gpu ${TESTS_FILES:-tests} \
     ${TESTS_K:+-k "$TESTS_K"}
 step host 90 pdmux-triton calibrate --host-costs --out "$OUT"
 step profile 60 python3 bench/profile_decode.py --budget 16
