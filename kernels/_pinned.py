@@ -72,11 +72,11 @@ CLAIMING_LATE_GATE = tl.constexpr(CLAIMING + LATE)
 # whether a launch of one program an SM takes the one-a-site gate (the module's note)
 ONE_A_SITE_AT_C1 = True
 # whether a pinned program that lands off the range while the range's sites still fill waits
-# ARRIVAL_DELAY_NS before it counts its arrival or departure (`_wait_while_sites_fill`). A
-# diagnostic, off: any write of the turned-away programs while the working ones start cost the down GEMM
-# ~4 us a launch and the same write 20 us later nothing (bench/gate_anatomy.py); but a program
-# that waits holds its SM, outside the partition (the other side's), and, arriving last, does
-# the slots of the sites nobody took there
+# ARRIVAL_DELAY_NS before it counts its arrival or departure (`_late_if_off_range`). A
+# diagnostic, off: any write of the turned-away programs while the working ones start cost
+# the down GEMM ~4 us a launch and the same write 20 us later nothing (bench/gate_anatomy.py);
+# but a program that waits holds its SM, outside the partition (the other side's), and,
+# arriving last, does the slots of the sites nobody took there
 LATE_ARRIVALS = False
 ARRIVAL_DELAY_NS = tl.constexpr(5_000)
 
@@ -371,11 +371,10 @@ def first_slot(gate_ptr, ok, first_site, n_sms, slots, programs, BLOCK_SMS: tl.c
 def pinned_start(gate_ptr, place_ptr, first_site, n_sms, ctas, slots, programs,
                  PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr, LATE: tl.constexpr):
     """(this program's first slot, or `slots` if the gate turned it away; its SM). LATE: a
-    program off the range departs late (`_wait_while_sites_fill`)."""
+    program off the range departs late (`_late_if_off_range`)."""
     ok, rank, sm = admitted(gate_ptr, place_ptr, first_site, n_sms, ctas, PLACED)
     if LATE:
-        if (rank < 0) | (rank >= n_sms):
-            _wait_while_sites_fill(gate_ptr, first_site, n_sms, BLOCK_SMS)
+        _late_if_off_range(gate_ptr, rank, first_site, n_sms, BLOCK_SMS)
     return first_slot(gate_ptr, ok, first_site, n_sms, slots, programs, BLOCK_SMS), sm
 
 
@@ -430,12 +429,11 @@ def run_one_a_site(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, fi
                    BLOCK_SMS: tl.constexpr, LATE: tl.constexpr):
     """The one-a-site gate (the module's note): the program admitted on the range's r-th site
     does slot r; the launch's last program to arrive also does the slots of the sites nobody
-    was admitted on, and leaves the counters zero. LATE: a program off the range arrives
-    `ARRIVAL_DELAY_NS` after it starts (`LATE_ARRIVALS`; `%globaltimer`: a GPU only)."""
+    was admitted on, and leaves the counters zero. LATE: a program off the range arrives late
+    (`_late_if_off_range`)."""
     ok, rank, sm = admitted(gate_ptr, place_ptr, first_site, n_sms, 1, PLACED)
     if LATE:
-        if (rank < 0) | (rank >= n_sms):
-            _wait_while_sites_fill(gate_ptr, first_site, n_sms, BLOCK_SMS)
+        _late_if_off_range(gate_ptr, rank, first_site, n_sms, BLOCK_SMS)
     # released after this program's admission count: the last arriver sees every count
     last = tl.atomic_add(gate_ptr + ARRIVALS, 1, sem="release") == programs - 1
     slot = tl.where(ok & (rank < slots), rank, slots)
@@ -457,21 +455,23 @@ def run_one_a_site(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, fi
 
 
 @triton.jit
-def _wait_while_sites_fill(gate_ptr, first_site, n_sms, BLOCK_SMS: tl.constexpr):
-    """A program off the range, before it arrives: if a site of the range has no program yet,
-    the working programs are starting, and it waits `ARRIVAL_DELAY_NS` (its write then would
-    hold them up); one that lands once every site is taken (beside a busy partition, where
-    it waited for an SM) arrives at once rather than hold its SM. It only loads: a load of the
-    read-only site table cost the working programs nothing (bench/gate_anatomy.py); these
-    read the counts they update, which is not measured apart."""
-    offs = tl.arange(0, BLOCK_SMS)
-    counts = tl.load(gate_ptr + SITE_COUNTS + first_site + offs, mask=offs < n_sms, other=1,
-                     cache_modifier=".cg")
-    if tl.min(counts, axis=0) == 0:
-        now = tl.extra.cuda.globaltimer()
-        until = now + ARRIVAL_DELAY_NS
-        while now < until:
+def _late_if_off_range(gate_ptr, rank, first_site, n_sms, BLOCK_SMS: tl.constexpr):
+    """`LATE_ARRIVALS`, before a program arrives or departs: one off the range (`rank` its
+    site's place in it) that finds a site of the range with no program yet, while the working
+    programs are starting, waits `ARRIVAL_DELAY_NS` by %globaltimer (a GPU's only; its write
+    then would hold them up); one that lands once every site is taken (beside a busy
+    partition, where it waited for an SM) goes at once rather than hold its SM. It only loads:
+    a load of the read-only site table cost the working programs nothing
+    (bench/gate_anatomy.py); these read the counts they update, which is not measured apart."""
+    if (rank < 0) | (rank >= n_sms):  # (a working program reads nothing more)
+        offs = tl.arange(0, BLOCK_SMS)
+        counts = tl.load(gate_ptr + SITE_COUNTS + first_site + offs, mask=offs < n_sms, other=1,
+                         cache_modifier=".cg")
+        if tl.min(counts, axis=0) == 0:
             now = tl.extra.cuda.globaltimer()
+            until = now + ARRIVAL_DELAY_NS
+            while now < until:
+                now = tl.extra.cuda.globaltimer()
 
 
 @triton.jit
