@@ -164,18 +164,18 @@ DIAGNOSTIC_TURNS = (CLAIMING_TURN, ON_GREEN_SMS_TURN, *LATE_TURNS)
 DIAGNOSTIC_NAMES = {CLAIMING_TURN: "pinned_claiming", ON_GREEN_SMS_TURN: "pinned_on_green_sms",
                     **{t: f"pinned_late_arrivals_{'c' if v != 'served' else ''}{v}"
                        for t, v in LATE_TURNS.items()}}
-# the pinned turns of a level by label (each compared with green's turn of its c, the
-# diagnostic ones with green's "1")
-TURNS = (*map(str, CTAS), "served", *DIAGNOSTIC_TURNS)
+# the pinned turns of a level by label, each with green's turn it is compared with
+VERSUS = {**{str(c): c for c in CTAS}, "served": "served", CLAIMING_TURN: 1,
+          ON_GREEN_SMS_TURN: 1, **LATE_TURNS}
+TURNS = tuple(VERSUS)
 
 
 def compared_turns(only: tuple[str, ...], kind: str) -> set[str]:
     """The turns of a `kind` partition to run for the pinned turns `only`: those for pinned;
-    for green, each one's turn to compare with (a diagnostic turn's is green's "1") and the
-    same without PDL."""
+    for green, each one's turn to compare with and the same without PDL."""
     if kind == "pinned":
         return set(only)
-    versus = {str(LATE_TURNS.get(t, 1)) if t in DIAGNOSTIC_TURNS else t for t in only}
+    versus = {str(VERSUS[t]) for t in only}
     return versus | {f"{t} no pdl" for t in versus}
 
 
@@ -232,14 +232,16 @@ def levels(res: Results, step: DecodeStep, prefill: PrefillLayers, gpu,
                                   for c, b, *_ in turns if c in (1, "served")]
                     green_sms = green_decode_sms(part, probe_x, gate_up)
                 else:
+                    switch = {CLAIMING_TURN: one_a_site_at_c1(False),
+                              ON_GREEN_SMS_TURN: sites_headed_by(green_sms,
+                                                                 part.decode_budget.site_head),
+                              **{label: late_arrivals(True) for label in LATE_TURNS}}
                     base = {label: budget for label, budget, *_ in turns}
-                    turns += [(CLAIMING_TURN, base[1], 1, one_a_site_at_c1(False)),
-                              (ON_GREEN_SMS_TURN, base[1], 1,
-                               sites_headed_by(green_sms, part.decode_budget.site_head)),
-                              *((label, base[c], c, late_arrivals(True))
-                                for label, c in LATE_TURNS.items())]
+                    turns += [(label, base[VERSUS[label]], VERSUS[label], switch[label])
+                              for label in DIAGNOSTIC_TURNS]
                 if only is not None:
-                    turns = [t for t in turns if str(t[0]) in compared_turns(only, kind)]
+                    run_these = compared_turns(only, kind)
+                    turns = [t for t in turns if str(t[0]) in run_these]
                 for c, dbud, versus, how in turns:
                     with how or contextlib.nullcontext():
                         alone = time_alone(lambda: step.run(dbud), part.decode_stream,

@@ -48,7 +48,7 @@ from common import gpu_results, sites_headed_by
 
 from pdmux_triton.kernels import linear
 from pdmux_triton.kernels._pinned import (GATE_WORDS, Pinned, late_arrivals, one_a_site_at_c1,
-                                          site_order, site_table)
+                                          site_order, site_table, wait_ns)
 from pdmux_triton.kernels.gemm import _skinny_slot, plan
 from pdmux_triton.measure.timing import time_alone
 
@@ -62,8 +62,10 @@ MODES = ("plain", "loop", "atomic first", "queue", "extra programs", "rank by si
 ONE_AN_SM = MODES[4:]  # grids of every SM
 # `spread leave`'s words: 16, a 128-byte line apart, after the site counts
 SPREAD_BASE, SPREAD_WORDS, SPREAD_STRIDE = tl.constexpr(256), tl.constexpr(16), tl.constexpr(32)
-# `late leave`: how long a turned-away program waits first, by mode
-LATE_NS = {11: 20_000, 13: 5_000, 14: 2_000}
+# the late leaves: how long a turned-away program waits first (0: no late leave), by mode
+LATE_NS = {MODES.index(name): ns for name, ns in (("rank by site, late leave", 20_000),
+                                                  ("rank by site, late leave 5 us", 5_000),
+                                                  ("rank by site, late leave 2 us", 2_000))}
 
 
 @triton.jit
@@ -123,13 +125,9 @@ def _run_mode(pid, programs, queue_ptr, table_ptr, args, MODE: tl.constexpr, LAT
         elif MODE == 9:  # the leaves spread over words in other lines (other L2 slices)
             word = SPREAD_BASE + (tl.program_id(0) % SPREAD_WORDS) * SPREAD_STRIDE
             tl.atomic_add(queue_ptr + word, 1, sem="relaxed")
-        elif (MODE == 11) or (MODE == 13) or (MODE == 14):
+        elif LATE:  # the late leaves
             if site >= programs:  # turned away: its write waits until the working programs
-                # are under way (theirs comes after their slot anyway)
-                now = tl.extra.cuda.globaltimer()
-                until = now + LATE
-                while now < until:
-                    now = tl.extra.cuda.globaltimer()
+                wait_ns(LATE)  # are under way (theirs comes after their slot anyway)
             tl.atomic_add(queue_ptr + 1, 1, sem="relaxed")
         elif MODE == 12:  # a plain store a program, each its own word, instead of an atomic
             tl.store(queue_ptr + SPREAD_BASE + tl.program_id(0), 1)
@@ -168,19 +166,19 @@ def variants(N: int, K: int, device_sms: int) -> dict:
                                      num_stages=cfg.num_stages)
         return run
 
-    def product(one_a_site: bool | None = None, late: bool = False, **budget):
-        def run():  # (one_a_site None: the product's gate)
+    def product(switches=contextlib.nullcontext, **budget):  # the product's gate unswitched
+        def run():
             queue.zero_()
-            with (contextlib.nullcontext() if one_a_site is None
-                  else one_a_site_at_c1(one_a_site)), late_arrivals(late):
+            with switches():
                 linear(x, w, out, **budget)
         return run
 
     runs = {name: launch(i) for i, name in enumerate(MODES)}
     runs["capped (product)"] = product(num_sms=SMS)
     runs["pinned (product)"] = product(pinned=Pinned(0, SMS))
-    runs["pinned, claiming gate"] = product(False, pinned=Pinned(0, SMS))
-    runs["pinned, late arrivals"] = product(True, True, pinned=Pinned(0, SMS))
+    runs["pinned, claiming gate"] = product(lambda: one_a_site_at_c1(False),
+                                            pinned=Pinned(0, SMS))
+    runs["pinned, late arrivals"] = product(lambda: late_arrivals(True), pinned=Pinned(0, SMS))
     torch.cuda.synchronize()
     return runs, capped_sms, p, out
 

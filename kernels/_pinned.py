@@ -468,10 +468,17 @@ def _late_if_off_range(gate_ptr, rank, first_site, n_sms, BLOCK_SMS: tl.constexp
         counts = tl.load(gate_ptr + SITE_COUNTS + first_site + offs, mask=offs < n_sms, other=1,
                          cache_modifier=".cg")
         if tl.min(counts, axis=0) == 0:
-            now = tl.extra.cuda.globaltimer()
-            until = now + ARRIVAL_DELAY_NS
-            while now < until:
-                now = tl.extra.cuda.globaltimer()
+            wait_ns(ARRIVAL_DELAY_NS)
+
+
+@triton.jit
+def wait_ns(ns):
+    """Spin for `ns` nanoseconds of %globaltimer (a GPU's only): a wait on the clock, never
+    on another program."""
+    now = tl.extra.cuda.globaltimer()
+    until = now + ns
+    while now < until:
+        now = tl.extra.cuda.globaltimer()
 
 
 @triton.jit
