@@ -11,15 +11,14 @@ kernels could reach); the decode step on each of SGLang's levels' decode SMs (20
 on green contexts and on pinned SMs at 1-3 CTAs per SM and as a served decode side runs, alone
 and beside a prefill on the rest (at one CTA an SM also the prefill's own time beside the decode
 step: what a decode-side setting costs the other side), with the SMs each side's kernels ran on
-(pinned at one also with the claiming gate instead of the one-a-site one, with the programs off
-a side's range arriving late, and on the SMs green's decode side ran on: the gap to green by
-cause; each pinned row counts the probe's slots that ran off their side's SMs); decode attention
-on 16 pinned SMs at 1-3 CTAs per SM. The kernel benchmark's and a run's figures (decode linears
-and attention against the streaming read, pd-mux's ITL and prefill at 80/52) come from their
-files when given.
+(pinned at one also with the claiming gate instead of the one-a-site one and on the SMs green's
+decode side ran on: the gap to green by cause; each pinned row counts the probe's slots that ran
+off their side's SMs); decode attention on 16 pinned SMs at 1-3 CTAs per SM. The kernel
+benchmark's and a run's figures (decode linears and attention against the streaming read,
+pd-mux's ITL and prefill at 80/52) come from their files when given.
 
     python bench/decode_floor.py --out bench/results [--kernels FILE] [--run FILE]
-        [--turns "1,1 late arrivals"]   # only those pinned turns: decode-floor-turns-<gpu>.json
+        [--turns "1,1 claiming"]   # only those pinned turns: decode-floor-turns-<gpu>.json
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ from pdmux_triton.cost import step_cost
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.gpu.streams import PartitionStreams, kernel_args
 from pdmux_triton.kernels import decode_attention, gemm, linear, stream_read
-from pdmux_triton.kernels._pinned import late_arrivals, one_a_site_at_c1, site_order
+from pdmux_triton.kernels._pinned import one_a_site_at_c1, site_order
 from pdmux_triton.measure.telemetry import probe
 from pdmux_triton.measure.timing import time_alone, time_corun
 from pdmux_triton.measure.workloads import DecodeAttention, DecodeStep, PrefillLayers
@@ -155,18 +154,13 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
 # cause: the claiming gate (kernels/_pinned.py) instead of the one-a-site one that one program
 # an SM takes (on both sides), and the product's gate on the very SMs green's decode side ran
 # on, the prefill side on the rest (placement apart from the gate)
-# (and the gates with their programs off the range arriving late, `_pinned.LATE_ARRIVALS`, at
-# one and three CTAs an SM and as served: each against green's turn of the same c)
 CLAIMING_TURN, ON_GREEN_SMS_TURN = "1 claiming", "1 on green's SMs"
-LATE_TURNS = {"1 late arrivals": 1, "3 late arrivals": 3, "served late arrivals": "served"}
-DIAGNOSTIC_TURNS = (CLAIMING_TURN, ON_GREEN_SMS_TURN, *LATE_TURNS)
+DIAGNOSTIC_TURNS = (CLAIMING_TURN, ON_GREEN_SMS_TURN)
 # each diagnostic turn's figures in the summary: f"{name}_vs_green_max_error_pct", ...
-DIAGNOSTIC_NAMES = {CLAIMING_TURN: "pinned_claiming", ON_GREEN_SMS_TURN: "pinned_on_green_sms",
-                    **{t: f"pinned_late_arrivals_{'c' if v != 'served' else ''}{v}"
-                       for t, v in LATE_TURNS.items()}}
+DIAGNOSTIC_NAMES = {CLAIMING_TURN: "pinned_claiming", ON_GREEN_SMS_TURN: "pinned_on_green_sms"}
 # the pinned turns of a level by label, each with green's turn it is compared with
 VERSUS = {**{str(c): c for c in CTAS}, "served": "served", CLAIMING_TURN: 1,
-          ON_GREEN_SMS_TURN: 1, **LATE_TURNS}
+          ON_GREEN_SMS_TURN: 1}
 TURNS = tuple(VERSUS)
 
 
@@ -204,8 +198,7 @@ def levels(res: Results, step: DecodeStep, prefill: PrefillLayers, gpu,
     pinned at each c for every kernel, and as a served decode side runs (decode attention at
     the split's served CTAs per SM, the other kernels at one), the decode step alone and
     beside the prefill; green at one and as served also without PDL; pinned at one also with
-    the claiming gate and on green's decode SMs, and at one, three and as served with late
-    arrivals (`DIAGNOSTIC_TURNS`).
+    the claiming gate and on green's decode SMs (`DIAGNOSTIC_TURNS`).
     `only`: the pinned turns to run (`TURNS`), and green's that they are compared with."""
     groups = [g for g in sglang_rules.stream_groups(gpu.sms, gpu.cc_major)[1:-1] if g[1] <= 60]
     probe_x = torch.randn(4096, MODEL.hidden, dtype=torch.bfloat16, device="cuda")
@@ -234,8 +227,7 @@ def levels(res: Results, step: DecodeStep, prefill: PrefillLayers, gpu,
                 else:
                     switch = {CLAIMING_TURN: one_a_site_at_c1(False),
                               ON_GREEN_SMS_TURN: sites_headed_by(green_sms,
-                                                                 part.decode_budget.site_head),
-                              **{label: late_arrivals(True) for label in LATE_TURNS}}
+                                                                 part.decode_budget.site_head)}
                     base = {label: budget for label, budget, *_ in turns}
                     turns += [(label, base[VERSUS[label]], VERSUS[label], switch[label])
                               for label in DIAGNOSTIC_TURNS]

@@ -22,7 +22,12 @@ launch after zeroing a small counter buffer (so each variant pays the same memse
   that worked leaving by it (or the turned-away programs' traffic?), `late leave` with the
   turned-away programs' leave 20 us after they start, or 5 or 2 (the atomics at the working
   programs' start, or at all?), `stored leave` with a plain store a program, each to its own
-  word (an atomic, or any write?). `rank by site, arrival first`: the leave moved to the start,
+  word (an atomic, or any write?), `far leave` and `far stored leave` with the atomic, or the
+  stores, in a buffer of their own megabytes away (the gate's lines, or any write?). `site by
+  table`: a program on one of the sites takes its slot with no atomic at all (a launch of one
+  program an SM, so none lands twice), and every program leaves by the relaxed atomic, or not
+  (`no leave`): do the writes slow the working programs' first loads, or their admission
+  atomic's round trip? `rank by site, arrival first`: the leave moved to the start,
   an acquire-release arrival right after the site's atomic, whose last arriver would do the
   slots of sites that got no program (none here) and resets the count: no atomic at the end.
   All are checked against `plain`'s output;
@@ -30,8 +35,7 @@ launch after zeroing a small counter buffer (so each variant pays the same memse
   device's measured site order and with an order whose first 20 sites are the SMs the capped
   launch ran on (so the two run on the same SMs); with the product's gate at one program an
   SM (the one-a-site gate, `_pinned.ONE_A_SITE_AT_C1`: the idea `rank by site, arrival first`
-  as the product does it), with its programs off the range arriving late (`LATE_ARRIVALS`)
-  and with the claiming gate.
+  as the product does it) and with the claiming gate.
 
     python bench/gate_anatomy.py --out bench/results
 """
@@ -47,8 +51,8 @@ import triton.language as tl
 from common import gpu_results, sites_headed_by
 
 from pdmux_triton.kernels import linear
-from pdmux_triton.kernels._pinned import (GATE_WORDS, Pinned, late_arrivals, one_a_site_at_c1,
-                                          site_order, site_table, wait_ns)
+from pdmux_triton.kernels._pinned import (GATE_WORDS, Pinned, one_a_site_at_c1, site_order,
+                                          site_table)
 from pdmux_triton.kernels.gemm import _skinny_slot, plan
 from pdmux_triton.measure.timing import time_alone
 
@@ -58,10 +62,16 @@ MODES = ("plain", "loop", "atomic first", "queue", "extra programs", "rank by si
          "rank by site, no leave", "rank by site, relaxed leave", "rank by site, arrival first",
          "rank by site, spread leave", "rank by site, workers leave", "rank by site, late leave",
          "rank by site, stored leave", "rank by site, late leave 5 us",
-         "rank by site, late leave 2 us")
+         "rank by site, late leave 2 us", "rank by site, far leave",
+         "rank by site, far stored leave", "site by table, leave", "site by table, no leave")
 ONE_AN_SM = MODES[4:]  # grids of every SM
 # `spread leave`'s words: 16, a 128-byte line apart, after the site counts
 SPREAD_BASE, SPREAD_WORDS, SPREAD_STRIDE = tl.constexpr(256), tl.constexpr(16), tl.constexpr(32)
+# the far leaves' words: in a buffer of their own, megabytes from the gate's
+FAR_WORDS, FAR_BASE = 1 << 21, tl.constexpr(1 << 20)
+FAR_LEAVE = tl.constexpr(MODES.index("rank by site, far leave"))
+FAR_STORED_LEAVE = tl.constexpr(MODES.index("rank by site, far stored leave"))
+BY_TABLE = tl.constexpr(MODES.index("site by table, leave"))  # and the next, without it
 # the late leaves: how long a turned-away program waits first (0: no late leave), by mode
 LATE_NS = {MODES.index(name): ns for name, ns in (("rank by site, late leave", 20_000),
                                                   ("rank by site, late leave 5 us", 5_000),
@@ -69,20 +79,32 @@ LATE_NS = {MODES.index(name): ns for name, ns in (("rank by site, late leave", 2
 
 
 @triton.jit
-def _anatomy_kernel(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, queue_ptr, table_ptr, slots,
+def wait_ns(ns):
+    """Spin for `ns` nanoseconds of %globaltimer: a wait on the clock, never on another
+    program."""
+    now = tl.extra.cuda.globaltimer()
+    until = now + ns
+    while now < until:
+        now = tl.extra.cuda.globaltimer()
+
+
+@triton.jit
+def _anatomy_kernel(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, queue_ptr, table_ptr, far_ptr,
+                    slots,
                     M, N, K, stride_xm, stride_wn, stride_ym, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
                     WHOLE_TILES: tl.constexpr, MODE: tl.constexpr, LATE: tl.constexpr):
     # the body's arguments as a tuple literal in the call (a tuple bound to a local name turns
     # its constexprs into tensors), as kernels/_pinned.run_slots takes them
-    _run_mode(tl.program_id(0), slots, queue_ptr, table_ptr,
+    _run_mode(tl.program_id(0), slots, queue_ptr, table_ptr, far_ptr,
               (x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_wn,
                stride_ym, 0.0, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, WHOLE_TILES, False, False, False,
                False), MODE, LATE)
 
 
 @triton.jit
-def _run_mode(pid, programs, queue_ptr, table_ptr, args, MODE: tl.constexpr, LATE: tl.constexpr):
+def _run_mode(pid, programs, queue_ptr, table_ptr, far_ptr, args, MODE: tl.constexpr,
+              LATE: tl.constexpr):
     if MODE == 0:
         _skinny_slot(pid, programs, *args)
     elif MODE == 1:
@@ -110,6 +132,12 @@ def _run_mode(pid, programs, queue_ptr, table_ptr, args, MODE: tl.constexpr, LAT
             tl.store(queue_ptr + 1, 0)  # the last arriver: every admission is in by now
         if ok:
             _skinny_slot(site, programs, *args)
+    elif MODE >= BY_TABLE:  # site by table: a program on one of the sites takes its slot, no atomic
+        site = tl.load(table_ptr + tl.extra.cuda.smid())
+        if (site >= 0) & (site < programs):
+            _skinny_slot(site, programs, *args)
+        if MODE == BY_TABLE:
+            tl.atomic_add(queue_ptr + 1, 1, sem="relaxed")
     else:  # rank by site: the site's slot by one atomic, no queue
         site = tl.load(table_ptr + tl.extra.cuda.smid())
         if site < programs:
@@ -131,6 +159,10 @@ def _run_mode(pid, programs, queue_ptr, table_ptr, args, MODE: tl.constexpr, LAT
             tl.atomic_add(queue_ptr + 1, 1, sem="relaxed")
         elif MODE == 12:  # a plain store a program, each its own word, instead of an atomic
             tl.store(queue_ptr + SPREAD_BASE + tl.program_id(0), 1)
+        elif MODE == FAR_LEAVE:  # the leave on a word megabytes from the site counts
+            tl.atomic_add(far_ptr + FAR_BASE, 1, sem="relaxed")
+        elif MODE == FAR_STORED_LEAVE:  # a plain store a program there, each in its own line
+            tl.store(far_ptr + FAR_BASE + tl.program_id(0) * SPREAD_STRIDE, 1)
 
 
 def variants(N: int, K: int, device_sms: int) -> dict:
@@ -138,6 +170,7 @@ def variants(N: int, K: int, device_sms: int) -> dict:
     w = torch.randn(N, K, dtype=torch.bfloat16, device="cuda") / K ** 0.5
     out = torch.empty(ROWS, N, dtype=torch.bfloat16, device="cuda")
     queue = torch.zeros(GATE_WORDS, dtype=torch.int32, device="cuda")
+    far = torch.zeros(FAR_WORDS, dtype=torch.int32, device="cuda")
     p = plan(ROWS, N, K, x.dtype, x.device, SMS)
     ids = torch.full((p.grid,), -1, dtype=torch.int32, device="cuda")
     linear(x, w, out, num_sms=SMS, sm_ids=ids)
@@ -156,8 +189,8 @@ def variants(N: int, K: int, device_sms: int) -> dict:
 
         def run():
             queue.zero_()
-            _anatomy_kernel[(grid,)](x, w, out, out, part, counts, queue, table, p.grid, ROWS,
-                                     N, K,
+            _anatomy_kernel[(grid,)](x, w, out, out, part, counts, queue, table, far, p.grid,
+                                     ROWS, N, K,
                                      x.stride(0), w.stride(0), out.stride(0),
                                      BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                                      BLOCK_K=cfg.block_k, EVEN_K=K % cfg.block_k == 0,
@@ -178,7 +211,6 @@ def variants(N: int, K: int, device_sms: int) -> dict:
     runs["pinned (product)"] = product(pinned=Pinned(0, SMS))
     runs["pinned, claiming gate"] = product(lambda: one_a_site_at_c1(False),
                                             pinned=Pinned(0, SMS))
-    runs["pinned, late arrivals"] = product(lambda: late_arrivals(True), pinned=Pinned(0, SMS))
     torch.cuda.synchronize()
     return runs, capped_sms, p, out
 
@@ -201,7 +233,7 @@ def main(argv=None) -> int:
             res.row(section="anatomy", shape=shape, variant=name, us=us, over_plain=us / base,
                     whole_tiles=pl.whole, grid=pl.grid, equals_plain=torch.equal(out, ref))
         with sites_headed_by(capped_sms):
-            for gate in ("pinned (product)", "pinned, claiming gate", "pinned, late arrivals"):
+            for gate in ("pinned (product)", "pinned, claiming gate"):
                 us = time_alone(runs[gate], stream, graph=True) * 1e3
                 res.row(section="anatomy", shape=shape, variant=f"{gate} on the capped "
                         "launch's SMs", us=us, over_plain=us / base, capped_sms=capped_sms,

@@ -32,7 +32,7 @@
 #       bench/gpu_session.sh sustained    # and busy part of the time: where the clocks fall
 #   bash bench/gpu_session.sh pinned floor   # pinned partitions: gpu tests, decode-floor figures
 #   bash bench/gpu_session.sh pinned anatomy sites floor   # and what the pinned gate costs
-#   FLOOR_TURNS="1,1 late arrivals" bash bench/gpu_session.sh floor   # only those pinned turns
+#   FLOOR_TURNS="1,1 claiming" bash bench/gpu_session.sh floor   # only those pinned turns
 #   bash bench/gpu_session.sh tests kernels run occupancy   # ~5 min
 #   bash bench/gpu_session.sh calibrate run advised         # ~3.5 min: after a decode-kernel change,
 #       re-measures the decode workloads (CTAs 1) into a copy of the committed calibration, then

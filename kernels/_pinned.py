@@ -63,22 +63,11 @@ from pdmux_triton.kernels._launch import (default_num_sms, grid_size, interpreti
 # int32 words), then a count per site; a one-a-site launch, which claims nothing, counts its
 # programs' arrivals in the word's low half
 GATE_WORD, ARRIVALS, SITE_COUNTS = tl.constexpr(0), tl.constexpr(0), tl.constexpr(2)
-# the kernels' PINNED constexpr: the gate a pinned launch takes (False: a plain launch), with
-# LATE added where its programs off the range arrive late (`LATE_ARRIVALS`)
-CLAIMING, ONE_A_SITE, LATE = 1, 2, 4
-# the same, in a kernel
-ONE_A_SITE_GATE, ONE_A_SITE_LATE_GATE = tl.constexpr(ONE_A_SITE), tl.constexpr(ONE_A_SITE + LATE)
-CLAIMING_LATE_GATE = tl.constexpr(CLAIMING + LATE)
+# the kernels' PINNED constexpr: the gate a pinned launch takes (False: a plain launch)
+CLAIMING, ONE_A_SITE = 1, 2
+ONE_A_SITE_GATE = tl.constexpr(ONE_A_SITE)  # the same, in a kernel
 # whether a launch of one program an SM takes the one-a-site gate (the module's note)
 ONE_A_SITE_AT_C1 = True
-# whether a pinned program that lands off the range while the range's sites still fill waits
-# ARRIVAL_DELAY_NS before it counts its arrival or departure (`_late_if_off_range`). A
-# diagnostic, off: any write of the turned-away programs while the working ones start cost
-# the down GEMM ~4 us a launch and the same write 20 us later nothing (bench/gate_anatomy.py);
-# but a program that waits holds its SM, outside the partition (the other side's), and,
-# arriving last, does the slots of the sites nobody took there
-LATE_ARRIVALS = False
-ARRIVAL_DELAY_NS = tl.constexpr(5_000)
 
 
 @contextlib.contextmanager
@@ -95,11 +84,6 @@ def _switched(name: str, value):
 def one_a_site_at_c1(on: bool):
     """`ONE_A_SITE_AT_C1` set to `on` inside the block."""
     return _switched("ONE_A_SITE_AT_C1", on)
-
-
-def late_arrivals(on: bool):
-    """`LATE_ARRIVALS` set to `on` inside the block."""
-    return _switched("LATE_ARRIVALS", on)
 
 
 GATE_WORDS = 1024  # the gate buffer's int32 counters, and the site table's entries (SM ids)
@@ -271,12 +255,9 @@ def pinned_launch(pinned: Pinned | None, slots: int, ctas_per_sm: int, device: t
             raise PdmuxError(f"a placement's sites must be in 0..{MAX_SITE}, got {low}..{high}")
         grid, where = placement.numel(), placement
     gate = shared_counters("pinned gate", GATE_WORDS, device)
-    gate_kind = ONE_A_SITE if one_a_site else CLAIMING
-    if LATE_ARRIVALS and placement is None:  # (the interpreter, which has no %globaltimer,
-        gate_kind += LATE  # runs with a placement)
     return PinnedLaunch(grid, slots,
                         (gate, where, pinned.first_site, pinned.sms, ctas_per_sm, slots, grid),
-                        {"PINNED": gate_kind,
+                        {"PINNED": ONE_A_SITE if one_a_site else CLAIMING,
                          "PLACED": placement is not None,
                          "BLOCK_SMS": triton.next_power_of_2(pinned.sms),
                          "PDL": False, "launch_pdl": False})
@@ -369,12 +350,9 @@ def first_slot(gate_ptr, ok, first_site, n_sms, slots, programs, BLOCK_SMS: tl.c
 
 @triton.jit
 def pinned_start(gate_ptr, place_ptr, first_site, n_sms, ctas, slots, programs,
-                 PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr, LATE: tl.constexpr):
-    """(this program's first slot, or `slots` if the gate turned it away; its SM). LATE: a
-    program off the range departs late (`_late_if_off_range`)."""
-    ok, rank, sm = admitted(gate_ptr, place_ptr, first_site, n_sms, ctas, PLACED)
-    if LATE:
-        _late_if_off_range(gate_ptr, rank, first_site, n_sms, BLOCK_SMS)
+                 PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr):
+    """(this program's first slot, or `slots` if the gate turned it away; its SM)."""
+    ok, _, sm = admitted(gate_ptr, place_ptr, first_site, n_sms, ctas, PLACED)
     return first_slot(gate_ptr, ok, first_site, n_sms, slots, programs, BLOCK_SMS), sm
 
 
@@ -398,13 +376,12 @@ def run_slots(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, first_s
     if PDL:
         gdc_launch_dependents()
         gdc_wait()
-    late = (PINNED == ONE_A_SITE_LATE_GATE) or (PINNED == CLAIMING_LATE_GATE)
-    if (PINNED == ONE_A_SITE_GATE) or (PINNED == ONE_A_SITE_LATE_GATE):
+    if PINNED == ONE_A_SITE_GATE:
         run_one_a_site(BODY, args, sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, slots,
-                       programs, RECORD_SM, PLACED, BLOCK_SMS, late)
+                       programs, RECORD_SM, PLACED, BLOCK_SMS)
     elif PINNED:
         slot, sm = pinned_start(gate_ptr, place_ptr, first_site, n_sms, ctas, slots, programs,
-                                PLACED, BLOCK_SMS, late)
+                                PLACED, BLOCK_SMS)
         run_claimed(BODY, args, slot, sm, sm_ids_ptr, gate_ptr, first_site, n_sms, slots,
                     programs, RECORD_SM, BLOCK_SMS)
     else:
@@ -426,14 +403,11 @@ def run_claimed(BODY: tl.constexpr, args, slot, sm, sm_ids_ptr, gate_ptr, first_
 @triton.jit
 def run_one_a_site(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms,
                    slots, programs, RECORD_SM: tl.constexpr, PLACED: tl.constexpr,
-                   BLOCK_SMS: tl.constexpr, LATE: tl.constexpr):
+                   BLOCK_SMS: tl.constexpr):
     """The one-a-site gate (the module's note): the program admitted on the range's r-th site
     does slot r; the launch's last program to arrive also does the slots of the sites nobody
-    was admitted on, and leaves the counters zero. LATE: a program off the range arrives late
-    (`_late_if_off_range`)."""
+    was admitted on, and leaves the counters zero."""
     ok, rank, sm = admitted(gate_ptr, place_ptr, first_site, n_sms, 1, PLACED)
-    if LATE:
-        _late_if_off_range(gate_ptr, rank, first_site, n_sms, BLOCK_SMS)
     # released after this program's admission count: the last arriver sees every count
     last = tl.atomic_add(gate_ptr + ARRIVALS, 1, sem="release") == programs - 1
     slot = tl.where(ok & (rank < slots), rank, slots)
@@ -452,33 +426,6 @@ def run_one_a_site(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, fi
             done = slot
         else:
             slot = slots
-
-
-@triton.jit
-def _late_if_off_range(gate_ptr, rank, first_site, n_sms, BLOCK_SMS: tl.constexpr):
-    """`LATE_ARRIVALS`, before a program arrives or departs: one off the range (`rank` its
-    site's place in it) that finds a site of the range with no program yet, while the working
-    programs are starting, waits `ARRIVAL_DELAY_NS` by %globaltimer (a GPU's only; its write
-    then would hold them up); one that lands once every site is taken (beside a busy
-    partition, where it waited for an SM) goes at once rather than hold its SM. It only loads:
-    a load of the read-only site table cost the working programs nothing
-    (bench/gate_anatomy.py); these read the counts they update, which is not measured apart."""
-    if (rank < 0) | (rank >= n_sms):  # (a working program reads nothing more)
-        offs = tl.arange(0, BLOCK_SMS)
-        counts = tl.load(gate_ptr + SITE_COUNTS + first_site + offs, mask=offs < n_sms, other=1,
-                         cache_modifier=".cg")
-        if tl.min(counts, axis=0) == 0:
-            wait_ns(ARRIVAL_DELAY_NS)
-
-
-@triton.jit
-def wait_ns(ns):
-    """Spin for `ns` nanoseconds of %globaltimer (a GPU's only): a wait on the clock, never
-    on another program."""
-    now = tl.extra.cuda.globaltimer()
-    until = now + ns
-    while now < until:
-        now = tl.extra.cuda.globaltimer()
 
 
 @triton.jit

@@ -1236,14 +1236,14 @@ def test_decode_floor_summary_reads_its_rows_and_the_sessions_files(tmp_path):
             check_files_gpu(other, "h200")  # another card's figures in this card's summary
     check_files_gpu({}, "h100-sxm")  # no files, nothing to check
     # --turns: the pinned turns named, and green's each is compared with (with and without PDL)
-    assert compared_turns(("2", "1 late arrivals"), "pinned") == {"2", "1 late arrivals"}
-    assert compared_turns(("2", "1 late arrivals"), "green") == {"2", "1", "2 no pdl", "1 no pdl"}
-    assert compared_turns(("served late arrivals", "3 late arrivals"), "green") == {
-        "served", "3", "served no pdl", "3 no pdl"}
+    assert compared_turns(("2", "1 claiming"), "pinned") == {"2", "1 claiming"}
+    assert compared_turns(("2", "1 claiming"), "green") == {"2", "1", "2 no pdl", "1 no pdl"}
+    assert compared_turns(("served", "1 on green's SMs"), "green") == {
+        "served", "1", "served no pdl", "1 no pdl"}
     assert compared_turns(TURNS, "green") >= {"1", "2", "3", "served", "served no pdl"}
     from_files(res, figures)
     # a run of some turns (--turns) summarizes those it ran: served alone, a diagnostic alone
-    for only in ("served", "3 late arrivals"):
+    for only in ("served", "1 claiming"):
         part = Saved()
         part.data = {"summary": {}, "rows": [
             {"section": "level", "kind": "green", "alone_ms": 10.0},
@@ -1256,8 +1256,8 @@ def test_decode_floor_summary_reads_its_rows_and_the_sessions_files(tmp_path):
                                             "pinned_shared_sms": 0}
         else:
             assert part.data["summary"] == {
-                "pinned_late_arrivals_c3_vs_green_max_error_pct": 6.0,
-                "pinned_late_arrivals_c3_prefill_vs_green_min_pct": -2.5}
+                "pinned_claiming_vs_green_max_error_pct": 6.0,
+                "pinned_claiming_prefill_vs_green_min_pct": -2.5}
     s = res.data["summary"]
     assert res.saves == 2
     assert s["pinned_vs_green_max_error_pct"] == 4.0 and s["pinned_shared_sms"] == 0

@@ -15,9 +15,8 @@ from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels import stream_read
 from pdmux_triton.kernels._launch import shared_counters
 from pdmux_triton.kernels._pinned import (_SITES, CLAIMING, GATE_WORDS, MAX_SITE, ONE_A_SITE,
-                                          LATE, Pinned, admitted, first_slot,
-                                          late_arrivals, one_a_site_at_c1, pinned_launch,
-                                          run_claimed, run_slots, site_order)
+                                          Pinned, admitted, first_slot, one_a_site_at_c1,
+                                          pinned_launch, run_claimed, run_slots, site_order)
 
 # indexed as kernels see their tensors' devices: the gate's counters are kept per device
 DEV = torch.device("cuda", torch.cuda.current_device()) if HAS_CUDA else torch.device("cpu")
@@ -230,17 +229,15 @@ GATES = [(1, False), (1, True), (2, False), (3, False)]
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("ctas,one_a_site", GATES)
-@pytest.mark.parametrize("late", [False, True])
-def test_pinned_stream_read_stays_on_its_sms(ctas, one_a_site, late):
+def test_pinned_stream_read_stays_on_its_sms(ctas, one_a_site):
     """On the GPU the hardware places the programs: every slot runs on the partition's SMs,
     the read is whole, and the counters are left zero. One a site: slot r on site r (on an
-    idle GPU every SM of the range gets a program, as the claiming gate's c = 1 shows). The
-    same with the programs off the range arriving late (`late_arrivals`)."""
+    idle GPU every SM of the range gets a program, as the claiming gate's c = 1 shows)."""
     total = torch.cuda.get_device_properties(0).multi_processor_count
     buf = torch.randint(-1000, 1000, (1 << 24,), dtype=torch.int32, device="cuda")
     for first, k in ((0, 16), (total - 20, 20), (40, 52)):
         sm_ids = torch.empty(k * ctas, dtype=torch.int32, device="cuda")
-        with one_a_site_at_c1(one_a_site), late_arrivals(late):
+        with one_a_site_at_c1(one_a_site):
             sums = stream_read(buf, ctas_per_sm=ctas, pinned=Pinned(first, k), sm_ids=sm_ids)
         assert sums.sum().item() == buf.sum().item()
         assert all(first <= s < first + k for s in _sites(sm_ids)), sm_ids.tolist()
@@ -335,25 +332,9 @@ def test_pinned_sides_share_no_sm_and_replay_from_a_graph():
             assert torch.equal(a, b)
 
 
-def test_late_arrivals_wait_only_where_there_is_a_clock():
-    """`late_arrivals` makes a pinned launch's programs off the range wait by %globaltimer,
-    either gate, which a placement's launch (the interpreter's) has not: it keeps its plain
-    gate there."""
-    placement = torch.tensor([0, 1, 2, 3], dtype=torch.int32, device=DEV)
-    with one_a_site_at_c1(True), late_arrivals(True):
-        assert pinned_launch(Pinned(1, 2, placement), 2, 1, DEV).kwargs["PINNED"] == ONE_A_SITE
-        assert pinned_launch(Pinned(1, 2, placement), 4, 2, DEV).kwargs["PINNED"] == CLAIMING
-        if HAS_CUDA:
-            for ctas, gate in ((1, ONE_A_SITE), (2, CLAIMING)):
-                launch = pinned_launch(Pinned(1, 2), 2 * ctas, ctas, DEV)
-                assert launch.kwargs["PINNED"] == gate + LATE
-
-
 @pytest.mark.gpu
-@pytest.mark.parametrize("late", [False, True])
-def test_one_a_site_sides_at_once_and_in_a_graph_beside_the_claiming_gate(late):
-    """Both sides one a site on complementary SMs (programs off a side's range arriving at once
-    or late: `late_arrivals`), on two streams at once, results exact: a
+def test_one_a_site_sides_at_once_and_in_a_graph_beside_the_claiming_gate():
+    """Both sides one a site on complementary SMs, on two streams at once, results exact: a
     decode GEMM (one program an SM by its shared memory) and rmsnorm (small programs, which may
     share an SM). Every slot runs on its own site but those of sites the hardware left empty,
     which all run where the last arriver is (one SM; how many is printed). Then a captured
@@ -369,7 +350,7 @@ def test_one_a_site_sides_at_once_and_in_a_graph_beside_the_claiming_gate(late):
     norm_w = torch.randn(4096, dtype=torch.bfloat16, device="cuda")
     want = [linear(x, w), rmsnorm(rows, norm_w)]
     streams = [torch.cuda.Stream() for _ in sides]
-    with one_a_site_at_c1(True), late_arrivals(late):
+    with one_a_site_at_c1(True):
         for _ in range(3):
             got, ids = [], []
             for (first, k), stream in zip(sides, streams):
