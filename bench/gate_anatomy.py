@@ -35,7 +35,8 @@ launch after zeroing a small counter buffer (so each variant pays the same memse
   device's measured site order and with an order whose first 20 sites are the SMs the capped
   launch ran on (so the two run on the same SMs); with the product's gate at one program an
   SM (the one-a-site gate, `_pinned.ONE_A_SITE_AT_C1`: the idea `rank by site, arrival first`
-  as the product does it) and with the claiming gate.
+  as the product does it), with the claiming gate and with the tagged gate (no program off
+  the range writes: `_pinned.TAGGED_SITES`).
 
     python bench/gate_anatomy.py --out bench/results
 """
@@ -51,8 +52,7 @@ import triton.language as tl
 from common import gpu_results, sites_headed_by
 
 from pdmux_triton.kernels import linear
-from pdmux_triton.kernels._pinned import (GATE_WORDS, Pinned, one_a_site_at_c1, site_order,
-                                          site_table)
+from pdmux_triton.kernels._pinned import GATE_WORDS, Pinned, gate_at_c1, site_order, site_table
 from pdmux_triton.kernels.gemm import _skinny_slot, plan
 from pdmux_triton.measure.timing import time_alone
 
@@ -209,8 +209,8 @@ def variants(N: int, K: int, device_sms: int) -> dict:
     runs = {name: launch(i) for i, name in enumerate(MODES)}
     runs["capped (product)"] = product(num_sms=SMS)
     runs["pinned (product)"] = product(pinned=Pinned(0, SMS))
-    runs["pinned, claiming gate"] = product(lambda: one_a_site_at_c1(False),
-                                            pinned=Pinned(0, SMS))
+    runs["pinned, claiming gate"] = product(lambda: gate_at_c1("claiming"), pinned=Pinned(0, SMS))
+    runs["pinned, tagged gate"] = product(lambda: gate_at_c1("tagged"), pinned=Pinned(0, SMS))
     torch.cuda.synchronize()
     return runs, capped_sms, p, out
 
@@ -233,7 +233,7 @@ def main(argv=None) -> int:
             res.row(section="anatomy", shape=shape, variant=name, us=us, over_plain=us / base,
                     whole_tiles=pl.whole, grid=pl.grid, equals_plain=torch.equal(out, ref))
         with sites_headed_by(capped_sms):
-            for gate in ("pinned (product)", "pinned, claiming gate"):
+            for gate in ("pinned (product)", "pinned, claiming gate", "pinned, tagged gate"):
                 us = time_alone(runs[gate], stream, graph=True) * 1e3
                 res.row(section="anatomy", shape=shape, variant=f"{gate} on the capped "
                         "launch's SMs", us=us, over_plain=us / base, capped_sms=capped_sms,

@@ -64,31 +64,54 @@ from pdmux_triton.kernels._launch import (default_num_sms, grid_size, interpreti
 # programs' arrivals in the word's low half
 GATE_WORD, ARRIVALS, SITE_COUNTS = tl.constexpr(0), tl.constexpr(0), tl.constexpr(2)
 # the kernels' PINNED constexpr: the gate a pinned launch takes (False: a plain launch)
-CLAIMING, ONE_A_SITE = 1, 2
-ONE_A_SITE_GATE = tl.constexpr(ONE_A_SITE)  # the same, in a kernel
+CLAIMING, ONE_A_SITE, TAGGED = 1, 2, 3
+ONE_A_SITE_GATE, TAGGED_GATE = tl.constexpr(ONE_A_SITE), tl.constexpr(TAGGED)  # in a kernel
 # whether a launch of one program an SM takes the one-a-site gate (the module's note)
 ONE_A_SITE_AT_C1 = True
+# whether that gate is the tagged one (`run_tagged`): no program writes but the ones on the
+# range's sites, nothing counted, nothing reset. A diagnostic, off until the GPU has timed it:
+# the turned-away programs' writes while the working ones start cost the down GEMM ~4 us a
+# launch, on any word or buffer, atomic or plain, and nothing 2 us later
+# (bench/results/pinned/gate-anatomy-h200.json)
+TAGGED_SITES = False
+
+
+GATES_AT_C1 = ("claiming", "one a site", "tagged")  # the gates one program an SM can take
 
 
 @contextlib.contextmanager
-def _switched(name: str, value):
-    """The module's switch `name` set to `value` inside the block (both ways timed in one
-    process)."""
-    before, globals()[name] = globals()[name], value
+def gate_at_c1(name: str):
+    """The gate a launch of one program an SM takes inside the block, by name (`GATES_AT_C1`:
+    the switches `ONE_A_SITE_AT_C1` and `TAGGED_SITES`), to time the gates in one process."""
+    if name not in GATES_AT_C1:
+        raise PdmuxError(f"a pinned gate at one program an SM is one of {GATES_AT_C1}, got "
+                         f"{name!r}")
+    before = ONE_A_SITE_AT_C1, TAGGED_SITES
+    _set_gate(name != "claiming", name == "tagged")
     try:
         yield
     finally:
-        globals()[name] = before
+        _set_gate(*before)
 
 
-def one_a_site_at_c1(on: bool):
-    """`ONE_A_SITE_AT_C1` set to `on` inside the block."""
-    return _switched("ONE_A_SITE_AT_C1", on)
+def _set_gate(one_a_site: bool, tagged: bool) -> None:
+    global ONE_A_SITE_AT_C1, TAGGED_SITES
+    ONE_A_SITE_AT_C1, TAGGED_SITES = one_a_site, tagged
 
 
 GATE_WORDS = 1024  # the gate buffer's int32 counters, and the site table's entries (SM ids)
 MAX_SITE = GATE_WORDS - 3  # the highest site it counts (after the 64-bit word)
 TABLE_WORDS = tl.constexpr(GATE_WORDS)  # the site table's entries, in a kernel
+# the tagged gate's words, int64 past the counters: each site's tag (the launch that took it
+# last), then the interpreter's launch tag (it has no %gridid: the launcher counts launches)
+FIRST_TAG = GATE_WORDS // 2
+SITE_TAGS = tl.constexpr(FIRST_TAG)  # the same, in a kernel
+LAUNCH_TAG = FIRST_TAG + GATE_WORDS
+GATE_BUFFER_WORDS = 2 * (LAUNCH_TAG + 1)  # the whole buffer, in int32 words
+INTERPRETED = tl.constexpr(interpreting())  # (set before any kernel module is imported)
+# how long the tagged gate's last program waits at most for every site to be taken before it
+# does the slots of those not taken itself (it waits on the clock, never for another program)
+SITE_WAIT_NS = tl.constexpr(20_000)
 
 
 @dataclass(frozen=True)
@@ -254,10 +277,13 @@ def pinned_launch(pinned: Pinned | None, slots: int, ctas_per_sm: int, device: t
         if low < 0 or high > MAX_SITE:
             raise PdmuxError(f"a placement's sites must be in 0..{MAX_SITE}, got {low}..{high}")
         grid, where = placement.numel(), placement
-    gate = shared_counters("pinned gate", GATE_WORDS, device)
+    gate = shared_counters("pinned gate", GATE_BUFFER_WORDS, device)
+    kind = (TAGGED if TAGGED_SITES else ONE_A_SITE) if one_a_site else CLAIMING
+    if kind == TAGGED and interpreting():  # a new launch: its own tag (`_launch_tag`)
+        gate.view(torch.int64)[LAUNCH_TAG] += 1
     return PinnedLaunch(grid, slots,
                         (gate, where, pinned.first_site, pinned.sms, ctas_per_sm, slots, grid),
-                        {"PINNED": ONE_A_SITE if one_a_site else CLAIMING,
+                        {"PINNED": kind,
                          "PLACED": placement is not None,
                          "BLOCK_SMS": triton.next_power_of_2(pinned.sms),
                          "PDL": False, "launch_pdl": False})
@@ -321,17 +347,24 @@ def _last_out(gate_ptr, left, first_site, n_sms, slots, programs, BLOCK_SMS: tl.
 
 
 @triton.jit
-def admitted(gate_ptr, place_ptr, first_site, n_sms, ctas, PLACED: tl.constexpr):
-    """(whether this program may work: its SM's site is in the range and holds fewer than c
-    programs that were admitted before it; its site's place in the range; the SM it runs on,
-    or its placed site). `place_ptr`: the placement (a site a program) or the site table (a
-    site an SM id)."""
+def _site(place_ptr, PLACED: tl.constexpr):
+    """(this program's site, the SM it runs on or its placed site). `place_ptr`: the
+    placement (a site a program) or the site table (a site an SM id)."""
     if PLACED:
         sm = tl.load(place_ptr + tl.program_id(0))
         site = sm
     else:
         sm = tl.extra.cuda.smid()
         site = tl.load(place_ptr + sm, mask=sm < TABLE_WORDS, other=-1)
+    return site, sm
+
+
+@triton.jit
+def admitted(gate_ptr, place_ptr, first_site, n_sms, ctas, PLACED: tl.constexpr):
+    """(whether this program may work: its SM's site is in the range and holds fewer than c
+    programs that were admitted before it; its site's place in the range; the SM it runs on,
+    or its placed site)."""
+    site, sm = _site(place_ptr, PLACED)
     ok = (site >= first_site) & (site < first_site + n_sms)
     if ok:
         ok = tl.atomic_add(gate_ptr + SITE_COUNTS + site, 1, sem="relaxed") < ctas
@@ -376,7 +409,10 @@ def run_slots(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, first_s
     if PDL:
         gdc_launch_dependents()
         gdc_wait()
-    if PINNED == ONE_A_SITE_GATE:
+    if PINNED == TAGGED_GATE:
+        run_tagged(BODY, args, sm_ids_ptr, gate_ptr, place_ptr, first_site, slots, programs,
+                   RECORD_SM, PLACED, BLOCK_SMS)
+    elif PINNED == ONE_A_SITE_GATE:
         run_one_a_site(BODY, args, sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, slots,
                        programs, RECORD_SM, PLACED, BLOCK_SMS)
     elif PINNED:
@@ -452,3 +488,92 @@ def _next_missed(missed, done, slots, BLOCK_SMS: tl.constexpr):
     """The first missed site's slot after `done`, or `slots` when none is left."""
     offs = tl.arange(0, BLOCK_SMS)
     return tl.min(tl.where((missed != 0) & (offs > done), offs, slots), axis=0)
+
+
+@triton.jit
+def run_tagged(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, first_site, slots,
+               programs, RECORD_SM: tl.constexpr, PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr):
+    """The tagged gate (`TAGGED_SITES`), one program an SM: the program on the range's r-th
+    site takes it by exchanging the launch's tag (`_launch_tag`) into the site's word and does
+    slot r unless the word held the tag already (another program of this launch took the
+    site). A program anywhere else writes nothing and leaves: nothing is counted and nothing
+    reset, since a word tagged by an earlier launch reads as free. Sites that no program
+    takes (two programs piled onto one SM, or none on the range) are swept by the program
+    that did slot 0, after it, and by the launch's last program, which, if it did no slot,
+    first waits on the clock (at most SITE_WAIT_NS) for every site to be taken; a sweeper
+    takes a free site by the same exchange, so each slot is still done exactly once."""
+    site, sm = _site(place_ptr, PLACED)
+    rank = site - first_site
+    tag = _launch_tag(gate_ptr)
+    tags = gate_ptr.to(tl.pointer_type(tl.int64)) + SITE_TAGS + first_site
+    slot = slots
+    if (rank >= 0) & (rank < slots):
+        if tl.atomic_xchg(tags + rank, tag, sem="relaxed") != tag:
+            slot = rank
+    if slot < slots:
+        record_slot(sm_ids_ptr, slot, sm, RECORD_SM)
+        BODY(slot, slots, *args)
+    last = tl.program_id(0) == programs - 1
+    if INTERPRETED:  # programs run one after another: the last sweeps after all the others
+        if last:
+            _sweep(BODY, args, tags, tag, sm, sm_ids_ptr, slots, RECORD_SM, BLOCK_SMS)
+    else:
+        if (slot == 0) | last:
+            if slot >= slots:
+                _wait_for_sites(tags, tag, slots, BLOCK_SMS)
+            _sweep(BODY, args, tags, tag, sm, sm_ids_ptr, slots, RECORD_SM, BLOCK_SMS)
+
+
+@triton.jit
+def _gridid():
+    """The launch's grid id: a GPU's per-context count of launches (%gridid), new at every
+    launch, a graph's replays included."""
+    return tl.inline_asm_elementwise("mov.u64 $0, %gridid;", "=l", [], dtype=tl.int64,
+                                     is_pure=True, pack=1)
+
+
+@triton.jit
+def _launch_tag(gate_ptr):
+    """This launch's tag, never 0 (a zeroed buffer's words are free): its grid id + 1 on a
+    GPU; under the interpreter, which has no %gridid, the launcher's count of launches."""
+    if INTERPRETED:
+        tag = tl.load(gate_ptr.to(tl.pointer_type(tl.int64)) + LAUNCH_TAG)
+    else:
+        tag = _gridid() + 1
+    return tag
+
+
+@triton.jit
+def _free_sites(tags, tag, slots, BLOCK_SMS: tl.constexpr):
+    """1 for each of the first `slots` sites that no program of this launch took yet."""
+    offs = tl.arange(0, BLOCK_SMS)
+    # volatile: read again on every call (the wait's loop), from L2 where the exchanges land
+    seen = tl.load(tags + offs, mask=offs < slots, other=tag, volatile=True)
+    return (seen != tag).to(tl.int32)
+
+
+@triton.jit
+def _wait_for_sites(tags, tag, slots, BLOCK_SMS: tl.constexpr):
+    """Spin on the clock until every site is taken or SITE_WAIT_NS pass."""
+    start = tl.extra.cuda.globaltimer()
+    now = start
+    free = tl.max(_free_sites(tags, tag, slots, BLOCK_SMS), axis=0)
+    while (free > 0) & (now - start < SITE_WAIT_NS):
+        free = tl.max(_free_sites(tags, tag, slots, BLOCK_SMS), axis=0)
+        now = tl.extra.cuda.globaltimer()
+
+
+@triton.jit
+def _sweep(BODY: tl.constexpr, args, tags, tag, sm, sm_ids_ptr, slots, RECORD_SM: tl.constexpr,
+           BLOCK_SMS: tl.constexpr):
+    """The slots of the sites still free: each taken by the exchange a site's program makes,
+    so a program that lands there meanwhile and this one never both do it."""
+    free = _free_sites(tags, tag, slots, BLOCK_SMS)
+    done = -1
+    slot = _next_missed(free, done, slots, BLOCK_SMS)
+    while slot < slots:
+        if tl.atomic_xchg(tags + slot, tag, sem="relaxed") != tag:
+            record_slot(sm_ids_ptr, slot, sm, RECORD_SM)
+            BODY(slot, slots, *args)
+        done = slot
+        slot = _next_missed(free, done, slots, BLOCK_SMS)

@@ -8,7 +8,7 @@ from conftest import HAS_CUDA
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels import GemmConfig, gemm, linear, swiglu_linear
 from pdmux_triton.kernels.gemm import normalizes_rows
-from pdmux_triton.kernels._pinned import Pinned, one_a_site_at_c1
+from pdmux_triton.kernels._pinned import Pinned, gate_at_c1
 from reference import assert_close, placements, poisoned
 
 DEV = "cuda" if HAS_CUDA else "cpu"
@@ -45,13 +45,14 @@ def test_skinny_grids(M, N, K, num_sms, ctas, whole):
 
 
 @pytest.mark.parametrize("whole", [True, False])
-@pytest.mark.parametrize("M,N,K,k,ctas,one_a_site", [
-    (1, 40, 64, 2, 1, False), (1, 40, 64, 2, 1, True), (7, 33, 128, 3, 2, False),
-    (20, 48, 112, 5, 1, False), (20, 48, 112, 5, 1, True)])
-def test_pinned_skinny_whoever_survives(M, N, K, k, ctas, one_a_site, whole):
+@pytest.mark.parametrize("M,N,K,k,ctas,gate", [
+    (1, 40, 64, 2, 1, "claiming"), (1, 40, 64, 2, 1, "one a site"), (1, 40, 64, 2, 1, "tagged"),
+    (7, 33, 128, 3, 2, "claiming"), (20, 48, 112, 5, 1, "claiming"),
+    (20, 48, 112, 5, 1, "one a site"), (20, 48, 112, 5, 1, "tagged")])
+def test_pinned_skinny_whoever_survives(M, N, K, k, ctas, gate, whole):
     """On a pinned partition (kernels/_pinned.py) both skinny schedules are exact for any
     placement of the programs, none in the range included (stream-K's cut tiles are merged by
-    whichever slot finishes them last), with either gate at one program an SM."""
+    whichever slot finishes them last), with every gate at one program an SM."""
     from pdmux_triton.kernels import gemm
 
     x = torch.randn(M, K, device=DEV)
@@ -59,7 +60,7 @@ def test_pinned_skinny_whoever_survives(M, N, K, k, ctas, one_a_site, whole):
     for name, placement in placements(8, ctas, 1, k, seed=M):
         out = poisoned((M, N), torch.float32, DEV)
         with (mock.patch.object(gemm, "whole_tiles", return_value=whole),
-              one_a_site_at_c1(one_a_site)):
+              gate_at_c1(gate)):
             linear(x, w, out, ctas_per_sm=ctas, config=GemmConfig(16, 16, 16, 4, 1, skinny=True),
                    pinned=Pinned(1, k, placement.to(torch.int32).to(DEV)))
         assert_close(out, x.double() @ w.double().T, torch.float32)

@@ -14,12 +14,19 @@ from reference import placements
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels import stream_read
 from pdmux_triton.kernels._launch import shared_counters
-from pdmux_triton.kernels._pinned import (_SITES, CLAIMING, GATE_WORDS, MAX_SITE, ONE_A_SITE,
-                                          Pinned, admitted, first_slot, one_a_site_at_c1,
-                                          pinned_launch, run_claimed, run_slots, site_order)
+from pdmux_triton.kernels._pinned import (_SITES, CLAIMING, FIRST_TAG, GATE_BUFFER_WORDS,
+                                          GATE_WORDS, GATES_AT_C1, MAX_SITE, ONE_A_SITE, TAGGED,
+                                          Pinned, admitted, first_slot, gate_at_c1, pinned_launch,
+                                          run_claimed, run_slots, site_order)
 
 # indexed as kernels see their tensors' devices: the gate's counters are kept per device
 DEV = torch.device("cuda", torch.cuda.current_device()) if HAS_CUDA else torch.device("cpu")
+
+
+def _counters(device: torch.device = DEV) -> torch.Tensor:
+    """The current stream's gate counters (the buffer's int32 counters, not the tagged gate's
+    site tags, which are never reset)."""
+    return shared_counters("pinned gate", GATE_BUFFER_WORDS, device)[:GATE_WORDS]
 
 
 @triton.jit
@@ -57,7 +64,7 @@ def _served(pinned: Pinned, slots: int, ctas: int):
     (5, 1, 2, 1, 1)])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_every_slot_done_once_whoever_survives(total, first, k, ctas, slots, seed):
-    gate = shared_counters("pinned gate", GATE_WORDS, DEV)
+    gate = _counters()
     for name, placement in placements(total, ctas, first, k, seed):
         placement = placement.to(torch.int32).to(DEV)
         hits, worker, admitted = _served(Pinned(first, k, placement), slots, ctas)
@@ -104,23 +111,28 @@ def _run_gated(pinned: Pinned, slots: int, ctas: int):
 @pytest.mark.parametrize("total,first,k,slots", [
     (8, 0, 3, 3), (8, 5, 3, 2), (12, 2, 7, 7), (6, 0, 6, 6), (9, 4, 1, 1), (5, 1, 2, 1)])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_one_a_site_slot_r_runs_on_site_r(total, first, k, slots, seed):
-    """The one-a-site gate (one program an SM): slot r is done by the first program that
+@pytest.mark.parametrize("tagged", [False, True])
+def test_one_a_site_slot_r_runs_on_site_r(total, first, k, slots, seed, tagged):
+    """The one-a-site gates (one program an SM): slot r is done by the first program that
     arrived on the range's site r (the interpreter runs programs in order: the lowest id), a
-    slot whose site got no program by the launch's last program to arrive, every slot once,
-    and the counters are left zero."""
-    gate = shared_counters("pinned gate", GATE_WORDS, DEV)
+    slot whose site got no program by the launch's last program, every slot once, launch after
+    launch on one buffer, and the counters are left zero (the tagged gate touches none; its
+    tags say which launch took each site last). On a GPU the tagged gate's program of slot 0
+    may sweep a site before its own program lands there."""
+    gate = _counters()
     for name, placement in placements(total, 1, first, k, seed):
         placement = placement.to(torch.int32).to(DEV)
-        with one_a_site_at_c1(True):
+        with gate_at_c1("tagged" if tagged else "one a site"):
             kind, hits, worker = _run_gated(Pinned(first, k, placement), slots, 1)
-        assert kind == ONE_A_SITE
+        assert kind == (TAGGED if tagged else ONE_A_SITE)
         assert (hits == 1).all(), (name, hits.tolist())
         assert (gate == 0).all(), f"{name}: the gate's counters were not left zero"
+        sweepers = {worker[0].item(), placement.numel() - 1} if tagged else set()
         for r in range(slots):
             on_site = (placement == first + r).nonzero().flatten().tolist()
             if HAS_CUDA:  # programs arrive in the hardware's order: one of the site's, if any
-                assert not on_site or worker[r].item() in on_site, (name, r, worker.tolist())
+                assert not on_site or worker[r].item() in {*on_site, *sweepers}, (
+                    name, r, worker.tolist())
             else:
                 want = on_site[0] if on_site else placement.numel() - 1
                 assert worker[r].item() == want, (name, r, worker.tolist())
@@ -129,25 +141,34 @@ def test_one_a_site_slot_r_runs_on_site_r(total, first, k, slots, seed):
 def test_the_gates_take_turns_on_one_counter_buffer():
     """Launches of both gates on one stream share its gate buffer: each leaves it zero for the
     next, whichever ran before, and each does every slot once."""
-    gate = shared_counters("pinned gate", GATE_WORDS, DEV)
+    gate = _counters()
     placement = torch.tensor([3, 0, 1, 1, 5, 2, 4, 2], dtype=torch.int32, device=DEV)
-    for one_a_site, ctas, slots, want in ((True, 1, 4, ONE_A_SITE), (False, 1, 4, CLAIMING),
-                                          (True, 2, 7, CLAIMING), (True, 1, 3, ONE_A_SITE),
-                                          (True, 1, 5, CLAIMING)):
-        with one_a_site_at_c1(one_a_site):
+    for gate_name, ctas, slots, want in (
+            ("one a site", 1, 4, ONE_A_SITE), ("claiming", 1, 4, CLAIMING),
+            ("tagged", 1, 4, TAGGED), ("one a site", 2, 7, CLAIMING), ("tagged", 1, 3, TAGGED),
+            ("one a site", 1, 3, ONE_A_SITE), ("tagged", 1, 4, TAGGED),
+            ("one a site", 1, 5, CLAIMING)):
+        with gate_at_c1(gate_name):
             # slots past the range's 4 sites (5 at c = 1): no site to rank them by, so they
             # are claimed
             kind, hits, _ = _run_gated(Pinned(1, 4, placement[:4 * ctas]), slots, ctas)
-        assert kind == want and (hits == 1).all() and (gate == 0).all(), (one_a_site, ctas)
+        assert kind == want and (hits == 1).all() and (gate == 0).all(), (gate_name, ctas)
 
 
 def test_the_highest_site_is_counted_inside_the_gate_buffer():
-    gate = shared_counters("pinned gate", GATE_WORDS, DEV)
-    assert gate.numel() == GATE_WORDS
+    buffer = shared_counters("pinned gate", GATE_BUFFER_WORDS, DEV)
+    assert buffer.numel() == GATE_BUFFER_WORDS
+    gate = buffer[:GATE_WORDS]
     placement = torch.full((3,), MAX_SITE, dtype=torch.int32, device=DEV)
     hits, _, admitted = _served(Pinned(MAX_SITE, 1, placement), 2, 1)
     assert (hits == 1).all() and admitted.tolist() == [True, False, False]
     assert (gate == 0).all()
+    # the tagged gate's tag of that site: its own word, before the launch tag's
+    tags = buffer.view(torch.int64)
+    with gate_at_c1("tagged"):
+        kind, hits, _ = _run_gated(Pinned(MAX_SITE, 1, placement), 1, 1)
+    assert kind == TAGGED and (hits == 1).all() and (gate == 0).all()
+    assert tags[FIRST_TAG + MAX_SITE].item() != 0 and buffer.numel() // 2 == tags.numel()
 
 
 @pytest.mark.parametrize("n", [1, 255, 10000])
@@ -223,13 +244,15 @@ def test_a_splits_first_sites_are_where_a_capped_launch_of_its_size_lands():
         site_order(dev, total + 1)
 
 
-# (CTAs per SM, the one-a-site gate at one an SM): every gate a pinned launch can take
-GATES = [(1, False), (1, True), (2, False), (3, False)]
+# (CTAs per SM, the gate at one an SM): every gate a pinned launch can take
+GATES = [*((1, name) for name in GATES_AT_C1), (2, "claiming"), (3, "claiming")]
+
+
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("ctas,one_a_site", GATES)
-def test_pinned_stream_read_stays_on_its_sms(ctas, one_a_site):
+@pytest.mark.parametrize("ctas,gate", GATES)
+def test_pinned_stream_read_stays_on_its_sms(ctas, gate):
     """On the GPU the hardware places the programs: every slot runs on the partition's SMs,
     the read is whole, and the counters are left zero. One a site: slot r on site r (on an
     idle GPU every SM of the range gets a program, as the claiming gate's c = 1 shows)."""
@@ -237,14 +260,14 @@ def test_pinned_stream_read_stays_on_its_sms(ctas, one_a_site):
     buf = torch.randint(-1000, 1000, (1 << 24,), dtype=torch.int32, device="cuda")
     for first, k in ((0, 16), (total - 20, 20), (40, 52)):
         sm_ids = torch.empty(k * ctas, dtype=torch.int32, device="cuda")
-        with one_a_site_at_c1(one_a_site):
+        with gate_at_c1(gate):
             sums = stream_read(buf, ctas_per_sm=ctas, pinned=Pinned(first, k), sm_ids=sm_ids)
         assert sums.sum().item() == buf.sum().item()
         assert all(first <= s < first + k for s in _sites(sm_ids)), sm_ids.tolist()
-        assert (shared_counters("pinned gate", GATE_WORDS, buf.device) == 0).all()
+        assert (_counters(buf.device) == 0).all()
         if ctas == 1:  # SM ids are 0..total-1 and the hardware gave each SM of the range one
             assert len(set(sm_ids.tolist())) == k, sorted(set(sm_ids.tolist()))
-        if one_a_site:
+        if ctas == 1 and gate != "claiming":
             assert _sites(sm_ids) == list(range(first, first + k)), _sites(sm_ids)
 
 
@@ -273,8 +296,8 @@ def _decode_kernels(inputs, pinned: Pinned | None, num_sms: int | None, ctas: in
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("ctas,one_a_site", GATES)
-def test_pinned_decode_kernels_equal_the_capped_launch(ctas, one_a_site):
+@pytest.mark.parametrize("ctas,gate", GATES)
+def test_pinned_decode_kernels_equal_the_capped_launch(ctas, gate):
     """Admitted programs do the capped launch's programs' work as slots: the same results to
     the bit (same partials, same merge order), on the hardware's placement and on a placement
     that admits fewer programs than c x k (all programs crowded onto two SMs: one a site, the
@@ -284,7 +307,7 @@ def test_pinned_decode_kernels_equal_the_capped_launch(ctas, one_a_site):
     capped = _decode_kernels(inputs, None, 20, ctas)
     crowded = torch.full((ctas * total,), total - 20, dtype=torch.int32, device="cuda")
     crowded[::2] = total - 1
-    with one_a_site_at_c1(one_a_site):
+    with gate_at_c1(gate):
         pinned = _decode_kernels(inputs, Pinned(total - 20, 20), None, ctas)
         few = _decode_kernels(inputs, Pinned(total - 20, 20, crowded), None, ctas)
     for a, b, c in zip(capped, pinned, few):
@@ -333,13 +356,16 @@ def test_pinned_sides_share_no_sm_and_replay_from_a_graph():
 
 
 @pytest.mark.gpu
-def test_one_a_site_sides_at_once_and_in_a_graph_beside_the_claiming_gate():
+@pytest.mark.parametrize("gate", ["one a site", "tagged"])
+def test_one_a_site_sides_at_once_and_in_a_graph_beside_the_claiming_gate(gate):
     """Both sides one a site on complementary SMs, on two streams at once, results exact: a
     decode GEMM (one program an SM by its shared memory) and rmsnorm (small programs, which may
     share an SM). Every slot runs on its own site but those of sites the hardware left empty,
-    which all run where the last arriver is (one SM; how many is printed). Then a captured
-    graph of a served decode side, attention at three an SM (the claiming gate) and the linears
-    one a site, replays exactly on new inputs; every stream's gate buffer is left zero."""
+    which all run where the last arriver is (one SM; the tagged gate's two sweepers: two SMs;
+    how many is printed). Then a captured graph of a served decode side, attention at three an
+    SM (the claiming gate) and the linears one a site, replays exactly on new inputs (the
+    tagged gate: a replay's launches are new launches, by their grid ids); every stream's
+    gate counters are left zero."""
     from pdmux_triton.kernels import decode_attention, linear, rmsnorm
 
     total = torch.cuda.get_device_properties(0).multi_processor_count
@@ -350,7 +376,7 @@ def test_one_a_site_sides_at_once_and_in_a_graph_beside_the_claiming_gate():
     norm_w = torch.randn(4096, dtype=torch.bfloat16, device="cuda")
     want = [linear(x, w), rmsnorm(rows, norm_w)]
     streams = [torch.cuda.Stream() for _ in sides]
-    with one_a_site_at_c1(True):
+    with gate_at_c1(gate):
         for _ in range(3):
             got, ids = [], []
             for (first, k), stream in zip(sides, streams):
@@ -365,7 +391,7 @@ def test_one_a_site_sides_at_once_and_in_a_graph_beside_the_claiming_gate():
                     assert torch.equal(a, b)
                     sites = _sites(where)
                     off = [r for r, site in enumerate(sites) if site != first + r]
-                    assert len({sites[r] for r in off}) <= 1, sites
+                    assert len({sites[r] for r in off}) <= (2 if gate == "tagged" else 1), sites
                     print(f"sites {first}..{first + k - 1}: {len(off)} slots off their site")
 
         inputs = _decode_inputs()
@@ -395,4 +421,4 @@ def test_one_a_site_sides_at_once_and_in_a_graph_beside_the_claiming_gate():
                 assert torch.equal(linear(x8, w, num_sms=16), b)
     for s in (*streams, stream):
         with torch.cuda.stream(s):
-            assert (shared_counters("pinned gate", GATE_WORDS, q.device) == 0).all()
+            assert (_counters(q.device) == 0).all()
