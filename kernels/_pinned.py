@@ -109,9 +109,13 @@ SITE_TAGS = tl.constexpr(FIRST_TAG)  # the same, in a kernel
 LAUNCH_TAG = FIRST_TAG + GATE_WORDS
 GATE_BUFFER_WORDS = 2 * (LAUNCH_TAG + 1)  # the whole buffer, in int32 words
 INTERPRETED = tl.constexpr(interpreting())  # (set before any kernel module is imported)
-# how long the tagged gate's last program waits at most for every site to be taken before it
-# does the slots of those not taken itself (it waits on the clock, never for another program)
-SITE_WAIT_NS = tl.constexpr(20_000)
+# how long the tagged gate's last program waits at most for site 0 to be taken before it takes
+# it itself (it waits on the clock, never for another program): a site's program lands within
+# a few us unless none will
+SITE_WAIT_NS = tl.constexpr(5_000)
+# the lanes the tagged gate reads its site words over: at least one a thread of the widest
+# CTA (32 warps), so its reductions span every warp
+TAG_LANES = tl.constexpr(1024)
 
 
 @dataclass(frozen=True)
@@ -411,7 +415,7 @@ def run_slots(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, first_s
         gdc_wait()
     if PINNED == TAGGED_GATE:
         run_tagged(BODY, args, sm_ids_ptr, gate_ptr, place_ptr, first_site, slots, programs,
-                   RECORD_SM, PLACED, BLOCK_SMS)
+                   RECORD_SM, PLACED)
     elif PINNED == ONE_A_SITE_GATE:
         run_one_a_site(BODY, args, sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, slots,
                        programs, RECORD_SM, PLACED, BLOCK_SMS)
@@ -492,16 +496,18 @@ def _next_missed(missed, done, slots, BLOCK_SMS: tl.constexpr):
 
 @triton.jit
 def run_tagged(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, first_site, slots,
-               programs, RECORD_SM: tl.constexpr, PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr):
+               programs, RECORD_SM: tl.constexpr, PLACED: tl.constexpr):
     """The tagged gate (`TAGGED_SITES`), one program an SM: the program on the range's r-th
     site takes it by exchanging the launch's tag (`_launch_tag`) into the site's word and does
     slot r unless the word held the tag already (another program of this launch took the
     site). A program anywhere else writes nothing and leaves: nothing is counted and nothing
-    reset, since a word tagged by an earlier launch reads as free. Sites that no program
-    takes (two programs piled onto one SM, or none on the range) are swept by the program
-    that did slot 0, after it, and by the launch's last program, which, if it did no slot,
-    first waits on the clock (at most SITE_WAIT_NS) for every site to be taken; a sweeper
-    takes a free site by the same exchange, so each slot is still done exactly once."""
+    reset, since a word tagged by an earlier launch reads as free. Whoever holds slot 0 takes
+    the sites still free after it (two programs piled onto one SM leave one empty), by the
+    same exchange, so each slot is done once even when a site's own program lands meanwhile;
+    the launch's last program makes sure someone holds slot 0: if it did no slot, it waits on
+    the clock (at most SITE_WAIT_NS) for site 0 to be taken, and after its own slot if it did
+    one; then it takes site 0 itself if it is still free. Every decision is read through a
+    reduction over a whole CTA (`_first_free`), so all warps of a program make it alike."""
     site, sm = _site(place_ptr, PLACED)
     rank = site - first_site
     tag = _launch_tag(gate_ptr)
@@ -510,24 +516,33 @@ def run_tagged(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, first_
     if (rank >= 0) & (rank < slots):
         if tl.atomic_xchg(tags + rank, tag, sem="relaxed") != tag:
             slot = rank
-    if slot < slots:
-        record_slot(sm_ids_ptr, slot, sm, RECORD_SM)
-        BODY(slot, slots, *args)
     last = tl.program_id(0) == programs - 1
     if INTERPRETED:  # programs run one after another: the last sweeps after all the others
-        if last:
-            _sweep(BODY, args, tags, tag, sm, sm_ids_ptr, slots, RECORD_SM, BLOCK_SMS)
+        sweeper = last
+        if last & (slot >= slots):
+            slot = _take_free_site(tags, tag, slots)
     else:
-        if (slot == 0) | last:
-            if slot >= slots:
-                _wait_for_sites(tags, tag, slots, BLOCK_SMS)
-            _sweep(BODY, args, tags, tag, sm, sm_ids_ptr, slots, RECORD_SM, BLOCK_SMS)
+        if last & (slot >= slots):
+            _wait_for_site_0(tags, tag)
+            slot = _take_site_0(tags, tag, slots)
+        sweeper = slot == 0
+    while slot < slots:  # (one call of the body: a second copy would double the code)
+        record_slot(sm_ids_ptr, slot, sm, RECORD_SM)
+        BODY(slot, slots, *args)
+        if sweeper:
+            slot = _take_free_site(tags, tag, slots)
+        elif last:  # after a slot of its own (on a GPU: the interpreter's last sweeps anyway)
+            slot = _take_site_0(tags, tag, slots)
+            sweeper = slot == 0
+        else:
+            slot = slots
 
 
 @triton.jit
 def _gridid():
-    """The launch's grid id: a GPU's per-context count of launches (%gridid), new at every
-    launch, a graph's replays included."""
+    """The launch's grid id: the CUDA context's count of launches (%gridid), new at every
+    launch, a graph's replays included (a gpu test checks it). Pinned launches run on the
+    primary context's streams, so a stream's gate buffer only ever sees that one count."""
     return tl.inline_asm_elementwise("mov.u64 $0, %gridid;", "=l", [], dtype=tl.int64,
                                      is_pure=True, pack=1)
 
@@ -544,36 +559,51 @@ def _launch_tag(gate_ptr):
 
 
 @triton.jit
-def _free_sites(tags, tag, slots, BLOCK_SMS: tl.constexpr):
-    """1 for each of the first `slots` sites that no program of this launch took yet."""
-    offs = tl.arange(0, BLOCK_SMS)
+def _first_free(tags, tag, slots):
+    """The first of the first `slots` sites that no program of this launch took yet, or
+    `slots`. Read over TAG_LANES lanes, at least one a thread, so the reduction crosses every
+    warp and all of them see one answer even while other programs exchange the words (a
+    narrower vector is read by each warp on its own: they could disagree)."""
+    offs = tl.arange(0, TAG_LANES)
     # volatile: read again on every call (the wait's loop), from L2 where the exchanges land
     seen = tl.load(tags + offs, mask=offs < slots, other=tag, volatile=True)
-    return (seen != tag).to(tl.int32)
+    return tl.min(tl.where(seen != tag, offs, slots), axis=0)
 
 
 @triton.jit
-def _wait_for_sites(tags, tag, slots, BLOCK_SMS: tl.constexpr):
-    """Spin on the clock until every site is taken or SITE_WAIT_NS pass."""
-    start = tl.extra.cuda.globaltimer()
-    now = start
-    free = tl.max(_free_sites(tags, tag, slots, BLOCK_SMS), axis=0)
-    while (free > 0) & (now - start < SITE_WAIT_NS):
-        free = tl.max(_free_sites(tags, tag, slots, BLOCK_SMS), axis=0)
-        now = tl.extra.cuda.globaltimer()
-
-
-@triton.jit
-def _sweep(BODY: tl.constexpr, args, tags, tag, sm, sm_ids_ptr, slots, RECORD_SM: tl.constexpr,
-           BLOCK_SMS: tl.constexpr):
-    """The slots of the sites still free: each taken by the exchange a site's program makes,
-    so a program that lands there meanwhile and this one never both do it."""
-    free = _free_sites(tags, tag, slots, BLOCK_SMS)
-    done = -1
-    slot = _next_missed(free, done, slots, BLOCK_SMS)
+def _take_free_site(tags, tag, slots):
+    """A site still free, taken by the exchange its own program makes, or `slots` when none
+    is left."""
+    won = slots
+    slot = _first_free(tags, tag, slots)
     while slot < slots:
         if tl.atomic_xchg(tags + slot, tag, sem="relaxed") != tag:
-            record_slot(sm_ids_ptr, slot, sm, RECORD_SM)
-            BODY(slot, slots, *args)
-        done = slot
-        slot = _next_missed(free, done, slots, BLOCK_SMS)
+            won = slot
+            slot = slots
+        else:  # its program took it meanwhile
+            slot = _first_free(tags, tag, slots)
+    return won
+
+
+@triton.jit
+def _take_site_0(tags, tag, slots):
+    """0 if site 0 was still free and this program took it, else `slots` (a read first: no
+    write unless it is free)."""
+    slot = slots
+    if _first_free(tags, tag, 1) == 0:
+        if tl.atomic_xchg(tags, tag, sem="relaxed") != tag:
+            slot = 0
+    return slot
+
+
+@triton.jit
+def _wait_for_site_0(tags, tag):
+    """Spin until site 0 is taken or SITE_WAIT_NS pass (each thread's clock: the lanes it
+    reads say whether its time is up, and the reduction decides for the whole CTA)."""
+    offs = tl.arange(0, TAG_LANES)
+    start = tl.extra.cuda.globaltimer()
+    waiting = 1
+    while waiting > 0:
+        seen = tl.load(tags + offs, mask=offs < 1, other=tag, volatile=True)
+        now = tl.extra.cuda.globaltimer()
+        waiting = tl.max(tl.where((seen != tag) & (now - start < SITE_WAIT_NS), 1, 0), axis=0)

@@ -14,7 +14,7 @@ from reference import placements
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels import stream_read
 from pdmux_triton.kernels._launch import shared_counters
-from pdmux_triton.kernels._pinned import (_SITES, CLAIMING, FIRST_TAG, GATE_BUFFER_WORDS,
+from pdmux_triton.kernels._pinned import (_SITES, CLAIMING, _gridid, FIRST_TAG, GATE_BUFFER_WORDS,
                                           GATE_WORDS, GATES_AT_C1, MAX_SITE, ONE_A_SITE, TAGGED,
                                           Pinned, admitted, first_slot, gate_at_c1, pinned_launch,
                                           run_claimed, run_slots, site_order)
@@ -312,6 +312,43 @@ def test_pinned_decode_kernels_equal_the_capped_launch(ctas, gate):
         few = _decode_kernels(inputs, Pinned(total - 20, 20, crowded), None, ctas)
     for a, b, c in zip(capped, pinned, few):
         assert torch.equal(a, b) and torch.equal(a, c)
+
+
+@triton.jit
+def _grid_id_kernel(out_ptr, at):
+    if tl.program_id(0) == 0:
+        tl.store(out_ptr + at, _gridid())
+
+
+@pytest.mark.gpu
+def test_every_launch_has_its_own_grid_id():
+    """The tagged gate's tag is the launch's %gridid: it must never repeat on a stream, eager
+    launches, two graphs' replays taken in turns and another stream's launches between them
+    included (a repeat would leave every site looking taken: no slot done)."""
+    ids = torch.full((64,), -1, dtype=torch.int64, device="cuda")
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    at = iter(range(64))
+    with torch.cuda.stream(streams[0]):
+        for _ in range(3):
+            _grid_id_kernel[(2,)](ids, next(at))
+    graphs = []
+    for _ in range(2):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=streams[0]):
+            for _ in range(2):
+                _grid_id_kernel[(2,)](ids, next(at))  # (graph replays write the same slots:
+        graphs.append(graph)  # each replay's values are read before the next)
+    torch.cuda.synchronize()
+    seen = ids[:3].tolist()  # the eager launches' (a capture runs nothing)
+    for _ in range(3):
+        for i, graph in enumerate(graphs):
+            with torch.cuda.stream(streams[0]):
+                graph.replay()
+            with torch.cuda.stream(streams[1]):
+                _grid_id_kernel[(2,)](ids, 63)
+            torch.cuda.synchronize()
+            seen += ids[3 + 2 * i:5 + 2 * i].tolist() + [ids[63].item()]
+    assert -1 not in seen and len(set(seen)) == len(seen), seen
 
 
 @pytest.mark.gpu
