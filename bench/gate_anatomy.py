@@ -52,7 +52,7 @@ import triton.language as tl
 from common import gpu_results, sites_headed_by
 
 from pdmux_triton.kernels import linear
-from pdmux_triton.kernels._pinned import GATE_WORDS, Pinned, gate_at_c1, site_order, site_table
+from pdmux_triton.kernels._pinned import GATE_WORDS, Pinned, pinned_gate, site_order, site_table
 from pdmux_triton.kernels.gemm import _skinny_slot, plan
 from pdmux_triton.measure.timing import time_alone
 
@@ -209,8 +209,8 @@ def variants(N: int, K: int, device_sms: int) -> dict:
     runs = {name: launch(i) for i, name in enumerate(MODES)}
     runs["capped (product)"] = product(num_sms=SMS)
     runs["pinned (product)"] = product(pinned=Pinned(0, SMS))
-    runs["pinned, claiming gate"] = product(lambda: gate_at_c1("claiming"), pinned=Pinned(0, SMS))
-    runs["pinned, tagged gate"] = product(lambda: gate_at_c1("tagged"), pinned=Pinned(0, SMS))
+    runs["pinned, claiming gate"] = product(lambda: pinned_gate("claiming"), pinned=Pinned(0, SMS))
+    runs["pinned, tagged gate"] = product(lambda: pinned_gate("tagged"), pinned=Pinned(0, SMS))
     torch.cuda.synchronize()
     return runs, capped_sms, p, out
 

@@ -25,8 +25,8 @@ import re
 import sys
 from collections import Counter
 
-# the pinned gates by name (kernels/_pinned.py's CLAIMING, ONE_A_SITE, TAGGED)
-GATES = ("claiming", "one-a-site", "tagged")
+# the pinned gates by name (kernels/_pinned.py's CLAIMING, ONE_A_SITE, TAGGED, TAGGED_CLAIMING)
+GATES = ("claiming", "one-a-site", "tagged", "tagged-claiming")
 
 PTX_PATTERNS = {
     "cp.async (to shared)": r"cp\.async\.(ca|cg)",
@@ -98,9 +98,9 @@ def pinned_constexpr(gate: str | None):
     """The kernels' PINNED constexpr for a gate's name (None: a plain launch). Imported here,
     not at the top: a kernel module imported before TRITON_INTERPRET is cleared builds
     interpreted kernels."""
-    from pdmux_triton.kernels._pinned import CLAIMING, ONE_A_SITE, TAGGED
+    from pdmux_triton.kernels._pinned import CLAIMING, ONE_A_SITE, TAGGED, TAGGED_CLAIMING
 
-    return dict(zip(GATES, (CLAIMING, ONE_A_SITE, TAGGED)))[gate] if gate else False
+    return dict(zip(GATES, (CLAIMING, ONE_A_SITE, TAGGED, TAGGED_CLAIMING)))[gate] if gate else False
 
 
 def offline(block_n: int, num_warps: int, num_stages: int, pinned: str | None = None,

@@ -64,28 +64,32 @@ from pdmux_triton.kernels._launch import (default_num_sms, grid_size, interpreti
 # programs' arrivals in the word's low half
 GATE_WORD, ARRIVALS, SITE_COUNTS = tl.constexpr(0), tl.constexpr(0), tl.constexpr(2)
 # the kernels' PINNED constexpr: the gate a pinned launch takes (False: a plain launch)
-CLAIMING, ONE_A_SITE, TAGGED = 1, 2, 3
+CLAIMING, ONE_A_SITE, TAGGED, TAGGED_CLAIMING = 1, 2, 3, 4
 ONE_A_SITE_GATE, TAGGED_GATE = tl.constexpr(ONE_A_SITE), tl.constexpr(TAGGED)  # in a kernel
+TAGGED_CLAIMING_GATE = tl.constexpr(TAGGED_CLAIMING)
 # whether a launch of one program an SM takes the one-a-site gate (the module's note)
 ONE_A_SITE_AT_C1 = True
-# whether that gate is the tagged one (`run_tagged`): no program writes but the ones on the
-# range's sites, nothing counted, nothing reset. A diagnostic, off until the GPU has timed it:
+# whether the gates are the tagged ones (`run_tagged` at one program an SM, else
+# `run_tagged_claims`): no program writes but the ones on the range's sites, nothing counted,
+# nothing reset. A diagnostic, off until the GPU has timed it:
 # the turned-away programs' writes while the working ones start cost the down GEMM ~4 us a
 # launch, on any word or buffer, atomic or plain, and nothing 2 us later
 # (bench/results/pinned/gate-anatomy-h200.json)
 TAGGED_SITES = False
 
 
-GATES_AT_C1 = ("claiming", "one a site", "tagged")  # the gates one program an SM can take
+# the pinned gates by name: the claiming gate at every c; the one-a-site gate at one program an
+# SM and the claiming gate at more (the product's); the tagged gates (one a site at one, else
+# claiming)
+PINNED_GATES = ("claiming", "one a site", "tagged")
 
 
 @contextlib.contextmanager
-def gate_at_c1(name: str):
-    """The gate a launch of one program an SM takes inside the block, by name (`GATES_AT_C1`:
-    the switches `ONE_A_SITE_AT_C1` and `TAGGED_SITES`), to time the gates in one process."""
-    if name not in GATES_AT_C1:
-        raise PdmuxError(f"a pinned gate at one program an SM is one of {GATES_AT_C1}, got "
-                         f"{name!r}")
+def pinned_gate(name: str):
+    """The gates pinned launches take inside the block, by name (`PINNED_GATES`: the switches
+    `ONE_A_SITE_AT_C1` and `TAGGED_SITES`), to time them in one process."""
+    if name not in PINNED_GATES:
+        raise PdmuxError(f"a pinned gate is one of {PINNED_GATES}, got {name!r}")
     before = ONE_A_SITE_AT_C1, TAGGED_SITES
     _set_gate(name != "claiming", name == "tagged")
     try:
@@ -102,12 +106,19 @@ def _set_gate(one_a_site: bool, tagged: bool) -> None:
 GATE_WORDS = 1024  # the gate buffer's int32 counters, and the site table's entries (SM ids)
 MAX_SITE = GATE_WORDS - 3  # the highest site it counts (after the 64-bit word)
 TABLE_WORDS = tl.constexpr(GATE_WORDS)  # the site table's entries, in a kernel
-# the tagged gate's words, int64 past the counters: each site's tag (the launch that took it
-# last), then the interpreter's launch tag (it has no %gridid: the launcher counts launches)
+# the tagged gates' words, int64 past the counters: each site's tag (the launch that took it
+# last), the interpreter's launch tag (it has no %gridid: the launcher counts launches), then
+# the claiming form's: each site's tag and admissions packed in one word, and the launch's
+# tag and claims in one more
 FIRST_TAG = GATE_WORDS // 2
 SITE_TAGS = tl.constexpr(FIRST_TAG)  # the same, in a kernel
 LAUNCH_TAG = FIRST_TAG + GATE_WORDS
-GATE_BUFFER_WORDS = 2 * (LAUNCH_TAG + 1)  # the whole buffer, in int32 words
+SITE_ADMISSIONS = tl.constexpr(LAUNCH_TAG + 1)
+CLAIMS = tl.constexpr(LAUNCH_TAG + 1 + GATE_WORDS)
+GATE_BUFFER_WORDS = 2 * (CLAIMS.value + 1)  # the whole buffer, in int32 words
+# a packed word: the tag's low 39 bits over a 24-bit count (positive, so the claims word
+# opens by an atomic max: a later launch's tag is larger)
+COUNT_BITS, TAG_MASK = tl.constexpr(24), tl.constexpr((1 << 39) - 1)
 INTERPRETED = tl.constexpr(interpreting())  # (set before any kernel module is imported)
 # how long the tagged gate's last program waits at most for site 0 to be taken before it takes
 # it itself (it waits on the clock, never for another program): a site's program lands within
@@ -282,8 +293,11 @@ def pinned_launch(pinned: Pinned | None, slots: int, ctas_per_sm: int, device: t
             raise PdmuxError(f"a placement's sites must be in 0..{MAX_SITE}, got {low}..{high}")
         grid, where = placement.numel(), placement
     gate = shared_counters("pinned gate", GATE_BUFFER_WORDS, device)
-    kind = (TAGGED if TAGGED_SITES else ONE_A_SITE) if one_a_site else CLAIMING
-    if kind == TAGGED and interpreting():  # a new launch: its own tag (`_launch_tag`)
+    if TAGGED_SITES:
+        kind = TAGGED if one_a_site else TAGGED_CLAIMING
+    else:
+        kind = ONE_A_SITE if one_a_site else CLAIMING
+    if TAGGED_SITES and interpreting():  # a new launch: its own tag (`_launch_tag`)
         gate.view(torch.int64)[LAUNCH_TAG] += 1
     return PinnedLaunch(grid, slots,
                         (gate, where, pinned.first_site, pinned.sms, ctas_per_sm, slots, grid),
@@ -416,6 +430,9 @@ def run_slots(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, first_s
     if PINNED == TAGGED_GATE:
         run_tagged(BODY, args, sm_ids_ptr, gate_ptr, place_ptr, first_site, slots, programs,
                    RECORD_SM, PLACED)
+    elif PINNED == TAGGED_CLAIMING_GATE:
+        run_tagged_claims(BODY, args, sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, ctas,
+                          slots, programs, RECORD_SM, PLACED)
     elif PINNED == ONE_A_SITE_GATE:
         run_one_a_site(BODY, args, sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, slots,
                        programs, RECORD_SM, PLACED, BLOCK_SMS)
@@ -607,3 +624,76 @@ def _wait_for_site_0(tags, tag):
         seen = tl.load(tags + offs, mask=offs < 1, other=tag, volatile=True)
         now = tl.extra.cuda.globaltimer()
         waiting = tl.max(tl.where((seen != tag) & (now - start < SITE_WAIT_NS), 1, 0), axis=0)
+
+
+@triton.jit
+def run_tagged_claims(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, first_site,
+                      n_sms, ctas, slots, programs, RECORD_SM: tl.constexpr,
+                      PLACED: tl.constexpr):
+    """The tagged claiming gate (`TAGGED_SITES`, several programs an SM, or more slots than
+    sites): a program on one of the range's sites takes a place there from its site's word,
+    which packs the launch's tag with the places taken (`_next_of`: an earlier launch's word
+    counts none), and is admitted if fewer than c were; the admitted programs claim slots one
+    at a time from the claims word, which packs the tag with the slots claimed. A program
+    anywhere else writes nothing and leaves; nothing is reset. If no program is admitted, the
+    launch's last program does every slot itself, after waiting on the clock (at most
+    SITE_WAIT_NS) for a first claim. Every decision comes from an atomic's result or a
+    reduction over a whole CTA, so all warps of a program agree."""
+    site, sm = _site(place_ptr, PLACED)
+    rank = site - first_site
+    packed = (_launch_tag(gate_ptr) & TAG_MASK) << COUNT_BITS  # the tag over a count of 0
+    words = gate_ptr.to(tl.pointer_type(tl.int64))
+    ok = 0
+    if (rank >= 0) & (rank < n_sms):
+        ok = (_next_of(words + SITE_ADMISSIONS + site, packed) < ctas).to(tl.int32)
+    if (tl.program_id(0) == programs - 1) & (ok == 0):
+        if not INTERPRETED:  # (the interpreter's last program runs after all the others)
+            _wait_for_claims(words + CLAIMS, packed)
+        ok = 1 - _claims_opened(words + CLAIMS, packed)
+    slot = slots
+    if ok != 0:
+        slot = _as_slot(_next_of(words + CLAIMS, packed), slots)
+    while slot < slots:  # (a claim past the last slot is a program's last)
+        record_slot(sm_ids_ptr, slot, sm, RECORD_SM)
+        BODY(slot, slots, *args)
+        slot = _as_slot(tl.atomic_add(words + CLAIMS, 1, sem="relaxed") - packed, slots)
+
+
+@triton.jit
+def _as_slot(count, slots):
+    """A claims word's count as a slot, `slots` past the last (a count below 0 would mean an
+    older tag than the word's: launch ids that did not grow, which a gpu test rules out)."""
+    return tl.where((count >= 0) & (count < slots), count, slots).to(tl.int32)
+
+
+@triton.jit
+def _next_of(word, packed):
+    """The count a packed word held for this launch before this program's turn, one round
+    trip: a max opens an earlier launch's word to this one's tag over 0 (tags only grow on a
+    stream: launches of one stream never overlap) and leaves this launch's alone; the add
+    right after it, to the same word, sees it."""
+    tl.atomic_max(word, packed, sem="relaxed")
+    return tl.atomic_add(word, 1, sem="relaxed") - packed
+
+
+@triton.jit
+def _claims_opened(word, packed):
+    """1 once a program of this launch has claimed (the claims word carries its tag), else 0,
+    read over TAG_LANES lanes so every warp sees one answer."""
+    offs = tl.arange(0, TAG_LANES)
+    seen = tl.load(word + offs, mask=offs < 1, other=0, volatile=True)
+    return tl.max(tl.where((offs < 1) & ((seen >> COUNT_BITS) == (packed >> COUNT_BITS)), 1, 0),
+                  axis=0)
+
+
+@triton.jit
+def _wait_for_claims(word, packed):
+    """Spin until a program of this launch has claimed or SITE_WAIT_NS pass."""
+    offs = tl.arange(0, TAG_LANES)
+    start = tl.extra.cuda.globaltimer()
+    waiting = 1
+    while waiting > 0:
+        seen = tl.load(word + offs, mask=offs < 1, other=0, volatile=True)
+        now = tl.extra.cuda.globaltimer()
+        waiting = tl.max(tl.where((offs < 1) & ((seen >> COUNT_BITS) != (packed >> COUNT_BITS))
+                                  & (now - start < SITE_WAIT_NS), 1, 0), axis=0)

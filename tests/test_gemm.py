@@ -8,7 +8,7 @@ from conftest import HAS_CUDA
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels import GemmConfig, gemm, linear, swiglu_linear
 from pdmux_triton.kernels.gemm import normalizes_rows
-from pdmux_triton.kernels._pinned import Pinned, gate_at_c1
+from pdmux_triton.kernels._pinned import Pinned, pinned_gate
 from reference import assert_close, placements, poisoned
 
 DEV = "cuda" if HAS_CUDA else "cpu"
@@ -60,7 +60,7 @@ def test_pinned_skinny_whoever_survives(M, N, K, k, ctas, gate, whole):
     for name, placement in placements(8, ctas, 1, k, seed=M):
         out = poisoned((M, N), torch.float32, DEV)
         with (mock.patch.object(gemm, "whole_tiles", return_value=whole),
-              gate_at_c1(gate)):
+              pinned_gate(gate)):
             linear(x, w, out, ctas_per_sm=ctas, config=GemmConfig(16, 16, 16, 4, 1, skinny=True),
                    pinned=Pinned(1, k, placement.to(torch.int32).to(DEV)))
         assert_close(out, x.double() @ w.double().T, torch.float32)

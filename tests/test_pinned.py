@@ -15,8 +15,8 @@ from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels import stream_read
 from pdmux_triton.kernels._launch import shared_counters
 from pdmux_triton.kernels._pinned import (_SITES, CLAIMING, _gridid, FIRST_TAG, GATE_BUFFER_WORDS,
-                                          GATE_WORDS, GATES_AT_C1, MAX_SITE, ONE_A_SITE, TAGGED,
-                                          Pinned, admitted, first_slot, gate_at_c1, pinned_launch,
+                                          GATE_WORDS, MAX_SITE, ONE_A_SITE, PINNED_GATES, TAGGED,
+                                          TAGGED_CLAIMING, Pinned, admitted, first_slot, pinned_gate, pinned_launch,
                                           run_claimed, run_slots, site_order)
 
 # indexed as kernels see their tensors' devices: the gate's counters are kept per device
@@ -83,6 +83,30 @@ def test_every_slot_done_once_whoever_survives(total, first, k, ctas, slots, see
             assert workers == {placement.numel() - 1}, name
 
 
+@pytest.mark.parametrize("total,first,k,ctas,slots", [
+    (8, 5, 3, 2, 6), (12, 2, 7, 3, 5), (6, 0, 6, 2, 12), (9, 4, 1, 4, 4), (8, 0, 3, 1, 5)])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_tagged_claims_every_slot_once_whoever_survives(total, first, k, ctas, slots, seed):
+    """The tagged claiming gate (several programs an SM, or more slots than sites): every slot
+    once for any placement, launch after launch on one buffer with nothing reset, by programs
+    on the range's sites, at most c of them a site; with none on the range the launch's last
+    program does every slot itself; the counters are left untouched."""
+    gate = _counters()
+    for name, placement in placements(total, ctas, first, k, seed):
+        placement = placement.to(torch.int32).to(DEV)
+        with pinned_gate("tagged"):
+            kind, hits, worker = _run_gated(Pinned(first, k, placement), slots, ctas)
+        assert kind == TAGGED_CLAIMING
+        assert (hits == 1).all(), (name, hits.tolist())
+        assert (gate == 0).all(), name
+        sites = [placement[p].item() for p in set(worker.tolist())]
+        if ((placement >= first) & (placement < first + k)).any():
+            assert all(first <= site < first + k for site in sites), (name, sites)
+            assert all(sites.count(site) <= ctas for site in sites), (name, sites)
+        else:
+            assert set(worker.tolist()) == {placement.numel() - 1}, name
+
+
 @triton.jit
 def _record_slot(slot, slots, hits_ptr, worker_ptr):
     tl.atomic_add(hits_ptr + slot, 1)
@@ -122,7 +146,7 @@ def test_one_a_site_slot_r_runs_on_site_r(total, first, k, slots, seed, tagged):
     gate = _counters()
     for name, placement in placements(total, 1, first, k, seed):
         placement = placement.to(torch.int32).to(DEV)
-        with gate_at_c1("tagged" if tagged else "one a site"):
+        with pinned_gate("tagged" if tagged else "one a site"):
             kind, hits, worker = _run_gated(Pinned(first, k, placement), slots, 1)
         assert kind == (TAGGED if tagged else ONE_A_SITE)
         assert (hits == 1).all(), (name, hits.tolist())
@@ -139,16 +163,18 @@ def test_one_a_site_slot_r_runs_on_site_r(total, first, k, slots, seed, tagged):
 
 
 def test_the_gates_take_turns_on_one_counter_buffer():
-    """Launches of both gates on one stream share its gate buffer: each leaves it zero for the
-    next, whichever ran before, and each does every slot once."""
+    """Launches of every gate on one stream share its gate buffer: each leaves its counters
+    zero for the next (the tagged gates touch none), whichever ran before, and each does every
+    slot once."""
     gate = _counters()
     placement = torch.tensor([3, 0, 1, 1, 5, 2, 4, 2], dtype=torch.int32, device=DEV)
     for gate_name, ctas, slots, want in (
             ("one a site", 1, 4, ONE_A_SITE), ("claiming", 1, 4, CLAIMING),
             ("tagged", 1, 4, TAGGED), ("one a site", 2, 7, CLAIMING), ("tagged", 1, 3, TAGGED),
-            ("one a site", 1, 3, ONE_A_SITE), ("tagged", 1, 4, TAGGED),
+            ("tagged", 2, 7, TAGGED_CLAIMING), ("one a site", 1, 3, ONE_A_SITE),
+            ("tagged", 1, 4, TAGGED), ("tagged", 1, 5, TAGGED_CLAIMING),
             ("one a site", 1, 5, CLAIMING)):
-        with gate_at_c1(gate_name):
+        with pinned_gate(gate_name):
             # slots past the range's 4 sites (5 at c = 1): no site to rank them by, so they
             # are claimed
             kind, hits, _ = _run_gated(Pinned(1, 4, placement[:4 * ctas]), slots, ctas)
@@ -165,10 +191,13 @@ def test_the_highest_site_is_counted_inside_the_gate_buffer():
     assert (gate == 0).all()
     # the tagged gate's tag of that site: its own word, before the launch tag's
     tags = buffer.view(torch.int64)
-    with gate_at_c1("tagged"):
+    with pinned_gate("tagged"):
         kind, hits, _ = _run_gated(Pinned(MAX_SITE, 1, placement), 1, 1)
-    assert kind == TAGGED and (hits == 1).all() and (gate == 0).all()
-    assert tags[FIRST_TAG + MAX_SITE].item() != 0 and buffer.numel() // 2 == tags.numel()
+        assert kind == TAGGED and (hits == 1).all() and (gate == 0).all()
+        assert tags[FIRST_TAG + MAX_SITE].item() != 0 and buffer.numel() // 2 == tags.numel()
+        # and the claiming form's word of that site (two slots, one site: claimed)
+        kind, hits, _ = _run_gated(Pinned(MAX_SITE, 1, placement), 2, 1)
+        assert kind == TAGGED_CLAIMING and (hits == 1).all() and (gate == 0).all()
 
 
 @pytest.mark.parametrize("n", [1, 255, 10000])
@@ -245,7 +274,8 @@ def test_a_splits_first_sites_are_where_a_capped_launch_of_its_size_lands():
 
 
 # (CTAs per SM, the gate at one an SM): every gate a pinned launch can take
-GATES = [*((1, name) for name in GATES_AT_C1), (2, "claiming"), (3, "claiming")]
+GATES = [*((1, name) for name in PINNED_GATES), *((c, name) for c in (2, 3)
+                                                  for name in ("claiming", "tagged"))]
 
 
 
@@ -260,7 +290,7 @@ def test_pinned_stream_read_stays_on_its_sms(ctas, gate):
     buf = torch.randint(-1000, 1000, (1 << 24,), dtype=torch.int32, device="cuda")
     for first, k in ((0, 16), (total - 20, 20), (40, 52)):
         sm_ids = torch.empty(k * ctas, dtype=torch.int32, device="cuda")
-        with gate_at_c1(gate):
+        with pinned_gate(gate):
             sums = stream_read(buf, ctas_per_sm=ctas, pinned=Pinned(first, k), sm_ids=sm_ids)
         assert sums.sum().item() == buf.sum().item()
         assert all(first <= s < first + k for s in _sites(sm_ids)), sm_ids.tolist()
@@ -307,7 +337,7 @@ def test_pinned_decode_kernels_equal_the_capped_launch(ctas, gate):
     capped = _decode_kernels(inputs, None, 20, ctas)
     crowded = torch.full((ctas * total,), total - 20, dtype=torch.int32, device="cuda")
     crowded[::2] = total - 1
-    with gate_at_c1(gate):
+    with pinned_gate(gate):
         pinned = _decode_kernels(inputs, Pinned(total - 20, 20), None, ctas)
         few = _decode_kernels(inputs, Pinned(total - 20, 20, crowded), None, ctas)
     for a, b, c in zip(capped, pinned, few):
@@ -321,34 +351,38 @@ def _grid_id_kernel(out_ptr, at):
 
 
 @pytest.mark.gpu
-def test_every_launch_has_its_own_grid_id():
-    """The tagged gate's tag is the launch's %gridid: it must never repeat on a stream, eager
-    launches, two graphs' replays taken in turns and another stream's launches between them
-    included (a repeat would leave every site looking taken: no slot done)."""
+def test_every_launch_has_its_own_grid_id_and_they_grow():
+    """The tagged gates' tag is the launch's %gridid: it must never repeat, eager launches, two
+    graphs' replays taken in turns and another stream's launches between them included (a
+    repeat would leave every site looking taken: no slot done), and on one stream it must
+    grow (the claiming form opens its claims word by an atomic max)."""
     ids = torch.full((64,), -1, dtype=torch.int64, device="cuda")
     streams = [torch.cuda.Stream() for _ in range(2)]
-    at = iter(range(64))
     with torch.cuda.stream(streams[0]):
-        for _ in range(3):
-            _grid_id_kernel[(2,)](ids, next(at))
+        for at in range(3):
+            _grid_id_kernel[(2,)](ids, at)
     graphs = []
-    for _ in range(2):
+    for g in range(2):
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, stream=streams[0]):
-            for _ in range(2):
-                _grid_id_kernel[(2,)](ids, next(at))  # (graph replays write the same slots:
-        graphs.append(graph)  # each replay's values are read before the next)
+            for at in (3 + 2 * g, 4 + 2 * g):
+                _grid_id_kernel[(2,)](ids, at)
+        graphs.append(graph)
     torch.cuda.synchronize()
-    seen = ids[:3].tolist()  # the eager launches' (a capture runs nothing)
+    first_stream = ids[:3].tolist()  # the eager launches' (a capture runs nothing)
+    other_stream = []
     for _ in range(3):
-        for i, graph in enumerate(graphs):
+        for g, graph in enumerate(graphs):
             with torch.cuda.stream(streams[0]):
                 graph.replay()
             with torch.cuda.stream(streams[1]):
                 _grid_id_kernel[(2,)](ids, 63)
-            torch.cuda.synchronize()
-            seen += ids[3 + 2 * i:5 + 2 * i].tolist() + [ids[63].item()]
+            torch.cuda.synchronize()  # (a replay writes the same entries again: read them now)
+            first_stream += ids[3 + 2 * g:5 + 2 * g].tolist()
+            other_stream.append(ids[63].item())
+    seen = first_stream + other_stream
     assert -1 not in seen and len(set(seen)) == len(seen), seen
+    assert first_stream == sorted(first_stream), first_stream
 
 
 @pytest.mark.gpu
@@ -413,7 +447,7 @@ def test_one_a_site_sides_at_once_and_in_a_graph_beside_the_claiming_gate(gate):
     norm_w = torch.randn(4096, dtype=torch.bfloat16, device="cuda")
     want = [linear(x, w), rmsnorm(rows, norm_w)]
     streams = [torch.cuda.Stream() for _ in sides]
-    with gate_at_c1(gate):
+    with pinned_gate(gate):
         for _ in range(3):
             got, ids = [], []
             for (first, k), stream in zip(sides, streams):

@@ -5,7 +5,7 @@ from conftest import HAS_CUDA
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels import (rmsnorm, rope_, rope_cache, rope_store_kv, silu_mul,
                                   stream_read)
-from pdmux_triton.kernels._pinned import GATES_AT_C1, Pinned, gate_at_c1
+from pdmux_triton.kernels._pinned import PINNED_GATES, Pinned, pinned_gate
 from reference import assert_close, placements, poisoned
 
 DEV = "cuda" if HAS_CUDA else "cpu"
@@ -123,7 +123,7 @@ def test_stream_read_reads_every_word(n, num_sms):
     assert sums.sum().item() == buf.sum().item()
 
 
-@pytest.mark.parametrize("ctas,gate", [*((1, name) for name in GATES_AT_C1), (2, "claiming")])
+@pytest.mark.parametrize("ctas,gate", [*((1, name) for name in PINNED_GATES), (2, "claiming")])
 def test_pinned_small_ops_whoever_survives(ctas, gate):
     """rmsnorm, rotary, silu_mul and the fused attention prologue on a pinned partition
     (kernels/_pinned.py) give the plain launch's output for any placement of their programs,
@@ -138,7 +138,7 @@ def test_pinned_small_ops_whoever_survives(ctas, gate):
     want_norm = rmsnorm(x, w, 1e-6, num_sms=3)
     want_rope = rope_(x.clone(), pos, cs, w, num_sms=3)
     want_act = silu_mul(gate_up, num_sms=3)
-    with gate_at_c1(gate):
+    with pinned_gate(gate):
         for _, placement in placements(6, ctas, 1, 4, seed=ctas):
             pinned = Pinned(1, 4, placement.to(torch.int32).to(DEV))
             budget = {"ctas_per_sm": ctas, "pinned": pinned}
