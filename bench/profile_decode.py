@@ -192,7 +192,7 @@ def offline_gemm(pinned: str | None = None, pdl: bool = False) -> None:
               f"{'skinny' if cfg.skinny else 'tiles'}: "
               + ", ".join(f"{what} {len(re.findall(pattern, ptx))}"
                           for what, pattern in PTX_PATTERNS.items())
-              + f"; buffers {', '.join(sorted(buffers))}")
+              + f"; buffers {', '.join(sorted(buffers))}; {resource_usage(kernel.asm['cubin'])}")
         if cfg.skinny:
             describe_loop(kernel.asm["sass"])
 

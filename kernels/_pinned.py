@@ -116,17 +116,18 @@ LAUNCH_TAG = FIRST_TAG + GATE_WORDS
 SITE_ADMISSIONS = tl.constexpr(LAUNCH_TAG + 1)
 CLAIMS = tl.constexpr(LAUNCH_TAG + 1 + GATE_WORDS)
 GATE_BUFFER_WORDS = 2 * (CLAIMS.value + 1)  # the whole buffer, in int32 words
-# a packed word: the tag's low 39 bits over a 24-bit count (positive, so the claims word
-# opens by an atomic max: a later launch's tag is larger)
-COUNT_BITS, TAG_MASK = tl.constexpr(24), tl.constexpr((1 << 39) - 1)
-INTERPRETED = tl.constexpr(interpreting())  # (set before any kernel module is imported)
+# a packed word: the tag's low 47 bits over a 16-bit count (positive, so the claims word
+# opens by an atomic max: a later launch's tag is larger; a launch adds at most programs +
+# slots + 1 to a count; the tag wraps after 2^47 launches of a context, years at a million a
+# second)
+COUNT_BITS, TAG_MASK = tl.constexpr(16), tl.constexpr((1 << 47) - 1)
+_INTERPRETING = interpreting()  # (set before any kernel module is imported)
+INTERPRETED = tl.constexpr(_INTERPRETING)
 # how long the tagged gate's last program waits at most for site 0 to be taken before it takes
 # it itself (it waits on the clock, never for another program): a site's program lands within
 # a few us unless none will
 SITE_WAIT_NS = tl.constexpr(5_000)
-# the lanes the tagged gate reads its site words over: at least one a thread of the widest
-# CTA (32 warps), so its reductions span every warp
-TAG_LANES = tl.constexpr(1024)
+
 
 
 @dataclass(frozen=True)
@@ -297,7 +298,7 @@ def pinned_launch(pinned: Pinned | None, slots: int, ctas_per_sm: int, device: t
         kind = TAGGED if one_a_site else TAGGED_CLAIMING
     else:
         kind = ONE_A_SITE if one_a_site else CLAIMING
-    if TAGGED_SITES and interpreting():  # a new launch: its own tag (`_launch_tag`)
+    if TAGGED_SITES and _INTERPRETING:  # a new launch: its own tag (`_launch_tag`)
         gate.view(torch.int64)[LAUNCH_TAG] += 1
     return PinnedLaunch(grid, slots,
                         (gate, where, pinned.first_site, pinned.sms, ctas_per_sm, slots, grid),
@@ -429,10 +430,10 @@ def run_slots(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, first_s
         gdc_wait()
     if PINNED == TAGGED_GATE:
         run_tagged(BODY, args, sm_ids_ptr, gate_ptr, place_ptr, first_site, slots, programs,
-                   RECORD_SM, PLACED)
+                   RECORD_SM, PLACED, BLOCK_SMS)
     elif PINNED == TAGGED_CLAIMING_GATE:
         run_tagged_claims(BODY, args, sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, ctas,
-                          slots, programs, RECORD_SM, PLACED)
+                          slots, programs, RECORD_SM, PLACED, BLOCK_SMS)
     elif PINNED == ONE_A_SITE_GATE:
         run_one_a_site(BODY, args, sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, slots,
                        programs, RECORD_SM, PLACED, BLOCK_SMS)
@@ -513,7 +514,8 @@ def _next_missed(missed, done, slots, BLOCK_SMS: tl.constexpr):
 
 @triton.jit
 def run_tagged(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, first_site, slots,
-               programs, RECORD_SM: tl.constexpr, PLACED: tl.constexpr):
+               programs, RECORD_SM: tl.constexpr, PLACED: tl.constexpr,
+               BLOCK_SMS: tl.constexpr):
     """The tagged gate (`TAGGED_SITES`), one program an SM: the program on the range's r-th
     site takes it by exchanging the launch's tag (`_launch_tag`) into the site's word and does
     slot r unless the word held the tag already (another program of this launch took the
@@ -537,19 +539,19 @@ def run_tagged(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, first_
     if INTERPRETED:  # programs run one after another: the last sweeps after all the others
         sweeper = last
         if last & (slot >= slots):
-            slot = _take_free_site(tags, tag, slots)
+            slot = _take_free_site(tags, tag, slots, BLOCK_SMS)
     else:
         if last & (slot >= slots):
-            _wait_for_site_0(tags, tag)
-            slot = _take_site_0(tags, tag, slots)
+            _wait_for_site_0(tags, tag, BLOCK_SMS)
+            slot = _take_site_0(tags, tag, slots, BLOCK_SMS)
         sweeper = slot == 0
     while slot < slots:  # (one call of the body: a second copy would double the code)
         record_slot(sm_ids_ptr, slot, sm, RECORD_SM)
         BODY(slot, slots, *args)
         if sweeper:
-            slot = _take_free_site(tags, tag, slots)
+            slot = _take_free_site(tags, tag, slots, BLOCK_SMS)
         elif last:  # after a slot of its own (on a GPU: the interpreter's last sweeps anyway)
-            slot = _take_site_0(tags, tag, slots)
+            slot = _take_site_0(tags, tag, slots, BLOCK_SMS)
             sweeper = slot == 0
         else:
             slot = slots
@@ -576,48 +578,63 @@ def _launch_tag(gate_ptr):
 
 
 @triton.jit
-def _first_free(tags, tag, slots):
+def _lanes(BLOCK_SMS: tl.constexpr):
+    """How many lanes the tagged gates read their words over: the range's sites, and at least
+    one a thread, so a reduction crosses every warp and all of them see one answer even while
+    other programs change the words (a vector narrower than the CTA is read warp by warp, and
+    warps could disagree); no more, or its addresses would sit in registers through the body."""
+    if INTERPRETED:  # (one program at a time: no warps)
+        lanes: tl.constexpr = BLOCK_SMS
+    else:
+        threads: tl.constexpr = tl.extra.cuda.num_threads()
+        if BLOCK_SMS > threads:
+            lanes: tl.constexpr = BLOCK_SMS
+        else:
+            lanes: tl.constexpr = threads
+    return lanes
+
+
+@triton.jit
+def _first_free(tags, tag, slots, BLOCK_SMS: tl.constexpr):
     """The first of the first `slots` sites that no program of this launch took yet, or
-    `slots`. Read over TAG_LANES lanes, at least one a thread, so the reduction crosses every
-    warp and all of them see one answer even while other programs exchange the words (a
-    narrower vector is read by each warp on its own: they could disagree)."""
-    offs = tl.arange(0, TAG_LANES)
+    `slots` (read over `_lanes`)."""
+    offs = tl.arange(0, _lanes(BLOCK_SMS))
     # volatile: read again on every call (the wait's loop), from L2 where the exchanges land
     seen = tl.load(tags + offs, mask=offs < slots, other=tag, volatile=True)
     return tl.min(tl.where(seen != tag, offs, slots), axis=0)
 
 
 @triton.jit
-def _take_free_site(tags, tag, slots):
+def _take_free_site(tags, tag, slots, BLOCK_SMS: tl.constexpr):
     """A site still free, taken by the exchange its own program makes, or `slots` when none
     is left."""
     won = slots
-    slot = _first_free(tags, tag, slots)
+    slot = _first_free(tags, tag, slots, BLOCK_SMS)
     while slot < slots:
         if tl.atomic_xchg(tags + slot, tag, sem="relaxed") != tag:
             won = slot
             slot = slots
         else:  # its program took it meanwhile
-            slot = _first_free(tags, tag, slots)
+            slot = _first_free(tags, tag, slots, BLOCK_SMS)
     return won
 
 
 @triton.jit
-def _take_site_0(tags, tag, slots):
+def _take_site_0(tags, tag, slots, BLOCK_SMS: tl.constexpr):
     """0 if site 0 was still free and this program took it, else `slots` (a read first: no
     write unless it is free)."""
     slot = slots
-    if _first_free(tags, tag, 1) == 0:
+    if _first_free(tags, tag, 1, BLOCK_SMS) == 0:
         if tl.atomic_xchg(tags, tag, sem="relaxed") != tag:
             slot = 0
     return slot
 
 
 @triton.jit
-def _wait_for_site_0(tags, tag):
-    """Spin until site 0 is taken or SITE_WAIT_NS pass (each thread's clock: the lanes it
-    reads say whether its time is up, and the reduction decides for the whole CTA)."""
-    offs = tl.arange(0, TAG_LANES)
+def _wait_for_site_0(tags, tag, BLOCK_SMS: tl.constexpr):
+    """Spin until site 0 is taken or SITE_WAIT_NS pass (its one lane's thread's clock decides,
+    through the reduction, for the whole CTA)."""
+    offs = tl.arange(0, _lanes(BLOCK_SMS))
     start = tl.extra.cuda.globaltimer()
     waiting = 1
     while waiting > 0:
@@ -629,7 +646,7 @@ def _wait_for_site_0(tags, tag):
 @triton.jit
 def run_tagged_claims(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, first_site,
                       n_sms, ctas, slots, programs, RECORD_SM: tl.constexpr,
-                      PLACED: tl.constexpr):
+                      PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr):
     """The tagged claiming gate (`TAGGED_SITES`, several programs an SM, or more slots than
     sites): a program on one of the range's sites takes a place there from its site's word,
     which packs the launch's tag with the places taken (`_next_of`: an earlier launch's word
@@ -648,8 +665,8 @@ def run_tagged_claims(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr,
         ok = (_next_of(words + SITE_ADMISSIONS + site, packed) < ctas).to(tl.int32)
     if (tl.program_id(0) == programs - 1) & (ok == 0):
         if not INTERPRETED:  # (the interpreter's last program runs after all the others)
-            _wait_for_claims(words + CLAIMS, packed)
-        ok = 1 - _claims_opened(words + CLAIMS, packed)
+            _wait_for_claims(words + CLAIMS, packed, BLOCK_SMS)
+        ok = 1 - _claims_opened(words + CLAIMS, packed, BLOCK_SMS)
     slot = slots
     if ok != 0:
         slot = _as_slot(_next_of(words + CLAIMS, packed), slots)
@@ -668,28 +685,32 @@ def _as_slot(count, slots):
 
 @triton.jit
 def _next_of(word, packed):
-    """The count a packed word held for this launch before this program's turn, one round
-    trip: a max opens an earlier launch's word to this one's tag over 0 (tags only grow on a
-    stream: launches of one stream never overlap) and leaves this launch's alone; the add
-    right after it, to the same word, sees it."""
-    tl.atomic_max(word, packed, sem="relaxed")
-    return tl.atomic_add(word, 1, sem="relaxed") - packed
+    """The count a packed word held for this launch before this program's turn: a max opens an
+    earlier launch's word to this one's tag over 0 (tags only grow on a stream: its launches
+    never overlap) and leaves this launch's alone, and the add right after it, by the same
+    thread to the same word, sees it: one round trip. Below 0 (the add landed on an older tag:
+    it cannot, but the retry costs nothing where it does not) both go again."""
+    count = tl.full([], -1, tl.int64)
+    while count < 0:
+        tl.atomic_max(word, packed, sem="relaxed")
+        count = tl.atomic_add(word, 1, sem="relaxed") - packed
+    return count
 
 
 @triton.jit
-def _claims_opened(word, packed):
-    """1 once a program of this launch has claimed (the claims word carries its tag), else 0,
-    read over TAG_LANES lanes so every warp sees one answer."""
-    offs = tl.arange(0, TAG_LANES)
+def _claims_opened(word, packed, BLOCK_SMS: tl.constexpr):
+    """1 once a program of this launch has claimed (the claims word carries its tag), else 0
+    (read over `_lanes`, so every warp sees one answer)."""
+    offs = tl.arange(0, _lanes(BLOCK_SMS))
     seen = tl.load(word + offs, mask=offs < 1, other=0, volatile=True)
     return tl.max(tl.where((offs < 1) & ((seen >> COUNT_BITS) == (packed >> COUNT_BITS)), 1, 0),
                   axis=0)
 
 
 @triton.jit
-def _wait_for_claims(word, packed):
+def _wait_for_claims(word, packed, BLOCK_SMS: tl.constexpr):
     """Spin until a program of this launch has claimed or SITE_WAIT_NS pass."""
-    offs = tl.arange(0, TAG_LANES)
+    offs = tl.arange(0, _lanes(BLOCK_SMS))
     start = tl.extra.cuda.globaltimer()
     waiting = 1
     while waiting > 0:

@@ -14,7 +14,8 @@ from reference import placements
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels import stream_read
 from pdmux_triton.kernels._launch import shared_counters
-from pdmux_triton.kernels._pinned import (_SITES, CLAIMING, _gridid, FIRST_TAG, GATE_BUFFER_WORDS,
+from pdmux_triton.kernels._pinned import (_SITES, CLAIMING, CLAIMS, LAUNCH_TAG,
+                                          SITE_ADMISSIONS, _gridid, FIRST_TAG, GATE_BUFFER_WORDS,
                                           GATE_WORDS, MAX_SITE, ONE_A_SITE, PINNED_GATES, TAGGED,
                                           TAGGED_CLAIMING, Pinned, admitted, first_slot, pinned_gate, pinned_launch,
                                           run_claimed, run_slots, site_order)
@@ -105,6 +106,32 @@ def test_tagged_claims_every_slot_once_whoever_survives(total, first, k, ctas, s
             assert all(sites.count(site) <= ctas for site in sites), (name, sites)
         else:
             assert set(worker.tolist()) == {placement.numel() - 1}, name
+
+
+@pytest.mark.parametrize("ctas,slots", [(1, 3), (1, 7), (3, 5)])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_tagged_gates_write_only_their_sites_words(ctas, slots, seed):
+    """What the tagged gates are for: a program off the range writes nothing. Launch after
+    launch, with the launch tag jumping ahead between them (a GPU's grid ids count every
+    launch of the context), every slot is done once and the only words of the gate buffer
+    that change are the range's sites' (and the claims word, claiming)."""
+    buffer = shared_counters("pinned gate", GATE_BUFFER_WORDS, DEV)
+    words = buffer.view(torch.int64)
+    gen = torch.Generator().manual_seed(seed)
+    first, k = 2, 4
+    for name, placement in placements(8, ctas, first, k, seed):
+        placement = placement.to(torch.int32).to(DEV)
+        words[LAUNCH_TAG] += int(torch.randint(0, 1 << 20, (), generator=gen))
+        before = buffer.clone()
+        with pinned_gate("tagged"):
+            kind, hits, _ = _run_gated(Pinned(first, k, placement), slots, ctas)
+        assert (hits == 1).all(), (name, hits.tolist())
+        changed = {i // 2 for i in (buffer != before).nonzero().flatten().tolist()}  # int64
+        base = FIRST_TAG if kind == TAGGED else SITE_ADMISSIONS.value
+        allowed = {base + first + r for r in range(k)} | {LAUNCH_TAG}
+        if kind == TAGGED_CLAIMING:
+            allowed.add(CLAIMS.value)
+        assert changed <= allowed, (name, sorted(changed - allowed))
 
 
 @triton.jit
@@ -381,8 +408,11 @@ def test_every_launch_has_its_own_grid_id_and_they_grow():
             first_stream += ids[3 + 2 * g:5 + 2 * g].tolist()
             other_stream.append(ids[63].item())
     seen = first_stream + other_stream
+    print(f"grid ids: {seen}")
     assert -1 not in seen and len(set(seen)) == len(seen), seen
     assert first_stream == sorted(first_stream), first_stream
+    # the claiming form packs the tag's low 47 bits: far from wrapping
+    assert max(seen) < 1 << 46, max(seen)
 
 
 @pytest.mark.gpu
