@@ -29,10 +29,13 @@ def test_decode_kernel_compiles_for_sm90_offline():
     # the attention loop's instructions were counted: HMMA among them, a few hundred in all
     loop = next(line for line in out.stdout.splitlines() if "inner loop (SASS/warp)" in line)
     assert "HMMA" in loop and 100 < int(loop.split()[3].rstrip(":")) < 2000
-    # the pinned forms (an SM gate and slots claimed, or one slot a site, around the same
-    # body) compile for sm_90, %smid included, and their inner loop is the plain one's, give
-    # or take a few instructions; the GEMMs compile with either gate
-    for gate, flags in (("claiming", ["--pinned"]), ("one-a-site", ["--pinned", "one-a-site"])):
+    # the pinned forms (an SM gate and slots claimed, or one slot a site, or either tagged,
+    # around the same body) compile for sm_90, %smid and %gridid included, and their inner
+    # loop is the plain one's, give or take a few instructions; the GEMMs compile with every
+    # gate
+    for gate, flags in (("claiming", ["--pinned"]), ("one-a-site", ["--pinned", "one-a-site"]),
+                        ("tagged", ["--pinned", "tagged"]),
+                        ("tagged-claiming", ["--pinned", "tagged-claiming"])):
         pinned = subprocess.run([sys.executable, "bench/profile_decode.py", "--offline", *flags],
                                 env=env, capture_output=True, text=True, timeout=300)
         assert pinned.returncode == 0, pinned.stderr[-2000:]

@@ -4,6 +4,11 @@ counters are left zero for the next launch. Under the interpreter a placement (a
 program) stands in for `%smid`; on the GPU the hardware places the programs and the device's
 site order says which SMs a range of sites is."""
 
+import os
+import re
+import subprocess
+import sys
+
 import pytest
 import torch
 import triton
@@ -132,6 +137,48 @@ def test_the_tagged_gates_write_only_their_sites_words(ctas, slots, seed):
         if kind == TAGGED_CLAIMING:
             allowed.add(CLAIMS.value)
         assert changed <= allowed, (name, sorted(changed - allowed))
+
+
+# compiled for sm_90 in a process without the interpreter: a probe of the claims' max and add
+_MAX_THEN_ADD = """
+import triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from pdmux_triton.kernels._pinned import _next_of
+
+@triton.jit
+def probe(word_ptr, out_ptr, packed):
+    tl.store(out_ptr, _next_of(word_ptr.to(tl.pointer_type(tl.int64)), packed))
+
+kernel = triton.compile(ASTSource(probe, {"word_ptr": "*i32", "out_ptr": "*i64",
+                                          "packed": "i64"}, {}),
+                        target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+print(kernel.asm["ptx"])
+"""
+
+
+def test_the_claims_max_and_add_come_from_one_thread(tmp_path):
+    """The tagged claiming gate takes a place or a slot by an atomic max and then an add on the
+    same word, and counts on the add seeing the max: PTX orders two atomics of one thread on
+    one address. Compiled for sm_90, Triton issues both from thread 0 (it broadcasts a scalar
+    atomic's result): one predicate, thread 0's, on one address. A Triton that issued them
+    from different threads would break the gate; this says so."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    probe = tmp_path / "probe.py"  # (Triton reads a kernel's source from its file)
+    probe.write_text(_MAX_THEN_ADD)
+    out = subprocess.run([sys.executable, str(probe)], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    atomics = {}
+    for line in out.stdout.splitlines():
+        m = re.match(r"\s*(@%p\d+)\s+atom\.global\.\S*\.(max|add)\.\S+\s+\S+\s+\[\s*(\S+)", line)
+        if m:
+            atomics.setdefault(m.group(2), []).append((m.group(1), m.group(3)))
+    assert len(atomics.get("max", [])) == 1 and len(atomics.get("add", [])) == 1, atomics
+    (pred, address), = atomics["max"]
+    assert atomics["add"] == [(pred, address)], atomics
+    tid = re.search(r"mov\.u32\s+(%r\d+),\s*%tid\.x;", out.stdout).group(1)
+    assert re.search(rf"setp\.eq\.[bsu]32\s+{pred[1:]},\s*{tid},\s*0;", out.stdout), pred
 
 
 @triton.jit
