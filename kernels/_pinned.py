@@ -536,21 +536,17 @@ def run_tagged(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, first_
         if tl.atomic_xchg(tags + rank, tag, sem="relaxed") != tag:
             slot = rank
     last = tl.program_id(0) == programs - 1
-    if INTERPRETED:  # programs run one after another: the last sweeps after all the others
-        sweeper = last
-        if last & (slot >= slots):
-            slot = _take_free_site(tags, tag, slots, BLOCK_SMS)
-    else:
-        if last & (slot >= slots):
+    if last & (slot >= slots):
+        if not INTERPRETED:  # (no clock there, and the others have run by now)
             _wait_for_site_0(tags, tag, BLOCK_SMS)
-            slot = _take_site_0(tags, tag, slots, BLOCK_SMS)
-        sweeper = slot == 0
+        slot = _take_site_0(tags, tag, slots, BLOCK_SMS)
+    sweeper = slot == 0
     while slot < slots:  # (one call of the body: a second copy would double the code)
         record_slot(sm_ids_ptr, slot, sm, RECORD_SM)
         BODY(slot, slots, *args)
         if sweeper:
             slot = _take_free_site(tags, tag, slots, BLOCK_SMS)
-        elif last:  # after a slot of its own (on a GPU: the interpreter's last sweeps anyway)
+        elif last:  # after a slot of its own
             slot = _take_site_0(tags, tag, slots, BLOCK_SMS)
             sweeper = slot == 0
         else:

@@ -215,8 +215,9 @@ def test_one_a_site_slot_r_runs_on_site_r(total, first, k, slots, seed, tagged):
     arrived on the range's site r (the interpreter runs programs in order: the lowest id), a
     slot whose site got no program by the launch's last program, every slot once, launch after
     launch on one buffer, and the counters are left zero (the tagged gate touches none; its
-    tags say which launch took each site last). On a GPU the tagged gate's program of slot 0
-    may sweep a site before its own program lands there."""
+    tags say which launch took each site last). The tagged gate's holder of slot 0 sweeps the
+    sites still free after its slot, so it may take a site before its own program lands there
+    (under the interpreter, every site of a later program)."""
     gate = _counters()
     for name, placement in placements(total, 1, first, k, seed):
         placement = placement.to(torch.int32).to(DEV)
@@ -231,6 +232,11 @@ def test_one_a_site_slot_r_runs_on_site_r(total, first, k, slots, seed, tagged):
             if HAS_CUDA:  # programs arrive in the hardware's order: one of the site's, if any
                 assert not on_site or worker[r].item() in {*on_site, *sweepers}, (
                     name, r, worker.tolist())
+            elif tagged:
+                assert worker[r].item() in {*on_site[:1], *sweepers}, (name, r, worker.tolist())
+                # the site's own program did it if it ran before slot 0's holder swept
+                if on_site and on_site[0] < worker[0].item():
+                    assert worker[r].item() == on_site[0], (name, r, worker.tolist())
             else:
                 want = on_site[0] if on_site else placement.numel() - 1
                 assert worker[r].item() == want, (name, r, worker.tolist())
