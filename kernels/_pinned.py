@@ -42,6 +42,12 @@ by rank would fall to the last arriver one after another. `ONE_A_SITE_AT_C1` cho
 at one an SM: the one-a-site gate, since the GPU measured it faster than the claiming one at
 every level, alone and beside a prefill (bench/decode_floor.py times both in one process;
 bench/NOTES.md says by how much).
+
+Both gates make every program write (an arrival or a departure), and any write of the
+turned-away programs while the working ones start slows those (bench/gate_anatomy.py). The
+*tagged* gates (`TAGGED_SITES`, off until the GPU has timed them: `run_tagged`,
+`run_tagged_claims`) let no program off the range write and reset nothing: each launch tags
+the words it takes with its own grid id, so an earlier launch's words read as free.
 """
 
 from __future__ import annotations
