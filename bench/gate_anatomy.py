@@ -89,9 +89,8 @@ def wait_ns(ns):
 
 
 @triton.jit
-def _anatomy_kernel(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, queue_ptr, table_ptr, far_ptr,
-                    slots,
-                    M, N, K, stride_xm, stride_wn, stride_ym, BLOCK_M: tl.constexpr,
+def _anatomy_kernel(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, queue_ptr, table_ptr,
+                    far_ptr, slots, M, N, K, stride_xm, stride_wn, stride_ym, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
                     WHOLE_TILES: tl.constexpr, MODE: tl.constexpr, LATE: tl.constexpr):
     # the body's arguments as a tuple literal in the call (a tuple bound to a local name turns
@@ -132,7 +131,7 @@ def _run_mode(pid, programs, queue_ptr, table_ptr, far_ptr, args, MODE: tl.const
             tl.store(queue_ptr + 1, 0)  # the last arriver: every admission is in by now
         if ok:
             _skinny_slot(site, programs, *args)
-    elif MODE >= BY_TABLE:  # site by table: a program on one of the sites takes its slot, no atomic
+    elif MODE >= BY_TABLE:  # site by table: a program on a site takes its slot, no atomic
         site = tl.load(table_ptr + tl.extra.cuda.smid())
         if (site >= 0) & (site < programs):
             _skinny_slot(site, programs, *args)
