@@ -544,7 +544,7 @@ def run_tagged(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, first_
     last = tl.program_id(0) == programs - 1
     if last & (slot >= slots):
         if not INTERPRETED:  # (no clock there, and the others have run by now)
-            _wait_for_site_0(tags, tag, BLOCK_SMS)
+            _wait_for_tag(tags, tag, 0, BLOCK_SMS)  # site 0's
         slot = _take_site_0(tags, tag, slots, BLOCK_SMS)
     sweeper = slot == 0
     while slot < slots:  # (one call of the body: a second copy would double the code)
@@ -633,16 +633,26 @@ def _take_site_0(tags, tag, slots, BLOCK_SMS: tl.constexpr):
 
 
 @triton.jit
-def _wait_for_site_0(tags, tag, BLOCK_SMS: tl.constexpr):
-    """Spin until site 0 is taken or SITE_WAIT_NS pass (its one lane's thread's clock decides,
-    through the reduction, for the whole CTA)."""
+def _thread_0s(x, BLOCK_SMS: tl.constexpr):
+    """`x` as thread 0 has it, for every thread: reduced over `_lanes`, so all warps agree (a
+    load or a clock each thread reads for itself may differ between warps)."""
+    offs = tl.arange(0, _lanes(BLOCK_SMS))
+    return tl.max(tl.where(offs < 1, x, tl.full([], -(1 << 62), tl.int64)), axis=0)
+
+
+@triton.jit
+def _wait_for_tag(word, tag, SHIFT: tl.constexpr, BLOCK_SMS: tl.constexpr):
+    """Spin until `word` carries this launch's tag (its bits above SHIFT: a site's tag, or the
+    claims word's packed one) or SITE_WAIT_NS pass; a wait on the clock, never on another
+    program."""
     offs = tl.arange(0, _lanes(BLOCK_SMS))
     start = tl.extra.cuda.globaltimer()
     waiting = 1
-    while waiting > 0:
-        seen = tl.load(tags + offs, mask=offs < 1, other=tag, volatile=True)
+    while waiting > 0:  # (lane 0's thread's word and clock decide, through the reduction)
+        seen = tl.load(word + offs, mask=offs < 1, other=tag, volatile=True)
         now = tl.extra.cuda.globaltimer()
-        waiting = tl.max(tl.where((seen != tag) & (now - start < SITE_WAIT_NS), 1, 0), axis=0)
+        waiting = tl.max(tl.where(((seen >> SHIFT) != (tag >> SHIFT))
+                                  & (now - start < SITE_WAIT_NS), 1, 0), axis=0)
 
 
 @triton.jit
@@ -667,8 +677,10 @@ def run_tagged_claims(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr,
         ok = (_next_of(words + SITE_ADMISSIONS + site, packed) < ctas).to(tl.int32)
     if (tl.program_id(0) == programs - 1) & (ok == 0):
         if not INTERPRETED:  # (the interpreter's last program runs after all the others)
-            _wait_for_claims(words + CLAIMS, packed, BLOCK_SMS)
-        ok = 1 - _claims_opened(words + CLAIMS, packed, BLOCK_SMS)
+            _wait_for_tag(words + CLAIMS, packed, COUNT_BITS, BLOCK_SMS)
+        # none claimed yet: this launch's tag is not on the claims word
+        claims = _thread_0s(tl.load(words + CLAIMS, volatile=True), BLOCK_SMS)
+        ok = ((claims >> COUNT_BITS) != (packed >> COUNT_BITS)).to(tl.int32)
     slot = slots
     if ok != 0:
         slot = _as_slot(_next_of(words + CLAIMS, packed), slots)
@@ -697,26 +709,3 @@ def _next_of(word, packed):
         tl.atomic_max(word, packed, sem="relaxed")
         count = tl.atomic_add(word, 1, sem="relaxed") - packed
     return count
-
-
-@triton.jit
-def _claims_opened(word, packed, BLOCK_SMS: tl.constexpr):
-    """1 once a program of this launch has claimed (the claims word carries its tag), else 0
-    (read over `_lanes`, so every warp sees one answer)."""
-    offs = tl.arange(0, _lanes(BLOCK_SMS))
-    seen = tl.load(word + offs, mask=offs < 1, other=0, volatile=True)
-    return tl.max(tl.where((offs < 1) & ((seen >> COUNT_BITS) == (packed >> COUNT_BITS)), 1, 0),
-                  axis=0)
-
-
-@triton.jit
-def _wait_for_claims(word, packed, BLOCK_SMS: tl.constexpr):
-    """Spin until a program of this launch has claimed or SITE_WAIT_NS pass."""
-    offs = tl.arange(0, _lanes(BLOCK_SMS))
-    start = tl.extra.cuda.globaltimer()
-    waiting = 1
-    while waiting > 0:
-        seen = tl.load(word + offs, mask=offs < 1, other=0, volatile=True)
-        now = tl.extra.cuda.globaltimer()
-        waiting = tl.max(tl.where((offs < 1) & ((seen >> COUNT_BITS) != (packed >> COUNT_BITS))
-                                  & (now - start < SITE_WAIT_NS), 1, 0), axis=0)
