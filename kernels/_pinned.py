@@ -304,14 +304,49 @@ def pinned_launch(pinned: Pinned | None, slots: int, ctas_per_sm: int, device: t
         kind = TAGGED if one_a_site else TAGGED_CLAIMING
     else:
         kind = ONE_A_SITE if one_a_site else CLAIMING
-    if TAGGED_SITES and _INTERPRETING:  # a new launch: its own tag (`_launch_tag`)
-        gate.view(torch.int64)[LAUNCH_TAG] += 1
+    if TAGGED_SITES:
+        _fresh_tags(gate)
     return PinnedLaunch(grid, slots,
                         (gate, where, pinned.first_site, pinned.sms, ctas_per_sm, slots, grid),
                         {"PINNED": kind,
                          "PLACED": placement is not None,
                          "BLOCK_SMS": triton.next_power_of_2(pinned.sms),
                          "PDL": False, "launch_pdl": False})
+
+
+# each gate buffer's last capture that zeroed its tags (by the buffer's address)
+_TAGS_ZEROED: dict[int, int] = {}
+
+
+def _fresh_tags(gate: torch.Tensor) -> None:
+    """Make this launch's tag (`_launch_tag`) new to the tagged words. A GPU launch's is its
+    %gridid, new at every eager launch, but a graph's replays repeat their launches' ids (a gpu
+    test shows it), so a capture zeroes the buffer's tags before its first tagged launch on it:
+    every replay starts from free words and its ids grow in capture order. Under the
+    interpreter, which has no %gridid, the launcher counts launches."""
+    words = gate.view(torch.int64)
+    if _INTERPRETING:
+        words[LAUNCH_TAG] += 1
+    elif torch.cuda.is_current_stream_capturing():
+        capture = _capture_id(torch.cuda.current_stream(gate.device))
+        if _TAGS_ZEROED.get(gate.data_ptr()) != capture:
+            words[FIRST_TAG:].zero_()
+            _TAGS_ZEROED[gate.data_ptr()] = capture
+
+
+def _capture_id(stream: torch.cuda.Stream) -> int:
+    """The id of the graph capture `stream` is in: the driver's, unique in the process."""
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        raise PdmuxError("capturing tagged pinned launches needs cuda-bindings, to tell one "
+                         "capture from the next: pip install 'pdmux-triton[green]'") from None
+    err, status, capture, *_ = driver.cuStreamGetCaptureInfo(
+        driver.CUstream(stream.cuda_stream))
+    if (err != driver.CUresult.CUDA_SUCCESS
+            or status != driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE):
+        raise PdmuxError(f"cuStreamGetCaptureInfo on a capturing stream gave {err}, {status}")
+    return int(capture)
 
 
 def budget_launch(units: int, num_sms: int | None, ctas_per_sm: int, device: torch.device,
@@ -562,8 +597,9 @@ def run_tagged(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, first_
 @triton.jit
 def _gridid():
     """The launch's grid id: the CUDA context's count of launches (%gridid), new at every
-    launch, a graph's replays included (a gpu test checks it). Pinned launches run on the
-    primary context's streams, so a stream's gate buffer only ever sees that one count."""
+    eager launch; a graph's launches keep the ids of their capture at every replay, which
+    `_fresh_tags` answers (a gpu test checks both). Pinned launches run on the primary
+    context's streams, so a stream's gate buffer only ever sees that one count."""
     return tl.inline_asm_elementwise("mov.u64 $0, %gridid;", "=l", [], dtype=tl.int64,
                                      is_pure=True, pack=1)
 
@@ -580,11 +616,13 @@ def _launch_tag(gate_ptr):
 
 
 @triton.jit
-def _lanes(BLOCK_SMS: tl.constexpr):
-    """How many lanes the tagged gates read their words over: the range's sites, and at least
-    one a thread, so a reduction crosses every warp and all of them see one answer even while
-    other programs change the words (a vector narrower than the CTA is read warp by warp, and
-    warps could disagree); no more, or its addresses would sit in registers through the body."""
+def _lane_offsets(BLOCK_SMS: tl.constexpr):
+    """0, 1, ... over the lanes the tagged gates read their words over: the range's sites,
+    and at least one a thread, so a reduction crosses every warp and all of them see one
+    answer even while other programs change the words (a vector narrower than the CTA is read
+    warp by warp, and warps could disagree); no more, or its addresses would sit in registers
+    through the body. (A tensor, not the count: Triton 3.6 makes a constexpr a jit function
+    returns into a tensor, which tl.arange refuses.)"""
     if INTERPRETED:  # (one program at a time: no warps)
         lanes: tl.constexpr = BLOCK_SMS
     else:
@@ -593,14 +631,14 @@ def _lanes(BLOCK_SMS: tl.constexpr):
             lanes: tl.constexpr = BLOCK_SMS
         else:
             lanes: tl.constexpr = threads
-    return lanes
+    return tl.arange(0, lanes)
 
 
 @triton.jit
 def _first_free(tags, tag, slots, BLOCK_SMS: tl.constexpr):
     """The first of the first `slots` sites that no program of this launch took yet, or
-    `slots` (read over `_lanes`)."""
-    offs = tl.arange(0, _lanes(BLOCK_SMS))
+    `slots` (read over `_lane_offsets`)."""
+    offs = _lane_offsets(BLOCK_SMS)
     # volatile: read again on every call (the wait's loop), from L2 where the exchanges land
     seen = tl.load(tags + offs, mask=offs < slots, other=tag, volatile=True)
     return tl.min(tl.where(seen != tag, offs, slots), axis=0)
@@ -634,9 +672,9 @@ def _take_site_0(tags, tag, slots, BLOCK_SMS: tl.constexpr):
 
 @triton.jit
 def _thread_0s(x, BLOCK_SMS: tl.constexpr):
-    """`x` as thread 0 has it, for every thread: reduced over `_lanes`, so all warps agree (a
-    load or a clock each thread reads for itself may differ between warps)."""
-    offs = tl.arange(0, _lanes(BLOCK_SMS))
+    """`x` as thread 0 has it, for every thread: reduced over `_lane_offsets`, so all warps
+    agree (a load or a clock each thread reads for itself may differ between warps)."""
+    offs = _lane_offsets(BLOCK_SMS)
     return tl.max(tl.where(offs < 1, x, tl.full([], -(1 << 62), tl.int64)), axis=0)
 
 
@@ -645,7 +683,7 @@ def _wait_for_tag(word, tag, SHIFT: tl.constexpr, BLOCK_SMS: tl.constexpr):
     """Spin until `word` carries this launch's tag (its bits above SHIFT: a site's tag, or the
     claims word's packed one) or SITE_WAIT_NS pass; a wait on the clock, never on another
     program."""
-    offs = tl.arange(0, _lanes(BLOCK_SMS))
+    offs = _lane_offsets(BLOCK_SMS)
     start = tl.extra.cuda.globaltimer()
     waiting = 1
     while waiting > 0:  # (lane 0's thread's word and clock decide, through the reduction)
@@ -700,8 +738,8 @@ def _as_slot(count, slots):
 @triton.jit
 def _next_of(word, packed):
     """The count a packed word held for this launch before this program's turn: a max opens an
-    earlier launch's word to this one's tag over 0 (tags only grow on a stream: its launches
-    never overlap) and leaves this launch's alone, and the add right after it, by the same
+    earlier launch's word to this one's tag over 0 (tags only grow on a stream, whose launches
+    never overlap, from one zeroing of the words to the next: `_fresh_tags`) and leaves this launch's alone, and the add right after it, by the same
     thread to the same word, sees it: one round trip. Below 0 (the add landed on an older tag:
     it cannot, but the retry costs nothing where it does not) both go again."""
     count = tl.full([], -1, tl.int64)
