@@ -96,14 +96,6 @@ def summary(cards: dict) -> dict[str, dict]:
             for card, runs in sorted(cards.items()) if (speed := card_speed(runs)) is not None}
 
 
-def speed_by_card(paths, calibration: str, compare: str, overheads: step_cost.Overheads,
-                  gpu: str) -> dict[str, float]:
-    """Each card's speed (`summary`) over the points files, by commit: what
-    bench/split_batches.py divides a card's served batches by."""
-    return {card: row["speed"] for card, row in summary(
-        measured_speeds(paths, calibration, compare, overheads, gpu)).items()}
-
-
 def run(args) -> int:
     overheads = load_host_costs(args.host_costs)
     gpu = read_json(args.host_costs, "host-costs file").get("gpu", "")

@@ -30,10 +30,8 @@ it to a host-costs file (`calibrate --host-costs`'s):
   often enough);
 - split_prefill_served: what each level's prefill keeps of the comparison's burst rate as
   served on a busy GPU (bench/split_batches.py: grid-capped pd-mux's large batches after
-  their prefill was busy, each batch's compute span against its co-run price on a card of
-  speed 1 (its card's speed read off the same points, bench/card_speeds.py) solved through
-  the simulator's slowdown at its busy share, the median by prefill SMs at the levels
-  holding enough batches), which prices the split prefill instead of the
+  their prefill was busy, each batch's co-run price over its compute span, the median by
+  prefill SMs at the levels holding enough batches), which prices the split prefill instead of the
   sustained bench's ratios (read between the levels fitted and held beyond them, as those
   are): the bench runs one long prompt, served batches many;
 - decode_beside_prefill: the decode step beside a split prefill as served over its co-run
@@ -708,33 +706,28 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
                           "source": source, **quality}
     if tiles is not None:
         host["mixed_step"]["tiles"] = tile_times_json(tiles, tile_source, tile_quality)
-    bound = small & by_launches
-    if not bound.any():
-        raise PdmuxError(f"no chunked_{size} round was bound by its launches: an eager step's "
-                         f"fixed cost cannot be read from them")
-    step = _eager_step_s(less_launches[bound], size, model, overheads)
     # a level's prefill on a busy GPU as served, priced with this fit's batch upload and tiles,
     # where two levels hold enough large batches (one fitted to other batches does not stay:
-    # the sustained bench's ratios then price it); each batch on a card of speed 1, its
-    # card's speed read off the same points at this fit's whole-GPU prices
-    from card_speeds import speed_by_card
+    # the sustained bench's ratios then price it)
     from split_batches import served_sustained
 
-    speeds = speed_by_card(list(by_file), calibration, compare, replace(
-        overheads, eager_step_s=step, mixed=mixed,
-        whole_gpu_prefill_mfu=host.get("whole_gpu_prefill", {}).get("mfu")), gpu.name)
     host.pop("split_prefill_served", None)
     served_by_kind = {}
     for kind in ("grid_cap", *OTHER_KINDS):
         kept = served_by_kind[kind] = served_sustained(list(by_file), calibration, compare, replace(
             overheads, mixed=mixed, by_kind=(), prefill_batch_s=(batch or {}).get(
-                "seconds", overheads.prefill_batch_s)), gpu.name, speeds, kind)
+                "seconds", overheads.prefill_batch_s)), gpu.name, kind)
         if len(kept["ratio_by_prefill_sms"]) >= 2:
             (by_kind[kind] if kind in by_kind else host)["split_prefill_served"] = {
                 **kept, "calibration": Path(calibration).name, "compare": Path(compare).name}
     host.pop("by_kind", None)  # one fitted to other points does not stay
     if any(by_kind.values()):
         host["by_kind"] = {kind: fits for kind, fits in by_kind.items() if fits}
+    bound = small & by_launches
+    if not bound.any():
+        raise PdmuxError(f"no chunked_{size} round was bound by its launches: an eager step's "
+                         f"fixed cost cannot be read from them")
+    step = _eager_step_s(less_launches[bound], size, model, overheads)
     host["eager_step"] = {"seconds": step, "source": f"{names}: median "
                           f"chunked_{size} round bound by its launches less its {model.layers} "
                           f"layer launches, on this file's host", "rounds": int(bound.sum())}
@@ -774,11 +767,7 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
         lines.append(f"a level's prefill on a busy GPU as served over its burst ({kind}): "
                      + (", ".join(f"{sms} SMs {ratio:.3f}"
                                   for sms, ratio in kept["ratio_by_prefill_sms"])
-                        + f" ({kept['batches']} batches at their cards' speeds"
-                        + (f", {kept['batches_at_unmeasured_speed']} on cards without one at "
-                           f"{kept['unmeasured_speed']:g}"
-                           if kept["batches_at_unmeasured_speed"] else "") + ")"
-                        if "split_prefill_served" in fits else
+                        + f" ({kept['batches']} batches)" if "split_prefill_served" in fits else
                         "not fitted (too few large pd-mux batches at two levels): "
                         + ("the sustained bench's" if kind == "grid_cap" else "the grid cap's")))
         if kept["points_left_out"]:

@@ -11,15 +11,11 @@ the prefill busy at least MIN_BUSY of the half second before it (the clocks of a
 busy; read from the batches' host spans, which every points file keeps). Its
 prompts: a batch takes the waiting requests in arrival order, so the run's requests, made again
 from the point's settings, name each batch's prompts (a point whose batches do not add up to
-its requests is left out and counted). Its price: its FLOPs at the comparison's co-run rate on
+its requests is left out and counted). Its ratio: its FLOPs at the comparison's co-run rate on
 its prefill SMs, slowed by its part-empty GEMM waves as the simulator slows it
-(`SimExecutor.wave_slowdown`); its compute span: taken to first token, less its upload on its
-run's host and half the round its first token came at the end of. Its ratio is the sustained
-ratio that makes the simulator take that span (`sustained_ratio`): on a card of speed 1 (its
-span times its card's speed, bench/card_speeds.py, by the commit it was served at; a card
-without one is taken at 1, and counted), and through the simulator's slowdown at its own busy
-share (`SimExecutor.slowdown`), since that is how the fitted ratio is applied. Prints the
-median ratio by points file and prefill SMs, and pooled; writes <out>/split-batches-<gpu>.json
+(`SimExecutor.wave_slowdown`), over its compute span: taken to first token, less its upload
+on its run's host and half the round its first token came at the end of. Prints the median
+ratio by points file and prefill SMs, and pooled; writes <out>/split-batches-<gpu>.json
 (split-batches-green-<gpu>.json with `--kind green`).
 
     python bench/split_batches.py --out /tmp/x
@@ -54,10 +50,6 @@ from pdmux_triton.spec.traffic import Request
 MIN_TOKENS = 4096  # a batch's prompt tokens, at the fewest
 MIN_BUSY = 0.9  # its level's prefill busy this share of the window before it, at the least
 MIN_BATCHES = 10  # batches a level's ratio is read from, at the fewest
-# a card whose points hold too few long prefill-first batches for a speed: taken at the costs'
-# card, whose whole-GPU MFU was fitted over every card's batches (the cards measured run within
-# a few percent of it)
-UNMEASURED_SPEED = 1.0
 # the pd-mux strategy served at SGLang's levels on each partition kind, whose split levels
 # that kind's comparison rate prices
 PDMUX_OF_KIND = {kind: names[0] for kind, names in PDMUX_KIND_STRATEGIES.items()}
@@ -127,8 +119,8 @@ def split_batches(point: dict, requests: list[Request], pricer: Pricer,
         flops = (sum(step_cost.layer_flops(pricer.model, n) for n in lens)
                  + step_cost.lm_head_flops(pricer.model, b["prompts"])) * \
             pricer.sim.wave_slowdown([(n, 0) for n in lens], sms)
-        busy = covered_s(spans, b["start"] - SUSTAINED_WINDOW_S, b["start"]) / SUSTAINED_WINDOW_S
-        rows.append({**b, "busy": busy, "slowdown": pricer.sim.slowdown(busy),
+        rows.append({**b, "busy": covered_s(spans, b["start"] - SUSTAINED_WINDOW_S, b["start"])
+                     / SUSTAINED_WINDOW_S,
                      "seconds": b["end"] - b["start"] - upload_s - tail,
                      "corun_s": step_cost.compute_s(flops, pricer.sim.prefill_rate, sms, True)})
     return rows
@@ -140,14 +132,9 @@ def counted(row: dict) -> bool:
 
 
 def served_batches(paths, calibration: str, compare: str, overheads: step_cost.Overheads,
-                   gpu: str, speeds: dict[str, float], kind: str = "grid_cap"
-                   ) -> tuple[dict[str, list[dict]], list[str]]:
-    """Every pd-mux point's split batches (`split_batches`) on partition `kind`, by file, each
-    with its card (the commit it was served at) and that card's speed (`speeds`, by commit;
-    UNMEASURED_SPEED where it has none), and the points left out (their batches and requests
-    disagree)."""
-    from card_speeds import card_of  # it reads points with this file's helpers
-
+                   gpu: str, kind: str = "grid_cap") -> tuple[dict[str, list[dict]], list[str]]:
+    """Every pd-mux point's split batches (`split_batches`) on partition `kind`, by file, and
+    the points left out (their batches and requests disagree)."""
     by_file, left_out = {}, []
     for path in paths:
         pricer = Pricer(path, calibration, compare, overheads, gpu, kind)
@@ -161,56 +148,31 @@ def served_batches(paths, calibration: str, compare: str, overheads: step_cost.O
             if rows is None:
                 left_out.append(where)
             else:
-                card = card_of(point)
-                by_file.setdefault(path, []).extend(
-                    {**row, "point": where, "card": card,
-                     "speed": speeds.get(card, UNMEASURED_SPEED)} for row in rows)
+                by_file.setdefault(path, []).extend({**row, "point": where} for row in rows)
     return by_file, left_out
 
 
-def sustained_ratio(row: dict) -> float:
-    """The sustained ratio at which the simulator takes a batch's span on a card of speed 1:
-    it prices a split prefill at corun + slowdown(busy) x (corun / ratio - corun), over the
-    card's speed, so 1 / ratio = 1 + (span x speed / corun - 1) / slowdown(busy). Solved
-    through the simulator's own busy curve, not by reshaping it (it is measured, and prices
-    the sustained bench's ratios too): the number fitted is the one the simulator applies."""
-    stretch = row["seconds"] * row["speed"] / row["corun_s"]
-    return 1 / (1 + (stretch - 1) / row["slowdown"])
-
-
-def fitted_rows(rows: list[dict]) -> list[dict]:
-    """The counted batches a ratio can be solved from: a span, and a busy share at which the
-    simulator slows a split prefill at all."""
-    return [row for row in rows if counted(row) and row["seconds"] > 0 and row["slowdown"] > 0]
-
-
 def ratio_by_prefill_sms(rows: list[dict], min_batches: int = MIN_BATCHES) -> list[list]:
-    """[prefill SMs, median `sustained_ratio`, batches] of each level holding at least
-    `min_batches` counted batches."""
+    """[prefill SMs, median co-run price over compute span, batches] of each level holding at
+    least `min_batches` counted batches."""
     by_sms = defaultdict(list)
-    for row in fitted_rows(rows):
-        by_sms[row["prefill_sms"]].append(sustained_ratio(row))
+    for row in rows:
+        if counted(row) and row["seconds"] > 0:
+            by_sms[row["prefill_sms"]].append(row["corun_s"] / row["seconds"])
     return [[sms, float(np.median(r)), len(r)] for sms, r in sorted(by_sms.items())
             if len(r) >= min_batches]
 
 
 def served_sustained(paths, calibration: str, compare: str, overheads: step_cost.Overheads,
-                     gpu: str, speeds: dict[str, float], kind: str = "grid_cap") -> dict:
+                     gpu: str, kind: str = "grid_cap") -> dict:
     """The host-costs file's `split_prefill_served` for partition `kind` over the points
     files' batches, pooled: each level's ratio (`ratio_by_prefill_sms`), the batches it rests
-    on, their cards' speeds (`speeds`, by commit) and how many of them were on a card without
-    one, and what was left out."""
-    by_file, left_out = served_batches(paths, calibration, compare, overheads, gpu, speeds, kind)
-    rows = [row for rows in by_file.values() for row in rows]
-    levels = ratio_by_prefill_sms(rows)
-    cards = [row["card"] for row in fitted_rows(rows)
-             if row["prefill_sms"] in {sms for sms, *_ in levels}]
+    on and what was left out."""
+    by_file, left_out = served_batches(paths, calibration, compare, overheads, gpu, kind)
+    levels = ratio_by_prefill_sms([row for rows in by_file.values() for row in rows])
     return {"ratio_by_prefill_sms": [[sms, ratio] for sms, ratio, _ in levels],
             "batches": sum(n for *_, n in levels), "min_tokens": MIN_TOKENS,
-            "min_busy": MIN_BUSY,
-            "card_speeds": {card: speeds[card] for card in sorted(set(cards)) if card in speeds},
-            "batches_at_unmeasured_speed": sum(card not in speeds for card in cards),
-            "unmeasured_speed": UNMEASURED_SPEED, "points_left_out": left_out,
+            "min_busy": MIN_BUSY, "points_left_out": left_out,
             "files": [f"{Path(p).parent.name}/{Path(p).name}" for p in by_file]}
 
 
@@ -218,13 +180,10 @@ def table(data: dict) -> str:
     sms = sorted({s for levels in data["by_file"].values() for s, *_ in levels})
     cell = lambda levels, s: next((f"{r:.3f} ({n})" for x, r, n in levels if x == s), "-")
     lines = [f"served split prefill batches (>= {MIN_TOKENS} tokens, busy >= {MIN_BUSY:.0%}): "
-             f"sustained ratio at their cards' speeds and busy shares (batches), by prefill SMs",
+             f"co-run price / compute span (batches), by prefill SMs",
              f"{'':<48}" + "".join(f"{s:>14}" for s in sms)]
     for name, levels in [*data["by_file"].items(), ("pooled", data["pooled"])]:
         lines.append(f"{name:<48}" + "".join(f"{cell(levels, s):>14}" for s in sms))
-    if data["batches_at_unmeasured_speed"]:
-        lines.append(f"{data['batches_at_unmeasured_speed']} batches on cards without a speed, "
-                     f"taken at {UNMEASURED_SPEED:g}")
     if data["points_left_out"]:
         lines.append("left out (batches and requests disagree): "
                      + ", ".join(data["points_left_out"]))
@@ -234,24 +193,18 @@ def table(data: dict) -> str:
 def run(args) -> int:
     overheads = load_host_costs(args.host_costs)
     gpu = read_json(args.host_costs, "host-costs file").get("gpu", "")
-    from card_speeds import speed_by_card  # it reads points with this file's helpers
-
-    speeds = speed_by_card(args.points, args.calibration, args.compare, overheads, gpu)
     by_file, left_out = served_batches(args.points, args.calibration, args.compare, overheads,
-                                       gpu, speeds, args.kind)
+                                       gpu, args.kind)
     if not by_file:
         raise PdmuxError(f"{', '.join(args.points)} hold no {PDMUX_OF_KIND[args.kind]} point "
                          f"whose batches add up to its requests ({len(left_out)} left out): "
                          f"measure it (bench/trace_fidelity.py, `pdmux-triton capacity`)")
     label = lambda p: f"{Path(p).parent.name}/{Path(p).name}"
-    rows = [row for rows in by_file.values() for row in rows]
     data = {**provenance(gpu),
             "inputs": {"points": list(args.points), "kind": args.kind, "min_tokens": MIN_TOKENS,
                        "min_busy": MIN_BUSY, **{k: getattr(args, k) for k in MEASURED_ON_H200}},
             "by_file": {label(p): ratio_by_prefill_sms(rows, 1) for p, rows in by_file.items()},
-            "pooled": ratio_by_prefill_sms(rows, 1), "card_speeds": speeds,
-            "batches_at_unmeasured_speed": sum(row["card"] not in speeds
-                                               for row in fitted_rows(rows)),
+            "pooled": ratio_by_prefill_sms([x for rows in by_file.values() for x in rows], 1),
             "points_left_out": left_out}
     name = "split-batches" + ("" if args.kind == "grid_cap" else f"-{args.kind}")
     return finish(Path(args.out) / f"{name}-{gpu}.json", data, table(data))

@@ -1472,8 +1472,6 @@ def test_split_batches_read_each_batchs_prompts_level_busy_share_and_price():
     # its first token at 0.19 s ends the round begun at 0.1 s: half of it is the wait
     assert rows[0]["seconds"] == pytest.approx(0.19 - 0.001 - 0.09 / 2)
     assert rows[0]["busy"] == 0 and rows[1]["busy"] == pytest.approx(0.19 / 0.5)
-    # how far the simulator slows a split prefill at each one's busy share
-    assert [r["slowdown"] for r in rows] == [pricer.sim.slowdown(r["busy"]) for r in rows]
     short = split_batches(_split_point(levels, prefills[:1] + [[200_000, 390_000, 2001, 1, 0]]),
                           requests, pricer, upload_s=0.001)
     assert short is None
@@ -1481,7 +1479,7 @@ def test_split_batches_read_each_batchs_prompts_level_busy_share_and_price():
                          requests, pricer, upload_s=0.001) is None  # more prompts than requests
     # the counting rule: enough tokens, nothing cached, a busy GPU, enough batches a level
     row = {"prefill_sms": 72, "tokens": MIN_TOKENS, "cached": 0, "busy": MIN_BUSY,
-           "corun_s": 0.1, "seconds": 0.1, "speed": 1.0, "slowdown": 1.0}
+           "corun_s": 0.1, "seconds": 0.1}
     kept = [{**row, "seconds": s} for s in (0.1, 0.11, 0.125)]
     dropped = [{**row, "tokens": MIN_TOKENS - 1}, {**row, "cached": 64},
                {**row, "busy": MIN_BUSY - 0.01}, {**row, "prefill_sms": 112}]
@@ -1490,50 +1488,22 @@ def test_split_batches_read_each_batchs_prompts_level_busy_share_and_price():
     assert ratio_by_prefill_sms(kept + dropped, min_batches=4) == []
 
 
-def test_a_served_batchs_ratio_is_on_a_card_of_speed_1_through_its_busy_shares_slowdown():
-    """Two batches of one span over their price on cards of speed 1.0 and 0.9 are not one rate:
-    the slower card's span on a card of speed 1 is 0.9 of it, so batches that ran 1.0 and 0.9
-    times as fast fit to one ratio. A batch whose busy share the simulator slows only halfway
-    toward the sustained rate took half of that rate's extra time: its ratio is solved so the
-    simulator, slowing it halfway, takes its span again."""
-    sys.path.insert(0, "bench")
-    from split_batches import MIN_BUSY, MIN_TOKENS, ratio_by_prefill_sms, sustained_ratio
-
-    row = {"prefill_sms": 72, "tokens": MIN_TOKENS, "cached": 0, "busy": MIN_BUSY,
-           "corun_s": 0.1, "speed": 1.0, "slowdown": 1.0}
-    fast, slow = {**row, "seconds": 0.11}, {**row, "seconds": 0.11 / 0.9, "speed": 0.9}
-    assert sustained_ratio(fast) == pytest.approx(sustained_ratio(slow)) == pytest.approx(1 / 1.1)
-    assert ratio_by_prefill_sms([fast, slow], min_batches=2) == [
-        [72, pytest.approx(1 / 1.1), 2]]
-    half = {**row, "seconds": 0.105, "slowdown": 0.5}
-    ratio = sustained_ratio(half)
-    assert ratio == pytest.approx(1 / 1.1)
-    corun = half["corun_s"]
-    assert corun + half["slowdown"] * (corun / ratio - corun) == pytest.approx(half["seconds"])
-    # a busy share at which the simulator does not slow it says nothing of the rate
-    assert ratio_by_prefill_sms([{**half, "slowdown": 0.0}], min_batches=1) == []
-
-
 def test_served_split_prefill_ratios_from_the_committed_points(tmp_path):
     """The committed points' served batches (every pd-mux point's prompts recovered, the
     prefix-cache folders' too) give a ratio within 0.8-1.05 of the comparison's burst at two
     levels at least; the script prints them pooled, and a points file without pd-mux batches
     is refused in one line that names it."""
     sys.path.insert(0, "bench")
-    from card_speeds import speed_by_card
     from split_batches import served_sustained
 
     from pdmux_triton.cost.measured_inputs import load_host_costs
 
     files = [p for p in COMMITTED_FIT if p.endswith(".jsonl")]
-    measured = ("bench/results/calibrate-h200.json", "bench/results/compare-h200.json",
-                load_host_costs("bench/results/host-costs-h200.json"), "h200")
-    got = served_sustained(files, *measured, speed_by_card(files, *measured))
+    got = served_sustained(files, "bench/results/calibrate-h200.json",
+                           "bench/results/compare-h200.json",
+                           load_host_costs("bench/results/host-costs-h200.json"), "h200")
     assert got["batches"] > 100 and len(got["ratio_by_prefill_sms"]) >= 2
     assert got["points_left_out"] == []
-    # every grid-capped batch's card has a speed; green's ran on a card without one (8116aed)
-    assert got["batches_at_unmeasured_speed"] == 0 and got["card_speeds"]
-    assert all(0.9 < speed < 1.1 for speed in got["card_speeds"].values())
     assert all(0.8 < ratio < 1.05 for _, ratio in got["ratio_by_prefill_sms"])
     out = subprocess.run([sys.executable, "bench/split_batches.py", "--out", str(tmp_path)],
                          capture_output=True, text=True, timeout=300)

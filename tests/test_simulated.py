@@ -251,11 +251,11 @@ def test_a_split_prefill_slows_as_measured_by_the_share_it_ran():
     host = step_cost.Overheads(split_prefill_sustained=((60, 0.8), (112, 0.8)),
                                split_prefill_slowdown=((0.6, 0.0), (0.8, 0.5)))
     x = SimExecutor(H100, QWEN, law, rate, overheads=host)
-    assert [x.slowdown(b) for b in (0.0, 0.3, 0.6, 0.7, 0.8, 0.9, 1.0)] == pytest.approx(
+    assert [x._slowdown(b) for b in (0.0, 0.3, 0.6, 0.7, 0.8, 0.9, 1.0)] == pytest.approx(
         [0.0, 0.0, 0.0, 0.25, 0.5, 0.75, 1.0])
     linear = SimExecutor(H100, QWEN, law, rate, overheads=step_cost.Overheads(
         split_prefill_sustained=((60, 0.8),)))
-    assert linear.slowdown(0.3) == pytest.approx(0.3)  # none measured: in proportion
+    assert linear._slowdown(0.3) == pytest.approx(0.3)  # none measured: in proportion
 
 
 class _Link:

@@ -222,7 +222,7 @@ class SimExecutor:
         corun = step_cost.compute_s(flops, self.prefill_rate, sms, True)
         if self.overheads.split_prefill_sustained:
             slow = step_cost.compute_s(flops, self.sustained_rate, sms, True)
-            corun += self.slowdown(self._prefill_busy(max(began, self.free["prefill"]))) * (
+            corun += self._slowdown(self._prefill_busy(max(began, self.free["prefill"]))) * (
                 slow - corun)
         if corun <= 0:
             return 0.0
@@ -291,11 +291,10 @@ class SimExecutor:
                   if a < at and b > since)
         return min(1.0, max(0.0, ran / SUSTAINED_WINDOW_S))
 
-    def slowdown(self, busy: float) -> float:
+    def _slowdown(self, busy: float) -> float:
         """How far from its burst toward its sustained rate a split prefill that ran `busy` of
         the recent past has slowed: as measured at some shares (the clocks hold while it idles
-        often enough), else in proportion. Public: bench/split_batches.py solves each served
-        batch's sustained ratio through it, so what is fitted is what this applies."""
+        often enough), else in proportion."""
         return float(np.interp(busy, *self.slowdown_curve))
 
     def prefill_result(self, carry: SimPrefill, wait: bool):
