@@ -428,6 +428,39 @@ def test_pinned_decode_kernels_equal_the_capped_launch(ctas, gate):
         assert torch.equal(a, b) and torch.equal(a, c)
 
 
+def test_a_capture_zeroes_the_tags_once_before_its_first_tagged_launch(monkeypatch):
+    """A graph's replays repeat its launches' grid ids, so the tags a replay finds must be
+    zeroed within the graph: once a capture, before its first tagged launch on a buffer, and
+    again in the next capture (the capture's id told apart by the driver, stubbed here); an
+    eager GPU launch zeroes nothing (its grid id is new)."""
+    import pdmux_triton.kernels._pinned as pinned_module
+
+    gate = torch.zeros(GATE_BUFFER_WORDS, dtype=torch.int32)
+    words = gate.view(torch.int64)
+    words[:FIRST_TAG] = 3  # the counters before the tags
+    monkeypatch.setattr(pinned_module, "_INTERPRETING", False)
+    monkeypatch.setattr(pinned_module, "_TAGS_ZEROED", {})
+    capturing, capture = [False], [7]
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: None)
+    monkeypatch.setattr(pinned_module, "_capture_id", lambda stream: capture[0])
+
+    def launch_after(tag):  # a launch's programs leave their tag on the words
+        pinned_module._fresh_tags(gate)
+        before = words[FIRST_TAG:].clone()
+        words[FIRST_TAG:] = tag
+        return before
+
+    assert (launch_after(5) == 0).all()  # eager: nothing zeroed, so the next sees 5
+    assert (launch_after(6) == 5).all()
+    capturing[0] = True
+    assert (launch_after(8) == 0).all()  # the capture's first tagged launch: zeroed
+    assert (launch_after(9) == 8).all()  # its second: not again
+    capture[0] = 11
+    assert (launch_after(8) == 0).all()  # the next capture zeroes again
+    assert (words[:FIRST_TAG] == 3).all()  # the counters are left alone
+
+
 @triton.jit
 def _grid_id_kernel(out_ptr, at):
     if tl.program_id(0) == 0:
