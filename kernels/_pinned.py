@@ -133,6 +133,9 @@ INTERPRETED = tl.constexpr(_INTERPRETING)
 # it itself (it waits on the clock, never for another program): a site's program lands within
 # a few us unless none will
 SITE_WAIT_NS = tl.constexpr(5_000)
+# and at most this many reads of the word, so the wait ends even on a clock that does not move
+# (a read is an L2 round trip, ~0.5-1 us: the clock ends it first)
+SITE_WAIT_READS = tl.constexpr(64)
 
 
 
@@ -681,16 +684,19 @@ def _thread_0s(x, BLOCK_SMS: tl.constexpr):
 @triton.jit
 def _wait_for_tag(word, tag, SHIFT: tl.constexpr, BLOCK_SMS: tl.constexpr):
     """Spin until `word` carries this launch's tag (its bits above SHIFT: a site's tag, or the
-    claims word's packed one) or SITE_WAIT_NS pass; a wait on the clock, never on another
-    program."""
+    claims word's packed one) or SITE_WAIT_NS pass (or SITE_WAIT_READS reads); a wait on the
+    clock, never on another program."""
     offs = _lane_offsets(BLOCK_SMS)
     start = tl.extra.cuda.globaltimer()
     waiting = 1
+    reads = 0
     while waiting > 0:  # (lane 0's thread's word and clock decide, through the reduction)
         seen = tl.load(word + offs, mask=offs < 1, other=tag, volatile=True)
         now = tl.extra.cuda.globaltimer()
+        reads += 1
         waiting = tl.max(tl.where(((seen >> SHIFT) != (tag >> SHIFT))
-                                  & (now - start < SITE_WAIT_NS), 1, 0), axis=0)
+                                  & (now - start < SITE_WAIT_NS) & (reads < SITE_WAIT_READS),
+                                  1, 0), axis=0)
 
 
 @triton.jit

@@ -502,6 +502,9 @@ def test_grid_ids_are_new_at_every_eager_launch_and_repeat_at_every_replay():
     assert eager == sorted(eager), eager
     for runs in replays:
         assert all(run == runs[0] for run in runs) and runs[0] == sorted(set(runs[0])), runs
+        # below every eager launch after the capture: those find the words a replay left
+        # open to their atomic max
+        assert max(runs[0]) < min(eager[3:]), (runs, eager)
         assert not set(runs[0]) & set(eager), (runs, eager)
     # the claiming form packs the tag's low 47 bits: far from wrapping
     assert max(eager) < 1 << 46, max(eager)
