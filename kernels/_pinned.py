@@ -127,6 +127,7 @@ GATE_BUFFER_WORDS = 2 * (CLAIMS.value + 1)  # the whole buffer, in int32 words
 # slots + 1 to a count; the tag wraps after 2^47 launches of a context, years at a million a
 # second)
 COUNT_BITS, TAG_MASK = tl.constexpr(16), tl.constexpr((1 << 47) - 1)
+COUNT_SPAN = tl.constexpr(1 << COUNT_BITS.value)  # a count is below it; a larger tag, above
 _INTERPRETING = interpreting()  # (set before any kernel module is imported)
 INTERPRETED = tl.constexpr(_INTERPRETING)
 # how long the tagged gate's last program waits at most for site 0 to be taken before it takes
@@ -744,12 +745,32 @@ def _as_slot(count, slots):
 @triton.jit
 def _next_of(word, packed):
     """The count a packed word held for this launch before this program's turn: a max opens an
-    earlier launch's word to this one's tag over 0 (tags only grow on a stream, whose launches
-    never overlap, from one zeroing of the words to the next: `_fresh_tags`) and leaves this launch's alone, and the add right after it, by the same
-    thread to the same word, sees it: one round trip. Below 0 (the add landed on an older tag:
-    it cannot, but the retry costs nothing where it does not) both go again."""
+    earlier launch's word to this one's tag over 0 (tags grow on a stream, whose launches
+    never overlap, from one zeroing of the words to the next: `_fresh_tags`) and leaves this
+    launch's alone, and the add right after it, by the same thread to the same word, sees it:
+    one round trip. Should a word hold a larger tag all the same (an id that did not grow),
+    it is stale too, and is opened by a compare-and-swap (`_open`); below 0 (the add landed on
+    an older tag: it cannot, but the retry costs nothing where it does not) both go again."""
     count = tl.full([], -1, tl.int64)
     while count < 0:
         tl.atomic_max(word, packed, sem="relaxed")
         count = tl.atomic_add(word, 1, sem="relaxed") - packed
+        if count >= COUNT_SPAN:  # another tag above this one's
+            _open(word, count + packed + 1, packed)
+            count = tl.full([], -1, tl.int64)
     return count
+
+
+@triton.jit
+def _open(word, seen, packed):
+    """Swap a stale word (`seen`: what this program's add left there) for this launch's tag
+    over 0, whatever its count reached meanwhile; done once this launch's tag is on it (this
+    program's swap, or another's of this launch). Every try that fails reads the word anew,
+    and other programs add to a stale word at most once each before they come here."""
+    done = 0
+    while done == 0:
+        before = tl.atomic_cas(word, seen, packed, sem="relaxed")
+        if (before == seen) | ((before >> COUNT_BITS) == (packed >> COUNT_BITS)):
+            done = 1
+        else:
+            seen = before

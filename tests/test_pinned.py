@@ -113,6 +113,26 @@ def test_tagged_claims_every_slot_once_whoever_survives(total, first, k, ctas, s
             assert set(worker.tolist()) == {placement.numel() - 1}, name
 
 
+@pytest.mark.parametrize("ctas,slots", [(2, 6), (3, 5), (1, 9)])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_tagged_claims_open_words_a_larger_tag_left(ctas, slots, seed):
+    """Tags grow on a stream, but should a word hold a larger one (a launch id that did not
+    grow), it is stale all the same: the claiming gate still does every slot once and leaves
+    its own tag on the words it used."""
+    words = shared_counters("pinned gate", GATE_BUFFER_WORDS, DEV).view(torch.int64)
+    first, k = 2, 4
+    for name, placement in placements(8, ctas, first, k, seed):
+        placement = placement.to(torch.int32).to(DEV)
+        ahead = (int(words[LAUNCH_TAG]) + 1000) << 16  # a later tag, over a count of 7
+        words[SITE_ADMISSIONS.value:SITE_ADMISSIONS.value + GATE_WORDS] = ahead + 7
+        words[CLAIMS.value] = ahead + 7
+        with pinned_gate("tagged"):
+            kind, hits, _ = _run_gated(Pinned(first, k, placement), slots, ctas)
+        assert kind == TAGGED_CLAIMING
+        assert (hits == 1).all(), (name, hits.tolist())
+        assert int(words[CLAIMS.value]) >> 16 == int(words[LAUNCH_TAG]), name
+
+
 @pytest.mark.parametrize("ctas,slots", [(1, 3), (1, 7), (3, 5)])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_the_tagged_gates_write_only_their_sites_words(ctas, slots, seed):
