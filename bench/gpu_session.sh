@@ -17,6 +17,8 @@
 #       bash bench/gpu_session.sh slo                 # SGLang's levels against SLO-driven ones
 #   SLO_OUT=bench/results/long-300 SLO_ARGS="--count 300 --traffic sharegpt:7:6,7,8 \
 #       --policies default,slo" bash bench/gpu_session.sh slo     # the same on longer streams
+#   FLOOR_TURNS="1,3,served,1 tagged,3 tagged,served tagged" bash bench/gpu_session.sh \
+#       tagged anatomy floor   # the tagged pinned gates: their gpu tests, cost, decode step
 #   bash bench/gpu_session.sh steps batches    # served decode steps against the cost model's
 #       price (bench/step_errors.py); decode steps at other batches by SMs (calibrate
 #       --decode-batches, into a copy of the calibration; BATCHES=48: that batch and the own one)
@@ -55,7 +57,8 @@ step() {  # step NAME SECONDS COMMAND...
     case " $STEPS " in *" $name "*) ;; *) return ;; esac
     echo "== $name (limit ${limit}s)" | tee -a "$LOG"
     local t0=$SECONDS
-    timeout "$limit" "$@" >> "$LOG" 2>&1
+    # (KILL 15 s after the TERM: a process waiting on a kernel that never ends ignores TERM)
+    timeout -k 15 "$limit" "$@" >> "$LOG" 2>&1
     echo "   $name: exit $? after $((SECONDS - t0))s" | tee -a "$LOG"
 }
 
@@ -65,6 +68,13 @@ step readme 240 bash -c 'python3 -m pip install --no-build-isolation -e . && pdm
 # TESTS_FILES splits the suite between calls (it outlasts one: 'tests/test_[a-g]*.py', then h-z)
 step tests ${TESTS_S:-420} python3 -m pytest -q -rsP --durations=20 -m gpu ${TESTS_FILES:-tests} \
     ${TESTS_K:+-k "$TESTS_K"}
+# the tagged pinned gates' gpu tests, one group at a time under its own short limit, so a
+# launch that never ends costs one group, not the call (issue 26; session 44's second call
+# never answered)
+step tagged ${TAGGED_S:-240} bash -c 'for k in "grid_ids" \
+    "stream_read_stays_on_its_sms and tagged" "decode_kernels_equal_the_capped_launch and tagged" \
+    "one_a_site_sides and tagged"; do echo "-- $k"; timeout -k 5 60 python3 -m pytest -x -q -rsP \
+    -m gpu tests/test_pinned.py -k "$k" || echo "-- exit $? ($k)"; done'
 step host 90 pdmux-triton calibrate --host-costs --out "$OUT"
 step profile 60 python3 bench/profile_decode.py --budget 16
 step kernels 110 python3 bench/bench_kernels.py --quick --out "$OUT"
