@@ -7,16 +7,18 @@ A batch counts where it was served by a pd-mux point at SGLang's levels on the p
 asked for (`--kind`: grid-capped, the default, or green contexts), all its layers at one split
 level, with at least MIN_TOKENS prompt tokens (bound by its GPU: its upload and its wait for a
 round are a small part of its span), none read from a prefix cache, after split batches kept
-the prefill busy at least MIN_BUSY of the half second before it (the clocks of a GPU kept
-busy; read from the batches' host spans, which every points file keeps). Its
-prompts: a batch takes the waiting requests in arrival order, so the run's requests, made again
-from the point's settings, name each batch's prompts (a point whose batches do not add up to
-its requests is left out and counted). Its ratio: its FLOPs at the comparison's co-run rate on
-its prefill SMs, slowed by its part-empty GEMM waves as the simulator slows it
-(`SimExecutor.wave_slowdown`), over its compute span: taken to first token, less its upload
-on its run's host and half the round its first token came at the end of. Prints the median
-ratio by points file and prefill SMs, and pooled; writes <out>/split-batches-<gpu>.json
-(split-batches-green-<gpu>.json with `--kind green`).
+the prefill busy at least MIN_BUSY of the half second before it. The busy share is the
+simulator's (`SimExecutor._prefill_busy`: the split prefill's GPU spans before its GPU work
+starts), read from the split batches' compute spans (below), which every points file keeps;
+their host spans also hold each batch's upload and its first token's wait, and read busier.
+Its prompts: a batch takes the waiting requests in arrival order, so the run's requests, made
+again from the point's settings, name each batch's prompts (a point whose batches do not add
+up to its requests is left out and counted). Its price: its FLOPs at the comparison's co-run
+rate on its prefill SMs, slowed by its part-empty GEMM waves as the simulator slows it
+(`SimExecutor.wave_slowdown`); its compute span: taken to first token, less its upload on its
+run's host and half the round its first token came at the end of; its ratio: price over span.
+Prints the median ratio by points file and prefill SMs, and pooled; writes
+<out>/split-batches-<gpu>.json (split-batches-green-<gpu>.json with `--kind green`).
 
     python bench/split_batches.py --out /tmp/x
     python bench/split_batches.py --kind green --out /tmp/x
@@ -83,12 +85,12 @@ def run_settings(path: str, gpu: str, trace: str | None, start: int | None) -> R
 def split_batches(point: dict, requests: list[Request], pricer: Pricer,
                   upload_s: float) -> list[dict] | None:
     """Each uncached prompt batch of a pd-mux point whose layers all ran at one split level: its
-    prefill SMs, prompts, tokens, the split prefill's busy share before it (from the split
-    batches' spans), its compute span and its co-run price. The span runs from the batch
-    taken to its first token, which the host sees at the end of the round its last layer ended
-    in: less `upload_s` and half that round (where in it the layer ended is not kept; the
-    simulator adds that wait itself). None where its batches, taken in arrival order, do not
-    add up to `requests`."""
+    prefill SMs, prompts, tokens, the split prefill's busy share before its compute span (from
+    the split batches' compute spans, as the simulator reads its own), its compute span and its
+    co-run price. The span runs from the batch taken to its first token, which the host
+    sees at the end of the round its last layer ended in: less `upload_s` and half that round
+    (where in it the layer ended is not kept; the simulator adds that wait itself). None where
+    its batches, taken in arrival order, do not add up to `requests`."""
     d = point["diagnostics"]
     r = d["rounds"]
     layers = [(start, level) for start, label, level in zip(r["start_us"], r["label"], r["level"])
@@ -109,19 +111,21 @@ def split_batches(point: dict, requests: list[Request], pricer: Pricer,
                         "prompts": prompts, "tokens": tokens, "cached": cached,
                         "prompt_lens": [q.prompt_len for q in mine]})
     split = [b for b in batches if b["prefill_sms"]]
-    spans = np.array([(b["start"], b["end"]) for b in split], dtype=float).reshape(-1, 2)
+    for b in split:  # its compute span: where the simulator's busy share reads its GPU work
+        b["seconds"] = b["end"] - b["start"] - upload_s - b.pop("tail")
+    spans = np.array([(b["start"] + upload_s, b["start"] + upload_s + max(0.0, b["seconds"]))
+                      for b in split], dtype=float).reshape(-1, 2)
     rows = []
     for b in split:
         if b["cached"]:  # which prompt read how much of the cache is not kept
             continue
-        lens, tail, sms = b.pop("prompt_lens"), b.pop("tail"), b["prefill_sms"]
+        lens, sms, began = b.pop("prompt_lens"), b["prefill_sms"], b["start"] + upload_s
         # as the simulator prices it: its FLOPs slowed by its part-empty GEMM waves
         flops = (sum(step_cost.layer_flops(pricer.model, n) for n in lens)
                  + step_cost.lm_head_flops(pricer.model, b["prompts"])) * \
             pricer.sim.wave_slowdown([(n, 0) for n in lens], sms)
-        rows.append({**b, "busy": covered_s(spans, b["start"] - SUSTAINED_WINDOW_S, b["start"])
+        rows.append({**b, "busy": covered_s(spans, began - SUSTAINED_WINDOW_S, began)
                      / SUSTAINED_WINDOW_S,
-                     "seconds": b["end"] - b["start"] - upload_s - tail,
                      "corun_s": step_cost.compute_s(flops, pricer.sim.prefill_rate, sms, True)})
     return rows
 

@@ -1431,8 +1431,9 @@ def _split_point(levels: list[int], prefills: list[list]) -> dict:
 def test_split_batches_read_each_batchs_prompts_level_busy_share_and_price():
     """A pd-mux batch takes the waiting requests in arrival order: each batch's prompts come
     back from the run's requests, its level from the rounds that launched its layers, its busy share
-    from the split batches in the half second before it, its compute span less its upload and its
-    price as the simulator's (part-empty GEMM waves too); a batch whose layers ran at two levels or
+    as the simulator reads it (the split batches' compute spans in the half second before its own
+    starts), its compute span less its upload and its price as the simulator's (part-empty GEMM
+    waves too); a batch whose layers ran at two levels or
     on the whole GPU is no split batch, and batches that do not add up to the requests give none; a
     batch that read part of its prompts from the prefix cache adds up with its cached tokens and
     gives no row. Only large batches after a busy half second count towards a level's ratio, from
@@ -1471,7 +1472,12 @@ def test_split_batches_read_each_batchs_prompts_level_busy_share_and_price():
         * waves, pricer.sim.prefill_rate, 112, True))
     # its first token at 0.19 s ends the round begun at 0.1 s: half of it is the wait
     assert rows[0]["seconds"] == pytest.approx(0.19 - 0.001 - 0.09 / 2)
-    assert rows[0]["busy"] == 0 and rows[1]["busy"] == pytest.approx(0.19 / 0.5)
+    # the simulator's busy share: its split prefill's GPU spans before the batch's GPU work
+    # starts, here the first batch's compute span (its host span, 0-0.19 s, would read 0.38)
+    pricer.sim.prefill_spans = [(0.001, 0.19 - 0.09 / 2)]
+    assert rows[0]["busy"] == 0 and rows[1]["busy"] == pytest.approx(
+        pricer.sim._prefill_busy(0.2 + 0.001))
+    assert rows[1]["busy"] == pytest.approx((0.145 - 0.001) / 0.5)
     short = split_batches(_split_point(levels, prefills[:1] + [[200_000, 390_000, 2001, 1, 0]]),
                           requests, pricer, upload_s=0.001)
     assert short is None
