@@ -208,7 +208,8 @@ def variants(N: int, K: int, device_sms: int) -> dict:
     runs = {name: launch(i) for i, name in enumerate(MODES)}
     runs["capped (product)"] = product(num_sms=SMS)
     runs["pinned (product)"] = product(pinned=Pinned(0, SMS))
-    runs["pinned, claiming gate"] = product(lambda: pinned_gate("claiming"), pinned=Pinned(0, SMS))
+    runs["pinned, claiming gate"] = product(lambda: pinned_gate("claiming"),
+                                            pinned=Pinned(0, SMS))
     runs["pinned, tagged gate"] = product(lambda: pinned_gate("tagged"), pinned=Pinned(0, SMS))
     torch.cuda.synchronize()
     return runs, capped_sms, p, out

@@ -100,7 +100,8 @@ def pinned_constexpr(gate: str | None):
     interpreted kernels."""
     from pdmux_triton.kernels._pinned import CLAIMING, ONE_A_SITE, TAGGED, TAGGED_CLAIMING
 
-    return dict(zip(GATES, (CLAIMING, ONE_A_SITE, TAGGED, TAGGED_CLAIMING)))[gate] if gate else False
+    kinds = dict(zip(GATES, (CLAIMING, ONE_A_SITE, TAGGED, TAGGED_CLAIMING)))
+    return kinds[gate] if gate else False
 
 
 def offline(block_n: int, num_warps: int, num_stages: int, pinned: str | None = None,

@@ -139,7 +139,6 @@ SITE_WAIT_NS = tl.constexpr(5_000)
 SITE_WAIT_READS = tl.constexpr(64)
 
 
-
 @dataclass(frozen=True)
 class Pinned:
     """The SMs a pinned launch runs on: sites first_site .. first_site + sms - 1 of the
@@ -306,10 +305,9 @@ def pinned_launch(pinned: Pinned | None, slots: int, ctas_per_sm: int, device: t
     gate = shared_counters("pinned gate", GATE_BUFFER_WORDS, device)
     if TAGGED_SITES:
         kind = TAGGED if one_a_site else TAGGED_CLAIMING
+        _fresh_tags(gate)
     else:
         kind = ONE_A_SITE if one_a_site else CLAIMING
-    if TAGGED_SITES:
-        _fresh_tags(gate)
     return PinnedLaunch(grid, slots,
                         (gate, where, pinned.first_site, pinned.sms, ctas_per_sm, slots, grid),
                         {"PINNED": kind,
