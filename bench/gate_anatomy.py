@@ -52,7 +52,8 @@ import triton.language as tl
 from common import gpu_results, sites_headed_by
 
 from pdmux_triton.kernels import linear
-from pdmux_triton.kernels._pinned import GATE_WORDS, Pinned, pinned_gate, site_order, site_table
+from pdmux_triton.kernels._pinned import (GATE_WORDS, Pinned, _take_free_site, _take_site_0,
+                                          _wait_for_tag, pinned_gate, site_order, site_table)
 from pdmux_triton.kernels.gemm import _skinny_slot, plan
 from pdmux_triton.measure.timing import time_alone
 
@@ -63,7 +64,8 @@ MODES = ("plain", "loop", "atomic first", "queue", "extra programs", "rank by si
          "rank by site, spread leave", "rank by site, workers leave", "rank by site, late leave",
          "rank by site, stored leave", "rank by site, late leave 5 us",
          "rank by site, late leave 2 us", "rank by site, far leave",
-         "rank by site, far stored leave", "site by table, leave", "site by table, no leave")
+         "rank by site, far stored leave", "site by table, leave", "site by table, no leave",
+         "tagged, bare", "tagged, sweep", "tagged, last waits", "tagged, whole gate")
 ONE_AN_SM = MODES[4:]  # grids of every SM
 # `spread leave`'s words: 16, a 128-byte line apart, after the site counts
 SPREAD_BASE, SPREAD_WORDS, SPREAD_STRIDE = tl.constexpr(256), tl.constexpr(16), tl.constexpr(32)
@@ -72,6 +74,10 @@ FAR_WORDS, FAR_BASE = 1 << 21, tl.constexpr(1 << 20)
 FAR_LEAVE = tl.constexpr(MODES.index("rank by site, far leave"))
 FAR_STORED_LEAVE = tl.constexpr(MODES.index("rank by site, far stored leave"))
 BY_TABLE = tl.constexpr(MODES.index("site by table, leave"))  # and the next, without it
+# the tagged gate's pieces (kernels/_pinned.run_tagged), the last four modes: its sites' words
+# alone, with the sweep after slot 0, with the last program's wait, with both (the whole gate)
+TAGGED_FIRST = tl.constexpr(MODES.index("tagged, bare"))
+TAGGED_LANES = tl.constexpr(32)  # the product's BLOCK_SMS at 20 sites
 # the late leaves: how long a turned-away program waits first (0: no late leave), by mode
 LATE_NS = {MODES.index(name): ns for name, ns in (("rank by site, late leave", 20_000),
                                                   ("rank by site, late leave 5 us", 5_000),
@@ -131,6 +137,9 @@ def _run_mode(pid, programs, queue_ptr, table_ptr, far_ptr, args, MODE: tl.const
             tl.store(queue_ptr + 1, 0)  # the last arriver: every admission is in by now
         if ok:
             _skinny_slot(site, programs, *args)
+    elif MODE >= TAGGED_FIRST:
+        _tagged_pieces(programs, queue_ptr, table_ptr, args, (MODE - TAGGED_FIRST) % 2 == 1,
+                       MODE - TAGGED_FIRST >= 2)
     elif MODE >= BY_TABLE:  # site by table: a program on a site takes its slot, no atomic
         site = tl.load(table_ptr + tl.extra.cuda.smid())
         if (site >= 0) & (site < programs):
@@ -162,6 +171,38 @@ def _run_mode(pid, programs, queue_ptr, table_ptr, far_ptr, args, MODE: tl.const
             tl.atomic_add(far_ptr + FAR_BASE, 1, sem="relaxed")
         elif MODE == FAR_STORED_LEAVE:  # a plain store a program there, each in its own line
             tl.store(far_ptr + FAR_BASE + tl.program_id(0) * SPREAD_STRIDE, 1)
+
+
+@triton.jit
+def _tagged_pieces(programs, queue_ptr, table_ptr, args, SWEEP: tl.constexpr,
+                   LAST: tl.constexpr):
+    """The tagged gate as run_tagged does it, on the capped launch's sites, with its sweep and
+    its last program's wait each on or off. The tag is 1: the buffer is zeroed before every
+    launch, so no grid id is needed."""
+    tags = queue_ptr.to(tl.pointer_type(tl.int64))
+    tag = tl.full([], 1, tl.int64)
+    site = tl.load(table_ptr + tl.extra.cuda.smid())
+    slot = programs
+    if (site >= 0) & (site < programs):
+        if tl.atomic_xchg(tags + site, tag, sem="relaxed") != tag:
+            slot = site
+    last = tl.program_id(0) == tl.num_programs(0) - 1
+    if LAST:
+        if last & (slot >= programs):
+            _wait_for_tag(tags, tag, 0, TAGGED_LANES)
+            slot = _take_site_0(tags, tag, programs, TAGGED_LANES)
+    sweeper = slot == 0
+    while slot < programs:
+        _skinny_slot(slot, programs, *args)
+        after = programs
+        if SWEEP:
+            if sweeper:
+                after = _take_free_site(tags, tag, programs, TAGGED_LANES)
+        if LAST:
+            if last & (slot != 0) & (sweeper == 0):  # a slot of its own done: site 0 next
+                after = _take_site_0(tags, tag, programs, TAGGED_LANES)
+        sweeper = sweeper | (after == 0)
+        slot = after
 
 
 def variants(N: int, K: int, device_sms: int) -> dict:
