@@ -52,8 +52,9 @@ import triton.language as tl
 from common import gpu_results, sites_headed_by
 
 from pdmux_triton.kernels import linear
-from pdmux_triton.kernels._pinned import (GATE_WORDS, Pinned, _take_free_site, _take_site_0,
-                                          _wait_for_tag, pinned_gate, site_order, site_table)
+from pdmux_triton.kernels._pinned import (GATE_WORDS, Pinned, _first_free, _take_free_site,
+                                          _take_site_0, _thread_0s, _wait_for_tag, pinned_gate,
+                                          site_order, site_table)
 from pdmux_triton.kernels.gemm import _skinny_slot, plan
 from pdmux_triton.measure.timing import time_alone
 
@@ -65,7 +66,8 @@ MODES = ("plain", "loop", "atomic first", "queue", "extra programs", "rank by si
          "rank by site, stored leave", "rank by site, late leave 5 us",
          "rank by site, late leave 2 us", "rank by site, far leave",
          "rank by site, far stored leave", "site by table, leave", "site by table, no leave",
-         "tagged, bare", "tagged, sweep", "tagged, last waits", "tagged, whole gate")
+         "tagged, bare", "tagged, sweep", "tagged, last waits", "tagged, whole gate",
+         "tagged, last sweeps")
 ONE_AN_SM = MODES[4:]  # grids of every SM
 # `spread leave`'s words: 16, a 128-byte line apart, after the site counts
 SPREAD_BASE, SPREAD_WORDS, SPREAD_STRIDE = tl.constexpr(256), tl.constexpr(16), tl.constexpr(32)
@@ -74,8 +76,11 @@ FAR_WORDS, FAR_BASE = 1 << 21, tl.constexpr(1 << 20)
 FAR_LEAVE = tl.constexpr(MODES.index("rank by site, far leave"))
 FAR_STORED_LEAVE = tl.constexpr(MODES.index("rank by site, far stored leave"))
 BY_TABLE = tl.constexpr(MODES.index("site by table, leave"))  # and the next, without it
-# the tagged gate's pieces (kernels/_pinned.run_tagged), the last four modes: its sites' words
-# alone, with the sweep after slot 0, with the last program's wait, with both (the whole gate)
+# the tagged gate's pieces (kernels/_pinned.run_tagged), the last five modes: its sites' words
+# alone, with the sweep after slot 0, with the last program's wait, with both (the whole gate);
+# and another way to the same guarantee: no sweep after slot 0, but the last program, once it
+# has done its own slot or at once if it has none, waits by reads alone (at most 5 us) until
+# every site is taken, and takes the ones still free
 TAGGED_FIRST = tl.constexpr(MODES.index("tagged, bare"))
 TAGGED_LANES = tl.constexpr(32)  # the product's BLOCK_SMS at 20 sites
 # the late leaves: how long a turned-away program waits first (0: no late leave), by mode
@@ -138,8 +143,10 @@ def _run_mode(pid, programs, queue_ptr, table_ptr, far_ptr, args, MODE: tl.const
         if ok:
             _skinny_slot(site, programs, *args)
     elif MODE >= TAGGED_FIRST:
-        _tagged_pieces(programs, queue_ptr, table_ptr, args, (MODE - TAGGED_FIRST) % 2 == 1,
-                       MODE - TAGGED_FIRST >= 2)
+        _tagged_pieces(programs, queue_ptr, table_ptr, args,
+                       (MODE == TAGGED_FIRST + 1) | (MODE == TAGGED_FIRST + 3),
+                       (MODE == TAGGED_FIRST + 2) | (MODE == TAGGED_FIRST + 3),
+                       MODE == TAGGED_FIRST + 4)
     elif MODE >= BY_TABLE:  # site by table: a program on a site takes its slot, no atomic
         site = tl.load(table_ptr + tl.extra.cuda.smid())
         if (site >= 0) & (site < programs):
@@ -175,10 +182,10 @@ def _run_mode(pid, programs, queue_ptr, table_ptr, far_ptr, args, MODE: tl.const
 
 @triton.jit
 def _tagged_pieces(programs, queue_ptr, table_ptr, args, SWEEP: tl.constexpr,
-                   LAST: tl.constexpr):
+                   LAST: tl.constexpr, LAST_SWEEPS: tl.constexpr):
     """The tagged gate as run_tagged does it, on the capped launch's sites, with its sweep and
-    its last program's wait each on or off. The tag is 1: the buffer is zeroed before every
-    launch, so no grid id is needed."""
+    its last program's wait each on or off, or with the last program sweeping instead. The
+    tag is 1: the buffer is zeroed before every launch, so no grid id is needed."""
     tags = queue_ptr.to(tl.pointer_type(tl.int64))
     tag = tl.full([], 1, tl.int64)
     site = tl.load(table_ptr + tl.extra.cuda.smid())
@@ -191,6 +198,10 @@ def _tagged_pieces(programs, queue_ptr, table_ptr, args, SWEEP: tl.constexpr,
         if last & (slot >= programs):
             _wait_for_tag(tags, tag, 0, TAGGED_LANES)
             slot = _take_site_0(tags, tag, programs, TAGGED_LANES)
+    if LAST_SWEEPS:
+        if last & (slot >= programs):
+            _wait_for_every_site(tags, tag, programs)
+            slot = _take_free_site(tags, tag, programs, TAGGED_LANES)
     sweeper = slot == 0
     while slot < programs:
         _skinny_slot(slot, programs, *args)
@@ -201,8 +212,26 @@ def _tagged_pieces(programs, queue_ptr, table_ptr, args, SWEEP: tl.constexpr,
         if LAST:
             if last & (slot != 0) & (sweeper == 0):  # a slot of its own done: site 0 next
                 after = _take_site_0(tags, tag, programs, TAGGED_LANES)
+        if LAST_SWEEPS:
+            if last:
+                after = _take_free_site(tags, tag, programs, TAGGED_LANES)
         sweeper = sweeper | (after == 0)
         slot = after
+
+
+@triton.jit
+def _wait_for_every_site(tags, tag, slots):
+    """Read the sites' words until none of the first `slots` is free, for at most 5 us of
+    %globaltimer (64 reads at most): reads only, a wait on the clock. Thread 0's clock
+    decides for the whole CTA (`_thread_0s`), so every warp leaves the loop together."""
+    start = tl.extra.cuda.globaltimer()
+    reads = 0
+    waiting = 1
+    while waiting > 0:
+        free = _first_free(tags, tag, slots, TAGGED_LANES)
+        reads += 1
+        on = (free < slots) & (tl.extra.cuda.globaltimer() - start < 5_000) & (reads < 64)
+        waiting = _thread_0s(on.to(tl.int64), TAGGED_LANES).to(tl.int32)
 
 
 def variants(N: int, K: int, device_sms: int) -> dict:
