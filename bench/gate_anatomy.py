@@ -67,7 +67,7 @@ MODES = ("plain", "loop", "atomic first", "queue", "extra programs", "rank by si
          "rank by site, late leave 2 us", "rank by site, far leave",
          "rank by site, far stored leave", "site by table, leave", "site by table, no leave",
          "tagged, bare", "tagged, sweep", "tagged, last waits", "tagged, whole gate",
-         "tagged, last sweeps")
+         "tagged, last sweeps", "tagged, bare, 32-bit words", "tagged, bare, by add")
 ONE_AN_SM = MODES[4:]  # grids of every SM
 # `spread leave`'s words: 16, a 128-byte line apart, after the site counts
 SPREAD_BASE, SPREAD_WORDS, SPREAD_STRIDE = tl.constexpr(256), tl.constexpr(16), tl.constexpr(32)
@@ -146,7 +146,8 @@ def _run_mode(pid, programs, queue_ptr, table_ptr, far_ptr, args, MODE: tl.const
         _tagged_pieces(programs, queue_ptr, table_ptr, args,
                        (MODE == TAGGED_FIRST + 1) | (MODE == TAGGED_FIRST + 3),
                        (MODE == TAGGED_FIRST + 2) | (MODE == TAGGED_FIRST + 3),
-                       MODE == TAGGED_FIRST + 4)
+                       MODE == TAGGED_FIRST + 4, MODE - TAGGED_FIRST - 4 if MODE > TAGGED_FIRST + 4
+                       else 0)
     elif MODE >= BY_TABLE:  # site by table: a program on a site takes its slot, no atomic
         site = tl.load(table_ptr + tl.extra.cuda.smid())
         if (site >= 0) & (site < programs):
@@ -182,16 +183,24 @@ def _run_mode(pid, programs, queue_ptr, table_ptr, far_ptr, args, MODE: tl.const
 
 @triton.jit
 def _tagged_pieces(programs, queue_ptr, table_ptr, args, SWEEP: tl.constexpr,
-                   LAST: tl.constexpr, LAST_SWEEPS: tl.constexpr):
+                   LAST: tl.constexpr, LAST_SWEEPS: tl.constexpr, WORD: tl.constexpr):
     """The tagged gate as run_tagged does it, on the capped launch's sites, with its sweep and
     its last program's wait each on or off, or with the last program sweeping instead. The
-    tag is 1: the buffer is zeroed before every launch, so no grid id is needed."""
+    tag is 1: the buffer is zeroed before every launch, so no grid id is needed. WORD (the
+    bare gate only): the site taken by exchanging a 64-bit word (0, the product's), a 32-bit
+    one (1), or by adding 1 to a 32-bit one that held 0 (2): is it the wide exchange?"""
     tags = queue_ptr.to(tl.pointer_type(tl.int64))
     tag = tl.full([], 1, tl.int64)
     site = tl.load(table_ptr + tl.extra.cuda.smid())
     slot = programs
     if (site >= 0) & (site < programs):
-        if tl.atomic_xchg(tags + site, tag, sem="relaxed") != tag:
+        if WORD == 1:
+            taken = tl.atomic_xchg(queue_ptr + site, 1, sem="relaxed") == 1
+        elif WORD == 2:
+            taken = tl.atomic_add(queue_ptr + site, 1, sem="relaxed") != 0
+        else:
+            taken = tl.atomic_xchg(tags + site, tag, sem="relaxed") == tag
+        if not taken:
             slot = site
     last = tl.program_id(0) == tl.num_programs(0) - 1
     if LAST:
