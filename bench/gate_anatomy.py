@@ -30,7 +30,13 @@ launch after zeroing a small counter buffer (so each variant pays the same memse
   atomic's round trip? `rank by site, arrival first`: the leave moved to the start,
   an acquire-release arrival right after the site's atomic, whose last arriver would do the
   slots of sites that got no program (none here) and resets the count: no atomic at the end.
-  All are checked against `plain`'s output;
+  `tagged`: the tagged gate's pieces (`_pinned.run_tagged`) in this kernel: `bare` (a program
+  on a site takes it by exchanging a tag into the site's word; nobody else writes), `sweep`
+  (and slot 0's program takes the sites still free after its slot), `last waits` (and the
+  last program waits for site 0 to be taken), `whole gate` (both, as the product), `last
+  sweeps` (no sweep after slot 0: the last program reads until every site is taken, at most
+  5 us, then takes those still free), and the bare gate on a 32-bit exchange or a 32-bit add
+  (is the 64-bit exchange the cost?). All are checked against `plain`'s output;
 - `pinned`: the product's pinned launch (kernels/_pinned.py) on sites 0..19, with the
   device's measured site order and with an order whose first 20 sites are the SMs the capped
   launch ran on (so the two run on the same SMs); with the product's gate at one program an
