@@ -73,7 +73,8 @@ MODES = ("plain", "loop", "atomic first", "queue", "extra programs", "rank by si
          "rank by site, late leave 2 us", "rank by site, far leave",
          "rank by site, far stored leave", "site by table, leave", "site by table, no leave",
          "tagged, bare", "tagged, sweep", "tagged, last waits", "tagged, whole gate",
-         "tagged, last sweeps", "tagged, bare, 32-bit words", "tagged, bare, by add")
+         "tagged, last sweeps", "tagged, bare, 32-bit words", "tagged, bare, by add",
+         "tagged, bare, no loop", "rank by site, no leave, in a loop")
 ONE_AN_SM = MODES[4:]  # grids of every SM
 # `spread leave`'s words: 16, a 128-byte line apart, after the site counts
 SPREAD_BASE, SPREAD_WORDS, SPREAD_STRIDE = tl.constexpr(256), tl.constexpr(16), tl.constexpr(32)
@@ -89,6 +90,10 @@ BY_TABLE = tl.constexpr(MODES.index("site by table, leave"))  # and the next, wi
 # every site is taken, and takes the ones still free
 TAGGED_FIRST = tl.constexpr(MODES.index("tagged, bare"))
 TAGGED_LANES = tl.constexpr(32)  # the product's BLOCK_SMS at 20 sites
+# the body called once, not in the slot loop (the bare tagged gate), and `rank by site, no
+# leave` with its body in the slot loop: is it the loop around the body that costs?
+TAGGED_NO_LOOP = tl.constexpr(MODES.index("tagged, bare, no loop"))
+RANK_IN_LOOP = tl.constexpr(MODES.index("rank by site, no leave, in a loop"))
 # the late leaves: how long a turned-away program waits first (0: no late leave), by mode
 LATE_NS = {MODES.index(name): ns for name, ns in (("rank by site, late leave", 20_000),
                                                   ("rank by site, late leave 5 us", 5_000),
@@ -148,12 +153,24 @@ def _run_mode(pid, programs, queue_ptr, table_ptr, far_ptr, args, MODE: tl.const
             tl.store(queue_ptr + 1, 0)  # the last arriver: every admission is in by now
         if ok:
             _skinny_slot(site, programs, *args)
+    elif MODE == RANK_IN_LOOP:
+        site = tl.load(table_ptr + tl.extra.cuda.smid())
+        slot = programs
+        if site < programs:
+            if site >= 0:
+                if tl.atomic_add(queue_ptr + 2 + site, 1, sem="relaxed") == 0:
+                    slot = site
+        while slot < programs:
+            _skinny_slot(slot, programs, *args)
+            slot = programs
     elif MODE >= TAGGED_FIRST:
         _tagged_pieces(programs, queue_ptr, table_ptr, args,
                        (MODE == TAGGED_FIRST + 1) | (MODE == TAGGED_FIRST + 3),
                        (MODE == TAGGED_FIRST + 2) | (MODE == TAGGED_FIRST + 3),
-                       MODE == TAGGED_FIRST + 4, MODE - TAGGED_FIRST - 4 if MODE > TAGGED_FIRST + 4
-                       else 0)
+                       MODE == TAGGED_FIRST + 4,
+                       MODE - TAGGED_FIRST - 4
+                       if (MODE > TAGGED_FIRST + 4) & (MODE < TAGGED_NO_LOOP) else 0,
+                       MODE != TAGGED_NO_LOOP)
     elif MODE >= BY_TABLE:  # site by table: a program on a site takes its slot, no atomic
         site = tl.load(table_ptr + tl.extra.cuda.smid())
         if (site >= 0) & (site < programs):
@@ -189,12 +206,14 @@ def _run_mode(pid, programs, queue_ptr, table_ptr, far_ptr, args, MODE: tl.const
 
 @triton.jit
 def _tagged_pieces(programs, queue_ptr, table_ptr, args, SWEEP: tl.constexpr,
-                   LAST: tl.constexpr, LAST_SWEEPS: tl.constexpr, WORD: tl.constexpr):
+                   LAST: tl.constexpr, LAST_SWEEPS: tl.constexpr, WORD: tl.constexpr,
+                   LOOP: tl.constexpr):
     """The tagged gate as run_tagged does it, on the capped launch's sites, with its sweep and
     its last program's wait each on or off, or with the last program sweeping instead. The
     tag is 1: the buffer is zeroed before every launch, so no grid id is needed. WORD (the
     bare gate only): the site taken by exchanging a 64-bit word (0, the product's), a 32-bit
-    one (1), or by adding 1 to a 32-bit one that held 0 (2): is it the wide exchange?"""
+    one (1), or by adding 1 to a 32-bit one that held 0 (2): is it the wide exchange? LOOP
+    off (the bare gate only): the body called once under an `if`, not in the slot loop."""
     tags = queue_ptr.to(tl.pointer_type(tl.int64))
     tag = tl.full([], 1, tl.int64)
     site = tl.load(table_ptr + tl.extra.cuda.smid())
@@ -218,20 +237,24 @@ def _tagged_pieces(programs, queue_ptr, table_ptr, args, SWEEP: tl.constexpr,
             _wait_for_every_site(tags, tag, programs)
             slot = _take_free_site(tags, tag, programs, TAGGED_LANES)
     sweeper = slot == 0
-    while slot < programs:
-        _skinny_slot(slot, programs, *args)
-        after = programs
-        if SWEEP:
-            if sweeper:
-                after = _take_free_site(tags, tag, programs, TAGGED_LANES)
-        if LAST:
-            if last & (slot != 0) & (sweeper == 0):  # a slot of its own done: site 0 next
-                after = _take_site_0(tags, tag, programs, TAGGED_LANES)
-        if LAST_SWEEPS:
-            if last:
-                after = _take_free_site(tags, tag, programs, TAGGED_LANES)
-        sweeper = sweeper | (after == 0)
-        slot = after
+    if not LOOP:
+        if slot < programs:
+            _skinny_slot(slot, programs, *args)
+    else:
+        while slot < programs:
+            _skinny_slot(slot, programs, *args)
+            after = programs
+            if SWEEP:
+                if sweeper:
+                    after = _take_free_site(tags, tag, programs, TAGGED_LANES)
+            if LAST:
+                if last & (slot != 0) & (sweeper == 0):  # a slot of its own done: site 0 next
+                    after = _take_site_0(tags, tag, programs, TAGGED_LANES)
+            if LAST_SWEEPS:
+                if last:
+                    after = _take_free_site(tags, tag, programs, TAGGED_LANES)
+            sweeper = sweeper | (after == 0)
+            slot = after
 
 
 @triton.jit
