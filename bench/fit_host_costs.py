@@ -13,11 +13,10 @@ it to a host-costs file (`calibrate --host-costs`'s):
 - decode_step_extra: per captured size, a decode step's GPU time beyond its bytes at the
   calibration's whole-GPU rate alone and its batch term: the median over the served
   whole-GPU steps where each size holds enough, else from the file's captured decode rounds;
-- mixed_step: a chunked-prefill step's fixed cost and its GPU's gap a layer
-  (`step_cost.MixedStepFit`), by least absolute deviations over every chunked round measured;
-  a round lasts that cost and its layers as the host launches them (at the round's own launch
-  time where the run kept it) and the GPU runs them (`step_cost.layer_pipeline_s`). Its GPU
-  phases are priced by the kernels' tiles (`step_cost.TileTimes`: GEMM waves, the extend attention's
+- mixed_step: a chunked-prefill step's fixed cost (`step_cost.MixedStepFit`), by least squares
+  over every chunked round measured; a round lasts that cost and its layers as the host
+  launches them and the GPU runs them (`step_cost.layer_pipeline_s`). Its GPU phases are
+  priced by the kernels' tiles (`step_cost.TileTimes`: GEMM waves, the extend attention's
   tiles, a layer's other kernels per token), fitted first to the captured kernel benchmarks
   of bench/prefill_rate.py (`--prefill-rate`, the whole GPU's rows); with `--prefill-rate`
   empty, by the older law (the linears at the prefill's MFU, the decode rows' padded
@@ -194,44 +193,21 @@ def timed_points(path: str) -> list[tuple[dict, float]]:
     return timed
 
 
-def fidelity_rounds(path: str, points: list[tuple[dict, float]], gpu: str) -> list[dict]:
-    """Every chunked round of the points (`timed_points`) of the file at `path`, as
-    `chunk_rounds` gives them, with its decode rows' own contexts and whether its chunk ends
-    its prompt where the point's requests replay its rounds (bench/mixed_rounds.py), and the
-    host's launch time per eager layer: the round's own launch where the run kept its
-    launches (`host_layers_us`), else the run's median."""
-    from mixed_rounds import replayed_rounds
-    from split_batches import run_settings
-
+def fidelity_rounds(points: list[tuple[dict, float]]) -> list[dict]:
+    """Every chunked round of the points (`timed_points`), as `chunk_rounds` gives them, each
+    with the launch time its run's host timed."""
     rows = []
     for point, host in points:
         if not point["strategy"].startswith("chunked_"):
             continue
-        d = point["diagnostics"]
-        rate = point.get("rate", d.get("rate"))
-        try:
-            replayed = iter(replayed_rounds({**d, "strategy": point["strategy"], "rate": rate},
-                                            make_requests(run_settings(
-                                                path, gpu, point.get("trace"),
-                                                point.get("start")), rate)))
-        except PdmuxError:  # an older point's requests that no longer replay: shared evenly
-            replayed = None
-        launches = sorted(d.get("host_layers_us") or [])
-        began = [t for t, _ in launches]
-        r = d["rounds"]
+        r = point["diagnostics"]["rounds"]
         for start, end, label, batch, held in zip(r["start_us"], r["end_us"], r["label"],
                                                   r["decode_bs"], r["decode_context"]):
-            if (m := CHUNK.fullmatch(r["labels"][label])) is None:
-                continue
-            i = bisect_left(began, start)
-            own = launches[i][1] / 1e6 if i < len(launches) and began[i] <= end else host
-            row = {"size": int(point["strategy"].split("_")[1]), "prefix": int(m.group(1)),
-                   "chunk": int(m.group(2)), "batch": batch, "context": held,
-                   "seconds": (end - start) / 1e6, "host_s": own}
-            if replayed is not None:
-                kept = next(replayed)
-                row.update(contexts=kept["contexts"], last=kept["last"])
-            rows.append(row)
+            if (m := CHUNK.fullmatch(r["labels"][label])) is not None:
+                rows.append({"size": int(point["strategy"].split("_")[1]),
+                             "prefix": int(m.group(1)), "chunk": int(m.group(2)),
+                             "batch": batch, "context": held, "seconds": (end - start) / 1e6,
+                             "host_s": host})
     return rows
 
 
@@ -337,17 +313,6 @@ def fit_prefill_batch(points: list[tuple[dict, float, object]],
     return {"seconds": float(np.median(gaps)), "batches": len(gaps)}
 
 
-def least_absolute(a: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """The coefficients of a @ coef ~ y by least absolute deviations (iteratively reweighted
-    least squares)."""
-    scale = a.max(axis=0)  # columns of one size, for a well-conditioned solve
-    w = np.ones(len(y))
-    for _ in range(50):
-        coef = np.linalg.lstsq(a / scale * w[:, None], y * w, rcond=None)[0] / scale
-        w = 1 / np.sqrt(np.maximum(np.abs(y - a @ coef), 1e-6))
-    return coef
-
-
 def fit_served_decode_round(rows: list[dict], layer_launch_s: float) -> dict | None:
     """The host's share of a served decode round on a host launching an eager layer in
     `layer_launch_s`: fixed + per request x batch + per KV token x context, each round moved
@@ -359,8 +324,12 @@ def fit_served_decode_round(rows: list[dict], layer_launch_s: float) -> dict | N
         return None
     a = np.array([[1.0, r["batch"], r["context"]] for r in rows])
     y = np.array([r["seconds"] * layer_launch_s / r["host_s"] for r in rows])
-    # a term the rounds do not show costs nothing, not less
-    coef = np.maximum(least_absolute(a, y), 0.0)
+    scale = a.max(axis=0)  # columns of one size, for a well-conditioned solve
+    w = np.ones(len(y))
+    for _ in range(50):
+        coef = np.linalg.lstsq(a / scale * w[:, None], y * w, rcond=None)[0] / scale
+        w = 1 / np.sqrt(np.maximum(np.abs(y - a @ coef), 1e-6))
+    coef = np.maximum(coef, 0.0)  # a term the rounds do not show costs nothing, not less
     error = np.abs(a @ coef - y)
     return {"fixed_s": float(coef[0]), "per_request_s": float(coef[1]),
             "per_kv_token_s": float(coef[2]), "rounds": len(rows),
@@ -477,66 +446,56 @@ def tile_times_json(tiles: step_cost.TileTimes, source: str, quality: dict) -> d
 def fit_mixed(rows, model, decode, prefill, total_sms, tile,
               tiles: step_cost.TileTimes | None = None
               ) -> tuple[step_cost.MixedStepFit, np.ndarray, dict]:
-    """Least absolute deviations of measured = fixed + the layers' pipeline of the GPU phases
-    with a gap a layer and the round's launches (`step_cost.layer_pipeline_s`): the fixed cost
-    and the gap are one for every host (fitted with a term for the host's speed, the fixed
-    cost came out at or below zero). Each round is priced as the simulator prices it: its
-    decode rows' own contexts where the rows keep them (`contexts`; else its context shared
-    evenly), the LM head over its chunk where the chunk ends its prompt (`last`). With
-    `tiles`, the GPU phases are the tiles' law; without, compute + read + row tiles' FLOPs /
-    (peak x MFU), the MFU fitted too. Linear once each round is known to be bound by its GPU
-    or by its launches: solved again until no round changes sides.
-
-    Absolute, not squared, deviations: a run's host runs in phases, and a round priced at its
-    run's median launch time (where its own was not kept) that ran in a slow phase lasts
-    longer by launches the fit cannot see; squares follow those rounds and price every
-    round's fixed cost above the typical round's, absolute deviations do not."""
+    """Least squares of measured = fixed + the layers' pipeline of the GPU phases and the
+    run's launches (`step_cost.layer_pipeline_s`): the fixed cost is one for every host (fitted
+    with a term for the host's speed, it came out at or below zero). With `tiles`, the GPU
+    phases are the tiles' law and only the fixed cost is fitted (each round's decode rows
+    share its context evenly: the rounds keep its sum); without, compute + read + row tiles'
+    FLOPs / (peak x MFU), the MFU fitted too. Linear once each round is known to be bound by
+    its GPU or by its launches: solved again until no round changes sides."""
     measured = np.array([r["seconds"] for r in rows])
     host = np.array([r["host_s"] for r in rows])
     n = model.layers
-    law = (step_cost.MixedStepFit(0.0, tiles=tiles) if tiles is not None
-           else step_cost.MixedStepFit(0.0, 1.0))
-    base = np.array([step_cost.mixed_step_s(model, decode, prefill, total_sms, r["context"],
-                                            r["batch"], r["chunk"], r["prefix"],
-                                            samples_chunk=r.get("last", False), phases=law,
-                                            decode_contexts=r.get("contexts")) for r in rows])
     if tiles is not None:
+        law = step_cost.MixedStepFit(0.0, tiles=tiles)
+        base = np.array([step_cost.mixed_step_s(model, decode, prefill, total_sms, r["context"],
+                                                r["batch"], r["chunk"], r["prefix"],
+                                                samples_chunk=0, phases=law) for r in rows])
         tiles_flops, inverse = np.zeros(len(rows)), 0.0
     else:
+        base = np.array([step_cost.mixed_step_s(model, decode, prefill, total_sms, r["context"],
+                                                r["batch"], r["chunk"], r["prefix"],
+                                                samples_chunk=0,
+                                                phases=step_cost.MixedStepFit(0.0, 1.0))
+                         for r in rows])
         tiles_flops = np.array([step_cost.decode_row_attention_flops(model, r["context"], tile)
                                 for r in rows]) / (prefill.peak_tflops * 1e12)
-        if not (tiles_flops > 0).any():
+    by_launches = np.zeros(len(rows), dtype=bool)  # first as if no round's launches bound it
+    for _ in range(len(rows) + 1):
+        if tiles is None and not (tiles_flops > 0).any():
             raise PdmuxError("no chunked round stepped decode rows: the decode rows' MFU "
                              "cannot be fitted (measure chunked prefill beside decoding)")
-    by_launches = host > base / n  # first as the GPU phases alone would bind them
-    for _ in range(len(rows) + 1):
         # launch-bound: n launches and one layer of GPU; GPU-bound: the GPU and one launch
         target = measured - np.where(by_launches, n * host + base / n, base + host)
-        columns = [np.ones(len(rows))]
-        # a layer's gap is the fixed cost's twin unless rounds of both sides tell them apart
-        with_gap = by_launches.any() and not by_launches.all()
-        if with_gap:
-            columns.append(np.where(by_launches, 1.0, n))
+        rows_term = np.where(by_launches, tiles_flops / n, tiles_flops)
         if tiles is None:
-            columns.append(np.where(by_launches, tiles_flops / n, tiles_flops))
-        coef = iter(least_absolute(np.vstack(columns).T, target))
-        fixed = next(coef)
-        gap = next(coef) if with_gap else 0.0
-        inverse = next(coef) if tiles is None else 0.0
-        now = host > (base + tiles_flops * inverse) / n + gap
+            design = np.vstack([np.ones(len(rows)), rows_term]).T
+            (fixed, inverse), *_ = np.linalg.lstsq(design, target, rcond=None)
+        else:
+            fixed = float(target.mean())
+        now = host > (base + tiles_flops * inverse) / n
         if (now == by_launches).all():
             break
         by_launches = now
     else:
         raise PdmuxError("the mixed-step fit did not settle which rounds their launches bound")
-    if not (fixed >= 0 and gap >= 0 and (tiles is not None or inverse >= 1)):
-        raise PdmuxError(f"the mixed-step fit is unphysical (fixed {fixed * 1e3:.2f} ms, a "
-                         f"layer's gap {gap * 1e6:.1f} us, decode rows at "
-                         f"{1 / inverse if inverse else float('inf'):.2f} of peak)")
-    fit = step_cost.MixedStepFit(float(fixed), None if tiles is not None else float(1 / inverse),
-                                 tiles, float(gap))
+    if not (fixed >= 0 and (tiles is not None or inverse >= 1)):
+        raise PdmuxError(f"the mixed-step fit is unphysical (fixed {fixed * 1e3:.2f} ms, decode "
+                         f"rows at {1 / inverse if inverse else float('inf'):.2f} of peak)")
+    fit = (step_cost.MixedStepFit(float(fixed), tiles=tiles) if tiles is not None
+           else step_cost.MixedStepFit(float(fixed), float(1 / inverse)))
     priced = fixed + np.array([step_cost.layer_pipeline_s(gpu, n, h) for gpu, h in
-                               zip(base + tiles_flops * inverse + n * gap, host)])
+                               zip(base + tiles_flops * inverse, host)])
     error = np.abs(priced - measured) / measured
     return fit, by_launches, {"rounds": len(rows), "launch_bound_share": float(by_launches.mean()),
                  "median_abs_error": float(np.median(error)),
@@ -620,12 +579,12 @@ def measured_rounds(measured: str, host: dict, overheads) -> tuple:
     if path.name.startswith(CAPACITY_DIAGNOSTICS):  # the GPU and model of the folder's settings
         gpu, model, _ = capacity_settings(path)
         points = timed_points(measured)
-        return gpu, model, fidelity_rounds(measured, points, gpu.name), fidelity_prefills(points)
+        return gpu, model, fidelity_rounds(points), fidelity_prefills(points)
     if path.suffix == ".jsonl":
         from trace_fidelity import MODEL
 
-        gpu, points = gpu_preset(host.get("gpu", "")), timed_points(measured)
-        return (gpu, model_preset(MODEL), fidelity_rounds(measured, points, gpu.name),
+        points = timed_points(measured)
+        return (gpu_preset(host.get("gpu", "")), model_preset(MODEL), fidelity_rounds(points),
                 fidelity_prefills(points))
     run = read_json(measured, "run result")
     if not isinstance(run.get("inputs"), dict) or not isinstance(run.get("details"), dict):
@@ -743,8 +702,8 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
         tile_source = ", ".join(Path(p).name for p in prefill_rate)
     mixed, by_launches, quality = fit_mixed(rows, model, decode, prefill, gpu.sms,
                                             overheads.decode_row_tile, tiles)
-    host["mixed_step"] = {"fixed_s": mixed.fixed_s, "layer_gap_s": mixed.layer_gap_s,
-                          "decode_row_mfu": mixed.decode_row_mfu, "source": source, **quality}
+    host["mixed_step"] = {"fixed_s": mixed.fixed_s, "decode_row_mfu": mixed.decode_row_mfu,
+                          "source": source, **quality}
     if tiles is not None:
         host["mixed_step"]["tiles"] = tile_times_json(tiles, tile_source, tile_quality)
     # a level's prefill on a busy GPU as served, priced with this fit's batch upload and tiles,
@@ -848,8 +807,7 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
             f"max {tile_quality['max_abs_layer_error']:.1%})")
     rows_law = ("the tiles' law" if tiles is not None
                 else f"decode rows at {mixed.decode_row_mfu:.2f} of peak")
-    lines.append(f"mixed step: fixed {mixed.fixed_s * 1e3:.2f} ms, the GPU's gap "
-                 f"{mixed.layer_gap_s * 1e6:.1f} us a layer, {rows_law}; over "
+    lines.append(f"mixed step: fixed {mixed.fixed_s * 1e3:.2f} ms, {rows_law}; over "
                  f"{quality['rounds']} rounds "
                  f"({quality['launch_bound_share']:.0%} bound by their launches) |error| median "
                  f"{quality['median_abs_error']:.1%}, p90 {quality['p90_abs_error']:.1%}")

@@ -146,19 +146,3 @@ def test_shipped_inputs_load_by_name_on_their_gpu_only():
     assert measured_inputs.shipped_inputs("h200", "llama-3.1-8b") == {}  # measured with Qwen3-8B
     with pytest.raises(PdmuxError, match="measured on 'h200', not on 'b200'"):
         measured_inputs.load_calibration(names["calibration"], "b200")
-
-
-def test_a_mixed_steps_gpu_gap_is_read_and_a_file_without_it_prices_as_before(tmp_path):
-    """A host-costs file fitted before the mixed step's GPU gap a layer loads with none (its
-    rounds priced as they were); one that holds it, with it."""
-    data = json.loads(open("bench/results/host-costs-h200.json").read())
-    data["mixed_step"].pop("layer_gap_s", None)
-    old = tmp_path / "old" / "host-costs-h200.json"
-    old.parent.mkdir()
-    old.write_text(json.dumps(data))
-    assert measured_inputs.load_host_costs(old).mixed.layer_gap_s == 0.0
-    data["mixed_step"]["layer_gap_s"] = 4e-5
-    new = tmp_path / "host-costs-h200.json"
-    new.write_text(json.dumps(data))
-    before, after = (measured_inputs.load_host_costs(p).mixed for p in (old, new))
-    assert after.layer_gap_s == 4e-5 and after.fixed_s == before.fixed_s

@@ -281,30 +281,6 @@ def test_a_mixed_step_by_its_tiles_adds_its_kernels():
         step_cost.MixedStepFit(0.001)
 
 
-@pytest.mark.parametrize("fit", [step_cost.MixedStepFit(0.001, tiles=TILES),
-                                 step_cost.MixedStepFit(0.001, 0.5)])
-def test_a_mixed_steps_gpu_gap_adds_to_every_layer_of_its_gpu_phases(fit):
-    """The GPU's gap a layer (kernels launched one by one) adds to the GPU phases of either
-    law, every layer's; none (a file fitted before it) prices as before; the pipeline hides it
-    behind slower launches and shows it where the GPU bounds the round."""
-    law = step_cost.SaturationLaw(3.0, 66)
-    rate = step_cost.PrefillRate(989.0, 132, ((132, 0.5),), ((132, 0.6),))
-    gapped = replace(fit, layer_gap_s=40e-6)
-    contexts = [12000, 3000, 500]
-    plain, more = (step_cost.mixed_step_s(QWEN, law, rate, 132, sum(contexts), 3, 512, 4096, True,
-                                          decode_row_tile=128, phases=f, decode_contexts=contexts)
-                   for f in (fit, gapped))
-    assert more == pytest.approx(plain + QWEN.layers * 40e-6)
-    assert step_cost.MixedStepFit(0.001, tiles=TILES) == step_cost.MixedStepFit(
-        0.001, tiles=TILES, layer_gap_s=0.0)
-    slow = 2 * more / QWEN.layers  # launches bound the round: the gap is under them
-    assert step_cost.layer_pipeline_s(more, QWEN.layers, slow) - step_cost.layer_pipeline_s(
-        plain, QWEN.layers, slow) == pytest.approx(40e-6)
-    for bad in (-1e-6, float("nan"), 0.02):
-        with pytest.raises(PdmuxError, match="GPU gap a layer"):
-            replace(fit, layer_gap_s=bad)
-
-
 def test_a_decode_steps_extra_cost_reads_between_batches():
     host = step_cost.Overheads(decode_step_extra=((1, 0.0008), (32, 0.0008), (64, 0.0012)))
     assert host.decode_extra_s(16) == pytest.approx(0.0008)

@@ -152,8 +152,8 @@ def load_compare(path: str | Path, gpu: str | None = None) -> Comparison:
 
 
 def _mixed_fit(mixed: dict) -> MixedStepFit:
-    """A host-costs file's mixed step: its fixed cost, its GPU gap a layer (none in a file
-    fitted before it), and its decode rows' MFU (the older law) or its kernels' tile times."""
+    """A host-costs file's mixed step: its fixed cost and its decode rows' MFU (the older law)
+    or its kernels' tile times."""
     tiles = mixed.get("tiles")
     if tiles is not None:
         tiles = TileTimes(tuple((int(a), int(b), float(t), float(share))
@@ -161,8 +161,7 @@ def _mixed_fit(mixed: dict) -> MixedStepFit:
                           float(tiles["attention_prefix_s"]), float(tiles["attention_new_s"]),
                           float(tiles["small_s_per_token"]))
     mfu = mixed.get("decode_row_mfu")
-    return MixedStepFit(float(mixed["fixed_s"]), None if mfu is None else float(mfu), tiles,
-                        float(mixed.get("layer_gap_s", 0.0)))
+    return MixedStepFit(float(mixed["fixed_s"]), None if mfu is None else float(mfu), tiles)
 
 
 def _pairs(entry: dict, key: str, kinds: tuple, path, where: str, what: str,

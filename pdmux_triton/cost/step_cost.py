@@ -433,10 +433,7 @@ class MixedStepFit:
     it), then its layers as the host launches them and the GPU runs them
     (`layer_pipeline_s`): a short chunk on a slow host waits on its launches.
 
-    The GPU phases add `layer_gap_s` a layer: the GPU idle between a layer's kernels, each
-    launched on its own (an eager forward is not captured). It is the GPU's, so the pipeline
-    hides it where the launches bound the round and shows it where the GPU does; a file
-    fitted before it was known prices without it (0). With `tiles` (`TileTimes`): each layer's GEMMs over the chunk's and the
+    The GPU phases, with `tiles` (`TileTimes`): each layer's GEMMs over the chunk's and the
     decode rows' tokens in whole waves of tiles, its other kernels per token, the extend
     attention of the chunk over its prefix and of each decode row over its context as its
     busiest program runs it, the LM head over the rows that sample, and the decode batch's KV
@@ -448,15 +445,11 @@ class MixedStepFit:
     fixed_s: float
     decode_row_mfu: float | None = None
     tiles: TileTimes | None = None
-    layer_gap_s: float = 0.0
 
     def __post_init__(self):
         if not (np.isfinite(self.fixed_s) and self.fixed_s >= 0):
             raise PdmuxError(f"a mixed step's fixed cost must be a finite number >= 0 s, got "
                              f"{self.fixed_s!r}")
-        if not (np.isfinite(self.layer_gap_s) and 0 <= self.layer_gap_s < 0.01):
-            raise PdmuxError(f"a mixed step's GPU gap a layer must be a finite number of seconds "
-                             f"in [0, 0.01), got {self.layer_gap_s!r}")
         if self.tiles is None and self.decode_row_mfu is None:
             raise PdmuxError("a mixed step's fit needs its decode rows' MFU or its kernels' "
                              "tile times")
@@ -673,13 +666,13 @@ def mixed_step_s(model: ModelSpec, decode: DecodeRate, prefill: PrefillRate, tot
     forward, bound by its compute or by reading the weights and the batch's KV, whichever is
     slower; the decode rows' attention counted in tiles of `decode_row_tile` rows. With
     `phases`, the GPU time of the step as the executor runs it (`MixedStepFit`, less its fixed
-    cost, its layers' gaps in); with its tile times, each decode row's own context
-    (`decode_contexts`; else the batch's context shared evenly). `chunk`, `chunk_prefix` and
-    `samples_chunk` may be arrays (every chunk at once) except with tile times."""
+    cost); with its tile times, each decode row's own context (`decode_contexts`; else the
+    batch's context shared evenly). `chunk`, `chunk_prefix` and `samples_chunk` may be arrays
+    (every chunk at once) except with tile times."""
     if phases is not None and phases.tiles is not None:
-        return model.layers * phases.layer_gap_s + _mixed_by_tiles(
-            model, decode, prefill, total_sms, decode_context_tokens, decode_batch, int(chunk),
-            int(chunk_prefix), bool(samples_chunk), phases.tiles, decode_contexts)
+        return _mixed_by_tiles(model, decode, prefill, total_sms, decode_context_tokens,
+                               decode_batch, int(chunk), int(chunk_prefix), bool(samples_chunk),
+                               phases.tiles, decode_contexts)
     flops = (decode_flops(model, decode_batch) + layer_flops(model, chunk, chunk_prefix)
              + lm_head_flops(model, np.asarray(samples_chunk, dtype=float)))
     rows = (decode_row_attention_flops(model, decode_context_tokens, decode_row_tile)
@@ -687,8 +680,7 @@ def mixed_step_s(model: ModelSpec, decode: DecodeRate, prefill: PrefillRate, tot
     if phases is not None:
         return (compute_s(flops, prefill, total_sms, corun=False)
                 + rows / (prefill.peak_tflops * 1e12 * phases.decode_row_mfu)
-                + decode_step_s(model, decode, decode_context_tokens, total_sms, False)
-                + model.layers * phases.layer_gap_s)
+                + decode_step_s(model, decode, decode_context_tokens, total_sms, False))
     compute = compute_s(flops + rows, prefill, total_sms, corun=False)  # the GPU its own
     memory = (decode_step_s(model, decode, decode_context_tokens, total_sms, False)
               if decode_batch else 0.0)
