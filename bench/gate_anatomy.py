@@ -35,14 +35,17 @@ launch after zeroing a small counter buffer (so each variant pays the same memse
   (and slot 0's program takes the sites still free after its slot), `last waits` (and the
   last program waits for site 0 to be taken), `whole gate` (both, as the product), `last
   sweeps` (no sweep after slot 0: the last program reads until every site is taken, at most
-  5 us, then takes those still free), and the bare gate on a 32-bit exchange or a 32-bit add
-  (is the 64-bit exchange the cost?). All are checked against `plain`'s output;
+  5 us, then takes those still free), the bare gate on a 32-bit exchange or a 32-bit add
+  (is the 64-bit exchange the cost?) and with its body under an `if`, not in the slot loop;
+  and `rank by site, no leave, in a loop` (is the loop around the body the cost?). All are
+  checked against `plain`'s output;
 - `pinned`: the product's pinned launch (kernels/_pinned.py) on sites 0..19, with the
   device's measured site order and with an order whose first 20 sites are the SMs the capped
   launch ran on (so the two run on the same SMs); with the product's gate at one program an
   SM (the one-a-site gate, `_pinned.ONE_A_SITE_AT_C1`: the idea `rank by site, arrival first`
-  as the product does it), with the claiming gate and with the tagged gate (no program off
-  the range writes: `_pinned.TAGGED_SITES`).
+  as the product does it), with the claiming gate, with the tagged gate (no program off
+  the range writes: `_pinned.TAGGED_SITES`) and with the one-a-site gate's body called once
+  under an `if` (`_pinned.BODY_ONCE`).
 
     python bench/gate_anatomy.py --out bench/results
 """
@@ -319,6 +322,8 @@ def variants(N: int, K: int, device_sms: int) -> dict:
     runs["pinned, claiming gate"] = product(lambda: pinned_gate("claiming"),
                                             pinned=Pinned(0, SMS))
     runs["pinned, tagged gate"] = product(lambda: pinned_gate("tagged"), pinned=Pinned(0, SMS))
+    runs["pinned, body once"] = product(lambda: pinned_gate("one a site, body once"),
+                                        pinned=Pinned(0, SMS))
     torch.cuda.synchronize()
     return runs, capped_sms, p, out
 
@@ -341,7 +346,8 @@ def main(argv=None) -> int:
             res.row(section="anatomy", shape=shape, variant=name, us=us, over_plain=us / base,
                     whole_tiles=pl.whole, grid=pl.grid, equals_plain=torch.equal(out, ref))
         with sites_headed_by(capped_sms):
-            for gate in ("pinned (product)", "pinned, claiming gate", "pinned, tagged gate"):
+            for gate in ("pinned (product)", "pinned, claiming gate", "pinned, tagged gate",
+                         "pinned, body once"):
                 us = time_alone(runs[gate], stream, graph=True) * 1e3
                 res.row(section="anatomy", shape=shape, variant=f"{gate} on the capped "
                         "launch's SMs", us=us, over_plain=us / base, capped_sms=capped_sms,
