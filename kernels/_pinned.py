@@ -93,14 +93,14 @@ BODY_ONCE = False
 
 # the pinned gates by name: the claiming gate at every c; the one-a-site gate at one program an
 # SM and the claiming gate at more (the product's); the tagged gates (one a site at one, else
-# claiming)
+# claiming); the product's with the one-a-site gate's body once under an `if` (`BODY_ONCE`)
 PINNED_GATES = ("claiming", "one a site", "tagged", "one a site, body once")
 
 
 @contextlib.contextmanager
 def pinned_gate(name: str):
     """The gates pinned launches take inside the block, by name (`PINNED_GATES`: the switches
-    `ONE_A_SITE_AT_C1` and `TAGGED_SITES`), to time them in one process."""
+    `ONE_A_SITE_AT_C1`, `TAGGED_SITES` and `BODY_ONCE`), to time them in one process."""
     if name not in PINNED_GATES:
         raise PdmuxError(f"a pinned gate is one of {PINNED_GATES}, got {name!r}")
     before = ONE_A_SITE_AT_C1, TAGGED_SITES, BODY_ONCE
