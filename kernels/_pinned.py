@@ -529,25 +529,31 @@ def run_one_a_site(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, fi
             done = slot
     if ONCE:
         if slot < slots:
-            record_slot(sm_ids_ptr, slot, sm, RECORD_SM)
-            BODY(slot, slots, *args)
-            if last:
-                slot = _next_missed(missed, done, slots, BLOCK_SMS)
-                done = slot
+            slot = _one_a_site_slot(BODY, args, slot, done, slots, sm, sm_ids_ptr, last, missed,
+                                    RECORD_SM, BLOCK_SMS)
+            done = slot
         if last:
-            while slot < slots:
-                record_slot(sm_ids_ptr, slot, sm, RECORD_SM)
-                BODY(slot, slots, *args)
-                slot = _next_missed(missed, slot, slots, BLOCK_SMS)
+            while slot < slots:  # a missed site's: the one it is done after
+                slot = _one_a_site_slot(BODY, args, slot, slot, slots, sm, sm_ids_ptr, last,
+                                        missed, RECORD_SM, BLOCK_SMS)
     else:
         while slot < slots:
-            record_slot(sm_ids_ptr, slot, sm, RECORD_SM)
-            BODY(slot, slots, *args)
-            if last:
-                slot = _next_missed(missed, done, slots, BLOCK_SMS)
-                done = slot
-            else:
-                slot = slots
+            slot = _one_a_site_slot(BODY, args, slot, done, slots, sm, sm_ids_ptr, last, missed,
+                                    RECORD_SM, BLOCK_SMS)
+            done = slot
+
+
+@triton.jit
+def _one_a_site_slot(BODY: tl.constexpr, args, slot, done, slots, sm, sm_ids_ptr, last, missed,
+                     RECORD_SM: tl.constexpr, BLOCK_SMS: tl.constexpr):
+    """A one-a-site program's slot done; the next it does: the last arriver's first missed
+    site after `done`, anyone else's none (`slots`)."""
+    record_slot(sm_ids_ptr, slot, sm, RECORD_SM)
+    BODY(slot, slots, *args)
+    after = slots
+    if last:
+        after = _next_missed(missed, done, slots, BLOCK_SMS)
+    return after
 
 
 @triton.jit
