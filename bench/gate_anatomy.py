@@ -86,12 +86,17 @@ FAR_WORDS, FAR_BASE = 1 << 21, tl.constexpr(1 << 20)
 FAR_LEAVE = tl.constexpr(MODES.index("rank by site, far leave"))
 FAR_STORED_LEAVE = tl.constexpr(MODES.index("rank by site, far stored leave"))
 BY_TABLE = tl.constexpr(MODES.index("site by table, leave"))  # and the next, without it
-# the tagged gate's pieces (kernels/_pinned.run_tagged), the last five modes: its sites' words
+# the tagged gate's pieces (kernels/_pinned.run_tagged), the `tagged` modes: its sites' words
 # alone, with the sweep after slot 0, with the last program's wait, with both (the whole gate);
 # and another way to the same guarantee: no sweep after slot 0, but the last program, once it
 # has done its own slot or at once if it has none, waits by reads alone (at most 5 us) until
 # every site is taken, and takes the ones still free
 TAGGED_FIRST = tl.constexpr(MODES.index("tagged, bare"))
+TAGGED_SWEEP, TAGGED_LAST, TAGGED_WHOLE, TAGGED_LAST_SWEEPS = (
+    tl.constexpr(MODES.index(f"tagged, {piece}"))
+    for piece in ("sweep", "last waits", "whole gate", "last sweeps"))
+TAGGED_32, TAGGED_ADD = (tl.constexpr(MODES.index(f"tagged, bare, {word}"))
+                         for word in ("32-bit words", "by add"))
 TAGGED_LANES = tl.constexpr(32)  # the product's BLOCK_SMS at 20 sites
 # the body called once, not in the slot loop (the bare tagged gate), and `rank by site, no
 # leave` with its body in the slot loop: is it the loop around the body that costs?
@@ -168,11 +173,10 @@ def _run_mode(pid, programs, queue_ptr, table_ptr, far_ptr, args, MODE: tl.const
             slot = programs
     elif MODE >= TAGGED_FIRST:
         _tagged_pieces(programs, queue_ptr, table_ptr, args,
-                       (MODE == TAGGED_FIRST + 1) | (MODE == TAGGED_FIRST + 3),
-                       (MODE == TAGGED_FIRST + 2) | (MODE == TAGGED_FIRST + 3),
-                       MODE == TAGGED_FIRST + 4,
-                       MODE - TAGGED_FIRST - 4
-                       if (MODE > TAGGED_FIRST + 4) & (MODE < TAGGED_NO_LOOP) else 0,
+                       (MODE == TAGGED_SWEEP) | (MODE == TAGGED_WHOLE),
+                       (MODE == TAGGED_LAST) | (MODE == TAGGED_WHOLE),
+                       MODE == TAGGED_LAST_SWEEPS,
+                       1 if MODE == TAGGED_32 else (2 if MODE == TAGGED_ADD else 0),
                        MODE != TAGGED_NO_LOOP)
     elif MODE >= BY_TABLE:  # site by table: a program on a site takes its slot, no atomic
         site = tl.load(table_ptr + tl.extra.cuda.smid())
