@@ -73,7 +73,8 @@ def test_inner_loop_is_the_shortest_backward_branch_with_mma():
     ("bench/profile_decode.py", "torch sees none"), ("bench/pinned_sites.py", "torch sees none"),
     ("bench/gate_anatomy.py", "torch sees none"),
     ("bench/prefill_rate.py", "torch sees none"), ("bench/sustained_corun.py", "torch sees none"),
-    ("bench/trace_fidelity.py", "no CUDA GPU is visible to torch")])
+    ("bench/trace_fidelity.py", "no CUDA GPU is visible to torch"),
+    ("bench/host_profile.py", "no CUDA GPU is visible to torch")])
 def test_benchmarks_without_a_gpu_say_so_in_one_line(script, says):
     import torch
 

@@ -1,0 +1,112 @@
+"""Where the host's time goes when it launches an eager layer (issue 27: launch-bound chunked
+rounds make the served runs follow the host's speed, which runs in phases no simulator can
+know ahead): `calibrate --host-costs`'s eager layer at a few token counts, timed plain, then
+under cProfile, with the functions that take the most of it by their own time and by their
+time with what they call. Writes <out>/host-profile-<gpu>.json and prints the table.
+
+    python bench/host_profile.py --out /tmp/x [--tokens 16,512] [--layers 200]
+"""
+
+from __future__ import annotations
+
+import cProfile
+import pstats
+import statistics
+import sys
+import time
+
+import torch
+from script import bench_parser, finish, run_script
+
+from pdmux_triton.cli.common import measuring_gpu, out_folder
+from pdmux_triton.cli.parsing import integer, listed
+from pdmux_triton.gpu.model_executor import ModelExecutor
+from pdmux_triton.measure import host_costs
+from pdmux_triton.multiplex import sglang_rules
+from pdmux_triton.results import provenance
+from pdmux_triton.spec.models import model_preset
+from pdmux_triton.spec.traffic import Request
+
+TOP = 25  # functions kept per ordering
+
+
+def launch_layers(x: ModelExecutor, carry, layers: int) -> list[float]:
+    """Host seconds of each of `layers` one-layer launches (the GPU waited for between them,
+    so that each launch finds an idle queue, as a launch-bound round does)."""
+    times = []
+    for _ in range(layers):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        x.model.extend_layers(carry.batch, 0, 1, budget=x.prefill_side.budget)
+        times.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    return times
+
+
+def top_functions(stats: pstats.Stats, key: str, calls_per: int) -> list[dict]:
+    """The TOP functions by `key` ('tottime' or 'cumtime'), their times and calls a layer."""
+    rows = []
+    for (path, line, name), (_, ncalls, tottime, cumtime, _) in stats.stats.items():
+        rows.append({"function": f"{path.split('site-packages/')[-1]}:{line}({name})",
+                     "calls_a_layer": ncalls / calls_per,
+                     "own_us_a_layer": tottime / calls_per * 1e6,
+                     "with_callees_us_a_layer": cumtime / calls_per * 1e6})
+    field = "own_us_a_layer" if key == "tottime" else "with_callees_us_a_layer"
+    return sorted(rows, key=lambda r: -r[field])[:TOP]
+
+
+def profile_case(x: ModelExecutor, tokens: int, layers: int) -> dict:
+    req = Request(10**6, [1] * tokens, 2, 0.0)
+    carry = x.begin_prefill([req])
+    try:
+        launch_layers(x, carry, 10)  # anything first-time out of the way
+        plain = launch_layers(x, carry, layers)
+        prof = cProfile.Profile()
+        prof.enable()
+        profiled = launch_layers(x, carry, layers)
+        prof.disable()
+    finally:
+        x.release(req)
+    stats = pstats.Stats(prof)
+    return {"tokens": tokens, "layers": layers,
+            "host_ms_a_layer_p50": statistics.median(plain) * 1e3,
+            "host_ms_a_layer_p90": statistics.quantiles(plain, n=10)[-1] * 1e3,
+            "profiled_host_ms_a_layer_p50": statistics.median(profiled) * 1e3,
+            "by_own_time": top_functions(stats, "tottime", layers),
+            "by_time_with_callees": top_functions(stats, "cumtime", layers)}
+
+
+def run(args) -> int:
+    gpu, spec, out = measuring_gpu(), model_preset("qwen3-8b"), out_folder(args.out)
+    x = ModelExecutor.shared(spec, gpu, "grid_cap", cache_tokens=host_costs.CACHE_TOKENS,
+                             max_context=host_costs.MAX_CONTEXT)
+    try:
+        x.warm_up("prefill_first", sglang_rules.PDMuxConfig(), 8, 2 * max(args.tokens), 2048)
+        cases = []
+        for tokens in args.tokens:
+            print(f"host profile: {args.layers} layers of {tokens} tokens ...", flush=True)
+            cases.append(profile_case(x, tokens, args.layers))
+    finally:
+        ModelExecutor.release_shared()
+    lines = [f"{'tokens':>7} {'host ms a layer p50':>20} {'p90':>7} {'profiled':>9}"]
+    for c in cases:
+        lines.append(f"{c['tokens']:>7} {c['host_ms_a_layer_p50']:>20.3f} "
+                     f"{c['host_ms_a_layer_p90']:>7.3f} {c['profiled_host_ms_a_layer_p50']:>9.3f}")
+        lines.append(f"  own time, us a layer (calls), {c['tokens']} tokens:")
+        lines += [f"  {r['own_us_a_layer']:8.1f} ({r['calls_a_layer']:5.1f})  {r['function']}"
+                  for r in c["by_own_time"][:15]]
+    data = {**provenance(gpu.name), "model": spec.name, "cases": cases}
+    return finish(out / f"host-profile-{gpu.name}.json", data,
+                  "\n".join(lines))
+
+
+def main(argv=None) -> int:
+    parser = bench_parser("host_profile.py", __doc__)
+    parser.add_argument("--tokens", type=listed(integer(1, 65536), "token count"),
+                        default=(16, 512))
+    parser.add_argument("--layers", type=integer(10, 100_000), default=200)
+    return run_script(parser, run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
