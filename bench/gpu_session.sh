@@ -8,6 +8,7 @@
 #   bash bench/gpu_session.sh readme tests                # the README's command, the gpu tests
 #   TESTS_FILES='tests/test_[h-z]*.py' bash bench/gpu_session.sh tests   # a part of the gpu tests
 #   bash bench/gpu_session.sh tests host                  # gpu tests, host costs per round
+#   bash bench/gpu_session.sh hostprof    # an eager layer's host time by function (cProfile)
 #   STRATEGIES=pdmux_grid_cap RATES=6.5,7.1 bash bench/gpu_session.sh capacity   # measured
 #       capacity at those rates, 1000 ShareGPT requests a point (steady state), into bench/results
 #   CAPACITY_OUT=bench/results/capacity-conv STRATEGIES=prefill_first RATES=9.5 CAPACITY_ARGS=\
@@ -78,6 +79,8 @@ step tagged ${TAGGED_S:-240} bash -c 'for k in "grid_ids" \
     "one_a_site_sides and tagged"; do echo "-- $k"; timeout -k 5 60 python3 -m pytest -x -q -rsP \
     -m gpu tests/test_pinned.py -k "$k" || echo "-- exit $? ($k)"; done'
 step host 90 pdmux-triton calibrate --host-costs --out "$OUT"
+# where an eager layer's host time goes (cProfile): what makes chunked rounds launch-bound
+step hostprof ${HOSTPROF_S:-150} python3 bench/host_profile.py --out "$OUT"
 step profile 60 python3 bench/profile_decode.py --budget 16
 step kernels 110 python3 bench/bench_kernels.py --quick --out "$OUT"
 step calibrate 150 bash -c 'cp bench/results/calibrate-points-h200.jsonl \
