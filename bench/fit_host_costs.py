@@ -83,6 +83,7 @@ from pdmux_triton.cost.measured_inputs import load_calibration, load_compare, lo
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiments.settings import RunSettings, make_requests
 from pdmux_triton.results import PointStore, read_json, write_json
+from pdmux_triton.serve.simulated import SUSTAINED_WINDOW_S
 from pdmux_triton.spec.gpus import gpu_preset
 from pdmux_triton.spec.models import ModelSpec, model_preset
 
@@ -95,6 +96,7 @@ PREFILL_RATE = ("bench/results/prefill-rate-h200.json", "bench/results/prefill-r
 # which whole waves do not describe)
 GEMM_MIN_TOKENS, LAYER_MIN_TOKENS = 256, 512
 MIN_PREFILLS = 10  # GPU-bound prefill batches a whole-GPU MFU is fitted to, at the fewest
+MIN_BUSY_BATCHES = 20  # of them in a busy-share bin for its ratio to be kept
 GPU_BOUND_MARGIN = 2  # a batch whose GPU time is this many times its launches is bound by it
 MIN_ROUNDS = 100  # served decode rounds a round's host share is fitted to, at the fewest
 # served whole-GPU steps of one captured size its extra is read from, at the fewest (a size's
@@ -212,15 +214,24 @@ def fidelity_rounds(points: list[tuple[dict, float]]) -> list[dict]:
 
 
 def fidelity_prefills(points: list[tuple[dict, float]]) -> list[dict]:
-    """Each prefill-first batch of the points (`timed_points`): its prompts, tokens, span and
-    the host's launch time per layer."""
+    """Each prefill-first batch of the points (`timed_points`): its prompts, tokens, span, the
+    host's launch time per layer, and the share of the `SUSTAINED_WINDOW_S` that ends with it
+    that its run's batches took (`busy`, its own span included), as the simulator reads it."""
     from trace_fidelity import prefill_batches
 
-    return [{"tokens": tokens, "prompts": prompts, "cached": cached,
-             "seconds": (end - start) / 1e6, "host_s": host}
-            for point, host in points if point["strategy"] == "prefill_first"
-            for end, (start, tokens, prompts, cached) in
-            prefill_batches(point["diagnostics"]).items()]
+    rows = []
+    for point, host in points:
+        if point["strategy"] != "prefill_first":
+            continue
+        batches = prefill_batches(point["diagnostics"])
+        spans = sorted((start / 1e6, end / 1e6) for end, (start, *_) in batches.items())
+        for end, (start, tokens, prompts, cached) in batches.items():
+            since, until = end / 1e6 - SUSTAINED_WINDOW_S, end / 1e6
+            ran = sum(min(b, until) - max(a, since) for a, b in spans if a < until and b > since)
+            rows.append({"tokens": tokens, "prompts": prompts, "cached": cached,
+                         "seconds": (end - start) / 1e6, "host_s": host,
+                         "busy": min(1.0, ran / SUSTAINED_WINDOW_S)})
+    return rows
 
 
 def decode_steps(points: list[tuple[dict, float]]):
@@ -336,13 +347,17 @@ def fit_served_decode_round(rows: list[dict], layer_launch_s: float) -> dict | N
             "median_abs_error_s": float(np.median(error))}
 
 
-def fit_whole_gpu_prefill(rows, model, prefill, overheads) -> tuple[float, dict] | None:
+def fit_whole_gpu_prefill(rows, model, prefill, overheads,
+                          tiles: step_cost.TileTimes | None = None) -> tuple[float, dict] | None:
     """Least squares (through 0) of a batch's span less its eager step (on the run's host) =
     its FLOPs / (peak x MFU), over the batches bound by their GPU at the fitted MFU (their
     layers take GPU_BOUND_MARGIN times their launches or longer); each batch's prompts taken
     as of one length over one cached prefix (the points keep no prompt's own: batches of
     uneven prompts count a few % fewer attention FLOPs than they did, so the MFU reads a
-    little low).
+    little low). Then each bound batch's GPU time over its price as the simulator makes it
+    (the longer of the MFU's and, with `tiles`, its kernels' tiles') by the busy share its row
+    holds: medians in `corun_rounds.BUSY` bins of MIN_BUSY_BATCHES or more
+    (`ratio_by_busy_share`, where two bins hold that many).
     None where fewer than MIN_PREFILLS batches are bound by their GPU."""
     peak = prefill.peak_tflops * 1e12
     flops = np.array([r["prompts"] * step_cost.layer_flops(model, r["tokens"] // r["prompts"],
@@ -365,7 +380,30 @@ def fit_whole_gpu_prefill(rows, model, prefill, overheads) -> tuple[float, dict]
         if not 0 < mfu <= 1:
             raise PdmuxError(f"the whole-GPU prefill fit is unphysical (MFU {mfu:.2f})")
     error = np.abs(flops[bound] / mfu - gpu[bound]) / gpu[bound]
-    return mfu, {"batches": int(bound.sum()), "median_abs_error": float(np.median(error))}
+    quality = {"batches": int(bound.sum()), "median_abs_error": float(np.median(error))}
+    # a batch after decode rounds runs at higher clocks than one after prefills
+    from corun_rounds import BUSY
+
+    price = flops / mfu
+    if tiles is not None:
+        for i, r in enumerate(rows):
+            seqs = [(r["tokens"] // r["prompts"], r["cached"] // r["prompts"])] * r["prompts"]
+            tiled = step_cost.tiled_layers_s(model, r["tokens"], seqs, tiles, prefill.total_sms)
+            price[i] = max(price[i], tiled or 0.0)  # None: the skinny tile's
+    ratio = gpu[bound] / price[bound]
+    # over the median of batches of about its size (within a factor of two in tokens): the
+    # MFU prices long and short batches apart, so the busy share is read within a size
+    size = np.floor(np.log2([r["tokens"] for r in rows]))[bound]
+    for s in np.unique(size):
+        ratio[size == s] /= np.median(ratio[size == s])
+    busy = np.array([r.get("busy", np.nan) for r in rows])[bound]
+    bins = np.digitize(busy, BUSY)
+    kept = [b for b in np.unique(bins[np.isfinite(busy)])
+            if ((bins == b) & np.isfinite(busy)).sum() >= MIN_BUSY_BATCHES]
+    if len(kept) >= 2:  # one bin says nothing about the busy share
+        quality["ratio_by_busy_share"] = [[float(np.median(busy[bins == b])),
+                                           float(np.median(ratio[bins == b]))] for b in kept]
+    return mfu, quality
 
 
 def fit_tile_times(paths, model, programs: int) -> tuple[step_cost.TileTimes, dict]:
@@ -690,16 +728,16 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
     host.pop("prefill_batch", None)
     if batch is not None:
         host["prefill_batch"] = {**batch, "source": names}
-    whole = (fit_whole_gpu_prefill(prefills, model, prefill, overheads)
+    tiles = None
+    if prefill_rate:
+        tiles, tile_quality = fit_tile_times(prefill_rate, model, gpu.sms)
+        tile_source = ", ".join(Path(p).name for p in prefill_rate)
+    whole = (fit_whole_gpu_prefill(prefills, model, prefill, overheads, tiles)
              if prefills is not None else None)
     if whole is not None:
         host["whole_gpu_prefill"] = {"mfu": whole[0], "source": source, **whole[1]}
     if "whole_gpu_prefill" in host:  # fitted now or before: the mixed steps' linears run so
         prefill = prefill.on_whole_gpu(host["whole_gpu_prefill"]["mfu"])
-    tiles = None
-    if prefill_rate:
-        tiles, tile_quality = fit_tile_times(prefill_rate, model, gpu.sms)
-        tile_source = ", ".join(Path(p).name for p in prefill_rate)
     mixed, by_launches, quality = fit_mixed(rows, model, decode, prefill, gpu.sms,
                                             overheads.decode_row_tile, tiles)
     host["mixed_step"] = {"fixed_s": mixed.fixed_s, "decode_row_mfu": mixed.decode_row_mfu,
@@ -758,6 +796,10 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
         lines.append(f"prefill on the whole GPU: MFU {whole[0]:.3f} over {whole[1]['batches']} "
                      f"batches bound by their GPU, |error| median "
                      f"{whole[1]['median_abs_error']:.1%}")
+        lines.append("  its span over that price by the prefills' busy share: " + (", ".join(
+            f"{share:.0%} busy {ratio:.3f}" for share, ratio in whole[1]["ratio_by_busy_share"])
+            if "ratio_by_busy_share" in whole[1] else "not fitted (fewer than two busy-share "
+            f"bins of {MIN_BUSY_BATCHES} batches)"))
     elif "whole_gpu_prefill" in host:
         lines.append(f"prefill on the whole GPU: MFU {host['whole_gpu_prefill']['mfu']:.3f} kept "
                      f"from the file (these measurements hold too few prefill-first batches "

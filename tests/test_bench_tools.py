@@ -401,8 +401,59 @@ def test_the_whole_gpu_prefill_fit_recovers_a_known_mfu_from_the_batches_it_boun
                  "seconds": 0.5})  # launch-bound
     mfu, quality = fit_whole_gpu_prefill(rows, qwen, rate, host)
     assert mfu == pytest.approx(0.52, rel=1e-9) and quality["batches"] == MIN_PREFILLS + 2
+    assert "ratio_by_busy_share" not in quality  # the rows hold no busy share
     assert fit_whole_gpu_prefill(rows[:MIN_PREFILLS - 1], qwen, rate, host) is None
     assert fit_whole_gpu_prefill(rows[-1:] * (MIN_PREFILLS + 2), qwen, rate, host) is None
+
+
+def test_a_prefill_batchs_busy_share_is_its_runs_batches_over_the_window_ending_with_it():
+    """Each prefill-first batch's busy share: the share of the window that ends with it that
+    its own run's batches took, its own span included (another strategy's, another run's and
+    earlier history outside the window not counted)."""
+    sys.path.insert(0, "bench")
+    from fit_host_costs import fidelity_prefills
+
+    from pdmux_triton.serve.simulated import SUSTAINED_WINDOW_S
+
+    ms = 1000  # microseconds
+    w = SUSTAINED_WINDOW_S * 1e3  # the window in ms
+    run = {"strategy": "prefill_first", "diagnostics": {"prefills": [
+        [0, 100 * ms, 4000, 1], [400 * ms, 450 * ms, 1000, 1],
+        [(450 + w + 10) * ms, (450 + w + 30) * ms, 500, 1]]}}
+    other = {"strategy": "chunked_512", "diagnostics": {"prefills": [[0, 10**6, 9, 1]]}}
+    rows = fidelity_prefills([(run, 0.001), (other, 0.001)])
+    assert [r["busy"] for r in rows] == pytest.approx([100 / w, 150 / w, 20 / w])
+    assert [r["seconds"] for r in rows] == pytest.approx([0.1, 0.05, 0.02])
+
+
+def test_the_whole_gpu_prefill_fit_reads_its_ratio_by_busy_share_within_batch_sizes():
+    """Batches served 3% faster than their price when prefills ran a tenth of the window and
+    3% slower when they ran nine tenths, in two sizes the MFU prices apart (a long batch 10%
+    slower than a short one at either share) give the two ratios back, each size read against
+    its own median; a busy bin of too few batches is not kept."""
+    sys.path.insert(0, "bench")
+    from fit_host_costs import MIN_BUSY_BATCHES, fit_whole_gpu_prefill
+
+    from pdmux_triton.cost import step_cost
+    from pdmux_triton.spec.models import model_preset
+
+    qwen = model_preset("qwen3-8b")
+    rate = step_cost.PrefillRate(989.0, 132, ((112, 0.6),))
+    host = step_cost.Overheads(layer_launch_s=0.001, eager_step_s=0.002)
+    rows = []
+    for busy, ratio in ((0.1, 0.97), (0.9, 1.03)):
+        for j in range(2 * MIN_BUSY_BATCHES):
+            tokens, slower = (3000 + 10 * j, 1.0) if j % 2 else (9000 + 10 * j, 1.1)
+            flops = step_cost.layer_flops(qwen, tokens, 0, qwen.layers) + \
+                step_cost.lm_head_flops(qwen, 1)
+            rows.append({"tokens": tokens, "prompts": 1, "cached": 0, "host_s": 0.001,
+                         "busy": busy,
+                         "seconds": 0.002 + flops / (989e12 * 0.5) * ratio * slower})
+    _, quality = fit_whole_gpu_prefill(rows, qwen, rate, host)
+    assert sum(quality["ratio_by_busy_share"], []) == pytest.approx([0.1, 0.97, 0.9, 1.03],
+                                                                    rel=1e-9)
+    thin = rows[:2 * MIN_BUSY_BATCHES] + rows[-MIN_BUSY_BATCHES + 1:]  # too few at 0.9
+    assert "ratio_by_busy_share" not in fit_whole_gpu_prefill(thin, qwen, rate, host)[1]
 
 
 def test_the_served_decode_round_fit_recovers_known_terms_on_two_hosts_despite_outliers():
@@ -638,6 +689,8 @@ def test_fit_host_costs_on_the_h200_trace_points_and_stream_run(tmp_path):
     assert fitted["eager_step"]["seconds"] == pytest.approx(committed["eager_step"]["seconds"])
     assert fitted["whole_gpu_prefill"]["batches"] >= 10
     assert fitted["whole_gpu_prefill"]["mfu"] == pytest.approx(committed["whole_gpu_prefill"]["mfu"])
+    assert sum(fitted["whole_gpu_prefill"]["ratio_by_busy_share"], []) == pytest.approx(
+        sum(committed["whole_gpu_prefill"]["ratio_by_busy_share"], []))
     # the captured sizes' extras from the served whole-GPU steps, every size served enough
     assert [r["batch"] for r in fitted["decode_step_extra"]] == [
         r["batch"] for r in committed["decode_step_extra"]]

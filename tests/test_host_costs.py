@@ -77,6 +77,10 @@ FILE = "{path}: {key}"
     ("split_prefill_served", [0.99], FILE), ("split_prefill_served", {"batches": 10}, FILE),
     ("split_prefill_served", {"ratio_by_prefill_sms": [[72, "x"]]}, FILE),
     ("split_prefill_served", {"ratio_by_prefill_sms": [[72, 0.0]]}, FILE),
+    ("whole_gpu_prefill", {"mfu": 0.5, "ratio_by_busy_share": [[0.5]]},
+     "{path}: whole_gpu_prefill's ratio_by_busy_share needs [busy share, ratio] pairs"),
+    ("whole_gpu_prefill", {"mfu": 0.5, "ratio_by_busy_share": [[1.5, 1.0]]},
+     "{path}: whole_gpu_prefill's ratio_by_busy_share needs distinct busy shares in [0, 1]"),
     ("by_kind", [0.9], FILE), ("by_kind", {"green": [0.9]}, FILE),
     ("by_kind", {"green": {"split_prefill_served": {"ratio_by_prefill_sms": [[72, 3.0]]}}},
      "{path}: by_kind.green.split_prefill_served"),
@@ -93,8 +97,8 @@ def test_a_malformed_sustained_or_decode_entry_is_refused_by_name(key, entry, me
                                                                   tmp_path):
     """The committed file's ratios, served decode round and split prefill batch load (a file
     without the served fits prices as before them); a malformed `split_prefill_sustained`,
-    `split_prefill_served`, `decode_beside_prefill`, `decode_round_served`, `prefill_batch` or
-    a kind's own (`by_kind`) is refused in a line that names it, not read as a file without eager layers."""
+    `split_prefill_served`, `decode_beside_prefill`, `decode_round_served`, `prefill_batch`,
+    the whole-GPU prefill's busy ratios or a kind's own (`by_kind`) is refused in a line that names it, not read as a file without eager layers."""
     path = tmp_path / "host-costs-h200.json"
     shutil.copy("bench/results/host-costs-h200.json", path)
     loaded = load_host_costs(path)
@@ -103,6 +107,9 @@ def test_a_malformed_sustained_or_decode_entry_is_refused_by_name(key, entry, me
     busy = [share for share, _ in loaded.split_decode_by_busy]
     assert busy == sorted(busy) and 0 < busy[0] < busy[-1] < 1
     data = json.loads(path.read_text())
+    assert loaded.whole_gpu_prefill_by_busy == tuple(
+        map(tuple, data["whole_gpu_prefill"]["ratio_by_busy_share"]))
+    assert len(loaded.whole_gpu_prefill_by_busy) >= 2
     served = data["decode_round_served"]  # it prices rounds instead of the captured median
     assert (loaded.decode_round_s, loaded.decode_round_per_request_s,
             loaded.decode_round_per_kv_token_s) == (served["fixed_s"], served["per_request_s"],

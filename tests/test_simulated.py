@@ -394,6 +394,46 @@ def test_a_long_trace_is_served_in_memory_that_does_not_grow_with_its_tokens(tmp
     assert summary["bytes_per_request"] < 16 * summary["tokens_per_request"]
 
 
+def test_a_whole_gpu_prefill_takes_its_served_ratio_by_the_prefills_busy_share():
+    """A whole-GPU prefill batch lasts its price times the served ratio read at the share of
+    the window ending with it that prefills ran, its own span included (between the points
+    given, held at the ends): a short batch after an idle spell the first ratio, one with the
+    window full of prefills before it the last, one whose own span fills a part of the window
+    the ratio read there; with no ratios, its price."""
+    rate = step_cost.PrefillRate.fixed(H100.bf16_tflops, H100.sms, 0.6)
+    law = step_cost.SaturationLaw(H100.hbm_tbps * 0.85, 66.0)
+    ratios = ((0.2, 0.95), (0.9, 1.05))
+
+    def spans(by_busy, prompts) -> list[float]:
+        x = SimExecutor(H100, QWEN, law, rate,
+                        overheads=step_cost.Overheads(whole_gpu_prefill_by_busy=by_busy))
+        x.start([])
+        out = []
+        for i, prompt in enumerate(prompts):  # back to back on the prefill side
+            began = x.free["prefill"]
+            x.launch_prefill(x.begin_prefill([traffic.Request(i, prompt, 1, 0.0)]), 0,
+                             QWEN.layers)
+            out.append(x.free["prefill"] - began)
+        return out
+
+    short = spans((), [512])[0]
+    assert short < 0.2 * SUSTAINED_WINDOW_S
+    run = spans(ratios, [512] * (int(SUSTAINED_WINDOW_S / short) + 3))
+    assert run[0] == pytest.approx(short * 0.95, rel=1e-9)  # after idle: the first ratio
+    assert run[-1] == pytest.approx(short * 1.05, rel=1e-9)  # the window full: the last
+    assert all(b > a * (1 - 1e-12) for a, b in zip(run, run[1:]))  # slower as it fills
+    # alone, a batch whose own span is half the window: the ratio read at half
+    prompt = next(p for p in range(4096, 65536, 256)
+                  if spans((), [p])[0] >= 0.5 * SUSTAINED_WINDOW_S)
+    plain = spans((), [prompt])[0]
+    share = plain / SUSTAINED_WINDOW_S
+    assert spans(ratios, [prompt])[0] == pytest.approx(
+        plain * (0.95 + (share - 0.2) / 0.7 * 0.1), rel=1e-9)
+    for bad in ((1.5, 1.0), (0.5, 0.2), (0.5, float("nan"))):
+        with pytest.raises(PdmuxError, match="whole_gpu_prefill_by_busy needs busy shares"):
+            step_cost.Overheads(whole_gpu_prefill_by_busy=(bad,))
+
+
 def test_a_whole_gpu_prefill_takes_the_longer_of_its_mfu_and_its_tiles():
     """On the whole GPU a prefill batch lasts the longer of its FLOPs at the prefill's MFU and
     its kernels' tiles (GEMM waves, small ops per token, the extend attention): short prompts'

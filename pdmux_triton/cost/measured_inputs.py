@@ -202,20 +202,22 @@ def _sustained_ratios(data: dict, path) -> tuple[tuple, tuple]:
                    "split_prefill_sustained", "busy share, fraction"))
 
 
-def _decode_by_busy(data: dict, path) -> tuple:
-    """A host-costs file's `decode_beside_prefill`: the served decode step beside a split
-    prefill over its co-run price, (busy share, ratio) points; none where it has none."""
-    entry = data.get("decode_beside_prefill", {})
+def _by_busy(data: dict, path, where: str, required: bool) -> tuple:
+    """A host-costs file's served span over its price by the prefills' busy share, (busy
+    share, ratio) points, under `where` (`decode_beside_prefill`: the decode step beside a
+    split prefill over its co-run price; `whole_gpu_prefill`: a whole-GPU prefill over its
+    MFU's price); none where it has none, unless `required` where the entry is there."""
+    entry = data.get(where, {})
     if not isinstance(entry, dict):
-        raise PdmuxError(f"{path}: decode_beside_prefill needs ratio_by_busy_share, [busy share, "
-                         f"ratio] pairs (bench/fit_host_costs.py)")
-    pairs = _pairs(entry, "ratio_by_busy_share", (float, float), path, "decode_beside_prefill",
-                   "busy share, ratio", required="decode_beside_prefill" in data)
+        raise PdmuxError(f"{path}: {where} needs ratio_by_busy_share, [busy share, ratio] "
+                         f"pairs (bench/fit_host_costs.py)")
+    pairs = _pairs(entry, "ratio_by_busy_share", (float, float), path, where,
+                   "busy share, ratio", required=required and where in data)
     shares = [share for share, _ in pairs]
     if len(set(shares)) < len(shares) or not all(
             0 <= share <= 1 and 0.5 <= ratio <= 2 for share, ratio in pairs):
-        raise PdmuxError(f"{path}: decode_beside_prefill's ratio_by_busy_share needs distinct "
-                         f"busy shares in [0, 1] and ratios in [0.5, 2], got {list(pairs)}")
+        raise PdmuxError(f"{path}: {where}'s ratio_by_busy_share needs distinct busy shares "
+                         f"in [0, 1] and ratios in [0.5, 2], got {list(pairs)}")
     return pairs
 
 
@@ -242,7 +244,7 @@ def _by_kind(data: dict, path) -> tuple:
         try:
             sustained = (_sustained_ratios({keys[0]: entry[keys[0]]}, path)[0]
                          if keys[0] in entry else ())
-            out.append((kind, sustained, _decode_by_busy(entry, path)))
+            out.append((kind, sustained, _by_busy(entry, path, keys[1], required=True)))
         except PdmuxError as e:  # named as the kind's entry, not the top-level one
             raise PdmuxError(str(e).replace(f"{path}: ", f"{path}: by_kind.{kind}.", 1)) from None
     return tuple(out)
@@ -298,7 +300,8 @@ def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
     data = read_json(path, "host-costs file")
     _check_gpu(data, path, "host-costs file", gpu)
     sustained, slowdown = _sustained_ratios(data, path)
-    decode_by_busy = _decode_by_busy(data, path)
+    decode_by_busy = _by_busy(data, path, "decode_beside_prefill", required=True)
+    whole_by_busy = _by_busy(data, path, "whole_gpu_prefill", required=False)
     by_kind = _by_kind(data, path)
     served = _served_decode_round(data, path)
     batch_s = _prefill_batch(data, path)
@@ -320,7 +323,8 @@ def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
     per_request_s = per_kv_token_s = 0.0
     if served is not None:
         round_s, per_request_s, per_kv_token_s = served
-    return Overheads(round_s, layer_s, step, EXTEND_TILE_ROWS, extra, fit, whole_mfu, sustained,
-                     slowdown, decode_by_busy, decode_round_per_request_s=per_request_s,
+    return Overheads(round_s, layer_s, step, EXTEND_TILE_ROWS, extra, fit, whole_mfu,
+                     whole_by_busy, sustained, slowdown, decode_by_busy,
+                     decode_round_per_request_s=per_request_s,
                      decode_round_per_kv_token_s=per_kv_token_s, prefill_batch_s=batch_s,
                      by_kind=by_kind)

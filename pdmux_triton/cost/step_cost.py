@@ -470,7 +470,11 @@ class Overheads:
     decode step takes beyond its bytes at the calibrated rate (`decode_step_extra`, (batch,
     seconds) points read between them), mixed steps as the executor runs them (`mixed`), and
     the MFU a prefill with the GPU to itself is served at (`whole_gpu_prefill_mfu`, which the
-    comparison cannot time: its levels leave decode some SMs), and what a level's prefill keeps
+    comparison cannot time: its levels leave decode some SMs) and the served span over that
+    price by the share of the recent past, the batch's own span included, that prefills ran
+    (`whole_gpu_prefill_by_busy`, (busy share, ratio) points, held at the ends: a batch after
+    memory-bound decode rounds runs at higher clocks than one after prefills; none: the MFU's
+    price as it is), and what a level's prefill keeps
     of the comparison's burst rate when it runs on beside its decode on a busy GPU
     (`split_prefill_sustained`, (prefill SMs, ratio) points, `PrefillRate.sustained`: as its served
     batches show where fitted, else as a sustained run of one long prompt), and how far toward that
@@ -495,6 +499,7 @@ class Overheads:
     decode_step_extra: tuple[tuple[int, float], ...] = ()
     mixed: MixedStepFit | None = None
     whole_gpu_prefill_mfu: float | None = None
+    whole_gpu_prefill_by_busy: tuple[tuple[float, float], ...] = ()
     split_prefill_sustained: tuple[tuple[int, float], ...] = ()
     split_prefill_slowdown: tuple[tuple[float, float], ...] = ()
     split_decode_by_busy: tuple[tuple[float, float], ...] = ()
@@ -527,10 +532,11 @@ class Overheads:
             if not (0 < share < 1 and 0 <= fraction <= 1):
                 raise PdmuxError(f"split_prefill_slowdown needs busy shares in (0, 1) and "
                                  f"fractions in [0, 1], got ({share!r}, {fraction!r})")
-        for share, ratio in self.split_decode_by_busy:
-            if not (0 <= share <= 1 and np.isfinite(ratio) and 0.5 <= ratio <= 2):
-                raise PdmuxError(f"split_decode_by_busy needs busy shares in [0, 1] and ratios "
-                                 f"in [0.5, 2], got ({share!r}, {ratio!r})")
+        for name in ("whole_gpu_prefill_by_busy", "split_decode_by_busy"):
+            for share, ratio in getattr(self, name):
+                if not (0 <= share <= 1 and np.isfinite(ratio) and 0.5 <= ratio <= 2):
+                    raise PdmuxError(f"{name} needs busy shares in [0, 1] and ratios in "
+                                     f"[0.5, 2], got ({share!r}, {ratio!r})")
         for entry in self.by_kind:
             if not (isinstance(entry, tuple) and len(entry) == 3 and isinstance(entry[0], str)):
                 raise PdmuxError(f"by_kind needs (kind, split_prefill_sustained, "

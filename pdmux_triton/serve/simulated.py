@@ -72,8 +72,12 @@ class SimExecutor:
         # the decode step beside it as served over its co-run price, by the same busy share
         # (held at the ends; none given: the price as it is)
         self.decode_by_busy = tuple(zip(*sorted(overheads.split_decode_by_busy))) or None
-        # the split prefill's spans are kept where either term reads its busy share
-        self.tracks_busy = bool(overheads.split_prefill_sustained or self.decode_by_busy)
+        # a whole-GPU prefill's served span over its price by the prefills' busy share over
+        # the window that ends with it (held at the ends; none given: the price as it is)
+        self.whole_by_busy = tuple(zip(*sorted(overheads.whole_gpu_prefill_by_busy))) or None
+        # the prefills' spans are kept where any term reads their busy share
+        self.tracks_busy = bool(overheads.split_prefill_sustained or self.decode_by_busy
+                                or self.whole_by_busy)
         self.overheads = overheads
         # how fast this card runs compute-bound work (prefills, mixed steps) against the card
         # the costs were fitted to: their GPU times are divided by it; decode steps (bound by
@@ -95,7 +99,7 @@ class SimExecutor:
         self.free = {"decode": 0.0, "prefill": 0.0}
         self.sms = {"decode": self.total_sms, "prefill": self.total_sms}
         self.busy = array("d")  # start, end of every launch, flat
-        self.prefill_spans: list[tuple[float, float]] = []  # the split prefill's recent launches
+        self.prefill_spans: list[tuple[float, float]] = []  # the prefill side's recent launches
         self.decode_steps = array("d")
         self.drains = array("d")
         self.decode_ends = 0.0  # when the last decode step waited for ends
@@ -199,9 +203,13 @@ class SimExecutor:
                 self._flops(seqs, end - start, samples) * carry.slowdown[sms], began, launched)
         else:
             seconds = self.whole_gpu_prefill_s(seqs, end - start, samples)
+            if self.whole_by_busy:
+                at = max(began, self.free["prefill"])
+                busy = self._prefill_busy(at + seconds, (at, at + seconds))
+                seconds *= float(np.interp(busy, *self.whole_by_busy))
         seconds += talk
         ran_until = self._enqueue("prefill", seconds, began)
-        if beside_decode and self.tracks_busy:
+        if self.tracks_busy:
             # every later look is at or after the host's clock, less at most the round's own
             # launches for a decode step launched before this prefill: a window's margin
             self.prefill_spans = [(a, b) for a, b in self.prefill_spans
@@ -283,12 +291,13 @@ class SimExecutor:
                                          self.total_sms, layers)
         return max(seconds, (tiled or 0.0) / self.prefill_speed)  # None: the skinny tile's
 
-    def _prefill_busy(self, at: float) -> float:
-        """The share of the `SUSTAINED_WINDOW_S` before `at` that the split prefill ran: how
-        far the GPU's clocks have come down from an idle spell's."""
+    def _prefill_busy(self, at: float, also: tuple[float, float] | None = None) -> float:
+        """The share of the `SUSTAINED_WINDOW_S` before `at` that prefills ran (their spans,
+        and `also` where given): how far the GPU's clocks have come down from an idle
+        spell's."""
         since = at - SUSTAINED_WINDOW_S
-        ran = sum(min(b, at) - max(a, since) for a, b in self.prefill_spans
-                  if a < at and b > since)
+        spans = [*self.prefill_spans, also] if also else self.prefill_spans
+        ran = sum(min(b, at) - max(a, since) for a, b in spans if a < at and b > since)
         return min(1.0, max(0.0, ran / SUSTAINED_WINDOW_S))
 
     def _slowdown(self, busy: float) -> float:
