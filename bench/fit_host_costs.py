@@ -355,8 +355,9 @@ def fit_whole_gpu_prefill(rows, model, prefill, overheads,
     as of one length over one cached prefix (the points keep no prompt's own: batches of
     uneven prompts count a few % fewer attention FLOPs than they did, so the MFU reads a
     little low). Then each bound batch's GPU time over its price as the simulator makes it
-    (the longer of the MFU's and, with `tiles`, its kernels' tiles') by the busy share its row
-    holds: medians in `corun_rounds.BUSY` bins of MIN_BUSY_BATCHES or more
+    (the longer of the MFU's and, with `tiles`, its kernels' tiles), over the median of that
+    ratio among batches within a factor of two of its tokens, by the busy share its row holds
+    (`fidelity_prefills`): medians in `corun_rounds.BUSY` bins of MIN_BUSY_BATCHES or more
     (`ratio_by_busy_share`, where two bins hold that many).
     None where fewer than MIN_PREFILLS batches are bound by their GPU."""
     peak = prefill.peak_tflops * 1e12
