@@ -217,6 +217,7 @@ def fidelity_prefills(points: list[tuple[dict, float]]) -> list[dict]:
     """Each prefill-first batch of the points (`timed_points`): its prompts, tokens, span, the
     host's launch time per layer, and the share of the `SUSTAINED_WINDOW_S` that ends with it
     that its run's batches took (`busy`, its own span included), as the simulator reads it."""
+    from corun_rounds import covered_s  # it reads rounds with this file's helpers
     from trace_fidelity import prefill_batches
 
     rows = []
@@ -224,10 +225,10 @@ def fidelity_prefills(points: list[tuple[dict, float]]) -> list[dict]:
         if point["strategy"] != "prefill_first":
             continue
         batches = prefill_batches(point["diagnostics"])
-        spans = sorted((start / 1e6, end / 1e6) for end, (start, *_) in batches.items())
+        # one after another on the whole GPU: sorted, disjoint
+        spans = np.array(sorted((start / 1e6, end / 1e6) for end, (start, *_) in batches.items()))
         for end, (start, tokens, prompts, cached) in batches.items():
-            since, until = end / 1e6 - SUSTAINED_WINDOW_S, end / 1e6
-            ran = sum(min(b, until) - max(a, since) for a, b in spans if a < until and b > since)
+            ran = covered_s(spans, end / 1e6 - SUSTAINED_WINDOW_S, end / 1e6)
             rows.append({"tokens": tokens, "prompts": prompts, "cached": cached,
                          "seconds": (end - start) / 1e6, "host_s": host,
                          "busy": min(1.0, ran / SUSTAINED_WINDOW_S)})
