@@ -682,7 +682,10 @@ def test_fit_host_costs_on_the_h200_trace_points_and_stream_run(tmp_path):
     for key in ("fixed_s", "decode_row_mfu"):
         assert fitted["mixed_step"][key] == pytest.approx(committed["mixed_step"][key])
     tiles, shipped = fitted["mixed_step"]["tiles"], committed["mixed_step"]["tiles"]
-    assert tiles["gemm_wave_s"] == shipped["gemm_wave_s"]
+    # (approx: the fit sums floats through numpy, whose summation order moves between releases)
+    assert [row[:2] for row in tiles["gemm_wave_s"]] == [row[:2] for row in shipped["gemm_wave_s"]]
+    assert sum((row[2:] for row in tiles["gemm_wave_s"]), []) == pytest.approx(
+        sum((row[2:] for row in shipped["gemm_wave_s"]), []))
     for key in ("attention_prefix_s", "attention_new_s", "small_s_per_token"):
         assert tiles[key] == pytest.approx(shipped[key])
     assert tiles["max_abs_layer_error"] < 0.1  # the captured layers it was fitted to
