@@ -7,7 +7,8 @@ import triton
 import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import FLOAT_DTYPES, check_tensor, row_piece
+from pdmux_triton.kernels._launch import (FLOAT_DTYPES, cdiv, check_tensor, next_power_of_2,
+                                          row_piece)
 from pdmux_triton.kernels._pinned import Pinned, budget_launch, run_slots
 
 
@@ -46,8 +47,8 @@ def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None, *,
         raise PdmuxError(f"out must have shape {(T, I)}, got {tuple(out.shape)}")
     if T == 0 or I == 0:
         return out
-    block = min(2048, triton.next_power_of_2(I))
-    launch, sm_buf, record = budget_launch(T * triton.cdiv(I, block), num_sms, ctas_per_sm,
+    block = min(2048, next_power_of_2(I))
+    launch, sm_buf, record = budget_launch(T * cdiv(I, block), num_sms, ctas_per_sm,
                                            gate_up.device, pinned, pdl, sm_ids)
     _silu_mul_kernel[(launch.grid,)](gate_up, out, sm_buf, *launch.args, T, I, gate_up.stride(0),
                                      out.stride(0), BLOCK=block, RECORD_SM=record, num_warps=4,

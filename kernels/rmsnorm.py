@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import FLOAT_DTYPES, check_tensor
+from pdmux_triton.kernels._launch import FLOAT_DTYPES, cdiv, check_tensor, next_power_of_2
 from pdmux_triton.kernels._pinned import Pinned, budget_launch, run_slots
 
 
@@ -88,9 +88,9 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
     rows = T * H
     if rows == 0:
         return out
-    block_d = triton.next_power_of_2(D)
+    block_d = next_power_of_2(D)
     row_block = max(1, min(16, 2048 // block_d))
-    launch, sm_buf, record = budget_launch(triton.cdiv(rows, row_block), num_sms, ctas_per_sm,
+    launch, sm_buf, record = budget_launch(cdiv(rows, row_block), num_sms, ctas_per_sm,
                                            x.device, pinned, pdl, sm_ids)
     _rmsnorm_kernel[(launch.grid,)](
         x3, r3, weight, y3, sm_buf, *launch.args, rows, H, D, x3.stride(0), x3.stride(1),
