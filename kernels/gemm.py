@@ -26,7 +26,7 @@ from pdmux_triton.kernels._launch import (arrival_counters, cdiv, check_tensor, 
                                           grid_size, interpreting, next_power_of_2, prefetch_l2,
                                           telemetry_args)
 from pdmux_triton.kernels._pinned import Pinned, pinned_budget, pinned_launch, run_slots
-from pdmux_triton.kernels.activation import silu_mul
+from pdmux_triton.kernels.activation import launch_silu_mul
 
 GEMM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -495,10 +495,12 @@ def swiglu_linear(x: torch.Tensor, gate_up: torch.Tensor, out: torch.Tensor | No
     if K == 0:
         return out.zero_()  # silu(0) * 0
     p = plan(M, two_i, K, x.dtype, x.device, pinned_budget(pinned, num_sms), ctas_per_sm, config)
-    if not p.config.skinny:
-        budget = dict(num_sms=num_sms, ctas_per_sm=ctas_per_sm, pinned=pinned, pdl=pdl)
-        both = linear(x, gate_up, rms_eps=rms_eps, config=config, sm_ids=sm_ids, **budget)
-        return silu_mul(both, out, **budget)
+    if not p.config.skinny:  # `linear`'s launch, then `silu_mul`'s, on inputs checked here
+        both = torch.empty((M, two_i), dtype=x.dtype, device=x.device)
+        _launch(p, x, gate_up, both, None, False, False, rms_eps, sm_ids, pinned, ctas_per_sm,
+                pdl)
+        launch_silu_mul(both, out, num_sms, ctas_per_sm, None, pinned, pdl)
+        return out
     _launch(p, x, gate_up, out, None, True, False, rms_eps, sm_ids, pinned, ctas_per_sm, pdl)
     return out
 
