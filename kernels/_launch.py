@@ -40,6 +40,18 @@ def default_num_sms(device: torch.device) -> int:
     return _device_sms(device.index if device.index is not None else torch.cuda.current_device())
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) on the host: `triton.cdiv` is a constexpr function in triton 3.7, whose
+    call costs microseconds a launch."""
+    return (a + b - 1) // b
+
+
+def next_power_of_2(n: int) -> int:
+    """The smallest power of two >= n (0 for n <= 0, as `triton.next_power_of_2`), without
+    its constexpr-function call."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
 def grid_size(num_tiles: int, num_sms: int | None, ctas_per_sm: int, device: torch.device) -> int:
     """Programs to launch: the SM budget times CTAs per SM, never more than there are tiles."""
     if num_sms is None:
@@ -162,7 +174,8 @@ def check_tensor(name: str, t: torch.Tensor, ndim: int, dtypes: tuple, device: t
         raise PdmuxError(f"{name} has dtype {str(t.dtype).replace('torch.', '')}; allowed: {allowed}")
     if device is not None and t.device != device:
         raise PdmuxError(f"{name} is on {t.device} but the other inputs are on {device}")
-    if contiguous_last and t.numel() > 0 and t.stride(-1) != 1:
+    # (stride()[-1] costs torch less than stride(-1); numel only where the stride is off)
+    if contiguous_last and t.stride()[-1] != 1 and t.numel() > 0:
         raise PdmuxError(f"{name} must be contiguous in its last dimension, got strides {t.stride()}")
 
 

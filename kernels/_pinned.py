@@ -62,8 +62,9 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import (default_num_sms, grid_size, interpreting, record_sm,
-                                          shared_counters, telemetry_args, unused_pointer)
+from pdmux_triton.kernels._launch import (default_num_sms, grid_size, interpreting,
+                                          next_power_of_2, record_sm, shared_counters,
+                                          telemetry_args, unused_pointer)
 
 # the gate buffer: one 64-bit word of slots claimed and programs left (`_gate_word`: its two
 # int32 words), then a count per site; a one-a-site launch, which claims nothing, counts its
@@ -319,7 +320,7 @@ def pinned_launch(pinned: Pinned | None, slots: int, ctas_per_sm: int, device: t
                         (gate, where, pinned.first_site, pinned.sms, ctas_per_sm, slots, grid),
                         {"PINNED": kind,
                          "PLACED": placement is not None,
-                         "BLOCK_SMS": triton.next_power_of_2(pinned.sms),
+                         "BLOCK_SMS": next_power_of_2(pinned.sms),
                          "PDL": False, "launch_pdl": False})
 
 

@@ -7,7 +7,8 @@ import triton
 import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import FLOAT_DTYPES, check_tensor, row_piece
+from pdmux_triton.kernels._launch import (FLOAT_DTYPES, cdiv, check_tensor, next_power_of_2,
+                                          row_piece)
 from pdmux_triton.kernels._pinned import Pinned, budget_launch, run_slots
 
 
@@ -40,16 +41,27 @@ def silu_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None, *,
     if two_i % 2:
         raise PdmuxError(f"gate_up must have an even number of columns [gate | up], got {two_i}")
     I = two_i // 2
-    out = torch.empty((T, I), dtype=gate_up.dtype, device=gate_up.device) if out is None else out
-    check_tensor("out", out, 2, FLOAT_DTYPES, gate_up.device)
-    if tuple(out.shape) != (T, I):
-        raise PdmuxError(f"out must have shape {(T, I)}, got {tuple(out.shape)}")
+    if out is None:  # made here: nothing to check
+        out = torch.empty((T, I), dtype=gate_up.dtype, device=gate_up.device)
+    else:
+        check_tensor("out", out, 2, FLOAT_DTYPES, gate_up.device)
+        if tuple(out.shape) != (T, I):
+            raise PdmuxError(f"out must have shape {(T, I)}, got {tuple(out.shape)}")
+    launch_silu_mul(gate_up, out, num_sms, ctas_per_sm, sm_ids, pinned, pdl)
+    return out
+
+
+def launch_silu_mul(gate_up: torch.Tensor, out: torch.Tensor, num_sms: int | None,
+                    ctas_per_sm: int, sm_ids: torch.Tensor | None, pinned: Pinned | None,
+                    pdl: bool) -> None:
+    """`silu_mul`'s launch, for inputs already checked: gate_up [T, 2I] into out [T, I] (a
+    launcher that made them itself skips the checks, launches being hot)."""
+    T, I = out.shape
     if T == 0 or I == 0:
-        return out
-    block = min(2048, triton.next_power_of_2(I))
-    launch, sm_buf, record = budget_launch(T * triton.cdiv(I, block), num_sms, ctas_per_sm,
+        return
+    block = min(2048, next_power_of_2(I))
+    launch, sm_buf, record = budget_launch(T * cdiv(I, block), num_sms, ctas_per_sm,
                                            gate_up.device, pinned, pdl, sm_ids)
     _silu_mul_kernel[(launch.grid,)](gate_up, out, sm_buf, *launch.args, T, I, gate_up.stride(0),
                                      out.stride(0), BLOCK=block, RECORD_SM=record, num_warps=4,
                                      **launch.kwargs)
-    return out

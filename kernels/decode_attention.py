@@ -14,8 +14,8 @@ import triton
 import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import (arrival_counters, check_tensor, interpreting,
-                                          registers_to_fit)
+from pdmux_triton.kernels._launch import (arrival_counters, cdiv, check_tensor, interpreting,
+                                          next_power_of_2, registers_to_fit)
 from pdmux_triton.kernels._paged import AttnConfig, attend_range, check_paged_inputs, wide_offsets
 from pdmux_triton.kernels._pinned import Pinned, budget_launch, run_slots
 
@@ -197,7 +197,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     group = HQ // HKV
     cfg = config or default_decode_config(ctas_per_sm)
     units = B * HKV
-    launch, sm_buf, record = budget_launch(units * max(1, triton.cdiv(max_seq_len, cfg.block_n)),
+    launch, sm_buf, record = budget_launch(units * max(1, cdiv(max_seq_len, cfg.block_n)),
                                            num_sms, ctas_per_sm, dev, pinned, pdl, sm_ids)
     grid = launch.slots
     # the gate's slot loop around the body takes so many registers that pinned programs of
@@ -213,8 +213,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         q, k_cache, v_cache, page_table, seq_lens, out, part_o, part_lse,
         arrival_counters(units, dev), sm_buf, *launch.args, B, HKV, scale, q.stride(0), q.stride(1),
         out.stride(0), out.stride(1), k_cache.stride(0), k_cache.stride(1), page_table.stride(0),
-        PAGE_SIZE=page_size, GROUP=group, BLOCK_G=max(16, triton.next_power_of_2(group)),
-        BLOCK_N=cfg.block_n, BLOCK_B=triton.next_power_of_2(B), UNIT_COST=UNIT_COST, D=D,
+        PAGE_SIZE=page_size, GROUP=group, BLOCK_G=max(16, next_power_of_2(group)),
+        BLOCK_N=cfg.block_n, BLOCK_B=next_power_of_2(B), UNIT_COST=UNIT_COST, D=D,
         WIDE=wide_offsets(k_cache), RECORD_SM=record, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **fit, **launch.kwargs)
     return out

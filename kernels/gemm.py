@@ -22,10 +22,11 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import (arrival_counters, check_tensor, check_tma_rows, grid_size,
-                                          interpreting, prefetch_l2, telemetry_args)
+from pdmux_triton.kernels._launch import (arrival_counters, cdiv, check_tensor, check_tma_rows,
+                                          grid_size, interpreting, next_power_of_2, prefetch_l2,
+                                          telemetry_args)
 from pdmux_triton.kernels._pinned import Pinned, pinned_budget, pinned_launch, run_slots
-from pdmux_triton.kernels.activation import silu_mul
+from pdmux_triton.kernels.activation import launch_silu_mul
 
 GEMM_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -53,7 +54,7 @@ def decode_tile(M: int, elem: int, small_budget: bool) -> GemmConfig:
     where these rows' MMA work, not W's bytes, sets the time (bench/NOTES.md)."""
     if M > 64:
         return GemmConfig(128, 128, 64, 8, 4)
-    block_m = max(16, triton.next_power_of_2(M))
+    block_m = max(16, next_power_of_2(M))
     bk = 128 if elem < 4 else 64
     if small_budget:
         return GemmConfig(block_m, 128, bk, 8, 4, skinny=True)
@@ -79,7 +80,7 @@ def default_config(M: int, N: int, K: int, programs: int, dtype: torch.dtype,
         return _fit_shared_memory(decode_tile(M, elem, small), elem)
     else:
         cfg = GemmConfig(64 if M <= 256 else 128, 128, 64, 4, 4)
-    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    tiles = cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n)
     return _fit_shared_memory(replace(cfg, skinny=tiles < programs), elem)
 
 
@@ -422,10 +423,10 @@ def _plan(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device,
         programs = grid_size(1 << 30, num_sms, ctas_per_sm, device)
         whole_gpu = grid_size(1 << 30, None, ctas_per_sm, device)
         cfg = default_config(M, N, K, programs, dtype, whole_gpu)
-    tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(N, cfg.block_n)
+    tiles = cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n)
     if not cfg.skinny:
         return GemmPlan(cfg, grid_size(tiles, num_sms, ctas_per_sm, device), False)
-    grid = grid_size(tiles * triton.cdiv(K, cfg.block_k), num_sms, ctas_per_sm, device)
+    grid = grid_size(tiles * cdiv(K, cfg.block_k), num_sms, ctas_per_sm, device)
     whole = whole_tiles(tiles, grid, cfg.block_n * K * torch.finfo(dtype).bits // 8)
     return GemmPlan(cfg, min(grid, tiles) if whole else split_grid(tiles, grid), whole)
 
@@ -494,10 +495,12 @@ def swiglu_linear(x: torch.Tensor, gate_up: torch.Tensor, out: torch.Tensor | No
     if K == 0:
         return out.zero_()  # silu(0) * 0
     p = plan(M, two_i, K, x.dtype, x.device, pinned_budget(pinned, num_sms), ctas_per_sm, config)
-    if not p.config.skinny:
-        budget = dict(num_sms=num_sms, ctas_per_sm=ctas_per_sm, pinned=pinned, pdl=pdl)
-        both = linear(x, gate_up, rms_eps=rms_eps, config=config, sm_ids=sm_ids, **budget)
-        return silu_mul(both, out, **budget)
+    if not p.config.skinny:  # `linear`'s launch, then `silu_mul`'s, on inputs checked here
+        both = torch.empty((M, two_i), dtype=x.dtype, device=x.device)
+        _launch(p, x, gate_up, both, None, False, False, rms_eps, sm_ids, pinned, ctas_per_sm,
+                pdl)
+        launch_silu_mul(both, out, num_sms, ctas_per_sm, None, pinned, pdl)
+        return out
     _launch(p, x, gate_up, out, None, True, False, rms_eps, sm_ids, pinned, ctas_per_sm, pdl)
     return out
 
@@ -577,7 +580,7 @@ def _launch(p: GemmPlan, x: torch.Tensor, weight: torch.Tensor, out: torch.Tenso
             part = counters = out  # nothing is split: no partials, no counters
         else:
             # a program's range cuts at most one tile at each end: tiles + programs partials
-            tiles = triton.cdiv(M, cfg.block_m) * triton.cdiv(weight.shape[0], cfg.block_n)
+            tiles = cdiv(M, cfg.block_m) * cdiv(weight.shape[0], cfg.block_n)
             part = torch.empty((tiles + grid, cfg.block_m * cfg.block_n), dtype=torch.float32,
                                device=x.device)
             counters = arrival_counters(tiles, x.device)

@@ -20,7 +20,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import check_tensor, check_tma_rows, interpreting
+from pdmux_triton.kernels._launch import cdiv, check_tensor, check_tma_rows, interpreting
 from pdmux_triton.kernels._pinned import Pinned, budget_launch, run_slots
 from pdmux_triton.kernels._paged import (AttnConfig, attend_range, check_paged_inputs, softmax_step,
                                          wide_offsets)
@@ -123,9 +123,14 @@ def _attend_new(q, acc, m_i, l_i, k_desc, v_desc, row0, col, start, end, q_idx, 
     return acc, m_i, l_i
 
 
+# the best of the H200 sweep (bench/NOTES.md): 128x128 tiles, 8 warps, 3 stages; made once, not
+# per launch
+GPU_CONFIG = AttnConfig(128, 128, 8, 3)
+INTERPRETER_CONFIG = AttnConfig(16, 16, 1, 1)
+
+
 def default_config() -> AttnConfig:
-    # the best of the H200 sweep (bench/NOTES.md): 128x128 tiles, 8 warps, 3 stages
-    return AttnConfig(16, 16, 1, 1) if interpreting() else AttnConfig(128, 128, 8, 3)
+    return INTERPRETER_CONFIG if interpreting() else GPU_CONFIG
 
 
 @dataclass(frozen=True)
@@ -153,7 +158,7 @@ def plan_extend(extend_lens: Sequence[int], prefix_lens: Sequence[int], device,
     for e in extend_lens:
         starts.append(total)
         total += e
-    blocks = [(b, qb) for b, e in enumerate(extend_lens) for qb in range(triton.cdiv(e, block_m))]
+    blocks = [(b, qb) for b, e in enumerate(extend_lens) for qb in range(cdiv(e, block_m))]
     # a block's work grows with the keys it sees: prefix plus its end within the sequence
     blocks.sort(key=lambda x: -(prefix_lens[x[0]] + min((x[1] + 1) * block_m, extend_lens[x[0]])))
     flat = torch.tensor([*starts, *extend_lens, *prefix_lens, *(v for blk in blocks for v in blk)],

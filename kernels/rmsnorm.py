@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import FLOAT_DTYPES, check_tensor
+from pdmux_triton.kernels._launch import FLOAT_DTYPES, cdiv, check_tensor, next_power_of_2
 from pdmux_triton.kernels._pinned import Pinned, budget_launch, run_slots
 
 
@@ -74,11 +74,15 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
     check_tensor("weight", weight, 1, FLOAT_DTYPES, x.device)
     if weight.shape[0] != D:
         raise PdmuxError(f"weight has {weight.shape[0]} entries but rows have D={D}")
-    out = torch.empty_like(x) if out is None else out
-    y3 = _as_3d("out", out)
-    check_tensor("out", y3, 3, FLOAT_DTYPES, x.device)
-    if tuple(y3.shape) != (T, H, D):
-        raise PdmuxError(f"out must have the shape of x {tuple(x.shape)}, got {tuple(out.shape)}")
+    if out is None:  # made here like x: nothing to check
+        out = torch.empty_like(x)
+        y3 = _as_3d("out", out)
+    else:
+        y3 = _as_3d("out", out)
+        check_tensor("out", y3, 3, FLOAT_DTYPES, x.device)
+        if tuple(y3.shape) != (T, H, D):
+            raise PdmuxError(f"out must have the shape of x {tuple(x.shape)}, got "
+                             f"{tuple(out.shape)}")
     r3 = y3 if residual is None else _as_3d("residual", residual)
     if residual is not None:
         check_tensor("residual", r3, 3, FLOAT_DTYPES, x.device)
@@ -88,9 +92,9 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
     rows = T * H
     if rows == 0:
         return out
-    block_d = triton.next_power_of_2(D)
+    block_d = next_power_of_2(D)
     row_block = max(1, min(16, 2048 // block_d))
-    launch, sm_buf, record = budget_launch(triton.cdiv(rows, row_block), num_sms, ctas_per_sm,
+    launch, sm_buf, record = budget_launch(cdiv(rows, row_block), num_sms, ctas_per_sm,
                                            x.device, pinned, pdl, sm_ids)
     _rmsnorm_kernel[(launch.grid,)](
         x3, r3, weight, y3, sm_buf, *launch.args, rows, H, D, x3.stride(0), x3.stride(1),

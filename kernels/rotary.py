@@ -13,7 +13,8 @@ import triton
 import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import FLOAT_DTYPES, INDEX_DTYPES, check_tensor
+from pdmux_triton.kernels._launch import (FLOAT_DTYPES, INDEX_DTYPES, cdiv, check_tensor,
+                                          next_power_of_2)
 from pdmux_triton.kernels._pinned import Pinned, budget_launch, run_slots
 
 
@@ -130,9 +131,9 @@ def _launch_rope(x, positions, cos_sin, wq, wk, eps, heads: tuple[int, int], cac
     if rows == 0:
         return
     half = D // 2
-    block_half = triton.next_power_of_2(half)
+    block_half = next_power_of_2(half)
     row_block = max(1, min(32, 2048 // block_half))
-    launch, sm_buf, record = budget_launch(triton.cdiv(rows, row_block), num_sms, ctas_per_sm,
+    launch, sm_buf, record = budget_launch(cdiv(rows, row_block), num_sms, ctas_per_sm,
                                            x.device, pinned, pdl, sm_ids)
     kc, vc, slots = caches if caches is not None else (x, x, positions)  # unread unless STORE
     _rope_kernel[(launch.grid,)](

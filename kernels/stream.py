@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.kernels._launch import interpreting
+from pdmux_triton.kernels._launch import cdiv, interpreting
 from pdmux_triton.kernels._pinned import Pinned, budget_launch, run_slots
 
 # One program per SM must keep enough bytes in flight to cover HBM latency: each step issues
@@ -56,7 +56,7 @@ def stream_read(buf: torch.Tensor, *, num_sms: int | None = None, ctas_per_sm: i
     words = buf.view(-1).view(torch.int32) if nbytes else buf.new_empty(0, dtype=torch.int32)
     block = block or (256 if interpreting() else STREAM_BLOCK)
     unroll = unroll or (2 if interpreting() else STREAM_UNROLL)
-    launch, sm_buf, record = budget_launch(max(1, triton.cdiv(words.numel(), block * unroll)),
+    launch, sm_buf, record = budget_launch(max(1, cdiv(words.numel(), block * unroll)),
                                            num_sms, ctas_per_sm, buf.device, pinned, pdl, sm_ids)
     out = torch.empty(launch.slots, dtype=torch.int32, device=buf.device)
     _stream_read_kernel[(launch.grid,)](words, out, sm_buf, *launch.args, words.numel(),

@@ -247,7 +247,7 @@ class Model:
         s, lw = self.spec, self.w.layers[i]
         T = qkv.shape[0]
         heads = qkv.view(T, s.q_heads + 2 * s.kv_heads, s.head_dim)
-        q, k, v = heads.split([s.q_heads, s.kv_heads, s.kv_heads], dim=1)
+        q, k, v = heads.split_with_sizes([s.q_heads, s.kv_heads, s.kv_heads], dim=1)
         rope_store_kv(heads, positions, self.cos_sin, s.q_heads, self.cache.k[i], self.cache.v[i],
                       slots, lw["q_norm"] if s.qk_norm else None,
                       lw["k_norm"] if s.qk_norm else None, s.rms_eps, **kw)
