@@ -43,9 +43,8 @@ launch after zeroing a small counter buffer (so each variant pays the same memse
   device's measured site order and with an order whose first 20 sites are the SMs the capped
   launch ran on (so the two run on the same SMs); with the product's gate at one program an
   SM (the one-a-site gate, `_pinned.ONE_A_SITE_AT_C1`: the idea `rank by site, arrival first`
-  as the product does it), with the claiming gate, with the tagged gate (no program off
-  the range writes: `_pinned.TAGGED_SITES`) and with the one-a-site gate's body called once
-  under an `if` (`_pinned.BODY_ONCE`).
+  as the product does it), with the claiming gate and with the tagged gate (no program off
+  the range writes: `_pinned.TAGGED_SITES`).
 
     python bench/gate_anatomy.py --out bench/results
 """
@@ -326,8 +325,6 @@ def variants(N: int, K: int, device_sms: int) -> dict:
     runs["pinned, claiming gate"] = product(lambda: pinned_gate("claiming"),
                                             pinned=Pinned(0, SMS))
     runs["pinned, tagged gate"] = product(lambda: pinned_gate("tagged"), pinned=Pinned(0, SMS))
-    runs["pinned, body once"] = product(lambda: pinned_gate("one a site, body once"),
-                                        pinned=Pinned(0, SMS))
     torch.cuda.synchronize()
     return runs, capped_sms, p, out
 
@@ -350,8 +347,7 @@ def main(argv=None) -> int:
             res.row(section="anatomy", shape=shape, variant=name, us=us, over_plain=us / base,
                     whole_tiles=pl.whole, grid=pl.grid, equals_plain=torch.equal(out, ref))
         with sites_headed_by(capped_sms):
-            for gate in ("pinned (product)", "pinned, claiming gate", "pinned, tagged gate",
-                         "pinned, body once"):
+            for gate in ("pinned (product)", "pinned, claiming gate", "pinned, tagged gate"):
                 us = time_alone(runs[gate], stream, graph=True) * 1e3
                 res.row(section="anatomy", shape=shape, variant=f"{gate} on the capped "
                         "launch's SMs", us=us, over_plain=us / base, capped_sms=capped_sms,

@@ -20,8 +20,6 @@
 #       --policies default,slo" bash bench/gpu_session.sh slo     # the same on longer streams
 #   FLOOR_TURNS="1,3,served,1 tagged,3 tagged,served tagged" bash bench/gpu_session.sh \
 #       tagged anatomy floor   # the tagged pinned gates: their gpu tests, cost, decode step
-#   TESTS_FILES=tests/test_pinned.py TESTS_K=body FLOOR_TURNS="1,1 body once" bash \
-#       bench/gpu_session.sh anatomy tests floor   # the one-a-site gate's body once (BODY_ONCE)
 #   bash bench/gpu_session.sh steps batches    # served decode steps against the cost model's
 #       price (bench/step_errors.py); decode steps at other batches by SMs (calibrate
 #       --decode-batches, into a copy of the calibration; BATCHES=48: that batch and the own one)

@@ -26,7 +26,7 @@ import sys
 from collections import Counter
 
 # the pinned gates by name (kernels/_pinned.py's CLAIMING, ONE_A_SITE, TAGGED, TAGGED_CLAIMING)
-GATES = ("claiming", "one-a-site", "tagged", "tagged-claiming", "one-a-site-once")
+GATES = ("claiming", "one-a-site", "tagged", "tagged-claiming")
 
 PTX_PATTERNS = {
     "cp.async (to shared)": r"cp\.async\.(ca|cg)",
@@ -98,10 +98,9 @@ def pinned_constexpr(gate: str | None):
     """The kernels' PINNED constexpr for a gate's name (None: a plain launch). Imported here,
     not at the top: a kernel module imported before TRITON_INTERPRET is cleared builds
     interpreted kernels."""
-    from pdmux_triton.kernels._pinned import (CLAIMING, ONE_A_SITE, ONE_A_SITE_ONCE, TAGGED,
-                                              TAGGED_CLAIMING)
+    from pdmux_triton.kernels._pinned import CLAIMING, ONE_A_SITE, TAGGED, TAGGED_CLAIMING
 
-    kinds = dict(zip(GATES, (CLAIMING, ONE_A_SITE, TAGGED, TAGGED_CLAIMING, ONE_A_SITE_ONCE)))
+    kinds = dict(zip(GATES, (CLAIMING, ONE_A_SITE, TAGGED, TAGGED_CLAIMING)))
     return kinds[gate] if gate else False
 
 

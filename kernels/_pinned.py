@@ -71,10 +71,9 @@ from pdmux_triton.kernels._launch import (default_num_sms, grid_size, interpreti
 # programs' arrivals in the word's low half
 GATE_WORD, ARRIVALS, SITE_COUNTS = tl.constexpr(0), tl.constexpr(0), tl.constexpr(2)
 # the kernels' PINNED constexpr: the gate a pinned launch takes (False: a plain launch)
-CLAIMING, ONE_A_SITE, TAGGED, TAGGED_CLAIMING, ONE_A_SITE_ONCE = 1, 2, 3, 4, 5
+CLAIMING, ONE_A_SITE, TAGGED, TAGGED_CLAIMING = 1, 2, 3, 4
 ONE_A_SITE_GATE, TAGGED_GATE = tl.constexpr(ONE_A_SITE), tl.constexpr(TAGGED)  # in a kernel
 TAGGED_CLAIMING_GATE = tl.constexpr(TAGGED_CLAIMING)
-ONE_A_SITE_ONCE_GATE = tl.constexpr(ONE_A_SITE_ONCE)
 # whether a launch of one program an SM takes the one-a-site gate (the module's note)
 ONE_A_SITE_AT_C1 = True
 # whether the gates are the tagged ones (`run_tagged` at one program an SM, else
@@ -84,37 +83,31 @@ ONE_A_SITE_AT_C1 = True
 # launch, on any word or buffer, atomic or plain, and nothing 2 us later
 # (bench/results/pinned/gate-anatomy-h200.json)
 TAGGED_SITES = False
-# whether the one-a-site gate calls the body once under an `if`, the last arriver's missed
-# slots in a loop of their own (a second copy of the body), instead of every slot in one loop.
-# A diagnostic, off until the GPU has timed it: gate_anatomy's bare tagged gate, whose body
-# runs in the slot loop, cost the down GEMM 5% where the same atomic with the body under an
-# `if` cost nothing (bench/results/pinned/README.md, session 45)
-BODY_ONCE = False
 
 
 # the pinned gates by name: the claiming gate at every c; the one-a-site gate at one program an
 # SM and the claiming gate at more (the product's); the tagged gates (one a site at one, else
-# claiming); the product's with the one-a-site gate's body once under an `if` (`BODY_ONCE`)
-PINNED_GATES = ("claiming", "one a site", "tagged", "one a site, body once")
+# claiming)
+PINNED_GATES = ("claiming", "one a site", "tagged")
 
 
 @contextlib.contextmanager
 def pinned_gate(name: str):
     """The gates pinned launches take inside the block, by name (`PINNED_GATES`: the switches
-    `ONE_A_SITE_AT_C1`, `TAGGED_SITES` and `BODY_ONCE`), to time them in one process."""
+    `ONE_A_SITE_AT_C1` and `TAGGED_SITES`), to time them in one process."""
     if name not in PINNED_GATES:
         raise PdmuxError(f"a pinned gate is one of {PINNED_GATES}, got {name!r}")
-    before = ONE_A_SITE_AT_C1, TAGGED_SITES, BODY_ONCE
-    _set_gate(name != "claiming", name == "tagged", name == "one a site, body once")
+    before = ONE_A_SITE_AT_C1, TAGGED_SITES
+    _set_gate(name != "claiming", name == "tagged")
     try:
         yield
     finally:
         _set_gate(*before)
 
 
-def _set_gate(one_a_site: bool, tagged: bool, body_once: bool) -> None:
-    global ONE_A_SITE_AT_C1, TAGGED_SITES, BODY_ONCE
-    ONE_A_SITE_AT_C1, TAGGED_SITES, BODY_ONCE = one_a_site, tagged, body_once
+def _set_gate(one_a_site: bool, tagged: bool) -> None:
+    global ONE_A_SITE_AT_C1, TAGGED_SITES
+    ONE_A_SITE_AT_C1, TAGGED_SITES = one_a_site, tagged
 
 
 GATE_WORDS = 1024  # the gate buffer's int32 counters, and the site table's entries (SM ids)
@@ -315,7 +308,7 @@ def pinned_launch(pinned: Pinned | None, slots: int, ctas_per_sm: int, device: t
         kind = TAGGED if one_a_site else TAGGED_CLAIMING
         _fresh_tags(gate)
     else:
-        kind = (ONE_A_SITE_ONCE if BODY_ONCE else ONE_A_SITE) if one_a_site else CLAIMING
+        kind = ONE_A_SITE if one_a_site else CLAIMING
     return PinnedLaunch(grid, slots,
                         (gate, where, pinned.first_site, pinned.sms, ctas_per_sm, slots, grid),
                         {"PINNED": kind,
@@ -485,9 +478,9 @@ def run_slots(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, first_s
     elif PINNED == TAGGED_CLAIMING_GATE:
         run_tagged_claims(BODY, args, sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, ctas,
                           slots, programs, RECORD_SM, PLACED, BLOCK_SMS)
-    elif (PINNED == ONE_A_SITE_GATE) | (PINNED == ONE_A_SITE_ONCE_GATE):
+    elif PINNED == ONE_A_SITE_GATE:
         run_one_a_site(BODY, args, sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, slots,
-                       programs, RECORD_SM, PLACED, BLOCK_SMS, PINNED == ONE_A_SITE_ONCE_GATE)
+                       programs, RECORD_SM, PLACED, BLOCK_SMS)
     elif PINNED:
         slot, sm = pinned_start(gate_ptr, place_ptr, first_site, n_sms, ctas, slots, programs,
                                 PLACED, BLOCK_SMS)
@@ -512,11 +505,10 @@ def run_claimed(BODY: tl.constexpr, args, slot, sm, sm_ids_ptr, gate_ptr, first_
 @triton.jit
 def run_one_a_site(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms,
                    slots, programs, RECORD_SM: tl.constexpr, PLACED: tl.constexpr,
-                   BLOCK_SMS: tl.constexpr, ONCE: tl.constexpr):
+                   BLOCK_SMS: tl.constexpr):
     """The one-a-site gate (the module's note): the program admitted on the range's r-th site
     does slot r; the launch's last program to arrive also does the slots of the sites nobody
-    was admitted on, and leaves the counters zero. ONCE (`BODY_ONCE`): the body of a
-    program's own slot is called under an `if`, the missed slots in a loop of their own."""
+    was admitted on, and leaves the counters zero."""
     ok, rank, sm = admitted(gate_ptr, place_ptr, first_site, n_sms, 1, PLACED)
     # released after this program's admission count: the last arriver sees every count
     last = tl.atomic_add(gate_ptr + ARRIVALS, 1, sem="release") == programs - 1
@@ -528,20 +520,10 @@ def run_one_a_site(BODY: tl.constexpr, args, sm_ids_ptr, gate_ptr, place_ptr, fi
         if slot >= slots:
             slot = _next_missed(missed, done, slots, BLOCK_SMS)
             done = slot
-    if ONCE:
-        if slot < slots:
-            slot = _one_a_site_slot(BODY, args, slot, done, slots, sm, sm_ids_ptr, last, missed,
-                                    RECORD_SM, BLOCK_SMS)
-            done = slot
-        if last:
-            while slot < slots:  # a missed site's: the one it is done after
-                slot = _one_a_site_slot(BODY, args, slot, slot, slots, sm, sm_ids_ptr, last,
-                                        missed, RECORD_SM, BLOCK_SMS)
-    else:
-        while slot < slots:
-            slot = _one_a_site_slot(BODY, args, slot, done, slots, sm, sm_ids_ptr, last, missed,
-                                    RECORD_SM, BLOCK_SMS)
-            done = slot
+    while slot < slots:
+        slot = _one_a_site_slot(BODY, args, slot, done, slots, sm, sm_ids_ptr, last, missed,
+                                RECORD_SM, BLOCK_SMS)
+        done = slot
 
 
 @triton.jit
