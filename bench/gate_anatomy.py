@@ -37,8 +37,12 @@ launch after zeroing a small counter buffer (so each variant pays the same memse
   sweeps` (no sweep after slot 0: the last program reads until every site is taken, at most
   5 us, then takes those still free), the bare gate on a 32-bit exchange or a 32-bit add
   (is the 64-bit exchange the cost?) and with its body under an `if`, not in the slot loop;
-  and `rank by site, no leave, in a loop` (is the loop around the body the cost?). All are
-  checked against `plain`'s output;
+  and `rank by site, no leave, in a loop` (is the loop around the body the cost?), then that
+  mode with one thing changed (the notes at RANK_IN_LOOP below): no atomic (`site by table,
+  no leave, in a loop`), `if` for `while` (`joined if`), the body on the site, not the
+  loop's slot (`body on site`), a `for` loop, with LICM off or not, the body once under `if`
+  and an idle second copy in a loop after it (`idle loop after`), and the admission atomic
+  under a mask, not a branch (`masked atomic`). All are checked against `plain`'s output;
 - `pinned`: the product's pinned launch (kernels/_pinned.py) on sites 0..19, with the
   device's measured site order and with an order whose first 20 sites are the SMs the capped
   launch ran on (so the two run on the same SMs); with the product's gate at one program an
@@ -76,7 +80,12 @@ MODES = ("plain", "loop", "atomic first", "queue", "extra programs", "rank by si
          "rank by site, far stored leave", "site by table, leave", "site by table, no leave",
          "tagged, bare", "tagged, sweep", "tagged, last waits", "tagged, whole gate",
          "tagged, last sweeps", "tagged, bare, 32-bit words", "tagged, bare, by add",
-         "tagged, bare, no loop", "rank by site, no leave, in a loop")
+         "tagged, bare, no loop", "rank by site, no leave, in a loop",
+         # why the loop costs (each `rank by site, no leave, in a loop` but for one thing):
+         "site by table, no leave, in a loop", "rank by site, no leave, joined if",
+         "rank by site, no leave, in a loop, body on site",
+         "rank by site, no leave, in a for loop", "rank by site, no leave, in a for loop, no licm",
+         "rank by site, no leave, idle loop after", "rank by site, no leave, in a loop, masked atomic")
 ONE_AN_SM = MODES[4:]  # grids of every SM
 # `spread leave`'s words: 16, a 128-byte line apart, after the site counts
 SPREAD_BASE, SPREAD_WORDS, SPREAD_STRIDE = tl.constexpr(256), tl.constexpr(16), tl.constexpr(32)
@@ -101,6 +110,31 @@ TAGGED_LANES = tl.constexpr(32)  # the product's BLOCK_SMS at 20 sites
 # leave` with its body in the slot loop: is it the loop around the body that costs?
 TAGGED_NO_LOOP = tl.constexpr(MODES.index("tagged, bare, no loop"))
 RANK_IN_LOOP = tl.constexpr(MODES.index("rank by site, no leave, in a loop"))
+# why the loop costs, one piece at a time: every one of these is `rank by site, no leave, in a
+# loop` (RANK_IN_LOOP) with one thing changed; each program on a site does its slot once.
+# Offline (sm_90, triton 3.6) RANK_IN_LOOP's K loop holds a SHFL.IDX + R2UR that plain's lacks:
+# the program's thread id, read under the admission atomic's branch (thread 0 does the atomic)
+# and again in the body, is merged by LLVM (GVN's PRE) into a phi of two %tid.x reads after
+# the branch, so ptxas no longer sees the warp id as uniform and re-shuffles it every K step.
+# - `site by table, no leave, in a loop`: no atomic, the site's slot by table alone, in the
+#   loop (is it the loop with turned-away programs, whatever came before it?)
+BY_TABLE_LOOP = tl.constexpr(MODES.index("site by table, no leave, in a loop"))
+# - `joined if`: the loop's `while` written `if` (the body reached after a join, run once)
+JOINED_IF = tl.constexpr(MODES.index("rank by site, no leave, joined if"))
+# - `body on site`: the body given `site`, the loop deciding only whether it runs (the
+#   loop-carried slot feeding the body's addresses?)
+LOOP_ON_SITE = tl.constexpr(MODES.index("rank by site, no leave, in a loop, body on site"))
+# - `in a for loop`: `for _ in range(0, n)`, n = 1 admitted else 0 (scf.for, not scf.while),
+#   the body on `site`; `no licm`: the same on tl.range(disable_licm=True) (hoisting out of it?)
+RANK_IN_FOR = tl.constexpr(MODES.index("rank by site, no leave, in a for loop"))
+RANK_IN_FOR_NO_LICM = tl.constexpr(MODES.index("rank by site, no leave, in a for loop, no licm"))
+# - `idle loop after`: `rank by site, no leave` (the body under `if`) and after it a second
+#   copy of the body in a loop that never runs (its first slot is `slots` unless the site is
+#   2**20 or more, which the compiler cannot rule out): the body-once shape; does the copy cost?
+IDLE_LOOP_AFTER = tl.constexpr(MODES.index("rank by site, no leave, idle loop after"))
+# - `masked atomic`: the admission atomic predicated by a mask, no branch around it, so the
+#   thread id is read once before any branch (the lost uniform warp id, if it is that)
+LOOP_MASKED = tl.constexpr(MODES.index("rank by site, no leave, in a loop, masked atomic"))
 # the late leaves: how long a turned-away program waits first (0: no late leave), by mode
 LATE_NS = {MODES.index(name): ns for name, ns in (("rank by site, late leave", 20_000),
                                                   ("rank by site, late leave 5 us", 5_000),
@@ -170,6 +204,8 @@ def _run_mode(pid, programs, queue_ptr, table_ptr, far_ptr, args, MODE: tl.const
         while slot < programs:
             _skinny_slot(slot, programs, *args)
             slot = programs
+    elif MODE >= BY_TABLE_LOOP:
+        _loop_pieces(programs, queue_ptr, table_ptr, args, MODE)
     elif MODE >= TAGGED_FIRST:
         _tagged_pieces(programs, queue_ptr, table_ptr, args,
                        (MODE == TAGGED_SWEEP) | (MODE == TAGGED_WHOLE),
@@ -261,6 +297,55 @@ def _tagged_pieces(programs, queue_ptr, table_ptr, args, SWEEP: tl.constexpr,
                     after = _take_free_site(tags, tag, programs, TAGGED_LANES)
             sweeper = sweeper | (after == 0)
             slot = after
+
+
+@triton.jit
+def _loop_pieces(programs, queue_ptr, table_ptr, args, MODE: tl.constexpr):
+    """`rank by site, no leave, in a loop` with one thing changed (the modes' notes above):
+    the program on site s < `programs` takes it by one relaxed atomic (none in `site by
+    table`), and does slot s once."""
+    site = tl.load(table_ptr + tl.extra.cuda.smid())
+    if MODE == BY_TABLE_LOOP:  # no atomic: the table alone, one program an SM
+        slot = tl.where((site >= 0) & (site < programs), site, programs)
+        while slot < programs:
+            _skinny_slot(slot, programs, *args)
+            slot = programs
+    elif MODE == LOOP_MASKED:  # the atomic under a mask, not a branch
+        on = (site >= 0) & (site < programs)
+        got = tl.atomic_add(queue_ptr + 2 + tl.where(on, site, 0), 1, sem="relaxed", mask=on)
+        slot = tl.where(on & (got == 0), site, programs)
+        while slot < programs:
+            _skinny_slot(slot, programs, *args)
+            slot = programs
+    elif MODE == IDLE_LOOP_AFTER:
+        if site < programs:
+            if site >= 0:
+                if tl.atomic_add(queue_ptr + 2 + site, 1, sem="relaxed") == 0:
+                    _skinny_slot(site, programs, *args)
+        # past the slots at run time (a site is < 2**20), which the compiler cannot know
+        slot = tl.where(site < (1 << 20), programs, site)
+        while slot < programs:
+            _skinny_slot(slot, programs, *args)
+            slot = programs
+    else:  # RANK_IN_LOOP's admission, then the body in the shape MODE names
+        slot = programs
+        if site < programs:
+            if site >= 0:
+                if tl.atomic_add(queue_ptr + 2 + site, 1, sem="relaxed") == 0:
+                    slot = site
+        if MODE == JOINED_IF:
+            if slot < programs:
+                _skinny_slot(slot, programs, *args)
+        elif MODE == LOOP_ON_SITE:
+            while slot < programs:
+                _skinny_slot(site, programs, *args)
+                slot = programs
+        elif MODE == RANK_IN_FOR:
+            for _ in range(0, tl.where(slot < programs, 1, 0)):
+                _skinny_slot(site, programs, *args)
+        else:  # RANK_IN_FOR_NO_LICM
+            for _ in tl.range(0, tl.where(slot < programs, 1, 0), disable_licm=True):
+                _skinny_slot(site, programs, *args)
 
 
 @triton.jit
