@@ -429,9 +429,10 @@ def admitted(gate_ptr, place_ptr, first_site, n_sms, ctas, PLACED: tl.constexpr)
     or its placed site)."""
     site, sm = _site(place_ptr, PLACED)
     ok = (site >= first_site) & (site < first_site + n_sms)
-    if ok:
-        ok = tl.atomic_add(gate_ptr + SITE_COUNTS + site, 1, sem="relaxed") < ctas
-    return ok, site - first_site, sm
+    # a masked atomic, not one under `if ok`: that branch made LLVM merge two thread-id reads
+    # and ptxas keep a warp shuffle in the body's K loop (gate_anatomy, session 47)
+    count = tl.atomic_add(gate_ptr + SITE_COUNTS + site, 1, mask=ok, sem="relaxed")
+    return ok & (count < ctas), site - first_site, sm
 
 
 @triton.jit
