@@ -2,7 +2,11 @@
 rounds make the served runs follow the host's speed, which runs in phases no simulator can
 know ahead): `calibrate --host-costs`'s eager layer at a few token counts, timed plain, then
 under cProfile, with the functions that take the most of it by their own time and by their
-time with what they call. Writes <out>/host-profile-<gpu>.json and prints the table.
+time with what they call; then each launch split by clock alone (no profiler): Triton's
+dispatch (`JITFunction.run`: binding and specializing the arguments, the cache key) apart from
+its launcher (`CudaLauncher.__call__`: TMA descriptors encoded, the driver's launch), and the
+rest of the layer (our launchers, torch). Writes <out>/host-profile-<gpu>.json and prints the
+table.
 
     python bench/host_profile.py --out /tmp/x [--tokens 16,512] [--layers 200]
 """
@@ -10,12 +14,16 @@ time with what they call. Writes <out>/host-profile-<gpu>.json and prints the ta
 from __future__ import annotations
 
 import cProfile
+import contextlib
 import pstats
 import statistics
 import sys
 import time
+from collections import defaultdict
 
 import torch
+import triton.backends.nvidia.driver as nvidia_driver
+from triton.runtime.jit import JITFunction
 from script import bench_parser, finish, run_script
 
 from pdmux_triton.cli.common import measuring_gpu, out_folder
@@ -55,6 +63,45 @@ def top_functions(stats: pstats.Stats, key: str, calls_per: int) -> list[dict]:
     return sorted(rows, key=lambda r: -r[field])[:TOP]
 
 
+@contextlib.contextmanager
+def timed_launches(spans: dict):
+    """Within the block, every Triton launch's host seconds by kernel name into `spans`:
+    [run, launcher] pairs, `run` the whole `JITFunction.run` (the launcher within it)."""
+    run, launch = JITFunction.run, nvidia_driver.CudaLauncher.__call__
+    inner = []
+
+    def timed_run(fn, *args, **kwargs):
+        t0 = time.perf_counter()
+        out = run(fn, *args, **kwargs)
+        spans[fn.__name__].append((time.perf_counter() - t0, inner.pop() if inner else 0.0))
+        return out
+
+    def timed_launch(self, *args):
+        t0 = time.perf_counter()
+        out = launch(self, *args)
+        inner.append(time.perf_counter() - t0)
+        return out
+
+    JITFunction.run, nvidia_driver.CudaLauncher.__call__ = timed_run, timed_launch
+    try:
+        yield
+    finally:
+        JITFunction.run, nvidia_driver.CudaLauncher.__call__ = run, launch
+
+
+def launch_split(spans: dict, layers: int, layer_s: float) -> dict:
+    """Per layer: Triton's dispatch and its launcher by kernel (us a call and calls a layer),
+    and what is left of the layer's host time (our launchers, torch)."""
+    kernels = {name: {"calls_a_layer": len(pairs) / layers,
+                      "dispatch_us_a_call": statistics.median(r - lch for r, lch in pairs) * 1e6,
+                      "launcher_us_a_call": statistics.median(lch for _, lch in pairs) * 1e6}
+               for name, pairs in spans.items()}
+    triton_s = sum(r for pairs in spans.values() for r, _ in pairs) / layers
+    return {"kernels": kernels, "layer_us": layer_s * 1e6, "triton_us_a_layer": triton_s * 1e6,
+            "launcher_us_a_layer": sum(lch for p in spans.values() for _, lch in p) / layers * 1e6,
+            "rest_us_a_layer": (layer_s - triton_s) * 1e6}
+
+
 def profile_case(x: ModelExecutor, tokens: int, layers: int) -> dict:
     req = Request(10**6, [1] * tokens, 2, 0.0)
     carry = x.begin_prefill([req])
@@ -65,6 +112,9 @@ def profile_case(x: ModelExecutor, tokens: int, layers: int) -> dict:
         prof.enable()
         profiled = launch_layers(x, carry, layers)
         prof.disable()
+        spans = defaultdict(list)
+        with timed_launches(spans):
+            split = launch_layers(x, carry, layers)
     finally:
         x.release(req)
     stats = pstats.Stats(prof)
@@ -72,6 +122,7 @@ def profile_case(x: ModelExecutor, tokens: int, layers: int) -> dict:
             "host_ms_a_layer_p50": statistics.median(plain) * 1e3,
             "host_ms_a_layer_p90": statistics.quantiles(plain, n=10)[-1] * 1e3,
             "profiled_host_ms_a_layer_p50": statistics.median(profiled) * 1e3,
+            "launch_split": launch_split(spans, layers, statistics.mean(split)),
             "by_own_time": top_functions(stats, "tottime", layers),
             "by_time_with_callees": top_functions(stats, "cumtime", layers)}
 
@@ -92,6 +143,12 @@ def run(args) -> int:
     for c in cases:
         lines.append(f"{c['tokens']:>7} {c['host_ms_a_layer_p50']:>20.3f} "
                      f"{c['host_ms_a_layer_p90']:>7.3f} {c['profiled_host_ms_a_layer_p50']:>9.3f}")
+        sp = c["launch_split"]
+        lines.append(f"  by clock, us a layer: {sp['layer_us']:.0f} = Triton {sp['triton_us_a_layer']:.0f}"
+                     f" (its launchers {sp['launcher_us_a_layer']:.0f}) + the rest "
+                     f"{sp['rest_us_a_layer']:.0f}; a call, dispatch / launcher (calls a layer):")
+        lines += [f"  {k['dispatch_us_a_call']:8.1f} / {k['launcher_us_a_call']:6.1f} "
+                  f"({k['calls_a_layer']:.0f})  {name}" for name, k in sp["kernels"].items()]
         lines.append(f"  own time, us a layer (calls), {c['tokens']} tokens:")
         lines += [f"  {r['own_us_a_layer']:8.1f} ({r['calls_a_layer']:5.1f})  {r['function']}"
                   for r in c["by_own_time"][:15]]

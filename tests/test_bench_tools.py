@@ -1791,3 +1791,19 @@ def test_host_replay_judges_each_first_repeat_on_both_hosts(tmp_path):
         [(1.0, 0.0007), (2.5, 0.0009)], "every launch, as the run kept it")
     assert data["points"] and all(r["launches_from"] == "launch-bound launches, from the rounds"
                                   for r in data["points"])
+
+
+def test_host_profile_splits_a_layer_between_triton_and_the_rest():
+    """Each kernel's launches: Triton's dispatch is its run less the launcher inside it; what
+    the layer's host time holds beyond every run is the rest (our launchers, torch)."""
+    sys.path.insert(0, "bench")
+    from host_profile import launch_split
+
+    spans = {"gemm": [(40e-6, 10e-6)] * 8, "rmsnorm": [(20e-6, 5e-6)] * 4}
+    split = launch_split(spans, layers=4, layer_s=200e-6)
+    assert split["kernels"]["gemm"] == {"calls_a_layer": 2, "dispatch_us_a_call": pytest.approx(30),
+                                        "launcher_us_a_call": pytest.approx(10)}
+    assert split["kernels"]["rmsnorm"]["calls_a_layer"] == 1
+    assert split["triton_us_a_layer"] == pytest.approx(100)  # 2 x 40 + 20
+    assert split["launcher_us_a_layer"] == pytest.approx(25)
+    assert split["rest_us_a_layer"] == pytest.approx(100)
