@@ -105,9 +105,10 @@ def pinned_constexpr(gate: str | None):
 
 
 def offline(block_n: int, num_warps: int, num_stages: int, pinned: str | None = None,
-            pdl: bool = False) -> None:
+            pdl: bool = False, apart: bool = False) -> None:
     """Compile the decode attention kernel for sm_90 with the launcher's specialization
-    (`pinned`: its pinned-partition form with that gate, one of `GATES`)."""
+    (`pinned`: its pinned-partition form with that gate, one of `GATES`; `apart`: with the
+    body called as a function of its own, `decode_attention.PINNED_BODY_APART`)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -121,7 +122,7 @@ def offline(block_n: int, num_warps: int, num_stages: int, pinned: str | None = 
     constexprs = {"PAGE_SIZE": 16, "GROUP": 4, "BLOCK_G": 16, "BLOCK_N": block_n, "BLOCK_B": 32,
                   "UNIT_COST": UNIT_COST, "D": 128, "WIDE": False, "RECORD_SM": False,
                   "PINNED": pinned_constexpr(pinned), "PLACED": False,
-                  "BLOCK_SMS": 32 if pinned else 1, "PDL": pdl}
+                  "BLOCK_SMS": 32 if pinned else 1, "PDL": pdl, "APART": apart}
     names = list(inspect.signature(decode_kernel.fn).parameters)
     signature = {n: "constexpr" if n in constexprs else pointers.get(n, "i32") for n in names}
     signature["scale_log2"] = "fp32"
@@ -132,7 +133,7 @@ def offline(block_n: int, num_warps: int, num_stages: int, pinned: str | None = 
                             target=GPUTarget("cuda", 90, 32),
                             options={"num_warps": num_warps, "num_stages": num_stages,
                                      "launch_pdl": pdl})
-    form = ", ".join(name for name, on in ((pinned, pinned), ("pdl", pdl)) if on)
+    form = ", ".join(name for name, on in ((pinned, pinned), ("pdl", pdl), ("apart", apart)) if on)
     print(f"decode attention{f' ({form})' if form else ''}, BLOCK_N={block_n}, {num_warps} "
           f"warps, {num_stages} stages, shared {kernel.metadata.shared} B, "
           f"{resource_usage(kernel.asm['cubin'])}")
@@ -238,14 +239,19 @@ def main(argv=None) -> int:
                         "(claiming if none is named)")
     p.add_argument("--pdl", action="store_true",
                    help="with --offline: the kernels' programmatic-dependent-launch forms")
+    p.add_argument("--apart", action="store_true",
+                   help="with --offline --pinned: decode attention's body called as a function "
+                        "of its own (decode_attention.PINNED_BODY_APART)")
     args = p.parse_args(argv)
     if (args.pinned or args.pdl) and not args.offline:
         p.error("--pinned and --pdl compile offline: add --offline")
     if args.pinned and args.pdl:
         p.error("--pinned and --pdl conflict: a pinned launch never overlaps the one before")
+    if args.apart and not args.pinned:
+        p.error("--apart is a pinned form: add --offline --pinned")
     if args.offline:
         os.environ.pop("TRITON_INTERPRET", None)
-        offline(args.block_n, args.warps, args.stages, args.pinned, args.pdl)
+        offline(args.block_n, args.warps, args.stages, args.pinned, args.pdl, args.apart)
         offline_gemm(args.pinned, args.pdl)
     else:
         on_gpu(args.budget)

@@ -9,6 +9,8 @@ long runs. Units cut between programs are merged by their last program (log-sum-
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import triton
 import triton.language as tl
@@ -27,6 +29,24 @@ LOG2E = 1.4426950408889634
 # dozens of one-block units; the value was swept on ragged, padded and uniform batches
 # (bench/NOTES.md has what each gave)
 UNIT_COST = 2
+# whether a pinned launch calls the body as a function of its own (`_decode_slot_apart`) and
+# runs several programs an SM with no register cap. A diagnostic, off until the GPU has timed
+# it: offline (Triton 3.6, sm_90) the gate's slot loop around the inlined body takes 210
+# registers; capped at 168 for three programs an SM it spills and its K/V loop gains 34
+# instructions, while the body called apart takes 168 with no spill (bench/NOTES.md, session
+# 47). Never for the GEMMs: a call in their kernel puts a warpgroup sync before every wgmma
+PINNED_BODY_APART = False
+
+
+@contextlib.contextmanager
+def pinned_body_apart():
+    """Pinned launches call the body apart inside the block (`PINNED_BODY_APART`)."""
+    global PINNED_BODY_APART
+    before, PINNED_BODY_APART = PINNED_BODY_APART, True
+    try:
+        yield
+    finally:
+        PINNED_BODY_APART = before
 
 
 @triton.jit
@@ -52,8 +72,8 @@ def decode_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, par
                    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, UNIT_COST: tl.constexpr,
                    D: tl.constexpr, WIDE: tl.constexpr, RECORD_SM: tl.constexpr,
                    PINNED: tl.constexpr, PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr,
-                   PDL: tl.constexpr):
-    run_slots(_decode_slot, (q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr,
+                   PDL: tl.constexpr, APART: tl.constexpr):
+    run_slots(_decode_slot_apart if APART else _decode_slot, (q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr,
               part_lse_ptr, count_ptr, B, KV_HEADS, scale_log2, sq_b, sq_h, so_b, so_h, sc_s, sc_h,
               spt_b, PAGE_SIZE, GROUP, BLOCK_G, BLOCK_N, BLOCK_B, UNIT_COST, D, WIDE), sm_ids_ptr,
               gate_ptr, place_ptr, first_site, n_sms, ctas, slots, programs, RECORD_SM, PINNED,
@@ -130,6 +150,11 @@ def _decode_slot(pid, programs, q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, p
                         tl.store(count_ptr + u, 0)  # ready for the next call
 
 
+# the body as a function of its own, for pinned launches when PINNED_BODY_APART (the source
+# is `_decode_slot`'s: only the call differs)
+_decode_slot_apart = triton.jit(_decode_slot.fn, noinline=True)
+
+
 @triton.jit
 def _merge_unit(part_o_ptr, part_lse_ptr, o, u, first, last, g, gmask, d, GROUP: tl.constexpr,
                 BLOCK_G: tl.constexpr, D: tl.constexpr):
@@ -200,11 +225,13 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     launch, sm_buf, record = budget_launch(units * max(1, cdiv(max_seq_len, cfg.block_n)),
                                            num_sms, ctas_per_sm, dev, pinned, pdl, sm_ids)
     grid = launch.slots
-    # the gate's slot loop around the body takes so many registers that pinned programs of
-    # the several-per-SM config would fit fewer than c to an SM, while the gate counts on c a
-    # site: capped, a few spill (bench/NOTES.md, session 23)
+    # the gate's slot loop around the inlined body takes so many registers that pinned
+    # programs of the several-per-SM config would fit fewer than c to an SM, while the gate
+    # counts on c a site: capped, a few spill (bench/NOTES.md, sessions 23 and 47); the body
+    # called apart fits uncapped
+    apart = pinned is not None and PINNED_BODY_APART
     fit = ({"maxnreg": registers_to_fit(ctas_per_sm, cfg.num_warps)}
-           if pinned is not None and ctas_per_sm > 1 else {})
+           if pinned is not None and ctas_per_sm > 1 and not apart else {})
     # a program's range cuts at most one unit at each end: units + programs partial rows
     part_o = torch.empty(((units + grid) * group, D), dtype=torch.float32, device=dev)
     part_lse = torch.empty(((units + grid) * group,), dtype=torch.float32, device=dev)
@@ -215,6 +242,6 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         out.stride(0), out.stride(1), k_cache.stride(0), k_cache.stride(1), page_table.stride(0),
         PAGE_SIZE=page_size, GROUP=group, BLOCK_G=max(16, next_power_of_2(group)),
         BLOCK_N=cfg.block_n, BLOCK_B=next_power_of_2(B), UNIT_COST=UNIT_COST, D=D,
-        WIDE=wide_offsets(k_cache), RECORD_SM=record, num_warps=cfg.num_warps,
+        WIDE=wide_offsets(k_cache), RECORD_SM=record, APART=apart, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages, **fit, **launch.kwargs)
     return out
