@@ -383,12 +383,13 @@ def fit_whole_gpu_prefill(rows, model, prefill, overheads,
             raise PdmuxError(f"the whole-GPU prefill fit is unphysical (MFU {mfu:.2f})")
     error = np.abs(flops[bound] / mfu - gpu[bound]) / gpu[bound]
     quality = {"batches": int(bound.sum()), "median_abs_error": float(np.median(error))}
-    # a batch after decode rounds runs at higher clocks than one after prefills
     from corun_rounds import BUSY
 
+    # a batch after decode rounds runs at higher clocks than one after prefills
     price = flops / mfu
     if tiles is not None:
-        for i, r in enumerate(rows):
+        for i in np.flatnonzero(bound):  # (only the bound batches' ratios are read)
+            r = rows[i]
             seqs = [(r["tokens"] // r["prompts"], r["cached"] // r["prompts"])] * r["prompts"]
             tiled = step_cost.tiled_layers_s(model, r["tokens"], seqs, tiles, prefill.total_sms)
             price[i] = max(price[i], tiled or 0.0)  # None: the skinny tile's

@@ -201,9 +201,7 @@ def _run_mode(pid, programs, queue_ptr, table_ptr, far_ptr, args, MODE: tl.const
             if site >= 0:
                 if tl.atomic_add(queue_ptr + 2 + site, 1, sem="relaxed") == 0:
                     slot = site
-        while slot < programs:
-            _skinny_slot(slot, programs, *args)
-            slot = programs
+        _in_a_loop(slot, programs, args)
     elif MODE >= BY_TABLE_LOOP:
         _loop_pieces(programs, queue_ptr, table_ptr, args, MODE)
     elif MODE >= TAGGED_FIRST:
@@ -300,6 +298,15 @@ def _tagged_pieces(programs, queue_ptr, table_ptr, args, SWEEP: tl.constexpr,
 
 
 @triton.jit
+def _in_a_loop(slot, programs, args):
+    """Slot `slot` (none if it is `programs` or more) inside a `while` loop that runs at most
+    once: the slot loop's shape around the body."""
+    while slot < programs:
+        _skinny_slot(slot, programs, *args)
+        slot = programs
+
+
+@triton.jit
 def _loop_pieces(programs, queue_ptr, table_ptr, args, MODE: tl.constexpr):
     """`rank by site, no leave, in a loop` with one thing changed (the modes' notes above):
     the program on site s < `programs` takes it by one relaxed atomic (none in `site by
@@ -307,16 +314,12 @@ def _loop_pieces(programs, queue_ptr, table_ptr, args, MODE: tl.constexpr):
     site = tl.load(table_ptr + tl.extra.cuda.smid())
     if MODE == BY_TABLE_LOOP:  # no atomic: the table alone, one program an SM
         slot = tl.where((site >= 0) & (site < programs), site, programs)
-        while slot < programs:
-            _skinny_slot(slot, programs, *args)
-            slot = programs
+        _in_a_loop(slot, programs, args)
     elif MODE == LOOP_MASKED:  # the atomic under a mask, not a branch
         on = (site >= 0) & (site < programs)
         got = tl.atomic_add(queue_ptr + 2 + tl.where(on, site, 0), 1, sem="relaxed", mask=on)
         slot = tl.where(on & (got == 0), site, programs)
-        while slot < programs:
-            _skinny_slot(slot, programs, *args)
-            slot = programs
+        _in_a_loop(slot, programs, args)
     elif MODE == IDLE_LOOP_AFTER:
         if site < programs:
             if site >= 0:
@@ -324,9 +327,7 @@ def _loop_pieces(programs, queue_ptr, table_ptr, args, MODE: tl.constexpr):
                     _skinny_slot(site, programs, *args)
         # past the slots at run time (a site is < 2**20), which the compiler cannot know
         slot = tl.where(site < (1 << 20), programs, site)
-        while slot < programs:
-            _skinny_slot(slot, programs, *args)
-            slot = programs
+        _in_a_loop(slot, programs, args)
     else:  # RANK_IN_LOOP's admission, then the body in the shape MODE names
         slot = programs
         if site < programs:

@@ -74,11 +74,10 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
     check_tensor("weight", weight, 1, FLOAT_DTYPES, x.device)
     if weight.shape[0] != D:
         raise PdmuxError(f"weight has {weight.shape[0]} entries but rows have D={D}")
-    if out is None:  # made here like x: nothing to check
-        out = torch.empty_like(x)
-        y3 = _as_3d("out", out)
-    else:
-        y3 = _as_3d("out", out)
+    given = out is not None  # (one made here like x needs no check)
+    out = out if given else torch.empty_like(x)
+    y3 = _as_3d("out", out)
+    if given:
         check_tensor("out", y3, 3, FLOAT_DTYPES, x.device)
         if tuple(y3.shape) != (T, H, D):
             raise PdmuxError(f"out must have the shape of x {tuple(x.shape)}, got "
