@@ -12,10 +12,9 @@ on green contexts and on pinned SMs at 1-3 CTAs per SM and as a served decode si
 and beside a prefill on the rest (at one CTA an SM also the prefill's own time beside the decode
 step: what a decode-side setting costs the other side), with the SMs each side's kernels ran on
 (pinned at one also with the claiming gate instead of the one-a-site one and on the SMs green's
-decode side ran on, at one, three and as served with the tagged gates, and at three and as
-served with decode attention's body called apart: the gap to green by cause; each pinned row
-counts the probe's slots that ran off their side's SMs); decode attention on 16 pinned SMs at
-1-3 CTAs per SM. The kernel benchmark's and a run's figures (decode linears and attention
+decode side ran on, and at one, three and as served with the tagged gates: the gap to green by
+cause; each pinned row counts the probe's slots that ran off their side's SMs); decode
+attention on 16 pinned SMs at 1-3 CTAs per SM. The kernel benchmark's and a run's figures (decode linears and attention
 against the streaming read, pd-mux's ITL and prefill at 80/52) come from their files when
 given.
 
@@ -42,7 +41,6 @@ from pdmux_triton.errors import PdmuxError
 from pdmux_triton.gpu.streams import PartitionStreams, kernel_args
 from pdmux_triton.kernels import decode_attention, gemm, linear, stream_read
 from pdmux_triton.kernels._pinned import pinned_gate, site_order
-from pdmux_triton.kernels.decode_attention import pinned_body_apart
 from pdmux_triton.measure.telemetry import probe
 from pdmux_triton.measure.timing import time_alone, time_corun
 from pdmux_triton.measure.workloads import DecodeAttention, DecodeStep, PrefillLayers
@@ -158,21 +156,17 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
 # an SM takes (on both sides), and the product's gate on the very SMs green's decode side ran
 # on, the prefill side on the rest (placement apart from the gate); and the tagged gates
 # (`_pinned.TAGGED_SITES`: only the programs on a side's sites write) at one, three and as
-# served; and decode attention's body called apart, uncapped (`decode_attention.
-# PINNED_BODY_APART`), at three and as served
+# served
 CLAIMING_TURN, ON_GREEN_SMS_TURN = "1 claiming", "1 on green's SMs"
 TAGGED_TURNS = {"1 tagged": 1, "3 tagged": 3, "served tagged": "served"}
-APART_TURNS = {"3 apart": 3, "served apart": "served"}
-DIAGNOSTIC_TURNS = (CLAIMING_TURN, ON_GREEN_SMS_TURN, *TAGGED_TURNS, *APART_TURNS)
+DIAGNOSTIC_TURNS = (CLAIMING_TURN, ON_GREEN_SMS_TURN, *TAGGED_TURNS)
 # each diagnostic turn's figures in the summary: f"{name}_vs_green_max_error_pct", ...
 DIAGNOSTIC_NAMES = {CLAIMING_TURN: "pinned_claiming", ON_GREEN_SMS_TURN: "pinned_on_green_sms",
                     **{t: f"pinned_tagged_{'c' if v != 'served' else ''}{v}"
-                       for t, v in TAGGED_TURNS.items()},
-                    **{t: f"pinned_apart_{'c' if v != 'served' else ''}{v}"
-                       for t, v in APART_TURNS.items()}}
+                       for t, v in TAGGED_TURNS.items()}}
 # the pinned turns of a level by label, each with green's turn it is compared with
 VERSUS = {**{str(c): c for c in CTAS}, "served": "served", CLAIMING_TURN: 1,
-          ON_GREEN_SMS_TURN: 1, **TAGGED_TURNS, **APART_TURNS}
+          ON_GREEN_SMS_TURN: 1, **TAGGED_TURNS}
 TURNS = tuple(VERSUS)
 
 
@@ -210,9 +204,8 @@ def levels(res: Results, step: DecodeStep, prefill: PrefillLayers, gpu,
     pinned at each c for every kernel, and as a served decode side runs (decode attention at
     the split's served CTAs per SM, the other kernels at one), the decode step alone and
     beside the prefill; green at one and as served also without PDL; pinned at one also with
-    the claiming gate and on green's decode SMs, at one, three and as served with the tagged
-    gates, and at three and as served with decode attention's body called apart
-    (`DIAGNOSTIC_TURNS`).
+    the claiming gate and on green's decode SMs, and at one, three and as served with the tagged
+    gates (`DIAGNOSTIC_TURNS`).
     `only`: the pinned turns to run (`TURNS`), and green's that they are compared with."""
     groups = [g for g in sglang_rules.stream_groups(gpu.sms, gpu.cc_major)[1:-1] if g[1] <= 60]
     probe_x = torch.randn(4096, MODEL.hidden, dtype=torch.bfloat16, device="cuda")
@@ -242,8 +235,7 @@ def levels(res: Results, step: DecodeStep, prefill: PrefillLayers, gpu,
                     switch = {CLAIMING_TURN: pinned_gate("claiming"),
                               ON_GREEN_SMS_TURN: sites_headed_by(green_sms,
                                                                  part.decode_budget.site_head),
-                              **{label: pinned_gate("tagged") for label in TAGGED_TURNS},
-                              **{label: pinned_body_apart() for label in APART_TURNS}}
+                              **{label: pinned_gate("tagged") for label in TAGGED_TURNS}}
                     base = {label: budget for label, budget, *_ in turns}
                     turns += [(label, base[VERSUS[label]], VERSUS[label], switch[label])
                               for label in DIAGNOSTIC_TURNS]

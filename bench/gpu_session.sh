@@ -36,8 +36,6 @@
 #   bash bench/gpu_session.sh pinned floor   # pinned partitions: gpu tests, decode-floor figures
 #   bash bench/gpu_session.sh pinned anatomy sites floor   # and what the pinned gate costs
 #   FLOOR_TURNS="1,1 claiming" bash bench/gpu_session.sh floor   # only those pinned turns
-#   TESTS_FILES=tests/test_pinned.py TESTS_K=apart FLOOR_TURNS="3,served,3 apart,served apart" \
-#       bash bench/gpu_session.sh tests floor   # decode attention's pinned body called apart
 #   bash bench/gpu_session.sh tests kernels run occupancy   # ~5 min
 #   bash bench/gpu_session.sh calibrate run advised         # ~3.5 min: after a decode-kernel change,
 #       re-measures the decode workloads (CTAs 1) into a copy of the committed calibration, then

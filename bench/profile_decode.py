@@ -108,7 +108,7 @@ def offline(block_n: int, num_warps: int, num_stages: int, pinned: str | None = 
             pdl: bool = False, apart: bool = False) -> None:
     """Compile the decode attention kernel for sm_90 with the launcher's specialization
     (`pinned`: its pinned-partition form with that gate, one of `GATES`; `apart`: with the
-    body called as a function of its own, `decode_attention.PINNED_BODY_APART`)."""
+    body called as a function of its own, as pinned launches of several programs an SM run it)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -241,7 +241,7 @@ def main(argv=None) -> int:
                    help="with --offline: the kernels' programmatic-dependent-launch forms")
     p.add_argument("--apart", action="store_true",
                    help="with --offline --pinned: decode attention's body called as a function "
-                        "of its own (decode_attention.PINNED_BODY_APART)")
+                        "of its own, as pinned launches of several programs an SM run it")
     args = p.parse_args(argv)
     if (args.pinned or args.pdl) and not args.offline:
         p.error("--pinned and --pdl compile offline: add --offline")

@@ -63,15 +63,6 @@ def grid_size(num_tiles: int, num_sms: int | None, ctas_per_sm: int, device: tor
     return max(1, min(num_sms * ctas_per_sm, num_tiles))
 
 
-REGISTERS_PER_SM = 65536  # 32-bit registers per SM on every GPU since compute capability 5.0
-
-
-def registers_to_fit(ctas_per_sm: int, num_warps: int) -> int:
-    """The most registers a thread may use for ctas_per_sm programs of num_warps warps to fit
-    an SM together (ptxas allocates them 8 at a time), capped at the 255 a thread can name."""
-    return min(255, REGISTERS_PER_SM // (ctas_per_sm * num_warps * 32) // 8 * 8)
-
-
 def check_tma_rows(name: str, t: torch.Tensor, hint: str = "") -> None:
     """TMA reads a tensor as rows: its start and its row stride must be 16-byte aligned."""
     if t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16:

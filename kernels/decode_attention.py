@@ -9,15 +9,13 @@ long runs. Units cut between programs are merged by their last program (log-sum-
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import triton
 import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels._launch import (arrival_counters, cdiv, check_tensor, interpreting,
-                                          next_power_of_2, registers_to_fit)
+                                          next_power_of_2)
 from pdmux_triton.kernels._paged import AttnConfig, attend_range, check_paged_inputs, wide_offsets
 from pdmux_triton.kernels._pinned import Pinned, budget_launch, run_slots
 
@@ -29,26 +27,6 @@ LOG2E = 1.4426950408889634
 # dozens of one-block units; the value was swept on ragged, padded and uniform batches
 # (bench/NOTES.md has what each gave)
 UNIT_COST = 2
-# whether a pinned launch calls the body as a function of its own (`_decode_slot_apart`) and
-# runs several programs an SM with no register cap. A diagnostic, off until the GPU has timed
-# it: offline (Triton 3.6, sm_90) the gate's slot loop around the inlined body takes 210
-# registers; capped at 168 for three programs an SM it spills and its K/V loop gains 34
-# instructions, while the body called apart takes 168 with no spill (bench/NOTES.md, session
-# 47). Never for the GEMMs: a call in their kernel puts a warpgroup sync before every wgmma
-PINNED_BODY_APART = False
-
-
-@contextlib.contextmanager
-def pinned_body_apart():
-    """Pinned launches call the body apart inside the block (`PINNED_BODY_APART`)."""
-    global PINNED_BODY_APART
-    before, PINNED_BODY_APART = PINNED_BODY_APART, True
-    try:
-        yield
-    finally:
-        PINNED_BODY_APART = before
-
-
 @triton.jit
 def _request_slots(b, work, bi):
     """(slots of one unit of the requests before b, slots of one unit of request b)."""
@@ -151,7 +129,7 @@ def _decode_slot(pid, programs, q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, p
                         tl.store(count_ptr + u, 0)  # ready for the next call
 
 
-# the body as a function of its own, for pinned launches when PINNED_BODY_APART (the source
+# the body as a function of its own, for pinned launches of several programs an SM (the source
 # is `_decode_slot`'s: only the call differs)
 _decode_slot_apart = triton.jit(_decode_slot.fn, noinline=True)
 
@@ -226,13 +204,11 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     launch, sm_buf, record = budget_launch(units * max(1, cdiv(max_seq_len, cfg.block_n)),
                                            num_sms, ctas_per_sm, dev, pinned, pdl, sm_ids)
     grid = launch.slots
-    # the gate's slot loop around the inlined body takes so many registers that pinned
-    # programs of the several-per-SM config would fit fewer than c to an SM, while the gate
-    # counts on c a site: capped, a few spill (bench/NOTES.md, sessions 23 and 47); the body
-    # called apart fits uncapped
-    apart = pinned is not None and PINNED_BODY_APART
-    fit = ({"maxnreg": registers_to_fit(ctas_per_sm, cfg.num_warps)}
-           if pinned is not None and ctas_per_sm > 1 and not apart else {})
+    # pinned programs several to an SM call the body as a function of its own: inlined in the
+    # gate's slot loop it takes more registers than c programs an SM leave it, and capped to
+    # fit it spills; called apart it fits uncapped and runs faster (bench/NOTES.md, sessions
+    # 47-48)
+    apart = pinned is not None and ctas_per_sm > 1
     # a program's range cuts at most one unit at each end: units + programs partial rows
     part_o = torch.empty(((units + grid) * group, D), dtype=torch.float32, device=dev)
     part_lse = torch.empty(((units + grid) * group,), dtype=torch.float32, device=dev)
@@ -244,5 +220,5 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         PAGE_SIZE=page_size, GROUP=group, BLOCK_G=max(16, next_power_of_2(group)),
         BLOCK_N=cfg.block_n, BLOCK_B=next_power_of_2(B), UNIT_COST=UNIT_COST, D=D,
         WIDE=wide_offsets(k_cache), RECORD_SM=record, APART=apart, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **fit, **launch.kwargs)
+        num_stages=cfg.num_stages, **launch.kwargs)
     return out

@@ -1,4 +1,3 @@
-import contextlib
 import sys
 
 import pytest
@@ -9,7 +8,6 @@ from reference import assert_close, attention_ref, placements, poisoned
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels import decode_attention, extend_attention
 from pdmux_triton.kernels._pinned import PINNED_GATES, Pinned, pinned_gate
-from pdmux_triton.kernels.decode_attention import pinned_body_apart
 from pdmux_triton.measure.random_kv import PagedKV
 
 DEV = "cuda" if HAS_CUDA else "cpu"
@@ -54,17 +52,16 @@ def test_decode_attention_uniform_batches(num_sms):
     check_decode([40, 0, 40, 40, 0], 4, 2, 16, 16, torch.float32, num_sms=num_sms)
 
 
-@pytest.mark.parametrize("ctas,gate,apart", [*((1, name, False) for name in PINNED_GATES),
-                                             (2, "claiming", False), (1, "one a site", True),
-                                             (3, "claiming", True)])
-def test_pinned_decode_attention_whoever_survives(ctas, gate, apart):
+@pytest.mark.parametrize("ctas,gate", [*((1, name) for name in PINNED_GATES), (2, "claiming"),
+                                       (3, "claiming")])
+def test_pinned_decode_attention_whoever_survives(ctas, gate):
     """On a pinned partition (kernels/_pinned.py) the admitted programs do the capped launch's
     programs' ranges as slots: exact for any placement, including none in the range, with
-    every gate at one program an SM, and with the body called apart (`PINNED_BODY_APART`)."""
+    every gate at one program an SM, and at several an SM (the body called apart)."""
     for lens, first, k in (([130, 5, 33], 1, 3), ([1, 130, 1, 0, 40], 0, 6), ([40] * 6, 5, 1)):
         for _, placement in placements(6, ctas, first, k, seed=len(lens)):
             pinned = Pinned(first, k, placement.to(torch.int32).to(DEV))
-            with pinned_gate(gate), pinned_body_apart() if apart else contextlib.nullcontext():
+            with pinned_gate(gate):
                 check_decode(lens, 8, 2, 32, 16, torch.float32, None, ctas_per_sm=ctas,
                              pinned=pinned)
 

@@ -56,11 +56,3 @@ def test_counted_merges_replay_from_a_cuda_graph(warm_up_on_capture_stream):
         ref_att = decode_attention(q, kv.k_cache, kv.v_cache, kv.page_table, lens, 16, 5000)
         torch.testing.assert_close(att, ref_att, rtol=0, atol=0)  # same kernel, same order
         assert_close(y, x.double() @ w.double().T, BF16)
-
-
-def test_registers_to_fit_several_programs_an_sm():
-    from pdmux_triton.kernels._launch import registers_to_fit
-
-    assert registers_to_fit(3, 4) == 168  # 3 x 128 threads x 168 <= 65536, in steps of 8
-    assert registers_to_fit(2, 8) == 128
-    assert registers_to_fit(1, 4) == 255  # no more than a thread can name

@@ -448,24 +448,6 @@ def test_pinned_decode_kernels_equal_the_capped_launch(ctas, gate):
         assert torch.equal(a, b) and torch.equal(a, c)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("ctas", [1, 3])
-def test_pinned_decode_attention_called_apart_equals_the_capped_launch(ctas):
-    """`decode_attention.PINNED_BODY_APART` (the body as a function of its own, no register
-    cap): the capped launch's results to the bit, on the hardware's placement and crowded."""
-    from pdmux_triton.kernels.decode_attention import pinned_body_apart
-
-    total = torch.cuda.get_device_properties(0).multi_processor_count
-    inputs = _decode_inputs()
-    capped = _decode_kernels(inputs, None, 20, ctas)[0]
-    crowded = torch.full((ctas * total,), total - 20, dtype=torch.int32, device="cuda")
-    crowded[::2] = total - 1
-    with pinned_body_apart():
-        pinned = _decode_kernels(inputs, Pinned(total - 20, 20), None, ctas)[0]
-        few = _decode_kernels(inputs, Pinned(total - 20, 20, crowded), None, ctas)[0]
-    assert torch.equal(capped, pinned) and torch.equal(capped, few)
-
-
 def test_a_capture_zeroes_the_tags_once_before_its_first_tagged_launch(monkeypatch):
     """A graph's replays repeat its launches' grid ids, so the tags a replay finds must be
     zeroed within the graph: once a capture, before its first tagged launch on a buffer, and
