@@ -1,12 +1,13 @@
 """Where the host's time goes when it launches an eager layer (issue 27: launch-bound chunked
 rounds make the served runs follow the host's speed, which runs in phases no simulator can
-know ahead): `calibrate --host-costs`'s eager layer at a few token counts, timed plain, then
+know ahead): `calibrate --host-costs`'s eager layer at a few token counts, timed plain with
+our launches past Triton's dispatch (kernels/_dispatch.py) and through it, in turns, then
 under cProfile, with the functions that take the most of it by their own time and by their
-time with what they call; then each launch split by clock alone (no profiler): Triton's
-dispatch (`JITFunction.run`: binding and specializing the arguments, the cache key) apart from
-its launcher (`CudaLauncher.__call__`: TMA descriptors encoded, the driver's launch), and the
-rest of the layer (our launchers, torch). Writes <out>/host-profile-<gpu>.json and prints the
-table.
+time with what they call; then, through Triton's dispatch, each launch split by clock alone
+(no profiler): the dispatch (`JITFunction.run`: binding and specializing the arguments, the
+cache key) apart from its launcher (`CudaLauncher.__call__`: TMA descriptors encoded, the
+driver's launch), and the rest of the layer (our launchers, torch). Writes
+<out>/host-profile-<gpu>.json and prints the table.
 
     python bench/host_profile.py --out /tmp/x [--tokens 16,512] [--layers 200]
 """
@@ -29,6 +30,7 @@ from script import bench_parser, finish, run_script
 from pdmux_triton.cli.common import measuring_gpu, out_folder
 from pdmux_triton.cli.parsing import integer, listed
 from pdmux_triton.gpu.model_executor import ModelExecutor
+from pdmux_triton.kernels._dispatch import through_triton
 from pdmux_triton.measure import host_costs
 from pdmux_triton.multiplex import sglang_rules
 from pdmux_triton.results import provenance
@@ -36,6 +38,7 @@ from pdmux_triton.spec.models import model_preset
 from pdmux_triton.spec.traffic import Request
 
 TOP = 25  # functions kept per ordering
+TURNS = 10  # blocks of layers timed past and through Triton's dispatch in turns
 
 
 def launch_layers(x: ModelExecutor, carry, layers: int) -> list[float]:
@@ -107,20 +110,28 @@ def profile_case(x: ModelExecutor, tokens: int, layers: int) -> dict:
     carry = x.begin_prefill([req])
     try:
         launch_layers(x, carry, 10)  # anything first-time out of the way
-        plain = launch_layers(x, carry, layers)
+        plain, triton = [], []
+        for _ in range(TURNS):
+            plain += launch_layers(x, carry, layers // TURNS)
+            with through_triton():
+                triton += launch_layers(x, carry, layers // TURNS)
         prof = cProfile.Profile()
         prof.enable()
         profiled = launch_layers(x, carry, layers)
         prof.disable()
         spans = defaultdict(list)
-        with timed_launches(spans):
+        with timed_launches(spans), through_triton():
             split = launch_layers(x, carry, layers)
     finally:
         x.release(req)
     stats = pstats.Stats(prof)
+    p50 = statistics.median(plain)
     return {"tokens": tokens, "layers": layers,
-            "host_ms_a_layer_p50": statistics.median(plain) * 1e3,
+            "host_ms_a_layer_p50": p50 * 1e3,
             "host_ms_a_layer_p90": statistics.quantiles(plain, n=10)[-1] * 1e3,
+            "through_triton_host_ms_a_layer_p50": statistics.median(triton) * 1e3,
+            "through_triton_host_ms_a_layer_p90": statistics.quantiles(triton, n=10)[-1] * 1e3,
+            "past_over_through_triton_p50": p50 / statistics.median(triton),
             "profiled_host_ms_a_layer_p50": statistics.median(profiled) * 1e3,
             "launch_split": launch_split(spans, layers, statistics.mean(split)),
             "by_own_time": top_functions(stats, "tottime", layers),
@@ -139,12 +150,18 @@ def run(args) -> int:
             cases.append(profile_case(x, tokens, args.layers))
     finally:
         ModelExecutor.release_shared()
-    lines = [f"{'tokens':>7} {'host ms a layer p50':>20} {'p90':>7} {'profiled':>9}"]
+    lines = [f"{'tokens':>7} {'host ms a layer p50':>20} {'p90':>7} {'through Triton p50':>19} "
+             f"{'p90':>7} {'ratio':>6} {'profiled':>9}"]
     for c in cases:
         lines.append(f"{c['tokens']:>7} {c['host_ms_a_layer_p50']:>20.3f} "
-                     f"{c['host_ms_a_layer_p90']:>7.3f} {c['profiled_host_ms_a_layer_p50']:>9.3f}")
+                     f"{c['host_ms_a_layer_p90']:>7.3f} "
+                     f"{c['through_triton_host_ms_a_layer_p50']:>19.3f} "
+                     f"{c['through_triton_host_ms_a_layer_p90']:>7.3f} "
+                     f"{c['past_over_through_triton_p50']:>6.3f} "
+                     f"{c['profiled_host_ms_a_layer_p50']:>9.3f}")
         sp = c["launch_split"]
-        lines.append(f"  by clock, us a layer: {sp['layer_us']:.0f} = Triton {sp['triton_us_a_layer']:.0f}"
+        lines.append(f"  through Triton by clock, us a layer: {sp['layer_us']:.0f} = Triton "
+                     f"{sp['triton_us_a_layer']:.0f}"
                      f" (its launchers {sp['launcher_us_a_layer']:.0f}) + the rest "
                      f"{sp['rest_us_a_layer']:.0f}; a call, dispatch / launcher (calls a layer):")
         lines += [f"  {k['dispatch_us_a_call']:8.1f} / {k['launcher_us_a_call']:6.1f} "

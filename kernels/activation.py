@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
+from pdmux_triton.kernels._dispatch import run_kernel
 from pdmux_triton.kernels._launch import (FLOAT_DTYPES, cdiv, check_tensor, next_power_of_2,
                                           row_piece)
 from pdmux_triton.kernels._pinned import Pinned, budget_launch, run_slots
@@ -62,6 +63,6 @@ def launch_silu_mul(gate_up: torch.Tensor, out: torch.Tensor, num_sms: int | Non
     block = min(2048, next_power_of_2(I))
     launch, sm_buf, record = budget_launch(T * cdiv(I, block), num_sms, ctas_per_sm,
                                            gate_up.device, pinned, pdl, sm_ids)
-    _silu_mul_kernel[(launch.grid,)](gate_up, out, sm_buf, *launch.args, T, I, gate_up.stride(0),
-                                     out.stride(0), BLOCK=block, RECORD_SM=record, num_warps=4,
-                                     **launch.kwargs)
+    run_kernel(_silu_mul_kernel, launch.grid, gate_up, out, sm_buf, *launch.args, T, I,
+               gate_up.stride(0), out.stride(0), BLOCK=block, RECORD_SM=record, num_warps=4,
+               **launch.kwargs)

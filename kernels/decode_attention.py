@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
+from pdmux_triton.kernels._dispatch import run_kernel
 from pdmux_triton.kernels._launch import (arrival_counters, cdiv, check_tensor, interpreting,
                                           next_power_of_2)
 from pdmux_triton.kernels._paged import AttnConfig, attend_range, check_paged_inputs, wide_offsets
@@ -213,7 +214,7 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     part_o = torch.empty(((units + grid) * group, D), dtype=torch.float32, device=dev)
     part_lse = torch.empty(((units + grid) * group,), dtype=torch.float32, device=dev)
     scale = (sm_scale if sm_scale is not None else D ** -0.5) * LOG2E
-    decode_kernel[(launch.grid,)](
+    run_kernel(decode_kernel, launch.grid,
         q, k_cache, v_cache, page_table, seq_lens, out, part_o, part_lse,
         arrival_counters(units, dev), sm_buf, *launch.args, B, HKV, scale, q.stride(0), q.stride(1),
         out.stride(0), out.stride(1), k_cache.stride(0), k_cache.stride(1), page_table.stride(0),

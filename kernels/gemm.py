@@ -22,6 +22,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from pdmux_triton.errors import PdmuxError
+from pdmux_triton.kernels._dispatch import run_kernel
 from pdmux_triton.kernels._launch import (arrival_counters, cdiv, check_tensor, check_tma_rows,
                                           grid_size, interpreting, next_power_of_2, prefetch_l2,
                                           telemetry_args)
@@ -584,7 +585,7 @@ def _launch(p: GemmPlan, x: torch.Tensor, weight: torch.Tensor, out: torch.Tenso
             part = torch.empty((tiles + grid, cfg.block_m * cfg.block_n), dtype=torch.float32,
                                device=x.device)
             counters = arrival_counters(tiles, x.device)
-        skinny_kernel[(launch.grid,)](
+        run_kernel(skinny_kernel, launch.grid,
             x, weight, out, bias_arg, part, counters, sm_buf, *launch.args, M, N, K, x.stride(0),
             weight.stride(0), out.stride(0), rms_eps or 0.0, BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=K % cfg.block_k == 0,
@@ -595,7 +596,7 @@ def _launch(p: GemmPlan, x: torch.Tensor, weight: torch.Tensor, out: torch.Tenso
         return
     for name, t in (("x", x), ("weight", weight)):
         check_tma_rows(name, t, "; for bf16/fp16 that means K a multiple of 8")
-    gemm_kernel[(launch.grid,)](
+    run_kernel(gemm_kernel, launch.grid,
         TensorDescriptor.from_tensor(x, [cfg.block_m, cfg.block_k]),
         TensorDescriptor.from_tensor(weight, [cfg.block_n, cfg.block_k]), out, bias_arg, sm_buf,
         *launch.args, M, N, K, out.stride(0), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,

@@ -20,6 +20,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from pdmux_triton.errors import PdmuxError
+from pdmux_triton.kernels._dispatch import run_kernel
 from pdmux_triton.kernels._launch import cdiv, check_tensor, check_tma_rows, interpreting
 from pdmux_triton.kernels._pinned import Pinned, budget_launch, run_slots
 from pdmux_triton.kernels._paged import (AttnConfig, attend_range, check_paged_inputs, softmax_step,
@@ -218,7 +219,7 @@ def extend_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache:
     q_desc = TensorDescriptor(q, [T, HQ * D], [q.stride(0), 1], [cfg.block_m, D])
     k_desc, v_desc = (TensorDescriptor(t, [T, HKV * D], [t.stride(0), 1], [cfg.block_n, D])
                       for t in (k, v))
-    _extend_kernel[(launch.grid,)](
+    run_kernel(_extend_kernel, launch.grid,
         q_desc, k_desc, v_desc, k_cache, v_cache, page_table, meta, out, sm_buf, *launch.args,
         num_blocks, B, HQ, scale, out.stride(0), out.stride(1), k_cache.stride(0),
         k_cache.stride(1), page_table.stride(0), PAGE_SIZE=page_size, GROUP=HQ // HKV,

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
+from pdmux_triton.kernels._dispatch import run_kernel
 from pdmux_triton.kernels._launch import FLOAT_DTYPES, cdiv, check_tensor, next_power_of_2
 from pdmux_triton.kernels._pinned import Pinned, budget_launch, run_slots
 
@@ -95,7 +96,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, *,
     row_block = max(1, min(16, 2048 // block_d))
     launch, sm_buf, record = budget_launch(cdiv(rows, row_block), num_sms, ctas_per_sm,
                                            x.device, pinned, pdl, sm_ids)
-    _rmsnorm_kernel[(launch.grid,)](
+    run_kernel(_rmsnorm_kernel, launch.grid,
         x3, r3, weight, y3, sm_buf, *launch.args, rows, H, D, x3.stride(0), x3.stride(1),
         r3.stride(0), r3.stride(1), y3.stride(0), y3.stride(1), eps,
         HAS_RESIDUAL=residual is not None, ROWS=row_block, BLOCK_D=block_d, RECORD_SM=record,

@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
+from pdmux_triton.kernels._dispatch import run_kernel
 from pdmux_triton.kernels._launch import (FLOAT_DTYPES, INDEX_DTYPES, cdiv, check_tensor,
                                           next_power_of_2)
 from pdmux_triton.kernels._pinned import Pinned, budget_launch, run_slots
@@ -136,7 +137,7 @@ def _launch_rope(x, positions, cos_sin, wq, wk, eps, heads: tuple[int, int], cac
     launch, sm_buf, record = budget_launch(cdiv(rows, row_block), num_sms, ctas_per_sm,
                                            x.device, pinned, pdl, sm_ids)
     kc, vc, slots = caches if caches is not None else (x, x, positions)  # unread unless STORE
-    _rope_kernel[(launch.grid,)](
+    run_kernel(_rope_kernel, launch.grid,
         x, positions, cos_sin, wq if wq is not None else cos_sin,
         wk if wk is not None else cos_sin, kc, vc, slots, sm_buf, *launch.args, rows, H,
         heads[0], heads[1], x.stride(0), x.stride(1), kc.stride(0), eps, HALF=half,

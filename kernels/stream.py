@@ -8,6 +8,7 @@ import triton
 import triton.language as tl
 
 from pdmux_triton.errors import PdmuxError
+from pdmux_triton.kernels._dispatch import run_kernel
 from pdmux_triton.kernels._launch import cdiv, interpreting
 from pdmux_triton.kernels._pinned import Pinned, budget_launch, run_slots
 
@@ -59,7 +60,7 @@ def stream_read(buf: torch.Tensor, *, num_sms: int | None = None, ctas_per_sm: i
     launch, sm_buf, record = budget_launch(max(1, cdiv(words.numel(), block * unroll)),
                                            num_sms, ctas_per_sm, buf.device, pinned, pdl, sm_ids)
     out = torch.empty(launch.slots, dtype=torch.int32, device=buf.device)
-    _stream_read_kernel[(launch.grid,)](words, out, sm_buf, *launch.args, words.numel(),
-                                        BLOCK=block, UNROLL=unroll, RECORD_SM=record,
-                                        num_warps=num_warps or STREAM_WARPS, **launch.kwargs)
+    run_kernel(_stream_read_kernel, launch.grid, words, out, sm_buf, *launch.args, words.numel(),
+               BLOCK=block, UNROLL=unroll, RECORD_SM=record, num_warps=num_warps or STREAM_WARPS,
+               **launch.kwargs)
     return out
