@@ -76,8 +76,27 @@ def _hooked() -> bool:
     return bool(rt.launch_enter_hook.calls or rt.launch_exit_hook.calls)
 
 
+# kernel id -> ((globals dict, name, the object found there when last seen equal), ...)
+_SEEN_GLOBALS: dict = {}
+
+
 def _globals_unchanged(kernel) -> bool:
     """Triton's own check before a launch: the globals the kernel read when it compiled still
-    hold the values it compiled with."""
-    return all(globals_dict.get(name, _MISSING) == val
-               for (name, _), (val, globals_dict) in kernel.used_global_vals.items())
+    hold the values it compiled with. The objects last found equal are remembered, so a launch
+    compares identities (a constexpr's == runs in Python); any other object is compared by
+    value, as Triton does."""
+    seen = _SEEN_GLOBALS.get(id(kernel))
+    if seen is not None:
+        for globals_dict, name, obj in seen:
+            if globals_dict.get(name, _MISSING) is not obj:
+                break
+        else:
+            return True
+    found = []
+    for (name, _), (val, globals_dict) in kernel.used_global_vals.items():
+        obj = globals_dict.get(name, _MISSING)
+        if obj != val:
+            return False
+        found.append((globals_dict, name, obj))
+    _SEEN_GLOBALS[id(kernel)] = tuple(found)
+    return True

@@ -275,10 +275,7 @@ def pinned_launch(pinned: Pinned | None, slots: int, ctas_per_sm: int, device: t
                   pdl: bool = False) -> PinnedLaunch:
     """The launch of a kernel whose grid-capped form has `slots` programs (`grid_size`'s)."""
     if pinned is None:
-        none = unused_pointer(device)
-        if pdl:
-            _check_pdl(device)
-        return PinnedLaunch(slots, slots, (none, none, 0, 1, 1, slots, slots), _PLAIN[pdl])
+        return _plain_launch(slots, device, pdl)
     if pdl:
         raise PdmuxError("a pinned launch cannot overlap the one before it (programmatic "
                          "dependent launch): its programs that wait would hold SMs outside "
@@ -357,9 +354,29 @@ def budget_launch(units: int, num_sms: int | None, ctas_per_sm: int, device: tor
                   sm_ids: torch.Tensor | None) -> tuple[PinnedLaunch, torch.Tensor, bool]:
     """A kernel's launch for `units` of work on a budget (`grid_size`'s programs, or the pinned
     partition's slots) and its telemetry arguments (`telemetry_args`)."""
+    if pinned is None and sm_ids is None and num_sms is not None:
+        return _plain_budget_launch(units, num_sms, ctas_per_sm, device, pdl)
     slots = grid_size(units, pinned_budget(pinned, num_sms), ctas_per_sm, device)
     return (pinned_launch(pinned, slots, ctas_per_sm, device, pdl),
             *telemetry_args(sm_ids, slots, device))
+
+
+# Plain launches are made once per shape: a prefill layer's launchers ask for the same few in
+# every layer, and their host time counts (bench/host_profile.py). Typed, so that True is not
+# taken for 1 (grid_size refuses a bool); a launch that raises is not kept.
+@functools.lru_cache(maxsize=4096, typed=True)
+def _plain_launch(slots: int, device: torch.device, pdl: bool) -> PinnedLaunch:
+    none = unused_pointer(device)
+    if pdl:
+        _check_pdl(device)
+    return PinnedLaunch(slots, slots, (none, none, 0, 1, 1, slots, slots), _PLAIN[pdl])
+
+
+@functools.lru_cache(maxsize=4096, typed=True)
+def _plain_budget_launch(units: int, num_sms: int, ctas_per_sm: int, device: torch.device,
+                         pdl: bool) -> tuple[PinnedLaunch, torch.Tensor, bool]:
+    slots = grid_size(units, num_sms, ctas_per_sm, device)
+    return _plain_launch(slots, device, pdl), *telemetry_args(None, slots, device)
 
 
 @triton.jit
