@@ -20,8 +20,7 @@ import contextlib
 
 import torch
 from triton import knobs
-
-from pdmux_triton.kernels._launch import interpreting
+from triton.runtime.jit import JITFunction
 
 FAST = True  # off: every launch through `JITFunction.run` (host_profile's baseline)
 
@@ -47,7 +46,8 @@ def run_kernel(kernel, grid: int, *args, **kwargs) -> None:
     """Launch `kernel` on `grid` programs with `args` and `kwargs` (its constexprs and launch
     options) on the current stream: `kernel[(grid,)](*args, **kwargs)`, with Triton's dispatch
     skipped once this specialization has been launched."""
-    if not FAST or interpreting() or _hooked():
+    # (the interpreter's kernels are not JITFunctions: no environment read a launch)
+    if not FAST or not isinstance(kernel, JITFunction) or _hooked():
         kernel[(grid,)](*args, **kwargs)
         return
     device = torch.cuda.current_device()

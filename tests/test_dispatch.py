@@ -46,7 +46,6 @@ def kernel(monkeypatch):
         return Compiled(k.calls)
 
     monkeypatch.setattr(k, "run", through_triton)
-    monkeypatch.setattr(_dispatch, "interpreting", lambda: False)
     monkeypatch.setattr(_dispatch, "_COMPILED", {})
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: STREAM,
@@ -140,11 +139,16 @@ def test_the_first_launch_on_a_device_goes_through_triton(kernel):
     assert _launch(kernel, x, out) == "triton"
 
 
-def test_interpreted_kernels_go_through_triton(kernel, monkeypatch):
-    monkeypatch.setattr(_dispatch, "interpreting", lambda: True)
-    x, out = torch.zeros(64), torch.zeros(64)
-    _launch(kernel, x, out)
-    assert _launch(kernel, x, out) == "triton"
+def test_interpreted_kernels_go_through_their_own_launch():
+    """Under the interpreter a kernel is no JITFunction: its own `[grid]` runs it."""
+    calls = []
+
+    class Interpreted:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: calls.append((grid, args, kwargs))
+
+    _dispatch.run_kernel(Interpreted(), 3, "x", 5, BLOCK=64)
+    assert calls == [((3,), ("x", 5), {"BLOCK": 64})]
 
 
 @pytest.mark.gpu
