@@ -14,9 +14,9 @@ step: what a decode-side setting costs the other side), with the SMs each side's
 (pinned at one also with the claiming gate instead of the one-a-site one and on the SMs green's
 decode side ran on, and at one, three and as served with the tagged gates: the gap to green by
 cause; each pinned row counts the probe's slots that ran off their side's SMs); decode
-attention on 16 pinned SMs at 1-3 CTAs per SM. The kernel benchmark's and a run's figures (decode linears and attention
-against the streaming read, pd-mux's ITL and prefill at 80/52) come from their files when
-given.
+attention on 16 pinned SMs at 1-3 CTAs per SM. The kernel benchmark's and a run's figures
+(decode linears and attention against the streaming read, pd-mux's ITL and prefill at 80/52)
+come from their files when given.
 
     python bench/decode_floor.py --out bench/results [--kernels FILE] [--run FILE]
         [--turns "1,1 claiming"]   # only those pinned turns: decode-floor-turns-<gpu>.json

@@ -111,10 +111,10 @@ def profile_case(x: ModelExecutor, tokens: int, layers: int) -> dict:
     try:
         launch_layers(x, carry, 10)  # anything first-time out of the way
         plain, triton = [], []
-        for _ in range(TURNS):
-            plain += launch_layers(x, carry, layers // TURNS)
-            with through_triton():
-                triton += launch_layers(x, carry, layers // TURNS)
+        for turn in range(TURNS):  # each first in every other turn
+            for past in (turn % 2 == 0, turn % 2 == 1):
+                with contextlib.nullcontext() if past else through_triton():
+                    (plain if past else triton).extend(launch_layers(x, carry, layers // TURNS))
         prof = cProfile.Profile()
         prof.enable()
         profiled = launch_layers(x, carry, layers)
@@ -126,7 +126,7 @@ def profile_case(x: ModelExecutor, tokens: int, layers: int) -> dict:
         x.release(req)
     stats = pstats.Stats(prof)
     p50 = statistics.median(plain)
-    return {"tokens": tokens, "layers": layers,
+    return {"tokens": tokens, "layers": layers, "layers_timed_each_way": len(plain),
             "host_ms_a_layer_p50": p50 * 1e3,
             "host_ms_a_layer_p90": statistics.quantiles(plain, n=10)[-1] * 1e3,
             "through_triton_host_ms_a_layer_p50": statistics.median(triton) * 1e3,
@@ -178,7 +178,8 @@ def main(argv=None) -> int:
     parser = bench_parser("host_profile.py", __doc__)
     parser.add_argument("--tokens", type=listed(integer(1, 65536), "token count"),
                         default=(16, 512))
-    parser.add_argument("--layers", type=integer(10, 100_000), default=200)
+    parser.add_argument("--layers", type=integer(TURNS, 100_000), default=200,
+                        help=f"layers timed each way, in {TURNS} turns (rounded down to them)")
     return run_script(parser, run, argv)
 
 

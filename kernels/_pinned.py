@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import types
 from dataclasses import dataclass, field
 
 import torch
@@ -266,8 +267,9 @@ def _check_pdl(device: torch.device) -> None:
 
 
 # a plain launch's keyword arguments besides the kernel's own: the gate's constexprs, PDL's
-# constexpr and launch option
-_PLAIN = {pdl: {"PINNED": False, "PLACED": False, "BLOCK_SMS": 1, "PDL": pdl, "launch_pdl": pdl}
+# constexpr and launch option (read-only: every plain launch shares them)
+_PLAIN = {pdl: types.MappingProxyType({"PINNED": False, "PLACED": False, "BLOCK_SMS": 1,
+                                      "PDL": pdl, "launch_pdl": pdl})
           for pdl in (False, True)}
 
 
@@ -354,6 +356,7 @@ def budget_launch(units: int, num_sms: int | None, ctas_per_sm: int, device: tor
                   sm_ids: torch.Tensor | None) -> tuple[PinnedLaunch, torch.Tensor, bool]:
     """A kernel's launch for `units` of work on a budget (`grid_size`'s programs, or the pinned
     partition's slots) and its telemetry arguments (`telemetry_args`)."""
+    # (a default budget is left out: it is the current device's SM count)
     if pinned is None and sm_ids is None and num_sms is not None:
         return _plain_budget_launch(units, num_sms, ctas_per_sm, device, pdl)
     slots = grid_size(units, pinned_budget(pinned, num_sms), ctas_per_sm, device)

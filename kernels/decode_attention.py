@@ -131,7 +131,8 @@ def _decode_slot(pid, programs, q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, p
 
 
 # the body as a function of its own, for pinned launches of several programs an SM (the source
-# is `_decode_slot`'s: only the call differs)
+# is `_decode_slot`'s: only the call differs). Never for the GEMMs: a call in their kernel puts
+# a warpgroup sync before every wgmma
 _decode_slot_apart = triton.jit(_decode_slot.fn, noinline=True)
 
 

@@ -30,6 +30,16 @@ class Compiled:
         self.calls.append(("direct", args))
 
 
+class Driver:
+    """The active driver's device and stream, as Triton's reports them on a GPU."""
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device):
+        return STREAM
+
+
 @pytest.fixture
 def kernel(monkeypatch):
     """A Triton kernel (`m` not specialized) with the CUDA backend's binder on device 0; its
@@ -41,21 +51,19 @@ def kernel(monkeypatch):
                           create_function_from_signature(k.signature, k.params, backend))
     k.calls = []
 
-    def through_triton(*args, grid, warmup, **kwargs):
+    def fake_run(*args, grid, warmup, **kwargs):
         k.calls.append(("triton", grid))
         return Compiled(k.calls)
 
-    monkeypatch.setattr(k, "run", through_triton)
-    monkeypatch.setattr(_dispatch, "_COMPILED", {})
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: STREAM,
-                        raising=False)
+    monkeypatch.setattr(k, "run", fake_run)
+    # (set_active's own undo, reset_active, would make the default driver: none here)
+    monkeypatch.setattr(_dispatch.driver, "_active", Driver())
     return k
 
 
 def _launch(k, x, out, n=100, m=5, block=64, **options):
     _dispatch.run_kernel(k, 3, x, out, n, 0.5, m, BLOCK=block, num_warps=4, **options)
-    return [c[0] for c in k.calls[-1:]][0]
+    return k.calls[-1][0]
 
 
 def test_a_seen_specialization_calls_the_compiled_launcher_with_every_argument(kernel):
@@ -78,6 +86,7 @@ def test_a_seen_specialization_calls_the_compiled_launcher_with_every_argument(k
     {"n": 2 ** 40},          # ... past 32 bits
     {"block": 128},          # another constexpr
     {"num_stages": 2},       # another launch option
+    {"num_stages": 2.0},     # ... of another type (Triton keys options by their string)
 ])
 def test_a_new_specialization_goes_through_triton_once(kernel, change):
     buf = torch.zeros(80)
@@ -89,6 +98,8 @@ def test_a_new_specialization_goes_through_triton_once(kernel, change):
     elif change.get("x") == "half":
         x = x.half()
     options = {"num_stages": change["num_stages"]} if "num_stages" in change else {}
+    if isinstance(options.get("num_stages"), float):
+        _launch(kernel, x, out, num_stages=2)  # the int's entry first: the float is apart
     assert _launch(kernel, x, out, **args, **options) == "triton"
     assert _launch(kernel, x, out, **args, **options) == "direct"
     assert _launch(kernel, buf[:64], out) == "direct"  # the first one is still known
@@ -108,7 +119,7 @@ def test_a_launch_hook_or_the_switch_sends_every_launch_through_triton(kernel):
     x, out = torch.zeros(64), torch.zeros(64)
     _launch(kernel, x, out)
 
-    def hook(metadata):
+    def hook(*args, **kwargs):
         pass
 
     knobs.runtime.launch_enter_hook.add(hook)
@@ -116,8 +127,21 @@ def test_a_launch_hook_or_the_switch_sends_every_launch_through_triton(kernel):
         assert _launch(kernel, x, out) == "triton"
     finally:
         knobs.runtime.launch_enter_hook.remove(hook)
+    kernel.pre_run_hooks.append(hook)
+    assert _launch(kernel, x, out) == "triton"
+    kernel.pre_run_hooks.clear()
     with _dispatch.through_triton():
         assert _launch(kernel, x, out) == "triton"
+    assert _launch(kernel, x, out) == "direct"
+
+
+def test_triton_debug_switched_on_keys_a_kernel_of_its_own(kernel, monkeypatch):
+    """Triton adds its debug knob to the options before it binds: a launch after the knob
+    changes is another kernel's."""
+    x, out = torch.zeros(64), torch.zeros(64)
+    _launch(kernel, x, out)
+    monkeypatch.setattr(knobs.runtime, "debug", True)
+    assert _launch(kernel, x, out) == "triton"
     assert _launch(kernel, x, out) == "direct"
 
 
@@ -130,6 +154,30 @@ def test_a_changed_global_goes_through_triton(kernel):
     _launch(kernel, x, out)
     assert _launch(kernel, x, out) == "direct"
     module_globals["SCALE"] = 3
+    assert _launch(kernel, x, out) == "triton"
+
+
+def test_a_global_bound_again_to_an_equal_value_stays_direct(kernel):
+    x, out = torch.zeros(64), torch.zeros(64)
+    module_globals = {"SCALE": tl.constexpr(2)}
+    kernel.used_global_vals = {("SCALE", id(module_globals)): (tl.constexpr(2), module_globals)}
+    _launch(kernel, x, out)
+    assert _launch(kernel, x, out) == "direct"
+    module_globals["SCALE"] = tl.constexpr(2)  # another object, equal
+    assert _launch(kernel, x, out) == "direct"
+    assert _launch(kernel, x, out) == "direct"
+
+
+def test_a_mutable_global_is_compared_by_value_every_launch(kernel):
+    """Triton compares a global's value (a copy kept at compile time): one changed in place
+    is seen, so no identity shortcut is kept for a mutable one."""
+    x, out = torch.zeros(64), torch.zeros(64)
+    sizes = [1, 2]
+    module_globals = {"SIZES": sizes}
+    kernel.used_global_vals = {("SIZES", id(module_globals)): ([1, 2], module_globals)}
+    _launch(kernel, x, out)
+    assert _launch(kernel, x, out) == "direct"
+    sizes.append(3)
     assert _launch(kernel, x, out) == "triton"
 
 
@@ -187,3 +235,6 @@ def test_launches_past_triton_equal_launches_through_it(monkeypatch):
     assert runs == []
     for g, w_ in zip(got, want):
         assert torch.equal(g, w_)
+    # the aligned and the unaligned rows, each under a specialization of its own
+    from pdmux_triton.kernels.rmsnorm import _rmsnorm_kernel
+    assert len({key[1] for key in _rmsnorm_kernel.__dict__[_dispatch.COMPILED]}) >= 2
