@@ -28,6 +28,8 @@ LOG2E = 1.4426950408889634
 # dozens of one-block units; the value was swept on ragged, padded and uniform batches
 # (bench/NOTES.md has what each gave)
 UNIT_COST = 2
+
+
 @triton.jit
 def _request_slots(b, work, bi):
     """(slots of one unit of the requests before b, slots of one unit of request b)."""
