@@ -32,6 +32,7 @@ COMPILED, SEEN_GLOBALS = "_pdmux_compiled", "_pdmux_seen_globals"
 # globals compared by identity once found equal: objects that cannot change in place
 IMMUTABLE = (constexpr, dtype, int, float, bool, str, types.NoneType)
 _MISSING = object()
+_NONE_YET = types.MappingProxyType({})  # a kernel's compiled kernels before its first
 
 
 @contextlib.contextmanager
@@ -66,7 +67,7 @@ def run_kernel(kernel, grid: int, *args, **kwargs) -> None:
     # (the options' types too: Triton keys them by their string, where 0 is not False)
     key = (device, tuple(specialization), tuple(options.items()),
            tuple(map(type, options.values())))
-    compiled = kernel.__dict__.setdefault(COMPILED, {}).get(key)
+    compiled = kernel.__dict__.get(COMPILED, _NONE_YET).get(key)
     if compiled is None or not _globals_unchanged(kernel):
         _launch_through_triton(kernel, grid, key, args, kwargs)
         return
@@ -79,8 +80,8 @@ def _launch_through_triton(kernel, grid: int, key, args, kwargs) -> None:
     compiled = kernel[(grid,)](*args, **kwargs)
     if key is not None and compiled is not None:
         # (a future where Triton compiles asynchronously)
-        kernel.__dict__[COMPILED][key] = (compiled.result() if hasattr(compiled, "result")
-                                          else compiled)
+        kernel.__dict__.setdefault(COMPILED, {})[key] = (
+            compiled.result() if hasattr(compiled, "result") else compiled)
 
 
 def _hooked() -> bool:
