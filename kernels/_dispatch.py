@@ -32,7 +32,7 @@ COMPILED, SEEN_GLOBALS = "_pdmux_compiled", "_pdmux_seen_globals"
 # globals compared by identity once found equal: objects that cannot change in place
 IMMUTABLE = (constexpr, dtype, int, float, bool, str, types.NoneType)
 _MISSING = object()
-_NONE_YET = types.MappingProxyType({})  # a kernel's compiled kernels before its first
+_NONE_YET = types.MappingProxyType({})  # a kernel's compiled kernels before any is kept
 
 
 @contextlib.contextmanager
