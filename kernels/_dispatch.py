@@ -25,6 +25,8 @@ from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
 SKIP_TRITON_DISPATCH = True  # off: every launch through `JITFunction.run` (a baseline)
+# while a `_replay.recording` block runs: its `LaunchRecord`, handed every launch
+RECORDER = None
 
 # on a kernel: {(device, its specialization, its options): the kernel Triton compiled for them}
 # and the globals it read as last found equal (`_globals_unchanged`)
@@ -50,9 +52,19 @@ def run_kernel(kernel, grid: int, *args, **kwargs) -> None:
     """Launch `kernel` on `grid` programs with `args` and `kwargs` (its constexprs and launch
     options) on the current stream: `kernel[(grid,)](*args, **kwargs)`, with Triton's dispatch
     skipped once this specialization has been launched."""
+    if RECORDER is None:
+        _launch(kernel, grid, args, kwargs)
+        return
+    with RECORDER.launching():  # (what the launch itself does with torch is no layer's op)
+        _launch(kernel, grid, args, kwargs)
+
+
+def _launch(kernel, grid: int, args: tuple, kwargs: dict) -> None:
     # (the interpreter's kernels are not JITFunctions: no environment read a launch)
     if (not SKIP_TRITON_DISPATCH or not isinstance(kernel, JITFunction) or kernel.pre_run_hooks
             or _hooked()):
+        if RECORDER is not None:
+            RECORDER.add_kernel(kernel, grid, args, kwargs)
         kernel[(grid,)](*args, **kwargs)
         return
     device = driver.active.get_current_device()
@@ -71,12 +83,17 @@ def run_kernel(kernel, grid: int, *args, **kwargs) -> None:
     if compiled is None or not _globals_unchanged(kernel):
         _launch_through_triton(kernel, grid, key, args, kwargs)
         return
-    compiled.run(grid, 1, 1, driver.active.get_current_stream(device), compiled.function,
-                 compiled.packed_metadata, None, None, None, *params.values())
+    stream = driver.active.get_current_stream(device)
+    if RECORDER is not None:
+        RECORDER.add_compiled(compiled, grid, stream, list(params.values()))
+    compiled.run(grid, 1, 1, stream, compiled.function, compiled.packed_metadata, None, None,
+                 None, *params.values())
 
 
 def _launch_through_triton(kernel, grid: int, key, args, kwargs) -> None:
     """Triton's launch, and the kernel it launched kept under `key` (None: not kept)."""
+    if RECORDER is not None:
+        RECORDER.add_kernel(kernel, grid, args, kwargs)
     compiled = kernel[(grid,)](*args, **kwargs)
     if key is not None and compiled is not None:
         # (a future where Triton compiles asynchronously)

@@ -19,6 +19,7 @@ from pdmux_triton.errors import PdmuxError
 from pdmux_triton.gpu.streams import kernel_args
 from pdmux_triton.kernels import (decode_attention, extend_attention, linear, rmsnorm, rope_cache,
                                   rope_store_kv, swiglu_linear)
+from pdmux_triton.kernels._replay import recording
 from pdmux_triton.kernels.gemm import normalizes_rows
 from pdmux_triton.kernels.prefill_attention import plan_extend
 from pdmux_triton.multiplex.partition import Budget
@@ -191,24 +192,30 @@ class Model:
         self.cache = cache
         self.cos_sin = rope_cache(max_positions, self.spec.head_dim, self.spec.rope_theta,
                                   weights.embed.device, rope_frequencies(self.spec))
+        # why the last prefill's layers were launched one by one (None: replayed, or one layer)
+        self.unreplayable: str | None = None
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         # a gather, not a GEMM: its cost is a few rows per token on either side of the split
         return self.w.embed[tokens]
 
-    def layer(self, i: int, hidden: torch.Tensor, residual: torch.Tensor | None,
+    def residual_stream(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(hidden, residual) before the first layer: the embeddings and a zero sum, so that
+        every layer adds its input to the residual alike (+0 is exact) and launches alike."""
+        hidden = self.embed(tokens)
+        return hidden, torch.zeros_like(hidden)
+
+    def layer(self, i: int, hidden: torch.Tensor, residual: torch.Tensor,
               positions: torch.Tensor, slots: torch.Tensor, attend, budget: Budget):
         """One transformer layer; `attend(q, k, v, k_cache, v_cache)` is decode or extend
         attention (k, v: this call's new keys and values, already in the cache too).
+        `residual` is the running sum before `hidden` is added to it (zeros at the first
+        layer: `residual_stream`).
 
         Returns (hidden, residual) for the next layer: the MLP output and the running sum.
         """
         s, lw, kw = self.spec, self.w.layers[i], kernel_args(budget)
-        if residual is None:
-            residual = hidden.clone()
-            x = rmsnorm(hidden, lw["in_norm"], s.rms_eps, **kw)
-        else:
-            x = rmsnorm(hidden, lw["in_norm"], s.rms_eps, residual=residual, **kw)
+        x = rmsnorm(hidden, lw["in_norm"], s.rms_eps, residual=residual, **kw)
         attn = self._attention(i, linear(x, lw["qkv"], bias=lw.get("qkv_bias"), **kw), positions,
                                slots, attend, kw)
         comm = budget.comm or ONE_GPU
@@ -271,12 +278,13 @@ class Model:
         def attend(q, k, v, kc, vc):
             return decode_attention(q, kc, vc, batch.page_table, batch.seq_lens, ps,
                                     batch.max_seq_len, **kernel_args(budget, attention=True))
-        hidden, residual = self.embed(batch.tokens), None
-        if self.fuses_norms(hidden.shape[0], budget):
-            residual = hidden  # the gather's own tensor: the residual stream, updated in place
+        if self.fuses_norms(batch.tokens.shape[0], budget):
+            # the gather's own tensor: the residual stream, updated in place
+            residual = self.embed(batch.tokens)
             for i in range(len(self.w.layers)):
                 self.fused_layer(i, residual, batch.positions, batch.slots, attend, budget)
             return self.logits(None, residual, budget)
+        hidden, residual = self.residual_stream(batch.tokens)
         for i in range(len(self.w.layers)):
             hidden, residual = self.layer(i, hidden, residual, batch.positions, batch.slots,
                                           attend, budget)
@@ -288,15 +296,45 @@ class Model:
         if not 0 <= start <= end <= len(self.w.layers):
             raise PdmuxError(f"layer range [{start}, {end}) is outside 0..{len(self.w.layers)}")
         if start == 0:
-            hidden, residual = self.embed(batch.tokens), None
+            hidden, residual = self.residual_stream(batch.tokens)
         elif hidden is None:
             raise PdmuxError(f"a prefill resumed at layer {start} needs the hidden states")
-        ps = self.cache.page_size
+        ps, plan = self.cache.page_size, batch.plan
 
         def attend(q, k, v, kc, vc):
             return extend_attention(q, k, v, kc, vc, batch.page_table, batch.extend_lens,
-                                    batch.prefix_lens, ps, plan=batch.plan, **kernel_args(budget))
+                                    batch.prefix_lens, ps, plan=plan, **kernel_args(budget))
+
+        def run(i, hidden, residual):
+            return self.layer(i, hidden, residual, batch.positions, batch.slots, attend, budget)
+        if budget.comm is None:
+            return self._replayed(range(start, end), hidden, residual, run)
+        # (a rank's all-reduces between its launches are no launches a record keeps)
+        self.unreplayable = "a tensor-parallel rank's layers reduce between their launches"
         for i in range(start, end):
-            hidden, residual = self.layer(i, hidden, residual, batch.positions, batch.slots,
-                                          attend, budget)
+            hidden, residual = run(i, hidden, residual)
         return hidden, residual
+
+    def _replayed(self, layers: range, hidden, residual, run):
+        """`run(i, hidden, residual)` (layer i's launches) for the first of `layers`,
+        recorded; for each later one its launches again, with the layer's own weights, KV
+        cache and input swapped in (kernels/_replay.py): the host's time of an eager layer is
+        mostly its launchers' checks and Triton's binding, the same for every layer. A layer
+        the record cannot serve runs as the first did."""
+        self.unreplayable = record = output = None
+        for i in layers:
+            if record is None:
+                with recording(self._layer_tensors(i, hidden)) as record:
+                    hidden, residual = run(i, hidden, residual)
+                self.unreplayable, output = record.unreplayable, hidden
+            elif not record.unreplayable and record.replay(self._layer_tensors(i, hidden)):
+                hidden = output  # (every replay writes where the recorded layer wrote)
+            else:
+                hidden, residual = run(i, hidden, residual)
+        return hidden, residual
+
+    def _layer_tensors(self, i: int, hidden: torch.Tensor) -> dict[str, torch.Tensor]:
+        """What layer i's launches read that another layer's do not: its weights, its KV
+        cache, its input."""
+        return {**self.w.layers[i], "k_cache": self.cache.k[i], "v_cache": self.cache.v[i],
+                "hidden": hidden}
