@@ -6,7 +6,9 @@ under cProfile, with the functions that take the most of it by their own time an
 time with what they call; then, through Triton's dispatch, each launch split by clock alone
 (no profiler): the dispatch (`JITFunction.run`: binding and specializing the arguments, the
 cache key) apart from its launcher (`CudaLauncher.__call__`: TMA descriptors encoded, the
-driver's launch), and the rest of the layer (our launchers, torch). Writes
+driver's launch), and the rest of the layer (our launchers, torch); and a whole prefill's
+layers a call, those after the first replayed (kernels/_replay.py) and launched one by one, in
+turns. Writes
 <out>/host-profile-<gpu>.json and prints the table.
 
     python bench/host_profile.py --out /tmp/x [--tokens 16,512] [--layers 200]
@@ -52,6 +54,38 @@ def launch_layers(x: ModelExecutor, carry, layers: int) -> list[float]:
         times.append(time.perf_counter() - t0)
     torch.cuda.synchronize()
     return times
+
+
+def prefill_layers(x: ModelExecutor, carry, calls: int) -> list[float]:
+    """Host seconds a layer of each of `calls` launches of all the model's layers (the GPU
+    waited for between them), as a prefill-first round or a chunked round launches them."""
+    layers, times = x.num_layers, []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        x.model.extend_layers(carry.batch, 0, layers, budget=x.prefill_side.budget)
+        times.append((time.perf_counter() - t0) / layers)
+    torch.cuda.synchronize()
+    return times
+
+
+def replayed_vs_one_by_one(x: ModelExecutor, carry, calls: int) -> dict:
+    """A whole prefill's host time a layer, its layers after the first replayed
+    (kernels/_replay.py) and launched one by one, in turns."""
+    replayed, one_by_one = [], []
+    for turn in range(TURNS):
+        for replays in (turn % 2 == 0, turn % 2 == 1):
+            x.model.replays_layers = replays
+            (replayed if replays else one_by_one).extend(
+                prefill_layers(x, carry, max(1, calls // TURNS)))
+    x.model.replays_layers = True
+    p50, base = statistics.median(replayed), statistics.median(one_by_one)
+    return {"layers_a_call": x.num_layers, "calls_each_way": len(replayed),
+            "replayed_host_ms_a_layer_p50": p50 * 1e3,
+            "replayed_host_ms_a_layer_p90": statistics.quantiles(replayed, n=10)[-1] * 1e3,
+            "one_by_one_host_ms_a_layer_p50": base * 1e3,
+            "one_by_one_host_ms_a_layer_p90": statistics.quantiles(one_by_one, n=10)[-1] * 1e3,
+            "replayed_over_one_by_one_p50": p50 / base}
 
 
 def top_functions(stats: pstats.Stats, key: str, calls_per: int) -> list[dict]:
@@ -122,6 +156,7 @@ def profile_case(x: ModelExecutor, tokens: int, layers: int) -> dict:
         spans = defaultdict(list)
         with timed_launches(spans), through_triton():
             split = launch_layers(x, carry, layers)
+        whole = replayed_vs_one_by_one(x, carry, max(TURNS, layers // 10))
     finally:
         x.release(req)
     stats = pstats.Stats(prof)
@@ -134,6 +169,7 @@ def profile_case(x: ModelExecutor, tokens: int, layers: int) -> dict:
             "past_over_through_triton_p50": p50 / statistics.median(triton),
             "profiled_host_ms_a_layer_p50": statistics.median(profiled) * 1e3,
             "launch_split": launch_split(spans, layers, statistics.mean(split)),
+            "whole_prefill": whole,
             "by_own_time": top_functions(stats, "tottime", layers),
             "by_time_with_callees": top_functions(stats, "cumtime", layers)}
 
@@ -159,6 +195,13 @@ def run(args) -> int:
                      f"{c['through_triton_host_ms_a_layer_p90']:>7.3f} "
                      f"{c['past_over_through_triton_p50']:>6.3f} "
                      f"{c['profiled_host_ms_a_layer_p50']:>9.3f}")
+        w = c["whole_prefill"]
+        lines.append(f"  a whole prefill ({w['layers_a_call']} layers), host ms a layer p50 "
+                     f"(p90): replayed {w['replayed_host_ms_a_layer_p50']:.3f} "
+                     f"({w['replayed_host_ms_a_layer_p90']:.3f}), one by one "
+                     f"{w['one_by_one_host_ms_a_layer_p50']:.3f} "
+                     f"({w['one_by_one_host_ms_a_layer_p90']:.3f}): "
+                     f"{w['replayed_over_one_by_one_p50']:.3f}")
         sp = c["launch_split"]
         lines.append(f"  through Triton by clock, us a layer: {sp['layer_us']:.0f} = Triton "
                      f"{sp['triton_us_a_layer']:.0f}"

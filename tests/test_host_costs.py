@@ -30,10 +30,13 @@ def test_host_costs_need_a_gpu(capsys):
 
 
 def test_the_table_shows_each_case_in_ms():
-    table = host_costs_table({"eager_layer": [{"tokens": 16, "host_s": 0.0012, "gpu_s": 0.0004}],
-                              "decode_round": [{"batch": 8, "wall_s": 0.0091, "gpu_s": 0.0083}]})
-    assert table.splitlines()[1].split() == ["16", "1.200", "0.400"]
-    assert table.splitlines()[3].split() == ["8", "9.100", "8.300"]
+    table = host_costs_table({"eager_layer": [
+        {"tokens": 16, "host_s": 0.0012, "later_layer_s": 0.0003, "gpu_s": 0.0004},
+        {"tokens": 512, "host_s": 0.0013, "gpu_s": 0.0005}],  # (timed before replays)
+        "decode_round": [{"batch": 8, "wall_s": 0.0091, "gpu_s": 0.0083}]})
+    assert table.splitlines()[1].split() == ["16", "1.200", "0.300", "0.400"]
+    assert table.splitlines()[2].split() == ["512", "1.300", "-", "0.500"]
+    assert table.splitlines()[4].split() == ["8", "9.100", "8.300"]
 
 
 @pytest.mark.gpu
@@ -41,7 +44,7 @@ def test_measured_host_costs_are_the_file_run_reads(tmp_path, capsys):
     assert main(["calibrate", "--host-costs", "--model", "tiny", "--out", str(tmp_path)]) == 0
     path = next(tmp_path.glob("host-costs-*.json"))
     costs = load_host_costs(path)
-    assert costs.decode_round_s > 0 and costs.layer_launch_s > 0
+    assert costs.decode_round_s > 0 and costs.layer_launch_s > 0 and costs.later_layer_s > 0
     assert f"wrote {path}" in capsys.readouterr().out
 
 
@@ -209,3 +212,17 @@ def test_the_kinds_fitted_apart_are_the_split_kinds_but_the_grid_caps():
     from pdmux_triton.multiplex.partition import SPLIT_KINDS
 
     assert KINDS_FITTED_APART == tuple(k for k in SPLIT_KINDS if k != "grid_cap")
+
+
+def test_later_layers_load_where_timed(tmp_path):
+    """A file timed with replayed prefill layers gives their median; the committed one, timed
+    before them, none (every layer priced as the first)."""
+    assert load_host_costs("bench/results/host-costs-h200.json").later_layer_s is None
+    data = json.loads(open("bench/results/host-costs-h200.json").read())
+    for row, later in zip(data["eager_layer"], (3e-4, 1e-4, 2e-4, 5e-4)):
+        row["later_layer_s"] = later
+    path = tmp_path / "host-costs-h200.json"
+    path.write_text(json.dumps(data))
+    loaded = load_host_costs(path)
+    assert loaded.later_layer_s == 3e-4  # the median (the upper of the middle two)
+    assert loaded.launch_layers_s(3) == pytest.approx(loaded.layer_launch_s + 2 * 3e-4)

@@ -196,6 +196,20 @@ def test_a_prefill_bound_by_its_launches_ends_after_its_last_layer_runs():
                                           rel=1e-9)
 
 
+def test_a_split_prefills_later_layers_launch_at_the_replayed_layers_time():
+    """PD-mux's split prefill: each call's first layer at the launch time, its later ones at
+    the replayed layers'."""
+    host = step_cost.Overheads(layer_launch_s=0.002, later_layer_s=0.0005, eager_step_s=0.003)
+    rate = step_cost.PrefillRate.fixed(H100.bf16_tflops, H100.sms, 0.5)
+    x = SimExecutor(H100, QWEN, step_cost.SaturationLaw(H100.hbm_tbps * 0.85, 66.0), rate,
+                    overheads=host)
+    prompt = prompt_during_decode(QWEN.vocab, batch=1, prompt=64)[-1]
+    carry = x.begin_prefill([prompt])
+    began = x.t
+    x.launch_prefill(carry, 0, 12)
+    assert x.t - began == pytest.approx(0.002 + 11 * 0.0005)
+
+
 def test_a_prefill_with_the_whole_gpu_runs_at_the_served_mfu_and_a_split_one_as_compared():
     law = step_cost.SaturationLaw(H100.hbm_tbps * 0.85, 66.0)
     rate = step_cost.PrefillRate(H100.bf16_tflops, H100.sms, ((60, 0.5), (112, 0.6)))

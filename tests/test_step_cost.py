@@ -141,6 +141,30 @@ def test_eager_layers_run_as_a_pipeline_of_launches_and_gpu_work():
     assert moved.mixed.fixed_s == 3e-3 and moved.eager_step_s == pytest.approx(6e-3)
 
 
+def test_later_layers_replayed_launch_faster_than_a_calls_first():
+    """A call's first layer at its launch time, each later one at the replayed layers'; the
+    GPU paces the later layers where it is slower; the host moves both alike; a file from
+    before replays (no later time) prices every layer as the first, exactly as before."""
+    host = step_cost.Overheads(layer_launch_s=1e-3, later_layer_s=2e-4)
+    assert host.launch_layers_s(36) == pytest.approx(1e-3 + 35 * 2e-4)
+    assert host.launch_layers_s(1) == 1e-3 and host.launch_layers_s(0) == 0.0
+    assert step_cost.Overheads(layer_launch_s=1e-3).launch_layers_s(36) == 36 * 1e-3
+    # launch-bound: first, 35 later launches, the last layer's GPU time
+    assert step_cost.layer_pipeline_s(3.6e-3, 36, 1e-3, 2e-4) == pytest.approx(
+        1e-3 + 35 * 2e-4 + 1e-4)
+    # GPU-bound after the first launch
+    assert step_cost.layer_pipeline_s(36e-3, 36, 1e-3, 2e-4) == pytest.approx(1e-3 + 36e-3)
+    for gpu, layers, launch in ((36e-3, 36, 0.5e-3), (18e-3, 36, 1e-3), (3e-3, 7, 2e-3)):
+        assert (step_cost.layer_pipeline_s(gpu, layers, launch, launch)
+                == step_cost.layer_pipeline_s(gpu, layers, launch))
+    moved = host.on_host(2e-3)
+    assert moved.later_layer_s == pytest.approx(4e-4) and moved.layer_launch_s == 2e-3
+    assert step_cost.Overheads(layer_launch_s=1e-3).on_host(2e-3).later_layer_s is None
+    for bad in (-1e-6, float("nan"), float("inf")):
+        with pytest.raises(PdmuxError, match="later_layer_s"):
+            step_cost.Overheads(later_layer_s=bad)
+
+
 def test_a_mixed_step_is_bound_by_compute_or_by_reading():
     law = step_cost.SaturationLaw(3.0, 66)
     rate = step_cost.PrefillRate.fixed(989.0, 132, 0.5)

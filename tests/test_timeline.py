@@ -42,12 +42,15 @@ def test_the_activity_holds_a_copy_of_the_drains_and_clear_forgets_everything():
     a = marks.activity()
     marks.drains.append(9.0)
     assert a.drain_s == [0.125]
-    marks.launched_layers(0.5, 4, at=3.0)
-    marks.launched_layers(0.25, 0, at=4.0)  # nothing launched: nothing to count
-    assert (marks.activity().host_layer_s, marks.activity().host_layer_at_s) == ([0.125], [3.0])
+    marks.launched_layers(0.5, 0.75, 4, at=3.0)  # the first layer, then three at 0.25 s
+    marks.launched_layers(0.375, 0.0, 1, at=3.5)  # one layer: no later ones
+    marks.launched_layers(0.25, 0.0, 0, at=4.0)  # nothing launched: nothing to count
+    a = marks.activity()
+    assert (a.host_layer_s, a.host_layer_at_s, a.host_later_layer_s) == ([0.5, 0.375],
+                                                                          [3.0, 3.5], [0.25])
     marks.clear()
     assert (marks.launches, marks.decode_steps, marks.drains, marks.host_layers,
-            marks.host_layers_at) == ([], [], [], [], [])
+            marks.host_layers_at, marks.host_later_layers) == ([], [], [], [], [], [])
     assert marks.activity().busy == []
 
 

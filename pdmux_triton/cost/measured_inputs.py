@@ -286,7 +286,8 @@ def _prefill_batch(data: dict, path) -> float | None:
 
 def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
     """The executor's overheads from a host-costs file (calibrate --host-costs): the median over its cases of
-    an eager layer's launch time and of a decode round's wall time less its GPU time, the
+    an eager layer's launch time (a call's first, and its later layers' where timed) and of a
+    decode round's wall time less its GPU time, the
     extend kernel's padded decode rows, and where bench/fit_host_costs.py added them, the
     fixed cost of an eager step, a captured decode step's cost beyond its bytes, the mixed
     step's fit, the MFU a prefill with the whole GPU is served at, and what a level's prefill
@@ -307,6 +308,9 @@ def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
     batch_s = _prefill_batch(data, path)
     try:
         layers = sorted(float(r["host_s"]) for r in data["eager_layer"])
+        # (a file from before prefill layers were replayed times one layer a call: none)
+        later = sorted(float(r["later_layer_s"]) for r in data["eager_layer"]
+                       if "later_layer_s" in r)
         rounds = sorted(max(0.0, float(r["wall_s"]) - float(r["gpu_s"])) for r in data["decode_round"])
         step = float(data.get("eager_step", {}).get("seconds", 0.0))
         extra = tuple((int(r["batch"]), float(r["extra_s"]))
@@ -316,6 +320,7 @@ def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
         whole = data.get("whole_gpu_prefill")
         whole_mfu = float(whole["mfu"]) if whole else None
         round_s, layer_s = rounds[len(rounds) // 2], layers[len(layers) // 2]
+        later_s = later[len(later) // 2] if later else None
     except (KeyError, TypeError, ValueError, IndexError):
         raise PdmuxError(f"{path} lacks the eager_layer and decode_round rows of a host-costs "
                          f"file (made by `pdmux-triton calibrate --host-costs`)") from None
@@ -327,4 +332,4 @@ def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
                      whole_by_busy, sustained, slowdown, decode_by_busy,
                      decode_round_per_request_s=per_request_s,
                      decode_round_per_kv_token_s=per_kv_token_s, prefill_batch_s=batch_s,
-                     by_kind=by_kind)
+                     by_kind=by_kind, later_layer_s=later_s)

@@ -462,7 +462,10 @@ class Overheads:
     """What this tool's executor spends beyond the first-order model: the host's share of a
     decode round (inputs up, replay, tokens back, the loop's bookkeeping: `decode_round_s`
     fixed, `decode_round_per_request_s` a request and `decode_round_per_kv_token_s` a token
-    of KV its page tables name), each eager layer's launches, an eager step's batch (made,
+    of KV its page tables name), each eager layer's launches (`layer_launch_s` the first of a
+    call, which goes through the launchers; `later_layer_s` each later one, which replays the
+    first's launches, kernels/_replay.py; None: as the first, a file measured before), an
+    eager step's batch (made,
     uploaded, its tokens read back; a whole-GPU prefill batch pays it too), a split prefill's
     batch made and uploaded before its layers launch (`prefill_batch_s`; None: the eager
     step's), decode rows of a mixed step run
@@ -511,13 +514,14 @@ class Overheads:
     # context's served prefill keeps less of its burst rate than a grid-capped one's
     # (bench/NOTES.md), so each kind is priced from its own points (`for_kind`)
     by_kind: tuple[tuple[str, tuple, tuple], ...] = ()
+    later_layer_s: float | None = None
 
     def __post_init__(self):
         for name in ("decode_round_s", "layer_launch_s", "eager_step_s",
                      "decode_round_per_request_s", "decode_round_per_kv_token_s",
-                     "prefill_batch_s"):
+                     "prefill_batch_s", "later_layer_s"):
             value = getattr(self, name)
-            if value is None and name == "prefill_batch_s":
+            if value is None and name in ("prefill_batch_s", "later_layer_s"):
                 continue
             if not (isinstance(value, (int, float)) and np.isfinite(value) and value >= 0):
                 raise PdmuxError(f"overhead {name} must be a finite number >= 0, got {value!r}")
@@ -574,11 +578,19 @@ class Overheads:
                              "to another host")
         f = layer_launch_s / self.layer_launch_s
         return replace(self, decode_round_s=self.decode_round_s * f, layer_launch_s=layer_launch_s,
+                       later_layer_s=(None if self.later_layer_s is None
+                                      else self.later_layer_s * f),
                        eager_step_s=self.eager_step_s * f,
                        decode_round_per_request_s=self.decode_round_per_request_s * f,
                        decode_round_per_kv_token_s=self.decode_round_per_kv_token_s * f,
                        prefill_batch_s=(None if self.prefill_batch_s is None
                                         else self.prefill_batch_s * f))
+
+    def launch_layers_s(self, layers: int) -> float:
+        """The host's time to launch a call of `layers` eager layers."""
+        if layers < 1 or self.later_layer_s is None:
+            return max(layers, 0) * self.layer_launch_s
+        return self.layer_launch_s + (layers - 1) * self.later_layer_s
 
     def split_prefill_batch_s(self) -> float:
         """A split prefill's batch made and uploaded: as fitted, else an eager step's."""
@@ -644,13 +656,17 @@ def compute_s(flops: float, rate: PrefillRate, sms: int, corun: bool = True) -> 
     return flops / rate.flops_per_s(sms, corun)
 
 
-def layer_pipeline_s(gpu_s: float, layers: int, layer_launch_s: float) -> float:
+def layer_pipeline_s(gpu_s: float, layers: int, first_launch_s: float,
+                     launch_s: float | None = None) -> float:
     """Eager layers from the first launch to the last layer's end, the host launching layer i
-    while the GPU runs an earlier one (`gpu_s` over all layers, run evenly): the slower side
-    paces every layer and the faster adds one (the GPU waits for the first launch, or the last
-    layer runs after its own launch)."""
+    while the GPU runs an earlier one (`gpu_s` over all layers, run evenly): the first layer
+    runs once launched (`first_launch_s`), then the slower of the host's later launches
+    (`launch_s`, None: as the first) and the GPU paces each later layer, and the last layer
+    runs after its own launch."""
     layer = gpu_s / layers
-    return layers * max(layer, layer_launch_s) + min(layer, layer_launch_s)
+    launch = first_launch_s if launch_s is None else launch_s
+    # (first + (layers - 1) x the pace + layer, in an order exact where launch is the first's)
+    return layers * max(layer, launch) + min(layer, launch) + (first_launch_s - launch)
 
 
 # The extend attention's tiles hold this many query rows of one head: in a mixed step a

@@ -10,6 +10,7 @@ of layers of a token batch (SGLang's split prefill), carrying hidden states and 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -192,8 +193,13 @@ class Model:
         self.cache = cache
         self.cos_sin = rope_cache(max_positions, self.spec.head_dim, self.spec.rope_theta,
                                   weights.embed.device, rope_frequencies(self.spec))
+        # off: every prefill layer through its launchers (a baseline: bench/host_profile.py)
+        self.replays_layers = True
         # why the last prefill's layers were launched one by one (None: replayed, or one layer)
         self.unreplayable: str | None = None
+        # when (time.perf_counter) the last prefill's first layer was launched: the host's
+        # time for the first layer and for the later ones (bench/host_profile.py, the timeline)
+        self.first_launched_at = 0.0
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         # a gather, not a GEMM: its cost is a few rows per token on either side of the split
@@ -307,23 +313,26 @@ class Model:
 
         def run(i, hidden, residual):
             return self.layer(i, hidden, residual, batch.positions, batch.slots, attend, budget)
-        if budget.comm is None:
-            return self._replayed(range(start, end), hidden, residual, run)
-        # (a rank's all-reduces between its launches are no launches a record keeps)
-        self.unreplayable = "a tensor-parallel rank's layers reduce between their launches"
-        for i in range(start, end):
-            hidden, residual = run(i, hidden, residual)
+        hidden, residual = self._layers(range(start, end), hidden, residual, run,
+                                        replays=budget.comm is None and self.replays_layers)
+        if budget.comm is not None:  # (its all-reduces are no launches a record keeps)
+            self.unreplayable = "a tensor-parallel rank's layers reduce between their launches"
+        elif not self.replays_layers:
+            self.unreplayable = "replays are off"
         return hidden, residual
 
-    def _replayed(self, layers: range, hidden, residual, run):
+    def _layers(self, layers: range, hidden, residual, run, replays: bool):
         """`run(i, hidden, residual)` (layer i's launches) for the first of `layers`,
-        recorded; for each later one its launches again, with the layer's own weights, KV
-        cache and input swapped in (kernels/_replay.py): the host's time of an eager layer is
-        mostly its launchers' checks and Triton's binding, the same for every layer. A layer
-        the record cannot serve runs as the first did."""
+        recorded where `replays`; for each later one its launches again, with the layer's
+        own weights, KV cache and input swapped in (kernels/_replay.py): the host's time of
+        an eager layer is mostly its launchers' checks and Triton's binding, the same for
+        every layer. A layer the record cannot serve runs as the first did. Stamps
+        `first_launched_at` once the first layer's launches are made."""
         self.unreplayable = record = output = None
         for i in layers:
-            if record is None:
+            if not replays or len(layers) == 1:  # (one layer: nothing to replay)
+                hidden, residual = run(i, hidden, residual)
+            elif record is None:
                 with recording(self._layer_tensors(i, hidden)) as record:
                     hidden, residual = run(i, hidden, residual)
                 self.unreplayable, output = record.unreplayable, hidden
@@ -331,6 +340,8 @@ class Model:
                 hidden = output  # (every replay writes where the recorded layer wrote)
             else:
                 hidden, residual = run(i, hidden, residual)
+            if i == layers.start:
+                self.first_launched_at = time.perf_counter()
         return hidden, residual
 
     def _layer_tensors(self, i: int, hidden: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -336,8 +336,7 @@ class ModelExecutor:
             began = time.perf_counter()
             carry.hidden, carry.residual = self.model.extend_layers(
                 carry.batch, start, end, carry.hidden, carry.residual, budget=side.budget)
-            self.marks.launched_layers(time.perf_counter() - began, end - start,
-                                       began - self.t0)
+            self._launched(began, end - start)
             if end == self.num_layers:
                 carry.first = self._greedy(carry.hidden, carry.residual, carry.batch, side)
                 carry.hidden = carry.residual = None  # free the activations
@@ -363,8 +362,7 @@ class ModelExecutor:
             batch = self._extend_batch(seqs)
             began = time.perf_counter()
             h, r = self.model.extend_layers(batch, 0, self.num_layers, budget=side.budget)
-            self.marks.launched_layers(time.perf_counter() - began, self.num_layers,
-                                       began - self.t0)
+            self._launched(began, self.num_layers)
             out = self._greedy(h, r, batch, side)
             end = self.marks.mark(side.stream)
         self.marks.add(mark, end)
@@ -377,6 +375,12 @@ class ModelExecutor:
             first = out[-1]
             self._remember([prompt], [first])
         return self.now(), tokens, first
+
+    def _launched(self, began: float, layers: int) -> None:
+        """The host's time of an eager launch of `layers` layers that began at `began`."""
+        first = self.model.first_launched_at
+        self.marks.launched_layers(first - began, time.perf_counter() - first, layers,
+                                   began - self.t0)
 
     def release(self, r: Request) -> None:
         self.blocks.release(r.rid)

@@ -29,8 +29,11 @@ class LaunchMarks:
         self.launches: list[tuple[object, object]] = []
         self.decode_steps: list[tuple[object, object]] = []
         self.drains: list[float] = []  # host seconds each level switch waited
-        self.host_layers: list[float] = []  # host seconds per layer of each eager launch
-        self.host_layers_at: list[float] = []  # when each began, on the executor's clock
+        # host seconds of each eager launch's first layer (through its launchers; the batch's
+        # embedding with the first of a prefill) and when each began, on the executor's clock
+        self.host_layers: list[float] = []
+        self.host_layers_at: list[float] = []
+        self.host_later_layers: list[float] = []  # and a layer of its later ones (replayed)
 
     def mark(self, stream):
         if not self.cuda:
@@ -50,12 +53,16 @@ class LaunchMarks:
         self.drains.clear()
         self.host_layers.clear()
         self.host_layers_at.clear()
+        self.host_later_layers.clear()
 
-    def launched_layers(self, seconds: float, layers: int, at: float) -> None:
-        """The host took `seconds` to launch `layers` eager layers, from `at` on."""
+    def launched_layers(self, first_s: float, later_s: float, layers: int, at: float) -> None:
+        """The host launched `layers` eager layers from `at` on: the first in `first_s`, the
+        others in `later_s`."""
         if layers:
-            self.host_layers.append(seconds / layers)
+            self.host_layers.append(first_s)
             self.host_layers_at.append(at)
+        if layers > 1:
+            self.host_later_layers.append(later_s / (layers - 1))
 
     def _seconds(self, a, b) -> float:
         return a.elapsed_time(b) / 1e3 if self.cuda else b.t - a.t
@@ -64,9 +71,10 @@ class LaunchMarks:
         """Busy spans relative to the first launch (call after the GPU drained)."""
         if not self.launches:
             return Activity([], (0.0, 0.0), [], list(self.drains), list(self.host_layers),
-                            list(self.host_layers_at))
+                            list(self.host_layers_at), list(self.host_later_layers))
         base = self.launches[0][0]
         spans = [(self._seconds(base, a), self._seconds(base, b)) for a, b in self.launches]
         window = (min(a for a, _ in spans), max(b for _, b in spans))
         return Activity(spans, window, [self._seconds(a, b) for a, b in self.decode_steps],
-                        list(self.drains), list(self.host_layers), list(self.host_layers_at))
+                        list(self.drains), list(self.host_layers), list(self.host_layers_at),
+                        list(self.host_later_layers))

@@ -1,8 +1,9 @@
 """What the host spends per round on the GPU executor: the terms the simulated clock lacks
 (`pdmux-triton calibrate --host-costs`, the file run and capacity take as --host-costs).
 
-- an eager layer: the host time to launch one transformer layer of a small batch (its kernels
-  queue faster than they run only when the batch is large), at several token counts;
+- an eager layer: the host time to launch a prefill's first transformer layer and each later
+  one (which replays the first's launches), at several token counts (the kernels queue faster
+  than they run only when the batch is large);
 - a decode round: wall time of launch + wait of a captured decode step, less its GPU time
   (CUDA events), at several batch sizes.
 
@@ -34,23 +35,28 @@ MAX_CONTEXT = 4096
 
 
 def eager_layer_s(x: ModelExecutor, tokens: int, repeats: int = 20) -> dict:
-    """Host seconds to launch one layer (nothing waited for) and GPU seconds it runs."""
+    """Host seconds to launch a prefill's first layer (its batch embedded, its launches
+    through the kernels' launchers and recorded) and each of its later layers (replayed:
+    kernels/_replay.py), nothing waited for, and GPU seconds a layer."""
     req = Request(10**6, [1] * tokens, 2, 0.0)
     carry = x.begin_prefill([req])
     torch.cuda.synchronize()
-    host, gpu = [], []
+    first, later, gpu = [], [], []
     for _ in range(repeats):
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
         start.record()
         t0 = time.perf_counter()
-        x.model.extend_layers(carry.batch, 0, 1, budget=x.prefill_side.budget)
-        host.append(time.perf_counter() - t0)
+        x.model.extend_layers(carry.batch, 0, x.num_layers, budget=x.prefill_side.budget)
+        t1 = time.perf_counter()
+        first.append(x.model.first_launched_at - t0)
+        later.append((t1 - x.model.first_launched_at) / (x.num_layers - 1))
         end.record()
         end.synchronize()
-        gpu.append(start.elapsed_time(end) / 1e3)
+        gpu.append(start.elapsed_time(end) / 1e3 / x.num_layers)
     x.release(req)
-    return {"tokens": tokens, "host_s": statistics.median(host), "gpu_s": statistics.median(gpu)}
+    return {"tokens": tokens, "host_s": statistics.median(first),
+            "later_layer_s": statistics.median(later), "gpu_s": statistics.median(gpu)}
 
 
 def decode_round_s(x: ModelExecutor, batch: int, repeats: int = 30) -> dict:

@@ -25,11 +25,14 @@ class Activity:
     window: tuple[float, float]  # the span over which idle time is counted
     decode_step_s: Sequence[float]  # each decode step's own time, launch to end
     drain_s: Sequence[float] = field(default_factory=list)  # the host's wait at each set_level
-    # host seconds per layer of each eager launch (prefill layers, mixed steps): how fast this
-    # machine's host launches, measured in the run itself; empty on a simulated clock
+    # host seconds of the first layer of each eager launch (prefill layers, mixed steps),
+    # through the kernels' launchers: how fast this machine's host launches, measured in the
+    # run itself; empty on a simulated clock
     host_layer_s: Sequence[float] = field(default_factory=list)
     # when each of those launches began, on the executor's clock: a host runs in phases
     host_layer_at_s: Sequence[float] = field(default_factory=list)
+    # host seconds a layer of the later layers of each launch of several (replayed)
+    host_later_layer_s: Sequence[float] = field(default_factory=list)
 
 
 class Executor(Protocol):

@@ -263,12 +263,14 @@ def summarize(result: RunResult, slo: Slo | None = None) -> dict:
         "itl_during_prefill_max_ms": during.max(),
         # the decode step on the GPU alone, without the host's share of the ITL
         "decode_gpu_p50_ms": _pct(result.activity.decode_step_s, 50),
-        # how fast this machine's host launched an eager layer (measured runs): hosts beside
-        # one GPU model differ, and host-bound steps follow it
+        # how fast this machine's host launched an eager layer, a launch's first (measured
+        # runs): hosts beside one GPU model differ, and host-bound steps follow it
         "host_layer_p50_ms": _pct(result.activity.host_layer_s, 50),
         # and on average: launch-bound steps add up their launches, slow tail included
         "host_layer_mean_ms": (float(np.mean(result.activity.host_layer_s)) * MS
                                if len(result.activity.host_layer_s) else None),
+        # a launch's later layers, which replay its first layer's launches
+        "host_later_layer_p50_ms": _pct(result.activity.host_later_layer_s, 50),
         "prefill_ms": _pct(windows[:, 1] - windows[:, 0], 50),
         "tokens_during_prefill": float(np.mean(tokens_during)) if len(tokens_during) else None,
         "ttft_p50_ms": _pct(ttfts, 50),
@@ -398,11 +400,16 @@ def diagnostics(result: RunResult, spans: bool = True) -> dict:
                    "decode_context": list(rounds.decode_context), "label": list(rounds.label),
                    "labels": rounds.labels},
         "decode_step_us": [us(t) for t in result.activity.decode_step_s],
-        # how fast the host launched an eager layer in this run (None: simulated, or a point
-        # measured before the executor timed its launches)
+        # how fast the host launched an eager layer in this run, a launch's first, through the
+        # kernels' launchers (None: simulated, or a point measured before the executor timed
+        # its launches)
         "host_layer_us": (us(statistics.median(result.activity.host_layer_s))
                           if len(result.activity.host_layer_s) else None),
-        # and every eager launch's (began, host a layer): the host's phases through the run
+        # and a layer of its later layers, which replay the first's launches (None: one layer
+        # a launch, or a point measured before replays)
+        "host_later_layer_us": (us(statistics.median(result.activity.host_later_layer_s))
+                                if len(result.activity.host_later_layer_s) else None),
+        # and every eager launch's (began, its first layer's host time): the host's phases
         "host_layers_us": [[us(t), us(s)] for t, s in zip(result.activity.host_layer_at_s,
                                                            result.activity.host_layer_s)],
     }

@@ -179,7 +179,7 @@ class SimExecutor:
     def _launch_layers(self, layers: int) -> tuple[float, float]:
         """The host launches `layers` eager layers: when it began, and when it is done."""
         began = self.t
-        self.t += layers * self.overheads.layer_launch_s
+        self.t += self.overheads.launch_layers_s(layers)
         return began, self.t
 
     def launch_prefill(self, carry: SimPrefill, start: int, end: int) -> None:
@@ -328,7 +328,8 @@ class SimExecutor:
         # the batch made and uploaded, its tokens read back (as fitted, or an eager step's),
         # then the layers as the host launches them and the GPU runs them
         self.t += fit.fixed_s if fit is not None else self.overheads.eager_step_s
-        self.t += step_cost.layer_pipeline_s(step, self.num_layers, self.overheads.layer_launch_s)
+        self.t += step_cost.layer_pipeline_s(step, self.num_layers, self.overheads.layer_launch_s,
+                                             self.overheads.later_layer_s)
         self._enqueue("decode", step, self.t - step)  # its last layer ends the round
         return self.t, None, None
 
