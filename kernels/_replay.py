@@ -87,15 +87,13 @@ class LaunchRecord:
             self.stream = stream
         args = [grid, 1, 1, stream, compiled.function, compiled.packed_metadata, None, None,
                 None, *params]
-        self._add(_Launch(grid, args, {}, self._swaps(enumerate(args)), compiled=compiled))
+        self.launches.append(_Launch(grid, args, {}, self._swaps(enumerate(args)),
+                                     compiled=compiled))
 
     def add_kernel(self, kernel, grid: int, args: tuple, kwargs: dict) -> None:
         """A launch made through Triton's dispatch (a first specialization, the interpreter)."""
         swaps = self._swaps(enumerate(args)) + self._swaps(kwargs.items())
-        self._add(_Launch(grid, list(args), dict(kwargs), swaps, kernel=kernel))
-
-    def _add(self, launch: _Launch) -> None:
-        self.launches.append(launch)
+        self.launches.append(_Launch(grid, list(args), dict(kwargs), swaps, kernel=kernel))
 
     @contextlib.contextmanager
     def launching(self):
@@ -122,9 +120,11 @@ class LaunchRecord:
             if ptr not in self._storages:
                 continue
             name = self._storages[ptr]
-            if name is None or t.dtype != self.swappable[name].dtype:
-                self.unreplayable = (f"a kernel read a view of {name or 'tensors'} that no "
-                                     f"swap can follow")
+            if name is None:
+                self.unreplayable = "a kernel read a view of swapped tensors sharing a storage"
+                continue
+            if t.dtype != self.swappable[name].dtype:
+                self.unreplayable = f"a kernel read a view of {name} as {t.dtype}"
                 continue
             view = (tuple(t.shape), t.stride(),
                     t.storage_offset() - self.swappable[name].storage_offset())

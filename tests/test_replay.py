@@ -101,6 +101,7 @@ def test_real_kernels_replayed_with_other_weights_equal_them_launched():
 
 def test_what_cannot_be_replayed_is_said():
     x, w = torch.randn(4, 32), torch.ones(32)
+    rmsnorm(x, w)  # what a first launch makes once (an unused pointer's buffer), made
     with recording({"x": x, "w": w}) as record:
         y = rmsnorm(x, w)
         y.add_(1)  # GPU work between launches, which a replay would not make
@@ -110,7 +111,11 @@ def test_what_cannot_be_replayed_is_said():
     both = torch.ones(64)
     with recording({"a": both[:32], "b": both[32:]}) as record:
         rmsnorm(x, both[8:40])  # whose view: a's or b's?
-    assert "a view of tensors that no swap can follow" in record.unreplayable
+    assert record.unreplayable == "a kernel read a view of swapped tensors sharing a storage"
+    z = torch.zeros(4, 32)
+    with recording({"z": z}) as record:
+        rmsnorm(z.view(torch.float16), torch.ones(64, dtype=torch.float16))
+    assert record.unreplayable == "a kernel read a view of z as torch.float16"
     with recording({"x": x}) as record:
         rmsnorm(x[1:], w)  # a view of a swapped tensor: followed
     assert record.unreplayable is None
@@ -141,7 +146,8 @@ def _one_by_one(model, batch, budget, start=0, end=None, hidden=None, residual=N
     """The layers launched one by one, as before replays: the reference."""
     def attend(q, k, v, kc, vc):
         return extend_attention(q, k, v, kc, vc, batch.page_table, batch.extend_lens,
-                                batch.prefix_lens, PAGE, plan=batch.plan, **kernel_args(budget))
+                                batch.prefix_lens, model.cache.page_size, plan=batch.plan,
+                                **kernel_args(budget))
     if start == 0:
         hidden, residual = model.residual_stream(batch.tokens)
     for i in range(start, len(model.w.layers) if end is None else end):
