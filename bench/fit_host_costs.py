@@ -51,10 +51,12 @@ it to a host-costs file (`calibrate --host-costs`'s):
 The rounds come from a measured `pdmux-triton run --workload stream` (its rounds' decode
 context read from it or, in runs saved before rounds recorded it, replayed from its requests)
 or from bench/trace_fidelity.py's measured points or a measured capacity folder's diagnostics
-(each run's rounds and the speed its host launched an eager layer at); several files are
-pooled (fit on the traces, not on one window). Host times are put in
-the file's host (its eager layer's launch time): a run on a host that launched k times slower
-paid k times its fixed costs, as `Overheads.on_host` prices it (except a mixed step's).
+(each run's rounds and the speeds its host launched a launch's first eager layer and each
+later one at, which replays the first's launches; a run measured before replays launched every
+layer as the first); several files are pooled (fit on the traces, not on one window). Host
+times are put in the file's host (its first eager layer's launch time): a run on a host that
+launched k times slower paid k times its fixed costs, as `Overheads.on_host` prices it (except
+a mixed step's).
 Prints each fit and the mixed step's error over the rounds.
 
     python bench/fit_host_costs.py bench/results/trace-fidelity/points-h200.jsonl \\
@@ -146,19 +148,24 @@ def round_contexts(run: dict, strategy: str) -> list[int]:
 
 def chunk_rounds(run: dict, host_s: float) -> list[dict]:
     """Every chunked round of a stream run's chunked strategies: its chunk, prefix, decode
-    batch and context, its measured seconds, and the host's launch time per eager layer (the
-    run's where its rows timed it, else `host_s`)."""
-    timed = {row["strategy"]: row.get("host_layer_p50_ms") for row in run.get("rows", [])}
+    batch and context, its measured seconds, and the host's launch time of a launch's first
+    eager layer (the run's where its rows timed it, else `host_s`) and of each later one
+    (`later_s`, the run's; None: every layer as the first, a run measured before replays)."""
+    timed = {row["strategy"]: (row.get("host_layer_p50_ms"), row.get("host_later_layer_p50_ms"))
+             for row in run.get("rows", [])}
     rows = []
     for name in run["details"]:
         if not name.startswith("chunked_"):
             continue
-        host = timed.get(name) / 1e3 if timed.get(name) else host_s
+        first_ms, later_ms = timed.get(name, (None, None))
+        host = first_ms / 1e3 if first_ms else host_s
+        later = later_ms / 1e3 if first_ms and later_ms else None
         for r, held in zip(run["details"][name]["rounds"], round_contexts(run, name)):
             if (m := CHUNK.fullmatch(r["prefill"])) is not None:
                 rows.append({"size": int(name.split("_")[1]), "prefix": int(m.group(1)),
                              "chunk": int(m.group(2)), "batch": r["decode_bs"], "context": held,
-                             "seconds": r["end_s"] - r["start_s"], "host_s": host})
+                             "seconds": r["end_s"] - r["start_s"], "host_s": host,
+                             "later_s": later})
     return rows
 
 
@@ -195,9 +202,24 @@ def timed_points(path: str) -> list[tuple[dict, float]]:
     return timed
 
 
+def later_layer_s(diagnostics: dict) -> float | None:
+    """A measured run's host time a later layer of an eager launch (they replay the first's
+    launches), or None where it timed none: a run measured before replays launched every
+    layer as it did the first."""
+    us = diagnostics.get("host_later_layer_us")
+    return us / 1e6 if us else None
+
+
+def launches_s(layers: int, first_s: float, later_s: float | None) -> float:
+    """The host's time to launch a call of `layers` eager layers as a measured run did
+    (`Overheads.launch_layers_s` of its own times): the first layer, then the later ones
+    (None: each as the first)."""
+    return layers * first_s if later_s is None else first_s + (layers - 1) * later_s
+
+
 def fidelity_rounds(points: list[tuple[dict, float]]) -> list[dict]:
     """Every chunked round of the points (`timed_points`), as `chunk_rounds` gives them, each
-    with the launch time its run's host timed."""
+    with the launch times its run's host timed."""
     rows = []
     for point, host in points:
         if not point["strategy"].startswith("chunked_"):
@@ -209,14 +231,15 @@ def fidelity_rounds(points: list[tuple[dict, float]]) -> list[dict]:
                 rows.append({"size": int(point["strategy"].split("_")[1]),
                              "prefix": int(m.group(1)), "chunk": int(m.group(2)),
                              "batch": batch, "context": held, "seconds": (end - start) / 1e6,
-                             "host_s": host})
+                             "host_s": host, "later_s": later_layer_s(point["diagnostics"])})
     return rows
 
 
 def fidelity_prefills(points: list[tuple[dict, float]]) -> list[dict]:
     """Each prefill-first batch of the points (`timed_points`): its prompts, tokens, span, the
-    host's launch time per layer, and the share of the `SUSTAINED_WINDOW_S` that ends with it
-    that its run's batches took (`busy`, its own span included), as the simulator reads it."""
+    host's launch times (a launch's first layer, each later one), and the share of the
+    `SUSTAINED_WINDOW_S` that ends with it that its run's batches took (`busy`, its own span
+    included), as the simulator reads it."""
     from corun_rounds import covered_s  # it reads rounds with this file's helpers
     from trace_fidelity import prefill_batches
 
@@ -231,6 +254,7 @@ def fidelity_prefills(points: list[tuple[dict, float]]) -> list[dict]:
             ran = covered_s(spans, end / 1e6 - SUSTAINED_WINDOW_S, end / 1e6)
             rows.append({"tokens": tokens, "prompts": prompts, "cached": cached,
                          "seconds": (end - start) / 1e6, "host_s": host,
+                         "later_s": later_layer_s(point["diagnostics"]),
                          "busy": min(1.0, ran / SUSTAINED_WINDOW_S)})
     return rows
 
@@ -367,12 +391,13 @@ def fit_whole_gpu_prefill(rows, model, prefill, overheads,
                                                            model.layers)
                       + step_cost.lm_head_flops(model, r["prompts"]) for r in rows]) / peak
     host = np.array([r["host_s"] for r in rows])
+    launches = np.array([launches_s(model.layers, r["host_s"], r.get("later_s")) for r in rows])
     gpu = np.array([r["seconds"] for r in rows]) - overheads.eager_step_s * host / \
         overheads.layer_launch_s
     mfu = prefill.mfu_at(prefill.total_sms, corun=False)
     bound = np.zeros(len(rows), dtype=bool)
     for _ in range(len(rows) + 1):  # the batches bound by their GPU at this MFU, then its MFU
-        now = flops / mfu > GPU_BOUND_MARGIN * model.layers * host
+        now = flops / mfu > GPU_BOUND_MARGIN * launches
         if now.sum() < MIN_PREFILLS:
             return None
         if (now == bound).all():
@@ -497,6 +522,9 @@ def fit_mixed(rows, model, decode, prefill, total_sms, tile,
     measured = np.array([r["seconds"] for r in rows])
     host = np.array([r["host_s"] for r in rows])
     n = model.layers
+    # a run since replays launches its later layers faster than its first: they pace the GPU
+    launches = np.array([launches_s(n, r["host_s"], r.get("later_s")) for r in rows])
+    pace = np.array([r["host_s"] if r.get("later_s") is None else r["later_s"] for r in rows])
     if tiles is not None:
         law = step_cost.MixedStepFit(0.0, tiles=tiles)
         base = np.array([step_cost.mixed_step_s(model, decode, prefill, total_sms, r["context"],
@@ -516,15 +544,15 @@ def fit_mixed(rows, model, decode, prefill, total_sms, tile,
         if tiles is None and not (tiles_flops > 0).any():
             raise PdmuxError("no chunked round stepped decode rows: the decode rows' MFU "
                              "cannot be fitted (measure chunked prefill beside decoding)")
-        # launch-bound: n launches and one layer of GPU; GPU-bound: the GPU and one launch
-        target = measured - np.where(by_launches, n * host + base / n, base + host)
+        # launch-bound: n launches and one layer of GPU; GPU-bound: the GPU and the first launch
+        target = measured - np.where(by_launches, launches + base / n, base + host)
         rows_term = np.where(by_launches, tiles_flops / n, tiles_flops)
         if tiles is None:
             design = np.vstack([np.ones(len(rows)), rows_term]).T
             (fixed, inverse), *_ = np.linalg.lstsq(design, target, rcond=None)
         else:
             fixed = float(target.mean())
-        now = host > (base + tiles_flops * inverse) / n
+        now = pace > (base + tiles_flops * inverse) / n
         if (now == by_launches).all():
             break
         by_launches = now
@@ -535,8 +563,8 @@ def fit_mixed(rows, model, decode, prefill, total_sms, tile,
                          f"rows at {1 / inverse if inverse else float('inf'):.2f} of peak)")
     fit = (step_cost.MixedStepFit(float(fixed), tiles=tiles) if tiles is not None
            else step_cost.MixedStepFit(float(fixed), float(1 / inverse)))
-    priced = fixed + np.array([step_cost.layer_pipeline_s(gpu, n, h) for gpu, h in
-                               zip(base + tiles_flops * inverse, host)])
+    priced = fixed + np.array([step_cost.layer_pipeline_s(gpu, n, r["host_s"], r.get("later_s"))
+                               for gpu, r in zip(base + tiles_flops * inverse, rows)])
     error = np.abs(priced - measured) / measured
     return fit, by_launches, {"rounds": len(rows), "launch_bound_share": float(by_launches.mean()),
                  "median_abs_error": float(np.median(error)),
@@ -717,7 +745,8 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
     # host, over the rounds their launches bound (first over all, for the prefill fit)
     size = min(r["size"] for r in rows)
     small = np.array([r["size"] == size for r in rows])
-    less_launches = np.array([(r["seconds"] - model.layers * r["host_s"])
+    less_launches = np.array([(r["seconds"] - launches_s(model.layers, r["host_s"],
+                                                         r.get("later_s")))
                               * overheads.layer_launch_s / r["host_s"] for r in rows])
     overheads = replace(overheads, eager_step_s=_eager_step_s(less_launches[small], size,
                                                               model, overheads))

@@ -56,22 +56,26 @@ def launch_layers(x: ModelExecutor, carry, layers: int) -> list[float]:
     return times
 
 
-def prefill_layers(x: ModelExecutor, carry, calls: int) -> list[float]:
-    """Host seconds a layer of each of `calls` launches of all the model's layers (the GPU
-    waited for between them), as a prefill-first round or a chunked round launches them."""
+def prefill_layers(x: ModelExecutor, carry, calls: int) -> list[tuple[float, float]]:
+    """Host seconds of each of `calls` launches of all the model's layers (the GPU waited for
+    between them), as a prefill-first round or a chunked round launches them: its first
+    layer's (the batch embedded) and a later layer's."""
     layers, times = x.num_layers, []
     for _ in range(calls):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         x.model.extend_layers(carry.batch, 0, layers, budget=x.prefill_side.budget)
-        times.append((time.perf_counter() - t0) / layers)
+        first = x.model.first_launched_at
+        times.append((first - t0, (time.perf_counter() - first) / (layers - 1)))
     torch.cuda.synchronize()
     return times
 
 
 def replayed_vs_one_by_one(x: ModelExecutor, carry, calls: int) -> dict:
-    """A whole prefill's host time a layer, its layers after the first replayed
-    (kernels/_replay.py) and launched one by one, in turns."""
+    """A whole prefill's host time, its layers after the first replayed (kernels/_replay.py)
+    and launched one by one, in turns: a layer of the call on average, its first layer (which
+    records the launches where they are replayed) and a later layer; then where the replayed
+    call's host time goes (cProfile, by own time)."""
     replayed, one_by_one = [], []
     for turn in range(TURNS):
         for replays in (turn % 2 == 0, turn % 2 == 1):
@@ -79,13 +83,23 @@ def replayed_vs_one_by_one(x: ModelExecutor, carry, calls: int) -> dict:
             (replayed if replays else one_by_one).extend(
                 prefill_layers(x, carry, max(1, calls // TURNS)))
     x.model.replays_layers = True
-    p50, base = statistics.median(replayed), statistics.median(one_by_one)
-    return {"layers_a_call": x.num_layers, "calls_each_way": len(replayed),
-            "replayed_host_ms_a_layer_p50": p50 * 1e3,
-            "replayed_host_ms_a_layer_p90": statistics.quantiles(replayed, n=10)[-1] * 1e3,
-            "one_by_one_host_ms_a_layer_p50": base * 1e3,
-            "one_by_one_host_ms_a_layer_p90": statistics.quantiles(one_by_one, n=10)[-1] * 1e3,
-            "replayed_over_one_by_one_p50": p50 / base}
+    prof = cProfile.Profile()
+    prof.enable()
+    prefill_layers(x, carry, max(1, calls // TURNS))
+    prof.disable()
+    n = x.num_layers
+    out = {"layers_a_call": n, "calls_each_way": len(replayed)}
+    for name, times in (("replayed", replayed), ("one_by_one", one_by_one)):
+        calls_s = [first + (n - 1) * later for first, later in times]
+        out[f"{name}_host_ms_a_layer_p50"] = statistics.median(calls_s) / n * 1e3
+        out[f"{name}_host_ms_a_layer_p90"] = statistics.quantiles(calls_s, n=10)[-1] / n * 1e3
+        out[f"{name}_first_layer_ms_p50"] = statistics.median(f for f, _ in times) * 1e3
+        out[f"{name}_later_layer_ms_p50"] = statistics.median(lt for _, lt in times) * 1e3
+    out["replayed_over_one_by_one_p50"] = (out["replayed_host_ms_a_layer_p50"]
+                                           / out["one_by_one_host_ms_a_layer_p50"])
+    out["replayed_by_own_time"] = top_functions(pstats.Stats(prof), "tottime",
+                                                max(1, calls // TURNS))
+    return out
 
 
 def top_functions(stats: pstats.Stats, key: str, calls_per: int) -> list[dict]:
@@ -201,7 +215,14 @@ def run(args) -> int:
                      f"({w['replayed_host_ms_a_layer_p90']:.3f}), one by one "
                      f"{w['one_by_one_host_ms_a_layer_p50']:.3f} "
                      f"({w['one_by_one_host_ms_a_layer_p90']:.3f}): "
-                     f"{w['replayed_over_one_by_one_p50']:.3f}")
+                     f"{w['replayed_over_one_by_one_p50']:.3f}; first layer "
+                     f"{w['replayed_first_layer_ms_p50']:.3f} / "
+                     f"{w['one_by_one_first_layer_ms_p50']:.3f}, later "
+                     f"{w['replayed_later_layer_ms_p50']:.3f} / "
+                     f"{w['one_by_one_later_layer_ms_p50']:.3f}; a replayed call's own time, "
+                     f"us a call:")
+        lines += [f"  {r['own_us_a_layer']:8.1f} ({r['calls_a_layer']:5.1f})  {r['function']}"
+                  for r in w["replayed_by_own_time"][:15]]
         sp = c["launch_split"]
         lines.append(f"  through Triton by clock, us a layer: {sp['layer_us']:.0f} = Triton "
                      f"{sp['triton_us_a_layer']:.0f}"

@@ -1,9 +1,10 @@
 """How much of each trace point's error its host's phases make: the first repeat of every
 bench/trace_fidelity.py point simulated twice, on the one host speed the simulator prices a
-run on (that repeat's median eager-layer launch, `Overheads.on_host`) and on the speeds its
-launches ran at through the run (their median over a window of HOST_WINDOW_S around each
-moment), each against that repeat's measured figures. A run measured since session 40 keeps
-every eager launch's host time and moment (`host_layers_us`); an older one gives only its
+run on (that repeat's median eager-layer launch, a launch's first layer, `Overheads.on_host`,
+which moves the later layers' launch with it) and on the speeds its launches ran at through
+the run (their median over a window of HOST_WINDOW_S around each moment), each against that
+repeat's measured figures. A run measured since session 40 keeps every eager launch's host
+time (its first layer's) and moment (`host_layers_us`); an older one gives only its
 launch-bound launches, read off its rounds (bench/launch_bound_hosts.py).
 
 A host runs in phases (bench/NOTES.md: 5-30 s at ~0.75 and ~1.25 ms a layer) that no
@@ -47,8 +48,8 @@ FIGURES = ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "e2e_p50_
 
 
 class HostTimeline:
-    """A run's host over its clock: the median launch time a layer of its launches within
-    HOST_WINDOW_S of a moment, the nearest launch's where none is."""
+    """A run's host over its clock: the median first layer's launch time of its launches
+    within HOST_WINDOW_S of a moment, the nearest launch's where none is."""
 
     def __init__(self, launches: list[tuple[float, float]]):
         if not launches:
@@ -113,15 +114,17 @@ class ReplayedHost(Servers):
 
 
 def host_launches(point: dict, price: LayerPrice, where: str) -> tuple[list, str]:
-    """A point's eager launches, (began s, host seconds a layer) each, and where they came
-    from: every launch as its run kept it, else the launch-bound ones read off its rounds."""
+    """A point's eager launches, (began s, its first layer's host seconds) each, and where
+    they came from: every launch as its run kept it, else the launch-bound ones read off its
+    rounds."""
     kept = point["diagnostics"].get("host_layers_us")
     if kept:
         if not (isinstance(kept, list) and all(
                 isinstance(x, list) and len(x) == 2 and all(
                     isinstance(v, (int, float)) and not isinstance(v, bool) for v in x)
                 for x in kept)):
-            raise PdmuxError(f"{where}: its host_layers_us are not [began us, us a layer] pairs")
+            raise PdmuxError(f"{where}: its host_layers_us are not [began us, first layer's us] "
+                             "pairs")
         return [(t / 1e6, s / 1e6) for t, s in kept], "every launch, as the run kept it"
     return launch_bound(point, price, where)[0], "launch-bound launches, from the rounds"
 

@@ -1,21 +1,25 @@
-"""How long a measured run's host took to launch an eager layer where nothing else bounded it,
-against the median over all its launches that the simulator prices the run's host on
-(`host_layer_p50_ms`, `Overheads.on_host`).
+"""How long a measured run's host took to launch an eager layer (a launch's first) where nothing
+else bounded it, against the median over all its launches that the simulator prices the run's
+host on (`host_layer_p50_ms`, `Overheads.on_host`).
 
 A launch is the host's alone where its layers' GPU price (the committed calibration, comparison
 and host costs, as the simulator prices them; a batch's prompts taken as of one length) is
 under GPU_BOUND_S a layer: a prefill-first batch, a chunked round, or a split prefill batch's
-first launch (its prefill stream idle until then). Its host time a layer is its span on the
-GPU less one layer's GPU price (the last layer runs after the last launch), over its layers (a
-chunked round's span begins before its batch is made: that is in it too);
-where a point kept no launch spans (a capacity folder's diagnostics), a prefill-first batch's
-or chunked round's wall span over its layers, which also holds the batch made and its tokens
-read back (pd-mux rounds are left out there: their wall holds the decode round too). Per
+first launch (its prefill stream idle until then). Its host time is its span on the GPU less
+one layer's GPU price (the last layer runs after the last launch; a chunked round's span
+begins before its batch is made: that is in it too); where a point kept no launch spans (a
+capacity folder's diagnostics), a prefill-first batch's or chunked round's wall span, which
+also holds the batch made and its tokens read back (pd-mux rounds are left out there: their
+wall holds the decode round too). That time is read as its first layer's: over its layers, or
+in a run since replays (a launch's later layers replay its first's launches) split as the
+run's medians of a first and a later layer split a launch, and there GPU_BOUND_S is scaled by
+a later layer's share of a first's, since the later layers pace a launch. Per
 point: those launches' median, mean, 10th and 90th percentiles against host_layer_p50 (and
 host_layer_mean where the point kept it), and a prefill-first batch's own host work (its wall
 less its launch span: what the simulator charges as the eager step), moved to the host-costs
 file's host. Prints a row per point and the launch-bound median over host_layer_p50 per
-strategy; writes <out>/launch-bound-hosts-<gpu>.json with every launch (start, host a layer).
+strategy; writes <out>/launch-bound-hosts-<gpu>.json with every launch (start, its first
+layer's host time).
 
     python bench/launch_bound_hosts.py --out /tmp/x
 """
@@ -29,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 from corun_rounds import Pricer, round_launches
-from fit_host_costs import CHUNK, timed_points
+from fit_host_costs import CHUNK, later_layer_s, timed_points
 from script import MEASURED_ON_H200, finish, points_parser, run_script
 from trace_fidelity import prefill_batches
 
@@ -41,7 +45,8 @@ POINTS = ("bench/results/trace-fidelity/points-h200.jsonl",
           "bench/results/capacity-conv/capacity-diagnostics-h200.jsonl",
           "bench/results/capacity-diagnostics-h200.jsonl")
 # a launch whose layers the GPU runs in less than this each is bound by the host: about half
-# the fastest host's launch of a layer on the H200 (bench/NOTES.md)
+# the fastest host's launch of a layer on the H200 (bench/NOTES.md), measured before replays
+# (a run since: scaled by its later layer's share of its first's, `launch_bound`)
 GPU_BOUND_S = 0.35e-3
 MIN_LAUNCHES = 5  # launch-bound launches a point's figures are read from, at the fewest
 
@@ -81,9 +86,14 @@ class LayerPrice:
 
 
 def launch_bound(point: dict, price: LayerPrice, where: str) -> tuple[list, list]:
-    """The point's launch-bound launches, (start s, host seconds a layer) each, and each
-    prefill-first batch's wall less its launch span (s; none without spans)."""
+    """The point's launch-bound launches, (start s, host seconds of its first layer) each, and
+    each prefill-first batch's wall less its launch span (s; none without spans)."""
     d = point["diagnostics"]
+    # a run since replays launches a launch's later layers in this share of its first's time:
+    # they pace it, so only shorter layers leave it to the host, and its host time splits so
+    # (1: a run before replays, every layer alike)
+    later = later_layer_s(d)
+    later_share = 1.0 if later is None else later / (d["host_layer_us"] / 1e6)
     r = d["rounds"]
     labels = [r["labels"][i] for i in r["label"]]
     launches = round_launches(point, where)
@@ -95,11 +105,12 @@ def launch_bound(point: dict, price: LayerPrice, where: str) -> tuple[list, list
         span = launches[i][1] if launches else None
         layers, layer_s = _layers_and_price(label, batch, held, level, start, end, batches, ends,
                                             price)
-        if layer_s is None or layer_s >= GPU_BOUND_S or (span is None and label.startswith(
-                "layers")):
+        if layer_s is None or layer_s >= GPU_BOUND_S * later_share or (
+                span is None and label.startswith("layers")):
             continue
         took = (span[1] - span[0] if span else end - start) / 1e6
-        out.append((start / 1e6, (took - layer_s) / layers if span else took / layers))
+        host_s = took - layer_s if span else took
+        out.append((start / 1e6, host_s / (1 + (layers - 1) * later_share)))
         if span and label == "whole":
             own.append((end - start - (span[1] - span[0])) / 1e6)
     return out, own

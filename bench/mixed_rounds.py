@@ -3,12 +3,14 @@ place in its prompt, the decode rows, the longest decode row and the side that b
 
 Reads measured capacity folders' diagnostics of a trace (`capacity-diagnostics-<gpu>.jsonl`
 beside their settings, e.g. bench/results/prefix-cache/conv-3000-200-on): every chunked
-point's rounds (chunk, decode batch, its context sum, seconds) and its host's launch time.
+point's rounds (chunk, decode batch, its context sum, seconds) and its host's launch times (a
+round's first layer and, in a run since replays, each later one).
 Each round's decode rows' own contexts are replayed from the point's prefills in order and the
 trace's output lengths (each round's batch and context sum must come back exactly, or the
 point is refused), and the round is priced as `SimExecutor.mixed` prices it on the run's host
-(`Overheads.on_host`): with the host-costs file given and, with `--against`, a second one
-beside it. Writes <out>/mixed-rounds-<gpu>.json; prints measured / priced, time-weighted.
+(`Overheads.on_host`; its later layers at the run's own time, every layer at the first's in a
+run measured before replays): with the host-costs file given and, with `--against`, a second
+one beside it. Writes <out>/mixed-rounds-<gpu>.json; prints measured / priced, time-weighted.
 
     python bench/mixed_rounds.py bench/results/prefix-cache/conv-3000-200-on/capacity-diagnostics-h200.jsonl \\
         --against OLD-HOST-COSTS.json --out /tmp/x
@@ -21,6 +23,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+from fit_host_costs import later_layer_s
 from script import MEASURED_ON_H200, bench_parser, finish, run_script
 
 from pdmux_triton.cost import step_cost
@@ -86,9 +89,11 @@ def replayed_rounds(point: dict, requests: list) -> list[dict]:
     return rows
 
 
-def priced(rounds: list[dict], s: RunSettings, host, host_s: float) -> tuple[np.ndarray, np.ndarray]:
-    """Each round's price as `SimExecutor.mixed` sets it on a host launching a layer in
-    `host_s`, and whether its GPU phases (not its launches) bound it."""
+def priced(rounds: list[dict], s: RunSettings, host, host_s: float,
+           later_s: float | None) -> tuple[np.ndarray, np.ndarray]:
+    """Each round's price as `SimExecutor.mixed` sets it on a host launching a round's first
+    layer in `host_s` and each later one in `later_s` (the run's own; None: as the first, a
+    run measured before replays), and whether its GPU phases (not its launches) bound it."""
     cal, cmp = load_calibration(s.calibration, s.gpu.name), load_compare(s.compare, s.gpu.name)
     decode = cal.decode_curve("grid_cap")
     prefill = cmp.prefill_rate("grid_cap", s.gpu.bf16_tflops, s.gpu.sms)
@@ -100,8 +105,9 @@ def priced(rounds: list[dict], s: RunSettings, host, host_s: float) -> tuple[np.
         s.model, decode, prefill, s.gpu.sms, sum(r["contexts"]), len(r["contexts"]), r["chunk"],
         r["start"], r["last"], moved.decode_row_tile, fit, decode_contexts=r["contexts"]))
         for r in rounds])
-    return (fit.fixed_s + np.array([step_cost.layer_pipeline_s(g, layers, host_s) for g in gpu]),
-            gpu > layers * host_s)
+    return (fit.fixed_s + np.array([step_cost.layer_pipeline_s(g, layers, host_s, later_s)
+                                    for g in gpu]),
+            gpu > layers * (host_s if later_s is None else later_s))  # the later layers pace
 
 
 def band_rows(rounds, prices: dict[str, np.ndarray], bound: np.ndarray) -> list[dict]:
@@ -142,8 +148,8 @@ def run(args) -> int:
             if not point["strategy"].startswith("chunked_") or not point.get("host_layer_us"):
                 continue
             rounds = replayed_rounds(point, requests)
-            host_s = point["host_layer_us"] / 1e6
-            prices = {k: priced(rounds, s, h, host_s) for k, h in hosts.items()}
+            host_s, later_s = point["host_layer_us"] / 1e6, later_layer_s(point)
+            prices = {k: priced(rounds, s, h, host_s, later_s) for k, h in hosts.items()}
             points.append({"folder": path.parent.name, "strategy": point["strategy"],
                            "rate": point["rate"], "host_layer_ms": host_s * 1e3,
                            "bands": band_rows(rounds, {k: p for k, (p, _) in prices.items()},

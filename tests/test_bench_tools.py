@@ -316,6 +316,96 @@ def test_the_mixed_step_fit_by_tiles_recovers_a_known_fixed_cost():
     assert quality["median_abs_error"] < 1e-9
 
 
+def test_host_cost_rows_carry_a_runs_later_layer_launch_where_it_timed_one():
+    """A run since replays times a launch's later layers apart from its first: its chunked
+    rounds and prefill-first batches carry that time (`later_s`) and a launch of theirs costs
+    the first layer and (layers - 1) later ones; an older run's (no later time) carry None
+    and cost every layer as the first, exactly as before."""
+    sys.path.insert(0, "bench")
+    from fit_host_costs import (chunk_rounds, fidelity_prefills, fidelity_rounds, launches_s,
+                                later_layer_s)
+
+    rounds = [{"prefill": "chunk 0+512", "decode_bs": 2, "decode_context": 900, "start_s": 0.0,
+               "end_s": 0.03},
+              {"prefill": "", "decode_bs": 3, "decode_context": 1500, "start_s": 0.03,
+               "end_s": 0.04}]
+    run = {"details": {name: {"rounds": rounds}
+                       for name in ("chunked_512", "chunked_1024", "chunked_2048")},
+           "rows": [{"strategy": "chunked_512", "host_layer_p50_ms": 0.8},  # before replays
+                    {"strategy": "chunked_2048", "host_layer_p50_ms": 1.9,
+                     "host_later_layer_p50_ms": 0.13}]}  # chunked_1024's host untimed
+    got = {r["size"]: (r["host_s"], r["later_s"]) for r in chunk_rounds(run, 1.1e-3)}
+    assert got == {512: (0.8 / 1e3, None), 1024: (1.1e-3, None), 2048: (1.9 / 1e3, 0.13 / 1e3)}
+    diag = {"rounds": {"start_us": [0], "end_us": [30000], "label": [0], "decode_bs": [2],
+                       "decode_context": [900], "labels": ["chunk 0+512"]},
+            "prefills": [[0, 20000, 4000, 1, 0]]}
+    points = [({"strategy": strategy, "diagnostics": {**diag, "host_layer_us": us, **more}},
+               us / 1e6) for strategy in ("chunked_512", "prefill_first")
+              for us, more in ((800, {}), (1900, {"host_later_layer_us": 130}))]
+    assert [r["later_s"] for r in fidelity_rounds(points)] == [None, 130 / 1e6]
+    assert [r["later_s"] for r in fidelity_prefills(points)] == [None, 130 / 1e6]
+    assert later_layer_s({"host_later_layer_us": None}) is None  # one layer a launch
+    assert launches_s(36, 8e-4, None) == 36 * 8e-4  # every layer as the first, as before
+    assert launches_s(36, 1.9e-3, 1.3e-4) == pytest.approx(1.9e-3 + 35 * 1.3e-4)
+
+
+def test_the_mixed_step_fit_prices_a_replayed_runs_later_layers():
+    """Rounds of a run since replays (a launch's later layers at their own, faster time) beside
+    an older run's (every layer as the first) come back as the known executor made them: a
+    replayed round its launches bound lasts its first layer, (layers - 1) later ones and one
+    layer of GPU, and its later layers pace the GPU (a round bound by an older host's launches
+    is bound by its GPU here); the older rows alone fit as they did."""
+    sys.path.insert(0, "bench")
+    from fit_host_costs import fit_mixed
+
+    from pdmux_triton.cost import step_cost
+    from pdmux_triton.spec.models import model_preset
+
+    qwen = model_preset("qwen3-8b")
+    n = qwen.layers
+    law = step_cost.SaturationLaw(3.4, 60.0)
+    rate = step_cost.PrefillRate(989.0, 132, ((132, 0.55),), ((132, 0.65),))
+    truth = step_cost.MixedStepFit(0.0095, 0.48)
+    rows = [{"size": 512, "chunk": c, "prefix": p, "batch": b, "context": b * ctx, "host_s": h,
+             "later_s": later}
+            for c, p, b, ctx, h, later in [
+                (2048, 0, 20, 2500, 0.0008, None), (512, 1024, 35, 1800, 0.0016, None),
+                (256, 0, 8, 900, 0.0012, None), (128, 0, 3, 500, 0.0015, None),
+                (1024, 4096, 50, 3000, 0.0019, 0.00013), (256, 0, 8, 900, 0.0019, 0.00013),
+                (128, 0, 3, 500, 0.0021, 0.0003), (2048, 2048, 0, 0, 0.0021, 0.0003)]]
+    bound, gpus = [], []
+    for r in rows:
+        gpu = step_cost.mixed_step_s(qwen, law, rate, 132, r["context"], r["batch"], r["chunk"],
+                                     r["prefix"], samples_chunk=0, decode_row_tile=128,
+                                     phases=truth)
+        gpus.append(gpu)
+        bound.append(n * (r["later_s"] or r["host_s"]) > gpu)
+        r["seconds"] = truth.fixed_s + step_cost.layer_pipeline_s(gpu, n, r["host_s"],
+                                                                  r["later_s"])
+    replayed = [r["later_s"] is not None for r in rows]
+    # bound by launches and by the GPU among both runs' rounds; a replayed round an older
+    # host's launches would have bound
+    assert {(b, new) for b, new in zip(bound, replayed)} == {(True, True), (False, True),
+                                                             (True, False), (False, False)}
+    assert n * rows[5]["host_s"] > gpus[5] and not bound[5]
+    launch_bound = bound.index(True, 4)
+    r = rows[launch_bound]
+    assert r["seconds"] == pytest.approx(truth.fixed_s + r["host_s"] + (n - 1) * r["later_s"]
+                                         + gpus[launch_bound] / n)
+    fit, by_launches, quality = fit_mixed(rows, qwen, law, rate, 132, 128)
+    assert list(by_launches) == bound
+    assert fit.fixed_s == pytest.approx(truth.fixed_s, rel=1e-6)
+    assert fit.decode_row_mfu == pytest.approx(truth.decode_row_mfu, rel=1e-6)
+    assert quality["median_abs_error"] < 1e-9 and quality["p90_abs_error"] < 1e-9
+    # the older rows: None as their later time fits exactly as rows without one did
+    older = rows[:4]
+    as_before = fit_mixed([{k: v for k, v in r.items() if k != "later_s"} for r in older],
+                          qwen, law, rate, 132, 128)
+    got = fit_mixed(older, qwen, law, rate, 132, 128)
+    assert got[0] == as_before[0] and list(got[1]) == list(as_before[1]) and got[2] == as_before[2]
+    assert got[0].fixed_s == pytest.approx(truth.fixed_s, rel=1e-6)
+
+
 def test_tile_times_come_back_from_layers_they_made(tmp_path):
     """Eager GEMM rows and captured layers made by known tile times (a slower eager copy of
     one GEMM row, and rows on another SM budget, beside them) give the tile times back."""
@@ -374,6 +464,61 @@ def test_mixed_rounds_replays_and_prices_mooncakes_chunked_rounds(tmp_path):
     assert whole["rounds"] > 3000 and 0.95 < whole["measured_over_given"] < 1.05
     gpu_bound = next(b for b in point["bands"] if b["band"] == "GPU")
     assert gpu_bound["median_abs_error_given"] < 0.05
+
+
+def test_mixed_rounds_prices_a_replayed_runs_later_layers(tmp_path, monkeypatch):
+    """The committed Mooncake chunked-512 point, measured before replays, is priced as it was:
+    every layer's launch at its first's. Given a later layer's time (a run since replays), a
+    round its launches bound costs its first layer, (layers - 1) later ones and one layer of
+    GPU, one its GPU bounds the GPU and its first launch; the script reads that time off a
+    point that kept it."""
+    sys.path.insert(0, "bench")
+    import mixed_rounds
+    from mixed_rounds import priced, replayed_rounds, served
+
+    from pdmux_triton.cost import step_cost
+    from pdmux_triton.cost.measured_inputs import load_host_costs
+    from pdmux_triton.experiments.capacity import PointKey
+    from pdmux_triton.results import PointStore
+
+    path = Path("bench/results/prefix-cache/conv-3000-200-off/capacity-diagnostics-h200.jsonl")
+    s, requests = served(path.parent, "h200")
+    (point,) = [p for p in PointStore(path, PointKey).points.values()
+                if p["strategy"] == "chunked_512"]
+    assert point.get("host_later_layer_us") is None  # measured before replays
+    rounds = replayed_rounds(point, requests)
+    host = load_host_costs("bench/results/host-costs-h200.json", "h200")
+    first, n, fixed = point["host_layer_us"] / 1e6, s.model.layers, host.mixed.fixed_s
+    priced_gpu, mixed_step_s = [], step_cost.mixed_step_s  # each round's GPU phases
+    monkeypatch.setattr(step_cost, "mixed_step_s", lambda *a, **k: priced_gpu.append(
+        float(mixed_step_s(*a, **k))) or priced_gpu[-1])
+    old, old_gpu_bound = priced(rounds, s, host, first, None)
+    monkeypatch.undo()
+    gpu = np.array(priced_gpu)
+    assert list(old) == [fixed + step_cost.layer_pipeline_s(g, n, first) for g in gpu]  # exact
+    assert list(old_gpu_bound) == list(gpu > n * first)
+    later = first / 2  # some rounds' layers run faster than that on the GPU
+    new, gpu_bound = priced(rounds, s, host, first, later)
+    assert list(gpu_bound) == list(gpu > n * later) and 0 < gpu_bound.sum() < len(rounds)
+    assert new[~gpu_bound] == pytest.approx(fixed + first + (n - 1) * later
+                                            + gpu[~gpu_bound] / n, rel=1e-12)
+    assert new[gpu_bound] == pytest.approx(fixed + gpu[gpu_bound] + first, rel=1e-12)
+    # the same point as a run since replays would keep it: its rounds priced shorter
+    folder = tmp_path / path.parent.name
+    folder.mkdir()
+    for name in ("capacity-settings-h200.json", path.name):
+        (folder / name).write_text((path.parent / name).read_text())
+    kept = [json.loads(line) for line in (folder / path.name).read_text().splitlines()]
+    (folder / path.name).write_text("".join(json.dumps(
+        {**p, "host_later_layer_us": round(later * 1e6)} if p is not None
+        and p["strategy"] == "chunked_512" else p) + "\n" for p in kept))
+    for where, diagnostics in (("before", path), ("replayed", folder / path.name)):
+        assert mixed_rounds.main([str(diagnostics), "--out", str(tmp_path / where)]) == 0
+    whole = {where: next(b for p in json.loads(
+        (tmp_path / where / "mixed-rounds-h200.json").read_text())["points"]
+        if p["strategy"] == "chunked_512" for b in p["bands"] if b["by"] == "all")
+        for where in ("before", "replayed")}
+    assert whole["replayed"]["measured_over_given"] > whole["before"]["measured_over_given"]
 
 
 def test_the_whole_gpu_prefill_fit_recovers_a_known_mfu_from_the_batches_it_bounds():
@@ -1179,6 +1324,41 @@ def test_launch_bound_hosts_reads_the_hosts_launch_from_launches_the_gpu_did_not
                      overheads.layer_launch_s)
     assert five["median_ms"] == pytest.approx(0.7) and five["mean_ms"] == pytest.approx(0.84)
     assert five["median_over_p50"] == pytest.approx(0.875)
+
+
+def test_launch_bound_hosts_reads_a_replayed_launch_as_its_first_layers_host_time():
+    """A run since replays launches a launch's later layers faster than its first: a
+    launch-bound launch's host time is read as its first layer's, the later ones at the
+    share of the run's medians (an older run's: over its layers, exactly as before), and only
+    layers its later launches outpace are left to the host."""
+    sys.path.insert(0, "bench")
+    from corun_rounds import Pricer
+    from launch_bound_hosts import GPU_BOUND_S, LayerPrice, launch_bound
+
+    from pdmux_triton.cost.measured_inputs import load_host_costs
+
+    overheads = load_host_costs("bench/results/host-costs-h200.json")
+    price = LayerPrice(Pricer("bench/results/trace-fidelity/points-h200.jsonl",
+                              "bench/results/calibrate-h200.json",
+                              "bench/results/compare-h200.json", overheads, "h200"), overheads)
+    short, medium = price.whole(100, 1, 0), price.whole(300, 1, 0)
+    assert short < 0.75 * GPU_BOUND_S < medium < GPU_BOUND_S
+    # a first layer of 0.7 ms, 35 later ones at 0.525 (the run's medians: 800 and 600 us)
+    spans = {tokens: 700 + 35 * 525 + round(layer * 1e6)
+             for tokens, layer in ((100, short), (300, medium))}
+    diag = {"prefills": [[0, 26000, 100, 1, 0], [27000, 60000, 300, 1, 0]],
+            "rounds": {"start_us": [0, 27000], "end_us": [26000, 60000], "level": [-1, -1],
+                       "decode_bs": [0, 0], "decode_context": [0, 0], "label": [0, 0],
+                       "labels": ["whole"]},
+            "decode_step_us": [], "host_layer_us": 800,
+            "busy_us": [[100, 100 + spans[100]], [27100, 27100 + spans[300]]]}
+    before = {"strategy": "prefill_first", "diagnostics": diag}
+    launches, _ = launch_bound(before, price, "a point")
+    assert launches == [(0.0, (spans[100] / 1e6 - short) / 36),  # exactly as before
+                        (0.027, (spans[300] / 1e6 - medium) / 36)]
+    replayed = {**before, "diagnostics": {**diag, "host_later_layer_us": 600}}
+    launches, _ = launch_bound(replayed, price, "a point")  # the medium batch's GPU paces it
+    assert [t for t, _ in launches] == [0.0] and launches[0][1] == pytest.approx(0.7e-3, abs=1e-7)
 
 
 def test_a_batch_prefill_spans_its_first_prompt_taken_to_its_first_token():
