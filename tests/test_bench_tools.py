@@ -1280,22 +1280,29 @@ def test_trace_fidelity_judges_each_window_on_host_costs_fitted_to_the_others(tm
     assert all(len(r) >= 2 for r in green) and green[0] != green[1] and green[0] != ratios[0]
 
 
+def _committed_layer_price():
+    """launch_bound_hosts' layer prices on the committed H200 inputs, and their host costs."""
+    sys.path.insert(0, "bench")
+    from corun_rounds import Pricer
+    from launch_bound_hosts import LayerPrice
+
+    from pdmux_triton.cost.measured_inputs import load_host_costs
+
+    overheads = load_host_costs("bench/results/host-costs-h200.json")
+    return LayerPrice(Pricer("bench/results/trace-fidelity/points-h200.jsonl",
+                             "bench/results/calibrate-h200.json",
+                             "bench/results/compare-h200.json", overheads, "h200"),
+                      overheads), overheads
+
+
 def test_launch_bound_hosts_reads_the_hosts_launch_from_launches_the_gpu_did_not_bound():
     """A prefill-first point: a short batch's launches bound it (its host time a layer is its
     launch span less one layer's price, over 36; its wall less that span is the batch's own
     host work), a long one's GPU did (left out), a decode round's span is skipped; without
     spans the wall is read; spans that do not match the rounds are refused by name; five
     launches make a point's figures."""
-    sys.path.insert(0, "bench")
-    from corun_rounds import Pricer
-    from launch_bound_hosts import GPU_BOUND_S, LayerPrice, launch_bound, point_row
-
-    from pdmux_triton.cost.measured_inputs import load_host_costs
-
-    overheads = load_host_costs("bench/results/host-costs-h200.json")
-    price = LayerPrice(Pricer("bench/results/trace-fidelity/points-h200.jsonl",
-                              "bench/results/calibrate-h200.json",
-                              "bench/results/compare-h200.json", overheads, "h200"), overheads)
+    price, overheads = _committed_layer_price()  # (bench/ on the path)
+    from launch_bound_hosts import GPU_BOUND_S, launch_bound, point_row
     short, long = price.whole(100, 1, 0), price.whole(8000, 1, 0)
     assert short < GPU_BOUND_S < long
     launch_us = 36 * 700 + round(short * 1e6)  # 0.7 ms a layer, then the last layer runs
@@ -1331,16 +1338,8 @@ def test_launch_bound_hosts_reads_a_replayed_launch_as_its_first_layers_host_tim
     launch-bound launch's host time is read as its first layer's, the later ones at the
     share of the run's medians (an older run's: over its layers, exactly as before), and only
     layers its later launches outpace are left to the host."""
-    sys.path.insert(0, "bench")
-    from corun_rounds import Pricer
-    from launch_bound_hosts import GPU_BOUND_S, LayerPrice, launch_bound
-
-    from pdmux_triton.cost.measured_inputs import load_host_costs
-
-    overheads = load_host_costs("bench/results/host-costs-h200.json")
-    price = LayerPrice(Pricer("bench/results/trace-fidelity/points-h200.jsonl",
-                              "bench/results/calibrate-h200.json",
-                              "bench/results/compare-h200.json", overheads, "h200"), overheads)
+    price, _ = _committed_layer_price()  # (bench/ on the path)
+    from launch_bound_hosts import GPU_BOUND_S, launch_bound
     short, medium = price.whole(100, 1, 0), price.whole(300, 1, 0)
     assert short < 0.75 * GPU_BOUND_S < medium < GPU_BOUND_S
     # a first layer of 0.7 ms, 35 later ones at 0.525 (the run's medians: 800 and 600 us)
