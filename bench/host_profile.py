@@ -66,7 +66,7 @@ def prefill_layers(x: ModelExecutor, carry, calls: int) -> list[tuple[float, flo
         t0 = time.perf_counter()
         x.model.extend_layers(carry.batch, 0, layers, budget=x.prefill_side.budget)
         first = x.model.first_launched_at
-        times.append((first - t0, (time.perf_counter() - first) / (layers - 1)))
+        times.append((first - t0, (time.perf_counter() - first) / max(1, layers - 1)))
     torch.cuda.synchronize()
     return times
 
@@ -77,12 +77,15 @@ def replayed_vs_one_by_one(x: ModelExecutor, carry, calls: int) -> dict:
     records the launches where they are replayed) and a later layer; then where the replayed
     call's host time goes (cProfile, by own time)."""
     replayed, one_by_one = [], []
-    for turn in range(TURNS):
-        for replays in (turn % 2 == 0, turn % 2 == 1):
-            x.model.replays_layers = replays
-            (replayed if replays else one_by_one).extend(
-                prefill_layers(x, carry, max(1, calls // TURNS)))
-    x.model.replays_layers = True
+    before = x.model.replays_layers
+    try:
+        for turn in range(TURNS):
+            for replays in (turn % 2 == 0, turn % 2 == 1):
+                x.model.replays_layers = replays
+                (replayed if replays else one_by_one).extend(
+                    prefill_layers(x, carry, max(1, calls // TURNS)))
+    finally:
+        x.model.replays_layers = before
     prof = cProfile.Profile()
     prof.enable()
     prefill_layers(x, carry, max(1, calls // TURNS))

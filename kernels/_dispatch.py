@@ -25,7 +25,8 @@ from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
 SKIP_TRITON_DISPATCH = True  # off: every launch through `JITFunction.run` (a baseline)
-# while a `_replay.recording` block runs: its `LaunchRecord`, handed every launch
+# while a `_replay.recording` block runs: its `LaunchRecord`, handed every launch (one
+# recording at a time in a process: the executors launch from one thread)
 RECORDER = None
 
 # on a kernel: {(device, its specialization, its options): the kernel Triton compiled for them}

@@ -29,6 +29,11 @@ from pdmux_triton.kernels._dispatch import run_kernel
 _ALLOCATIONS = (torch.ops.aten.empty, torch.ops.aten.empty_like, torch.ops.aten.empty_strided)
 
 
+def _extent(t: torch.Tensor) -> int:
+    """Elements from a tensor's first to one past its last (0 if empty)."""
+    return 0 if t.numel() == 0 else 1 + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+
+
 def _layout(t: torch.Tensor) -> tuple:
     """What a kernel compiled for one tensor assumes of another in its place: shape, strides,
     dtype, device, and a 16-byte-aligned start (Triton specializes pointers on it)."""
@@ -68,6 +73,9 @@ class LaunchRecord:
         self.swappable = dict(swappable)
         self._layouts = {name: _layout(t) for name, t in swappable.items()}
         self._names = {id(t): name for name, t in swappable.items()}
+        self.unreplayable: str | None = None
+        if len(self._names) < len(swappable):  # (a later layer's two tensors would be one)
+            self.unreplayable = "two swapped names are one tensor"
         # a swappable tensor's storage -> its name, which a view of it is swapped by (None:
         # several share it, and a view cannot say whose it is)
         self._storages: dict[int, str | None] = {}
@@ -75,7 +83,6 @@ class LaunchRecord:
             ptr = t.untyped_storage().data_ptr()
             self._storages[ptr] = None if ptr in self._storages else name
         self.launches: list[_Launch] = []
-        self.unreplayable: str | None = None
         self.stream = None
         self._watch = _TorchOpsWatch()
 
@@ -123,26 +130,30 @@ class LaunchRecord:
             if name is None:
                 self.unreplayable = "a kernel read a view of swapped tensors sharing a storage"
                 continue
-            if t.dtype != self.swappable[name].dtype:
+            whole = self.swappable[name]
+            if t.dtype != whole.dtype:
                 self.unreplayable = f"a kernel read a view of {name} as {t.dtype}"
                 continue
-            view = (tuple(t.shape), t.stride(),
-                    t.storage_offset() - self.swappable[name].storage_offset())
-            swaps.append(_Swap(at, name, view, descriptor))
+            offset = t.storage_offset() - whole.storage_offset()
+            if offset < 0 or offset + _extent(t) > _extent(whole):
+                self.unreplayable = f"a kernel read memory beside {name} in its storage"
+                continue
+            swaps.append(_Swap(at, name, (tuple(t.shape), t.stride(), offset), descriptor))
         return swaps
 
     # -- replaying -------------------------------------------------------------------------
 
     def replay(self, tensors: dict[str, torch.Tensor]) -> bool:
         """Every recorded launch again, in order, with each swappable tensor replaced by
-        `tensors[name]`; False, and nothing launched, where one's layout (shape, strides,
-        dtype, device, alignment) differs from the recorded one's: the kernels were compiled
-        and planned for that."""
+        `tensors[name]`; False, and nothing launched, where they name other tensors than the
+        recorded ones or one's layout (shape, strides, dtype, device, alignment) differs from
+        the recorded one's: the kernels were compiled and planned for that."""
         if self.unreplayable:
             raise PdmuxError(f"these launches cannot be replayed: {self.unreplayable}")
+        if tensors.keys() != self._layouts.keys():
+            return False
         for name, layout in self._layouts.items():
-            t = tensors.get(name)
-            if t is None or _layout(t) != layout:
+            if _layout(tensors[name]) != layout:
                 return False
         if self.stream is not None:
             stream = driver.active.get_current_stream(driver.active.get_current_device())
@@ -158,7 +169,7 @@ class LaunchRecord:
                         args[s.at] = value
                     else:
                         kwargs[s.at] = value
-            if launch.compiled is not None:
+            if launch.compiled is not None:  # (as run_kernel's own direct launch: no hooks)
                 launch.compiled.run(*args)
             else:
                 run_kernel(launch.kernel, launch.grid, *args, **kwargs)

@@ -82,6 +82,9 @@ def test_layer_range_errors():
         model.extend_layers(batch, 1, 3)
     with pytest.raises(PdmuxError, match="resumed at layer 1 needs the hidden states"):
         model.extend_layers(batch, 1, 2)
+    h, _ = model.extend_layers(batch, 0, 1)
+    with pytest.raises(PdmuxError, match="needs the hidden states and the residual stream"):
+        model.extend_layers(batch, 1, 2, h)  # (no residual: its adds would be skipped)
 
 
 @pytest.mark.gpu

@@ -74,6 +74,32 @@ def test_a_tensor_of_another_layout_is_not_replayed(kernel):  # noqa: F811
     assert kernel.calls == []
 
 
+def test_a_tensor_given_by_keyword_is_swapped_too(kernel):  # noqa: F811
+    x, out = torch.zeros(64), torch.empty(64)
+    with recording({"x": x}) as record:  # its first launch: through Triton, by keyword
+        run_kernel(kernel, 4, x_ptr=x, out_ptr=out, n=64, scale=1.0, m=3, BLOCK=16)
+    assert record.launches[0].kernel is kernel and [s.at for s in record.launches[0].swaps] == [
+        "x_ptr"]
+    del kernel.calls[:]
+    y = torch.ones(64)
+    assert record.replay({"x": y})
+    assert _launch_args(kernel.calls[0])[0] is y  # (bound by keyword, launched directly)
+
+
+def test_a_replay_names_the_recorded_tensors_exactly(kernel):  # noqa: F811
+    x, w, out = torch.zeros(64), torch.zeros(64), torch.empty(64)
+    run_kernel(kernel, 4, x, out, 64, 1.0, 3, BLOCK=16)
+    with recording({"x": x, "w": w}) as record:
+        run_kernel(kernel, 4, x, out, 64, 1.0, 3, BLOCK=16)
+    del kernel.calls[:]
+    assert not record.replay({"x": torch.ones(64)})  # w missing
+    assert not record.replay({"x": torch.ones(64), "w": torch.ones(64), "b": torch.ones(64)})
+    assert kernel.calls == []
+    with recording({"x": x, "y": x}) as record:
+        run_kernel(kernel, 4, x, out, 64, 1.0, 3, BLOCK=16)
+    assert record.unreplayable == "two swapped names are one tensor"
+
+
 def _small_layer(x, residual, w_norm, w):
     """rmsnorm (a residual added, a view of x read) and a GEMM: launches only."""
     h = rmsnorm(x, w_norm, 1e-6, residual=residual, num_sms=2)
@@ -112,6 +138,10 @@ def test_what_cannot_be_replayed_is_said():
     with recording({"a": both[:32], "b": both[32:]}) as record:
         rmsnorm(x, both[8:40])  # whose view: a's or b's?
     assert record.unreplayable == "a kernel read a view of swapped tensors sharing a storage"
+    buf = torch.randn(2, 4, 32)
+    with recording({"hidden": buf[0]}) as record:  # its residual beside it in one storage
+        rmsnorm(buf[0], w, residual=buf[1])
+    assert record.unreplayable == "a kernel read memory beside hidden in its storage"
     z = torch.zeros(4, 32)
     with recording({"z": z}) as record:
         rmsnorm(z.view(torch.float16), torch.ones(64, dtype=torch.float16))
@@ -130,9 +160,16 @@ LAYERS, PAGE = 5, 4
 
 
 def _model(layers=LAYERS):
+    """The tiny preset with norm gains of its own a layer (folded ones are all ones, and a
+    replay that kept the recorded layer's would pass unseen)."""
     spec = model_preset("tiny")
-    return Model(Weights.random(spec, DEV, DTYPE, seed=3, layers=layers),
-                 KVCache(spec, 16, PAGE, DEV, DTYPE, layers=layers), max_positions=64)
+    model = Model(Weights.random(spec, DEV, DTYPE, seed=3, layers=layers),
+                  KVCache(spec, 16, PAGE, DEV, DTYPE, layers=layers), max_positions=64)
+    g = torch.Generator(device=DEV).manual_seed(4)
+    for lw in model.w.layers:
+        for name in ("in_norm", "post_norm", "q_norm", "k_norm"):
+            lw[name].copy_(1 + 0.2 * torch.randn(lw[name].shape, generator=g, device=DEV))
+    return model
 
 
 def _batch(n=13, pages=(5, 2, 9, 0)):
@@ -166,16 +203,21 @@ def _counting_replays():
     return calls, mock.patch.object(_replay.LaunchRecord, "replay", counted)
 
 
+def _caches(model):
+    return [c.clone() for c in model.cache.k + model.cache.v]
+
+
 def test_prefill_layers_replayed_equal_them_launched_one_by_one():
     model, batch, budget = _model(), _batch(), Budget(3)
+    model.extend_layers(batch, 0, 1, budget=budget)  # what a first launch makes once, made
     calls, counting = _counting_replays()
     with counting:
         h, r = model.extend_layers(batch, 0, LAYERS, budget=budget)
     assert model.unreplayable is None and calls == [True] * (LAYERS - 1)
-    kc = [k.clone() for k in model.cache.k]
+    caches = _caches(model)
     ref_h, ref_r = _one_by_one(model, batch, budget)
     assert torch.equal(h, ref_h) and torch.equal(r, ref_r)
-    assert all(torch.equal(a, b) for a, b in zip(kc, model.cache.k))
+    assert all(torch.equal(a, b) for a, b in zip(caches, _caches(model)))
     # split as PD-mux splits a prefill: each call records its first layer
     calls.clear()
     with counting:
@@ -190,6 +232,7 @@ def test_a_layer_of_another_layout_is_launched_one_by_one():
     lw = model.w.layers[3]
     n, k = lw["o"].shape
     lw["o"] = torch.empty(n, k + 8, dtype=DTYPE, device=DEV)[:, :k].copy_(lw["o"])  # rows apart
+    model.extend_layers(batch, 0, 1, budget=budget)  # what a first launch makes once, made
     calls, counting = _counting_replays()
     with counting:
         h, r = model.extend_layers(batch, 0, LAYERS, budget=budget)
@@ -220,6 +263,8 @@ def test_prefill_layers_replayed_equal_them_launched_at_real_dims(budget):
     assert model.unreplayable is None
     # every launch of the recorded layer past Triton's dispatch: so are its replays
     assert direct.call_count >= 8 and through_triton.call_count == 0
+    caches = _caches(model)
     ref_h, ref_r = _one_by_one(model, batch, budget)
     torch.cuda.synchronize()
     assert torch.equal(h, ref_h) and torch.equal(r, ref_r)
+    assert all(torch.equal(a, b) for a, b in zip(caches, _caches(model)))

@@ -208,6 +208,12 @@ def test_a_split_prefills_later_layers_launch_at_the_replayed_layers_time():
     began = x.t
     x.launch_prefill(carry, 0, 12)
     assert x.t - began == pytest.approx(0.002 + 11 * 0.0005)
+    # a tensor-parallel rank's layers reduce between their launches: none is replayed
+    from pdmux_triton.cost.parallel import LINKS, TensorParallel
+
+    rank = SimExecutor(H100, QWEN, step_cost.SaturationLaw(H100.hbm_tbps * 0.85, 66.0), rate,
+                       overheads=host, comm=TensorParallel.of(QWEN, 2, LINKS["nvlink4"]))
+    assert rank.overheads.later_layer_s is None and x.overheads.later_layer_s == 0.0005
 
 
 def test_a_prefill_with_the_whole_gpu_runs_at_the_served_mfu_and_a_split_one_as_compared():
@@ -275,6 +281,7 @@ def test_a_split_prefill_slows_as_measured_by_the_share_it_ran():
 class _Link:
     """Collectives of a fixed time a decode step, none elsewhere."""
 
+    tp = 2  # a rank of two
     def decode_s(self, batch):
         return 0.001
 

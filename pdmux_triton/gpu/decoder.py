@@ -195,7 +195,8 @@ class Model:
                                   weights.embed.device, rope_frequencies(self.spec))
         # off: every prefill layer through its launchers (a baseline: bench/host_profile.py)
         self.replays_layers = True
-        # why the last prefill's layers were launched one by one (None: replayed, or one layer)
+        # why the last prefill's record could not be replayed (None: it could, or one layer;
+        # a later layer of another layout still runs through its launchers)
         self.unreplayable: str | None = None
         # when (time.perf_counter) the last prefill's first layer was launched: the host's
         # time for the first layer and for the later ones (bench/host_profile.py, the timeline)
@@ -303,8 +304,9 @@ class Model:
             raise PdmuxError(f"layer range [{start}, {end}) is outside 0..{len(self.w.layers)}")
         if start == 0:
             hidden, residual = self.residual_stream(batch.tokens)
-        elif hidden is None:
-            raise PdmuxError(f"a prefill resumed at layer {start} needs the hidden states")
+        elif hidden is None or residual is None:
+            raise PdmuxError(f"a prefill resumed at layer {start} needs the hidden states and "
+                             f"the residual stream")
         ps, plan = self.cache.page_size, batch.plan
 
         def attend(q, k, v, kc, vc):

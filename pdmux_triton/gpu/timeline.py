@@ -29,11 +29,13 @@ class LaunchMarks:
         self.launches: list[tuple[object, object]] = []
         self.decode_steps: list[tuple[object, object]] = []
         self.drains: list[float] = []  # host seconds each level switch waited
-        # host seconds of each eager launch's first layer (through its launchers; the batch's
-        # embedding with the first of a prefill) and when each began, on the executor's clock
+        # host seconds of each eager launch's first layer (through its launchers, recording
+        # them where later layers replay them; the batch's embedding with the first of a
+        # prefill) and when each began, on the executor's clock
         self.host_layers: list[float] = []
         self.host_layers_at: list[float] = []
-        self.host_later_layers: list[float] = []  # and a layer of its later ones (replayed)
+        # and a layer of its later ones (replays, where the decoder could make them)
+        self.host_later_layers: list[float] = []
 
     def mark(self, stream):
         if not self.cuda:

@@ -37,7 +37,8 @@ MAX_CONTEXT = 4096
 def eager_layer_s(x: ModelExecutor, tokens: int, repeats: int = 20) -> dict:
     """Host seconds to launch a prefill's first layer (its batch embedded, its launches
     through the kernels' launchers and recorded) and each of its later layers (replayed:
-    kernels/_replay.py), nothing waited for, and GPU seconds a layer."""
+    kernels/_replay.py; none for a one-layer model), nothing waited for, and the call's span
+    a layer on the GPU's clock (its GPU time where the GPU, not the launches, bounds it)."""
     req = Request(10**6, [1] * tokens, 2, 0.0)
     carry = x.begin_prefill([req])
     torch.cuda.synchronize()
@@ -50,13 +51,15 @@ def eager_layer_s(x: ModelExecutor, tokens: int, repeats: int = 20) -> dict:
         x.model.extend_layers(carry.batch, 0, x.num_layers, budget=x.prefill_side.budget)
         t1 = time.perf_counter()
         first.append(x.model.first_launched_at - t0)
-        later.append((t1 - x.model.first_launched_at) / (x.num_layers - 1))
+        later.append((t1 - x.model.first_launched_at) / max(1, x.num_layers - 1))
         end.record()
         end.synchronize()
         gpu.append(start.elapsed_time(end) / 1e3 / x.num_layers)
     x.release(req)
-    return {"tokens": tokens, "host_s": statistics.median(first),
-            "later_layer_s": statistics.median(later), "gpu_s": statistics.median(gpu)}
+    row = {"tokens": tokens, "host_s": statistics.median(first), "gpu_s": statistics.median(gpu)}
+    if x.num_layers > 1:
+        row["later_layer_s"] = statistics.median(later)
+    return row
 
 
 def decode_round_s(x: ModelExecutor, batch: int, repeats: int = 30) -> dict:

@@ -31,7 +31,8 @@ class Activity:
     host_layer_s: Sequence[float] = field(default_factory=list)
     # when each of those launches began, on the executor's clock: a host runs in phases
     host_layer_at_s: Sequence[float] = field(default_factory=list)
-    # host seconds a layer of the later layers of each launch of several (replayed)
+    # host seconds a layer of the later layers of each launch of several (replays, where the
+    # decoder could make them)
     host_later_layer_s: Sequence[float] = field(default_factory=list)
 
 

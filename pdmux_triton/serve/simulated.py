@@ -13,7 +13,7 @@ launches, nothing else is launched. On one rank of a tensor-parallel server (`mo
 from __future__ import annotations
 
 from array import array
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -85,6 +85,8 @@ class SimExecutor:
         # percent apart (bench/NOTES.md)
         self.prefill_speed = prefill_speed
         self.comm = comm or TensorParallel.of(model, 1)  # one GPU: no collectives
+        if self.comm.tp > 1:  # (a rank's layers reduce between their launches: none replayed)
+            self.overheads = replace(self.overheads, later_layer_s=None)
         # a disaggregated decode server: a request's KV comes over the link (`router`), so its
         # prefill computes nothing here
         self.kv_arrives = kv_arrives
