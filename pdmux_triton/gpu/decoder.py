@@ -4,7 +4,8 @@ weights or a checkpoint's.
 Every kernel is launched with an SM budget (`partition.Budget`), so the same forward runs on
 the whole GPU, on a grid-capped share or inside a green context. Layers are the unit of work: a
 decode step runs all of them for a batch of one token per request; a prefill can run any range
-of layers of a token batch (SGLang's split prefill), carrying hidden states and residual.
+of layers of a token batch (SGLang's split prefill), carrying hidden states and residual, its
+layers after the first in a call replaying the first's launches (kernels/_replay.py).
 """
 
 from __future__ import annotations
