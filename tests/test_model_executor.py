@@ -70,8 +70,11 @@ def test_strategies_serve_the_same_tokens():
     kept = metrics.diagnostics(result)["host_layers_us"]
     assert kept == [[round(t * 1e6), round(s * 1e6)]
                     for t, s in zip(began, result.activity.host_layer_s)]
+    # and the later layers of each launch of two (the recorded first layer's launches again)
+    later = result.activity.host_later_layer_s
+    assert later and len(later) <= launches and all(0 < s < 10 for s in later)
     summary = metrics.summarize(result)
-    assert summary["host_layer_p50_ms"] > 0
+    assert summary["host_layer_p50_ms"] > 0 and summary["host_later_layer_p50_ms"] > 0
     assert summary["host_layer_mean_ms"] == pytest.approx(
         1e3 * sum(result.activity.host_layer_s) / launches)
 
