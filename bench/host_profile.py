@@ -60,13 +60,10 @@ def prefill_layers(x: ModelExecutor, carry, calls: int) -> list[tuple[float, flo
     """Host seconds of each of `calls` launches of all the model's layers (the GPU waited for
     between them), as a prefill-first round or a chunked round launches them: its first
     layer's (the batch embedded) and a later layer's."""
-    layers, times = x.num_layers, []
+    times = []
     for _ in range(calls):
         torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        x.model.extend_layers(carry.batch, 0, layers, budget=x.prefill_side.budget)
-        first = x.model.first_launched_at
-        times.append((first - t0, (time.perf_counter() - first) / max(1, layers - 1)))
+        times.append(host_costs.launch_prefill_layers(x, carry))
     torch.cuda.synchronize()
     return times
 

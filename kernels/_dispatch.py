@@ -64,9 +64,7 @@ def _launch(kernel, grid: int, args: tuple, kwargs: dict) -> None:
     # (the interpreter's kernels are not JITFunctions: no environment read a launch)
     if (not SKIP_TRITON_DISPATCH or not isinstance(kernel, JITFunction) or kernel.pre_run_hooks
             or _hooked()):
-        if RECORDER is not None:
-            RECORDER.add_kernel(kernel, grid, args, kwargs)
-        kernel[(grid,)](*args, **kwargs)
+        _launch_through_triton(kernel, grid, None, args, kwargs)
         return
     device = driver.active.get_current_device()
     caches = kernel.device_caches.get(device)

@@ -304,17 +304,14 @@ def capacity_notes(result: dict, count: int) -> list[str]:
     return notes
 
 
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.3f}"
-
-
 def host_costs_table(data: dict) -> str:
     """calibrate --host-costs' cases: a prefill's first eager layer's launch time and its later
     layers' (a file from before replays has none: '-') by tokens, a decode round's wall time by
     batch, each beside its GPU time."""
     lines = [f"{'tokens':>7} {'layer host ms':>14} {'later layers':>13} {'layer GPU ms':>13}"]
     lines += [f"{r['tokens']:>7} {r['host_s'] * 1e3:>14.3f} "
-              f"{_ms(r.get('later_layer_s')):>13} {r['gpu_s'] * 1e3:>13.3f}"
+              f"{cell(r['later_layer_s'] * 1e3 if 'later_layer_s' in r else None, '.3f'):>13} "
+              f"{r['gpu_s'] * 1e3:>13.3f}"
               for r in data["eager_layer"]]
     lines.append(f"{'batch':>7} {'round wall ms':>14} {'step GPU ms':>13}")
     lines += [f"{r['batch']:>7} {r['wall_s'] * 1e3:>14.3f} {r['gpu_s'] * 1e3:>13.3f}"

@@ -34,11 +34,20 @@ CACHE_TOKENS = 200_000  # the executor's KV cache: room for every case at once
 MAX_CONTEXT = 4096
 
 
+def launch_prefill_layers(x: ModelExecutor, carry) -> tuple[float, float]:
+    """Launch all of a prefill's layers (nothing waited for): host seconds of its first layer
+    (its batch embedded, its launches through the kernels' launchers and recorded) and of
+    each later one (replayed: kernels/_replay.py)."""
+    t0 = time.perf_counter()
+    x.model.extend_layers(carry.batch, 0, x.num_layers, budget=x.prefill_side.budget)
+    t1, first = time.perf_counter(), x.model.first_launched_at
+    return first - t0, (t1 - first) / max(1, x.num_layers - 1)
+
+
 def eager_layer_s(x: ModelExecutor, tokens: int, repeats: int = 20) -> dict:
-    """Host seconds to launch a prefill's first layer (its batch embedded, its launches
-    through the kernels' launchers and recorded) and each of its later layers (replayed:
-    kernels/_replay.py; none for a one-layer model), nothing waited for, and the call's span
-    a layer on the GPU's clock (its GPU time where the GPU, not the launches, bounds it)."""
+    """Host seconds to launch a prefill's first layer and each of its later layers
+    (`launch_prefill_layers`; none for a one-layer model), and the call's span a layer on the
+    GPU's clock (its GPU time where the GPU, not the launches, bounds it)."""
     req = Request(10**6, [1] * tokens, 2, 0.0)
     carry = x.begin_prefill([req])
     torch.cuda.synchronize()
@@ -47,11 +56,9 @@ def eager_layer_s(x: ModelExecutor, tokens: int, repeats: int = 20) -> dict:
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
         start.record()
-        t0 = time.perf_counter()
-        x.model.extend_layers(carry.batch, 0, x.num_layers, budget=x.prefill_side.budget)
-        t1 = time.perf_counter()
-        first.append(x.model.first_launched_at - t0)
-        later.append((t1 - x.model.first_launched_at) / max(1, x.num_layers - 1))
+        first_s, later_s = launch_prefill_layers(x, carry)
+        first.append(first_s)
+        later.append(later_s)
         end.record()
         end.synchronize()
         gpu.append(start.elapsed_time(end) / 1e3 / x.num_layers)
