@@ -264,18 +264,11 @@ def decode_steps(points: list[tuple[dict, float]]):
     it, as (point, its host's launch time, the round's index, the step's GPU seconds): a
     round with requests decoding launches one, except chunked prefill's mixed rounds, which
     step decode in their forward; a point whose steps match neither count is refused."""
+    from trace_fidelity import launched_rounds
+
     for point, host in points:
-        r, steps = point["diagnostics"]["rounds"], point["diagnostics"]["decode_step_us"]
-        plain = {i for i, label in enumerate(r["labels"]) if label == ""}
-        decoding = [i for i, bs in enumerate(r["decode_bs"]) if bs > 0]
-        only = [i for i in decoding if r["label"][i] in plain]
-        launched = (decoding if len(steps) == len(decoding) else only
-                    if len(steps) == len(only) else None)
-        if launched is None:
-            raise PdmuxError(f"{point['strategy']}: {len(steps)} decode steps for "
-                             f"{len(decoding)} rounds decoding ({len(only)} decode-only): its "
-                             f"rounds and steps cannot be matched")
-        for i, step in zip(launched, steps):
+        launched = launched_rounds(point["diagnostics"], point["strategy"])
+        for i, step in zip(launched, point["diagnostics"]["decode_step_us"]):
             yield point, host, i, step / 1e6
 
 

@@ -81,6 +81,10 @@ LATENCIES = ("ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p
 TARGETS = {"tpot_p50_ms": 5, "tpot_p99_ms": 10, "ttft_p50_ms": 10, "ttft_p99_ms": 20,
            "e2e_p50_ms": 5, "capacity": 5, "slo_attainment": 5}
 STABLE = 0.8  # a rate at most this share of its measured capacity is inside the stable region
+# decode steps a level needs in both a measured run and its simulation for its medians to be
+# compared (`level_step_error_pct`)
+MIN_LEVEL_STEPS = 20
+BY_LEVEL = "decode_gpu_by_level"  # the decode step's error, level by level
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,43 @@ def prefill_batches(diag: dict) -> dict[int, list]:
         b[0], b[1], b[2] = min(b[0], start), b[1] + tokens, b[2] + prompts
         b[3] += cached[0] if cached else 0
     return batches
+
+
+def launched_rounds(diag: dict, what: str) -> list[int]:
+    """The rounds of a run (its diagnostics) whose decode steps it timed, in order: every
+    round with requests decoding, or the decode-only ones where its mixed rounds step decode
+    in their forward (chunked prefill); a run whose steps match neither count is refused."""
+    r, steps = diag["rounds"], diag["decode_step_us"]
+    plain = {i for i, label in enumerate(r["labels"]) if label == ""}
+    decoding = [i for i, bs in enumerate(r["decode_bs"]) if bs > 0]
+    only = [i for i in decoding if r["label"][i] in plain]
+    for launched in (decoding, only):
+        if len(steps) == len(launched):
+            return launched
+    raise PdmuxError(f"{what}: {len(steps)} decode steps for {len(decoding)} rounds decoding "
+                     f"({len(only)} decode-only): its rounds and steps cannot be matched")
+
+
+def level_step_error_pct(measured: dict, simulated: dict, what: str) -> float | None:
+    """The decode step's error level by level (two runs' diagnostics): each level's median
+    step, simulated over measured, weighted by the measured steps at it, over the levels
+    holding MIN_LEVEL_STEPS steps in both; None where none does. A run whose steps mix levels
+    (pd-mux: a few ms at the whole GPU, two or three times that at a split level) has a
+    median that jumps between them as the mix moves: this error is the cost model's alone,
+    the mix is the scheduler's (its latencies judge it)."""
+    def by_level(diag: dict) -> dict[int, list[float]]:
+        out: dict[int, list[float]] = {}
+        for i, us in zip(launched_rounds(diag, what), diag["decode_step_us"]):
+            out.setdefault(diag["rounds"]["level"][i], []).append(us)
+        return out
+    got, want = by_level(simulated), by_level(measured)
+    kept = [lv for lv, steps in want.items()
+            if len(steps) >= MIN_LEVEL_STEPS and len(got.get(lv, ())) >= MIN_LEVEL_STEPS]
+    if not kept:
+        return None
+    weight = sum(len(want[lv]) for lv in kept)
+    return sum(len(want[lv]) * error_pct(statistics.median(got[lv]), statistics.median(want[lv]))
+               for lv in kept) / weight
 
 
 def batch_prompts(batches, requests: list[Request]) -> list[list[Request]] | None:
@@ -439,7 +480,8 @@ def _measured(point: dict) -> dict:
 def _judged(args, store: PointStore, simulated: dict[tuple, dict],
             only: tuple | None = None) -> dict:
     criteria = Criteria(Slo(args.slo_ttft_ms, args.slo_tpot_ms))
-    points, capacities, errors = [], [], {k: [] for k in (*LATENCIES, "slo_attainment")}
+    points, capacities, errors = [], [], {k: [] for k in (*LATENCIES, BY_LEVEL,
+                                                           "slo_attainment")}
     # the latencies again over the points inside their strategy's stable region alone: past
     # a capacity a queue grows through the window and its latencies amplify any error
     calm: dict[str, list[tuple[float, str]]] = {k: [] for k in LATENCIES}
@@ -471,6 +513,10 @@ def _judged(args, store: PointStore, simulated: dict[tuple, dict],
                          "simulated": {k: s.get(k) for k in FIGURES},
                          "spread_pct": m.get("spread_pct", {}), "repeats": m.get("repeats", 1),
                          "error_pct": {k: error_pct(s.get(k), m.get(k)) for k in LATENCIES}}
+                point["error_pct"][BY_LEVEL] = level_step_error_pct(
+                    m["diagnostics"], s["diagnostics"], where)
+                if point["error_pct"][BY_LEVEL] is not None:
+                    errors[BY_LEVEL].append((point["error_pct"][BY_LEVEL], where))
                 # only below a crossing: a capacity at the top rate is a bound, and attainment
                 # need not fall monotonically up to it (the slo policy's dips below 90% at 24
                 # req/s and meets at 48 on one conversation window)
@@ -549,7 +595,7 @@ def table(result: dict) -> str:
     s = result["summary"]
     lines = [f"{'metric':<20} {'max |err|':>10} {'median |err|':>13} {'target':>7} "
              f"{'repeats spread (median)':>24} {'outside repeats (max)':>22}  worst at"]
-    for k in (*LATENCIES, "slo_attainment", "capacity"):
+    for k in (*LATENCIES, BY_LEVEL, "slo_attainment", "capacity"):
         mx, md = s["max_abs_error_pct"].get(k), s["median_abs_error_pct"].get(k)
         target = s["targets_pct"].get(k)
         spread = s["spread_pct"].get(k, {}).get("median")

@@ -1986,3 +1986,36 @@ def test_host_profile_splits_a_layer_between_triton_and_the_rest():
     assert split["triton_us_a_layer"] == pytest.approx(100)  # 2 x 40 + 20
     assert split["launcher_us_a_layer"] == pytest.approx(25)
     assert split["rest_us_a_layer"] == pytest.approx(100)
+
+
+def test_the_decode_step_is_judged_level_by_level():
+    """A pd-mux run's decode steps mix levels, so its median jumps between them as the mix
+    moves: judged level by level (each level's median, weighted by its measured steps) the
+    error is the price's alone. Levels with too few steps in either run are left out; a run
+    with none kept has no such error; a run whose steps match no rounds is refused."""
+    sys.path.insert(0, "bench")
+    from trace_fidelity import MIN_LEVEL_STEPS, launched_rounds, level_step_error_pct
+
+    def run(levels: list[int], step_us: dict[int, float]) -> dict:
+        return {"rounds": {"level": levels, "decode_bs": [4] * len(levels),
+                           "label": [0] * len(levels), "labels": [""]},
+                "decode_step_us": [step_us[lv] for lv in levels]}
+
+    n = MIN_LEVEL_STEPS
+    # measured: 3n steps at the whole GPU (level 7, 5 ms), 2n at a split level (10 ms); the
+    # simulation 2% slow at the whole GPU, 5% fast at the split, in another mix (its median
+    # flips to the split level's)
+    measured = run([7] * (3 * n) + [5] * (2 * n) + [3] * (n - 1), {7: 5000, 5: 10000, 3: 12000})
+    simulated = run([7] * (2 * n) + [5] * (3 * n) + [3] * n, {7: 5100, 5: 9500, 3: 20000})
+    assert statistics.median(simulated["decode_step_us"]) / statistics.median(
+        measured["decode_step_us"]) > 1.5  # the medians' error is the mix's
+    got = level_step_error_pct(measured, simulated, "pdmux")
+    assert got == pytest.approx((3 * 2.0 + 2 * -5.0) / 5)  # level 3: too few measured steps
+    assert level_step_error_pct(run([7] * (n - 1), {7: 5000}), run([7] * n, {7: 6000}),
+                                "thin") is None
+    # chunked prefill: mixed rounds step decode in their forward, only the plain rounds launch
+    mixed = {"rounds": {"level": [0, 0, 0], "decode_bs": [2, 2, 0], "label": [1, 0, 0],
+                        "labels": ["", "chunk 0+512"]}, "decode_step_us": [7000]}
+    assert launched_rounds(mixed, "chunked") == [1]
+    with pytest.raises(PdmuxError, match="chunked: 3 decode steps for 2 rounds decoding"):
+        launched_rounds({**mixed, "decode_step_us": [7000, 7000, 7000]}, "chunked")
