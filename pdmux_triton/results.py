@@ -43,15 +43,24 @@ def _git_commit() -> str | None:
 SOURCE_FOLDERS = ("pdmux_triton", "kernels")
 
 
+SOURCE_SUFFIXES = (".py", ".json")
+
+
 def source_digest(root: Path = _REPO) -> str:
     """SHA-256 over the code that makes a result (each source file's path and bytes under
     SOURCE_FOLDERS): names the code even where the checkout's git metadata is not its own,
-    as on a machine the tree was copied to."""
+    as on a machine the tree was copied to (bench/source_commit.py finds its commit)."""
+    return digest_sources((str(path.relative_to(root)), path.read_bytes())
+                          for folder in SOURCE_FOLDERS for path in sorted((root / folder).rglob("*"))
+                          if path.suffix in SOURCE_SUFFIXES and path.is_file())
+
+
+def digest_sources(files) -> str:
+    """`source_digest` of (path relative to the checkout, bytes) pairs, in the order given: each
+    folder of SOURCE_FOLDERS in turn, its files in path order."""
     digest = hashlib.sha256()
-    for folder in SOURCE_FOLDERS:
-        for path in sorted((root / folder).rglob("*")):
-            if path.suffix in (".py", ".json") and path.is_file():
-                digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    for relative, data in files:
+        digest.update(relative.encode() + b"\0" + data)
     return digest.hexdigest()
 
 

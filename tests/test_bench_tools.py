@@ -2019,3 +2019,52 @@ def test_the_decode_step_is_judged_level_by_level():
     assert launched_rounds(mixed, "chunked") == [1]
     with pytest.raises(PdmuxError, match="chunked: 3 decode steps for 2 rounds decoding"):
         launched_rounds({**mixed, "decode_step_us": [7000, 7000, 7000]}, "chunked")
+
+
+def test_source_commit_finds_the_commit_whose_sources_a_result_names(tmp_path, capsys):
+    """A result's source_sha256 (`results.source_digest`) is found among a repository's
+    commits: the first commit with those sources and the last (later ones that changed
+    nothing under them share it); a digest no commit has exits 1; a missing file or one
+    without a digest is one line and exit 2."""
+    sys.path.insert(0, "bench")
+    import source_commit
+
+    from pdmux_triton.results import source_digest
+
+    repo = tmp_path / "repo"
+    (repo / "pdmux_triton" / "sub").mkdir(parents=True)
+    (repo / "kernels").mkdir()
+
+    def commit(message: str) -> str:
+        for args in (["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@t", "commit",
+                                     "-q", "-m", message]):
+            subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+        return subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"],
+                              check=True, capture_output=True, text=True).stdout.strip()
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "pdmux_triton" / "a.py").write_text("A = 1\n")
+    (repo / "pdmux_triton" / "sub" / "b.json").write_text("{}\n")
+    (repo / "kernels" / "k.py").write_text("K = 1\n")
+    (repo / "notes.md").write_text("one\n")
+    first = commit("first")
+    at_first = source_digest(repo)
+    (repo / "pdmux_triton" / "a.py").write_text("A = 2\n")
+    second = commit("second")
+    at_second = source_digest(repo)
+    (repo / "notes.md").write_text("two\n")  # outside the sources: the same digest
+    third = commit("third")
+    result = tmp_path / "result.json"
+    result.write_text(json.dumps({"source_sha256": at_first, "commit": f"{third}+dirty"}))
+    assert source_commit.main([str(result), at_second, "--repo", str(repo)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith(f"{result}: {first} ") and "the last" not in out[0]
+    assert out[1].startswith(f"{at_second}: {second} ") and f"the last: {third} " in out[1]
+    assert source_commit.main(["0" * 64, "--repo", str(repo)]) == 1
+    assert "no commit of the last 3" in capsys.readouterr().out
+    for bad, message in ((tmp_path / "missing.json", "cannot read"),
+                         (tmp_path / "notes.json", "carries no source_sha256")):
+        if bad.name == "notes.json":
+            bad.write_text("{}")
+        assert source_commit.main([str(bad), "--repo", str(repo)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0]
