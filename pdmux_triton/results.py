@@ -41,8 +41,6 @@ def _git_commit() -> str | None:
 
 
 SOURCE_FOLDERS = ("pdmux_triton", "kernels")
-
-
 SOURCE_SUFFIXES = (".py", ".json")
 
 
@@ -51,7 +49,8 @@ def source_digest(root: Path = _REPO) -> str:
     SOURCE_FOLDERS): names the code even where the checkout's git metadata is not its own,
     as on a machine the tree was copied to (bench/source_commit.py finds its commit)."""
     return digest_sources((str(path.relative_to(root)), path.read_bytes())
-                          for folder in SOURCE_FOLDERS for path in sorted((root / folder).rglob("*"))
+                          for folder in SOURCE_FOLDERS
+                          for path in sorted((root / folder).rglob("*"))
                           if path.suffix in SOURCE_SUFFIXES and path.is_file())
 
 
