@@ -210,13 +210,6 @@ def later_layer_s(diagnostics: dict) -> float | None:
     return us / 1e6 if us else None
 
 
-def launches_s(layers: int, first_s: float, later_s: float | None) -> float:
-    """The host's time to launch a call of `layers` eager layers as a measured run did
-    (`Overheads.launch_layers_s` of its own times): the first layer, then the later ones
-    (None: each as the first)."""
-    return layers * first_s if later_s is None else first_s + (layers - 1) * later_s
-
-
 def fidelity_rounds(points: list[tuple[dict, float]]) -> list[dict]:
     """Every chunked round of the points (`timed_points`), as `chunk_rounds` gives them, each
     with the launch times its run's host timed."""
@@ -384,7 +377,8 @@ def fit_whole_gpu_prefill(rows, model, prefill, overheads,
                                                            model.layers)
                       + step_cost.lm_head_flops(model, r["prompts"]) for r in rows]) / peak
     host = np.array([r["host_s"] for r in rows])
-    launches = np.array([launches_s(model.layers, r["host_s"], r.get("later_s")) for r in rows])
+    launches = np.array([step_cost.launch_layers_s(model.layers, r["host_s"], r.get("later_s"))
+                         for r in rows])
     gpu = np.array([r["seconds"] for r in rows]) - overheads.eager_step_s * host / \
         overheads.layer_launch_s
     mfu = prefill.mfu_at(prefill.total_sms, corun=False)
@@ -516,7 +510,7 @@ def fit_mixed(rows, model, decode, prefill, total_sms, tile,
     host = np.array([r["host_s"] for r in rows])
     n = model.layers
     # a run since replays launches its later layers faster than its first: they pace the GPU
-    launches = np.array([launches_s(n, r["host_s"], r.get("later_s")) for r in rows])
+    launches = np.array([step_cost.launch_layers_s(n, r["host_s"], r.get("later_s")) for r in rows])
     pace = np.array([r["host_s"] if r.get("later_s") is None else r["later_s"] for r in rows])
     if tiles is not None:
         law = step_cost.MixedStepFit(0.0, tiles=tiles)
@@ -738,8 +732,8 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
     # host, over the rounds their launches bound (first over all, for the prefill fit)
     size = min(r["size"] for r in rows)
     small = np.array([r["size"] == size for r in rows])
-    less_launches = np.array([(r["seconds"] - launches_s(model.layers, r["host_s"],
-                                                         r.get("later_s")))
+    less_launches = np.array([(r["seconds"] - step_cost.launch_layers_s(
+                                   model.layers, r["host_s"], r.get("later_s")))
                               * overheads.layer_launch_s / r["host_s"] for r in rows])
     overheads = replace(overheads, eager_step_s=_eager_step_s(less_launches[small], size,
                                                               model, overheads))

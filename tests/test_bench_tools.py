@@ -322,8 +322,9 @@ def test_host_cost_rows_carry_a_runs_later_layer_launch_where_it_timed_one():
     the first layer and (layers - 1) later ones; an older run's (no later time) carry None
     and cost every layer as the first, exactly as before."""
     sys.path.insert(0, "bench")
-    from fit_host_costs import (chunk_rounds, fidelity_prefills, fidelity_rounds, launches_s,
-                                later_layer_s)
+    from fit_host_costs import chunk_rounds, fidelity_prefills, fidelity_rounds, later_layer_s
+
+    from pdmux_triton.cost.step_cost import launch_layers_s
 
     rounds = [{"prefill": "chunk 0+512", "decode_bs": 2, "decode_context": 900, "start_s": 0.0,
                "end_s": 0.03},
@@ -345,8 +346,8 @@ def test_host_cost_rows_carry_a_runs_later_layer_launch_where_it_timed_one():
     assert [r["later_s"] for r in fidelity_rounds(points)] == [None, 130 / 1e6]
     assert [r["later_s"] for r in fidelity_prefills(points)] == [None, 130 / 1e6]
     assert later_layer_s({"host_later_layer_us": None}) is None  # one layer a launch
-    assert launches_s(36, 8e-4, None) == 36 * 8e-4  # every layer as the first, as before
-    assert launches_s(36, 1.9e-3, 1.3e-4) == pytest.approx(1.9e-3 + 35 * 1.3e-4)
+    assert launch_layers_s(36, 8e-4, None) == 36 * 8e-4  # every layer as the first, as before
+    assert launch_layers_s(36, 1.9e-3, 1.3e-4) == pytest.approx(1.9e-3 + 35 * 1.3e-4)
 
 
 def test_the_mixed_step_fit_prices_a_replayed_runs_later_layers():

@@ -457,6 +457,15 @@ class MixedStepFit:
             raise PdmuxError(f"decode_row_mfu must be in (0, 1], got {self.decode_row_mfu!r}")
 
 
+def launch_layers_s(layers: int, first_s: float, later_s: float | None) -> float:
+    """The host's time to launch a call of `layers` eager layers: the first in `first_s` (through
+    the kernels' launchers), each later one in `later_s` (replaying the first's launches; None:
+    as the first, a host timed before replays)."""
+    if layers < 1 or later_s is None:
+        return max(layers, 0) * first_s
+    return first_s + (layers - 1) * later_s
+
+
 @dataclass(frozen=True)
 class Overheads:
     """What this tool's executor spends beyond the first-order model: the host's share of a
@@ -588,9 +597,7 @@ class Overheads:
 
     def launch_layers_s(self, layers: int) -> float:
         """The host's time to launch a call of `layers` eager layers."""
-        if layers < 1 or self.later_layer_s is None:
-            return max(layers, 0) * self.layer_launch_s
-        return self.layer_launch_s + (layers - 1) * self.later_layer_s
+        return launch_layers_s(layers, self.layer_launch_s, self.later_layer_s)
 
     def split_prefill_batch_s(self) -> float:
         """A split prefill's batch made and uploaded: as fitted, else an eager step's."""
