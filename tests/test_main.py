@@ -22,6 +22,7 @@ from pdmux_triton.multiplex import sglang_rules
 
 CALIBRATION = "bench/results/calibrate-h200.json"
 COMPARISON = "bench/results/compare-h200.json"
+AZURE_CONV = "bench/data/azure-llm-2023/AzureLLMInferenceTrace_conv.csv"
 no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="has a GPU: would measure")
 
 
@@ -187,10 +188,33 @@ BAD = [
     (["estimate", "--s-sat", "inf"], "estimate --s-sat: expected a finite number, got 'inf'"),
     (["estimate", "--s-sat", "nan"], "estimate --s-sat: expected a finite number, got 'nan'"),
     (["run", "--s-sat", "inf"], "run --s-sat: expected a finite number"),
-    (["estimate", "--bandwidth-tbps", "0"], "estimate --bandwidth-tbps: expected a number > 0"),
-    (["estimate", "--bandwidth-tbps", "-3"], "expected a number > 0, got -3"),
-    (["estimate", "--tflops", "0"], "estimate --tflops: expected a number > 0, got 0"),
-    (["estimate", "--tflops", "-989"], "expected a number > 0, got -989"),
+    (["estimate", "--bandwidth-tbps", "0"],
+     "estimate --bandwidth-tbps: expected a number >= 0.01"),
+    (["estimate", "--bandwidth-tbps", "-3"], "expected a number >= 0.01, got -3"),
+    (["estimate", "--tflops", "0"], "estimate --tflops: expected a number >= 1, got 0"),
+    (["estimate", "--tflops", "-989"], "expected a number >= 1, got -989"),
+    # tiny positive values: a peak or share no GPU has, whose prices pass the float64 clock
+    (["estimate", "--tflops", "1e-300"], "estimate --tflops: expected a number >= 1, got 1e-300"),
+    (["estimate", "--mfu", "1e-300"], "estimate --mfu: expected a number >= 0.001, got 1e-300"),
+    (["run", "--simulate", "--bw-eff", "1e-300"], "run --bw-eff: expected a number >= 0.001"),
+    (["estimate", "--s-sat", "1e-300"], "estimate --s-sat: expected a number >= 1, got 1e-300"),
+    (["capacity", "--simulate", "--start-rate", "5000"],
+     "capacity --start-rate: expected a number <= 1000, got 5000"),
+    (["capacity", "--simulate", "--start-rate", "1e-9"],
+     "capacity --start-rate: expected a number >= 0.01, got 1e-9"),
+    # a flag given as 0 was given: where it does nothing, it says so
+    (["run", "--simulate", "--workload", "stream", "--trace-start", "0"],
+     "--trace-start does nothing with --workload stream"),
+    (["run", "--simulate", "--hysteresis", "0"], "--hysteresis does nothing without the slo"),
+    (["run", "--simulate", "--warm-requests", "0"], "--warm-requests does nothing when simulating"),
+    # an empty value is no path
+    (["run", "--simulate", "--out", ""], "run --out: expected a value, got ''"),
+    (["run", "--simulate", "--calibration", ""], "run --calibration: expected a value, got ''"),
+    (["levels", "--write-config", ""], "levels --write-config: expected a value, got ''"),
+    (["capacity", "--simulate", "--out", " "], "capacity --out: expected a value, got ' '"),
+    # a trace slowed past the float64 clock
+    (["run", "--simulate", "--workload", "trace", "--trace", AZURE_CONV, "--speed", "1e-12",
+      "--trace-count", "500"], "--speed 1e-12: trace"),
     (["estimate", "--tflops", "nan"], "expected a finite number, got 'nan'"),
     (["estimate", "--mfu", "1.5"], "estimate --mfu: expected a number <= 1"),
     (["run", "--kinds", "", "--calibration", CALIBRATION], "run --kinds: expected at least one"),
@@ -210,7 +234,7 @@ BAD = [
     (["run", "--simulate", "--tp", "2", "--link-gbps", "nan"],
      "run --link-gbps: expected a finite number, got 'nan'"),
     (["run", "--simulate", "--tp", "2", "--link-latency-us", "0"],
-     "run --link-latency-us: expected a number > 0, got 0"),
+     "run --link-latency-us: expected a number >= 0.001, got 0"),
     (["run", "--simulate", "--tp", "2", "--link", "ib"], "run --link: expected one of"),
     (["capacity", "--simulate", "--replicas", "0"], "capacity --replicas: expected an integer >= 1"),
     (["capacity", "--simulate", "--strategies", "disagg_0p1d"], "unknown strategy 'disagg_0p1d'"),

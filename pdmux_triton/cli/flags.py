@@ -12,10 +12,11 @@ import argparse
 
 from pdmux_triton import __version__
 from pdmux_triton.cli import help_text
-from pdmux_triton.cli.parsing import (FRACTION, Parser, choice, compute_capability, integer, listed,
-                                      number)
+from pdmux_triton.cli.parsing import (EFFICIENCY, FRACTION, Parser, choice, compute_capability,
+                                      integer, listed, number)
 from pdmux_triton.cost.parallel import LINKS
 from pdmux_triton.errors import PdmuxError
+from pdmux_triton.experiments import capacity_search
 from pdmux_triton.experiments.capacity_search import STEADY_POINTS
 from pdmux_triton.experiments.repeats import MAX_REPEATS
 from pdmux_triton.experiments.settings import (LENGTHS, LEVEL_POLICIES, MAX_SPEED, MAX_TP,
@@ -142,6 +143,11 @@ def _level_flags(p: Parser) -> None:
            help="slo levels: also switch between layers of a split prefill when the batch changed")
 
 
+# what a link may be: from a slow network's to past any NVLink's (GB/s), from a fast switch's
+# latency to a millisecond (us)
+LINK_BOUNDS = {"--link-gbps": (0.01, 1e5), "--link-latency-us": (1e-3, 1e3)}
+
+
 def _parallel_flags(p: Parser) -> None:
     p.flag("--tp", type=integer(1, MAX_TP), default=1,
            help="simulated: GPUs of one tensor-parallel server, each serving a shard of the "
@@ -154,13 +160,14 @@ def _parallel_flags(p: Parser) -> None:
             ("--link-gbps", "the link's bus bandwidth (collectives, KV pages), GB/s", "busbw_gbps"),
             ("--link-latency-us", "the time of a small collective or transfer on the link, us",
              "latency_us")):
-        p.flag(name, type=number(), help=what, shown="the --link preset's: " + ", ".join(
+        p.flag(name, type=number(*LINK_BOUNDS[name], above=False), help=what,
+               shown="the --link preset's: " + ", ".join(
             f"{link} {getattr(spec, field):g}" for link, spec in LINKS.items()))
 
 
 def _efficiency_flags(p: Parser) -> None:
-    p.flag("--bw-eff", type=FRACTION, default=0.85, help="achieved fraction of HBM bandwidth")
-    p.flag("--mfu", type=FRACTION, default=0.5, help="achieved fraction of bf16 FLOP/s")
+    p.flag("--bw-eff", type=EFFICIENCY, default=0.85, help="achieved fraction of HBM bandwidth")
+    p.flag("--mfu", type=EFFICIENCY, default=0.5, help="achieved fraction of bf16 FLOP/s")
 
 
 def _served_flags(p: Parser) -> None:
@@ -188,7 +195,7 @@ def _served_flags(p: Parser) -> None:
 
 
 def _cost_flags(p: Parser) -> None:
-    p.flag("--s-sat", type=number(0.0, MAX_SMS), default=66.0,
+    p.flag("--s-sat", type=number(1.0, MAX_SMS, above=False), default=66.0,
            help="decode S_SAT (SMs) of the estimate and of a simulation without --calibration")
     _efficiency_flags(p)
     p.flag("--calibration", metavar="FILE", help="calibrate-<gpu>.json: measured decode curves")
@@ -240,11 +247,14 @@ def build_parser() -> Parser:
     p.flag("--prompt", type=integer(1), default=8192, help="tokens of the arriving prompt")
     p.flag("--chunks", type=listed(integer(1), "chunk size"), default=(2048, 512),
            help="chunk sizes, e.g. 2048,512")
-    p.flag("--s-sat", type=listed(number(0.0, MAX_SMS), "S_SAT"), default=(44.0, 66.0, 88.0),
+    p.flag("--s-sat", type=listed(number(1.0, MAX_SMS, above=False), "S_SAT"),
+           default=(44.0, 66.0, 88.0),
            help="S_SAT values (SMs) to try, e.g. 44,66,88")
     _efficiency_flags(p)
-    p.flag("--bandwidth-tbps", type=number(0.0, 1e3), help="override the GPU's HBM TB/s")
-    p.flag("--tflops", type=number(0.0, 1e6), help="override the GPU's dense bf16 TFLOP/s")
+    p.flag("--bandwidth-tbps", type=number(0.01, 1e3, above=False),
+           help="override the GPU's HBM TB/s")
+    p.flag("--tflops", type=number(1.0, 1e6, above=False),
+           help="override the GPU's dense bf16 TFLOP/s")
     _sm_group_flag(p)
 
     p = sub.add_parser("calibrate", **help_text.parser_texts("calibrate"))
@@ -326,8 +336,9 @@ def build_parser() -> Parser:
     p.flag("--offline", action="store_true",
            help="read every point measured in --out's store again (no GPU needed), each "
                 "strategy's at whatever rates it was measured, and simulate beside them again")
-    p.flag("--start-rate", type=number(0.0, 1e4), default=1.0,
-           help="where the search starts, req/s")
+    p.flag("--start-rate", type=number(capacity_search.LOWEST_RATE, capacity_search.HIGHEST_RATE,
+                                       above=False), default=1.0,
+           help="where the search starts, req/s (it searches within these bounds)")
     p.flag("--tol", type=number(0.0, 1.0), default=0.05, help="the search's relative tolerance")
     _served_flags(p)
     p.flag("--out", default="pdmux-results",
@@ -363,7 +374,13 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, set[str]]:
     parser = build_parser()
     args = parser.parse_args(argv)
     sub = parser._subparsers._group_actions[0].choices[args.command]
-    given = {dest for dest in sub.documented_defaults if getattr(args, dest) not in (None, False)}
+    # (an identity test: a flag given as 0 equals False, and was given all the same)
+    for action in sub._actions:  # an empty value (`--out ''`) is no path, name or list
+        value = getattr(args, action.dest, None)
+        if isinstance(value, str) and not value.strip() and action.option_strings:
+            sub.error(f"argument {action.option_strings[0]}: expected a value, got {value!r}")
+    given = {dest for dest in sub.documented_defaults
+             if getattr(args, dest) is not None and getattr(args, dest) is not False}
     for dest, default in sub.documented_defaults.items():
         if getattr(args, dest) is None:
             setattr(args, dest, default)

@@ -80,6 +80,9 @@ def number(low: float = 0.0, high: float | None = None, above: bool = True):
 
 
 FRACTION = number(0.0, 1.0)
+# an achieved share of a peak (MFU, bandwidth efficiency): below 0.1% no GPU runs, and the
+# simulated clock would run past what float64 resolves
+EFFICIENCY = number(1e-3, 1.0, above=False)
 
 
 def listed(item, name: str = "value"):

@@ -54,8 +54,12 @@ def _key(rate: float) -> float:
     return float(f"{rate:.4g}")
 
 
+# the rates a search may try, req/s
+LOWEST_RATE, HIGHEST_RATE = 0.01, 1000.0
+
+
 def search(measure: Callable[[float], dict], margin: Callable[[dict], float], start: float,
-           tol: float = 0.05, lowest: float = 0.01, highest: float = 1000.0,
+           tol: float = 0.05, lowest: float = LOWEST_RATE, highest: float = HIGHEST_RATE,
            max_points: int = 24) -> tuple[float, list[float]]:
     """The highest rate whose point meets the criterion (`margin` >= 0), to within `tol`
     (relative), and the rates measured on the way; 0.0 when even `lowest` does not meet it,

@@ -75,6 +75,10 @@ class Trace:
             note += f" (the {count:,} asked for run past its end)"
         if speed != 1.0:
             note += f", arriving {speed:g}x as fast as recorded"
+        if len(arrival) and not arrival[-1] / speed <= MAX_ARRIVAL_S:
+            raise PdmuxError(f"--speed {speed:g}: trace {self.path}'s rows {start:,} to "
+                             f"{end - 1:,} would then span {arrival[-1] / speed:.3g} s; "
+                             f"{ARRIVAL_BOUND}")
         return Trace(self.path, arrival / speed, self.prompt[rows], self.output[rows],
                      self.rid[rows], self.line[rows], (*self.notes, note),
                      None if self.hash_ids is None else self.hash_ids[rows])
