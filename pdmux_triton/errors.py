@@ -6,3 +6,14 @@ The CLI prints it as one line and exits 2; anything else escaping is a bug in th
 
 class PdmuxError(ValueError):
     """Bad input or an unsupported machine, explained in one line."""
+
+
+def readable_file(path, what: str):
+    """`path` (a pathlib.Path) where it is a file to read, or missing (its reader says so); a
+    directory, a pipe or a device is refused in one line (a pipe blocks a reader, /dev/zero
+    never ends)."""
+    if path.is_dir():
+        raise PdmuxError(f"{what} {path} is a directory, not a file")
+    if path.exists() and not path.is_file():
+        raise PdmuxError(f"{what} {path} is not a regular file (a pipe or a device): give a file")
+    return path

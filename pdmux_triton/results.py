@@ -19,7 +19,7 @@ from importlib import metadata
 from pathlib import Path
 
 from pdmux_triton import __version__
-from pdmux_triton.errors import PdmuxError
+from pdmux_triton.errors import PdmuxError, readable_file
 
 _REPO = Path(__file__).resolve().parent.parent
 
@@ -111,9 +111,7 @@ def resolve(path: str | Path) -> Path:
 
 def read_json(path: str | Path, what: str) -> dict:
     """A JSON object from `path`, or one clear error naming the file and what was expected."""
-    path = resolve(path)
-    if path.is_dir():
-        raise PdmuxError(f"{what} {path} is a directory, not a file")
+    path = readable_file(resolve(path), what)
     try:
         raw = path.read_bytes()
     except OSError as err:
@@ -125,7 +123,8 @@ def read_json(path: str | Path, what: str) -> dict:
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise PdmuxError(f"{what} {path} is not JSON") from None
     if not isinstance(data, dict):
-        raise PdmuxError(f"{what} {path} holds a JSON {type(data).__name__}, not an object")
+        kind = "null" if data is None else type(data).__name__
+        raise PdmuxError(f"{what} {path} holds a JSON {kind}, not an object")
     return data
 
 

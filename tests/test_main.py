@@ -6,6 +6,7 @@ values. The serving commands' output is in test_serve.py."""
 import contextlib
 import io
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -146,6 +147,8 @@ def files(tmp_path):
     (tmp_path / "twice.yaml").write_text("sm_group_num: 5\nsm_group_num: 6\n")
     (tmp_path / "a_file").write_text("x")
     (tmp_path / "a_dir").mkdir()
+    os.mkfifo(tmp_path / "a_pipe")  # a reader of it would block: refused before it opens
+    (tmp_path / "null.json").write_text("null")
     return tmp_path
 
 
@@ -170,7 +173,14 @@ BAD = [
     (["levels", "--config", "/nonexistent/pdmux.yaml"], "cannot read pdmux config"),
     (["levels", "--config", "{d}/latin1.yaml"], "is not text (UTF-8 YAML expected)"),
     (["levels", "--config", "{d}/empty.yaml"], "is empty; it needs at least sm_group_num"),
-    (["levels", "--config", "{d}/a_dir"], "is a directory, not a YAML file"),
+    (["levels", "--config", "{d}/a_dir"], "pdmux config {d}/a_dir is a directory, not a file"),
+    (["levels", "--config", "{d}/a_pipe"], "pdmux config {d}/a_pipe is not a regular file"),
+    (["run", "--simulate", "--calibration", "{d}/a_pipe"], "calibration {d}/a_pipe is not a "
+     "regular file (a pipe or a device): give a file"),
+    (["run", "--simulate", "--workload", "trace", "--trace", "{d}/a_pipe"],
+     "trace {d}/a_pipe is not a regular file"),
+    (["run", "--simulate", "--replay", "/dev/zero"], "/dev/zero is not a regular file"),
+    (["run", "--simulate", "--calibration", "{d}/null.json"], "holds a JSON null, not an object"),
     (["levels", "--write-config", "{d}/a_dir"], "cannot write the pdmux config to"),
     (["run", "--calibration", "{d}/missing.json"], "cannot read calibration"),
     (["run", "--calibration", "{d}/empty.yaml"], "calibration {d}/empty.yaml is empty"),

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from pdmux_triton.errors import PdmuxError
+from pdmux_triton.errors import PdmuxError, readable_file
 
 # Compute-capability major -> (fewest SMs in a green-context part, SM granularity of a split).
 # SGLang 0.5.20 knows 6..9; 10 and 12 (Blackwell) were added upstream later with Hopper's rule.
@@ -307,9 +307,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 def load_config(path: str | Path, total_sms: int | None = None, major: int | None = None) -> PDMuxConfig:
     """Read SGLang's pdmux YAML; with a GPU given, also check manual divisions against it."""
-    path = Path(path)
-    if path.is_dir():
-        raise PdmuxError(f"pdmux config {path} is a directory, not a YAML file")
+    path = readable_file(Path(path), "pdmux config")
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as err:

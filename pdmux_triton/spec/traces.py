@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pdmux_triton.errors import PdmuxError
+from pdmux_triton.errors import PdmuxError, readable_file
 from pdmux_triton.spec.traffic import (ARRIVAL_BOUND, HASH_BLOCK_TOKENS, MAX_ARRIVAL_S,
                                        MAX_REQUESTS, Request, TokenIds)
 
@@ -288,7 +288,7 @@ def load_trace(path: str | Path, max_tokens: int | None = None, why: str = "",
     more than `max_tokens` prompt and output tokens (`why` says what bounds it) are left out,
     as a server refuses them, and counted in a note. Rows out of arrival order are served in
     arrival order, and a note says so."""
-    path = Path(path)
+    path = readable_file(Path(path), "trace")
     if max_tokens is None:
         max_tokens, why = MAX_TRACE_TOKENS, "the most this tool counts"
     empty = PdmuxError(f"trace {path} has no requests (a header row {','.join(TRACE_COLUMNS)} "
