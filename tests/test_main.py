@@ -217,6 +217,8 @@ BAD = [
      "--trace-start does nothing with --workload stream"),
     (["run", "--simulate", "--hysteresis", "0"], "--hysteresis does nothing without the slo"),
     (["run", "--simulate", "--warm-requests", "0"], "--warm-requests does nothing when simulating"),
+    (["estimate", "--context", "0"], "estimate --context: expected an integer >= 1, got 0"),
+    (["run", "--simulate", "--host-costs", "{d}/a_file"], "host-costs file"),
     # an empty value is no path
     (["run", "--simulate", "--out", ""], "run --out: expected a value, got ''"),
     (["run", "--simulate", "--calibration", ""], "run --calibration: expected a value, got ''"),
@@ -371,6 +373,23 @@ def test_a_reader_that_stops_early_gets_no_traceback(argv):
     proc.stdout.close()  # as `| head -1` does
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 0 and "Traceback" not in err and "Error" not in err, err
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")
+def test_a_full_standard_output_is_one_line_and_exit_2():
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "pdmux_triton", "estimate", "--json"],
+                              stdout=full, stderr=subprocess.PIPE, text=True, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        "pdmux-triton: error: cannot write to its standard output: No space left on device"]
+
+
+def test_a_closed_standard_output_runs_without_a_traceback():
+    proc = subprocess.run([sys.executable, "-m", "pdmux_triton", "estimate"], stdout=None,
+                          stderr=subprocess.PIPE, text=True, timeout=60,
+                          preexec_fn=lambda: os.close(1))
+    assert proc.returncode == 0 and not proc.stderr, proc.stderr
 
 
 @no_gpu

@@ -50,6 +50,17 @@ def test_replay_serves_the_same_run(tmp_path, capsys):
     fails(capsys, ["run", "--replay", CALIBRATION], "holds no run inputs to replay")
     fails(capsys, ["run", "--replay", "bench/results/capacity-h200.json"],
           "is a capacity result: --replay serves a run result")
+    # inputs edited by hand: the model's and the GPU's fields are checked as a preset's are
+    for part, key, value, message in (
+            ("model", "layers", 0, "model qwen3-8b: layers must be an integer >= 1, got 0"),
+            ("model", "kv_heads", 5, "q_heads 32 is not a multiple of kv_heads 5"),
+            ("model", "rms_eps", "tiny", "rms_eps must be a finite number > 0, got 'tiny'"),
+            ("gpu", "sms", -5, "GPU h20: sms must be an integer in 1..4096, got -5"),
+            ("gpu", "hbm_tbps", 0, "hbm_tbps must be a finite number > 0, got 0")):
+        edited = json.loads((first / "run-h20.json").read_text())
+        edited["inputs"][part][key] = value
+        (tmp_path / "edited.json").write_text(json.dumps(edited))
+        fails(capsys, ["run", "--replay", str(tmp_path / "edited.json")], message)
 
 
 @no_gpu

@@ -243,7 +243,7 @@ def build_parser() -> Parser:
     _gpu_flags(p)
     _model_flag(p)
     p.flag("--batch", type=integer(1), default=32, help="requests decoding")
-    p.flag("--context", type=integer(0), default=2048, help="context of each decoding request")
+    p.flag("--context", type=integer(1), default=2048, help="context of each decoding request")
     p.flag("--prompt", type=integer(1), default=8192, help="tokens of the arriving prompt")
     p.flag("--chunks", type=listed(integer(1), "chunk size"), default=(2048, 512),
            help="chunk sizes, e.g. 2048,512")

@@ -243,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args, given = parse(argv)
         COMMANDS[args.command](args, given)
-        sys.stdout.flush()
+        if sys.stdout is not None:  # (None: started with its standard output closed)
+            sys.stdout.flush()
         for line in NOTES:
             print(line, file=sys.stderr)
     except PdmuxError as err:
@@ -256,4 +257,12 @@ def main(argv: list[str] | None = None) -> int:
         # the reader stopped reading (`| head`): nothing more to say, and nothing to flush
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as err:
+        # a write the tool's own checks did not expect to fail: its standard output full
+        # (`> /dev/full`) or a file it writes; what is left in stdout's buffer goes nowhere
+        where = f"{err.filename}" if err.filename else "its standard output"
+        print(f"pdmux-triton: error: cannot write to {where}: {err.strerror}", file=sys.stderr)
+        if sys.stdout is not None:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 2
     return 0

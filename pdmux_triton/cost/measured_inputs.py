@@ -33,7 +33,8 @@ def shipped_inputs(gpu: str, model: str) -> dict[str, str]:
 def _check_gpu(data: dict, path: Path, what: str, gpu: str | None) -> str:
     measured_on = data.get("gpu")
     if not isinstance(measured_on, str):
-        raise PdmuxError(f"{what} {path} names no GPU: is it a {what} file?")
+        kind = what.removesuffix(" file")
+        raise PdmuxError(f"{what} {path} names no GPU: is it a {kind} file?")
     if gpu is not None and measured_on != gpu:
         raise PdmuxError(f"{path} was measured on {measured_on!r}, not on {gpu!r} (pass "
                          f"--gpu {measured_on}, or a {what} of {gpu})")

@@ -6,6 +6,7 @@ were measured; they are starting points for `estimate`, which calibration replac
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from pdmux_triton.errors import PdmuxError
@@ -22,6 +23,21 @@ class GPUSpec:
     bf16_tflops: float | None
     l2_mib: float
     memory_gb: float | None = None  # HBM capacity (datasheet GB, or what the device reports)
+
+    def __post_init__(self):  # (presets are checked here too; a result file's inputs arrive here)
+        if isinstance(self.sms, bool) or not isinstance(self.sms, int) or not (
+                1 <= self.sms <= MAX_SMS):
+            raise PdmuxError(f"GPU {self.name}: sms must be an integer in 1..{MAX_SMS}, got "
+                             f"{self.sms!r}")
+        for key, optional in (("hbm_tbps", True), ("bf16_tflops", True), ("memory_gb", True),
+                              ("l2_mib", False)):
+            value = getattr(self, key)
+            if value is None and optional:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    0 < value < math.inf):
+                raise PdmuxError(f"GPU {self.name}: {key} must be a finite number > 0, got "
+                                 f"{value!r}")
 
     @property
     def cc_major(self) -> int:

@@ -11,6 +11,7 @@ family does not have) is an error naming the field and what is supported. Pure: 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,6 +53,22 @@ class ModelSpec:
     def __post_init__(self):
         if isinstance(self.rope_scaling, dict):  # as a result file holds it
             object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
+        # (a preset and a config.json are checked as read; a result file's inputs arrive here)
+        for key in ("layers", "hidden", "q_heads", "kv_heads", "head_dim", "intermediate",
+                    "vocab"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise PdmuxError(f"model {self.name}: {key} must be an integer >= 1, got "
+                                 f"{value!r}")
+        for key in ("rope_theta", "rms_eps"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    0 < value < math.inf):
+                raise PdmuxError(f"model {self.name}: {key} must be a finite number > 0, got "
+                                 f"{value!r}")
+        if self.q_heads % self.kv_heads:
+            raise PdmuxError(f"model {self.name}: q_heads {self.q_heads} is not a multiple of "
+                             f"kv_heads {self.kv_heads}")
 
     @property
     def q_dim(self) -> int:
