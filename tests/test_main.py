@@ -149,6 +149,7 @@ def files(tmp_path):
     (tmp_path / "a_dir").mkdir()
     os.mkfifo(tmp_path / "a_pipe")  # a reader of it would block: refused before it opens
     (tmp_path / "null.json").write_text("null")
+    (tmp_path / "no_gpu.json").write_text('{"x": 1}')
     return tmp_path
 
 
@@ -218,7 +219,8 @@ BAD = [
     (["run", "--simulate", "--hysteresis", "0"], "--hysteresis does nothing without the slo"),
     (["run", "--simulate", "--warm-requests", "0"], "--warm-requests does nothing when simulating"),
     (["estimate", "--context", "0"], "estimate --context: expected an integer >= 1, got 0"),
-    (["run", "--simulate", "--host-costs", "{d}/a_file"], "host-costs file"),
+    (["run", "--simulate", "--host-costs", "{d}/no_gpu.json"],
+     "host-costs file {d}/no_gpu.json names no GPU: is it a host-costs file?"),
     # an empty value is no path
     (["run", "--simulate", "--out", ""], "run --out: expected a value, got ''"),
     (["run", "--simulate", "--calibration", ""], "run --calibration: expected a value, got ''"),
