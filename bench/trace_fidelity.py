@@ -210,17 +210,14 @@ FIGURES = (*LATENCIES, "slo_attainment", "slo_attainment_last_half", "itl_p50_ms
            "gc_collections_during_measurement", "gc_pause_ms_during_measurement", *GUARDS)
 
 
-def measure(args, store: PointStore, log) -> None:
-    """Every measured point the store lacks, on one model and executor set for all windows."""
+def measure(args, store: PointStore, log) -> list[str]:
+    """Every measured point the store lacks, on one model and executor set for all windows;
+    offline, the points it lacks are named instead (judged without them)."""
     todo = [(t, start, rate, name) for t, start in windows(args) for name in args.strategies
             for rate in rates_of(args, store, t, start, name)
             if not store.has(Key("gpu", t, start, rate, name))]
-    if not todo:
-        return
-    if args.offline:  # judged without them, named so a reader knows the set is partial
-        log(f"{len(todo)} points not measured in {store.path} (judged without them): " +
-            ", ".join(f"{name} {t}@{start} {rate:g} req/s" for t, start, rate, name in todo))
-        return
+    if not todo or args.offline:
+        return [f"{name} {t}@{start} {rate:g} req/s" for t, start, rate, name in todo]
     every = {(t, start): settings(args, t, start, simulate=False) for t, start in windows(args)}
     # one executor set sized for every window's requests: one model and cache for the run
     union = [r for s in every.values() for r in make_requests(s)]
@@ -245,6 +242,7 @@ def measure(args, store: PointStore, log) -> None:
             del result
     finally:
         servers.close()
+    return []
 
 
 def prefill_speed_by_commit(args, store: PointStore) -> dict:
@@ -677,7 +675,7 @@ def run(args) -> int:
     cards = card_speeds(args.card_band) if args.card_band else None  # refused before any work
     gpu = "h200" if args.offline else detect_gpu().name
     store = PointStore(Path(args.out) / "trace-fidelity" / f"points-{gpu}.jsonl", Key)
-    measure(args, store, lambda line: print(line, file=sys.stderr, flush=True))
+    missing = measure(args, store, lambda line: print(line, file=sys.stderr, flush=True))
     if not any(judged_rates(args, store, t, start, name) for t, start in windows(args)
                for name in args.strategies):
         raise PdmuxError(f"no point of {','.join(args.strategies)} on {','.join(args.traces)} "
@@ -698,8 +696,12 @@ def run(args) -> int:
               "calibration": args.calibration, "compare": args.compare,
               "host_costs": args.host_costs, "points_file": str(store.path),
               "prefill_speed": args.prefill_speed, "card_band": args.card_band}
+    # (named after the judgement, so an error above stays one line; the set is partial)
     data = {**provenance(gpu), "analysed_offline": args.offline, "model": MODEL,
-            "inputs": inputs, **result}
+            "inputs": inputs, "not_measured": missing, **result}
+    if missing:
+        print(f"{len(missing)} points not measured in {store.path} (judged without them): "
+              + ", ".join(missing), file=sys.stderr, flush=True)
     return finish(Path(args.out) / f"trace-fidelity-{gpu}.json", data, table(data))
 
 

@@ -1078,7 +1078,7 @@ def test_trace_fidelity_judges_the_committed_conversation_points_offline(tmp_pat
                               "code", "--out", str(out)], capture_output=True, text=True,
                              timeout=300)
     assert missing.returncode == 2 and "no point of" in missing.stderr
-    assert len(missing.stderr.strip().splitlines()) == 2  # the points not measured, then why
+    assert len(missing.stderr.strip().splitlines()) == 1  # why (what is missing: all of it)
 
 
 def test_trace_fidelity_judges_a_strategy_at_every_rate_measured_for_it(tmp_path, monkeypatch):
