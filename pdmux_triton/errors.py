@@ -12,8 +12,12 @@ def readable_file(path, what: str):
     """`path` (a pathlib.Path) where it is a file to read, or missing (its reader says so); a
     directory, a pipe or a device is refused in one line (a pipe blocks a reader, /dev/zero
     never ends)."""
-    if path.is_dir():
+    try:
+        is_dir, special = path.is_dir(), path.exists() and not path.is_file()
+    except OSError as err:  # (a name too long, a folder it may not enter)
+        raise PdmuxError(f"cannot read {what} {path}: {err.strerror}") from None
+    if is_dir:
         raise PdmuxError(f"{what} {path} is a directory, not a file")
-    if path.exists() and not path.is_file():
+    if special:
         raise PdmuxError(f"{what} {path} is not a regular file (a pipe or a device): give a file")
     return path

@@ -6,6 +6,7 @@ empty, not JSON, of another kind, or measured on another GPU.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import json
@@ -88,10 +89,15 @@ def provenance(gpu: str | None) -> dict:
 def write_json(path: str | Path, data: dict) -> Path:
     """Write atomically (a crash mid-write leaves the previous file, never half of one)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(data, indent=1))
+        tmp.replace(path)
+    except OSError as err:
+        with contextlib.suppress(OSError):  # (its folder may be what failed)
+            tmp.unlink(missing_ok=True)
+        raise PdmuxError(f"cannot write {path}: {err.strerror}") from None
     return path
 
 

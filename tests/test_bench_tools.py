@@ -1116,6 +1116,8 @@ def test_trace_fidelity_judges_a_strategy_at_every_rate_measured_for_it(tmp_path
     assert missing.returncode == 0 and "2 points not measured" in missing.stderr
     assert "prefill_first conv@2000 30 req/s, prefill_first conv@12000 30" in missing.stderr
     judged = json.loads((out / "trace-fidelity-h200.json").read_text())
+    assert judged["not_measured"] == ["prefill_first conv@2000 30 req/s",
+                                      "prefill_first conv@12000 30 req/s"]
     assert [c["rates_rps"] for c in judged["capacities"]] == [[8.0, 12.0, 18.0, 24.0, 48.0]] * 2
 
 

@@ -17,7 +17,10 @@ SOURCES = sorted([*(ROOT / "pdmux_triton").rglob("*.py"), *(ROOT / "kernels").gl
 # and its caller names the row; an abstract method says it is one
 ALLOWED = {"argparse.ArgumentTypeError": {"pdmux_triton/cli/parsing.py", "pdmux_triton/cli/flags.py"},
            "ValueError": {"pdmux_triton/spec/traces.py"},
-           "NotImplementedError": {"pdmux_triton/measure/workloads.py"}}
+           "NotImplementedError": {"pdmux_triton/measure/workloads.py"},
+           # a failed write to standard output, told apart from other OSErrors and caught in
+           # the CLI's main
+           "_OutputLost": {"pdmux_triton/cli/main.py"}}
 
 
 def _raised(path: Path) -> list[tuple[int, str]]:
@@ -50,3 +53,20 @@ def test_no_input_is_checked_with_assert():
 def test_the_error_is_the_packages_and_an_exception():
     assert pdmux_triton.PdmuxError is PdmuxError and issubclass(PdmuxError, Exception)
     assert str(PdmuxError("--rate 0: must be > 0")) == "--rate 0: must be > 0"
+
+
+def test_a_file_to_read_is_a_regular_file_or_missing(tmp_path):
+    """A directory, a pipe or a device is refused in one line before a reader blocks or never
+    ends; a name the system cannot look up is a read's error; a missing file passes (its
+    reader says so)."""
+    import os
+
+    from pdmux_triton.errors import readable_file
+    os.mkfifo(tmp_path / "pipe")
+    for path, message in ((tmp_path, "is a directory, not a file"),
+                          (tmp_path / "pipe", r"is not a regular file \(a pipe or a device\)"),
+                          (Path("/dev/zero"), "is not a regular file"),
+                          (tmp_path / ("a" * 300), "cannot read trace .*: File name too long")):
+        with pytest.raises(PdmuxError, match=message):
+            readable_file(path, "trace")
+    assert readable_file(tmp_path / "later.json", "trace") == tmp_path / "later.json"

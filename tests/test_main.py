@@ -209,6 +209,8 @@ BAD = [
     (["estimate", "--mfu", "1e-300"], "estimate --mfu: expected a number >= 0.001, got 1e-300"),
     (["run", "--simulate", "--bw-eff", "1e-300"], "run --bw-eff: expected a number >= 0.001"),
     (["estimate", "--s-sat", "1e-300"], "estimate --s-sat: expected a number >= 1, got 1e-300"),
+    (["run", "--simulate", "--tp", "2", "--link-gbps", "1e-300"],
+     "run --link-gbps: expected a number >= 0.01, got 1e-300"),
     (["capacity", "--simulate", "--start-rate", "5000"],
      "capacity --start-rate: expected a number <= 1000, got 5000"),
     (["capacity", "--simulate", "--start-rate", "1e-9"],
@@ -228,7 +230,7 @@ BAD = [
     (["capacity", "--simulate", "--out", " "], "capacity --out: expected a value, got ' '"),
     # a trace slowed past the float64 clock
     (["run", "--simulate", "--workload", "trace", "--trace", AZURE_CONV, "--speed", "1e-12",
-      "--trace-count", "500"], "--speed 1e-12: trace"),
+      "--trace-count", "500"], "(--speed 1.29e-06 or more)"),
     (["estimate", "--tflops", "nan"], "expected a finite number, got 'nan'"),
     (["estimate", "--mfu", "1.5"], "estimate --mfu: expected a number <= 1"),
     (["run", "--kinds", "", "--calibration", CALIBRATION], "run --kinds: expected at least one"),

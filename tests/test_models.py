@@ -106,6 +106,8 @@ def test_each_family_gets_its_layout(family, qk_norm, bias):
     ({"head_dim": 15}, "head_dim 15 must be even"),
     ({"hidden_size": 66}, "hidden_size 66 is not a multiple of num_attention_heads 4"),
     ({"tie_word_embeddings": "yes"}, "tie_word_embeddings must be true or false"),
+    ({"rms_norm_eps": 0}, "c.json: rms_norm_eps must be a number > 0, got 0"),
+    ({"rms_norm_eps": float("inf")}, "rms_norm_eps must be a number > 0, got inf"),
 ])
 def test_what_the_decoder_does_not_run_is_named(over, message):
     with pytest.raises(PdmuxError, match=message):
@@ -130,3 +132,16 @@ def test_a_directory_or_a_config_file_or_a_preset(tmp_path):
     with pytest.raises(PdmuxError, match="--model /dev/null is neither a config.json nor a "
                                          "Hugging Face model directory"):
         resolve_model("/dev/null")
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("layers", 0, "model qwen3-8b: layers must be an integer >= 1, got 0"),
+    ("vocab", 1.5, "vocab must be an integer >= 1, got 1.5"),
+    ("head_dim", True, "head_dim must be an integer >= 1, got True"),
+    ("rms_eps", 0.0, "rms_eps must be a finite number > 0, got 0.0"),
+    ("rope_theta", float("nan"), "rope_theta must be a finite number > 0, got nan"),
+    ("kv_heads", 5, "q_heads 32 is not a multiple of kv_heads 5"),
+])
+def test_a_model_spec_checks_its_fields_as_a_result_file_brings_them(field, value, message):
+    with pytest.raises(PdmuxError, match=message):
+        dataclasses.replace(model_preset("qwen3-8b"), **{field: value})

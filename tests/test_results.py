@@ -53,3 +53,10 @@ def test_the_source_digest_names_the_code_and_nothing_else(tmp_path):
     (tmp_path / "kernels" / "k.py").write_text("y = 3\n")
     assert results.source_digest(tmp_path) != first
     assert len(first) == 64 and results.provenance("h200")["source_sha256"] == results.source_digest()
+
+
+def test_a_write_that_fails_names_its_file_and_leaves_nothing(tmp_path):
+    (tmp_path / "taken").write_text("a file where a folder should be")
+    with pytest.raises(PdmuxError, match=r"cannot write .*taken/out.json: File exists"):
+        results.write_json(tmp_path / "taken" / "out.json", {"a": 1})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]

@@ -246,7 +246,7 @@ def test_the_extend_attention_is_its_busiest_programs_tiles():
     assert uneven == pytest.approx(65e-6 * layers) and even == pytest.approx(37e-6 * layers)
     # one head, two programs, tiles of 4, 3, 2 and 1 steps: the second round runs from the other
     # end (1 after 4, 2 after 3), so both programs take 5 steps, not 6 and 4
-    single = replace(QWEN, q_heads=1, layers=1)
+    single = replace(QWEN, q_heads=1, kv_heads=1, layers=1)
     rows = [(1, 384), (1, 256), (1, 128), (1, 0)]  # a new-key step and 3, 2, 1, 0 cached ones
     assert step_cost.extend_attention_s(single, rows, one, 2) == pytest.approx(5e-6)
     assert step_cost.extend_attention_s(single, rows, one, 4) == pytest.approx(4e-6)

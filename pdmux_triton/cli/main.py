@@ -238,15 +238,60 @@ COMMANDS = {"levels": cmd_levels, "advise": cmd_advise, "estimate": cmd_estimate
             "capacity": cmd_capacity}
 
 
+class _OutputLost(Exception):
+    """Standard output refused a write (`> /dev/full`): its error's text."""
+
+
+class _GuardedOutput:
+    """Standard output whose failed writes raise `_OutputLost`, told apart from the OSErrors
+    of anything else (a reader that stopped stays a BrokenPipeError)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def _guarded(self, name, *args):
+        try:
+            return getattr(self._stream, name)(*args)
+        except BrokenPipeError:
+            raise
+        except OSError as err:
+            raise _OutputLost(err.strerror) from None
+
+    def write(self, text):
+        return self._guarded("write", text)
+
+    def flush(self):
+        return self._guarded("flush")
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _drop_output(stream) -> None:
+    """What is left in a failed stdout's buffer goes nowhere (not to a traceback at exit)."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+    except (OSError, ValueError, AttributeError):  # (no descriptor: a test's capture)
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     NOTES.clear()
+    stdout = sys.stdout
     try:
+        if stdout is not None:  # (None: started with its standard output closed)
+            sys.stdout = _GuardedOutput(stdout)
         args, given = parse(argv)
         COMMANDS[args.command](args, given)
-        if sys.stdout is not None:  # (None: started with its standard output closed)
+        if stdout is not None:
             sys.stdout.flush()
         for line in NOTES:
             print(line, file=sys.stderr)
+    except _OutputLost as err:
+        print(f"pdmux-triton: error: cannot write to its standard output: {err}",
+              file=sys.stderr)
+        _drop_output(stdout)
+        return 2
     except PdmuxError as err:
         print(f"pdmux-triton: error: {err}", file=sys.stderr)
         return 2
@@ -255,14 +300,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         # the reader stopped reading (`| head`): nothing more to say, and nothing to flush
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _drop_output(stdout)
         return 0
-    except OSError as err:
-        # a write the tool's own checks did not expect to fail: its standard output full
-        # (`> /dev/full`) or a file it writes; what is left in stdout's buffer goes nowhere
-        where = f"{err.filename}" if err.filename else "its standard output"
-        print(f"pdmux-triton: error: cannot write to {where}: {err.strerror}", file=sys.stderr)
-        if sys.stdout is not None:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 2
+    finally:
+        sys.stdout = stdout
     return 0

@@ -29,15 +29,14 @@ class GPUSpec:
                 1 <= self.sms <= MAX_SMS):
             raise PdmuxError(f"GPU {self.name}: sms must be an integer in 1..{MAX_SMS}, got "
                              f"{self.sms!r}")
-        for key, optional in (("hbm_tbps", True), ("bf16_tflops", True), ("memory_gb", True),
-                              ("l2_mib", False)):
+        for key in ("hbm_tbps", "bf16_tflops", "memory_gb", "l2_mib"):
             value = getattr(self, key)
-            if value is None and optional:
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                    0 < value < math.inf):
-                raise PdmuxError(f"GPU {self.name}: {key} must be a finite number > 0, got "
-                                 f"{value!r}")
+            # (None: not known; an L2 of 0 is what a device that reports none says)
+            low = 0 if key == "l2_mib" else math.ulp(0)
+            if value is not None and (isinstance(value, bool) or not isinstance(
+                    value, (int, float)) or not low <= value < math.inf):
+                raise PdmuxError(f"GPU {self.name}: {key} must be a finite number "
+                                 f"{'>= 0' if key == 'l2_mib' else '> 0'}, got {value!r}")
 
     @property
     def cc_major(self) -> int:

@@ -102,14 +102,16 @@ EXPERT_FIELDS = ("num_experts", "num_local_experts", "n_routed_experts")
 PRESETS_FILE = Path(__file__).with_name("model_presets.json")
 
 
-def _field(config: dict, key: str, kind: type, where: str, low: float = 1):
+def _field(config: dict, key: str, kind: type, where: str, low: float = 1,
+           above: bool = False):
     value = config.get(key)
     if value is None:
         raise PdmuxError(f"{where} lacks {key}: is it a decoder's config.json?")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-            kind is int and value != int(value)) or not value >= low:
+            kind is int and value != int(value)) or not (
+            value > low if above else value >= low) or not math.isfinite(value):
         raise PdmuxError(f"{where}: {key} must be {'an integer' if kind is int else 'a number'} "
-                         f">= {low:g}, got {value!r}")
+                         f"{'>' if above else '>='} {low:g}, got {value!r}")
     return kind(value)
 
 
@@ -195,7 +197,7 @@ def spec_from_config(config: dict, name: str, where: str) -> ModelSpec:
         intermediate=_field(config, "intermediate_size", int, where),
         vocab=_field(config, "vocab_size", int, where),
         qk_norm=FAMILIES[family].get("qk_norm", False), rope_theta=theta,
-        rms_eps=_field(config, "rms_norm_eps", float, where, low=0),
+        rms_eps=_field(config, "rms_norm_eps", float, where, low=0, above=True),
         qkv_bias=FAMILIES[family].get("qkv_bias", False), tie_embeddings=tied,
         rope_scaling=scaling, max_context=context)
 

@@ -78,7 +78,8 @@ class Trace:
         if len(arrival) and not arrival[-1] / speed <= MAX_ARRIVAL_S:
             raise PdmuxError(f"--speed {speed:g}: trace {self.path}'s rows {start:,} to "
                              f"{end - 1:,} would then span {arrival[-1] / speed:.3g} s; "
-                             f"{ARRIVAL_BOUND}")
+                             f"{ARRIVAL_BOUND} (--speed {arrival[-1] / MAX_ARRIVAL_S:.3g} or "
+                             f"more)")
         return Trace(self.path, arrival / speed, self.prompt[rows], self.output[rows],
                      self.rid[rows], self.line[rows], (*self.notes, note),
                      None if self.hash_ids is None else self.hash_ids[rows])
