@@ -374,11 +374,11 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, set[str]]:
     parser = build_parser()
     args = parser.parse_args(argv)
     sub = parser._subparsers._group_actions[0].choices[args.command]
-    # (an identity test: a flag given as 0 equals False, and was given all the same)
     for action in sub._actions:  # an empty value (`--out ''`) is no path, name or list
         value = getattr(args, action.dest, None)
         if isinstance(value, str) and not value.strip() and action.option_strings:
             sub.error(f"argument {action.option_strings[0]}: expected a value, got {value!r}")
+    # (an identity test: a flag given as 0 equals False, and was given all the same)
     given = {dest for dest in sub.documented_defaults
              if getattr(args, dest) is not None and getattr(args, dest) is not False}
     for dest, default in sub.documented_defaults.items():

@@ -211,8 +211,9 @@ def run_capacity(s: RunSettings, names: tuple[str, ...], criteria: Criteria, sto
                     margin = getattr(criteria, criterion)
                     if sweep.mode == "simulated" or (rates is None and not offline):
                         guess = res.get(f"simulated_{criterion}_capacity_rps") or start
-                        cap, _ = capacity_search.search(lambda r: sweep.measure(v, r), margin,
-                                                        max(guess, capacity_search.LOWEST_RATE), tol)
+                        cap, _ = capacity_search.search(
+                            lambda r: sweep.measure(v, r), margin,
+                            max(guess, capacity_search.LOWEST_RATE), tol)
                     else:
                         if offline:  # every point measured before, whatever rates it was at
                             _require_measured(sweep, v.name)

@@ -32,11 +32,12 @@ class GPUSpec:
         for key in ("hbm_tbps", "bf16_tflops", "memory_gb", "l2_mib"):
             value = getattr(self, key)
             # (None: not known; an L2 of 0 is what a device that reports none says)
-            low = 0 if key == "l2_mib" else math.ulp(0)
-            if value is not None and (isinstance(value, bool) or not isinstance(
-                    value, (int, float)) or not low <= value < math.inf):
+            zero_allowed = key == "l2_mib"
+            if value is not None and (
+                    isinstance(value, bool) or not isinstance(value, (int, float))
+                    or not math.isfinite(value) or value < 0 or (value == 0 and not zero_allowed)):
                 raise PdmuxError(f"GPU {self.name}: {key} must be a finite number "
-                                 f"{'>= 0' if key == 'l2_mib' else '> 0'}, got {value!r}")
+                                 f"{'>= 0' if zero_allowed else '> 0'}, got {value!r}")
 
     @property
     def cc_major(self) -> int:
