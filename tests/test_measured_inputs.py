@@ -127,22 +127,24 @@ def test_the_committed_calibration_prices_batches_past_64_rows_dearer_on_few_sms
     assert curve.batch_extra_s(132, False, 72) < curve.batch_extra_s(20, False, 72)
 
 
+@pytest.mark.parametrize("gpu", ["h200", "h100-sxm"])
 @pytest.mark.parametrize("kind", ["calibration", "compare", "host_costs"])
-def test_the_shipped_h200_inputs_are_the_committed_results(kind):
+def test_the_shipped_inputs_are_the_committed_results(gpu, kind):
     """The package's copies are bench/results' files byte for byte: re-measuring one there
     without shipping it fails here."""
-    name = measured_inputs.SHIPPED["h200"][kind]
-    shipped = results.resolve(measured_inputs.shipped_inputs("h200", "qwen3-8b")[kind])
+    name = measured_inputs.SHIPPED[gpu][kind]
+    shipped = results.resolve(measured_inputs.shipped_inputs(gpu, "qwen3-8b")[kind])
     assert shipped.parent == results.SHIPPED_FOLDER and shipped.read_bytes() == (
         results._REPO / "bench" / "results" / name).read_bytes()
 
 
-def test_shipped_inputs_load_by_name_on_their_gpu_only():
-    names = measured_inputs.shipped_inputs("h200", "qwen3-8b")
-    assert measured_inputs.load_calibration(names["calibration"], "h200").gpu == "h200"
-    assert measured_inputs.load_compare(names["compare"], "h200").levels
-    assert measured_inputs.load_host_costs(names["host_costs"], "h200").decode_round_s > 0
-    assert measured_inputs.shipped_inputs("h100-sxm", "qwen3-8b") == {}
+@pytest.mark.parametrize("gpu", ["h200", "h100-sxm"])
+def test_shipped_inputs_load_by_name_on_their_gpu_only(gpu):
+    names = measured_inputs.shipped_inputs(gpu, "qwen3-8b")
+    assert measured_inputs.load_calibration(names["calibration"], gpu).gpu == gpu
+    assert measured_inputs.load_compare(names["compare"], gpu).levels
+    assert measured_inputs.load_host_costs(names["host_costs"], gpu).decode_round_s > 0
+    assert measured_inputs.shipped_inputs("a100-80gb", "qwen3-8b") == {}
     assert measured_inputs.shipped_inputs("h200", "llama-3.1-8b") == {}  # measured with Qwen3-8B
-    with pytest.raises(PdmuxError, match="measured on 'h200', not on 'b200'"):
+    with pytest.raises(PdmuxError, match=f"measured on '{gpu}', not on 'b200'"):
         measured_inputs.load_calibration(names["calibration"], "b200")

@@ -1,7 +1,7 @@
 """The measured files the cost model reads: a calibration (decode bandwidth per SM budget, alone
 and beside a prefill), a comparison (each level's prefill rate under grid capping and green
 contexts) and host costs (the executor's launch and round overheads), and the copies of the
-H200's that ship with the package."""
+H200's and the H100's that ship with the package."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from pdmux_triton.results import SHIPPED_PREFIX, read_json
 # The simulator's measured inputs that ship with the package (copies of bench/results' files,
 # kept equal by a test): a simulation of one of these GPUs given none of its own is calibrated
 # by them.
-SHIPPED = {"h200": {"calibration": "calibrate-h200.json", "compare": "compare-h200.json",
-                    "host_costs": "host-costs-h200.json"}}
+SHIPPED = {gpu: {"calibration": f"calibrate-{gpu}.json", "compare": f"compare-{gpu}.json",
+                 "host_costs": f"host-costs-{gpu}.json"} for gpu in ("h200", "h100-sxm")}
 SHIPPED_MODEL = "qwen3-8b"  # what they were measured with: their curves are that model's
 
 
