@@ -74,7 +74,8 @@ def test_run_prints_its_table_when_matplotlib_is_missing(tmp_path, capsys, monke
     captured = capsys.readouterr()
     assert "pdmux_grid_cap" in captured.out and "simulated (a prediction)" in captured.out
     # the default GPU, h100-sxm, is priced by its shipped measurements
-    assert "cost model: the h100-sxm's calibration, comparison and host costs shipped" in captured.out
+    assert ("cost model: the h100-sxm's calibration, comparison and host costs shipped"
+            in captured.out)
     assert "no plot: plots need matplotlib" in captured.err
     assert (tmp_path / "run-h100-sxm.json").exists()
 
