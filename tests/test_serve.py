@@ -64,6 +64,27 @@ def test_replay_serves_the_same_run(tmp_path, capsys):
 
 
 @no_gpu
+def test_a_run_stopped_midway_keeps_the_strategies_it_served(tmp_path, capsys, monkeypatch):
+    from pdmux_triton.experiments import run
+
+    serve = run.Servers.serve
+    served = []
+
+    def stopped_at_the_third(self, v, requests):
+        if len(served) == 2:
+            raise KeyboardInterrupt  # as Ctrl-C or a time limit's signal would stop it
+        served.append(v.name)
+        return serve(self, v, requests)
+    monkeypatch.setattr(run.Servers, "serve", stopped_at_the_third)
+    assert main(["run", "--decode-tokens", "16", "--out", str(tmp_path)]) == 130
+    data = json.loads((tmp_path / "run-h100-sxm.json").read_text())
+    assert [r["strategy"] for r in data["rows"]] == served == ["decode_only", "prefill_first"]
+    assert data["unserved"] == ["chunked_2048", "chunked_512", "pdmux_grid_cap", "pdmux_green"]
+    assert data["rows"][1]["requests_lost"] == 0
+    err = capsys.readouterr().err
+    assert f"saved {tmp_path / 'run-h100-sxm.json'} (decode_only, prefill_first so far)" in err
+
+
 def test_run_prints_its_table_when_matplotlib_is_missing(tmp_path, capsys, monkeypatch):
     from pdmux_triton.errors import PdmuxError
 

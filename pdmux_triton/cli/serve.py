@@ -161,10 +161,16 @@ def cmd_run(args, given) -> None:
             note_later(line)
     # the ITL plot draws every token: only where there is a folder for it and it stays legible
     drawn = folder is not None and _requests_in(settings) <= MAX_PLOTTED_REQUESTS
-    out, results, estimates = run.run_experiment(settings, log=note, keep_runs=drawn)
     gpu_name = settings.gpu.name
-    if folder:
-        write_json(folder / f"run-{gpu_name}.json", out)
+    path = folder / f"run-{gpu_name}.json" if folder else None
+
+    def save_so_far(partial: dict) -> None:  # a run cut short (a time limit, Ctrl-C) keeps them
+        write_json(path, partial)
+        note(f"saved {path} ({', '.join(r['strategy'] for r in partial['rows'])} so far)")
+    out, results, estimates = run.run_experiment(settings, log=note, keep_runs=drawn,
+                                                 saved=save_so_far if path else None)
+    if path:
+        write_json(path, out)
     if args.json:
         print(json.dumps(out, indent=1))
     else:
@@ -192,7 +198,7 @@ def cmd_run(args, given) -> None:
     for line in out["warnings"]:
         note(f"warning: {line}")
     if folder:
-        note(f"wrote {folder / f'run-{gpu_name}.json'}")
+        note(f"wrote {path}")
         title = (f"ITL of every token: {settings.model.name} on {gpu_name}, {settings.workload} "
                  f"workload, {out['mode']}")
         if not drawn:

@@ -170,24 +170,27 @@ def warnings(rows: list[dict]) -> list[str]:
             if r.get(key)]
 
 
-def run_experiment(s: RunSettings, log=print, keep_runs: bool = True
+def run_experiment(s: RunSettings, log=print, keep_runs: bool = True, saved=None
                    ) -> tuple[dict, dict[str, RunResult], list[tuple]]:
     """Serve the settings' workload with every strategy; returns the result JSON, each
     strategy's run (none without `keep_runs`: a long trace's runs are dropped as each ends,
     so memory holds one) and the estimates of the scenario (chapter workload only).
     decode_only serves the requests that decode from the start without the arriving prompt:
-    the ITL baseline."""
+    the ITL baseline. `saved`, if given, is called with the result so far after each strategy
+    but the last (its `unserved` names the strategies still to serve), so a measured run cut
+    short keeps the strategies it finished."""
     requests = make_requests(s)
     # the chapter's estimate is of one GPU: none beside a run on several
     one_gpu = s.tp == 1 and s.replicas == 1
     estimates = chapter_estimates(s) if s.workload == "chapter" and one_gpu else []
+    prefill_sms = s.levels[s.config.choose_level(s.levels, s.batch, True)][0]
+    todo = [(v, [r for r in requests if r.warm] if v.name == "decode_only" else requests)
+            for v in variants(s.chunks, s.kinds, s.level_policies)]
+    todo = [(v, reqs) for v, reqs in todo if reqs]
     servers = Servers(s, requests, log)
     rows, results, details = [], {}, {}
     try:
-        for v in variants(s.chunks, s.kinds, s.level_policies):
-            reqs = [r for r in requests if r.warm] if v.name == "decode_only" else requests
-            if not reqs:
-                continue
+        for i, (v, reqs) in enumerate(todo):
             log(f"running {v.name} ...")
             row, result = servers.serve(v, reqs)
             rows.append(row)
@@ -195,20 +198,32 @@ def run_experiment(s: RunSettings, log=print, keep_runs: bool = True
             if keep_runs:
                 results[v.name] = result
             del result  # else alive while the next strategy serves: two runs at the peak
+            if saved is not None and i + 1 < len(todo):
+                saved(_result(s, list(rows), dict(details), estimates, prefill_sms,
+                              unserved=[w.name for w, _ in todo[i + 1:]]))
     finally:
         servers.close()
-    prefill_sms = s.levels[s.config.choose_level(s.levels, s.batch, True)][0]
+    return _result(s, rows, details, estimates, prefill_sms), results, estimates
+
+
+def _result(s: RunSettings, rows: list[dict], details: dict, estimates: list[tuple],
+            prefill_sms: int, unserved: list[str] | None = None) -> dict:
+    """The result JSON of the strategies served so far; `unserved`: those still to serve."""
     out = {"mode": "simulated" if s.simulate else "gpu", **provenance(s.gpu.name),
            "model": s.model.name, "tp": s.tp, "replicas": s.replicas, "workload": s.workload,
            "inputs": s.as_dict(), "rows": rows,
            "warnings": warnings(rows),
            "details": details}
+    if unserved:
+        out["unserved"] = unserved
+        out["warnings"].append(f"not served yet (the run stopped before them): "
+                               f"{', '.join(unserved)}")
     if estimates:
         out["estimate"] = {title: [r.as_dict() for r in est] for title, _, est in estimates}
     # errors against the last estimate: the calibrated one when a calibration is given
     out["summary"] = summary(rows, s.gpu.sms, prefill_sms,
                              out["estimate"][estimates[-1][0]] if estimates else None)
-    return out, results, estimates
+    return out
 
 
 SUMMARY_KEYS = ("itl_p50_ms", "itl_p99_ms", "itl_during_prefill_p50_ms", "decode_gpu_p50_ms",
