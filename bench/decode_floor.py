@@ -322,6 +322,9 @@ def file_figures(kernels: str | None, run: str | None) -> dict:
                                                  for r in rows):
             raise PdmuxError(f"{run} is not a `pdmux-triton run` result (its rows, a strategy "
                              f"each)")
+        if data.get("unserved"):  # a run stopped midway: its best kind may be among them
+            raise PdmuxError(f"{run} is a run stopped before {', '.join(data['unserved'])}: "
+                             f"serve it whole")
         pdmux = {r["strategy"]: r for r in rows if r["strategy"].startswith("pdmux_")}
         try:
             if pdmux:

@@ -649,6 +649,9 @@ def measured_rounds(measured: str, host: dict, overheads) -> tuple:
     settings = RunSettings.from_dict(run["inputs"])
     if settings.simulate:
         raise PdmuxError(f"{measured} is a simulation: fit to a run measured on the GPU")
+    if run.get("unserved"):
+        print(f"note: {measured} stopped before {', '.join(run['unserved'])}: its rounds are "
+              f"those of the strategies it served")
     return settings.gpu, settings.model, chunk_rounds(run, overheads.layer_launch_s), None
 
 

@@ -94,10 +94,12 @@ def write_json(path: str | Path, data: dict) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(json.dumps(data, indent=1))
         tmp.replace(path)
-    except OSError as err:
+    except BaseException as err:  # Ctrl-C mid-write too: no temporary file left behind
         with contextlib.suppress(OSError):  # (its folder may be what failed)
             tmp.unlink(missing_ok=True)
-        raise PdmuxError(f"cannot write {path}: {err.strerror}") from None
+        if isinstance(err, OSError):
+            raise PdmuxError(f"cannot write {path}: {err.strerror}") from None
+        raise
     return path
 
 

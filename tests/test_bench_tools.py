@@ -1477,6 +1477,11 @@ def test_decode_floor_summary_reads_its_rows_and_the_sessions_files(tmp_path):
         with pytest.raises(PdmuxError, match="was measured on .*not on this GPU .'h200'"):
             check_files_gpu(other, "h200")  # another card's figures in this card's summary
     check_files_gpu({}, "h100-sxm")  # no files, nothing to check
+    stopped = json.loads(Path("bench/results/run-h200.json").read_text())
+    stopped["rows"], stopped["unserved"] = stopped["rows"][:4], ["pdmux_grid_cap", "pdmux_green"]
+    (tmp_path / "stopped.json").write_text(json.dumps(stopped))
+    with pytest.raises(PdmuxError, match="stopped before pdmux_grid_cap, pdmux_green"):
+        file_figures(None, str(tmp_path / "stopped.json"))  # its best kind may be unserved
     # --turns: the pinned turns named, and green's each is compared with (with and without PDL)
     assert compared_turns(("2", "1 claiming"), "pinned") == {"2", "1 claiming"}
     assert compared_turns(("2", "1 claiming"), "green") == {"2", "1", "2 no pdl", "1 no pdl"}
@@ -2071,3 +2076,21 @@ def test_source_commit_finds_the_commit_whose_sources_a_result_names(tmp_path, c
         assert source_commit.main([str(bad), "--repo", str(repo)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and message in err[0]
+
+
+def test_a_fit_on_a_run_stopped_midway_says_which_strategies_it_lacks(tmp_path, capsys):
+    sys.path.insert(0, "bench")
+    from fit_host_costs import measured_rounds
+
+    from pdmux_triton.cost.measured_inputs import load_host_costs
+
+    stopped = json.loads(Path("bench/results/run-h100-sxm.json").read_text())
+    stopped["rows"], stopped["unserved"] = stopped["rows"][:2], ["chunked_2048", "chunked_512"]
+    path = tmp_path / "run-h100-sxm.json"
+    path.write_text(json.dumps(stopped))
+    host = json.loads(Path("bench/results/host-costs-h100-sxm.json").read_text())
+    gpu, model, rounds, _ = measured_rounds(
+        str(path), host, load_host_costs("bench/results/host-costs-h100-sxm.json"))
+    assert gpu.name == "h100-sxm" and model.name == "qwen3-8b"
+    assert f"note: {path} stopped before chunked_2048, chunked_512: its rounds are those of " \
+        "the strategies it served" in capsys.readouterr().out

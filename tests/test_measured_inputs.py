@@ -127,7 +127,7 @@ def test_the_committed_calibration_prices_batches_past_64_rows_dearer_on_few_sms
     assert curve.batch_extra_s(132, False, 72) < curve.batch_extra_s(20, False, 72)
 
 
-@pytest.mark.parametrize("gpu", ["h200", "h100-sxm"])
+@pytest.mark.parametrize("gpu", sorted(measured_inputs.SHIPPED))
 @pytest.mark.parametrize("kind", ["calibration", "compare", "host_costs"])
 def test_the_shipped_inputs_are_the_committed_results(gpu, kind):
     """The package's copies are bench/results' files byte for byte: re-measuring one there
@@ -138,7 +138,7 @@ def test_the_shipped_inputs_are_the_committed_results(gpu, kind):
         results._REPO / "bench" / "results" / name).read_bytes()
 
 
-@pytest.mark.parametrize("gpu", ["h200", "h100-sxm"])
+@pytest.mark.parametrize("gpu", sorted(measured_inputs.SHIPPED))
 def test_shipped_inputs_load_by_name_on_their_gpu_only(gpu):
     names = measured_inputs.shipped_inputs(gpu, "qwen3-8b")
     assert measured_inputs.load_calibration(names["calibration"], gpu).gpu == gpu

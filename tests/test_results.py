@@ -22,6 +22,19 @@ def test_write_json_leaves_no_partial_file(tmp_path):
     assert [p.name for p in path.parent.iterdir()] == ["r.json"]
 
 
+def test_write_json_stopped_midway_keeps_the_previous_file_and_no_temporary(tmp_path,
+                                                                              monkeypatch):
+    path = results.write_json(tmp_path / "r.json", {"a": 1})
+
+    def interrupted(self, target):
+        raise KeyboardInterrupt  # Ctrl-C between the write and the rename
+    monkeypatch.setattr(type(path), "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        results.write_json(path, {"a": 2})
+    assert [p.name for p in tmp_path.iterdir()] == ["r.json"]
+    assert json.loads(path.read_text()) == {"a": 1}
+
+
 def test_settings_must_match_to_resume(tmp_path):
     path = tmp_path / "settings.json"
     results.check_settings(path, {"model": "qwen3-8b", "batch": 32})

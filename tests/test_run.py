@@ -27,16 +27,15 @@ def test_a_simulated_chapter_run_serves_every_strategy_and_all_requests():
     assert set(out["summary"]["estimate_error_pct"]) == {"pdmux_grid_cap", "pdmux_green"}
 
 
-def test_the_result_so_far_is_handed_over_after_each_strategy_but_the_last():
+def test_the_result_so_far_is_handed_over_before_each_strategy():
     partials = []
     out, _, _ = run.run_experiment(_settings(kinds=("grid_cap",), chunks=(512,)),
                                    log=lambda line: None, saved=partials.append)
     names = ["decode_only", "prefill_first", "chunked_512", "pdmux_grid_cap"]
     assert [[r["strategy"] for r in p["rows"]] for p in partials] == [
-        names[:1], names[:2], names[:3]]
-    assert [p["unserved"] for p in partials] == [names[1:], names[2:], names[3:]]
-    assert partials[-1]["warnings"] == [
-        "not served yet (the run stopped before them): pdmux_grid_cap"]
+        [], names[:1], names[:2], names[:3]]
+    assert [p["unserved"] for p in partials] == [names, names[1:], names[2:], names[3:]]
+    assert partials[-1]["warnings"] == ["not served (the run ended before them): pdmux_grid_cap"]
     assert list(partials[-1]["summary"]["strategies"]) == names[:3]
     assert "unserved" not in out and out["warnings"] == []
     assert [r["strategy"] for r in out["rows"]] == names

@@ -8,7 +8,7 @@ import pytest
 import torch
 from test_main import fails
 
-from pdmux_triton.cli import flags, plots
+from pdmux_triton.cli import flags, plots, serve
 from pdmux_triton.cli.main import main
 
 CALIBRATION = "bench/results/calibrate-h200.json"
@@ -67,15 +67,17 @@ def test_replay_serves_the_same_run(tmp_path, capsys):
 def test_a_run_stopped_midway_keeps_the_strategies_it_served(tmp_path, capsys, monkeypatch):
     from pdmux_triton.experiments import run
 
-    serve = run.Servers.serve
+    serve_one = run.Servers.serve
     served = []
 
     def stopped_at_the_third(self, v, requests):
         if len(served) == 2:
             raise KeyboardInterrupt  # as Ctrl-C or a time limit's signal would stop it
         served.append(v.name)
-        return serve(self, v, requests)
+        return serve_one(self, v, requests)
     monkeypatch.setattr(run.Servers, "serve", stopped_at_the_third)
+    monkeypatch.setattr(serve, "_saves_as_it_goes", lambda settings: True)  # as measured
+    (tmp_path / "run-h100-sxm.png").write_bytes(b"an older run's plot")
     assert main(["run", "--decode-tokens", "16", "--out", str(tmp_path)]) == 130
     data = json.loads((tmp_path / "run-h100-sxm.json").read_text())
     assert [r["strategy"] for r in data["rows"]] == served == ["decode_only", "prefill_first"]
@@ -83,8 +85,25 @@ def test_a_run_stopped_midway_keeps_the_strategies_it_served(tmp_path, capsys, m
     assert data["rows"][1]["requests_lost"] == 0
     err = capsys.readouterr().err
     assert f"saved {tmp_path / 'run-h100-sxm.json'} (decode_only, prefill_first so far)" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run-h100-sxm.json"]
 
 
+@no_gpu
+def test_a_simulated_run_saves_once_and_a_replay_cannot_overwrite_its_file(tmp_path, capsys,
+                                                                           monkeypatch):
+    saves = []
+    save = serve.write_json
+    monkeypatch.setattr(serve, "write_json", lambda path, data: saves.append(path) or
+                        save(path, data))
+    assert main(["run", "--decode-tokens", "16", "--out", str(tmp_path)]) == 0
+    assert saves == [tmp_path / "run-h100-sxm.json"]
+    assert "unserved" not in json.loads(saves[0].read_text())
+    capsys.readouterr()
+    fails(capsys, ["run", "--replay", str(saves[0]), "--out", str(tmp_path)],
+          f"--out {tmp_path} would overwrite the replayed file {saves[0]} as the run goes")
+
+
+@no_gpu
 def test_run_prints_its_table_when_matplotlib_is_missing(tmp_path, capsys, monkeypatch):
     from pdmux_triton.errors import PdmuxError
 
@@ -144,7 +163,6 @@ def test_naming_the_local_gpu_measures_and_another_says_how_to_simulate_it(monke
                                                                          capsys):
     """On an H200 (faked: the detected GPU), `--gpu h200` is the README's main command and
     measures; another preset is one line that says --simulate runs it."""
-    from pdmux_triton.cli import serve
     from pdmux_triton.spec.gpus import GPUS
 
     monkeypatch.setattr(serve, "measuring_gpu", lambda: GPUS["h200"])

@@ -148,6 +148,12 @@ def _say_why_simulated(settings, no_gpu) -> None:
         note(f"no GPU here ({no_gpu}): simulating on the {settings.gpu.name} preset")
 
 
+def _saves_as_it_goes(settings) -> bool:
+    """A measured run saves its result before each strategy; a simulated one, fast and
+    deterministic, only at its end (a large trace's JSON takes seconds to write)."""
+    return not settings.simulate
+
+
 def cmd_run(args, given) -> None:
     from pdmux_triton.cli import plots
     from pdmux_triton.experiments import run
@@ -163,12 +169,20 @@ def cmd_run(args, given) -> None:
     drawn = folder is not None and _requests_in(settings) <= MAX_PLOTTED_REQUESTS
     gpu_name = settings.gpu.name
     path = folder / f"run-{gpu_name}.json" if folder else None
+    if path and args.replay and path.resolve() == Path(args.replay).resolve():
+        raise PdmuxError(f"--out {args.out} would overwrite the replayed file {args.replay} "
+                         f"as the run goes: name another folder")
+    if path:  # an older run's plot must not pass for this one's
+        path.with_suffix(".png").unlink(missing_ok=True)
 
-    def save_so_far(partial: dict) -> None:  # a run cut short (a time limit, Ctrl-C) keeps them
+    def save_so_far(partial: dict) -> None:
+        # a measured run cut short (a time limit, Ctrl-C) keeps the strategies it served
         write_json(path, partial)
-        note(f"saved {path} ({', '.join(r['strategy'] for r in partial['rows'])} so far)")
-    out, results, estimates = run.run_experiment(settings, log=note, keep_runs=drawn,
-                                                 saved=save_so_far if path else None)
+        if partial["rows"]:
+            note(f"saved {path} ({', '.join(r['strategy'] for r in partial['rows'])} so far)")
+    out, results, estimates = run.run_experiment(
+        settings, log=note, keep_runs=drawn,
+        saved=save_so_far if path and _saves_as_it_goes(settings) else None)
     if path:
         write_json(path, out)
     if args.json:

@@ -9,7 +9,7 @@ request got its whole output: each row says so (`compiles_during_measurement`, .
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from pdmux_triton.cost import parallel, step_cost
@@ -170,15 +170,16 @@ def warnings(rows: list[dict]) -> list[str]:
             if r.get(key)]
 
 
-def run_experiment(s: RunSettings, log=print, keep_runs: bool = True, saved=None
+def run_experiment(s: RunSettings, log=print, keep_runs: bool = True,
+                   saved: Callable[[dict], None] | None = None
                    ) -> tuple[dict, dict[str, RunResult], list[tuple]]:
     """Serve the settings' workload with every strategy; returns the result JSON, each
     strategy's run (none without `keep_runs`: a long trace's runs are dropped as each ends,
     so memory holds one) and the estimates of the scenario (chapter workload only).
     decode_only serves the requests that decode from the start without the arriving prompt:
-    the ITL baseline. `saved`, if given, is called with the result so far after each strategy
-    but the last (its `unserved` names the strategies still to serve), so a measured run cut
-    short keeps the strategies it finished."""
+    the ITL baseline. `saved`, if given, is called with the result so far before each
+    strategy (its `unserved` names the strategies not yet served), so a measured run cut short
+    keeps the strategies it finished and no older file passes for its result."""
     requests = make_requests(s)
     # the chapter's estimate is of one GPU: none beside a run on several
     one_gpu = s.tp == 1 and s.replicas == 1
@@ -191,6 +192,9 @@ def run_experiment(s: RunSettings, log=print, keep_runs: bool = True, saved=None
     rows, results, details = [], {}, {}
     try:
         for i, (v, reqs) in enumerate(todo):
+            if saved is not None:
+                saved(_result(s, list(rows), dict(details), estimates, prefill_sms,
+                              unserved=[w.name for w, _ in todo[i:]]))
             log(f"running {v.name} ...")
             row, result = servers.serve(v, reqs)
             rows.append(row)
@@ -198,9 +202,6 @@ def run_experiment(s: RunSettings, log=print, keep_runs: bool = True, saved=None
             if keep_runs:
                 results[v.name] = result
             del result  # else alive while the next strategy serves: two runs at the peak
-            if saved is not None and i + 1 < len(todo):
-                saved(_result(s, list(rows), dict(details), estimates, prefill_sms,
-                              unserved=[w.name for w, _ in todo[i + 1:]]))
     finally:
         servers.close()
     return _result(s, rows, details, estimates, prefill_sms), results, estimates
@@ -216,7 +217,7 @@ def _result(s: RunSettings, rows: list[dict], details: dict, estimates: list[tup
            "details": details}
     if unserved:
         out["unserved"] = unserved
-        out["warnings"].append(f"not served yet (the run stopped before them): "
+        out["warnings"].append(f"not served (the run ended before them): "
                                f"{', '.join(unserved)}")
     if estimates:
         out["estimate"] = {title: [r.as_dict() for r in est] for title, _, est in estimates}
