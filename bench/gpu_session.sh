@@ -64,6 +64,12 @@ step() {  # step NAME SECONDS COMMAND...
 }
 
 python3 -m pip install -q --no-deps --no-build-isolation -e . >> "$LOG" 2>&1
+# the card this call runs on (h200, h100-sxm, ...): the steps that calibrate and serve name it,
+# so a call that lands on an H100 measures the H100's files (the H200's preset is refused there)
+CARD=$(python3 -c "from pdmux_triton.spec.gpus import detect_gpu; print(detect_gpu().name)" \
+    2>> "$LOG") || CARD=h200
+export CARD
+echo "card: $CARD" | tee -a "$LOG"
 # the README's main command for a GPU machine, verbatim (its output is the step's log)
 step readme 240 bash -c 'python3 -m pip install --no-build-isolation -e . && pdmux-triton run --gpu h200'
 # TESTS_FILES splits the suite between calls (it outlasts one: 'tests/test_[a-g]*.py', then h-z)
@@ -81,21 +87,21 @@ step host 90 pdmux-triton calibrate --host-costs --out "$OUT"
 step hostprof ${HOSTPROF_S:-150} python3 bench/host_profile.py --out "$OUT"
 step profile 60 python3 bench/profile_decode.py --budget 16
 step kernels 110 python3 bench/bench_kernels.py --quick --out "$OUT"
-step calibrate 150 bash -c 'cp bench/results/calibrate-points-h200.jsonl \
-    bench/results/calibrate-settings-h200.json "$OUT"/ && pdmux-triton calibrate --out "$OUT" \
+step calibrate 150 bash -c 'cp bench/results/calibrate-points-$CARD.jsonl \
+    bench/results/calibrate-settings-$CARD.json "$OUT"/ && pdmux-triton calibrate --out "$OUT" \
     --workloads decode_attention,decode_linear,decode_step --ctas 1 --remeasure;
-    rm -f "$OUT/calibrate-h200.png" "$OUT/calibrate-settings-h200.json"'
-export CALIBRATION=bench/results/calibrate-h200.json
-[ -f "$OUT/calibrate-h200.json" ] && CALIBRATION="$OUT/calibrate-h200.json"
+    rm -f "$OUT/calibrate-$CARD.png" "$OUT/calibrate-settings-$CARD.json"'
+export CALIBRATION=bench/results/calibrate-$CARD.json
+[ -f "$OUT/calibrate-$CARD.json" ] && CALIBRATION="$OUT/calibrate-$CARD.json"
 export ADVISE_ITL_MS=${ADVISE_ITL_MS:-12} FLOOR_TURNS=${FLOOR_TURNS:-}
-# the README's main command with --out: bench/results/run-h200.json (the shipped H200
-# measurements price its estimate)
-step run ${RUN_S:-150} pdmux-triton run --gpu h200 --out "$OUT" ${RUN_ARGS:-}
-step advised 90 bash -c 'pdmux-triton levels --gpu h200 --calibration "$CALIBRATION" --kind grid_cap \
+# the README's main command with --out, on this card: bench/results/run-<card>.json (the
+# card's shipped measurements price its estimate)
+step run ${RUN_S:-150} pdmux-triton run --gpu "$CARD" --out "$OUT" ${RUN_ARGS:-}
+step advised 90 bash -c 'pdmux-triton levels --gpu $CARD --calibration "$CALIBRATION" --kind grid_cap \
     --itl-ms "$ADVISE_ITL_MS" --write-config /tmp/advised.yaml && cat /tmp/advised.yaml &&
     pdmux-triton run --out "$OUT/advised" --config /tmp/advised.yaml --kinds grid_cap \
-    --calibration "$CALIBRATION" --compare bench/results/compare-h200.json;
-    rm -f "$OUT/advised/run-h200.png"'
+    --calibration "$CALIBRATION" --compare bench/results/compare-$CARD.json;
+    rm -f "$OUT/advised/run-$CARD.png"'
 step occupancy 40 python3 bench/decode_occupancy.py --out "$OUT" --sections attention \
     --budgets 16,132 --cases 32x8192,ragged32_100_16000
 step ncu 50 ncu --clock-control none -k regex:decode_kernel -c 1 --section SpeedOfLight \
@@ -111,12 +117,12 @@ step gemm_rows ${GEMM_ROWS_S:-200} python3 bench/decode_occupancy.py --out "$OUT
 step steps ${STEPS_S:-240} python3 bench/step_errors.py --out "$OUT" ${STEP_ARGS:-}
 # the decode step by SMs, alone and beside a prefill, at other batches than the calibration's,
 # into a copy of the committed calibration (what its rows cost beyond their bytes)
-step batches ${BATCHES_S:-360} bash -c 'mkdir -p "$OUT/batches" && cp "$(dirname "$CALIBRATION")"/calibrate-points-h200.jsonl \
-    bench/results/calibrate-settings-h200.json "$OUT/batches"/ && pdmux-triton calibrate \
+step batches ${BATCHES_S:-360} bash -c 'mkdir -p "$OUT/batches" && cp "$(dirname "$CALIBRATION")"/calibrate-points-$CARD.jsonl \
+    bench/results/calibrate-settings-$CARD.json "$OUT/batches"/ && pdmux-triton calibrate \
     --out "$OUT/batches" --workloads decode_step --kinds grid_cap --ctas 1 --remeasure \
     --budgets ${BATCH_BUDGETS:-20,28,36,44,52,60,132} \
     --decode-batches ${BATCHES:-1,8,16,40,48,56,64,72,96,128};
-    rm -f "$OUT"/batches/*.png "$OUT/batches/calibrate-settings-h200.json"'
+    rm -f "$OUT"/batches/*.png "$OUT/batches/calibrate-settings-$CARD.json"'
 # pinned partitions (issue 26): their gpu tests, then the decode step against its floor and
 # pinned SMs against green contexts at every level and 1-3 CTAs per SM (bench/decode_floor.py;
 # the kernel benchmark's and the chapter run's figures from this call's files when it made them)
@@ -135,12 +141,11 @@ step prefill ${PREFILL_S:-240} python3 bench/prefill_rate.py --out "$OUT" --sms 
 # slower than the burst prices them)
 step sustained ${SUSTAINED_S:-240} python3 bench/sustained_corun.py --out "$OUT" ${SUSTAINED_ARGS:-}
 # (the kernel benchmark's and a run's files of this card only: this call's, else the committed
-# kernel benchmark's; `run` serves the H200 preset, so on another card its file is left out)
-step floor ${FLOOR_S:-300} bash -c 'card=$(python3 -c "from pdmux_triton.spec.gpus import \
-    detect_gpu; print(detect_gpu().name)"); k=$OUT/kernels-$card.json
-    [ -f "$k" ] || k=bench/results/kernels-$card.json
+# kernel benchmark's)
+step floor ${FLOOR_S:-300} bash -c 'k=$OUT/kernels-$CARD.json
+    [ -f "$k" ] || k=bench/results/kernels-$CARD.json
     python3 bench/decode_floor.py --out "$OUT" $( [ -f "$k" ] && echo --kernels "$k" ) \
-    $( [ -f "$OUT/run-$card.json" ] && echo --run "$OUT/run-$card.json" ) \
+    $( [ -f "$OUT/run-$CARD.json" ] && echo --run "$OUT/run-$CARD.json" ) \
     ${FLOOR_TURNS:+--turns "$FLOOR_TURNS"}'
 # the simulator against the GPU on windows of the Azure traces (bench/trace_fidelity.py); its
 # points go to bench/results/trace-fidelity (carried back in $OUT), so a call cut short by its
@@ -160,18 +165,18 @@ CAPACITY_OUT=${CAPACITY_OUT:-bench/results}
 case "${CAPACITY_ARGS:-}" in *--trace*) COUNT_FLAG=() ;; *) COUNT_FLAG=(--count "${COUNT:-1000}") ;; esac
 step capacity ${CAPACITY_S:-540} pdmux-triton capacity --out "$CAPACITY_OUT" \
     "${COUNT_FLAG[@]}" --strategies "$STRATEGIES" ${RATES:+--rates "$RATES"} \
-    --calibration "$CALIBRATION" --compare bench/results/compare-h200.json \
-    --host-costs bench/results/host-costs-h200.json ${CAPACITY_ARGS:-}
+    --calibration "$CALIBRATION" --compare bench/results/compare-$CARD.json \
+    --host-costs bench/results/host-costs-$CARD.json ${CAPACITY_ARGS:-}
 # as one tarball: the device returns at most 8 files, and two capacity calls in one device call
 # would lose the second's points (session 21 lost one that way)
 case " $STEPS " in *" capacity "*) tar czf "$OUT/capacity-$(basename "$CAPACITY_OUT").tgz" \
-    -C "$CAPACITY_OUT" $(cd "$CAPACITY_OUT" && ls capacity-*h200*) ;; esac
+    -C "$CAPACITY_OUT" $(cd "$CAPACITY_OUT" && ls capacity-*"$CARD"*) ;; esac
 # SGLang's level rule against SLO-driven levels (bench/slo_levels.py; its points resume too),
 # into SLO_OUT (another folder for other settings: --count, --itl-ms), returned as a tarball
 SLO_OUT=${SLO_OUT:-bench/results}
 step slo ${SLO_S:-540} python3 bench/slo_levels.py --out "$SLO_OUT" ${SLO_ARGS:-}
 case " $STEPS " in *" slo "*) [ -d "$SLO_OUT/slo-levels" ] && tar czf "$OUT/$(basename "$SLO_OUT")-slo-levels.tgz" \
-    "$SLO_OUT/slo-levels" "$SLO_OUT"/slo-levels-h200*.json 2>/dev/null;; esac
+    "$SLO_OUT/slo-levels" "$SLO_OUT"/slo-levels-"$CARD"*.json 2>/dev/null;; esac
 # prefix caching on Mooncake's conversation trace (issue 28, bench/prefix_cache.py): each
 # strategy's capacity measured with the cache on and off at PREFIX_RATES, the simulation beside;
 # its points resume under bench/results/prefix-cache/ (copy them back between calls); a point
@@ -182,6 +187,6 @@ step prefix ${PREFIX_S:-540} python3 bench/prefix_cache.py --out bench/results \
     --strategies ${PREFIX_STRATEGIES:-pdmux_grid_cap,chunked_512} --rates ${PREFIX_RATES:-1.5,2} \
     --warm-requests ${PREFIX_WARM:-100} ${PREFIX_ARGS:-}
 case " $STEPS " in *" prefix "*) tar czf "$OUT/prefix-cache.tgz" -C bench/results prefix-cache \
-    $(cd bench/results && ls prefix-cache-h200*.json 2>/dev/null) ;; esac
+    $(cd bench/results && ls prefix-cache-"$CARD"*.json 2>/dev/null) ;; esac
 grep -E "^(== |   )|passed|failed|MISS|  ok|capacity req/s|pdmux_|chunked_|prefill_first|^sharegpt|^arxiv" \
     "$LOG" | tail -40
