@@ -6,9 +6,10 @@
 - disagg: one prefill GPU and one decode GPU, KV pages sent layer by layer over the link;
 - and one GPU, the reference the others are read against.
 
-Each setup's capacity is searched on the H200's calibrated cost model (`--calibration`,
-`--compare`, `--host-costs`), its points kept under <out>/multi-gpu/<setup>/ (the simulation
-is made again each run); writes <out>/multi-gpu-<gpu>x2-simulated.json and prints a table.
+Each setup's capacity is searched on the --gpu's calibrated cost model (`--calibration`,
+`--compare`, `--host-costs`; bench/results' files of that GPU unless named), its points kept
+under <out>/multi-gpu/<setup>/ (the simulation is made again each run); writes
+<out>/multi-gpu-<gpu>x2-simulated.json and prints a table.
 The measured counterpart needs two GPUs in one host, which this tool does not drive yet.
 
     python bench/multi_gpu.py --out bench/results
@@ -20,7 +21,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from script import bench_inputs, bench_parser, finish, run_script
+from script import bench_inputs, bench_parser, finish, measured_on, run_script
 
 from pdmux_triton.cli.parsing import choice, integer
 from pdmux_triton.cost.parallel import LINKS
@@ -53,6 +54,9 @@ def settings_for(args, changes: dict) -> RunSettings:
 
 
 def run(args) -> int:
+    for name, path in measured_on(args.gpu).items():  # the files not given: --gpu's own
+        if getattr(args, name) is None:
+            setattr(args, name, path)
     criteria = Criteria(Slo(args.slo_ttft_ms, args.slo_tpot_ms))
     data = {**provenance(args.gpu), "mode": "simulated", "inputs": vars(args),
             "link": vars(LINKS[args.link]), "setups": {}}
@@ -106,7 +110,7 @@ def main(argv=None) -> int:
     # long enough that two servers' queues reach a steady state (a short stream flatters
     # servers that each see fewer of its requests)
     p.add_argument("--count", type=integer(1, 100_000), default=600, help="requests per point")
-    bench_inputs(p, "calibration", "compare", "host_costs")
+    bench_inputs(p, "calibration", "compare", "host_costs", by_gpu=True)
     return run_script(p, run, argv)
 
 

@@ -26,10 +26,16 @@ def run_script(parser: Parser, run, argv=None, interrupted: str = "interrupted")
         return 130
 
 
-# the cost model's measured inputs as bench/results commits them for the H200
-MEASURED_ON_H200 = {"calibration": "bench/results/calibrate-h200.json",
-                    "compare": "bench/results/compare-h200.json",
-                    "host_costs": "bench/results/host-costs-h200.json"}
+# the cost model's measured inputs as bench/results commits them for a GPU
+MEASURED_STEMS = {"calibration": "calibrate", "compare": "compare", "host_costs": "host-costs"}
+
+
+def measured_on(gpu: str) -> dict[str, str]:
+    """A GPU's measured inputs as bench/results commits them, by name."""
+    return {name: f"bench/results/{stem}-{gpu}.json" for name, stem in MEASURED_STEMS.items()}
+
+
+MEASURED_ON_H200 = measured_on("h200")
 
 
 def bench_parser(script: str, doc: str) -> Parser:
@@ -51,14 +57,18 @@ def points_parser(script: str, doc: str, points, what: str) -> Parser:
     return parser
 
 
-def bench_inputs(parser: argparse.ArgumentParser, *measured: str, ttft: bool = True) -> None:
+def bench_inputs(parser: argparse.ArgumentParser, *measured: str, ttft: bool = True,
+                 by_gpu: bool = False) -> None:
     """A bench script's SLO targets and the measured files it prices work with (`measured`
-    among MEASURED_ON_H200's names; the H200's by default)."""
+    among MEASURED_STEMS' names; the H200's by default, or with `by_gpu` none: the script
+    takes its --gpu's, `measured_on(gpu)`)."""
     if ttft:
         parser.add_argument("--slo-ttft-ms", type=number(), default=2000.0)
     parser.add_argument("--slo-tpot-ms", type=number(), default=25.0)
     for name in measured:
-        parser.add_argument("--" + name.replace("_", "-"), default=MEASURED_ON_H200[name])
+        parser.add_argument("--" + name.replace("_", "-"),
+                            default=None if by_gpu else MEASURED_ON_H200[name],
+                            help="default: bench/results' file of --gpu" if by_gpu else None)
 
 
 def finish(path, data: dict, table: str) -> int:

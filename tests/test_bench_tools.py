@@ -994,6 +994,12 @@ def test_multi_gpu_compares_two_gpus_four_ways(tmp_path):
     assert data["summary"]["best_two_gpu"] in {f"{n}/{k}" for n in caps if n != "one_gpu"
                                                for k in caps[n]}
     assert "best on two GPUs" in out.stdout
+    # no files named: --gpu's own, as bench/results commits them (the H100's since session 52)
+    assert data["inputs"]["calibration"] == "bench/results/calibrate-h200.json"
+    sys.path.insert(0, "bench")
+    from script import measured_on
+    assert all(Path(f).is_file() for gpu in ("h200", "h100-sxm")
+               for f in measured_on(gpu).values())
 
 
 def test_stream_length_reads_capacity_by_count_and_sample(tmp_path):
