@@ -5,7 +5,7 @@ Measured in one process: the streaming read over 2 GiB buffers on the whole GPU 
 rate); the whole decode step of the Qwen3-8B preset, 32 requests x 2048 tokens, captured, on the
 whole GPU as served (launches overlapped), without the GEMMs' early weight lines, with each
 launch after the last, with stream-K on every program (no aligned split), with decode attention
-at 2-3 programs an SM, and its kernel launches (counted by the profiler in one eager step); the
+at 2-3 programs an SM, and its kernels (counted and timed by the profiler in one eager step); the
 same bytes as streaming reads, a launch per weight (`stream_equivalent`: what a step of separate
 kernels could reach); the decode step on each of SGLang's levels' decode SMs (20-60 on an H200)
 on green contexts and on pinned SMs at 1-3 CTAs per SM and as a served decode side runs, alone
@@ -54,9 +54,9 @@ CTAS = (1, 2, 3)
 STREAM_BYTES = 1 << 31
 
 
-def launches_per_step(step: DecodeStep, budget: Budget) -> int:
-    """Kernels one eager decode step launches (the profiler's CUDA kernels; copies and memsets
-    are not kernels)."""
+def kernels_per_step(step: DecodeStep, budget: Budget) -> dict[str, list]:
+    """The kernels one eager decode step launches, by name: [launches, GPU ms] (the profiler's
+    CUDA kernels, one after another as an eager step runs them)."""
     from torch.profiler import ProfilerActivity, profile
 
     step.run(budget)
@@ -64,8 +64,19 @@ def launches_per_step(step: DecodeStep, budget: Budget) -> int:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         step.run(budget)
         torch.cuda.synchronize()
-    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
-               and not e.name.lower().startswith(("memcpy", "memset")))
+    return kernel_times((e.name, e.time_range.elapsed_us() / 1e3) for e in prof.events()
+                        if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def kernel_times(events) -> dict[str, list]:
+    """(name, ms) events as {name: [launches, ms]}, longest first; copies and memsets are not
+    kernels."""
+    by_name = {}
+    for name, ms in events:
+        if not name.lower().startswith(("memcpy", "memset")):
+            n, total = by_name.get(name, (0, 0.0))
+            by_name[name] = [n + 1, total + ms]
+    return dict(sorted(by_name.items(), key=lambda kv: -kv[1][1]))
 
 
 def stream_equivalent(step: DecodeStep):
@@ -136,7 +147,7 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
             stream_equivalent_step_ms=streamed_ms,
             stream_equivalent_bytes=streamed_bytes, decode_step_bytes=step.amount,
             step_ms_by_turn=times, decode_step_floor_ms=floor_ms,
-            launches=launches_per_step(step, served))
+            kernels=kernels_per_step(step, served))
     res.data["summary"].update(stream_read_tbps=tbps, decode_only_step_ms=ms,
                                decode_step_pdl_no_prefetch_ms=no_prefetch_ms,
                                decode_step_without_pdl_ms=apart_ms,
@@ -147,8 +158,17 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
                                stream_equivalent_step_ms=streamed_ms,
                                stream_equivalent_vs_floor=floor_ms / streamed_ms,
                                decode_step_vs_stream_equivalent=streamed_ms / ms,
-                               launches_per_decode_step=res.data["rows"][-1]["launches"])
+                               **kernel_figures(res.data["rows"][-1]["kernels"], ms))
     res.save()
+
+
+def kernel_figures(kernels: dict[str, list], step_ms: float) -> dict:
+    """The summary's launch count and what the step's kernels take one after another (an
+    eager step's kernel time) against the captured step: where that share is low, the step
+    loses its time between and around kernels, not inside them."""
+    kernel_ms = sum(ms for _, ms in kernels.values())
+    return {"launches_per_decode_step": sum(n for n, _ in kernels.values()),
+            "eager_step_kernel_ms": kernel_ms, "eager_kernel_ms_vs_step": kernel_ms / step_ms}
 
 
 # pinned turns that take a product turn's budget another way, to split the gap to green by

@@ -1439,6 +1439,21 @@ def test_fit_host_costs_reads_a_capacity_folders_diagnostics_as_trace_points(tmp
     assert out.returncode == 2 and "no measured point whose run timed its host" in out.stderr
 
 
+def test_decode_floor_sums_an_eager_steps_kernels_by_name():
+    sys.path.insert(0, "bench")
+    from decode_floor import kernel_figures, kernel_times
+
+    events = [("skinny_kernel", 0.02), ("decode_kernel", 0.07), ("Memcpy HtoD", 0.5),
+              ("skinny_kernel", 0.03), ("memset (Device)", 0.1), ("rmsnorm_kernel", 0.004)]
+    kernels = kernel_times(events)
+    assert list(kernels) == ["decode_kernel", "skinny_kernel", "rmsnorm_kernel"]  # longest first
+    assert kernels["skinny_kernel"] == [2, pytest.approx(0.05)]
+    figures = kernel_figures(kernels, step_ms=0.2)
+    assert figures["launches_per_decode_step"] == 4  # copies and memsets are not kernels
+    assert figures["eager_step_kernel_ms"] == pytest.approx(0.124)
+    assert figures["eager_kernel_ms_vs_step"] == pytest.approx(0.62)
+
+
 def test_decode_floor_summary_reads_its_rows_and_the_sessions_files(tmp_path):
     """bench/decode_floor.py's pure part: the worst pinned-vs-green error and shared SMs over
     its level rows, the kernel benchmark's and a run's figures from their files (the best pd-mux
