@@ -56,7 +56,8 @@ STREAM_BYTES = 1 << 31
 
 def kernels_per_step(step: DecodeStep, budget: Budget) -> dict[str, list]:
     """The kernels one eager decode step launches, by name: [launches, GPU ms] (the profiler's
-    CUDA kernels, one after another as an eager step runs them)."""
+    CUDA kernels). Give a budget without PDL: a kernel launched early under it waits for the
+    one before, and the profiler counts that wait as its own time."""
     from torch.profiler import ProfilerActivity, profile
 
     step.run(budget)
@@ -147,7 +148,7 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
             stream_equivalent_step_ms=streamed_ms,
             stream_equivalent_bytes=streamed_bytes, decode_step_bytes=step.amount,
             step_ms_by_turn=times, decode_step_floor_ms=floor_ms,
-            kernels=kernels_per_step(step, served))
+            kernels=kernels_per_step(step, apart))
     res.data["summary"].update(stream_read_tbps=tbps, decode_only_step_ms=ms,
                                decode_step_pdl_no_prefetch_ms=no_prefetch_ms,
                                decode_step_without_pdl_ms=apart_ms,
