@@ -185,6 +185,25 @@ def run_experiment(s: RunSettings, log=print, keep_runs: bool = True,
     one_gpu = s.tp == 1 and s.replicas == 1
     estimates = chapter_estimates(s) if s.workload == "chapter" and one_gpu else []
     prefill_sms = s.levels[s.config.choose_level(s.levels, s.batch, True)][0]
+    # what every save of the result holds alike (provenance hashes the sources: once a run)
+    head = {"mode": "simulated" if s.simulate else "gpu", **provenance(s.gpu.name),
+            "model": s.model.name, "tp": s.tp, "replicas": s.replicas, "workload": s.workload,
+            "inputs": s.as_dict()}
+    if estimates:
+        head["estimate"] = {title: [r.as_dict() for r in est] for title, _, est in estimates}
+    # errors against the last estimate: the calibrated one when a calibration is given
+    estimate = head["estimate"][estimates[-1][0]] if estimates else None
+
+    def result(unserved: list[str] | None = None) -> dict:
+        """The result JSON of the strategies served so far; `unserved`: those still to serve."""
+        out = {**head, "rows": list(rows), "warnings": warnings(rows), "details": dict(details),
+               "summary": summary(rows, s.gpu.sms, prefill_sms, estimate)}
+        if unserved:
+            out["unserved"] = unserved
+            out["warnings"].append(f"not served (the run ended before them): "
+                                   f"{', '.join(unserved)}")
+        return out
+
     todo = [(v, [r for r in requests if r.warm] if v.name == "decode_only" else requests)
             for v in variants(s.chunks, s.kinds, s.level_policies)]
     todo = [(v, reqs) for v, reqs in todo if reqs]
@@ -193,38 +212,17 @@ def run_experiment(s: RunSettings, log=print, keep_runs: bool = True,
     try:
         for i, (v, reqs) in enumerate(todo):
             if saved is not None:
-                saved(_result(s, list(rows), dict(details), estimates, prefill_sms,
-                              unserved=[w.name for w, _ in todo[i:]]))
+                saved(result(unserved=[w.name for w, _ in todo[i:]]))
             log(f"running {v.name} ...")
-            row, result = servers.serve(v, reqs)
+            row, run_result = servers.serve(v, reqs)
             rows.append(row)
-            details[v.name] = metrics.details(result)
+            details[v.name] = metrics.details(run_result)
             if keep_runs:
-                results[v.name] = result
-            del result  # else alive while the next strategy serves: two runs at the peak
+                results[v.name] = run_result
+            del run_result  # else alive while the next strategy serves: two runs at the peak
     finally:
         servers.close()
-    return _result(s, rows, details, estimates, prefill_sms), results, estimates
-
-
-def _result(s: RunSettings, rows: list[dict], details: dict, estimates: list[tuple],
-            prefill_sms: int, unserved: list[str] | None = None) -> dict:
-    """The result JSON of the strategies served so far; `unserved`: those still to serve."""
-    out = {"mode": "simulated" if s.simulate else "gpu", **provenance(s.gpu.name),
-           "model": s.model.name, "tp": s.tp, "replicas": s.replicas, "workload": s.workload,
-           "inputs": s.as_dict(), "rows": rows,
-           "warnings": warnings(rows),
-           "details": details}
-    if unserved:
-        out["unserved"] = unserved
-        out["warnings"].append(f"not served (the run ended before them): "
-                               f"{', '.join(unserved)}")
-    if estimates:
-        out["estimate"] = {title: [r.as_dict() for r in est] for title, _, est in estimates}
-    # errors against the last estimate: the calibrated one when a calibration is given
-    out["summary"] = summary(rows, s.gpu.sms, prefill_sms,
-                             out["estimate"][estimates[-1][0]] if estimates else None)
-    return out
+    return result(), results, estimates
 
 
 SUMMARY_KEYS = ("itl_p50_ms", "itl_p99_ms", "itl_during_prefill_p50_ms", "decode_gpu_p50_ms",
