@@ -25,6 +25,7 @@ come from their files when given.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import statistics
 import sys
 from dataclasses import replace
@@ -97,14 +98,25 @@ def stream_equivalent(step: DecodeStep):
             sum(r.numel() * r.element_size() for r in reads))
 
 
-def _settings(lines: int | None = None, split: float | None = None) -> dict:
-    """The GEMM's module settings a turn varies (its early weight lines, the aligned split's
-    threshold): set those given, return both."""
-    if lines is not None:
-        gemm.PDL_PREFETCH_LINES = lines
-    if split is not None:
-        gemm.ALIGNED_SPLIT_BUSY = split
-    return {"lines": gemm.PDL_PREFETCH_LINES, "split": gemm.ALIGNED_SPLIT_BUSY}
+# (the module by its name: the package's `decode_attention` is the function)
+ATTENTION = importlib.import_module("pdmux_triton.kernels.decode_attention")
+# decode attention's early K/V blocks (PDL): (blocks, segments) of each turn
+ATTENTION_PREFETCH = ((1, 1), (2, 1), (1, 3), (2, 3))
+
+
+def _settings(lines: int | None = None, split: float | None = None,
+              blocks: int | None = None, segments: int | None = None) -> dict:
+    """The kernels' module settings a turn varies (the GEMM's early weight lines and aligned
+    split's threshold, decode attention's early K/V blocks and the segments they lead): set
+    those given, return them all."""
+    for module, name, value in ((gemm, "PDL_PREFETCH_LINES", lines),
+                                (gemm, "ALIGNED_SPLIT_BUSY", split),
+                                (ATTENTION, "PDL_PREFETCH_BLOCKS", blocks),
+                                (ATTENTION, "PDL_PREFETCH_SEGMENTS", segments)):
+        if value is not None:
+            setattr(module, name, value)
+    return {"lines": gemm.PDL_PREFETCH_LINES, "split": gemm.ALIGNED_SPLIT_BUSY,
+            "blocks": ATTENTION.PDL_PREFETCH_BLOCKS, "segments": ATTENTION.PDL_PREFETCH_SEGMENTS}
 
 
 def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
@@ -124,6 +136,9 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
     turns += [(f"attention_c{c}", Budget(pdl=True, attention_ctas_per_sm=c), {}) for c in (2, 3)]
     # (and more of each weight row's first lines fetched early: is PDL_PREFETCH_LINES enough?)
     turns += [(f"prefetch_{n}", served, {"lines": n}) for n in (16, 32)]
+    # (and decode attention's first K/V blocks of its first or every segment fetched early)
+    turns += [(f"attention_prefetch_{b}x{n}", served, {"blocks": b, "segments": n})
+              for b, n in ATTENTION_PREFETCH]
     # (and the step's bytes as streaming reads, a launch a weight: `stream_equivalent`)
     streamed, streamed_bytes = stream_equivalent(step)
     times = {name: [] for name, *_ in turns}
@@ -141,12 +156,16 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
                                               "attention_c2", "attention_c3",
                                               "stream_equivalent"))
     floor_ms = step_cost.decode_step_bytes(MODEL, BATCH * CONTEXT) / (tbps * 1e12) * 1e3
+    # the step by decode attention's early K/V blocks, "blocks x segments" (served: none)
+    by_prefetch = {f"{b}x{n}": statistics.median(times[f"attention_prefetch_{b}x{n}"])
+                   for b, n in ATTENTION_PREFETCH}
     res.row(section="whole gpu", stream_read_tbps=tbps, decode_only_step_ms=ms,
             decode_step_pdl_no_prefetch_ms=no_prefetch_ms, decode_step_without_pdl_ms=apart_ms,
             decode_step_unaligned_split_ms=unaligned_ms,
             decode_step_attention_c2_ms=c2_ms, decode_step_attention_c3_ms=c3_ms,
             stream_equivalent_step_ms=streamed_ms,
             stream_equivalent_bytes=streamed_bytes, decode_step_bytes=step.amount,
+            decode_step_by_attention_prefetch_ms=by_prefetch,
             step_ms_by_turn=times, decode_step_floor_ms=floor_ms,
             kernels=kernels_per_step(step, apart))
     res.data["summary"].update(stream_read_tbps=tbps, decode_only_step_ms=ms,
@@ -155,6 +174,7 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
                                decode_step_unaligned_split_ms=unaligned_ms,
                                decode_step_attention_c2_ms=c2_ms,
                                decode_step_attention_c3_ms=c3_ms,
+                               decode_step_by_attention_prefetch_ms=by_prefetch,
                                decode_step_floor_ms=floor_ms, decode_step_vs_floor=floor_ms / ms,
                                stream_equivalent_step_ms=streamed_ms,
                                stream_equivalent_vs_floor=floor_ms / streamed_ms,

@@ -113,7 +113,8 @@ def offline(block_n: int, num_warps: int, num_stages: int, pinned: str | None = 
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from pdmux_triton.kernels.decode_attention import UNIT_COST, decode_kernel
+    from pdmux_triton.kernels.decode_attention import (PDL_PREFETCH_BLOCKS, PDL_PREFETCH_SEGMENTS,
+                                                       UNIT_COST, decode_kernel)
 
     pointers = {"q_ptr": "*bf16", "kc_ptr": "*bf16", "vc_ptr": "*bf16", "pt_ptr": "*i32",
                 "len_ptr": "*i32", "o_ptr": "*bf16", "part_o_ptr": "*fp32",
@@ -122,7 +123,9 @@ def offline(block_n: int, num_warps: int, num_stages: int, pinned: str | None = 
     constexprs = {"PAGE_SIZE": 16, "GROUP": 4, "BLOCK_G": 16, "BLOCK_N": block_n, "BLOCK_B": 32,
                   "UNIT_COST": UNIT_COST, "D": 128, "WIDE": False, "RECORD_SM": False,
                   "PINNED": pinned_constexpr(pinned), "PLACED": False,
-                  "BLOCK_SMS": 32 if pinned else 1, "PDL": pdl, "APART": apart}
+                  "BLOCK_SMS": 32 if pinned else 1, "PDL": pdl, "APART": apart,
+                  "PREFETCH_KEYS": PDL_PREFETCH_BLOCKS * block_n if pdl else 0,
+                  "PREFETCH_SEGMENTS": PDL_PREFETCH_SEGMENTS, "LINES": 2}
     names = list(inspect.signature(decode_kernel.fn).parameters)
     signature = {n: "constexpr" if n in constexprs else pointers.get(n, "i32") for n in names}
     signature["scale_log2"] = "fp32"

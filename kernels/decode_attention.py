@@ -16,7 +16,7 @@ import triton.language as tl
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels._dispatch import run_kernel
 from pdmux_triton.kernels._launch import (arrival_counters, cdiv, check_tensor, interpreting,
-                                          next_power_of_2)
+                                          next_power_of_2, prefetch_l2)
 from pdmux_triton.kernels._paged import AttnConfig, attend_range, check_paged_inputs, wide_offsets
 from pdmux_triton.kernels._pinned import Pinned, budget_launch, run_slots
 
@@ -29,11 +29,89 @@ LOG2E = 1.4426950408889634
 # (bench/NOTES.md has what each gave)
 UNIT_COST = 2
 
+# With programmatic dependent launch, the K/V blocks at the head of a program's segments that
+# it fetches into L2 while the kernel before it drains (0: none), and of how many of its
+# segments (each segment's start is a pipeline restart whose first blocks wait in the memory
+# queue). Safe: a decode step writes only its new token's K/V, and L2 is where that write lands
+PDL_PREFETCH_BLOCKS = 0
+PDL_PREFETCH_SEGMENTS = 1
+
 
 @triton.jit
 def _request_slots(b, work, bi):
     """(slots of one unit of the requests before b, slots of one unit of request b)."""
     return tl.sum(tl.where(bi < b, work, 0), axis=0), tl.sum(tl.where(bi == b, work, 0), axis=0)
+
+
+@triton.jit
+def _program_range(pid, programs, len_ptr, B, KV_HEADS, BLOCK_N: tl.constexpr,
+                   BLOCK_B: tl.constexpr, UNIT_COST: tl.constexpr):
+    """(slots per unit of each request, request ids, slots per program, this program's first
+    slot, the end of its slots). The work is every unit's K/V blocks back to back, each unit
+    led by UNIT_COST slots for its fixed cost; each program takes an equal contiguous range."""
+    bi = tl.arange(0, BLOCK_B)
+    nb = tl.cdiv(tl.load(len_ptr + bi, mask=bi < B, other=0), BLOCK_N)
+    work = tl.where(nb > 0, nb + UNIT_COST, 0)
+    total = tl.sum(work, axis=0) * KV_HEADS
+    per_program = tl.maximum(1, tl.cdiv(total, programs))
+    lo = pid * per_program
+    return work, bi, per_program, lo, tl.minimum(lo + per_program, total)
+
+
+@triton.jit
+def _segment(u, lo, hi, work, bi, KV_HEADS, UNIT_COST: tl.constexpr):
+    """Unit u's part of the slots [lo, hi): (request, KV head, the unit's end slot, the slot of
+    its first block, the part's first and end slots; empty where the part holds only the
+    unit's fixed-cost slots)."""
+    b = u // KV_HEADS
+    h = u % KV_HEADS
+    before, size = _request_slots(b, work, bi)
+    u_end = before * KV_HEADS + (h + 1) * size
+    first_block = u_end - size + UNIT_COST
+    return b, h, u_end, first_block, tl.maximum(lo, first_block), tl.minimum(hi, u_end)
+
+
+@triton.jit
+def segment_heads(VISIT: tl.constexpr, visit_args, pid, programs, pt_ptr, len_ptr, B, KV_HEADS,
+                  sc_s, sc_h, spt_b, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_B: tl.constexpr, UNIT_COST: tl.constexpr, KEYS: tl.constexpr,
+                  SEGMENTS: tl.constexpr, D: tl.constexpr, LINES: tl.constexpr,
+                  WIDE: tl.constexpr):
+    """`VISIT(offsets, s, *visit_args)` for each of program pid's first SEGMENTS segments
+    (s = 0, 1, ...): offsets [KEYS, LINES] into the caches of the segment's first KEYS keys'
+    K/V rows of its head (past the segment's end, its last key again), one per 128-byte line
+    of a row. Reads only what no earlier kernel of a decode step writes (lengths, pages)."""
+    work, bi, per_program, lo, hi = _program_range(pid, programs, len_ptr, B, KV_HEADS,
+                                                   BLOCK_N, BLOCK_B, UNIT_COST)
+    per_line: tl.constexpr = D // LINES
+    line = tl.arange(0, LINES) * per_line
+    s = 0
+    if lo < hi:
+        for u in range(_unit_at(lo, work, bi, KV_HEADS), _unit_at(hi - 1, work, bi, KV_HEADS) + 1):
+            b, h, u_end, first_block, seg_lo, seg_hi = _segment(u, lo, hi, work, bi, KV_HEADS,
+                                                                UNIT_COST)
+            if seg_lo < seg_hi and s < SEGMENTS:
+                start = (seg_lo - first_block) * BLOCK_N
+                end = tl.minimum(tl.load(len_ptr + b), (seg_hi - first_block) * BLOCK_N)
+                pos = tl.minimum(start + tl.arange(0, KEYS), end - 1).to(tl.uint32)
+                page = tl.load(pt_ptr + b * spt_b + pos // PAGE_SIZE)
+                slot = page * PAGE_SIZE + (pos % PAGE_SIZE).to(tl.int32)
+                if WIDE:
+                    slot = slot.to(tl.int64)
+                VISIT(slot[:, None] * sc_s + h * sc_h + line[None, :], s, *visit_args)
+                s += 1
+
+
+@triton.jit
+def _prefetch_kv(offsets, s, kc_ptr, vc_ptr):
+    # a program's first segment reads its lines within microseconds; a later one after the
+    # segments before it, through an L2 the rest of the step streams past: keep those longer
+    if s == 0:
+        prefetch_l2(kc_ptr + offsets, EVICT_LAST=False)
+        prefetch_l2(vc_ptr + offsets, EVICT_LAST=False)
+    else:
+        prefetch_l2(kc_ptr + offsets, EVICT_LAST=True)
+        prefetch_l2(vc_ptr + offsets, EVICT_LAST=True)
 
 
 @triton.jit
@@ -53,7 +131,12 @@ def decode_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, par
                    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, UNIT_COST: tl.constexpr,
                    D: tl.constexpr, WIDE: tl.constexpr, RECORD_SM: tl.constexpr,
                    PINNED: tl.constexpr, PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr,
-                   PDL: tl.constexpr, APART: tl.constexpr):
+                   PDL: tl.constexpr, APART: tl.constexpr, PREFETCH_KEYS: tl.constexpr,
+                   PREFETCH_SEGMENTS: tl.constexpr, LINES: tl.constexpr):
+    if PREFETCH_KEYS > 0:  # before run_slots' wait for the kernel before (PDL, plain launch)
+        segment_heads(_prefetch_kv, (kc_ptr, vc_ptr), tl.program_id(0), programs, pt_ptr,
+                      len_ptr, B, KV_HEADS, sc_s, sc_h, spt_b, PAGE_SIZE, BLOCK_N, BLOCK_B,
+                      UNIT_COST, PREFETCH_KEYS, PREFETCH_SEGMENTS, D, LINES, WIDE)
     run_slots(_decode_slot_apart if APART else _decode_slot,
               (q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, part_lse_ptr, count_ptr,
                B, KV_HEADS, scale_log2, sq_b, sq_h, so_b, so_h, sc_s, sc_h, spt_b, PAGE_SIZE,
@@ -68,37 +151,25 @@ def _decode_slot(pid, programs, q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, p
                  sc_h, spt_b, PAGE_SIZE: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, UNIT_COST: tl.constexpr,
                  D: tl.constexpr, WIDE: tl.constexpr):
-    # What program `pid` of `programs` does. The work is every unit's K/V blocks back to back
-    # (unit = request, KV head), each unit led by UNIT_COST slots for its fixed cost; each
-    # program takes an equal contiguous range of slots, whatever the lengths, so ragged and
-    # uniform batches stream alike and a program restarts its pipeline only at unit edges
-    # (~2 per program). A unit cut between programs leaves partials; the last of its programs
+    # What program `pid` of `programs` does: its equal range of the work (`_program_range`),
+    # whatever the lengths, so ragged and uniform batches stream alike and a program restarts
+    # its pipeline only at unit edges (~2 per program). A unit cut between programs leaves partials; the last of its programs
     # to finish (a counter per unit, no waiting) merges them and resets the counter.
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, D)
     gmask = g < GROUP
-    bi = tl.arange(0, BLOCK_B)
-    nb = tl.cdiv(tl.load(len_ptr + bi, mask=bi < B, other=0), BLOCK_N)
-    work = tl.where(nb > 0, nb + UNIT_COST, 0)  # slots per unit of each request
-    total = tl.sum(work, axis=0) * KV_HEADS
-    per_program = tl.maximum(1, tl.cdiv(total, programs))
+    work, bi, per_program, lo, hi = _program_range(pid, programs, len_ptr, B, KV_HEADS,
+                                                   BLOCK_N, BLOCK_B, UNIT_COST)
     for b in range(pid, B, programs):  # an empty request still owns its output rows
         if tl.load(len_ptr + b) == 0:
             for h in range(KV_HEADS):
                 o = o_ptr + b * so_b + (h * GROUP + g)[:, None] * so_h + d[None, :]
                 tl.store(o, tl.zeros((BLOCK_G, D), dtype=o_ptr.dtype.element_ty),
                          mask=gmask[:, None])
-    lo = pid * per_program
-    hi = tl.minimum(lo + per_program, total)
     if lo < hi:
         for u in range(_unit_at(lo, work, bi, KV_HEADS), _unit_at(hi - 1, work, bi, KV_HEADS) + 1):
-            b = u // KV_HEADS
-            h = u % KV_HEADS
-            before, size = _request_slots(b, work, bi)
-            u_end = before * KV_HEADS + (h + 1) * size
-            first_block = u_end - size + UNIT_COST  # the slot of the unit's first block
-            seg_lo = tl.maximum(lo, first_block)
-            seg_hi = tl.minimum(hi, u_end)
+            b, h, u_end, first_block, seg_lo, seg_hi = _segment(u, lo, hi, work, bi, KV_HEADS,
+                                                                UNIT_COST)
             if seg_lo < seg_hi:  # a range may hold only a unit's fixed-cost slots; empty
                 #                  requests' units hold none at all
                 heads = h * GROUP + g
@@ -158,6 +229,11 @@ def _merge_unit(part_o_ptr, part_lse_ptr, o, u, first, last, g, gmask, d, GROUP:
         total = total * scale + w
         top = new_top
     tl.store(o, (acc / total[:, None]).to(o.dtype.element_ty), mask=gmask[:, None])
+
+
+def cache_lines(k_cache: torch.Tensor) -> int:
+    """128-byte lines in one head's K (or V) row of a cache [slots, heads, D] (at least 1)."""
+    return max(1, k_cache.shape[2] * k_cache.element_size() // 128)
 
 
 def default_decode_config(ctas_per_sm: int) -> AttnConfig:
@@ -223,6 +299,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         out.stride(0), out.stride(1), k_cache.stride(0), k_cache.stride(1), page_table.stride(0),
         PAGE_SIZE=page_size, GROUP=group, BLOCK_G=max(16, next_power_of_2(group)),
         BLOCK_N=cfg.block_n, BLOCK_B=next_power_of_2(B), UNIT_COST=UNIT_COST, D=D,
-        WIDE=wide_offsets(k_cache), RECORD_SM=record, APART=apart, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages, **launch.kwargs)
+        WIDE=wide_offsets(k_cache), RECORD_SM=record, APART=apart,
+        # (one program an SM: the prefetch's registers would leave room for two of three)
+        PREFETCH_KEYS=PDL_PREFETCH_BLOCKS * cfg.block_n if pdl and ctas_per_sm == 1 else 0,
+        PREFETCH_SEGMENTS=PDL_PREFETCH_SEGMENTS, LINES=cache_lines(k_cache),
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch.kwargs)
     return out
