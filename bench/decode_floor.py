@@ -100,23 +100,33 @@ def stream_equivalent(step: DecodeStep):
 
 # (the module by its name: the package's `decode_attention` is the function)
 ATTENTION = importlib.import_module("pdmux_triton.kernels.decode_attention")
-# decode attention's early K/V blocks (PDL): (blocks, segments) of each turn
-ATTENTION_PREFETCH = ((1, 1), (2, 1), (1, 3), (2, 3))
+# decode attention's early K/V blocks (PDL): (blocks, segments, later segments' lines kept
+# past others) of each turn
+ATTENTION_PREFETCH = ((1, 1, True), (2, 1, True), (1, 3, True), (2, 3, True), (1, 3, False))
 
 
 def _settings(lines: int | None = None, split: float | None = None,
-              blocks: int | None = None, segments: int | None = None) -> dict:
+              blocks: int | None = None, segments: int | None = None,
+              keep: bool | None = None) -> dict:
     """The kernels' module settings a turn varies (the GEMM's early weight lines and aligned
     split's threshold, decode attention's early K/V blocks and the segments they lead): set
     those given, return them all."""
     for module, name, value in ((gemm, "PDL_PREFETCH_LINES", lines),
                                 (gemm, "ALIGNED_SPLIT_BUSY", split),
                                 (ATTENTION, "PDL_PREFETCH_BLOCKS", blocks),
-                                (ATTENTION, "PDL_PREFETCH_SEGMENTS", segments)):
+                                (ATTENTION, "PDL_PREFETCH_SEGMENTS", segments),
+                                (ATTENTION, "PDL_PREFETCH_KEEP_LATER", keep)):
         if value is not None:
             setattr(module, name, value)
     return {"lines": gemm.PDL_PREFETCH_LINES, "split": gemm.ALIGNED_SPLIT_BUSY,
-            "blocks": ATTENTION.PDL_PREFETCH_BLOCKS, "segments": ATTENTION.PDL_PREFETCH_SEGMENTS}
+            "blocks": ATTENTION.PDL_PREFETCH_BLOCKS, "segments": ATTENTION.PDL_PREFETCH_SEGMENTS,
+            "keep": ATTENTION.PDL_PREFETCH_KEEP_LATER}
+
+
+def _prefetch_turn(blocks: int, segments: int, keep: bool) -> str:
+    """A decode-attention prefetch turn's name: blocks x segments, "normal" where the later
+    segments' lines are not kept past others."""
+    return f"attention_prefetch_{blocks}x{segments}{'' if keep else '_normal'}"
 
 
 def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
@@ -137,8 +147,8 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
     # (and more of each weight row's first lines fetched early: is PDL_PREFETCH_LINES enough?)
     turns += [(f"prefetch_{n}", served, {"lines": n}) for n in (16, 32)]
     # (and decode attention's first K/V blocks of its first or every segment fetched early)
-    turns += [(f"attention_prefetch_{b}x{n}", served, {"blocks": b, "segments": n})
-              for b, n in ATTENTION_PREFETCH]
+    turns += [(_prefetch_turn(b, n, keep), served, {"blocks": b, "segments": n, "keep": keep})
+              for b, n, keep in ATTENTION_PREFETCH]
     # (and the step's bytes as streaming reads, a launch a weight: `stream_equivalent`)
     streamed, streamed_bytes = stream_equivalent(step)
     times = {name: [] for name, *_ in turns}
@@ -156,9 +166,9 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
                                               "attention_c2", "attention_c3",
                                               "stream_equivalent"))
     floor_ms = step_cost.decode_step_bytes(MODEL, BATCH * CONTEXT) / (tbps * 1e12) * 1e3
-    # the step by decode attention's early K/V blocks, "blocks x segments" (served: none)
-    by_prefetch = {f"{b}x{n}": statistics.median(times[f"attention_prefetch_{b}x{n}"])
-                   for b, n in ATTENTION_PREFETCH}
+    # the step by decode attention's early K/V blocks (served: none)
+    by_prefetch = {_prefetch_turn(*t).removeprefix("attention_prefetch_"):
+                   statistics.median(times[_prefetch_turn(*t)]) for t in ATTENTION_PREFETCH}
     res.row(section="whole gpu", stream_read_tbps=tbps, decode_only_step_ms=ms,
             decode_step_pdl_no_prefetch_ms=no_prefetch_ms, decode_step_without_pdl_ms=apart_ms,
             decode_step_unaligned_split_ms=unaligned_ms,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels._dispatch import run_kernel
@@ -29,12 +30,16 @@ LOG2E = 1.4426950408889634
 # (bench/NOTES.md has what each gave)
 UNIT_COST = 2
 
-# With programmatic dependent launch, the K/V blocks at the head of a program's segments that
-# it fetches into L2 while the kernel before it drains (0: none), and of how many of its
-# segments (each segment's start is a pipeline restart whose first blocks wait in the memory
-# queue). Safe: a decode step writes only its new token's K/V, and L2 is where that write lands
+# With programmatic dependent launch, the K/V blocks (a power of two; 0: none) at the head of
+# a program's first PDL_PREFETCH_SEGMENTS segments that it fetches into L2 while the kernel
+# before it drains: each segment's start is a pipeline restart whose first blocks wait in the
+# memory queue. Later segments' lines are kept past others (evict_last) unless
+# PDL_PREFETCH_KEEP_LATER is off. Read before the wait: the lengths and page table, which a
+# caller writes before the step's kernels, never one of them (`decode_attention`); the K/V a
+# kernel before it writes (the new token's) lands in L2, where the hint reads it
 PDL_PREFETCH_BLOCKS = 0
 PDL_PREFETCH_SEGMENTS = 1
+PDL_PREFETCH_KEEP_LATER = True
 
 
 @triton.jit
@@ -81,15 +86,15 @@ def segment_heads(VISIT: tl.constexpr, visit_args, pid, programs, pt_ptr, len_pt
     (s = 0, 1, ...): offsets [KEYS, LINES] into the caches of the segment's first KEYS keys'
     K/V rows of its head (past the segment's end, its last key again), one per 128-byte line
     of a row. Reads only what no earlier kernel of a decode step writes (lengths, pages)."""
-    work, bi, per_program, lo, hi = _program_range(pid, programs, len_ptr, B, KV_HEADS,
-                                                   BLOCK_N, BLOCK_B, UNIT_COST)
+    work, bi, _, lo, hi = _program_range(pid, programs, len_ptr, B, KV_HEADS, BLOCK_N, BLOCK_B,
+                                         UNIT_COST)
     per_line: tl.constexpr = D // LINES
     line = tl.arange(0, LINES) * per_line
     s = 0
     if lo < hi:
         for u in range(_unit_at(lo, work, bi, KV_HEADS), _unit_at(hi - 1, work, bi, KV_HEADS) + 1):
-            b, h, u_end, first_block, seg_lo, seg_hi = _segment(u, lo, hi, work, bi, KV_HEADS,
-                                                                UNIT_COST)
+            b, h, _, first_block, seg_lo, seg_hi = _segment(u, lo, hi, work, bi, KV_HEADS,
+                                                            UNIT_COST)
             if seg_lo < seg_hi and s < SEGMENTS:
                 start = (seg_lo - first_block) * BLOCK_N
                 end = tl.minimum(tl.load(len_ptr + b), (seg_hi - first_block) * BLOCK_N)
@@ -103,10 +108,10 @@ def segment_heads(VISIT: tl.constexpr, visit_args, pid, programs, pt_ptr, len_pt
 
 
 @triton.jit
-def _prefetch_kv(offsets, s, kc_ptr, vc_ptr):
+def _prefetch_kv(offsets, s, kc_ptr, vc_ptr, KEEP_LATER: tl.constexpr):
     # a program's first segment reads its lines within microseconds; a later one after the
     # segments before it, through an L2 the rest of the step streams past: keep those longer
-    if s == 0:
+    if s == 0 or not KEEP_LATER:
         prefetch_l2(kc_ptr + offsets, EVICT_LAST=False)
         prefetch_l2(vc_ptr + offsets, EVICT_LAST=False)
     else:
@@ -132,11 +137,14 @@ def decode_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, par
                    D: tl.constexpr, WIDE: tl.constexpr, RECORD_SM: tl.constexpr,
                    PINNED: tl.constexpr, PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr,
                    PDL: tl.constexpr, APART: tl.constexpr, PREFETCH_KEYS: tl.constexpr,
-                   PREFETCH_SEGMENTS: tl.constexpr, LINES: tl.constexpr):
+                   PREFETCH_SEGMENTS: tl.constexpr, KEEP_LATER: tl.constexpr,
+                   LINES: tl.constexpr):
     if PREFETCH_KEYS > 0:  # before run_slots' wait for the kernel before (PDL, plain launch)
-        segment_heads(_prefetch_kv, (kc_ptr, vc_ptr), tl.program_id(0), programs, pt_ptr,
-                      len_ptr, B, KV_HEADS, sc_s, sc_h, spt_b, PAGE_SIZE, BLOCK_N, BLOCK_B,
-                      UNIT_COST, PREFETCH_KEYS, PREFETCH_SEGMENTS, D, LINES, WIDE)
+        gdc_launch_dependents()  # the next kernel first: the prefetch waits on two reads
+        segment_heads(_prefetch_kv, (kc_ptr, vc_ptr, KEEP_LATER), tl.program_id(0),
+                      tl.num_programs(0), pt_ptr, len_ptr, B, KV_HEADS, sc_s, sc_h, spt_b,
+                      PAGE_SIZE, BLOCK_N, BLOCK_B, UNIT_COST, PREFETCH_KEYS, PREFETCH_SEGMENTS,
+                      D, LINES, WIDE)
     run_slots(_decode_slot_apart if APART else _decode_slot,
               (q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, part_lse_ptr, count_ptr,
                B, KV_HEADS, scale_log2, sq_b, sq_h, so_b, so_h, sc_s, sc_h, spt_b, PAGE_SIZE,
@@ -153,8 +161,9 @@ def _decode_slot(pid, programs, q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, p
                  D: tl.constexpr, WIDE: tl.constexpr):
     # What program `pid` of `programs` does: its equal range of the work (`_program_range`),
     # whatever the lengths, so ragged and uniform batches stream alike and a program restarts
-    # its pipeline only at unit edges (~2 per program). A unit cut between programs leaves partials; the last of its programs
-    # to finish (a counter per unit, no waiting) merges them and resets the counter.
+    # its pipeline only at unit edges (~2 per program). A unit cut between programs leaves
+    # partials; the last of its programs to finish (a counter per unit, no waiting) merges them
+    # and resets the counter.
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, D)
     gmask = g < GROUP
@@ -262,8 +271,10 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     q [B, Hq, D]; caches [slots, Hkv, D]; page_table [B, pages] int32 (page ids); seq_lens [B]
     int32 on the device, at most `max_seq_len` (a host bound, so the launch needs no sync and
     can be captured in a CUDA graph: the kernel splits the work by the lengths it reads). A
-    request of length 0 gets zeros. Calls on one stream run in order; calls on concurrent
-    streams each get their own counters. `pinned`: run on those SMs (kernels/_pinned.py).
+    request of length 0 gets zeros. With `pdl`, seq_lens and page_table are read before the
+    wait for the kernel before (`PDL_PREFETCH_BLOCKS`): write them before the launches that
+    overlap, never in a kernel launched just before this one. Calls on one stream run in
+    order; calls on concurrent streams each get their own counters. `pinned`: run on those SMs (kernels/_pinned.py).
     """
     out = check_paged_inputs(q, k_cache, v_cache, page_table, out)
     dev = q.device
@@ -280,6 +291,9 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         return out
     group = HQ // HKV
     cfg = config or default_decode_config(ctas_per_sm)
+    prefetch_blocks = PDL_PREFETCH_BLOCKS
+    if prefetch_blocks & (prefetch_blocks - 1):
+        raise PdmuxError(f"PDL_PREFETCH_BLOCKS must be 0 or a power of two, got {prefetch_blocks}")
     units = B * HKV
     launch, sm_buf, record = budget_launch(units * max(1, cdiv(max_seq_len, cfg.block_n)),
                                            num_sms, ctas_per_sm, dev, pinned, pdl, sm_ids)
@@ -301,7 +315,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         BLOCK_N=cfg.block_n, BLOCK_B=next_power_of_2(B), UNIT_COST=UNIT_COST, D=D,
         WIDE=wide_offsets(k_cache), RECORD_SM=record, APART=apart,
         # (one program an SM: the prefetch's registers would leave room for two of three)
-        PREFETCH_KEYS=PDL_PREFETCH_BLOCKS * cfg.block_n if pdl and ctas_per_sm == 1 else 0,
-        PREFETCH_SEGMENTS=PDL_PREFETCH_SEGMENTS, LINES=cache_lines(k_cache),
+        PREFETCH_KEYS=prefetch_blocks * cfg.block_n if pdl and ctas_per_sm == 1 else 0,
+        PREFETCH_SEGMENTS=PDL_PREFETCH_SEGMENTS, KEEP_LATER=PDL_PREFETCH_KEEP_LATER,
+        LINES=cache_lines(k_cache),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch.kwargs)
     return out

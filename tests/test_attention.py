@@ -82,11 +82,11 @@ def _record_heads(offsets, s, out_ptr, pid, SEGMENTS: tl.constexpr, KEYS: tl.con
 def _segment_heads_kernel(out_ptr, pt_ptr, len_ptr, B, KV_HEADS, sc_s, sc_h, spt_b,
                           PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
                           UNIT_COST: tl.constexpr, KEYS: tl.constexpr, SEGMENTS: tl.constexpr,
-                          D: tl.constexpr, LINES: tl.constexpr):
+                          D: tl.constexpr, LINES: tl.constexpr, WIDE: tl.constexpr):
     pid = tl.program_id(0)
     segment_heads(_record_heads, (out_ptr, pid, SEGMENTS, KEYS, LINES), pid, tl.num_programs(0),
                   pt_ptr, len_ptr, B, KV_HEADS, sc_s, sc_h, spt_b, PAGE_SIZE, BLOCK_N, BLOCK_B,
-                  UNIT_COST, KEYS, SEGMENTS, D, LINES, False)
+                  UNIT_COST, KEYS, SEGMENTS, D, LINES, WIDE)
 
 
 def segment_heads_ref(lens, hkv, programs, block_n, keys, segments, kv):
@@ -124,21 +124,25 @@ def segment_heads_ref(lens, hkv, programs, block_n, keys, segments, kv):
 @pytest.mark.parametrize("lens,programs", [([130, 5, 33], 3), ([1, 130, 1, 0, 40, 1], 7),
                                            ([40] * 6, 5), ([97], 1), ([7, 300], 40)])
 @pytest.mark.parametrize("keys,segments", [(16, 1), (32, 3)])
-def test_segment_heads_name_each_segments_first_keys(lens, programs, keys, segments):
+@pytest.mark.parametrize("page_size,wide", [(16, False), (1, True)])
+def test_segment_heads_name_each_segments_first_keys(lens, programs, keys, segments, page_size,
+                                                     wide):
     """What decode attention prefetches before it waits for the kernel before it (PDL): the
     rows of the first keys of each of a program's first segments, read from the same lengths
     and pages its work split reads, past a segment's end its last key again (inside the
-    request); every program and segment beyond those is left alone (poisoned stays)."""
+    request); every program and segment beyond those is left alone (poisoned stays). In 64-bit
+    offsets too (caches of 2^31 elements or more)."""
     d, hkv, block_n = 64, 2, 16  # fp32 rows of 256 bytes: 2 lines a row
-    kv = PagedKV(lens, hkv, d, 16, torch.float32, DEV)
+    kv = PagedKV(lens, hkv, d, page_size, torch.float32, DEV)
     lines = cache_lines(kv.k_cache)
-    out = torch.full((programs, segments, keys, lines), -1, dtype=torch.int32, device=DEV)
+    out = torch.full((programs, segments, keys, lines), -1,
+                     dtype=torch.int64 if wide else torch.int32, device=DEV)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEV)
     _segment_heads_kernel[(programs,)](
         out, kv.page_table, seq_lens, len(lens), hkv, kv.k_cache.stride(0), kv.k_cache.stride(1),
-        kv.page_table.stride(0), PAGE_SIZE=16, BLOCK_N=block_n,
+        kv.page_table.stride(0), PAGE_SIZE=page_size, BLOCK_N=block_n,
         BLOCK_B=triton.next_power_of_2(len(lens)), UNIT_COST=UNIT_COST, KEYS=keys,
-        SEGMENTS=segments, D=d, LINES=lines)
+        SEGMENTS=segments, D=d, LINES=lines, WIDE=wide)
     ref = segment_heads_ref(lens, hkv, programs, block_n, keys, segments, kv)
     if segments > 1 and programs < len(lens) * hkv:  # fewer programs than units: some span two
         assert any(len(heads) > 1 for heads in ref)
@@ -269,6 +273,13 @@ def test_attention_bad_inputs():
 def test_decode_attention_bf16_real_sizes(page_size):
     lens = [1, 100, 2048, 16000, 131072]
     check_decode(lens, 32, 8, 128, page_size, torch.bfloat16, num_sms=132, device="cuda")
+
+
+def test_decode_attention_refuses_a_prefetch_of_other_than_a_power_of_two(monkeypatch):
+    module = importlib.import_module("pdmux_triton.kernels.decode_attention")
+    monkeypatch.setattr(module, "PDL_PREFETCH_BLOCKS", 3)
+    with pytest.raises(PdmuxError, match="PDL_PREFETCH_BLOCKS must be 0 or a power of two, got 3"):
+        check_decode([40], 4, 2, 16, 16, torch.float32, num_sms=2)
 
 
 @pytest.mark.gpu
