@@ -37,7 +37,7 @@ UNIT_COST = 2
 # PDL_PREFETCH_KEEP_LATER is off. Read before the wait: the lengths and page table, which a
 # caller writes before the step's kernels, never one of them (`decode_attention`); the K/V a
 # kernel before it writes (the new token's) lands in L2, where the hint reads it
-PDL_PREFETCH_BLOCKS = 0
+PDL_PREFETCH_BLOCKS = 1
 PDL_PREFETCH_SEGMENTS = 1
 PDL_PREFETCH_KEEP_LATER = True
 
