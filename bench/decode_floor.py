@@ -39,6 +39,7 @@ from script import bench_parser, run_script
 from pdmux_triton.cli.parsing import choice, listed
 from pdmux_triton.cost import step_cost
 from pdmux_triton.errors import PdmuxError
+from pdmux_triton.gpu import decoder
 from pdmux_triton.gpu.streams import PartitionStreams, kernel_args
 from pdmux_triton.kernels import decode_attention, gemm, linear, stream_read
 from pdmux_triton.kernels._pinned import pinned_gate, site_order
@@ -100,6 +101,12 @@ def stream_equivalent(step: DecodeStep):
 
 # (the module by its name: the package's `decode_attention` is the function)
 ATTENTION = importlib.import_module("pdmux_triton.kernels.decode_attention")
+ROPE_STORE_KV = decoder.rope_store_kv
+
+
+def _no_rope(*args, **kwargs) -> None:
+    """Attention's prologue skipped (a turn's step then computes wrong values: only its time
+    is read)."""
 # decode attention's early K/V blocks (PDL): (blocks, segments, later segments' lines kept
 # past others) of each turn
 ATTENTION_PREFETCH = ((1, 1, True), (2, 1, True), (1, 3, True), (2, 3, True), (1, 3, False))
@@ -107,10 +114,12 @@ ATTENTION_PREFETCH = ((1, 1, True), (2, 1, True), (1, 3, True), (2, 3, True), (1
 
 def _settings(lines: int | None = None, split: float | None = None,
               blocks: int | None = None, segments: int | None = None,
-              keep: bool | None = None) -> dict:
+              keep: bool | None = None, rope: bool | None = None) -> dict:
     """The kernels' module settings a turn varies (the GEMM's early weight lines and aligned
-    split's threshold, decode attention's early K/V blocks and the segments they lead): set
-    those given, return them all."""
+    split's threshold, decode attention's early K/V blocks and the segments they lead, whether
+    the step launches attention's prologue): set those given, return them all."""
+    if rope is not None:
+        decoder.rope_store_kv = ROPE_STORE_KV if rope else _no_rope
     for module, name, value in ((gemm, "PDL_PREFETCH_LINES", lines),
                                 (gemm, "ALIGNED_SPLIT_BUSY", split),
                                 (ATTENTION, "PDL_PREFETCH_BLOCKS", blocks),
@@ -120,7 +129,8 @@ def _settings(lines: int | None = None, split: float | None = None,
             setattr(module, name, value)
     return {"lines": gemm.PDL_PREFETCH_LINES, "split": gemm.ALIGNED_SPLIT_BUSY,
             "blocks": ATTENTION.PDL_PREFETCH_BLOCKS, "segments": ATTENTION.PDL_PREFETCH_SEGMENTS,
-            "keep": ATTENTION.PDL_PREFETCH_KEEP_LATER}
+            "keep": ATTENTION.PDL_PREFETCH_KEEP_LATER,
+            "rope": decoder.rope_store_kv is ROPE_STORE_KV}
 
 
 def _prefetch_turn(blocks: int, segments: int, keep: bool) -> str:
@@ -149,6 +159,9 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
     # (and decode attention's first K/V blocks of its first or every segment fetched early)
     turns += [(_prefetch_turn(b, n, keep), served, {"blocks": b, "segments": n, "keep": keep})
               for b, n, keep in ATTENTION_PREFETCH]
+    # (and without attention's prologue kernel, q/k norm, rope and the KV store: the most that
+    # folding it into a neighbour's epilogue could save)
+    turns.append(("without_rope", served, {"rope": False}))
     # (and the step's bytes as streaming reads, a launch a weight: `stream_equivalent`)
     streamed, streamed_bytes = stream_equivalent(step)
     times = {name: [] for name, *_ in turns}
@@ -169,6 +182,7 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
     # the step by decode attention's early K/V blocks (served: none)
     by_prefetch = {_prefetch_turn(*t).removeprefix("attention_prefetch_"):
                    statistics.median(times[_prefetch_turn(*t)]) for t in ATTENTION_PREFETCH}
+    without_rope_ms = statistics.median(times["without_rope"])
     res.row(section="whole gpu", stream_read_tbps=tbps, decode_only_step_ms=ms,
             decode_step_pdl_no_prefetch_ms=no_prefetch_ms, decode_step_without_pdl_ms=apart_ms,
             decode_step_unaligned_split_ms=unaligned_ms,
@@ -176,6 +190,7 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
             stream_equivalent_step_ms=streamed_ms,
             stream_equivalent_bytes=streamed_bytes, decode_step_bytes=step.amount,
             decode_step_by_attention_prefetch_ms=by_prefetch,
+            decode_step_without_rope_ms=without_rope_ms,
             step_ms_by_turn=times, decode_step_floor_ms=floor_ms,
             kernels=kernels_per_step(step, apart))
     res.data["summary"].update(stream_read_tbps=tbps, decode_only_step_ms=ms,
@@ -185,6 +200,7 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
                                decode_step_attention_c2_ms=c2_ms,
                                decode_step_attention_c3_ms=c3_ms,
                                decode_step_by_attention_prefetch_ms=by_prefetch,
+                               decode_step_without_rope_ms=without_rope_ms,
                                decode_step_floor_ms=floor_ms, decode_step_vs_floor=floor_ms / ms,
                                stream_equivalent_step_ms=streamed_ms,
                                stream_equivalent_vs_floor=floor_ms / streamed_ms,
