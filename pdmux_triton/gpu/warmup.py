@@ -45,7 +45,8 @@ def compile_prefill_side(model: Model, budget: Budget, max_rows: int, max_seqs: 
         for m, _ in warm_up_rows(N, K, dtype, dev, [budget.num_sms], rows):
             # the budget's own launch (a pinned side compiles its PINNED variants); gate_up
             # as the layer launches it, with the SwiGLU epilogue where the plan is skinny
-            x = torch.empty(m, K, dtype=dtype, device=dev)
+            # (zeros: uninitialized memory can hold values that overflow SwiGLU's exp)
+            x = torch.zeros(m, K, dtype=dtype, device=dev)
             if weight is first["gate_up"]:
                 swiglu_linear(x, weight, **kernel_args(budget))
             else:
