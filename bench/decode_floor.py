@@ -5,7 +5,9 @@ Measured in one process: the streaming read over 2 GiB buffers on the whole GPU 
 rate); the whole decode step of the Qwen3-8B preset, 32 requests x 2048 tokens, captured, on the
 whole GPU as served (launches overlapped), without the GEMMs' early weight lines, with each
 launch after the last, with stream-K on every program (no aligned split), with decode attention
-at 2-3 programs an SM, and its kernels (counted and timed by the profiler in one eager step); the
+at 2-3 programs an SM, with decode attention's early K/V blocks of the first or every segment,
+without attention's prologue kernel (its values wrong: the most a fold of it could save), and
+its kernels (counted and timed by the profiler in one eager step); the
 same bytes as streaming reads, a launch per weight (`stream_equivalent`: what a step of separate
 kernels could reach); the decode step on each of SGLang's levels' decode SMs (20-60 on an H200)
 on green contexts and on pinned SMs at 1-3 CTAs per SM and as a served decode side runs, alone
@@ -160,8 +162,9 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
     turns += [(_prefetch_turn(b, n, keep), served, {"blocks": b, "segments": n, "keep": keep})
               for b, n, keep in ATTENTION_PREFETCH]
     # (and without attention's prologue kernel, q/k norm, rope and the KV store: the most that
-    # folding it into a neighbour's epilogue could save)
-    turns.append(("without_rope", served, {"rope": False}))
+    # folding it into a neighbour's epilogue could save; that step computes wrong values, only
+    # its time is read)
+    turns.append(("without_prologue", served, {"rope": False}))
     # (and the step's bytes as streaming reads, a launch a weight: `stream_equivalent`)
     streamed, streamed_bytes = stream_equivalent(step)
     times = {name: [] for name, *_ in turns}
@@ -182,7 +185,7 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
     # the step by decode attention's early K/V blocks (served: none)
     by_prefetch = {_prefetch_turn(*t).removeprefix("attention_prefetch_"):
                    statistics.median(times[_prefetch_turn(*t)]) for t in ATTENTION_PREFETCH}
-    without_rope_ms = statistics.median(times["without_rope"])
+    without_prologue_ms = statistics.median(times["without_prologue"])
     res.row(section="whole gpu", stream_read_tbps=tbps, decode_only_step_ms=ms,
             decode_step_pdl_no_prefetch_ms=no_prefetch_ms, decode_step_without_pdl_ms=apart_ms,
             decode_step_unaligned_split_ms=unaligned_ms,
@@ -190,7 +193,7 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
             stream_equivalent_step_ms=streamed_ms,
             stream_equivalent_bytes=streamed_bytes, decode_step_bytes=step.amount,
             decode_step_by_attention_prefetch_ms=by_prefetch,
-            decode_step_without_rope_ms=without_rope_ms,
+            decode_step_without_prologue_ms=without_prologue_ms,
             step_ms_by_turn=times, decode_step_floor_ms=floor_ms,
             kernels=kernels_per_step(step, apart))
     res.data["summary"].update(stream_read_tbps=tbps, decode_only_step_ms=ms,
@@ -200,7 +203,7 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
                                decode_step_attention_c2_ms=c2_ms,
                                decode_step_attention_c3_ms=c3_ms,
                                decode_step_by_attention_prefetch_ms=by_prefetch,
-                               decode_step_without_rope_ms=without_rope_ms,
+                               decode_step_without_prologue_ms=without_prologue_ms,
                                decode_step_floor_ms=floor_ms, decode_step_vs_floor=floor_ms / ms,
                                stream_equivalent_step_ms=streamed_ms,
                                stream_equivalent_vs_floor=floor_ms / streamed_ms,
