@@ -5,7 +5,7 @@ Measured in one process: the streaming read over 2 GiB buffers on the whole GPU 
 rate); the whole decode step of the Qwen3-8B preset, 32 requests x 2048 tokens, captured, on the
 whole GPU as served (launches overlapped), without the GEMMs' early weight lines, with each
 launch after the last, with stream-K on every program (no aligned split), with decode attention
-at 2-3 programs an SM, with decode attention's early K/V blocks of the first or every segment,
+at 2-3 programs an SM, with decode attention's first segment fetching no or two early K/V blocks,
 without attention's prologue kernel (its values wrong: the most a fold of it could save), and
 its kernels (counted and timed by the profiler in one eager step); the
 same bytes as streaming reads, a launch per weight (`stream_equivalent`: what a step of separate
@@ -109,36 +109,26 @@ ROPE_STORE_KV = decoder.rope_store_kv
 def _no_rope(*args, **kwargs) -> None:
     """Attention's prologue skipped (a turn's step then computes wrong values: only its time
     is read)."""
-# decode attention's early K/V blocks (PDL): (blocks, segments, later segments' lines kept
-# past others) of each turn
-ATTENTION_PREFETCH = ((1, 1, True), (2, 1, True), (1, 3, True), (2, 3, True), (1, 3, False))
+
+
+# decode attention's early K/V blocks (PDL) of each turn besides the shipped setting
+ATTENTION_PREFETCH = (0, 2)
 
 
 def _settings(lines: int | None = None, split: float | None = None,
-              blocks: int | None = None, segments: int | None = None,
-              keep: bool | None = None, rope: bool | None = None) -> dict:
+              blocks: int | None = None, rope: bool | None = None) -> dict:
     """The kernels' module settings a turn varies (the GEMM's early weight lines and aligned
-    split's threshold, decode attention's early K/V blocks and the segments they lead, whether
-    the step launches attention's prologue): set those given, return them all."""
+    split's threshold, decode attention's early K/V blocks, whether the step launches
+    attention's prologue): set those given, return them all."""
     if rope is not None:
         decoder.rope_store_kv = ROPE_STORE_KV if rope else _no_rope
     for module, name, value in ((gemm, "PDL_PREFETCH_LINES", lines),
                                 (gemm, "ALIGNED_SPLIT_BUSY", split),
-                                (ATTENTION, "PDL_PREFETCH_BLOCKS", blocks),
-                                (ATTENTION, "PDL_PREFETCH_SEGMENTS", segments),
-                                (ATTENTION, "PDL_PREFETCH_KEEP_LATER", keep)):
+                                (ATTENTION, "PDL_PREFETCH_BLOCKS", blocks)):
         if value is not None:
             setattr(module, name, value)
     return {"lines": gemm.PDL_PREFETCH_LINES, "split": gemm.ALIGNED_SPLIT_BUSY,
-            "blocks": ATTENTION.PDL_PREFETCH_BLOCKS, "segments": ATTENTION.PDL_PREFETCH_SEGMENTS,
-            "keep": ATTENTION.PDL_PREFETCH_KEEP_LATER,
-            "rope": decoder.rope_store_kv is ROPE_STORE_KV}
-
-
-def _prefetch_turn(blocks: int, segments: int, keep: bool) -> str:
-    """A decode-attention prefetch turn's name: blocks x segments, "normal" where the later
-    segments' lines are not kept past others."""
-    return f"attention_prefetch_{blocks}x{segments}{'' if keep else '_normal'}"
+            "blocks": ATTENTION.PDL_PREFETCH_BLOCKS, "rope": decoder.rope_store_kv is ROPE_STORE_KV}
 
 
 def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
@@ -158,9 +148,8 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
     turns += [(f"attention_c{c}", Budget(pdl=True, attention_ctas_per_sm=c), {}) for c in (2, 3)]
     # (and more of each weight row's first lines fetched early: is PDL_PREFETCH_LINES enough?)
     turns += [(f"prefetch_{n}", served, {"lines": n}) for n in (16, 32)]
-    # (and decode attention's first K/V blocks of its first or every segment fetched early)
-    turns += [(_prefetch_turn(b, n, keep), served, {"blocks": b, "segments": n, "keep": keep})
-              for b, n, keep in ATTENTION_PREFETCH]
+    # (and decode attention's first segment with no early K/V block, or with two)
+    turns += [(f"attention_prefetch_{b}", served, {"blocks": b}) for b in ATTENTION_PREFETCH]
     # (and without attention's prologue kernel, q/k norm, rope and the KV store: the most that
     # folding it into a neighbour's epilogue could save; that step computes wrong values, only
     # its time is read)
@@ -182,9 +171,9 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
                                               "attention_c2", "attention_c3",
                                               "stream_equivalent"))
     floor_ms = step_cost.decode_step_bytes(MODEL, BATCH * CONTEXT) / (tbps * 1e12) * 1e3
-    # the step by decode attention's early K/V blocks (served: none)
-    by_prefetch = {_prefetch_turn(*t).removeprefix("attention_prefetch_"):
-                   statistics.median(times[_prefetch_turn(*t)]) for t in ATTENTION_PREFETCH}
+    # the step by decode attention's early K/V blocks (the served step: PDL_PREFETCH_BLOCKS)
+    by_prefetch = {b: statistics.median(times[f"attention_prefetch_{b}"])
+                   for b in ATTENTION_PREFETCH}
     without_prologue_ms = statistics.median(times["without_prologue"])
     res.row(section="whole gpu", stream_read_tbps=tbps, decode_only_step_ms=ms,
             decode_step_pdl_no_prefetch_ms=no_prefetch_ms, decode_step_without_pdl_ms=apart_ms,

@@ -113,10 +113,7 @@ def offline(block_n: int, num_warps: int, num_stages: int, pinned: str | None = 
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from pdmux_triton.kernels.decode_attention import (PDL_PREFETCH_BLOCKS,
-                                                       PDL_PREFETCH_KEEP_LATER,
-                                                       PDL_PREFETCH_SEGMENTS, UNIT_COST,
-                                                       decode_kernel)
+    from pdmux_triton.kernels.decode_attention import PDL_PREFETCH_BLOCKS, UNIT_COST, decode_kernel
 
     pointers = {"q_ptr": "*bf16", "kc_ptr": "*bf16", "vc_ptr": "*bf16", "pt_ptr": "*i32",
                 "len_ptr": "*i32", "o_ptr": "*bf16", "part_o_ptr": "*fp32",
@@ -127,8 +124,7 @@ def offline(block_n: int, num_warps: int, num_stages: int, pinned: str | None = 
                   "PINNED": pinned_constexpr(pinned), "PLACED": False,
                   "BLOCK_SMS": 32 if pinned else 1, "PDL": pdl, "APART": apart,
                   "PREFETCH_KEYS": PDL_PREFETCH_BLOCKS * block_n if pdl else 0,
-                  "PREFETCH_SEGMENTS": PDL_PREFETCH_SEGMENTS,
-                  "KEEP_LATER": PDL_PREFETCH_KEEP_LATER, "LINES": 2}  # (a bf16 row of 128: 2)
+                  "LINES": 2}  # (a bf16 row of 128: 2)
     names = list(inspect.signature(decode_kernel.fn).parameters)
     signature = {n: "constexpr" if n in constexprs else pointers.get(n, "i32") for n in names}
     signature["scale_log2"] = "fp32"

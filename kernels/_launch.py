@@ -80,16 +80,11 @@ def record_sm(sm_ids_ptr, RECORD_SM: tl.constexpr):
 
 
 @triton.jit
-def prefetch_l2(ptrs, EVICT_LAST: tl.constexpr):
-    """Fetch the lines at `ptrs` into L2 (a hint: no register waits for them); EVICT_LAST
-    keeps them past lines fetched without it, for a read that comes later. GPU only: the
+def prefetch_l2(ptrs):
+    """Fetch the lines at `ptrs` into L2 (a hint: no register waits for them). GPU only: the
     interpreter has no inline asm."""
-    if EVICT_LAST:
-        tl.inline_asm_elementwise("prefetch.global.L2::evict_last [$1]; mov.u32 $0, 0;", "=r,l",
-                                  [ptrs], dtype=tl.int32, is_pure=False, pack=1)
-    else:
-        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs],
-                                  dtype=tl.int32, is_pure=False, pack=1)
+    tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l", [ptrs],
+                              dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit

@@ -30,16 +30,14 @@ LOG2E = 1.4426950408889634
 # (bench/NOTES.md has what each gave)
 UNIT_COST = 2
 
-# With programmatic dependent launch, the K/V blocks (a power of two; 0: none) at the head of
-# a program's first PDL_PREFETCH_SEGMENTS segments that it fetches into L2 while the kernel
-# before it drains: each segment's start is a pipeline restart whose first blocks wait in the
-# memory queue. Later segments' lines are kept past others (evict_last) unless
-# PDL_PREFETCH_KEEP_LATER is off. Read before the wait: the lengths and page table, which a
-# caller writes before the step's kernels, never one of them (`decode_attention`); the K/V a
-# kernel before it writes (the new token's) lands in L2, where the hint reads it
+# With programmatic dependent launch, the K/V blocks (a power of two; 0: none) at the head of a
+# program's first segment that it fetches into L2 while the kernel before it drains: the
+# segment's first blocks would otherwise wait in the memory queue as its pipeline starts
+# (more blocks, or later segments' heads, measured no better: bench/NOTES.md). Read before the
+# wait: the lengths and page table, which a caller writes before the step's kernels, never one
+# of them (`decode_attention`); the K/V a kernel before it writes (the new token's) lands in
+# L2, where the hint reads it
 PDL_PREFETCH_BLOCKS = 1
-PDL_PREFETCH_SEGMENTS = 1
-PDL_PREFETCH_KEEP_LATER = True
 
 
 @triton.jit
@@ -77,46 +75,38 @@ def _segment(u, lo, hi, work, bi, KV_HEADS, UNIT_COST: tl.constexpr):
 
 
 @triton.jit
-def segment_heads(VISIT: tl.constexpr, visit_args, pid, programs, pt_ptr, len_ptr, B, KV_HEADS,
-                  sc_s, sc_h, spt_b, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-                  BLOCK_B: tl.constexpr, UNIT_COST: tl.constexpr, KEYS: tl.constexpr,
-                  SEGMENTS: tl.constexpr, D: tl.constexpr, LINES: tl.constexpr,
-                  WIDE: tl.constexpr):
-    """`VISIT(offsets, s, *visit_args)` for each of program pid's first SEGMENTS segments
-    (s = 0, 1, ...): offsets [KEYS, LINES] into the caches of the segment's first KEYS keys'
-    K/V rows of its head (past the segment's end, its last key again), one per 128-byte line
-    of a row. Reads only what no earlier kernel of a decode step writes (lengths, pages)."""
+def first_segment_head(VISIT: tl.constexpr, visit_args, pid, programs, pt_ptr, len_ptr, B,
+                       KV_HEADS, sc_s, sc_h, spt_b, PAGE_SIZE: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, UNIT_COST: tl.constexpr,
+                       KEYS: tl.constexpr, D: tl.constexpr, LINES: tl.constexpr,
+                       WIDE: tl.constexpr):
+    """`VISIT(offsets, *visit_args)` for program pid's first segment, where it reads any K/V:
+    offsets [KEYS, LINES] into the caches of the segment's first KEYS keys' rows of its head
+    (past the segment's end, its last key again), one per 128-byte line of a row. That segment
+    is the unit holding the program's first slot (units of empty requests hold none); if the
+    program's range ends inside that unit's fixed-cost slots it reads no K/V at all. Reads only
+    what no earlier kernel of a decode step writes (lengths, pages)."""
     work, bi, _, lo, hi = _program_range(pid, programs, len_ptr, B, KV_HEADS, BLOCK_N, BLOCK_B,
                                          UNIT_COST)
-    per_line: tl.constexpr = D // LINES
-    line = tl.arange(0, LINES) * per_line
-    s = 0
     if lo < hi:
-        for u in range(_unit_at(lo, work, bi, KV_HEADS), _unit_at(hi - 1, work, bi, KV_HEADS) + 1):
-            b, h, _, first_block, seg_lo, seg_hi = _segment(u, lo, hi, work, bi, KV_HEADS,
-                                                            UNIT_COST)
-            if seg_lo < seg_hi and s < SEGMENTS:
-                start = (seg_lo - first_block) * BLOCK_N
-                end = tl.minimum(tl.load(len_ptr + b), (seg_hi - first_block) * BLOCK_N)
-                pos = tl.minimum(start + tl.arange(0, KEYS), end - 1).to(tl.uint32)
-                page = tl.load(pt_ptr + b * spt_b + pos // PAGE_SIZE)
-                slot = page * PAGE_SIZE + (pos % PAGE_SIZE).to(tl.int32)
-                if WIDE:
-                    slot = slot.to(tl.int64)
-                VISIT(slot[:, None] * sc_s + h * sc_h + line[None, :], s, *visit_args)
-                s += 1
+        b, h, _, first_block, seg_lo, seg_hi = _segment(_unit_at(lo, work, bi, KV_HEADS), lo, hi,
+                                                        work, bi, KV_HEADS, UNIT_COST)
+        if seg_lo < seg_hi:
+            start = (seg_lo - first_block) * BLOCK_N
+            end = tl.minimum(tl.load(len_ptr + b), (seg_hi - first_block) * BLOCK_N)
+            pos = tl.minimum(start + tl.arange(0, KEYS), end - 1).to(tl.uint32)
+            page = tl.load(pt_ptr + b * spt_b + pos // PAGE_SIZE)
+            slot = page * PAGE_SIZE + (pos % PAGE_SIZE).to(tl.int32)
+            if WIDE:
+                slot = slot.to(tl.int64)
+            line = tl.arange(0, LINES) * (D // LINES)
+            VISIT(slot[:, None] * sc_s + h * sc_h + line[None, :], *visit_args)
 
 
 @triton.jit
-def _prefetch_kv(offsets, s, kc_ptr, vc_ptr, KEEP_LATER: tl.constexpr):
-    # a program's first segment reads its lines within microseconds; a later one after the
-    # segments before it, through an L2 the rest of the step streams past: keep those longer
-    if s == 0 or not KEEP_LATER:
-        prefetch_l2(kc_ptr + offsets, EVICT_LAST=False)
-        prefetch_l2(vc_ptr + offsets, EVICT_LAST=False)
-    else:
-        prefetch_l2(kc_ptr + offsets, EVICT_LAST=True)
-        prefetch_l2(vc_ptr + offsets, EVICT_LAST=True)
+def _prefetch_kv(offsets, kc_ptr, vc_ptr):
+    prefetch_l2(kc_ptr + offsets)
+    prefetch_l2(vc_ptr + offsets)
 
 
 @triton.jit
@@ -137,14 +127,12 @@ def decode_kernel(q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, par
                    D: tl.constexpr, WIDE: tl.constexpr, RECORD_SM: tl.constexpr,
                    PINNED: tl.constexpr, PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr,
                    PDL: tl.constexpr, APART: tl.constexpr, PREFETCH_KEYS: tl.constexpr,
-                   PREFETCH_SEGMENTS: tl.constexpr, KEEP_LATER: tl.constexpr,
                    LINES: tl.constexpr):
     if PREFETCH_KEYS > 0:  # before run_slots' wait for the kernel before (PDL, plain launch)
         gdc_launch_dependents()  # the next kernel first: the prefetch waits on two reads
-        segment_heads(_prefetch_kv, (kc_ptr, vc_ptr, KEEP_LATER), tl.program_id(0),
-                      tl.num_programs(0), pt_ptr, len_ptr, B, KV_HEADS, sc_s, sc_h, spt_b,
-                      PAGE_SIZE, BLOCK_N, BLOCK_B, UNIT_COST, PREFETCH_KEYS, PREFETCH_SEGMENTS,
-                      D, LINES, WIDE)
+        first_segment_head(_prefetch_kv, (kc_ptr, vc_ptr), tl.program_id(0), tl.num_programs(0),
+                           pt_ptr, len_ptr, B, KV_HEADS, sc_s, sc_h, spt_b, PAGE_SIZE, BLOCK_N,
+                           BLOCK_B, UNIT_COST, PREFETCH_KEYS, D, LINES, WIDE)
     run_slots(_decode_slot_apart if APART else _decode_slot,
               (q_ptr, kc_ptr, vc_ptr, pt_ptr, len_ptr, o_ptr, part_o_ptr, part_lse_ptr, count_ptr,
                B, KV_HEADS, scale_log2, sq_b, sq_h, so_b, so_h, sc_s, sc_h, spt_b, PAGE_SIZE,
@@ -274,7 +262,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     request of length 0 gets zeros. With `pdl`, seq_lens and page_table are read before the
     wait for the kernel before (`PDL_PREFETCH_BLOCKS`): write them before the launches that
     overlap, never in a kernel launched just before this one. Calls on one stream run in
-    order; calls on concurrent streams each get their own counters. `pinned`: run on those SMs (kernels/_pinned.py).
+    order; calls on concurrent streams each get their own counters. `pinned`: run on those
+    SMs (kernels/_pinned.py).
     """
     out = check_paged_inputs(q, k_cache, v_cache, page_table, out)
     dev = q.device
@@ -314,9 +303,8 @@ def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         PAGE_SIZE=page_size, GROUP=group, BLOCK_G=max(16, next_power_of_2(group)),
         BLOCK_N=cfg.block_n, BLOCK_B=next_power_of_2(B), UNIT_COST=UNIT_COST, D=D,
         WIDE=wide_offsets(k_cache), RECORD_SM=record, APART=apart,
-        # (one program an SM: the prefetch's registers would leave room for two of three)
+        # (one program an SM, where it was timed; several an SM read more in flight already)
         PREFETCH_KEYS=prefetch_blocks * cfg.block_n if pdl and ctas_per_sm == 1 else 0,
-        PREFETCH_SEGMENTS=PDL_PREFETCH_SEGMENTS, KEEP_LATER=PDL_PREFETCH_KEEP_LATER,
         LINES=cache_lines(k_cache),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch.kwargs)
     return out

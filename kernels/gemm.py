@@ -263,7 +263,7 @@ def _prefetch_w(w_ptr, pid, programs, M, N, K, stride_wn, BLOCK_M: tl.constexpr,
     per_line: tl.constexpr = 1024 // w_ptr.dtype.element_ty.primitive_bitwidth
     cols = tl.minimum(k0 + tl.arange(0, LINES) * per_line, K - 1)
     prefetch_l2(w_ptr + _w_rows(tile // tiles_m, N, BLOCK_N, GLU)[:, None] * stride_wn
-                + cols[None, :], EVICT_LAST=False)
+                + cols[None, :])
 
 
 @triton.jit(do_not_specialize=["M", "first_site", "n_sms", "slots", "programs"])

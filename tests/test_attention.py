@@ -10,7 +10,7 @@ from reference import assert_close, attention_ref, placements, poisoned
 
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels import decode_attention, extend_attention
-from pdmux_triton.kernels.decode_attention import UNIT_COST, cache_lines, segment_heads
+from pdmux_triton.kernels.decode_attention import UNIT_COST, cache_lines, first_segment_head
 from pdmux_triton.kernels._pinned import PINNED_GATES, Pinned, pinned_gate
 from pdmux_triton.measure.random_kv import PagedKV
 
@@ -71,29 +71,29 @@ def test_pinned_decode_attention_whoever_survives(ctas, gate):
 
 
 @triton.jit
-def _record_heads(offsets, s, out_ptr, pid, SEGMENTS: tl.constexpr, KEYS: tl.constexpr,
-                  LINES: tl.constexpr):
+def _record_head(offsets, out_ptr, pid, KEYS: tl.constexpr, LINES: tl.constexpr):
     k = tl.arange(0, KEYS)
     line = tl.arange(0, LINES)
-    tl.store(out_ptr + ((pid * SEGMENTS + s) * KEYS + k[:, None]) * LINES + line[None, :], offsets)
+    tl.store(out_ptr + (pid * KEYS + k[:, None]) * LINES + line[None, :], offsets)
 
 
 @triton.jit
-def _segment_heads_kernel(out_ptr, pt_ptr, len_ptr, B, KV_HEADS, sc_s, sc_h, spt_b,
-                          PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
-                          UNIT_COST: tl.constexpr, KEYS: tl.constexpr, SEGMENTS: tl.constexpr,
-                          D: tl.constexpr, LINES: tl.constexpr, WIDE: tl.constexpr):
+def _first_segment_head_kernel(out_ptr, pt_ptr, len_ptr, B, KV_HEADS, sc_s, sc_h, spt_b,
+                               PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                               BLOCK_B: tl.constexpr, UNIT_COST: tl.constexpr,
+                               KEYS: tl.constexpr, D: tl.constexpr, LINES: tl.constexpr,
+                               WIDE: tl.constexpr):
     pid = tl.program_id(0)
-    segment_heads(_record_heads, (out_ptr, pid, SEGMENTS, KEYS, LINES), pid, tl.num_programs(0),
-                  pt_ptr, len_ptr, B, KV_HEADS, sc_s, sc_h, spt_b, PAGE_SIZE, BLOCK_N, BLOCK_B,
-                  UNIT_COST, KEYS, SEGMENTS, D, LINES, WIDE)
+    first_segment_head(_record_head, (out_ptr, pid, KEYS, LINES), pid, tl.num_programs(0),
+                       pt_ptr, len_ptr, B, KV_HEADS, sc_s, sc_h, spt_b, PAGE_SIZE, BLOCK_N,
+                       BLOCK_B, UNIT_COST, KEYS, D, LINES, WIDE)
 
 
-def segment_heads_ref(lens, hkv, programs, block_n, keys, segments, kv):
+def first_segment_heads_ref(lens, hkv, programs, block_n, keys, kv):
     """Per program, the cache offsets (one per 128-byte line of each key's head row) of the
-    first `keys` keys of each of its first `segments` segments, as decode attention's work
-    split gives them: units (request, KV head) of cdiv(len, block_n) blocks after UNIT_COST
-    slots each, back to back, in equal contiguous ranges."""
+    first `keys` keys of the first of its segments that reads any K/V (None if none does), as
+    decode attention's work split gives them: units (request, KV head) of cdiv(len, block_n)
+    blocks after UNIT_COST slots each, back to back, in equal contiguous ranges."""
     _, _, d = kv.k_cache.shape
     per_line = d // cache_lines(kv.k_cache)
     sc_s, sc_h = kv.k_cache.stride(0), kv.k_cache.stride(1)
@@ -103,54 +103,49 @@ def segment_heads_ref(lens, hkv, programs, block_n, keys, segments, kv):
     table = kv.page_table.tolist()
     out = []
     for p in range(programs):
-        lo, hi, start_of_unit, heads = p * per, min(p * per + per, total), 0, []
+        lo, hi, start_of_unit, head = p * per, min(p * per + per, total), 0, None
         for b, w in enumerate(work):
             for h in range(hkv):
                 first_block, unit_end = start_of_unit + UNIT_COST, start_of_unit + w
                 start_of_unit = unit_end
                 seg_lo, seg_hi = max(lo, first_block), min(hi, unit_end)
-                if seg_lo < seg_hi and len(heads) < segments:
+                if seg_lo < seg_hi and head is None:
                     start = (seg_lo - first_block) * block_n
                     end = min(lens[b], (seg_hi - first_block) * block_n)
                     pos = [min(start + i, end - 1) for i in range(keys)]
                     slots = [table[b][x // kv.page_size] * kv.page_size + x % kv.page_size
                              for x in pos]
-                    heads.append([[slot * sc_s + h * sc_h + line * per_line
-                                   for line in range(cache_lines(kv.k_cache))] for slot in slots])
-        out.append(heads)
+                    head = [[slot * sc_s + h * sc_h + line * per_line
+                             for line in range(cache_lines(kv.k_cache))] for slot in slots]
+        out.append(head)
     return out
 
 
 @pytest.mark.parametrize("lens,programs", [([130, 5, 33], 3), ([1, 130, 1, 0, 40, 1], 7),
                                            ([40] * 6, 5), ([97], 1), ([7, 300], 40)])
-@pytest.mark.parametrize("keys,segments", [(16, 1), (32, 3)])
+@pytest.mark.parametrize("keys", [16, 32])
 @pytest.mark.parametrize("page_size,wide", [(16, False), (1, True)])
-def test_segment_heads_name_each_segments_first_keys(lens, programs, keys, segments, page_size,
-                                                     wide):
+def test_first_segment_head_names_its_first_keys(lens, programs, keys, page_size, wide):
     """What decode attention prefetches before it waits for the kernel before it (PDL): the
-    rows of the first keys of each of a program's first segments, read from the same lengths
-    and pages its work split reads, past a segment's end its last key again (inside the
-    request); every program and segment beyond those is left alone (poisoned stays). In 64-bit
-    offsets too (caches of 2^31 elements or more)."""
+    rows of the first keys of a program's first segment that reads K/V, read from the same
+    lengths and pages its work split reads, past the segment's end its last key again (inside
+    the request); a program whose range holds only fixed-cost slots is left alone (poisoned
+    stays). In 64-bit offsets too (caches of 2^31 elements or more)."""
     d, hkv, block_n = 64, 2, 16  # fp32 rows of 256 bytes: 2 lines a row
     kv = PagedKV(lens, hkv, d, page_size, torch.float32, DEV)
     lines = cache_lines(kv.k_cache)
-    out = torch.full((programs, segments, keys, lines), -1,
-                     dtype=torch.int64 if wide else torch.int32, device=DEV)
+    out = torch.full((programs, keys, lines), -1, dtype=torch.int64 if wide else torch.int32,
+                     device=DEV)
     seq_lens = torch.tensor(lens, dtype=torch.int32, device=DEV)
-    _segment_heads_kernel[(programs,)](
+    _first_segment_head_kernel[(programs,)](
         out, kv.page_table, seq_lens, len(lens), hkv, kv.k_cache.stride(0), kv.k_cache.stride(1),
         kv.page_table.stride(0), PAGE_SIZE=page_size, BLOCK_N=block_n,
-        BLOCK_B=triton.next_power_of_2(len(lens)), UNIT_COST=UNIT_COST, KEYS=keys,
-        SEGMENTS=segments, D=d, LINES=lines, WIDE=wide)
-    ref = segment_heads_ref(lens, hkv, programs, block_n, keys, segments, kv)
-    if segments > 1 and programs < len(lens) * hkv:  # fewer programs than units: some span two
-        assert any(len(heads) > 1 for heads in ref)
-    for p, heads in enumerate(ref):
-        for s in range(segments):
-            got = out[p, s].tolist()
-            want = heads[s] if s < len(heads) else [[-1] * lines] * keys
-            assert got == want, f"program {p}, segment {s}"
+        BLOCK_B=triton.next_power_of_2(len(lens)), UNIT_COST=UNIT_COST, KEYS=keys, D=d,
+        LINES=lines, WIDE=wide)
+    ref = first_segment_heads_ref(lens, hkv, programs, block_n, keys, kv)
+    for p, head in enumerate(ref):
+        want = head if head is not None else [[-1] * lines] * keys
+        assert out[p].tolist() == want, f"program {p}"
 
 
 def test_decode_attention_repeated_calls():
@@ -283,14 +278,13 @@ def test_decode_attention_refuses_a_prefetch_of_other_than_a_power_of_two(monkey
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("blocks,segments", [(1, 1), (2, 3)])
-def test_decode_attention_prefetching_before_its_wait(monkeypatch, blocks, segments):
-    # programmatic dependent launch on the whole GPU, with the segments' first K/V blocks
-    # fetched into L2 before the wait: the same attention (a hint changes no value)
+@pytest.mark.parametrize("blocks", [1, 2])
+def test_decode_attention_prefetching_before_its_wait(monkeypatch, blocks):
+    # programmatic dependent launch on the whole GPU, with the first segment's first K/V
+    # blocks fetched into L2 before the wait: the same attention (a hint changes no value)
     # (the module by its name: the package's `decode_attention` is the function)
     module = importlib.import_module("pdmux_triton.kernels.decode_attention")
     monkeypatch.setattr(module, "PDL_PREFETCH_BLOCKS", blocks)
-    monkeypatch.setattr(module, "PDL_PREFETCH_SEGMENTS", segments)
     for lens in ([1, 100, 2048, 16000, 131072], [2048] * 32, [0, 5, 0, 300]):
         check_decode(lens, 32, 8, 128, 16, torch.bfloat16, num_sms=132, device="cuda", pdl=True)
 

@@ -49,19 +49,18 @@ def test_static_inputs_are_made_on_the_capture_stream():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("attention_prefetch", [(0, 1), (2, 3)])
+@pytest.mark.parametrize("attention_prefetch", [0, 2])
 def test_overlapped_launches_give_the_same_logits_replayed_from_a_graph(monkeypatch,
                                                                        attention_prefetch):
     """A decode step whose kernels launch while the one before drains (PDL, each waiting for
     it before its first read), captured and replayed on new tokens, gives the logits of the
     same step launched kernel after kernel, to the bit; a prefill's layers too. So does one
-    whose decode attention fetches its segments' first K/V blocks before its wait, while the
+    whose decode attention fetches its first segment's first K/V blocks before its wait, while the
     kernel before it writes the new token's."""
     from pdmux_triton.measure.workloads import DecodeStep, PrefillLayers
 
     attention = importlib.import_module("pdmux_triton.kernels.decode_attention")
-    monkeypatch.setattr(attention, "PDL_PREFETCH_BLOCKS", attention_prefetch[0])
-    monkeypatch.setattr(attention, "PDL_PREFETCH_SEGMENTS", attention_prefetch[1])
+    monkeypatch.setattr(attention, "PDL_PREFETCH_BLOCKS", attention_prefetch)
 
     step = DecodeStep(model_preset("qwen3-8b"), batch=8, context=300)
     step.model.w.layers[:] = step.model.w.layers[:3]  # three layers: the chain, not the model
