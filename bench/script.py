@@ -8,6 +8,7 @@ import argparse
 import sys
 
 from pdmux_triton.cli.parsing import Parser, number
+from pdmux_triton.cost.measured_inputs import input_files
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.results import write_json
 
@@ -26,13 +27,9 @@ def run_script(parser: Parser, run, argv=None, interrupted: str = "interrupted")
         return 130
 
 
-# the cost model's measured inputs as bench/results commits them for a GPU
-MEASURED_STEMS = {"calibration": "calibrate", "compare": "compare", "host_costs": "host-costs"}
-
-
 def measured_on(gpu: str) -> dict[str, str]:
     """A GPU's measured inputs as bench/results commits them, by name."""
-    return {name: f"bench/results/{stem}-{gpu}.json" for name, stem in MEASURED_STEMS.items()}
+    return {name: f"bench/results/{file}" for name, file in input_files(gpu).items()}
 
 
 MEASURED_ON_H200 = measured_on("h200")

@@ -14,11 +14,17 @@ from pdmux_triton.cost.step_cost import (EXTEND_TILE_ROWS, BatchTerm, MeasuredCu
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.results import SHIPPED_PREFIX, read_json
 
+def input_files(gpu: str) -> dict[str, str]:
+    """A GPU's measured inputs by name, as `calibrate`, `compare` and `calibrate --host-costs`
+    name their files (bench/results commits them so)."""
+    return {"calibration": f"calibrate-{gpu}.json", "compare": f"compare-{gpu}.json",
+            "host_costs": f"host-costs-{gpu}.json"}
+
+
 # The simulator's measured inputs that ship with the package (copies of bench/results' files,
 # kept equal by a test): a simulation of one of these GPUs given none of its own is calibrated
 # by them.
-SHIPPED = {gpu: {"calibration": f"calibrate-{gpu}.json", "compare": f"compare-{gpu}.json",
-                 "host_costs": f"host-costs-{gpu}.json"} for gpu in ("h200", "h100-sxm")}
+SHIPPED = {gpu: input_files(gpu) for gpu in ("h200", "h100-sxm")}
 SHIPPED_MODEL = "qwen3-8b"  # what they were measured with: their curves are that model's
 
 
