@@ -58,8 +58,8 @@ CTAS = (1, 2, 3)
 STREAM_BYTES = 1 << 31
 
 
-def kernels_per_step(step: DecodeStep, budget: Budget) -> dict[str, list]:
-    """The kernels one eager decode step launches, by name: [launches, GPU ms] (the profiler's
+def eager_step_kernels(step: DecodeStep, budget: Budget) -> list[tuple[str, float]]:
+    """The kernels one eager decode step launches, in order: (name, GPU ms) (the profiler's
     CUDA kernels). Give a budget without PDL: a kernel launched early under it waits for the
     one before, and the profiler counts that wait as its own time."""
     from torch.profiler import ProfilerActivity, profile
@@ -69,8 +69,35 @@ def kernels_per_step(step: DecodeStep, budget: Budget) -> dict[str, list]:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         step.run(budget)
         torch.cuda.synchronize()
-    return kernel_times((e.name, e.time_range.elapsed_us() / 1e3) for e in prof.events()
-                        if e.device_type == torch.autograd.DeviceType.CUDA)
+    events = sorted((e.time_range.start, e.name, e.time_range.elapsed_us() / 1e3)
+                    for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    return [(name, ms) for _, name, ms in events]
+
+
+# the weights an eager step's skinny GEMMs read, in launch order (decoder's layer: qkv, o,
+# gate-up, down; then the LM head)
+LAYER_WEIGHTS = ("qkv", "o", "gate_up", "down")
+
+
+def gemm_times_by_weight(events, weight_bytes: dict[str, int], layers: int,
+                         tbps: float) -> dict[str, dict] | None:
+    """An eager step's skinny-GEMM launches (`events`: (name, ms) in launch order) by the
+    weight each reads: launches, GPU ms and the share of the streaming read (`tbps`) that
+    its bytes got. None where the launches do not follow the layer's order (a decoder that
+    launches otherwise: no label is guessed)."""
+    gemms = [ms for name, ms in events if name.startswith("skinny_kernel")]
+    order = [*LAYER_WEIGHTS * layers, "lm_head"]
+    if len(gemms) != len(order):
+        return None
+    by_weight = {}
+    for weight, ms in zip(order, gemms):
+        row = by_weight.setdefault(weight, {"launches": 0, "ms": 0.0})
+        row["launches"] += 1
+        row["ms"] += ms
+    for weight, row in by_weight.items():
+        read_s = row["launches"] * weight_bytes[weight] / (tbps * 1e12)
+        row["vs_stream_read"] = read_s * 1e3 / row["ms"]
+    return by_weight
 
 
 def kernel_times(events) -> dict[str, list]:
@@ -175,6 +202,17 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
     by_prefetch = {b: statistics.median(times[f"attention_prefetch_{b}"])
                    for b in ATTENTION_PREFETCH}
     without_prologue_ms = statistics.median(times["without_prologue"])
+    # the eager step's kernels (each launched after the last), the GEMMs by weight and decode
+    # attention against the streaming read of their bytes: which of them holds the step back
+    events = eager_step_kernels(step, apart)
+    w = step.model.w
+    by_weight = gemm_times_by_weight(
+        events, {**{k: w.layers[0][k].numel() * w.layers[0][k].element_size()
+                    for k in LAYER_WEIGHTS},
+                 "lm_head": w.lm_head.numel() * w.lm_head.element_size()}, MODEL.layers, tbps)
+    attention_ms = [ms for name, ms in events if name.startswith("decode_kernel")]
+    attention_share = (step_cost.kv_bytes(MODEL, BATCH * CONTEXT) / (tbps * 1e9)
+                       / sum(attention_ms)) if len(attention_ms) == MODEL.layers else None
     res.row(section="whole gpu", stream_read_tbps=tbps, decode_only_step_ms=ms,
             decode_step_pdl_no_prefetch_ms=no_prefetch_ms, decode_step_without_pdl_ms=apart_ms,
             decode_step_unaligned_split_ms=unaligned_ms,
@@ -184,7 +222,8 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
             decode_step_by_attention_prefetch_ms=by_prefetch,
             decode_step_without_prologue_ms=without_prologue_ms,
             step_ms_by_turn=times, decode_step_floor_ms=floor_ms,
-            kernels=kernels_per_step(step, apart))
+            kernels=kernel_times(events), gemm_by_weight=by_weight,
+            eager_attention_vs_stream_read=attention_share)
     res.data["summary"].update(stream_read_tbps=tbps, decode_only_step_ms=ms,
                                decode_step_pdl_no_prefetch_ms=no_prefetch_ms,
                                decode_step_without_pdl_ms=apart_ms,
@@ -197,6 +236,9 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
                                stream_equivalent_step_ms=streamed_ms,
                                stream_equivalent_vs_floor=floor_ms / streamed_ms,
                                decode_step_vs_stream_equivalent=streamed_ms / ms,
+                               eager_gemm_vs_stream_read=by_weight and {
+                                   k: v["vs_stream_read"] for k, v in by_weight.items()},
+                               eager_attention_vs_stream_read=attention_share,
                                **kernel_figures(res.data["rows"][-1]["kernels"], ms))
     res.save()
 

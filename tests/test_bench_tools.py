@@ -1454,6 +1454,26 @@ def test_decode_floor_sums_an_eager_steps_kernels_by_name():
     assert figures["eager_kernel_ms_vs_step"] == pytest.approx(0.62)
 
 
+def test_decode_floor_labels_an_eager_steps_gemms_by_the_weight_they_read():
+    """The skinny launches of an eager step in order are each layer's qkv, o, gate-up and down,
+    then the LM head: their times by weight against the streaming read of that weight's bytes;
+    a step whose GEMM count does not fit that order gets no labels."""
+    sys.path.insert(0, "bench")
+    from decode_floor import gemm_times_by_weight
+
+    layer = [("skinny_kernel", 0.004), ("rope_kernel", 0.001), ("decode_kernel", 0.05),
+             ("skinny_kernel", 0.002), ("skinny_kernel", 0.01), ("skinny_kernel", 0.005)]
+    events = [*layer, *layer, ("skinny_kernel", 0.3)]
+    sizes = {"qkv": 12e9, "o": 8e9, "gate_up": 30e9, "down": 16e9, "lm_head": 600e9}
+    got = gemm_times_by_weight(events, sizes, layers=2, tbps=4.0)
+    assert list(got) == ["qkv", "o", "gate_up", "down", "lm_head"]
+    assert got["o"]["launches"] == 2 and got["o"]["ms"] == pytest.approx(0.004)
+    # 2 x 8 GB at 4 TB/s is 4 ms of streaming read in 0.004 ms: a share of 1000
+    assert got["o"]["vs_stream_read"] == pytest.approx(1000)
+    assert got["lm_head"]["vs_stream_read"] == pytest.approx(150 / 0.3)  # 600 GB: 150 ms
+    assert gemm_times_by_weight(events[:-1], sizes, layers=2, tbps=4.0) is None
+
+
 def test_decode_floor_summary_reads_its_rows_and_the_sessions_files(tmp_path):
     """bench/decode_floor.py's pure part: the worst pinned-vs-green error and shared SMs over
     its level rows, the kernel benchmark's and a run's figures from their files (the best pd-mux
