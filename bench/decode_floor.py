@@ -140,29 +140,22 @@ def _no_rope(*args, **kwargs) -> None:
 
 # decode attention's early K/V blocks (PDL) of each turn besides the shipped setting
 ATTENTION_PREFETCH = (0, 2)
-# the whole GPU's skinny tiles (W rows, stages) of each turn besides the shipped (64, 6)
-SKINNY_TILES = ((32, 12), (32, 8), (64, 8))
 
 
 def _settings(lines: int | None = None, split: float | None = None,
-              blocks: int | None = None, rope: bool | None = None,
-              tile: tuple[int, int] | None = None) -> dict:
-    """The kernels' module settings a turn varies (the GEMM's early weight lines, aligned
-    split's threshold and whole-GPU tile (W rows, stages), decode attention's early K/V
-    blocks, whether the step launches attention's prologue): set those given, return them
-    all."""
+              blocks: int | None = None, rope: bool | None = None) -> dict:
+    """The kernels' module settings a turn varies (the GEMM's early weight lines and aligned
+    split's threshold, decode attention's early K/V blocks, whether the step launches
+    attention's prologue): set those given, return them all."""
     if rope is not None:
         decoder.rope_store_kv = ROPE_STORE_KV if rope else _no_rope
-    if tile is not None:
-        gemm.DECODE_W_ROWS, gemm.DECODE_STAGES = tile
     for module, name, value in ((gemm, "PDL_PREFETCH_LINES", lines),
                                 (gemm, "ALIGNED_SPLIT_BUSY", split),
                                 (ATTENTION, "PDL_PREFETCH_BLOCKS", blocks)):
         if value is not None:
             setattr(module, name, value)
     return {"lines": gemm.PDL_PREFETCH_LINES, "split": gemm.ALIGNED_SPLIT_BUSY,
-            "blocks": ATTENTION.PDL_PREFETCH_BLOCKS, "rope": decoder.rope_store_kv is ROPE_STORE_KV,
-            "tile": (gemm.DECODE_W_ROWS, gemm.DECODE_STAGES)}
+            "blocks": ATTENTION.PDL_PREFETCH_BLOCKS, "rope": decoder.rope_store_kv is ROPE_STORE_KV}
 
 
 def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
@@ -188,10 +181,6 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
     # folding it into a neighbour's epilogue could save; that step computes wrong values, only
     # its time is read)
     turns.append(("without_prologue", served, {"rope": False}))
-    # (and skinny tiles of 32 W rows on mma.sync, twice the tiles: whole o and down
-    # projections on 128 SMs, as deep in W bytes as the 64-row tile's 6 stages and deeper;
-    # and 64-row tiles two stages deeper)
-    turns += [(f"tile_{r}x{n}", served, {"tile": (r, n)}) for r, n in SKINNY_TILES]
     # (and the step's bytes as streaming reads, a launch a weight: `stream_equivalent`)
     streamed, streamed_bytes = stream_equivalent(step)
     times = {name: [] for name, *_ in turns}
@@ -213,7 +202,6 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
     by_prefetch = {b: statistics.median(times[f"attention_prefetch_{b}"])
                    for b in ATTENTION_PREFETCH}
     without_prologue_ms = statistics.median(times["without_prologue"])
-    by_tile = {f"{r}x{n}": statistics.median(times[f"tile_{r}x{n}"]) for r, n in SKINNY_TILES}
     # the eager step's kernels (each launched after the last), the GEMMs by weight and decode
     # attention against the streaming read of their bytes: which of them holds the step back
     events = eager_step_kernels(step, apart)
@@ -233,7 +221,6 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
             stream_equivalent_bytes=streamed_bytes, decode_step_bytes=step.amount,
             decode_step_by_attention_prefetch_ms=by_prefetch,
             decode_step_without_prologue_ms=without_prologue_ms,
-            decode_step_by_skinny_tile_ms=by_tile,
             step_ms_by_turn=times, decode_step_floor_ms=floor_ms,
             kernels=kernel_times(events), gemm_by_weight=by_weight,
             eager_attention_vs_stream_read=attention_share)
@@ -245,7 +232,6 @@ def whole_gpu(res: Results, step: DecodeStep, sms: int) -> None:
                                decode_step_attention_c3_ms=c3_ms,
                                decode_step_by_attention_prefetch_ms=by_prefetch,
                                decode_step_without_prologue_ms=without_prologue_ms,
-                               decode_step_by_skinny_tile_ms=by_tile,
                                decode_step_floor_ms=floor_ms, decode_step_vs_floor=floor_ms / ms,
                                stream_equivalent_step_ms=streamed_ms,
                                stream_equivalent_vs_floor=floor_ms / streamed_ms,

@@ -45,17 +45,10 @@ class GemmConfig:
     skinny: bool = False
 
 
-# W rows and pipeline stages of a skinny tile on the whole GPU: 64 rows fill one warpgroup
-# MMA; 32 (mma.sync) make twice the tiles, so the o and down projections' 64 tiles of 64 rows,
-# which leave half of 132 SMs idle or cut in two, become 128 whole ones (a module setting:
-# bench/decode_floor.py times the step both ways)
-DECODE_W_ROWS, DECODE_STAGES = 64, 6
-
-
 def decode_tile(M: int, elem: int, small_budget: bool) -> GemmConfig:
     """The tile for a decode GEMM: M <= 64, or M <= 128 on a small budget.
 
-    M <= 64: the skinny kernel, x's rows padded to the MMA's N (16-64), DECODE_W_ROWS of W (one
+    M <= 64: the skinny kernel, x's rows padded to the MMA's N (16-64), 64 rows of W (one
     warpgroup MMA) per tile on the whole GPU, 128 on a small budget, where each program's own
     bandwidth is what counts. 65-128 rows on a small budget: one 128-row tile of x, so W is
     read once, and two warpgroups per 128x128 output tile, which keep the tensor cores busy
@@ -66,7 +59,7 @@ def decode_tile(M: int, elem: int, small_budget: bool) -> GemmConfig:
     bk = 128 if elem < 4 else 64
     if small_budget:
         return GemmConfig(block_m, 128, bk, 8, 4, skinny=True)
-    return GemmConfig(block_m, DECODE_W_ROWS, bk, 4, DECODE_STAGES, skinny=True)
+    return GemmConfig(block_m, 64, bk, 4, 6, skinny=True)
 
 
 def default_config(M: int, N: int, K: int, programs: int, dtype: torch.dtype,
@@ -405,7 +398,7 @@ def plan(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device,
     time than the launch's other Python (module settings and the interpreter flag are part of
     the key; a test that patches a function `plan` calls runs `forget_plans` first)."""
     key = (M, N, K, dtype, device, num_sms, ctas_per_sm, config, ALIGNED_SPLIT_BUSY,
-           DECODE_W_ROWS, DECODE_STAGES, interpreting())
+           interpreting())
     try:
         hash(key)
     except TypeError:  # an unhashable argument: planned afresh, which names what is wrong
@@ -415,7 +408,7 @@ def plan(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device,
 
 @functools.lru_cache(maxsize=4096, typed=True)  # typed: num_sms=True is refused, not 1's plan
 def _planned(M, N, K, dtype, device, num_sms, ctas_per_sm, config, aligned_split_busy,
-             w_rows, stages, interpreter) -> GemmPlan:
+             interpreter) -> GemmPlan:
     return _plan(M, N, K, dtype, device, num_sms, ctas_per_sm, config)
 
 
