@@ -130,6 +130,17 @@ def main(argv=None) -> int:
                             config=str(cfg or "default"), tbps=N * K * 2 / ms / 1e9,
                             gbps_per_sm=N * K * 2 / ms / 1e6 / budget,
                             tflops=2 * M * N * K / ms / 1e9)
+                # the residual add a decode layer's o and down projections make: into a bf16
+                # out (whole tiles, or a cut tile merged by its last program), and into an fp32
+                # out with atomics (every program an even share, no merge)
+                for label, out in (("accumulate bf16", torch.zeros(M, N, dtype=torch.bfloat16,
+                                                                   device="cuda")),
+                                   ("accumulate fp32 atomic", torch.zeros(M, N, device="cuda"))):
+                    ms = t_graph(lambda: linear(x, next_w(), out, accumulate=True,
+                                                num_sms=budget))
+                    res.row(kernel="decode_linear", shape=name, M=M, sms=budget, config=label,
+                            tbps=N * K * 2 / ms / 1e9, gbps_per_sm=N * K * 2 / ms / 1e6 / budget,
+                            tflops=2 * M * N * K / ms / 1e9)
             res.save()
     print("\nbest per (kernel, case/shape, budget):")
     best: dict = {}

@@ -174,7 +174,7 @@ def offline_gemm(pinned: str | None = None, pdl: bool = False) -> None:
                       "BLOCK_SMS": 32 if pinned else 1, "PDL": pdl}
         # skinny: whole tiles, the schedule most decode shapes take (a constexpr, as launched)
         constexprs.update({"EVEN_K": True, "WHOLE_TILES": True, "GLU": glu, "RMS": rms,
-                           "PREFETCH_LINES": PDL_PREFETCH_LINES if pdl else 0} if cfg.skinny
+                           "ATOMIC": False, "PREFETCH_LINES": PDL_PREFETCH_LINES if pdl else 0} if cfg.skinny
                           else {"GROUP_M": cfg.group_m})
         kinds = {"x_desc": f"tensordesc<bf16[{cfg.block_m}, {cfg.block_k}]>",
                  "w_desc": f"tensordesc<bf16[{cfg.block_n}, {cfg.block_k}]>", "x_ptr": "*bf16",

@@ -226,6 +226,19 @@ def _store_tile(acc, y_ptr, b_ptr, tile, tiles_m, rm, M, N, stride_ym, BLOCK_M: 
 
 
 @triton.jit
+def _add_tile(acc, y_ptr, b_ptr, tile, tiles_m, rm, M, N, stride_ym, with_bias,
+              BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """A swapped tile's part acc[n, m] added into the fp32 y[m, n] with atomics (the part that
+    holds the tile's first K-slab adds the bias)."""
+    cols = (tile // tiles_m) * BLOCK_N + tl.arange(0, BLOCK_N)
+    if HAS_BIAS:
+        if with_bias:
+            acc = _plus_bias(acc, b_ptr, cols, N, HAS_BIAS, True)
+    tl.atomic_add(y_ptr + rm[None, :] * stride_ym + cols[:, None], acc,
+                  mask=(rm[None, :] < M) & (cols[:, None] < N), sem="relaxed")
+
+
+@triton.jit
 def _tiles_n(N, BLOCK_N: tl.constexpr, GLU: tl.constexpr):
     """The skinny kernel's output tile columns: N output columns, BLOCK_N weight rows a tile
     (half of them gate, half up with GLU)."""
@@ -272,7 +285,7 @@ def skinny_kernel(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, sm_ids_ptr, g
                    stride_wn, stride_ym, eps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, WHOLE_TILES: tl.constexpr,
                    HAS_BIAS: tl.constexpr, GLU: tl.constexpr, ACCUMULATE: tl.constexpr,
-                   RMS: tl.constexpr, RECORD_SM: tl.constexpr,
+                   RMS: tl.constexpr, ATOMIC: tl.constexpr, RECORD_SM: tl.constexpr,
                    PINNED: tl.constexpr, PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr,
                    PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr):
     if PREFETCH_LINES > 0:  # before run_slots' wait for the kernel before (PDL, plain launch)
@@ -280,7 +293,7 @@ def skinny_kernel(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, sm_ids_ptr, g
                     BLOCK_K, WHOLE_TILES, GLU, PREFETCH_LINES)
     run_slots(_skinny_slot, (x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, M, N, K, stride_xm,
               stride_wn, stride_ym, eps, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, WHOLE_TILES,
-              HAS_BIAS, GLU, ACCUMULATE, RMS),
+              HAS_BIAS, GLU, ACCUMULATE, RMS, ATOMIC),
               sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, ctas, slots, programs, RECORD_SM,
               PINNED, PLACED, BLOCK_SMS, PDL)
 
@@ -290,7 +303,7 @@ def _skinny_slot(pid, programs, x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr,
                  stride_xm, stride_wn, stride_ym, eps, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
                  WHOLE_TILES: tl.constexpr, HAS_BIAS: tl.constexpr, GLU: tl.constexpr,
-                 ACCUMULATE: tl.constexpr, RMS: tl.constexpr):
+                 ACCUMULATE: tl.constexpr, RMS: tl.constexpr, ATOMIC: tl.constexpr):
     # What program `pid` of `programs` does. WHOLE_TILES: each program takes whole output
     # tiles, striding by the grid; with RMS it normalizes x's rows by the sums of squares its
     # loop over all of K gathered (an RMSNorm whose gain is in W), scaling acc's columns.
@@ -298,7 +311,9 @@ def _skinny_slot(pid, programs, x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr,
     # units [p*T//P, (p+1)*T//P), so all programs read the same bytes (within one slab). A
     # tile cut between programs leaves fp32 partials at row (tile + program), unique as in
     # decode attention; its last program to finish (a counter per tile, nobody waits) adds
-    # them and resets the counter.
+    # them and resets the counter. ATOMIC (an fp32 y that the call adds into): every program
+    # adds its part of a tile into y with atomics instead, so no program merges and any cut
+    # is free (the order of the adds, and so y's last bits, vary from run to run).
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles = tiles_m * _tiles_n(N, BLOCK_N, GLU)
     k_tiles = tl.cdiv(K, BLOCK_K)
@@ -327,7 +342,10 @@ def _skinny_slot(pid, programs, x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr,
                 # range starts at or before unit u is ((u + 1) * P - 1) // T)
                 first = ((tile * k_tiles + 1).to(tl.int64) * programs - 1) // total
                 last = (((tile + 1) * k_tiles).to(tl.int64) * programs - 1) // total
-                if first == last:
+                if ATOMIC:
+                    _add_tile(acc, y_ptr, b_ptr, tile, tiles_m, rm, M, N, stride_ym, k_lo == 0,
+                              BLOCK_N, HAS_BIAS)
+                elif first == last:
                     _store_tile(acc, y_ptr, b_ptr, tile, tiles_m, rm, M, N, stride_ym, BLOCK_M,
                                 BLOCK_N, HAS_BIAS, GLU, ACCUMULATE)
                 else:
@@ -384,32 +402,35 @@ class GemmPlan:
     config: GemmConfig
     grid: int
     whole: bool
+    atomic: bool = False  # (skinny) parts added into an fp32 output with atomics
 
     def variant(self, K: int) -> tuple:
         cfg = self.config
-        return (cfg, self.whole if cfg.skinny else None, K % cfg.block_k == 0)
+        return (cfg, self.whole if cfg.skinny else None, K % cfg.block_k == 0, self.atomic)
 
 
 def plan(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device,
          num_sms: int | None = None, ctas_per_sm: int = 1,
-         config: GemmConfig | None = None) -> GemmPlan:
+         config: GemmConfig | None = None, atomic: bool = False) -> GemmPlan:
     """How problem M x N x K launches on this budget. Planned once per problem and setting: an
     eager prefill layer plans each of its GEMMs on every call, and planning costs more host
     time than the launch's other Python (module settings and the interpreter flag are part of
-    the key; a test that patches a function `plan` calls runs `forget_plans` first)."""
-    key = (M, N, K, dtype, device, num_sms, ctas_per_sm, config, ALIGNED_SPLIT_BUSY,
+    the key; a test that patches a function `plan` calls runs `forget_plans` first). `atomic`:
+    the skinny schedule splits the K-slabs evenly over every program, whose parts are added
+    into an fp32 output with atomics (`linear`)."""
+    key = (M, N, K, dtype, device, num_sms, ctas_per_sm, config, atomic, ALIGNED_SPLIT_BUSY,
            interpreting())
     try:
         hash(key)
     except TypeError:  # an unhashable argument: planned afresh, which names what is wrong
-        return _plan(M, N, K, dtype, device, num_sms, ctas_per_sm, config)
+        return _plan(M, N, K, dtype, device, num_sms, ctas_per_sm, config, atomic)
     return _planned(*key)
 
 
 @functools.lru_cache(maxsize=4096, typed=True)  # typed: num_sms=True is refused, not 1's plan
-def _planned(M, N, K, dtype, device, num_sms, ctas_per_sm, config, aligned_split_busy,
+def _planned(M, N, K, dtype, device, num_sms, ctas_per_sm, config, atomic, aligned_split_busy,
              interpreter) -> GemmPlan:
-    return _plan(M, N, K, dtype, device, num_sms, ctas_per_sm, config)
+    return _plan(M, N, K, dtype, device, num_sms, ctas_per_sm, config, atomic)
 
 
 def forget_plans() -> None:
@@ -418,16 +439,21 @@ def forget_plans() -> None:
 
 
 def _plan(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device,
-          num_sms: int | None, ctas_per_sm: int, config: GemmConfig | None) -> GemmPlan:
+          num_sms: int | None, ctas_per_sm: int, config: GemmConfig | None,
+          atomic: bool = False) -> GemmPlan:
     cfg = config
     if cfg is None:  # the budget and the whole GPU are only needed to choose a tile
         programs = grid_size(1 << 30, num_sms, ctas_per_sm, device)
         whole_gpu = grid_size(1 << 30, None, ctas_per_sm, device)
         cfg = default_config(M, N, K, programs, dtype, whole_gpu)
+        if atomic and M <= 64:  # decode rows always take the skinny kernel when adding atomically
+            cfg = replace(cfg, skinny=True)  # (the interpreter's tile leaves it to the grid)
     tiles = cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n)
     if not cfg.skinny:
         return GemmPlan(cfg, grid_size(tiles, num_sms, ctas_per_sm, device), False)
     grid = grid_size(tiles * cdiv(K, cfg.block_k), num_sms, ctas_per_sm, device)
+    if atomic:  # cuts cost no merge: every program takes an even share
+        return GemmPlan(cfg, grid, False, atomic=True)
     whole = whole_tiles(tiles, grid, cfg.block_n * K * torch.finfo(dtype).bits // 8)
     return GemmPlan(cfg, min(grid, tiles) if whole else split_grid(tiles, grid), whole)
 
@@ -459,20 +485,32 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
     num_sms*ctas_per_sm programs (`pinned`: on those SMs, kernels/_pinned.py).
 
     `accumulate`: out += y, summed in fp32 before the one rounding (a residual add in the
-    epilogue; `out` is then required). `rms_eps`: x's rows RMS-normalized first, x /
+    epilogue; `out` is then required). An fp32 `out` for bf16/fp16 x (decode sizes, with
+    accumulate): every program adds its even share of the weight's K-slabs into it with
+    atomics, so no program merges another's partials (the adds' order, and so out's last
+    bits, vary from run to run). `rms_eps`: x's rows RMS-normalized first, x /
     sqrt(mean(x^2) + eps), inside the kernel (an RMSNorm whose gain is folded into `weight`);
     only where the problem runs on whole skinny tiles of a verified form (`normalizes_rows`)."""
     M, N, K = _check_problem(x, weight, bias)
     if accumulate and out is None:
         raise PdmuxError("accumulate adds into out: give out")
-    out = _output(out, x, M, N)
+    atomic = out is not None and out.dtype == torch.float32 and x.dtype != torch.float32
+    if atomic and not accumulate:
+        raise PdmuxError(f"an fp32 out for {x.dtype} x is added into (accumulate=True); "
+                         f"give out in {x.dtype} to overwrite it")
+    out = _output(out, x, M, N, torch.float32 if atomic else x.dtype)
     if M == 0 or N == 0:
         return out
     if K == 0:
         if accumulate:
             return out.add_(bias) if bias is not None else out
         return out.copy_(bias.expand(M, N)) if bias is not None else out.zero_()
-    p = plan(M, N, K, x.dtype, x.device, pinned_budget(pinned, num_sms), ctas_per_sm, config)
+    p = plan(M, N, K, x.dtype, x.device, pinned_budget(pinned, num_sms), ctas_per_sm, config,
+             atomic)
+    if atomic and not p.config.skinny:
+        raise PdmuxError(f"an fp32 out is added into by the decode (skinny) kernel only; {M} rows "
+                         f"against a [{N}, {K}] weight run as prefill tiles here: give out in "
+                         f"{x.dtype}")
     _launch(p, x, weight, out, bias, False, accumulate, rms_eps, sm_ids, pinned, ctas_per_sm,
             pdl)
     return out
@@ -545,10 +583,11 @@ def _check_problem(x: torch.Tensor, weight: torch.Tensor,
     return M, N, K
 
 
-def _output(out: torch.Tensor | None, x: torch.Tensor, M: int, N: int) -> torch.Tensor:
+def _output(out: torch.Tensor | None, x: torch.Tensor, M: int, N: int,
+            dtype: torch.dtype | None = None) -> torch.Tensor:
     if out is None:
         return torch.empty((M, N), dtype=x.dtype, device=x.device)
-    check_tensor("out", out, 2, (x.dtype,), x.device)
+    check_tensor("out", out, 2, (dtype or x.dtype,), x.device)
     if tuple(out.shape) != (M, N):
         raise PdmuxError(f"out must have shape {(M, N)}, got {tuple(out.shape)}")
     return out
@@ -559,7 +598,8 @@ def _launch(p: GemmPlan, x: torch.Tensor, weight: torch.Tensor, out: torch.Tenso
             sm_ids: torch.Tensor | None, pinned: Pinned | None, ctas_per_sm: int,
             pdl: bool) -> None:
     """One launch of planned problem `p` into `out` (glu: the skinny kernel's SwiGLU epilogue,
-    `out` has half the weight's rows as columns; accumulate, rms_eps: `linear`'s)."""
+    `out` has half the weight's rows as columns; accumulate, rms_eps: `linear`'s; an atomic
+    plan adds into an fp32 out)."""
     M, K = x.shape
     N = out.shape[1]  # the output's columns: the weight's rows, half of them with glu
     cfg, grid = p.config, p.grid
@@ -577,8 +617,8 @@ def _launch(p: GemmPlan, x: torch.Tensor, weight: torch.Tensor, out: torch.Tenso
     sm_buf, record = telemetry_args(sm_ids, grid, x.device)
     bias_arg = out if bias is None else bias  # any pointer: HAS_BIAS compiles the loads away
     if cfg.skinny:
-        if p.whole:
-            part = counters = out  # nothing is split: no partials, no counters
+        if p.whole or p.atomic:
+            part = counters = out  # no partials, no counters: nothing split, or added atomically
         else:
             # a program's range cuts at most one tile at each end: tiles + programs partials
             tiles = cdiv(M, cfg.block_m) * cdiv(weight.shape[0], cfg.block_n)
@@ -590,7 +630,7 @@ def _launch(p: GemmPlan, x: torch.Tensor, weight: torch.Tensor, out: torch.Tenso
             weight.stride(0), out.stride(0), rms_eps or 0.0, BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=K % cfg.block_k == 0,
             WHOLE_TILES=p.whole, HAS_BIAS=bias is not None, GLU=glu, ACCUMULATE=accumulate,
-            RMS=rms_eps is not None, RECORD_SM=record, num_warps=cfg.num_warps,
+            RMS=rms_eps is not None, ATOMIC=p.atomic, RECORD_SM=record, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages, PREFETCH_LINES=PDL_PREFETCH_LINES if pdl else 0,
             **launch.kwargs)
         return

@@ -209,6 +209,31 @@ def test_accumulate_adds_into_out_once(schedule, M, N, K):
         linear(x, w, accumulate=True)
 
 
+@pytest.mark.parametrize("M,N,K", [(1, 40, 64), (7, 33, 128), (32, 97, 80)])
+@pytest.mark.parametrize("num_sms", [1, 2, 3, 64])
+def test_fp32_out_is_added_into_with_atomics(M, N, K, num_sms):
+    """An fp32 out for half-precision x: every program adds its even share of the K-slabs
+    into it (atomics, no merge), for any grid, once per element, the bias once; repeated calls
+    keep adding. Only with accumulate, and only on the skinny kernel."""
+    x = torch.randn(M, K, dtype=torch.float16, device=DEV)
+    w = (torch.randn(N, K, device=DEV) / K ** 0.5).half()
+    b = torch.randn(N, dtype=torch.float16, device=DEV)
+    before = torch.randn(M, N, device=DEV)
+    out = before.clone()
+    product = x.double() @ w.double().T + b.double()
+    plan = gemm.plan(M, N, K, x.dtype, x.device, num_sms, atomic=True)
+    assert plan.atomic and not plan.whole and plan.config.skinny
+    linear(x, w, out, bias=b, accumulate=True, num_sms=num_sms)
+    assert_close(out, before.double() + product, torch.float32)
+    linear(x, w, out, bias=b, accumulate=True, num_sms=num_sms)
+    assert_close(out, before.double() + 2 * product, torch.float32)
+    with pytest.raises(PdmuxError, match=r"an fp32 out for torch.float16 x is added into "
+                                         r"\(accumulate=True\)"):
+        linear(x, w, out)
+    with pytest.raises(PdmuxError, match="run as prefill tiles here: give out in torch.float16"):
+        linear(x, w, out, accumulate=True, config=GemmConfig(16, 16, 16, 4, 1))
+
+
 def test_skinny_split_repeated_calls():
     # the last program of a cut tile resets its counter: later calls (other shapes too) stay exact
     for m, n, k in ((5, 24, 96), (3, 40, 64), (5, 24, 96)):
