@@ -339,6 +339,24 @@ def test_aligned_split_bf16_real_sizes(M, N, K):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 32, 64])
+@pytest.mark.parametrize("N,K", [(4096, 4096), (6144, 4096), (4096, 12288)])
+@pytest.mark.parametrize("sms", [132, 20])
+def test_fp32_atomic_adds_bf16_real_sizes(M, N, K, sms):
+    """Qwen3-8B's o, QKV and down projections in bf16 added into an fp32 out with atomics,
+    on the whole GPU and a small budget, twice (no counters to reset), against float64."""
+    x = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(N, K, dtype=torch.bfloat16, device="cuda") / K ** 0.5
+    before = torch.randn(M, N, device="cuda")
+    out = before.clone()
+    product = x.double() @ w.double().T
+    linear(x, w, out, accumulate=True, num_sms=sms)
+    assert_close(out, before.double() + product, torch.float32)
+    linear(x, w, out, accumulate=True, num_sms=sms)
+    assert_close(out, before.double() + 2 * product, torch.float32)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("M", [1, 8, 33, 64, 72, 128])
 @pytest.mark.parametrize("cfg", [GemmConfig(16, 64, 256, 4, 4, skinny=True),
                                  GemmConfig(64, 64, 128, 4, 6, skinny=True),
