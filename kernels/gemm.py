@@ -231,9 +231,8 @@ def _add_tile(acc, y_ptr, b_ptr, tile, tiles_m, rm, M, N, stride_ym, with_bias,
     """A swapped tile's part acc[n, m] added into the fp32 y[m, n] with atomics (the part that
     holds the tile's first K-slab adds the bias)."""
     cols = (tile // tiles_m) * BLOCK_N + tl.arange(0, BLOCK_N)
-    if HAS_BIAS:
-        if with_bias:
-            acc = _plus_bias(acc, b_ptr, cols, N, HAS_BIAS, True)
+    if with_bias:
+        acc = _plus_bias(acc, b_ptr, cols, N, HAS_BIAS, True)
     tl.atomic_add(y_ptr + rm[None, :] * stride_ym + cols[:, None], acc,
                   mask=(rm[None, :] < M) & (cols[:, None] < N), sem="relaxed")
 
@@ -314,6 +313,8 @@ def _skinny_slot(pid, programs, x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr,
     # them and resets the counter. ATOMIC (an fp32 y that the call adds into): every program
     # adds its part of a tile into y with atomics instead, so no program merges and any cut
     # is free (the order of the adds, and so y's last bits, vary from run to run).
+    tl.static_assert(not ATOMIC or (ACCUMULATE and not (GLU or RMS or WHOLE_TILES)),
+                     "atomic adds take a plain residual add over split tiles")
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles = tiles_m * _tiles_n(N, BLOCK_N, GLU)
     k_tiles = tl.cdiv(K, BLOCK_K)
@@ -329,7 +330,6 @@ def _skinny_slot(pid, programs, x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr,
     else:
         total = tiles * k_tiles
         lo, hi = _units_of(pid, programs, total)
-        cell = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
         if lo < hi:
             for tile in range(lo // k_tiles, (hi - 1) // k_tiles + 1):
                 k_lo = tl.maximum(lo, tile * k_tiles) - tile * k_tiles
@@ -338,30 +338,42 @@ def _skinny_slot(pid, programs, x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr,
                 acc, rm, _ = _swapped_product(x_ptr, w_ptr, tile, tiles_m, k_lo, k_hi, M, N, K,
                                               stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
                                               EVEN_K, GLU, False)
-                # the programs holding this tile's first and last unit (the largest q whose
-                # range starts at or before unit u is ((u + 1) * P - 1) // T)
-                first = ((tile * k_tiles + 1).to(tl.int64) * programs - 1) // total
-                last = (((tile + 1) * k_tiles).to(tl.int64) * programs - 1) // total
                 if ATOMIC:
                     _add_tile(acc, y_ptr, b_ptr, tile, tiles_m, rm, M, N, stride_ym, k_lo == 0,
                               BLOCK_N, HAS_BIAS)
-                elif first == last:
-                    _store_tile(acc, y_ptr, b_ptr, tile, tiles_m, rm, M, N, stride_ym, BLOCK_M,
-                                BLOCK_N, HAS_BIAS, GLU, ACCUMULATE)
                 else:
-                    tile_elems = BLOCK_N * BLOCK_M
-                    tl.store(part_ptr + (tile + pid) * tile_elems + cell, acc)
-                    tl.debug_barrier()  # every thread's partial is written before the count
-                    if tl.atomic_add(count_ptr + tile, 1) == last - first:
-                        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-                        for q in range(first, last + 1):
-                            # .cg: from L2, where the other programs' stores landed
-                            acc += tl.load(part_ptr + (tile + q) * tile_elems + cell,
-                                           cache_modifier=".cg")
-                        # the bias once, in the sum
-                        _store_tile(acc, y_ptr, b_ptr, tile, tiles_m, rm, M, N, stride_ym,
-                                    BLOCK_M, BLOCK_N, HAS_BIAS, GLU, ACCUMULATE)
-                        tl.store(count_ptr + tile, 0)  # ready for the next call
+                    _store_or_merge(acc, y_ptr, b_ptr, part_ptr, count_ptr, tile, tiles_m,
+                                    k_tiles, total, pid, programs, rm, M, N, stride_ym, BLOCK_M,
+                                    BLOCK_N, HAS_BIAS, GLU, ACCUMULATE)
+
+
+@triton.jit
+def _store_or_merge(acc, y_ptr, b_ptr, part_ptr, count_ptr, tile, tiles_m, k_tiles, total, pid,
+                    programs, rm, M, N, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                    HAS_BIAS: tl.constexpr, GLU: tl.constexpr, ACCUMULATE: tl.constexpr):
+    """Program pid's part of a stream-K tile: stored if the tile is all its own, else left as
+    partials that the tile's last program to arrive adds up and stores."""
+    # the programs holding this tile's first and last unit (the largest q whose range starts
+    # at or before unit u is ((u + 1) * P - 1) // T)
+    first = ((tile * k_tiles + 1).to(tl.int64) * programs - 1) // total
+    last = (((tile + 1) * k_tiles).to(tl.int64) * programs - 1) // total
+    if first == last:
+        _store_tile(acc, y_ptr, b_ptr, tile, tiles_m, rm, M, N, stride_ym, BLOCK_M, BLOCK_N,
+                    HAS_BIAS, GLU, ACCUMULATE)
+    else:
+        cell = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
+        tile_elems = BLOCK_N * BLOCK_M
+        tl.store(part_ptr + (tile + pid) * tile_elems + cell, acc)
+        tl.debug_barrier()  # every thread's partial is written before the count
+        if tl.atomic_add(count_ptr + tile, 1) == last - first:
+            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+            for q in range(first, last + 1):
+                # .cg: from L2, where the other programs' stores landed
+                acc += tl.load(part_ptr + (tile + q) * tile_elems + cell, cache_modifier=".cg")
+            # the bias once, in the sum
+            _store_tile(acc, y_ptr, b_ptr, tile, tiles_m, rm, M, N, stride_ym, BLOCK_M,
+                        BLOCK_N, HAS_BIAS, GLU, ACCUMULATE)
+            tl.store(count_ptr + tile, 0)  # ready for the next call
 
 
 # Where stream-K can cut every tile into the same number of K ranges on at least this share of
@@ -463,15 +475,17 @@ LARGE_M = 1025
 
 
 def warm_up_rows(N: int, K: int, dtype: torch.dtype, device: torch.device, budgets,
-                 max_rows: int) -> list[tuple[int, int]]:
+                 max_rows: int, atomic: bool = False) -> list[tuple[int, int]]:
     """(rows, budget) pairs, one for each kernel variant that problems of 1..max_rows rows of
-    x against an [N, K] weight compile on these budgets: running each once compiles everything
-    such problems can need, so none compiles later (in a measured run)."""
+    x against an [N, K] weight compile on these budgets (`atomic`: added into an fp32 output,
+    `linear`'s): running each once compiles everything such problems can need, so none
+    compiles later (in a measured run)."""
     seen: dict[tuple, tuple[int, int]] = {}
     rows = [*range(1, min(max_rows, LARGE_M - 1) + 1), *([LARGE_M] if max_rows >= LARGE_M else [])]
     for budget in budgets:
         for m in rows:
-            seen.setdefault(plan(m, N, K, dtype, device, budget).variant(K), (m, budget))
+            seen.setdefault(plan(m, N, K, dtype, device, budget, atomic=atomic).variant(K),
+                            (m, budget))
     return list(seen.values())
 
 
@@ -494,11 +508,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
     M, N, K = _check_problem(x, weight, bias)
     if accumulate and out is None:
         raise PdmuxError("accumulate adds into out: give out")
-    atomic = out is not None and out.dtype == torch.float32 and x.dtype != torch.float32
+    half = str(x.dtype).replace("torch.", "")
+    atomic = (isinstance(out, torch.Tensor) and out.dtype == torch.float32
+              and x.dtype != torch.float32)
     if atomic and not accumulate:
-        raise PdmuxError(f"an fp32 out for {x.dtype} x is added into (accumulate=True); "
-                         f"give out in {x.dtype} to overwrite it")
-    out = _output(out, x, M, N, torch.float32 if atomic else x.dtype)
+        raise PdmuxError(f"a float32 out for {half} x is added into (accumulate=True); give "
+                         f"out in {half} to overwrite it")
+    if atomic and rms_eps is not None:
+        raise PdmuxError("rows are normalized in the kernel (rms_eps) only on whole tiles, and a "
+                         "float32 out splits every tile between programs: normalize them first "
+                         "(rmsnorm)")
+    out = _output(out, x, M, N, (x.dtype, torch.float32) if accumulate else (x.dtype,))
     if M == 0 or N == 0:
         return out
     if K == 0:
@@ -508,9 +528,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
     p = plan(M, N, K, x.dtype, x.device, pinned_budget(pinned, num_sms), ctas_per_sm, config,
              atomic)
     if atomic and not p.config.skinny:
-        raise PdmuxError(f"an fp32 out is added into by the decode (skinny) kernel only; {M} rows "
-                         f"against a [{N}, {K}] weight run as prefill tiles here: give out in "
-                         f"{x.dtype}")
+        raise PdmuxError(f"a float32 out is added into by the decode (skinny) kernel only; {M} "
+                         f"rows against a [{N}, {K}] weight run as prefill tiles here: give out "
+                         f"in {half}")
     _launch(p, x, weight, out, bias, False, accumulate, rms_eps, sm_ids, pinned, ctas_per_sm,
             pdl)
     return out
@@ -584,10 +604,10 @@ def _check_problem(x: torch.Tensor, weight: torch.Tensor,
 
 
 def _output(out: torch.Tensor | None, x: torch.Tensor, M: int, N: int,
-            dtype: torch.dtype | None = None) -> torch.Tensor:
+            dtypes: tuple | None = None) -> torch.Tensor:
     if out is None:
         return torch.empty((M, N), dtype=x.dtype, device=x.device)
-    check_tensor("out", out, 2, (dtype or x.dtype,), x.device)
+    check_tensor("out", out, 2, dtypes or (x.dtype,), x.device)
     if tuple(out.shape) != (M, N):
         raise PdmuxError(f"out must have shape {(M, N)}, got {tuple(out.shape)}")
     return out

@@ -1474,6 +1474,53 @@ def test_decode_floor_labels_an_eager_steps_gemms_by_the_weight_they_read():
     assert gemm_times_by_weight(events[:-1], sizes, layers=2, tbps=4.0) is None
 
 
+@pytest.mark.parametrize("fused", [False, True])
+def test_decode_floor_weight_order_is_the_decoders(fused):
+    """The order gemm_times_by_weight labels the step's GEMMs by is the one a decode step
+    calls them in (each layer's qkv, o, gate-up, down; then the LM head), on both of the
+    decoder's layer paths (fused norms or not), recorded from the tiny model's step."""
+    from unittest import mock
+
+    import torch
+    from test_decoder import DEV, PAGE, make_model, prefill_batch
+
+    sys.path.insert(0, "bench")
+    from decode_floor import LAYER_WEIGHTS
+
+    from pdmux_triton.gpu import decoder
+    from pdmux_triton.gpu.decoder import DecodeBatch
+    from pdmux_triton.kernels import gemm
+    from pdmux_triton.multiplex.partition import Budget
+
+    model = make_model()
+    names = {model.w.lm_head.data_ptr(): "lm_head"}
+    names.update({w.data_ptr(): k for layer in model.w.layers for k, w in layer.items()
+                  if k in LAYER_WEIGHTS})
+    read = []
+
+    def recording(fn):
+        def call(x, weight, *args, **kwargs):
+            read.append(names[weight.data_ptr()])
+            return fn(x, weight, *args, **kwargs)
+        return call
+
+    tokens, pages = [3, 1, 4, 1, 5], [2, 0]
+    model.extend_layers(prefill_batch(tokens[:-1], pages), 0, len(model.w.layers),
+                        budget=Budget(2))
+    n = len(tokens) - 1
+    step = DecodeBatch(torch.tensor(tokens[-1:], device=DEV), torch.tensor([n], device=DEV),
+                       torch.tensor([pages[n // PAGE] * PAGE + n % PAGE], device=DEV),
+                       torch.tensor([pages], dtype=torch.int32, device=DEV),
+                       torch.tensor([n + 1], dtype=torch.int32, device=DEV), max_seq_len=n + 1)
+    budget = Budget(64) if fused else Budget(2)
+    with mock.patch.object(gemm, "whole_tiles", return_value=fused), \
+            mock.patch.object(decoder, "linear", recording(decoder.linear)), \
+            mock.patch.object(decoder, "swiglu_linear", recording(decoder.swiglu_linear)):
+        assert model.fuses_norms(1, budget) == fused
+        model.decode_step(step, budget)
+    assert read == [*LAYER_WEIGHTS * len(model.w.layers), "lm_head"]
+
+
 def test_decode_floor_summary_reads_its_rows_and_the_sessions_files(tmp_path):
     """bench/decode_floor.py's pure part: the worst pinned-vs-green error and shared SMs over
     its level rows, the kernel benchmark's and a run's figures from their files (the best pd-mux
