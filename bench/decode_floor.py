@@ -58,20 +58,34 @@ CTAS = (1, 2, 3)
 STREAM_BYTES = 1 << 31
 
 
-def eager_step_kernels(step: DecodeStep, budget: Budget) -> list[tuple[str, float]]:
-    """The kernels one eager decode step launches, in order: (name, GPU ms) (the profiler's
-    CUDA kernels). Give a budget without PDL: a kernel launched early under it waits for the
-    one before, and the profiler counts that wait as its own time."""
+def eager_step_kernels(step: DecodeStep, budget: Budget,
+                       steps: int = 5) -> list[tuple[str, float]]:
+    """The kernels an eager decode step launches, in order: (name, GPU ms), each launch's
+    median over `steps` profiled steps (the profiler's CUDA kernels). Give a budget without
+    PDL: a kernel launched early under it waits for the one before, and the profiler counts
+    that wait as its own time."""
     from torch.profiler import ProfilerActivity, profile
 
     step.run(budget)
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        step.run(budget)
-        torch.cuda.synchronize()
-    events = sorted((e.time_range.start, e.name, e.time_range.elapsed_us() / 1e3)
-                    for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
-    return [(name, ms) for _, name, ms in events]
+    runs = []
+    for _ in range(steps):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            step.run(budget)
+            torch.cuda.synchronize()
+        runs.append(sorted((e.time_range.start, e.name, e.time_range.elapsed_us() / 1e3)
+                           for e in prof.events()
+                           if e.device_type == torch.autograd.DeviceType.CUDA))
+    return median_launches([[(name, ms) for _, name, ms in run] for run in runs])
+
+
+def median_launches(runs: list[list[tuple[str, float]]]) -> list[tuple[str, float]]:
+    """Launch by launch, the median time of several runs of the same launches."""
+    names = [name for name, _ in runs[0]]
+    if any([name for name, _ in run] != names for run in runs):
+        raise PdmuxError("the profiled steps launched different kernels; their times cannot "
+                         "be taken launch by launch")
+    return [(name, statistics.median(run[i][1] for run in runs)) for i, name in enumerate(names)]
 
 
 # the weights an eager step's skinny GEMMs read, in launch order (decoder's layer: qkv, o,

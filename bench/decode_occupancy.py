@@ -160,7 +160,7 @@ def main(argv=None) -> int:
         if key not in best or r["tbps"] > best[key]["tbps"]:
             best[key] = r
     for key, r in sorted(best.items()):
-        print(f"{key[0]:<17} {key[1]:<20} {key[2]:>4} SMs {r['tbps']:6.2f} TB/s "
+        print(f"{key[0]:<22} {key[1]:<20} {key[2]:>4} SMs {r['tbps']:6.2f} TB/s "
               f"{r['gbps_per_sm']:6.1f} GB/s/SM  {r['config']}")
     return 0
 

@@ -1454,6 +1454,18 @@ def test_decode_floor_sums_an_eager_steps_kernels_by_name():
     assert figures["eager_kernel_ms_vs_step"] == pytest.approx(0.62)
 
 
+def test_decode_floor_takes_each_launchs_median_over_profiled_steps():
+    sys.path.insert(0, "bench")
+    from decode_floor import median_launches
+
+    runs = [[("skinny_kernel", 0.02), ("decode_kernel", 0.07)],
+            [("skinny_kernel", 0.05), ("decode_kernel", 0.06)],
+            [("skinny_kernel", 0.03), ("decode_kernel", 0.09)]]
+    assert median_launches(runs) == [("skinny_kernel", 0.03), ("decode_kernel", 0.07)]
+    with pytest.raises(PdmuxError, match="launched different kernels"):
+        median_launches([runs[0], [("decode_kernel", 0.07), ("skinny_kernel", 0.02)]])
+
+
 def test_decode_floor_labels_an_eager_steps_gemms_by_the_weight_they_read():
     """The skinny launches of an eager step in order are each layer's qkv, o, gate-up and down,
     then the LM head: their times by weight against the streaming read of that weight's bytes;
