@@ -57,8 +57,6 @@ GEMM_VARIANTS[72] = GEMM_VARIANTS[96] = GEMM_VARIANTS[128] = [
     GemmConfig(128, 128, 64, 8, 4), GemmConfig(128, 64, 64, 4, 4)] + _skinny(
     (128, 64, 64, 4, 4), (128, 64, 64, 4, 6), (128, 64, 128, 4, 3), (128, 128, 64, 8, 4),
     (128, 128, 64, 8, 3), (128, 128, 128, 8, 2))
-# the weights a decode layer adds into its residual (`linear(..., accumulate=True)`)
-RESIDUAL_SHAPES = ("o", "down")
 # the streaming read over one weight's bytes, in finer steps than its 2 GiB default
 STREAM_VARIANTS = [(4096, 8, 32), (2048, 8, 16), (1024, 8, 8), (2048, 4, 8), (1024, 4, 4)]
 
@@ -130,24 +128,6 @@ def main(argv=None) -> int:
                         continue
                     res.row(kernel="decode_linear", shape=name, M=M, sms=budget,
                             config=str(cfg or "default"), tbps=N * K * 2 / ms / 1e9,
-                            gbps_per_sm=N * K * 2 / ms / 1e6 / budget,
-                            tflops=2 * M * N * K / ms / 1e9)
-                if name not in RESIDUAL_SHAPES:
-                    continue
-                # the residual add a decode layer's o and down projections make: into a bf16
-                # out (whole tiles, or a cut tile merged by its last program), and into an fp32
-                # out with atomics (every program an even share, no merge)
-                for label, dtype in (("bf16", torch.bfloat16), ("fp32 atomic", torch.float32)):
-                    out = torch.zeros(M, N, dtype=dtype, device="cuda")
-                    try:
-                        ms = t_graph(lambda: linear(x, next_w(), out, accumulate=True,
-                                                    num_sms=budget))
-                    except Exception as err:  # e.g. an fp32 out on prefill tiles: record why
-                        res.row(kernel="decode_linear_residual", shape=name, M=M, sms=budget,
-                                config=label, error=str(err)[:160])
-                        continue
-                    res.row(kernel="decode_linear_residual", shape=name, M=M, sms=budget,
-                            config=label, tbps=N * K * 2 / ms / 1e9,
                             gbps_per_sm=N * K * 2 / ms / 1e6 / budget,
                             tflops=2 * M * N * K / ms / 1e9)
             res.save()

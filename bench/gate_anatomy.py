@@ -161,7 +161,7 @@ def _anatomy_kernel(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, queue_ptr, 
     _run_mode(tl.program_id(0), slots, queue_ptr, table_ptr, far_ptr,
               (x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_wn,
                stride_ym, 0.0, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, WHOLE_TILES, False, False, False,
-               False, False), MODE, LATE)
+               False), MODE, LATE)
 
 
 @triton.jit

@@ -156,34 +156,29 @@ def offline_gemm(pinned: str | None = None, pdl: bool = False) -> None:
     from pdmux_triton.kernels.gemm import (PDL_PREFETCH_LINES, GemmConfig, decode_tile, gemm_kernel,
                                            skinny_kernel)
 
-    # (label, tile, SwiGLU epilogue, rows normalized in the loop, residual added in the
-    # epilogue, added into fp32 with atomics over split tiles)
-    tiles = [("M<=16, whole GPU", decode_tile(1, 2, False), False, False, False, False),
-             ("M<=16, small budget", decode_tile(1, 2, True), False, False, False, False),
-             ("M=64, whole GPU", decode_tile(64, 2, False), False, False, False, False),
-             ("M=32 normed QKV, whole GPU", decode_tile(32, 2, False), False, True, False, False),
-             ("M=32 normed SwiGLU, whole GPU", decode_tile(32, 2, False), True, True, False, False),
-             ("M=32 normed SwiGLU, small budget", decode_tile(32, 2, True), True, True, False,
-              False),
-             ("M=32 residual add, whole GPU", decode_tile(32, 2, False), False, False, True, False),
-             ("M=32 residual add, fp32 atomic", decode_tile(32, 2, False), False, False, True,
-              True),
-             ("prefill", GemmConfig(128, 256, 64, 8, 3, group_m=16), False, False, False, False)]
-    for label, cfg, glu, rms, accumulate, atomic in tiles:
+    # (label, tile, SwiGLU epilogue, rows normalized in the loop, residual added in the epilogue)
+    tiles = [("M<=16, whole GPU", decode_tile(1, 2, False), False, False, False),
+             ("M<=16, small budget", decode_tile(1, 2, True), False, False, False),
+             ("M=64, whole GPU", decode_tile(64, 2, False), False, False, False),
+             ("M=32 normed QKV, whole GPU", decode_tile(32, 2, False), False, True, False),
+             ("M=32 normed SwiGLU, whole GPU", decode_tile(32, 2, False), True, True, False),
+             ("M=32 normed SwiGLU, small budget", decode_tile(32, 2, True), True, True, False),
+             ("M=32 residual add, whole GPU", decode_tile(32, 2, False), False, False, True),
+             ("prefill", GemmConfig(128, 256, 64, 8, 3, group_m=16), False, False, False)]
+    for label, cfg, glu, rms, accumulate in tiles:
         fn = skinny_kernel if cfg.skinny else gemm_kernel
         names = list(inspect.signature(fn.fn).parameters)
         constexprs = {"BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "BLOCK_K": cfg.block_k,
                       "HAS_BIAS": False, "ACCUMULATE": accumulate, "RECORD_SM": False,
                       "PINNED": pinned_constexpr(pinned), "PLACED": False,
                       "BLOCK_SMS": 32 if pinned else 1, "PDL": pdl}
-        # skinny: whole tiles, the schedule most decode shapes take (a constexpr, as launched),
-        # or split tiles for atomic adds
-        constexprs.update({"EVEN_K": True, "WHOLE_TILES": not atomic, "GLU": glu, "RMS": rms,
-                           "ATOMIC": atomic, "PREFETCH_LINES": PDL_PREFETCH_LINES if pdl else 0} if cfg.skinny
+        # skinny: whole tiles, the schedule most decode shapes take (a constexpr, as launched)
+        constexprs.update({"EVEN_K": True, "WHOLE_TILES": True, "GLU": glu, "RMS": rms,
+                           "PREFETCH_LINES": PDL_PREFETCH_LINES if pdl else 0} if cfg.skinny
                           else {"GROUP_M": cfg.group_m})
         kinds = {"x_desc": f"tensordesc<bf16[{cfg.block_m}, {cfg.block_k}]>",
                  "w_desc": f"tensordesc<bf16[{cfg.block_n}, {cfg.block_k}]>", "x_ptr": "*bf16",
-                 "w_ptr": "*bf16", "y_ptr": "*fp32" if atomic else "*bf16", "b_ptr": "*bf16", "part_ptr": "*fp32",
+                 "w_ptr": "*bf16", "y_ptr": "*bf16", "b_ptr": "*bf16", "part_ptr": "*fp32",
                  "count_ptr": "*i32", "sm_ids_ptr": "*i32", "gate_ptr": "*i32",
                  "place_ptr": "*i32", "eps": "fp32"}
         signature = {n: "constexpr" if n in constexprs else kinds.get(n, "i32") for n in names}

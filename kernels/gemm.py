@@ -226,18 +226,6 @@ def _store_tile(acc, y_ptr, b_ptr, tile, tiles_m, rm, M, N, stride_ym, BLOCK_M: 
 
 
 @triton.jit
-def _add_tile(acc, y_ptr, b_ptr, tile, tiles_m, rm, M, N, stride_ym, with_bias,
-              BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr):
-    """A swapped tile's part acc[n, m] added into the fp32 y[m, n] with atomics (the part that
-    holds the tile's first K-slab adds the bias)."""
-    cols = (tile // tiles_m) * BLOCK_N + tl.arange(0, BLOCK_N)
-    if with_bias:
-        acc = _plus_bias(acc, b_ptr, cols, N, HAS_BIAS, True)
-    tl.atomic_add(y_ptr + rm[None, :] * stride_ym + cols[:, None], acc,
-                  mask=(rm[None, :] < M) & (cols[:, None] < N), sem="relaxed")
-
-
-@triton.jit
 def _tiles_n(N, BLOCK_N: tl.constexpr, GLU: tl.constexpr):
     """The skinny kernel's output tile columns: N output columns, BLOCK_N weight rows a tile
     (half of them gate, half up with GLU)."""
@@ -284,7 +272,7 @@ def skinny_kernel(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, sm_ids_ptr, g
                    stride_wn, stride_ym, eps, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                    BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, WHOLE_TILES: tl.constexpr,
                    HAS_BIAS: tl.constexpr, GLU: tl.constexpr, ACCUMULATE: tl.constexpr,
-                   RMS: tl.constexpr, ATOMIC: tl.constexpr, RECORD_SM: tl.constexpr,
+                   RMS: tl.constexpr, RECORD_SM: tl.constexpr,
                    PINNED: tl.constexpr, PLACED: tl.constexpr, BLOCK_SMS: tl.constexpr,
                    PDL: tl.constexpr, PREFETCH_LINES: tl.constexpr):
     if PREFETCH_LINES > 0:  # before run_slots' wait for the kernel before (PDL, plain launch)
@@ -292,7 +280,7 @@ def skinny_kernel(x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, sm_ids_ptr, g
                     BLOCK_K, WHOLE_TILES, GLU, PREFETCH_LINES)
     run_slots(_skinny_slot, (x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr, M, N, K, stride_xm,
               stride_wn, stride_ym, eps, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, WHOLE_TILES,
-              HAS_BIAS, GLU, ACCUMULATE, RMS, ATOMIC),
+              HAS_BIAS, GLU, ACCUMULATE, RMS),
               sm_ids_ptr, gate_ptr, place_ptr, first_site, n_sms, ctas, slots, programs, RECORD_SM,
               PINNED, PLACED, BLOCK_SMS, PDL)
 
@@ -302,7 +290,7 @@ def _skinny_slot(pid, programs, x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr,
                  stride_xm, stride_wn, stride_ym, eps, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
                  WHOLE_TILES: tl.constexpr, HAS_BIAS: tl.constexpr, GLU: tl.constexpr,
-                 ACCUMULATE: tl.constexpr, RMS: tl.constexpr, ATOMIC: tl.constexpr):
+                 ACCUMULATE: tl.constexpr, RMS: tl.constexpr):
     # What program `pid` of `programs` does. WHOLE_TILES: each program takes whole output
     # tiles, striding by the grid; with RMS it normalizes x's rows by the sums of squares its
     # loop over all of K gathered (an RMSNorm whose gain is in W), scaling acc's columns.
@@ -310,11 +298,7 @@ def _skinny_slot(pid, programs, x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr,
     # units [p*T//P, (p+1)*T//P), so all programs read the same bytes (within one slab). A
     # tile cut between programs leaves fp32 partials at row (tile + program), unique as in
     # decode attention; its last program to finish (a counter per tile, nobody waits) adds
-    # them and resets the counter. ATOMIC (an fp32 y that the call adds into): every program
-    # adds its part of a tile into y with atomics instead, so no program merges and any cut
-    # is free (the order of the adds, and so y's last bits, vary from run to run).
-    tl.static_assert(not ATOMIC or (ACCUMULATE and not (GLU or RMS or WHOLE_TILES)),
-                     "atomic adds take a plain residual add over split tiles")
+    # them and resets the counter.
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles = tiles_m * _tiles_n(N, BLOCK_N, GLU)
     k_tiles = tl.cdiv(K, BLOCK_K)
@@ -330,6 +314,7 @@ def _skinny_slot(pid, programs, x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr,
     else:
         total = tiles * k_tiles
         lo, hi = _units_of(pid, programs, total)
+        cell = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
         if lo < hi:
             for tile in range(lo // k_tiles, (hi - 1) // k_tiles + 1):
                 k_lo = tl.maximum(lo, tile * k_tiles) - tile * k_tiles
@@ -338,42 +323,27 @@ def _skinny_slot(pid, programs, x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr,
                 acc, rm, _ = _swapped_product(x_ptr, w_ptr, tile, tiles_m, k_lo, k_hi, M, N, K,
                                               stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
                                               EVEN_K, GLU, False)
-                if ATOMIC:
-                    _add_tile(acc, y_ptr, b_ptr, tile, tiles_m, rm, M, N, stride_ym, k_lo == 0,
-                              BLOCK_N, HAS_BIAS)
+                # the programs holding this tile's first and last unit (the largest q whose
+                # range starts at or before unit u is ((u + 1) * P - 1) // T)
+                first = ((tile * k_tiles + 1).to(tl.int64) * programs - 1) // total
+                last = (((tile + 1) * k_tiles).to(tl.int64) * programs - 1) // total
+                if first == last:
+                    _store_tile(acc, y_ptr, b_ptr, tile, tiles_m, rm, M, N, stride_ym, BLOCK_M,
+                                BLOCK_N, HAS_BIAS, GLU, ACCUMULATE)
                 else:
-                    _store_or_merge(acc, y_ptr, b_ptr, part_ptr, count_ptr, tile, tiles_m,
-                                    k_tiles, total, pid, programs, rm, M, N, stride_ym, BLOCK_M,
-                                    BLOCK_N, HAS_BIAS, GLU, ACCUMULATE)
-
-
-@triton.jit
-def _store_or_merge(acc, y_ptr, b_ptr, part_ptr, count_ptr, tile, tiles_m, k_tiles, total, pid,
-                    programs, rm, M, N, stride_ym, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    HAS_BIAS: tl.constexpr, GLU: tl.constexpr, ACCUMULATE: tl.constexpr):
-    """Program pid's part of a stream-K tile: stored if the tile is all its own, else left as
-    partials that the tile's last program to arrive adds up and stores."""
-    # the programs holding this tile's first and last unit (the largest q whose range starts
-    # at or before unit u is ((u + 1) * P - 1) // T)
-    first = ((tile * k_tiles + 1).to(tl.int64) * programs - 1) // total
-    last = (((tile + 1) * k_tiles).to(tl.int64) * programs - 1) // total
-    if first == last:
-        _store_tile(acc, y_ptr, b_ptr, tile, tiles_m, rm, M, N, stride_ym, BLOCK_M, BLOCK_N,
-                    HAS_BIAS, GLU, ACCUMULATE)
-    else:
-        cell = tl.arange(0, BLOCK_N)[:, None] * BLOCK_M + tl.arange(0, BLOCK_M)[None, :]
-        tile_elems = BLOCK_N * BLOCK_M
-        tl.store(part_ptr + (tile + pid) * tile_elems + cell, acc)
-        tl.debug_barrier()  # every thread's partial is written before the count
-        if tl.atomic_add(count_ptr + tile, 1) == last - first:
-            acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-            for q in range(first, last + 1):
-                # .cg: from L2, where the other programs' stores landed
-                acc += tl.load(part_ptr + (tile + q) * tile_elems + cell, cache_modifier=".cg")
-            # the bias once, in the sum
-            _store_tile(acc, y_ptr, b_ptr, tile, tiles_m, rm, M, N, stride_ym, BLOCK_M,
-                        BLOCK_N, HAS_BIAS, GLU, ACCUMULATE)
-            tl.store(count_ptr + tile, 0)  # ready for the next call
+                    tile_elems = BLOCK_N * BLOCK_M
+                    tl.store(part_ptr + (tile + pid) * tile_elems + cell, acc)
+                    tl.debug_barrier()  # every thread's partial is written before the count
+                    if tl.atomic_add(count_ptr + tile, 1) == last - first:
+                        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+                        for q in range(first, last + 1):
+                            # .cg: from L2, where the other programs' stores landed
+                            acc += tl.load(part_ptr + (tile + q) * tile_elems + cell,
+                                           cache_modifier=".cg")
+                        # the bias once, in the sum
+                        _store_tile(acc, y_ptr, b_ptr, tile, tiles_m, rm, M, N, stride_ym,
+                                    BLOCK_M, BLOCK_N, HAS_BIAS, GLU, ACCUMULATE)
+                        tl.store(count_ptr + tile, 0)  # ready for the next call
 
 
 # Where stream-K can cut every tile into the same number of K ranges on at least this share of
@@ -414,35 +384,32 @@ class GemmPlan:
     config: GemmConfig
     grid: int
     whole: bool
-    atomic: bool = False  # (skinny) parts added into an fp32 output with atomics
 
     def variant(self, K: int) -> tuple:
         cfg = self.config
-        return (cfg, self.whole if cfg.skinny else None, K % cfg.block_k == 0, self.atomic)
+        return (cfg, self.whole if cfg.skinny else None, K % cfg.block_k == 0)
 
 
 def plan(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device,
          num_sms: int | None = None, ctas_per_sm: int = 1,
-         config: GemmConfig | None = None, atomic: bool = False) -> GemmPlan:
+         config: GemmConfig | None = None) -> GemmPlan:
     """How problem M x N x K launches on this budget. Planned once per problem and setting: an
     eager prefill layer plans each of its GEMMs on every call, and planning costs more host
     time than the launch's other Python (module settings and the interpreter flag are part of
-    the key; a test that patches a function `plan` calls runs `forget_plans` first). `atomic`:
-    the skinny schedule splits the K-slabs evenly over every program, whose parts are added
-    into an fp32 output with atomics (`linear`)."""
-    key = (M, N, K, dtype, device, num_sms, ctas_per_sm, config, atomic, ALIGNED_SPLIT_BUSY,
+    the key; a test that patches a function `plan` calls runs `forget_plans` first)."""
+    key = (M, N, K, dtype, device, num_sms, ctas_per_sm, config, ALIGNED_SPLIT_BUSY,
            interpreting())
     try:
         hash(key)
     except TypeError:  # an unhashable argument: planned afresh, which names what is wrong
-        return _plan(M, N, K, dtype, device, num_sms, ctas_per_sm, config, atomic)
+        return _plan(M, N, K, dtype, device, num_sms, ctas_per_sm, config)
     return _planned(*key)
 
 
 @functools.lru_cache(maxsize=4096, typed=True)  # typed: num_sms=True is refused, not 1's plan
-def _planned(M, N, K, dtype, device, num_sms, ctas_per_sm, config, atomic, aligned_split_busy,
+def _planned(M, N, K, dtype, device, num_sms, ctas_per_sm, config, aligned_split_busy,
              interpreter) -> GemmPlan:
-    return _plan(M, N, K, dtype, device, num_sms, ctas_per_sm, config, atomic)
+    return _plan(M, N, K, dtype, device, num_sms, ctas_per_sm, config)
 
 
 def forget_plans() -> None:
@@ -451,21 +418,16 @@ def forget_plans() -> None:
 
 
 def _plan(M: int, N: int, K: int, dtype: torch.dtype, device: torch.device,
-          num_sms: int | None, ctas_per_sm: int, config: GemmConfig | None,
-          atomic: bool = False) -> GemmPlan:
+          num_sms: int | None, ctas_per_sm: int, config: GemmConfig | None) -> GemmPlan:
     cfg = config
     if cfg is None:  # the budget and the whole GPU are only needed to choose a tile
         programs = grid_size(1 << 30, num_sms, ctas_per_sm, device)
         whole_gpu = grid_size(1 << 30, None, ctas_per_sm, device)
         cfg = default_config(M, N, K, programs, dtype, whole_gpu)
-        if atomic and M <= 64:  # decode rows always take the skinny kernel when adding atomically
-            cfg = replace(cfg, skinny=True)  # (the interpreter's tile leaves it to the grid)
     tiles = cdiv(M, cfg.block_m) * cdiv(N, cfg.block_n)
     if not cfg.skinny:
         return GemmPlan(cfg, grid_size(tiles, num_sms, ctas_per_sm, device), False)
     grid = grid_size(tiles * cdiv(K, cfg.block_k), num_sms, ctas_per_sm, device)
-    if atomic:  # cuts cost no merge: every program takes an even share
-        return GemmPlan(cfg, grid, False, atomic=True)
     whole = whole_tiles(tiles, grid, cfg.block_n * K * torch.finfo(dtype).bits // 8)
     return GemmPlan(cfg, min(grid, tiles) if whole else split_grid(tiles, grid), whole)
 
@@ -475,17 +437,15 @@ LARGE_M = 1025
 
 
 def warm_up_rows(N: int, K: int, dtype: torch.dtype, device: torch.device, budgets,
-                 max_rows: int, atomic: bool = False) -> list[tuple[int, int]]:
+                 max_rows: int) -> list[tuple[int, int]]:
     """(rows, budget) pairs, one for each kernel variant that problems of 1..max_rows rows of
-    x against an [N, K] weight compile on these budgets (`atomic`: added into an fp32 output,
-    `linear`'s): running each once compiles everything such problems can need, so none
-    compiles later (in a measured run)."""
+    x against an [N, K] weight compile on these budgets: running each once compiles everything
+    such problems can need, so none compiles later (in a measured run)."""
     seen: dict[tuple, tuple[int, int]] = {}
     rows = [*range(1, min(max_rows, LARGE_M - 1) + 1), *([LARGE_M] if max_rows >= LARGE_M else [])]
     for budget in budgets:
         for m in rows:
-            seen.setdefault(plan(m, N, K, dtype, device, budget, atomic=atomic).variant(K),
-                            (m, budget))
+            seen.setdefault(plan(m, N, K, dtype, device, budget).variant(K), (m, budget))
     return list(seen.values())
 
 
@@ -499,38 +459,20 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
     num_sms*ctas_per_sm programs (`pinned`: on those SMs, kernels/_pinned.py).
 
     `accumulate`: out += y, summed in fp32 before the one rounding (a residual add in the
-    epilogue; `out` is then required). An fp32 `out` for bf16/fp16 x (decode sizes, with
-    accumulate): every program adds its even share of the weight's K-slabs into it with
-    atomics, so no program merges another's partials (the adds' order, and so out's last
-    bits, vary from run to run). `rms_eps`: x's rows RMS-normalized first, x /
+    epilogue; `out` is then required). `rms_eps`: x's rows RMS-normalized first, x /
     sqrt(mean(x^2) + eps), inside the kernel (an RMSNorm whose gain is folded into `weight`);
     only where the problem runs on whole skinny tiles of a verified form (`normalizes_rows`)."""
     M, N, K = _check_problem(x, weight, bias)
     if accumulate and out is None:
         raise PdmuxError("accumulate adds into out: give out")
-    half = str(x.dtype).replace("torch.", "")
-    atomic = (isinstance(out, torch.Tensor) and out.dtype == torch.float32
-              and x.dtype != torch.float32)
-    if atomic and not accumulate:
-        raise PdmuxError(f"a float32 out for {half} x is added into (accumulate=True); give "
-                         f"out in {half} to overwrite it")
-    if atomic and rms_eps is not None:
-        raise PdmuxError("rows are normalized in the kernel (rms_eps) only on whole tiles, and a "
-                         "float32 out splits every tile between programs: normalize them first "
-                         "(rmsnorm)")
-    out = _output(out, x, M, N, (x.dtype, torch.float32) if accumulate else (x.dtype,))
+    out = _output(out, x, M, N)
     if M == 0 or N == 0:
         return out
     if K == 0:
         if accumulate:
             return out.add_(bias) if bias is not None else out
         return out.copy_(bias.expand(M, N)) if bias is not None else out.zero_()
-    p = plan(M, N, K, x.dtype, x.device, pinned_budget(pinned, num_sms), ctas_per_sm, config,
-             atomic)
-    if atomic and not p.config.skinny:
-        raise PdmuxError(f"a float32 out is added into by the decode (skinny) kernel only; {M} "
-                         f"rows against a [{N}, {K}] weight run as prefill tiles here: give out "
-                         f"in {half}")
+    p = plan(M, N, K, x.dtype, x.device, pinned_budget(pinned, num_sms), ctas_per_sm, config)
     _launch(p, x, weight, out, bias, False, accumulate, rms_eps, sm_ids, pinned, ctas_per_sm,
             pdl)
     return out
@@ -603,11 +545,10 @@ def _check_problem(x: torch.Tensor, weight: torch.Tensor,
     return M, N, K
 
 
-def _output(out: torch.Tensor | None, x: torch.Tensor, M: int, N: int,
-            dtypes: tuple | None = None) -> torch.Tensor:
+def _output(out: torch.Tensor | None, x: torch.Tensor, M: int, N: int) -> torch.Tensor:
     if out is None:
         return torch.empty((M, N), dtype=x.dtype, device=x.device)
-    check_tensor("out", out, 2, dtypes or (x.dtype,), x.device)
+    check_tensor("out", out, 2, (x.dtype,), x.device)
     if tuple(out.shape) != (M, N):
         raise PdmuxError(f"out must have shape {(M, N)}, got {tuple(out.shape)}")
     return out
@@ -618,8 +559,7 @@ def _launch(p: GemmPlan, x: torch.Tensor, weight: torch.Tensor, out: torch.Tenso
             sm_ids: torch.Tensor | None, pinned: Pinned | None, ctas_per_sm: int,
             pdl: bool) -> None:
     """One launch of planned problem `p` into `out` (glu: the skinny kernel's SwiGLU epilogue,
-    `out` has half the weight's rows as columns; accumulate, rms_eps: `linear`'s; an atomic
-    plan adds into an fp32 out)."""
+    `out` has half the weight's rows as columns; accumulate, rms_eps: `linear`'s)."""
     M, K = x.shape
     N = out.shape[1]  # the output's columns: the weight's rows, half of them with glu
     cfg, grid = p.config, p.grid
@@ -637,8 +577,8 @@ def _launch(p: GemmPlan, x: torch.Tensor, weight: torch.Tensor, out: torch.Tenso
     sm_buf, record = telemetry_args(sm_ids, grid, x.device)
     bias_arg = out if bias is None else bias  # any pointer: HAS_BIAS compiles the loads away
     if cfg.skinny:
-        if p.whole or p.atomic:
-            part = counters = out  # no partials, no counters: nothing split, or added atomically
+        if p.whole:
+            part = counters = out  # nothing is split: no partials, no counters
         else:
             # a program's range cuts at most one tile at each end: tiles + programs partials
             tiles = cdiv(M, cfg.block_m) * cdiv(weight.shape[0], cfg.block_n)
@@ -650,7 +590,7 @@ def _launch(p: GemmPlan, x: torch.Tensor, weight: torch.Tensor, out: torch.Tenso
             weight.stride(0), out.stride(0), rms_eps or 0.0, BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, EVEN_K=K % cfg.block_k == 0,
             WHOLE_TILES=p.whole, HAS_BIAS=bias is not None, GLU=glu, ACCUMULATE=accumulate,
-            RMS=rms_eps is not None, ATOMIC=p.atomic, RECORD_SM=record, num_warps=cfg.num_warps,
+            RMS=rms_eps is not None, RECORD_SM=record, num_warps=cfg.num_warps,
             num_stages=cfg.num_stages, PREFETCH_LINES=PDL_PREFETCH_LINES if pdl else 0,
             **launch.kwargs)
         return

@@ -209,40 +209,6 @@ def test_accumulate_adds_into_out_once(schedule, M, N, K):
         linear(x, w, accumulate=True)
 
 
-@pytest.mark.parametrize("M,N,K", [(1, 40, 64), (7, 33, 128), (32, 97, 80), (5, 24, 72)])
-@pytest.mark.parametrize("num_sms", [1, 2, 3, 64])
-def test_fp32_out_is_added_into_with_atomics(M, N, K, num_sms):
-    """An fp32 out for half-precision x: every program adds its even share of the K-slabs
-    into it (atomics, no merge), for any grid, once per element, the bias once (K = 72: a
-    ragged last slab); repeated calls keep adding. Only with accumulate, without an in-kernel
-    norm, and only on the skinny kernel."""
-    x = torch.randn(M, K, dtype=torch.float16, device=DEV)
-    w = (torch.randn(N, K, device=DEV) / K ** 0.5).half()
-    b = torch.randn(N, dtype=torch.float16, device=DEV)
-    before = torch.randn(M, N, device=DEV)
-    out = before.clone()
-    product = x.double() @ w.double().T + b.double()
-    plan = gemm.plan(M, N, K, x.dtype, x.device, num_sms, atomic=True)
-    assert plan.atomic and not plan.whole and plan.config.skinny
-    linear(x, w, out, bias=b, accumulate=True, num_sms=num_sms)
-    assert_close(out, before.double() + product, torch.float32)
-    linear(x, w, out, bias=b, accumulate=True, num_sms=num_sms)
-    assert_close(out, before.double() + 2 * product, torch.float32)
-    assert all(gemm.plan(m, N, K, x.dtype, x.device, sms, atomic=True).atomic for m, sms in
-               gemm.warm_up_rows(N, K, x.dtype, x.device, [num_sms], M, atomic=True))
-    with pytest.raises(PdmuxError, match=r"a float32 out for float16 x is added into "
-                                         r"\(accumulate=True\)"):
-        linear(x, w, out)
-    with pytest.raises(PdmuxError, match="a float32 out splits every tile between programs"):
-        linear(x, w, out, accumulate=True, rms_eps=1e-6)
-    with pytest.raises(PdmuxError, match="run as prefill tiles here: give out in float16"):
-        linear(x, w, out, accumulate=True, config=GemmConfig(16, 16, 16, 4, 1))
-    with pytest.raises(PdmuxError, match="out has dtype bfloat16; allowed: float16, float32$"):
-        linear(x, w, out.bfloat16(), accumulate=True)
-    with pytest.raises(PdmuxError, match="out must be a torch.Tensor, got list"):
-        linear(x, w, [[0.0]], accumulate=True)
-
-
 def test_skinny_split_repeated_calls():
     # the last program of a cut tile resets its counter: later calls (other shapes too) stay exact
     for m, n, k in ((5, 24, 96), (3, 40, 64), (5, 24, 96)):
@@ -345,26 +311,6 @@ def test_aligned_split_bf16_real_sizes(M, N, K):
         residual = torch.randn(M, N, dtype=torch.bfloat16, device="cuda")
         expected = residual.double() + x.double() @ w.double().T
         assert_close(linear(x, w, residual, accumulate=True), expected, torch.bfloat16)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("M", [1, 32, 64])
-@pytest.mark.parametrize("N,K", [(4096, 4096), (6144, 4096), (4096, 12288), (1000, 4000)])
-@pytest.mark.parametrize("sms", [132, 20])
-def test_fp32_atomic_adds_bf16_real_sizes(M, N, K, sms):
-    """Qwen3-8B's o, QKV and down projections in bf16 added into an fp32 out with atomics,
-    and a ragged one with a bias, on the whole GPU and a small budget, twice (no counters to
-    reset), against float64."""
-    x = torch.randn(M, K, dtype=torch.bfloat16, device="cuda")
-    w = torch.randn(N, K, dtype=torch.bfloat16, device="cuda") / K ** 0.5
-    b = torch.randn(N, dtype=torch.bfloat16, device="cuda") if K % 128 else None
-    before = torch.randn(M, N, device="cuda")
-    out = before.clone()
-    product = x.double() @ w.double().T + (b.double() if b is not None else 0)
-    linear(x, w, out, bias=b, accumulate=True, num_sms=sms)
-    assert_close(out, before.double() + product, torch.float32)
-    linear(x, w, out, bias=b, accumulate=True, num_sms=sms)
-    assert_close(out, before.double() + 2 * product, torch.float32)
 
 
 @pytest.mark.gpu
