@@ -159,3 +159,42 @@ def test_folded_gains_give_the_norm_then_the_projection():
     folded = layer["qkv"].clone()
     w.fold_norm_gains()
     assert torch.equal(layer["qkv"], folded)
+
+
+def test_a_mixed_steps_decode_rows_attend_as_a_decode_step():
+    """A mixed step's leading one-token rows (after their prefixes) run through decode
+    attention and the chunk through the extend kernel, into one output: the same as the
+    extend kernel over all of them (fp32 rounding apart)."""
+    layers, prefix_rows = 3, [(8, [0, 1, 2]), (12, [3, 4, 5, 6])]
+    models = []
+    for _ in range(2):
+        spec = model_preset("tiny")
+        models.append(Model(Weights.random(spec, DEV, DTYPE, seed=1, layers=layers),
+                            KVCache(spec, 16, PAGE, DEV, DTYPE, layers=layers), max_positions=64))
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(0, 256, (n,), generator=g).tolist() for n, _ in prefix_rows]
+    chunk_prefix = torch.randint(0, 256, (4,), generator=g).tolist()
+    for m in models:  # the decoding rows' contexts and the chunk's prefix in the caches
+        for tokens, (_, pages) in zip(prompts + [chunk_prefix], prefix_rows + [(4, [9, 10])]):
+            m.extend_layers(prefill_batch(tokens, pages), 0, layers, budget=Budget(3))
+    pages = [p for _, p in prefix_rows] + [[9, 10, 11]]
+    table = torch.zeros(3, 4, dtype=torch.int32, device=DEV)
+    for i, p in enumerate(pages):
+        table[i, :len(p)] = torch.tensor(p)
+    pos = torch.tensor([8, 12, 4, 5, 6, 7, 8, 9], device=DEV)
+    rows = [0, 1] + [2] * 6
+    slots = torch.stack([table[r, int(q) // PAGE].long() * PAGE + int(q) % PAGE
+                         for r, q in zip(rows, pos.tolist())])
+    tokens = torch.randint(0, 256, (8,), generator=g).to(DEV)
+
+    def mixed():
+        return ExtendBatch(tokens, pos, slots, table, [1, 1, 6], [8, 12, 4])
+    split = mixed()
+    assert split.decode_rows == 2 and split.decode_seq_lens.tolist() == [9, 13]
+    whole = mixed()
+    whole.__dict__["decode_rows"] = 0  # every row through the extend kernel
+    h, r = models[0].extend_layers(split, 0, layers, budget=Budget(3))
+    ref_h, ref_r = models[1].extend_layers(whole, 0, layers, budget=Budget(3))
+    tol = 1e-5 if DTYPE == torch.float32 else REL_TOL[DTYPE]
+    assert rel_err(h, ref_h) < tol and rel_err(r, ref_r) < tol
+    assert rel_err(models[0].cache.k[2], models[1].cache.k[2]) < tol

@@ -166,10 +166,29 @@ class ExtendBatch:
     prefix_lens: list[int]
 
     @cached_property
+    def decode_rows(self) -> int:
+        """How many of the leading sequences are one token after a prefix (a mixed step's
+        decode rows): their attention runs as a decode step's, each row's context read once
+        for its group of query heads, where the extend kernel would give each a query tile a
+        head."""
+        n = 0
+        while (n < len(self.extend_lens) and self.extend_lens[n] == 1
+               and self.prefix_lens[n] > 0):
+            n += 1
+        return n
+
+    @cached_property
+    def decode_seq_lens(self) -> torch.Tensor:
+        """The decode rows' context lengths (their new token included), uploaded once."""
+        lens = [p + 1 for p in self.prefix_lens[:self.decode_rows]]
+        return torch.tensor(lens, dtype=torch.int32).to(self.tokens.device, non_blocking=True)
+
+    @cached_property
     def plan(self):
-        """The extend attention's block plan, made and uploaded once: a split prefill runs
-        extend_layers every round on the same batch."""
-        return plan_extend(self.extend_lens, self.prefix_lens, self.tokens.device)
+        """The extend attention's block plan for the sequences past the decode rows, made and
+        uploaded once: a split prefill runs extend_layers every round on the same batch."""
+        n = self.decode_rows
+        return plan_extend(self.extend_lens[n:], self.prefix_lens[n:], self.tokens.device)
 
 
 class OneGpu:
@@ -308,11 +327,22 @@ class Model:
         elif hidden is None or residual is None:
             raise PdmuxError(f"a prefill resumed at layer {start} needs the hidden states and "
                              f"the residual stream")
-        ps, plan = self.cache.page_size, batch.plan
+        ps, plan, n = self.cache.page_size, batch.plan, batch.decode_rows
+        seq_lens = batch.decode_seq_lens if n else None
+        longest = max(batch.prefix_lens[:n], default=0) + 1
 
         def attend(q, k, v, kc, vc):
-            return extend_attention(q, k, v, kc, vc, batch.page_table, batch.extend_lens,
-                                    batch.prefix_lens, ps, plan=plan, **kernel_args(budget))
+            if not n:
+                return extend_attention(q, k, v, kc, vc, batch.page_table, batch.extend_lens,
+                                        batch.prefix_lens, ps, plan=plan, **kernel_args(budget))
+            out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # (q: a strided view)
+            decode_attention(q[:n], kc, vc, batch.page_table[:n], seq_lens, ps, longest,
+                             out=out[:n], **kernel_args(budget, attention=True))
+            if n < len(batch.extend_lens):
+                extend_attention(q[n:], k[n:], v[n:], kc, vc, batch.page_table[n:],
+                                 batch.extend_lens[n:], batch.prefix_lens[n:], ps, plan=plan,
+                                 out=out[n:], **kernel_args(budget))
+            return out
 
         def run(i, hidden, residual):
             return self.layer(i, hidden, residual, batch.positions, batch.slots, attend, budget)
