@@ -723,7 +723,9 @@ def _mixed_by_tiles(model, decode, prefill, total_sms, decode_context_tokens, de
         share, extra = divmod(int(decode_context_tokens), decode_batch) if decode_batch else (0, 0)
         decode_contexts = [share + (i < extra) for i in range(decode_batch)]
     tokens = chunk + decode_batch
-    seqs = [(chunk, chunk_prefix)] + [(1, c) for c in decode_contexts]
+    # the decode rows attend as a decode step (their KV read at the decode rate, below), the
+    # chunk in the extend kernel's tiles
+    seqs = [(chunk, chunk_prefix)]
     layers = tiled_layers_s(model, tokens, seqs, tiles, total_sms)
     if layers is None:  # the skinny tile's rows: its linears at the prefill's MFU
         layers = tiled_layers_s(model, tokens, seqs, tiles, total_sms, gemm_s=compute_s(
