@@ -85,6 +85,7 @@ from pdmux_triton.cost.measured_inputs import load_calibration, load_compare, lo
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiments.settings import RunSettings, make_requests
 from pdmux_triton.results import PointStore, read_json, write_json
+from pdmux_triton.serve.metrics import MIXED_DECODE_ROWS
 from pdmux_triton.serve.simulated import SUSTAINED_WINDOW_S
 from pdmux_triton.spec.gpus import gpu_preset
 from pdmux_triton.spec.models import ModelSpec, model_preset
@@ -146,16 +147,24 @@ def round_contexts(run: dict, strategy: str) -> list[int]:
     return out
 
 
+def todays_mixed_steps(saved: dict) -> bool:
+    """Whether a measured run (its diagnostics or a strategy's details) ran a mixed step's
+    decode rows as today's executor does (`metrics.MIXED_DECODE_ROWS`): one saved before gave
+    them the extend kernel's tiles, so its chunked rounds are not fitted."""
+    return saved.get("mixed_decode_rows") == MIXED_DECODE_ROWS
+
+
 def chunk_rounds(run: dict, host_s: float) -> list[dict]:
-    """Every chunked round of a stream run's chunked strategies: its chunk, prefix, decode
-    batch and context, its measured seconds, and the host's launch time of a launch's first
-    eager layer (the run's where its rows timed it, else `host_s`) and of each later one
-    (`later_s`, the run's; None: every layer as the first, a run measured before replays)."""
+    """Every chunked round of a stream run's chunked strategies that ran today's mixed steps
+    (`todays_mixed_steps`): its chunk, prefix, decode batch and context, its measured seconds,
+    and the host's launch time of a launch's first eager layer (the run's where its rows timed
+    it, else `host_s`) and of each later one (`later_s`, the run's; None: every layer as the
+    first, a run measured before replays)."""
     timed = {row["strategy"]: (row.get("host_layer_p50_ms"), row.get("host_later_layer_p50_ms"))
              for row in run.get("rows", [])}
     rows = []
     for name in run["details"]:
-        if not name.startswith("chunked_"):
+        if not name.startswith("chunked_") or not todays_mixed_steps(run["details"][name]):
             continue
         first_ms, later_ms = timed.get(name, (None, None))
         host = first_ms / 1e3 if first_ms else host_s
@@ -211,11 +220,13 @@ def later_layer_s(diagnostics: dict) -> float | None:
 
 
 def fidelity_rounds(points: list[tuple[dict, float]]) -> list[dict]:
-    """Every chunked round of the points (`timed_points`), as `chunk_rounds` gives them, each
-    with the launch times its run's host timed."""
+    """Every chunked round of the points (`timed_points`) that ran today's mixed steps
+    (`todays_mixed_steps`), as `chunk_rounds` gives them, each with the launch times its run's
+    host timed."""
     rows = []
     for point, host in points:
-        if not point["strategy"].startswith("chunked_"):
+        if not (point["strategy"].startswith("chunked_")
+                and todays_mixed_steps(point["diagnostics"])):
             continue
         r = point["diagnostics"]["rounds"]
         for start, end, label, batch, held in zip(r["start_us"], r["end_us"], r["label"],
@@ -673,9 +684,9 @@ def pooled_rounds(measured: list[str], host: dict, overheads) -> tuple:
         if more_prefills is not None:
             prefills = (prefills or []) + more_prefills
     if not rows:
-        raise PdmuxError("the measurements hold no chunked strategy's rounds: measure chunked "
-                         "strategies (bench/trace_fidelity.py, `pdmux-triton capacity`, or "
-                         "`run --workload stream --chunks`)")
+        raise PdmuxError("the measurements hold no chunked strategy's rounds served as today's "
+                         "mixed steps run: measure chunked strategies (bench/trace_fidelity.py, "
+                         "`pdmux-triton capacity`, or `run --workload stream --chunks`)")
     return pooled[0], pooled[1], rows, prefills
 
 

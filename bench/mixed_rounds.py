@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from fit_host_costs import later_layer_s
+from fit_host_costs import later_layer_s, todays_mixed_steps
 from script import MEASURED_ON_H200, bench_parser, finish, run_script
 
 from pdmux_triton.cost import step_cost
@@ -145,7 +145,8 @@ def run(args) -> int:
         if args.against:
             hosts["against"] = load_host_costs(args.against, s.gpu.name)
         for point in PointStore(path, PointKey).points.values():
-            if not point["strategy"].startswith("chunked_") or not point.get("host_layer_us"):
+            if not (point["strategy"].startswith("chunked_") and point.get("host_layer_us")
+                    and todays_mixed_steps(point)):
                 continue
             rounds = replayed_rounds(point, requests)
             host_s, later_s = point["host_layer_us"] / 1e6, later_layer_s(point)
@@ -155,7 +156,8 @@ def run(args) -> int:
                            "bands": band_rows(rounds, {k: p for k, (p, _) in prices.items()},
                                               prices["given"][1])})
     if not points:
-        raise PdmuxError("the diagnostics hold no measured chunked point whose run timed its host")
+        raise PdmuxError("the diagnostics hold no measured chunked point whose run timed its "
+                         "host and ran today's mixed steps")
     lines = []
     for p in points:
         lines.append(f"{p['folder']} {p['strategy']} at {p['rate']:g} req/s (host "

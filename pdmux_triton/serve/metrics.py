@@ -30,6 +30,10 @@ from pdmux_triton.serve.executor import RunResult
 from pdmux_triton.spec.traffic import Request
 
 MS = 1e3
+# how a mixed step's decode rows attend, as the GPU executor runs them and the simulator prices
+# them: through decode attention, apart from the chunk's extend tiles. A run saved without it
+# gave each decode row an extend tile a query head (slower): its chunked rounds are not today's.
+MIXED_DECODE_ROWS = "decode_attention"
 
 
 @dataclass(frozen=True)
@@ -367,6 +371,7 @@ def details(result: RunResult, limit: int = DETAIL_RECORDS) -> dict:
                    for a, b, lv, bs, label, c in zip(
                        *(getattr(rounds, k)[:n].tolist() for k in
                          ("start", "end", "level", "decode_bs", "label", "decode_context")))],
+        "mixed_decode_rows": MIXED_DECODE_ROWS,
     }
     for name, total in (("ttft_ms", len(ttft)), ("prefills", len(windows)),
                         ("rounds", len(rounds))):
@@ -400,6 +405,7 @@ def diagnostics(result: RunResult, spans: bool = True) -> dict:
                    "decode_context": list(rounds.decode_context), "label": list(rounds.label),
                    "labels": rounds.labels},
         "decode_step_us": [us(t) for t in result.activity.decode_step_s],
+        "mixed_decode_rows": MIXED_DECODE_ROWS,
         # how fast the host launched an eager layer in this run, a launch's first, through the
         # kernels' launchers (None: simulated, or a point measured before the executor timed
         # its launches)
