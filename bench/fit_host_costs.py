@@ -14,13 +14,12 @@ it to a host-costs file (`calibrate --host-costs`'s):
   calibration's whole-GPU rate alone and its batch term: the median over the served
   whole-GPU steps where each size holds enough, else from the file's captured decode rounds;
 - mixed_step: a chunked-prefill step's fixed cost (`step_cost.MixedStepFit`), by least squares
-  over every chunked round measured; a round lasts that cost and its layers as the host
-  launches them and the GPU runs them (`step_cost.layer_pipeline_s`). Its GPU phases are
-  priced by the kernels' tiles (`step_cost.TileTimes`: GEMM waves, the extend attention's
-  tiles, a layer's other kernels per token), fitted first to the captured kernel benchmarks
-  of bench/prefill_rate.py (`--prefill-rate`, the whole GPU's rows); with `--prefill-rate`
-  empty, by the older law (the linears at the prefill's MFU, the decode rows' padded
-  attention at a fitted MFU, also solved for);
+  over every chunked round measured as today's executor runs it (`todays_mixed_steps`); a
+  round lasts that cost and its layers as the host launches them and the GPU runs them
+  (`step_cost.layer_pipeline_s`). Its GPU phases are priced by the kernels' tiles
+  (`step_cost.TileTimes`: GEMM waves, the extend attention's tiles, a layer's other kernels
+  per token), fitted first to the captured kernel benchmarks of bench/prefill_rate.py
+  (`--prefill-rate`, the whole GPU's rows), and the decode rows' KV read at the decode rate;
 - split_prefill_sustained: what each level's prefill keeps of the comparison's burst rate when
   it runs on beside its decode (`--sustained`, bench/sustained_corun.py's file: the sustained
   run's median call over the burst, the mean over its batches), since served PD-mux prefills
@@ -507,66 +506,41 @@ def tile_times_json(tiles: step_cost.TileTimes, source: str, quality: dict) -> d
             "small_s_per_token": tiles.small_s_per_token, "source": source, **quality}
 
 
-def fit_mixed(rows, model, decode, prefill, total_sms, tile,
-              tiles: step_cost.TileTimes | None = None
+def fit_mixed(rows, model, decode, prefill, total_sms, tiles: step_cost.TileTimes
               ) -> tuple[step_cost.MixedStepFit, np.ndarray, dict]:
-    """Least squares of measured = fixed + the layers' pipeline of the GPU phases and the
-    run's launches (`step_cost.layer_pipeline_s`): the fixed cost is one for every host (fitted
-    with a term for the host's speed, it came out at or below zero). With `tiles`, the GPU
-    phases are the tiles' law and only the fixed cost is fitted (each round's decode rows
-    share its context evenly: the rounds keep its sum); without, compute + read + row tiles'
-    FLOPs / (peak x MFU), the MFU fitted too. Linear once each round is known to be bound by
-    its GPU or by its launches: solved again until no round changes sides."""
+    """The fixed cost of measured = fixed + the layers' pipeline of the GPU phases (the tiles'
+    law; each round's decode rows share its context evenly: the rounds keep its sum) and the
+    run's launches (`step_cost.layer_pipeline_s`): one for every host (fitted with a term for
+    the host's speed, it came out at or below zero). The mean once each round is known to be
+    bound by its GPU or by its launches: solved again until no round changes sides."""
     measured = np.array([r["seconds"] for r in rows])
     host = np.array([r["host_s"] for r in rows])
     n = model.layers
     # a run since replays launches its later layers faster than its first: they pace the GPU
     launches = np.array([step_cost.launch_layers_s(n, r["host_s"], r.get("later_s")) for r in rows])
     pace = np.array([r["host_s"] if r.get("later_s") is None else r["later_s"] for r in rows])
-    if tiles is not None:
-        law = step_cost.MixedStepFit(0.0, tiles=tiles)
-        base = np.array([step_cost.mixed_step_s(model, decode, prefill, total_sms, r["context"],
-                                                r["batch"], r["chunk"], r["prefix"],
-                                                samples_chunk=0, phases=law) for r in rows])
-        tiles_flops, inverse = np.zeros(len(rows)), 0.0
-    else:
-        base = np.array([step_cost.mixed_step_s(model, decode, prefill, total_sms, r["context"],
-                                                r["batch"], r["chunk"], r["prefix"],
-                                                samples_chunk=0,
-                                                phases=step_cost.MixedStepFit(0.0, 1.0))
-                         for r in rows])
-        tiles_flops = np.array([step_cost.decode_row_attention_flops(model, r["context"], tile)
-                                for r in rows]) / (prefill.peak_tflops * 1e12)
+    law = step_cost.MixedStepFit(0.0, tiles)
+    gpu = np.array([step_cost.mixed_step_s(model, decode, prefill, total_sms, r["context"],
+                                           r["batch"], r["chunk"], r["prefix"], samples_chunk=0,
+                                           phases=law) for r in rows])
     by_launches = np.zeros(len(rows), dtype=bool)  # first as if no round's launches bound it
     for _ in range(len(rows) + 1):
-        if tiles is None and not (tiles_flops > 0).any():
-            raise PdmuxError("no chunked round stepped decode rows: the decode rows' MFU "
-                             "cannot be fitted (measure chunked prefill beside decoding)")
         # launch-bound: n launches and one layer of GPU; GPU-bound: the GPU and the first launch
-        target = measured - np.where(by_launches, launches + base / n, base + host)
-        rows_term = np.where(by_launches, tiles_flops / n, tiles_flops)
-        if tiles is None:
-            design = np.vstack([np.ones(len(rows)), rows_term]).T
-            (fixed, inverse), *_ = np.linalg.lstsq(design, target, rcond=None)
-        else:
-            fixed = float(target.mean())
-        now = pace > (base + tiles_flops * inverse) / n
+        fixed = float((measured - np.where(by_launches, launches + gpu / n, gpu + host)).mean())
+        now = pace > gpu / n
         if (now == by_launches).all():
             break
         by_launches = now
     else:
         raise PdmuxError("the mixed-step fit did not settle which rounds their launches bound")
-    if not (fixed >= 0 and (tiles is not None or inverse >= 1)):
-        raise PdmuxError(f"the mixed-step fit is unphysical (fixed {fixed * 1e3:.2f} ms, decode "
-                         f"rows at {1 / inverse if inverse else float('inf'):.2f} of peak)")
-    fit = (step_cost.MixedStepFit(float(fixed), tiles=tiles) if tiles is not None
-           else step_cost.MixedStepFit(float(fixed), float(1 / inverse)))
-    priced = fixed + np.array([step_cost.layer_pipeline_s(gpu, n, r["host_s"], r.get("later_s"))
-                               for gpu, r in zip(base + tiles_flops * inverse, rows)])
+    if not fixed >= 0:
+        raise PdmuxError(f"the mixed-step fit is unphysical (fixed {fixed * 1e3:.2f} ms)")
+    priced = fixed + np.array([step_cost.layer_pipeline_s(g, n, r["host_s"], r.get("later_s"))
+                               for g, r in zip(gpu, rows)])
     error = np.abs(priced - measured) / measured
-    return fit, by_launches, {"rounds": len(rows), "launch_bound_share": float(by_launches.mean()),
-                 "median_abs_error": float(np.median(error)),
-                 "p90_abs_error": float(np.percentile(error, 90))}
+    return step_cost.MixedStepFit(fixed, tiles), by_launches, {
+        "rounds": len(rows), "launch_bound_share": float(by_launches.mean()),
+        "median_abs_error": float(np.median(error)), "p90_abs_error": float(np.percentile(error, 90))}
 
 
 def main(argv=None) -> int:
@@ -578,9 +552,9 @@ def main(argv=None) -> int:
     p.add_argument("host_costs", help="calibrate --host-costs' file, updated in place")
     p.add_argument("--calibration", required=True)
     p.add_argument("--compare", required=True)
-    p.add_argument("--prefill-rate", nargs="*", default=list(PREFILL_RATE),
+    p.add_argument("--prefill-rate", nargs="+", default=list(PREFILL_RATE),
                    help="bench/prefill_rate.py's files the mixed step's tile times are fitted "
-                        "to (default: the committed H200 files; none: the older law)")
+                        "to (default: the committed H200 files)")
     p.add_argument("--sustained", help="bench/sustained_corun.py's file: each level's prefill "
                    "sustained beside decode against its burst (default: the ratios already in "
                    "the host-costs file, if any)")
@@ -761,22 +735,17 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
     host.pop("prefill_batch", None)
     if batch is not None:
         host["prefill_batch"] = {**batch, "source": names}
-    tiles = None
-    if prefill_rate:
-        tiles, tile_quality = fit_tile_times(prefill_rate, model, gpu.sms)
-        tile_source = ", ".join(Path(p).name for p in prefill_rate)
+    tiles, tile_quality = fit_tile_times(prefill_rate, model, gpu.sms)
+    tile_source = ", ".join(Path(p).name for p in prefill_rate)
     whole = (fit_whole_gpu_prefill(prefills, model, prefill, overheads, tiles)
              if prefills is not None else None)
     if whole is not None:
         host["whole_gpu_prefill"] = {"mfu": whole[0], "source": source, **whole[1]}
     if "whole_gpu_prefill" in host:  # fitted now or before: the mixed steps' linears run so
         prefill = prefill.on_whole_gpu(host["whole_gpu_prefill"]["mfu"])
-    mixed, by_launches, quality = fit_mixed(rows, model, decode, prefill, gpu.sms,
-                                            overheads.decode_row_tile, tiles)
-    host["mixed_step"] = {"fixed_s": mixed.fixed_s, "decode_row_mfu": mixed.decode_row_mfu,
-                          "source": source, **quality}
-    if tiles is not None:
-        host["mixed_step"]["tiles"] = tile_times_json(tiles, tile_source, tile_quality)
+    mixed, by_launches, quality = fit_mixed(rows, model, decode, prefill, gpu.sms, tiles)
+    host["mixed_step"] = {"fixed_s": mixed.fixed_s, "source": source, **quality,
+                          "tiles": tile_times_json(tiles, tile_source, tile_quality)}
     # a level's prefill on a busy GPU as served, priced with this fit's batch upload and tiles,
     # where two levels hold enough large batches (one fitted to other batches does not stay:
     # the sustained bench's ratios then price it)
@@ -872,17 +841,14 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
                 f"{share:.0%} {ratio:.3f}" for share, ratio
                 in fits["decode_beside_prefill"]["ratio_by_busy_share"])
                 + f" ({fits['decode_beside_prefill']['rounds']} rounds)")
-    if tiles is not None:
-        lines.append("tile times: GEMM waves " + ", ".join(
-            f"{a}x{b} {t * 1e6:.1f} us (a partial one {share:.2f} +)"
-            for a, b, t, share in tiles.gemm_wave_s)
-            + f"; attention tile steps {tiles.attention_prefix_s * 1e6:.2f} us cached, "
-            f"{tiles.attention_new_s * 1e6:.2f} us new; other kernels "
-            f"{tiles.small_s_per_token * 1e9:.1f} ns a token a layer (captured layers |error| "
-            f"max {tile_quality['max_abs_layer_error']:.1%})")
-    rows_law = ("the tiles' law" if tiles is not None
-                else f"decode rows at {mixed.decode_row_mfu:.2f} of peak")
-    lines.append(f"mixed step: fixed {mixed.fixed_s * 1e3:.2f} ms, {rows_law}; over "
+    lines.append("tile times: GEMM waves " + ", ".join(
+        f"{a}x{b} {t * 1e6:.1f} us (a partial one {share:.2f} +)"
+        for a, b, t, share in tiles.gemm_wave_s)
+        + f"; attention tile steps {tiles.attention_prefix_s * 1e6:.2f} us cached, "
+        f"{tiles.attention_new_s * 1e6:.2f} us new; other kernels "
+        f"{tiles.small_s_per_token * 1e9:.1f} ns a token a layer (captured layers |error| "
+        f"max {tile_quality['max_abs_layer_error']:.1%})")
+    lines.append(f"mixed step: fixed {mixed.fixed_s * 1e3:.2f} ms, the tiles' law; over "
                  f"{quality['rounds']} rounds "
                  f"({quality['launch_bound_share']:.0%} bound by their launches) |error| median "
                  f"{quality['median_abs_error']:.1%}, p90 {quality['p90_abs_error']:.1%}")

@@ -103,7 +103,7 @@ def priced(rounds: list[dict], s: RunSettings, host, host_s: float,
     fit, layers = moved.mixed, s.model.layers
     gpu = np.array([float(step_cost.mixed_step_s(
         s.model, decode, prefill, s.gpu.sms, sum(r["contexts"]), len(r["contexts"]), r["chunk"],
-        r["start"], r["last"], moved.decode_row_tile, fit, decode_contexts=r["contexts"]))
+        r["start"], r["last"], phases=fit, decode_contexts=r["contexts"]))
         for r in rounds])
     return (fit.fixed_s + np.array([step_cost.layer_pipeline_s(g, layers, host_s, later_s)
                                     for g in gpu]),

@@ -394,7 +394,6 @@ def held_out(args, store: PointStore) -> dict:
             "fit": {"eager_step_s": host["eager_step"]["seconds"],
                     "whole_gpu_prefill_mfu": host.get("whole_gpu_prefill", {}).get("mfu"),
                     "mixed_fixed_s": host["mixed_step"]["fixed_s"],
-                    "mixed_decode_row_mfu": host["mixed_step"].get("decode_row_mfu"),
                     "decode_beside_prefill_by_busy": host.get(
                         "decode_beside_prefill", {}).get("ratio_by_busy_share"),
                     "split_prefill_served_by_sms": host.get(

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from pdmux_triton.errors import PdmuxError
+from pdmux_triton.serve.metrics import MIXED_DECODE_ROWS
 
 
 def test_decode_kernel_compiles_for_sm90_offline():
@@ -250,43 +251,9 @@ def test_slo_levels_without_a_gpu_or_with_bad_traffic_says_so_in_one_line(tmp_pa
                                                                "bench/slo_levels.py: error"))
 
 
-def test_the_mixed_step_fit_recovers_a_known_executor():
-    """Rounds made by a known MixedStepFit on hosts of several speeds (its fixed cost the same
-    on each), some bound by their GPU and some by their launches, come back as it, exactly."""
-    sys.path.insert(0, "bench")
-    from fit_host_costs import fit_mixed
-
-    from pdmux_triton.cost import step_cost
-    from pdmux_triton.spec.models import model_preset
-
-    qwen = model_preset("qwen3-8b")
-    law = step_cost.SaturationLaw(3.4, 60.0)
-    rate = step_cost.PrefillRate(989.0, 132, ((132, 0.55),), ((132, 0.65),))
-    truth = step_cost.MixedStepFit(0.0095, 0.48)
-    rows = [{"size": 512, "chunk": c, "prefix": p, "batch": b, "context": b * ctx, "host_s": h}
-            for c, p, b, ctx, h in [(2048, 0, 20, 2500, 0.0008), (512, 1024, 35, 1800, 0.0016),
-                                    (256, 0, 8, 900, 0.0012), (1024, 4096, 50, 3000, 0.0008),
-                                    (2048, 2048, 0, 0, 0.0014), (768, 0, 12, 4000, 0.0008),
-                                    (128, 0, 3, 500, 0.0015)]]
-    bound = []
-    for r in rows:
-        gpu = step_cost.mixed_step_s(qwen, law, rate, 132, r["context"], r["batch"], r["chunk"],
-                                     r["prefix"], samples_chunk=0, decode_row_tile=128,
-                                     phases=truth)
-        bound.append(qwen.layers * r["host_s"] > gpu)
-        r["seconds"] = truth.fixed_s + step_cost.layer_pipeline_s(gpu, qwen.layers, r["host_s"])
-    assert any(bound) and not all(bound)  # both kinds of round are in the fit
-    fit, by_launches, quality = fit_mixed(rows, qwen, law, rate, 132, 128)
-    assert list(by_launches) == bound
-    assert fit.fixed_s == pytest.approx(truth.fixed_s, rel=1e-6)
-    assert fit.decode_row_mfu == pytest.approx(truth.decode_row_mfu, rel=1e-6)
-    assert quality["median_abs_error"] < 1e-9 and quality["rounds"] == 7
-    assert quality["launch_bound_share"] == pytest.approx(sum(bound) / len(rows))
-
-
 def test_the_mixed_step_fit_by_tiles_recovers_a_known_fixed_cost():
-    """With tile times the GPU phases are the tiles' law and only the fixed cost is fitted:
-    rounds made by a known one (some bound by their launches) give it back, exactly."""
+    """The GPU phases are the tiles' law and only the fixed cost is fitted: rounds made by a
+    known one on hosts of several speeds (some bound by their launches) give it back, exactly."""
     sys.path.insert(0, "bench")
     from fit_host_costs import fit_mixed
 
@@ -298,7 +265,7 @@ def test_the_mixed_step_fit_by_tiles_recovers_a_known_fixed_cost():
     rate = step_cost.PrefillRate(989.0, 132, ((132, 0.55),), ((132, 0.65),))
     tiles = step_cost.TileTimes(((64, 128, 25e-6, 1.0), (128, 128, 27e-6, 1.0),
                                  (128, 256, 50e-6, 0.6)), 2.5e-6, 2.3e-6, 7e-8)
-    truth = step_cost.MixedStepFit(0.0012, tiles=tiles)
+    truth = step_cost.MixedStepFit(0.0012, tiles)
     rows = [{"size": 512, "chunk": c, "prefix": p, "batch": b, "context": b * ctx, "host_s": h}
             for c, p, b, ctx, h in [(512, 0, 20, 2500, 0.0008), (512, 8192, 9, 15000, 0.0011),
                                     (256, 0, 8, 900, 0.0012), (2048, 4096, 50, 3000, 0.0008),
@@ -310,8 +277,8 @@ def test_the_mixed_step_fit_by_tiles_recovers_a_known_fixed_cost():
         bound.append(qwen.layers * r["host_s"] > gpu)
         r["seconds"] = truth.fixed_s + step_cost.layer_pipeline_s(gpu, qwen.layers, r["host_s"])
     assert any(bound) and not all(bound)
-    fit, by_launches, quality = fit_mixed(rows, qwen, law, rate, 132, 128, tiles)
-    assert list(by_launches) == bound and fit.tiles == tiles and fit.decode_row_mfu is None
+    fit, by_launches, quality = fit_mixed(rows, qwen, law, rate, 132, tiles)
+    assert list(by_launches) == bound and fit.tiles == tiles
     assert fit.fixed_s == pytest.approx(truth.fixed_s, rel=1e-6)
     assert quality["median_abs_error"] < 1e-9
 
@@ -330,7 +297,8 @@ def test_host_cost_rows_carry_a_runs_later_layer_launch_where_it_timed_one():
                "end_s": 0.03},
               {"prefill": "", "decode_bs": 3, "decode_context": 1500, "start_s": 0.03,
                "end_s": 0.04}]
-    run = {"details": {name: {"rounds": rounds}
+    today = {"mixed_decode_rows": MIXED_DECODE_ROWS}
+    run = {"details": {name: {"rounds": rounds, **today}
                        for name in ("chunked_512", "chunked_1024", "chunked_2048")},
            "rows": [{"strategy": "chunked_512", "host_layer_p50_ms": 0.8},  # before replays
                     {"strategy": "chunked_2048", "host_layer_p50_ms": 1.9,
@@ -342,8 +310,15 @@ def test_host_cost_rows_carry_a_runs_later_layer_launch_where_it_timed_one():
             "prefills": [[0, 20000, 4000, 1, 0]]}
     points = [({"strategy": strategy, "diagnostics": {**diag, "host_layer_us": us, **more}},
                us / 1e6) for strategy in ("chunked_512", "prefill_first")
-              for us, more in ((800, {}), (1900, {"host_later_layer_us": 130}))]
+              for us, more in ((800, today), (1900, {"host_later_layer_us": 130, **today}))]
     assert [r["later_s"] for r in fidelity_rounds(points)] == [None, 130 / 1e6]
+    # a run saved before a mixed step's decode rows left the extend kernel: its rounds are
+    # not today's and are not fitted; its prefill-first batches are
+    run["details"]["chunked_512"].pop("mixed_decode_rows")
+    assert {r["size"] for r in chunk_rounds(run, 1.1e-3)} == {1024, 2048}
+    before = [({**p, "diagnostics": {k: v for k, v in p["diagnostics"].items()
+                                     if k != "mixed_decode_rows"}}, host) for p, host in points]
+    assert fidelity_rounds(before) == [] and len(fidelity_prefills(before)) == 2
     assert [r["later_s"] for r in fidelity_prefills(points)] == [None, 130 / 1e6]
     assert later_layer_s({"host_later_layer_us": None}) is None  # one layer a launch
     assert launch_layers_s(36, 8e-4, None) == 36 * 8e-4  # every layer as the first, as before
@@ -366,7 +341,9 @@ def test_the_mixed_step_fit_prices_a_replayed_runs_later_layers():
     n = qwen.layers
     law = step_cost.SaturationLaw(3.4, 60.0)
     rate = step_cost.PrefillRate(989.0, 132, ((132, 0.55),), ((132, 0.65),))
-    truth = step_cost.MixedStepFit(0.0095, 0.48)
+    tiles = step_cost.TileTimes(((64, 128, 25e-6, 1.0), (128, 128, 27e-6, 1.0),
+                                 (128, 256, 50e-6, 0.6)), 2.5e-6, 2.3e-6, 7e-8)
+    truth = step_cost.MixedStepFit(0.0095, tiles)
     rows = [{"size": 512, "chunk": c, "prefix": p, "batch": b, "context": b * ctx, "host_s": h,
              "later_s": later}
             for c, p, b, ctx, h, later in [
@@ -377,8 +354,7 @@ def test_the_mixed_step_fit_prices_a_replayed_runs_later_layers():
     bound, gpus = [], []
     for r in rows:
         gpu = step_cost.mixed_step_s(qwen, law, rate, 132, r["context"], r["batch"], r["chunk"],
-                                     r["prefix"], samples_chunk=0, decode_row_tile=128,
-                                     phases=truth)
+                                     r["prefix"], samples_chunk=0, phases=truth)
         gpus.append(gpu)
         bound.append(n * (r["later_s"] or r["host_s"]) > gpu)
         r["seconds"] = truth.fixed_s + step_cost.layer_pipeline_s(gpu, n, r["host_s"],
@@ -393,16 +369,15 @@ def test_the_mixed_step_fit_prices_a_replayed_runs_later_layers():
     r = rows[launch_bound]
     assert r["seconds"] == pytest.approx(truth.fixed_s + r["host_s"] + (n - 1) * r["later_s"]
                                          + gpus[launch_bound] / n)
-    fit, by_launches, quality = fit_mixed(rows, qwen, law, rate, 132, 128)
+    fit, by_launches, quality = fit_mixed(rows, qwen, law, rate, 132, tiles)
     assert list(by_launches) == bound
     assert fit.fixed_s == pytest.approx(truth.fixed_s, rel=1e-6)
-    assert fit.decode_row_mfu == pytest.approx(truth.decode_row_mfu, rel=1e-6)
     assert quality["median_abs_error"] < 1e-9 and quality["p90_abs_error"] < 1e-9
     # the older rows: None as their later time fits exactly as rows without one did
     older = rows[:4]
     as_before = fit_mixed([{k: v for k, v in r.items() if k != "later_s"} for r in older],
-                          qwen, law, rate, 132, 128)
-    got = fit_mixed(older, qwen, law, rate, 132, 128)
+                          qwen, law, rate, 132, tiles)
+    got = fit_mixed(older, qwen, law, rate, 132, tiles)
     assert got[0] == as_before[0] and list(got[1]) == list(as_before[1]) and got[2] == as_before[2]
     assert got[0].fixed_s == pytest.approx(truth.fixed_s, rel=1e-6)
 
@@ -504,17 +479,18 @@ def test_mixed_rounds_prices_a_replayed_runs_later_layers(tmp_path, monkeypatch)
     assert new[~gpu_bound] == pytest.approx(fixed + first + (n - 1) * later
                                             + gpu[~gpu_bound] / n, rel=1e-12)
     assert new[gpu_bound] == pytest.approx(fixed + gpu[gpu_bound] + first, rel=1e-12)
-    # the same point as a run since replays would keep it: its rounds priced shorter
-    folder = tmp_path / path.parent.name
-    folder.mkdir()
-    for name in ("capacity-settings-h200.json", path.name):
-        (folder / name).write_text((path.parent / name).read_text())
-    kept = [json.loads(line) for line in (folder / path.name).read_text().splitlines()]
-    (folder / path.name).write_text("".join(json.dumps(
-        {**p, "host_later_layer_us": round(later * 1e6)} if p is not None
-        and p["strategy"] == "chunked_512" else p) + "\n" for p in kept))
-    for where, diagnostics in (("before", path), ("replayed", folder / path.name)):
-        assert mixed_rounds.main([str(diagnostics), "--out", str(tmp_path / where)]) == 0
+    # the same point as a run since replays would keep it: its rounds priced shorter (both
+    # copies marked as run today: the script prices no round of a run saved before)
+    kept = [json.loads(line) for line in path.read_text().splitlines()]
+    for where, more in (("before", {}), ("replayed", {"host_later_layer_us": round(later * 1e6)})):
+        folder = tmp_path / where / path.parent.name
+        folder.mkdir(parents=True)
+        (folder / "capacity-settings-h200.json").write_text(
+            (path.parent / "capacity-settings-h200.json").read_text())
+        (folder / path.name).write_text("".join(json.dumps(
+            {**p, **more, "mixed_decode_rows": MIXED_DECODE_ROWS} if p is not None
+            and p["strategy"] == "chunked_512" else p) + "\n" for p in kept))
+        assert mixed_rounds.main([str(folder / path.name), "--out", str(tmp_path / where)]) == 0
     whole = {where: next(b for p in json.loads(
         (tmp_path / where / "mixed-rounds-h200.json").read_text())["points"]
         if p["strategy"] == "chunked_512" for b in p["bands"] if b["by"] == "all")
@@ -825,8 +801,7 @@ def test_fit_host_costs_on_the_h200_trace_points_and_stream_run(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     fitted = json.loads(host.read_text())
     assert fitted["mixed_step"]["rounds"] > 5000 and fitted["mixed_step"]["median_abs_error"] < 0.1
-    for key in ("fixed_s", "decode_row_mfu"):
-        assert fitted["mixed_step"][key] == pytest.approx(committed["mixed_step"][key])
+    assert fitted["mixed_step"]["fixed_s"] == pytest.approx(committed["mixed_step"]["fixed_s"])
     tiles, shipped = fitted["mixed_step"]["tiles"], committed["mixed_step"]["tiles"]
     # (approx: the fit sums floats through numpy, whose summation order moves between releases)
     assert [row[:2] for row in tiles["gemm_wave_s"]] == [row[:2] for row in shipped["gemm_wave_s"]]
@@ -2013,8 +1988,10 @@ def test_a_replayed_host_prices_each_launch_on_the_host_of_its_moment():
     qwen, h200 = model_preset("qwen3-8b"), gpu_preset("h200")
     law = step_cost.SaturationLaw(4.0, 60.0)
     rate = step_cost.PrefillRate.fixed(h200.bf16_tflops, h200.sms, 0.5)
+    tiles = step_cost.TileTimes(((64, 128, 25e-6, 1.0), (128, 128, 27e-6, 1.0)), 2.5e-6, 2.3e-6,
+                                7e-8)
     host = step_cost.Overheads(layer_launch_s=1e-3, eager_step_s=3e-3, decode_round_s=1e-4,
-                               mixed=step_cost.MixedStepFit(2e-3, 0.5))
+                               mixed=step_cost.MixedStepFit(2e-3, tiles))
 
     def round_at(x, t: float) -> float:
         x.start([])

@@ -148,3 +148,21 @@ def test_shipped_inputs_load_by_name_on_their_gpu_only(gpu):
     assert measured_inputs.shipped_inputs("h200", "llama-3.1-8b") == {}  # measured with Qwen3-8B
     with pytest.raises(PdmuxError, match=f"measured on '{gpu}', not on 'b200'"):
         measured_inputs.load_calibration(names["calibration"], "b200")
+
+
+def test_a_mixed_step_fitted_before_decode_rows_left_the_extend_kernel_is_refused(tmp_path):
+    """A host-costs file whose mixed step has no tile times was fitted by the older law, to
+    rounds whose decode rows ran in the extend kernel's tiles: refused in one line that says
+    to refit; a mixed step missing its fixed cost is named too."""
+    data = json.loads(open("bench/results/host-costs-h200.json").read())
+    path = tmp_path / "host.json"
+    path.write_text(json.dumps({**data, "mixed_step": {"fixed_s": 0.003, "decode_row_mfu": 0.4}}))
+    with pytest.raises(PdmuxError, match="extend kernel's tiles.*fit it again"):
+        measured_inputs.load_host_costs(path, "h200")
+    tiles = data["mixed_step"]["tiles"]
+    path.write_text(json.dumps({**data, "mixed_step": {"tiles": tiles}}))
+    with pytest.raises(PdmuxError, match="mixed_step needs fixed_s and tiles"):
+        measured_inputs.load_host_costs(path, "h200")
+    path.write_text(json.dumps({**data, "mixed_step": {"fixed_s": -1.0, "tiles": tiles}}))
+    with pytest.raises(PdmuxError, match="fixed cost must be a finite number"):
+        measured_inputs.load_host_costs(path, "h200")

@@ -348,8 +348,10 @@ def test_fitted_mixed_steps_and_decode_extras_price_the_executors_steps(launch_s
     """A fitted mixed step: its fixed cost, then its layers launched and run as a pipeline
     (a fast host: the phases and one launch; a slow one: the launches and one layer's
     phases); a decode step: its bytes at the rate, plus the extra for its batch."""
-    fit = step_cost.MixedStepFit(0.010, 0.5)
-    host = step_cost.Overheads(layer_launch_s=launch_s, eager_step_s=0.003, decode_row_tile=128,
+    tiles = step_cost.TileTimes(((64, 128, 25e-6, 1.0), (128, 128, 27e-6, 1.0)), 2.5e-6, 2.3e-6,
+                                7e-8)
+    fit = step_cost.MixedStepFit(0.010, tiles)
+    host = step_cost.Overheads(layer_launch_s=launch_s, eager_step_s=0.003,
                                decode_step_extra=((1, 0.0007), (64, 0.0007)), mixed=fit)
     law = step_cost.SaturationLaw(H100.hbm_tbps * 0.85, 66.0)
     rate = step_cost.PrefillRate.fixed(H100.bf16_tflops, H100.sms, 0.5)
@@ -358,7 +360,7 @@ def test_fitted_mixed_steps_and_decode_extras_price_the_executors_steps(launch_s
     result = scheduler.run("chunked", x, reqs, chunk=256)
     first = next(r for r in result.rounds if r.prefill == "chunk 0+256")
     phases = step_cost.mixed_step_s(QWEN, law, rate, H100.sms, first.decode_context, 4, 256, 0,
-                                    samples_chunk=False, decode_row_tile=128, phases=fit)
+                                    samples_chunk=False, phases=fit)
     launches = QWEN.layers * launch_s
     assert (phases > launches) == (launch_s < 0.001)  # each case is the bound it tests
     slower = QWEN.layers * max(phases / QWEN.layers, launch_s)
@@ -374,19 +376,9 @@ def test_overheads_are_read_from_the_measured_file():
 
     host = load_host_costs("bench/results/host-costs-h200.json", "h200")
     assert 0 < host.decode_round_s < 0.002 and 0.0002 < host.layer_launch_s < 0.005
-    assert 0 < host.eager_step_s < 0.02 and host.decode_row_tile == step_cost.EXTEND_TILE_ROWS
-    assert host.mixed is not None and host.mixed.tiles is not None  # the tiles' law
+    assert 0 < host.eager_step_s < 0.02 and host.mixed is not None
     assert 0 < host.mixed.tiles.attention_prefix_s < 1e-5 and host.mixed.tiles.gemm_wave_s
     assert 0 < host.mixed.fixed_s < 0.05 and 0 < host.decode_extra_s(32) < 0.005
-
-
-def test_padded_decode_rows_cost_a_whole_tile_each():
-    law = step_cost.SaturationLaw(3.0, 66)
-    rate = step_cost.PrefillRate.fixed(989.0, 132, 0.5)
-    plain = step_cost.mixed_step_s(QWEN, law, rate, 132, 32 * 2048, 32, 2048, 0, True)
-    padded = step_cost.mixed_step_s(QWEN, law, rate, 132, 32 * 2048, 32, 2048, 0, True, 128)
-    extra = step_cost.decode_row_attention_flops(QWEN, 32 * 2048, 128) / rate.flops_per_s(132)
-    assert padded - plain == pytest.approx(extra)
 
 
 def test_simulating_a_trace_draws_no_token_ids(tmp_path, monkeypatch):

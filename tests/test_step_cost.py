@@ -136,7 +136,7 @@ def test_eager_layers_run_as_a_pipeline_of_launches_and_gpu_work():
     assert step_cost.layer_pipeline_s(36e-3, 36, 1e-3) == pytest.approx(37e-3)
     assert step_cost.layer_pipeline_s(36e-3, 36, 0.0) == pytest.approx(36e-3)
     host = step_cost.Overheads(layer_launch_s=8e-4, eager_step_s=3e-3,
-                               mixed=step_cost.MixedStepFit(3e-3, 0.5))
+                               mixed=step_cost.MixedStepFit(3e-3, TILES))
     moved = host.on_host(1.6e-3)
     assert moved.mixed.fixed_s == 3e-3 and moved.eager_step_s == pytest.approx(6e-3)
 
@@ -174,25 +174,6 @@ def test_a_mixed_step_is_bound_by_compute_or_by_reading():
     flops = (step_cost.decode_flops(QWEN, 32) + step_cost.layer_flops(QWEN, 4096)
              + step_cost.lm_head_flops(QWEN, 1))
     assert big == pytest.approx(flops / rate.flops_per_s(132))
-
-
-def test_a_mixed_step_in_phases_adds_compute_padded_rows_and_reading():
-    """As the executor runs it (a fitted MixedStepFit): one phase after another, the padded
-    decode-row tiles at their own fraction of the peak."""
-    law = step_cost.SaturationLaw(3.0, 66)
-    rate = step_cost.PrefillRate(989.0, 132, ((132, 0.5),), ((132, 0.6),))
-    fit = step_cost.MixedStepFit(0.009, 0.5)
-    step = step_cost.mixed_step_s(QWEN, law, rate, 132, 20 * 3000, 20, 1024, 512, samples_chunk=False,
-                                  decode_row_tile=128, phases=fit)
-    compute = ((step_cost.decode_flops(QWEN, 20) + step_cost.layer_flops(QWEN, 1024, 512))
-               / (989e12 * 0.6))
-    rows = step_cost.decode_row_attention_flops(QWEN, 20 * 3000, 128) / (989e12 * 0.5)
-    read = step_cost.decode_step_s(QWEN, law, 20 * 3000, 132, False)
-    assert step == pytest.approx(compute + rows + read)  # the fixed cost is the host's clock's
-    for bad, match in (((-1e-3, 0.5), "fixed cost"), ((0.0, 0.0), "decode_row_mfu"),
-                       ((0.0, 1.2), "decode_row_mfu"), ((float("nan"), 0.5), "fixed cost")):
-        with pytest.raises(PdmuxError, match=match):
-            step_cost.MixedStepFit(*bad)
 
 
 TILES = step_cost.TileTimes(((64, 128, 25e-6, 1.0), (128, 128, 27e-6, 1.0), (128, 256, 50e-6, 0.5)),
@@ -281,7 +262,7 @@ def test_a_mixed_step_by_its_tiles_adds_its_kernels():
     attend as a decode step)."""
     law = step_cost.SaturationLaw(3.0, 66)
     rate = step_cost.PrefillRate(989.0, 132, ((132, 0.5),), ((132, 0.6),))
-    fit = step_cost.MixedStepFit(0.001, tiles=TILES)
+    fit = step_cost.MixedStepFit(0.001, TILES)
     contexts = [12000, 3000, 500]
     step = step_cost.mixed_step_s(QWEN, law, rate, 132, sum(contexts), 3, 512, 4096, True,
                                   phases=fit, decode_contexts=contexts)
@@ -301,8 +282,11 @@ def test_a_mixed_step_by_its_tiles_adds_its_kernels():
         step_cost.TileTimes(((128, 128, float("nan"), 1.0),), 0.0, 0.0, 0.0)
     with pytest.raises(PdmuxError, match="partial wave"):
         step_cost.TileTimes(((128, 128, 27e-6, 1.5),), 0.0, 0.0, 0.0)
-    with pytest.raises(PdmuxError, match="decode rows' MFU or its kernels' tile times"):
-        step_cost.MixedStepFit(0.001)
+    with pytest.raises(PdmuxError, match="its kernels' tile times"):
+        step_cost.MixedStepFit(0.001, None)
+    for bad in (-1e-3, float("nan")):
+        with pytest.raises(PdmuxError, match="fixed cost"):
+            step_cost.MixedStepFit(bad, TILES)
 
 
 def test_a_decode_steps_extra_cost_reads_between_batches():

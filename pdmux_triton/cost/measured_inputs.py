@@ -9,8 +9,8 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from pdmux_triton.cost.step_cost import (EXTEND_TILE_ROWS, BatchTerm, MeasuredCurve, MixedStepFit,
-                                         Overheads, PrefillRate, TileTimes)
+from pdmux_triton.cost.step_cost import (BatchTerm, MeasuredCurve, MixedStepFit, Overheads,
+                                         PrefillRate, TileTimes)
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.results import SHIPPED_PREFIX, read_json
 
@@ -168,17 +168,24 @@ def load_compare(path: str | Path, gpu: str | None = None) -> Comparison:
                       tokens)
 
 
-def _mixed_fit(mixed: dict) -> MixedStepFit:
-    """A host-costs file's mixed step: its fixed cost and its decode rows' MFU (the older law)
-    or its kernels' tile times."""
+def _mixed_fit(mixed: dict, path) -> MixedStepFit:
+    """A host-costs file's mixed step: its fixed cost and its kernels' tile times."""
     tiles = mixed.get("tiles")
-    if tiles is not None:
+    if tiles is None:  # the older law, fitted to decode rows in the extend kernel's tiles
+        raise PdmuxError(f"{path}: its mixed step was fitted to chunked rounds whose decode rows "
+                         f"ran in the extend kernel's tiles, as the executor no longer runs "
+                         f"them; fit it again (bench/fit_host_costs.py)")
+    try:
+        fixed = float(mixed["fixed_s"])
         tiles = TileTimes(tuple((int(a), int(b), float(t), float(share))
                                 for a, b, t, share in tiles["gemm_wave_s"]),
                           float(tiles["attention_prefix_s"]), float(tiles["attention_new_s"]),
                           float(tiles["small_s_per_token"]))
-    mfu = mixed.get("decode_row_mfu")
-    return MixedStepFit(float(mixed["fixed_s"]), None if mfu is None else float(mfu), tiles)
+    except (KeyError, TypeError, ValueError):
+        raise PdmuxError(f"{path}: its mixed_step needs fixed_s and tiles (gemm_wave_s, "
+                         f"attention_prefix_s, attention_new_s, small_s_per_token), as "
+                         f"bench/fit_host_costs.py writes them") from None
+    return MixedStepFit(fixed, tiles)
 
 
 def _pairs(entry: dict, key: str, kinds: tuple, path, where: str, what: str,
@@ -304,8 +311,7 @@ def _prefill_batch(data: dict, path) -> float | None:
 def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
     """The executor's overheads from a host-costs file (calibrate --host-costs): the median over its cases of
     an eager layer's launch time (a call's first, and its later layers' where timed) and of a
-    decode round's wall time less its GPU time, the
-    extend kernel's padded decode rows, and where bench/fit_host_costs.py added them, the
+    decode round's wall time less its GPU time, and where bench/fit_host_costs.py added them, the
     fixed cost of an eager step, a captured decode step's cost beyond its bytes, the mixed
     step's fit, the MFU a prefill with the whole GPU is served at, and what a level's prefill
     keeps of its burst rate on a busy GPU (as served where fitted, else bench/sustained_corun.py's)
@@ -332,8 +338,6 @@ def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
         step = float(data.get("eager_step", {}).get("seconds", 0.0))
         extra = tuple((int(r["batch"]), float(r["extra_s"]))
                       for r in data.get("decode_step_extra", []))
-        mixed = data.get("mixed_step")
-        fit = _mixed_fit(mixed) if mixed else None
         whole = data.get("whole_gpu_prefill")
         whole_mfu = float(whole["mfu"]) if whole else None
         round_s, layer_s = rounds[len(rounds) // 2], layers[len(layers) // 2]
@@ -342,10 +346,11 @@ def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
         raise PdmuxError(f"{path} lacks the eager_layer and decode_round rows of a host-costs "
                          f"file (made by `pdmux-triton calibrate --host-costs`)") from None
     # outside the try: a value out of range is refused by name (PdmuxError is a ValueError)
+    fit = _mixed_fit(data["mixed_step"], path) if data.get("mixed_step") else None
     per_request_s = per_kv_token_s = 0.0
     if served is not None:
         round_s, per_request_s, per_kv_token_s = served
-    return Overheads(round_s, layer_s, step, EXTEND_TILE_ROWS, extra, fit, whole_mfu,
+    return Overheads(round_s, layer_s, step, extra, fit, whole_mfu,
                      whole_by_busy, sustained, slowdown, decode_by_busy,
                      decode_round_per_request_s=per_request_s,
                      decode_round_per_kv_token_s=per_kv_token_s, prefill_batch_s=batch_s,

@@ -292,6 +292,7 @@ def layer_gemms(model: ModelSpec) -> tuple[tuple[int, int], ...]:
 
 # the extend attention's tile (kernels/prefill_attention.py `default_config`): query rows of one
 # head by keys a step, and the head size its tile times were measured at
+EXTEND_TILE_ROWS = 128
 EXTEND_TILE_KEYS = 128
 TILE_HEAD_DIM = 128
 
@@ -433,28 +434,21 @@ class MixedStepFit:
     it), then its layers as the host launches them and the GPU runs them
     (`layer_pipeline_s`): a short chunk on a slow host waits on its launches.
 
-    The GPU phases, with `tiles` (`TileTimes`): each layer's GEMMs over the chunk's and the
-    decode rows' tokens in whole waves of tiles, its other kernels per token, the extend
-    attention of the chunk over its prefix and of each decode row over its context as its
-    busiest program runs it, the LM head over the rows that sample, and the decode batch's KV
-    read at the decode rate. Without (the older law, `decode_row_mfu` required): the linears
-    and the chunk's attention at the prefill's MFU alone, the decode rows' attention in padded
-    tiles at `decode_row_mfu` of the peak, the weights and the decode batch's KV read at the
-    decode rate."""
+    The GPU phases, by the kernels' tiles (`tiles`, `TileTimes`): each layer's GEMMs over the
+    chunk's and the decode rows' tokens in whole waves of tiles, its other kernels per token,
+    the extend attention of the chunk over its prefix as its busiest program runs it, the LM
+    head over the rows that sample, and the decode rows' attention as a decode step's: their
+    KV read at the decode rate."""
 
     fixed_s: float
-    decode_row_mfu: float | None = None
-    tiles: TileTimes | None = None
+    tiles: TileTimes
 
     def __post_init__(self):
         if not (np.isfinite(self.fixed_s) and self.fixed_s >= 0):
             raise PdmuxError(f"a mixed step's fixed cost must be a finite number >= 0 s, got "
                              f"{self.fixed_s!r}")
-        if self.tiles is None and self.decode_row_mfu is None:
-            raise PdmuxError("a mixed step's fit needs its decode rows' MFU or its kernels' "
-                             "tile times")
-        if self.decode_row_mfu is not None and not 0 < self.decode_row_mfu <= 1:
-            raise PdmuxError(f"decode_row_mfu must be in (0, 1], got {self.decode_row_mfu!r}")
+        if not isinstance(self.tiles, TileTimes):
+            raise PdmuxError("a mixed step's fit needs its kernels' tile times")
 
 
 def launch_layers_s(layers: int, first_s: float, later_s: float | None) -> float:
@@ -477,9 +471,7 @@ class Overheads:
     eager step's batch (made,
     uploaded, its tokens read back; a whole-GPU prefill batch pays it too), a split prefill's
     batch made and uploaded before its layers launch (`prefill_batch_s`; None: the eager
-    step's), decode rows of a mixed step run
-    through the extend attention in tiles of `decode_row_tile` query rows, what a captured
-    decode step takes beyond its bytes at the calibrated rate (`decode_step_extra`, (batch,
+    step's), what a captured decode step takes beyond its bytes at the calibrated rate (`decode_step_extra`, (batch,
     seconds) points read between them), mixed steps as the executor runs them (`mixed`), and
     the MFU a prefill with the GPU to itself is served at (`whole_gpu_prefill_mfu`, which the
     comparison cannot time: its levels leave decode some SMs) and the served span over that
@@ -507,7 +499,6 @@ class Overheads:
     decode_round_s: float = 0.0
     layer_launch_s: float = 0.0
     eager_step_s: float = 0.0
-    decode_row_tile: int = 1
     decode_step_extra: tuple[tuple[int, float], ...] = ()
     mixed: MixedStepFit | None = None
     whole_gpu_prefill_mfu: float | None = None
@@ -556,8 +547,6 @@ class Overheads:
                                  f"split_decode_by_busy) entries, got {entry!r}")
             replace(self, split_prefill_sustained=entry[1], split_decode_by_busy=entry[2],
                     by_kind=())  # checked as the defaults are
-        if not (isinstance(self.decode_row_tile, int) and self.decode_row_tile >= 1):
-            raise PdmuxError(f"decode_row_tile must be an integer >= 1, got {self.decode_row_tile!r}")
         for batch, seconds in self.decode_step_extra:
             if not (batch >= 1 and np.isfinite(seconds) and abs(seconds) < 1.0):
                 raise PdmuxError(f"decode_step_extra needs batches >= 1 and finite seconds under "
@@ -676,41 +665,22 @@ def layer_pipeline_s(gpu_s: float, layers: int, first_launch_s: float,
     return layers * max(layer, launch) + min(layer, launch) + (first_launch_s - launch)
 
 
-# The extend attention's tiles hold this many query rows of one head: in a mixed step a
-# one-token decode row costs a whole tile against its context.
-EXTEND_TILE_ROWS = 128
-
-
-def decode_row_attention_flops(model: ModelSpec, context_tokens: int, tile_rows: int) -> float:
-    """Attention of decode rows through an extend kernel whose tiles hold `tile_rows` query
-    rows, over all layers (what the tensor cores compute; 1: the rows alone)."""
-    return 4 * model.layers * model.q_dim * tile_rows * context_tokens
-
-
 def mixed_step_s(model: ModelSpec, decode: DecodeRate, prefill: PrefillRate, total_sms: int,
                  decode_context_tokens: int, decode_batch: int, chunk, chunk_prefix,
-                 samples_chunk, decode_row_tile: int = 1, phases: MixedStepFit | None = None,
-                 decode_contexts=None):
+                 samples_chunk, phases: MixedStepFit | None = None, decode_contexts=None):
     """One chunked-prefill step on the whole GPU: a prompt chunk and the decode batch in one
     forward, bound by its compute or by reading the weights and the batch's KV, whichever is
-    slower; the decode rows' attention counted in tiles of `decode_row_tile` rows. With
-    `phases`, the GPU time of the step as the executor runs it (`MixedStepFit`, less its fixed
-    cost); with its tile times, each decode row's own context (`decode_contexts`; else the
-    batch's context shared evenly). `chunk`, `chunk_prefix` and `samples_chunk` may be arrays
-    (every chunk at once) except with tile times."""
-    if phases is not None and phases.tiles is not None:
+    slower. With `phases`, the GPU time of the step as the executor runs it (`MixedStepFit`,
+    less its fixed cost), each decode row's own context (`decode_contexts`; else the batch's
+    context shared evenly). `chunk`, `chunk_prefix` and `samples_chunk` may be arrays (every
+    chunk at once) except with `phases`."""
+    if phases is not None:
         return _mixed_by_tiles(model, decode, prefill, total_sms, decode_context_tokens,
                                decode_batch, int(chunk), int(chunk_prefix), bool(samples_chunk),
                                phases.tiles, decode_contexts)
     flops = (decode_flops(model, decode_batch) + layer_flops(model, chunk, chunk_prefix)
              + lm_head_flops(model, np.asarray(samples_chunk, dtype=float)))
-    rows = (decode_row_attention_flops(model, decode_context_tokens, decode_row_tile)
-            if decode_row_tile > 1 else 0.0)  # beyond decode_flops, which leaves attention out
-    if phases is not None:
-        return (compute_s(flops, prefill, total_sms, corun=False)
-                + rows / (prefill.peak_tflops * 1e12 * phases.decode_row_mfu)
-                + decode_step_s(model, decode, decode_context_tokens, total_sms, False))
-    compute = compute_s(flops + rows, prefill, total_sms, corun=False)  # the GPU its own
+    compute = compute_s(flops, prefill, total_sms, corun=False)  # the GPU its own
     memory = (decode_step_s(model, decode, decode_context_tokens, total_sms, False)
               if decode_batch else 0.0)
     return np.maximum(compute, memory)

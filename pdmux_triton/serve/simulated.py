@@ -321,7 +321,6 @@ class SimExecutor:
         step = float(step_cost.mixed_step_s(self.model, self.decode_rate, self.prefill_rate,
                                             self.total_sms, sum(r.context for r in decoding),
                                             len(decoding), n, start, samples_chunk=last,
-                                            decode_row_tile=self.overheads.decode_row_tile,
                                             phases=fit,
                                             decode_contexts=[r.context for r in decoding]))
         step /= self.prefill_speed
