@@ -80,7 +80,7 @@ from script import run_script
 
 from pdmux_triton.cli.parsing import Parser
 from pdmux_triton.cost import step_cost
-from pdmux_triton.cost.measured_inputs import load_calibration, load_compare, load_host_costs
+from pdmux_triton.cost.measured_inputs import host_costs_from, load_calibration, load_compare
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiments.settings import RunSettings, make_requests
 from pdmux_triton.results import PointStore, read_json, write_json
@@ -509,8 +509,7 @@ def tile_times_json(tiles: step_cost.TileTimes, source: str, quality: dict) -> d
 def fit_mixed(rows, model, decode, prefill, total_sms, tiles: step_cost.TileTimes
               ) -> tuple[step_cost.MixedStepFit, np.ndarray, dict]:
     """The fixed cost of measured = fixed + the layers' pipeline of the GPU phases (the tiles'
-    law; each round's decode rows share its context evenly: the rounds keep its sum) and the
-    run's launches (`step_cost.layer_pipeline_s`): one for every host (fitted with a term for
+    law) and the run's launches (`step_cost.layer_pipeline_s`): one for every host (fitted with a term for
     the host's speed, it came out at or below zero). The mean once each round is known to be
     bound by its GPU or by its launches: solved again until no round changes sides."""
     measured = np.array([r["seconds"] for r in rows])
@@ -540,7 +539,8 @@ def fit_mixed(rows, model, decode, prefill, total_sms, tiles: step_cost.TileTime
     error = np.abs(priced - measured) / measured
     return step_cost.MixedStepFit(fixed, tiles), by_launches, {
         "rounds": len(rows), "launch_bound_share": float(by_launches.mean()),
-        "median_abs_error": float(np.median(error)), "p90_abs_error": float(np.percentile(error, 90))}
+        "median_abs_error": float(np.median(error)),
+        "p90_abs_error": float(np.percentile(error, 90))}
 
 
 def main(argv=None) -> int:
@@ -612,21 +612,29 @@ def sustained_ratios(path: str, gpu: str) -> dict:
             "batches_a_level": min(len(r) for r in ratios.values()), "source": Path(path).name}
 
 
+def stale_chunked(points: list[tuple[dict, float]]) -> int:
+    """The chunked points (`timed_points`) saved before today's mixed steps (not fitted)."""
+    return sum(p["strategy"].startswith("chunked_") and not todays_mixed_steps(p["diagnostics"])
+               for p, _ in points)
+
+
 def measured_rounds(measured: str, host: dict, overheads) -> tuple:
-    """(GPU, model, chunked rounds, prefill-first batches or None) of the measurements named:
-    a stream run's file (no batches), a capacity folder's diagnostics (the folder's model and
-    GPU), or bench/trace_fidelity.py's points (its model, on the host-costs file's GPU)."""
+    """(GPU, model, chunked rounds, prefill-first batches or None, chunked runs saved before
+    today's mixed steps) of the measurements named: a stream run's file (no batches), a
+    capacity folder's diagnostics (the folder's model and GPU), or bench/trace_fidelity.py's
+    points (its model, on the host-costs file's GPU)."""
     path = Path(measured)
     if path.name.startswith(CAPACITY_DIAGNOSTICS):  # the GPU and model of the folder's settings
         gpu, model, _ = capacity_settings(path)
         points = timed_points(measured)
-        return gpu, model, fidelity_rounds(points), fidelity_prefills(points)
+        return (gpu, model, fidelity_rounds(points), fidelity_prefills(points),
+                stale_chunked(points))
     if path.suffix == ".jsonl":
         from trace_fidelity import MODEL
 
         points = timed_points(measured)
         return (gpu_preset(host.get("gpu", "")), model_preset(MODEL), fidelity_rounds(points),
-                fidelity_prefills(points))
+                fidelity_prefills(points), stale_chunked(points))
     run = read_json(measured, "run result")
     if not isinstance(run.get("inputs"), dict) or not isinstance(run.get("details"), dict):
         raise PdmuxError(f"{measured} holds no inputs and rounds of a run (made by "
@@ -637,16 +645,19 @@ def measured_rounds(measured: str, host: dict, overheads) -> tuple:
     if run.get("unserved"):
         print(f"note: {measured} stopped before {', '.join(run['unserved'])}: its rounds are "
               f"those of the strategies it served")
-    return settings.gpu, settings.model, chunk_rounds(run, overheads.layer_launch_s), None
+    stale = sum(name.startswith("chunked_") and not todays_mixed_steps(details)
+                for name, details in run["details"].items())
+    return settings.gpu, settings.model, chunk_rounds(run, overheads.layer_launch_s), None, stale
 
 
 def pooled_rounds(measured: list[str], host: dict, overheads) -> tuple:
     """`measured_rounds` of several files, pooled: (GPU, model, every chunked round, every
-    prefill-first batch or None where no file holds them). The files must agree on the GPU and
-    the model, since one set of costs is fitted to them all."""
-    pooled, rows, prefills = None, [], None
+    prefill-first batch or None where no file holds them, the chunked runs saved before
+    today's mixed steps). The files must agree on the GPU and the model, since one set of
+    costs is fitted to them all."""
+    pooled, rows, prefills, stale = None, [], None, 0
     for path in measured:
-        gpu, model, more_rows, more_prefills = measured_rounds(path, host, overheads)
+        gpu, model, more_rows, more_prefills, more_stale = measured_rounds(path, host, overheads)
         if pooled is None:
             pooled = (gpu, model, path)
         elif (gpu.name, replace(model, max_context=None)) != (pooled[0].name, replace(
@@ -655,13 +666,15 @@ def pooled_rounds(measured: list[str], host: dict, overheads) -> tuple:
                              f"{pooled[2]} with {pooled[1].name} on the {pooled[0].name}: fit "
                              f"files of one GPU and model")
         rows += more_rows
+        stale += more_stale
         if more_prefills is not None:
             prefills = (prefills or []) + more_prefills
     if not rows:
-        raise PdmuxError("the measurements hold no chunked strategy's rounds served as today's "
-                         "mixed steps run: measure chunked strategies (bench/trace_fidelity.py, "
-                         "`pdmux-triton capacity`, or `run --workload stream --chunks`)")
-    return pooled[0], pooled[1], rows, prefills
+        raise PdmuxError(f"the measurements hold no chunked strategy's rounds served as today's "
+                         f"mixed steps run ({stale} chunked runs saved before): measure chunked "
+                         f"strategies (bench/trace_fidelity.py, `pdmux-triton capacity`, or "
+                         f"`run --workload stream --chunks`)")
+    return pooled[0], pooled[1], rows, prefills, stale
 
 
 def fitted(measured: list[str], host_costs: str, calibration: str,
@@ -671,11 +684,13 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
     runs, trace_fidelity's points or capacity folders' diagnostics), and the lines that say
     what each fit gave."""
     host = read_json(host_costs, "host-costs file")
-    overheads = load_host_costs(host_costs)
-    gpu, model, rows, prefills = pooled_rounds(measured, host, overheads)
+    # (read without its mixed step, which this replaces: one fitted by an older law is refused)
+    unmixed = {k: v for k, v in host.items() if k != "mixed_step"}
+    overheads = host_costs_from(unmixed, host_costs)
+    gpu, model, rows, prefills, stale = pooled_rounds(measured, host, overheads)
     decode = load_calibration(calibration, gpu.name).decode_curve("grid_cap")
     prefill = load_compare(compare, gpu.name).prefill_rate("grid_cap", gpu.bf16_tflops, gpu.sms)
-    load_host_costs(host_costs, gpu.name)  # measured on the GPU the rounds ran on
+    host_costs_from(unmixed, host_costs, gpu.name)  # measured on the GPU the rounds ran on
     names = ", ".join(f"{Path(m).parent.name}/{Path(m).name}" for m in measured)  # folders differ
     source = f"{names} with {Path(calibration).name}, {Path(compare).name}"
 
@@ -849,7 +864,8 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
         f"{tiles.small_s_per_token * 1e9:.1f} ns a token a layer (captured layers |error| "
         f"max {tile_quality['max_abs_layer_error']:.1%})")
     lines.append(f"mixed step: fixed {mixed.fixed_s * 1e3:.2f} ms, the tiles' law; over "
-                 f"{quality['rounds']} rounds "
+                 f"{quality['rounds']} rounds (not {stale} chunked runs saved before a mixed "
+                 f"step's decode rows left the extend kernel) "
                  f"({quality['launch_bound_share']:.0%} bound by their launches) |error| median "
                  f"{quality['median_abs_error']:.1%}, p90 {quality['p90_abs_error']:.1%}")
     return host, lines

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 from corun_rounds import Pricer, round_launches
-from fit_host_costs import CHUNK, later_layer_s, timed_points
+from fit_host_costs import CHUNK, later_layer_s, timed_points, todays_mixed_steps
 from script import MEASURED_ON_H200, finish, points_parser, run_script
 from trace_fidelity import prefill_batches
 
@@ -96,12 +96,16 @@ def launch_bound(point: dict, price: LayerPrice, where: str) -> tuple[list, list
     later_share = 1.0 if later is None else later / (d["host_layer_us"] / 1e6)
     r = d["rounds"]
     labels = [r["labels"][i] for i in r["label"]]
+    # a run saved before today's mixed steps: its chunked rounds are not priced by today's law
+    todays = todays_mixed_steps(d)
     launches = round_launches(point, where)
     batches = prefill_batches(d)
     ends = sorted(batches)
     out, own = [], []
     for i, (start, end, label, batch, held, level) in enumerate(zip(
             r["start_us"], r["end_us"], labels, r["decode_bs"], r["decode_context"], r["level"])):
+        if not todays and CHUNK.fullmatch(label):
+            continue
         span = launches[i][1] if launches else None
         layers, layer_s = _layers_and_price(label, batch, held, level, start, end, batches, ends,
                                             price)

@@ -103,7 +103,7 @@ def priced(rounds: list[dict], s: RunSettings, host, host_s: float,
     fit, layers = moved.mixed, s.model.layers
     gpu = np.array([float(step_cost.mixed_step_s(
         s.model, decode, prefill, s.gpu.sms, sum(r["contexts"]), len(r["contexts"]), r["chunk"],
-        r["start"], r["last"], phases=fit, decode_contexts=r["contexts"]))
+        r["start"], r["last"], phases=fit))
         for r in rounds])
     return (fit.fixed_s + np.array([step_cost.layer_pipeline_s(g, layers, host_s, later_s)
                                     for g in gpu]),
@@ -136,7 +136,7 @@ def band_rows(rounds, prices: dict[str, np.ndarray], bound: np.ndarray) -> list[
 
 
 def run(args) -> int:
-    points = []
+    points, stale = [], 0
     for path in args.diagnostics:
         path = Path(path)
         gpu = path.stem.removeprefix("capacity-diagnostics-")
@@ -145,8 +145,10 @@ def run(args) -> int:
         if args.against:
             hosts["against"] = load_host_costs(args.against, s.gpu.name)
         for point in PointStore(path, PointKey).points.values():
-            if not (point["strategy"].startswith("chunked_") and point.get("host_layer_us")
-                    and todays_mixed_steps(point)):
+            if not (point["strategy"].startswith("chunked_") and point.get("host_layer_us")):
+                continue
+            if not todays_mixed_steps(point):
+                stale += 1
                 continue
             rounds = replayed_rounds(point, requests)
             host_s, later_s = point["host_layer_us"] / 1e6, later_layer_s(point)
@@ -156,9 +158,10 @@ def run(args) -> int:
                            "bands": band_rows(rounds, {k: p for k, (p, _) in prices.items()},
                                               prices["given"][1])})
     if not points:
-        raise PdmuxError("the diagnostics hold no measured chunked point whose run timed its "
-                         "host and ran today's mixed steps")
-    lines = []
+        raise PdmuxError(f"the diagnostics hold no measured chunked point whose run timed its "
+                         f"host and ran today's mixed steps ({stale} saved before them)")
+    lines = [f"({stale} chunked points saved before a mixed step's decode rows left the extend "
+             f"kernel: not priced)"] if stale else []
     for p in points:
         lines.append(f"{p['folder']} {p['strategy']} at {p['rate']:g} req/s (host "
                      f"{p['host_layer_ms']:.2f} ms a layer): measured / priced, time-weighted")

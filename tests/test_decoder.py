@@ -9,6 +9,7 @@ from conftest import HAS_CUDA
 from reference import REL_TOL, rel_err
 
 from pdmux_triton.errors import PdmuxError
+from pdmux_triton.gpu import decoder
 from pdmux_triton.gpu.decoder import DecodeBatch, ExtendBatch, KVCache, Model, Weights
 from pdmux_triton.kernels import gemm
 from pdmux_triton.multiplex.partition import Budget
@@ -162,9 +163,11 @@ def test_folded_gains_give_the_norm_then_the_projection():
 
 
 def test_a_mixed_steps_decode_rows_attend_as_a_decode_step():
-    """A mixed step's leading one-token rows (after their prefixes) run through decode
-    attention and the chunk through the extend kernel, into one output: the same as the
-    extend kernel over all of them (fp32 rounding apart)."""
+    """A mixed step's leading decode rows run through decode attention and the rest through
+    the extend kernel, into one output: the same as the extend kernel over all of them (fp32
+    rounding apart), with a chunk after them, with decode rows alone, and with a one-token
+    chunk after its prefix (not a decode row: the batch says how many it has). The layers
+    after the first replay its launches once a call has run."""
     layers, prefix_rows = 3, [(8, [0, 1, 2]), (12, [3, 4, 5, 6])]
     models = []
     for _ in range(2):
@@ -181,20 +184,28 @@ def test_a_mixed_steps_decode_rows_attend_as_a_decode_step():
     table = torch.zeros(3, 4, dtype=torch.int32, device=DEV)
     for i, p in enumerate(pages):
         table[i, :len(p)] = torch.tensor(p)
-    pos = torch.tensor([8, 12, 4, 5, 6, 7, 8, 9], device=DEV)
-    rows = [0, 1] + [2] * 6
-    slots = torch.stack([table[r, int(q) // PAGE].long() * PAGE + int(q) % PAGE
-                         for r, q in zip(rows, pos.tolist())])
     tokens = torch.randint(0, 256, (8,), generator=g).to(DEV)
 
-    def mixed():
-        return ExtendBatch(tokens, pos, slots, table, [1, 1, 6], [8, 12, 4])
-    split = mixed()
-    assert split.decode_rows == 2 and split.decode_seq_lens.tolist() == [9, 13]
-    whole = mixed()
-    whole.__dict__["decode_rows"] = 0  # every row through the extend kernel
-    h, r = models[0].extend_layers(split, 0, layers, budget=Budget(3))
-    ref_h, ref_r = models[1].extend_layers(whole, 0, layers, budget=Budget(3))
+    def batch(chunk: int, decode_rows: int) -> ExtendBatch:
+        """Both decode rows (contexts 8 and 12), then a chunk of `chunk` tokens after 4."""
+        pos = torch.tensor([8, 12, *range(4, 4 + chunk)], device=DEV)
+        rows = [0, 1] + [2] * chunk
+        slots = torch.stack([table[r, int(q) // PAGE].long() * PAGE + int(q) % PAGE
+                             for r, q in zip(rows, pos.tolist())])
+        n = 2 + (chunk > 0)
+        lens = torch.tensor([9, 13], dtype=torch.int32, device=DEV)[:decode_rows]
+        return ExtendBatch(tokens[:2 + chunk], pos, slots, table[:n], [1, 1, chunk][:n],
+                           [8, 12, 4][:n], decode_rows, lens if decode_rows else None)
     tol = 1e-5 if DTYPE == torch.float32 else REL_TOL[DTYPE]
-    assert rel_err(h, ref_h) < tol and rel_err(r, ref_r) < tol
-    assert rel_err(models[0].cache.k[2], models[1].cache.k[2]) < tol
+    for chunk in (6, 0, 1):
+        for _ in range(2):  # the second call replays what the first recorded
+            with mock.patch.object(decoder, "decode_attention",
+                                   wraps=decoder.decode_attention) as decode:
+                h, r = models[0].extend_layers(batch(chunk, 2), 0, layers, budget=Budget(3))
+            ref_h, ref_r = models[1].extend_layers(batch(chunk, 0), 0, layers, budget=Budget(3))
+        assert decode.call_count == 1  # the first layer's; the later ones replay its launches
+        assert models[0].unreplayable is None, models[0].unreplayable
+        assert rel_err(h, ref_h) < tol and rel_err(r, ref_r) < tol, chunk
+        assert rel_err(models[0].cache.k[2], models[1].cache.k[2]) < tol
+    with pytest.raises(PdmuxError, match="2 decode rows need one new token each"):
+        ExtendBatch(tokens[:7], tokens[:7], tokens[:7], table, [6, 1, 0], [4, 8, 12], 2, None)

@@ -153,7 +153,8 @@ def test_shipped_inputs_load_by_name_on_their_gpu_only(gpu):
 def test_a_mixed_step_fitted_before_decode_rows_left_the_extend_kernel_is_refused(tmp_path):
     """A host-costs file whose mixed step has no tile times was fitted by the older law, to
     rounds whose decode rows ran in the extend kernel's tiles: refused in one line that says
-    to refit; a mixed step missing its fixed cost is named too."""
+    to refit; a mixed step missing its fixed cost, with a value out of range or not an object
+    is named too."""
     data = json.loads(open("bench/results/host-costs-h200.json").read())
     path = tmp_path / "host.json"
     path.write_text(json.dumps({**data, "mixed_step": {"fixed_s": 0.003, "decode_row_mfu": 0.4}}))
@@ -163,6 +164,14 @@ def test_a_mixed_step_fitted_before_decode_rows_left_the_extend_kernel_is_refuse
     path.write_text(json.dumps({**data, "mixed_step": {"tiles": tiles}}))
     with pytest.raises(PdmuxError, match="mixed_step needs fixed_s and tiles"):
         measured_inputs.load_host_costs(path, "h200")
-    path.write_text(json.dumps({**data, "mixed_step": {"fixed_s": -1.0, "tiles": tiles}}))
-    with pytest.raises(PdmuxError, match="fixed cost must be a finite number"):
-        measured_inputs.load_host_costs(path, "h200")
+    for mixed, message in (({"fixed_s": -1.0, "tiles": tiles}, "fixed cost must be a finite"),
+                           ({"fixed_s": 0.003, "tiles": {**tiles, "attention_prefix_s": -1.0}},
+                            "tile time attention_prefix_s"),
+                           ([0.003], "its mixed_step is not an object")):
+        path.write_text(json.dumps({**data, "mixed_step": mixed}))
+        with pytest.raises(PdmuxError, match=message):
+            measured_inputs.load_host_costs(path, "h200")
+    # the refit reads the file without the mixed step it replaces: an older law's loads
+    older = {**data, "mixed_step": {"fixed_s": 0.003, "decode_row_mfu": 0.4}}
+    unmixed = {k: v for k, v in older.items() if k != "mixed_step"}
+    assert measured_inputs.host_costs_from(unmixed, path, "h200").mixed is None

@@ -211,7 +211,7 @@ def test_the_prefix_cache_serves_the_same_tokens_and_the_simulators_hit_rate(mon
 @pytest.mark.gpu
 def test_strategies_serve_the_same_tokens_on_the_preset():
     """Strategies differ in numerics by design (split counts and tiles follow the SM budget;
-    chunked steps decode through the extend kernel), and a random model's top-2 logits are
+    chunked steps decode in the mixed step's forward), and a random model's top-2 logits are
     close, so the first token where two strategies differ must be a near-tie of the reference;
     after it their contexts differ and nothing more is compared."""
     gpu = detect_gpu()
@@ -276,3 +276,23 @@ def test_uploaded_arrays_start_on_16_byte_boundaries():
     for a, v in zip(arrays, views):
         assert v.shape == a.shape and (v.numpy() == a).all()
         assert (v.data_ptr() - views[0].data_ptr()) % 16 == 0
+
+
+def test_a_mixed_steps_batch_names_its_decode_rows_and_aligns_its_page_table():
+    """A mixed step's batch says how many of its rows are decode rows (with their contexts),
+    and its page table is 4 pages a row wide at the least, so the rows past the decode rows
+    start on a 16-byte boundary as warm-up's do (Triton specializes a pointer's alignment)."""
+    x = ModelExecutor.shared(TINY, GPU, "grid_cap", page_size=4, cache_tokens=512)
+    decoding = [Request(10, list(range(9)), 4, 0.0), Request(11, list(range(5)), 4, 0.0)]
+    prompt = Request(12, list(range(7)), 4, 0.0)
+    seqs = [(r, [1], len(r.prompt)) for r in decoding] + [(prompt, prompt.prompt[:5], 0)]
+    try:
+        batch = x._extend_batch(seqs, decode_rows=2)
+        assert batch.decode_rows == 2 and batch.decode_seq_lens.tolist() == [10, 6]
+        assert batch.page_table.shape[1] % 4 == 0
+        for n in range(3):
+            assert batch.page_table[n:].data_ptr() % 16 == 0
+        assert x._extend_batch([seqs[2]]).decode_rows == 0
+    finally:
+        for r in (*decoding, prompt):
+            x.release(r)

@@ -168,24 +168,27 @@ def load_compare(path: str | Path, gpu: str | None = None) -> Comparison:
                       tokens)
 
 
-def _mixed_fit(mixed: dict, path) -> MixedStepFit:
+def _mixed_fit(mixed, path) -> MixedStepFit:
     """A host-costs file's mixed step: its fixed cost and its kernels' tile times."""
+    if not isinstance(mixed, dict):
+        raise PdmuxError(f"{path}: its mixed_step is not an object (bench/fit_host_costs.py "
+                         f"writes one)")
     tiles = mixed.get("tiles")
     if tiles is None:  # the older law, fitted to decode rows in the extend kernel's tiles
         raise PdmuxError(f"{path}: its mixed step was fitted to chunked rounds whose decode rows "
                          f"ran in the extend kernel's tiles, as the executor no longer runs "
                          f"them; fit it again (bench/fit_host_costs.py)")
-    try:
+    try:  # (the values' ranges are TileTimes' and MixedStepFit's to refuse, by name)
         fixed = float(mixed["fixed_s"])
-        tiles = TileTimes(tuple((int(a), int(b), float(t), float(share))
-                                for a, b, t, share in tiles["gemm_wave_s"]),
-                          float(tiles["attention_prefix_s"]), float(tiles["attention_new_s"]),
-                          float(tiles["small_s_per_token"]))
+        waves = tuple((int(a), int(b), float(t), float(share))
+                      for a, b, t, share in tiles["gemm_wave_s"])
+        times = (float(tiles["attention_prefix_s"]), float(tiles["attention_new_s"]),
+                 float(tiles["small_s_per_token"]))
     except (KeyError, TypeError, ValueError):
         raise PdmuxError(f"{path}: its mixed_step needs fixed_s and tiles (gemm_wave_s, "
                          f"attention_prefix_s, attention_new_s, small_s_per_token), as "
                          f"bench/fit_host_costs.py writes them") from None
-    return MixedStepFit(fixed, tiles)
+    return MixedStepFit(fixed, TileTimes(waves, *times))
 
 
 def _pairs(entry: dict, key: str, kinds: tuple, path, where: str, what: str,
@@ -321,7 +324,12 @@ def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
     captured rounds' median, which lacks the serving loop's bookkeeping; where it gives a
     split prefill's batch, that is charged instead of the eager step; where it fitted another
     partition kind's split ratios apart (`by_kind`), that kind is priced with its own."""
-    data = read_json(path, "host-costs file")
+    return host_costs_from(read_json(path, "host-costs file"), path, gpu)
+
+
+def host_costs_from(data: dict, path: str | Path, gpu: str | None = None) -> Overheads:
+    """`load_host_costs` of a host-costs file's data, read from `path` (bench/fit_host_costs.py
+    reads a file it is about to refit without the fits it replaces)."""
     _check_gpu(data, path, "host-costs file", gpu)
     sustained, slowdown = _sustained_ratios(data, path)
     decode_by_busy = _by_busy(data, path, "decode_beside_prefill", required=True)

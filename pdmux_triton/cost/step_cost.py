@@ -360,11 +360,11 @@ def gemm_layer_s(model: ModelSpec, tokens: int, tiles: TileTimes, programs: int)
 
 
 def extend_attention_s(model: ModelSpec, seqs, tiles: TileTimes, programs: int) -> float:
-    """The extend attention of every layer over `seqs`, (new tokens, cached tokens) each (a
-    decode row: (1, its context)): one tile per `EXTEND_TILE_ROWS` new rows and query head,
-    each stepping over its cached keys and then its new ones `EXTEND_TILE_KEYS` at a time; the
-    tiles taken longest first in a zigzag over `programs` programs (kernels/prefill_attention),
-    so a few long decode rows set the time, not the FLOPs over the GPU."""
+    """The extend attention of every layer over `seqs`, (new tokens, cached tokens) each: one
+    tile per `EXTEND_TILE_ROWS` new rows and query head, each stepping over its cached keys and
+    then its new ones `EXTEND_TILE_KEYS` at a time; the tiles taken longest first in a zigzag
+    over `programs` programs (kernels/prefill_attention), so a few long sequences set the time,
+    not the FLOPs over the GPU."""
     per_key = model.head_dim / TILE_HEAD_DIM
     prefix_steps, new_steps, counts = [], [], []
     for new, cached in seqs:
@@ -468,11 +468,11 @@ class Overheads:
     of KV its page tables name), each eager layer's launches (`layer_launch_s` the first of a
     call, which goes through the launchers; `later_layer_s` each later one, which replays the
     first's launches, kernels/_replay.py; None: as the first, a file measured before), an
-    eager step's batch (made,
-    uploaded, its tokens read back; a whole-GPU prefill batch pays it too), a split prefill's
-    batch made and uploaded before its layers launch (`prefill_batch_s`; None: the eager
-    step's), what a captured decode step takes beyond its bytes at the calibrated rate (`decode_step_extra`, (batch,
-    seconds) points read between them), mixed steps as the executor runs them (`mixed`), and
+    eager step's batch (made, uploaded, its tokens read back; a whole-GPU prefill batch pays
+    it too), a split prefill's batch made and uploaded before its layers launch
+    (`prefill_batch_s`; None: the eager step's), what a captured decode step takes beyond its
+    bytes at the calibrated rate (`decode_step_extra`, (batch, seconds) points read between
+    them), mixed steps as the executor runs them (`mixed`), and
     the MFU a prefill with the GPU to itself is served at (`whole_gpu_prefill_mfu`, which the
     comparison cannot time: its levels leave decode some SMs) and the served span over that
     price by the share of the recent past, the batch's own span included, that prefills ran
@@ -667,17 +667,16 @@ def layer_pipeline_s(gpu_s: float, layers: int, first_launch_s: float,
 
 def mixed_step_s(model: ModelSpec, decode: DecodeRate, prefill: PrefillRate, total_sms: int,
                  decode_context_tokens: int, decode_batch: int, chunk, chunk_prefix,
-                 samples_chunk, phases: MixedStepFit | None = None, decode_contexts=None):
+                 samples_chunk, phases: MixedStepFit | None = None):
     """One chunked-prefill step on the whole GPU: a prompt chunk and the decode batch in one
     forward, bound by its compute or by reading the weights and the batch's KV, whichever is
     slower. With `phases`, the GPU time of the step as the executor runs it (`MixedStepFit`,
-    less its fixed cost), each decode row's own context (`decode_contexts`; else the batch's
-    context shared evenly). `chunk`, `chunk_prefix` and `samples_chunk` may be arrays (every
+    less its fixed cost). `chunk`, `chunk_prefix` and `samples_chunk` may be arrays (every
     chunk at once) except with `phases`."""
     if phases is not None:
         return _mixed_by_tiles(model, decode, prefill, total_sms, decode_context_tokens,
                                decode_batch, int(chunk), int(chunk_prefix), bool(samples_chunk),
-                               phases.tiles, decode_contexts)
+                               phases.tiles)
     flops = (decode_flops(model, decode_batch) + layer_flops(model, chunk, chunk_prefix)
              + lm_head_flops(model, np.asarray(samples_chunk, dtype=float)))
     compute = compute_s(flops, prefill, total_sms, corun=False)  # the GPU its own
@@ -687,11 +686,8 @@ def mixed_step_s(model: ModelSpec, decode: DecodeRate, prefill: PrefillRate, tot
 
 
 def _mixed_by_tiles(model, decode, prefill, total_sms, decode_context_tokens, decode_batch,
-                    chunk, chunk_prefix, samples_chunk, tiles, decode_contexts) -> float:
+                    chunk, chunk_prefix, samples_chunk, tiles) -> float:
     """`mixed_step_s`'s GPU phases by the kernels' tiles (`MixedStepFit`)."""
-    if decode_contexts is None:  # only the sum known: shared evenly
-        share, extra = divmod(int(decode_context_tokens), decode_batch) if decode_batch else (0, 0)
-        decode_contexts = [share + (i < extra) for i in range(decode_batch)]
     tokens = chunk + decode_batch
     # the decode rows attend as a decode step (their KV read at the decode rate, below), the
     # chunk in the extend kernel's tiles

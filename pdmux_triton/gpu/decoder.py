@@ -164,30 +164,28 @@ class ExtendBatch:
     page_table: torch.Tensor  # [B, pages] int32
     extend_lens: list[int]
     prefix_lens: list[int]
+    # a mixed step's leading decode rows (one new token each after its context): their
+    # attention runs as a decode step's, each row's context read once for its group of query
+    # heads, where the extend kernel would give each a query tile a head; their contexts with
+    # the new token ([decode_rows] int32), uploaded with the batch
+    decode_rows: int = 0
+    decode_seq_lens: torch.Tensor | None = None
 
-    @cached_property
-    def decode_rows(self) -> int:
-        """How many of the leading sequences are one token after a prefix (a mixed step's
-        decode rows): their attention runs as a decode step's, each row's context read once
-        for its group of query heads, where the extend kernel would give each a query tile a
-        head."""
-        n = 0
-        while (n < len(self.extend_lens) and self.extend_lens[n] == 1
-               and self.prefix_lens[n] > 0):
-            n += 1
-        return n
-
-    @cached_property
-    def decode_seq_lens(self) -> torch.Tensor:
-        """The decode rows' context lengths (their new token included), uploaded once."""
-        lens = [p + 1 for p in self.prefix_lens[:self.decode_rows]]
-        return torch.tensor(lens, dtype=torch.int32).to(self.tokens.device, non_blocking=True)
+    def __post_init__(self):
+        n = self.decode_rows
+        if n and (self.decode_seq_lens is None or len(self.decode_seq_lens) != n
+                  or any(k != 1 for k in self.extend_lens[:n]) or n > len(self.extend_lens)):
+            raise PdmuxError(f"a batch's {n} decode rows need one new token each and their "
+                             f"{n} context lengths")
 
     @cached_property
     def plan(self):
-        """The extend attention's block plan for the sequences past the decode rows, made and
-        uploaded once: a split prefill runs extend_layers every round on the same batch."""
+        """The extend attention's block plan for the sequences past the decode rows (None: there
+        are none), made and uploaded once: a split prefill runs extend_layers every round on
+        the same batch."""
         n = self.decode_rows
+        if n == len(self.extend_lens):
+            return None
         return plan_extend(self.extend_lens[n:], self.prefix_lens[n:], self.tokens.device)
 
 
@@ -328,16 +326,15 @@ class Model:
             raise PdmuxError(f"a prefill resumed at layer {start} needs the hidden states and "
                              f"the residual stream")
         ps, plan, n = self.cache.page_size, batch.plan, batch.decode_rows
-        seq_lens = batch.decode_seq_lens if n else None
-        longest = max(batch.prefix_lens[:n], default=0) + 1
+        longest = max(batch.prefix_lens[:n]) + 1 if n else 0
 
         def attend(q, k, v, kc, vc):
             if not n:
                 return extend_attention(q, k, v, kc, vc, batch.page_table, batch.extend_lens,
                                         batch.prefix_lens, ps, plan=plan, **kernel_args(budget))
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # (q: a strided view)
-            decode_attention(q[:n], kc, vc, batch.page_table[:n], seq_lens, ps, longest,
-                             out=out[:n], **kernel_args(budget, attention=True))
+            decode_attention(q[:n], kc, vc, batch.page_table[:n], batch.decode_seq_lens, ps,
+                             longest, out=out[:n], **kernel_args(budget, attention=True))
             if n < len(batch.extend_lens):
                 extend_attention(q[n:], k[n:], v[n:], kc, vc, batch.page_table[n:],
                                  batch.extend_lens[n:], batch.prefix_lens[n:], ps, plan=plan,

@@ -197,23 +197,30 @@ class ModelExecutor:
         flat = host.pin_memory().to(self.device, non_blocking=True) if self.cuda else host
         return [flat[start:start + a.size].view(a.shape) for start, a in zip(starts, arrays)]
 
-    def _extend_batch(self, seqs: list[tuple[Request, list[int], int]]) -> ExtendBatch:
-        """seqs: (request, new token ids, position of the first) for each sequence."""
+    def _extend_batch(self, seqs: list[tuple[Request, list[int], int]],
+                      decode_rows: int = 0) -> ExtendBatch:
+        """seqs: (request, new token ids, position of the first) for each sequence, the first
+        `decode_rows` of them a mixed step's decode rows (`ExtendBatch.decode_rows`)."""
         bm = self.blocks
         for r, ids, start in seqs:
             if r.rid not in bm.owned:  # its prompt's first tokens: its cached prefix's pages
                 bm.begin(r.rid, [page for block in r.prefix for page in block])
             bm.reserve(r.rid, start + len(ids))
-        width = max(len(bm.owned[r.rid]) for r, _, _ in seqs)
+        # a multiple of 4 pages a row: the int32 table's rows past the decode rows start on a
+        # 16-byte boundary, as warm-up's do (Triton specializes a pointer's alignment)
+        width = -(-max(len(bm.owned[r.rid]) for r, _, _ in seqs) // 4) * 4
         table = np.zeros((len(seqs), width), dtype=np.int64)
         for i, (r, _, _) in enumerate(seqs):
             table[i, :len(bm.owned[r.rid])] = bm.owned[r.rid]
         positions = np.concatenate([np.arange(start, start + len(ids)) for _, ids, start in seqs])
         slots = np.concatenate([bm.slots(r.rid, start, start + len(ids)) for r, ids, start in seqs])
         tokens = np.concatenate([np.asarray(ids, dtype=np.int64) for _, ids, _ in seqs])
-        tokens, positions, slots, table = self._upload(tokens, positions, slots, table)
+        lens = np.array([start + 1 for _, _, start in seqs[:decode_rows]], dtype=np.int64)
+        tokens, positions, slots, table, lens = self._upload(tokens, positions, slots, table,
+                                                             lens)
         return ExtendBatch(tokens, positions, slots, table.to(torch.int32),
-                           [len(ids) for _, ids, _ in seqs], [start for _, _, start in seqs])
+                           [len(ids) for _, ids, _ in seqs], [start for _, _, start in seqs],
+                           decode_rows, lens.to(torch.int32) if decode_rows else None)
 
     def _greedy(self, hidden, residual, batch: ExtendBatch, side: _Side) -> torch.Tensor:
         rows = self._upload(np.cumsum(batch.extend_lens) - 1)[0]  # each sequence's last row
@@ -359,7 +366,7 @@ class ModelExecutor:
         side = self.decode_side
         with _on(side.stream):  # uploads too: the side's stream must see them in order
             mark = self.marks.mark(side.stream)
-            batch = self._extend_batch(seqs)
+            batch = self._extend_batch(seqs, decode_rows=len(decoding))
             began = time.perf_counter()
             h, r = self.model.extend_layers(batch, 0, self.num_layers, budget=side.budget)
             self._launched(began, self.num_layers)

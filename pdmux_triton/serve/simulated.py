@@ -4,7 +4,7 @@ Two timelines, one per side, as two CUDA streams would be, and the host's clock.
 costs its bytes over the rate its SMs reach (the S_SAT law, or a calibration's measured curve,
 alone or beside a prefill that is in flight as the step starts); a prefill costs its FLOPs over
 the prefill rate on its share of the SMs. The host spends its share on each decode round and
-each eager layer it launches, and mixed steps their padded decode rows (`step_cost.Overheads`,
+each eager layer it launches, and mixed steps as the executor runs them (`step_cost.Overheads`,
 none by default): an eager step ends no earlier than its launches, and while the host
 launches, nothing else is launched. On one rank of a tensor-parallel server (`model` its shard,
 `parallel.shard`) every forward also spends its collectives (`comm`) on the link.
@@ -321,8 +321,7 @@ class SimExecutor:
         step = float(step_cost.mixed_step_s(self.model, self.decode_rate, self.prefill_rate,
                                             self.total_sms, sum(r.context for r in decoding),
                                             len(decoding), n, start, samples_chunk=last,
-                                            phases=fit,
-                                            decode_contexts=[r.context for r in decoding]))
+                                            phases=fit))
         step /= self.prefill_speed
         step += (self.comm.layers_s(len(decoding) + n, self.num_layers)
                  + self.comm.logits_s(len(decoding) + last))
