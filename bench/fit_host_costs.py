@@ -84,7 +84,7 @@ from pdmux_triton.cost.measured_inputs import host_costs_from, load_calibration,
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiments.settings import RunSettings, make_requests
 from pdmux_triton.results import PointStore, read_json, write_json
-from pdmux_triton.serve.metrics import MIXED_DECODE_ROWS
+from pdmux_triton.serve.metrics import todays_mixed_steps
 from pdmux_triton.serve.simulated import SUSTAINED_WINDOW_S
 from pdmux_triton.spec.gpus import gpu_preset
 from pdmux_triton.spec.models import ModelSpec, model_preset
@@ -144,13 +144,6 @@ def round_contexts(run: dict, strategy: str) -> list[int]:
         if joined is not None and joined.output_len > 1:
             decoding.append([joined, 1])
     return out
-
-
-def todays_mixed_steps(saved: dict) -> bool:
-    """Whether a measured run (its diagnostics or a strategy's details) ran a mixed step's
-    decode rows as today's executor does (`metrics.MIXED_DECODE_ROWS`): one saved before gave
-    them the extend kernel's tiles, so its chunked rounds are not fitted."""
-    return saved.get("mixed_decode_rows") == MIXED_DECODE_ROWS
 
 
 def chunk_rounds(run: dict, host_s: float) -> list[dict]:

@@ -33,13 +33,14 @@ from pathlib import Path
 
 import numpy as np
 from corun_rounds import Pricer, round_launches
-from fit_host_costs import CHUNK, later_layer_s, timed_points, todays_mixed_steps
+from fit_host_costs import CHUNK, later_layer_s, timed_points
 from script import MEASURED_ON_H200, finish, points_parser, run_script
 from trace_fidelity import prefill_batches
 
 from pdmux_triton.cost import step_cost
 from pdmux_triton.cost.measured_inputs import load_host_costs
 from pdmux_triton.results import provenance, read_json
+from pdmux_triton.serve.metrics import todays_mixed_steps
 
 POINTS = ("bench/results/trace-fidelity/points-h200.jsonl",
           "bench/results/capacity-conv/capacity-diagnostics-h200.jsonl",

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from fit_host_costs import later_layer_s, todays_mixed_steps
+from fit_host_costs import later_layer_s
 from script import MEASURED_ON_H200, bench_parser, finish, run_script
 
 from pdmux_triton.cost import step_cost
@@ -32,6 +32,7 @@ from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiments.capacity import PointKey
 from pdmux_triton.experiments.settings import RunSettings
 from pdmux_triton.results import PointStore, provenance, read_json
+from pdmux_triton.serve.metrics import todays_mixed_steps
 from pdmux_triton.spec.models import ModelSpec, model_preset
 from pdmux_triton.spec.traces import load_trace
 

@@ -58,7 +58,7 @@ from pdmux_triton.experiments.run import GUARDS, Servers
 from pdmux_triton.experiments.settings import RunSettings, make_requests
 from pdmux_triton.experiments.variants import served_by, variant
 from pdmux_triton.results import PointStore, provenance, read_json, write_json
-from pdmux_triton.serve.metrics import ROUND_US, Slo, diagnostics
+from pdmux_triton.serve.metrics import ROUND_US, Slo, diagnostics, todays_mixed_steps
 from pdmux_triton.spec.gpus import detect_gpu, gpu_preset
 from pdmux_triton.spec.models import model_preset
 from pdmux_triton.spec.traffic import Request
@@ -122,11 +122,12 @@ def rates_of(args, store: PointStore, trace: str, start: int, name: str) -> list
 
 def judged_rates(args, store: PointStore, trace: str, start: int, name: str) -> list[float]:
     """The rates a strategy is simulated and judged at on a window: every rate it is served at
-    (`rates_of`) or, offline, those of them measured (a trace measured in part is judged on
-    the points it has)."""
+    (`rates_of`) or, offline, those of them measured as today's executor serves them (a trace
+    measured in part is judged on the points it has; `stale` ones are not)."""
     rates = rates_of(args, store, trace, start, name)
     if args.offline:
-        rates = [r for r in rates if store.has(Key("gpu", trace, start, r, name))]
+        rates = [r for r in rates if store.has(Key("gpu", trace, start, r, name))
+                 and not stale(store.get(Key("gpu", trace, start, r, name)))]
     return rates
 
 
@@ -210,12 +211,20 @@ FIGURES = (*LATENCIES, "slo_attainment", "slo_attainment_last_half", "itl_p50_ms
            "gc_collections_during_measurement", "gc_pause_ms_during_measurement", *GUARDS)
 
 
+def stale(point: dict) -> bool:
+    """A chunked point measured before a mixed step's decode rows left the extend kernel
+    (`metrics.todays_mixed_steps`): served again where the GPU is there."""
+    return point["strategy"].startswith("chunked") and not todays_mixed_steps(
+        point["diagnostics"])
+
+
 def measure(args, store: PointStore, log) -> list[str]:
-    """Every measured point the store lacks, on one model and executor set for all windows;
-    offline, the points it lacks are named instead (judged without them)."""
+    """Every measured point the store lacks or holds `stale`, on one model and executor set
+    for all windows; offline, those points are named instead (judged without them)."""
     todo = [(t, start, rate, name) for t, start in windows(args) for name in args.strategies
             for rate in rates_of(args, store, t, start, name)
-            if not store.has(Key("gpu", t, start, rate, name))]
+            if not store.has(Key("gpu", t, start, rate, name))
+            or stale(store.get(Key("gpu", t, start, rate, name)))]
     if not todo or args.offline:
         return [f"{name} {t}@{start} {rate:g} req/s" for t, start, rate, name in todo]
     every = {(t, start): settings(args, t, start, simulate=False) for t, start in windows(args)}
@@ -699,7 +708,8 @@ def run(args) -> int:
     data = {**provenance(gpu), "analysed_offline": args.offline, "model": MODEL,
             "inputs": inputs, "not_measured": missing, **result}
     if missing:
-        print(f"{len(missing)} points not measured in {store.path} (judged without them): "
+        print(f"{len(missing)} points not measured in {store.path}, or measured before a mixed "
+              f"step's decode rows left the extend kernel (judged without them): "
               + ", ".join(missing), file=sys.stderr, flush=True)
     return finish(Path(args.out) / f"trace-fidelity-{gpu}.json", data, table(data))
 

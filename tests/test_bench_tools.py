@@ -1102,6 +1102,35 @@ def test_trace_fidelity_judges_a_strategy_at_every_rate_measured_for_it(tmp_path
     assert [c["rates_rps"] for c in judged["capacities"]] == [[8.0, 12.0, 18.0, 24.0, 48.0]] * 2
 
 
+def test_trace_fidelity_serves_a_stale_chunked_point_again_and_judges_without_it(tmp_path):
+    """A chunked point measured before a mixed step's decode rows left the extend kernel (its
+    diagnostics lack the marker) is served again on the GPU and, offline, named and judged
+    without; one measured since, and other strategies' points, are judged."""
+    import argparse
+
+    sys.path.insert(0, "bench")
+    import trace_fidelity
+    from trace_fidelity import Key, judged_rates, stale
+
+    from pdmux_triton.results import PointStore
+
+    store = PointStore(tmp_path / "points.jsonl", Key)
+    for name, rate, diag in (("chunked_512", 12.0, {}),
+                             ("chunked_512", 24.0, {"mixed_decode_rows": MIXED_DECODE_ROWS}),
+                             ("prefill_first", 12.0, {})):
+        store.add(Key("gpu", "conv", 2000, rate, name), diagnostics=diag)
+    assert [stale(p) for p in store.points.values()] == [True, False, False]
+    args = argparse.Namespace(rates=[], offline=True, traces=["conv"], count=100,
+                              strategies=["chunked_512", "prefill_first"])
+    assert judged_rates(args, store, "conv", 2000, "chunked_512") == [24.0]
+    assert judged_rates(args, store, "conv", 2000, "prefill_first") == [12.0]
+    said = []
+    trace_fidelity.measure(args, store, said.append)  # offline: named, nothing served
+    assert "chunked_512 conv@2000 12 req/s" in said[0]
+    assert "chunked_512 conv@2000 24 req/s" not in said[0]
+    assert "prefill_first conv@2000 12 req/s" not in said[0]
+
+
 def test_trace_fidelity_prices_each_repeat_on_its_own_host(tmp_path, monkeypatch):
     """A point that kept each repeat's host speed is simulated on each host and judged by the
     median of those simulations (two hosts: their mean); one that kept only its first

@@ -377,3 +377,40 @@ def test_an_offline_run_simulates_again_only_the_strategies_it_serves(tmp_path):
     assert any(p["strategy"] == "prefill_first" for p in store.points.values())
     reread = PointStore(tmp_path / "p.jsonl", PointKey)  # on disk too
     assert {k: p for k, p in reread.points.items() if p["strategy"] == "chunked_512"} == kept
+
+
+def test_a_chunked_point_measured_before_todays_mixed_steps_is_served_again(monkeypatch,
+                                                                          tmp_path):
+    """A measured chunked point saved before a mixed step's decode rows left the extend kernel
+    (no `mixed_decode_rows`) is served again and replaced, and says so; one saved since, and
+    other strategies' points, resume as they are; offline, the old point is read as it is."""
+    monkeypatch.setattr(run.Servers, "__init__", _sim_servers)
+    path = tmp_path / "p.jsonl"
+    run_capacity(settings(simulate=False), ("chunked_512", "prefill_first"), CRITERIA,
+                 PointStore(path, PointKey), rates=(3.0,), log=lambda m: None)
+    saved = PointStore(path, PointKey)
+    measured = [p for p in saved.points.values() if p["mode"] == "gpu"]
+    assert len(measured) == 2 and all(p["mixed_decode_rows"] == "decode_attention"
+                                      for p in measured)
+    old = {k: v for k, v in saved.get(PointKey("gpu", "chunked_512", 3.0)).items()
+           if k != "mixed_decode_rows"}
+    # (failing the SLOs: a measured sweep reads nothing from it, not even where to stop)
+    saved.add(PointKey("gpu", "chunked_512", 3.0), **{**old, "ttft_p50_ms": -1.0,
+                                                      "slo_attainment": 0.0})
+    log = []
+    offline = run_capacity(settings(simulate=False), ("chunked_512",), CRITERIA,
+                           PointStore(path, PointKey), rates=(3.0,), log=log.append,
+                           offline=True)
+    assert [p["ttft_p50_ms"] for p in offline["points"]
+            if p["mode"] == "gpu" and p["strategy"] == "chunked_512"] == [-1.0]
+    log.clear()
+    again = run_capacity(settings(simulate=False), ("chunked_512", "prefill_first"), CRITERIA,
+                         PointStore(path, PointKey), rates=(3.0,), log=log.append)
+    assert [m for m in log if "served again" in m] == [
+        "[gpu] chunked_512 at 3 req/s was measured before a mixed step's decode rows left the "
+        "extend kernel: served again"]
+    kept = PointStore(path, PointKey).get(PointKey("gpu", "chunked_512", 3.0))
+    assert kept["mixed_decode_rows"] == "decode_attention" and kept["ttft_p50_ms"] > 0
+    assert kept["slo_attainment"] > 0
+    assert {p["strategy"] for p in again["points"] if p["mode"] == "gpu"} == {
+        "chunked_512", "prefill_first"}

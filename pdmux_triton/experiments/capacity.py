@@ -121,8 +121,11 @@ class Sweep:
     def measure(self, v: Variant, rate: float) -> dict:
         key = PointKey(self.mode, v.name, rate)
         saved = self.store.get(key)
-        if saved is not None:
+        if saved is not None and not self._stale(saved):
             return saved
+        if saved is not None:
+            self.log(f"[gpu] {v.name} at {rate:g} req/s was measured before a mixed step's "
+                     f"decode rows left the extend kernel: served again")
         if self.offline and self.mode == "gpu":
             raise PdmuxError(f"{v.name} at {rate:g} req/s was never measured in "
                              f"{self.store.path}: measure it on the GPU (drop --offline)")
@@ -144,7 +147,8 @@ class Sweep:
                          for name in ("repeat_values", "spread_pct")}}
         point = self.store.add(key, **{k: row.get(k) for k in POINT_KEYS if k != "rate"},
                                **spread, **{k: made_with[k] for k in MADE_WITH},
-                               **({"warm_requests": self.s.warm_requests}
+                               **({"warm_requests": self.s.warm_requests,
+                                   "mixed_decode_rows": metrics.MIXED_DECODE_ROWS}
                                   if self.mode == "gpu" else {}))
         self.log(f"[{self.mode}] {v.name} at {rate:g} req/s: attainment "
                  f"{_fmt(point['slo_attainment'], '.0%')}, TTFT p99 {_fmt(point['ttft_p99_ms'])} "
@@ -152,9 +156,18 @@ class Sweep:
                  f"{_fmt(point['itl_p99_ms'])} ms")
         return point
 
+    def _stale(self, point: dict) -> bool:
+        """A chunked strategy's point measured before a mixed step's decode rows left the
+        extend kernel (`metrics.MIXED_DECODE_ROWS`): today's executor serves it faster, so a
+        measured sweep serves it again and reads nothing from it (offline, it is read as it
+        is)."""
+        return (self.mode == "gpu" and not self.offline
+                and point["strategy"].startswith("chunked")
+                and not metrics.todays_mixed_steps(point))
+
     def points(self, name: str) -> list[tuple[float, dict]]:
         return sorted((p["rate"], p) for p in self.store.points.values()
-                      if p["mode"] == self.mode and p["strategy"] == name)
+                      if p["mode"] == self.mode and p["strategy"] == name and not self._stale(p))
 
     def close(self) -> None:
         if self.servers is not None:

@@ -36,6 +36,12 @@ MS = 1e3
 MIXED_DECODE_ROWS = "decode_attention"
 
 
+def todays_mixed_steps(saved: dict) -> bool:
+    """Whether a saved run (its diagnostics, a strategy's details or a capacity point) ran a
+    mixed step's decode rows as today's executor does (`MIXED_DECODE_ROWS`)."""
+    return saved.get("mixed_decode_rows") == MIXED_DECODE_ROWS
+
+
 @dataclass(frozen=True)
 class Slo:
     ttft_ms: float
