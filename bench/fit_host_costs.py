@@ -84,7 +84,7 @@ from pdmux_triton.cost.measured_inputs import host_costs_from, load_calibration,
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiments.settings import RunSettings, make_requests
 from pdmux_triton.results import PointStore, read_json, write_json
-from pdmux_triton.serve.metrics import todays_mixed_steps
+from pdmux_triton.serve.metrics import stale_mixed_steps, todays_mixed_steps
 from pdmux_triton.serve.simulated import SUSTAINED_WINDOW_S
 from pdmux_triton.spec.gpus import gpu_preset
 from pdmux_triton.spec.models import ModelSpec, model_preset
@@ -502,14 +502,16 @@ def tile_times_json(tiles: step_cost.TileTimes, source: str, quality: dict) -> d
 def fit_mixed(rows, model, decode, prefill, total_sms, tiles: step_cost.TileTimes
               ) -> tuple[step_cost.MixedStepFit, np.ndarray, dict]:
     """The fixed cost of measured = fixed + the layers' pipeline of the GPU phases (the tiles'
-    law) and the run's launches (`step_cost.layer_pipeline_s`): one for every host (fitted with a term for
-    the host's speed, it came out at or below zero). The mean once each round is known to be
-    bound by its GPU or by its launches: solved again until no round changes sides."""
+    law) and the run's launches (`step_cost.layer_pipeline_s`): one for every host (fitted
+    with a term for the host's speed, it came out at or below zero). The mean once each round
+    is known to be bound by its GPU or by its launches: solved again until no round changes
+    sides."""
     measured = np.array([r["seconds"] for r in rows])
     host = np.array([r["host_s"] for r in rows])
     n = model.layers
     # a run since replays launches its later layers faster than its first: they pace the GPU
-    launches = np.array([step_cost.launch_layers_s(n, r["host_s"], r.get("later_s")) for r in rows])
+    launches = np.array([step_cost.launch_layers_s(n, r["host_s"], r.get("later_s"))
+                         for r in rows])
     pace = np.array([r["host_s"] if r.get("later_s") is None else r["later_s"] for r in rows])
     law = step_cost.MixedStepFit(0.0, tiles)
     gpu = np.array([step_cost.mixed_step_s(model, decode, prefill, total_sms, r["context"],
@@ -607,8 +609,7 @@ def sustained_ratios(path: str, gpu: str) -> dict:
 
 def stale_chunked(points: list[tuple[dict, float]]) -> int:
     """The chunked points (`timed_points`) saved before today's mixed steps (not fitted)."""
-    return sum(p["strategy"].startswith("chunked_") and not todays_mixed_steps(p["diagnostics"])
-               for p, _ in points)
+    return sum(stale_mixed_steps(p["strategy"], p["diagnostics"]) for p, _ in points)
 
 
 def measured_rounds(measured: str, host: dict, overheads) -> tuple:
@@ -638,8 +639,7 @@ def measured_rounds(measured: str, host: dict, overheads) -> tuple:
     if run.get("unserved"):
         print(f"note: {measured} stopped before {', '.join(run['unserved'])}: its rounds are "
               f"those of the strategies it served")
-    stale = sum(name.startswith("chunked_") and not todays_mixed_steps(details)
-                for name, details in run["details"].items())
+    stale = sum(stale_mixed_steps(name, details) for name, details in run["details"].items())
     return settings.gpu, settings.model, chunk_rounds(run, overheads.layer_launch_s), None, stale
 
 

@@ -58,7 +58,7 @@ from pdmux_triton.experiments.run import GUARDS, Servers
 from pdmux_triton.experiments.settings import RunSettings, make_requests
 from pdmux_triton.experiments.variants import served_by, variant
 from pdmux_triton.results import PointStore, provenance, read_json, write_json
-from pdmux_triton.serve.metrics import ROUND_US, Slo, diagnostics, todays_mixed_steps
+from pdmux_triton.serve.metrics import ROUND_US, Slo, diagnostics, stale_mixed_steps
 from pdmux_triton.spec.gpus import detect_gpu, gpu_preset
 from pdmux_triton.spec.models import model_preset
 from pdmux_triton.spec.traffic import Request
@@ -213,9 +213,8 @@ FIGURES = (*LATENCIES, "slo_attainment", "slo_attainment_last_half", "itl_p50_ms
 
 def stale(point: dict) -> bool:
     """A chunked point measured before a mixed step's decode rows left the extend kernel
-    (`metrics.todays_mixed_steps`): served again where the GPU is there."""
-    return point["strategy"].startswith("chunked") and not todays_mixed_steps(
-        point["diagnostics"])
+    (`metrics.stale_mixed_steps`): served again where the GPU is there."""
+    return stale_mixed_steps(point["strategy"], point["diagnostics"])
 
 
 def measure(args, store: PointStore, log) -> list[str]:

@@ -162,8 +162,7 @@ class Sweep:
         measured sweep serves it again and reads nothing from it (offline, it is read as it
         is)."""
         return (self.mode == "gpu" and not self.offline
-                and point["strategy"].startswith("chunked")
-                and not metrics.todays_mixed_steps(point))
+                and metrics.stale_mixed_steps(point["strategy"], point))
 
     def points(self, name: str) -> list[tuple[float, dict]]:
         return sorted((p["rate"], p) for p in self.store.points.values()

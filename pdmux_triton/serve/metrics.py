@@ -42,6 +42,13 @@ def todays_mixed_steps(saved: dict) -> bool:
     return saved.get("mixed_decode_rows") == MIXED_DECODE_ROWS
 
 
+def stale_mixed_steps(strategy: str, saved: dict) -> bool:
+    """A chunked strategy's run saved before a mixed step's decode rows left the extend kernel
+    (`todays_mixed_steps`): its chunked rounds are not today's, so nothing is fitted or judged
+    on them and a resumed sweep serves it again."""
+    return strategy.startswith("chunked_") and not todays_mixed_steps(saved)
+
+
 @dataclass(frozen=True)
 class Slo:
     ttft_ms: float
