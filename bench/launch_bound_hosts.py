@@ -40,7 +40,7 @@ from trace_fidelity import prefill_batches
 from pdmux_triton.cost import step_cost
 from pdmux_triton.cost.measured_inputs import load_host_costs
 from pdmux_triton.results import provenance, read_json
-from pdmux_triton.serve.metrics import todays_mixed_steps
+from pdmux_triton.serve.metrics import stale_mixed_steps
 
 POINTS = ("bench/results/trace-fidelity/points-h200.jsonl",
           "bench/results/capacity-conv/capacity-diagnostics-h200.jsonl",
@@ -97,16 +97,12 @@ def launch_bound(point: dict, price: LayerPrice, where: str) -> tuple[list, list
     later_share = 1.0 if later is None else later / (d["host_layer_us"] / 1e6)
     r = d["rounds"]
     labels = [r["labels"][i] for i in r["label"]]
-    # a run saved before today's mixed steps: its chunked rounds are not priced by today's law
-    todays = todays_mixed_steps(d)
     launches = round_launches(point, where)
     batches = prefill_batches(d)
     ends = sorted(batches)
     out, own = [], []
     for i, (start, end, label, batch, held, level) in enumerate(zip(
             r["start_us"], r["end_us"], labels, r["decode_bs"], r["decode_context"], r["level"])):
-        if not todays and CHUNK.fullmatch(label):
-            continue
         span = launches[i][1] if launches else None
         layers, layer_s = _layers_and_price(label, batch, held, level, start, end, batches, ends,
                                             price)
@@ -188,6 +184,9 @@ def table(data: dict) -> str:
                      f"{cell(x.get('median_ms')):>7} {cell(x.get('mean_ms')):>7} "
                      f"{cell(x.get('p90_ms')):>7} {cell(x.get('median_over_p50')):>8}")
     lines.append("")
+    if data["stale_chunked_points"]:
+        lines.append(f"not read: {data['stale_chunked_points']} chunked points served before a "
+                     f"mixed step's decode rows left the extend kernel")
     for k, v in data["summary"].items():
         if k == "prefill_first_own_host_work_ms":
             lines.append(f"prefill-first batch's own host work (wall less launch span, on the "
@@ -203,12 +202,16 @@ def table(data: dict) -> str:
 def run(args) -> int:
     overheads = load_host_costs(args.host_costs)
     gpu = read_json(args.host_costs, "host-costs file").get("gpu", "")
-    rows = []
+    rows, stale = [], 0
     for path in args.points:
         pricer = Pricer(path, args.calibration, args.compare, overheads, gpu)
         price = LayerPrice(pricer, overheads)
         for point, host_s in timed_points(path):
             if "green" in point["strategy"]:  # its split levels' SMs: another kind's
+                continue
+            # served before today's mixed steps: its chunked rounds are not today's law's
+            if stale_mixed_steps(point["strategy"], point["diagnostics"]):
+                stale += 1
                 continue
             launches, own = launch_bound(point, price, f"{path} {point['strategy']}")
             rows.append({"source": pricer.source, **point_row(point, host_s, launches, own,
@@ -218,7 +221,7 @@ def run(args) -> int:
                        "min_launches": MIN_LAUNCHES,
                        **{k: getattr(args, k) for k in MEASURED_ON_H200}},
             "eager_step_ms": overheads.eager_step_s * 1e3, "summary": summary(rows),
-            "points": rows}
+            "stale_chunked_points": stale, "points": rows}
     return finish(Path(args.out) / f"launch-bound-hosts-{pricer.gpu.name}.json", data,
                   table(data))
 

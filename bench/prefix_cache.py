@@ -152,6 +152,10 @@ def summarize(traces: dict) -> dict:
                               **{f"below_{c}_rps": v for c, v in below.items()},
                               **{f"at_least_{c}": a for c, a in above.items()},
                               **{f"burst_{c}": b for c, b in bursts.items()},
+                              # read from chunked points served before a mixed step's decode
+                              # rows left the extend kernel (offline only: `capacity`'s count)
+                              **{f"stale_{c}": bool(r.get("stale_mixed_step_points"))
+                                 for c, r in got.items()},
                               **{f"measured_{c}": bool(got[c]) for c in got},
                               **_ratio(caps["on"], caps["off"], below["off"], "on_vs_off",
                                        above["on"], above["off"]),
@@ -182,7 +186,7 @@ def table(summary: dict) -> str:
                      f"{_bound(s, 'pdmux_vs_best_chunked_cache_on')}"
                      f"{'-' if gain is None else format(gain, '.2f')}x (published "
                      f"{PUBLISHED_GAIN}x, Tool&Agent, 8xA100, 70B)")
-        lines.append(f"  {'strategy':<16} {'on req/s':>15} {'off req/s':>15} {'on/off':>7} "
+        lines.append(f"  {'strategy':<16} {'on req/s':>18} {'off req/s':>18} {'on/off':>7} "
                      f"{'hit at cap':>10}")
         for strategy, r in s["strategies"].items():
             fmt = lambda v, f: "-" if v is None else format(v, f)  # noqa: E731
@@ -190,13 +194,19 @@ def table(summary: dict) -> str:
                        else f"< {r[f'below_{c}_rps']:.2f}" if r[f"below_{c}_rps"] is not None
                        else (">= " if r[f"at_least_{c}"] else "")
                        + fmt(r[f"goodput_capacity_{c}_rps"], ".2f")
-                       + (" burst" if r[f"burst_{c}"] else "")) for c in ("on", "off")}
+                       + (" burst" if r[f"burst_{c}"] else "")
+                       + (" stale" if r[f"stale_{c}"] else "")) for c in ("on", "off")}
             hit = fmt(r["hit_rate_at_capacity"], ".1%")
             ratio = _bound(r, "on_vs_off") + fmt(r["on_vs_off"], ".2f")
-            lines.append(f"  {strategy:<16} {cap['on']:>15} {cap['off']:>15} "
+            lines.append(f"  {strategy:<16} {cap['on']:>18} {cap['off']:>18} "
                          f"{ratio:>7} {hit:>10}")
     lines.append("burst: read on a stream too short for its rate (the later half's attainment "
                  "more than 5 points from the whole's): more than the GPU sustains")
+    if any(r[f"stale_{c}"] for s in summary.values() for r in s["strategies"].values()
+           for c in ("on", "off")):
+        lines.append("stale: read from points served before a mixed step's decode rows left "
+                     "the extend kernel (today's executor serves chunked rounds faster): "
+                     "measure them again")
     lines.append("< X: failed the SLOs at every rate served, X the lowest; a ratio over it is "
                  "a lower bound (>=); >= X: met them at every rate served, X the highest")
     return "\n".join(lines)

@@ -8,6 +8,7 @@ import statistics
 import pytest
 
 from pdmux_triton.cost.step_cost import Overheads
+from pdmux_triton.cli import tables
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiments import capacity, run
 from pdmux_triton.experiments.capacity import PointKey, run_capacity
@@ -278,7 +279,6 @@ def test_a_simulation_the_measured_rates_only_bound_is_read_from_all_its_rates(m
     """Measured at two rates where the simulation meets the target at both, the like-for-like
     reading is only a bound (the higher rate): the error is read from the crossing over every
     simulated rate instead, and the table marks it."""
-    from pdmux_triton.cli import tables
     from pdmux_triton.experiments import capacity_search
 
     original = run.Servers.executor
@@ -403,6 +403,9 @@ def test_a_chunked_point_measured_before_todays_mixed_steps_is_served_again(monk
                            offline=True)
     assert [p["ttft_p50_ms"] for p in offline["points"]
             if p["mode"] == "gpu" and p["strategy"] == "chunked_512"] == [-1.0]
+    assert offline["summary"]["strategies"]["chunked_512"]["stale_mixed_step_points"] == 1
+    assert any(n.startswith("stale: chunked_512 (1 points)")
+               for n in tables.capacity_notes(offline, 40))
     log.clear()
     again = run_capacity(settings(simulate=False), ("chunked_512", "prefill_first"), CRITERIA,
                          PointStore(path, PointKey), rates=(3.0,), log=log.append)
@@ -414,3 +417,26 @@ def test_a_chunked_point_measured_before_todays_mixed_steps_is_served_again(monk
     assert kept["slo_attainment"] > 0
     assert {p["strategy"] for p in again["points"] if p["mode"] == "gpu"} == {
         "chunked_512", "prefill_first"}
+
+
+def test_a_measured_sweep_reads_no_stale_chunked_point_at_a_rate_it_did_not_serve(
+        monkeypatch, tmp_path):
+    """A stale chunked point (saved before today's mixed steps) at a rate this sweep does not
+    serve is left out of what the measured result reads: its points, its top rate (`at_least`)
+    and its guards; nothing is counted stale then, since nothing stale was read."""
+    monkeypatch.setattr(run.Servers, "__init__", _sim_servers)
+    path = tmp_path / "p.jsonl"
+    run_capacity(settings(simulate=False), ("chunked_512",), CRITERIA,
+                 PointStore(path, PointKey), rates=(3.0, 9.0), log=lambda m: None)
+    store = PointStore(path, PointKey)
+    old = {k: v for k, v in store.get(PointKey("gpu", "chunked_512", 9.0)).items()
+           if k != "mixed_decode_rows"}
+    store.add(PointKey("gpu", "chunked_512", 9.0), **{**old, "ttft_p50_ms": -1.0,
+                                                      "requests_lost": 5})
+    again = run_capacity(settings(simulate=False), ("chunked_512",), CRITERIA,
+                         PointStore(path, PointKey), rates=(3.0,), log=lambda m: None)
+    row = again["summary"]["strategies"]["chunked_512"]
+    assert [p["rate"] for p in again["points"] if p["mode"] == "gpu"] == [3.0]
+    assert row["points"] == 1 and row["requests_lost"] == 0
+    assert row["stale_mixed_step_points"] == 0
+    assert row["at_least"]["goodput"] == (row["goodput_capacity_rps"] >= 3.0)

@@ -301,6 +301,13 @@ def capacity_notes(result: dict, count: int) -> list[str]:
         notes.append("simulated at those rates: each measured point priced on the host its run "
                      "timed (an eager layer's launch, `host_layer_p50_ms`), as `Overheads.on_host` "
                      "moves the cost model's host costs")
+    stale = {n: row["stale_mixed_step_points"] for n, row in rows.items()
+             if row.get("stale_mixed_step_points")}
+    if stale:
+        notes.append(
+            f"stale: {', '.join(f'{n} ({k} points)' for n, k in sorted(stale.items()))} read "
+            f"from points served before a mixed step's decode rows left the extend kernel: "
+            f"today's executor serves those rounds faster; measure them again (drop --offline)")
     if any(row["at_least"][c] and row.get("sim_error_pct", {}).get(c) is not None
            for row in rows.values() for c in row["at_least"]):
         notes.append("<=: the measured capacity is only a bound (the strategy met the criterion "

@@ -121,7 +121,7 @@ class Sweep:
     def measure(self, v: Variant, rate: float) -> dict:
         key = PointKey(self.mode, v.name, rate)
         saved = self.store.get(key)
-        if saved is not None and not self._stale(saved):
+        if saved is not None and _read(saved, self.offline):
             return saved
         if saved is not None:
             self.log(f"[gpu] {v.name} at {rate:g} req/s was measured before a mixed step's "
@@ -156,17 +156,10 @@ class Sweep:
                  f"{_fmt(point['itl_p99_ms'])} ms")
         return point
 
-    def _stale(self, point: dict) -> bool:
-        """A chunked strategy's point measured before a mixed step's decode rows left the
-        extend kernel (`metrics.MIXED_DECODE_ROWS`): today's executor serves it faster, so a
-        measured sweep serves it again and reads nothing from it (offline, it is read as it
-        is)."""
-        return (self.mode == "gpu" and not self.offline
-                and metrics.stale_mixed_steps(point["strategy"], point))
-
     def points(self, name: str) -> list[tuple[float, dict]]:
         return sorted((p["rate"], p) for p in self.store.points.values()
-                      if p["mode"] == self.mode and p["strategy"] == name and not self._stale(p))
+                      if p["mode"] == self.mode and p["strategy"] == name
+                      and _read(p, self.offline))
 
     def close(self) -> None:
         if self.servers is not None:
@@ -257,13 +250,14 @@ def _result(s: RunSettings, chosen: list[Variant], criteria: Criteria, store: Po
     for v in chosen:
         res = found[v.name]
         mine = [p for p in store.points.values() if p["strategy"] == v.name
-                and p["mode"] == ("gpu" if measured else "simulated")]
+                and p["mode"] == ("gpu" if measured else "simulated") and _read(p, offline)]
         row = {f"{c}_capacity_rps": res.get(f"{c}_capacity_rps" if measured
                                             else f"simulated_{c}_capacity_rps")
                for c in CRITERIA}
         row.update({f"simulated_{c}_capacity_rps": res[f"simulated_{c}_capacity_rps"]
                     for c in CRITERIA})
         row["points"] = len(mine)
+        row["stale_mixed_step_points"] = sum(_stale(p) for p in mine)
         by_rate = sorted((p["rate"], p) for p in mine)
         read = {c: capacity_search.read_from(by_rate, getattr(criteria, c),
                                              row[f"{c}_capacity_rps"]) for c in CRITERIA}
@@ -329,8 +323,20 @@ def _result(s: RunSettings, chosen: list[Variant], criteria: Criteria, store: Po
                          "attainment": criteria.attainment,
                          "max_sched_delay_s": criteria.max_sched_delay_s},
             "summary": {"strategies": summary, "highest_goodput_capacity": best, **totals},
-            "points": sorted(store.points.values(),
+            "points": sorted((p for p in store.points.values() if _read(p, offline)),
                              key=lambda p: (p["mode"], p["strategy"], p["rate"]))}
+
+
+def _stale(point: dict) -> bool:
+    """A chunked point measured before a mixed step's decode rows left the extend kernel."""
+    return point["mode"] == "gpu" and metrics.stale_mixed_steps(point["strategy"], point)
+
+
+def _read(point: dict, offline: bool) -> bool:
+    """Whether a result reads `point`: a measured sweep served a stale point's rate again and
+    reads nothing from one it did not (not even where to stop); offline the points saved are
+    all there is, so stale ones are read, and counted (`stale_mixed_step_points`)."""
+    return offline or not _stale(point)
 
 
 def repeat_capacities(points: list[tuple[float, dict]], criteria: Criteria,
