@@ -7,7 +7,9 @@ point's rounds (chunk, decode batch, its context sum, seconds) and its host's la
 round's first layer and, in a run since replays, each later one).
 Each round's decode rows' own contexts are replayed from the point's prefills in order and the
 trace's output lengths (each round's batch and context sum must come back exactly, or the
-point is refused), and the round is priced as `SimExecutor.mixed` prices it on the run's host
+point is refused): they check the replay and band the rounds by their longest decode row
+(the price reads only their sum, as decode attention reads their KV). The round is priced as
+`SimExecutor.mixed` prices it on the run's host
 (`Overheads.on_host`; its later layers at the run's own time, every layer at the first's in a
 run measured before replays): with the host-costs file given and, with `--against`, a second
 one beside it. Writes <out>/mixed-rounds-<gpu>.json; prints measured / priced, time-weighted.

@@ -167,7 +167,7 @@ def test_a_mixed_steps_decode_rows_attend_as_a_decode_step():
     the extend kernel, into one output: the same as the extend kernel over all of them (fp32
     rounding apart), with a chunk after them, with decode rows alone, and with a one-token
     chunk after its prefix (not a decode row: the batch says how many it has). The layers
-    after the first replay its launches once a call has run."""
+    after the first replay the first's launches."""
     layers, prefix_rows = 3, [(8, [0, 1, 2]), (12, [3, 4, 5, 6])]
     models = []
     for _ in range(2):
@@ -198,11 +198,10 @@ def test_a_mixed_steps_decode_rows_attend_as_a_decode_step():
                            [8, 12, 4][:n], decode_rows, lens if decode_rows else None)
     tol = 1e-5 if DTYPE == torch.float32 else REL_TOL[DTYPE]
     for chunk in (6, 0, 1):
-        for _ in range(2):  # the second call replays what the first recorded
-            with mock.patch.object(decoder, "decode_attention",
-                                   wraps=decoder.decode_attention) as decode:
-                h, r = models[0].extend_layers(batch(chunk, 2), 0, layers, budget=Budget(3))
-            ref_h, ref_r = models[1].extend_layers(batch(chunk, 0), 0, layers, budget=Budget(3))
+        with mock.patch.object(decoder, "decode_attention",
+                               wraps=decoder.decode_attention) as decode:
+            h, r = models[0].extend_layers(batch(chunk, 2), 0, layers, budget=Budget(3))
+        ref_h, ref_r = models[1].extend_layers(batch(chunk, 0), 0, layers, budget=Budget(3))
         assert decode.call_count == 1  # the first layer's; the later ones replay its launches
         assert models[0].unreplayable is None, models[0].unreplayable
         assert rel_err(h, ref_h) < tol and rel_err(r, ref_r) < tol, chunk

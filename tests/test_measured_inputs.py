@@ -171,7 +171,3 @@ def test_a_mixed_step_fitted_before_decode_rows_left_the_extend_kernel_is_refuse
         path.write_text(json.dumps({**data, "mixed_step": mixed}))
         with pytest.raises(PdmuxError, match=message):
             measured_inputs.load_host_costs(path, "h200")
-    # the refit reads the file without the mixed step it replaces: an older law's loads
-    older = {**data, "mixed_step": {"fixed_s": 0.003, "decode_row_mfu": 0.4}}
-    unmixed = {k: v for k, v in older.items() if k != "mixed_step"}
-    assert measured_inputs.host_costs_from(unmixed, path, "h200").mixed is None

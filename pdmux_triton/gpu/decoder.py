@@ -333,6 +333,8 @@ class Model:
                 return extend_attention(q, k, v, kc, vc, batch.page_table, batch.extend_lens,
                                         batch.prefix_lens, ps, plan=plan, **kernel_args(budget))
             out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # (q: a strided view)
+            # (the decode kernel's variant for n rows is a decode step's of n's padded size,
+            # which warm-up compiles when it captures the decode graphs: none compiles here)
             decode_attention(q[:n], kc, vc, batch.page_table[:n], batch.decode_seq_lens, ps,
                              longest, out=out[:n], **kernel_args(budget, attention=True))
             if n < len(batch.extend_lens):
