@@ -1125,10 +1125,10 @@ def test_trace_fidelity_serves_a_stale_chunked_point_again_and_judges_without_it
     assert judged_rates(args, store, "conv", 2000, "chunked_512") == [24.0]
     assert judged_rates(args, store, "conv", 2000, "prefill_first") == [12.0]
     said = []
-    trace_fidelity.measure(args, store, said.append)  # offline: named, nothing served
-    assert "chunked_512 conv@2000 12 req/s" in said[0]
-    assert "chunked_512 conv@2000 24 req/s" not in said[0]
-    assert "prefill_first conv@2000 12 req/s" not in said[0]
+    named = trace_fidelity.measure(args, store, said.append)  # offline: named, nothing served
+    assert "chunked_512 conv@2000 12 req/s" in named and not said
+    assert "chunked_512 conv@2000 24 req/s" not in named
+    assert "prefill_first conv@2000 12 req/s" not in named
 
 
 def test_trace_fidelity_prices_each_repeat_on_its_own_host(tmp_path, monkeypatch):
