@@ -2198,8 +2198,8 @@ def test_a_fit_on_a_run_stopped_midway_says_which_strategies_it_lacks(tmp_path, 
     path = tmp_path / "run-h100-sxm.json"
     path.write_text(json.dumps(stopped))
     host = json.loads(Path("bench/results/host-costs-h100-sxm.json").read_text())
-    gpu, model, rounds, _ = measured_rounds(
+    gpu, model, rounds, _, stale = measured_rounds(
         str(path), host, load_host_costs("bench/results/host-costs-h100-sxm.json"))
-    assert gpu.name == "h100-sxm" and model.name == "qwen3-8b"
+    assert gpu.name == "h100-sxm" and model.name == "qwen3-8b" and stale == 0
     assert f"note: {path} stopped before chunked_2048, chunked_512: its rounds are those of " \
         "the strategies it served" in capsys.readouterr().out
