@@ -62,8 +62,7 @@ def _inputs(**files):
     ({"calibration": "shipped:calibrate-h100-sxm.json",
       "compare": "shipped:compare-h100-sxm.json",
       "host_costs": "shipped:host-costs-h100-sxm.json"}, "shipped with the tool (measured there; "
-     "README, 'How far a simulation sits from a measurement', gives its error); its host costs "
-     "are not yet fitted to served rounds, so prefill-first and chunked prefill come out fast"),
+     "README, 'How far a simulation sits from a measurement', gives its error)"),
     ({"calibration": "a.json", "compare": "b.json", "host_costs": "c.json"},
      "the calibration, comparison and host costs given"),
     ({"calibration": "a.json"}, "partly calibrated (prefill at 0.5 of the bf16 rate on its "
@@ -78,9 +77,6 @@ def test_the_cost_model_line_says_what_priced_the_steps(files, says):
     # the README's error figures are cited only for the measurements they were read with
     shipped = len(files) == 3 and all(v.startswith("shipped:") for v in files.values())
     assert ("gives its error" in line) == shipped
-    # the H200's host costs are fitted to its served rounds, the H100's not yet
-    assert ("not yet fitted" in line) == (
-        files.get("host_costs") == "shipped:host-costs-h100-sxm.json")
 
 
 @pytest.mark.parametrize("value, fmt, shown", [

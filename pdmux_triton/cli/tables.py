@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from pdmux_triton.cost.measured_inputs import fitted_to_served_rounds
 from pdmux_triton.experiments import capacity_search
 from pdmux_triton.measure.comparison_errors import EMULATIONS
 from pdmux_triton.multiplex import sglang_rules
@@ -96,12 +95,9 @@ def cost_model_line(inputs: dict) -> str:
     how far its figures can be trusted."""
     files = [k for k in ("calibration", "compare", "host_costs") if inputs.get(k)]
     if len(files) == 3 and all(str(inputs[k]).startswith(SHIPPED_PREFIX) for k in files):
-        unfitted = ("; its host costs are not yet fitted to served rounds, so prefill-first and "
-                    "chunked prefill come out fast" if not fitted_to_served_rounds(
-                        inputs["host_costs"]) else "")
         return (f"cost model: the {inputs['gpu']['name']}'s calibration, comparison and host "
                 f"costs shipped with the tool (measured there; README, 'How far a simulation "
-                f"sits from a measurement', gives its error){unfitted}")
+                f"sits from a measurement', gives its error)")
     if len(files) == 3:
         return ("cost model: the calibration, comparison and host costs given (its error is "
                 "known only where it was measured beside the GPU, as `capacity` on a GPU does)")

@@ -36,16 +36,6 @@ def shipped_inputs(gpu: str, model: str) -> dict[str, str]:
     return {k: SHIPPED_PREFIX + name for k, name in SHIPPED.get(gpu, {}).items()}
 
 
-# what bench/fit_host_costs.py adds to a host-costs file from served rounds: without them (a
-# file of `calibrate --host-costs` alone) eager prefills and chunked rounds are priced fast
-FITTED_HOST_COSTS = ("eager_step", "mixed_step", "whole_gpu_prefill")
-
-
-def fitted_to_served_rounds(host_costs: str | Path) -> bool:
-    """Whether a host-costs file holds fits to served rounds (`FITTED_HOST_COSTS`)."""
-    return any(key in read_json(host_costs, "host-costs file") for key in FITTED_HOST_COSTS)
-
-
 def _check_gpu(data: dict, path: Path, what: str, gpu: str | None) -> str:
     measured_on = data.get("gpu")
     if not isinstance(measured_on, str):
