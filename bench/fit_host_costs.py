@@ -14,8 +14,10 @@ it to a host-costs file (`calibrate --host-costs`'s):
   calibration's whole-GPU rate alone and its batch term: the median over the served
   whole-GPU steps where each size holds enough, else from the file's captured decode rounds;
 - mixed_step: a chunked-prefill step's fixed cost (`step_cost.MixedStepFit`), by least squares
-  over every chunked round measured as today's executor runs it (`todays_mixed_steps`); a
-  round lasts that cost and its layers as the host launches them and the GPU runs them
+  over every chunked round measured, each priced as it ran (a round saved before a mixed
+  step's decode rows left the extend kernel with them in its tiles, the batch's context
+  shared evenly: `step_cost.mixed_step_s`'s `extend_row_contexts`); a round lasts that cost
+  and its layers as the host launches them and the GPU runs them
   (`step_cost.layer_pipeline_s`). Its GPU phases are priced by the kernels' tiles
   (`step_cost.TileTimes`: GEMM waves, the extend attention's tiles, a layer's other kernels
   per token), fitted first to the captured kernel benchmarks of bench/prefill_rate.py
@@ -147,17 +149,19 @@ def round_contexts(run: dict, strategy: str) -> list[int]:
 
 
 def chunk_rounds(run: dict, host_s: float) -> list[dict]:
-    """Every chunked round of a stream run's chunked strategies that ran today's mixed steps
-    (`todays_mixed_steps`): its chunk, prefix, decode batch and context, its measured seconds,
-    and the host's launch time of a launch's first eager layer (the run's where its rows timed
+    """Every chunked round of a stream run's chunked strategies: its chunk, prefix, decode batch
+    and context, whether its decode rows ran in the extend kernel's tiles (`extend_rows`: a run
+    saved before today's mixed steps, `todays_mixed_steps`), its measured seconds, and the
+    host's launch time of a launch's first eager layer (the run's where its rows timed
     it, else `host_s`) and of each later one (`later_s`, the run's; None: every layer as the
     first, a run measured before replays)."""
     timed = {row["strategy"]: (row.get("host_layer_p50_ms"), row.get("host_later_layer_p50_ms"))
              for row in run.get("rows", [])}
     rows = []
     for name in run["details"]:
-        if not name.startswith("chunked_") or not todays_mixed_steps(run["details"][name]):
+        if not name.startswith("chunked_"):
             continue
+        before = not todays_mixed_steps(run["details"][name])
         first_ms, later_ms = timed.get(name, (None, None))
         host = first_ms / 1e3 if first_ms else host_s
         later = later_ms / 1e3 if first_ms and later_ms else None
@@ -165,8 +169,8 @@ def chunk_rounds(run: dict, host_s: float) -> list[dict]:
             if (m := CHUNK.fullmatch(r["prefill"])) is not None:
                 rows.append({"size": int(name.split("_")[1]), "prefix": int(m.group(1)),
                              "chunk": int(m.group(2)), "batch": r["decode_bs"], "context": held,
-                             "seconds": r["end_s"] - r["start_s"], "host_s": host,
-                             "later_s": later})
+                             "extend_rows": before, "seconds": r["end_s"] - r["start_s"],
+                             "host_s": host, "later_s": later})
     return rows
 
 
@@ -212,21 +216,21 @@ def later_layer_s(diagnostics: dict) -> float | None:
 
 
 def fidelity_rounds(points: list[tuple[dict, float]]) -> list[dict]:
-    """Every chunked round of the points (`timed_points`) that ran today's mixed steps
-    (`todays_mixed_steps`), as `chunk_rounds` gives them, each with the launch times its run's
-    host timed."""
+    """Every chunked round of the points (`timed_points`), as `chunk_rounds` gives them, each
+    with the launch times its run's host timed."""
     rows = []
     for point, host in points:
-        if not (point["strategy"].startswith("chunked_")
-                and todays_mixed_steps(point["diagnostics"])):
+        if not point["strategy"].startswith("chunked_"):
             continue
+        before = stale_mixed_steps(point["strategy"], point["diagnostics"])
         r = point["diagnostics"]["rounds"]
         for start, end, label, batch, held in zip(r["start_us"], r["end_us"], r["label"],
                                                   r["decode_bs"], r["decode_context"]):
             if (m := CHUNK.fullmatch(r["labels"][label])) is not None:
                 rows.append({"size": int(point["strategy"].split("_")[1]),
                              "prefix": int(m.group(1)), "chunk": int(m.group(2)),
-                             "batch": batch, "context": held, "seconds": (end - start) / 1e6,
+                             "batch": batch, "context": held, "extend_rows": before,
+                             "seconds": (end - start) / 1e6,
                              "host_s": host, "later_s": later_layer_s(point["diagnostics"])})
     return rows
 
@@ -499,6 +503,12 @@ def tile_times_json(tiles: step_cost.TileTimes, source: str, quality: dict) -> d
             "small_s_per_token": tiles.small_s_per_token, "source": source, **quality}
 
 
+def even_shares(total: int, n: int) -> list[int]:
+    """`total` split into n integers as evenly as it goes (the first ones one larger)."""
+    share, extra = divmod(int(total), n) if n else (0, 0)
+    return [share + (i < extra) for i in range(n)]
+
+
 def fit_mixed(rows, model, decode, prefill, total_sms, tiles: step_cost.TileTimes
               ) -> tuple[step_cost.MixedStepFit, np.ndarray, dict]:
     """The fixed cost of measured = fixed + the layers' pipeline of the GPU phases (the tiles'
@@ -514,9 +524,13 @@ def fit_mixed(rows, model, decode, prefill, total_sms, tiles: step_cost.TileTime
                          for r in rows])
     pace = np.array([r["host_s"] if r.get("later_s") is None else r["later_s"] for r in rows])
     law = step_cost.MixedStepFit(0.0, tiles)
+    # each round's GPU phases as it ran: a round saved before with its decode rows in the
+    # extend tiles too (their contexts unknown but for the sum: shared evenly)
     gpu = np.array([step_cost.mixed_step_s(model, decode, prefill, total_sms, r["context"],
                                            r["batch"], r["chunk"], r["prefix"], samples_chunk=0,
-                                           phases=law) for r in rows])
+                                           phases=law, extend_row_contexts=even_shares(
+                                               r["context"], r["batch"])
+                                           if r.get("extend_rows") else ()) for r in rows])
     by_launches = np.zeros(len(rows), dtype=bool)  # first as if no round's launches bound it
     for _ in range(len(rows) + 1):
         # launch-bound: n launches and one layer of GPU; GPU-bound: the GPU and the first launch
@@ -533,7 +547,9 @@ def fit_mixed(rows, model, decode, prefill, total_sms, tiles: step_cost.TileTime
                                for g, r in zip(gpu, rows)])
     error = np.abs(priced - measured) / measured
     return step_cost.MixedStepFit(fixed, tiles), by_launches, {
-        "rounds": len(rows), "launch_bound_share": float(by_launches.mean()),
+        "rounds": len(rows),
+        "rounds_saved_before": sum(bool(r.get("extend_rows")) for r in rows),
+        "launch_bound_share": float(by_launches.mean()),
         "median_abs_error": float(np.median(error)),
         "p90_abs_error": float(np.percentile(error, 90))}
 
@@ -607,28 +623,21 @@ def sustained_ratios(path: str, gpu: str) -> dict:
             "batches_a_level": min(len(r) for r in ratios.values()), "source": Path(path).name}
 
 
-def stale_chunked(points: list[tuple[dict, float]]) -> int:
-    """The chunked points (`timed_points`) saved before today's mixed steps (not fitted)."""
-    return sum(stale_mixed_steps(p["strategy"], p["diagnostics"]) for p, _ in points)
-
-
 def measured_rounds(measured: str, host: dict, overheads) -> tuple:
-    """(GPU, model, chunked rounds, prefill-first batches or None, chunked runs saved before
-    today's mixed steps) of the measurements named: a stream run's file (no batches), a
-    capacity folder's diagnostics (the folder's model and GPU), or bench/trace_fidelity.py's
-    points (its model, on the host-costs file's GPU)."""
+    """(GPU, model, chunked rounds, prefill-first batches or None) of the measurements named:
+    a stream run's file (no batches), a capacity folder's diagnostics (the folder's model and
+    GPU), or bench/trace_fidelity.py's points (its model, on the host-costs file's GPU)."""
     path = Path(measured)
     if path.name.startswith(CAPACITY_DIAGNOSTICS):  # the GPU and model of the folder's settings
         gpu, model, _ = capacity_settings(path)
         points = timed_points(measured)
-        return (gpu, model, fidelity_rounds(points), fidelity_prefills(points),
-                stale_chunked(points))
+        return gpu, model, fidelity_rounds(points), fidelity_prefills(points)
     if path.suffix == ".jsonl":
         from trace_fidelity import MODEL
 
         points = timed_points(measured)
         return (gpu_preset(host.get("gpu", "")), model_preset(MODEL), fidelity_rounds(points),
-                fidelity_prefills(points), stale_chunked(points))
+                fidelity_prefills(points))
     run = read_json(measured, "run result")
     if not isinstance(run.get("inputs"), dict) or not isinstance(run.get("details"), dict):
         raise PdmuxError(f"{measured} holds no inputs and rounds of a run (made by "
@@ -639,18 +648,16 @@ def measured_rounds(measured: str, host: dict, overheads) -> tuple:
     if run.get("unserved"):
         print(f"note: {measured} stopped before {', '.join(run['unserved'])}: its rounds are "
               f"those of the strategies it served")
-    stale = sum(stale_mixed_steps(name, details) for name, details in run["details"].items())
-    return settings.gpu, settings.model, chunk_rounds(run, overheads.layer_launch_s), None, stale
+    return settings.gpu, settings.model, chunk_rounds(run, overheads.layer_launch_s), None
 
 
 def pooled_rounds(measured: list[str], host: dict, overheads) -> tuple:
     """`measured_rounds` of several files, pooled: (GPU, model, every chunked round, every
-    prefill-first batch or None where no file holds them, the chunked runs saved before
-    today's mixed steps). The files must agree on the GPU and the model, since one set of
-    costs is fitted to them all."""
-    pooled, rows, prefills, stale = None, [], None, 0
+    prefill-first batch or None where no file holds them). The files must agree on the GPU and
+    the model, since one set of costs is fitted to them all."""
+    pooled, rows, prefills = None, [], None
     for path in measured:
-        gpu, model, more_rows, more_prefills, more_stale = measured_rounds(path, host, overheads)
+        gpu, model, more_rows, more_prefills = measured_rounds(path, host, overheads)
         if pooled is None:
             pooled = (gpu, model, path)
         elif (gpu.name, replace(model, max_context=None)) != (pooled[0].name, replace(
@@ -659,15 +666,13 @@ def pooled_rounds(measured: list[str], host: dict, overheads) -> tuple:
                              f"{pooled[2]} with {pooled[1].name} on the {pooled[0].name}: fit "
                              f"files of one GPU and model")
         rows += more_rows
-        stale += more_stale
         if more_prefills is not None:
             prefills = (prefills or []) + more_prefills
     if not rows:
-        raise PdmuxError(f"the measurements hold no chunked strategy's rounds served as today's "
-                         f"mixed steps run ({stale} chunked runs saved before): measure chunked "
-                         f"strategies (bench/trace_fidelity.py, `pdmux-triton capacity`, or "
-                         f"`run --workload stream --chunks`)")
-    return pooled[0], pooled[1], rows, prefills, stale
+        raise PdmuxError("the measurements hold no chunked strategy's rounds: measure chunked "
+                         "strategies (bench/trace_fidelity.py, `pdmux-triton capacity`, or "
+                         "`run --workload stream --chunks`)")
+    return pooled[0], pooled[1], rows, prefills
 
 
 def fitted(measured: list[str], host_costs: str, calibration: str,
@@ -680,7 +685,7 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
     # (read without its mixed step, which this replaces: one fitted by an older law is refused)
     unmixed = {k: v for k, v in host.items() if k != "mixed_step"}
     overheads = host_costs_from(unmixed, host_costs)
-    gpu, model, rows, prefills, stale = pooled_rounds(measured, host, overheads)
+    gpu, model, rows, prefills = pooled_rounds(measured, host, overheads)
     decode = load_calibration(calibration, gpu.name).decode_curve("grid_cap")
     prefill = load_compare(compare, gpu.name).prefill_rate("grid_cap", gpu.bf16_tflops, gpu.sms)
     host_costs_from(unmixed, host_costs, gpu.name)  # measured on the GPU the rounds ran on
@@ -857,8 +862,8 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
         f"{tiles.small_s_per_token * 1e9:.1f} ns a token a layer (captured layers |error| "
         f"max {tile_quality['max_abs_layer_error']:.1%})")
     lines.append(f"mixed step: fixed {mixed.fixed_s * 1e3:.2f} ms, the tiles' law; over "
-                 f"{quality['rounds']} rounds (not {stale} chunked runs saved before a mixed "
-                 f"step's decode rows left the extend kernel) "
+                 f"{quality['rounds']} rounds ({quality['rounds_saved_before']} saved before a "
+                 f"mixed step's decode rows left the extend kernel, priced as they ran) "
                  f"({quality['launch_bound_share']:.0%} bound by their launches) |error| median "
                  f"{quality['median_abs_error']:.1%}, p90 {quality['p90_abs_error']:.1%}")
     return host, lines

@@ -39,7 +39,7 @@ from pdmux_triton.experiments.run import Servers
 from pdmux_triton.experiments.settings import make_requests
 from pdmux_triton.experiments.variants import variant
 from pdmux_triton.results import PointStore, provenance, read_json
-from pdmux_triton.serve.metrics import stale_mixed_steps
+from pdmux_triton.serve.metrics import as_served
 from pdmux_triton.serve.simulated import SimExecutor
 
 POINTS = "bench/results/trace-fidelity/points-h200.jsonl"
@@ -183,9 +183,6 @@ def table(data: dict) -> str:
             if a and b:
                 lines.append(f"  {k:<12} median {a['median']:5.1f} -> {b['median']:5.1f}   max "
                              f"{a['max']:6.1f} -> {b['max']:6.1f} (now at {b['at']})")
-    if data["stale_chunked_points"]:
-        lines.append(f"not replayed: {data['stale_chunked_points']} chunked points served before "
-                     f"a mixed step's decode rows left the extend kernel")
     return "\n".join(lines)
 
 
@@ -208,20 +205,19 @@ def run(args) -> int:
     stable = stable_region(args.fidelity)
     price = LayerPrice(Pricer(args.points, args.calibration, args.compare, overheads, gpu),
                        overheads)
-    rows, stale = [], 0
+    rows = []
     for point in PointStore(args.points, Key).points.values():
         diagnostics = point.get("diagnostics") or {}
         if ("green" in point["strategy"] or not diagnostics.get("host_layer_us")
                 or "rounds" not in diagnostics):  # an untimed host, or no rounds to read
             continue
-        # served before today's mixed steps: today's simulation does not price its rounds
-        if stale_mixed_steps(point["strategy"], diagnostics):
-            stale += 1
-            continue
         launches, source = host_launches(point, price, f"{args.points} {point['strategy']}")
         if len(launches) < MIN_LAUNCHES:
             continue
-        row = {**replayed(args, point, launches, overheads), "launches_from": source}
+        # (a point served before today's mixed steps, simulated as it ran)
+        row = {**replayed(args, point, launches,
+                          as_served(overheads, point["strategy"], diagnostics)),
+               "launches_from": source}
         row["inside_stable_region"] = stable.get(
             (point["trace"], point["start"], point["rate"], point["strategy"]), False)
         rows.append(row)
@@ -232,7 +228,7 @@ def run(args) -> int:
                                           "host_window_s": HOST_WINDOW_S,
                                           "min_launches": MIN_LAUNCHES,
                                           **{k: getattr(args, k) for k in MEASURED_ON_H200}},
-            "summary": summarize(rows), "stale_chunked_points": stale, "points": rows}
+            "summary": summarize(rows), "points": rows}
     return finish(Path(args.out) / f"host-replay-{gpu}.json", data, table(data))
 
 

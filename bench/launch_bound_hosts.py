@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 from corun_rounds import Pricer, round_launches
-from fit_host_costs import CHUNK, later_layer_s, timed_points
+from fit_host_costs import CHUNK, even_shares, later_layer_s, timed_points
 from script import MEASURED_ON_H200, finish, points_parser, run_script
 from trace_fidelity import prefill_batches
 
@@ -79,11 +79,15 @@ class LayerPrice:
         return step_cost.compute_s(self._flops(tokens, prompts, cached) * slowdown, self.rate,
                                    sms, True)
 
-    def mixed(self, chunk: int, prefix: int, batch: int, context: int) -> float:
-        """A chunked round's layer: its mixed step's GPU phases over the layers."""
+    def mixed(self, chunk: int, prefix: int, batch: int, context: int, before: bool) -> float:
+        """A chunked round's layer: its mixed step's GPU phases over the layers (`before`: a
+        round saved before its decode rows left the extend kernel, priced as it ran, their
+        contexts shared evenly)."""
         phases = step_cost.MixedStepFit(0.0, tiles=self.tiles) if self.tiles else None
+        rows = even_shares(context, batch) if before and phases else ()
         return step_cost.mixed_step_s(self.model, self.decode, self.rate, self.sms, context,
-                                      batch, chunk, prefix, 0, phases=phases) / self.model.layers
+                                      batch, chunk, prefix, 0, phases=phases,
+                                      extend_row_contexts=rows) / self.model.layers
 
 
 def launch_bound(point: dict, price: LayerPrice, where: str) -> tuple[list, list]:
@@ -98,6 +102,7 @@ def launch_bound(point: dict, price: LayerPrice, where: str) -> tuple[list, list
     r = d["rounds"]
     labels = [r["labels"][i] for i in r["label"]]
     launches = round_launches(point, where)
+    before = stale_mixed_steps(point["strategy"], d)
     batches = prefill_batches(d)
     ends = sorted(batches)
     out, own = [], []
@@ -105,7 +110,7 @@ def launch_bound(point: dict, price: LayerPrice, where: str) -> tuple[list, list
             r["start_us"], r["end_us"], labels, r["decode_bs"], r["decode_context"], r["level"])):
         span = launches[i][1] if launches else None
         layers, layer_s = _layers_and_price(label, batch, held, level, start, end, batches, ends,
-                                            price)
+                                            price, before)
         if layer_s is None or layer_s >= GPU_BOUND_S * later_share or (
                 span is None and label.startswith("layers")):
             continue
@@ -117,14 +122,15 @@ def launch_bound(point: dict, price: LayerPrice, where: str) -> tuple[list, list
     return out, own
 
 
-def _layers_and_price(label, batch, held, level, start, end, batches, ends, price):
+def _layers_and_price(label, batch, held, level, start, end, batches, ends, price, before):
     """(layers launched, one layer's GPU price) of a round's prefill launch, or (0, None) where
     it launched none or is not one that this reads (a split batch's later launches)."""
     if label == "whole":
         b = batches.get(end)
         return (price.model.layers, price.whole(*b[1:4])) if b else (0, None)
     if (m := CHUNK.fullmatch(label)) is not None:
-        return price.model.layers, price.mixed(int(m.group(2)), int(m.group(1)), batch, held)
+        return price.model.layers, price.mixed(int(m.group(2)), int(m.group(1)), batch, held,
+                                               before)
     if label.startswith("layers 0-"):  # a batch's first launch: its stream was idle
         i = bisect_right(ends, start)
         if i == len(ends):
@@ -184,9 +190,6 @@ def table(data: dict) -> str:
                      f"{cell(x.get('median_ms')):>7} {cell(x.get('mean_ms')):>7} "
                      f"{cell(x.get('p90_ms')):>7} {cell(x.get('median_over_p50')):>8}")
     lines.append("")
-    if data["stale_chunked_points"]:
-        lines.append(f"not read: {data['stale_chunked_points']} chunked points served before a "
-                     f"mixed step's decode rows left the extend kernel")
     for k, v in data["summary"].items():
         if k == "prefill_first_own_host_work_ms":
             lines.append(f"prefill-first batch's own host work (wall less launch span, on the "
@@ -202,16 +205,12 @@ def table(data: dict) -> str:
 def run(args) -> int:
     overheads = load_host_costs(args.host_costs)
     gpu = read_json(args.host_costs, "host-costs file").get("gpu", "")
-    rows, stale = [], 0
+    rows = []
     for path in args.points:
         pricer = Pricer(path, args.calibration, args.compare, overheads, gpu)
         price = LayerPrice(pricer, overheads)
         for point, host_s in timed_points(path):
             if "green" in point["strategy"]:  # its split levels' SMs: another kind's
-                continue
-            # served before today's mixed steps: its chunked rounds are not today's law's
-            if stale_mixed_steps(point["strategy"], point["diagnostics"]):
-                stale += 1
                 continue
             launches, own = launch_bound(point, price, f"{path} {point['strategy']}")
             rows.append({"source": pricer.source, **point_row(point, host_s, launches, own,
@@ -220,8 +219,7 @@ def run(args) -> int:
             "inputs": {"points": list(args.points), "gpu_bound_s": GPU_BOUND_S,
                        "min_launches": MIN_LAUNCHES,
                        **{k: getattr(args, k) for k in MEASURED_ON_H200}},
-            "eager_step_ms": overheads.eager_step_s * 1e3, "summary": summary(rows),
-            "stale_chunked_points": stale, "points": rows}
+            "eager_step_ms": overheads.eager_step_s * 1e3, "summary": summary(rows), "points": rows}
     return finish(Path(args.out) / f"launch-bound-hosts-{pricer.gpu.name}.json", data,
                   table(data))
 

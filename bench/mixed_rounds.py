@@ -93,10 +93,12 @@ def replayed_rounds(point: dict, requests: list) -> list[dict]:
 
 
 def priced(rounds: list[dict], s: RunSettings, host, host_s: float,
-           later_s: float | None) -> tuple[np.ndarray, np.ndarray]:
+           later_s: float | None, before: bool) -> tuple[np.ndarray, np.ndarray]:
     """Each round's price as `SimExecutor.mixed` sets it on a host launching a round's first
     layer in `host_s` and each later one in `later_s` (the run's own; None: as the first, a
-    run measured before replays), and whether its GPU phases (not its launches) bound it."""
+    run measured before replays), and whether its GPU phases (not its launches) bound it.
+    `before`: a run saved before a mixed step's decode rows left the extend kernel, priced as
+    it ran (its rows' replayed contexts in the extend tiles too: `extend_row_contexts`)."""
     cal, cmp = load_calibration(s.calibration, s.gpu.name), load_compare(s.compare, s.gpu.name)
     decode = cal.decode_curve("grid_cap")
     prefill = cmp.prefill_rate("grid_cap", s.gpu.bf16_tflops, s.gpu.sms)
@@ -106,7 +108,7 @@ def priced(rounds: list[dict], s: RunSettings, host, host_s: float,
     fit, layers = moved.mixed, s.model.layers
     gpu = np.array([float(step_cost.mixed_step_s(
         s.model, decode, prefill, s.gpu.sms, sum(r["contexts"]), len(r["contexts"]), r["chunk"],
-        r["start"], r["last"], phases=fit))
+        r["start"], r["last"], phases=fit, extend_row_contexts=r["contexts"] if before else ()))
         for r in rounds])
     return (fit.fixed_s + np.array([step_cost.layer_pipeline_s(g, layers, host_s, later_s)
                                     for g in gpu]),
@@ -139,7 +141,7 @@ def band_rows(rounds, prices: dict[str, np.ndarray], bound: np.ndarray) -> list[
 
 
 def run(args) -> int:
-    points, stale = [], 0
+    points = []
     for path in args.diagnostics:
         path = Path(path)
         gpu = path.stem.removeprefix("capacity-diagnostics-")
@@ -150,24 +152,25 @@ def run(args) -> int:
         for point in PointStore(path, PointKey).points.values():
             if not (point["strategy"].startswith("chunked_") and point.get("host_layer_us")):
                 continue
-            if not todays_mixed_steps(point):
-                stale += 1
-                continue
+            before = not todays_mixed_steps(point)
             rounds = replayed_rounds(point, requests)
             host_s, later_s = point["host_layer_us"] / 1e6, later_layer_s(point)
-            prices = {k: priced(rounds, s, h, host_s, later_s) for k, h in hosts.items()}
+            prices = {k: priced(rounds, s, h, host_s, later_s, before) for k, h in hosts.items()}
             points.append({"folder": path.parent.name, "strategy": point["strategy"],
                            "rate": point["rate"], "host_layer_ms": host_s * 1e3,
+                           "saved_before_decode_rows_left_the_extend_kernel": before,
                            "bands": band_rows(rounds, {k: p for k, (p, _) in prices.items()},
                                               prices["given"][1])})
     if not points:
-        raise PdmuxError(f"the diagnostics hold no measured chunked point whose run timed its "
-                         f"host and ran today's mixed steps ({stale} saved before them)")
-    lines = [f"({stale} chunked points saved before a mixed step's decode rows left the extend "
-             f"kernel: not priced)"] if stale else []
+        raise PdmuxError("the diagnostics hold no measured chunked point whose run timed its "
+                         "host")
+    lines = []
     for p in points:
         lines.append(f"{p['folder']} {p['strategy']} at {p['rate']:g} req/s (host "
-                     f"{p['host_layer_ms']:.2f} ms a layer): measured / priced, time-weighted")
+                     f"{p['host_layer_ms']:.2f} ms a layer"
+                     + ("; saved before decode rows left the extend kernel, priced as it ran"
+                        if p["saved_before_decode_rows_left_the_extend_kernel"] else "")
+                     + "): measured / priced, time-weighted")
         for b in p["bands"]:
             cells = "  ".join(f"{k} {b[f'measured_over_{k}']:.3f} (|error| median "
                               f"{b[f'median_abs_error_{k}']:.1%})"

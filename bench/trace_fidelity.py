@@ -58,7 +58,8 @@ from pdmux_triton.experiments.run import GUARDS, Servers
 from pdmux_triton.experiments.settings import RunSettings, make_requests
 from pdmux_triton.experiments.variants import served_by, variant
 from pdmux_triton.results import PointStore, provenance, read_json, write_json
-from pdmux_triton.serve.metrics import ROUND_US, Slo, diagnostics, stale_mixed_steps
+from pdmux_triton.serve.metrics import (ROUND_US, Slo, diagnostics, rows_in_extend,
+                                        stale_mixed_steps)
 from pdmux_triton.spec.gpus import detect_gpu, gpu_preset
 from pdmux_triton.spec.models import model_preset
 from pdmux_triton.spec.traffic import Request
@@ -122,12 +123,11 @@ def rates_of(args, store: PointStore, trace: str, start: int, name: str) -> list
 
 def judged_rates(args, store: PointStore, trace: str, start: int, name: str) -> list[float]:
     """The rates a strategy is simulated and judged at on a window: every rate it is served at
-    (`rates_of`) or, offline, those of them measured as today's executor serves them (a trace
-    measured in part is judged on the points it has; `stale` ones are not)."""
+    (`rates_of`) or, offline, those of them measured (a trace measured in part is judged on
+    the points it has; a `stale` one simulated as it ran)."""
     rates = rates_of(args, store, trace, start, name)
     if args.offline:
-        rates = [r for r in rates if store.has(Key("gpu", trace, start, r, name))
-                 and not stale(store.get(Key("gpu", trace, start, r, name)))]
+        rates = [r for r in rates if store.has(Key("gpu", trace, start, r, name))]
     return rates
 
 
@@ -213,13 +213,15 @@ FIGURES = (*LATENCIES, "slo_attainment", "slo_attainment_last_half", "itl_p50_ms
 
 def stale(point: dict) -> bool:
     """A chunked point measured before a mixed step's decode rows left the extend kernel
-    (`metrics.stale_mixed_steps`): served again where the GPU is there."""
+    (`metrics.stale_mixed_steps`): served again where the GPU is there, else simulated as it
+    ran (`metrics.as_served`)."""
     return stale_mixed_steps(point["strategy"], point["diagnostics"])
 
 
 def measure(args, store: PointStore, log) -> list[str]:
     """Every measured point the store lacks or holds `stale`, on one model and executor set
-    for all windows; offline, those points are named instead (judged without them)."""
+    for all windows; offline, those points are named instead (judged without the ones it
+    lacks, the stale ones as they ran)."""
     todo = [(t, start, rate, name) for t, start in windows(args) for name in args.strategies
             for rate in rates_of(args, store, t, start, name)
             if not store.has(Key("gpu", t, start, rate, name))
@@ -278,21 +280,27 @@ def simulate(args, store: PointStore, only: tuple | None = None) -> dict[tuple, 
     out = {}
     base = settings(args, *windows(args, only)[0], simulate=True)
     shipped = Servers(base, [], prefill_speed=args.prefill_speed)
-    on_host: dict[int, Servers] = {}  # by the host's launch time, us: one per measuring run
+    # a point served before a mixed step's decode rows left the extend kernel, as it ran
+    then = Servers(base, [], overheads=rows_in_extend(shipped.overheads),
+                   prefill_speed=args.prefill_speed)
+    on_host: dict[tuple, Servers] = {}  # by the host's launch time, us, and whether as then
 
-    def host(us: int) -> Servers:
-        if us not in on_host:
-            on_host[us] = Servers(base, [], overheads=shipped.overheads.on_host(us / ROUND_US),
-                                  prefill_speed=args.prefill_speed)
-        return on_host[us]
+    def host(us: int, before: bool) -> Servers:
+        if (us, before) not in on_host:
+            on_host[us, before] = Servers(base, [], overheads=(then if before else shipped)
+                                          .overheads.on_host(us / ROUND_US),
+                                          prefill_speed=args.prefill_speed)
+        return on_host[us, before]
     for t, start in windows(args, only):
         s = settings(args, t, start, simulate=True)
         for name in args.strategies:
             for rate in judged_rates(args, store, t, start, name):
-                rows = {"shipped_host": [shipped]}
-                hosts_us = repeat_hosts_us(store.get(Key("gpu", t, start, rate, name)))
+                measured = store.get(Key("gpu", t, start, rate, name))
+                before = measured is not None and stale(measured)
+                rows = {"shipped_host": [then if before else shipped]}
+                hosts_us = repeat_hosts_us(measured)
                 if hosts_us:
-                    rows["run_host"] = [host(us) for us in hosts_us]
+                    rows["run_host"] = [host(us, before) for us in hosts_us]
                 out[t, start, rate, name] = {which: _simulated(servers, name, s, rate)
                                              for which, servers in rows.items()}
     return out
@@ -683,6 +691,11 @@ def run(args) -> int:
     gpu = "h200" if args.offline else detect_gpu().name
     store = PointStore(Path(args.out) / "trace-fidelity" / f"points-{gpu}.jsonl", Key)
     missing = measure(args, store, lambda line: print(line, file=sys.stderr, flush=True))
+    # (offline, the stale points among them are judged as they ran: named apart)
+    as_they_ran = [f"{name} {t}@{start} {rate:g} req/s" for t, start in windows(args)
+                   for name in args.strategies for rate in judged_rates(args, store, t, start, name)
+                   if stale(store.get(Key("gpu", t, start, rate, name)))]
+    missing = [m for m in missing if m not in as_they_ran]
     if not any(judged_rates(args, store, t, start, name) for t, start in windows(args)
                for name in args.strategies):
         raise PdmuxError(f"no point of {','.join(args.strategies)} on {','.join(args.traces)} "
@@ -705,11 +718,15 @@ def run(args) -> int:
               "prefill_speed": args.prefill_speed, "card_band": args.card_band}
     # (named after the judgement, so an error above stays one line; the set is partial)
     data = {**provenance(gpu), "analysed_offline": args.offline, "model": MODEL,
-            "inputs": inputs, "not_measured": missing, **result}
+            "inputs": inputs, "not_measured": missing,
+            "judged_as_served_before_decode_rows_left_the_extend_kernel": as_they_ran, **result}
     if missing:
-        print(f"{len(missing)} points not measured in {store.path}, or measured before a mixed "
-              f"step's decode rows left the extend kernel (judged without them): "
+        print(f"{len(missing)} points not measured in {store.path} (judged without them): "
               + ", ".join(missing), file=sys.stderr, flush=True)
+    if as_they_ran:
+        print(f"{len(as_they_ran)} chunked points served before a mixed step's decode rows left "
+              f"the extend kernel, judged as they ran: " + ", ".join(as_they_ran),
+              file=sys.stderr, flush=True)
     return finish(Path(args.out) / f"trace-fidelity-{gpu}.json", data, table(data))
 
 

@@ -313,12 +313,16 @@ def test_host_cost_rows_carry_a_runs_later_layer_launch_where_it_timed_one():
               for us, more in ((800, today), (1900, {"host_later_layer_us": 130, **today}))]
     assert [r["later_s"] for r in fidelity_rounds(points)] == [None, 130 / 1e6]
     # a run saved before a mixed step's decode rows left the extend kernel: its rounds are
-    # not today's and are not fitted; its prefill-first batches are
+    # fitted as they ran (`extend_rows`), its prefill-first batches as any
+    assert not any(r["extend_rows"] for r in chunk_rounds(run, 1.1e-3))
     run["details"]["chunked_512"].pop("mixed_decode_rows")
-    assert {r["size"] for r in chunk_rounds(run, 1.1e-3)} == {1024, 2048}
+    assert {r["size"]: r["extend_rows"] for r in chunk_rounds(run, 1.1e-3)} == {
+        512: True, 1024: False, 2048: False}
     before = [({**p, "diagnostics": {k: v for k, v in p["diagnostics"].items()
                                      if k != "mixed_decode_rows"}}, host) for p, host in points]
-    assert fidelity_rounds(before) == [] and len(fidelity_prefills(before)) == 2
+    assert [r["extend_rows"] for r in fidelity_rounds(before)] == [True, True]
+    assert [r["extend_rows"] for r in fidelity_rounds(points)] == [False, False]
+    assert len(fidelity_prefills(before)) == 2
     assert [r["later_s"] for r in fidelity_prefills(points)] == [None, 130 / 1e6]
     assert later_layer_s({"host_later_layer_us": None}) is None  # one layer a launch
     assert launch_layers_s(36, 8e-4, None) == 36 * 8e-4  # every layer as the first, as before
@@ -428,7 +432,9 @@ def test_tile_times_come_back_from_layers_they_made(tmp_path):
 def test_mixed_rounds_replays_and_prices_mooncakes_chunked_rounds(tmp_path):
     """The committed Mooncake chunked-512 point (cache off) replays: every round's decode batch
     and context sum come back from its prefills and the trace, and the shipped tiles' law
-    prices its rounds within a few percent where the older law was 10% short."""
+    prices its rounds within a few percent where the older law was 10% short: saved before a
+    mixed step's decode rows left the extend kernel, priced as it ran (those rows in the
+    extend tiles too)."""
     sys.path.insert(0, "bench")
     import mixed_rounds
 
@@ -436,6 +442,7 @@ def test_mixed_rounds_replays_and_prices_mooncakes_chunked_rounds(tmp_path):
     assert mixed_rounds.main([diagnostics, "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "mixed-rounds-h200.json").read_text())
     (point,) = [p for p in data["points"] if p["strategy"] == "chunked_512"]
+    assert point["saved_before_decode_rows_left_the_extend_kernel"]
     whole = next(b for b in point["bands"] if b["by"] == "all")
     assert whole["rounds"] > 3000 and 0.95 < whole["measured_over_given"] < 1.05
     gpu_bound = next(b for b in point["bands"] if b["band"] == "GPU")
@@ -468,19 +475,19 @@ def test_mixed_rounds_prices_a_replayed_runs_later_layers(tmp_path, monkeypatch)
     priced_gpu, mixed_step_s = [], step_cost.mixed_step_s  # each round's GPU phases
     monkeypatch.setattr(step_cost, "mixed_step_s", lambda *a, **k: priced_gpu.append(
         float(mixed_step_s(*a, **k))) or priced_gpu[-1])
-    old, old_gpu_bound = priced(rounds, s, host, first, None)
+    old, old_gpu_bound = priced(rounds, s, host, first, None, True)
     monkeypatch.undo()
     gpu = np.array(priced_gpu)
     assert list(old) == [fixed + step_cost.layer_pipeline_s(g, n, first) for g in gpu]  # exact
     assert list(old_gpu_bound) == list(gpu > n * first)
     later = first / 2  # some rounds' layers run faster than that on the GPU
-    new, gpu_bound = priced(rounds, s, host, first, later)
+    new, gpu_bound = priced(rounds, s, host, first, later, True)
     assert list(gpu_bound) == list(gpu > n * later) and 0 < gpu_bound.sum() < len(rounds)
     assert new[~gpu_bound] == pytest.approx(fixed + first + (n - 1) * later
                                             + gpu[~gpu_bound] / n, rel=1e-12)
     assert new[gpu_bound] == pytest.approx(fixed + gpu[gpu_bound] + first, rel=1e-12)
     # the same point as a run since replays would keep it: its rounds priced shorter (both
-    # copies marked as run today: the script prices no round of a run saved before)
+    # copies marked as run today, so both are priced by today's law)
     kept = [json.loads(line) for line in path.read_text().splitlines()]
     for where, more in (("before", {}), ("replayed", {"host_later_layer_us": round(later * 1e6)})):
         folder = tmp_path / where / path.parent.name
@@ -1102,10 +1109,11 @@ def test_trace_fidelity_judges_a_strategy_at_every_rate_measured_for_it(tmp_path
     assert [c["rates_rps"] for c in judged["capacities"]] == [[8.0, 12.0, 18.0, 24.0, 48.0]] * 2
 
 
-def test_trace_fidelity_serves_a_stale_chunked_point_again_and_judges_without_it(tmp_path):
+def test_trace_fidelity_serves_a_stale_chunked_point_again_and_judges_it_as_it_ran(tmp_path):
     """A chunked point measured before a mixed step's decode rows left the extend kernel (its
-    diagnostics lack the marker) is served again on the GPU and, offline, named and judged
-    without; one measured since, and other strategies' points, are judged."""
+    diagnostics lack the marker) is served again on the GPU and, offline, named and judged as
+    it ran (`simulate`'s costs with those rows in the extend tiles); one measured since, and
+    other strategies' points, are judged as today's executor serves them."""
     import argparse
 
     sys.path.insert(0, "bench")
@@ -1122,7 +1130,7 @@ def test_trace_fidelity_serves_a_stale_chunked_point_again_and_judges_without_it
     assert [stale(p) for p in store.points.values()] == [True, False, False]
     args = argparse.Namespace(rates=[], offline=True, traces=["conv"], count=100,
                               strategies=["chunked_512", "prefill_first"])
-    assert judged_rates(args, store, "conv", 2000, "chunked_512") == [24.0]
+    assert judged_rates(args, store, "conv", 2000, "chunked_512") == [12.0, 24.0]
     assert judged_rates(args, store, "conv", 2000, "prefill_first") == [12.0]
     said = []
     named = trace_fidelity.measure(args, store, said.append)  # offline: named, nothing served
@@ -1246,8 +1254,8 @@ def test_trace_fidelity_reads_each_error_beyond_the_cards_speeds(tmp_path, monke
 def test_trace_fidelity_prices_a_run_on_its_own_host(tmp_path, monkeypatch, capsys):
     """A point whose run timed its host's eager launches is simulated on that host too, and
     judged there; the committed host costs' errors are kept beside. (The probe's chunked
-    point was served before a mixed step's decode rows left the extend kernel: named, not
-    judged.)"""
+    point was served before a mixed step's decode rows left the extend kernel: named, and
+    judged as it ran.)"""
     sys.path.insert(0, "bench")
     import trace_fidelity
 
@@ -1258,8 +1266,10 @@ def test_trace_fidelity_prices_a_run_on_its_own_host(tmp_path, monkeypatch, caps
                                 "prefill_first,chunked_512", "--out", str(out)]) == 0
     assert "chunked_512 conv@12000 12 req/s" in capsys.readouterr().err
     data = json.loads((out / "trace-fidelity-h200.json").read_text())
+    assert data["judged_as_served_before_decode_rows_left_the_extend_kernel"] == [
+        "chunked_512 conv@12000 12 req/s"] and data["not_measured"] == []
     s = data["summary"]
-    assert s["points_on_their_own_host"] == 1
+    assert s["points_on_their_own_host"] == 2
     assert s["max_abs_error_pct"]["prefill_ms"] != s["shipped_host"]["max_abs_error_pct"][
         "prefill_ms"]
 
@@ -2198,8 +2208,9 @@ def test_a_fit_on_a_run_stopped_midway_says_which_strategies_it_lacks(tmp_path, 
     path = tmp_path / "run-h100-sxm.json"
     path.write_text(json.dumps(stopped))
     host = json.loads(Path("bench/results/host-costs-h100-sxm.json").read_text())
-    gpu, model, rounds, _, stale = measured_rounds(
+    gpu, model, rounds, _ = measured_rounds(
         str(path), host, load_host_costs("bench/results/host-costs-h100-sxm.json"))
-    assert gpu.name == "h100-sxm" and model.name == "qwen3-8b" and stale == 0
+    assert gpu.name == "h100-sxm" and model.name == "qwen3-8b"
+    assert rounds and not any(r["extend_rows"] for r in rounds)  # served since the change
     assert f"note: {path} stopped before chunked_2048, chunked_512: its rounds are those of " \
         "the strategies it served" in capsys.readouterr().out

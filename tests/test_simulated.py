@@ -369,6 +369,23 @@ def test_fitted_mixed_steps_and_decode_extras_price_the_executors_steps(launch_s
     plain = next(r for r in result.rounds if not r.prefill)
     step = step_cost.decode_step_s(QWEN, law, plain.decode_context, H100.sms, False) + 0.0007
     assert plain.end - plain.start == pytest.approx(step, rel=1e-6)
+    # a run saved before a mixed step's decode rows left the extend kernel, simulated as it
+    # ran (`metrics.as_served`): the same round with each decode row's context in the tiles
+    then = metrics.as_served(host, "chunked_256", {})
+    assert then.mixed.decode_rows_in_extend and metrics.as_served(
+        host, "chunked_256", {"mixed_decode_rows": metrics.MIXED_DECODE_ROWS}) is host
+    assert metrics.as_served(host, "prefill_first", {}) is host
+    old = scheduler.run("chunked", SimExecutor(H100, QWEN, law, rate, overheads=then),
+                        prompt_during_decode(QWEN.vocab, batch=4, context=1000, prompt=600,
+                                             decode_tokens=12), chunk=256)
+    same = next(r for r in old.rounds if r.prefill == "chunk 0+256")
+    assert (same.start, same.decode_context) == (first.start, first.decode_context)
+    rows = step_cost.mixed_step_s(QWEN, law, rate, H100.sms, first.decode_context, 4, 256, 0,
+                                  samples_chunk=False, phases=fit,
+                                  extend_row_contexts=[first.decode_context // 4] * 4)
+    slower = QWEN.layers * max(rows / QWEN.layers, launch_s)
+    faster = min(rows / QWEN.layers, launch_s)
+    assert same.end - same.start == pytest.approx(0.010 + slower + faster, rel=1e-6)
 
 
 def test_overheads_are_read_from_the_measured_file():

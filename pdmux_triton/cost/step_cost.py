@@ -438,10 +438,14 @@ class MixedStepFit:
     chunk's and the decode rows' tokens in whole waves of tiles, its other kernels per token,
     the extend attention of the chunk over its prefix as its busiest program runs it, the LM
     head over the rows that sample, and the decode rows' attention as a decode step's: their
-    KV read at the decode rate."""
+    KV read at the decode rate. `decode_rows_in_extend`: the steps priced ran their decode rows
+    in the extend kernel's tiles too, as the executor did before they moved to decode
+    attention (`mixed_step_s`'s `extend_row_contexts`): a run saved then, simulated as it ran
+    (bench/host_replay.py, trace_fidelity's points served before)."""
 
     fixed_s: float
     tiles: TileTimes
+    decode_rows_in_extend: bool = False
 
     def __post_init__(self):
         if not (np.isfinite(self.fixed_s) and self.fixed_s >= 0):
@@ -667,16 +671,21 @@ def layer_pipeline_s(gpu_s: float, layers: int, first_launch_s: float,
 
 def mixed_step_s(model: ModelSpec, decode: DecodeRate, prefill: PrefillRate, total_sms: int,
                  decode_context_tokens: int, decode_batch: int, chunk, chunk_prefix,
-                 samples_chunk, phases: MixedStepFit | None = None):
+                 samples_chunk, phases: MixedStepFit | None = None,
+                 extend_row_contexts=()):
     """One chunked-prefill step on the whole GPU: a prompt chunk and the decode batch in one
     forward, bound by its compute or by reading the weights and the batch's KV, whichever is
     slower. With `phases`, the GPU time of the step as the executor runs it (`MixedStepFit`,
     less its fixed cost). `chunk`, `chunk_prefix` and `samples_chunk` may be arrays (every
-    chunk at once) except with `phases`."""
+    chunk at once) except with `phases`. `extend_row_contexts` (with `phases`): the contexts of
+    decode rows that also attended in the extend kernel's tiles, a query head's tile a row, as
+    the executor ran mixed steps before their decode rows moved to decode attention; a round
+    saved then is priced as it ran (fits and replays of such rounds,
+    `metrics.todays_mixed_steps`). Today's executor runs none."""
     if phases is not None:
         return _mixed_by_tiles(model, decode, prefill, total_sms, decode_context_tokens,
                                decode_batch, int(chunk), int(chunk_prefix), bool(samples_chunk),
-                               phases.tiles)
+                               phases.tiles, extend_row_contexts)
     flops = (decode_flops(model, decode_batch) + layer_flops(model, chunk, chunk_prefix)
              + lm_head_flops(model, np.asarray(samples_chunk, dtype=float)))
     compute = compute_s(flops, prefill, total_sms, corun=False)  # the GPU its own
@@ -686,12 +695,12 @@ def mixed_step_s(model: ModelSpec, decode: DecodeRate, prefill: PrefillRate, tot
 
 
 def _mixed_by_tiles(model, decode, prefill, total_sms, decode_context_tokens, decode_batch,
-                    chunk, chunk_prefix, samples_chunk, tiles) -> float:
+                    chunk, chunk_prefix, samples_chunk, tiles, extend_row_contexts) -> float:
     """`mixed_step_s`'s GPU phases by the kernels' tiles (`MixedStepFit`)."""
     tokens = chunk + decode_batch
     # the decode rows attend as a decode step (their KV read at the decode rate, below), the
-    # chunk in the extend kernel's tiles
-    seqs = [(chunk, chunk_prefix)]
+    # chunk in the extend kernel's tiles (and, in a round saved before, the decode rows too)
+    seqs = [(chunk, chunk_prefix)] + [(1, int(c)) for c in extend_row_contexts]
     layers = tiled_layers_s(model, tokens, seqs, tiles, total_sms)
     if layers is None:  # the skinny tile's rows: its linears at the prefill's MFU
         layers = tiled_layers_s(model, tokens, seqs, tiles, total_sms, gemm_s=compute_s(

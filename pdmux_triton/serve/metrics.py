@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from pdmux_triton.cost.step_cost import Overheads
 from pdmux_triton.serve.executor import RunResult
 from pdmux_triton.spec.traffic import Request
 
@@ -44,9 +45,23 @@ def todays_mixed_steps(saved: dict) -> bool:
 
 def stale_mixed_steps(strategy: str, saved: dict) -> bool:
     """A chunked strategy's run saved before a mixed step's decode rows left the extend kernel
-    (`todays_mixed_steps`): its chunked rounds are not today's, so nothing is fitted or judged
-    on them and a resumed sweep serves it again."""
+    (`todays_mixed_steps`): its chunked rounds are not today's, so a resumed sweep serves it
+    again, and fits and replays price its rounds as they ran (`as_served`)."""
     return strategy.startswith("chunked_") and not todays_mixed_steps(saved)
+
+
+def as_served(overheads: Overheads, strategy: str, saved: dict) -> Overheads:
+    """The costs that simulate a saved run as it ran: with its mixed steps' decode rows in the
+    extend kernel's tiles where it was saved before they left it (`stale_mixed_steps`)."""
+    return rows_in_extend(overheads) if stale_mixed_steps(strategy, saved) else overheads
+
+
+def rows_in_extend(overheads: Overheads) -> Overheads:
+    """The costs with a mixed step's decode rows in the extend kernel's tiles too, as the
+    executor ran them before they moved to decode attention (`MixedStepFit`)."""
+    if overheads.mixed is None:
+        return overheads
+    return replace(overheads, mixed=replace(overheads.mixed, decode_rows_in_extend=True))
 
 
 @dataclass(frozen=True)
