@@ -8,7 +8,9 @@ round's first layer and, in a run since replays, each later one).
 Each round's decode rows' own contexts are replayed from the point's prefills in order and the
 trace's output lengths (each round's batch and context sum must come back exactly, or the
 point is refused): they check the replay and band the rounds by their longest decode row
-(the price reads only their sum, as decode attention reads their KV). The round is priced as
+(today's price reads only their sum, as decode attention reads their KV; a round saved before
+they left the extend kernel prices each row's context in its tiles too, as it ran). The round
+is priced as
 `SimExecutor.mixed` prices it on the run's host
 (`Overheads.on_host`; its later layers at the run's own time, every layer at the first's in a
 run measured before replays): with the host-costs file given and, with `--against`, a second

@@ -271,8 +271,8 @@ def prefill_speed_by_commit(args, store: PointStore) -> dict:
 
 
 def simulate(args, store: PointStore, only: tuple | None = None) -> dict[tuple, dict]:
-    """Every point (of window `only`) simulated with today's cost model: (trace, start, rate,
-    strategy) -> its row priced with the committed host costs and, where the measured run
+    """Every point (of window `only`) simulated with today's cost model (a `stale` one as it
+    ran, `metrics.rows_in_extend`): (trace, start, rate, strategy) -> its row priced with the committed host costs and, where the measured run
     timed its host's eager launches, a row priced on that host (`Overheads.on_host`): on each
     repeat's own host where the point kept them (the median over those simulations, as the
     measured row is the repeats' median, and a host's speed moves between repeats), on its
@@ -694,7 +694,8 @@ def run(args) -> int:
     # (offline, the stale points among them are judged as they ran: named apart)
     as_they_ran = [f"{name} {t}@{start} {rate:g} req/s" for t, start in windows(args)
                    for name in args.strategies for rate in judged_rates(args, store, t, start, name)
-                   if stale(store.get(Key("gpu", t, start, rate, name)))]
+                   if (p := store.get(Key("gpu", t, start, rate, name))) is not None
+                   and stale(p)]
     missing = [m for m in missing if m not in as_they_ran]
     if not any(judged_rates(args, store, t, start, name) for t, start in windows(args)
                for name in args.strategies):

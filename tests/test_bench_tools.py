@@ -7,6 +7,7 @@ import statistics
 import subprocess
 import sys
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -1109,7 +1110,8 @@ def test_trace_fidelity_judges_a_strategy_at_every_rate_measured_for_it(tmp_path
     assert [c["rates_rps"] for c in judged["capacities"]] == [[8.0, 12.0, 18.0, 24.0, 48.0]] * 2
 
 
-def test_trace_fidelity_serves_a_stale_chunked_point_again_and_judges_it_as_it_ran(tmp_path):
+def test_trace_fidelity_serves_a_stale_chunked_point_again_and_judges_it_as_it_ran(tmp_path,
+                                                                                monkeypatch):
     """A chunked point measured before a mixed step's decode rows left the extend kernel (its
     diagnostics lack the marker) is served again on the GPU and, offline, named and judged as
     it ran (`simulate`'s costs with those rows in the extend tiles); one measured since, and
@@ -1137,6 +1139,19 @@ def test_trace_fidelity_serves_a_stale_chunked_point_again_and_judges_it_as_it_r
     assert "chunked_512 conv@2000 12 req/s" in named and not said
     assert "chunked_512 conv@2000 24 req/s" not in named
     assert "prefill_first conv@2000 12 req/s" not in named
+    # simulated: the stale point on costs with its decode rows in the extend tiles, the others
+    # on today's
+    grabbed = {}
+    monkeypatch.setattr(trace_fidelity, "run", lambda a: grabbed.setdefault("args", a) and 0)
+    trace_fidelity.main(["--offline", "--traces", "conv", "--strategies",
+                         "chunked_512,prefill_first"])
+    seen = {}
+    monkeypatch.setattr(trace_fidelity, "_simulated", lambda servers, name, s, rate: (
+        seen.setdefault((name, rate), [x.overheads.mixed.decode_rows_in_extend
+                                       for x in servers]) and {}))
+    trace_fidelity.simulate(grabbed["args"], store)
+    assert seen == {("chunked_512", 12.0): [True], ("chunked_512", 24.0): [False],
+                    ("prefill_first", 12.0): [False]}
 
 
 def test_trace_fidelity_prices_each_repeat_on_its_own_host(tmp_path, monkeypatch):
@@ -1357,6 +1372,25 @@ def test_launch_bound_hosts_reads_the_hosts_launch_from_launches_the_gpu_did_not
                      overheads.layer_launch_s)
     assert five["median_ms"] == pytest.approx(0.7) and five["mean_ms"] == pytest.approx(0.84)
     assert five["median_over_p50"] == pytest.approx(0.875)
+
+
+def test_launch_bound_hosts_prices_a_chunked_round_saved_before_as_it_ran():
+    """A chunked round of a run saved before a mixed step's decode rows left the extend kernel
+    costs its layers more (those rows in the extend tiles too, the batch's context shared
+    evenly) than today's, and launch_bound asks for that price on such a point only."""
+    price, _ = _committed_layer_price()  # (bench/ on the path)
+    from launch_bound_hosts import launch_bound
+    assert price.mixed(512, 0, 16, 16 * 3000, True) > price.mixed(512, 0, 16, 16 * 3000, False)
+    diag = {"prefills": [], "rounds": {"start_us": [0], "end_us": [40000], "level": [-1],
+                                       "decode_bs": [16], "decode_context": [48000],
+                                       "label": [0], "labels": ["chunk 0+512"]},
+            "decode_step_us": [], "host_layer_us": 800}
+    asked = []
+    with mock.patch.object(type(price), "mixed", lambda self, *a: asked.append(a[-1]) or 1.0):
+        for marker in ({}, {"mixed_decode_rows": MIXED_DECODE_ROWS}):
+            launch_bound({"strategy": "chunked_512", "diagnostics": {**diag, **marker}}, price,
+                         "a point")
+    assert asked == [True, False]
 
 
 def test_launch_bound_hosts_reads_a_replayed_launch_as_its_first_layers_host_time():

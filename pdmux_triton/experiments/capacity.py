@@ -335,7 +335,8 @@ def _stale(point: dict) -> bool:
 def _read(point: dict, offline: bool) -> bool:
     """Whether a result reads `point`: a measured sweep served a stale point's rate again and
     reads nothing from one it did not (not even where to stop); offline the points saved are
-    all there is, so stale ones are read, and counted (`stale_mixed_step_points`)."""
+    all there is, so stale ones are read, and counted (`stale_mixed_step_points`: the
+    simulation beside them prices today's executor, not the one they were served on)."""
     return offline or not _stale(point)
 
 
