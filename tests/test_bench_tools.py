@@ -2105,7 +2105,15 @@ def test_host_replay_judges_each_first_repeat_on_both_hosts(tmp_path):
                              timeout=120)
         assert out.returncode == 2 and "is not bench/trace_fidelity.py's file" in out.stderr
         assert len(out.stderr.strip().splitlines()) == 1
-    assert host_replay.main(["--out", str(tmp_path)]) == 0
+    # each point replayed as it ran: the committed chunked points (served before a mixed
+    # step's decode rows left the extend kernel) with those rows in the extend tiles
+    as_ran, replayed = {}, host_replay.replayed
+    with mock.patch.object(host_replay, "replayed", lambda args, point, launches, o: (
+            as_ran.setdefault(point["strategy"], set()).add(o.mixed.decode_rows_in_extend)
+            or replayed(args, point, launches, o))):
+        assert host_replay.main(["--out", str(tmp_path)]) == 0
+    assert {k: v for k, v in as_ran.items() if k.startswith("chunked_")} and all(
+        v == {k.startswith("chunked_")} for k, v in as_ran.items())
     data = json.loads((tmp_path / "host-replay-h200.json").read_text())
     assert data["summary"]["all_points"]["points"] == len(data["points"]) > 10
     # a timeline that holds the median host throughout is the median host: the replay only

@@ -5,6 +5,7 @@ import copy
 import json
 import subprocess
 import sys
+from unittest import mock
 from pathlib import Path
 
 import pytest
@@ -386,6 +387,32 @@ def test_fitted_mixed_steps_and_decode_extras_price_the_executors_steps(launch_s
     slower = QWEN.layers * max(rows / QWEN.layers, launch_s)
     faster = min(rows / QWEN.layers, launch_s)
     assert same.end - same.start == pytest.approx(0.010 + slower + faster, rel=1e-6)
+
+
+def test_a_run_simulated_as_it_ran_prices_each_decode_rows_own_context(tmp_path):
+    """With `decode_rows_in_extend` each mixed step's decode rows go to the extend tiles
+    with their own contexts (which differ between requests), not the batch's shared evenly;
+    without it, none."""
+    tiles = step_cost.TileTimes(((64, 128, 25e-6, 1.0), (128, 128, 27e-6, 1.0)), 2.5e-6, 2.3e-6,
+                                7e-8)
+    path = tmp_path / "t.csv"
+    path.write_text("arrival_s,prompt_tokens,output_tokens\n0,300,40\n0.05,1900,40\n"
+                    "0.1,700,40\n0.4,3000,8\n")
+    seen = {}
+    for before in (False, True):
+        host = step_cost.Overheads(layer_launch_s=2e-4, mixed=step_cost.MixedStepFit(
+            0.003, tiles, decode_rows_in_extend=before))
+        rows, price = [], step_cost.mixed_step_s
+        with mock.patch.object(step_cost, "mixed_step_s", lambda *a, **k: rows.append(
+                (a[4], a[5], list(k["extend_row_contexts"]))) or price(*a, **k)):
+            scheduler.run("chunked", SimExecutor(
+                H100, QWEN, step_cost.SaturationLaw(H100.hbm_tbps * 0.85, 66.0),
+                step_cost.PrefillRate.fixed(H100.bf16_tflops, H100.sms, 0.5), overheads=host),
+                          traces.load_trace(path).requests(QWEN.vocab), chunk=512)
+        seen[before] = [r for r in rows if r[1]]  # the steps with decode rows
+    assert seen[False] and all(not contexts for *_, contexts in seen[False])
+    assert all(len(c) == batch and sum(c) == total for total, batch, c in seen[True])
+    assert any(len(set(c)) > 1 for *_, c in seen[True])  # each row's own, unequal ones too
 
 
 def test_overheads_are_read_from_the_measured_file():
