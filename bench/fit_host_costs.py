@@ -100,6 +100,7 @@ PREFILL_RATE = ("bench/results/prefill-rate-h200.json", "bench/results/prefill-r
 # which whole waves do not describe)
 GEMM_MIN_TOKENS, LAYER_MIN_TOKENS = 256, 512
 MIN_PREFILLS = 10  # GPU-bound prefill batches a whole-GPU MFU is fitted to, at the fewest
+JOINT_FIT_ROUNDS = 20  # the prefill MFU, mixed step and eager step refitted in turn, at the most
 MIN_BUSY_BATCHES = 20  # of them in a busy-share bin for its ratio to be kept
 GPU_BOUND_MARGIN = 2  # a batch whose GPU time is this many times its launches is bound by it
 MIN_ROUNDS = 100  # served decode rounds a round's host share is fitted to, at the fewest
@@ -730,7 +731,7 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
         host["decode_round_served"] = {**served, "source": names}
 
     # an eager step's fixed cost: the smallest chunks' rounds less their launches, in the file's
-    # host, over the rounds their launches bound (first over all, for the prefill fit)
+    # host, over the rounds their launches bound (first over all, to start the fits below)
     size = min(r["size"] for r in rows)
     small = np.array([r["size"] == size for r in rows])
     less_launches = np.array([(r["seconds"] - step_cost.launch_layers_s(
@@ -750,13 +751,27 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
         host["prefill_batch"] = {**batch, "source": names}
     tiles, tile_quality = fit_tile_times(prefill_rate, model, gpu.sms)
     tile_source = ", ".join(Path(p).name for p in prefill_rate)
-    whole = (fit_whole_gpu_prefill(prefills, model, prefill, overheads, tiles)
-             if prefills is not None else None)
+    # the whole GPU's prefill MFU (over batches less the eager step), the mixed step (its
+    # linears at that MFU, which tells the rounds bound by their launches) and the eager step
+    # (over those rounds) fitted in turn until the eager step the MFU was read with is the one
+    # the file holds: the simulator charges a whole-GPU batch that step
+    whole_mfu = host.get("whole_gpu_prefill", {}).get("mfu")  # the file's, where none is fitted
+    for _ in range(JOINT_FIT_ROUNDS):
+        whole = (fit_whole_gpu_prefill(prefills, model, prefill, overheads, tiles)
+                 if prefills is not None else None)
+        on_whole = prefill if whole is None and whole_mfu is None else prefill.on_whole_gpu(
+            whole[0] if whole is not None else whole_mfu)  # the mixed steps' linears run so
+        mixed, by_launches, quality = fit_mixed(rows, model, decode, on_whole, gpu.sms, tiles)
+        bound = small & by_launches
+        if not bound.any():
+            raise PdmuxError(f"no chunked_{size} round was bound by its launches: an eager "
+                             f"step's fixed cost cannot be read from them")
+        step = _eager_step_s(less_launches[bound], size, model, overheads)
+        if step == overheads.eager_step_s:
+            break
+        overheads = replace(overheads, eager_step_s=step)
     if whole is not None:
         host["whole_gpu_prefill"] = {"mfu": whole[0], "source": source, **whole[1]}
-    if "whole_gpu_prefill" in host:  # fitted now or before: the mixed steps' linears run so
-        prefill = prefill.on_whole_gpu(host["whole_gpu_prefill"]["mfu"])
-    mixed, by_launches, quality = fit_mixed(rows, model, decode, prefill, gpu.sms, tiles)
     host["mixed_step"] = {"fixed_s": mixed.fixed_s, "source": source, **quality,
                           "tiles": tile_times_json(tiles, tile_source, tile_quality)}
     # a level's prefill on a busy GPU as served, priced with this fit's batch upload and tiles,
@@ -776,11 +791,6 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
     host.pop("by_kind", None)  # one fitted to other points does not stay
     if any(by_kind.values()):
         host["by_kind"] = {kind: fits for kind, fits in by_kind.items() if fits}
-    bound = small & by_launches
-    if not bound.any():
-        raise PdmuxError(f"no chunked_{size} round was bound by its launches: an eager step's "
-                         f"fixed cost cannot be read from them")
-    step = _eager_step_s(less_launches[bound], size, model, overheads)
     host["eager_step"] = {"seconds": step, "source": f"{names}: median "
                           f"chunked_{size} round bound by its launches less its {model.layers} "
                           f"layer launches, on this file's host", "rounds": int(bound.sum())}

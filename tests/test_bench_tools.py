@@ -820,6 +820,20 @@ def test_fit_host_costs_on_the_h200_trace_points_and_stream_run(tmp_path):
     assert tiles["max_abs_layer_error"] < 0.1  # the captured layers it was fitted to
     assert fitted["eager_step"]["seconds"] == pytest.approx(committed["eager_step"]["seconds"])
     assert fitted["whole_gpu_prefill"]["batches"] >= 10
+    # the MFU was read with the eager step the file holds, the one the simulator charges a
+    # whole-GPU batch (not with the first estimate over every small round)
+    sys.path.insert(0, "bench")
+    from fit_host_costs import PREFILL_RATE, fit_tile_times, fit_whole_gpu_prefill, pooled_rounds
+
+    from pdmux_triton.cost.measured_inputs import host_costs_from, load_compare
+
+    charged = host_costs_from(fitted, host)
+    gpu, model, _, prefills = pooled_rounds(COMMITTED_FIT, fitted, charged)
+    rate = load_compare("bench/results/compare-h200.json", gpu.name).prefill_rate(
+        "grid_cap", gpu.bf16_tflops, gpu.sms)
+    tiles, _ = fit_tile_times(PREFILL_RATE, model, gpu.sms)
+    assert fit_whole_gpu_prefill(prefills, model, rate, charged, tiles)[0] == pytest.approx(
+        fitted["whole_gpu_prefill"]["mfu"], rel=1e-9)
     assert fitted["whole_gpu_prefill"]["mfu"] == pytest.approx(committed["whole_gpu_prefill"]["mfu"])
     assert sum(fitted["whole_gpu_prefill"]["ratio_by_busy_share"], []) == pytest.approx(
         sum(committed["whole_gpu_prefill"]["ratio_by_busy_share"], []))
