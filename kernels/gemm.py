@@ -298,7 +298,9 @@ def _skinny_slot(pid, programs, x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr,
     # units [p*T//P, (p+1)*T//P), so all programs read the same bytes (within one slab). A
     # tile cut between programs leaves fp32 partials at row (tile + program), unique as in
     # decode attention; its last program to finish (a counter per tile, nobody waits) adds
-    # them and resets the counter.
+    # them and resets the counter. With RMS each partial's squares (over its own K-slabs) go
+    # beside it, after every tile's partials, and the last program scales the summed tile by
+    # the summed squares (the norm's scale is per row of x, so it commutes with the sum).
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles = tiles_m * _tiles_n(N, BLOCK_N, GLU)
     k_tiles = tl.cdiv(K, BLOCK_K)
@@ -319,27 +321,38 @@ def _skinny_slot(pid, programs, x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr,
             for tile in range(lo // k_tiles, (hi - 1) // k_tiles + 1):
                 k_lo = tl.maximum(lo, tile * k_tiles) - tile * k_tiles
                 k_hi = tl.minimum(hi, (tile + 1) * k_tiles) - tile * k_tiles
-                # (RMS never comes here: a program sees only some of a row's K)
-                acc, rm, _ = _swapped_product(x_ptr, w_ptr, tile, tiles_m, k_lo, k_hi, M, N, K,
-                                              stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
-                                              EVEN_K, GLU, False)
+                acc, rm, squares = _swapped_product(x_ptr, w_ptr, tile, tiles_m, k_lo, k_hi, M,
+                                                    N, K, stride_xm, stride_wn, BLOCK_M,
+                                                    BLOCK_N, BLOCK_K, EVEN_K, GLU, RMS)
                 # the programs holding this tile's first and last unit (the largest q whose
                 # range starts at or before unit u is ((u + 1) * P - 1) // T)
                 first = ((tile * k_tiles + 1).to(tl.int64) * programs - 1) // total
                 last = (((tile + 1) * k_tiles).to(tl.int64) * programs - 1) // total
                 if first == last:
+                    if RMS:
+                        acc = acc * tl.rsqrt(squares / K + eps)[None, :]
                     _store_tile(acc, y_ptr, b_ptr, tile, tiles_m, rm, M, N, stride_ym, BLOCK_M,
                                 BLOCK_N, HAS_BIAS, GLU, ACCUMULATE)
                 else:
                     tile_elems = BLOCK_N * BLOCK_M
+                    # (the squares' rows start after every tile's partials: tiles + programs)
+                    square_ptr = part_ptr + (tiles + programs) * tile_elems + tl.arange(0, BLOCK_M)
                     tl.store(part_ptr + (tile + pid) * tile_elems + cell, acc)
+                    if RMS:
+                        tl.store(square_ptr + (tile + pid) * BLOCK_M, squares)
                     tl.debug_barrier()  # every thread's partial is written before the count
                     if tl.atomic_add(count_ptr + tile, 1) == last - first:
                         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+                        squares = tl.zeros((BLOCK_M,), dtype=tl.float32)
                         for q in range(first, last + 1):
                             # .cg: from L2, where the other programs' stores landed
                             acc += tl.load(part_ptr + (tile + q) * tile_elems + cell,
                                            cache_modifier=".cg")
+                            if RMS:
+                                squares += tl.load(square_ptr + (tile + q) * BLOCK_M,
+                                                   cache_modifier=".cg")
+                        if RMS:
+                            acc = acc * tl.rsqrt(squares / K + eps)[None, :]
                         # the bias once, in the sum
                         _store_tile(acc, y_ptr, b_ptr, tile, tiles_m, rm, M, N, stride_ym,
                                     BLOCK_M, BLOCK_N, HAS_BIAS, GLU, ACCUMULATE)
@@ -461,7 +474,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = Non
     `accumulate`: out += y, summed in fp32 before the one rounding (a residual add in the
     epilogue; `out` is then required). `rms_eps`: x's rows RMS-normalized first, x /
     sqrt(mean(x^2) + eps), inside the kernel (an RMSNorm whose gain is folded into `weight`);
-    only where the problem runs on whole skinny tiles of a verified form (`normalizes_rows`)."""
+    only where the problem runs on skinny tiles of a verified form (`normalizes_rows`)."""
     M, N, K = _check_problem(x, weight, bias)
     if accumulate and out is None:
         raise PdmuxError("accumulate adds into out: give out")
@@ -510,8 +523,8 @@ def normalizes_rows(M: int, weight: torch.Tensor, *, num_sms: int | None = None,
                     ctas_per_sm: int = 1, config: GemmConfig | None = None,
                     pinned: Pinned | None = None, pdl: bool = False) -> bool:
     """Whether `linear(x, weight, rms_eps=...)` (or `swiglu_linear`) normalizes M rows of x
-    in the kernel on this budget: the skinny kernel with whole tiles, whose programs read all
-    of a row's K, in a form the GPU verified (`_normalizes`). (`pdl` is accepted, and
+    in the kernel on this budget: the skinny kernel, in a form the GPU verified
+    (`_normalizes`). (`pdl` is accepted, and
     ignored, so a budget's kernel arguments pass as they are.)"""
     N, K = weight.shape
     p = plan(M, N, K, weight.dtype, weight.device, pinned_budget(pinned, num_sms), ctas_per_sm,
@@ -520,13 +533,14 @@ def normalizes_rows(M: int, weight: torch.Tensor, *, num_sms: int | None = None,
 
 
 def _normalizes(p: GemmPlan) -> bool:
-    """Whole skinny tiles of at most 32 rows of x on 4 warps: the forms whose in-loop squares
-    the H200 verified. 64-row tiles and the small-budget tile's 8 warps summed them wrongly
-    there (triton 3.6, x's tile read both by the MMA and in registers), and their squares on
-    the tensor cores (the diagonal of x x^T) were right but slowed the GEMMs down more than a
+    """Skinny tiles of at most 32 rows of x on 4 warps, whole or split between programs (each
+    sums its K-slabs' squares in the same loop, merged with the tile's partials): the forms
+    whose in-loop squares the H200 verified on whole tiles. 64-row tiles and the small-budget tile's 8 warps summed them wrongly there
+    (triton 3.6, x's tile read both by the MMA and in registers), and their squares on the
+    tensor cores (the diagonal of x x^T) were right but slowed the GEMMs down more than a
     norm apart costs (bench/NOTES.md)."""
     cfg = p.config
-    return cfg.skinny and p.whole and cfg.block_m <= 32 and cfg.num_warps == 4
+    return cfg.skinny and cfg.block_m <= 32 and cfg.num_warps == 4
 
 
 def _check_problem(x: torch.Tensor, weight: torch.Tensor,
@@ -565,9 +579,9 @@ def _launch(p: GemmPlan, x: torch.Tensor, weight: torch.Tensor, out: torch.Tenso
     cfg, grid = p.config, p.grid
     if rms_eps is not None:
         if not _normalizes(p):
-            how = ("as prefill tiles" if not cfg.skinny else "split between programs"
-                   if not p.whole else f"on {cfg.block_m}-row tiles with {cfg.num_warps} warps")
-            raise PdmuxError(f"a GEMM normalizes x's rows (rms_eps) only on whole skinny tiles of "
+            how = ("as prefill tiles" if not cfg.skinny
+                   else f"on {cfg.block_m}-row tiles with {cfg.num_warps} warps")
+            raise PdmuxError(f"a GEMM normalizes x's rows (rms_eps) only on skinny tiles of "
                              f"up to 32 rows on 4 warps; {M} rows against a "
                              f"[{weight.shape[0]}, {K}] weight run {how} here: normalize them "
                              f"first (rmsnorm)")
@@ -581,9 +595,10 @@ def _launch(p: GemmPlan, x: torch.Tensor, weight: torch.Tensor, out: torch.Tenso
             part = counters = out  # nothing is split: no partials, no counters
         else:
             # a program's range cuts at most one tile at each end: tiles + programs partials
+            # (and with rms_eps as many rows of their squares after them)
             tiles = cdiv(M, cfg.block_m) * cdiv(weight.shape[0], cfg.block_n)
-            part = torch.empty((tiles + grid, cfg.block_m * cfg.block_n), dtype=torch.float32,
-                               device=x.device)
+            row = cfg.block_m * cfg.block_n + (cfg.block_m if rms_eps is not None else 0)
+            part = torch.empty((tiles + grid, row), dtype=torch.float32, device=x.device)
             counters = arrival_counters(tiles, x.device)
         run_kernel(skinny_kernel, launch.grid,
             x, weight, out, bias_arg, part, counters, sm_buf, *launch.args, M, N, K, x.stride(0),

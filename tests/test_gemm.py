@@ -154,15 +154,18 @@ def _rms_normalized(x: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(dim=1, keepdim=True) + eps)
 
 
-@pytest.mark.parametrize("M,N,K", [(1, 40, 64), (7, 33, 128), (20, 48, 100)])
+@pytest.mark.parametrize("M,N,K", [(1, 40, 64), (7, 33, 128), (20, 48, 100), (3, 24, 300)])
 @pytest.mark.parametrize("num_sms,ctas", [(1, 1), (3, 1), (2, 2), (64, 1)])
-def test_rows_normalized_inside_whole_skinny_tiles(M, N, K, num_sms, ctas):
-    """rms_eps: each program's loop over all of K sums its rows' squares and scales the tile
-    (K not a multiple of the slab: masked columns add nothing); the same through SwiGLU."""
+@pytest.mark.parametrize("whole", [True, False], ids=["whole tiles", "split"])
+def test_rows_normalized_inside_skinny_tiles(M, N, K, num_sms, ctas, whole):
+    """rms_eps: each program's loop sums its rows' squares over its K-slabs and the tile is
+    scaled by them, all of K's where it holds the whole tile, else summed with the partials by
+    the tile's last program (K not a multiple of the slab: masked columns add nothing); the
+    same through SwiGLU. Split on 1 program to more programs than units."""
     x = torch.randn(M, K, device=DEV) * 3
     w = torch.randn(N, K, device=DEV) / K ** 0.5
     cfg = GemmConfig(16, 16, 16, 4, 1, skinny=True)
-    with mock.patch.object(gemm, "whole_tiles", return_value=True):
+    with mock.patch.object(gemm, "whole_tiles", return_value=whole):
         assert normalizes_rows(M, w, num_sms=num_sms, ctas_per_sm=ctas, config=cfg)
         out = linear(x, w, poisoned((M, N), torch.float32, DEV), rms_eps=1e-5, num_sms=num_sms,
                      ctas_per_sm=ctas, config=cfg)
@@ -173,15 +176,17 @@ def test_rows_normalized_inside_whole_skinny_tiles(M, N, K, num_sms, ctas):
                      torch.float32)
 
 
-def test_rows_are_normalized_only_where_a_program_reads_all_of_k():
+def test_rows_are_normalized_only_on_skinny_tiles_of_a_verified_form():
     x, w = torch.randn(5, 96, device=DEV), torch.randn(24, 96, device=DEV)
     skinny = GemmConfig(16, 16, 16, 4, 1, skinny=True)
-    with mock.patch.object(gemm, "whole_tiles", return_value=False):
-        assert not normalizes_rows(5, w, num_sms=3, config=skinny)
-        with pytest.raises(PdmuxError, match=r"only on whole skinny tiles of up to 32 rows on 4 "
-                                             r"warps; 5 rows against a \[24, 96\] weight run "
-                                             r"split between programs"):
-            linear(x, w, rms_eps=1e-6, num_sms=3, config=skinny)
+    for cfg in (GemmConfig(16, 16, 16, 8, 1, skinny=True), GemmConfig(64, 16, 16, 4, 1,
+                                                                        skinny=True)):
+        assert not normalizes_rows(5, w, num_sms=3, config=cfg)
+        with pytest.raises(PdmuxError, match=rf"only on skinny tiles of up to 32 rows on 4 "
+                                             rf"warps; 5 rows against a \[24, 96\] weight run "
+                                             rf"on {cfg.block_m}-row tiles with "
+                                             rf"{cfg.num_warps} warps"):
+            linear(x, w, rms_eps=1e-6, num_sms=3, config=cfg)
     tiles = GemmConfig(16, 16, 16, 4, 1)
     assert not normalizes_rows(5, w, config=tiles)
     with pytest.raises(PdmuxError, match="run as prefill tiles here: normalize them first"):
@@ -368,6 +373,24 @@ def test_normed_rows_and_residual_add_bf16_real_sizes(M, sms=132):
     residual = x.clone()
     linear(glu, down, residual, accumulate=True, num_sms=sms)
     assert_close(residual, x.double() + glu.double() @ down.double().T, torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 8, 32])
+@pytest.mark.parametrize("sms", [132, 100])
+def test_normed_rows_split_between_programs_bf16_real_sizes(M, sms):
+    """Qwen3-8B's QKV with the rows normalized in the loop, its 96 tiles split between every
+    program (stream-K, the squares merged with the partials), against float64: the form the
+    whole GPU's QKV would take to run on all its SMs."""
+    x = torch.randn(M, 4096, dtype=torch.bfloat16, device="cuda") * 4
+    qkv = torch.randn(6144, 4096, dtype=torch.bfloat16, device="cuda") / 64
+    with mock.patch.object(gemm, "whole_tiles", return_value=False):
+        assert not gemm.plan(M, 6144, 4096, x.dtype, x.device, sms).whole
+        assert normalizes_rows(M, qkv, num_sms=sms)
+        for _ in range(2):  # the second call after the first reset the tiles' counters
+            out = linear(x, qkv, poisoned((M, 6144), torch.bfloat16, "cuda"), rms_eps=1e-6,
+                         num_sms=sms)
+            assert_close(out, _rms_normalized(x, 1e-6) @ qkv.double().T, torch.bfloat16)
 
 
 def test_decode_tiles_follow_the_budget():
