@@ -3,7 +3,9 @@ it to a host-costs file (`calibrate --host-costs`'s):
 
 - eager_step: the host's fixed cost of an eager step (its batch made and uploaded, its tokens
   read back), as a whole-GPU prefill batch pays it too: the median chunked round of the
-  smallest chunk size less its layers' launches;
+  smallest chunk size bound by its launches less those launches; fitted in turn with the
+  whole-GPU MFU and the mixed step (which tells the rounds bound by their launches) until the
+  MFU is read with the step the file holds;
 - prefill_batch: a split prefill's batch made and uploaded before its layers launch: the
   median time from a pd-mux batch taken to its first layers' round, over the batches of
   split levels;
@@ -767,9 +769,16 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
             raise PdmuxError(f"no chunked_{size} round was bound by its launches: an eager "
                              f"step's fixed cost cannot be read from them")
         step = _eager_step_s(less_launches[bound], size, model, overheads)
-        if step == overheads.eager_step_s:
-            break
+        # (no MFU fitted: nothing was read with the step, so one round settles it)
+        settled = step == overheads.eager_step_s or whole is None
         overheads = replace(overheads, eager_step_s=step)
+        if settled:
+            break
+    else:
+        raise PdmuxError(f"the whole GPU's prefill MFU, the mixed step and the eager step did "
+                         f"not settle in {JOINT_FIT_ROUNDS} rounds of fitting one with the "
+                         f"others (the eager step moved to {step * 1e3:.3f} ms in the last): "
+                         f"these measurements do not pin them down together")
     if whole is not None:
         host["whole_gpu_prefill"] = {"mfu": whole[0], "source": source, **whole[1]}
     host["mixed_step"] = {"fixed_s": mixed.fixed_s, "source": source, **quality,
@@ -827,8 +836,8 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
             f"bins of {MIN_BUSY_BATCHES} batches)"))
     elif "whole_gpu_prefill" in host:
         lines.append(f"prefill on the whole GPU: MFU {host['whole_gpu_prefill']['mfu']:.3f} kept "
-                     f"from the file (these measurements hold too few prefill-first batches "
-                     f"bound by their GPU)")
+                     f"from the file, as read with the eager step it held (these measurements "
+                     f"hold too few prefill-first batches bound by their GPU)")
     for kind, kept in served_by_kind.items():
         fits = host if kind == "grid_cap" else host.get("by_kind", {}).get(kind, {})
         lines.append(f"a level's prefill on a busy GPU as served over its burst ({kind}): "

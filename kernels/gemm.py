@@ -204,6 +204,12 @@ def _swapped_product(x_ptr, w_ptr, tile, tiles_m, k_lo, k_hi, M, N, K, stride_xm
 
 
 @triton.jit
+def _rms_scaled(acc, squares, K, eps):
+    """A swapped tile acc[n, m] scaled by x's row m's RMS norm, from its squares over all K."""
+    return acc * tl.rsqrt(squares / K + eps)[None, :]
+
+
+@triton.jit
 def _store_tile(acc, y_ptr, b_ptr, tile, tiles_m, rm, M, N, stride_ym, BLOCK_M: tl.constexpr,
                 BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, GLU: tl.constexpr,
                 ACCUMULATE: tl.constexpr):
@@ -310,7 +316,7 @@ def _skinny_slot(pid, programs, x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr,
                                                 stride_xm, stride_wn, BLOCK_M, BLOCK_N, BLOCK_K,
                                                 EVEN_K, GLU, RMS)
             if RMS:
-                acc = acc * tl.rsqrt(squares / K + eps)[None, :]
+                acc = _rms_scaled(acc, squares, K, eps)
             _store_tile(acc, y_ptr, b_ptr, tile, tiles_m, rm, M, N, stride_ym, BLOCK_M, BLOCK_N,
                         HAS_BIAS, GLU, ACCUMULATE)
     else:
@@ -330,7 +336,7 @@ def _skinny_slot(pid, programs, x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr,
                 last = (((tile + 1) * k_tiles).to(tl.int64) * programs - 1) // total
                 if first == last:
                     if RMS:
-                        acc = acc * tl.rsqrt(squares / K + eps)[None, :]
+                        acc = _rms_scaled(acc, squares, K, eps)
                     _store_tile(acc, y_ptr, b_ptr, tile, tiles_m, rm, M, N, stride_ym, BLOCK_M,
                                 BLOCK_N, HAS_BIAS, GLU, ACCUMULATE)
                 else:
@@ -352,7 +358,7 @@ def _skinny_slot(pid, programs, x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr,
                                 squares += tl.load(square_ptr + (tile + q) * BLOCK_M,
                                                    cache_modifier=".cg")
                         if RMS:
-                            acc = acc * tl.rsqrt(squares / K + eps)[None, :]
+                            acc = _rms_scaled(acc, squares, K, eps)
                         # the bias once, in the sum
                         _store_tile(acc, y_ptr, b_ptr, tile, tiles_m, rm, M, N, stride_ym,
                                     BLOCK_M, BLOCK_N, HAS_BIAS, GLU, ACCUMULATE)
@@ -524,8 +530,8 @@ def normalizes_rows(M: int, weight: torch.Tensor, *, num_sms: int | None = None,
                     pinned: Pinned | None = None, pdl: bool = False) -> bool:
     """Whether `linear(x, weight, rms_eps=...)` (or `swiglu_linear`) normalizes M rows of x
     in the kernel on this budget: the skinny kernel, in a form the GPU verified
-    (`_normalizes`). (`pdl` is accepted, and
-    ignored, so a budget's kernel arguments pass as they are.)"""
+    (`_normalizes`). (`pdl` is accepted, and ignored, so a budget's kernel arguments pass as
+    they are.)"""
     N, K = weight.shape
     p = plan(M, N, K, weight.dtype, weight.device, pinned_budget(pinned, num_sms), ctas_per_sm,
              config)
@@ -535,10 +541,11 @@ def normalizes_rows(M: int, weight: torch.Tensor, *, num_sms: int | None = None,
 def _normalizes(p: GemmPlan) -> bool:
     """Skinny tiles of at most 32 rows of x on 4 warps, whole or split between programs (each
     sums its K-slabs' squares in the same loop, merged with the tile's partials): the forms
-    whose in-loop squares the H200 verified on whole tiles. 64-row tiles and the small-budget tile's 8 warps summed them wrongly there
-    (triton 3.6, x's tile read both by the MMA and in registers), and their squares on the
-    tensor cores (the diagonal of x x^T) were right but slowed the GEMMs down more than a
-    norm apart costs (bench/NOTES.md)."""
+    whose in-loop squares the GPU verified (whole tiles on the H200; split tiles on an H100,
+    the same compiler and sm_90 code). Tiles of 64 rows of x and the small-budget tile's 8
+    warps summed them wrongly on the H200 (triton 3.6, x's tile read both by the MMA and in
+    registers), and their squares on the tensor cores (the diagonal of x x^T) were right but
+    slowed the GEMMs down more than a norm apart costs (bench/NOTES.md)."""
     cfg = p.config
     return cfg.skinny and cfg.block_m <= 32 and cfg.num_warps == 4
 
@@ -594,11 +601,12 @@ def _launch(p: GemmPlan, x: torch.Tensor, weight: torch.Tensor, out: torch.Tenso
         if p.whole:
             part = counters = out  # nothing is split: no partials, no counters
         else:
-            # a program's range cuts at most one tile at each end: tiles + programs partials
-            # (and with rms_eps as many rows of their squares after them)
+            # a program's range cuts at most one tile at each end: tiles + programs partials,
+            # and with rms_eps as many rows of their squares after all of them (the kernel
+            # reads the buffer as flat)
             tiles = cdiv(M, cfg.block_m) * cdiv(weight.shape[0], cfg.block_n)
-            row = cfg.block_m * cfg.block_n + (cfg.block_m if rms_eps is not None else 0)
-            part = torch.empty((tiles + grid, row), dtype=torch.float32, device=x.device)
+            floats = cfg.block_m * cfg.block_n + (cfg.block_m if rms_eps is not None else 0)
+            part = torch.empty((tiles + grid, floats), dtype=torch.float32, device=x.device)
             counters = arrival_counters(tiles, x.device)
         run_kernel(skinny_kernel, launch.grid,
             x, weight, out, bias_arg, part, counters, sm_buf, *launch.args, M, N, K, x.stride(0),

@@ -793,6 +793,23 @@ def test_sustained_ratios_are_each_levels_burst_over_its_sustained_run(tmp_path)
         sustained_ratios(str(bare), "h200")
 
 
+def test_fit_host_costs_refuses_an_mfu_and_eager_step_that_do_not_settle(tmp_path):
+    """Given one round to fit the whole GPU's MFU, the mixed step and the eager step with one
+    another, the committed points move the eager step off the first estimate the MFU was read
+    with: refused by name, not written as a file whose MFU was read with another step."""
+    import shutil
+
+    sys.path.insert(0, "bench")
+    import fit_host_costs
+
+    host = tmp_path / "host.json"
+    shutil.copy("bench/results/host-costs-h200.json", host)
+    with mock.patch.object(fit_host_costs, "JOINT_FIT_ROUNDS", 1), pytest.raises(
+            PdmuxError, match="did not settle in 1 rounds"):
+        fit_host_costs.fitted(COMMITTED_FIT, str(host), "bench/results/calibrate-h200.json",
+                              "bench/results/compare-h200.json")
+
+
 def test_fit_host_costs_on_the_h200_trace_points_and_stream_run(tmp_path):
     """The committed trace-fidelity points and steady-state capacity folders (each run's host
     timed), pooled, fit the committed host-costs file's eager step, whole-GPU prefill, mixed

@@ -47,12 +47,16 @@ def test_split_prefill_equals_whole():
     assert logits.shape == (1, 256) and torch.isfinite(logits).all()
 
 
-@pytest.mark.parametrize("fused", [False, True])
-def test_decode_step_continues_the_prefill(fused):
-    """fused: the decode GEMMs take whole skinny tiles (forced), so the step runs
-    `fused_layer` (norms and residual adds inside the GEMMs) against the prefill's layers."""
-    with mock.patch.object(gemm, "whole_tiles", return_value=fused):
-        _decode_continues_prefill(Budget(64) if fused else Budget(2), fused)
+@pytest.mark.parametrize("programs,whole,fused", [(2, True, False), (64, True, True),
+                                                 (64, False, True)],
+                         ids=["prefill tiles", "whole skinny tiles", "split skinny tiles"])
+def test_decode_step_continues_the_prefill(programs, whole, fused):
+    """The decode step against the prefill's layers: on 2 programs the decode GEMMs run the
+    prefill's tiles and the norms apart; on 64 they take skinny tiles, whole or split between
+    programs (forced), and the step runs `fused_layer` (norms and residual adds inside the
+    GEMMs)."""
+    with mock.patch.object(gemm, "whole_tiles", return_value=whole):
+        _decode_continues_prefill(Budget(programs), fused)
 
 
 def _decode_continues_prefill(budget: Budget, fused: bool):

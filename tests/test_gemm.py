@@ -66,6 +66,31 @@ def test_pinned_skinny_whoever_survives(M, N, K, k, ctas, gate, whole):
         assert_close(out, x.double() @ w.double().T, torch.float32)
 
 
+@pytest.mark.parametrize("M,N,K,k,ctas,gate", [(7, 33, 128, 3, 2, "claiming"),
+                                                (20, 48, 112, 5, 1, "tagged")])
+def test_pinned_split_tiles_normalize_rows_whoever_survives(M, N, K, k, ctas, gate):
+    """Rows normalized on split tiles of a pinned partition, any placement: slots run out of
+    order there, so a program holding one tile's tail and the next tile's head keeps both
+    tiles' squares apart until their last programs merge them (plain launches run the
+    interpreter's programs in order, which hides a shared slot); the same through SwiGLU."""
+    from pdmux_triton.kernels import gemm
+
+    x = torch.randn(M, K, device=DEV) * 3
+    w = torch.randn(N, K, device=DEV) / K ** 0.5
+    gate_up = torch.cat([w, w.flip(0)])
+    normed = _rms_normalized(x, 1e-5)
+    cfg = GemmConfig(16, 16, 16, 4, 1, skinny=True)
+    for name, placement in placements(8, ctas, 1, k, seed=M):
+        pinned = Pinned(1, k, placement.to(torch.int32).to(DEV))
+        with (mock.patch.object(gemm, "whole_tiles", return_value=False), pinned_gate(gate)):
+            out = linear(x, w, poisoned((M, N), torch.float32, DEV), rms_eps=1e-5,
+                         ctas_per_sm=ctas, config=cfg, pinned=pinned)
+            glu = swiglu_linear(x, gate_up, poisoned((M, N), torch.float32, DEV), rms_eps=1e-5,
+                                ctas_per_sm=ctas, config=cfg, pinned=pinned)
+        assert_close(out, normed @ w.double().T, torch.float32)
+        assert_close(glu, _swiglu_reference(normed, gate_up), torch.float32)
+
+
 def test_pinned_tiles_whoever_survives():
     """The prefill schedule (whole tiles through TMA) on a pinned partition, any placement."""
     x = torch.randn(97, 80, device=DEV)
@@ -155,13 +180,13 @@ def _rms_normalized(x: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("M,N,K", [(1, 40, 64), (7, 33, 128), (20, 48, 100), (3, 24, 300)])
-@pytest.mark.parametrize("num_sms,ctas", [(1, 1), (3, 1), (2, 2), (64, 1)])
+@pytest.mark.parametrize("num_sms,ctas", [(1, 1), (2, 1), (3, 1), (2, 2), (64, 1)])
 @pytest.mark.parametrize("whole", [True, False], ids=["whole tiles", "split"])
 def test_rows_normalized_inside_skinny_tiles(M, N, K, num_sms, ctas, whole):
     """rms_eps: each program's loop sums its rows' squares over its K-slabs and the tile is
     scaled by them, all of K's where it holds the whole tile, else summed with the partials by
     the tile's last program (K not a multiple of the slab: masked columns add nothing); the
-    same through SwiGLU. Split on 1 program to more programs than units."""
+    same through SwiGLU. Split on 1 to 4 programs, and on 64 SMs one program a unit."""
     x = torch.randn(M, K, device=DEV) * 3
     w = torch.randn(N, K, device=DEV) / K ** 0.5
     cfg = GemmConfig(16, 16, 16, 4, 1, skinny=True)
@@ -351,6 +376,10 @@ def test_rows_are_normalized_only_in_the_forms_the_gpu_verified():
         assert normalizes_rows(32, w, num_sms=132) and normalizes_rows(1, w, num_sms=132)
         assert not normalizes_rows(64, w, num_sms=132)
         assert not normalizes_rows(32, w, num_sms=20)
+        # split tiles too: Qwen3-32B's QKV (160 tiles, two waves of 1.3 MB) is cut between programs
+        qkv_32b = torch.empty(10240, 5120, dtype=torch.bfloat16)
+        assert not gemm.plan(32, 10240, 5120, qkv_32b.dtype, qkv_32b.device, 132).whole
+        assert normalizes_rows(32, qkv_32b, num_sms=132)
 
 
 @pytest.mark.gpu
