@@ -18,7 +18,7 @@ it to a host-costs file (`calibrate --host-costs`'s):
 - mixed_step: a chunked-prefill step's fixed cost (`step_cost.MixedStepFit`), by least squares
   over every chunked round measured, each priced as it ran (a round saved before a mixed
   step's decode rows left the extend kernel with them in its tiles, the batch's context
-  shared evenly: `step_cost.mixed_step_s`'s `extend_row_contexts`); a round lasts that cost
+  shared evenly: `MixedStepFit.decode_rows_in_extend`); a round lasts that cost
   and its layers as the host launches them and the GPU runs them
   (`step_cost.layer_pipeline_s`). Its GPU phases are priced by the kernels' tiles
   (`step_cost.TileTimes`: GEMM waves, the extend attention's tiles, a layer's other kernels
@@ -506,12 +506,6 @@ def tile_times_json(tiles: step_cost.TileTimes, source: str, quality: dict) -> d
             "small_s_per_token": tiles.small_s_per_token, "source": source, **quality}
 
 
-def even_shares(total: int, n: int) -> list[int]:
-    """`total` split into n integers as evenly as it goes (the first ones one larger)."""
-    share, extra = divmod(int(total), n) if n else (0, 0)
-    return [share + (i < extra) for i in range(n)]
-
-
 def fit_mixed(rows, model, decode, prefill, total_sms, tiles: step_cost.TileTimes
               ) -> tuple[step_cost.MixedStepFit, np.ndarray, dict]:
     """The fixed cost of measured = fixed + the layers' pipeline of the GPU phases (the tiles'
@@ -526,14 +520,14 @@ def fit_mixed(rows, model, decode, prefill, total_sms, tiles: step_cost.TileTime
     launches = np.array([step_cost.launch_layers_s(n, r["host_s"], r.get("later_s"))
                          for r in rows])
     pace = np.array([r["host_s"] if r.get("later_s") is None else r["later_s"] for r in rows])
-    law = step_cost.MixedStepFit(0.0, tiles)
     # each round's GPU phases as it ran: a round saved before with its decode rows in the
     # extend tiles too (their contexts unknown but for the sum: shared evenly)
+    laws = {before: step_cost.MixedStepFit(0.0, tiles, decode_rows_in_extend=before)
+            for before in (False, True)}
     gpu = np.array([step_cost.mixed_step_s(model, decode, prefill, total_sms, r["context"],
                                            r["batch"], r["chunk"], r["prefix"], samples_chunk=0,
-                                           phases=law, extend_row_contexts=even_shares(
-                                               r["context"], r["batch"])
-                                           if r.get("extend_rows") else ()) for r in rows])
+                                           phases=laws[bool(r.get("extend_rows"))])
+                    for r in rows])
     by_launches = np.zeros(len(rows), dtype=bool)  # first as if no round's launches bound it
     for _ in range(len(rows) + 1):
         # launch-bound: n launches and one layer of GPU; GPU-bound: the GPU and the first launch
@@ -761,8 +755,9 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
     for _ in range(JOINT_FIT_ROUNDS):
         whole = (fit_whole_gpu_prefill(prefills, model, prefill, overheads, tiles)
                  if prefills is not None else None)
-        on_whole = prefill if whole is None and whole_mfu is None else prefill.on_whole_gpu(
-            whole[0] if whole is not None else whole_mfu)  # the mixed steps' linears run so
+        mfu = whole[0] if whole is not None else whole_mfu
+        # (the mixed steps' linears run at that MFU)
+        on_whole = prefill if mfu is None else prefill.on_whole_gpu(mfu)
         mixed, by_launches, quality = fit_mixed(rows, model, decode, on_whole, gpu.sms, tiles)
         bound = small & by_launches
         if not bound.any():

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 from corun_rounds import Pricer, round_launches
-from fit_host_costs import CHUNK, even_shares, later_layer_s, timed_points
+from fit_host_costs import CHUNK, later_layer_s, timed_points
 from script import MEASURED_ON_H200, finish, points_parser, run_script
 from trace_fidelity import prefill_batches
 
@@ -83,11 +83,10 @@ class LayerPrice:
         """A chunked round's layer: its mixed step's GPU phases over the layers (`before`: a
         round saved before its decode rows left the extend kernel, priced as it ran, their
         contexts shared evenly)."""
-        phases = step_cost.MixedStepFit(0.0, tiles=self.tiles) if self.tiles else None
-        rows = even_shares(context, batch) if before and phases else ()
+        phases = (step_cost.MixedStepFit(0.0, tiles=self.tiles, decode_rows_in_extend=before)
+                  if self.tiles else None)
         return step_cost.mixed_step_s(self.model, self.decode, self.rate, self.sms, context,
-                                      batch, chunk, prefix, 0, phases=phases,
-                                      extend_row_contexts=rows) / self.model.layers
+                                      batch, chunk, prefix, 0, phases=phases) / self.model.layers
 
 
 def launch_bound(point: dict, price: LayerPrice, where: str) -> tuple[list, list]:

@@ -58,8 +58,7 @@ from pdmux_triton.experiments.run import GUARDS, Servers
 from pdmux_triton.experiments.settings import RunSettings, make_requests
 from pdmux_triton.experiments.variants import served_by, variant
 from pdmux_triton.results import PointStore, provenance, read_json, write_json
-from pdmux_triton.serve.metrics import (ROUND_US, Slo, diagnostics, rows_in_extend,
-                                        stale_mixed_steps)
+from pdmux_triton.serve.metrics import ROUND_US, Slo, diagnostics, stale_mixed_steps
 from pdmux_triton.spec.gpus import detect_gpu, gpu_preset
 from pdmux_triton.spec.models import model_preset
 from pdmux_triton.spec.traffic import Request
@@ -272,16 +271,17 @@ def prefill_speed_by_commit(args, store: PointStore) -> dict:
 
 def simulate(args, store: PointStore, only: tuple | None = None) -> dict[tuple, dict]:
     """Every point (of window `only`) simulated with today's cost model (a `stale` one as it
-    ran, `metrics.rows_in_extend`): (trace, start, rate, strategy) -> its row priced with the committed host costs and, where the measured run
-    timed its host's eager launches, a row priced on that host (`Overheads.on_host`): on each
-    repeat's own host where the point kept them (the median over those simulations, as the
-    measured row is the repeats' median, and a host's speed moves between repeats), on its
-    first repeat's host where it did not. Both on a card of `--prefill-speed`."""
+    ran, `Overheads.rows_in_extend`): (trace, start, rate, strategy) -> its row priced with
+    the committed host costs and, where the measured run timed its host's eager launches, a
+    row priced on that host (`Overheads.on_host`): on each repeat's own host where the point
+    kept them (the median over those simulations, as the measured row is the repeats'
+    median, and a host's speed moves between repeats), on its first repeat's host where it
+    did not. Both on a card of `--prefill-speed`."""
     out = {}
     base = settings(args, *windows(args, only)[0], simulate=True)
     shipped = Servers(base, [], prefill_speed=args.prefill_speed)
     # a point served before a mixed step's decode rows left the extend kernel, as it ran
-    then = Servers(base, [], overheads=rows_in_extend(shipped.overheads),
+    then = Servers(base, [], overheads=shipped.overheads.rows_in_extend(),
                    prefill_speed=args.prefill_speed)
     on_host: dict[tuple, Servers] = {}  # by the host's launch time, us, and whether as then
 

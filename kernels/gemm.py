@@ -349,7 +349,8 @@ def _skinny_slot(pid, programs, x_ptr, w_ptr, y_ptr, b_ptr, part_ptr, count_ptr,
                     tl.debug_barrier()  # every thread's partial is written before the count
                     if tl.atomic_add(count_ptr + tile, 1) == last - first:
                         acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-                        squares = tl.zeros((BLOCK_M,), dtype=tl.float32)
+                        if RMS:
+                            squares = tl.zeros((BLOCK_M,), dtype=tl.float32)
                         for q in range(first, last + 1):
                             # .cg: from L2, where the other programs' stores landed
                             acc += tl.load(part_ptr + (tile + q) * tile_elems + cell,
@@ -602,11 +603,10 @@ def _launch(p: GemmPlan, x: torch.Tensor, weight: torch.Tensor, out: torch.Tenso
             part = counters = out  # nothing is split: no partials, no counters
         else:
             # a program's range cuts at most one tile at each end: tiles + programs partials,
-            # and with rms_eps as many rows of their squares after all of them (the kernel
-            # reads the buffer as flat)
+            # and with rms_eps as many rows of their squares after all of them
             tiles = cdiv(M, cfg.block_m) * cdiv(weight.shape[0], cfg.block_n)
             floats = cfg.block_m * cfg.block_n + (cfg.block_m if rms_eps is not None else 0)
-            part = torch.empty((tiles + grid, floats), dtype=torch.float32, device=x.device)
+            part = torch.empty((tiles + grid) * floats, dtype=torch.float32, device=x.device)
             counters = arrival_counters(tiles, x.device)
         run_kernel(skinny_kernel, launch.grid,
             x, weight, out, bias_arg, part, counters, sm_buf, *launch.args, M, N, K, x.stride(0),

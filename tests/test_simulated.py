@@ -382,8 +382,7 @@ def test_fitted_mixed_steps_and_decode_extras_price_the_executors_steps(launch_s
     same = next(r for r in old.rounds if r.prefill == "chunk 0+256")
     assert (same.start, same.decode_context) == (first.start, first.decode_context)
     rows = step_cost.mixed_step_s(QWEN, law, rate, H100.sms, first.decode_context, 4, 256, 0,
-                                  samples_chunk=False, phases=fit,
-                                  extend_row_contexts=[first.decode_context // 4] * 4)
+                                  samples_chunk=False, phases=then.mixed)
     slower = QWEN.layers * max(rows / QWEN.layers, launch_s)
     faster = min(rows / QWEN.layers, launch_s)
     assert same.end - same.start == pytest.approx(0.010 + slower + faster, rel=1e-6)
@@ -402,9 +401,9 @@ def test_a_run_simulated_as_it_ran_prices_each_decode_rows_own_context(tmp_path)
     for before in (False, True):
         host = step_cost.Overheads(layer_launch_s=2e-4, mixed=step_cost.MixedStepFit(
             0.003, tiles, decode_rows_in_extend=before))
-        rows, price = [], step_cost.mixed_step_s
-        with mock.patch.object(step_cost, "mixed_step_s", lambda *a, **k: rows.append(
-                (a[4], a[5], list(k["extend_row_contexts"]))) or price(*a, **k)):
+        rows, price = [], step_cost._mixed_by_tiles
+        with mock.patch.object(step_cost, "_mixed_by_tiles", lambda *a: rows.append(
+                (a[4], a[5], list(a[-1]))) or price(*a)):
             scheduler.run("chunked", SimExecutor(
                 H100, QWEN, step_cost.SaturationLaw(H100.hbm_tbps * 0.85, 66.0),
                 step_cost.PrefillRate.fixed(H100.bf16_tflops, H100.sms, 0.5), overheads=host),

@@ -273,8 +273,9 @@ def test_a_mixed_step_by_its_tiles_adds_its_kernels():
              + step_cost.kv_bytes(QWEN, sum(contexts)) / 3e12)
     assert step == pytest.approx(parts)
     # a round saved before decode rows left the extend kernel: each row in its tiles too
+    then = replace(fit, decode_rows_in_extend=True)
     before = step_cost.mixed_step_s(QWEN, law, rate, 132, sum(contexts), 3, 512, 4096, True,
-                                    phases=fit, extend_row_contexts=contexts)
+                                    phases=then, decode_contexts=contexts)
     rows = [(512, 4096)] + [(1, c) for c in contexts]
     assert before == pytest.approx(parts - step_cost.extend_attention_s(
         QWEN, [(512, 4096)], TILES, 132) + step_cost.extend_attention_s(QWEN, rows, TILES, 132))

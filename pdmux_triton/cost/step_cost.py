@@ -440,8 +440,9 @@ class MixedStepFit:
     head over the rows that sample, and the decode rows' attention as a decode step's: their
     KV read at the decode rate. `decode_rows_in_extend`: the steps priced ran their decode rows
     in the extend kernel's tiles too, as the executor did before they moved to decode
-    attention (`mixed_step_s`'s `extend_row_contexts`): a run saved then, simulated as it ran
-    (bench/host_replay.py, trace_fidelity's points served before)."""
+    attention (each row's own context where `mixed_step_s` is given them, else the batch's
+    shared evenly): a run saved then, priced as it ran (fits and replays of its rounds,
+    trace_fidelity's points served before; `Overheads.rows_in_extend`)."""
 
     fixed_s: float
     tiles: TileTimes
@@ -588,6 +589,13 @@ class Overheads:
                        prefill_batch_s=(None if self.prefill_batch_s is None
                                         else self.prefill_batch_s * f))
 
+    def rows_in_extend(self) -> "Overheads":
+        """These costs with a mixed step's decode rows in the extend kernel's tiles too, as the
+        executor ran them before they moved to decode attention (`MixedStepFit`)."""
+        if self.mixed is None:
+            return self
+        return replace(self, mixed=replace(self.mixed, decode_rows_in_extend=True))
+
     def launch_layers_s(self, layers: int) -> float:
         """The host's time to launch a call of `layers` eager layers."""
         return launch_layers_s(layers, self.layer_launch_s, self.later_layer_s)
@@ -671,21 +679,23 @@ def layer_pipeline_s(gpu_s: float, layers: int, first_launch_s: float,
 
 def mixed_step_s(model: ModelSpec, decode: DecodeRate, prefill: PrefillRate, total_sms: int,
                  decode_context_tokens: int, decode_batch: int, chunk, chunk_prefix,
-                 samples_chunk, phases: MixedStepFit | None = None,
-                 extend_row_contexts=()):
+                 samples_chunk, phases: MixedStepFit | None = None, decode_contexts=None):
     """One chunked-prefill step on the whole GPU: a prompt chunk and the decode batch in one
     forward, bound by its compute or by reading the weights and the batch's KV, whichever is
     slower. With `phases`, the GPU time of the step as the executor runs it (`MixedStepFit`,
     less its fixed cost). `chunk`, `chunk_prefix` and `samples_chunk` may be arrays (every
-    chunk at once) except with `phases`. `extend_row_contexts` (with `phases`): the contexts of
-    decode rows that also attended in the extend kernel's tiles, a query head's tile a row, as
-    the executor ran mixed steps before their decode rows moved to decode attention; a round
-    saved then is priced as it ran (fits and replays of such rounds,
-    `metrics.todays_mixed_steps`). Today's executor runs none."""
+    chunk at once) except with `phases`. `decode_contexts`: each decode row's context, which
+    `phases.decode_rows_in_extend` (a round saved before the rows moved to decode attention)
+    puts in the extend kernel's tiles too, a query head's tile a row; None: the batch's
+    context shared evenly between its rows."""
     if phases is not None:
+        rows = ()
+        if phases.decode_rows_in_extend:
+            rows = (decode_contexts if decode_contexts is not None
+                    else _even_shares(decode_context_tokens, decode_batch))
         return _mixed_by_tiles(model, decode, prefill, total_sms, decode_context_tokens,
                                decode_batch, int(chunk), int(chunk_prefix), bool(samples_chunk),
-                               phases.tiles, extend_row_contexts)
+                               phases.tiles, rows)
     flops = (decode_flops(model, decode_batch) + layer_flops(model, chunk, chunk_prefix)
              + lm_head_flops(model, np.asarray(samples_chunk, dtype=float)))
     compute = compute_s(flops, prefill, total_sms, corun=False)  # the GPU its own
@@ -694,13 +704,19 @@ def mixed_step_s(model: ModelSpec, decode: DecodeRate, prefill: PrefillRate, tot
     return np.maximum(compute, memory)
 
 
+def _even_shares(total: int, n: int) -> list[int]:
+    """`total` split into n integers as evenly as it goes (the first ones one larger)."""
+    share, extra = divmod(int(total), n) if n else (0, 0)
+    return [share + (i < extra) for i in range(n)]
+
+
 def _mixed_by_tiles(model, decode, prefill, total_sms, decode_context_tokens, decode_batch,
-                    chunk, chunk_prefix, samples_chunk, tiles, extend_row_contexts) -> float:
+                    chunk, chunk_prefix, samples_chunk, tiles, extend_rows) -> float:
     """`mixed_step_s`'s GPU phases by the kernels' tiles (`MixedStepFit`)."""
     tokens = chunk + decode_batch
     # the decode rows attend as a decode step (their KV read at the decode rate, below), the
     # chunk in the extend kernel's tiles (and, in a round saved before, the decode rows too)
-    seqs = [(chunk, chunk_prefix)] + [(1, int(c)) for c in extend_row_contexts]
+    seqs = [(chunk, chunk_prefix)] + [(1, int(c)) for c in extend_rows]
     layers = tiled_layers_s(model, tokens, seqs, tiles, total_sms)
     if layers is None:  # the skinny tile's rows: its linears at the prefill's MFU
         layers = tiled_layers_s(model, tokens, seqs, tiles, total_sms, gemm_s=compute_s(

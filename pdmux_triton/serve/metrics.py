@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -37,31 +37,18 @@ MS = 1e3
 MIXED_DECODE_ROWS = "decode_attention"
 
 
-def todays_mixed_steps(saved: dict) -> bool:
-    """Whether a saved run (its diagnostics, a strategy's details or a capacity point) ran a
-    mixed step's decode rows as today's executor does (`MIXED_DECODE_ROWS`)."""
-    return saved.get("mixed_decode_rows") == MIXED_DECODE_ROWS
-
-
 def stale_mixed_steps(strategy: str, saved: dict) -> bool:
-    """A chunked strategy's run saved before a mixed step's decode rows left the extend kernel
-    (`todays_mixed_steps`): its chunked rounds are not today's, so a resumed sweep serves it
+    """A chunked strategy's run (its diagnostics, a strategy's details or a capacity point)
+    saved before a mixed step's decode rows left the extend kernel (without
+    `MIXED_DECODE_ROWS`): its chunked rounds are not today's, so a resumed sweep serves it
     again, and fits and replays price its rounds as they ran (`as_served`)."""
-    return strategy.startswith("chunked_") and not todays_mixed_steps(saved)
+    return strategy.startswith("chunked_") and saved.get("mixed_decode_rows") != MIXED_DECODE_ROWS
 
 
 def as_served(overheads: Overheads, strategy: str, saved: dict) -> Overheads:
     """The costs that simulate a saved run as it ran: with its mixed steps' decode rows in the
     extend kernel's tiles where it was saved before they left it (`stale_mixed_steps`)."""
-    return rows_in_extend(overheads) if stale_mixed_steps(strategy, saved) else overheads
-
-
-def rows_in_extend(overheads: Overheads) -> Overheads:
-    """The costs with a mixed step's decode rows in the extend kernel's tiles too, as the
-    executor ran them before they moved to decode attention (`MixedStepFit`)."""
-    if overheads.mixed is None:
-        return overheads
-    return replace(overheads, mixed=replace(overheads.mixed, decode_rows_in_extend=True))
+    return overheads.rows_in_extend() if stale_mixed_steps(strategy, saved) else overheads
 
 
 @dataclass(frozen=True)

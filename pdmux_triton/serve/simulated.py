@@ -321,10 +321,8 @@ class SimExecutor:
         step = float(step_cost.mixed_step_s(self.model, self.decode_rate, self.prefill_rate,
                                             self.total_sms, sum(r.context for r in decoding),
                                             len(decoding), n, start, samples_chunk=last,
-                                            phases=fit, extend_row_contexts=[
-                                                r.context for r in decoding]
-                                            if fit is not None and fit.decode_rows_in_extend
-                                            else ()))
+                                            phases=fit,
+                                            decode_contexts=[r.context for r in decoding]))
         step /= self.prefill_speed
         step += (self.comm.layers_s(len(decoding) + n, self.num_layers)
                  + self.comm.logits_s(len(decoding) + last))
