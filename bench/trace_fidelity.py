@@ -3,8 +3,9 @@
 Windows of the Azure LLM inference traces of 2023 (bench/data/azure-llm-2023: conversation and
 code, as published) are served at request rates below, near and above pd-mux's capacity on them
 (each window sped up to the rate, its arrivals' shape kept), by every strategy: measured on the
-GPU, each point `--repeats` times in one process, and simulated with the H200's committed
-calibration, comparison and host costs. Per point and metric the simulation's error against the
+GPU, each point `--repeats` times in one process, and simulated with the card's committed
+calibration, comparison and host costs (bench/results' files of `--gpu`: the card measuring,
+or offline the H200 unless named). Per point and metric the simulation's error against the
 measured median: TTFT, TPOT and E2E at p50/p90/p99 and the decode step on the GPU and a prefill
 batch's span (p50 over the first repeat's batches, measured and simulated alike) in percent, SLO
 attainment in points; per window and strategy the goodput capacity (the 90% crossing over the
@@ -30,6 +31,7 @@ card-speeds file read and reports each error beyond them and the repeats (`card_
     python bench/trace_fidelity.py --traces conv --strategies pdmux_grid_cap --rates 30,36 \
         --out bench/results                                # more points near its capacity
     python bench/trace_fidelity.py --offline --out bench/results       # anywhere
+    python bench/trace_fidelity.py --offline --gpu h100-sxm --out bench/results  # its points
     python bench/trace_fidelity.py --offline --prefill-speed 0.98 --out /tmp/tf   # a slower card
     python bench/trace_fidelity.py --offline --held-out \
         --card-band bench/results/card-speeds-h200.json --out bench/results
@@ -46,10 +48,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from script import MEASURED_ON_H200, bench_inputs, bench_parser, finish, run_script
+from script import MEASURED_ON_H200, bench_inputs, bench_parser, finish, measured_on, run_script
 
 from pdmux_triton.cli.parsing import choice, integer, listed, number
-from pdmux_triton.cost.measured_inputs import load_host_costs
+from pdmux_triton.cost.measured_inputs import SHIPPED, load_host_costs
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiments import capacity_search, repeats
 from pdmux_triton.experiments.capacity import repeat_capacities
@@ -97,7 +99,7 @@ class Key:
 
 
 def settings(args, trace: str, start: int, simulate: bool) -> RunSettings:
-    gpu = gpu_preset("h200") if simulate or args.offline else detect_gpu()
+    gpu = gpu_preset(args.gpu) if simulate or args.offline else detect_gpu()
     return RunSettings(
         gpu=gpu, model=model_preset(MODEL), workload="trace", trace=str(TRACES[trace]),
         trace_start=start, trace_count=args.count, simulate=simulate,
@@ -684,11 +686,27 @@ def plan(args) -> int:
     return 0
 
 
+def card_inputs(args) -> None:
+    """Settles the card the points are of (`--gpu`: measuring, this machine's; offline or
+    planning, the H200 unless named) and fills the measured files not given with its own."""
+    if not (args.offline or args.plan):
+        here = detect_gpu().name
+        if args.gpu not in (None, here):
+            raise PdmuxError(f"--gpu {args.gpu}: points are measured on this machine's GPU, "
+                             f"the {here} (--gpu names another card's points with --offline)")
+        args.gpu = here
+    args.gpu = args.gpu or "h200"
+    for name, path in measured_on(args.gpu).items():
+        if getattr(args, name) is None:
+            setattr(args, name, path)
+
+
 def run(args) -> int:
+    card_inputs(args)
     if args.plan:
         return plan(args)
     cards = card_speeds(args.card_band) if args.card_band else None  # refused before any work
-    gpu = "h200" if args.offline else detect_gpu().name
+    gpu = args.gpu
     store = PointStore(Path(args.out) / "trace-fidelity" / f"points-{gpu}.jsonl", Key)
     missing = measure(args, store, lambda line: print(line, file=sys.stderr, flush=True))
     # (offline, the stale points among them are judged as they ran: named apart)
@@ -733,7 +751,10 @@ def run(args) -> int:
 
 def main(argv=None) -> int:
     p = bench_parser("trace_fidelity.py", __doc__)
-    bench_inputs(p, *MEASURED_ON_H200)
+    p.add_argument("--gpu", type=choice(tuple(SHIPPED)),
+                   help="the card whose points are judged, priced by its bench/results files "
+                        "(default: this machine's when measuring, else h200)")
+    bench_inputs(p, *MEASURED_ON_H200, by_gpu=True)
     p.add_argument("--traces", type=listed(choice(tuple(TRACES)), "trace"), default=tuple(TRACES))
     p.add_argument("--strategies", type=listed(choice(STRATEGIES), "strategy"),
                    default=STRATEGIES)

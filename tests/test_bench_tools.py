@@ -1099,6 +1099,12 @@ def test_trace_fidelity_judges_the_committed_conversation_points_offline(tmp_pat
                              timeout=300)
     assert missing.returncode == 2 and "no point of" in missing.stderr
     assert len(missing.stderr.strip().splitlines()) == 1  # why (what is missing: all of it)
+    # another card's points are its own file, priced by its own measured inputs
+    other = subprocess.run([sys.executable, "bench/trace_fidelity.py", "--offline", "--gpu",
+                            "h100-sxm", "--traces", "conv", "--out", str(out)],
+                           capture_output=True, text=True, timeout=300)
+    assert other.returncode == 2 and "points-h100-sxm.jsonl" in other.stderr
+    assert len(other.stderr.strip().splitlines()) == 1
 
 
 def test_trace_fidelity_judges_a_strategy_at_every_rate_measured_for_it(tmp_path, monkeypatch):
@@ -1176,6 +1182,9 @@ def test_trace_fidelity_serves_a_stale_chunked_point_again_and_judges_it_as_it_r
     monkeypatch.setattr(trace_fidelity, "run", lambda a: grabbed.setdefault("args", a) and 0)
     trace_fidelity.main(["--offline", "--traces", "conv", "--strategies",
                          "chunked_512,prefill_first"])
+    trace_fidelity.card_inputs(grabbed["args"])  # offline: the H200's points and files
+    assert grabbed["args"].gpu == "h200"
+    assert grabbed["args"].host_costs == "bench/results/host-costs-h200.json"
     seen = {}
     monkeypatch.setattr(trace_fidelity, "_simulated", lambda servers, name, s, rate: (
         seen.setdefault((name, rate), [x.overheads.mixed.decode_rows_in_extend
