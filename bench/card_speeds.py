@@ -75,8 +75,8 @@ def measured_speeds(paths, calibration: str, compare: str, overheads: step_cost.
         for point, host_s in timed_points(path):
             if point["strategy"] != "prefill_first":
                 continue
-            speeds = batch_speeds(point, point_requests(path, point, pricer), pricer.sim,
-                                  overheads.on_host(host_s))
+            speeds = batch_speeds(point, point_requests(path, point, pricer.gpu.name),
+                                  pricer.sim, overheads.on_host(host_s))
             if speeds:
                 cards.setdefault(card_of(point), {})[point_name(path, point)] = speeds
     return cards

@@ -94,9 +94,12 @@ from pdmux_triton.spec.gpus import gpu_preset
 from pdmux_triton.spec.models import ModelSpec, model_preset
 
 CHUNK = re.compile(r"chunk (\d+)\+(\d+)")
-# bench/prefill_rate.py's files: eager GEMM rows and captured layers (session 24, 27, 28)
-PREFILL_RATE = ("bench/results/prefill-rate-h200.json", "bench/results/prefill-rate-long-h200.json",
-                "bench/results/prefill-rate-budgets-h200.json")
+# bench/prefill_rate.py's files by GPU: eager GEMM rows and captured layers (H200: sessions
+# 24, 27, 28; H100: session 49)
+PREFILL_RATE = {"h200": ("bench/results/prefill-rate-h200.json",
+                         "bench/results/prefill-rate-long-h200.json",
+                         "bench/results/prefill-rate-budgets-h200.json"),
+                "h100-sxm": ("bench/results/prefill-rate-h100-sxm.json",)}
 # the shortest launches a tile time is fitted to: a GEMM's (64-row tiles from 65 rows, 128 from
 # 257) and a captured layer's (shorter ones run their o and down GEMMs on the skinny schedule,
 # which whole waves do not describe)
@@ -238,24 +241,33 @@ def fidelity_rounds(points: list[tuple[dict, float]]) -> list[dict]:
     return rows
 
 
-def fidelity_prefills(points: list[tuple[dict, float]]) -> list[dict]:
-    """Each prefill-first batch of the points (`timed_points`): its prompts, tokens, span, the
-    host's launch times (a launch's first layer, each later one), and the share of the
-    `SUSTAINED_WINDOW_S` that ends with it that its run's batches took (`busy`, its own span
-    included), as the simulator reads it."""
+def fidelity_prefills(points: list[tuple[dict, float]], requests_of=None) -> list[dict]:
+    """Each prefill-first batch of the points (`timed_points`): its prompts, tokens, each
+    prompt's (new, cached) tokens (`seqs`), span, the host's launch times (a launch's first
+    layer, each later one), and the share of the `SUSTAINED_WINDOW_S` that ends with it that
+    its run's batches took (`busy`, its own span included), as the simulator reads it. A
+    point keeps a batch's totals only: its prompts are the run's requests taken in arrival
+    order (`requests_of(point)`: the requests it served, made again), or, where those do not
+    add up or a prefix was cached, its tokens shared evenly (uneven prompts attend over more
+    than even ones)."""
     from corun_rounds import covered_s  # it reads rounds with this file's helpers
-    from trace_fidelity import prefill_batches
+    from trace_fidelity import batch_prompts, prefill_batches
 
     rows = []
     for point, host in points:
         if point["strategy"] != "prefill_first":
             continue
-        batches = prefill_batches(point["diagnostics"])
+        batches = sorted(prefill_batches(point["diagnostics"]).items(), key=lambda b: b[1][0])
         # one after another on the whole GPU: sorted, disjoint
-        spans = np.array(sorted((start / 1e6, end / 1e6) for end, (start, *_) in batches.items()))
-        for end, (start, tokens, prompts, cached) in batches.items():
+        spans = np.array([(start / 1e6, end / 1e6) for end, (start, *_) in batches])
+        taken = requests_of and batch_prompts(
+            [(prompts, tokens + cached) for _, (_, tokens, prompts, cached) in batches],
+            requests_of(point))
+        for i, (end, (start, tokens, prompts, cached)) in enumerate(batches):
+            seqs = ([(q.prompt_len, 0) for q in taken[i]] if taken and not cached else
+                    [(tokens // prompts, cached // prompts)] * prompts)
             ran = covered_s(spans, end / 1e6 - SUSTAINED_WINDOW_S, end / 1e6)
-            rows.append({"tokens": tokens, "prompts": prompts, "cached": cached,
+            rows.append({"tokens": tokens, "prompts": prompts, "cached": cached, "seqs": seqs,
                          "seconds": (end - start) / 1e6, "host_s": host,
                          "later_s": later_layer_s(point["diagnostics"]),
                          "busy": min(1.0, ran / SUSTAINED_WINDOW_S)})
@@ -372,19 +384,16 @@ def fit_whole_gpu_prefill(rows, model, prefill, overheads,
                           tiles: step_cost.TileTimes | None = None) -> tuple[float, dict] | None:
     """Least squares (through 0) of a batch's span less its eager step (on the run's host) =
     its FLOPs / (peak x MFU), over the batches bound by their GPU at the fitted MFU (their
-    layers take GPU_BOUND_MARGIN times their launches or longer); each batch's prompts taken
-    as of one length over one cached prefix (the points keep no prompt's own: batches of
-    uneven prompts count a few % fewer attention FLOPs than they did, so the MFU reads a
-    little low). Then each bound batch's GPU time over its price as the simulator makes it
+    layers take GPU_BOUND_MARGIN times their launches or longer), each over its prompts'
+    own lengths (`fidelity_prefills`' seqs). Then each bound batch's GPU time over its price as the simulator makes it
     (the longer of the MFU's and, with `tiles`, its kernels' tiles), over the median of that
     ratio among batches within a factor of two of its tokens, by the busy share its row holds
     (`fidelity_prefills`): medians in `corun_rounds.BUSY` bins of MIN_BUSY_BATCHES or more
     (`ratio_by_busy_share`, where two bins hold that many).
     None where fewer than MIN_PREFILLS batches are bound by their GPU."""
     peak = prefill.peak_tflops * 1e12
-    flops = np.array([r["prompts"] * step_cost.layer_flops(model, r["tokens"] // r["prompts"],
-                                                           r["cached"] // r["prompts"],
-                                                           model.layers)
+    flops = np.array([sum(step_cost.layer_flops(model, n, cached, model.layers)
+                          for n, cached in r["seqs"])
                       + step_cost.lm_head_flops(model, r["prompts"]) for r in rows]) / peak
     host = np.array([r["host_s"] for r in rows])
     launches = np.array([step_cost.launch_layers_s(model.layers, r["host_s"], r.get("later_s"))
@@ -412,8 +421,8 @@ def fit_whole_gpu_prefill(rows, model, prefill, overheads,
     if tiles is not None:
         for i in np.flatnonzero(bound):  # (only the bound batches' ratios are read)
             r = rows[i]
-            seqs = [(r["tokens"] // r["prompts"], r["cached"] // r["prompts"])] * r["prompts"]
-            tiled = step_cost.tiled_layers_s(model, r["tokens"], seqs, tiles, prefill.total_sms)
+            tiled = step_cost.tiled_layers_s(model, r["tokens"], r["seqs"], tiles,
+                                             prefill.total_sms)
             price[i] = max(price[i], tiled or 0.0)  # None: the skinny tile's
     ratio = gpu[bound] / price[bound]
     # over the median of batches of about its size (within a factor of two in tokens): the
@@ -560,9 +569,9 @@ def main(argv=None) -> int:
     p.add_argument("host_costs", help="calibrate --host-costs' file, updated in place")
     p.add_argument("--calibration", required=True)
     p.add_argument("--compare", required=True)
-    p.add_argument("--prefill-rate", nargs="+", default=list(PREFILL_RATE),
+    p.add_argument("--prefill-rate", nargs="+",
                    help="bench/prefill_rate.py's files the mixed step's tile times are fitted "
-                        "to (default: the committed H200 files)")
+                        "to (default: those committed for the measurements' GPU)")
     p.add_argument("--sustained", help="bench/sustained_corun.py's file: each level's prefill "
                    "sustained beside decode against its burst (default: the ratios already in "
                    "the host-costs file, if any)")
@@ -625,16 +634,15 @@ def measured_rounds(measured: str, host: dict, overheads) -> tuple:
     a stream run's file (no batches), a capacity folder's diagnostics (the folder's model and
     GPU), or bench/trace_fidelity.py's points (its model, on the host-costs file's GPU)."""
     path = Path(measured)
-    if path.name.startswith(CAPACITY_DIAGNOSTICS):  # the GPU and model of the folder's settings
-        gpu, model, _ = capacity_settings(path)
-        points = timed_points(measured)
-        return gpu, model, fidelity_rounds(points), fidelity_prefills(points)
-    if path.suffix == ".jsonl":
+    if path.name.startswith(CAPACITY_DIAGNOSTICS) or path.suffix == ".jsonl":
+        from split_batches import point_requests  # it reads points with this file's helpers
         from trace_fidelity import MODEL
 
-        points = timed_points(measured)
-        return (gpu_preset(host.get("gpu", "")), model_preset(MODEL), fidelity_rounds(points),
-                fidelity_prefills(points))
+        gpu, model = (capacity_settings(path)[:2] if path.name.startswith(CAPACITY_DIAGNOSTICS)
+                      else (gpu_preset(host.get("gpu", "")), model_preset(MODEL)))
+        timed = timed_points(measured)
+        return gpu, model, fidelity_rounds(timed), fidelity_prefills(
+            timed, lambda point: point_requests(measured, point, gpu.name))
     run = read_json(measured, "run result")
     if not isinstance(run.get("inputs"), dict) or not isinstance(run.get("details"), dict):
         raise PdmuxError(f"{measured} holds no inputs and rounds of a run (made by "
@@ -673,7 +681,7 @@ def pooled_rounds(measured: list[str], host: dict, overheads) -> tuple:
 
 
 def fitted(measured: list[str], host_costs: str, calibration: str,
-           compare: str, prefill_rate=PREFILL_RATE, sustained: str | None = None,
+           compare: str, prefill_rate=None, sustained: str | None = None,
            busy: str | None = None) -> tuple[dict, list]:
     """The host-costs file's data with every fit the measurements allow (`measured`: stream
     runs, trace_fidelity's points or capacity folders' diagnostics), and the lines that say
@@ -745,6 +753,11 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
     host.pop("prefill_batch", None)
     if batch is not None:
         host["prefill_batch"] = {**batch, "source": names}
+    if prefill_rate is None:  # the GPU's committed files
+        if gpu.name not in PREFILL_RATE:
+            raise PdmuxError(f"no bench/prefill_rate.py files are committed for the {gpu.name}: "
+                             f"measure them there and name them (--prefill-rate)")
+        prefill_rate = PREFILL_RATE[gpu.name]
     tiles, tile_quality = fit_tile_times(prefill_rate, model, gpu.sms)
     tile_source = ", ".join(Path(p).name for p in prefill_rate)
     # the whole GPU's prefill MFU (over batches less the eager step), the mixed step (its

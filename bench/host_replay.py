@@ -239,7 +239,7 @@ def parser():
     p.add_argument("--fidelity", default=FIDELITY,
                    help="bench/trace_fidelity.py's file, for each point's stable region")
     # what trace_fidelity's settings read besides: its windows' length, a simulation's
-    p.set_defaults(count=COUNT, offline=True, repeats=1, strategies=())
+    p.set_defaults(count=COUNT, offline=True, repeats=1, strategies=(), gpu="h200")
     return p
 
 

@@ -57,11 +57,11 @@ MIN_BATCHES = 10  # batches a level's ratio is read from, at the fewest
 PDMUX_OF_KIND = {kind: names[0] for kind, names in PDMUX_KIND_STRATEGIES.items()}
 
 
-def point_requests(path: str, point: dict, pricer: Pricer) -> list[Request]:
-    """The requests a measured point served, made again from its settings (`run_settings`)."""
+def point_requests(path: str, point: dict, gpu: str) -> list[Request]:
+    """The requests a measured point of `path` served on the `gpu`, made again from its
+    settings (`run_settings`)."""
     rate = point.get("rate", point["diagnostics"].get("rate"))
-    return make_requests(run_settings(path, pricer.gpu.name, point.get("trace"),
-                                      point.get("start")), rate)
+    return make_requests(run_settings(path, gpu, point.get("trace"), point.get("start")), rate)
 
 
 @functools.lru_cache(maxsize=None)
@@ -146,7 +146,8 @@ def served_batches(paths, calibration: str, compare: str, overheads: step_cost.O
             if point["strategy"] != PDMUX_OF_KIND[kind]:
                 continue
             upload_s = overheads.on_host(host_s).split_prefill_batch_s()
-            rows = split_batches(point, point_requests(path, point, pricer), pricer, upload_s)
+            rows = split_batches(point, point_requests(path, point, pricer.gpu.name), pricer,
+                                  upload_s)
             rate = point.get("rate", point["diagnostics"].get("rate"))
             where = f"{pricer.source} {point.get('trace', '')}@{point.get('start', '')} {rate:g}"
             if rows is None:

@@ -507,8 +507,9 @@ def test_mixed_rounds_prices_a_replayed_runs_later_layers(tmp_path, monkeypatch)
 
 
 def test_the_whole_gpu_prefill_fit_recovers_a_known_mfu_from_the_batches_it_bounds():
-    """Prefill batches served at a known MFU after their eager step (on hosts of two speeds)
-    give it back, exactly; batches bound by their launches are left out."""
+    """Prefill batches of uneven prompts served at a known MFU after their eager step (on
+    hosts of two speeds) give it back, exactly (each prompt's attention priced on its own
+    length); batches bound by their launches are left out."""
     sys.path.insert(0, "bench")
     from fit_host_costs import MIN_PREFILLS, fit_whole_gpu_prefill
 
@@ -522,12 +523,13 @@ def test_the_whole_gpu_prefill_fit_recovers_a_known_mfu_from_the_batches_it_boun
     for i in range(MIN_PREFILLS + 2):
         prompts, per_prompt, host_s = 1 + i % 5, 4000 + 700 * i, (0.001, 0.0015)[i % 2]
         cached = (0, 2048)[i % 2]  # each prompt's tokens read from a prefix cache
-        flops = (prompts * step_cost.layer_flops(qwen, per_prompt, cached, qwen.layers)
+        seqs = [(per_prompt + 1500 * j, cached) for j in range(prompts)]
+        flops = (sum(step_cost.layer_flops(qwen, n, c, qwen.layers) for n, c in seqs)
                  + step_cost.lm_head_flops(qwen, prompts))
-        rows.append({"tokens": prompts * per_prompt, "prompts": prompts, "host_s": host_s,
-                     "cached": prompts * cached,
+        rows.append({"tokens": sum(n for n, _ in seqs), "prompts": prompts, "host_s": host_s,
+                     "cached": prompts * cached, "seqs": seqs,
                      "seconds": 0.002 * host_s / 0.001 + flops / (989e12 * 0.52)})
-    rows.append({"tokens": 20, "prompts": 1, "cached": 0, "host_s": 0.001,
+    rows.append({"tokens": 20, "prompts": 1, "cached": 0, "seqs": [(20, 0)], "host_s": 0.001,
                  "seconds": 0.5})  # launch-bound
     mfu, quality = fit_whole_gpu_prefill(rows, qwen, rate, host)
     assert mfu == pytest.approx(0.52, rel=1e-9) and quality["batches"] == MIN_PREFILLS + 2
@@ -556,6 +558,37 @@ def test_a_prefill_batchs_busy_share_is_its_runs_batches_over_the_window_ending_
     assert [r["seconds"] for r in rows] == pytest.approx([0.1, 0.05, 0.02])
 
 
+def test_a_prefill_batchs_prompts_are_the_runs_requests_in_arrival_order():
+    """A point keeps each batch's totals only: its prompts' own lengths come back from the
+    run's requests taken in arrival order, so a batch of one long and one short prompt counts
+    their attention as it ran (more than two prompts of the mean length); where the requests
+    do not add up to the batches, or a prefix was cached, the tokens are shared evenly."""
+    sys.path.insert(0, "bench")
+    from fit_host_costs import fidelity_prefills
+
+    from pdmux_triton.cost import step_cost
+    from pdmux_triton.spec.models import model_preset
+    from pdmux_triton.spec.traffic import Request
+
+    run = {"strategy": "prefill_first", "diagnostics": {"prefills": [
+        [0, 50_000, 5000, 2, 0], [60_000, 80_000, 700, 1, 0]]}}  # (the newer, batched rows)
+    served = [Request(i, n, 4, arrival=a) for i, (n, a) in enumerate(((700, 0.5), (4000, 0.0),
+                                                                      (1000, 0.1)))]
+    rows = fidelity_prefills([(run, 0.001)], lambda point: served)
+    assert [r["seqs"] for r in rows] == [[(4000, 0), (1000, 0)], [(700, 0)]]
+    qwen = model_preset("qwen3-8b")
+    uneven = sum(step_cost.layer_flops(qwen, n, c) for n, c in rows[0]["seqs"])
+    assert uneven > 2 * step_cost.layer_flops(qwen, 2500)  # the long prompt's attention
+    other = [Request(i, 2500, 4, arrival=i) for i in range(3)]  # the first batch adds up only
+    for requests_of in (None, lambda point: served[:2], lambda point: other):
+        even = fidelity_prefills([(run, 0.001)], requests_of)
+        assert [r["seqs"] for r in even] == [[(2500, 0)] * 2, [(700, 0)]]
+    cached = {"strategy": "prefill_first", "diagnostics": {"prefills": [
+        [0, 50_000, 4000, 2, 1000]]}}
+    assert fidelity_prefills([(cached, 0.001)], lambda point: served[1:])[0]["seqs"] == [
+        (2000, 500)] * 2
+
+
 def test_the_whole_gpu_prefill_fit_reads_its_ratio_by_busy_share_within_batch_sizes():
     """Batches served 3% faster than their price when prefills ran a tenth of the window and
     3% slower when they ran nine tenths, in two sizes the MFU prices apart (a long batch 10%
@@ -576,8 +609,8 @@ def test_the_whole_gpu_prefill_fit_reads_its_ratio_by_busy_share_within_batch_si
             tokens, slower = (3000 + 10 * j, 1.0) if j % 2 else (9000 + 10 * j, 1.1)
             flops = step_cost.layer_flops(qwen, tokens, 0, qwen.layers) + \
                 step_cost.lm_head_flops(qwen, 1)
-            rows.append({"tokens": tokens, "prompts": 1, "cached": 0, "host_s": 0.001,
-                         "busy": busy,
+            rows.append({"tokens": tokens, "prompts": 1, "cached": 0, "seqs": [(tokens, 0)],
+                         "host_s": 0.001, "busy": busy,
                          "seconds": 0.002 + flops / (989e12 * 0.5) * ratio * slower})
     _, quality = fit_whole_gpu_prefill(rows, qwen, rate, host)
     assert sum(quality["ratio_by_busy_share"], []) == pytest.approx([0.1, 0.97, 0.9, 1.03],
@@ -848,7 +881,7 @@ def test_fit_host_costs_on_the_h200_trace_points_and_stream_run(tmp_path):
     gpu, model, _, prefills = pooled_rounds(COMMITTED_FIT, fitted, charged)
     rate = load_compare("bench/results/compare-h200.json", gpu.name).prefill_rate(
         "grid_cap", gpu.bf16_tflops, gpu.sms)
-    tiles, _ = fit_tile_times(PREFILL_RATE, model, gpu.sms)
+    tiles, _ = fit_tile_times(PREFILL_RATE[gpu.name], model, gpu.sms)
     assert fit_whole_gpu_prefill(prefills, model, rate, charged, tiles)[0] == pytest.approx(
         fitted["whole_gpu_prefill"]["mfu"], rel=1e-9)
     assert fitted["whole_gpu_prefill"]["mfu"] == pytest.approx(committed["whole_gpu_prefill"]["mfu"])
@@ -1485,7 +1518,12 @@ def test_fit_host_costs_reads_a_capacity_folders_diagnostics_as_trace_points(tmp
     trace_points.write_text("".join(json.dumps(p) + "\n" for p in window))
     folder = tmp_path / "capacity"
     folder.mkdir()
-    shutil.copy("bench/results/capacity-conv/capacity-settings-h200.json", folder)
+    # the folder's settings are the window's, so its batches' prompts come back from its
+    # requests as from the trace points' own
+    settings = json.loads(Path("bench/results/capacity-conv/capacity-settings-h200.json")
+                          .read_text())
+    settings.update(trace_start=12000, trace_count=100, count=100)
+    (folder / "capacity-settings-h200.json").write_text(json.dumps(settings))
     (folder / "capacity-diagnostics-h200.jsonl").write_text("".join(
         json.dumps({"mode": "gpu", "strategy": p["strategy"], "rate": p["rate"],
                     **p["diagnostics"]}) + "\n" for p in window))
@@ -2013,7 +2051,7 @@ def test_a_cards_prefill_speed_is_its_long_batches_price_over_their_gpu_time(tmp
     overheads = load_host_costs("bench/results/host-costs-h200.json")
     pricer = Pricer(path, measured["calibration"], measured["compare"], overheads, "h200")
     point = PointStore(Path(path), Key).get(Key("gpu", "conv", 2000, 24.0, "prefill_first"))
-    requests = point_requests(path, point, pricer)
+    requests = point_requests(path, point, pricer.gpu.name)
     host = overheads.on_host(point["diagnostics"]["host_layer_us"] / 1e6)
     sim = pricer.sim
     batches = sorted(prefill_batches(point["diagnostics"]).items(), key=lambda b: b[1][0])
