@@ -223,8 +223,11 @@ def measure(args, store: PointStore, log) -> list[str]:
     """Every measured point the store lacks or holds `stale`, on one model and executor set
     for all windows; offline, those points are named instead (judged without the ones it
     lacks, the stale ones as they ran)."""
+    # a strategy's rates highest first: its first run on a trace (after an untimed warm-up on
+    # its requests) then forms the largest batches, so the allocator holds memory for the
+    # slower rates' and their measured runs allocate nothing
     todo = [(t, start, rate, name) for t, start in windows(args) for name in args.strategies
-            for rate in rates_of(args, store, t, start, name)
+            for rate in reversed(rates_of(args, store, t, start, name))
             if not store.has(Key("gpu", t, start, rate, name))
             or stale(store.get(Key("gpu", t, start, rate, name)))]
     if not todo or args.offline:

@@ -1207,6 +1207,13 @@ def test_trace_fidelity_serves_a_stale_chunked_point_again_and_judges_it_as_it_r
     said = []
     named = trace_fidelity.measure(args, store, said.append)  # offline: named, nothing served
     assert "chunked_512 conv@2000 12 req/s" in named and not said
+    # served highest rate first (the warm-up before a strategy's first run forms the largest
+    # batches): the plan's rates of a strategy with none measured, in that order
+    args.strategies = ["chunked_2048"]
+    starts, rates = trace_fidelity.PLAN["conv"]
+    assert trace_fidelity.measure(args, store, said.append) == [
+        f"chunked_2048 conv@{start} {r:g} req/s" for start in starts for r in sorted(rates)[::-1]]
+    args.strategies = ["chunked_512", "prefill_first"]
     assert "chunked_512 conv@2000 24 req/s" not in named
     assert "prefill_first conv@2000 12 req/s" not in named
     # simulated: the stale point on costs with its decode rows in the extend tiles, the others
