@@ -23,7 +23,7 @@ from corun_rounds import POINTS, POINTS_SAID, Pricer
 from fit_host_costs import timed_points
 from script import MEASURED_ON_H200, finish, points_parser, run_script
 from split_batches import MIN_TOKENS, point_requests
-from trace_fidelity import batch_prompts, prefill_batches
+from trace_fidelity import taken_batches
 
 from pdmux_triton.cost import step_cost
 from pdmux_triton.cost.measured_inputs import load_host_costs
@@ -47,9 +47,7 @@ def batch_speeds(point: dict, requests: list[Request], sim,
     prefix cache: each one's price on `sim` over its span less the eager step on `host` (its
     run's; the first repeat's batches, the only ones a point keeps). None where its batches do
     not add up to its requests."""
-    batches = sorted(prefill_batches(point["diagnostics"]).items(), key=lambda b: b[1][0])
-    taken = batch_prompts([(prompts, tokens + cached)
-                           for _, (_, tokens, prompts, cached) in batches], requests)
+    batches, taken = taken_batches(point["diagnostics"], requests)
     if taken is None:
         return None
     return [sim.whole_gpu_prefill_s([(q.prompt_len, 0) for q in reqs], sim.num_layers, True)

@@ -251,18 +251,16 @@ def fidelity_prefills(points: list[tuple[dict, float]], requests_of=None) -> lis
     add up or a prefix was cached, its tokens shared evenly (uneven prompts attend over more
     than even ones)."""
     from corun_rounds import covered_s  # it reads rounds with this file's helpers
-    from trace_fidelity import batch_prompts, prefill_batches
+    from trace_fidelity import taken_batches
 
     rows = []
     for point, host in points:
         if point["strategy"] != "prefill_first":
             continue
-        batches = sorted(prefill_batches(point["diagnostics"]).items(), key=lambda b: b[1][0])
+        batches, taken = taken_batches(point["diagnostics"],
+                                       requests_of(point) if requests_of else None)
         # one after another on the whole GPU: sorted, disjoint
         spans = np.array([(start / 1e6, end / 1e6) for end, (start, *_) in batches])
-        taken = requests_of and batch_prompts(
-            [(prompts, tokens + cached) for _, (_, tokens, prompts, cached) in batches],
-            requests_of(point))
         for i, (end, (start, tokens, prompts, cached)) in enumerate(batches):
             seqs = ([(q.prompt_len, 0) for q in taken[i]] if taken and not cached else
                     [(tokens // prompts, cached // prompts)] * prompts)
@@ -384,17 +382,17 @@ def fit_whole_gpu_prefill(rows, model, prefill, overheads,
                           tiles: step_cost.TileTimes | None = None) -> tuple[float, dict] | None:
     """Least squares (through 0) of a batch's span less its eager step (on the run's host) =
     its FLOPs / (peak x MFU), over the batches bound by their GPU at the fitted MFU (their
-    layers take GPU_BOUND_MARGIN times their launches or longer), each over its prompts'
-    own lengths (`fidelity_prefills`' seqs). Then each bound batch's GPU time over its price as the simulator makes it
-    (the longer of the MFU's and, with `tiles`, its kernels' tiles), over the median of that
-    ratio among batches within a factor of two of its tokens, by the busy share its row holds
-    (`fidelity_prefills`): medians in `corun_rounds.BUSY` bins of MIN_BUSY_BATCHES or more
-    (`ratio_by_busy_share`, where two bins hold that many).
+    layers take GPU_BOUND_MARGIN times their launches or longer), each over its prompts' own
+    lengths (`fidelity_prefills`' seqs). Then each bound batch's GPU time over its price as the
+    simulator makes it (the longer of the MFU's and, with `tiles`, its kernels' tiles), over
+    the median of that ratio among batches within a factor of two of its tokens, by the busy
+    share its row holds (`fidelity_prefills`): medians in `corun_rounds.BUSY` bins of
+    MIN_BUSY_BATCHES or more (`ratio_by_busy_share`, where two bins hold that many).
     None where fewer than MIN_PREFILLS batches are bound by their GPU."""
     peak = prefill.peak_tflops * 1e12
     flops = np.array([sum(step_cost.layer_flops(model, n, cached, model.layers)
-                          for n, cached in r["seqs"])
-                      + step_cost.lm_head_flops(model, r["prompts"]) for r in rows]) / peak
+                          for n, cached in r["seqs"]) + step_cost.lm_head_flops(model, r["prompts"])
+                      for r in rows]) / peak
     host = np.array([r["host_s"] for r in rows])
     launches = np.array([step_cost.launch_layers_s(model.layers, r["host_s"], r.get("later_s"))
                          for r in rows])
@@ -634,11 +632,12 @@ def measured_rounds(measured: str, host: dict, overheads) -> tuple:
     a stream run's file (no batches), a capacity folder's diagnostics (the folder's model and
     GPU), or bench/trace_fidelity.py's points (its model, on the host-costs file's GPU)."""
     path = Path(measured)
-    if path.name.startswith(CAPACITY_DIAGNOSTICS) or path.suffix == ".jsonl":
+    folder = path.name.startswith(CAPACITY_DIAGNOSTICS)
+    if folder or path.suffix == ".jsonl":
         from split_batches import point_requests  # it reads points with this file's helpers
         from trace_fidelity import MODEL
 
-        gpu, model = (capacity_settings(path)[:2] if path.name.startswith(CAPACITY_DIAGNOSTICS)
+        gpu, model = (capacity_settings(path)[:2] if folder
                       else (gpu_preset(host.get("gpu", "")), model_preset(MODEL)))
         timed = timed_points(measured)
         return gpu, model, fidelity_rounds(timed), fidelity_prefills(
@@ -691,6 +690,11 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
     unmixed = {k: v for k, v in host.items() if k != "mixed_step"}
     overheads = host_costs_from(unmixed, host_costs)
     gpu, model, rows, prefills = pooled_rounds(measured, host, overheads)
+    if prefill_rate is None:  # the GPU's committed files
+        if gpu.name not in PREFILL_RATE:
+            raise PdmuxError(f"no bench/prefill_rate.py files are committed for the {gpu.name}: "
+                             f"measure them there and name them (--prefill-rate)")
+        prefill_rate = PREFILL_RATE[gpu.name]
     decode = load_calibration(calibration, gpu.name).decode_curve("grid_cap")
     prefill = load_compare(compare, gpu.name).prefill_rate("grid_cap", gpu.bf16_tflops, gpu.sms)
     host_costs_from(unmixed, host_costs, gpu.name)  # measured on the GPU the rounds ran on
@@ -753,11 +757,6 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
     host.pop("prefill_batch", None)
     if batch is not None:
         host["prefill_batch"] = {**batch, "source": names}
-    if prefill_rate is None:  # the GPU's committed files
-        if gpu.name not in PREFILL_RATE:
-            raise PdmuxError(f"no bench/prefill_rate.py files are committed for the {gpu.name}: "
-                             f"measure them there and name them (--prefill-rate)")
-        prefill_rate = PREFILL_RATE[gpu.name]
     tiles, tile_quality = fit_tile_times(prefill_rate, model, gpu.sms)
     tile_source = ", ".join(Path(p).name for p in prefill_rate)
     # the whole GPU's prefill MFU (over batches less the eager step), the mixed step (its

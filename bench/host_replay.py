@@ -202,6 +202,7 @@ def stable_region(path: str) -> dict[tuple, bool]:
 def run(args) -> int:
     overheads = load_host_costs(args.host_costs)
     gpu = read_json(args.host_costs, "host-costs file").get("gpu", "")
+    args.gpu = gpu  # trace_fidelity's settings simulate on the host costs' GPU
     stable = stable_region(args.fidelity)
     price = LayerPrice(Pricer(args.points, args.calibration, args.compare, overheads, gpu),
                        overheads)
@@ -238,7 +239,8 @@ def parser():
     p.add_argument("--points", default=POINTS, help="bench/trace_fidelity.py's measured points")
     p.add_argument("--fidelity", default=FIDELITY,
                    help="bench/trace_fidelity.py's file, for each point's stable region")
-    # what trace_fidelity's settings read besides: its windows' length, a simulation's
+    # what trace_fidelity's settings read besides: its windows' length, a simulation's, and
+    # its card (`run` takes the host costs' own)
     p.set_defaults(count=COUNT, offline=True, repeats=1, strategies=(), gpu="h200")
     return p
 

@@ -51,7 +51,7 @@ from pathlib import Path
 from script import MEASURED_ON_H200, bench_inputs, bench_parser, finish, measured_on, run_script
 
 from pdmux_triton.cli.parsing import choice, integer, listed, number
-from pdmux_triton.cost.measured_inputs import SHIPPED, load_host_costs
+from pdmux_triton.cost.measured_inputs import load_host_costs
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiments import capacity_search, repeats
 from pdmux_triton.experiments.capacity import repeat_capacities
@@ -61,7 +61,7 @@ from pdmux_triton.experiments.settings import RunSettings, make_requests
 from pdmux_triton.experiments.variants import served_by, variant
 from pdmux_triton.results import PointStore, provenance, read_json, write_json
 from pdmux_triton.serve.metrics import ROUND_US, Slo, diagnostics, stale_mixed_steps
-from pdmux_triton.spec.gpus import detect_gpu, gpu_preset
+from pdmux_triton.spec.gpus import GPUS, detect_gpu, gpu_preset
 from pdmux_triton.spec.models import model_preset
 from pdmux_triton.spec.traffic import Request
 
@@ -183,6 +183,17 @@ def level_step_error_pct(measured: dict, simulated: dict, what: str) -> float | 
                for lv in kept) / weight
 
 
+def taken_batches(diag: dict, requests: list[Request] | None) -> tuple[list, list | None]:
+    """A run's prompt batches (`prefill_batches`) in the order they were taken, as (end,
+    [start, tokens, prompts, cached]), and each one's requests (`batch_prompts`: None where
+    they do not add up, or no `requests` are given)."""
+    batches = sorted(prefill_batches(diag).items(), key=lambda b: b[1][0])
+    if requests is None:
+        return batches, None
+    return batches, batch_prompts([(prompts, tokens + cached)
+                                   for _, (_, tokens, prompts, cached) in batches], requests)
+
+
 def batch_prompts(batches, requests: list[Request]) -> list[list[Request]] | None:
     """Each prompt batch's requests: batches (each (prompts, prompt tokens with the cached
     ones), in the order they were taken) take the waiting requests in arrival order. None where
@@ -223,9 +234,10 @@ def measure(args, store: PointStore, log) -> list[str]:
     """Every measured point the store lacks or holds `stale`, on one model and executor set
     for all windows; offline, those points are named instead (judged without the ones it
     lacks, the stale ones as they ran)."""
-    # a strategy's rates highest first: its first run on a trace (after an untimed warm-up on
-    # its requests) then forms the largest batches, so the allocator holds memory for the
-    # slower rates' and their measured runs allocate nothing
+    # a strategy's rates highest first: the untimed warm-up before its first run on a trace
+    # (the first window's requests at its highest rate) then forms its largest batches, so
+    # the allocator already holds memory for most of the later runs' (another window's may
+    # still form larger ones: the counts say)
     todo = [(t, start, rate, name) for t, start in windows(args) for name in args.strategies
             for rate in reversed(rates_of(args, store, t, start, name))
             if not store.has(Key("gpu", t, start, rate, name))
@@ -431,9 +443,13 @@ def held_out(args, store: PointStore) -> dict:
     return out
 
 
-def card_speeds(path: str) -> tuple[float, float]:
-    """The slowest and the fastest card of a bench/card_speeds.py file."""
-    cards = read_json(path, "card-speeds file").get("cards")
+def card_speeds(path: str, gpu: str) -> tuple[float, float]:
+    """The slowest and the fastest card of a bench/card_speeds.py file of the `gpu`'s points."""
+    data = read_json(path, "card-speeds file")
+    if data.get("gpu", gpu) != gpu:
+        raise PdmuxError(f"{path} holds the {data['gpu']}'s card speeds; the points judged are "
+                         f"the {gpu}'s")
+    cards = data.get("cards")
     speeds = ([c.get("speed") if isinstance(c, dict) else None for c in cards.values()]
               if isinstance(cards, dict) else [])
     # a card's speed against the price, as SimExecutor takes one
@@ -701,6 +717,9 @@ def card_inputs(args) -> None:
     args.gpu = args.gpu or "h200"
     for name, path in measured_on(args.gpu).items():
         if getattr(args, name) is None:
+            if not Path(path).is_file():
+                raise PdmuxError(f"the {args.gpu} has no {path} committed: name its measured "
+                                 f"files (--calibration, --compare, --host-costs)")
             setattr(args, name, path)
 
 
@@ -708,9 +727,9 @@ def run(args) -> int:
     card_inputs(args)
     if args.plan:
         return plan(args)
-    cards = card_speeds(args.card_band) if args.card_band else None  # refused before any work
-    gpu = args.gpu
-    store = PointStore(Path(args.out) / "trace-fidelity" / f"points-{gpu}.jsonl", Key)
+    # refused before any work
+    cards = card_speeds(args.card_band, args.gpu) if args.card_band else None
+    store = PointStore(Path(args.out) / "trace-fidelity" / f"points-{args.gpu}.jsonl", Key)
     missing = measure(args, store, lambda line: print(line, file=sys.stderr, flush=True))
     # (offline, the stale points among them are judged as they ran: named apart)
     as_they_ran = [f"{name} {t}@{start} {rate:g} req/s" for t, start in windows(args)
@@ -739,7 +758,7 @@ def run(args) -> int:
               "host_costs": args.host_costs, "points_file": str(store.path),
               "prefill_speed": args.prefill_speed, "card_band": args.card_band}
     # (named after the judgement, so an error above stays one line; the set is partial)
-    data = {**provenance(gpu), "analysed_offline": args.offline, "model": MODEL,
+    data = {**provenance(args.gpu), "analysed_offline": args.offline, "model": MODEL,
             "inputs": inputs, "not_measured": missing,
             "judged_as_served_before_decode_rows_left_the_extend_kernel": as_they_ran, **result}
     if missing:
@@ -749,12 +768,12 @@ def run(args) -> int:
         print(f"{len(as_they_ran)} chunked points served before a mixed step's decode rows left "
               f"the extend kernel, judged as they ran: " + ", ".join(as_they_ran),
               file=sys.stderr, flush=True)
-    return finish(Path(args.out) / f"trace-fidelity-{gpu}.json", data, table(data))
+    return finish(Path(args.out) / f"trace-fidelity-{args.gpu}.json", data, table(data))
 
 
 def main(argv=None) -> int:
     p = bench_parser("trace_fidelity.py", __doc__)
-    p.add_argument("--gpu", type=choice(tuple(SHIPPED)),
+    p.add_argument("--gpu", type=choice(tuple(GPUS)),
                    help="the card whose points are judged, priced by its bench/results files "
                         "(default: this machine's when measuring, else h200)")
     bench_inputs(p, *MEASURED_ON_H200, by_gpu=True)

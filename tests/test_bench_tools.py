@@ -583,10 +583,12 @@ def test_a_prefill_batchs_prompts_are_the_runs_requests_in_arrival_order():
     for requests_of in (None, lambda point: served[:2], lambda point: other):
         even = fidelity_prefills([(run, 0.001)], requests_of)
         assert [r["seqs"] for r in even] == [[(2500, 0)] * 2, [(700, 0)]]
+    # a batch that read a prefix from the cache is shared evenly; the run's other batches still
+    # get their own prompts (the requests are matched on their whole prompts)
     cached = {"strategy": "prefill_first", "diagnostics": {"prefills": [
-        [0, 50_000, 4000, 2, 1000]]}}
-    assert fidelity_prefills([(cached, 0.001)], lambda point: served[1:])[0]["seqs"] == [
-        (2000, 500)] * 2
+        [0, 50_000, 3000, 2, 2000], [60_000, 80_000, 700, 1, 0]]}}
+    assert [r["seqs"] for r in fidelity_prefills([(cached, 0.001)], lambda point: served)] == [
+        [(1500, 1000)] * 2, [(700, 0)]]
 
 
 def test_the_whole_gpu_prefill_fit_reads_its_ratio_by_busy_share_within_batch_sizes():
@@ -1207,15 +1209,14 @@ def test_trace_fidelity_serves_a_stale_chunked_point_again_and_judges_it_as_it_r
     said = []
     named = trace_fidelity.measure(args, store, said.append)  # offline: named, nothing served
     assert "chunked_512 conv@2000 12 req/s" in named and not said
-    # served highest rate first (the warm-up before a strategy's first run forms the largest
-    # batches): the plan's rates of a strategy with none measured, in that order
-    args.strategies = ["chunked_2048"]
-    starts, rates = trace_fidelity.PLAN["conv"]
-    assert trace_fidelity.measure(args, store, said.append) == [
-        f"chunked_2048 conv@{start} {r:g} req/s" for start in starts for r in sorted(rates)[::-1]]
-    args.strategies = ["chunked_512", "prefill_first"]
     assert "chunked_512 conv@2000 24 req/s" not in named
     assert "prefill_first conv@2000 12 req/s" not in named
+    # served highest rate first (the warm-up before a strategy's first run forms the largest
+    # batches): the plan's rates of a strategy with none measured, in that order
+    starts, rates = trace_fidelity.PLAN["conv"]
+    assert trace_fidelity.measure(argparse.Namespace(**{**vars(args), "strategies": [
+        "chunked_2048"]}), store, said.append) == [
+        f"chunked_2048 conv@{start} {r:g} req/s" for start in starts for r in sorted(rates)[::-1]]
     # simulated: the stale point on costs with its decode rows in the extend tiles, the others
     # on today's
     grabbed = {}
@@ -1232,6 +1233,64 @@ def test_trace_fidelity_serves_a_stale_chunked_point_again_and_judges_it_as_it_r
     trace_fidelity.simulate(grabbed["args"], store)
     assert seen == {("chunked_512", 12.0): [True], ("chunked_512", 24.0): [False],
                     ("prefill_first", 12.0): [False]}
+
+
+def test_trace_fidelity_judges_the_points_of_the_card_it_names(monkeypatch):
+    """Measuring, the points are this machine's card's (another named is refused); offline
+    or planning, the H200's unless named; either way priced by that card's committed files,
+    and a card without them, or a card-speeds file of another card, is refused by name."""
+    import argparse
+
+    sys.path.insert(0, "bench")
+    import trace_fidelity
+
+    from pdmux_triton.errors import PdmuxError
+    from pdmux_triton.spec.gpus import gpu_preset
+
+    def resolved(**given):
+        args = argparse.Namespace(**{"gpu": None, "offline": False, "plan": False,
+                                     "calibration": None, "compare": None,
+                                     "host_costs": None, **given})
+        trace_fidelity.card_inputs(args)
+        return args
+
+    monkeypatch.setattr(trace_fidelity, "detect_gpu", lambda: gpu_preset("h100-sxm"))
+    here = resolved()
+    assert (here.gpu, here.calibration, here.compare, here.host_costs) == (
+        "h100-sxm", "bench/results/calibrate-h100-sxm.json",
+        "bench/results/compare-h100-sxm.json", "bench/results/host-costs-h100-sxm.json")
+    with pytest.raises(PdmuxError, match="measured on this machine's GPU, the h100-sxm"):
+        resolved(gpu="h200")
+    assert resolved(offline=True).gpu == "h200" and resolved(plan=True).gpu == "h200"
+    named = resolved(offline=True, gpu="h100-sxm", host_costs="mine.json")
+    assert (named.calibration, named.host_costs) == (
+        "bench/results/calibrate-h100-sxm.json", "mine.json")  # a file named is kept
+    with pytest.raises(PdmuxError, match="a100-80gb has no bench/results/calibrate-a100-80gb"):
+        resolved(offline=True, gpu="a100-80gb")
+    assert resolved(offline=True, gpu="a100-80gb", calibration="c", compare="m",
+                    host_costs="h").calibration == "c"
+    with pytest.raises(PdmuxError, match="holds the h200's card speeds"):
+        trace_fidelity.card_speeds("bench/results/card-speeds-h200.json", "h100-sxm")
+    assert trace_fidelity.card_speeds("bench/results/card-speeds-h200.json", "h200")[0] > 0.9
+
+
+def test_fit_host_costs_refuses_a_gpu_without_tile_measurements(tmp_path, monkeypatch):
+    """The mixed step's tile times are fitted to the measurements' GPU's bench/prefill_rate.py
+    files: a GPU with none committed is refused in one line that names the flag."""
+    import shutil
+
+    sys.path.insert(0, "bench")
+    import fit_host_costs
+
+    from pdmux_triton.errors import PdmuxError
+
+    host = tmp_path / "host-costs-h200.json"
+    shutil.copy("bench/results/host-costs-h200.json", host)
+    monkeypatch.setattr(fit_host_costs, "PREFILL_RATE", {"h100-sxm": ()})
+    with pytest.raises(PdmuxError, match=r"committed for the h200: .*\(--prefill-rate\)"):
+        fit_host_costs.fitted(["bench/results/trace-fidelity/points-h200.jsonl"], str(host),
+                              "bench/results/calibrate-h200.json",
+                              "bench/results/compare-h200.json")
 
 
 def test_trace_fidelity_prices_each_repeat_on_its_own_host(tmp_path, monkeypatch):
