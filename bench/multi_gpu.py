@@ -21,7 +21,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from script import bench_inputs, bench_parser, finish, measured_on, run_script
+from script import bench_inputs, bench_parser, fill_measured, finish, run_script
 
 from pdmux_triton.cli.parsing import choice, integer
 from pdmux_triton.cost.parallel import LINKS
@@ -54,9 +54,7 @@ def settings_for(args, changes: dict) -> RunSettings:
 
 
 def run(args) -> int:
-    for name, path in measured_on(args.gpu).items():  # the files not given: --gpu's own
-        if getattr(args, name) is None:
-            setattr(args, name, path)
+    fill_measured(args)  # the files not given: --gpu's own
     criteria = Criteria(Slo(args.slo_ttft_ms, args.slo_tpot_ms))
     data = {**provenance(args.gpu), "mode": "simulated", "inputs": vars(args),
             "link": vars(LINKS[args.link]), "setups": {}}

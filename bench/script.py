@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from pdmux_triton.cli.parsing import Parser, number
 from pdmux_triton.cost.measured_inputs import input_files
@@ -66,6 +67,17 @@ def bench_inputs(parser: argparse.ArgumentParser, *measured: str, ttft: bool = T
         parser.add_argument("--" + name.replace("_", "-"),
                             default=None if by_gpu else MEASURED_ON_H200[name],
                             help="default: bench/results' file of --gpu" if by_gpu else None)
+
+
+def fill_measured(args: argparse.Namespace) -> None:
+    """The measured files a `bench_inputs(..., by_gpu=True)` script was not given: its --gpu's
+    own as bench/results commits them, refused in one line where that GPU has none."""
+    for name, path in measured_on(args.gpu).items():
+        if getattr(args, name) is None:
+            if not Path(path).is_file():
+                raise PdmuxError(f"the {args.gpu} has no {path} committed: name its measured "
+                                 f"files (--calibration, --compare, --host-costs)")
+            setattr(args, name, path)
 
 
 def finish(path, data: dict, table: str) -> int:

@@ -48,7 +48,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from script import MEASURED_ON_H200, bench_inputs, bench_parser, finish, measured_on, run_script
+from script import (MEASURED_ON_H200, bench_inputs, bench_parser, fill_measured, finish,
+                    run_script)
 
 from pdmux_triton.cli.parsing import choice, integer, listed, number
 from pdmux_triton.cost.measured_inputs import load_host_costs
@@ -715,12 +716,7 @@ def card_inputs(args) -> None:
                              f"the {here} (--gpu names another card's points with --offline)")
         args.gpu = here
     args.gpu = args.gpu or "h200"
-    for name, path in measured_on(args.gpu).items():
-        if getattr(args, name) is None:
-            if not Path(path).is_file():
-                raise PdmuxError(f"the {args.gpu} has no {path} committed: name its measured "
-                                 f"files (--calibration, --compare, --host-costs)")
-            setattr(args, name, path)
+    fill_measured(args)
 
 
 def run(args) -> int:
