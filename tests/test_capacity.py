@@ -13,7 +13,7 @@ from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiments import capacity, run
 from pdmux_triton.experiments.capacity import PointKey, run_capacity
 from pdmux_triton.experiments.capacity_search import Criteria
-from pdmux_triton.experiments.settings import RunSettings
+from pdmux_triton.experiments.settings import RunSettings, make_requests
 from pdmux_triton.experiments.variants import DEFAULT_STRATEGIES, variant
 from pdmux_triton.results import PointStore
 from pdmux_triton.serve.metrics import Slo
@@ -440,3 +440,85 @@ def test_a_measured_sweep_reads_no_stale_chunked_point_at_a_rate_it_did_not_serv
     assert row["points"] == 1 and row["requests_lost"] == 0
     assert row["stale_mixed_step_points"] == 0
     assert row["at_least"]["goodput"] == (row["goodput_capacity_rps"] >= 3.0)
+
+
+def test_offline_a_stale_chunked_point_is_judged_against_the_executor_it_was_served_on(
+        monkeypatch, tmp_path):
+    """Offline, a chunked point measured before a mixed step's decode rows left the extend
+    kernel is read against a simulation of that executor (`Overheads.rows_in_extend`), beside
+    it and on its run's host, each kept under its own mode: today's simulation of it (the
+    prediction) stays as it is. A store without stale points reads as before: nothing as
+    served, every point against today's simulation."""
+    s = dataclasses.replace(settings(simulate=False),
+                            host_costs="bench/results/host-costs-h200.json")
+    today = run.host_overheads(s)
+    assert today.rows_in_extend() != today  # the file's mixed step prices the two apart
+    monkeypatch.setattr(run.Servers, "__init__", _sim_servers)
+    run_capacity(s, ("chunked_512",), CRITERIA, PointStore(tmp_path / "gpu.jsonl", PointKey),
+                 rates=(3.0, 6.0), log=lambda m: None)
+    monkeypatch.undo()  # the simulation itself is today's simulator, no stand-in
+    measured = {k: p for k, p in PointStore(tmp_path / "gpu.jsonl", PointKey).points.items()
+                if p["mode"] == "gpu"}
+    host_s = 2 * today.layer_launch_s  # every run timed a host 2x slower than the file's
+
+    def offline(name: str, stale: float | None) -> tuple[PointStore, dict]:
+        """The measured points read offline, the one at rate `stale` saved as before."""
+        store = PointStore(tmp_path / f"{name}.jsonl", PointKey)
+        for key, point in measured.items():
+            kept = {k: v for k, v in point.items() if k not in ("mode", "strategy", "rate")
+                    and not (key[2] == stale and k == "mixed_decode_rows")}
+            store.add(PointKey(*key), **{**kept, "host_layer_p50_ms": host_s * 1e3})
+        return store, run_capacity(s, ("chunked_512",), CRITERIA, store, log=lambda m: None,
+                                   offline=True)
+
+    def simulated(overheads, rate: float) -> dict:
+        sim = dataclasses.replace(s, simulate=True, repeats=1)
+        row, _ = run.Servers(sim, [], overheads=overheads).serve(variant("chunked_512"),
+                                                                 make_requests(sim, rate))
+        return {k: row.get(k) for k in capacity.POINT_KEYS if k != "rate"}
+
+    def figures(point: dict) -> dict:
+        return {k: point.get(k) for k in capacity.POINT_KEYS if k != "rate"}
+
+    stale, result = offline("stale", 3.0)
+    row = result["summary"]["strategies"]["chunked_512"]
+    at = {(p["mode"], p["rate"]): p for p in result["points"]}
+    as_served = capacity.AS_SERVED
+    # beside the stale point: today's executor (the prediction) and the one it ran on apart
+    then, now = at["simulated" + as_served, 3.0], at["simulated", 3.0]
+    assert figures(then) != figures(now)
+    assert figures(then) == simulated(today.rows_in_extend(), 3.0)
+    assert figures(now) == simulated(today, 3.0)
+    # on its run's host too; the point served on today's executor is judged against today's
+    assert figures(at[capacity.ON_RUN_HOST + as_served, 3.0]) == simulated(
+        today.rows_in_extend().on_host(host_s), 3.0)
+    assert (capacity.ON_RUN_HOST, 3.0) not in at
+    assert (capacity.ON_RUN_HOST + as_served, 6.0) not in at and (capacity.ON_RUN_HOST, 6.0) in at
+    assert row["simulated_on_run_hosts"] is True and row["stale_mixed_step_points"] == 1
+    gpu = {r: at["gpu", r] for r in (3.0, 6.0)}
+    beside = {3.0: at[capacity.ON_RUN_HOST + as_served, 3.0], 6.0: at[capacity.ON_RUN_HOST, 6.0]}
+    assert row["latency_sim_error_pct"]["tpot_p50_ms"]["median"] == pytest.approx(
+        statistics.median((beside[r]["tpot_p50_ms"] - gpu[r]["tpot_p50_ms"])
+                          / gpu[r]["tpot_p50_ms"] * 100 for r in gpu))
+    assert result["judged_as_served_before_decode_rows_left_the_extend_kernel"] == [
+        "chunked_512 3 req/s"]
+    # the as-served points are simulated points: an offline rerun forgets them with today's
+    assert stale.forget(capacity.simulated_for(("chunked_512",))) == sum(
+        p["mode"] != "gpu" for p in result["points"])
+
+    fresh, before = offline("fresh", None)
+    row_before = before["summary"]["strategies"]["chunked_512"]
+    assert "judged_as_served_before_decode_rows_left_the_extend_kernel" not in before
+    assert not any(p["mode"].endswith(as_served) for p in fresh.points.values())
+    assert row_before["stale_mixed_step_points"] == 0 and row_before.keys() == row.keys()
+    on_host = {r: fresh.get(PointKey(capacity.ON_RUN_HOST, "chunked_512", r)) for r in gpu}
+    assert figures(on_host[3.0]) == simulated(today.on_host(host_s), 3.0)
+    assert on_host[6.0] == at[capacity.ON_RUN_HOST, 6.0]  # unchanged beside a stale point
+    assert row_before["latency_sim_error_pct"]["tpot_p50_ms"]["median"] == pytest.approx(
+        statistics.median((on_host[r]["tpot_p50_ms"] - gpu[r]["tpot_p50_ms"])
+                          / gpu[r]["tpot_p50_ms"] * 100 for r in gpu))
+    # today's simulation, the prediction, whatever the points were served on
+    for c in ("goodput", "sarathi"):
+        assert row_before[f"simulated_{c}_capacity_rps"] == row[f"simulated_{c}_capacity_rps"]
+    assert [p for p in before["points"] if p["mode"] == "simulated"] == [
+        p for p in result["points"] if p["mode"] == "simulated"]

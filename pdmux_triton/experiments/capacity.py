@@ -7,7 +7,7 @@ the arrival times scale) served at one rate. Simulated, the rate is searched
 (`capacity_search.crossing`: they are served in order up to the first that fails the goodput
 criterion, so adding higher rates later only serves what an unbracketed strategy still needs),
 and the same traffic is simulated beside it so the simulator's error can be read against the
-measurement.
+measurement (a point served on an older executor against a simulation of that executor).
 """
 
 from __future__ import annotations
@@ -89,11 +89,16 @@ def measured_gpu(folder: Path, name: str) -> GPUSpec:
 # a measured point's simulation priced on the host its run timed (an eager layer's launch
 # time): hosts beside one GPU launch at different speeds, so like is compared with like
 ON_RUN_HOST = "simulated_on_run_host"
+# (a suffix) a simulation priced on the executor a stale measured point was served on
+# (`metrics.as_served`), kept apart from today's simulation, which is the prediction
+AS_SERVED = "_as_served"
+SIMULATED = ("simulated", ON_RUN_HOST)
 
 
 def is_simulated(point: dict) -> bool:
-    """A simulated point, on the cost model's host or on a measured run's."""
-    return point["mode"] in ("simulated", ON_RUN_HOST)
+    """A simulated point, on the cost model's host or on a measured run's, of today's
+    executor or of the one a stale measured point was served on."""
+    return point["mode"].removesuffix(AS_SERVED) in SIMULATED
 
 
 def simulated_for(strategies) -> Callable[[dict], bool]:
@@ -108,14 +113,19 @@ class Sweep:
     error, so a measured sweep can be read again, with a newer simulation beside it, anywhere)."""
 
     def __init__(self, s: RunSettings, store: PointStore, log, offline: bool = False,
-                 diagnostics: PointStore | None = None, on_host_s: float | None = None):
+                 diagnostics: PointStore | None = None, on_host_s: float | None = None,
+                 served: dict | None = None):
         """`diagnostics`: where a measured point's `metrics.diagnostics` are kept; `on_host_s`
         (simulated): price on a host that launches an eager layer in that time (mode
-        ON_RUN_HOST)."""
+        ON_RUN_HOST); `served` (simulated, its strategy's points only): price on the executor
+        that measured point was served on (`metrics.as_served`; a mode ending in AS_SERVED
+        where that is not today's)."""
         self.s, self.store, self.log, self.offline = s, store, log, offline
-        self.diagnostics, self.on_host_s = diagnostics, on_host_s
+        self.diagnostics, self.on_host_s, self.served = diagnostics, on_host_s, served
         self.mode = ("gpu" if not s.simulate else "simulated" if on_host_s is None
                      else ON_RUN_HOST)
+        if served is not None and _stale(served):
+            self.mode += AS_SERVED
         self.servers = None
 
     def measure(self, v: Variant, rate: float) -> dict:
@@ -130,9 +140,8 @@ class Sweep:
             raise PdmuxError(f"{v.name} at {rate:g} req/s was never measured in "
                              f"{self.store.path}: measure it on the GPU (drop --offline)")
         if self.servers is None:
-            moved = (None if self.on_host_s is None
-                     else host_overheads(self.s).on_host(self.on_host_s))
-            self.servers = Servers(self.s, make_requests(self.s), self.log, overheads=moved)
+            self.servers = Servers(self.s, make_requests(self.s), self.log,
+                                   overheads=self._overheads())
         row, first = self.servers.serve(v, make_requests(self.s, rate))
         made_with = provenance(self.s.gpu.name)  # a point outlives the code that measured it
         if self.diagnostics is not None and self.mode == "gpu":
@@ -156,6 +165,15 @@ class Sweep:
                  f"{_fmt(point['itl_p99_ms'])} ms")
         return point
 
+    def _overheads(self):
+        """The host costs a simulation prices with (None: the settings')."""
+        if self.on_host_s is None and self.served is None:
+            return None
+        costs = host_overheads(self.s)
+        if self.served is not None:
+            costs = metrics.as_served(costs, self.served["strategy"], self.served)
+        return costs if self.on_host_s is None else costs.on_host(self.on_host_s)
+
     def points(self, name: str) -> list[tuple[float, dict]]:
         return sorted((p["rate"], p) for p in self.store.points.values()
                       if p["mode"] == self.mode and p["strategy"] == name
@@ -166,15 +184,39 @@ class Sweep:
             self.servers.close()
 
 
+def _simulate_as_served(simulated: Sweep, measured: Sweep, v: Variant, criteria: Criteria,
+                        tol: float, found: dict, log) -> None:
+    """Where measured points of `v` were served before a mixed step's decode rows left the
+    extend kernel (`_stale`), the simulation of the executor they ran on (`metrics.as_served`,
+    modes ending in AS_SERVED): beside each such point, and searched as today's is (`found`:
+    its capacities, where each search starts), for the capacity to read the measured one
+    against where those rates only bound it. Today's simulation stays the prediction."""
+    then = [(rate, point) for rate, point in measured.points(v.name) if _stale(point)]
+    if not then:
+        return
+    as_ran = Sweep(simulated.s, simulated.store, log, served=then[0][1])
+    try:
+        for rate, _ in then:
+            as_ran.measure(v, rate)
+        for c in CRITERIA:
+            start = max(found[f"simulated_{c}_capacity_rps"] or then[-1][0],
+                        capacity_search.LOWEST_RATE)
+            capacity_search.search(lambda r: as_ran.measure(v, r), getattr(criteria, c), start,
+                                   tol)
+    finally:
+        as_ran.close()
+
+
 def _simulate_on_run_hosts(simulated: Sweep, measured: Sweep, v: Variant, log) -> None:
     """Each measured point of `v` whose run timed its host, simulated again on that host
-    (where the cost model's host costs give an eager layer's launch time to scale from)."""
+    (where the cost model's host costs give an eager layer's launch time to scale from), on
+    the executor it was served on (`metrics.as_served`)."""
     if not host_overheads(simulated.s).layer_launch_s:
         return
     for rate, point in measured.points(v.name):
         if point.get("host_layer_p50_ms"):
             on_host = Sweep(simulated.s, simulated.store, log,
-                            on_host_s=point["host_layer_p50_ms"] / 1e3)
+                            on_host_s=point["host_layer_p50_ms"] / 1e3, served=point)
             try:
                 on_host.measure(v, rate)
             finally:
@@ -236,6 +278,7 @@ def run_capacity(s: RunSettings, names: tuple[str, ...], criteria: Criteria, sto
                 given = () if offline else (rates or ())
                 for r in sorted(set(given) | {r for r, _ in sweeps[1].points(v.name)}):
                     sweeps[0].measure(v, r)
+                _simulate_as_served(sweeps[0], sweeps[1], v, criteria, tol, found[v.name], log)
                 _simulate_on_run_hosts(sweeps[0], sweeps[1], v, log)
     finally:
         for sweep in sweeps:
@@ -247,6 +290,7 @@ def _result(s: RunSettings, chosen: list[Variant], criteria: Criteria, store: Po
             found: dict[str, dict], offline: bool) -> dict:
     measured = not s.simulate
     summary = {}
+    as_they_ran = []  # measured points judged against the executor they were served on
     for v in chosen:
         res = found[v.name]
         mine = [p for p in store.points.values() if p["strategy"] == v.name
@@ -279,18 +323,20 @@ def _result(s: RunSettings, chosen: list[Variant], criteria: Criteria, store: Po
         for guard in GUARDS:
             row[guard] = sum(p.get(guard) or 0 for p in mine)
         if measured:
-            # like for like: the simulation read at the rates measured, the same way
+            # like for like: the simulation read at the rates measured, the same way, each
+            # measured point's on the executor it was served on
             rates = {p["rate"] for p in mine}
-            simulated = sorted((p["rate"], p) for p in store.points.values()
-                               if p["strategy"] == v.name and p["mode"] == "simulated")
-            beside = [(r, p) for r, p in simulated if r in rates]
+            beside = _beside(store, mine, "simulated")
             # each measured point's simulation on its run's own host, where every run timed it
-            on_hosts = sorted((p["rate"], p) for p in store.points.values()
-                              if p["strategy"] == v.name and p["mode"] == ON_RUN_HOST
-                              and p["rate"] in rates)
+            on_hosts = _beside(store, mine, ON_RUN_HOST)
             row["simulated_on_run_hosts"] = bool(rates) and len(on_hosts) == len(rates)
             if row["simulated_on_run_hosts"]:
                 beside = on_hosts
+            # where those rates only bound it: every rate simulated on that executor (as
+            # served where a point was stale)
+            everywhere = "simulated" + (AS_SERVED if row["stale_mixed_step_points"] else "")
+            simulated = sorted((p["rate"], p) for p in store.points.values()
+                               if p["strategy"] == v.name and p["mode"] == everywhere)
             row["sim_error_pct"], row["sim_error_read_from"] = {}, {}
             for c in CRITERIA:
                 margin = getattr(criteria, c)
@@ -306,6 +352,7 @@ def _result(s: RunSettings, chosen: list[Variant], criteria: Criteria, store: Po
                                                  if bounded else "measured rates")
                 row["sim_error_pct"][c] = _error(sim, res[f"{c}_capacity_rps"])
             row["latency_sim_error_pct"] = _latency_errors(mine, dict(beside))
+            as_they_ran += [f"{v.name} {r:g} req/s" for r, p in by_rate if _stale(p)]
         summary[v.name] = row
     own = s.loaded_trace.rate if s.workload == "trace" else None
     if own is not None:  # a trace's capacity is also how much faster it may come
@@ -317,6 +364,8 @@ def _result(s: RunSettings, chosen: list[Variant], criteria: Criteria, store: Po
     # offline, the provenance is the analysis's: each measured point names its own
     return {"mode": "gpu" if measured else "simulated", **provenance(s.gpu.name),
             "analysed_offline": offline,
+            **({"judged_as_served_before_decode_rows_left_the_extend_kernel": as_they_ran}
+               if as_they_ran else {}),
             "model": s.model.name, "inputs": s.as_dict(),
             **({"trace_rate_rps": own} if own is not None else {}),
             "criteria": {"slo_ttft_ms": criteria.slo.ttft_ms, "slo_tpot_ms": criteria.slo.tpot_ms,
@@ -327,6 +376,13 @@ def _result(s: RunSettings, chosen: list[Variant], criteria: Criteria, store: Po
                              key=lambda p: (p["mode"], p["strategy"], p["rate"]))}
 
 
+def _beside(store: PointStore, measured: list[dict], mode: str) -> list[tuple[float, dict]]:
+    """(rate, point) of the simulation of `mode` at each measured point's rate, priced on the
+    executor that point was served on (`Sweep`'s `served`)."""
+    return sorted((p["rate"], found) for p in measured if (found := store.get(
+        PointKey(mode + (AS_SERVED if _stale(p) else ""), p["strategy"], p["rate"]))))
+
+
 def _stale(point: dict) -> bool:
     """A chunked point measured before a mixed step's decode rows left the extend kernel."""
     return point["mode"] == "gpu" and metrics.stale_mixed_steps(point["strategy"], point)
@@ -335,8 +391,8 @@ def _stale(point: dict) -> bool:
 def _read(point: dict, offline: bool) -> bool:
     """Whether a result reads `point`: a measured sweep served a stale point's rate again and
     reads nothing from one it did not (not even where to stop); offline the points saved are
-    all there is, so stale ones are read, and counted (`stale_mixed_step_points`: the
-    simulation beside them prices today's executor, not the one they were served on)."""
+    all there is, so stale ones are read, counted (`stale_mixed_step_points`) and judged
+    against a simulation of the executor they were served on (`metrics.as_served`)."""
     return offline or not _stale(point)
 
 
