@@ -2,22 +2,25 @@
 off, the hit rates behind them, and an independent count of what a cache could hit.
 
 For each trace window (`--traces`, rows `--window START:COUNT` of the committed Mooncake FAST'25
-traces, Qwen3-8B on the H200) `pdmux-triton capacity` runs twice, `--prefix-cache on` and `off`,
+traces, Qwen3-8B on `--gpu`: measuring, this machine's card; reading the points back or
+simulating, the H200 unless named; priced by that card's bench/results files)
+`pdmux-triton capacity` runs twice, `--prefix-cache on` and `off`,
 each into its own folder under <out>/prefix-cache/ (its points resume). Without a GPU it
 simulates (the search); on one it measures at `--rates` with the simulation beside, as
 `capacity` does. Beside them, the window's hit rates counted without the serving loop, prompt
 by prompt in arrival order: a cache that never evicts, and one that keeps the most recently
-used blocks up to the H200's KV cache for the model (what one GPU can hold, if no request
+used blocks up to the card's KV cache for the model (what one GPU can hold, if no request
 reserved any).
 
 The SLOs default to TTFT <= 10 s and TPOT <= 50 ms: the conversation trace's prompts average
 12K tokens and reach 40K, whose prefill alone takes seconds, so 2 s would fail every strategy
-at any rate. Writes <out>/prefix-cache-h200[-simulated].json; prints the table.
+at any rate. Writes <out>/prefix-cache-<gpu>[-simulated].json; prints the table.
 
     python bench/prefix_cache.py                                    # simulated, both traces
     python bench/prefix_cache.py --traces conv --rates 1.5,2 --strategies pdmux_grid_cap,chunked_512
     python bench/prefix_cache.py --traces conv --rates 0.6 --strategies prefill_first --cache on
     python bench/prefix_cache.py --traces conv --window 3000:200 --offline   # those points again
+    python bench/prefix_cache.py --traces conv --window 3000:200 --offline --gpu h100-sxm
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from contextlib import redirect_stdout
 from io import StringIO
 from pathlib import Path
 
-from script import bench_inputs, bench_parser, finish, run_script
+from script import MEASURED_ON_H200, bench_inputs, bench_parser, card_inputs, finish, run_script
 
 from pdmux_triton.cli.main import main as cli
 from pdmux_triton.cli.parsing import choice, integer, listed, number
@@ -41,7 +44,7 @@ from pdmux_triton.experiments.settings import MAX_WARM, RunSettings
 from pdmux_triton.experiments.variants import DEFAULT_STRATEGIES
 from pdmux_triton.results import PointStore, provenance, read_json, write_json
 from pdmux_triton.serve.prefix_cache import BLOCK_TOKENS
-from pdmux_triton.spec.gpus import gpu_preset
+from pdmux_triton.spec.gpus import GPUS, gpu_preset
 from pdmux_triton.spec.models import model_preset
 from pdmux_triton.spec.traces import load_trace
 
@@ -89,9 +92,9 @@ def counted_hit_rates(path: str, start: int, count: int, kv_tokens: int,
     return out
 
 
-def measured_strategies(folder: Path, strategies) -> list[str]:
-    """Those of `strategies` with a point measured on the GPU in `folder` (its point store)."""
-    store = PointStore(folder / "capacity-points-h200.jsonl", PointKey)
+def measured_strategies(folder: Path, strategies, gpu: str) -> list[str]:
+    """Those of `strategies` with a point measured on the `gpu` in `folder` (its point store)."""
+    store = PointStore(folder / f"capacity-points-{gpu}.jsonl", PointKey)
     served = {p["strategy"] for p in store.points.values() if p["mode"] == "gpu"}
     return [s for s in strategies if s in served]
 
@@ -99,7 +102,7 @@ def measured_strategies(folder: Path, strategies) -> list[str]:
 def capacity_run(args, path: str, start: int, count: int, cache: str, folder: Path,
                  strategies) -> dict:
     """`pdmux-triton capacity` on the window with the cache on or off: its result JSON."""
-    argv = ["capacity", "--gpu", "h200", "--trace", path, "--trace-start", str(start),
+    argv = ["capacity", "--gpu", args.gpu, "--trace", path, "--trace-start", str(start),
             "--trace-count", str(count), "--prefix-cache", cache,
             "--strategies", ",".join(strategies), "--slo-ttft-ms", str(args.slo_ttft_ms),
             "--slo-tpot-ms", str(args.slo_tpot_ms), "--calibration", args.calibration,
@@ -112,7 +115,7 @@ def capacity_run(args, path: str, start: int, count: int, cache: str, folder: Pa
         code = cli(argv)
     if code:
         raise PdmuxError(f"capacity on {path} rows {start}+{count} (cache {cache}) exited {code}")
-    return read_json(folder / "capacity-h200.json", "capacity result")
+    return read_json(folder / f"capacity-{args.gpu}.json", "capacity result")
 
 
 def _ratio(top: float | None, bottom: float | None, bottom_below: float | None,
@@ -175,13 +178,13 @@ def summarize(traces: dict) -> dict:
     return out
 
 
-def table(summary: dict) -> str:
+def table(summary: dict, gpu: str) -> str:
     lines = []
     for name, s in summary.items():
         c = s["counted_hit_rates"]
         gain = s["pdmux_vs_best_chunked_cache_on"]
         lines.append(f"{name}: hit rate counted from its hash ids {c['unbounded']:.1%} "
-                     f"unbounded, {c['lru_at_kv_capacity']:.1%} in the H200's KV cache; PD-mux "
+                     f"unbounded, {c['lru_at_kv_capacity']:.1%} in the {gpu}'s KV cache; PD-mux "
                      f"over the best chunked prefill, cache on: "
                      f"{_bound(s, 'pdmux_vs_best_chunked_cache_on')}"
                      f"{'-' if gain is None else format(gain, '.2f')}x (published "
@@ -228,12 +231,13 @@ def run(args) -> int:
                          f"compares both sides: simulate or read them offline together)")
     args.cache = ("on", "off") if args.cache == "both" else (args.cache,)
     start, count = args.window
-    model, gpu = model_preset("qwen3-8b"), gpu_preset("h200")
+    card_inputs(args, measuring=bool(args.rates))
+    model, gpu = model_preset("qwen3-8b"), gpu_preset(args.gpu)
     kv_tokens = step_cost.kv_capacity_tokens(gpu, model)
     measured = bool(args.rates) or args.offline
-    data = {**provenance("h200"), "mode": "gpu" if measured else "simulated",
+    data = {**provenance(args.gpu), "mode": "gpu" if measured else "simulated",
             "inputs": {**vars(args), "window": [start, count]}, "traces": {}}
-    path = Path(args.out) / f"prefix-cache-h200{'' if measured else '-simulated'}.json"
+    path = Path(args.out) / f"prefix-cache-{args.gpu}{'' if measured else '-simulated'}.json"
     for name in args.traces:
         trace = TRACES[name]
         t = data["traces"][name] = {
@@ -244,7 +248,7 @@ def run(args) -> int:
                 t["capacity"][cache] = None
                 continue
             folder = Path(args.out) / "prefix-cache" / f"{name}-{start}-{count}-{cache}"
-            strategies = (measured_strategies(folder, args.strategies) if args.offline
+            strategies = (measured_strategies(folder, args.strategies, args.gpu) if args.offline
                           else args.strategies)
             print(f"{name} rows {start}+{count}, prefix cache {cache} ...", flush=True)
             t["capacity"][cache] = (capacity_run(args, trace, start, count, cache, folder,
@@ -255,7 +259,7 @@ def run(args) -> int:
                              f"measure them on the GPU (--rates)")
         write_json(path, data)  # a save point after each trace
     data["summary"] = summarize(data["traces"])
-    return finish(path, data, table(data["summary"]))
+    return finish(path, data, table(data["summary"], args.gpu))
 
 
 def main(argv=None) -> int:
@@ -276,7 +280,10 @@ def main(argv=None) -> int:
     p.add_argument("--cache", type=choice(("on", "off", "both")), default="both",
                    help="the cache sides served: a measured point at a slow rate fills a device "
                         "call, so one side a call keeps the other from being cut half-way")
-    bench_inputs(p, "calibration", "compare", "host_costs")
+    p.add_argument("--gpu", type=choice(tuple(GPUS)),
+                   help="the card whose points these are, priced by its bench/results files "
+                        "(default: this machine's when measuring, else h200)")
+    bench_inputs(p, *MEASURED_ON_H200, by_gpu=True)
     p.set_defaults(slo_ttft_ms=10000.0, slo_tpot_ms=50.0)
     return run_script(p, run, argv)
 

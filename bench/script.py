@@ -12,6 +12,7 @@ from pdmux_triton.cli.parsing import Parser, number
 from pdmux_triton.cost.measured_inputs import input_files
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.results import write_json
+from pdmux_triton.spec.gpus import detect_gpu
 
 
 def run_script(parser: Parser, run, argv=None, interrupted: str = "interrupted") -> int:
@@ -78,6 +79,20 @@ def fill_measured(args: argparse.Namespace) -> None:
                 raise PdmuxError(f"the {args.gpu} has no {path} committed: name its measured "
                                  f"files (--calibration, --compare, --host-costs)")
             setattr(args, name, path)
+
+
+def card_inputs(args: argparse.Namespace, measuring: bool) -> None:
+    """Settles the card a `bench_inputs(..., by_gpu=True)` script's points are of (`--gpu`:
+    measuring, this machine's, another refused; reading or simulating, the H200 unless named)
+    and fills the measured files not given with that card's own (`fill_measured`)."""
+    if measuring:
+        here = detect_gpu().name
+        if args.gpu not in (None, here):
+            raise PdmuxError(f"--gpu {args.gpu}: points are measured on this machine's GPU, "
+                             f"the {here} (--gpu names another card's points with --offline)")
+        args.gpu = here
+    args.gpu = args.gpu or "h200"
+    fill_measured(args)
 
 
 def finish(path, data: dict, table: str) -> int:

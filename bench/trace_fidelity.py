@@ -48,7 +48,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from script import (MEASURED_ON_H200, bench_inputs, bench_parser, fill_measured, finish,
+from script import (MEASURED_ON_H200, bench_inputs, bench_parser, card_inputs, finish,
                     run_script)
 
 from pdmux_triton.cli.parsing import choice, integer, listed, number
@@ -706,21 +706,8 @@ def plan(args) -> int:
     return 0
 
 
-def card_inputs(args) -> None:
-    """Settles the card the points are of (`--gpu`: measuring, this machine's; offline or
-    planning, the H200 unless named) and fills the measured files not given with its own."""
-    if not (args.offline or args.plan):
-        here = detect_gpu().name
-        if args.gpu not in (None, here):
-            raise PdmuxError(f"--gpu {args.gpu}: points are measured on this machine's GPU, "
-                             f"the {here} (--gpu names another card's points with --offline)")
-        args.gpu = here
-    args.gpu = args.gpu or "h200"
-    fill_measured(args)
-
-
 def run(args) -> int:
-    card_inputs(args)
+    card_inputs(args, measuring=not (args.offline or args.plan))
     if args.plan:
         return plan(args)
     # refused before any work

@@ -1223,7 +1223,8 @@ def test_trace_fidelity_serves_a_stale_chunked_point_again_and_judges_it_as_it_r
     monkeypatch.setattr(trace_fidelity, "run", lambda a: grabbed.setdefault("args", a) and 0)
     trace_fidelity.main(["--offline", "--traces", "conv", "--strategies",
                          "chunked_512,prefill_first"])
-    trace_fidelity.card_inputs(grabbed["args"])  # offline: the H200's points and files
+    import script
+    script.card_inputs(grabbed["args"], measuring=False)  # offline: the H200's points, files
     assert grabbed["args"].gpu == "h200"
     assert grabbed["args"].host_costs == "bench/results/host-costs-h200.json"
     seen = {}
@@ -1235,26 +1236,26 @@ def test_trace_fidelity_serves_a_stale_chunked_point_again_and_judges_it_as_it_r
                     ("prefill_first", 12.0): [False]}
 
 
-def test_trace_fidelity_judges_the_points_of_the_card_it_names(monkeypatch):
-    """Measuring, the points are this machine's card's (another named is refused); offline
+def test_bench_scripts_judge_the_points_of_the_card_they_name(monkeypatch):
+    """Measuring, the points are this machine's card's (another named is refused); reading
     or planning, the H200's unless named; either way priced by that card's committed files,
     and a card without them, or a card-speeds file of another card, is refused by name."""
     import argparse
 
     sys.path.insert(0, "bench")
+    import script
     import trace_fidelity
 
     from pdmux_triton.errors import PdmuxError
     from pdmux_triton.spec.gpus import gpu_preset
 
-    def resolved(**given):
-        args = argparse.Namespace(**{"gpu": None, "offline": False, "plan": False,
-                                     "calibration": None, "compare": None,
+    def resolved(offline=False, plan=False, **given):
+        args = argparse.Namespace(**{"gpu": None, "calibration": None, "compare": None,
                                      "host_costs": None, **given})
-        trace_fidelity.card_inputs(args)
+        script.card_inputs(args, measuring=not (offline or plan))
         return args
 
-    monkeypatch.setattr(trace_fidelity, "detect_gpu", lambda: gpu_preset("h100-sxm"))
+    monkeypatch.setattr(script, "detect_gpu", lambda: gpu_preset("h100-sxm"))
     here = resolved()
     assert (here.gpu, here.calibration, here.compare, here.host_costs) == (
         "h100-sxm", "bench/results/calibrate-h100-sxm.json",
@@ -1896,8 +1897,11 @@ def test_prefix_cache_offline_summarizes_each_side_as_measured(tmp_path):
     points.write_text("\n".join(json.dumps(r) for r in (
         {"mode": "gpu", "strategy": "chunked_512", "rate": 0.75},
         {"mode": "simulated", "strategy": "prefill_first", "rate": 1.0})) + "\n")
-    assert measured_strategies(tmp_path, ("prefill_first", "chunked_512")) == ["chunked_512"]
-    assert measured_strategies(tmp_path / "none", ("chunked_512",)) == []
+    assert measured_strategies(tmp_path, ("prefill_first", "chunked_512"), "h200") == [
+        "chunked_512"]
+    assert measured_strategies(tmp_path / "none", ("chunked_512",), "h200") == []
+    # another card's points live beside them in their own store: not read for this one
+    assert measured_strategies(tmp_path, ("chunked_512",), "h100-sxm") == []
 
     def side(**strategies):
         return {"mode": "gpu", "summary": {"strategies": strategies}}
@@ -1918,15 +1922,34 @@ def test_prefix_cache_offline_summarizes_each_side_as_measured(tmp_path):
     s = summarize(traces)["conv"]
     met = s["strategies"]["prefill_first"]
     assert met["at_least_on"] and met["at_least_off"] and met["on_vs_off"] is None
-    assert ">= 0.60" in table(summarize(traces))
+    assert ">= 0.60" in table(summarize(traces), "h200")
+    assert "in the h100-sxm's KV cache" in table(summarize(traces), "h100-sxm")
     row = s["strategies"]["chunked_512"]
     assert row["measured_on"] and not row["measured_off"] and row["below_on_rps"] == 0.75
     assert row["on_vs_off"] is None
     assert s["pdmux_vs_best_chunked_cache_on"] == 2.4 / 0.75
     assert s["pdmux_vs_best_chunked_cache_on_at_least"] and s["measured"]
-    assert "not measured" in table(summarize(traces))
+    assert "not measured" in table(summarize(traces), "h200")
     traces["conv"]["capacity"]["off"] = None  # no strategy measured with the cache off
     assert summarize(traces)["conv"]["strategies"]["pdmux_grid_cap"]["measured_off"] is False
+
+
+def test_prefix_cache_measures_on_this_machines_card_only(monkeypatch, capsys):
+    """Measuring (--rates), the points are this machine's card's: another card named is
+    refused in one line before anything is served."""
+    sys.path.insert(0, "bench")
+    import prefix_cache
+    import script
+
+    from pdmux_triton.spec.gpus import gpu_preset
+
+    monkeypatch.setattr(script, "detect_gpu", lambda: gpu_preset("h100-sxm"))
+    served = []
+    monkeypatch.setattr(prefix_cache, "capacity_run", lambda *a: served.append(a))
+    assert prefix_cache.main(["--rates", "1", "--gpu", "h200", "--traces", "syn"]) == 2
+    err = capsys.readouterr().err
+    assert "--gpu h200: points are measured on this machine's GPU, the h100-sxm" in err
+    assert not served and "Traceback" not in err
 
 
 def test_prefill_rate_fit_recovers_a_linear_and_an_attention_rate():
