@@ -208,8 +208,8 @@ def table(summary: dict, gpu: str) -> str:
     if any(r[f"stale_{c}"] for s in summary.values() for r in s["strategies"].values()
            for c in ("on", "off")):
         lines.append("stale: read from points served before a mixed step's decode rows left "
-                     "the extend kernel (today's executor serves chunked rounds faster): "
-                     "measure them again")
+                     "the extend kernel (simulated beside them as they ran; today's executor "
+                     "serves chunked rounds faster): measure them again")
     lines.append("< X: failed the SLOs at every rate served, X the lowest; a ratio over it is "
                  "a lower bound (>=); >= X: met them at every rate served, X the highest")
     return "\n".join(lines)
