@@ -10,7 +10,7 @@ import pytest
 from pdmux_triton.cost.step_cost import Overheads
 from pdmux_triton.cli import tables
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.experiments import capacity, run
+from pdmux_triton.experiments import capacity, capacity_search, run
 from pdmux_triton.experiments.capacity import PointKey, run_capacity
 from pdmux_triton.experiments.capacity_search import Criteria
 from pdmux_triton.experiments.settings import RunSettings, make_requests
@@ -461,12 +461,12 @@ def test_offline_a_stale_chunked_point_is_judged_against_the_executor_it_was_ser
                 if p["mode"] == "gpu"}
     host_s = 2 * today.layer_launch_s  # every run timed a host 2x slower than the file's
 
-    def offline(name: str, stale: float | None) -> tuple[PointStore, dict]:
-        """The measured points read offline, the one at rate `stale` saved as before."""
+    def offline(name: str, *stale: float) -> tuple[PointStore, dict]:
+        """The measured points read offline, those at the rates `stale` saved as before."""
         store = PointStore(tmp_path / f"{name}.jsonl", PointKey)
         for key, point in measured.items():
             kept = {k: v for k, v in point.items() if k not in ("mode", "strategy", "rate")
-                    and not (key[2] == stale and k == "mixed_decode_rows")}
+                    and not (key[2] in stale and k == "mixed_decode_rows")}
             store.add(PointKey(*key), **{**kept, "host_layer_p50_ms": host_s * 1e3})
         return store, run_capacity(s, ("chunked_512",), CRITERIA, store, log=lambda m: None,
                                    offline=True)
@@ -502,11 +502,32 @@ def test_offline_a_stale_chunked_point_is_judged_against_the_executor_it_was_ser
                           / gpu[r]["tpot_p50_ms"] * 100 for r in gpu))
     assert result["judged_as_served_before_decode_rows_left_the_extend_kernel"] == [
         "chunked_512 3 req/s"]
+    # where the measured rates only bound the simulation, its error is read from every rate
+    # simulated on the points' executor: with one stale point and one not, there is none
+    for c in ("goodput", "sarathi"):
+        if row["sim_error_read_from"][c] not in ("measured rates", None):
+            assert row["sim_error_read_from"][c] == "none: the points ran on two executors"
+            assert row["sim_error_pct"][c] is None
+    assert [r for (mode, r) in at if mode == "simulated" + as_served] == [3.0]  # no search
     # the as-served points are simulated points: an offline rerun forgets them with today's
     assert stale.forget(capacity.simulated_for(("chunked_512",))) == sum(
         p["mode"] != "gpu" for p in result["points"])
 
-    fresh, before = offline("fresh", None)
+    # every point stale: the executor they ran on is searched as today's is, and a bounded
+    # error is read from that search
+    _, old = offline("old", 3.0, 6.0)
+    row_old = old["summary"]["strategies"]["chunked_512"]
+    as_ran = sorted((p["rate"], p) for p in old["points"] if p["mode"] == "simulated" + as_served)
+    assert {3.0, 6.0} < {r for r, _ in as_ran}
+    for c in ("goodput", "sarathi"):
+        if row_old["sim_error_read_from"][c] == "all simulated rates":
+            assert row_old[f"simulated_{c}_capacity_compared_rps"] == \
+                capacity_search.crossing(as_ran, getattr(CRITERIA, c))
+        # the prediction is today's executor's, whatever the points ran on
+        assert row_old[f"simulated_{c}_capacity_rps"] == row[f"simulated_{c}_capacity_rps"]
+    assert "all simulated rates" in row_old["sim_error_read_from"].values()
+
+    fresh, before = offline("fresh")
     row_before = before["summary"]["strategies"]["chunked_512"]
     assert "judged_as_served_before_decode_rows_left_the_extend_kernel" not in before
     assert not any(p["mode"].endswith(as_served) for p in fresh.points.values())

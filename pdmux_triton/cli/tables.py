@@ -303,9 +303,9 @@ def capacity_notes(result: dict, count: int) -> list[str]:
         notes.append(
             f"stale: {', '.join(f'{n} ({k} points)' for n, k in sorted(stale.items()))} read "
             f"from points served before a mixed step's decode rows left the extend kernel: "
-            f"the simulation beside them prices them as they ran, the simulated capacity "
-            f"today's executor, which serves those rounds faster; measure them again (drop "
-            f"--offline)")
+            f"the simulation beside them prices the executor they ran on; the simulated "
+            f"capacity prices today's, which serves those rounds faster; measure them again "
+            f"(drop --offline)")
     if any(row["at_least"][c] and row.get("sim_error_pct", {}).get(c) is not None
            for row in rows.values() for c in row["at_least"]):
         notes.append("<=: the measured capacity is only a bound (the strategy met the criterion "

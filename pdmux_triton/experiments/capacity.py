@@ -191,20 +191,27 @@ def _simulate_as_served(simulated: Sweep, measured: Sweep, v: Variant, criteria:
     modes ending in AS_SERVED): beside each such point, and searched as today's is (`found`:
     its capacities, where each search starts), for the capacity to read the measured one
     against where those rates only bound it. Today's simulation stays the prediction."""
-    then = [(rate, point) for rate, point in measured.points(v.name) if _stale(point)]
+    points = measured.points(v.name)
+    then = [(rate, point) for rate, point in points if _stale(point)]
     if not then:
         return
     as_ran = Sweep(simulated.s, simulated.store, log, served=then[0][1])
     try:
         for rate, _ in then:
             as_ran.measure(v, rate)
-        for c in CRITERIA:
-            start = max(found[f"simulated_{c}_capacity_rps"] or then[-1][0],
-                        capacity_search.LOWEST_RATE)
-            capacity_search.search(lambda r: as_ran.measure(v, r), getattr(criteria, c), start,
-                                   tol)
+        if len(then) == len(points):  # (read only where every point ran on that executor)
+            for c in CRITERIA:
+                _searched(as_ran, v, getattr(criteria, c),
+                          found[f"simulated_{c}_capacity_rps"] or then[-1][0], tol)
     finally:
         as_ran.close()
+
+
+def _searched(sweep: Sweep, v: Variant, margin, guess: float, tol: float) -> float:
+    """`v`'s capacity under `margin` on `sweep`'s simulation, searched from `guess` req/s."""
+    cap, _ = capacity_search.search(lambda r: sweep.measure(v, r), margin,
+                                    max(guess, capacity_search.LOWEST_RATE), tol)
+    return cap
 
 
 def _simulate_on_run_hosts(simulated: Sweep, measured: Sweep, v: Variant, log) -> None:
@@ -257,10 +264,9 @@ def run_capacity(s: RunSettings, names: tuple[str, ...], criteria: Criteria, sto
                 for criterion in CRITERIA:
                     margin = getattr(criteria, criterion)
                     if sweep.mode == "simulated" or (rates is None and not offline):
-                        guess = res.get(f"simulated_{criterion}_capacity_rps") or start
-                        cap, _ = capacity_search.search(
-                            lambda r: sweep.measure(v, r), margin,
-                            max(guess, capacity_search.LOWEST_RATE), tol)
+                        cap = _searched(sweep, v, margin,
+                                        res.get(f"simulated_{criterion}_capacity_rps") or start,
+                                        tol)
                     else:
                         if offline:  # every point measured before, whatever rates it was at
                             _require_measured(sweep, v.name)
@@ -332,11 +338,13 @@ def _result(s: RunSettings, chosen: list[Variant], criteria: Criteria, store: Po
             row["simulated_on_run_hosts"] = bool(rates) and len(on_hosts) == len(rates)
             if row["simulated_on_run_hosts"]:
                 beside = on_hosts
-            # where those rates only bound it: every rate simulated on that executor (as
-            # served where a point was stale)
-            everywhere = "simulated" + (AS_SERVED if row["stale_mixed_step_points"] else "")
+            # where those rates only bound it: every rate simulated on the executor the
+            # points ran on (as served where all were stale; none where they ran on two)
+            executor = ("" if not row["stale_mixed_step_points"] else AS_SERVED
+                        if row["stale_mixed_step_points"] == len(mine) else None)
             simulated = sorted((p["rate"], p) for p in store.points.values()
-                               if p["strategy"] == v.name and p["mode"] == everywhere)
+                               if p["strategy"] == v.name and executor is not None
+                               and p["mode"] == "simulated" + executor)
             row["sim_error_pct"], row["sim_error_read_from"] = {}, {}
             for c in CRITERIA:
                 margin = getattr(criteria, c)
@@ -346,10 +354,13 @@ def _result(s: RunSettings, chosen: list[Variant], criteria: Criteria, store: Po
                 # where the simulation meets the criterion at every measured rate, or at none,
                 # those rates only bound it: its error is read from all its points instead
                 bounded = cap is not None and len({margin(p) >= 0 for _, p in beside}) == 1
-                sim = capacity_search.crossing(simulated, margin) if bounded else cap
+                sim = ((capacity_search.crossing(simulated, margin) if simulated else None)
+                       if bounded else cap)
                 row[f"simulated_{c}_capacity_compared_rps"] = sim
-                row["sim_error_read_from"][c] = (None if cap is None else "all simulated rates"
-                                                 if bounded else "measured rates")
+                row["sim_error_read_from"][c] = (
+                    None if cap is None else "measured rates" if not bounded
+                    else "all simulated rates" if simulated
+                    else "none: the points ran on two executors")
                 row["sim_error_pct"][c] = _error(sim, res[f"{c}_capacity_rps"])
             row["latency_sim_error_pct"] = _latency_errors(mine, dict(beside))
             as_they_ran += [f"{v.name} {r:g} req/s" for r, p in by_rate if _stale(p)]
@@ -376,10 +387,10 @@ def _result(s: RunSettings, chosen: list[Variant], criteria: Criteria, store: Po
                              key=lambda p: (p["mode"], p["strategy"], p["rate"]))}
 
 
-def _beside(store: PointStore, measured: list[dict], mode: str) -> list[tuple[float, dict]]:
+def _beside(store: PointStore, points: list[dict], mode: str) -> list[tuple[float, dict]]:
     """(rate, point) of the simulation of `mode` at each measured point's rate, priced on the
     executor that point was served on (`Sweep`'s `served`)."""
-    return sorted((p["rate"], found) for p in measured if (found := store.get(
+    return sorted((p["rate"], sim) for p in points if (sim := store.get(
         PointKey(mode + (AS_SERVED if _stale(p) else ""), p["strategy"], p["rate"]))))
 
 
