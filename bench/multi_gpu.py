@@ -21,7 +21,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from script import bench_inputs, bench_parser, fill_measured, finish, run_script
+from script import bench_inputs, bench_parser, card_inputs, finish, run_script
 
 from pdmux_triton.cli.parsing import choice, integer
 from pdmux_triton.cost.parallel import LINKS
@@ -54,7 +54,7 @@ def settings_for(args, changes: dict) -> RunSettings:
 
 
 def run(args) -> int:
-    fill_measured(args)  # the files not given: --gpu's own
+    card_inputs(args, measuring=None)  # the H200 unless named; the files not given: its own
     criteria = Criteria(Slo(args.slo_ttft_ms, args.slo_tpot_ms))
     data = {**provenance(args.gpu), "mode": "simulated", "inputs": vars(args),
             "link": vars(LINKS[args.link]), "setups": {}}
@@ -102,7 +102,6 @@ def table(data: dict) -> str:
 
 def main(argv=None) -> int:
     p = bench_parser("multi_gpu.py", __doc__)
-    p.add_argument("--gpu", default="h200", type=choice(("h200", "h100-sxm")))
     p.add_argument("--link", default="nvlink4", type=choice(tuple(LINKS)))
     p.add_argument("--lengths", default="sharegpt", type=choice(tuple(LENGTH_PRESETS)))
     # long enough that two servers' queues reach a steady state (a short stream flatters

@@ -44,7 +44,7 @@ from pdmux_triton.experiments.settings import MAX_WARM, RunSettings
 from pdmux_triton.experiments.variants import DEFAULT_STRATEGIES
 from pdmux_triton.results import PointStore, provenance, read_json, write_json
 from pdmux_triton.serve.prefix_cache import BLOCK_TOKENS
-from pdmux_triton.spec.gpus import GPUS, gpu_preset
+from pdmux_triton.spec.gpus import gpu_preset
 from pdmux_triton.spec.models import model_preset
 from pdmux_triton.spec.traces import load_trace
 
@@ -231,7 +231,8 @@ def run(args) -> int:
                          f"compares both sides: simulate or read them offline together)")
     args.cache = ("on", "off") if args.cache == "both" else (args.cache,)
     start, count = args.window
-    card_inputs(args, measuring=bool(args.rates))
+    card_inputs(args, measuring="without a GPU, drop --rates to simulate or read the points "
+                "back with --offline" if args.rates else None)
     model, gpu = model_preset("qwen3-8b"), gpu_preset(args.gpu)
     kv_tokens = step_cost.kv_capacity_tokens(gpu, model)
     measured = bool(args.rates) or args.offline
@@ -254,9 +255,10 @@ def run(args) -> int:
             t["capacity"][cache] = (capacity_run(args, trace, start, count, cache, folder,
                                                  strategies) if strategies else None)
         if not any(t["capacity"].values()):
-            raise PdmuxError(f"none of {', '.join(args.strategies)} was measured on {name} rows "
-                             f"{start}+{count} (under {Path(args.out) / 'prefix-cache'}): "
-                             f"measure them on the GPU (--rates)")
+            raise PdmuxError(f"none of {', '.join(args.strategies)} was measured on the "
+                             f"{args.gpu} on {name} rows {start}+{count} (under "
+                             f"{Path(args.out) / 'prefix-cache'}): measure them on the GPU "
+                             f"(--rates), or name the card they were measured on (--gpu)")
         write_json(path, data)  # a save point after each trace
     data["summary"] = summarize(data["traces"])
     return finish(path, data, table(data["summary"], args.gpu))
@@ -280,9 +282,6 @@ def main(argv=None) -> int:
     p.add_argument("--cache", type=choice(("on", "off", "both")), default="both",
                    help="the cache sides served: a measured point at a slow rate fills a device "
                         "call, so one side a call keeps the other from being cut half-way")
-    p.add_argument("--gpu", type=choice(tuple(GPUS)),
-                   help="the card whose points these are, priced by its bench/results files "
-                        "(default: this machine's when measuring, else h200)")
     bench_inputs(p, *MEASURED_ON_H200, by_gpu=True)
     p.set_defaults(slo_ttft_ms=10000.0, slo_tpot_ms=50.0)
     return run_script(p, run, argv)

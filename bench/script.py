@@ -8,11 +8,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from pdmux_triton.cli.parsing import Parser, number
+from pdmux_triton.cli.parsing import Parser, choice, number
 from pdmux_triton.cost.measured_inputs import input_files
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.results import write_json
-from pdmux_triton.spec.gpus import detect_gpu
+from pdmux_triton.spec.gpus import GPUS, detect_gpu
 
 
 def run_script(parser: Parser, run, argv=None, interrupted: str = "interrupted") -> int:
@@ -59,8 +59,13 @@ def points_parser(script: str, doc: str, points, what: str) -> Parser:
 def bench_inputs(parser: argparse.ArgumentParser, *measured: str, ttft: bool = True,
                  by_gpu: bool = False) -> None:
     """A bench script's SLO targets and the measured files it prices work with (`measured`
-    among MEASURED_STEMS' names; the H200's by default, or with `by_gpu` none: the script
-    takes its --gpu's, `measured_on(gpu)`)."""
+    among MEASURED_ON_H200's names; the H200's by default, or with `by_gpu` none, and a --gpu
+    naming the card whose points the script reads and whose files price them:
+    `card_inputs` settles both)."""
+    if by_gpu:
+        parser.add_argument("--gpu", type=choice(tuple(GPUS)),
+                            help="the card whose points these are, priced by its bench/results "
+                                 "files (default: this machine's when measuring, else h200)")
     if ttft:
         parser.add_argument("--slo-ttft-ms", type=number(), default=2000.0)
     parser.add_argument("--slo-tpot-ms", type=number(), default=25.0)
@@ -81,12 +86,16 @@ def fill_measured(args: argparse.Namespace) -> None:
             setattr(args, name, path)
 
 
-def card_inputs(args: argparse.Namespace, measuring: bool) -> None:
+def card_inputs(args: argparse.Namespace, measuring: str | None) -> None:
     """Settles the card a `bench_inputs(..., by_gpu=True)` script's points are of (`--gpu`:
-    measuring, this machine's, another refused; reading or simulating, the H200 unless named)
-    and fills the measured files not given with that card's own (`fill_measured`)."""
-    if measuring:
-        here = detect_gpu().name
+    `measuring` (what to do without a GPU, or None), this machine's, another refused; reading
+    or simulating, the H200 unless named) and fills the measured files not given with that
+    card's own (`fill_measured`)."""
+    if measuring is not None:
+        try:
+            here = detect_gpu().name
+        except PdmuxError as err:
+            raise PdmuxError(f"{err}: measuring needs one ({measuring})") from None
         if args.gpu not in (None, here):
             raise PdmuxError(f"--gpu {args.gpu}: points are measured on this machine's GPU, "
                              f"the {here} (--gpu names another card's points with --offline)")

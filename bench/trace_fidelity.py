@@ -62,7 +62,7 @@ from pdmux_triton.experiments.settings import RunSettings, make_requests
 from pdmux_triton.experiments.variants import served_by, variant
 from pdmux_triton.results import PointStore, provenance, read_json, write_json
 from pdmux_triton.serve.metrics import ROUND_US, Slo, diagnostics, stale_mixed_steps
-from pdmux_triton.spec.gpus import GPUS, detect_gpu, gpu_preset
+from pdmux_triton.spec.gpus import detect_gpu, gpu_preset
 from pdmux_triton.spec.models import model_preset
 from pdmux_triton.spec.traffic import Request
 
@@ -707,7 +707,8 @@ def plan(args) -> int:
 
 
 def run(args) -> int:
-    card_inputs(args, measuring=not (args.offline or args.plan))
+    card_inputs(args, measuring=None if args.offline or args.plan else
+                "without a GPU, --offline reads the points back and --plan simulates")
     if args.plan:
         return plan(args)
     # refused before any work
@@ -756,9 +757,6 @@ def run(args) -> int:
 
 def main(argv=None) -> int:
     p = bench_parser("trace_fidelity.py", __doc__)
-    p.add_argument("--gpu", type=choice(tuple(GPUS)),
-                   help="the card whose points are judged, priced by its bench/results files "
-                        "(default: this machine's when measuring, else h200)")
     bench_inputs(p, *MEASURED_ON_H200, by_gpu=True)
     p.add_argument("--traces", type=listed(choice(tuple(TRACES)), "trace"), default=tuple(TRACES))
     p.add_argument("--strategies", type=listed(choice(STRATEGIES), "strategy"),

@@ -1224,7 +1224,7 @@ def test_trace_fidelity_serves_a_stale_chunked_point_again_and_judges_it_as_it_r
     trace_fidelity.main(["--offline", "--traces", "conv", "--strategies",
                          "chunked_512,prefill_first"])
     import script
-    script.card_inputs(grabbed["args"], measuring=False)  # offline: the H200's points, files
+    script.card_inputs(grabbed["args"], measuring=None)  # offline: the H200's points, files
     assert grabbed["args"].gpu == "h200"
     assert grabbed["args"].host_costs == "bench/results/host-costs-h200.json"
     seen = {}
@@ -1252,7 +1252,7 @@ def test_bench_scripts_judge_the_points_of_the_card_they_name(monkeypatch):
     def resolved(offline=False, plan=False, **given):
         args = argparse.Namespace(**{"gpu": None, "calibration": None, "compare": None,
                                      "host_costs": None, **given})
-        script.card_inputs(args, measuring=not (offline or plan))
+        script.card_inputs(args, measuring=None if offline or plan else "no GPU: read them")
         return args
 
     monkeypatch.setattr(script, "detect_gpu", lambda: gpu_preset("h100-sxm"))
@@ -1935,12 +1935,13 @@ def test_prefix_cache_offline_summarizes_each_side_as_measured(tmp_path):
 
 
 def test_prefix_cache_measures_on_this_machines_card_only(monkeypatch, capsys):
-    """Measuring (--rates), the points are this machine's card's: another card named is
-    refused in one line before anything is served."""
+    """Measuring (--rates), the points are this machine's card's: another card named, or no
+    GPU, is refused in one line (naming what runs without one) before anything is served."""
     sys.path.insert(0, "bench")
     import prefix_cache
     import script
 
+    from pdmux_triton.errors import PdmuxError
     from pdmux_triton.spec.gpus import gpu_preset
 
     monkeypatch.setattr(script, "detect_gpu", lambda: gpu_preset("h100-sxm"))
@@ -1950,6 +1951,14 @@ def test_prefix_cache_measures_on_this_machines_card_only(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "--gpu h200: points are measured on this machine's GPU, the h100-sxm" in err
     assert not served and "Traceback" not in err
+
+    def no_gpu():
+        raise PdmuxError("no CUDA GPU is visible to torch")
+    monkeypatch.setattr(script, "detect_gpu", no_gpu)
+    assert prefix_cache.main(["--rates", "1", "--traces", "syn"]) == 2
+    err = capsys.readouterr().err
+    assert "no CUDA GPU is visible to torch: measuring needs one (without a GPU, drop --rates" \
+        in err and not served and "Traceback" not in err
 
 
 def test_prefill_rate_fit_recovers_a_linear_and_an_attention_rate():
