@@ -527,6 +527,9 @@ def test_offline_a_stale_chunked_point_is_judged_against_the_executor_it_was_ser
         assert row_old[f"simulated_{c}_capacity_rps"] == row[f"simulated_{c}_capacity_rps"]
     assert "all simulated rates" in row_old["sim_error_read_from"].values()
 
+    with pytest.raises(PdmuxError, match="measured sweep cannot be priced as an older"):
+        capacity.Sweep(s, stale, log=None, served=gpu[3.0])  # served: simulated sweeps only
+
     fresh, before = offline("fresh")
     row_before = before["summary"]["strategies"]["chunked_512"]
     assert "judged_as_served_before_decode_rows_left_the_extend_kernel" not in before

@@ -120,6 +120,8 @@ class Sweep:
         ON_RUN_HOST); `served` (simulated, its strategy's points only): price on the executor
         that measured point was served on (`metrics.as_served`; a mode ending in AS_SERVED
         where that is not today's)."""
+        if served is not None and not s.simulate:  # (a measured sweep serves today's executor)
+            raise PdmuxError("a measured sweep cannot be priced as an older executor served")
         self.s, self.store, self.log, self.offline = s, store, log, offline
         self.diagnostics, self.on_host_s, self.served = diagnostics, on_host_s, served
         self.mode = ("gpu" if not s.simulate else "simulated" if on_host_s is None

@@ -41,7 +41,8 @@ def stale_mixed_steps(strategy: str, saved: dict) -> bool:
     """A chunked strategy's run (its diagnostics, a strategy's details or a capacity point)
     saved before a mixed step's decode rows left the extend kernel (without
     `MIXED_DECODE_ROWS`): its chunked rounds are not today's, so a resumed sweep serves it
-    again, and fits and replays price its rounds as they ran (`as_served`)."""
+    again, and fits, replays and `capacity --offline` price its rounds as they ran
+    (`as_served`)."""
     return strategy.startswith("chunked_") and saved.get("mixed_decode_rows") != MIXED_DECODE_ROWS
 
 
