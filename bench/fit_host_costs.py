@@ -390,9 +390,7 @@ def fit_whole_gpu_prefill(rows, model, prefill, overheads,
     MIN_BUSY_BATCHES or more (`ratio_by_busy_share`, where two bins hold that many).
     None where fewer than MIN_PREFILLS batches are bound by their GPU."""
     peak = prefill.peak_tflops * 1e12
-    flops = np.array([sum(step_cost.layer_flops(model, n, cached, model.layers)
-                          for n, cached in r["seqs"]) + step_cost.lm_head_flops(model, r["prompts"])
-                      for r in rows]) / peak
+    flops = np.array([step_cost.batch_flops(model, r["seqs"]) for r in rows]) / peak
     host = np.array([r["host_s"] for r in rows])
     launches = np.array([step_cost.launch_layers_s(model.layers, r["host_s"], r.get("later_s"))
                          for r in rows])

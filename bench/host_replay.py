@@ -29,7 +29,7 @@ from pathlib import Path
 
 from corun_rounds import Pricer
 from launch_bound_hosts import MIN_LAUNCHES, LayerPrice, launch_bound
-from script import MEASURED_ON_H200, bench_inputs, bench_parser, finish, run_script
+from script import MEASURED_ON_H200, bench_inputs, bench_parser, card_inputs, finish, run_script
 from trace_fidelity import COUNT, Key, error_pct, settings, worst_by_metric
 
 from pdmux_triton.cost import step_cost
@@ -42,8 +42,9 @@ from pdmux_triton.results import PointStore, provenance, read_json
 from pdmux_triton.serve.metrics import as_served
 from pdmux_triton.serve.simulated import SimExecutor
 
-POINTS = "bench/results/trace-fidelity/points-h200.jsonl"
-FIDELITY = "bench/results/trace-fidelity-h200.json"
+# a card's committed trace points and trace_fidelity's file on them (`--gpu`)
+POINTS = "bench/results/trace-fidelity/points-{gpu}.jsonl"
+FIDELITY = "bench/results/trace-fidelity-{gpu}.json"
 HOST_WINDOW_S = 2.0  # a host's phases last 5-30 s: the launches within +-1 s of a moment
 FIGURES = ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "e2e_p50_ms")
 
@@ -200,9 +201,11 @@ def stable_region(path: str) -> dict[tuple, bool]:
 
 
 def run(args) -> int:
-    overheads = load_host_costs(args.host_costs)
-    gpu = read_json(args.host_costs, "host-costs file").get("gpu", "")
-    args.gpu = gpu  # trace_fidelity's settings simulate on the host costs' GPU
+    card_inputs(args, measuring=None)  # the H200 unless named, priced by its files
+    gpu = args.gpu
+    args.points = args.points or POINTS.format(gpu=gpu)
+    args.fidelity = args.fidelity or FIDELITY.format(gpu=gpu)
+    overheads = load_host_costs(args.host_costs, gpu)
     stable = stable_region(args.fidelity)
     price = LayerPrice(Pricer(args.points, args.calibration, args.compare, overheads, gpu),
                        overheads)
@@ -235,13 +238,13 @@ def run(args) -> int:
 
 def parser():
     p = bench_parser("host_replay.py", __doc__)
-    bench_inputs(p, *MEASURED_ON_H200)
-    p.add_argument("--points", default=POINTS, help="bench/trace_fidelity.py's measured points")
-    p.add_argument("--fidelity", default=FIDELITY,
-                   help="bench/trace_fidelity.py's file, for each point's stable region")
-    # what trace_fidelity's settings read besides: its windows' length, a simulation's, and
-    # its card (`run` takes the host costs' own)
-    p.set_defaults(count=COUNT, offline=True, repeats=1, strategies=(), gpu="h200")
+    bench_inputs(p, *MEASURED_ON_H200, by_gpu=True)
+    p.add_argument("--points", help="bench/trace_fidelity.py's measured points (default: "
+                                    "--gpu's committed ones)")
+    p.add_argument("--fidelity", help="bench/trace_fidelity.py's file, for each point's stable "
+                                      "region (default: --gpu's committed one)")
+    # what trace_fidelity's settings read besides: its windows' length, a simulation's
+    p.set_defaults(count=COUNT, offline=True, repeats=1, strategies=())
     return p
 
 

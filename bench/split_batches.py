@@ -121,9 +121,8 @@ def split_batches(point: dict, requests: list[Request], pricer: Pricer,
             continue
         lens, sms, began = b.pop("prompt_lens"), b["prefill_sms"], b["start"] + upload_s
         # as the simulator prices it: its FLOPs slowed by its part-empty GEMM waves
-        flops = (sum(step_cost.layer_flops(pricer.model, n) for n in lens)
-                 + step_cost.lm_head_flops(pricer.model, b["prompts"])) * \
-            pricer.sim.wave_slowdown([(n, 0) for n in lens], sms)
+        seqs = [(n, 0) for n in lens]
+        flops = step_cost.batch_flops(pricer.model, seqs) * pricer.sim.wave_slowdown(seqs, sms)
         rows.append({**b, "busy": covered_s(spans, began - SUSTAINED_WINDOW_S, began)
                      / SUSTAINED_WINDOW_S,
                      "corun_s": step_cost.compute_s(flops, pricer.sim.prefill_rate, sms, True)})

@@ -2138,7 +2138,7 @@ def test_a_cards_prefill_speed_is_its_long_batches_price_over_their_gpu_time(tmp
                              point_name)
     from corun_rounds import Pricer
     from split_batches import point_requests
-    from trace_fidelity import Key, batch_prompts, prefill_batches
+    from trace_fidelity import Key, taken_batches
 
     from pdmux_triton.cost.measured_inputs import load_host_costs
     from pdmux_triton.results import PointStore
@@ -2152,8 +2152,7 @@ def test_a_cards_prefill_speed_is_its_long_batches_price_over_their_gpu_time(tmp
     requests = point_requests(path, point, pricer.gpu.name)
     host = overheads.on_host(point["diagnostics"]["host_layer_us"] / 1e6)
     sim = pricer.sim
-    batches = sorted(prefill_batches(point["diagnostics"]).items(), key=lambda b: b[1][0])
-    taken = batch_prompts([(p, t + c) for _, (_, t, p, c) in batches], requests)
+    batches, taken = taken_batches(point["diagnostics"], requests)
     long = [t >= MIN_TOKENS for _, (_, t, *_) in batches]
     assert 4 <= sum(long) < len(batches)  # some batches are too short to count
 
@@ -2300,9 +2299,11 @@ def test_host_replay_judges_each_first_repeat_on_both_hosts(tmp_path):
     from pdmux_triton.cost.measured_inputs import load_host_costs
     from pdmux_triton.results import PointStore
 
+    import script
     args = host_replay.parser().parse_args([])
+    script.card_inputs(args, measuring=None)
     overheads = load_host_costs(args.host_costs)
-    points = PointStore(host_replay.POINTS, Key).points.values()
+    points = PointStore(host_replay.POINTS.format(gpu="h200"), Key).points.values()
     for name in ("prefill_first", "chunked_512"):
         point = next(p for p in points if p["strategy"] == name and p["trace"] == "code")
         median = point["diagnostics"]["host_layer_us"] / 1e6

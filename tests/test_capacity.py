@@ -506,8 +506,10 @@ def test_offline_a_stale_chunked_point_is_judged_against_the_executor_it_was_ser
     # simulated on the points' executor: with one stale point and one not, there is none
     for c in ("goodput", "sarathi"):
         if row["sim_error_read_from"][c] not in ("measured rates", None):
-            assert row["sim_error_read_from"][c] == "none: the points ran on two executors"
+            assert row["sim_error_read_from"][c] == capacity.ON_TWO_EXECUTORS
             assert row["sim_error_pct"][c] is None
+            assert any("served on two executors" in n for n in tables.capacity_notes(result, 40))
+    assert capacity.ON_TWO_EXECUTORS in row["sim_error_read_from"].values()
     assert [r for (mode, r) in at if mode == "simulated" + as_served] == [3.0]  # no search
     # the as-served points are simulated points: an offline rerun forgets them with today's
     assert stale.forget(capacity.simulated_for(("chunked_512",))) == sum(

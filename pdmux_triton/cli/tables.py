@@ -7,6 +7,7 @@ import math
 from collections.abc import Callable, Sequence
 
 from pdmux_triton.experiments import capacity_search
+from pdmux_triton.experiments.capacity import ON_TWO_EXECUTORS
 from pdmux_triton.measure.comparison_errors import EMULATIONS
 from pdmux_triton.multiplex import sglang_rules
 from pdmux_triton.results import SHIPPED_PREFIX
@@ -293,6 +294,12 @@ def capacity_notes(result: dict, count: int) -> list[str]:
         notes.append("*: the simulation met the criterion at every measured rate or at none, so "
                      "those rates only bound it; it is read from its crossing over all its "
                      "simulated rates instead")
+    if any(row.get("sim_error_read_from", {}).get(c) == ON_TWO_EXECUTORS
+           for row in rows.values() for c in row.get("sim_error_pct", {})):
+        notes.append("-: the simulation met the criterion at every measured rate or at none, "
+                     "and the measured points were served on two executors (some before a "
+                     "mixed step's decode rows left the extend kernel), so no one simulated "
+                     "crossing compares with them: measure the stale ones again")
     if any(row.get("simulated_on_run_hosts") for row in rows.values()):
         notes.append("simulated at those rates: each measured point priced on the host its run "
                      "timed (an eager layer's launch, `host_layer_p50_ms`), as `Overheads.on_host` "

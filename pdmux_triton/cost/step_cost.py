@@ -68,6 +68,14 @@ def prefill_flops(model: ModelSpec, tokens: int, prefix: int = 0) -> float:
     return layer_flops(model, tokens, prefix) + lm_head_flops(model, 1)
 
 
+def batch_flops(model: ModelSpec, seqs, layers: int | None = None,
+                samples: bool = True) -> float:
+    """A prefill batch over `layers` layers (`seqs`: each prompt's (new, cached) tokens),
+    with its LM head over one row a prompt where it `samples`: what a batch's price reads."""
+    flops = sum(layer_flops(model, n, cached, layers) for n, cached in seqs)
+    return flops + (lm_head_flops(model, len(seqs)) if samples else 0.0)
+
+
 def footprint_bytes(model: ModelSpec, kv_tokens: int) -> float:
     """GPU memory a model holding `kv_tokens` tokens of KV cache needs: every weight (the
     embedding table too, unless the LM head is it) and the cache, activations aside."""

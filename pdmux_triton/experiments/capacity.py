@@ -93,6 +93,9 @@ ON_RUN_HOST = "simulated_on_run_host"
 # (`metrics.as_served`), kept apart from today's simulation, which is the prediction
 AS_SERVED = "_as_served"
 SIMULATED = ("simulated", ON_RUN_HOST)
+# where a bounded simulation is read (`sim_error_read_from`) when a strategy's points ran on
+# both executors: no one simulation's crossing compares with them
+ON_TWO_EXECUTORS = "none: the points ran on two executors"
 
 
 def is_simulated(point: dict) -> bool:
@@ -201,7 +204,7 @@ def _simulate_as_served(simulated: Sweep, measured: Sweep, v: Variant, criteria:
     try:
         for rate, _ in then:
             as_ran.measure(v, rate)
-        if len(then) == len(points):  # (read only where every point ran on that executor)
+        if _executor(p for _, p in points) == AS_SERVED:  # (read only then: `_result`)
             for c in CRITERIA:
                 _searched(as_ran, v, getattr(criteria, c),
                           found[f"simulated_{c}_capacity_rps"] or then[-1][0], tol)
@@ -333,25 +336,23 @@ def _result(s: RunSettings, chosen: list[Variant], criteria: Criteria, store: Po
         if measured:
             # like for like: the simulation read at the rates measured, the same way, each
             # measured point's on the executor it was served on
-            rates = {p["rate"] for p in mine}
             beside = _beside(store, mine, "simulated")
             # each measured point's simulation on its run's own host, where every run timed it
             on_hosts = _beside(store, mine, ON_RUN_HOST)
-            row["simulated_on_run_hosts"] = bool(rates) and len(on_hosts) == len(rates)
+            row["simulated_on_run_hosts"] = bool(mine) and len(on_hosts) == len(mine)
             if row["simulated_on_run_hosts"]:
                 beside = on_hosts
             # where those rates only bound it: every rate simulated on the executor the
             # points ran on (as served where all were stale; none where they ran on two)
-            executor = ("" if not row["stale_mixed_step_points"] else AS_SERVED
-                        if row["stale_mixed_step_points"] == len(mine) else None)
-            simulated = sorted((p["rate"], p) for p in store.points.values()
-                               if p["strategy"] == v.name and executor is not None
-                               and p["mode"] == "simulated" + executor)
+            executor = _executor(mine)
+            simulated = [] if executor is None else sorted(
+                (p["rate"], p) for p in store.points.values()
+                if p["strategy"] == v.name and p["mode"] == "simulated" + executor)
             row["sim_error_pct"], row["sim_error_read_from"] = {}, {}
             for c in CRITERIA:
                 margin = getattr(criteria, c)
                 cap = (capacity_search.crossing(beside, margin)
-                       if len(beside) == len(rates) else None)
+                       if len(beside) == len(mine) else None)
                 row[f"simulated_{c}_capacity_at_measured_rates_rps"] = cap
                 # where the simulation meets the criterion at every measured rate, or at none,
                 # those rates only bound it: its error is read from all its points instead
@@ -362,7 +363,7 @@ def _result(s: RunSettings, chosen: list[Variant], criteria: Criteria, store: Po
                 row["sim_error_read_from"][c] = (
                     None if cap is None else "measured rates" if not bounded
                     else "all simulated rates" if simulated
-                    else "none: the points ran on two executors")
+                    else ON_TWO_EXECUTORS)
                 row["sim_error_pct"][c] = _error(sim, res[f"{c}_capacity_rps"])
             row["latency_sim_error_pct"] = _latency_errors(mine, dict(beside))
             as_they_ran += [f"{v.name} {r:g} req/s" for r, p in by_rate if _stale(p)]
@@ -394,6 +395,14 @@ def _beside(store: PointStore, points: list[dict], mode: str) -> list[tuple[floa
     executor that point was served on (`Sweep`'s `served`)."""
     return sorted((p["rate"], sim) for p in points if (sim := store.get(
         PointKey(mode + (AS_SERVED if _stale(p) else ""), p["strategy"], p["rate"]))))
+
+
+def _executor(points) -> str | None:
+    """The mode suffix of the executor all the measured `points` were served on: today's
+    (""), the one before a mixed step's decode rows left the extend kernel (AS_SERVED), or
+    None where they ran on both."""
+    stale = {_stale(p) for p in points}
+    return None if len(stale) > 1 else AS_SERVED if stale == {True} else ""
 
 
 def _stale(point: dict) -> bool:

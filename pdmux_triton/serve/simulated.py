@@ -274,10 +274,7 @@ class SimExecutor:
         """A prefill batch's FLOPs over `layers` layers (`seqs`: each prompt's (new, cached)
         tokens), with its LM head where it `samples`, over this card's prefill speed: what its
         price at the costs' rates stretches or shrinks by."""
-        flops = sum(step_cost.layer_flops(self.model, n, cached, layers) for n, cached in seqs)
-        if samples:
-            flops += step_cost.lm_head_flops(self.model, len(seqs))
-        return flops / self.prefill_speed
+        return step_cost.batch_flops(self.model, seqs, layers, samples) / self.prefill_speed
 
     def whole_gpu_prefill_s(self, seqs, layers: int, samples: bool) -> float:
         """A prefill batch's GPU time with the whole GPU to itself (`_flops`' arguments): at
