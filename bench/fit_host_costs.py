@@ -45,7 +45,10 @@ it to a host-costs file (`calibrate --host-costs`'s):
 - by_kind: the two entries above again for each other partition kind (OTHER_KINDS: green
   contexts), fitted on that kind's pd-mux points alone where they allow it: a green
   context's split prefill keeps less of its own burst rate than a capped grid's, and its
-  decode beside it runs at another ratio; the top-level entries are the grid cap's;
+  decode beside it runs at another ratio; the top-level entries are the grid cap's. Where
+  its large batches are too few to read two levels apart but enough in all, its split
+  prefill is the grid cap's levels scaled by the median of its batches' ratios over the grid
+  cap's at their SMs (split_batches.scaled_levels);
 - whole_gpu_prefill: the MFU at which prefill-first's prefill batches bound by their GPU were
   served (each batch's FLOPs over its span less its eager step), where the measurements hold
   them (trace_fidelity's points): the comparison times prefill alone on at most its levels'
@@ -796,9 +799,11 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
     host.pop("split_prefill_served", None)
     served_by_kind = {}
     for kind in ("grid_cap", *OTHER_KINDS):
+        # another kind whose levels are too thin alone: the grid cap's, scaled by its batches
+        base = None if kind == "grid_cap" else served_by_kind["grid_cap"]["ratio_by_prefill_sms"]
         kept = served_by_kind[kind] = served_sustained(list(by_file), calibration, compare, replace(
             overheads, mixed=mixed, by_kind=(), prefill_batch_s=(batch or {}).get(
-                "seconds", overheads.prefill_batch_s)), gpu.name, kind)
+                "seconds", overheads.prefill_batch_s)), gpu.name, kind, base)
         if len(kept["ratio_by_prefill_sms"]) >= 2:
             (by_kind[kind] if kind in by_kind else host)["split_prefill_served"] = {
                 **kept, "calibration": Path(calibration).name, "compare": Path(compare).name}
@@ -848,8 +853,11 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
         lines.append(f"a level's prefill on a busy GPU as served over its burst ({kind}): "
                      + (", ".join(f"{sms} SMs {ratio:.3f}"
                                   for sms, ratio in kept["ratio_by_prefill_sms"])
-                        + f" ({kept['batches']} batches)" if "split_prefill_served" in fits else
-                        "not fitted (too few large pd-mux batches at two levels): "
+                        + f" ({kept['batches']} batches"
+                        + (f"; too few at each level to read them apart: the grid cap's x "
+                           f"{kept['scaled_from_base_by']:.3f}" if "scaled_from_base_by" in kept
+                           else "") + ")" if "split_prefill_served" in fits else
+                        "not fitted (too few large pd-mux batches at two levels, or in all): "
                         + ("the sustained bench's" if kind == "grid_cap" else "the grid cap's")))
         if kept["points_left_out"]:
             lines.append(f"pd-mux points ({kind}) whose batches and requests disagree, left "

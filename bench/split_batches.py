@@ -167,17 +167,43 @@ def ratio_by_prefill_sms(rows: list[dict], min_batches: int = MIN_BATCHES) -> li
             if len(r) >= min_batches]
 
 
+def scaled_levels(rows: list[dict], base: list[list],
+                  min_batches: int = MIN_BATCHES) -> tuple[list[list], float, int] | None:
+    """A kind's ratios where its counted batches are too few to read two levels apart: the
+    `base` kind's [prefill SMs, ratio] levels times the median over those batches of each
+    one's ratio over the base's at its SMs (interpolated between the base's levels, held
+    beyond them), where at least `min_batches` count over all its levels and the base has
+    two; else None. Returns (the levels, that factor, the batches it rests on)."""
+    sms, ratios = [s for s, _ in base], [r for _, r in base]
+    relative = [row["corun_s"] / row["seconds"] / float(np.interp(row["prefill_sms"], sms, ratios))
+                for row in rows if counted(row) and row["seconds"] > 0]
+    if len(base) < 2 or len(relative) < min_batches:
+        return None
+    factor = float(np.median(relative))
+    return [[s, r * factor] for s, r in base], factor, len(relative)
+
+
 def served_sustained(paths, calibration: str, compare: str, overheads: step_cost.Overheads,
-                     gpu: str, kind: str = "grid_cap") -> dict:
+                     gpu: str, kind: str = "grid_cap", base: list[list] | None = None) -> dict:
     """The host-costs file's `split_prefill_served` for partition `kind` over the points
     files' batches, pooled: each level's ratio (`ratio_by_prefill_sms`), the batches it rests
-    on and what was left out."""
+    on and what was left out. Where fewer than two of its levels hold enough batches and a
+    `base` kind's levels are given (the grid cap's), those scaled by this kind's batches
+    (`scaled_levels`, its factor kept as `scaled_from_base_by`): a green context's split
+    prefill keeps less of its burst rate than a capped grid's at every level measured, and
+    one level read alone would price the others at the grid cap's."""
     by_file, left_out = served_batches(paths, calibration, compare, overheads, gpu, kind)
-    levels = ratio_by_prefill_sms([row for rows in by_file.values() for row in rows])
-    return {"ratio_by_prefill_sms": [[sms, ratio] for sms, ratio, _ in levels],
+    rows = [row for rows in by_file.values() for row in rows]
+    levels = ratio_by_prefill_sms(rows)
+    kept = {"ratio_by_prefill_sms": [[sms, ratio] for sms, ratio, _ in levels],
             "batches": sum(n for *_, n in levels), "min_tokens": MIN_TOKENS,
             "min_busy": MIN_BUSY, "points_left_out": left_out,
             "files": [f"{Path(p).parent.name}/{Path(p).name}" for p in by_file]}
+    scaled = scaled_levels(rows, base) if len(levels) < 2 and base else None
+    if scaled is not None:
+        kept.update(ratio_by_prefill_sms=scaled[0], batches=scaled[2],
+                    scaled_from_base_by=scaled[1])
+    return kept
 
 
 def table(data: dict) -> str:

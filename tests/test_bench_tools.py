@@ -2065,6 +2065,61 @@ def test_split_batches_read_each_batchs_prompts_level_busy_share_and_price():
     assert ratio_by_prefill_sms(kept + dropped, min_batches=4) == []
 
 
+def test_a_kind_too_thin_to_read_level_by_level_scales_the_grid_caps_levels():
+    """Another kind's batches too few for two levels of their own: the grid cap's levels
+    times the median of each counted batch's ratio over the grid cap's at its SMs (read
+    between its levels, held beyond them); None with too few counted batches in all or a base
+    of one level. Batches that do not count (too small, cached, after an idle GPU) are not
+    read."""
+    sys.path.insert(0, "bench")
+    from split_batches import MIN_BUSY, MIN_TOKENS, scaled_levels
+
+    base = [[72, 1.0], [112, 0.9]]
+    row = {"tokens": MIN_TOKENS, "cached": 0, "busy": MIN_BUSY, "seconds": 0.1}
+    # at 72 SMs 0.9 of the base's 1.0; at 92 (half way: 0.95) 0.95 x 0.8; beyond 112 (0.9 held)
+    rows = ([{**row, "prefill_sms": 72, "corun_s": 0.09}] * 3
+            + [{**row, "prefill_sms": 92, "corun_s": 0.1 * 0.95 * 0.8}] * 2
+            + [{**row, "prefill_sms": 120, "corun_s": 0.1 * 0.9 * 0.85}] * 2)
+    dropped = [{**row, "prefill_sms": 72, "corun_s": 0.5, **bad} for bad in (
+        {"tokens": MIN_TOKENS - 1}, {"cached": 16}, {"busy": MIN_BUSY - 0.01})]
+    levels, factor, batches = scaled_levels(rows + dropped, base, min_batches=7)
+    assert batches == 7 and factor == pytest.approx(0.85)  # 0.8, 0.8, 0.85, 0.85, 0.9 x 3
+    assert levels == [[72, pytest.approx(0.85)], [112, pytest.approx(0.9 * 0.85)]]
+    assert scaled_levels(rows + dropped, base, min_batches=8) is None
+    assert scaled_levels(rows, base[:1], min_batches=1) is None
+
+
+def test_fit_host_costs_scales_the_grid_caps_split_levels_for_the_h100s_thin_green_points(
+        tmp_path):
+    """The H100's green points hold large split batches at five levels but ten at only one:
+    its green split prefill is the grid cap's levels scaled by those batches (the file says
+    by how much, and the shipped file holds this fit); the H200's, read at two levels of its
+    own, is not scaled."""
+    host = tmp_path / "host-costs-h100-sxm.json"
+    host.write_text(Path("bench/results/host-costs-h100-sxm.json").read_text())
+    out = subprocess.run([sys.executable, "bench/fit_host_costs.py",
+                          "bench/results/trace-fidelity/points-h100-sxm.jsonl", str(host),
+                          "--calibration", "bench/results/calibrate-h100-sxm.json",
+                          "--compare", "bench/results/compare-h100-sxm.json"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "the grid cap's x" in out.stdout
+    fitted = json.loads(host.read_text())
+    green, grid = fitted["by_kind"]["green"]["split_prefill_served"], fitted[
+        "split_prefill_served"]
+    factor = green["scaled_from_base_by"]
+    assert 0.8 < factor < 1 and green["batches"] >= 10
+    assert [s for s, _ in green["ratio_by_prefill_sms"]] == [
+        s for s, _ in grid["ratio_by_prefill_sms"]]
+    for (_, mine), (_, theirs) in zip(green["ratio_by_prefill_sms"], grid["ratio_by_prefill_sms"]):
+        assert mine == pytest.approx(theirs * factor)
+    shipped = json.loads(Path("pdmux_triton/measured/host-costs-h100-sxm.json").read_text())
+    assert shipped["by_kind"]["green"]["split_prefill_served"]["ratio_by_prefill_sms"] == [
+        [s, pytest.approx(r)] for s, r in green["ratio_by_prefill_sms"]]
+    h200 = json.loads(Path("pdmux_triton/measured/host-costs-h200.json").read_text())
+    assert "scaled_from_base_by" not in h200["by_kind"]["green"]["split_prefill_served"]
+
+
 def test_served_split_prefill_ratios_from_the_committed_points(tmp_path):
     """The committed points' served batches (every pd-mux point's prompts recovered, the
     prefix-cache folders' too) give a ratio within 0.8-1.05 of the comparison's burst at two
