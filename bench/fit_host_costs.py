@@ -851,14 +851,7 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
     for kind, kept in served_by_kind.items():
         fits = host if kind == "grid_cap" else host.get("by_kind", {}).get(kind, {})
         lines.append(f"a level's prefill on a busy GPU as served over its burst ({kind}): "
-                     + (", ".join(f"{sms} SMs {ratio:.3f}"
-                                  for sms, ratio in kept["ratio_by_prefill_sms"])
-                        + f" ({kept['batches']} batches"
-                        + (f"; too few at each level to read them apart: the grid cap's x "
-                           f"{kept['scaled_from_base_by']:.3f}" if "scaled_from_base_by" in kept
-                           else "") + ")" if "split_prefill_served" in fits else
-                        "not fitted (too few large pd-mux batches at two levels, or in all): "
-                        + ("the sustained bench's" if kind == "grid_cap" else "the grid cap's")))
+                     + _served_line(kind, kept, "split_prefill_served" in fits))
         if kept["points_left_out"]:
             lines.append(f"pd-mux points ({kind}) whose batches and requests disagree, left "
                          f"out: " + ", ".join(kept["points_left_out"]))
@@ -899,6 +892,19 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
                  f"({quality['launch_bound_share']:.0%} bound by their launches) |error| median "
                  f"{quality['median_abs_error']:.1%}, p90 {quality['p90_abs_error']:.1%}")
     return host, lines
+
+
+def _served_line(kind: str, kept: dict, fitted: bool) -> str:
+    """What the fit read of a kind's split prefill as served (`served_sustained`'s `kept`)."""
+    if not fitted:
+        if kind == "grid_cap":
+            return "not fitted (too few large pd-mux batches at two levels): the sustained bench's"
+        return ("not fitted (too few large pd-mux batches at two levels, or in all): the grid "
+                "cap's")
+    scaled = (f"; too few at each level to read them apart: the grid cap's x "
+              f"{kept['scaled_from_base_by']:.3f}" if "scaled_from_base_by" in kept else "")
+    return (", ".join(f"{sms} SMs {ratio:.3f}" for sms, ratio in kept["ratio_by_prefill_sms"])
+            + f" ({kept['batches']} batches{scaled})")
 
 
 def _eager_step_s(less_launches: np.ndarray, size: int, model, overheads) -> float:

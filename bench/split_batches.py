@@ -174,10 +174,12 @@ def scaled_levels(rows: list[dict], base: list[list],
     one's ratio over the base's at its SMs (interpolated between the base's levels, held
     beyond them), where at least `min_batches` count over all its levels and the base has
     two; else None. Returns (the levels, that factor, the batches it rests on)."""
+    if len(base) < 2:
+        return None
     sms, ratios = [s for s, _ in base], [r for _, r in base]
     relative = [row["corun_s"] / row["seconds"] / float(np.interp(row["prefill_sms"], sms, ratios))
                 for row in rows if counted(row) and row["seconds"] > 0]
-    if len(base) < 2 or len(relative) < min_batches:
+    if len(relative) < min_batches:
         return None
     factor = float(np.median(relative))
     return [[s, r * factor] for s, r in base], factor, len(relative)
@@ -189,9 +191,8 @@ def served_sustained(paths, calibration: str, compare: str, overheads: step_cost
     files' batches, pooled: each level's ratio (`ratio_by_prefill_sms`), the batches it rests
     on and what was left out. Where fewer than two of its levels hold enough batches and a
     `base` kind's levels are given (the grid cap's), those scaled by this kind's batches
-    (`scaled_levels`, its factor kept as `scaled_from_base_by`): a green context's split
-    prefill keeps less of its burst rate than a capped grid's at every level measured, and
-    one level read alone would price the others at the grid cap's."""
+    (`scaled_levels`, its factor kept as `scaled_from_base_by`), rather than pricing this
+    kind's split prefill at the base's own ratios."""
     by_file, left_out = served_batches(paths, calibration, compare, overheads, gpu, kind)
     rows = [row for rows in by_file.values() for row in rows]
     levels = ratio_by_prefill_sms(rows)

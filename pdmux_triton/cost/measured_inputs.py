@@ -245,8 +245,9 @@ KINDS_FITTED_APART = ("green", "pinned")
 
 def _by_kind(data: dict, path) -> tuple:
     """A host-costs file's `by_kind`: {kind: {split_prefill_served, decode_beside_prefill}},
-    what another partition kind's split levels were served at, fitted on its own points
-    (`Overheads.by_kind`); each entry read as the top-level ones are, either may be absent,
+    what another partition kind's split levels were served at, fitted on its own points (its
+    split prefill, where too few for two levels of its own, as the grid cap's levels scaled by
+    them: bench/fit_host_costs.py) (`Overheads.by_kind`); each entry read as the top-level ones are, either may be absent,
     not both. The grid cap's are the top-level entries, so it is no key here."""
     entries = data.get("by_kind", {})
     if not isinstance(entries, dict) or not all(isinstance(e, dict) for e in entries.values()):
