@@ -30,6 +30,7 @@
 #   PREFIX_RATES=0.6 PREFIX_WARM=40 PREFIX_STRATEGIES=prefill_first PREFIX_ARGS="--cache on" \
 #       bash bench/gpu_session.sh prefix   # one slow point a device call (~450 s)
 #   bash bench/gpu_session.sh gemm_rows   # decode GEMM tiles for 65-128 rows on 20-132 SMs
+#   bash bench/gpu_session.sh mixed   # a chunked step's layers by decode rows against their price
 #   bash bench/gpu_session.sh sustained   # a level's prefill sustained beside decode, with clocks
 #   SUSTAINED_ARGS="--batches 12288x9 --seconds 4 --busy-shares 0.3,0.6,0.8" bash \
 #       bench/gpu_session.sh sustained    # and busy part of the time: where the clocks fall
@@ -136,6 +137,10 @@ step sites ${SITES_S:-150} python3 bench/pinned_sites.py --out "$OUT"
 # after a cached prefix, on the whole GPU and on PREFILL_SMS (grid-capped): linear and
 # attention FLOPs' rates apart (NOTES 000d: attention over long contexts is priced short)
 step prefill ${PREFILL_S:-240} python3 bench/prefill_rate.py --out "$OUT" --sms ${PREFILL_SMS:-80,112}
+# a chunked-prefill step's layers by their decode rows against the simulator's price, with its
+# GEMMs and the rows' decode attention apart (bench/mixed_layers.py; issue 27: served rounds
+# with decode rows ran ~3 ms longer than priced, each further row less)
+step mixed ${MIXED_S:-240} python3 bench/mixed_layers.py --out "$OUT" ${MIXED_ARGS:-}
 # a level's prefill beside its decode for seconds on end against the comparison's ~60 ms burst,
 # with NVML's SM clock and power (bench/sustained_corun.py; issue 27: served PD-mux batches run
 # slower than the burst prices them)

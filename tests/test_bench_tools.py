@@ -75,6 +75,7 @@ def test_inner_loop_is_the_shortest_backward_branch_with_mma():
     ("bench/profile_decode.py", "torch sees none"), ("bench/pinned_sites.py", "torch sees none"),
     ("bench/gate_anatomy.py", "torch sees none"),
     ("bench/prefill_rate.py", "torch sees none"), ("bench/sustained_corun.py", "torch sees none"),
+    ("bench/mixed_layers.py", "torch sees none"),
     ("bench/trace_fidelity.py", "no CUDA GPU is visible to torch"),
     ("bench/host_profile.py", "no CUDA GPU is visible to torch")])
 def test_benchmarks_without_a_gpu_say_so_in_one_line(script, says):
@@ -85,6 +86,16 @@ def test_benchmarks_without_a_gpu_say_so_in_one_line(script, says):
     out = subprocess.run([sys.executable, script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and says in out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--rows", "0,x"], "--rows"), (["--rows", "1,1"], "--rows"), (["--rows", "-1"], "--rows"),
+    (["--contexts", "0"], "--contexts"), (["--chunk", "0"], "--chunk"),
+    (["--prefix", "-1"], "--prefix")])
+def test_mixed_layers_refuses_bad_values(argv, says):
+    out = subprocess.run([sys.executable, "bench/mixed_layers.py", *argv],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and says in out.stderr and "Traceback" not in out.stderr
 
 
 @pytest.mark.parametrize("argv,says", [

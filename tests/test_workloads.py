@@ -161,6 +161,54 @@ def test_prefill_layers_attend_over_a_cached_prefix():
     assert not torch.allclose(wl.model.cache.k[1][wl.batch.slots].float(), first.float())
 
 
+@pytest.mark.gpu
+def test_prefill_layers_with_decode_rows_run_a_mixed_step():
+    """Decode rows lead the batch as the executor packs a mixed step: one new token each after
+    its context, then the prompt's tokens; the FLOPs count them; the run writes each row's new
+    K at its own slot (after its context), reads its context (the next layer's K of the rows
+    moves when their cached context does) and leaves the context as it was."""
+    import torch
+
+    from pdmux_triton.cost import step_cost
+    from pdmux_triton.measure.workloads import PrefillLayers
+    from pdmux_triton.multiplex.partition import Budget
+
+    wl = PrefillLayers(TINY, tokens=97, layers=2, prefix=20, decode_rows=3, decode_context=40)
+    b = wl.batch
+    assert b.decode_rows == 3 and b.extend_lens == [1, 1, 1, 97]
+    assert b.prefix_lens == [40, 40, 40, 20] and b.decode_seq_lens.tolist() == [41] * 3
+    assert b.positions[:3].tolist() == [40] * 3 and int(b.positions[3]) == 20
+    assert len(set(b.slots.tolist())) == 100  # every new token its own slot
+    assert wl.amount == pytest.approx(step_cost.layer_flops(TINY, 97, 20, 2)
+                                      + 3 * step_cost.layer_flops(TINY, 1, 40, 2))
+    context = b.page_table[:3, :3].long()[:, :, None] * 16 + torch.arange(16, device="cuda")
+    context = context.reshape(3, -1)[:, :40]
+    before = wl.model.cache.k[0][context].clone()
+    rows_before = wl.model.cache.k[0][b.slots[:3]].clone()
+    wl.run(Budget(5))
+    torch.cuda.synchronize()
+    assert torch.equal(wl.model.cache.k[0][context], before)  # read, not written
+    assert not torch.equal(wl.model.cache.k[0][b.slots[:3]], rows_before)  # the rows' new K
+    first = wl.model.cache.k[1][b.slots[:3]].clone()
+    wl.model.cache.k[0][context] *= 3
+    wl.model.cache.v[0][context] *= 3
+    wl.run(Budget(5))
+    torch.cuda.synchronize()
+    assert not torch.allclose(wl.model.cache.k[1][b.slots[:3]].float(), first.float())
+
+
+@pytest.mark.parametrize("rows,context,says", [
+    (-1, 4, "decode_rows is 0 or more, got -1"), (True, 4, "decode_rows is 0 or more, got True"),
+    (2, 2.5, "decode_context is 0 or more, got 2.5"),
+    (2, 0, "decode rows need a context of 1 or more tokens"),
+    (0, 8, "and a context needs decode rows, got 0 rows of 8 tokens")])
+def test_prefill_layers_refuse_decode_rows_without_a_context_or_the_reverse(rows, context, says):
+    from pdmux_triton.measure.workloads import PrefillLayers
+
+    with pytest.raises(PdmuxError, match=says):
+        PrefillLayers(TINY, tokens=4, layers=1, decode_rows=rows, decode_context=context)
+
+
 @pytest.mark.parametrize("prefix", [-1, True, 2.5])
 def test_prefill_layers_refuse_a_prefix_that_is_no_token_count(prefix):
     from pdmux_triton.measure.workloads import PrefillLayers

@@ -118,36 +118,54 @@ class PrefillLayers(Workload):
     """`layers` layers of the prefill of `tokens` new tokens in `prompts` prompts of (nearly)
     equal length, in one batch: GEMMs and causal attention within each prompt, each prompt's
     new tokens after `prefix` tokens already in the cache (random K/V there: a cached prefix
-    the new tokens attend over, as a prefix-cache hit or a later chunk computes)."""
+    the new tokens attend over, as a prefix-cache hit or a later chunk computes). With
+    `decode_rows`, a chunked-prefill step as the executor runs it: that many requests decoding
+    one token each after `decode_context` cached tokens lead the batch (`ExtendBatch`'s decode
+    rows, attending as a decode step does)."""
 
     name = "prefill"
     unit = "TFLOP/s"
 
     def __init__(self, spec: ModelSpec, tokens: int = 8192, layers: int = 4, page_size: int = 16,
-                 seed: int = 1, prompts: int = 1, prefix: int = 0):
+                 seed: int = 1, prompts: int = 1, prefix: int = 0, decode_rows: int = 0,
+                 decode_context: int = 0):
         if isinstance(prompts, bool) or not isinstance(prompts, int) or not 1 <= prompts <= tokens:
             raise PdmuxError(f"a prefill of {tokens} tokens takes 1..{tokens} prompts, "
                              f"got {prompts!r}")
         if isinstance(prefix, bool) or not isinstance(prefix, int) or prefix < 0:
             raise PdmuxError(f"a prefill's cached prefix is 0 or more tokens, got {prefix!r}")
+        for name, value in (("decode_rows", decode_rows), ("decode_context", decode_context)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise PdmuxError(f"{name} is 0 or more, got {value!r}")
+        if bool(decode_rows) != bool(decode_context):
+            raise PdmuxError(f"decode rows need a context of 1 or more tokens and a context needs "
+                             f"decode rows, got {decode_rows} rows of {decode_context} tokens")
         lens = [tokens // prompts + (i < tokens % prompts) for i in range(prompts)]
-        table, pages = page_table([prefix + n for n in lens], page_size, "cuda", shuffle=False)
+        rows, context = decode_rows, decode_context
+        table, pages = page_table([context + 1] * rows + [prefix + n for n in lens], page_size,
+                                  "cuda", shuffle=False)
         cache = KVCache(spec, pages, page_size, "cuda", layers=layers)
-        if prefix:  # not zeros: attention over a zero prefix would read no real values
+        if prefix or rows:  # not zeros: attention over a zero prefix would read no real values
             g = torch.Generator(device="cuda").manual_seed(seed)
             for kv in (*cache.k, *cache.v):
                 kv.normal_(generator=g)
         self.model = Model(Weights.random(spec, "cuda", seed=seed, layers=layers), cache,
-                           max_positions=prefix + max(lens))
-        pos = torch.cat([torch.arange(prefix, prefix + n, device="cuda") for n in lens])
-        rows = torch.repeat_interleave(torch.arange(prompts, device="cuda"),
-                                       torch.tensor(lens, device="cuda"))
-        slots = table[rows, pos // page_size].long() * page_size + pos % page_size
+                           max_positions=max(prefix + max(lens), context + 1))
+        # the decode rows' new tokens first, then each prompt's, as the executor packs them
+        pos = torch.cat([torch.full((rows,), context, device="cuda")]
+                        + [torch.arange(prefix, prefix + n, device="cuda") for n in lens])
+        seq = torch.repeat_interleave(torch.arange(rows + prompts, device="cuda"),
+                                      torch.tensor([1] * rows + lens, device="cuda"))
+        slots = table[seq, pos // page_size].long() * page_size + pos % page_size
         self.batch = ExtendBatch(
-            tokens=torch.randint(0, spec.vocab, (tokens,), device="cuda"), positions=pos,
-            slots=slots, page_table=table, extend_lens=lens, prefix_lens=[prefix] * prompts)
+            tokens=torch.randint(0, spec.vocab, (rows + tokens,), device="cuda"), positions=pos,
+            slots=slots, page_table=table, extend_lens=[1] * rows + lens,
+            prefix_lens=[context] * rows + [prefix] * prompts, decode_rows=rows,
+            decode_seq_lens=(torch.full((rows,), context + 1, dtype=torch.int32, device="cuda")
+                             if rows else None))
         self.layers = layers
-        self.amount = sum(step_cost.layer_flops(spec, n, prefix, layers) for n in lens)
+        self.amount = (sum(step_cost.layer_flops(spec, n, prefix, layers) for n in lens)
+                       + rows * step_cost.layer_flops(spec, 1, context, layers))
 
     def run(self, budget: Budget) -> None:
         self.model.extend_layers(self.batch, 0, self.layers, budget=budget)
