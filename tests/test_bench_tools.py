@@ -91,7 +91,8 @@ def test_benchmarks_without_a_gpu_say_so_in_one_line(script, says):
 @pytest.mark.parametrize("argv,says", [
     (["--rows", "0,x"], "--rows"), (["--rows", "1,1"], "--rows"), (["--rows", "-1"], "--rows"),
     (["--contexts", "0"], "--contexts"), (["--chunk", "0"], "--chunk"),
-    (["--prefix", "-1"], "--prefix")])
+    (["--chunk", "64"], "--chunk"), (["--prefix", "-1"], "--prefix"),
+    (["--rows", "64", "--contexts", "32768"], "tokens of decode KV")])
 def test_mixed_layers_refuses_bad_values(argv, says):
     out = subprocess.run([sys.executable, "bench/mixed_layers.py", *argv],
                          capture_output=True, text=True, timeout=120)

@@ -280,6 +280,27 @@ def test_a_mixed_step_by_its_tiles_adds_its_kernels():
     assert before == pytest.approx(parts - step_cost.extend_attention_s(
         QWEN, [(512, 4096)], TILES, 132) + step_cost.extend_attention_s(QWEN, rows, TILES, 132))
     assert before > step
+
+
+def test_a_mixed_steps_layers_are_its_price_without_the_lm_head():
+    """`mixed_layers_s` is what `mixed_step_s` prices by the tiles less the LM head over the
+    sampling rows; for part of the layers, that share of the tiles' layers and of the rows'
+    KV read; a chunk of the skinny tile's rows takes its linears at the prefill's MFU, as the
+    mixed step does."""
+    law = step_cost.SaturationLaw(3.0, 66)
+    rate = step_cost.PrefillRate(989.0, 132, ((132, 0.5),), ((132, 0.6),))
+    fit = step_cost.MixedStepFit(0.0, TILES)
+    for rows, chunk in ((0, 512), (3, 512), (5, 40)):
+        step = step_cost.mixed_step_s(QWEN, law, rate, 132, rows * 2048, rows, chunk, 4096, False,
+                                      phases=fit)
+        head = (max(step_cost.lm_head_flops(QWEN, rows) / (989e12 * 0.6),
+                    2 * QWEN.vocab * QWEN.hidden / 3e12) if rows else 0.0)
+        layers = step_cost.mixed_layers_s(QWEN, law, rate, 132, rows * 2048, rows, chunk, 4096,
+                                          TILES)
+        assert layers == pytest.approx(step - head)
+        two = step_cost.mixed_layers_s(QWEN, law, rate, 132, rows * 2048, rows, chunk, 4096,
+                                       TILES, layers=2)
+        assert two == pytest.approx(2 / QWEN.layers * layers)
     with pytest.raises(PdmuxError, match="tile time attention_prefix_s"):
         step_cost.TileTimes(TILES.gemm_wave_s, -1.0, 0.0, 0.0)
     with pytest.raises(PdmuxError, match="GEMM wave"):

@@ -179,6 +179,7 @@ def test_prefill_layers_with_decode_rows_run_a_mixed_step():
     assert b.prefix_lens == [40, 40, 40, 20] and b.decode_seq_lens.tolist() == [41] * 3
     assert b.positions[:3].tolist() == [40] * 3 and int(b.positions[3]) == 20
     assert len(set(b.slots.tolist())) == 100  # every new token its own slot
+    assert b.page_table.shape[1] % 4 == 0  # the executor's width: rows start 16-byte aligned
     assert wl.amount == pytest.approx(step_cost.layer_flops(TINY, 97, 20, 2)
                                       + 3 * step_cost.layer_flops(TINY, 1, 40, 2))
     context = b.page_table[:3, :3].long()[:, :, None] * 16 + torch.arange(16, device="cuda")
@@ -198,8 +199,9 @@ def test_prefill_layers_with_decode_rows_run_a_mixed_step():
 
 
 @pytest.mark.parametrize("rows,context,says", [
-    (-1, 4, "decode_rows is 0 or more, got -1"), (True, 4, "decode_rows is 0 or more, got True"),
-    (2, 2.5, "decode_context is 0 or more, got 2.5"),
+    (-1, 4, "decode_rows is an integer of 0 or more, got -1"),
+    (True, 4, "decode_rows is an integer of 0 or more, got True"),
+    (2, 2.5, "decode_context is an integer of 0 or more, got 2.5"),
     (2, 0, "decode rows need a context of 1 or more tokens"),
     (0, 8, "and a context needs decode rows, got 0 rows of 8 tokens")])
 def test_prefill_layers_refuse_decode_rows_without_a_context_or_the_reverse(rows, context, says):

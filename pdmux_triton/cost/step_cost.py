@@ -718,17 +718,40 @@ def _even_shares(total: int, n: int) -> list[int]:
     return [share + (i < extra) for i in range(n)]
 
 
+def _mixed_tiled_s(model, prefill, total_sms, decode_batch, chunk, chunk_prefix, tiles,
+                   extend_rows, layers) -> float:
+    """A mixed step's `layers` by its kernels' tiles (`mixed_layers_s`), the rows' KV read
+    and the LM head aside."""
+    tokens = chunk + decode_batch
+    # the decode rows attend as a decode step (their KV read at the decode rate, apart), the
+    # chunk in the extend kernel's tiles (and, in a round saved before, the decode rows too)
+    seqs = [(chunk, chunk_prefix)] + [(1, int(c)) for c in extend_rows]
+    tiled = tiled_layers_s(model, tokens, seqs, tiles, total_sms, layers)
+    if tiled is None:  # the skinny tile's rows: its linears at the prefill's MFU
+        tiled = tiled_layers_s(model, tokens, seqs, tiles, total_sms, layers, gemm_s=compute_s(
+            2 * model.layer_linear_params * tokens, prefill, total_sms, corun=False))
+    return tiled
+
+
+def mixed_layers_s(model: ModelSpec, decode: DecodeRate, prefill: PrefillRate, total_sms: int,
+                   decode_context_tokens: int, decode_batch: int, chunk: int, chunk_prefix: int,
+                   tiles: TileTimes, layers: int | None = None) -> float:
+    """`layers` (all by default) of a mixed step's forward as `mixed_step_s` prices them by
+    the kernels' tiles, without its LM head: each layer's GEMMs over the chunk's and the
+    decode rows' tokens, its other kernels, the chunk's extend attention, and the decode
+    rows' KV read at the decode rate."""
+    layers = model.layers if layers is None else layers
+    rate = decode.tbps(total_sms, False) * 1e12
+    return (_mixed_tiled_s(model, prefill, total_sms, decode_batch, chunk, chunk_prefix, tiles,
+                           (), layers)
+            + kv_bytes(model, decode_context_tokens) * layers / model.layers / rate)
+
+
 def _mixed_by_tiles(model, decode, prefill, total_sms, decode_context_tokens, decode_batch,
                     chunk, chunk_prefix, samples_chunk, tiles, extend_rows) -> float:
     """`mixed_step_s`'s GPU phases by the kernels' tiles (`MixedStepFit`)."""
-    tokens = chunk + decode_batch
-    # the decode rows attend as a decode step (their KV read at the decode rate, below), the
-    # chunk in the extend kernel's tiles (and, in a round saved before, the decode rows too)
-    seqs = [(chunk, chunk_prefix)] + [(1, int(c)) for c in extend_rows]
-    layers = tiled_layers_s(model, tokens, seqs, tiles, total_sms)
-    if layers is None:  # the skinny tile's rows: its linears at the prefill's MFU
-        layers = tiled_layers_s(model, tokens, seqs, tiles, total_sms, gemm_s=compute_s(
-            2 * model.layer_linear_params * tokens, prefill, total_sms, corun=False))
+    layers = _mixed_tiled_s(model, prefill, total_sms, decode_batch, chunk, chunk_prefix, tiles,
+                            extend_rows, None)
     rate = decode.tbps(total_sms, False) * 1e12
     sampled = decode_batch + samples_chunk
     head = (max(compute_s(lm_head_flops(model, sampled), prefill, total_sms, corun=False),

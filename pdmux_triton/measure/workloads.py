@@ -136,7 +136,7 @@ class PrefillLayers(Workload):
             raise PdmuxError(f"a prefill's cached prefix is 0 or more tokens, got {prefix!r}")
         for name, value in (("decode_rows", decode_rows), ("decode_context", decode_context)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise PdmuxError(f"{name} is 0 or more, got {value!r}")
+                raise PdmuxError(f"{name} is an integer of 0 or more, got {value!r}")
         if bool(decode_rows) != bool(decode_context):
             raise PdmuxError(f"decode rows need a context of 1 or more tokens and a context needs "
                              f"decode rows, got {decode_rows} rows of {decode_context} tokens")
@@ -144,8 +144,11 @@ class PrefillLayers(Workload):
         rows, context = decode_rows, decode_context
         table, pages = page_table([context + 1] * rows + [prefix + n for n in lens], page_size,
                                   "cuda", shuffle=False)
+        # a multiple of 4 pages a row, as the executor's: the rows past the decode rows then
+        # start on a 16-byte boundary (Triton specializes a pointer's alignment)
+        table = torch.nn.functional.pad(table, (0, -table.shape[1] % 4))
         cache = KVCache(spec, pages, page_size, "cuda", layers=layers)
-        if prefix or rows:  # not zeros: attention over a zero prefix would read no real values
+        if prefix or rows:  # not zeros: attention over a zero prefix or context reads nothing
             g = torch.Generator(device="cuda").manual_seed(seed)
             for kv in (*cache.k, *cache.v):
                 kv.normal_(generator=g)
