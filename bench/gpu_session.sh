@@ -138,8 +138,8 @@ step sites ${SITES_S:-150} python3 bench/pinned_sites.py --out "$OUT"
 # attention FLOPs' rates apart (NOTES 000d: attention over long contexts is priced short)
 step prefill ${PREFILL_S:-240} python3 bench/prefill_rate.py --out "$OUT" --sms ${PREFILL_SMS:-80,112}
 # a chunked-prefill step's layers by their decode rows against the simulator's price, with its
-# GEMMs and the rows' decode attention apart (bench/mixed_layers.py; issue 27: served rounds
-# with decode rows ran ~3 ms longer than priced, each further row less)
+# GEMMs and the rows' decode attention apart (bench/mixed_layers.py; issue 27: against their
+# price, served chunked rounds with decode rows sit above those without, NOTES session 59)
 step mixed ${MIXED_S:-240} python3 bench/mixed_layers.py --out "$OUT" ${MIXED_ARGS:-}
 # a level's prefill beside its decode for seconds on end against the comparison's ~60 ms burst,
 # with NVML's SM clock and power (bench/sustained_corun.py; issue 27: served PD-mux batches run
