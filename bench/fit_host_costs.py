@@ -849,9 +849,8 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
                      f"from the file, as read with the eager step it held (these measurements "
                      f"hold too few prefill-first batches bound by their GPU)")
     for kind, kept in served_by_kind.items():
-        fits = host if kind == "grid_cap" else host.get("by_kind", {}).get(kind, {})
         lines.append(f"a level's prefill on a busy GPU as served over its burst ({kind}): "
-                     + _served_line(kind, kept, "split_prefill_served" in fits))
+                     + _served_line(kind, kept))
         if kept["points_left_out"]:
             lines.append(f"pd-mux points ({kind}) whose batches and requests disagree, left "
                          f"out: " + ", ".join(kept["points_left_out"]))
@@ -894,9 +893,10 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
     return host, lines
 
 
-def _served_line(kind: str, kept: dict, fitted: bool) -> str:
-    """What the fit read of a kind's split prefill as served (`served_sustained`'s `kept`)."""
-    if not fitted:
+def _served_line(kind: str, kept: dict) -> str:
+    """What the fit read of a kind's split prefill as served (`served_sustained`'s `kept`,
+    stored where it holds two levels)."""
+    if len(kept["ratio_by_prefill_sms"]) < 2:
         if kind == "grid_cap":
             return "not fitted (too few large pd-mux batches at two levels): the sustained bench's"
         return ("not fitted (too few large pd-mux batches at two levels, or in all): the grid "

@@ -10,8 +10,8 @@ allows it):
 - two layers of that mixed step (`PrefillLayers` with decode rows: the chunk in the extend
   kernel, the rows through decode attention), captured as a CUDA graph, and once eagerly;
 - their price (`step_cost.mixed_layers_s`: the simulator's mixed step without its LM head,
-  from the card's shipped tile times, calibration and comparison), and of it the GEMMs'
-  waves (`step_cost.gemm_layer_s`) and the rows' KV read at the decode rate;
+  from the card's committed host costs, calibration and comparison), and of it the GEMMs'
+  waves (`step_cost.gemm_layer_s`) and the rows' KV read (`step_cost.rows_kv_read_s`);
 - the layer's four GEMMs alone at M = chunk + rows, and the rows' decode attention alone (one
   layer, replayed on the same KV: a small batch's KV stays in L2, where in the step it is
   read once).
@@ -29,14 +29,14 @@ from pathlib import Path
 import torch
 from common import BF16, LINEARS, MODEL, Results, require_gpu, t_graph
 from prefill_rate import LAYERS
-from script import bench_parser, run_script
+from script import MEASURED_ON_H200, bench_parser, fill_measured, run_script
 
 from pdmux_triton.cli.parsing import integer, listed
 from pdmux_triton.cost import step_cost
 from pdmux_triton.cost.measured_inputs import load_calibration, load_compare, load_host_costs
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.kernels import linear
-from pdmux_triton.measure.timing import time_alone, time_once
+from pdmux_triton.measure.timing import time_once
 from pdmux_triton.measure.workloads import DecodeAttention, PrefillLayers
 from pdmux_triton.multiplex.partition import Budget, whole
 from pdmux_triton.spec.gpus import detect_gpu
@@ -51,7 +51,8 @@ MAX_ROW_TOKENS = 1 << 20
 
 
 class Price:
-    """The simulator's price of `LAYERS` layers of a mixed step on the whole GPU, in ms."""
+    """The simulator's price of `LAYERS` layers of a mixed step on the whole GPU, in ms, from
+    the rates `SimExecutor` reads (the whole GPU's prefill MFU where the host costs hold it)."""
 
     def __init__(self, gpu, host_costs: str, calibration: str, compare: str):
         overheads = load_host_costs(host_costs, gpu.name)
@@ -62,19 +63,21 @@ class Price:
         self.decode = load_calibration(calibration, gpu.name).decode_curve("grid_cap")
         self.prefill = load_compare(compare, gpu.name).prefill_rate("grid_cap", gpu.bf16_tflops,
                                                                      gpu.sms)
+        if overheads.whole_gpu_prefill_mfu is not None:
+            self.prefill = self.prefill.on_whole_gpu(overheads.whole_gpu_prefill_mfu)
 
     def step_ms(self, chunk: int, prefix: int, rows: int, context: int) -> float:
         return step_cost.mixed_layers_s(MODEL, self.decode, self.prefill, self.sms,
                                         rows * context, rows, chunk, prefix, self.tiles,
                                         LAYERS) * 1e3
 
-    def gemms_ms(self, tokens: int) -> float | None:
-        gemms = step_cost.gemm_layer_s(MODEL, tokens, self.tiles, self.sms)
-        return None if gemms is None else gemms * LAYERS * 1e3
+    def gemms_ms(self, tokens: int) -> float:
+        # (the chunk's tokens are over 64: the GEMMs take the tiles these times hold)
+        return step_cost.gemm_layer_s(MODEL, tokens, self.tiles, self.sms) * LAYERS * 1e3
 
     def kv_ms(self, rows: int, context: int) -> float:
-        rate = self.decode.tbps(self.sms, False) * 1e12
-        return step_cost.kv_bytes(MODEL, rows * context) * LAYERS / MODEL.layers / rate * 1e3
+        return step_cost.rows_kv_read_s(MODEL, self.decode, self.sms, rows * context,
+                                        LAYERS) * 1e3
 
 
 def gemms_ms(tokens: int) -> float:
@@ -87,14 +90,14 @@ def gemms_ms(tokens: int) -> float:
     return total
 
 
-def step_ms(budget: Budget, stream, chunk: int, prefix: int, rows: int,
+def step_ms(budget: Budget, chunk: int, prefix: int, rows: int,
             context: int) -> tuple[float, float]:
-    """`LAYERS` layers of the mixed step, captured and eager (its KV freed on return, before
-    the next point's)."""
+    """`LAYERS` layers of the mixed step, captured (timed as its parts are) and eager (its KV
+    freed on return, before the next point's)."""
     work = PrefillLayers(MODEL, tokens=chunk, layers=LAYERS, prefix=prefix, decode_rows=rows,
                          decode_context=context if rows else 0)
-    return (time_alone(lambda: work.run(budget), stream, graph=True, repeats=5),
-            time_once(lambda: work.run(budget), stream))
+    captured = t_graph(lambda: work.run(budget))
+    return captured, time_once(lambda: work.run(budget), torch.cuda.current_stream())
 
 
 def attention_alone_ms(budget: Budget, rows: int, context: int) -> float:
@@ -110,13 +113,9 @@ def run(args) -> int:
                          f"{too_many} tokens of decode KV; at most {MAX_ROW_TOKENS}")
     require_gpu("bench/mixed_layers.py")
     gpu = detect_gpu()
-    files = {"host_costs": args.host_costs or f"pdmux_triton/measured/host-costs-{gpu.name}.json",
-             "calibration": args.calibration or f"bench/results/calibrate-{gpu.name}.json",
-             "compare": args.compare or f"bench/results/compare-{gpu.name}.json"}
-    for path in files.values():
-        if not Path(path).is_file():
-            raise PdmuxError(f"{path} is missing: measure this card's costs first (README) or "
-                             f"name them")
+    args.gpu = gpu.name
+    fill_measured(args)  # this card's committed files where none is named
+    files = {name: getattr(args, name) for name in MEASURED_ON_H200}
     price = Price(gpu, **files)
     chunk, prefix = args.chunk, args.prefix
     res = Results(Path(args.out) / f"mixed-layers-{gpu.name}.json", gpu.name)
@@ -126,13 +125,12 @@ def run(args) -> int:
     res.data["inputs"] = {"model": MODEL.name, "layers": LAYERS, "chunk": chunk,
                           "prefix": prefix, "rows": list(args.rows),
                           "contexts": list(args.contexts), "pdl": served.pdl, **files}
-    stream = torch.cuda.Stream()
     gemms = {}  # by M: the same work at every context
     ratio, growth = {}, {}
     for context in args.contexts:
         base = None
         for rows in args.rows:
-            ms, eager_ms = step_ms(served, stream, chunk, prefix, rows, context)
+            ms, eager_ms = step_ms(served, chunk, prefix, rows, context)
             attention_ms = attention_alone_ms(served, rows, context) * LAYERS if rows else 0.0
             if chunk + rows not in gemms:
                 gemms[chunk + rows] = gemms_ms(chunk + rows) * LAYERS
@@ -170,9 +168,9 @@ def main(argv=None) -> int:
                    help="the chunk's new tokens (default: %(default)s)")
     p.add_argument("--prefix", type=integer(0, 32768), default=PREFIX,
                    help="the chunk's cached tokens before it (default: %(default)s)")
-    p.add_argument("--host-costs", help="default: the card's shipped host costs")
-    p.add_argument("--calibration", help="default: the card's committed calibration")
-    p.add_argument("--compare", help="default: the card's committed comparison")
+    for name in MEASURED_ON_H200:
+        p.add_argument("--" + name.replace("_", "-"), help="default: bench/results' file of this "
+                       "machine's card")
     return run_script(p, run, argv)
 
 

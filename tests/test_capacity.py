@@ -530,7 +530,7 @@ def test_offline_a_stale_chunked_point_is_judged_against_the_executor_it_was_ser
     assert "all simulated rates" in row_old["sim_error_read_from"].values()
 
     with pytest.raises(PdmuxError, match="measured sweep cannot be priced as an older"):
-        capacity.Sweep(s, stale, log=None, served=gpu[3.0])  # served: simulated sweeps only
+        capacity.Sweep(s, stale, log=None, rows_in_extend=True)  # simulated sweeps only
 
     fresh, before = offline("fresh")
     row_before = before["summary"]["strategies"]["chunked_512"]

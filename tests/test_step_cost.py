@@ -280,6 +280,17 @@ def test_a_mixed_step_by_its_tiles_adds_its_kernels():
     assert before == pytest.approx(parts - step_cost.extend_attention_s(
         QWEN, [(512, 4096)], TILES, 132) + step_cost.extend_attention_s(QWEN, rows, TILES, 132))
     assert before > step
+    with pytest.raises(PdmuxError, match="tile time attention_prefix_s"):
+        step_cost.TileTimes(TILES.gemm_wave_s, -1.0, 0.0, 0.0)
+    with pytest.raises(PdmuxError, match="GEMM wave"):
+        step_cost.TileTimes(((128, 128, float("nan"), 1.0),), 0.0, 0.0, 0.0)
+    with pytest.raises(PdmuxError, match="partial wave"):
+        step_cost.TileTimes(((128, 128, 27e-6, 1.5),), 0.0, 0.0, 0.0)
+    with pytest.raises(PdmuxError, match="its kernels' tile times"):
+        step_cost.MixedStepFit(0.001, None)
+    for bad in (-1e-3, float("nan")):
+        with pytest.raises(PdmuxError, match="fixed cost"):
+            step_cost.MixedStepFit(bad, TILES)
 
 
 def test_a_mixed_steps_layers_are_its_price_without_the_lm_head():
@@ -301,17 +312,6 @@ def test_a_mixed_steps_layers_are_its_price_without_the_lm_head():
         two = step_cost.mixed_layers_s(QWEN, law, rate, 132, rows * 2048, rows, chunk, 4096,
                                        TILES, layers=2)
         assert two == pytest.approx(2 / QWEN.layers * layers)
-    with pytest.raises(PdmuxError, match="tile time attention_prefix_s"):
-        step_cost.TileTimes(TILES.gemm_wave_s, -1.0, 0.0, 0.0)
-    with pytest.raises(PdmuxError, match="GEMM wave"):
-        step_cost.TileTimes(((128, 128, float("nan"), 1.0),), 0.0, 0.0, 0.0)
-    with pytest.raises(PdmuxError, match="partial wave"):
-        step_cost.TileTimes(((128, 128, 27e-6, 1.5),), 0.0, 0.0, 0.0)
-    with pytest.raises(PdmuxError, match="its kernels' tile times"):
-        step_cost.MixedStepFit(0.001, None)
-    for bad in (-1e-3, float("nan")):
-        with pytest.raises(PdmuxError, match="fixed cost"):
-            step_cost.MixedStepFit(bad, TILES)
 
 
 def test_a_decode_steps_extra_cost_reads_between_batches():

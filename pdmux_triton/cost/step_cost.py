@@ -733,6 +733,14 @@ def _mixed_tiled_s(model, prefill, total_sms, decode_batch, chunk, chunk_prefix,
     return tiled
 
 
+def rows_kv_read_s(model: ModelSpec, decode: DecodeRate, total_sms: int, context_tokens: int,
+                   layers: int | None = None) -> float:
+    """A mixed step's decode rows' KV (`context_tokens` in all) over `layers` (all by
+    default), read at the decode rate of the whole GPU: how their attention is priced."""
+    read = kv_bytes(model, context_tokens) / (decode.tbps(total_sms, False) * 1e12)
+    return read if layers is None else read * layers / model.layers
+
+
 def mixed_layers_s(model: ModelSpec, decode: DecodeRate, prefill: PrefillRate, total_sms: int,
                    decode_context_tokens: int, decode_batch: int, chunk: int, chunk_prefix: int,
                    tiles: TileTimes, layers: int | None = None) -> float:
@@ -740,11 +748,9 @@ def mixed_layers_s(model: ModelSpec, decode: DecodeRate, prefill: PrefillRate, t
     the kernels' tiles, without its LM head: each layer's GEMMs over the chunk's and the
     decode rows' tokens, its other kernels, the chunk's extend attention, and the decode
     rows' KV read at the decode rate."""
-    layers = model.layers if layers is None else layers
-    rate = decode.tbps(total_sms, False) * 1e12
     return (_mixed_tiled_s(model, prefill, total_sms, decode_batch, chunk, chunk_prefix, tiles,
                            (), layers)
-            + kv_bytes(model, decode_context_tokens) * layers / model.layers / rate)
+            + rows_kv_read_s(model, decode, total_sms, decode_context_tokens, layers))
 
 
 def _mixed_by_tiles(model, decode, prefill, total_sms, decode_context_tokens, decode_batch,
@@ -756,4 +762,4 @@ def _mixed_by_tiles(model, decode, prefill, total_sms, decode_context_tokens, de
     sampled = decode_batch + samples_chunk
     head = (max(compute_s(lm_head_flops(model, sampled), prefill, total_sms, corun=False),
                 DTYPE_BYTES * model.vocab * model.hidden / rate) if sampled else 0.0)
-    return layers + head + kv_bytes(model, decode_context_tokens) / rate
+    return layers + head + rows_kv_read_s(model, decode, total_sms, decode_context_tokens)

@@ -117,20 +117,19 @@ class Sweep:
 
     def __init__(self, s: RunSettings, store: PointStore, log, offline: bool = False,
                  diagnostics: PointStore | None = None, on_host_s: float | None = None,
-                 served: dict | None = None):
+                 rows_in_extend: bool = False):
         """`diagnostics`: where a measured point's `metrics.diagnostics` are kept; `on_host_s`
         (simulated): price on a host that launches an eager layer in that time (mode
-        ON_RUN_HOST); `served` (simulated, its strategy's points only): price on the executor
-        that measured point was served on (`metrics.as_served`; a mode ending in AS_SERVED
-        where that is not today's)."""
-        if served is not None and not s.simulate:  # (a measured sweep serves today's executor)
+        ON_RUN_HOST); `rows_in_extend` (simulated): price the executor a stale point was
+        served on, its mixed steps' decode rows in the extend kernel (`_stale`,
+        `Overheads.rows_in_extend`; a mode ending in AS_SERVED)."""
+        if rows_in_extend and not s.simulate:  # (a measured sweep serves today's executor)
             raise PdmuxError("a measured sweep cannot be priced as an older executor served")
         self.s, self.store, self.log, self.offline = s, store, log, offline
-        self.diagnostics, self.on_host_s, self.served = diagnostics, on_host_s, served
+        self.diagnostics, self.on_host_s = diagnostics, on_host_s
+        self.rows_in_extend = rows_in_extend
         self.mode = ("gpu" if not s.simulate else "simulated" if on_host_s is None
-                     else ON_RUN_HOST)
-        if served is not None and _stale(served):
-            self.mode += AS_SERVED
+                     else ON_RUN_HOST) + (AS_SERVED if rows_in_extend else "")
         self.servers = None
 
     def measure(self, v: Variant, rate: float) -> dict:
@@ -172,11 +171,11 @@ class Sweep:
 
     def _overheads(self):
         """The host costs a simulation prices with (None: the settings')."""
-        if self.on_host_s is None and self.served is None:
+        if self.on_host_s is None and not self.rows_in_extend:
             return None
         costs = host_overheads(self.s)
-        if self.served is not None:
-            costs = metrics.as_served(costs, self.served["strategy"], self.served)
+        if self.rows_in_extend:
+            costs = costs.rows_in_extend()
         return costs if self.on_host_s is None else costs.on_host(self.on_host_s)
 
     def points(self, name: str) -> list[tuple[float, dict]]:
@@ -200,7 +199,7 @@ def _simulate_as_served(simulated: Sweep, measured: Sweep, v: Variant, criteria:
     then = [(rate, point) for rate, point in points if _stale(point)]
     if not then:
         return
-    as_ran = Sweep(simulated.s, simulated.store, log, served=then[0][1])
+    as_ran = Sweep(simulated.s, simulated.store, log, rows_in_extend=True)
     try:
         for rate, _ in then:
             as_ran.measure(v, rate)
@@ -228,7 +227,8 @@ def _simulate_on_run_hosts(simulated: Sweep, measured: Sweep, v: Variant, log) -
     for rate, point in measured.points(v.name):
         if point.get("host_layer_p50_ms"):
             on_host = Sweep(simulated.s, simulated.store, log,
-                            on_host_s=point["host_layer_p50_ms"] / 1e3, served=point)
+                            on_host_s=point["host_layer_p50_ms"] / 1e3,
+                            rows_in_extend=_stale(point))
             try:
                 on_host.measure(v, rate)
             finally:

@@ -154,6 +154,13 @@ class DecodeBatch:
     max_seq_len: int  # host bound on seq_lens (fixed for a captured graph)
 
 
+def table_width(pages: int) -> int:
+    """An extend batch's page-table width for rows of up to `pages` pages: a multiple of 4, so
+    the int32 table's rows past a mixed step's decode rows start on a 16-byte boundary, as
+    warm-up's do (Triton specializes a pointer's alignment)."""
+    return -(-pages // 4) * 4
+
+
 @dataclass
 class ExtendBatch:
     """A prefill (or chunk of one) of several sequences packed back to back."""

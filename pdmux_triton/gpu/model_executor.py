@@ -25,7 +25,8 @@ from pdmux_triton.errors import PdmuxError
 from pdmux_triton.gpu.block_manager import BlockManager
 from pdmux_triton.gpu.checkpoint import load_weights
 from pdmux_triton.gpu.decode_graphs import DecodeGraphs, padded_sizes
-from pdmux_triton.gpu.decoder import DecodeBatch, ExtendBatch, KVCache, Model, Weights
+from pdmux_triton.gpu.decoder import (DecodeBatch, ExtendBatch, KVCache, Model, Weights,
+                                      table_width)
 from pdmux_triton.gpu.streams import PartitionPool
 from pdmux_triton.gpu.tensor_parallel import DistCollectives, shard_weights
 from pdmux_triton.gpu.timeline import LaunchMarks
@@ -206,9 +207,7 @@ class ModelExecutor:
             if r.rid not in bm.owned:  # its prompt's first tokens: its cached prefix's pages
                 bm.begin(r.rid, [page for block in r.prefix for page in block])
             bm.reserve(r.rid, start + len(ids))
-        # a multiple of 4 pages a row: the int32 table's rows past the decode rows start on a
-        # 16-byte boundary, as warm-up's do (Triton specializes a pointer's alignment)
-        width = -(-max(len(bm.owned[r.rid]) for r, _, _ in seqs) // 4) * 4
+        width = table_width(max(len(bm.owned[r.rid]) for r, _, _ in seqs))
         table = np.zeros((len(seqs), width), dtype=np.int64)
         for i, (r, _, _) in enumerate(seqs):
             table[i, :len(bm.owned[r.rid])] = bm.owned[r.rid]

@@ -12,7 +12,8 @@ import torch
 
 from pdmux_triton.cost import step_cost
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.gpu.decoder import DecodeBatch, ExtendBatch, KVCache, Model, Weights
+from pdmux_triton.gpu.decoder import (DecodeBatch, ExtendBatch, KVCache, Model, Weights,
+                                      table_width)
 from pdmux_triton.gpu.streams import kernel_args
 from pdmux_triton.kernels import decode_attention, linear, stream_read
 from pdmux_triton.measure.calibration_sweep import DECODE_WORKLOADS
@@ -144,9 +145,7 @@ class PrefillLayers(Workload):
         rows, context = decode_rows, decode_context
         table, pages = page_table([context + 1] * rows + [prefix + n for n in lens], page_size,
                                   "cuda", shuffle=False)
-        # a multiple of 4 pages a row, as the executor's: the rows past the decode rows then
-        # start on a 16-byte boundary (Triton specializes a pointer's alignment)
-        table = torch.nn.functional.pad(table, (0, -table.shape[1] % 4))
+        table = torch.nn.functional.pad(table, (0, table_width(table.shape[1]) - table.shape[1]))
         cache = KVCache(spec, pages, page_size, "cuda", layers=layers)
         if prefix or rows:  # not zeros: attention over a zero prefix or context reads nothing
             g = torch.Generator(device="cuda").manual_seed(seed)
@@ -167,8 +166,8 @@ class PrefillLayers(Workload):
             decode_seq_lens=(torch.full((rows,), context + 1, dtype=torch.int32, device="cuda")
                              if rows else None))
         self.layers = layers
-        self.amount = (sum(step_cost.layer_flops(spec, n, prefix, layers) for n in lens)
-                       + rows * step_cost.layer_flops(spec, 1, context, layers))
+        self.amount = step_cost.batch_flops(spec, [(1, context)] * rows
+                                            + [(n, prefix) for n in lens], layers, samples=False)
 
     def run(self, budget: Budget) -> None:
         self.model.extend_layers(self.batch, 0, self.layers, budget=budget)
