@@ -548,3 +548,52 @@ def test_offline_a_stale_chunked_point_is_judged_against_the_executor_it_was_ser
         assert row_before[f"simulated_{c}_capacity_rps"] == row[f"simulated_{c}_capacity_rps"]
     assert [p for p in before["points"] if p["mode"] == "simulated"] == [
         p for p in result["points"] if p["mode"] == "simulated"]
+
+
+def test_a_run_that_timed_its_later_layers_is_simulated_on_its_host_at_those_times(
+        monkeypatch, tmp_path):
+    """A measured point whose run timed the later layers of its eager launches (they replay the
+    first's) is simulated on its host at that time, from the point or, for a point saved
+    before it kept one, from its diagnostics: the committed H200 costs were timed before
+    replays, and moving them alone prices every layer at the run's first-layer time."""
+    s = dataclasses.replace(settings(simulate=False),
+                            host_costs="bench/results/host-costs-h200.json")
+    today = run.host_overheads(s)
+    assert today.later_layer_s is None  # timed before replays
+    monkeypatch.setattr(run.Servers, "__init__", _sim_servers)
+    run_capacity(s, ("chunked_512",), CRITERIA, PointStore(tmp_path / "gpu.jsonl", PointKey),
+                 rates=(3.0, 6.0), log=lambda m: None)
+    monkeypatch.undo()
+    first_s, later_s = 2 * today.layer_launch_s, today.layer_launch_s / 8
+    store = PointStore(tmp_path / "points.jsonl", PointKey)
+    diagnostics = PointStore(tmp_path / "diagnostics.jsonl", PointKey)
+    for key, point in PointStore(tmp_path / "gpu.jsonl", PointKey).points.items():
+        if point["mode"] != "gpu":
+            continue
+        kept = {k: v for k, v in point.items() if k not in ("mode", "strategy", "rate")}
+        kept["host_layer_p50_ms"] = first_s * 1e3
+        if key[2] == 3.0:  # the point keeps it; at 6, only its diagnostics do
+            kept["host_later_layer_p50_ms"] = later_s * 1e3
+        else:
+            diagnostics.add(PointKey(*key), host_later_layer_us=later_s * 1e6)
+        store.add(PointKey(*key), **kept)
+    result = run_capacity(s, ("chunked_512",), CRITERIA, store, log=lambda m: None,
+                          offline=True, diagnostics=diagnostics)
+    at = {(p["mode"], p["rate"]): p for p in result["points"]}
+
+    def simulated(overheads, rate: float) -> dict:
+        sim = dataclasses.replace(s, simulate=True, repeats=1)
+        row, _ = run.Servers(sim, [], overheads=overheads).serve(variant("chunked_512"),
+                                                                 make_requests(sim, rate))
+        return {k: row.get(k) for k in capacity.POINT_KEYS if k != "rate"}
+
+    for rate in (3.0, 6.0):
+        on_host = {k: at[capacity.ON_RUN_HOST, rate].get(k)
+                   for k in capacity.POINT_KEYS if k != "rate"}
+        assert on_host == simulated(today.on_host(first_s, later_s), rate)
+        assert on_host["ttft_p50_ms"] < simulated(today.on_host(first_s), rate)["ttft_p50_ms"]
+    moved = today.on_host(first_s, later_s)
+    assert (moved.layer_launch_s, moved.later_layer_s) == (first_s, later_s)
+    for bad in (0.0, -1e-4, float("nan")):
+        with pytest.raises(PdmuxError, match="later eager layer's launch time"):
+            today.on_host(first_s, bad)

@@ -274,7 +274,8 @@ def cmd_capacity(args, given) -> None:
     result = capacity.run_capacity(settings, tuple(args.strategies), criteria, store,
                                    args.rates, args.start_rate, args.tol, log=note,
                                    offline=args.offline,
-                                   diagnostics=(None if settings.simulate or args.offline
+                                   # (read offline too: a point's host times)
+                                   diagnostics=(None if settings.simulate
                                                 else capacity.open_diagnostics(out, gpu)))
     write_json(out / f"capacity-{gpu}.json", result)
     if args.json:

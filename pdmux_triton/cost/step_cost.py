@@ -577,19 +577,25 @@ class Overheads:
                                self.split_decode_by_busy, by_kind=())
         return self
 
-    def on_host(self, layer_launch_s: float) -> "Overheads":
+    def on_host(self, layer_launch_s: float, later_layer_s: float | None = None) -> "Overheads":
         """The same costs on a host that launches an eager layer in `layer_launch_s`: what
         the host does (a decode round's share, an eager step's batch, a split prefill's batch)
         scaled by how much faster or slower it launches; the GPU's terms and a mixed step's
         fixed cost (`MixedStepFit`) kept. Hosts beside the same GPU launch at different speeds
-        (bench/NOTES.md), so a measured run is judged against its own host."""
+        (bench/NOTES.md), so a measured run is judged against its own host. `later_layer_s`:
+        the host's own time a later layer (a run that timed its replayed launches), where these
+        costs' would be scaled, or be missing in costs timed before replays (every layer then
+        priced as the first, ~10x slow on such a run)."""
         _check_positive("an eager layer's launch time", layer_launch_s)
+        if later_layer_s is not None:
+            _check_positive("a later eager layer's launch time", later_layer_s)
         if not self.layer_launch_s:
             raise PdmuxError("overheads without an eager layer's launch time cannot be moved "
                              "to another host")
         f = layer_launch_s / self.layer_launch_s
         return replace(self, decode_round_s=self.decode_round_s * f, layer_launch_s=layer_launch_s,
-                       later_layer_s=(None if self.later_layer_s is None
+                       later_layer_s=(later_layer_s if later_layer_s is not None
+                                      else None if self.later_layer_s is None
                                       else self.later_layer_s * f),
                        eager_step_s=self.eager_step_s * f,
                        decode_round_per_request_s=self.decode_round_per_request_s * f,

@@ -33,7 +33,7 @@ POINT_KEYS = ("rate", "slo_attainment", "slo_attainment_last_half", "goodput_rps
               "slo_met_throughput_rps", "ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms",
               "tpot_p50_ms", "tpot_p90_ms", "tpot_p99_ms", "itl_p50_ms", "itl_p99_ms",
               "e2e_p50_ms", "e2e_p90_ms", "e2e_p99_ms", "sched_delay_p50_s", "decode_gpu_p50_ms",
-              "host_layer_p50_ms", "prefill_ms", "gpu_idle_frac", "level_changes", "level_drain_ms",
+              "host_layer_p50_ms", "host_later_layer_p50_ms", "prefill_ms", "gpu_idle_frac", "level_changes", "level_drain_ms",
               "request_throughput_rps", "output_throughput_tps", "requests_served",
               "prefix_hit_rate", "prefix_evicted_blocks", *GUARDS)
 
@@ -117,16 +117,18 @@ class Sweep:
 
     def __init__(self, s: RunSettings, store: PointStore, log, offline: bool = False,
                  diagnostics: PointStore | None = None, on_host_s: float | None = None,
-                 rows_in_extend: bool = False):
+                 on_host_later_s: float | None = None, rows_in_extend: bool = False):
         """`diagnostics`: where a measured point's `metrics.diagnostics` are kept; `on_host_s`
         (simulated): price on a host that launches an eager layer in that time (mode
-        ON_RUN_HOST); `rows_in_extend` (simulated): price the executor a stale point was
+        ON_RUN_HOST), each later layer of a launch in `on_host_later_s` where the run timed
+        it (`Overheads.on_host`); `rows_in_extend` (simulated): price the executor a stale point was
         served on, its mixed steps' decode rows in the extend kernel (`_stale`,
         `Overheads.rows_in_extend`; a mode ending in AS_SERVED)."""
         if rows_in_extend and not s.simulate:  # (a measured sweep serves today's executor)
             raise PdmuxError("a measured sweep cannot be priced as an older executor served")
         self.s, self.store, self.log, self.offline = s, store, log, offline
         self.diagnostics, self.on_host_s = diagnostics, on_host_s
+        self.on_host_later_s = on_host_later_s
         self.rows_in_extend = rows_in_extend
         self.mode = ("gpu" if not s.simulate else "simulated" if on_host_s is None
                      else ON_RUN_HOST) + (AS_SERVED if rows_in_extend else "")
@@ -176,7 +178,8 @@ class Sweep:
         costs = host_overheads(self.s)
         if self.rows_in_extend:
             costs = costs.rows_in_extend()
-        return costs if self.on_host_s is None else costs.on_host(self.on_host_s)
+        return (costs if self.on_host_s is None
+                else costs.on_host(self.on_host_s, self.on_host_later_s))
 
     def points(self, name: str) -> list[tuple[float, dict]]:
         return sorted((p["rate"], p) for p in self.store.points.values()
@@ -228,11 +231,23 @@ def _simulate_on_run_hosts(simulated: Sweep, measured: Sweep, v: Variant, log) -
         if point.get("host_layer_p50_ms"):
             on_host = Sweep(simulated.s, simulated.store, log,
                             on_host_s=point["host_layer_p50_ms"] / 1e3,
+                            on_host_later_s=_later_layer_s(point, measured, v.name),
                             rows_in_extend=_stale(point))
             try:
                 on_host.measure(v, rate)
             finally:
                 on_host.close()
+
+
+def _later_layer_s(point: dict, measured: Sweep, name: str) -> float | None:
+    """The host time a later layer of an eager launch took in a measured point's run: the
+    point's own, else its diagnostics' (points saved before the point kept it); None where
+    the run timed none (measured before replays: every layer launched as the first)."""
+    if point.get("host_later_layer_p50_ms"):
+        return point["host_later_layer_p50_ms"] / 1e3
+    kept = (measured.diagnostics.get(PointKey(measured.mode, name, point["rate"]))
+            if measured.diagnostics is not None else None)
+    return kept["host_later_layer_us"] / 1e6 if kept and kept.get("host_later_layer_us") else None
 
 
 def _require_measured(sweep: Sweep, name: str) -> None:
