@@ -91,7 +91,7 @@ from pdmux_triton.cost.measured_inputs import host_costs_from, load_calibration,
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiments.settings import RunSettings, make_requests
 from pdmux_triton.results import PointStore, read_json, write_json
-from pdmux_triton.serve.metrics import stale_mixed_steps
+from pdmux_triton.serve.metrics import rows_in_extend_tiles
 from pdmux_triton.serve.simulated import SUSTAINED_WINDOW_S
 from pdmux_triton.spec.gpus import gpu_preset
 from pdmux_triton.spec.models import ModelSpec, model_preset
@@ -160,7 +160,7 @@ def round_contexts(run: dict, strategy: str) -> list[int]:
 def chunk_rounds(run: dict, host_s: float) -> list[dict]:
     """Every chunked round of a stream run's chunked strategies: its chunk, prefix, decode batch
     and context, whether its decode rows ran in the extend kernel's tiles (`extend_rows`: a run
-    saved before today's mixed steps, `stale_mixed_steps`), its measured seconds, and the
+    saved before they left it, `rows_in_extend_tiles`), its measured seconds, and the
     host's launch time of a launch's first eager layer (the run's where its rows timed
     it, else `host_s`) and of each later one (`later_s`, the run's; None: every layer as the
     first, a run measured before replays)."""
@@ -170,7 +170,7 @@ def chunk_rounds(run: dict, host_s: float) -> list[dict]:
     for name in run["details"]:
         if not name.startswith("chunked_"):
             continue
-        before = stale_mixed_steps(name, run["details"][name])
+        before = rows_in_extend_tiles(name, run["details"][name])
         first_ms, later_ms = timed.get(name, (None, None))
         host = first_ms / 1e3 if first_ms else host_s
         later = later_ms / 1e3 if first_ms and later_ms else None
@@ -231,7 +231,7 @@ def fidelity_rounds(points: list[tuple[dict, float]]) -> list[dict]:
     for point, host in points:
         if not point["strategy"].startswith("chunked_"):
             continue
-        before = stale_mixed_steps(point["strategy"], point["diagnostics"])
+        before = rows_in_extend_tiles(point["strategy"], point["diagnostics"])
         r = point["diagnostics"]["rounds"]
         for start, end, label, batch, held in zip(r["start_us"], r["end_us"], r["label"],
                                                   r["decode_bs"], r["decode_context"]):

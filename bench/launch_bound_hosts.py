@@ -40,7 +40,7 @@ from trace_fidelity import prefill_batches
 from pdmux_triton.cost import step_cost
 from pdmux_triton.cost.measured_inputs import load_host_costs
 from pdmux_triton.results import provenance, read_json
-from pdmux_triton.serve.metrics import stale_mixed_steps
+from pdmux_triton.serve.metrics import rows_in_extend_tiles
 
 POINTS = ("bench/results/trace-fidelity/points-h200.jsonl",
           "bench/results/capacity-conv/capacity-diagnostics-h200.jsonl",
@@ -101,7 +101,7 @@ def launch_bound(point: dict, price: LayerPrice, where: str) -> tuple[list, list
     r = d["rounds"]
     labels = [r["labels"][i] for i in r["label"]]
     launches = round_launches(point, where)
-    before = stale_mixed_steps(point["strategy"], d)
+    before = rows_in_extend_tiles(point["strategy"], d)
     batches = prefill_batches(d)
     ends = sorted(batches)
     out, own = [], []

@@ -36,7 +36,7 @@ from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiments.capacity import PointKey
 from pdmux_triton.experiments.settings import RunSettings
 from pdmux_triton.results import PointStore, provenance, read_json
-from pdmux_triton.serve.metrics import stale_mixed_steps
+from pdmux_triton.serve.metrics import rows_in_extend_tiles
 from pdmux_triton.spec.models import ModelSpec, model_preset
 from pdmux_triton.spec.traces import load_trace
 
@@ -154,7 +154,7 @@ def run(args) -> int:
         for point in PointStore(path, PointKey).points.values():
             if not (point["strategy"].startswith("chunked_") and point.get("host_layer_us")):
                 continue
-            before = stale_mixed_steps(point["strategy"], point)
+            before = rows_in_extend_tiles(point["strategy"], point)
             rounds = replayed_rounds(point, requests)
             host_s, later_s = point["host_layer_us"] / 1e6, later_layer_s(point)
             prices = {k: priced(rounds, s, h, host_s, later_s, before) for k, h in hosts.items()}

@@ -155,8 +155,8 @@ def summarize(traces: dict) -> dict:
                               **{f"below_{c}_rps": v for c, v in below.items()},
                               **{f"at_least_{c}": a for c, a in above.items()},
                               **{f"burst_{c}": b for c, b in bursts.items()},
-                              # read from chunked points served before a mixed step's decode
-                              # rows left the extend kernel (offline only: `capacity`'s count)
+                              # read from chunked points served before today's chunked
+                              # steps (offline only: `capacity`'s count)
                               **{f"stale_{c}": bool(r.get("stale_mixed_step_points"))
                                  for c, r in got.items()},
                               **{f"measured_{c}": bool(got[c]) for c in got},
@@ -207,9 +207,9 @@ def table(summary: dict, gpu: str) -> str:
                  "more than 5 points from the whole's): more than the GPU sustains")
     if any(r[f"stale_{c}"] for s in summary.values() for r in s["strategies"].values()
            for c in ("on", "off")):
-        lines.append("stale: read from points served before a mixed step's decode rows left "
-                     "the extend kernel (simulated beside them as they ran; today's executor "
-                     "serves chunked rounds faster): measure them again")
+        lines.append("stale: read from points served before today's chunked steps (simulated "
+                     "beside them as they ran; today's chunk counts its decode rows, as "
+                     "SGLang's mixed chunk does): measure them again")
     lines.append("< X: failed the SLOs at every rate served, X the lowest; a ratio over it is "
                  "a lower bound (>=); >= X: met them at every rate served, X the highest")
     return "\n".join(lines)

@@ -55,13 +55,15 @@ from pdmux_triton.cli.parsing import choice, integer, listed, number
 from pdmux_triton.cost.measured_inputs import load_host_costs
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiments import capacity_search, repeats
-from pdmux_triton.experiments.capacity import repeat_capacities
+from pdmux_triton.experiments.capacity import (JUDGED_AS_SERVED, MEASURED_BEFORE,
+                                               repeat_capacities)
 from pdmux_triton.experiments.capacity_search import Criteria
 from pdmux_triton.experiments.run import GUARDS, Servers
 from pdmux_triton.experiments.settings import RunSettings, make_requests
 from pdmux_triton.experiments.variants import served_by, variant
 from pdmux_triton.results import PointStore, provenance, read_json, write_json
-from pdmux_triton.serve.metrics import ROUND_US, Slo, diagnostics, stale_mixed_steps
+from pdmux_triton.serve import metrics
+from pdmux_triton.serve.metrics import ROUND_US, Slo, diagnostics
 from pdmux_triton.spec.gpus import detect_gpu, gpu_preset
 from pdmux_triton.spec.models import model_preset
 from pdmux_triton.spec.traffic import Request
@@ -225,10 +227,9 @@ FIGURES = (*LATENCIES, "slo_attainment", "slo_attainment_last_half", "itl_p50_ms
 
 
 def stale(point: dict) -> bool:
-    """A chunked point measured before a mixed step's decode rows left the extend kernel
-    (`metrics.stale_mixed_steps`): served again where the GPU is there, else simulated as it
-    ran (`metrics.as_served`)."""
-    return stale_mixed_steps(point["strategy"], point["diagnostics"])
+    """A chunked point measured before today's chunked steps (`metrics.stale_mixed_steps`):
+    served again where the GPU is there, else simulated as it ran (`metrics.as_served`)."""
+    return metrics.stale_mixed_steps(point["strategy"], point["diagnostics"])
 
 
 def measure(args, store: PointStore, log) -> list[str]:
@@ -298,27 +299,28 @@ def simulate(args, store: PointStore, only: tuple | None = None) -> dict[tuple, 
     out = {}
     base = settings(args, *windows(args, only)[0], simulate=True)
     shipped = Servers(base, [], prefill_speed=args.prefill_speed)
-    # a point served before a mixed step's decode rows left the extend kernel, as it ran
-    then = Servers(base, [], overheads=shipped.overheads.rows_in_extend(),
-                   prefill_speed=args.prefill_speed)
-    on_host: dict[tuple, Servers] = {}  # by the host's launch time, us, and whether as then
+    # a point served before today's chunked steps, as it ran (by their generation)
+    served_on = {steps: Servers(base, [], overheads=metrics.served_on(shipped.overheads, steps),
+                                prefill_speed=args.prefill_speed) for steps in (0, 1)}
+    served_on[metrics.TODAY] = shipped
+    on_host: dict[tuple, Servers] = {}  # by the host's launch time, us, and the generation
 
-    def host(us: int, before: bool) -> Servers:
-        if (us, before) not in on_host:
-            on_host[us, before] = Servers(base, [], overheads=(then if before else shipped)
-                                          .overheads.on_host(us / ROUND_US),
-                                          prefill_speed=args.prefill_speed)
-        return on_host[us, before]
+    def host(us: int, steps: int) -> Servers:
+        if (us, steps) not in on_host:
+            on_host[us, steps] = Servers(base, [], overheads=served_on[steps].overheads.on_host(
+                us / ROUND_US), prefill_speed=args.prefill_speed)
+        return on_host[us, steps]
     for t, start in windows(args, only):
         s = settings(args, t, start, simulate=True)
         for name in args.strategies:
             for rate in judged_rates(args, store, t, start, name):
                 measured = store.get(Key("gpu", t, start, rate, name))
-                before = measured is not None and stale(measured)
-                rows = {"shipped_host": [then if before else shipped]}
+                steps = (metrics.TODAY if measured is None
+                         else metrics.chunked_steps_of(name, measured["diagnostics"]))
+                rows = {"shipped_host": [served_on[steps]]}
                 hosts_us = repeat_hosts_us(measured)
                 if hosts_us:
-                    rows["run_host"] = [host(us, before) for us in hosts_us]
+                    rows["run_host"] = [host(us, steps) for us in hosts_us]
                 out[t, start, rate, name] = {which: _simulated(servers, name, s, rate)
                                              for which, servers in rows.items()}
     return out
@@ -715,12 +717,16 @@ def run(args) -> int:
     cards = card_speeds(args.card_band, args.gpu) if args.card_band else None
     store = PointStore(Path(args.out) / "trace-fidelity" / f"points-{args.gpu}.jsonl", Key)
     missing = measure(args, store, lambda line: print(line, file=sys.stderr, flush=True))
-    # (offline, the stale points among them are judged as they ran: named apart)
-    as_they_ran = [f"{name} {t}@{start} {rate:g} req/s" for t, start in windows(args)
-                   for name in args.strategies for rate in judged_rates(args, store, t, start, name)
-                   if (p := store.get(Key("gpu", t, start, rate, name))) is not None
-                   and stale(p)]
-    missing = [m for m in missing if m not in as_they_ran]
+    # (offline, the stale points among them are judged as they ran: named apart, by the
+    # generation of chunked steps they were served with)
+    as_they_ran = {steps: [] for steps in JUDGED_AS_SERVED}
+    for t, start in windows(args):
+        for name in args.strategies:
+            for rate in judged_rates(args, store, t, start, name):
+                if (p := store.get(Key("gpu", t, start, rate, name))) is not None and stale(p):
+                    as_they_ran[metrics.chunked_steps_of(name, p["diagnostics"])].append(
+                        f"{name} {t}@{start} {rate:g} req/s")
+    missing = [m for m in missing if not any(m in names for names in as_they_ran.values())]
     if not any(judged_rates(args, store, t, start, name) for t, start in windows(args)
                for name in args.strategies):
         raise PdmuxError(f"no point of {','.join(args.strategies)} on {','.join(args.traces)} "
@@ -744,14 +750,15 @@ def run(args) -> int:
     # (named after the judgement, so an error above stays one line; the set is partial)
     data = {**provenance(args.gpu), "analysed_offline": args.offline, "model": MODEL,
             "inputs": inputs, "not_measured": missing,
-            "judged_as_served_before_decode_rows_left_the_extend_kernel": as_they_ran, **result}
+            **{JUDGED_AS_SERVED[steps]: names for steps, names in as_they_ran.items()},
+            **result}
     if missing:
         print(f"{len(missing)} points not measured in {store.path} (judged without them): "
               + ", ".join(missing), file=sys.stderr, flush=True)
-    if as_they_ran:
-        print(f"{len(as_they_ran)} chunked points served before a mixed step's decode rows left "
-              f"the extend kernel, judged as they ran: " + ", ".join(as_they_ran),
-              file=sys.stderr, flush=True)
+    for steps, names in as_they_ran.items():
+        if names:
+            print(f"{len(names)} chunked points measured before {MEASURED_BEFORE[steps]}, "
+                  f"judged as they ran: " + ", ".join(names), file=sys.stderr, flush=True)
     return finish(Path(args.out) / f"trace-fidelity-{args.gpu}.json", data, table(data))
 
 

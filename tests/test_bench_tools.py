@@ -13,7 +13,10 @@ import numpy as np
 import pytest
 
 from pdmux_triton.errors import PdmuxError
-from pdmux_triton.serve.metrics import MIXED_DECODE_ROWS
+from pdmux_triton.serve.metrics import MIXED_CHUNK_ROWS, MIXED_DECODE_ROWS
+
+# what a run saved by today's executor writes of its chunked steps (`metrics.chunked_steps_of`)
+TODAY_MARKS = {"mixed_decode_rows": MIXED_DECODE_ROWS, "mixed_chunk_rows": MIXED_CHUNK_ROWS}
 
 
 def test_decode_kernel_compiles_for_sm90_offline():
@@ -310,7 +313,7 @@ def test_host_cost_rows_carry_a_runs_later_layer_launch_where_it_timed_one():
                "end_s": 0.03},
               {"prefill": "", "decode_bs": 3, "decode_context": 1500, "start_s": 0.03,
                "end_s": 0.04}]
-    today = {"mixed_decode_rows": MIXED_DECODE_ROWS}
+    today = TODAY_MARKS
     run = {"details": {name: {"rounds": rounds, **today}
                        for name in ("chunked_512", "chunked_1024", "chunked_2048")},
            "rows": [{"strategy": "chunked_512", "host_layer_p50_ms": 0.8},  # before replays
@@ -327,6 +330,9 @@ def test_host_cost_rows_carry_a_runs_later_layer_launch_where_it_timed_one():
     assert [r["later_s"] for r in fidelity_rounds(points)] == [None, 130 / 1e6]
     # a run saved before a mixed step's decode rows left the extend kernel: its rounds are
     # fitted as they ran (`extend_rows`), its prefill-first batches as any
+    assert not any(r["extend_rows"] for r in chunk_rounds(run, 1.1e-3))
+    # (nor one saved before the chunk counted its rows: its rounds' chunks are their labels')
+    run["details"]["chunked_512"].pop("mixed_chunk_rows")
     assert not any(r["extend_rows"] for r in chunk_rounds(run, 1.1e-3))
     run["details"]["chunked_512"].pop("mixed_decode_rows")
     assert {r["size"]: r["extend_rows"] for r in chunk_rounds(run, 1.1e-3)} == {
@@ -508,7 +514,7 @@ def test_mixed_rounds_prices_a_replayed_runs_later_layers(tmp_path, monkeypatch)
         (folder / "capacity-settings-h200.json").write_text(
             (path.parent / "capacity-settings-h200.json").read_text())
         (folder / path.name).write_text("".join(json.dumps(
-            {**p, **more, "mixed_decode_rows": MIXED_DECODE_ROWS} if p is not None
+            {**p, **more, **TODAY_MARKS} if p is not None
             and p["strategy"] == "chunked_512" else p) + "\n" for p in kept))
         assert mixed_rounds.main([str(folder / path.name), "--out", str(tmp_path / where)]) == 0
     whole = {where: next(b for p in json.loads(
@@ -1196,10 +1202,11 @@ def test_trace_fidelity_judges_a_strategy_at_every_rate_measured_for_it(tmp_path
 
 def test_trace_fidelity_serves_a_stale_chunked_point_again_and_judges_it_as_it_ran(tmp_path,
                                                                                 monkeypatch):
-    """A chunked point measured before a mixed step's decode rows left the extend kernel (its
-    diagnostics lack the marker) is served again on the GPU and, offline, named and judged as
-    it ran (`simulate`'s costs with those rows in the extend tiles); one measured since, and
-    other strategies' points, are judged as today's executor serves them."""
+    """A chunked point measured before today's chunked steps (its diagnostics lack a marker)
+    is served again on the GPU and, offline, named and judged as it ran (`simulate`'s costs:
+    before the decode rows left the extend kernel, with them in its tiles and the whole chunk
+    beside them; before the chunk counted them, the whole chunk); one measured since, and other
+    strategies' points, are judged as today's executor serves them."""
     import argparse
 
     sys.path.insert(0, "bench")
@@ -1211,17 +1218,19 @@ def test_trace_fidelity_serves_a_stale_chunked_point_again_and_judges_it_as_it_r
     store = PointStore(tmp_path / "points.jsonl", Key)
     for name, rate, diag in (("chunked_512", 12.0, {}),
                              ("chunked_512", 24.0, {"mixed_decode_rows": MIXED_DECODE_ROWS}),
+                             ("chunked_512", 48.0, TODAY_MARKS),
                              ("prefill_first", 12.0, {})):
         store.add(Key("gpu", "conv", 2000, rate, name), diagnostics=diag)
-    assert [stale(p) for p in store.points.values()] == [True, False, False]
+    assert [stale(p) for p in store.points.values()] == [True, True, False, False]
     args = argparse.Namespace(rates=[], offline=True, traces=["conv"], count=100,
                               strategies=["chunked_512", "prefill_first"])
-    assert judged_rates(args, store, "conv", 2000, "chunked_512") == [12.0, 24.0]
+    assert judged_rates(args, store, "conv", 2000, "chunked_512") == [12.0, 24.0, 48.0]
     assert judged_rates(args, store, "conv", 2000, "prefill_first") == [12.0]
     said = []
     named = trace_fidelity.measure(args, store, said.append)  # offline: named, nothing served
     assert "chunked_512 conv@2000 12 req/s" in named and not said
-    assert "chunked_512 conv@2000 24 req/s" not in named
+    assert "chunked_512 conv@2000 24 req/s" in named
+    assert "chunked_512 conv@2000 48 req/s" not in named
     assert "prefill_first conv@2000 12 req/s" not in named
     # served highest rate first (the warm-up before a strategy's first run forms the largest
     # batches): the plan's rates of a strategy with none measured, in that order
@@ -1239,13 +1248,14 @@ def test_trace_fidelity_serves_a_stale_chunked_point_again_and_judges_it_as_it_r
     script.card_inputs(grabbed["args"], measuring=None)  # offline: the H200's points, files
     assert grabbed["args"].gpu == "h200"
     assert grabbed["args"].host_costs == "bench/results/host-costs-h200.json"
-    seen = {}
+    seen = {}  # (rows in the extend tiles, the whole chunk beside them) of each server
     monkeypatch.setattr(trace_fidelity, "_simulated", lambda servers, name, s, rate: (
-        seen.setdefault((name, rate), [x.overheads.mixed.decode_rows_in_extend
-                                       for x in servers]) and {}))
+        seen.setdefault((name, rate), [(x.overheads.mixed.decode_rows_in_extend,
+                                        x.overheads.whole_chunk) for x in servers]) and {}))
     trace_fidelity.simulate(grabbed["args"], store)
-    assert seen == {("chunked_512", 12.0): [True], ("chunked_512", 24.0): [False],
-                    ("prefill_first", 12.0): [False]}
+    assert seen == {("chunked_512", 12.0): [(True, True)], ("chunked_512", 24.0): [(False, True)],
+                    ("chunked_512", 48.0): [(False, False)],
+                    ("prefill_first", 12.0): [(False, False)]}
 
 
 def test_bench_scripts_judge_the_points_of_the_card_they_name(monkeypatch):

@@ -128,7 +128,8 @@ def test_fixed_rates_are_served_beside_the_search(tmp_path):
 def test_repeats_give_each_repeat_its_capacity_and_the_spread(monkeypatch, tmp_path):
     """Measured with --repeats 3 on a stand-in GPU whose every repeat decodes at another speed
     (1x, 2x and 1.4x faster): a point's figures are the repeats' medians, each repeat's are kept,
-    and each repeat's own capacity brackets the median's."""
+    and each repeat's own capacity brackets the median's (a TPOT SLO of 8 ms makes the decode
+    speed set each repeat's capacity)."""
     original_run, runs = run.Servers._run, []
 
     def uneven(self, v, loop, x, requests):
@@ -144,9 +145,10 @@ def test_repeats_give_each_repeat_its_capacity_and_the_spread(monkeypatch, tmp_p
         return original_run(self, v, loop, x, requests)
     monkeypatch.setattr(run.Servers, "__init__", _sim_servers)
     monkeypatch.setattr(run.Servers, "_run", uneven)
-    s = dataclasses.replace(settings(simulate=False), repeats=3)
-    result = run_capacity(s, ("chunked_512",), CRITERIA, PointStore(tmp_path / "p.jsonl", PointKey),
-                          rates=RATES, log=lambda m: None)
+    s = dataclasses.replace(settings(simulate=False), repeats=3, slo_tpot_ms=8)
+    result = run_capacity(s, ("chunked_512",), Criteria(Slo(2000, 8)),
+                          PointStore(tmp_path / "p.jsonl", PointKey), rates=RATES,
+                          log=lambda m: None)
     measured = [p for p in result["points"] if p["mode"] == "gpu"]
     assert len(runs) == 3 * len(measured)
     for p in measured:
@@ -379,10 +381,19 @@ def test_an_offline_run_simulates_again_only_the_strategies_it_serves(tmp_path):
     assert {k: p for k, p in reread.points.items() if p["strategy"] == "chunked_512"} == kept
 
 
+# what a measured point of each older generation of chunked steps lacks, and what a sweep
+# says when it serves one again
+OLDER = {0: (("mixed_decode_rows", "mixed_chunk_rows"),
+             "a mixed step's decode rows left the extend kernel"),
+         1: (("mixed_chunk_rows",), "a chunked step's chunk counted its decode rows")}
+
+
+@pytest.mark.parametrize("steps", sorted(OLDER))
 def test_a_chunked_point_measured_before_todays_mixed_steps_is_served_again(monkeypatch,
-                                                                          tmp_path):
-    """A measured chunked point saved before a mixed step's decode rows left the extend kernel
-    (no `mixed_decode_rows`) is served again and replaced, and says so; one saved since, and
+                                                                          tmp_path, steps):
+    """A measured chunked point saved before today's chunked steps (before its decode rows
+    left the extend kernel: neither mark; before its chunk counted them: no
+    `mixed_chunk_rows`) is served again and replaced, and says so; one saved since, and
     other strategies' points, resume as they are; offline, the old point is read as it is."""
     monkeypatch.setattr(run.Servers, "__init__", _sim_servers)
     path = tmp_path / "p.jsonl"
@@ -391,9 +402,11 @@ def test_a_chunked_point_measured_before_todays_mixed_steps_is_served_again(monk
     saved = PointStore(path, PointKey)
     measured = [p for p in saved.points.values() if p["mode"] == "gpu"]
     assert len(measured) == 2 and all(p["mixed_decode_rows"] == "decode_attention"
+                                      and p["mixed_chunk_rows"] == "counted_in_chunk"
                                       for p in measured)
+    lacks, before = OLDER[steps]
     old = {k: v for k, v in saved.get(PointKey("gpu", "chunked_512", 3.0)).items()
-           if k != "mixed_decode_rows"}
+           if k not in lacks}
     # (failing the SLOs: a measured sweep reads nothing from it, not even where to stop)
     saved.add(PointKey("gpu", "chunked_512", 3.0), **{**old, "ttft_p50_ms": -1.0,
                                                       "slo_attainment": 0.0})
@@ -410,10 +423,10 @@ def test_a_chunked_point_measured_before_todays_mixed_steps_is_served_again(monk
     again = run_capacity(settings(simulate=False), ("chunked_512", "prefill_first"), CRITERIA,
                          PointStore(path, PointKey), rates=(3.0,), log=log.append)
     assert [m for m in log if "served again" in m] == [
-        "[gpu] chunked_512 at 3 req/s was measured before a mixed step's decode rows left the "
-        "extend kernel: served again"]
+        f"[gpu] chunked_512 at 3 req/s was measured before {before}: served again"]
     kept = PointStore(path, PointKey).get(PointKey("gpu", "chunked_512", 3.0))
     assert kept["mixed_decode_rows"] == "decode_attention" and kept["ttft_p50_ms"] > 0
+    assert kept["mixed_chunk_rows"] == "counted_in_chunk"
     assert kept["slo_attainment"] > 0
     assert {p["strategy"] for p in again["points"] if p["mode"] == "gpu"} == {
         "chunked_512", "prefill_first"}
@@ -430,7 +443,7 @@ def test_a_measured_sweep_reads_no_stale_chunked_point_at_a_rate_it_did_not_serv
                  PointStore(path, PointKey), rates=(3.0, 9.0), log=lambda m: None)
     store = PointStore(path, PointKey)
     old = {k: v for k, v in store.get(PointKey("gpu", "chunked_512", 9.0)).items()
-           if k != "mixed_decode_rows"}
+           if k != "mixed_chunk_rows"}
     store.add(PointKey("gpu", "chunked_512", 9.0), **{**old, "ttft_p50_ms": -1.0,
                                                       "requests_lost": 5})
     again = run_capacity(settings(simulate=False), ("chunked_512",), CRITERIA,
@@ -466,7 +479,7 @@ def test_offline_a_stale_chunked_point_is_judged_against_the_executor_it_was_ser
         store = PointStore(tmp_path / f"{name}.jsonl", PointKey)
         for key, point in measured.items():
             kept = {k: v for k, v in point.items() if k not in ("mode", "strategy", "rate")
-                    and not (key[2] in stale and k == "mixed_decode_rows")}
+                    and not (key[2] in stale and k in OLDER[0][0])}
             store.add(PointKey(*key), **{**kept, "host_layer_p50_ms": host_s * 1e3})
         return store, run_capacity(s, ("chunked_512",), CRITERIA, store, log=lambda m: None,
                                    offline=True)
@@ -508,7 +521,7 @@ def test_offline_a_stale_chunked_point_is_judged_against_the_executor_it_was_ser
         if row["sim_error_read_from"][c] not in ("measured rates", None):
             assert row["sim_error_read_from"][c] == capacity.ON_TWO_EXECUTORS
             assert row["sim_error_pct"][c] is None
-            assert any("served on two executors" in n for n in tables.capacity_notes(result, 40))
+            assert any("served on more than one executor" in n for n in tables.capacity_notes(result, 40))
     assert capacity.ON_TWO_EXECUTORS in row["sim_error_read_from"].values()
     assert [r for (mode, r) in at if mode == "simulated" + as_served] == [3.0]  # no search
     # the as-served points are simulated points: an offline rerun forgets them with today's
@@ -530,7 +543,7 @@ def test_offline_a_stale_chunked_point_is_judged_against_the_executor_it_was_ser
     assert "all simulated rates" in row_old["sim_error_read_from"].values()
 
     with pytest.raises(PdmuxError, match="measured sweep cannot be priced as an older"):
-        capacity.Sweep(s, stale, log=None, rows_in_extend=True)  # simulated sweeps only
+        capacity.Sweep(s, stale, log=None, served_on=0)  # simulated sweeps only
 
     fresh, before = offline("fresh")
     row_before = before["summary"]["strategies"]["chunked_512"]
@@ -597,3 +610,71 @@ def test_a_run_that_timed_its_later_layers_is_simulated_on_its_host_at_those_tim
     for bad in (0.0, -1e-4, float("nan")):
         with pytest.raises(PdmuxError, match="later eager layer's launch time"):
             today.on_host(first_s, bad)
+
+
+def test_offline_points_of_two_older_chunked_steps_are_each_judged_as_they_ran(
+        monkeypatch, tmp_path):
+    """Offline, a chunked point saved before the chunk counted its decode rows is judged
+    against the simulation of that loop (the whole chunk beside the rows, its own mode suffix),
+    one saved before the rows left the extend kernel against its own, each named under its
+    key; with both in one store no one simulated crossing compares. A resumed run drops
+    today's simulated chunked points saved before the chunk counted the rows."""
+    s = dataclasses.replace(settings(simulate=False),
+                            host_costs="bench/results/host-costs-h200.json")
+    today = run.host_overheads(s)
+    monkeypatch.setattr(run.Servers, "__init__", _sim_servers)
+    run_capacity(s, ("chunked_512",), CRITERIA, PointStore(tmp_path / "gpu.jsonl", PointKey),
+                 rates=(3.0, 6.0), log=lambda m: None)
+    monkeypatch.undo()
+    measured = {k: p for k, p in PointStore(tmp_path / "gpu.jsonl", PointKey).points.items()
+                if p["mode"] == "gpu"}
+
+    def offline(name: str, steps: dict[float, int]) -> dict:
+        store = PointStore(tmp_path / f"{name}.jsonl", PointKey)
+        for key, point in measured.items():
+            lacks = OLDER[steps[key[2]]][0] if key[2] in steps else ()
+            store.add(PointKey(*key), **{k: v for k, v in point.items()
+                                         if k not in ("mode", "strategy", "rate", *lacks)})
+        return run_capacity(s, ("chunked_512",), CRITERIA, store, log=lambda m: None,
+                            offline=True)
+
+    def figures(point: dict) -> dict:
+        return {k: point.get(k) for k in capacity.POINT_KEYS if k != "rate"}
+
+    def simulated(overheads, rate: float) -> dict:
+        sim = dataclasses.replace(s, simulate=True, repeats=1)
+        row, _ = run.Servers(sim, [], overheads=overheads).serve(variant("chunked_512"),
+                                                                 make_requests(sim, rate))
+        return {k: row.get(k) for k in capacity.POINT_KEYS if k != "rate"}
+
+    whole = capacity.WHOLE_CHUNK_SERVED
+    result = offline("between", {3.0: 1, 6.0: 1})
+    at = {(p["mode"], p["rate"]): p for p in result["points"]}
+    assert figures(at["simulated" + whole, 3.0]) == simulated(today.whole_chunk_beside_rows(),
+                                                              3.0)
+    assert figures(at["simulated", 3.0]) == simulated(today, 3.0)  # the prediction: today's
+    assert figures(at["simulated", 3.0]) != figures(at["simulated" + whole, 3.0])
+    assert result[capacity.JUDGED_AS_SERVED[1]] == ["chunked_512 3 req/s", "chunked_512 6 req/s"]
+    assert capacity.JUDGED_AS_SERVED[0] not in result
+    row = result["summary"]["strategies"]["chunked_512"]
+    assert row["stale_mixed_step_points"] == 2
+    assert capacity.ON_TWO_EXECUTORS not in row["sim_error_read_from"].values()
+
+    mixed = offline("mixed", {3.0: 0, 6.0: 1})
+    at = {(p["mode"], p["rate"]): p for p in mixed["points"]}
+    assert ("simulated" + capacity.AS_SERVED, 3.0) in at and ("simulated" + whole, 6.0) in at
+    assert mixed[capacity.JUDGED_AS_SERVED[0]] == ["chunked_512 3 req/s"]
+    assert mixed[capacity.JUDGED_AS_SERVED[1]] == ["chunked_512 6 req/s"]
+    read_from = mixed["summary"]["strategies"]["chunked_512"]["sim_error_read_from"]
+    assert all(r in ("measured rates", capacity.ON_TWO_EXECUTORS) for r in read_from.values())
+
+    # today's simulated chunked points of an older loop carry no mark: a resumed run drops them
+    store = PointStore(tmp_path / "resumed.jsonl", PointKey)
+    store.add(PointKey("simulated", "chunked_512", 3.0), slo_attainment=0.5)
+    store.add(PointKey("simulated", "prefill_first", 3.0), slo_attainment=0.5)
+    monkeypatch.setattr(run.Servers, "__init__", _sim_servers)
+    run_capacity(dataclasses.replace(s, simulate=True), ("prefill_first",), CRITERIA, store,
+                 rates=(3.0,), log=lambda m: None)
+    kept = PointStore(tmp_path / "resumed.jsonl", PointKey)
+    assert kept.get(PointKey("simulated", "chunked_512", 3.0)) is None
+    assert kept.get(PointKey("simulated", "prefill_first", 3.0))["slo_attainment"] == 0.5

@@ -42,11 +42,60 @@ def test_prefill_first_stalls_decode_for_the_whole_prefill():
     assert s["itl_p99_ms"] > 270
 
 
-@pytest.mark.parametrize("chunk,steps", [(2048, 4), (512, 16)])
+# the 8192-token prompt beside 32 decode rows, which its chunks count: 2016 and 480 a step
+@pytest.mark.parametrize("chunk,steps", [(2048, 5), (512, 18)])
 def test_chunked_prefill_spreads_the_prompt(chunk, steps):
     s, _ = run("chunked", chunk=chunk)
     assert s["tokens_during_prefill"] == steps  # every chunk step also decodes a token
     assert s["itl_during_prefill_p50_ms"] > 8.7
+
+
+def _chunks(result) -> list[tuple[int, int, bool]]:
+    """(prompt tokens, decode rows, whether its prompt's last) of every chunked round."""
+    labels = [(r.prefill, r.decode_bs) for r in result.rounds if r.prefill.startswith("chunk ")]
+    starts = [int(re.fullmatch(r"chunk (\d+)\+\d+", label).group(1)) for label, _ in labels]
+    return [(int(label.split("+")[1]), rows, i + 1 == len(labels) or starts[i + 1] == 0)
+            for i, (label, rows) in enumerate(labels)]
+
+
+def _requests_beside_rows(batch: int, decode_tokens: int, prompt: int) -> list[Request]:
+    """The chapter's scenario of `batch` rows and then a second prompt behind the first."""
+    return (prompt_during_decode(QWEN.vocab, batch=batch, prompt=prompt,
+                                 decode_tokens=decode_tokens)
+            + [Request(batch + 1, 700, 3, 0.0)])
+
+
+def test_a_chunk_counts_the_decode_rows_beside_it_as_sglangs_mixed_chunk():
+    """A step holds the chunk's tokens, its decode rows among them (SGLang's `PrefillAdder`
+    takes the chunk size less the running batch), every step but a prompt's last; every
+    request is served. A simulation of a run saved before (`Overheads.whole_chunk_beside_rows`)
+    takes the whole chunk beside the rows, as that run did."""
+    result = scheduler.run("chunked", sim(), _requests_beside_rows(40, 30, 1500), chunk=48)
+    _served_in_full(result)
+    chunks = _chunks(result)
+    assert {rows for _, rows, _ in chunks} > {0}  # some beside rows, some alone
+    assert all(tokens + rows == 48 for tokens, rows, last in chunks if not last)
+    assert all(1 <= tokens and tokens + rows <= 48 for tokens, rows, _ in chunks)
+    assert sum(tokens for tokens, _, _ in chunks) == 1500 + 700
+    older = SimExecutor(H100, QWEN, step_cost.SaturationLaw(H100.hbm_tbps * 0.85, 44.0),
+                        step_cost.PrefillRate.fixed(H100.bf16_tflops, H100.sms, 0.5),
+                        overheads=step_cost.Overheads().whole_chunk_beside_rows())
+    assert older.rows_in_chunk is False and sim().rows_in_chunk is True
+    then = scheduler.run("chunked", older, _requests_beside_rows(40, 30, 1500), chunk=48)
+    _served_in_full(then)
+    assert all(tokens == 48 for tokens, _, last in _chunks(then) if not last)
+    assert any(tokens == 48 and rows >= 40 for tokens, rows, _ in _chunks(then))
+
+
+def test_rows_that_fill_the_chunk_hold_new_prompts_back_until_they_shrink():
+    """With as many decode rows as the chunk holds, a waiting prompt starts only once enough of
+    them finished (SGLang admits none while its budget is spent); nothing hangs and every
+    request is served."""
+    result = scheduler.run("chunked", sim(), _requests_beside_rows(24, 12, 300), chunk=16)
+    _served_in_full(result)
+    chunks = _chunks(result)
+    assert chunks and all(rows < 16 and tokens + rows <= 16 for tokens, rows, _ in chunks)
+    assert sum(tokens for tokens, _, _ in chunks) == 300 + 700
 
 
 @pytest.mark.parametrize("s_sat,itl", [(44, 8.8), (66, 11.1), (88, 14.8)])

@@ -62,7 +62,7 @@ def test_chunked_steps_match_the_estimates_chunks():
     reqs = prompt_during_decode(QWEN.vocab, arrive_after_steps=0)
     result = scheduler.run("chunked", executor(), reqs, chunk=2048)
     chunk_rounds = [r for r in result.rounds if r.prefill.startswith("chunk")]
-    assert len(chunk_rounds) == rows["chunked_2048"].steps == 4
+    assert len(chunk_rounds) == rows["chunked_2048"].steps == 5  # 2016 tokens beside 32 rows
     # the simulated decode batch grows one token a step; the estimate holds it at 2048
     total = sum(r.end - r.start for r in chunk_rounds)
     assert total * 1e3 == pytest.approx(rows["chunked_2048"].prefill_ms, rel=2e-3)
@@ -359,8 +359,9 @@ def test_fitted_mixed_steps_and_decode_extras_price_the_executors_steps(launch_s
     x = SimExecutor(H100, QWEN, law, rate, overheads=host)
     reqs = prompt_during_decode(QWEN.vocab, batch=4, context=1000, prompt=600, decode_tokens=12)
     result = scheduler.run("chunked", x, reqs, chunk=256)
-    first = next(r for r in result.rounds if r.prefill == "chunk 0+256")
-    phases = step_cost.mixed_step_s(QWEN, law, rate, H100.sms, first.decode_context, 4, 256, 0,
+    # (the chunk counts its 4 decode rows)
+    first = next(r for r in result.rounds if r.prefill == "chunk 0+252")
+    phases = step_cost.mixed_step_s(QWEN, law, rate, H100.sms, first.decode_context, 4, 252, 0,
                                     samples_chunk=False, phases=fit)
     launches = QWEN.layers * launch_s
     assert (phases > launches) == (launch_s < 0.001)  # each case is the bound it tests
@@ -371,10 +372,16 @@ def test_fitted_mixed_steps_and_decode_extras_price_the_executors_steps(launch_s
     step = step_cost.decode_step_s(QWEN, law, plain.decode_context, H100.sms, False) + 0.0007
     assert plain.end - plain.start == pytest.approx(step, rel=1e-6)
     # a run saved before a mixed step's decode rows left the extend kernel, simulated as it
-    # ran (`metrics.as_served`): the same round with each decode row's context in the tiles
+    # ran (`metrics.as_served`): the whole chunk beside the rows, each decode row's context in
+    # the tiles; one saved after that but before the chunk counted the rows: the whole chunk
+    today = {"mixed_decode_rows": metrics.MIXED_DECODE_ROWS,
+             "mixed_chunk_rows": metrics.MIXED_CHUNK_ROWS}
     then = metrics.as_served(host, "chunked_256", {})
-    assert then.mixed.decode_rows_in_extend and metrics.as_served(
-        host, "chunked_256", {"mixed_decode_rows": metrics.MIXED_DECODE_ROWS}) is host
+    assert then.mixed.decode_rows_in_extend and then.whole_chunk
+    between = metrics.as_served(host, "chunked_256", {"mixed_decode_rows": today[
+        "mixed_decode_rows"]})
+    assert between.whole_chunk and between.mixed == host.mixed
+    assert metrics.as_served(host, "chunked_256", today) is host
     assert metrics.as_served(host, "prefill_first", {}) is host
     old = scheduler.run("chunked", SimExecutor(H100, QWEN, law, rate, overheads=then),
                         prompt_during_decode(QWEN.vocab, batch=4, context=1000, prompt=600,

@@ -297,9 +297,9 @@ def capacity_notes(result: dict, count: int) -> list[str]:
     if any(row.get("sim_error_read_from", {}).get(c) == ON_TWO_EXECUTORS
            for row in rows.values() for c in row.get("sim_error_pct", {})):
         notes.append("-: the simulation met the criterion at every measured rate or at none, "
-                     "and the measured points were served on two executors (some before a "
-                     "mixed step's decode rows left the extend kernel), so no one simulated "
-                     "crossing compares with them: measure the stale ones again")
+                     "and the measured points were served on more than one executor (some "
+                     "before today's chunked steps), so no one simulated crossing compares "
+                     "with them: measure the stale ones again")
     if any(row.get("simulated_on_run_hosts") for row in rows.values()):
         notes.append("simulated at those rates: each measured point priced on the host its run "
                      "timed (an eager layer's launch, `host_layer_p50_ms`), as `Overheads.on_host` "
@@ -309,10 +309,10 @@ def capacity_notes(result: dict, count: int) -> list[str]:
     if stale:
         notes.append(
             f"stale: {', '.join(f'{n} ({k} points)' for n, k in sorted(stale.items()))} read "
-            f"from points served before a mixed step's decode rows left the extend kernel: "
-            f"the simulation beside them prices the executor they ran on; the simulated "
-            f"capacity prices today's, which serves those rounds faster; measure them again "
-            f"(drop --offline)")
+            f"from points served before today's chunked steps (decode rows in the extend "
+            f"kernel's tiles, or the whole chunk beside them where SGLang's mixed chunk counts "
+            f"them in it): the simulation beside them prices the executor they ran on; the "
+            f"simulated capacity prices today's; measure them again (drop --offline)")
     if any(row["at_least"][c] and row.get("sim_error_pct", {}).get(c) is not None
            for row in rows.values() for c in row["at_least"]):
         notes.append("<=: the measured capacity is only a bound (the strategy met the criterion "

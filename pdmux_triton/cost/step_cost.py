@@ -528,6 +528,10 @@ class Overheads:
     # (bench/NOTES.md), so each kind is priced from its own points (`for_kind`)
     by_kind: tuple[tuple[str, tuple, tuple], ...] = ()
     later_layer_s: float | None = None
+    # a run saved before a chunked step counted its decode rows in its chunk, simulated as it
+    # ran: each step the whole chunk beside the rows (`whole_chunk_beside_rows`; the loop reads
+    # it off the simulated executor)
+    whole_chunk: bool = False
 
     def __post_init__(self):
         for name in ("decode_round_s", "layer_launch_s", "eager_step_s",
@@ -603,12 +607,19 @@ class Overheads:
                        prefill_batch_s=(None if self.prefill_batch_s is None
                                         else self.prefill_batch_s * f))
 
+    def whole_chunk_beside_rows(self) -> "Overheads":
+        """These costs on the executor before a chunked step counted its decode rows in its
+        chunk (SGLang's mixed chunk does): each step took the whole chunk beside the rows."""
+        return replace(self, whole_chunk=True)
+
     def rows_in_extend(self) -> "Overheads":
         """These costs with a mixed step's decode rows in the extend kernel's tiles too, as the
-        executor ran them before they moved to decode attention (`MixedStepFit`)."""
-        if self.mixed is None:
-            return self
-        return replace(self, mixed=replace(self.mixed, decode_rows_in_extend=True))
+        executor ran them before they moved to decode attention (`MixedStepFit`); the chunk
+        then came whole beside them too (`whole_chunk_beside_rows`)."""
+        older = self.whole_chunk_beside_rows()
+        if older.mixed is None:
+            return older
+        return replace(older, mixed=replace(older.mixed, decode_rows_in_extend=True))
 
     def launch_layers_s(self, layers: int) -> float:
         """The host's time to launch a call of `layers` eager layers."""

@@ -89,19 +89,26 @@ def measured_gpu(folder: Path, name: str) -> GPUSpec:
 # a measured point's simulation priced on the host its run timed (an eager layer's launch
 # time): hosts beside one GPU launch at different speeds, so like is compared with like
 ON_RUN_HOST = "simulated_on_run_host"
-# (a suffix) a simulation priced on the executor a stale measured point was served on
-# (`metrics.as_served`), kept apart from today's simulation, which is the prediction
+# (suffixes) a simulation priced on the executor a stale measured point was served on
+# (`metrics.as_served`), kept apart from today's simulation, which is the prediction: decode
+# rows in the extend tiles (generation 0), or the whole chunk beside them (1)
 AS_SERVED = "_as_served"
+WHOLE_CHUNK_SERVED = "_as_served_whole_chunk"
+SERVED_ON = {0: AS_SERVED, 1: WHOLE_CHUNK_SERVED, metrics.TODAY: ""}
 SIMULATED = ("simulated", ON_RUN_HOST)
 # where a bounded simulation is read (`sim_error_read_from`) when a strategy's points ran on
-# both executors: no one simulation's crossing compares with them
+# more than one executor: no one simulation's crossing compares with them
 ON_TWO_EXECUTORS = "none: the points ran on two executors"
+# what each stale point list of a result names (`judged_as_served...`), by generation
+JUDGED_AS_SERVED = {0: "judged_as_served_before_decode_rows_left_the_extend_kernel",
+                    1: "judged_as_served_before_the_chunk_counted_its_decode_rows"}
 
 
 def is_simulated(point: dict) -> bool:
     """A simulated point, on the cost model's host or on a measured run's, of today's
-    executor or of the one a stale measured point was served on."""
-    return point["mode"].removesuffix(AS_SERVED) in SIMULATED
+    executor or of one a stale measured point was served on."""
+    return any(point["mode"] == base + suffix for base in SIMULATED
+               for suffix in SERVED_ON.values())
 
 
 def simulated_for(strategies) -> Callable[[dict], bool]:
@@ -117,21 +124,21 @@ class Sweep:
 
     def __init__(self, s: RunSettings, store: PointStore, log, offline: bool = False,
                  diagnostics: PointStore | None = None, on_host_s: float | None = None,
-                 on_host_later_s: float | None = None, rows_in_extend: bool = False):
+                 on_host_later_s: float | None = None, served_on: int = metrics.TODAY):
         """`diagnostics`: where a measured point's `metrics.diagnostics` are kept; `on_host_s`
         (simulated): price on a host that launches an eager layer in that time (mode
         ON_RUN_HOST), each later layer of a launch in `on_host_later_s` where the run timed
-        it (`Overheads.on_host`); `rows_in_extend` (simulated): price the executor a stale point was
-        served on, its mixed steps' decode rows in the extend kernel (`_stale`,
-        `Overheads.rows_in_extend`; a mode ending in AS_SERVED)."""
-        if rows_in_extend and not s.simulate:  # (a measured sweep serves today's executor)
+        it (`Overheads.on_host`); `served_on` (simulated): price the executor of that
+        generation of chunked steps, a stale point's (`metrics.served_on`; a mode ending in
+        its SERVED_ON suffix)."""
+        if served_on != metrics.TODAY and not s.simulate:  # (a measured sweep serves today's)
             raise PdmuxError("a measured sweep cannot be priced as an older executor served")
         self.s, self.store, self.log, self.offline = s, store, log, offline
         self.diagnostics, self.on_host_s = diagnostics, on_host_s
         self.on_host_later_s = on_host_later_s
-        self.rows_in_extend = rows_in_extend
+        self.served_on = served_on
         self.mode = ("gpu" if not s.simulate else "simulated" if on_host_s is None
-                     else ON_RUN_HOST) + (AS_SERVED if rows_in_extend else "")
+                     else ON_RUN_HOST) + SERVED_ON[served_on]
         self.servers = None
 
     def measure(self, v: Variant, rate: float) -> dict:
@@ -140,8 +147,8 @@ class Sweep:
         if saved is not None and _read(saved, self.offline):
             return saved
         if saved is not None:
-            self.log(f"[gpu] {v.name} at {rate:g} req/s was measured before a mixed step's "
-                     f"decode rows left the extend kernel: served again")
+            self.log(f"[gpu] {v.name} at {rate:g} req/s was measured before "
+                     f"{MEASURED_BEFORE[_generation(saved)]}: served again")
         if self.offline and self.mode == "gpu":
             raise PdmuxError(f"{v.name} at {rate:g} req/s was never measured in "
                              f"{self.store.path}: measure it on the GPU (drop --offline)")
@@ -164,7 +171,11 @@ class Sweep:
                                **spread, **{k: made_with[k] for k in MADE_WITH},
                                **({"warm_requests": self.s.warm_requests,
                                    "mixed_decode_rows": metrics.MIXED_DECODE_ROWS}
-                                  if self.mode == "gpu" else {}))
+                                  if self.mode == "gpu" else {}),
+                               # (a simulation of today's too: one of an older loop is told
+                               # apart, `_forget_older_simulations`)
+                               **({"mixed_chunk_rows": metrics.MIXED_CHUNK_ROWS}
+                                  if self.served_on == metrics.TODAY else {}))
         self.log(f"[{self.mode}] {v.name} at {rate:g} req/s: attainment "
                  f"{_fmt(point['slo_attainment'], '.0%')}, TTFT p99 {_fmt(point['ttft_p99_ms'])} "
                  f"ms, TPOT p99 {_fmt(point['tpot_p99_ms'])} ms, ITL p99 "
@@ -173,11 +184,9 @@ class Sweep:
 
     def _overheads(self):
         """The host costs a simulation prices with (None: the settings')."""
-        if self.on_host_s is None and not self.rows_in_extend:
+        if self.on_host_s is None and self.served_on == metrics.TODAY:
             return None
-        costs = host_overheads(self.s)
-        if self.rows_in_extend:
-            costs = costs.rows_in_extend()
+        costs = metrics.served_on(host_overheads(self.s), self.served_on)
         return (costs if self.on_host_s is None
                 else costs.on_host(self.on_host_s, self.on_host_later_s))
 
@@ -193,25 +202,25 @@ class Sweep:
 
 def _simulate_as_served(simulated: Sweep, measured: Sweep, v: Variant, criteria: Criteria,
                         tol: float, found: dict, log) -> None:
-    """Where measured points of `v` were served before a mixed step's decode rows left the
-    extend kernel (`_stale`), the simulation of the executor they ran on (`metrics.as_served`,
-    modes ending in AS_SERVED): beside each such point, and searched as today's is (`found`:
-    its capacities, where each search starts), for the capacity to read the measured one
-    against where those rates only bound it. Today's simulation stays the prediction."""
+    """Where measured points of `v` were served before today's chunked steps (`_stale`), the
+    simulation of the executor each ran on (`metrics.as_served`, modes ending in its SERVED_ON
+    suffix): beside each such point, and, where all the points ran on one, searched as
+    today's is (`found`: its capacities, where each search starts), for the capacity to read
+    the measured one against where those rates only bound it. Today's simulation stays the
+    prediction."""
     points = measured.points(v.name)
-    then = [(rate, point) for rate, point in points if _stale(point)]
-    if not then:
-        return
-    as_ran = Sweep(simulated.s, simulated.store, log, rows_in_extend=True)
-    try:
-        for rate, _ in then:
-            as_ran.measure(v, rate)
-        if _executor(p for _, p in points) == AS_SERVED:  # (read only then: `_result`)
-            for c in CRITERIA:
-                _searched(as_ran, v, getattr(criteria, c),
-                          found[f"simulated_{c}_capacity_rps"] or then[-1][0], tol)
-    finally:
-        as_ran.close()
+    for steps in sorted({_generation(p) for _, p in points} - {metrics.TODAY}):
+        then = [rate for rate, point in points if _generation(point) == steps]
+        as_ran = Sweep(simulated.s, simulated.store, log, served_on=steps)
+        try:
+            for rate in then:
+                as_ran.measure(v, rate)
+            if _executor(p for _, p in points) == SERVED_ON[steps]:  # (read only then: `_result`)
+                for c in CRITERIA:
+                    _searched(as_ran, v, getattr(criteria, c),
+                              found[f"simulated_{c}_capacity_rps"] or then[-1], tol)
+        finally:
+            as_ran.close()
 
 
 def _searched(sweep: Sweep, v: Variant, margin, guess: float, tol: float) -> float:
@@ -232,7 +241,7 @@ def _simulate_on_run_hosts(simulated: Sweep, measured: Sweep, v: Variant, log) -
             on_host = Sweep(simulated.s, simulated.store, log,
                             on_host_s=point["host_layer_p50_ms"] / 1e3,
                             on_host_later_s=_later_layer_s(point, measured, v.name),
-                            rows_in_extend=_stale(point))
+                            served_on=_generation(point))
             try:
                 on_host.measure(v, rate)
             finally:
@@ -248,6 +257,13 @@ def _later_layer_s(point: dict, measured: Sweep, name: str) -> float | None:
     kept = (measured.diagnostics.get(PointKey(measured.mode, name, point["rate"]))
             if measured.diagnostics is not None else None)
     return kept["host_later_layer_us"] / 1e6 if kept and kept.get("host_later_layer_us") else None
+
+
+def _forget_older_simulations(store: PointStore) -> None:
+    """Drop the store's simulated chunked points of today's executor saved before its chunk
+    counted the decode rows (they lack the mark): a resumed run would read them as today's."""
+    store.forget(lambda p: p["mode"] in SIMULATED and p["strategy"].startswith("chunked_")
+                 and p.get("mixed_chunk_rows") != metrics.MIXED_CHUNK_ROWS)
 
 
 def _require_measured(sweep: Sweep, name: str) -> None:
@@ -271,6 +287,7 @@ def run_capacity(s: RunSettings, names: tuple[str, ...], criteria: Criteria, sto
     run reads them after serving `rates`. Each strategy is also served at the rates `also`
     names, whatever the search needs (strategies compared at fixed rates)."""
     chosen = [variant(n) for n in names]
+    _forget_older_simulations(store)
     sweeps = [Sweep(replace(s, simulate=True, repeats=1), store, log)]
     if not s.simulate:
         sweeps.append(Sweep(s, store, log, offline, diagnostics))
@@ -316,7 +333,8 @@ def _result(s: RunSettings, chosen: list[Variant], criteria: Criteria, store: Po
             found: dict[str, dict], offline: bool) -> dict:
     measured = not s.simulate
     summary = {}
-    as_they_ran = []  # measured points judged against the executor they were served on
+    # measured points judged against the executor they were served on, by its generation
+    as_they_ran: dict[int, list[str]] = {}
     for v in chosen:
         res = found[v.name]
         mine = [p for p in store.points.values() if p["strategy"] == v.name
@@ -381,7 +399,9 @@ def _result(s: RunSettings, chosen: list[Variant], criteria: Criteria, store: Po
                     else ON_TWO_EXECUTORS)
                 row["sim_error_pct"][c] = _error(sim, res[f"{c}_capacity_rps"])
             row["latency_sim_error_pct"] = _latency_errors(mine, dict(beside))
-            as_they_ran += [f"{v.name} {r:g} req/s" for r, p in by_rate if _stale(p)]
+            for r, p in by_rate:
+                if _stale(p):
+                    as_they_ran.setdefault(_generation(p), []).append(f"{v.name} {r:g} req/s")
         summary[v.name] = row
     own = s.loaded_trace.rate if s.workload == "trace" else None
     if own is not None:  # a trace's capacity is also how much faster it may come
@@ -393,8 +413,7 @@ def _result(s: RunSettings, chosen: list[Variant], criteria: Criteria, store: Po
     # offline, the provenance is the analysis's: each measured point names its own
     return {"mode": "gpu" if measured else "simulated", **provenance(s.gpu.name),
             "analysed_offline": offline,
-            **({"judged_as_served_before_decode_rows_left_the_extend_kernel": as_they_ran}
-               if as_they_ran else {}),
+            **{JUDGED_AS_SERVED[steps]: names for steps, names in sorted(as_they_ran.items())},
             "model": s.model.name, "inputs": s.as_dict(),
             **({"trace_rate_rps": own} if own is not None else {}),
             "criteria": {"slo_ttft_ms": criteria.slo.ttft_ms, "slo_tpot_ms": criteria.slo.tpot_ms,
@@ -407,22 +426,33 @@ def _result(s: RunSettings, chosen: list[Variant], criteria: Criteria, store: Po
 
 def _beside(store: PointStore, points: list[dict], mode: str) -> list[tuple[float, dict]]:
     """(rate, point) of the simulation of `mode` at each measured point's rate, priced on the
-    executor that point was served on (`Sweep`'s `served`)."""
+    executor that point was served on (`Sweep`'s `served_on`)."""
     return sorted((p["rate"], sim) for p in points if (sim := store.get(
-        PointKey(mode + (AS_SERVED if _stale(p) else ""), p["strategy"], p["rate"]))))
+        PointKey(mode + SERVED_ON[_generation(p)], p["strategy"], p["rate"]))))
 
 
 def _executor(points) -> str | None:
-    """The mode suffix of the executor all the measured `points` were served on: today's
-    (""), the one before a mixed step's decode rows left the extend kernel (AS_SERVED), or
-    None where they ran on both."""
-    stale = {_stale(p) for p in points}
-    return None if len(stale) > 1 else AS_SERVED if stale == {True} else ""
+    """The mode suffix of the executor all the measured `points` were served on (SERVED_ON:
+    today's is ""), or None where they ran on more than one."""
+    ran_on = {_generation(p) for p in points}
+    return SERVED_ON[ran_on.pop()] if len(ran_on) == 1 else None if ran_on else ""
+
+
+def _generation(point: dict) -> int:
+    """The chunked steps a measured point was served with (`metrics.chunked_steps_of`);
+    today's for a simulated one."""
+    return (metrics.chunked_steps_of(point["strategy"], point) if point["mode"] == "gpu"
+            else metrics.TODAY)
 
 
 def _stale(point: dict) -> bool:
-    """A chunked point measured before a mixed step's decode rows left the extend kernel."""
-    return point["mode"] == "gpu" and metrics.stale_mixed_steps(point["strategy"], point)
+    """A chunked point measured before today's chunked steps."""
+    return _generation(point) < metrics.TODAY
+
+
+# what a stale point of each generation was measured before (log lines)
+MEASURED_BEFORE = {0: "a mixed step's decode rows left the extend kernel",
+           1: "a chunked step's chunk counted its decode rows"}
 
 
 def _read(point: dict, offline: bool) -> bool:

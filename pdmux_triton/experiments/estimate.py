@@ -120,8 +120,14 @@ def _prefill_first(sc: Scenario) -> Row:
 
 
 def _chunked(sc: Scenario, chunk: int) -> Row:
-    starts = np.arange(0, sc.prompt, chunk, dtype=float)  # every chunk at once: any count is fast
-    sizes = np.minimum(chunk, sc.prompt - starts)
+    # the chunk counts the decode rows, as the loop's (SGLang's mixed chunk)
+    take = chunk - sc.decode_batch
+    if take < 1:
+        raise PdmuxError(f"a chunk of {chunk} tokens holds no prompt tokens beside {sc.decode_batch} "
+                         f"decode rows (the chunk counts them, as SGLang's mixed chunk does): "
+                         f"choose chunks above the decode batch")
+    starts = np.arange(0, sc.prompt, take, dtype=float)  # every chunk at once: any count is fast
+    sizes = np.minimum(take, sc.prompt - starts)
     steps = step_cost.mixed_step_s(sc.model, sc.decode_rate(sc.s_sat[0]), sc.prefill_rate, sc.gpu.sms,
                                    sc.decode_batch * sc.context, sc.decode_batch, sizes, starts,
                                    samples_chunk=starts + sizes == sc.prompt)

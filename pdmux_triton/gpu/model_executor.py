@@ -137,6 +137,7 @@ class ModelExecutor:
         self.blocks = BlockManager(model.cache.num_pages, model.cache.page_size)
         self.kv_capacity_tokens = (model.cache.num_pages - 1) * model.cache.page_size  # less scratch
         self.kv_page_tokens = model.cache.page_size
+        self.rows_in_chunk = True  # (the GPU serves today's loop only)
         self.last_token: dict[int, int] = {}
         self.partitions = runtime.partitions
         self.graphs = runtime.graphs

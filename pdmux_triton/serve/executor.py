@@ -46,6 +46,9 @@ class Executor(Protocol):
     num_layers: int
     kv_capacity_tokens: int  # tokens its KV cache holds
     kv_page_tokens: int  # tokens of one of its pages: a request holds whole pages
+    # a chunked step's chunk counts its decode rows (SGLang's mixed chunk: the chunk size less
+    # the running batch); False only where a simulation replays a run saved before
+    rows_in_chunk: bool
 
     def start(self, warm: list[Request]) -> None:
         """Put the requests already decoding into the KV cache, then start the clock."""

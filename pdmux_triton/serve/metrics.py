@@ -31,25 +31,49 @@ from pdmux_triton.serve.executor import RunResult
 from pdmux_triton.spec.traffic import Request
 
 MS = 1e3
-# how a mixed step's decode rows attend, as the GPU executor runs them and the simulator prices
-# them: through decode attention, apart from the chunk's extend tiles. A run saved without it
-# gave each decode row an extend tile a query head (slower): its chunked rounds are not today's.
-MIXED_DECODE_ROWS = "decode_attention"
+# How the executor's chunked steps were when a run was saved, by what it wrote: generation 0
+# (neither key) gave each decode row an extend tile a query head and took the whole chunk
+# beside the rows; 1 (MIXED_DECODE_ROWS alone) ran the rows through decode attention, the
+# whole chunk beside them; 2, today (both), also counts the rows in the chunk, as SGLang's
+# mixed chunk does (`PrefillAdder`'s chunk budget less the running batch).
+MIXED_DECODE_ROWS = "decode_attention"  # under "mixed_decode_rows"
+MIXED_CHUNK_ROWS = "counted_in_chunk"  # under "mixed_chunk_rows"
+TODAY = 2
+
+
+def chunked_steps_of(strategy: str, saved: dict) -> int:
+    """The generation of chunked steps a saved run (its diagnostics, a strategy's details or
+    a capacity point) was served with; TODAY for any strategy but chunked prefill."""
+    if not strategy.startswith("chunked_"):
+        return TODAY
+    if saved.get("mixed_decode_rows") != MIXED_DECODE_ROWS:
+        return 0
+    return TODAY if saved.get("mixed_chunk_rows") == MIXED_CHUNK_ROWS else 1
 
 
 def stale_mixed_steps(strategy: str, saved: dict) -> bool:
-    """A chunked strategy's run (its diagnostics, a strategy's details or a capacity point)
-    saved before a mixed step's decode rows left the extend kernel (without
-    `MIXED_DECODE_ROWS`): its chunked rounds are not today's, so a resumed sweep serves it
-    again, and fits, replays and `capacity --offline` price its rounds as they ran
+    """A chunked run saved before today's chunked steps (`chunked_steps_of`): a resumed sweep
+    serves it again, and replays and `capacity --offline` simulate it as it ran
     (`as_served`)."""
-    return strategy.startswith("chunked_") and saved.get("mixed_decode_rows") != MIXED_DECODE_ROWS
+    return chunked_steps_of(strategy, saved) < TODAY
+
+
+def rows_in_extend_tiles(strategy: str, saved: dict) -> bool:
+    """A chunked run whose mixed steps gave each decode row an extend tile (generation 0):
+    what a round of it is priced with, alone (fits and round-by-round prices read a round's
+    chunk from its label, so only this tells its rounds from today's)."""
+    return chunked_steps_of(strategy, saved) == 0
+
+
+def served_on(overheads: Overheads, steps: int) -> Overheads:
+    """The costs that simulate the executor of that generation of chunked steps."""
+    return (overheads.rows_in_extend() if steps == 0
+            else overheads.whole_chunk_beside_rows() if steps == 1 else overheads)
 
 
 def as_served(overheads: Overheads, strategy: str, saved: dict) -> Overheads:
-    """The costs that simulate a saved run as it ran: with its mixed steps' decode rows in the
-    extend kernel's tiles where it was saved before they left it (`stale_mixed_steps`)."""
-    return overheads.rows_in_extend() if stale_mixed_steps(strategy, saved) else overheads
+    """The costs that simulate a saved run as it ran (`chunked_steps_of`, `served_on`)."""
+    return served_on(overheads, chunked_steps_of(strategy, saved))
 
 
 @dataclass(frozen=True)
@@ -387,7 +411,7 @@ def details(result: RunResult, limit: int = DETAIL_RECORDS) -> dict:
                    for a, b, lv, bs, label, c in zip(
                        *(getattr(rounds, k)[:n].tolist() for k in
                          ("start", "end", "level", "decode_bs", "label", "decode_context")))],
-        "mixed_decode_rows": MIXED_DECODE_ROWS,
+        "mixed_decode_rows": MIXED_DECODE_ROWS, "mixed_chunk_rows": MIXED_CHUNK_ROWS,
     }
     for name, total in (("ttft_ms", len(ttft)), ("prefills", len(windows)),
                         ("rounds", len(rounds))):
@@ -421,7 +445,7 @@ def diagnostics(result: RunResult, spans: bool = True) -> dict:
                    "decode_context": list(rounds.decode_context), "label": list(rounds.label),
                    "labels": rounds.labels},
         "decode_step_us": [us(t) for t in result.activity.decode_step_s],
-        "mixed_decode_rows": MIXED_DECODE_ROWS,
+        "mixed_decode_rows": MIXED_DECODE_ROWS, "mixed_chunk_rows": MIXED_CHUNK_ROWS,
         # how fast the host launched an eager layer in this run, a launch's first, through the
         # kernels' launchers (None: simulated, or a point measured before the executor timed
         # its launches)

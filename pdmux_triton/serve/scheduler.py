@@ -1,7 +1,8 @@
 """One event loop, three strategies, on any executor (the GPU or a simulated clock).
 
 - `prefill_first`: a new prompt's whole prefill runs on the whole GPU; decode waits.
-- `chunked`: every step runs one chunk of the prompt together with the decode batch.
+- `chunked`: every step runs one chunk of the prompt together with the decode batch, the chunk
+  counting the batch's rows as SGLang's mixed chunk does.
 - `pdmux`: SGLang's PD-multiplexing loop: each round one decode step on the decode side and
   the next `prefill_layers_per_step` layers of the prompt on the prefill side; the host waits
   only for decode; a finished prefill joins the decode batch; the level (SM split) changes
@@ -268,11 +269,17 @@ def run_prefill_first(e: Engine, token_budget: int) -> None:
 
 
 def run_chunked(e: Engine, chunk: int) -> None:
+    """One prompt at a time, a chunk of it each step beside the whole decode batch. The chunk
+    counts the batch's rows, as SGLang's mixed chunk does (its prefill budget less the running
+    batch): a step holds at most `chunk` tokens, and while the rows take it all no new prompt
+    starts (the batch only shrinks then). A replay of a run saved before takes the whole chunk
+    beside the rows (`Executor.rows_in_chunk`)."""
     job: Request | None = None
     done_tokens = 0
     while e.busy(job):
         e.admit()
-        if job is None:
+        budget = chunk - len(e.running) if e.x.rows_in_chunk else chunk
+        if job is None and budget > 0:
             taken = e.take_prompts(chunk, limit=1)
             if taken:  # its chunks begin after its cached prefix
                 job, done_tokens = taken[0], taken[0].cached_len
@@ -285,7 +292,8 @@ def run_chunked(e: Engine, chunk: int) -> None:
             continue
         start = e.x.now()
         decoding = list(e.running)
-        n = min(chunk, job.prompt_len - done_tokens)
+        # (a job in flight always moves: its rows only shrank since it started)
+        n = min(max(budget, 1), job.prompt_len - done_tokens)
         held = context_of(decoding)
         t, tokens, first = e.x.mixed(decoding, job, done_tokens, n)
         if decoding:

@@ -93,6 +93,8 @@ class SimExecutor:
         self.total_sms, self.cc_major, self.num_layers = gpu.sms, gpu.cc_major, model.layers
         self.kv_capacity_tokens = step_cost.kv_capacity_tokens(gpu, model)
         self.kv_page_tokens = step_cost.KV_PAGE_TOKENS  # as the GPU executor's
+        # (a run saved before the chunk counted its decode rows is replayed as it ran)
+        self.rows_in_chunk = not overheads.whole_chunk
         self._reset()
 
     def _reset(self) -> None:
