@@ -227,9 +227,9 @@ FIGURES = (*LATENCIES, "slo_attainment", "slo_attainment_last_half", "itl_p50_ms
 
 
 def stale(point: dict) -> bool:
-    """A chunked point measured before today's chunked steps (`metrics.stale_mixed_steps`):
+    """A chunked point measured before today's chunked steps (`metrics.chunked_steps_of`):
     served again where the GPU is there, else simulated as it ran (`metrics.as_served`)."""
-    return metrics.stale_mixed_steps(point["strategy"], point["diagnostics"])
+    return metrics.chunked_steps_of(point["strategy"], point["diagnostics"]) < metrics.TODAY
 
 
 def measure(args, store: PointStore, log) -> list[str]:
@@ -290,7 +290,7 @@ def prefill_speed_by_commit(args, store: PointStore) -> dict:
 
 def simulate(args, store: PointStore, only: tuple | None = None) -> dict[tuple, dict]:
     """Every point (of window `only`) simulated with today's cost model (a `stale` one as it
-    ran, `Overheads.rows_in_extend`): (trace, start, rate, strategy) -> its row priced with
+    ran, `metrics.served_on`): (trace, start, rate, strategy) -> its row priced with
     the committed host costs and, where the measured run timed its host's eager launches, a
     row priced on that host (`Overheads.on_host`): on each repeat's own host where the point
     kept them (the median over those simulations, as the measured row is the repeats'

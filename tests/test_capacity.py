@@ -165,8 +165,8 @@ def test_repeats_give_each_repeat_its_capacity_and_the_spread(monkeypatch, tmp_p
     assert row["steady"]["goodput"] in (True, False)
 
 
-def _sim_servers(self, s, requests, log=None, overheads=None, prefill_speed=1.0):
-    self.s, self.gpu, self.warm, self.log = s, None, set(), log
+def _sim_servers(self, s, requests, log=None, overheads=None, prefill_speed=1.0, served=None):
+    self.s, self.gpu, self.warm, self.log, self.served = s, None, set(), log, served or {}
     self.cal = self.cmp = None
     self.overheads = overheads or Overheads()
     self.prefill_speed = prefill_speed
@@ -616,9 +616,11 @@ def test_offline_points_of_two_older_chunked_steps_are_each_judged_as_they_ran(
         monkeypatch, tmp_path):
     """Offline, a chunked point saved before the chunk counted its decode rows is judged
     against the simulation of that loop (the whole chunk beside the rows, its own mode suffix),
-    one saved before the rows left the extend kernel against its own, each named under its
-    key; with both in one store no one simulated crossing compares. A resumed run drops
-    today's simulated chunked points saved before the chunk counted the rows."""
+    beside it and on its run's host, one saved before the rows left the extend kernel against
+    its own, each named under its key; with both in one store the points ran on no one
+    executor, so no one simulated crossing can stand in where their rates only bound it. Both
+    suffixes are simulated points (an offline rerun forgets them). A resumed run drops today's
+    simulated chunked points saved before the chunk counted the rows."""
     s = dataclasses.replace(settings(simulate=False),
                             host_costs="bench/results/host-costs-h200.json")
     today = run.host_overheads(s)
@@ -633,10 +635,11 @@ def test_offline_points_of_two_older_chunked_steps_are_each_judged_as_they_ran(
         store = PointStore(tmp_path / f"{name}.jsonl", PointKey)
         for key, point in measured.items():
             lacks = OLDER[steps[key[2]]][0] if key[2] in steps else ()
-            store.add(PointKey(*key), **{k: v for k, v in point.items()
-                                         if k not in ("mode", "strategy", "rate", *lacks)})
-        return run_capacity(s, ("chunked_512",), CRITERIA, store, log=lambda m: None,
-                            offline=True)
+            store.add(PointKey(*key), **{**{k: v for k, v in point.items()
+                                            if k not in ("mode", "strategy", "rate", *lacks)},
+                                         "host_layer_p50_ms": host_s * 1e3})
+        return store, run_capacity(s, ("chunked_512",), CRITERIA, store, log=lambda m: None,
+                                   offline=True)
 
     def figures(point: dict) -> dict:
         return {k: point.get(k) for k in capacity.POINT_KEYS if k != "rate"}
@@ -647,11 +650,13 @@ def test_offline_points_of_two_older_chunked_steps_are_each_judged_as_they_ran(
                                                                  make_requests(sim, rate))
         return {k: row.get(k) for k in capacity.POINT_KEYS if k != "rate"}
 
-    whole = capacity.WHOLE_CHUNK_SERVED
-    result = offline("between", {3.0: 1, 6.0: 1})
+    whole, host_s = capacity.WHOLE_CHUNK_SERVED, 2 * today.layer_launch_s
+    between, result = offline("between", {3.0: 1, 6.0: 1})
     at = {(p["mode"], p["rate"]): p for p in result["points"]}
     assert figures(at["simulated" + whole, 3.0]) == simulated(today.whole_chunk_beside_rows(),
                                                               3.0)
+    assert figures(at[capacity.ON_RUN_HOST + whole, 6.0]) == simulated(
+        today.whole_chunk_beside_rows().on_host(host_s), 6.0)
     assert figures(at["simulated", 3.0]) == simulated(today, 3.0)  # the prediction: today's
     assert figures(at["simulated", 3.0]) != figures(at["simulated" + whole, 3.0])
     assert result[capacity.JUDGED_AS_SERVED[1]] == ["chunked_512 3 req/s", "chunked_512 6 req/s"]
@@ -660,8 +665,12 @@ def test_offline_points_of_two_older_chunked_steps_are_each_judged_as_they_ran(
     assert row["stale_mixed_step_points"] == 2
     assert capacity.ON_TWO_EXECUTORS not in row["sim_error_read_from"].values()
 
-    mixed = offline("mixed", {3.0: 0, 6.0: 1})
+    assert between.forget(capacity.simulated_for(("chunked_512",))) == sum(
+        p["mode"] != "gpu" for p in result["points"])
+
+    store, mixed = offline("mixed", {3.0: 0, 6.0: 1})
     at = {(p["mode"], p["rate"]): p for p in mixed["points"]}
+    assert capacity._executor(p for p in store.points.values() if p["mode"] == "gpu") is None
     assert ("simulated" + capacity.AS_SERVED, 3.0) in at and ("simulated" + whole, 6.0) in at
     assert mixed[capacity.JUDGED_AS_SERVED[0]] == ["chunked_512 3 req/s"]
     assert mixed[capacity.JUDGED_AS_SERVED[1]] == ["chunked_512 6 req/s"]

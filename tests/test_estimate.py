@@ -44,6 +44,7 @@ def test_a_last_partial_chunk_is_counted():
     ({"decode_batch": -1}, "decode batch must be an integer >= 1"),
     ({"prompt": 0}, "prompt must be an integer >= 1"),
     ({"chunk_sizes": (0,)}, "chunk sizes must be positive"),
+    ({"chunk_sizes": (32, 512)}, "chunk sizes 32 hold no prompt tokens beside 32 decode rows"),
     ({"s_sat": (0,)}, "S_SAT values must be positive"),
     ({"s_sat": (float("inf"),)}, "S_SAT values must be positive"),
     ({"mfu": 1.5}, r"MFU must be in \(0, 1\]"),

@@ -222,6 +222,28 @@ def test_the_committed_run_results_replay_simulated_here(name, capsys):
     assert "no GPU here" in captured.err and "simulating on the h200 preset" in captured.err
 
 
+@no_gpu
+def test_a_run_saved_before_todays_chunked_steps_replays_as_it_ran(tmp_path, capsys):
+    """A measured run whose chunked strategies took the whole chunk beside the decode rows (saved
+    before the chunk counted them) is simulated as it ran, with a note; marked as today's, the
+    same inputs take the chunk less the rows."""
+    saved = Path("bench/results/h100-session-56/run-h100-sxm.json")
+    assert main(["run", "--replay", str(saved), "--simulate", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "chunked_2048, chunked_512 in" in captured.err and "simulated as they ran" in captured.err
+    rounds = json.loads(captured.out)["details"]["chunked_512"]["rounds"]
+    assert {"chunk 0+512"} == {r["prefill"] for r in rounds if r["prefill"].startswith("chunk 0+")}
+    today = json.loads(saved.read_text())
+    for details in today["details"].values():
+        details["mixed_chunk_rows"] = "counted_in_chunk"
+    (tmp_path / "today.json").write_text(json.dumps(today))
+    assert main(["run", "--replay", str(tmp_path / "today.json"), "--simulate", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert "simulated as they ran" not in captured.err
+    rounds = json.loads(captured.out)["details"]["chunked_512"]["rounds"]
+    assert {"chunk 0+480"} == {r["prefill"] for r in rounds if r["prefill"].startswith("chunk 0+")}
+
+
 def test_every_committed_run_result_holds_its_inputs():
     from pdmux_triton.experiments.settings import RunSettings
 

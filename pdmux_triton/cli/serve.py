@@ -25,7 +25,9 @@ COST_MODEL_FLAGS = ("calibration", "compare", "host_costs", "s_sat", "bw_eff", "
 
 
 def _replayed(args, given):
-    """The settings saved in --replay's file; measured again only on the same GPU."""
+    """The settings saved in --replay's file, measured again only on the same GPU, and, when
+    simulated, the generation of chunked steps each of its strategies was served with (a run
+    saved before today's is simulated as it ran: `metrics.chunked_steps_of`)."""
     from pdmux_triton.experiments.settings import RunSettings
 
     refuse(given, sorted(given - set(REPLAY_KEEPS)), "with --replay, which takes every input "
@@ -44,11 +46,27 @@ def _replayed(args, given):
         try:
             gpu = measuring_gpu()
         except PdmuxError as err:  # as a run from flags: no GPU here, so simulate it
-            return dataclasses.replace(settings, simulate=True, repeats=1), err
+            return (dataclasses.replace(settings, simulate=True, repeats=1), err,
+                    _served(args.replay, data))
         if gpu.name != settings.gpu.name:
             raise PdmuxError(f"{args.replay} was measured on {settings.gpu.name}, this GPU is "
                              f"{gpu.name}: pass --simulate to simulate its inputs")
-    return dataclasses.replace(settings, simulate=simulate), None
+        return dataclasses.replace(settings, simulate=False), None, None  # today's executor
+    return dataclasses.replace(settings, simulate=True), None, _served(args.replay, data)
+
+
+def _served(path, data: dict) -> dict[str, int]:
+    """Each strategy's generation of chunked steps in a saved run, with a note for those
+    served before today's."""
+    from pdmux_triton.serve import metrics
+
+    served = {name: metrics.chunked_steps_of(name, d)
+              for name, d in (data.get("details") or {}).items() if isinstance(d, dict)}
+    older = sorted(name for name, steps in served.items() if steps < metrics.TODAY)
+    if older:
+        note_later(f"{', '.join(older)} in {path} ran before today's chunked steps: simulated "
+                   f"as they ran")
+    return served
 
 
 def _where(args, given, simulate: bool | None = None) -> tuple[GPUSpec, bool, PdmuxError | None]:
@@ -158,8 +176,8 @@ def cmd_run(args, given) -> None:
     from pdmux_triton.cli import plots
     from pdmux_triton.experiments import run
 
-    settings, no_gpu = (_replayed(args, given) if args.replay
-                        else _settings(args, given, args.workload))
+    settings, no_gpu, served = (_replayed(args, given) if args.replay
+                                else (*_settings(args, given, args.workload), None))
     folder = out_folder(args.out) if args.out else None
     _say_why_simulated(settings, no_gpu)
     if settings.workload == "trace":
@@ -182,7 +200,7 @@ def cmd_run(args, given) -> None:
             note(f"saved {path} ({', '.join(r['strategy'] for r in partial['rows'])} so far)")
     out, results, estimates = run.run_experiment(
         settings, log=note, keep_runs=drawn,
-        saved=save_so_far if path and _saves_as_it_goes(settings) else None)
+        saved=save_so_far if path and _saves_as_it_goes(settings) else None, served=served)
     if path:
         write_json(path, out)
     if args.json:

@@ -102,6 +102,9 @@ ON_TWO_EXECUTORS = "none: the points ran on two executors"
 # what each stale point list of a result names (`judged_as_served...`), by generation
 JUDGED_AS_SERVED = {0: "judged_as_served_before_decode_rows_left_the_extend_kernel",
                     1: "judged_as_served_before_the_chunk_counted_its_decode_rows"}
+# and what it was measured before, in log lines
+MEASURED_BEFORE = {0: "a mixed step's decode rows left the extend kernel",
+                   1: "a chunked step's chunk counted its decode rows"}
 
 
 def is_simulated(point: dict) -> bool:
@@ -449,10 +452,6 @@ def _stale(point: dict) -> bool:
     """A chunked point measured before today's chunked steps."""
     return _generation(point) < metrics.TODAY
 
-
-# what a stale point of each generation was measured before (log lines)
-MEASURED_BEFORE = {0: "a mixed step's decode rows left the extend kernel",
-           1: "a chunked step's chunk counted its decode rows"}
 
 
 def _read(point: dict, offline: bool) -> bool:

@@ -64,6 +64,11 @@ class Scenario:
         step_cost.check_fits(self.gpu, self.model, self.decode_batch * self.context + self.prompt,
                              f"{self.decode_batch} requests at {self.context} tokens and a "
                              f"{self.prompt}-token prompt")
+        if (short := [c for c in self.chunk_sizes if c <= self.decode_batch]):
+            # (the loop would hold the prompt back until rows finish: no chunked estimate)
+            raise PdmuxError(f"chunk sizes {', '.join(map(str, short))} hold no prompt tokens "
+                             f"beside {self.decode_batch} decode rows (a chunk counts them, as "
+                             f"SGLang's mixed chunk does): choose chunks above the decode batch")
 
     def decode_rate(self, s_sat: float) -> step_cost.DecodeRate:
         if self.decode_curve is not None:
@@ -120,12 +125,7 @@ def _prefill_first(sc: Scenario) -> Row:
 
 
 def _chunked(sc: Scenario, chunk: int) -> Row:
-    # the chunk counts the decode rows, as the loop's (SGLang's mixed chunk)
-    take = chunk - sc.decode_batch
-    if take < 1:
-        raise PdmuxError(f"a chunk of {chunk} tokens holds no prompt tokens beside {sc.decode_batch} "
-                         f"decode rows (the chunk counts them, as SGLang's mixed chunk does): "
-                         f"choose chunks above the decode batch")
+    take = chunk - sc.decode_batch  # the chunk counts the decode rows, as the loop's
     starts = np.arange(0, sc.prompt, take, dtype=float)  # every chunk at once: any count is fast
     sizes = np.minimum(take, sc.prompt - starts)
     steps = step_cost.mixed_step_s(sc.model, sc.decode_rate(sc.s_sat[0]), sc.prefill_rate, sc.gpu.sms,

@@ -55,11 +55,15 @@ class Servers:
     """The executors of one run: simulated, or real ones over one model on the GPU."""
 
     def __init__(self, s: RunSettings, requests: list[Request], log=None,
-                 overheads: step_cost.Overheads | None = None, prefill_speed: float = 1.0):
+                 overheads: step_cost.Overheads | None = None, prefill_speed: float = 1.0,
+                 served: dict[str, int] | None = None):
         """`overheads`: the host costs a simulation prices with, instead of the settings';
         `prefill_speed`: how fast the simulated card runs prefills against the one its costs
-        were fitted to (`SimExecutor`)."""
+        were fitted to (`SimExecutor`); `served`: the generation of chunked steps each
+        strategy of a saved run was served with (`metrics.chunked_steps_of`), which a
+        simulation replays as it ran (others: today's)."""
         self.s = s
+        self.served = served or {}
         self.log = log  # where a long run's progress lines go (none: silent)
         self.gpu = None
         self.warm: set[str] = set()  # variants served once untimed (GPU)
@@ -86,8 +90,9 @@ class Servers:
                   step_cost.SaturationLaw(s.gpu.hbm_tbps * s.bw_eff, min(s.s_sat, s.gpu.sms)))
         prefill = (self.cmp.prefill_rate(kind, s.gpu.bf16_tflops, s.gpu.sms) if self.cmp else
                    step_cost.PrefillRate.fixed(s.gpu.bf16_tflops, s.gpu.sms, s.mfu))
+        overheads = metrics.served_on(self.overheads, self.served.get(v.name, metrics.TODAY))
         return SimExecutor(s.gpu, s.rank_model, parallel.rank_rate(decode, s.tp), prefill, kind,
-                           self.overheads, s.comm, kv_arrives, self.prefill_speed)
+                           overheads, s.comm, kv_arrives, self.prefill_speed)
 
     @contextmanager
     def watch(self, x) -> Iterator[dict]:
@@ -171,7 +176,8 @@ def warnings(rows: list[dict]) -> list[str]:
 
 
 def run_experiment(s: RunSettings, log=print, keep_runs: bool = True,
-                   saved: Callable[[dict], None] | None = None
+                   saved: Callable[[dict], None] | None = None,
+                   served: dict[str, int] | None = None
                    ) -> tuple[dict, dict[str, RunResult], list[tuple]]:
     """Serve the settings' workload with every strategy; returns the result JSON, each
     strategy's run (none without `keep_runs`: a long trace's runs are dropped as each ends,
@@ -179,7 +185,8 @@ def run_experiment(s: RunSettings, log=print, keep_runs: bool = True,
     decode_only serves the requests that decode from the start without the arriving prompt:
     the ITL baseline. `saved`, if given, is called with the result so far before each
     strategy (its `unserved` names the strategies not yet served), so a measured run cut short
-    keeps the strategies it finished and no older file passes for its result."""
+    keeps the strategies it finished and no older file passes for its result. `served`: a
+    saved run's generations of chunked steps, simulated as they ran (`Servers`)."""
     requests = make_requests(s)
     # the chapter's estimate is of one GPU: none beside a run on several
     one_gpu = s.tp == 1 and s.replicas == 1
@@ -207,7 +214,7 @@ def run_experiment(s: RunSettings, log=print, keep_runs: bool = True,
     todo = [(v, [r for r in requests if r.warm] if v.name == "decode_only" else requests)
             for v in variants(s.chunks, s.kinds, s.level_policies)]
     todo = [(v, reqs) for v, reqs in todo if reqs]
-    servers = Servers(s, requests, log)
+    servers = Servers(s, requests, log, served=served)
     rows, results, details = [], {}, {}
     try:
         for i, (v, reqs) in enumerate(todo):

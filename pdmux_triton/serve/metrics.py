@@ -51,13 +51,6 @@ def chunked_steps_of(strategy: str, saved: dict) -> int:
     return TODAY if saved.get("mixed_chunk_rows") == MIXED_CHUNK_ROWS else 1
 
 
-def stale_mixed_steps(strategy: str, saved: dict) -> bool:
-    """A chunked run saved before today's chunked steps (`chunked_steps_of`): a resumed sweep
-    serves it again, and replays and `capacity --offline` simulate it as it ran
-    (`as_served`)."""
-    return chunked_steps_of(strategy, saved) < TODAY
-
-
 def rows_in_extend_tiles(strategy: str, saved: dict) -> bool:
     """A chunked run whose mixed steps gave each decode row an extend tile (generation 0):
     what a round of it is priced with, alone (fits and round-by-round prices read a round's
