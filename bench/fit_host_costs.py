@@ -91,7 +91,7 @@ from pdmux_triton.cost.measured_inputs import host_costs_from, load_calibration,
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiments.settings import RunSettings, make_requests
 from pdmux_triton.results import PointStore, read_json, write_json
-from pdmux_triton.serve.metrics import rows_in_extend_tiles
+from pdmux_triton.serve.metrics import later_layer_s, rows_in_extend_tiles
 from pdmux_triton.serve.simulated import SUSTAINED_WINDOW_S
 from pdmux_triton.spec.gpus import gpu_preset
 from pdmux_triton.spec.models import ModelSpec, model_preset
@@ -214,14 +214,6 @@ def timed_points(path: str) -> list[tuple[dict, float]]:
         raise PdmuxError(f"{path} holds no measured point whose run timed its host: measure "
                          f"with bench/trace_fidelity.py or `pdmux-triton capacity` on a GPU")
     return timed
-
-
-def later_layer_s(diagnostics: dict) -> float | None:
-    """A measured run's host time a later layer of an eager launch (they replay the first's
-    launches), or None where it timed none: a run measured before replays launched every
-    layer as it did the first."""
-    us = diagnostics.get("host_later_layer_us")
-    return us / 1e6 if us else None
 
 
 def fidelity_rounds(points: list[tuple[dict, float]]) -> list[dict]:

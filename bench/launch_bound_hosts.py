@@ -33,14 +33,14 @@ from pathlib import Path
 
 import numpy as np
 from corun_rounds import Pricer, round_launches
-from fit_host_costs import CHUNK, later_layer_s, timed_points
+from fit_host_costs import CHUNK, timed_points
 from script import MEASURED_ON_H200, finish, points_parser, run_script
 from trace_fidelity import prefill_batches
 
 from pdmux_triton.cost import step_cost
 from pdmux_triton.cost.measured_inputs import load_host_costs
 from pdmux_triton.results import provenance, read_json
-from pdmux_triton.serve.metrics import rows_in_extend_tiles
+from pdmux_triton.serve.metrics import later_layer_s, rows_in_extend_tiles
 
 POINTS = ("bench/results/trace-fidelity/points-h200.jsonl",
           "bench/results/capacity-conv/capacity-diagnostics-h200.jsonl",

@@ -27,7 +27,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from fit_host_costs import later_layer_s
 from script import MEASURED_ON_H200, bench_parser, finish, run_script
 
 from pdmux_triton.cost import step_cost
@@ -36,7 +35,7 @@ from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiments.capacity import PointKey
 from pdmux_triton.experiments.settings import RunSettings
 from pdmux_triton.results import PointStore, provenance, read_json
-from pdmux_triton.serve.metrics import rows_in_extend_tiles
+from pdmux_triton.serve.metrics import later_layer_s, rows_in_extend_tiles
 from pdmux_triton.spec.models import ModelSpec, model_preset
 from pdmux_triton.spec.traces import load_trace
 

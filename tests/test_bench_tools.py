@@ -305,9 +305,10 @@ def test_host_cost_rows_carry_a_runs_later_layer_launch_where_it_timed_one():
     the first layer and (layers - 1) later ones; an older run's (no later time) carry None
     and cost every layer as the first, exactly as before."""
     sys.path.insert(0, "bench")
-    from fit_host_costs import chunk_rounds, fidelity_prefills, fidelity_rounds, later_layer_s
+    from fit_host_costs import chunk_rounds, fidelity_prefills, fidelity_rounds
 
     from pdmux_triton.cost.step_cost import launch_layers_s
+    from pdmux_triton.serve.metrics import later_layer_s
 
     rounds = [{"prefill": "chunk 0+512", "decode_bs": 2, "decode_context": 900, "start_s": 0.0,
                "end_s": 0.03},

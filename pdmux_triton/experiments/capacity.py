@@ -259,7 +259,7 @@ def _later_layer_s(point: dict, measured: Sweep, name: str) -> float | None:
         return point["host_later_layer_p50_ms"] / 1e3
     kept = (measured.diagnostics.get(PointKey(measured.mode, name, point["rate"]))
             if measured.diagnostics is not None else None)
-    return kept["host_later_layer_us"] / 1e6 if kept and kept.get("host_later_layer_us") else None
+    return metrics.later_layer_s(kept) if kept else None
 
 
 def _forget_older_simulations(store: PointStore) -> None:

@@ -64,6 +64,14 @@ def served_on(overheads: Overheads, steps: int) -> Overheads:
             else overheads.whole_chunk_beside_rows() if steps == 1 else overheads)
 
 
+def later_layer_s(diagnostics: dict) -> float | None:
+    """A measured run's host time a later layer of an eager launch (they replay the first's
+    launches; `diagnostics`' median), or None where it timed none: a run measured before
+    replays launched every layer as it did the first."""
+    us = diagnostics.get("host_later_layer_us")
+    return us / 1e6 if us else None
+
+
 def as_served(overheads: Overheads, strategy: str, saved: dict) -> Overheads:
     """The costs that simulate a saved run as it ran (`chunked_steps_of`, `served_on`)."""
     return served_on(overheads, chunked_steps_of(strategy, saved))
