@@ -53,4 +53,4 @@ def test_both_executors_offer_the_whole_contract(executor):
     assert not missing, f"{name} lacks {missing}"
     assert {"start", "set_level", "launch_decode", "mixed", "finish"} <= set(CONTRACT)
     assert set(ATTRIBUTES) == {"total_sms", "cc_major", "num_layers", "kv_capacity_tokens",
-                               "kv_page_tokens", "rows_in_chunk"}
+                               "kv_page_tokens", "chunked_steps"}

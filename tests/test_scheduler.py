@@ -80,9 +80,12 @@ def test_a_chunk_counts_the_decode_rows_beside_it_as_sglangs_mixed_chunk():
     older = SimExecutor(H100, QWEN, step_cost.SaturationLaw(H100.hbm_tbps * 0.85, 44.0),
                         step_cost.PrefillRate.fixed(H100.bf16_tflops, H100.sms, 0.5),
                         overheads=step_cost.Overheads().whole_chunk_beside_rows())
-    assert older.rows_in_chunk is False and sim().rows_in_chunk is True
+    assert (older.chunked_steps, sim().chunked_steps) == (1, metrics.TODAY)
     then = scheduler.run("chunked", older, _requests_beside_rows(40, 30, 1500), chunk=48)
     _served_in_full(then)
+    # each run saves the generation it was served with, which a replay of it reads back
+    assert [metrics.chunked_steps_of("chunked_48", metrics.details(r)) for r in (result, then)] == [
+        metrics.TODAY, 1]
     assert all(tokens == 48 for tokens, _, last in _chunks(then) if not last)
     assert any(tokens == 48 and rows >= 40 for tokens, rows, _ in _chunks(then))
 

@@ -231,8 +231,11 @@ def test_a_run_saved_before_todays_chunked_steps_replays_as_it_ran(tmp_path, cap
     assert main(["run", "--replay", str(saved), "--simulate", "--json"]) == 0
     captured = capsys.readouterr()
     assert "chunked_2048, chunked_512 in" in captured.err and "simulated as they ran" in captured.err
-    rounds = json.loads(captured.out)["details"]["chunked_512"]["rounds"]
-    assert {"chunk 0+512"} == {r["prefill"] for r in rounds if r["prefill"].startswith("chunk 0+")}
+    details = json.loads(captured.out)["details"]["chunked_512"]
+    assert {"chunk 0+512"} == {r["prefill"] for r in details["rounds"]
+                               if r["prefill"].startswith("chunk 0+")}
+    # (saved as it ran: replayed again, it runs that loop again)
+    assert details["mixed_decode_rows"] == "decode_attention" and "mixed_chunk_rows" not in details
     today = json.loads(saved.read_text())
     for details in today["details"].values():
         details["mixed_chunk_rows"] = "counted_in_chunk"

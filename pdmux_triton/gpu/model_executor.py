@@ -34,7 +34,7 @@ from pdmux_triton.gpu.warmup import compile_prefill_side
 from pdmux_triton.multiplex import sglang_rules
 from pdmux_triton.multiplex.level_policy import LevelPolicy, SGLangLevels
 from pdmux_triton.multiplex.partition import Budget, for_level
-from pdmux_triton.serve.executor import Activity
+from pdmux_triton.serve.executor import CHUNKED_STEPS, Activity
 from pdmux_triton.spec.gpus import GPUSpec
 from pdmux_triton.spec.models import ModelSpec
 from pdmux_triton.spec.traffic import Request
@@ -137,7 +137,7 @@ class ModelExecutor:
         self.blocks = BlockManager(model.cache.num_pages, model.cache.page_size)
         self.kv_capacity_tokens = (model.cache.num_pages - 1) * model.cache.page_size  # less scratch
         self.kv_page_tokens = model.cache.page_size
-        self.rows_in_chunk = True  # (the GPU serves today's loop only)
+        self.chunked_steps = CHUNKED_STEPS  # (the GPU serves today's loop only)
         self.last_token: dict[int, int] = {}
         self.partitions = runtime.partitions
         self.graphs = runtime.graphs

@@ -46,9 +46,10 @@ class Executor(Protocol):
     num_layers: int
     kv_capacity_tokens: int  # tokens its KV cache holds
     kv_page_tokens: int  # tokens of one of its pages: a request holds whole pages
-    # a chunked step's chunk counts its decode rows (SGLang's mixed chunk: the chunk size less
-    # the running batch); False only where a simulation replays a run saved before
-    rows_in_chunk: bool
+    # the generation of chunked steps it serves (`metrics.chunked_steps_of`): CHUNKED_STEPS,
+    # whose chunk counts its decode rows (SGLang's mixed chunk: the chunk size less the running
+    # batch), or an older one where a simulation replays a run saved before
+    chunked_steps: int
 
     def start(self, warm: list[Request]) -> None:
         """Put the requests already decoding into the KV cache, then start the clock."""
@@ -172,6 +173,11 @@ class Rounds:
         return out
 
 
+# today's generation of chunked steps: decode rows through decode attention, counted in the
+# chunk (`metrics.chunked_steps_of` reads a saved run's)
+CHUNKED_STEPS = 2
+
+
 @dataclass
 class RunResult:
     strategy: str
@@ -184,6 +190,8 @@ class RunResult:
     parts: list["RunResult"] = field(default_factory=list)
     # what the prefix cache served (`PrefixCache.stats`); None where it was off
     prefix_cache: dict | None = None
+    # the generation of chunked steps its executor served (`Executor.chunked_steps`)
+    chunked_steps: int = CHUNKED_STEPS
 
     def __post_init__(self):
         if not isinstance(self.rounds, Rounds):  # a list of Round (a hand-made run)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from pdmux_triton.cost.step_cost import Overheads
-from pdmux_triton.serve.executor import RunResult
+from pdmux_triton.serve.executor import CHUNKED_STEPS, RunResult
 from pdmux_triton.spec.traffic import Request
 
 MS = 1e3
@@ -38,7 +38,14 @@ MS = 1e3
 # mixed chunk does (`PrefillAdder`'s chunk budget less the running batch).
 MIXED_DECODE_ROWS = "decode_attention"  # under "mixed_decode_rows"
 MIXED_CHUNK_ROWS = "counted_in_chunk"  # under "mixed_chunk_rows"
-TODAY = 2
+TODAY = CHUNKED_STEPS
+
+
+def steps_marks(steps: int) -> dict:
+    """What a saved run writes of the generation of chunked steps it was served with (what
+    `chunked_steps_of` reads back)."""
+    return {**({"mixed_decode_rows": MIXED_DECODE_ROWS} if steps >= 1 else {}),
+            **({"mixed_chunk_rows": MIXED_CHUNK_ROWS} if steps >= TODAY else {})}
 
 
 def chunked_steps_of(strategy: str, saved: dict) -> int:
@@ -412,7 +419,7 @@ def details(result: RunResult, limit: int = DETAIL_RECORDS) -> dict:
                    for a, b, lv, bs, label, c in zip(
                        *(getattr(rounds, k)[:n].tolist() for k in
                          ("start", "end", "level", "decode_bs", "label", "decode_context")))],
-        "mixed_decode_rows": MIXED_DECODE_ROWS, "mixed_chunk_rows": MIXED_CHUNK_ROWS,
+        **steps_marks(result.chunked_steps),
     }
     for name, total in (("ttft_ms", len(ttft)), ("prefills", len(windows)),
                         ("rounds", len(rounds))):
@@ -446,7 +453,7 @@ def diagnostics(result: RunResult, spans: bool = True) -> dict:
                    "decode_context": list(rounds.decode_context), "label": list(rounds.label),
                    "labels": rounds.labels},
         "decode_step_us": [us(t) for t in result.activity.decode_step_s],
-        "mixed_decode_rows": MIXED_DECODE_ROWS, "mixed_chunk_rows": MIXED_CHUNK_ROWS,
+        **steps_marks(result.chunked_steps),
         # how fast the host launched an eager layer in this run, a launch's first, through the
         # kernels' launchers (None: simulated, or a point measured before the executor timed
         # its launches)

@@ -46,7 +46,8 @@ def merged(strategy: str, parts: list[RunResult], requests: list[Request]) -> Ru
     activity = Activity(gathered("busy", (-1, 2)), (start, end), gathered("decode_step_s"),
                         gathered("drain_s"))
     rounds = Rounds.joined([p.rounds for p in parts])
-    return RunResult(strategy, requests, rounds, max(p.wall_s for p in parts), activity, parts)
+    return RunResult(strategy, requests, rounds, max(p.wall_s for p in parts), activity, parts,
+                     chunked_steps=min(p.chunked_steps for p in parts))
 
 
 def serve_replicas(strategy: str, serve: Serve, requests: list[Request], k: int) -> RunResult:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.multiplex import sglang_rules
 from pdmux_triton.multiplex.level_policy import LevelPolicy, SGLangLevels
-from pdmux_triton.serve.executor import Executor, Rounds, RunResult
+from pdmux_triton.serve.executor import CHUNKED_STEPS, Executor, Rounds, RunResult
 from pdmux_triton.serve.prefix_cache import BLOCK_TOKENS, PrefixCache
 from pdmux_triton.spec.traffic import Request
 
@@ -273,12 +273,12 @@ def run_chunked(e: Engine, chunk: int) -> None:
     counts the batch's rows, as SGLang's mixed chunk does (its prefill budget less the running
     batch): a step holds at most `chunk` tokens, and while the rows take it all no new prompt
     starts (the batch only shrinks then). A replay of a run saved before takes the whole chunk
-    beside the rows (`Executor.rows_in_chunk`)."""
+    beside the rows (`Executor.chunked_steps`)."""
     job: Request | None = None
     done_tokens = 0
     while e.busy(job):
         e.admit()
-        budget = chunk - len(e.running) if e.x.rows_in_chunk else chunk
+        budget = chunk - len(e.running) if e.x.chunked_steps >= CHUNKED_STEPS else chunk
         if job is None and budget > 0:
             taken = e.take_prompts(chunk, limit=1)
             if taken:  # its chunks begin after its cached prefix
@@ -413,4 +413,5 @@ def run(loop: str, executor: Executor, requests: list[Request], *, chunk: int = 
         cache.clear(executor.drop_prefix)
     activity = executor.finish()
     return RunResult(loop, requests, e.rounds, executor.now(), activity,
-                     prefix_cache=None if cache is None else cache.stats())
+                     prefix_cache=None if cache is None else cache.stats(),
+                     chunked_steps=executor.chunked_steps)
