@@ -39,7 +39,7 @@ from pdmux_triton.experiments.run import Servers
 from pdmux_triton.experiments.settings import make_requests
 from pdmux_triton.experiments.variants import variant
 from pdmux_triton.results import PointStore, provenance, read_json
-from pdmux_triton.serve.metrics import as_served
+from pdmux_triton.serve.metrics import chunked_steps_of
 from pdmux_triton.serve.simulated import SimExecutor
 
 # a card's committed trace points and trace_fidelity's file on them (`--gpu`)
@@ -220,7 +220,7 @@ def run(args) -> int:
             continue
         # (a point served before today's mixed steps, simulated as it ran)
         row = {**replayed(args, point, launches,
-                          as_served(overheads, point["strategy"], diagnostics)),
+                          overheads.served_on(chunked_steps_of(point["strategy"], diagnostics))),
                "launches_from": source}
         row["inside_stable_region"] = stable.get(
             (point["trace"], point["start"], point["rate"], point["strategy"]), False)

@@ -99,13 +99,13 @@ def priced(rounds: list[dict], s: RunSettings, host, host_s: float,
     layer in `host_s` and each later one in `later_s` (the run's own; None: as the first, a
     run measured before replays), and whether its GPU phases (not its launches) bound it.
     `before`: a run saved before a mixed step's decode rows left the extend kernel, priced as
-    it ran (its rows' replayed contexts in the extend tiles too: `Overheads.rows_in_extend`)."""
+    it ran (its rows' replayed contexts in the extend tiles too: `Overheads.served_on(0)`)."""
     cal, cmp = load_calibration(s.calibration, s.gpu.name), load_compare(s.compare, s.gpu.name)
     decode = cal.decode_curve("grid_cap")
     prefill = cmp.prefill_rate("grid_cap", s.gpu.bf16_tflops, s.gpu.sms)
     if host.whole_gpu_prefill_mfu is not None:
         prefill = prefill.on_whole_gpu(host.whole_gpu_prefill_mfu)
-    moved = (host.rows_in_extend() if before else host).on_host(host_s)
+    moved = (host.served_on(0) if before else host).on_host(host_s)
     fit, layers = moved.mixed, s.model.layers
     gpu = np.array([float(step_cost.mixed_step_s(
         s.model, decode, prefill, s.gpu.sms, sum(r["contexts"]), len(r["contexts"]), r["chunk"],

@@ -226,10 +226,17 @@ FIGURES = (*LATENCIES, "slo_attainment", "slo_attainment_last_half", "itl_p50_ms
            "gc_collections_during_measurement", "gc_pause_ms_during_measurement", *GUARDS)
 
 
+def generation(point: dict | None) -> int:
+    """The chunked steps a measured point was served with (`metrics.chunked_steps_of`); today's
+    where none was measured."""
+    return (metrics.CHUNKED_STEPS if point is None
+            else metrics.chunked_steps_of(point["strategy"], point["diagnostics"]))
+
+
 def stale(point: dict) -> bool:
-    """A chunked point measured before today's chunked steps (`metrics.chunked_steps_of`):
-    served again where the GPU is there, else simulated as it ran (`metrics.as_served`)."""
-    return metrics.chunked_steps_of(point["strategy"], point["diagnostics"]) < metrics.TODAY
+    """A chunked point measured before today's chunked steps: served again where the GPU is
+    there, else simulated as it ran (`Overheads.served_on`)."""
+    return generation(point) < metrics.CHUNKED_STEPS
 
 
 def measure(args, store: PointStore, log) -> list[str]:
@@ -290,7 +297,7 @@ def prefill_speed_by_commit(args, store: PointStore) -> dict:
 
 def simulate(args, store: PointStore, only: tuple | None = None) -> dict[tuple, dict]:
     """Every point (of window `only`) simulated with today's cost model (a `stale` one as it
-    ran, `metrics.served_on`): (trace, start, rate, strategy) -> its row priced with
+    ran, `Overheads.served_on`): (trace, start, rate, strategy) -> its row priced with
     the committed host costs and, where the measured run timed its host's eager launches, a
     row priced on that host (`Overheads.on_host`): on each repeat's own host where the point
     kept them (the median over those simulations, as the measured row is the repeats'
@@ -299,28 +306,26 @@ def simulate(args, store: PointStore, only: tuple | None = None) -> dict[tuple, 
     out = {}
     base = settings(args, *windows(args, only)[0], simulate=True)
     shipped = Servers(base, [], prefill_speed=args.prefill_speed)
-    # a point served before today's chunked steps, as it ran (by their generation)
-    served_on = {steps: Servers(base, [], overheads=metrics.served_on(shipped.overheads, steps),
-                                prefill_speed=args.prefill_speed) for steps in (0, 1)}
-    served_on[metrics.TODAY] = shipped
-    on_host: dict[tuple, Servers] = {}  # by the host's launch time, us, and the generation
+    made: dict[tuple, Servers] = {(None, metrics.CHUNKED_STEPS): shipped}
 
-    def host(us: int, steps: int) -> Servers:
-        if (us, steps) not in on_host:
-            on_host[us, steps] = Servers(base, [], overheads=served_on[steps].overheads.on_host(
-                us / ROUND_US), prefill_speed=args.prefill_speed)
-        return on_host[us, steps]
+    def servers(us: int | None, steps: int) -> Servers:
+        """On the host that launches an eager layer in `us` (None: the costs' own), a point
+        served before today's chunked steps as it ran (by their generation)."""
+        if (us, steps) not in made:
+            costs = shipped.overheads.served_on(steps)
+            made[us, steps] = Servers(base, [], prefill_speed=args.prefill_speed, overheads=(
+                costs if us is None else costs.on_host(us / ROUND_US)))
+        return made[us, steps]
     for t, start in windows(args, only):
         s = settings(args, t, start, simulate=True)
         for name in args.strategies:
             for rate in judged_rates(args, store, t, start, name):
                 measured = store.get(Key("gpu", t, start, rate, name))
-                steps = (metrics.TODAY if measured is None
-                         else metrics.chunked_steps_of(name, measured["diagnostics"]))
-                rows = {"shipped_host": [served_on[steps]]}
+                steps = generation(measured)
+                rows = {"shipped_host": [servers(None, steps)]}
                 hosts_us = repeat_hosts_us(measured)
                 if hosts_us:
-                    rows["run_host"] = [host(us, steps) for us in hosts_us]
+                    rows["run_host"] = [servers(us, steps) for us in hosts_us]
                 out[t, start, rate, name] = {which: _simulated(servers, name, s, rate)
                                              for which, servers in rows.items()}
     return out
@@ -723,10 +728,10 @@ def run(args) -> int:
     for t, start in windows(args):
         for name in args.strategies:
             for rate in judged_rates(args, store, t, start, name):
-                if (p := store.get(Key("gpu", t, start, rate, name))) is not None and stale(p):
-                    as_they_ran[metrics.chunked_steps_of(name, p["diagnostics"])].append(
-                        f"{name} {t}@{start} {rate:g} req/s")
-    missing = [m for m in missing if not any(m in names for names in as_they_ran.values())]
+                if (steps := generation(store.get(Key("gpu", t, start, rate, name)))) in as_they_ran:
+                    as_they_ran[steps].append(f"{name} {t}@{start} {rate:g} req/s")
+    judged = {m for names in as_they_ran.values() for m in names}
+    missing = [m for m in missing if m not in judged]
     if not any(judged_rates(args, store, t, start, name) for t, start in windows(args)
                for name in args.strategies):
         raise PdmuxError(f"no point of {','.join(args.strategies)} on {','.join(args.traces)} "

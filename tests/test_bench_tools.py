@@ -1252,7 +1252,7 @@ def test_trace_fidelity_serves_a_stale_chunked_point_again_and_judges_it_as_it_r
     seen = {}  # (rows in the extend tiles, the whole chunk beside them) of each server
     monkeypatch.setattr(trace_fidelity, "_simulated", lambda servers, name, s, rate: (
         seen.setdefault((name, rate), [(x.overheads.mixed.decode_rows_in_extend,
-                                        x.overheads.whole_chunk) for x in servers]) and {}))
+                                        x.overheads.chunked_steps < 2) for x in servers]) and {}))
     trace_fidelity.simulate(grabbed["args"], store)
     assert seen == {("chunked_512", 12.0): [(True, True)], ("chunked_512", 24.0): [(False, True)],
                     ("chunked_512", 48.0): [(False, False)],

@@ -458,14 +458,14 @@ def test_a_measured_sweep_reads_no_stale_chunked_point_at_a_rate_it_did_not_serv
 def test_offline_a_stale_chunked_point_is_judged_against_the_executor_it_was_served_on(
         monkeypatch, tmp_path):
     """Offline, a chunked point measured before a mixed step's decode rows left the extend
-    kernel is read against a simulation of that executor (`Overheads.rows_in_extend`), beside
+    kernel is read against a simulation of that executor (`Overheads.served_on(0)`), beside
     it and on its run's host, each kept under its own mode: today's simulation of it (the
     prediction) stays as it is. A store without stale points reads as before: nothing as
     served, every point against today's simulation."""
     s = dataclasses.replace(settings(simulate=False),
                             host_costs="bench/results/host-costs-h200.json")
     today = run.host_overheads(s)
-    assert today.rows_in_extend() != today  # the file's mixed step prices the two apart
+    assert today.served_on(0) != today  # the file's mixed step prices the two apart
     monkeypatch.setattr(run.Servers, "__init__", _sim_servers)
     run_capacity(s, ("chunked_512",), CRITERIA, PointStore(tmp_path / "gpu.jsonl", PointKey),
                  rates=(3.0, 6.0), log=lambda m: None)
@@ -500,11 +500,11 @@ def test_offline_a_stale_chunked_point_is_judged_against_the_executor_it_was_ser
     # beside the stale point: today's executor (the prediction) and the one it ran on apart
     then, now = at["simulated" + as_served, 3.0], at["simulated", 3.0]
     assert figures(then) != figures(now)
-    assert figures(then) == simulated(today.rows_in_extend(), 3.0)
+    assert figures(then) == simulated(today.served_on(0), 3.0)
     assert figures(now) == simulated(today, 3.0)
     # on its run's host too; the point served on today's executor is judged against today's
     assert figures(at[capacity.ON_RUN_HOST + as_served, 3.0]) == simulated(
-        today.rows_in_extend().on_host(host_s), 3.0)
+        today.served_on(0).on_host(host_s), 3.0)
     assert (capacity.ON_RUN_HOST, 3.0) not in at
     assert (capacity.ON_RUN_HOST + as_served, 6.0) not in at and (capacity.ON_RUN_HOST, 6.0) in at
     assert row["simulated_on_run_hosts"] is True and row["stale_mixed_step_points"] == 1
@@ -653,10 +653,10 @@ def test_offline_points_of_two_older_chunked_steps_are_each_judged_as_they_ran(
     whole, host_s = capacity.WHOLE_CHUNK_SERVED, 2 * today.layer_launch_s
     between, result = offline("between", {3.0: 1, 6.0: 1})
     at = {(p["mode"], p["rate"]): p for p in result["points"]}
-    assert figures(at["simulated" + whole, 3.0]) == simulated(today.whole_chunk_beside_rows(),
+    assert figures(at["simulated" + whole, 3.0]) == simulated(today.served_on(1),
                                                               3.0)
     assert figures(at[capacity.ON_RUN_HOST + whole, 6.0]) == simulated(
-        today.whole_chunk_beside_rows().on_host(host_s), 6.0)
+        today.served_on(1).on_host(host_s), 6.0)
     assert figures(at["simulated", 3.0]) == simulated(today, 3.0)  # the prediction: today's
     assert figures(at["simulated", 3.0]) != figures(at["simulated" + whole, 3.0])
     assert result[capacity.JUDGED_AS_SERVED[1]] == ["chunked_512 3 req/s", "chunked_512 6 req/s"]

@@ -68,7 +68,7 @@ def _requests_beside_rows(batch: int, decode_tokens: int, prompt: int) -> list[R
 def test_a_chunk_counts_the_decode_rows_beside_it_as_sglangs_mixed_chunk():
     """A step holds the chunk's tokens, its decode rows among them (SGLang's `PrefillAdder`
     takes the chunk size less the running batch), every step but a prompt's last; every
-    request is served. A simulation of a run saved before (`Overheads.whole_chunk_beside_rows`)
+    request is served. A simulation of a run saved before (`Overheads.served_on`)
     takes the whole chunk beside the rows, as that run did."""
     result = scheduler.run("chunked", sim(), _requests_beside_rows(40, 30, 1500), chunk=48)
     _served_in_full(result)
@@ -79,13 +79,13 @@ def test_a_chunk_counts_the_decode_rows_beside_it_as_sglangs_mixed_chunk():
     assert sum(tokens for tokens, _, _ in chunks) == 1500 + 700
     older = SimExecutor(H100, QWEN, step_cost.SaturationLaw(H100.hbm_tbps * 0.85, 44.0),
                         step_cost.PrefillRate.fixed(H100.bf16_tflops, H100.sms, 0.5),
-                        overheads=step_cost.Overheads().whole_chunk_beside_rows())
-    assert (older.chunked_steps, sim().chunked_steps) == (1, metrics.TODAY)
+                        overheads=step_cost.Overheads().served_on(1))
+    assert (older.chunked_steps, sim().chunked_steps) == (1, metrics.CHUNKED_STEPS)
     then = scheduler.run("chunked", older, _requests_beside_rows(40, 30, 1500), chunk=48)
     _served_in_full(then)
     # each run saves the generation it was served with, which a replay of it reads back
     assert [metrics.chunked_steps_of("chunked_48", metrics.details(r)) for r in (result, then)] == [
-        metrics.TODAY, 1]
+        metrics.CHUNKED_STEPS, 1]
     assert all(tokens == 48 for tokens, _, last in _chunks(then) if not last)
     assert any(tokens == 48 and rows >= 40 for tokens, rows, _ in _chunks(then))
 

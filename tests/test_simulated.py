@@ -372,17 +372,19 @@ def test_fitted_mixed_steps_and_decode_extras_price_the_executors_steps(launch_s
     step = step_cost.decode_step_s(QWEN, law, plain.decode_context, H100.sms, False) + 0.0007
     assert plain.end - plain.start == pytest.approx(step, rel=1e-6)
     # a run saved before a mixed step's decode rows left the extend kernel, simulated as it
-    # ran (`metrics.as_served`): the whole chunk beside the rows, each decode row's context in
+    # ran (`Overheads.served_on`): the whole chunk beside the rows, each decode row's context in
     # the tiles; one saved after that but before the chunk counted the rows: the whole chunk
     today = {"mixed_decode_rows": metrics.MIXED_DECODE_ROWS,
              "mixed_chunk_rows": metrics.MIXED_CHUNK_ROWS}
-    then = metrics.as_served(host, "chunked_256", {})
-    assert then.mixed.decode_rows_in_extend and then.whole_chunk
-    between = metrics.as_served(host, "chunked_256", {"mixed_decode_rows": today[
-        "mixed_decode_rows"]})
-    assert between.whole_chunk and between.mixed == host.mixed
-    assert metrics.as_served(host, "chunked_256", today) is host
-    assert metrics.as_served(host, "prefill_first", {}) is host
+    def as_served(strategy, saved):
+        return host.served_on(metrics.chunked_steps_of(strategy, saved))
+    then = as_served("chunked_256", {})
+    assert then.mixed.decode_rows_in_extend and then.chunked_steps == 0
+    between = as_served("chunked_256", {"mixed_decode_rows": today["mixed_decode_rows"]})
+    assert between.chunked_steps == 1 and between.mixed == host.mixed
+    assert as_served("chunked_256", today) == host
+    assert as_served("prefill_first", {}) == host
+    assert step_cost.Overheads().served_on(0).chunked_steps == 0  # (no mixed fit: still the generation)
     old = scheduler.run("chunked", SimExecutor(H100, QWEN, law, rate, overheads=then),
                         prompt_during_decode(QWEN.vocab, batch=4, context=1000, prompt=600,
                                              decode_tokens=12), chunk=256)

@@ -62,7 +62,7 @@ def _served(path, data: dict) -> dict[str, int]:
 
     served = {name: metrics.chunked_steps_of(name, d)
               for name, d in (data.get("details") or {}).items() if isinstance(d, dict)}
-    older = sorted(name for name, steps in served.items() if steps < metrics.TODAY)
+    older = sorted(name for name, steps in served.items() if steps < metrics.CHUNKED_STEPS)
     if older:
         note_later(f"{', '.join(older)} in {path} ran before today's chunked steps: simulated "
                    f"as they ran")

@@ -450,7 +450,7 @@ class MixedStepFit:
     in the extend kernel's tiles too, as the executor did before they moved to decode
     attention (each row's own context where `mixed_step_s` is given them, else the batch's
     shared evenly): a run saved then, priced as it ran (fits and replays of its rounds,
-    trace_fidelity's points served before; `Overheads.rows_in_extend`)."""
+    trace_fidelity's points served before; `Overheads.served_on(0)`)."""
 
     fixed_s: float
     tiles: TileTimes
@@ -471,6 +471,11 @@ def launch_layers_s(layers: int, first_s: float, later_s: float | None) -> float
     if layers < 1 or later_s is None:
         return max(layers, 0) * first_s
     return first_s + (layers - 1) * later_s
+
+
+# today's generation of chunked steps: decode rows through decode attention, counted in the
+# chunk (`metrics.chunked_steps_of` reads a saved run's; `Overheads.served_on` an older one's)
+CHUNKED_STEPS = 2
 
 
 @dataclass(frozen=True)
@@ -528,10 +533,9 @@ class Overheads:
     # (bench/NOTES.md), so each kind is priced from its own points (`for_kind`)
     by_kind: tuple[tuple[str, tuple, tuple], ...] = ()
     later_layer_s: float | None = None
-    # a run saved before a chunked step counted its decode rows in its chunk, simulated as it
-    # ran: each step the whole chunk beside the rows (`whole_chunk_beside_rows`; the loop reads
-    # it off the simulated executor)
-    whole_chunk: bool = False
+    # the generation of chunked steps simulated (`served_on`; the loop reads it off the
+    # simulated executor): today's, or an older one a saved run was served with
+    chunked_steps: int = CHUNKED_STEPS
 
     def __post_init__(self):
         for name in ("decode_round_s", "layer_launch_s", "eager_step_s",
@@ -607,19 +611,14 @@ class Overheads:
                        prefill_batch_s=(None if self.prefill_batch_s is None
                                         else self.prefill_batch_s * f))
 
-    def whole_chunk_beside_rows(self) -> "Overheads":
-        """These costs on the executor before a chunked step counted its decode rows in its
-        chunk (SGLang's mixed chunk does): each step took the whole chunk beside the rows."""
-        return replace(self, whole_chunk=True)
-
-    def rows_in_extend(self) -> "Overheads":
-        """These costs with a mixed step's decode rows in the extend kernel's tiles too, as the
-        executor ran them before they moved to decode attention (`MixedStepFit`); the chunk
-        then came whole beside them too (`whole_chunk_beside_rows`)."""
-        older = self.whole_chunk_beside_rows()
-        if older.mixed is None:
-            return older
-        return replace(older, mixed=replace(older.mixed, decode_rows_in_extend=True))
+    def served_on(self, steps: int) -> "Overheads":
+        """These costs on the executor of that generation of chunked steps (CHUNKED_STEPS
+        today): 1 took the whole chunk beside the decode rows, where today's chunk counts them
+        (SGLang's mixed chunk); 0 also gave each decode row an extend tile a query head
+        (`MixedStepFit.decode_rows_in_extend`) before the rows moved to decode attention."""
+        mixed = (None if self.mixed is None
+                 else replace(self.mixed, decode_rows_in_extend=steps == 0))
+        return replace(self, chunked_steps=steps, mixed=mixed)
 
     def launch_layers_s(self, layers: int) -> float:
         """The host's time to launch a call of `layers` eager layers."""

@@ -90,11 +90,11 @@ def measured_gpu(folder: Path, name: str) -> GPUSpec:
 # time): hosts beside one GPU launch at different speeds, so like is compared with like
 ON_RUN_HOST = "simulated_on_run_host"
 # (suffixes) a simulation priced on the executor a stale measured point was served on
-# (`metrics.as_served`), kept apart from today's simulation, which is the prediction: decode
+# (`Overheads.served_on`), kept apart from today's simulation, which is the prediction: decode
 # rows in the extend tiles (generation 0), or the whole chunk beside them (1)
 AS_SERVED = "_as_served"
 WHOLE_CHUNK_SERVED = "_as_served_whole_chunk"
-SERVED_ON = {0: AS_SERVED, 1: WHOLE_CHUNK_SERVED, metrics.TODAY: ""}
+SERVED_ON = {0: AS_SERVED, 1: WHOLE_CHUNK_SERVED, metrics.CHUNKED_STEPS: ""}
 SIMULATED = ("simulated", ON_RUN_HOST)
 # where a bounded simulation is read (`sim_error_read_from`) when a strategy's points ran on
 # more than one executor: no one simulation's crossing compares with them
@@ -127,14 +127,14 @@ class Sweep:
 
     def __init__(self, s: RunSettings, store: PointStore, log, offline: bool = False,
                  diagnostics: PointStore | None = None, on_host_s: float | None = None,
-                 on_host_later_s: float | None = None, served_on: int = metrics.TODAY):
+                 on_host_later_s: float | None = None, served_on: int = metrics.CHUNKED_STEPS):
         """`diagnostics`: where a measured point's `metrics.diagnostics` are kept; `on_host_s`
         (simulated): price on a host that launches an eager layer in that time (mode
         ON_RUN_HOST), each later layer of a launch in `on_host_later_s` where the run timed
         it (`Overheads.on_host`); `served_on` (simulated): price the executor of that
-        generation of chunked steps, a stale point's (`metrics.served_on`; a mode ending in
+        generation of chunked steps, a stale point's (`Overheads.served_on`; a mode ending in
         its SERVED_ON suffix)."""
-        if served_on != metrics.TODAY and not s.simulate:  # (a measured sweep serves today's)
+        if served_on != metrics.CHUNKED_STEPS and not s.simulate:  # (a measured sweep serves today's)
             raise PdmuxError("a measured sweep cannot be priced as an older executor served")
         self.s, self.store, self.log, self.offline = s, store, log, offline
         self.diagnostics, self.on_host_s = diagnostics, on_host_s
@@ -172,13 +172,11 @@ class Sweep:
                          for name in ("repeat_values", "spread_pct")}}
         point = self.store.add(key, **{k: row.get(k) for k in POINT_KEYS if k != "rate"},
                                **spread, **{k: made_with[k] for k in MADE_WITH},
-                               **({"warm_requests": self.s.warm_requests,
-                                   "mixed_decode_rows": metrics.MIXED_DECODE_ROWS}
+                               **({"warm_requests": self.s.warm_requests}
                                   if self.mode == "gpu" else {}),
-                               # (a simulation of today's too: one of an older loop is told
-                               # apart, `_forget_older_simulations`)
-                               **({"mixed_chunk_rows": metrics.MIXED_CHUNK_ROWS}
-                                  if self.served_on == metrics.TODAY else {}))
+                               # the chunked steps it was served with (a simulation's too: one
+                               # of an older loop is told apart, `_forget_older_simulations`)
+                               **metrics.steps_marks(first.chunked_steps))
         self.log(f"[{self.mode}] {v.name} at {rate:g} req/s: attainment "
                  f"{_fmt(point['slo_attainment'], '.0%')}, TTFT p99 {_fmt(point['ttft_p99_ms'])} "
                  f"ms, TPOT p99 {_fmt(point['tpot_p99_ms'])} ms, ITL p99 "
@@ -187,9 +185,9 @@ class Sweep:
 
     def _overheads(self):
         """The host costs a simulation prices with (None: the settings')."""
-        if self.on_host_s is None and self.served_on == metrics.TODAY:
+        if self.on_host_s is None and self.served_on == metrics.CHUNKED_STEPS:
             return None
-        costs = metrics.served_on(host_overheads(self.s), self.served_on)
+        costs = host_overheads(self.s).served_on(self.served_on)
         return (costs if self.on_host_s is None
                 else costs.on_host(self.on_host_s, self.on_host_later_s))
 
@@ -206,13 +204,13 @@ class Sweep:
 def _simulate_as_served(simulated: Sweep, measured: Sweep, v: Variant, criteria: Criteria,
                         tol: float, found: dict, log) -> None:
     """Where measured points of `v` were served before today's chunked steps (`_stale`), the
-    simulation of the executor each ran on (`metrics.as_served`, modes ending in its SERVED_ON
+    simulation of the executor each ran on (`Overheads.served_on`, modes ending in its SERVED_ON
     suffix): beside each such point, and, where all the points ran on one, searched as
     today's is (`found`: its capacities, where each search starts), for the capacity to read
     the measured one against where those rates only bound it. Today's simulation stays the
     prediction."""
     points = measured.points(v.name)
-    for steps in sorted({_generation(p) for _, p in points} - {metrics.TODAY}):
+    for steps in sorted({_generation(p) for _, p in points} - {metrics.CHUNKED_STEPS}):
         then = [rate for rate, point in points if _generation(point) == steps]
         as_ran = Sweep(simulated.s, simulated.store, log, served_on=steps)
         try:
@@ -236,7 +234,7 @@ def _searched(sweep: Sweep, v: Variant, margin, guess: float, tol: float) -> flo
 def _simulate_on_run_hosts(simulated: Sweep, measured: Sweep, v: Variant, log) -> None:
     """Each measured point of `v` whose run timed its host, simulated again on that host
     (where the cost model's host costs give an eager layer's launch time to scale from), on
-    the executor it was served on (`metrics.as_served`)."""
+    the executor it was served on (`Overheads.served_on`)."""
     if not host_overheads(simulated.s).layer_launch_s:
         return
     for rate, point in measured.points(v.name):
@@ -445,12 +443,12 @@ def _generation(point: dict) -> int:
     """The chunked steps a measured point was served with (`metrics.chunked_steps_of`);
     today's for a simulated one."""
     return (metrics.chunked_steps_of(point["strategy"], point) if point["mode"] == "gpu"
-            else metrics.TODAY)
+            else metrics.CHUNKED_STEPS)
 
 
 def _stale(point: dict) -> bool:
     """A chunked point measured before today's chunked steps."""
-    return _generation(point) < metrics.TODAY
+    return _generation(point) < metrics.CHUNKED_STEPS
 
 
 
@@ -458,7 +456,7 @@ def _read(point: dict, offline: bool) -> bool:
     """Whether a result reads `point`: a measured sweep served a stale point's rate again and
     reads nothing from one it did not (not even where to stop); offline the points saved are
     all there is, so stale ones are read, counted (`stale_mixed_step_points`) and judged
-    against a simulation of the executor they were served on (`metrics.as_served`)."""
+    against a simulation of the executor they were served on (`Overheads.served_on`)."""
     return offline or not _stale(point)
 
 

@@ -90,7 +90,8 @@ class Servers:
                   step_cost.SaturationLaw(s.gpu.hbm_tbps * s.bw_eff, min(s.s_sat, s.gpu.sms)))
         prefill = (self.cmp.prefill_rate(kind, s.gpu.bf16_tflops, s.gpu.sms) if self.cmp else
                    step_cost.PrefillRate.fixed(s.gpu.bf16_tflops, s.gpu.sms, s.mfu))
-        overheads = metrics.served_on(self.overheads, self.served.get(v.name, metrics.TODAY))
+        overheads = (self.overheads.served_on(self.served[v.name]) if v.name in self.served
+                     else self.overheads)
         return SimExecutor(s.gpu, s.rank_model, parallel.rank_rate(decode, s.tp), prefill, kind,
                            overheads, s.comm, kv_arrives, self.prefill_speed)
 

@@ -12,6 +12,7 @@ from typing import Protocol
 
 import numpy as np
 
+from pdmux_triton.cost.step_cost import CHUNKED_STEPS
 from pdmux_triton.multiplex import sglang_rules
 from pdmux_triton.spec.traffic import Request
 
@@ -171,11 +172,6 @@ class Rounds:
                 cols = [p.column(name) for p in parts]
             setattr(out, name, array(kind, np.concatenate(cols).astype(kind)[order].tobytes()))
         return out
-
-
-# today's generation of chunked steps: decode rows through decode attention, counted in the
-# chunk (`metrics.chunked_steps_of` reads a saved run's)
-CHUNKED_STEPS = 2
 
 
 @dataclass

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pdmux_triton.cost.step_cost import Overheads
-from pdmux_triton.serve.executor import CHUNKED_STEPS, RunResult
+from pdmux_triton.cost.step_cost import CHUNKED_STEPS
+from pdmux_triton.serve.executor import RunResult
 from pdmux_triton.spec.traffic import Request
 
 MS = 1e3
@@ -38,24 +38,23 @@ MS = 1e3
 # mixed chunk does (`PrefillAdder`'s chunk budget less the running batch).
 MIXED_DECODE_ROWS = "decode_attention"  # under "mixed_decode_rows"
 MIXED_CHUNK_ROWS = "counted_in_chunk"  # under "mixed_chunk_rows"
-TODAY = CHUNKED_STEPS
 
 
 def steps_marks(steps: int) -> dict:
     """What a saved run writes of the generation of chunked steps it was served with (what
     `chunked_steps_of` reads back)."""
     return {**({"mixed_decode_rows": MIXED_DECODE_ROWS} if steps >= 1 else {}),
-            **({"mixed_chunk_rows": MIXED_CHUNK_ROWS} if steps >= TODAY else {})}
+            **({"mixed_chunk_rows": MIXED_CHUNK_ROWS} if steps >= CHUNKED_STEPS else {})}
 
 
 def chunked_steps_of(strategy: str, saved: dict) -> int:
     """The generation of chunked steps a saved run (its diagnostics, a strategy's details or
-    a capacity point) was served with; TODAY for any strategy but chunked prefill."""
+    a capacity point) was served with; CHUNKED_STEPS for any strategy but chunked prefill."""
     if not strategy.startswith("chunked_"):
-        return TODAY
+        return CHUNKED_STEPS
     if saved.get("mixed_decode_rows") != MIXED_DECODE_ROWS:
         return 0
-    return TODAY if saved.get("mixed_chunk_rows") == MIXED_CHUNK_ROWS else 1
+    return CHUNKED_STEPS if saved.get("mixed_chunk_rows") == MIXED_CHUNK_ROWS else 1
 
 
 def rows_in_extend_tiles(strategy: str, saved: dict) -> bool:
@@ -65,23 +64,12 @@ def rows_in_extend_tiles(strategy: str, saved: dict) -> bool:
     return chunked_steps_of(strategy, saved) == 0
 
 
-def served_on(overheads: Overheads, steps: int) -> Overheads:
-    """The costs that simulate the executor of that generation of chunked steps."""
-    return (overheads.rows_in_extend() if steps == 0
-            else overheads.whole_chunk_beside_rows() if steps == 1 else overheads)
-
-
 def later_layer_s(diagnostics: dict) -> float | None:
     """A measured run's host time a later layer of an eager launch (they replay the first's
     launches; `diagnostics`' median), or None where it timed none: a run measured before
     replays launched every layer as it did the first."""
     us = diagnostics.get("host_later_layer_us")
     return us / 1e6 if us else None
-
-
-def as_served(overheads: Overheads, strategy: str, saved: dict) -> Overheads:
-    """The costs that simulate a saved run as it ran (`chunked_steps_of`, `served_on`)."""
-    return served_on(overheads, chunked_steps_of(strategy, saved))
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from pdmux_triton.cost.parallel import TensorParallel
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.multiplex import sglang_rules
 from pdmux_triton.multiplex.partition import for_level
-from pdmux_triton.serve.executor import CHUNKED_STEPS, Activity
+from pdmux_triton.serve.executor import Activity
 from pdmux_triton.spec.gpus import GPUSpec
 from pdmux_triton.spec.models import ModelSpec
 from pdmux_triton.spec.traffic import Request
@@ -94,9 +94,7 @@ class SimExecutor:
         self.kv_capacity_tokens = step_cost.kv_capacity_tokens(gpu, model)
         self.kv_page_tokens = step_cost.KV_PAGE_TOKENS  # as the GPU executor's
         # (a run saved before today's chunked steps is replayed as it ran)
-        self.chunked_steps = (0 if overheads.mixed is not None
-                              and overheads.mixed.decode_rows_in_extend
-                              else 1 if overheads.whole_chunk else CHUNKED_STEPS)
+        self.chunked_steps = overheads.chunked_steps
         self._reset()
 
     def _reset(self) -> None:
