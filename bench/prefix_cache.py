@@ -155,9 +155,9 @@ def summarize(traces: dict) -> dict:
                               **{f"below_{c}_rps": v for c, v in below.items()},
                               **{f"at_least_{c}": a for c, a in above.items()},
                               **{f"burst_{c}": b for c, b in bursts.items()},
-                              # read from chunked points served before today's chunked
-                              # steps (offline only: `capacity`'s count)
-                              **{f"stale_{c}": bool(r.get("stale_mixed_step_points"))
+                              # read from a chunked point served before today's chunked
+                              # steps (offline only: `capacity`'s mark)
+                              **{f"stale_{c}": bool(r.get("stale_capacity", {}).get("goodput"))
                                  for c, r in got.items()},
                               **{f"measured_{c}": bool(got[c]) for c in got},
                               **_ratio(caps["on"], caps["off"], below["off"], "on_vs_off",

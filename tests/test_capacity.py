@@ -417,6 +417,9 @@ def test_a_chunked_point_measured_before_todays_mixed_steps_is_served_again(monk
     assert [p["ttft_p50_ms"] for p in offline["points"]
             if p["mode"] == "gpu" and p["strategy"] == "chunked_512"] == [-1.0]
     assert offline["summary"]["strategies"]["chunked_512"]["stale_mixed_step_points"] == 1
+    # its capacity is read from it (the only point)
+    assert offline["summary"]["strategies"]["chunked_512"]["stale_capacity"] == {
+        c: True for c in capacity.CRITERIA}
     assert any(n.startswith("stale: chunked_512 (1 points)")
                for n in tables.capacity_notes(offline, 40))
     log.clear()
@@ -508,6 +511,9 @@ def test_offline_a_stale_chunked_point_is_judged_against_the_executor_it_was_ser
     assert (capacity.ON_RUN_HOST, 3.0) not in at
     assert (capacity.ON_RUN_HOST + as_served, 6.0) not in at and (capacity.ON_RUN_HOST, 6.0) in at
     assert row["simulated_on_run_hosts"] is True and row["stale_mixed_step_points"] == 1
+    # both rates meet the SLOs: the capacity is read from today's point at 6, not the stale one
+    assert all(CRITERIA.goodput(at["gpu", r]) >= 0 for r in (3.0, 6.0))
+    assert row["stale_capacity"] == {c: False for c in capacity.CRITERIA}
     gpu = {r: at["gpu", r] for r in (3.0, 6.0)}
     beside = {3.0: at[capacity.ON_RUN_HOST + as_served, 3.0], 6.0: at[capacity.ON_RUN_HOST, 6.0]}
     assert row["latency_sim_error_pct"]["tpot_p50_ms"]["median"] == pytest.approx(

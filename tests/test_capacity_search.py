@@ -50,6 +50,12 @@ def test_crossing_interpolates_between_measured_rates():
     bumpy = [(4.0, point(0.5)), (8.0, point(0.95)), (10.0, point(0.95))]
     assert capacity_search.crossing(bumpy, CRITERIA.goodput) == 10.0
     assert capacity_search.bracketed(pts, CRITERIA.goodput, 6.0)
+    # the points each crossing is read from (a stale point elsewhere does not move it)
+    assert capacity_search.bracket(pts, CRITERIA.goodput) == pts[1:3]
+    assert capacity_search.bracket(pts[:2], CRITERIA.goodput) == pts[1:2]
+    assert capacity_search.bracket(pts[2:], CRITERIA.goodput) == pts[2:3]
+    assert capacity_search.bracket(bumpy, CRITERIA.goodput) == bumpy[2:]
+    assert capacity_search.bracket(pts[::-1], CRITERIA.goodput) == pts[1:3]
     assert not capacity_search.bracketed(pts, CRITERIA.goodput, 5.0)
 
 

@@ -348,6 +348,10 @@ def _result(s: RunSettings, chosen: list[Variant], criteria: Criteria, store: Po
         row["points"] = len(mine)
         row["stale_mixed_step_points"] = sum(_stale(p) for p in mine)
         by_rate = sorted((p["rate"], p) for p in mine)
+        # whether a capacity reads a stale point (stale ones away from its crossing do not
+        # move it)
+        row["stale_capacity"] = {c: any(_stale(p) for _, p in capacity_search.bracket(
+            by_rate, getattr(criteria, c))) for c in CRITERIA}
         read = {c: capacity_search.read_from(by_rate, getattr(criteria, c),
                                              row[f"{c}_capacity_rps"]) for c in CRITERIA}
         # read where the stream was long enough for its rate, or a burst's

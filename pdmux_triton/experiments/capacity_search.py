@@ -99,6 +99,16 @@ def search(measure: Callable[[float], dict], margin: Callable[[dict], float], st
     return lo, tried
 
 
+def bracket(points: list[tuple[float, dict]],
+            margin: Callable[[dict], float]) -> list[tuple[float, dict]]:
+    """The (rate, point) pairs a crossing is read from: the highest meeting rate and the
+    failing rate just above it; that rate alone where none is above it, the lowest rate alone
+    where none meets."""
+    pts = sorted(points, key=lambda rp: rp[0])
+    meeting = [i for i, (_, p) in enumerate(pts) if margin(p) >= 0]
+    return pts[meeting[-1]:meeting[-1] + 2] if meeting else pts[:1]
+
+
 def crossing(points: list[tuple[float, dict]], margin: Callable[[dict], float]) -> float | None:
     """The highest rate where the criterion holds, from measured (rate, point) pairs: the
     highest meeting rate, moved towards the failing rate just above it as far as the margin
@@ -107,14 +117,13 @@ def crossing(points: list[tuple[float, dict]], margin: Callable[[dict], float]) 
     between tokens falls as decode batches grow.)"""
     if not points:
         return None
-    pts = sorted((rate, margin(p)) for rate, p in points)
-    meeting = [i for i, (_, m) in enumerate(pts) if m >= 0]
-    if not meeting:
+    read = [(rate, margin(p)) for rate, p in bracket(points, margin)]
+    (r0, m0) = read[0]
+    if m0 < 0:
         return 0.0
-    i = meeting[-1]
-    if i == len(pts) - 1:
-        return pts[i][0]
-    (r0, m0), (r1, m1) = pts[i], pts[i + 1]
+    if len(read) == 1:
+        return r0
+    (r1, m1) = read[1]
     return r0 + (r1 - r0) * m0 / (m0 - m1)
 
 
