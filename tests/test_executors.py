@@ -122,20 +122,25 @@ def test_a_watched_block_counts_compiles_captures_and_device_allocations():
         tl.store(x_ptr + tl.arange(0, BLOCK), tl.full((BLOCK,), 3.0, tl.float32))
 
     gx = executors()
-    x = types.SimpleNamespace(graphs=types.SimpleNamespace(captures=3))  # what watch reads
+    side = torch.cuda.Stream()
+    x = types.SimpleNamespace(  # what watch reads
+        graphs=types.SimpleNamespace(captures=3),
+        partitions=types.SimpleNamespace(stream_names=lambda: {side.cuda_stream: "prefill, 7 SMs"}))
     with gx.watch(x) as counts:
         pass
     guards = ("compiles_during_measurement", "captures_during_measurement",
-              "device_allocations_during_measurement", "compiled")
+              "device_allocations_during_measurement", "compiled", "device_allocations_by_stream")
     assert {k: counts[k] for k in guards} == {
         "compiles_during_measurement": 0, "captures_during_measurement": 0,
-        "device_allocations_during_measurement": 0, "compiled": []}
+        "device_allocations_during_measurement": 0, "compiled": [],
+        "device_allocations_by_stream": {}}
     assert set(counts) == {*guards, "gc_collections_during_measurement",
                            "gc_pause_ms_during_measurement"}
     torch.cuda.empty_cache()  # so a large block needs a new segment
     with gx.watch(x) as counts:
         assert counts == {}  # filled in as the block exits
-        big = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+        with torch.cuda.stream(side):  # put to the stream that allocated it, by its name
+            big = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
         _fill[(1,)](big.view(torch.float32), BLOCK=64)
         _fill[(1,)](big.view(torch.float32), BLOCK=64)
         x.graphs.captures += 2
@@ -145,4 +150,6 @@ def test_a_watched_block_counts_compiles_captures_and_device_allocations():
     assert counts["compiles_during_measurement"] == 1 and "_fill" in counts["compiled"][0]
     assert counts["captures_during_measurement"] == 2
     assert counts["device_allocations_during_measurement"] >= 1
+    assert counts["device_allocations_by_stream"] == {"prefill, 7 SMs": {"segments": 1,
+                                                                          "mib": 1024.0}}
     assert big.view(torch.float32)[:64].tolist() == [3.0] * 64

@@ -70,6 +70,12 @@ def test_a_pool_opens_each_partition_once():
         assert pool.get(spec) is pool.get(spec)
         whole = pool.get(for_level((_sms(), 0), "green"))
         assert whole.prefill_stream is whole.decode_stream
+        # each open stream named by what runs on it (an allocation's owner, in a measured run)
+        split = pool.get(spec)
+        assert pool.stream_names() == {
+            split.prefill_stream.cuda_stream: f"prefill, {split.prefill_sms} SMs",
+            split.decode_stream.cuda_stream: f"decode, {split.decode_sms} SMs",
+            whole.decode_stream.cuda_stream: "the whole GPU"}
     finally:
         pool.close()
 

@@ -164,6 +164,8 @@ class Sweep:
             # saved before the point, so a point on record has them; launch spans left out (a
             # long stream's are most of the bytes, and nothing reads them here)
             self.diagnostics.add(key, **metrics.diagnostics(first, spans=False),
+                                 device_allocations_by_stream=row.get(
+                                     "device_allocations_by_stream"),
                                  commit=made_with["commit"])
         spread = {}
         if "repeats" in row:  # medians; each repeat's figures kept for its own capacity

@@ -7,9 +7,8 @@ from __future__ import annotations
 import contextlib
 import sys
 
-import torch
-
 from pdmux_triton.cost import step_cost
+from pdmux_triton.gpu.alloc_watch import AllocWatch
 from pdmux_triton.gpu.compile_watch import CompileWatch
 from pdmux_triton.gpu.gc_watch import GcWatch
 from pdmux_triton.gpu.model_executor import ModelExecutor
@@ -63,18 +62,17 @@ class GpuExecutors:
         """Counts, filled in as the block exits, of what happened inside it."""
         counts: dict[str, int] = {}
         captures = x.graphs.captures
-        torch.cuda.synchronize()
-        segments = torch.cuda.memory_stats().get("segment.all.allocated", 0)
-        with CompileWatch() as compiled, GcWatch() as collected:
+        with (CompileWatch() as compiled, GcWatch() as collected,
+              AllocWatch(x.partitions.stream_names) as allocated):
             yield counts
-        torch.cuda.synchronize()
         counts["compiles_during_measurement"] = compiled.count
         # not a guard: a diagnostic of the host's slow launches
         counts["gc_collections_during_measurement"] = collected.collections
         counts["gc_pause_ms_during_measurement"] = collected.pause_s * 1e3
         counts["captures_during_measurement"] = x.graphs.captures - captures
-        counts["device_allocations_during_measurement"] = (
-            torch.cuda.memory_stats().get("segment.all.allocated", 0) - segments)
+        counts["device_allocations_during_measurement"] = allocated.count
+        # not a guard: which side's pool grew, to warm it up
+        counts["device_allocations_by_stream"] = allocated.by_stream
         counts["compiled"] = compiled.compiled[:20]
 
     def close(self) -> None:
