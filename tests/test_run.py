@@ -49,9 +49,14 @@ def test_without_keep_runs_no_run_is_held():
 
 def test_a_row_with_anything_inside_the_measurement_is_warned_about():
     rows = [{"strategy": "pdmux_green", "compiles_during_measurement": 2, "requests_lost": 0},
-            {"strategy": "chunked_512", "requests_lost": 1}]
-    assert run.warnings(rows) == ["pdmux_green: compiles during measurement 2",
-                                  "chunked_512: requests lost 1"]
+            {"strategy": "chunked_512", "requests_lost": 1},
+            {"strategy": "pdmux_grid_cap", "device_allocations_during_measurement": 5,
+             "device_allocations_by_stream": {"prefill, 112 SMs": {"segments": 3, "mib": 60.0},
+                                              "decode, 20 SMs": {"segments": 1, "mib": 2.0}}}]
+    assert run.warnings(rows) == [
+        "pdmux_green: compiles during measurement 2", "chunked_512: requests lost 1",
+        "pdmux_grid_cap: device allocations during measurement 5 (held at its end: prefill, "
+        "112 SMs 3 segments, 60 MiB; decode, 20 SMs 1 segments, 2 MiB)"]
 
 
 def test_the_targets_are_ratios_of_the_rows():

@@ -171,9 +171,18 @@ class Servers:
 
 
 def warnings(rows: list[dict]) -> list[str]:
-    """What makes a row untrustworthy, one line each."""
-    return [f"{r['strategy']}: {key.replace('_', ' ')} {r[key]}" for r in rows for key in GUARDS
-            if r.get(key)]
+    """What makes a row untrustworthy, one line each (device allocations with the streams
+    still holding them)."""
+    return [f"{r['strategy']}: {key.replace('_', ' ')} {r[key]}"
+            + (_by_stream(r["device_allocations_by_stream"])
+               if key == "device_allocations_during_measurement"
+               and r.get("device_allocations_by_stream") else "")
+            for r in rows for key in GUARDS if r.get(key)]
+
+
+def _by_stream(held: dict[str, dict]) -> str:
+    return " (held at its end: " + "; ".join(
+        f"{name} {v['segments']} segments, {v['mib']:.0f} MiB" for name, v in held.items()) + ")"
 
 
 def run_experiment(s: RunSettings, log=print, keep_runs: bool = True,
