@@ -294,8 +294,13 @@ BAD = [
     (["estimate", "--chunks", "1", "--prompt", "1000000000"], "does not fit on the h100-sxm"),
     (["run", "--context", "1000000"], "does not fit on the h100-sxm"),
     (["run", "--batch", "4096"], "does not fit on the h100-sxm"),
-    (["run", "--chunks", "1", "--prompt", "100000", "--gpu", "h200", "--batch", "1"],
-     "--chunks 1 cuts a 100000-token prompt into 100,000 steps; at most 65,536"),
+    # (a chunk counts its decode rows: 2 tokens beside up to 128 rows leave a prompt one)
+    (["run", "--chunks", "2", "--prompt", "100000", "--gpu", "h200", "--batch", "1"],
+     "--chunks 2 beside up to 128 decode rows cuts a 100000-token prompt into up to 100,000 "
+     "steps; at most 65,536"),
+    # refused on two GPUs as on one (the estimate refuses it only on one)
+    (["run", "--simulate", "--tp", "2", "--chunks", "32,512", "--batch", "32", "--gpu", "h200"],
+     "chunk sizes 32 hold no prompt tokens beside 32 decode rows"),
     (["run", "--decode-tokens", "8"], "--decode-tokens 8: the decoding requests would finish"),
     (["run", "--workload", "stream", "--lengths", "exponential", "--prompt-mean", "9000"],
      "lengths need 1 <= mean <= max"),

@@ -260,3 +260,11 @@ def test_a_prefill_batch_shares_one_window_on_a_clock_that_moves(strategy):
     result = scheduler.run(strategy, x, reqs)
     assert len({(r.prefill_start, r.prefill_end) for r in result.requests}) == 1
     assert len(metrics.prefill_windows(result)) == 1
+
+
+@pytest.mark.parametrize("chunk,max_running,fewest", [
+    (512, 128, 384), (512, 511, 1), (512, 4096, 1), (1, 8, 1), (2048, 1, 2047)])
+def test_the_fewest_prompt_tokens_a_chunked_step_carries(chunk, max_running, fewest):
+    """A prompt starts while the rows leave room in the chunk and they only shrink after:
+    the bound MAX_CHUNK_STEPS is checked with."""
+    assert scheduler.fewest_chunk_tokens(chunk, max_running) == fewest

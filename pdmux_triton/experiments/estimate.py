@@ -16,6 +16,7 @@ from pdmux_triton.cost import step_cost
 from pdmux_triton.cost.measured_inputs import Calibration, Comparison
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.multiplex import sglang_rules
+from pdmux_triton.serve import scheduler
 from pdmux_triton.spec.gpus import GPUSpec, gpu_preset
 from pdmux_triton.spec.models import ModelSpec, model_preset
 
@@ -64,11 +65,7 @@ class Scenario:
         step_cost.check_fits(self.gpu, self.model, self.decode_batch * self.context + self.prompt,
                              f"{self.decode_batch} requests at {self.context} tokens and a "
                              f"{self.prompt}-token prompt")
-        if (short := [c for c in self.chunk_sizes if c <= self.decode_batch]):
-            # (the loop would hold the prompt back until rows finish: no chunked estimate)
-            raise PdmuxError(f"chunk sizes {', '.join(map(str, short))} hold no prompt tokens "
-                             f"beside {self.decode_batch} decode rows (a chunk counts them, as "
-                             f"SGLang's mixed chunk does): choose chunks above the decode batch")
+        scheduler.check_chunks_beside(self.chunk_sizes, self.decode_batch)
 
     def decode_rate(self, s_sat: float) -> step_cost.DecodeRate:
         if self.decode_curve is not None:

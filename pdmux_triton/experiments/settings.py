@@ -248,10 +248,15 @@ class RunSettings:
             raise PdmuxError(f"--max-running {self.max_running} leaves no room for the chapter's "
                              f"{self.batch} decoding requests and its prompt: at least "
                              f"{self.batch + 1}")
+        if self.workload == "chapter":  # (on every server count: the estimate is one GPU's)
+            scheduler.check_chunks_beside(self.chunks, self.batch)
         for chunk in self.chunks:
-            if -(-longest // chunk) > MAX_CHUNK_STEPS:
-                raise PdmuxError(f"--chunks {chunk} cuts a {longest}-token prompt into "
-                                 f"{-(-longest // chunk):,} steps; at most {MAX_CHUNK_STEPS:,}")
+            # a step's chunk counts its decode rows: as few prompt tokens as they leave
+            steps = -(-longest // scheduler.fewest_chunk_tokens(chunk, self.max_running))
+            if steps > MAX_CHUNK_STEPS:
+                raise PdmuxError(f"--chunks {chunk} beside up to {self.max_running} decode rows "
+                                 f"cuts a {longest}-token prompt into up to {steps:,} steps; "
+                                 f"at most {MAX_CHUNK_STEPS:,}")
         if not self.simulate and self.workload == "stream":
             check_measured_span(self.count, self.rate, "raise --rate or lower --count")
         context = self.model.max_context

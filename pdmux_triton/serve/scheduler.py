@@ -268,6 +268,22 @@ def run_prefill_first(e: Engine, token_budget: int) -> None:
             e.idle()
 
 
+def fewest_chunk_tokens(chunk: int, max_running: int) -> int:
+    """The fewest prompt tokens a step of `run_chunked` carries: a prompt starts only while
+    the decode rows (at most `max_running`) leave room in the chunk, and they only shrink
+    while it is in flight."""
+    return chunk - min(max_running, chunk - 1)
+
+
+def check_chunks_beside(chunks, decode_rows: int) -> None:
+    """Refuses chunks a fixed batch of `decode_rows` would fill: `run_chunked` holds a prompt
+    back until rows finish, so no step would carry it."""
+    if (short := [c for c in chunks if c <= decode_rows]):
+        raise PdmuxError(f"chunk sizes {', '.join(map(str, short))} hold no prompt tokens "
+                         f"beside {decode_rows} decode rows (a chunk counts them, as SGLang's "
+                         f"mixed chunk does): choose chunks above the decode batch")
+
+
 def run_chunked(e: Engine, chunk: int) -> None:
     """One prompt at a time, a chunk of it each step beside the whole decode batch. The chunk
     counts the batch's rows, as SGLang's mixed chunk does (its prefill budget less the running
