@@ -156,8 +156,10 @@ def summarize(traces: dict) -> dict:
                               **{f"at_least_{c}": a for c, a in above.items()},
                               **{f"burst_{c}": b for c, b in bursts.items()},
                               # read from a chunked point served before today's chunked
-                              # steps (offline only: `capacity`'s mark)
-                              **{f"stale_{c}": bool(r.get("stale_capacity", {}).get("goodput"))
+                              # steps (offline only: `capacity`'s mark; a summary made before
+                              # it marks any stale point)
+                              **{f"stale_{c}": bool(r.get("stale_capacity", {}).get(
+                                  "goodput", r.get("stale_mixed_step_points")))
                                  for c, r in got.items()},
                               **{f"measured_{c}": bool(got[c]) for c in got},
                               **_ratio(caps["on"], caps["off"], below["off"], "on_vs_off",

@@ -56,6 +56,10 @@ def test_crossing_interpolates_between_measured_rates():
     assert capacity_search.bracket(pts[2:], CRITERIA.goodput) == pts[2:3]
     assert capacity_search.bracket(bumpy, CRITERIA.goodput) == bumpy[2:]
     assert capacity_search.bracket(pts[::-1], CRITERIA.goodput) == pts[1:3]
+    # two points at one rate, one meeting: the same crossing in either order
+    tied = [(2.0, point(0.95)), (2.0, point(0.5)), (3.0, point(0.5))]
+    assert capacity_search.crossing(tied, CRITERIA.goodput) == capacity_search.crossing(
+        [tied[1], tied[0], tied[2]], CRITERIA.goodput) == pytest.approx(2.0 + 1 / 9)
     assert not capacity_search.bracketed(pts, CRITERIA.goodput, 5.0)
 
 

@@ -294,10 +294,14 @@ BAD = [
     (["estimate", "--chunks", "1", "--prompt", "1000000000"], "does not fit on the h100-sxm"),
     (["run", "--context", "1000000"], "does not fit on the h100-sxm"),
     (["run", "--batch", "4096"], "does not fit on the h100-sxm"),
-    # (a chunk counts its decode rows: 2 tokens beside up to 128 rows leave a prompt one)
-    (["run", "--chunks", "2", "--prompt", "100000", "--gpu", "h200", "--batch", "1"],
-     "--chunks 2 beside up to 128 decode rows cuts a 100000-token prompt into up to 100,000 "
+    # (a chunk counts its decode rows: 2 tokens beside the chapter's one leave a prompt one)
+    (["run", "--chunks", "2", "--prompt", "70000", "--gpu", "h200", "--batch", "1", "--model",
+      "llama-3.1-8b"],
+     "--chunks 2 beside up to 1 decode rows cuts a 70000-token prompt into up to 70,000 "
      "steps; at most 65,536"),
+    # a prompt past the model's context is named as that, not as too many chunks
+    (["run", "--chunks", "129", "--prompt", "70000", "--gpu", "h200", "--batch", "32"],
+     "more than qwen3-8b's context length"),
     # refused on two GPUs as on one (the estimate refuses it only on one)
     (["run", "--simulate", "--tp", "2", "--chunks", "32,512", "--batch", "32", "--gpu", "h200"],
      "chunk sizes 32 hold no prompt tokens beside 32 decode rows"),

@@ -2,7 +2,7 @@
 
 import pytest
 
-from pdmux_triton.experiments.repeats import combined, repeat, spread_pct
+from pdmux_triton.experiments.repeats import combined, repeat, spread_pct, summed_tables
 
 
 def test_one_run_is_its_own_row():
@@ -32,3 +32,14 @@ def test_repeats_give_medians_sums_and_spread():
                                             ([0.0, 0.0, 0.0], 0.0), ([-1.0, 0.0, 1.0], None)])
 def test_spread_is_the_range_over_the_median(values, spread):
     assert spread_pct(values) == (spread if spread is None else pytest.approx(spread))
+
+
+def test_repeats_tables_of_counts_add_up_by_name():
+    """A point's device allocations by stream over its repeats, as its count adds up."""
+    first = {"grid_cap prefill, 112 SMs": {"segments": 2, "mib": 40.0}}
+    second = {"grid_cap prefill, 112 SMs": {"segments": 1, "mib": 2.0},
+              "grid_cap decode, 20 SMs": {"segments": 1, "mib": 2.0}}
+    assert summed_tables([first, second, {}]) == {
+        "grid_cap prefill, 112 SMs": {"segments": 3, "mib": 42.0},
+        "grid_cap decode, 20 SMs": {"segments": 1, "mib": 2.0}}
+    assert summed_tables([]) == {}

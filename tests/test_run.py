@@ -56,7 +56,7 @@ def test_a_row_with_anything_inside_the_measurement_is_warned_about():
     assert run.warnings(rows) == [
         "pdmux_green: compiles during measurement 2", "chunked_512: requests lost 1",
         "pdmux_grid_cap: device allocations during measurement 5 (held at its end: prefill, "
-        "112 SMs 3 segments, 60 MiB; decode, 20 SMs 1 segments, 2 MiB)"]
+        "112 SMs 3 segments, 60 MiB; decode, 20 SMs 1 segment, 2 MiB)"]
 
 
 def test_the_targets_are_ratios_of_the_rows():

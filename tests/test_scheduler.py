@@ -262,9 +262,9 @@ def test_a_prefill_batch_shares_one_window_on_a_clock_that_moves(strategy):
     assert len(metrics.prefill_windows(result)) == 1
 
 
-@pytest.mark.parametrize("chunk,max_running,fewest", [
-    (512, 128, 384), (512, 511, 1), (512, 4096, 1), (1, 8, 1), (2048, 1, 2047)])
-def test_the_fewest_prompt_tokens_a_chunked_step_carries(chunk, max_running, fewest):
+@pytest.mark.parametrize("chunk,most_rows,fewest", [
+    (512, 127, 385), (512, 510, 2), (512, 511, 1), (512, 4096, 1), (1, 8, 1), (2048, 1, 2047)])
+def test_the_fewest_prompt_tokens_a_chunked_step_carries(chunk, most_rows, fewest):
     """A prompt starts while the rows leave room in the chunk and they only shrink after:
     the bound MAX_CHUNK_STEPS is checked with."""
-    assert scheduler.fewest_chunk_tokens(chunk, max_running) == fewest
+    assert scheduler.fewest_chunk_tokens(chunk, most_rows) == fewest

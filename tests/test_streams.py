@@ -73,9 +73,9 @@ def test_a_pool_opens_each_partition_once():
         # each open stream named by what runs on it (an allocation's owner, in a measured run)
         split = pool.get(spec)
         assert pool.stream_names() == {
-            split.prefill_stream.cuda_stream: f"prefill, {split.prefill_sms} SMs",
-            split.decode_stream.cuda_stream: f"decode, {split.decode_sms} SMs",
-            whole.decode_stream.cuda_stream: "the whole GPU"}
+            split.prefill_stream.cuda_stream: f"grid_cap prefill, {split.prefill_sms} SMs",
+            split.decode_stream.cuda_stream: f"grid_cap decode, {split.decode_sms} SMs",
+            whole.decode_stream.cuda_stream: "green: the whole GPU"}
     finally:
         pool.close()
 

@@ -104,7 +104,8 @@ def bracket(points: list[tuple[float, dict]],
     """The (rate, point) pairs a crossing is read from: the highest meeting rate and the
     failing rate just above it; that rate alone where none is above it, the lowest rate alone
     where none meets."""
-    pts = sorted(points, key=lambda rp: rp[0])
+    # (by margin within a rate, so repeats at one rate read the same in any order)
+    pts = sorted(points, key=lambda rp: (rp[0], margin(rp[1])))
     meeting = [i for i, (_, p) in enumerate(pts) if margin(p) >= 0]
     return pts[meeting[-1]:meeting[-1] + 2] if meeting else pts[:1]
 

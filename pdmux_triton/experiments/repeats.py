@@ -48,6 +48,17 @@ def combined(rows: list[dict], summed: Iterable[str] = ()) -> dict:
     return out
 
 
+def summed_tables(tables: list[dict[str, dict]]) -> dict[str, dict]:
+    """Repeats' tables of counts by name ({name: {field: number}}) added up, field by field."""
+    out: dict[str, dict] = {}
+    for table in tables:
+        for name, counts in table.items():
+            entry = out.setdefault(name, dict.fromkeys(counts, 0))
+            for field, value in counts.items():
+                entry[field] = entry.get(field, 0) + value
+    return out
+
+
 def repeat(row: dict, i: int) -> dict:
     """The `i`-th repeat's own figures of a combined row (the row itself if it was served
     once)."""

@@ -136,7 +136,11 @@ class Servers:
             rows.append({**metrics.summarize(result, s.slo), **counts, "strategy": v.name})
             first = first or result
             del result  # one repeat's run held at a time, besides the first
-        return repeats.combined(rows, summed=GUARDS), first
+        row = repeats.combined(rows, summed=GUARDS)
+        if len(rows) > 1 and "device_allocations_by_stream" in rows[0]:  # added up, as the count
+            row["device_allocations_by_stream"] = repeats.summed_tables(
+                [r["device_allocations_by_stream"] for r in rows])
+        return row, first
 
     def _run(self, v: Variant, loop: str, x, requests: list[Request],
              computes_prefill: bool = True) -> RunResult:
@@ -182,7 +186,8 @@ def warnings(rows: list[dict]) -> list[str]:
 
 def _by_stream(held: dict[str, dict]) -> str:
     return " (held at its end: " + "; ".join(
-        f"{name} {v['segments']} segments, {v['mib']:.0f} MiB" for name, v in held.items()) + ")"
+        f"{name} {v['segments']} segment{'s' * (v['segments'] != 1)}, {v['mib']:.0f} MiB"
+        for name, v in held.items()) + ")"
 
 
 def run_experiment(s: RunSettings, log=print, keep_runs: bool = True,

@@ -248,21 +248,23 @@ class RunSettings:
             raise PdmuxError(f"--max-running {self.max_running} leaves no room for the chapter's "
                              f"{self.batch} decoding requests and its prompt: at least "
                              f"{self.batch + 1}")
-        if self.workload == "chapter":  # (on every server count: the estimate is one GPU's)
-            scheduler.check_chunks_beside(self.chunks, self.batch)
-        for chunk in self.chunks:
-            # a step's chunk counts its decode rows: as few prompt tokens as they leave
-            steps = -(-longest // scheduler.fewest_chunk_tokens(chunk, self.max_running))
-            if steps > MAX_CHUNK_STEPS:
-                raise PdmuxError(f"--chunks {chunk} beside up to {self.max_running} decode rows "
-                                 f"cuts a {longest}-token prompt into up to {steps:,} steps; "
-                                 f"at most {MAX_CHUNK_STEPS:,}")
         if not self.simulate and self.workload == "stream":
             check_measured_span(self.count, self.rate, "raise --rate or lower --count")
         context = self.model.max_context
         if context is not None and single > context:
             raise PdmuxError(f"{one}: {single:,} tokens, more than {self.model.name}'s "
                              f"context length of {context:,} (max_position_embeddings)")
+        if self.workload == "chapter":  # (on every server count: the estimate is one GPU's)
+            scheduler.check_chunks_beside(self.chunks, self.batch)
+        # a step's chunk counts its decode rows: the chapter's batch, else fewer than
+        # --max-running (a prompt starts only while the batch has room)
+        rows = self.batch if self.workload == "chapter" else self.max_running - 1
+        for chunk in self.chunks:
+            steps = -(-longest // scheduler.fewest_chunk_tokens(chunk, rows))
+            if steps > MAX_CHUNK_STEPS:
+                raise PdmuxError(f"--chunks {chunk} beside up to {rows} decode rows cuts a "
+                                 f"{longest}-token prompt into up to {steps:,} steps; at most "
+                                 f"{MAX_CHUNK_STEPS:,}")
 
     def _check_stream(self) -> None:
         """A stream's requests are few enough to hold, and arrive while the clock resolves a

@@ -12,14 +12,20 @@ import torch
 MIB = 2 ** 20
 
 
-def new_segments_by_stream(before: set[int], after: list[dict],
+def _identity(seg: dict) -> tuple:
+    """A segment as the allocator took it (a segment freed and taken again at the same address
+    is another one)."""
+    return seg["address"], seg["total_size"], seg["stream"]
+
+
+def new_segments_by_stream(before: set[tuple], after: list[dict],
                            names: dict[int, str]) -> dict[str, dict]:
     """{stream's name: {"segments": n, "mib": their size}} over the segments of the snapshot
-    `after` (`torch.cuda.memory_snapshot()`) whose address is not in `before`; a stream
-    `names` lacks is named by its handle, a graph's private pool apart from its stream's."""
+    `after` (`torch.cuda.memory_snapshot()`) not in `before` (`_identity`s); a stream `names`
+    lacks is named by its handle, a graph's private pool apart from its stream's."""
     out: dict[str, dict] = {}
     for seg in after:
-        if seg["address"] in before:
+        if _identity(seg) in before:
             continue
         stream = seg["stream"]
         name = names.get(stream, "the default stream" if stream == 0 else f"stream {stream:#x}")
@@ -33,8 +39,9 @@ def new_segments_by_stream(before: set[int], after: list[dict],
 
 class AllocWatch:
     """Within the block: `count`, the segments the allocator took from the device (each a
-    cudaMalloc), and `by_stream`, those still held at its end by stream
-    (`new_segments_by_stream`; `stream_names` is read at the end, when every stream is open)."""
+    cudaMalloc), and `by_stream`, those still held at its end by stream (one taken and given
+    back inside is counted, not placed; `new_segments_by_stream`; `stream_names` is read at
+    the end, when every stream is open)."""
 
     def __init__(self, stream_names: Callable[[], dict[int, str]]):
         self._names = stream_names
@@ -44,7 +51,7 @@ class AllocWatch:
     def __enter__(self) -> "AllocWatch":
         torch.cuda.synchronize()
         self._allocated = torch.cuda.memory_stats().get("segment.all.allocated", 0)
-        self._before = {seg["address"] for seg in torch.cuda.memory_snapshot()}
+        self._before = {_identity(seg) for seg in torch.cuda.memory_snapshot()}
         return self
 
     def __exit__(self, *exc) -> None:
@@ -52,3 +59,4 @@ class AllocWatch:
         self.count = torch.cuda.memory_stats().get("segment.all.allocated", 0) - self._allocated
         self.by_stream = new_segments_by_stream(self._before, torch.cuda.memory_snapshot(),
                                                 self._names())
+

@@ -62,8 +62,9 @@ class GpuExecutors:
         """Counts, filled in as the block exits, of what happened inside it."""
         counts: dict[str, int] = {}
         captures = x.graphs.captures
-        with (CompileWatch() as compiled, GcWatch() as collected,
-              AllocWatch(x.partitions.stream_names) as allocated):
+        # (the allocation watch outermost: its memory snapshots are no collection of the run's)
+        with (AllocWatch(x.partitions.stream_names) as allocated, CompileWatch() as compiled,
+              GcWatch() as collected):
             yield counts
         counts["compiles_during_measurement"] = compiled.count
         # not a guard: a diagnostic of the host's slow launches

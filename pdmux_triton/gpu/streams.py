@@ -106,14 +106,15 @@ class PartitionPool:
         return self._open[spec]
 
     def stream_names(self) -> dict[int, str]:
-        """Each open stream's handle and what runs on it ("prefill, 112 SMs")."""
+        """Each open stream's handle and what runs on it ("grid_cap prefill, 112 SMs")."""
         names = {}
         for part in self._open.values():
+            kind = part.spec.kind
             if part.prefill_stream is part.decode_stream:
-                names[part.decode_stream.cuda_stream] = "the whole GPU"
+                names[part.decode_stream.cuda_stream] = f"{kind}: the whole GPU"
                 continue
-            names[part.decode_stream.cuda_stream] = f"decode, {part.decode_sms} SMs"
-            names[part.prefill_stream.cuda_stream] = f"prefill, {part.prefill_sms} SMs"
+            names[part.decode_stream.cuda_stream] = f"{kind} decode, {part.decode_sms} SMs"
+            names[part.prefill_stream.cuda_stream] = f"{kind} prefill, {part.prefill_sms} SMs"
         return names
 
     def close(self) -> None:

@@ -268,14 +268,14 @@ def run_prefill_first(e: Engine, token_budget: int) -> None:
             e.idle()
 
 
-def fewest_chunk_tokens(chunk: int, max_running: int) -> int:
-    """The fewest prompt tokens a step of `run_chunked` carries: a prompt starts only while
-    the decode rows (at most `max_running`) leave room in the chunk, and they only shrink
+def fewest_chunk_tokens(chunk: int, most_rows: int) -> int:
+    """The fewest prompt tokens a step of `run_chunked` carries beside at most `most_rows`
+    decode rows: a prompt starts only while they leave room in the chunk, and they only shrink
     while it is in flight."""
-    return chunk - min(max_running, chunk - 1)
+    return chunk - min(most_rows, chunk - 1)
 
 
-def check_chunks_beside(chunks, decode_rows: int) -> None:
+def check_chunks_beside(chunks: tuple[int, ...], decode_rows: int) -> None:
     """Refuses chunks a fixed batch of `decode_rows` would fill: `run_chunked` holds a prompt
     back until rows finish, so no step would carry it."""
     if (short := [c for c in chunks if c <= decode_rows]):
