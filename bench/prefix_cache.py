@@ -206,7 +206,8 @@ def table(summary: dict, gpu: str) -> str:
             lines.append(f"  {strategy:<16} {cap['on']:>18} {cap['off']:>18} "
                          f"{ratio:>7} {hit:>10}")
     lines.append("burst: read on a stream too short for its rate (the later half's attainment "
-                 "more than 5 points from the whole's): more than the GPU sustains")
+                 "more than 5 points from the whole's): not a steady state; below the whole, "
+                 "more than the GPU sustains")
     if any(r[f"stale_{c}"] for s in summary.values() for r in s["strategies"].values()
            for c in ("on", "off")):
         lines.append("stale: read from points served before today's chunked steps (simulated "

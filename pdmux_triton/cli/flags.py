@@ -320,7 +320,8 @@ def build_parser() -> Parser:
            help=f"requests per point: at least {MIN_CAPACITY_COUNT}; a capacity read where "
                 f"a point's later half of requests met the SLOs more than "
                 f"{STEADY_POINTS * 100:g} points apart from "
-                f"the whole is labelled a burst (it reads higher than the GPU sustains)")
+                f"the whole is labelled a burst (its attainment still moved with the stream's "
+                f"length: not a steady state)")
     _stream_flags(p)
     _trace_flags(p)
     p.flag("--slo-ttft-ms", type=number(), default=2000.0, help="TTFT target")

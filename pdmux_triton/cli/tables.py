@@ -285,8 +285,10 @@ def capacity_notes(result: dict, count: int) -> list[str]:
         notes.append(
             f"burst: {', '.join(bursts)} met the criterion on a stream too short for its rate "
             f"(the SLO attainment of the later half of its {count} requests by arrival was more "
-            f"than {capacity_search.STEADY_POINTS * 100:g} points from the whole's): such a "
-            f"capacity reads higher than the GPU sustains; serve more requests a point (--count "
+            f"than {capacity_search.STEADY_POINTS * 100:g} points from the whole's): not a "
+            f"steady state (a later half below the whole: the queue was still building, and "
+            f"the capacity reads higher than the GPU sustains; above it: the earlier arrivals "
+            f"came denser); serve more requests a point (--count "
             f"{2 * count} or more"
             f"{', a longer --trace-count' if 'trace_rate_rps' in result else ''})")
     if any(_from_all_rates(row, c) for row in rows.values()
