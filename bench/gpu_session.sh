@@ -42,6 +42,8 @@
 #       re-measures the decode workloads (CTAs 1) into a copy of the committed calibration, then
 #       serves the chapter's scenario at SGLang's default levels and at levels the calibration
 #       advises for a decode step of ADVISE_ITL_MS (default 12) ms
+#   bash bench/gpu_session.sh contexts   # decode steps at 4096 and 8192 tokens a request by
+#       SMs, alone and co-run (CONTEXTS=..., into $OUT/contexts: what a step's KV costs by context)
 #   bash bench/gpu_session.sh calibrate batches   # the whole decode price after a
 #       decode-kernel change: `calibrate` re-measures the own batch at its default budgets only;
 #       served steps of other batches, and PD-mux's 20-60 SM budgets, are priced from the rows
@@ -124,6 +126,15 @@ step batches ${BATCHES_S:-360} bash -c 'mkdir -p "$OUT/batches" && cp "$(dirname
     --budgets ${BATCH_BUDGETS:-20,28,36,44,52,60,132} \
     --decode-batches ${BATCHES:-1,8,16,40,48,56,64,72,96,128};
     rm -f "$OUT"/batches/*.png "$OUT/batches/calibrate-settings-$CARD.json"'
+# the decode step by SMs, alone and beside a prefill, at longer contexts a request than the
+# calibration's (its batch), into a copy of the committed calibration: a step's KV read as
+# contexts grow (decode steps of the prefix trace's long contexts ran 0.93-1.06 of their price
+# by level, the trace windows' short ones 1.04-1.08 at every level: bench/NOTES.md session 61)
+step contexts ${CONTEXTS_S:-300} bash -c 'mkdir -p "$OUT/contexts" && cp "$(dirname "$CALIBRATION")"/calibrate-points-$CARD.jsonl \
+    bench/results/calibrate-settings-$CARD.json "$OUT/contexts"/ && pdmux-triton calibrate \
+    --out "$OUT/contexts" --workloads decode_step --kinds grid_cap --ctas 1 --remeasure \
+    --budgets ${CONTEXT_BUDGETS:-20,28,36,44,52,60,132} --decode-contexts ${CONTEXTS:-4096,8192};
+    rm -f "$OUT"/contexts/*.png "$OUT/contexts/calibrate-settings-$CARD.json"'
 # pinned partitions (issue 26): their gpu tests, then the decode step against its floor and
 # pinned SMs against green contexts at every level and 1-3 CTAs per SM (bench/decode_floor.py;
 # the kernel benchmark's and the chapter run's figures from this call's files when it made them)

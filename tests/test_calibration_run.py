@@ -24,8 +24,9 @@ def test_run_sweep_with_nothing_left_needs_no_gpu(tmp_path):
 
 @pytest.mark.gpu
 def test_run_sweep_holds_one_decode_batch_at_a_time(tmp_path):
-    """Each batch's decode step holds its own weights and KV cache: the sweep frees one
-    batch's workloads before it makes the next (three large batches together do not fit)."""
+    """Each batch's (and context's) decode step holds its own weights and KV cache: the sweep
+    frees one's workloads before it makes the next (three large batches together do not
+    fit)."""
     made = []
 
     def tracked(name, spec, batch, context):
@@ -35,9 +36,10 @@ def test_run_sweep_holds_one_decode_batch_at_a_time(tmp_path):
         return wl
 
     plan = SweepPlan(("decode_step",), ("grid_cap",), (1,), (8, 132), corun=True, model="tiny",
-                     batch=4, context=64, prefill_tokens=128, decode_batches=(2, 8))
+                     batch=4, context=64, prefill_tokens=128, decode_batches=(2, 8),
+                     decode_contexts=(128,))
     store = point_store(tmp_path / "p.jsonl")
     with mock.patch.object(calibration_run, "make_decode_workload", tracked):
         run_sweep(plan, store, log=lambda line: None)
-    assert len(made) == 3 and all(store.has(k) for k in plan.keys())
+    assert len(made) == 4 and all(store.has(k) for k in plan.keys())
     assert all(store.get(k)["tbps"] > 0 for k in plan.keys())

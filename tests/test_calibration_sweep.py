@@ -126,6 +126,18 @@ def test_plan_measures_decode_step_at_other_batches_at_one_cta_only():
     assert len(keys) == len(set(keys))
 
 
+def test_plan_measures_decode_step_at_other_contexts_at_the_own_batch_and_one_cta():
+    plan = SweepPlan(("decode_step", "decode_attention"), ("grid_cap",), (1, 2), (20, 132),
+                     corun=True, batch=32, context=2048, decode_batches=(8,),
+                     decode_contexts=(2048, 8192))
+    keys = list(plan.keys())
+    longer = [k for k in keys if k.context]
+    assert {(k.context, k.batch, k.sms, k.state) for k in longer} == {
+        (8192, 0, s, st) for s, st in ((20, "alone"), (20, "corun"), (132, "alone"))}
+    assert all(k.workload == "decode_step" and k.ctas_per_sm == 1 for k in longer)
+    assert not any(k.batch and k.context for k in keys) and len(keys) == len(set(keys))
+
+
 def test_points_saved_before_the_batch_key_read_as_the_own_batch(tmp_path):
     path = tmp_path / "points.jsonl"
     path.write_text(json.dumps({"workload": "decode_step", "kind": "grid_cap", "ctas_per_sm": 1,
@@ -140,5 +152,7 @@ def test_the_summary_fits_the_own_batch_only():
                "sms": s, "tbps": float(s)} for s in (8, 16)]
     points.append({"workload": "decode_step", "kind": "grid_cap", "state": "alone",
                    "ctas_per_sm": 1, "sms": 16, "tbps": 100.0, "batch": 72})
+    points.append({"workload": "decode_step", "kind": "grid_cap", "state": "alone",
+                   "ctas_per_sm": 1, "sms": 16, "tbps": 100.0, "context": 8192})
     fit = calibration_sweep.summarize(points)["decode_step"]["grid_cap"]["alone"]
     assert fit["peak_tbps"] == 16.0 and fit["peak_tbps_any_ctas"] == 16.0

@@ -16,7 +16,8 @@ from pdmux_triton.cost.measured_inputs import load_host_costs
 
 
 @pytest.mark.parametrize("flag", [["--ctas", "2"], ["--budgets", "16,132"], ["--no-corun"],
-                                  ["--batch", "8"], ["--decode-batches", "1,8"]])
+                                  ["--batch", "8"], ["--decode-batches", "1,8"],
+                                  ["--decode-contexts", "8192"]])
 def test_sweep_flags_do_nothing_with_host_costs(flag, capsys):
     assert main(["calibrate", "--host-costs", *flag]) == 2
     err = capsys.readouterr().err

@@ -98,6 +98,18 @@ def test_a_calibration_of_other_batches_prices_their_rows_beyond_their_bytes(tmp
     assert curve.batch_extra_s(20, False, 32) == 0.0
 
 
+def test_steps_at_other_contexts_leave_the_curve_and_the_batch_term_as_they_are(tmp_path):
+    path = _calibration_with_batches(tmp_path, {"batch": 32, "context": 2048})
+    data = json.loads(path.read_text())
+    data["rows"] += [{"workload": "decode_step", "kind": "grid_cap", "ctas_per_sm": 1,
+                      "state": "alone", "sms": s, "ms": 5.0, "tbps": 9.0, "context": 8192}
+                     for s in (20, 132)]
+    path.write_text(json.dumps(data))
+    curve = measured_inputs.load_calibration(path).decode_curve("grid_cap")
+    assert curve.alone == ((20, 2.0), (132, 2.0))
+    assert curve.batches.alone == ((72, 20, pytest.approx(0.015)),)
+
+
 def test_a_green_curve_without_other_batches_prices_its_rows_as_grid_capping_measured(tmp_path):
     """Green partitions run the same kernels: where the calibration measured other batches
     under grid capping only, a green curve keeps its own bandwidth and takes grid capping's

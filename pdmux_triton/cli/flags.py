@@ -215,7 +215,8 @@ def strategy(text: str) -> str:
 
 CHAPTER_FLAGS = ("batch", "context", "prompt", "decode_tokens")
 TRACE_FLAGS = ("trace", "trace_model", "trace_start", "trace_count", "speed")
-SWEEP_FLAGS = ("workloads", "kinds", "ctas", "budgets", "decode_batches", "no_corun", "remeasure",
+SWEEP_FLAGS = ("workloads", "kinds", "ctas", "budgets", "decode_batches", "decode_contexts",
+               "no_corun", "remeasure",
                "batch", "context", "prefill_tokens")  # calibrate's, unused by --host-costs
 STREAM_FLAGS = ("rate", "count", "burstiness", "lengths")
 EXPONENTIAL_FLAGS = ("prompt_mean", "prompt_max", "output_mean", "output_max")
@@ -270,6 +271,9 @@ def build_parser() -> Parser:
     p.flag("--decode-batches", type=listed(integer(1, 4096), "batch"), default=(),
            help="also measure decode_step (one CTA per SM) at these batches: the simulator "
                 "prices a step of another batch by them")
+    p.flag("--decode-contexts", type=listed(integer(1), "context"), default=(),
+           help="also measure decode_step (one CTA per SM, at --batch) at these contexts a "
+                "request: what a step's KV reads cost as contexts grow")
     p.flag("--no-corun", action="store_true", help="skip the runs beside a prefill")
     p.flag("--remeasure", action="store_true",
            help="measure this sweep's points again though saved (after a kernel change); "

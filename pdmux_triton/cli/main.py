@@ -160,15 +160,20 @@ def cmd_calibrate(args, given) -> None:
     if args.host_costs:
         refuse(given, SWEEP_FLAGS, "with --host-costs (it times fixed cases, not the sweep)")
         return _calibrate_host_costs(args)
-    if args.decode_batches and ("decode_step" not in args.workloads or 1 not in args.ctas):
-        raise PdmuxError("--decode-batches measures decode_step at one CTA per SM: keep "
-                         "decode_step in --workloads and 1 in --ctas")
+    for flag in ("decode_batches", "decode_contexts"):
+        if getattr(args, flag) and ("decode_step" not in args.workloads or 1 not in args.ctas):
+            raise PdmuxError(f"--{flag.replace('_', '-')} measures decode_step at one CTA per "
+                             f"SM: keep decode_step in --workloads and 1 in --ctas")
     gpu = measuring_gpu()
     _check_measure_args(args, gpu)
     for b in args.decode_batches:
         step_cost.check_fits(gpu, resolve_model(args.model), b * args.context + args.prefill_tokens,
                              f"--decode-batches {b}: {b} requests at {args.context} tokens beside a "
                              f"{args.prefill_tokens}-token prefill")
+    for c in args.decode_contexts:
+        step_cost.check_fits(gpu, resolve_model(args.model), args.batch * c + args.prefill_tokens,
+                             f"--decode-contexts {c}: {args.batch} requests at {c} tokens beside "
+                             f"a {args.prefill_tokens}-token prefill")
     _, granularity = sglang_rules.arch_constraints(gpu.cc_major)
     budgets = args.budgets or calibration_sweep.default_budgets(gpu.sms, granularity)
     for b in budgets:
@@ -183,7 +188,7 @@ def cmd_calibrate(args, given) -> None:
     plan = calibration_sweep.SweepPlan(tuple(args.workloads), tuple(args.kinds), tuple(args.ctas),
                                        tuple(sorted(set(budgets))), not args.no_corun, args.model,
                                        args.batch, args.context, args.prefill_tokens,
-                                       tuple(args.decode_batches))
+                                       tuple(args.decode_batches), tuple(args.decode_contexts))
     settings = {"model": plan.model, "batch": plan.batch, "context": plan.context,
                 "prefill_tokens": plan.prefill_tokens}
     check_settings(out / f"calibrate-settings-{gpu.name}.json", settings)

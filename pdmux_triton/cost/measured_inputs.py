@@ -58,9 +58,12 @@ class Calibration:
     summary: dict
 
     def _decode_rows(self, kind: str, state: str) -> list[dict]:
+        # (steps at other contexts a request are not read here yet: they are measured to
+        # price a step's KV by its context)
         return [p for p in self.rows if p.get("workload") == "decode_step"
                 and p.get("kind") == kind and p.get("state") == state
-                and p.get("ctas_per_sm") == 1 and "tbps" in p and "sms" in p]
+                and p.get("ctas_per_sm") == 1 and "tbps" in p and "sms" in p
+                and not p.get("context")]
 
     def decode_points(self, kind: str, state: str) -> tuple[tuple[int, float], ...]:
         """The decode-step curve, (SMs, TB/s) by budget, at one CTA per SM, at the settings'

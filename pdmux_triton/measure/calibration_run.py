@@ -22,9 +22,9 @@ from pdmux_triton.spec.models import resolve_model
 
 
 def run_sweep(plan: SweepPlan, store: PointStore, log=print) -> None:
-    """Measure every point of the plan not already in the store, one decode batch at a time:
-    each batch's workloads hold their own weights and KV cache, and several large batches
-    together need more memory than the GPU has."""
+    """Measure every point of the plan not already in the store, one decode batch (and
+    context) at a time: each one's workloads hold their own weights and KV cache, and several
+    large ones together need more memory than the GPU has."""
     todo = [k for k in plan.keys() if not store.has(k)]
     log(f"calibrate: {len(todo)} points to measure ({len(list(plan.keys())) - len(todo)} already saved)")
     if not todo:
@@ -33,9 +33,10 @@ def run_sweep(plan: SweepPlan, store: PointStore, log=print) -> None:
     prefill = PrefillLayers(spec, plan.prefill_tokens, layers=2) if plan.corun else None
     progress = _Progress(len(todo), log)
     with Clocks() as clocks:
-        for batch in sorted({k.batch for k in todo}):
-            keys = [k for k in todo if k.batch == batch]
-            workloads = {name: make_decode_workload(name, spec, batch or plan.batch, plan.context)
+        for batch, context in sorted({(k.batch, k.context) for k in todo}):
+            keys = [k for k in todo if (k.batch, k.context) == (batch, context)]
+            workloads = {name: make_decode_workload(name, spec, batch or plan.batch,
+                                                    context or plan.context)
                          for name in dict.fromkeys(k.workload for k in keys)}  # one of each
             _measure(plan, store, keys, workloads, prefill, progress, clocks)
             del workloads
@@ -49,7 +50,8 @@ class _Progress:
     def point(self, key: PointKey, point: dict) -> None:
         self.done += 1
         eta = (time.time() - self.started) / self.done * (self.total - self.done)
-        at = f" batch {key.batch}" if key.batch else ""
+        at = (f" batch {key.batch}" if key.batch else "") + (
+            f" context {key.context}" if key.context else "")
         self.log(f"[{self.done}/{self.total} eta {eta:.0f}s] {key.workload}{at} {key.kind} "
                  f"ctas={key.ctas_per_sm} {key.state} {key.sms} SMs: {point['tbps']:.2f} TB/s")
 

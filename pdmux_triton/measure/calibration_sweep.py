@@ -55,6 +55,9 @@ class PointKey:
     state: str  # alone or corun
     sms: int
     batch: int = 0  # decode_step at another batch than the settings' (0: the settings' own)
+    # decode_step at another context a request than the settings' (0: the settings' own), at
+    # the settings' batch
+    context: int = 0
 
 
 def point_store(path: Path) -> PointStore:
@@ -75,7 +78,8 @@ def summarize(points: list[dict]) -> dict:
     more CTAs per SM let a capped grid spread over more SMs), plus the best over ctas."""
     curves: dict[tuple, dict[int, float]] = {}
     for p in points:
-        if "tbps" in p and not p.get("batch"):  # other batches price steps, not S_SAT
+        # other batches and contexts price steps, not S_SAT
+        if "tbps" in p and not p.get("batch") and not p.get("context"):
             curves.setdefault((p["workload"], p["kind"], p["state"], p["ctas_per_sm"]), {})[p["sms"]] = p["tbps"]
     summary: dict = {}
     for (wl, kind, state, ctas), curve in sorted(curves.items()):
@@ -90,8 +94,9 @@ def summarize(points: list[dict]) -> dict:
 
 def write_results(path: Path, gpu: str, settings: dict, points: list[dict], summary: dict) -> Path:
     data = {**provenance(gpu), "settings": settings,
-            "rows": sorted(points, key=lambda p: (p["workload"], p.get("batch", 0), p["kind"],
-                                                  p["state"], p["ctas_per_sm"], p["sms"])),
+            "rows": sorted(points, key=lambda p: (p["workload"], p.get("batch", 0),
+                                                  p.get("context", 0), p["kind"], p["state"],
+                                                  p["ctas_per_sm"], p["sms"])),
             "summary": summary}
     return write_json(path, data)
 
@@ -112,9 +117,14 @@ class SweepPlan:
     # decode_step also at these batches (one CTA per SM): what a step of another batch costs
     # beyond its bytes at `batch`'s rate, by SMs (`step_cost.BatchTerm`)
     decode_batches: tuple[int, ...] = ()
+    # decode_step also at these contexts a request (one CTA per SM, at `batch`): what a step's
+    # KV costs beside its weights as contexts grow (decode attention reads long contexts
+    # closer to the streaming rate than the calibration's own)
+    decode_contexts: tuple[int, ...] = ()
 
     def keys(self):
         others = tuple(b for b in self.decode_batches if b != self.batch)
+        contexts = tuple(c for c in self.decode_contexts if c != self.context)
         for kind in self.kinds:
             for sms in self.budgets:
                 for wl in self.workloads:
@@ -126,6 +136,8 @@ class SweepPlan:
                             if wl == "decode_step" and ctas == 1:
                                 for b in others:
                                     yield PointKey(wl, kind, ctas, state, sms, b)
+                                for c in contexts:
+                                    yield PointKey(wl, kind, ctas, state, sms, context=c)
 
 
 def default_budgets(total_sms: int, granularity: int) -> tuple[int, ...]:
