@@ -38,7 +38,8 @@ def _save(fig, plt, path: Path) -> None:
 def calibration(points: list[dict], gpu: str, model: str, path: Path) -> None:
     """Bandwidth vs SMs: a panel per workload, a line per (kind, state, CTAs per SM)."""
     plt = _pyplot()
-    points = [p for p in points if not p.get("batch")]  # other batches: prices, not S_SAT
+    # other batches and contexts: prices, not S_SAT
+    points = [p for p in points if not p.get("batch") and not p.get("context")]
     workloads = sorted({p["workload"] for p in points})
     fig, axes = plt.subplots(1, len(workloads), figsize=(4.5 * len(workloads), 4.3), squeeze=False)
     styles = {("grid_cap", "alone"): ("tab:blue", "-"), ("grid_cap", "corun"): ("tab:blue", "--"),
