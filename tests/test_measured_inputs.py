@@ -6,8 +6,9 @@ import json
 import pytest
 
 from pdmux_triton import results
-from pdmux_triton.cost import measured_inputs
+from pdmux_triton.cost import measured_inputs, step_cost
 from pdmux_triton.errors import PdmuxError
+from pdmux_triton.spec.models import model_preset
 
 CALIBRATION = "bench/results/calibrate-h200.json"
 COMPARISON = "bench/results/compare-h200.json"
@@ -98,16 +99,34 @@ def test_a_calibration_of_other_batches_prices_their_rows_beyond_their_bytes(tmp
     assert curve.batch_extra_s(20, False, 32) == 0.0
 
 
-def test_steps_at_other_contexts_leave_the_curve_and_the_batch_term_as_they_are(tmp_path):
-    path = _calibration_with_batches(tmp_path, {"batch": 32, "context": 2048})
+def test_steps_at_other_contexts_price_a_kv_byte_and_leave_the_curve_and_batches(tmp_path):
+    """Own curve 2 TB/s; batch 32 at 8192 tokens a request read at 2.5 TB/s: its step took
+    0.8 of its bytes' time at the own rate, the rest a saving on its KV bytes."""
+    path = _calibration_with_batches(tmp_path, {"batch": 32, "context": 2048,
+                                                "model": "qwen3-8b"})
     data = json.loads(path.read_text())
     data["rows"] += [{"workload": "decode_step", "kind": "grid_cap", "ctas_per_sm": 1,
-                      "state": "alone", "sms": s, "ms": 5.0, "tbps": 9.0, "context": 8192}
+                      "state": "alone", "sms": s, "ms": 20.0, "tbps": 2.5, "context": 8192}
                      for s in (20, 132)]
     path.write_text(json.dumps(data))
-    curve = measured_inputs.load_calibration(path).decode_curve("grid_cap")
+    calibration = measured_inputs.load_calibration(path)
+    curve = calibration.decode_curve("grid_cap")
     assert curve.alone == ((20, 2.0), (132, 2.0))
     assert curve.batches.alone == ((72, 20, pytest.approx(0.015)),)
+    kv = step_cost.kv_bytes(model_preset("qwen3-8b"), 32 * 8192)
+    per_byte = 0.020 * (1 - 2.5 / 2.0) / kv
+    assert curve.contexts.own_context == 2048
+    assert curve.contexts.alone == ((8192, 20, pytest.approx(per_byte)),
+                                    (8192, 132, pytest.approx(per_byte)))
+    # a green curve without its own contexts takes grid capping's
+    data["rows"] += [{"workload": "decode_step", "kind": "green", "ctas_per_sm": 1,
+                      "state": "alone", "sms": s, "ms": 10.0, "tbps": 2.0} for s in (20, 132)]
+    path.write_text(json.dumps(data))
+    assert measured_inputs.load_calibration(path).decode_curve("green").contexts == curve.contexts
+    del data["settings"]["context"]
+    path.write_text(json.dumps(data))
+    with pytest.raises(PdmuxError, match="other contexts but names no context of its own"):
+        measured_inputs.load_calibration(path).decode_curve("grid_cap")
 
 
 def test_a_green_curve_without_other_batches_prices_its_rows_as_grid_capping_measured(tmp_path):

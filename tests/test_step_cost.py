@@ -338,6 +338,38 @@ def test_a_batch_term_reads_between_sms_then_batches_and_is_zero_at_its_own_batc
         step_cost.BatchTerm(32, alone=((0, 20, 0.0),))
 
 
+def test_a_context_term_reads_between_sms_then_contexts_and_is_zero_at_and_below_its_own():
+    term = step_cost.ContextTerm(2048, alone=((8192, 20, -2e-14), (8192, 60, -6e-14),
+                                              (16384, 20, -4e-14)),
+                                 corun=((8192, 20, -1e-14),))
+    kv = 1e9
+    assert term.extra_s(20, False, 2048, kv) == 0.0 and term.extra_s(60, True, 1000, kv) == 0.0
+    assert term.extra_s(40, False, 8192, kv) == pytest.approx(-4e-5)  # halfway in SMs
+    assert term.extra_s(20, False, 5120, kv) == pytest.approx(-1e-5)  # halfway to 8192
+    assert term.extra_s(20, False, 65536, kv) == pytest.approx(-4e-5)  # held past the largest
+    assert term.extra_s(20, True, 8192, kv) == pytest.approx(-1e-5)  # beside a prefill
+    assert term.extra_s(20, True, 16384, kv) == pytest.approx(-4e-5)  # none beside: alone's
+    with pytest.raises(PdmuxError, match="bad point"):
+        step_cost.ContextTerm(2048, alone=((8192, 20, 1.0),))
+
+
+def test_a_decode_step_reads_its_kv_at_its_requests_context():
+    """The KV of 33 requests at 8192 tokens each, run in the graph of 40 rows: the context is
+    the requests', not the padded rows'."""
+    term = step_cost.ContextTerm(2048, alone=((8192, 20, -1e-14),))
+    curve = step_cost.MeasuredCurve(((20, 1.0), (132, 3.0)), source="t", contexts=term)
+    plain = step_cost.MeasuredCurve(((20, 1.0), (132, 3.0)), source="t")
+    context = 33 * 8192
+    kv = step_cost.kv_bytes(QWEN, context)
+    assert step_cost.captured_decode_step_s(QWEN, curve, context, 20, False, 33) == pytest.approx(
+        step_cost.captured_decode_step_s(QWEN, plain, context, 20, False, 33) - 1e-14 * kv)
+    # at the own context, or with no requests (a mixed step's rows, bytes alone): no term
+    assert step_cost.decode_step_s(QWEN, curve, 33 * 2048, 20, False, 40, 33) == \
+        step_cost.decode_step_s(QWEN, plain, 33 * 2048, 20, False, 40, 33)
+    assert step_cost.decode_step_s(QWEN, curve, context, 20, False) == \
+        step_cost.decode_step_s(QWEN, plain, context, 20, False)
+
+
 def test_a_decode_step_adds_its_batch_term_only_with_a_batch():
     curve = step_cost.MeasuredCurve(((20, 1.0), (132, 3.0)), source="t",
                                     batches=step_cost.BatchTerm(32, alone=((72, 20, 0.02),)))

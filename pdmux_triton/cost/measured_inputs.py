@@ -9,10 +9,12 @@ import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from pdmux_triton.cost.step_cost import (BatchTerm, MeasuredCurve, MixedStepFit, Overheads,
-                                         PrefillRate, TileTimes)
+from pdmux_triton.cost import step_cost
+from pdmux_triton.cost.step_cost import (BatchTerm, ContextTerm, MeasuredCurve, MixedStepFit,
+                                         Overheads, PrefillRate, TileTimes)
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.results import SHIPPED_PREFIX, read_json
+from pdmux_triton.spec.models import resolve_model
 
 def input_files(gpu: str) -> dict[str, str]:
     """A GPU's measured inputs by name, as `calibrate`, `compare` and `calibrate --host-costs`
@@ -58,18 +60,15 @@ class Calibration:
     summary: dict
 
     def _decode_rows(self, kind: str, state: str) -> list[dict]:
-        # (steps at other contexts a request are not read here yet: they are measured to
-        # price a step's KV by its context)
         return [p for p in self.rows if p.get("workload") == "decode_step"
                 and p.get("kind") == kind and p.get("state") == state
-                and p.get("ctas_per_sm") == 1 and "tbps" in p and "sms" in p
-                and not p.get("context")]
+                and p.get("ctas_per_sm") == 1 and "tbps" in p and "sms" in p]
 
     def decode_points(self, kind: str, state: str) -> tuple[tuple[int, float], ...]:
         """The decode-step curve, (SMs, TB/s) by budget, at one CTA per SM, at the settings'
         batch."""
         return tuple(sorted((p["sms"], p["tbps"]) for p in self._decode_rows(kind, state)
-                            if not p.get("batch")))
+                            if not p.get("batch") and not p.get("context")))
 
     def decode_curve(self, kind: str) -> MeasuredCurve:
         alone = self.decode_points(kind, "alone")
@@ -77,28 +76,57 @@ class Calibration:
             raise PdmuxError(f"{self.path} has no decode_step curve for partition kind {kind!r} "
                              f"(one CTA per SM, alone)")
         curve = MeasuredCurve(alone, self.decode_points(kind, "corun"), self.path)
-        others = {state: self._batch_extras(kind, state, curve) for state in ("alone", "corun")}
-        if not others["alone"] and kind != "grid_cap" and self.decode_points("grid_cap", "alone"):
-            # the same kernels on a partition picked another way: their rows cost what grid
-            # capping's measured on as many SMs (the calibration measures other batches there)
+        batches = self._term(kind, curve, ("batch", "batches"), self._batch_extras, BatchTerm)
+        contexts = self._term(kind, curve, ("context", "contexts"), self._context_extras,
+                              ContextTerm)
+        if kind != "grid_cap" and (batches is None or contexts is None) \
+                and self.decode_points("grid_cap", "alone"):
+            # the same kernels on a partition picked another way: their rows and contexts cost
+            # what grid capping's measured on as many SMs (the calibration measures them there)
             capped = self.decode_curve("grid_cap")
-            if capped.batches is not None:
-                return replace(curve, batches=capped.batches)
-        if not others["alone"]:
-            return curve
-        own = self.settings.get("batch")
+            batches, contexts = batches or capped.batches, contexts or capped.contexts
+        return replace(curve, batches=batches, contexts=contexts)
+
+    def _term(self, kind: str, curve: MeasuredCurve, setting: tuple[str, str], extras, make):
+        """A term of steps measured at other values of a setting (`make` of the own value and
+        the `extras` alone and beside a prefill), None where none were."""
+        points = {state: extras(kind, state, curve) for state in ("alone", "corun")}
+        if not points["alone"]:
+            return None
+        name, plural = setting
+        own = self.settings.get(name)
         if not isinstance(own, int) or own < 1:
-            raise PdmuxError(f"{self.path} measured decode_step at other batches but names no "
-                             f"batch of its own in its settings")
-        return replace(curve, batches=BatchTerm(own, others["alone"], others["corun"]))
+            raise PdmuxError(f"{self.path} measured decode_step at other {plural} but names no "
+                             f"{name} of its own in its settings")
+        return make(own, points["alone"], points["corun"])
 
     def _batch_extras(self, kind: str, state: str, curve: MeasuredCurve):
         """Each other batch's measured step less its bytes (TB/s x time) at the own batch's
         rate."""
-        return tuple(sorted((p["batch"], p["sms"], p["ms"] / 1e3
-                             * (1 - p["tbps"] / curve.tbps(p["sms"], state == "corun")))
+        return tuple(sorted((p["batch"], p["sms"], self._beyond_bytes_s(p, state, curve))
                             for p in self._decode_rows(kind, state)
-                            if p.get("batch") and "ms" in p))
+                            if p.get("batch") and not p.get("context") and "ms" in p))
+
+    def _context_extras(self, kind: str, state: str, curve: MeasuredCurve):
+        """Each other context's measured step (at the own batch) less its bytes at the own
+        context's rate, a byte of its KV."""
+        if not any(p.get("context") for p in self._decode_rows(kind, state)):
+            return ()
+        batch = self.settings.get("batch")
+        if not isinstance(batch, int) or batch < 1:
+            raise PdmuxError(f"{self.path} measured decode_step at other contexts but names no "
+                             f"batch of its own in its settings")
+        model = resolve_model(self.settings.get("model", "qwen3-8b"))
+        return tuple(sorted(
+            (p["context"], p["sms"], self._beyond_bytes_s(p, state, curve)
+             / step_cost.kv_bytes(model, batch * p["context"]))
+            for p in self._decode_rows(kind, state)
+            if p.get("context") and not p.get("batch") and "ms" in p))
+
+    @staticmethod
+    def _beyond_bytes_s(p: dict, state: str, curve: MeasuredCurve) -> float:
+        """A measured step's time less its bytes (TB/s x time) at the curve's rate."""
+        return p["ms"] / 1e3 * (1 - p["tbps"] / curve.tbps(p["sms"], state == "corun"))
 
     def decode_fit(self, kind: str, state: str = "corun") -> dict:
         """The decode step's S_SAT fit: peak_tbps, s_sat_fit, s_sat_95."""

@@ -134,6 +134,9 @@ class RankRate:
     def batch_extra_s(self, sms: int, corun: bool, batch: int) -> float:
         return self.rate.batch_extra_s(sms, corun, batch) / self.tp
 
+    def context_extra_s(self, sms: int, corun: bool, context: float, kv: float) -> float:
+        return self.rate.context_extra_s(sms, corun, context, kv)  # `kv`: the rank's bytes
+
 
 def rank_rate(rate: DecodeRate, tp: int) -> DecodeRate:
     """`rate` as one of `tp` ranks sees it (itself on one GPU)."""

@@ -125,6 +125,10 @@ class DecodeRate(Protocol):
     def batch_extra_s(self, sms: int, corun: bool, batch: int) -> float:
         """Seconds a step of `batch` requests takes beyond its bytes at `tbps`."""
 
+    def context_extra_s(self, sms: int, corun: bool, context: float, kv: float) -> float:
+        """Seconds a step's `kv` bytes of KV take beyond them at `tbps` where its requests hold
+        `context` tokens each (negative: read faster)."""
+
 
 @dataclass(frozen=True)
 class SaturationLaw:
@@ -142,6 +146,9 @@ class SaturationLaw:
 
     def batch_extra_s(self, sms: int, corun: bool, batch: int) -> float:
         return 0.0  # the law knows bytes only
+
+    def context_extra_s(self, sms: int, corun: bool, context: float, kv: float) -> float:
+        return 0.0
 
 
 @dataclass(frozen=True)
@@ -183,6 +190,46 @@ class BatchTerm:
 
 
 @dataclass(frozen=True)
+class ContextTerm:
+    """What a decode step's KV costs beyond its bytes at the curve's rate where its requests
+    hold another context than the curve's, by SMs, alone and beside a prefill: (context a
+    request, SMs, seconds a KV byte) points, measured at the curve's own batch. Decode
+    attention reads long contexts closer to the streaming rate (fewer pipeline restarts a
+    byte), so the term is negative there; at the curve's own context it is 0. Read between SM
+    budgets, then between contexts (held past the largest measured, and at 0 below the own)."""
+
+    own_context: int
+    alone: tuple[tuple[int, int, float], ...]
+    corun: tuple[tuple[int, int, float], ...] = ()
+
+    def __post_init__(self):
+        for context, sms, per_byte in (*self.alone, *self.corun):
+            if not (context >= 1 and sms >= 1 and np.isfinite(per_byte)
+                    and abs(per_byte) < 1e-9):
+                raise PdmuxError(f"a decode context term has a bad point (context {context}, "
+                                 f"{sms} SMs, {per_byte} s a byte)")
+
+    @functools.cached_property
+    def _by_context(self) -> dict[bool, list[tuple[int, tuple | None]]]:
+        """Per state, each context's (budgets, seconds a byte) sorted by context; None for the
+        own context, whose term is 0. A context measured beside a prefill too is read there."""
+        def group(points) -> dict[int, tuple]:
+            out: dict[int, list] = {}
+            for c, budget, per_byte in points:
+                out.setdefault(c, []).append((budget, per_byte))
+            return {c: tuple(zip(*sorted(v))) for c, v in out.items()}
+        alone = {self.own_context: None, **group(self.alone)}
+        return {False: sorted(alone.items()), True: sorted({**alone, **group(self.corun)}.items())}
+
+    def extra_s(self, sms: int, corun: bool, context: float, kv: float) -> float:
+        table = self._by_context[bool(corun)]
+        per_byte = [0.0 if curve is None else float(np.interp(sms, *curve)) for _, curve in table]
+        contexts = [c for c, _ in table]
+        # (below the own context nothing was measured: held at its 0)
+        return kv * float(np.interp(max(context, self.own_context), contexts, per_byte))
+
+
+@dataclass(frozen=True)
 class MeasuredCurve:
     """A calibration's decode-step TB/s at measured SM budgets, read between them and held at
     the ends; beside a prefill when that curve was measured, else alone. Near S_SAT the measured
@@ -192,6 +239,7 @@ class MeasuredCurve:
     corun: tuple[tuple[int, float], ...] = ()
     source: str = ""
     batches: BatchTerm | None = None  # measured at other batches too
+    contexts: ContextTerm | None = None  # measured at other contexts a request too
 
     def __post_init__(self):
         if not self.alone:
@@ -212,6 +260,9 @@ class MeasuredCurve:
 
     def batch_extra_s(self, sms: int, corun: bool, batch: int) -> float:
         return self.batches.extra_s(sms, corun, batch) if self.batches and batch else 0.0
+
+    def context_extra_s(self, sms: int, corun: bool, context: float, kv: float) -> float:
+        return self.contexts.extra_s(sms, corun, context, kv) if self.contexts and kv else 0.0
 
 
 @dataclass(frozen=True)
@@ -645,13 +696,18 @@ class Overheads:
 # --- times ---------------------------------------------------------------------------------
 
 def decode_step_s(model: ModelSpec, rate: DecodeRate, context_tokens: int, sms: int,
-                  corun: bool, batch: int = 0) -> float:
+                  corun: bool, batch: int = 0, requests: int | None = None) -> float:
     """A captured decode step of `batch` requests holding `context_tokens` of KV (batch 0:
-    its bytes alone, as a mixed step's decode rows read them). Never faster than its bytes at
-    the rate's best (its rate past every SM count): a batch term measured with a larger
-    model, read for a smaller one, would otherwise price a step below zero."""
+    its bytes alone, as a mixed step's decode rows read them; `requests`: how many of the
+    batch's rows hold that KV, where the captured size pads it), its KV read at its requests'
+    context (`DecodeRate.context_extra_s`). Never faster than its bytes at the rate's best
+    (its rate past every SM count): a batch term measured with a larger model, read for a
+    smaller one, would otherwise price a step below zero."""
     nbytes = decode_step_bytes(model, context_tokens)
-    step = nbytes / (rate.tbps(sms, corun) * 1e12) + rate.batch_extra_s(sms, corun, batch)
+    holding = requests if requests is not None else batch
+    step = (nbytes / (rate.tbps(sms, corun) * 1e12) + rate.batch_extra_s(sms, corun, batch)
+            + (rate.context_extra_s(sms, corun, context_tokens / holding,
+                                    kv_bytes(model, context_tokens)) if holding else 0.0))
     return max(step, nbytes / (rate.tbps(MAX_SMS, False) * 1e12))
 
 
@@ -669,7 +725,7 @@ def captured_decode_step_s(model: ModelSpec, rate: DecodeRate, context_tokens: i
     """`decode_step_s` of `batch` requests as the graph captured for them runs it: the batch's
     own KV bytes, the rows' term of the captured size (a step of 33 requests runs the graph of
     40, whose GEMMs pad to 64 rows)."""
-    return decode_step_s(model, rate, context_tokens, sms, corun, padded_batch(batch))
+    return decode_step_s(model, rate, context_tokens, sms, corun, padded_batch(batch), batch)
 
 
 def served_decode_step_s(model: ModelSpec, rate: DecodeRate, overheads: Overheads,
