@@ -106,6 +106,16 @@ def test_a_warm_up_runs_once_per_strategy_kind_chunk_and_policy(warmed):
     assert warmed[4][1] == ("chunked", CONFIG, 4, 128, 256, sglang, gx.levels)
 
 
+def test_the_warm_up_takes_the_longest_prompt_past_the_batch_budget(warmed):
+    """The oldest prompt joins a prefill batch whatever its length: a prompt of 97 tokens
+    beside a budget of 64 makes batches of 97 rows, which the warm-up grows the pool to."""
+    gx = GpuExecutors(GPU if HAS_CUDA else gpu_keeping(None), TINY, requests(), CONFIG,
+                      CONFIG.levels(GPU.sms, GPU.cc_major), prefill_tokens=64, max_running=4)
+    gx.executor("pdmux", "grid_cap", 0, SGLangLevels(CONFIG))
+    assert warmed[-1][1][3] == 97
+    assert executors().prefill_rows == 128  # a budget above every prompt: the budget
+
+
 def test_loading_progress_goes_to_stderr(capsys):
     executors(checkpoint="/models/tiny")._loading(2, 5)
     assert capsys.readouterr() == ("", "loading /models/tiny: 2/5 shards\n")

@@ -70,12 +70,20 @@ def test_a_pool_opens_each_partition_once():
         assert pool.get(spec) is pool.get(spec)
         whole = pool.get(for_level((_sms(), 0), "green"))
         assert whole.prefill_stream is whole.decode_stream
+        # grid-capped levels share one pair of streams (one allocator pool a side), and a whole
+        # GPU of either kind runs on their prefill stream
+        split, other = pool.get(spec), pool.get(for_level(_groups()[3], "grid_cap"))
+        assert (other.prefill_stream, other.decode_stream) == (split.prefill_stream,
+                                                               split.decode_stream)
+        assert other.prefill_sms != split.prefill_sms
+        assert whole.prefill_stream is split.prefill_stream
         # each open stream named by what runs on it (an allocation's owner, in a measured run)
-        split = pool.get(spec)
+        sms = lambda side: "/".join(map(str, sorted({getattr(p, f"{side}_sms")  # noqa: E731
+                                                     for p in (split, other)})))
         assert pool.stream_names() == {
-            split.prefill_stream.cuda_stream: f"grid_cap prefill, {split.prefill_sms} SMs",
-            split.decode_stream.cuda_stream: f"grid_cap decode, {split.decode_sms} SMs",
-            whole.decode_stream.cuda_stream: "green: the whole GPU"}
+            split.prefill_stream.cuda_stream: f"grid_cap prefill, {sms('prefill')} SMs; the "
+                                              f"whole GPU",
+            split.decode_stream.cuda_stream: f"grid_cap decode, {sms('decode')} SMs"}
     finally:
         pool.close()
 

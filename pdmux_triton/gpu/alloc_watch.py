@@ -39,24 +39,36 @@ def new_segments_by_stream(before: set[tuple], after: list[dict],
 
 class AllocWatch:
     """Within the block: `count`, the segments the allocator took from the device (each a
-    cudaMalloc), and `by_stream`, those still held at its end by stream (one taken and given
-    back inside is counted, not placed; `new_segments_by_stream`; `stream_names` is read at
-    the end, when every stream is open)."""
+    cudaMalloc), `freed` and `retries` (`_counters`), and `by_stream`, those still held at its
+    end by stream (one taken and given back inside is counted, not placed;
+    `new_segments_by_stream`; `stream_names` is read at the end, when every stream is
+    open)."""
 
     def __init__(self, stream_names: Callable[[], dict[int, str]]):
         self._names = stream_names
-        self.count = 0
+        self.count = self.freed = self.retries = 0
         self.by_stream: dict[str, dict] = {}
 
     def __enter__(self) -> "AllocWatch":
         torch.cuda.synchronize()
-        self._allocated = torch.cuda.memory_stats().get("segment.all.allocated", 0)
+        self._stats = _counters()
         self._before = {_identity(seg) for seg in torch.cuda.memory_snapshot()}
         return self
 
     def __exit__(self, *exc) -> None:
         torch.cuda.synchronize()
-        self.count = torch.cuda.memory_stats().get("segment.all.allocated", 0) - self._allocated
+        after = _counters()
+        # (a cudaMalloc that failed makes the allocator free every idle cached segment and
+        # retry: the retries, and the segments freed, say the pools outgrew the device)
+        self.count, self.freed, self.retries = (a - b for a, b in zip(after, self._stats))
         self.by_stream = new_segments_by_stream(self._before, torch.cuda.memory_snapshot(),
                                                 self._names())
+
+
+def _counters() -> tuple[int, int, int]:
+    """Segments taken and given back, and the allocator's retries after a failed cudaMalloc,
+    so far."""
+    stats = torch.cuda.memory_stats()
+    return (stats.get("segment.all.allocated", 0), stats.get("segment.all.freed", 0),
+            stats.get("num_alloc_retries", 0))
 

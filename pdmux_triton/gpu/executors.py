@@ -31,7 +31,11 @@ class GpuExecutors:
                  max_running: int, checkpoint: str | None = None):
         self.gpu, self.model, self.config, self.checkpoint = gpu, model, config, checkpoint
         self.levels = levels
-        self.prefill_tokens, self.max_running = prefill_tokens, max_running
+        self.max_running = max_running
+        # a prefill batch's rows at the most: the oldest prompt is taken whatever its length
+        # (`Engine.take_prompts`), so a long one runs past the batch's token budget; the
+        # warm-up grows the allocator's pool to it, not to the budget alone
+        self.prefill_rows = max(prefill_tokens, max(r.prompt_len for r in requests))
         longest = max(kv_need(r) for r in requests)
         # the whole run's KV at once if it fits (its pages: a prefix cache then never evicts),
         # else what the GPU keeps (admission waits)
@@ -49,7 +53,7 @@ class GpuExecutors:
         # the policy by its settings, not its type: two ITL targets reach different levels
         key = (strategy, kind, chunk, repr(levels_by))
         if key not in self._warm:
-            x.warm_up(strategy, self.config, self.max_running, self.prefill_tokens, chunk,
+            x.warm_up(strategy, self.config, self.max_running, self.prefill_rows, chunk,
                       levels_by, self.levels)
             self._warm.add(key)
         return x
@@ -72,8 +76,11 @@ class GpuExecutors:
         counts["gc_pause_ms_during_measurement"] = collected.pause_s * 1e3
         counts["captures_during_measurement"] = x.graphs.captures - captures
         counts["device_allocations_during_measurement"] = allocated.count
-        # not a guard: which side's pool grew, to warm it up
+        # not guards: which side's pool grew, to warm it up, and whether the pools outgrew
+        # the device (segments given back, retries)
         counts["device_allocations_by_stream"] = allocated.by_stream
+        counts["device_segments_freed_during_measurement"] = allocated.freed
+        counts["device_alloc_retries_during_measurement"] = allocated.retries
         counts["compiled"] = compiled.compiled[:20]
 
     def close(self) -> None:

@@ -18,6 +18,10 @@ from pdmux_triton.kernels._pinned import Pinned
 from pdmux_triton.multiplex.partition import Budget, PartitionSpec
 
 
+# partition kinds on ordinary streams (a green context makes its own)
+ORDINARY_KINDS = ("grid_cap", "pinned", "whole")
+
+
 @functools.lru_cache(maxsize=None)
 def _pinned(first_site: int, sms: int, head: int | None) -> Pinned:
     return Pinned(first_site, sms, head=head)
@@ -61,18 +65,19 @@ class PartitionStreams:
                       pdl=self.pdl, site_head=self.spec.site_head)
 
     @classmethod
-    def open(cls, spec: PartitionSpec) -> "PartitionStreams":
+    def open(cls, spec: PartitionSpec, ordinary: tuple | None = None) -> "PartitionStreams":
+        """`ordinary`: the (prefill, decode) streams a grid-capped, pinned or whole partition
+        runs on (new ones where not given); a green context makes its own."""
         if not torch.cuda.is_available():
             raise PdmuxError(f"a {spec.kind} partition needs a CUDA GPU; torch sees none")
         device_sms = torch.cuda.get_device_properties(0).multi_processor_count
         if spec.total_sms != device_sms:
             raise PdmuxError(f"the partition is planned for {spec.total_sms} SMs but the GPU has "
                              f"{device_sms}")
-        if spec.kind == "whole":
-            stream = torch.cuda.Stream()
-            return cls(spec, stream, stream)
-        if spec.kind in ("grid_cap", "pinned"):
-            return cls(spec, torch.cuda.Stream(), torch.cuda.Stream())
+        if spec.kind in ORDINARY_KINDS:
+            prefill, decode = ordinary or (torch.cuda.Stream(), torch.cuda.Stream())
+            # (a whole partition runs both sides on its prefill stream: one at a time)
+            return cls(spec, prefill, prefill if spec.kind == "whole" else decode)
         spec.check_green(torch.cuda.get_device_capability(0)[0])
         if spec.split_first == "prefill":
             split = split_green(spec.prefill_sms, spec.decode_sms)
@@ -95,27 +100,40 @@ class PartitionStreams:
 
 
 class PartitionPool:
-    """Partitions opened on first use and kept until `close`."""
+    """Partitions opened on first use and kept until `close`. Every grid-capped, pinned and
+    whole partition runs on one pair of streams: their SMs are kernel arguments, not the
+    stream's, levels never overlap (a level change drains the GPU), and the caching allocator
+    keeps freed memory for the stream that took it, so one prefill stream's pool, grown once
+    by the warm-up, serves every level (a stream a level would grow its own, inside measured
+    runs). Green contexts bring their own streams."""
 
     def __init__(self):
         self._open: dict[PartitionSpec, PartitionStreams] = {}
+        self._ordinary: tuple | None = None
 
     def get(self, spec: PartitionSpec) -> PartitionStreams:
         if spec not in self._open:
-            self._open[spec] = PartitionStreams.open(spec)
+            if spec.kind in ORDINARY_KINDS and self._ordinary is None:
+                self._ordinary = (torch.cuda.Stream(), torch.cuda.Stream())
+            self._open[spec] = PartitionStreams.open(
+                spec, self._ordinary if spec.kind in ORDINARY_KINDS else None)
         return self._open[spec]
 
     def stream_names(self) -> dict[int, str]:
-        """Each open stream's handle and what runs on it ("grid_cap prefill, 112 SMs")."""
-        names = {}
+        """Each open stream's handle and what runs on it ("grid_cap prefill, 80/112 SMs":
+        the partitions sharing it)."""
+        runs: dict[int, dict[str, list[int]]] = {}
         for part in self._open.values():
             kind = part.spec.kind
-            if part.prefill_stream is part.decode_stream:
-                names[part.decode_stream.cuda_stream] = f"{kind}: the whole GPU"
-                continue
-            names[part.decode_stream.cuda_stream] = f"{kind} decode, {part.decode_sms} SMs"
-            names[part.prefill_stream.cuda_stream] = f"{kind} prefill, {part.prefill_sms} SMs"
-        return names
+            sides = ((part.prefill_stream, "the whole GPU", part.prefill_sms),) \
+                if kind == "whole" else ((part.prefill_stream, f"{kind} prefill", part.prefill_sms),
+                                         (part.decode_stream, f"{kind} decode", part.decode_sms))
+            for stream, role, sms in sides:
+                runs.setdefault(stream.cuda_stream, {}).setdefault(role, []).append(sms)
+        return {handle: "; ".join(role if role == "the whole GPU" else
+                                  f"{role}, {'/'.join(map(str, sorted(set(sms))))} SMs"
+                                  for role, sms in roles.items())
+                for handle, roles in runs.items()}
 
     def close(self) -> None:
         for part in self._open.values():
