@@ -145,7 +145,9 @@ def test_a_watched_block_counts_compiles_captures_and_device_allocations():
         "device_allocations_during_measurement": 0, "compiled": [],
         "device_allocations_by_stream": {}}
     assert set(counts) == {*guards, "gc_collections_during_measurement",
-                           "gc_pause_ms_during_measurement"}
+                           "gc_pause_ms_during_measurement",
+                           "device_segments_freed_during_measurement",
+                           "device_alloc_retries_during_measurement"}
     torch.cuda.empty_cache()  # so a large block needs a new segment
     with gx.watch(x) as counts:
         assert counts == {}  # filled in as the block exits

@@ -245,6 +245,8 @@ BAD = [
     (["calibrate", "--decode-batches", "72", "--ctas", "2"],
      "--decode-batches measures decode_step at one CTA per SM"),
     (["calibrate", "--decode-contexts", "0"], "calibrate --decode-contexts: expected an integer >= 1"),
+    (["calibrate", "--decode-contexts", "2048,8192"],
+     "--decode-contexts 2048: at or below --context 2048 a step is priced by the curve itself"),
     (["calibrate", "--decode-contexts", "8192", "--workloads", "decode_attention"],
      "--decode-contexts measures decode_step at one CTA per SM"),
     (["run", "--seed", "-1"], "run --seed: expected an integer >= 0"),

@@ -2,6 +2,7 @@
 
 from dataclasses import replace
 
+import json
 import pytest
 
 from pdmux_triton.cost import step_cost
@@ -368,6 +369,36 @@ def test_a_decode_step_reads_its_kv_at_its_requests_context():
         step_cost.decode_step_s(QWEN, plain, 33 * 2048, 20, False, 40, 33)
     assert step_cost.decode_step_s(QWEN, curve, context, 20, False) == \
         step_cost.decode_step_s(QWEN, plain, context, 20, False)
+
+
+def test_a_step_at_a_measured_context_prices_back_to_its_measured_time(tmp_path):
+    """A calibration whose steps at 8192 tokens a request read faster than the own curve: each
+    of those rows, priced again, takes its measured time, on few SMs and on every SM (the
+    floor of a step's bytes at the best rate is read at its context too)."""
+    from pdmux_triton.cost import measured_inputs
+    own = step_cost.decode_step_bytes(QWEN, 32 * 2048)
+    long = step_cost.decode_step_bytes(QWEN, 32 * 8192)
+    rows = [{"workload": "decode_step", "kind": "grid_cap", "ctas_per_sm": 1, "state": "alone",
+             "sms": s, "ms": own / (t * 1e12) * 1e3, "tbps": t} for s, t in ((20, 1.0), (132, 3.0))]
+    measured = {20: 40.0, 132: 15.0}  # ms: 1.0 and 3.0 TB/s would read it in more
+    rows += [{"workload": "decode_step", "kind": "grid_cap", "ctas_per_sm": 1, "state": "alone",
+              "sms": s, "ms": ms, "tbps": long / (ms / 1e3) / 1e12, "context": 8192}
+             for s, ms in measured.items()]
+    path = tmp_path / "calibrate-h200.json"
+    path.write_text(json.dumps({"gpu": "h200", "settings": {"batch": 32, "context": 2048,
+                                                            "model": "qwen3-8b"},
+                                "rows": rows, "summary": {}}))
+    curve = measured_inputs.load_calibration(path).decode_curve("grid_cap")
+    for sms, ms in measured.items():
+        assert step_cost.decode_step_s(QWEN, curve, 32 * 8192, sms, False, 32) * 1e3 == \
+            pytest.approx(ms)
+
+
+def test_a_rank_reads_its_own_kv_at_the_requests_context():
+    from pdmux_triton.cost.parallel import rank_rate
+    term = step_cost.ContextTerm(2048, alone=((8192, 20, -1e-14),))
+    curve = step_cost.MeasuredCurve(((20, 1.0), (132, 3.0)), source="t", contexts=term)
+    assert rank_rate(curve, 4).context_extra_s(20, False, 8192, 1e9) == pytest.approx(-1e-5)
 
 
 def test_a_decode_step_adds_its_batch_term_only_with_a_batch():

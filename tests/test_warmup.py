@@ -80,5 +80,8 @@ def test_a_served_stream_compiles_and_captures_nothing():
         assert row["compiles_during_measurement"] == 0, (row["strategy"], row["compiled"])
         assert row["captures_during_measurement"] == 0, row["strategy"]
         print(row["strategy"], "device allocations", row["device_allocations_during_measurement"])
-        if not row["strategy"].startswith("pdmux"):  # one stream: the untimed pass warms it
-            assert row["device_allocations_during_measurement"] == 0, row["strategy"]
+        # one prefill stream a kind (every grid-capped level shares it, and the warm-up grows
+        # its pool to the longest prompt); a green context's level has its own
+        if not row["strategy"].endswith("green"):
+            assert row["device_allocations_during_measurement"] == 0, (
+                row["strategy"], row.get("device_allocations_by_stream"))

@@ -164,6 +164,10 @@ def cmd_calibrate(args, given) -> None:
         if getattr(args, flag) and ("decode_step" not in args.workloads or 1 not in args.ctas):
             raise PdmuxError(f"--{flag.replace('_', '-')} measures decode_step at one CTA per "
                              f"SM: keep decode_step in --workloads and 1 in --ctas")
+    for c in args.decode_contexts:
+        if c <= args.context:
+            raise PdmuxError(f"--decode-contexts {c}: at or below --context {args.context} a "
+                             f"step is priced by the curve itself; name longer contexts")
     gpu = measuring_gpu()
     _check_measure_args(args, gpu)
     for b in args.decode_batches:

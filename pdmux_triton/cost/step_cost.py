@@ -701,14 +701,16 @@ def decode_step_s(model: ModelSpec, rate: DecodeRate, context_tokens: int, sms: 
     its bytes alone, as a mixed step's decode rows read them; `requests`: how many of the
     batch's rows hold that KV, where the captured size pads it), its KV read at its requests'
     context (`DecodeRate.context_extra_s`). Never faster than its bytes at the rate's best
-    (its rate past every SM count): a batch term measured with a larger model, read for a
-    smaller one, would otherwise price a step below zero."""
-    nbytes = decode_step_bytes(model, context_tokens)
+    (its rate past every SM count, at its context): a batch term measured with a larger
+    model, read for a smaller one, would otherwise price a step below zero."""
+    nbytes, kv = decode_step_bytes(model, context_tokens), kv_bytes(model, context_tokens)
     holding = requests if requests is not None else batch
-    step = (nbytes / (rate.tbps(sms, corun) * 1e12) + rate.batch_extra_s(sms, corun, batch)
-            + (rate.context_extra_s(sms, corun, context_tokens / holding,
-                                    kv_bytes(model, context_tokens)) if holding else 0.0))
-    return max(step, nbytes / (rate.tbps(MAX_SMS, False) * 1e12))
+
+    def bytes_s(at: int, beside: bool) -> float:  # its bytes, its KV read at its context
+        return nbytes / (rate.tbps(at, beside) * 1e12) + (
+            rate.context_extra_s(at, beside, context_tokens / holding, kv) if holding else 0.0)
+    return max(bytes_s(sms, corun) + rate.batch_extra_s(sms, corun, batch),
+               bytes_s(MAX_SMS, False))
 
 
 def padded_batch(n: int) -> int:

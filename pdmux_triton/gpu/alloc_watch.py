@@ -1,7 +1,7 @@
 """New device memory taken while a measured run runs, counted and put to the stream that took
 it. The caching allocator keeps a freed block for the stream that allocated it, so a segment
-allocated inside a measured run names the side, and the level, whose warm-up left too little
-memory in its pool (pd-mux runs each level's prefill and decode on streams of their own)."""
+allocated inside a measured run names the side (and, on green contexts, the level) whose
+warm-up left too little memory in its pool."""
 
 from __future__ import annotations
 

@@ -306,14 +306,16 @@ class ModelExecutor:
             prefilling = decoding = {0}
         rows = chunk + max_running if strategy == "chunked" else prefill_tokens
         seqs = max_running + 1
-        for level in sorted(prefilling):
-            _, side = self._sides(levels[level])
-            with _on(side.stream):
-                compile_prefill_side(self.model, side.budget, rows, seqs, self.blocks.scratch_page)
+        # the graphs first: a capture empties the allocator's cache (torch.cuda.graph), which
+        # would hand back the pool the prefills below grow for the measured run
         for level in sorted(decoding):
             side, _ = self._sides(levels[level])
             for n in reversed(padded_sizes(max_running)):  # largest first: one memory pool
                 self.graphs.get(side.stream, side.budget, n, self._static_decode_batch)
+        for level in sorted(prefilling):
+            _, side = self._sides(levels[level])
+            with _on(side.stream):
+                compile_prefill_side(self.model, side.budget, rows, seqs, self.blocks.scratch_page)
         self._drain()
 
     # --- prefill -----------------------------------------------------------------------

@@ -1,9 +1,10 @@
 """Open partitions: the CUDA streams a `PartitionSpec` plans, and the budgets their kernels get.
 
-`grid_cap` and `pinned` get two ordinary streams, `whole` one, `green` a stream on each of two
-green contexts (`green_contexts`), whose realized SM counts become the budgets. A
+`grid_cap` and `pinned` run on two ordinary streams, `whole` on one, `green` on a stream in
+each of two green contexts (`green_contexts`), whose realized SM counts become the budgets. A
 `PartitionPool` keeps partitions open across runs, as SGLang creates its stream groups once at
-start-up. `kernel_args` turns a side's budget into the arguments every kernel takes.
+start-up, and gives every ordinary partition the same streams. `kernel_args` turns a side's
+budget into the arguments every kernel takes.
 """
 
 from __future__ import annotations
