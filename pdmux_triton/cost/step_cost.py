@@ -172,21 +172,30 @@ class BatchTerm:
 
     @functools.cached_property
     def _by_batch(self) -> dict[bool, list[tuple[int, tuple | None]]]:
-        """Per state (beside a prefill or not), each batch's (budgets, seconds) sorted by batch;
-        None for the own batch, whose term is 0.
-        A batch measured beside a prefill too is read there."""
-        def group(points) -> dict[int, tuple]:
-            out: dict[int, list] = {}
-            for b, budget, seconds in points:
-                out.setdefault(b, []).append((budget, seconds))
-            return {b: tuple(zip(*sorted(v))) for b, v in out.items()}
-        alone = {self.own_batch: None, **group(self.alone)}
-        return {False: sorted(alone.items()), True: sorted({**alone, **group(self.corun)}.items())}
+        return _by_setting(self.own_batch, self.alone, self.corun)
 
     def extra_s(self, sms: int, corun: bool, batch: int) -> float:
-        table = self._by_batch[bool(corun)]
-        extras = [0.0 if curve is None else float(np.interp(sms, *curve)) for _, curve in table]
-        return float(np.interp(batch, [b for b, _ in table], extras))
+        return _read_between(self._by_batch[bool(corun)], sms, batch)
+
+
+def _by_setting(own: int, alone: tuple, corun: tuple) -> dict[bool, list[tuple[int, tuple | None]]]:
+    """Per state (beside a prefill or not), each measured setting's (budgets, values) sorted
+    by setting, from (setting, SMs, value) points; None for the own setting, whose term is 0.
+    A setting measured beside a prefill too is read there."""
+    def group(points) -> dict[int, tuple]:
+        out: dict[int, list] = {}
+        for setting, budget, value in points:
+            out.setdefault(setting, []).append((budget, value))
+        return {setting: tuple(zip(*sorted(v))) for setting, v in out.items()}
+    first = {own: None, **group(alone)}
+    return {False: sorted(first.items()), True: sorted({**first, **group(corun)}.items())}
+
+
+def _read_between(table: list[tuple[int, tuple | None]], sms: int, setting: float) -> float:
+    """A `_by_setting` table read between SM budgets, then between settings (held past the
+    ends)."""
+    values = [0.0 if curve is None else float(np.interp(sms, *curve)) for _, curve in table]
+    return float(np.interp(setting, [s for s, _ in table], values))
 
 
 @dataclass(frozen=True)
@@ -211,22 +220,12 @@ class ContextTerm:
 
     @functools.cached_property
     def _by_context(self) -> dict[bool, list[tuple[int, tuple | None]]]:
-        """Per state, each context's (budgets, seconds a byte) sorted by context; None for the
-        own context, whose term is 0. A context measured beside a prefill too is read there."""
-        def group(points) -> dict[int, tuple]:
-            out: dict[int, list] = {}
-            for c, budget, per_byte in points:
-                out.setdefault(c, []).append((budget, per_byte))
-            return {c: tuple(zip(*sorted(v))) for c, v in out.items()}
-        alone = {self.own_context: None, **group(self.alone)}
-        return {False: sorted(alone.items()), True: sorted({**alone, **group(self.corun)}.items())}
+        return _by_setting(self.own_context, self.alone, self.corun)
 
     def extra_s(self, sms: int, corun: bool, context: float, kv: float) -> float:
-        table = self._by_context[bool(corun)]
-        per_byte = [0.0 if curve is None else float(np.interp(sms, *curve)) for _, curve in table]
-        contexts = [c for c, _ in table]
         # (below the own context nothing was measured: held at its 0)
-        return kv * float(np.interp(max(context, self.own_context), contexts, per_byte))
+        return kv * _read_between(self._by_context[bool(corun)], sms,
+                                  max(context, self.own_context))
 
 
 @dataclass(frozen=True)
