@@ -76,7 +76,7 @@ class Price:
         return step_cost.gemm_layer_s(MODEL, tokens, self.tiles, self.sms) * LAYERS * 1e3
 
     def kv_ms(self, rows: int, context: int) -> float:
-        return step_cost.rows_kv_read_s(MODEL, self.decode, self.sms, rows * context,
+        return step_cost.rows_kv_read_s(MODEL, self.decode, self.sms, rows * context, rows,
                                         LAYERS) * 1e3
 
 

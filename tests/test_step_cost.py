@@ -394,6 +394,19 @@ def test_a_step_at_a_measured_context_prices_back_to_its_measured_time(tmp_path)
             pytest.approx(ms)
 
 
+def test_a_mixed_steps_decode_rows_read_their_kv_at_their_context():
+    """As a decode step's: 4 rows of 8192 tokens beside a chunk, over half the layers."""
+    term = step_cost.ContextTerm(2048, alone=((8192, 132, -1e-14),))
+    curve = step_cost.MeasuredCurve(((20, 1.0), (132, 3.0)), source="t", contexts=term)
+    kv = step_cost.kv_bytes(QWEN, 4 * 8192)
+    half = QWEN.layers // 2
+    assert step_cost.rows_kv_read_s(QWEN, curve, 132, 4 * 8192, 4, half) == pytest.approx(
+        (kv / 3e12 - 1e-14 * kv) * half / QWEN.layers)
+    assert step_cost.rows_kv_read_s(QWEN, curve, 132, 4 * 2048, 4) == pytest.approx(
+        step_cost.kv_bytes(QWEN, 4 * 2048) / 3e12)  # at the own context: bytes alone
+    assert step_cost.rows_kv_read_s(QWEN, curve, 132, 0, 0) == 0.0
+
+
 def test_a_rank_reads_its_own_kv_at_the_requests_context():
     from pdmux_triton.cost.parallel import rank_rate
     term = step_cost.ContextTerm(2048, alone=((8192, 20, -1e-14),))

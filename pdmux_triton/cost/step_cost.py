@@ -807,10 +807,13 @@ def _mixed_tiled_s(model, prefill, total_sms, decode_batch, chunk, chunk_prefix,
 
 
 def rows_kv_read_s(model: ModelSpec, decode: DecodeRate, total_sms: int, context_tokens: int,
-                   layers: int | None = None) -> float:
-    """A mixed step's decode rows' KV (`context_tokens` in all) over `layers` (all by
-    default), read at the decode rate of the whole GPU: how their attention is priced."""
-    read = kv_bytes(model, context_tokens) / (decode.tbps(total_sms, False) * 1e12)
+                   rows: int, layers: int | None = None) -> float:
+    """A mixed step's `rows` decode rows' KV (`context_tokens` in all) over `layers` (all by
+    default), read at the decode rate of the whole GPU at their context
+    (`DecodeRate.context_extra_s`, as a decode step's): how their attention is priced."""
+    kv = kv_bytes(model, context_tokens)
+    read = kv / (decode.tbps(total_sms, False) * 1e12) + (
+        decode.context_extra_s(total_sms, False, context_tokens / rows, kv) if rows else 0.0)
     return read if layers is None else read * layers / model.layers
 
 
@@ -823,7 +826,8 @@ def mixed_layers_s(model: ModelSpec, decode: DecodeRate, prefill: PrefillRate, t
     rows' KV read at the decode rate."""
     return (_mixed_tiled_s(model, prefill, total_sms, decode_batch, chunk, chunk_prefix, tiles,
                            (), layers)
-            + rows_kv_read_s(model, decode, total_sms, decode_context_tokens, layers))
+            + rows_kv_read_s(model, decode, total_sms, decode_context_tokens, decode_batch,
+                             layers))
 
 
 def _mixed_by_tiles(model, decode, prefill, total_sms, decode_context_tokens, decode_batch,
@@ -835,4 +839,5 @@ def _mixed_by_tiles(model, decode, prefill, total_sms, decode_context_tokens, de
     sampled = decode_batch + samples_chunk
     head = (max(compute_s(lm_head_flops(model, sampled), prefill, total_sms, corun=False),
                 DTYPE_BYTES * model.vocab * model.hidden / rate) if sampled else 0.0)
-    return layers + head + rows_kv_read_s(model, decode, total_sms, decode_context_tokens)
+    return layers + head + rows_kv_read_s(model, decode, total_sms, decode_context_tokens,
+                                          decode_batch)
