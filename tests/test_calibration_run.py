@@ -2,6 +2,7 @@
 and holds one decode batch's workloads at a time."""
 
 import weakref
+from dataclasses import replace
 from unittest import mock
 
 import pytest
@@ -42,4 +43,19 @@ def test_run_sweep_holds_one_decode_batch_at_a_time(tmp_path):
     with mock.patch.object(calibration_run, "make_decode_workload", tracked):
         run_sweep(plan, store, log=lambda line: None)
     assert len(made) == 4 and all(store.has(k) for k in plan.keys())
+    # a step at another context keeps the own context's rate its run measured on those SMs
+    assert all(store.get(k)["own_context_tbps"] == store.get(replace(k, context=0))["tbps"]
+               for k in plan.keys() if k.context)
     assert all(store.get(k)["tbps"] > 0 for k in plan.keys())
+
+
+def test_a_step_at_another_context_keeps_the_own_rate_measured_beside_it(tmp_path):
+    """The own context's point of the same SMs and state, where the store holds it."""
+    from pdmux_triton.measure.calibration_sweep import PointKey
+    store = point_store(tmp_path / "p.jsonl")
+    own = PointKey("decode_step", "grid_cap", 1, "corun", 20)
+    store.add(own, ms=10.0, tbps=2.5)
+    assert calibration_run._own_context(store, replace(own, context=8192)) == {
+        "own_context_tbps": 2.5}
+    assert calibration_run._own_context(store, replace(own, context=8192, sms=28)) == {}
+    assert calibration_run._own_context(store, own) == {}  # the own context itself

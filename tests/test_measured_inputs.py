@@ -118,6 +118,15 @@ def test_steps_at_other_contexts_price_a_kv_byte_and_leave_the_curve_and_batches
     assert curve.contexts.own_context == 2048
     assert curve.contexts.alone == ((8192, 20, pytest.approx(per_byte)),
                                     (8192, 132, pytest.approx(per_byte)))
+    # rows that kept the own context's rate of their session read against it, not the curve's
+    for row in data["rows"]:
+        if row.get("context"):
+            row["own_context_tbps"] = 2.5
+    path.write_text(json.dumps(data))
+    assert measured_inputs.load_calibration(path).decode_curve("grid_cap").contexts.alone == (
+        (8192, 20, 0.0), (8192, 132, 0.0))
+    for row in data["rows"]:
+        row.pop("own_context_tbps", None)
     # a green curve without its own contexts takes grid capping's
     data["rows"] += [{"workload": "decode_step", "kind": "green", "ctas_per_sm": 1,
                       "state": "alone", "sms": s, "ms": 10.0, "tbps": 2.0} for s in (20, 132)]

@@ -117,16 +117,21 @@ class Calibration:
             raise PdmuxError(f"{self.path} measured decode_step at other contexts but names no "
                              f"batch of its own in its settings")
         model = resolve_model(self.settings.get("model", "qwen3-8b"))
+        # (read against the own context's rate measured beside it, where the row kept it: the
+        # rows of another session than the curve's pair with their own)
         return tuple(sorted(
-            (p["context"], p["sms"], self._beyond_bytes_s(p, state, curve)
+            (p["context"], p["sms"], self._beyond_bytes_s(p, state, curve, p.get("own_context_tbps"))
              / step_cost.kv_bytes(model, batch * p["context"]))
             for p in self._decode_rows(kind, state)
             if p.get("context") and not p.get("batch") and "ms" in p))
 
     @staticmethod
-    def _beyond_bytes_s(p: dict, state: str, curve: MeasuredCurve) -> float:
-        """A measured step's time less its bytes (TB/s x time) at the curve's rate."""
-        return p["ms"] / 1e3 * (1 - p["tbps"] / curve.tbps(p["sms"], state == "corun"))
+    def _beyond_bytes_s(p: dict, state: str, curve: MeasuredCurve,
+                        own_tbps: float | None = None) -> float:
+        """A measured step's time less its bytes (TB/s x time) at the curve's rate (or
+        `own_tbps`)."""
+        rate = own_tbps or curve.tbps(p["sms"], state == "corun")
+        return p["ms"] / 1e3 * (1 - p["tbps"] / rate)
 
     def decode_fit(self, kind: str, state: str = "corun") -> dict:
         """The decode step's S_SAT fit: peak_tbps, s_sat_fit, s_sat_95."""

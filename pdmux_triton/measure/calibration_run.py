@@ -62,6 +62,14 @@ def _clock(clocks: Clocks, since: float) -> dict:
     return {} if mhz is None else {"sm_clock_mhz": mhz}
 
 
+def _own_context(store: PointStore, key: PointKey) -> dict:
+    """For a step at another context, the own context's rate on the same SMs as this run
+    measured it (before: `run_sweep` takes the own context first): the step's saving is read
+    against it, so its rows pair with their own session's curve wherever they are merged."""
+    own = store.get(replace(key, context=0)) if key.context else None
+    return {"own_context_tbps": own["tbps"]} if own and "tbps" in own else {}
+
+
 def _measure(plan: SweepPlan, store: PointStore, todo: list[PointKey], workloads: dict,
              prefill: PrefillLayers | None, progress: _Progress, clocks: Clocks) -> None:
     total = torch.cuda.get_device_properties(0).multi_processor_count
@@ -90,7 +98,7 @@ def _measure(plan: SweepPlan, store: PointStore, todo: list[PointKey], workloads
                     began = time.perf_counter()
                     alone = time_alone(lambda: wl.run(budget), part.decode_stream, graph=True)
                     store.add(alone_key, ms=alone, tbps=wl.rate(alone), realized_sms=part.decode_sms,
-                              **_clock(clocks, began))
+                              **_own_context(store, alone_key), **_clock(clocks, began))
                 if key.state == "corun":
                     if prefill_alone is None:
                         prefill_alone = time_alone(lambda: prefill.run(pbudget),
@@ -101,5 +109,6 @@ def _measure(plan: SweepPlan, store: PointStore, todo: list[PointKey], workloads
                                     prefill_alone)
                     store.add(key, ms=co.ms, tbps=wl.rate(co.ms), covered=co.covered,
                               alone_tbps=wl.rate(alone), prefill_sms=part.prefill_sms,
-                              realized_sms=part.decode_sms, **_clock(clocks, began))
+                              realized_sms=part.decode_sms, **_own_context(store, key),
+                              **_clock(clocks, began))
                 progress.point(key, store.get(key))
