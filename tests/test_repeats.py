@@ -43,3 +43,7 @@ def test_repeats_tables_of_counts_add_up_by_name():
         "grid_cap prefill, 112 SMs": {"segments": 3, "mib": 42.0},
         "grid_cap decode, 20 SMs": {"segments": 1, "mib": 2.0}}
     assert summed_tables([]) == {}
+    # as combined adds them up where they are summed; a table not summed is the first's
+    rows = [{"held": first, "other": first}, {"held": second, "other": second}]
+    row = combined(rows, summed=("held",))
+    assert row["held"] == summed_tables([first, second]) and row["other"] == first

@@ -27,15 +27,19 @@ def spread_pct(values: list[float]) -> float | None:
 
 def combined(rows: list[dict], summed: Iterable[str] = ()) -> dict:
     """One row for repeats of a point: each number the median of the repeats (those in
-    `summed` added up: a count of what went wrong in any of them), anything else the first
-    repeat's (a figure some repeat lacks, None, too); `repeats` how many there were and, for
-    each number, every repeat's value (`repeat_values`) and their `spread_pct`."""
+    `summed` added up: a count of what went wrong in any of them, or a table of such counts
+    by name, `summed_tables`), anything else the first repeat's (a figure some repeat lacks,
+    None, too); `repeats` how many there were and, for each number, every repeat's value
+    (`repeat_values`) and their `spread_pct`."""
     if len(rows) == 1:
         return dict(rows[0])
     summed = set(summed)
     out, each, spread = dict(rows[0]), {}, {}
     for key in rows[0]:
         values = [r.get(key) for r in rows]
+        if key in summed and all(isinstance(v, dict) for v in values):
+            out[key] = summed_tables(values)
+            continue
         if not all(_number(v) for v in values):
             continue
         if key in summed:

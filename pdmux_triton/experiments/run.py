@@ -29,9 +29,9 @@ from pdmux_triton.spec.traffic import Request
 # what a measured row must show as zero to be trusted
 GUARDS = ("compiles_during_measurement", "captures_during_measurement",
           "device_allocations_during_measurement", "requests_lost")
-# counts added up over a point's repeats: the guards, and what the allocator gave back and
-# retried (why allocations came)
-SUMMED = (*GUARDS, "device_segments_freed_during_measurement",
+# counts added up over a point's repeats: the guards, and where the allocations are held, what
+# the allocator gave back and retried (why allocations came)
+SUMMED = (*GUARDS, "device_allocations_by_stream", "device_segments_freed_during_measurement",
           "device_alloc_retries_during_measurement")
 
 
@@ -140,11 +140,7 @@ class Servers:
             rows.append({**metrics.summarize(result, s.slo), **counts, "strategy": v.name})
             first = first or result
             del result  # one repeat's run held at a time, besides the first
-        row = repeats.combined(rows, summed=SUMMED)
-        if len(rows) > 1 and "device_allocations_by_stream" in rows[0]:  # added up, as the count
-            row["device_allocations_by_stream"] = repeats.summed_tables(
-                [r["device_allocations_by_stream"] for r in rows])
-        return row, first
+        return repeats.combined(rows, summed=SUMMED), first
 
     def _run(self, v: Variant, loop: str, x, requests: list[Request],
              computes_prefill: bool = True) -> RunResult:
