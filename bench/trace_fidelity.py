@@ -236,7 +236,7 @@ def generation(point: dict | None) -> int:
 def stale(point: dict) -> bool:
     """A chunked point measured before today's chunked steps: served again where the GPU is
     there, else simulated as it ran (`Overheads.served_on`)."""
-    return generation(point) < metrics.CHUNKED_STEPS
+    return metrics.stale_steps(point["strategy"], point["diagnostics"])
 
 
 def measure(args, store: PointStore, log) -> list[str]:

@@ -60,9 +60,9 @@ def _served(path, data: dict) -> dict[str, int]:
     served before today's."""
     from pdmux_triton.serve import metrics
 
-    served = {name: metrics.chunked_steps_of(name, d)
-              for name, d in (data.get("details") or {}).items() if isinstance(d, dict)}
-    older = sorted(name for name, steps in served.items() if steps < metrics.CHUNKED_STEPS)
+    details = {name: d for name, d in (data.get("details") or {}).items() if isinstance(d, dict)}
+    served = {name: metrics.chunked_steps_of(name, d) for name, d in details.items()}
+    older = sorted(name for name, d in details.items() if metrics.stale_steps(name, d))
     if older:
         note_later(f"{', '.join(older)} in {path} ran before today's chunked steps: simulated "
                    f"as they ran")

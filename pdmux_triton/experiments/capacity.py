@@ -265,8 +265,7 @@ def _later_layer_s(point: dict, measured: Sweep, name: str) -> float | None:
 def _forget_older_simulations(store: PointStore) -> None:
     """Drop the store's simulated chunked points of today's executor saved before its chunk
     counted the decode rows (they lack the mark): a resumed run would read them as today's."""
-    store.forget(lambda p: p["mode"] in SIMULATED and p["strategy"].startswith("chunked_")
-                 and p.get("mixed_chunk_rows") != metrics.MIXED_CHUNK_ROWS)
+    store.forget(lambda p: p["mode"] in SIMULATED and metrics.stale_steps(p["strategy"], p))
 
 
 def _require_measured(sweep: Sweep, name: str) -> None:
@@ -454,8 +453,7 @@ def _generation(point: dict) -> int:
 
 def _stale(point: dict) -> bool:
     """A chunked point measured before today's chunked steps."""
-    return _generation(point) < metrics.CHUNKED_STEPS
-
+    return point["mode"] == "gpu" and metrics.stale_steps(point["strategy"], point)
 
 
 def _read(point: dict, offline: bool) -> bool:

@@ -57,6 +57,11 @@ def chunked_steps_of(strategy: str, saved: dict) -> int:
     return CHUNKED_STEPS if saved.get("mixed_chunk_rows") == MIXED_CHUNK_ROWS else 1
 
 
+def stale_steps(strategy: str, saved: dict) -> bool:
+    """A saved chunked run served before today's chunked steps (`chunked_steps_of`)."""
+    return chunked_steps_of(strategy, saved) < CHUNKED_STEPS
+
+
 def rows_in_extend_tiles(strategy: str, saved: dict) -> bool:
     """A chunked run whose mixed steps gave each decode row an extend tile (generation 0):
     what a round of it is priced with, alone (fits and round-by-round prices read a round's
