@@ -170,14 +170,12 @@ def cmd_calibrate(args, given) -> None:
                              f"step is priced by the curve itself; name longer contexts")
     gpu = measuring_gpu()
     _check_measure_args(args, gpu)
-    for b in args.decode_batches:
-        step_cost.check_fits(gpu, resolve_model(args.model), b * args.context + args.prefill_tokens,
-                             f"--decode-batches {b}: {b} requests at {args.context} tokens beside a "
+    other_steps = ([("--decode-batches", b, b, args.context) for b in args.decode_batches]
+                   + [("--decode-contexts", c, args.batch, c) for c in args.decode_contexts])
+    for flag, value, requests, context in other_steps:
+        step_cost.check_fits(gpu, resolve_model(args.model), requests * context + args.prefill_tokens,
+                             f"{flag} {value}: {requests} requests at {context} tokens beside a "
                              f"{args.prefill_tokens}-token prefill")
-    for c in args.decode_contexts:
-        step_cost.check_fits(gpu, resolve_model(args.model), args.batch * c + args.prefill_tokens,
-                             f"--decode-contexts {c}: {args.batch} requests at {c} tokens beside "
-                             f"a {args.prefill_tokens}-token prefill")
     _, granularity = sglang_rules.arch_constraints(gpu.cc_major)
     budgets = args.budgets or calibration_sweep.default_budgets(gpu.sms, granularity)
     for b in budgets:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pdmux_triton.cost.measured_inputs import at_own_settings
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.measure.comparison_errors import EMULATIONS
 from pdmux_triton.serve import metrics
@@ -38,8 +39,7 @@ def _save(fig, plt, path: Path) -> None:
 def calibration(points: list[dict], gpu: str, model: str, path: Path) -> None:
     """Bandwidth vs SMs: a panel per workload, a line per (kind, state, CTAs per SM)."""
     plt = _pyplot()
-    # other batches and contexts: prices, not S_SAT
-    points = [p for p in points if not p.get("batch") and not p.get("context")]
+    points = [p for p in points if at_own_settings(p)]
     workloads = sorted({p["workload"] for p in points})
     fig, axes = plt.subplots(1, len(workloads), figsize=(4.5 * len(workloads), 4.3), squeeze=False)
     styles = {("grid_cap", "alone"): ("tab:blue", "-"), ("grid_cap", "corun"): ("tab:blue", "--"),

@@ -49,6 +49,12 @@ def _check_gpu(data: dict, path: Path, what: str, gpu: str | None) -> str:
     return measured_on
 
 
+def at_own_settings(point: dict) -> bool:
+    """A calibration point at its settings' own batch and context: the S_SAT curves' (steps
+    at other batches or contexts price steps)."""
+    return not point.get("batch") and not point.get("context")
+
+
 @dataclass(frozen=True)
 class Calibration:
     """A calibration file: measured points (`rows`) and the S_SAT fits (`summary`)."""
@@ -68,7 +74,7 @@ class Calibration:
         """The decode-step curve, (SMs, TB/s) by budget, at one CTA per SM, at the settings'
         batch."""
         return tuple(sorted((p["sms"], p["tbps"]) for p in self._decode_rows(kind, state)
-                            if not p.get("batch") and not p.get("context")))
+                            if at_own_settings(p)))
 
     def decode_curve(self, kind: str) -> MeasuredCurve:
         alone = self.decode_points(kind, "alone")
@@ -93,12 +99,15 @@ class Calibration:
         points = {state: extras(kind, state, curve) for state in ("alone", "corun")}
         if not points["alone"]:
             return None
-        name, plural = setting
+        return make(self._own(*setting), points["alone"], points["corun"])
+
+    def _own(self, name: str, plural: str) -> int:
+        """The settings' own batch or context, which steps measured at other ones need."""
         own = self.settings.get(name)
         if not isinstance(own, int) or own < 1:
             raise PdmuxError(f"{self.path} measured decode_step at other {plural} but names no "
                              f"{name} of its own in its settings")
-        return make(own, points["alone"], points["corun"])
+        return own
 
     def _batch_extras(self, kind: str, state: str, curve: MeasuredCurve):
         """Each other batch's measured step less its bytes (TB/s x time) at the own batch's
@@ -112,11 +121,8 @@ class Calibration:
         context's rate, a byte of its KV."""
         if not any(p.get("context") for p in self._decode_rows(kind, state)):
             return ()
-        batch = self.settings.get("batch")
-        if not isinstance(batch, int) or batch < 1:
-            raise PdmuxError(f"{self.path} measured decode_step at other contexts but names no "
-                             f"batch of its own in its settings")
-        model = resolve_model(self.settings.get("model", "qwen3-8b"))
+        batch = self._own("batch", "contexts")
+        model = resolve_model(self.settings.get("model", SHIPPED_MODEL))
         # (read against the own context's rate measured beside it, where the row kept it: the
         # rows of another session than the curve's pair with their own)
         return tuple(sorted(

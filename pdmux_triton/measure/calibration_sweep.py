@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from pdmux_triton.cost.measured_inputs import at_own_settings
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.results import PointStore, provenance, write_json
 
@@ -78,8 +79,7 @@ def summarize(points: list[dict]) -> dict:
     more CTAs per SM let a capped grid spread over more SMs), plus the best over ctas."""
     curves: dict[tuple, dict[int, float]] = {}
     for p in points:
-        # other batches and contexts price steps, not S_SAT
-        if "tbps" in p and not p.get("batch") and not p.get("context"):
+        if "tbps" in p and at_own_settings(p):
             curves.setdefault((p["workload"], p["kind"], p["state"], p["ctas_per_sm"]), {})[p["sms"]] = p["tbps"]
     summary: dict = {}
     for (wl, kind, state, ctas), curve in sorted(curves.items()):
