@@ -702,14 +702,22 @@ def decode_step_s(model: ModelSpec, rate: DecodeRate, context_tokens: int, sms: 
     context (`DecodeRate.context_extra_s`). Never faster than its bytes at the rate's best
     (its rate past every SM count, at its context): a batch term measured with a larger
     model, read for a smaller one, would otherwise price a step below zero."""
-    nbytes, kv = decode_step_bytes(model, context_tokens), kv_bytes(model, context_tokens)
+    nbytes = decode_step_bytes(model, context_tokens)
     holding = requests if requests is not None else batch
 
     def bytes_s(at: int, beside: bool) -> float:  # its bytes, its KV read at its context
-        return nbytes / (rate.tbps(at, beside) * 1e12) + (
-            rate.context_extra_s(at, beside, context_tokens / holding, kv) if holding else 0.0)
+        return (nbytes / (rate.tbps(at, beside) * 1e12)
+                + _kv_context_s(model, rate, at, beside, context_tokens, holding))
     return max(bytes_s(sms, corun) + rate.batch_extra_s(sms, corun, batch),
                bytes_s(MAX_SMS, False))
+
+
+def _kv_context_s(model: ModelSpec, rate: DecodeRate, sms: int, corun: bool,
+                  context_tokens: int, rows: int) -> float:
+    """What `rows` requests' KV (`context_tokens` in all) costs beyond its bytes at their
+    context (`DecodeRate.context_extra_s`; none without rows)."""
+    return (rate.context_extra_s(sms, corun, context_tokens / rows,
+                                 kv_bytes(model, context_tokens)) if rows else 0.0)
 
 
 def padded_batch(n: int) -> int:
@@ -811,9 +819,8 @@ def rows_kv_read_s(model: ModelSpec, decode: DecodeRate, total_sms: int, context
     """A mixed step's `rows` decode rows' KV (`context_tokens` in all) over `layers` (all by
     default), read at the decode rate of the whole GPU at their context
     (`DecodeRate.context_extra_s`, as a decode step's): how their attention is priced."""
-    kv = kv_bytes(model, context_tokens)
-    read = kv / (decode.tbps(total_sms, False) * 1e12) + (
-        decode.context_extra_s(total_sms, False, context_tokens / rows, kv) if rows else 0.0)
+    read = (kv_bytes(model, context_tokens) / (decode.tbps(total_sms, False) * 1e12)
+            + _kv_context_s(model, decode, total_sms, False, context_tokens, rows))
     return read if layers is None else read * layers / model.layers
 
 

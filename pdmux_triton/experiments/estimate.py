@@ -122,7 +122,7 @@ def _prefill_first(sc: Scenario) -> Row:
 
 
 def _chunked(sc: Scenario, chunk: int) -> Row:
-    take = chunk - sc.decode_batch  # the chunk counts the decode rows, as the loop's
+    take = scheduler.fewest_chunk_tokens(chunk, sc.decode_batch)  # the loop's, beside fixed rows
     starts = np.arange(0, sc.prompt, take, dtype=float)  # every chunk at once: any count is fast
     sizes = np.minimum(take, sc.prompt - starts)
     steps = step_cost.mixed_step_s(sc.model, sc.decode_rate(sc.s_sat[0]), sc.prefill_rate, sc.gpu.sms,
