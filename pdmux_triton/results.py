@@ -182,7 +182,7 @@ class PointStore:
         kept = {k: p for k, p in self.points.items() if not which(p)}
         dropped = len(self.points) - len(kept)
         self.points = kept
-        if self.path.exists():
+        if dropped and self.path.exists():
             self.path.write_text("".join(json.dumps(p) + "\n" for p in kept.values()))
         return dropped
 

@@ -61,8 +61,9 @@ class AllocWatch:
         # (a cudaMalloc that failed makes the allocator free every idle cached segment and
         # retry: the retries, and the segments freed, say the pools outgrew the device)
         self.count, self.freed, self.retries = (a - b for a, b in zip(after, self._stats))
+        # (a segment missing before is one taken: none taken, nothing to place)
         self.by_stream = new_segments_by_stream(self._before, torch.cuda.memory_snapshot(),
-                                                self._names())
+                                                self._names()) if self.count else {}
 
 
 def _counters() -> tuple[int, int, int]:

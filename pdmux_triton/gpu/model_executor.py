@@ -304,7 +304,8 @@ class ModelExecutor:
                                                                                  max_running)
         else:  # everything on the whole GPU
             prefilling = decoding = {0}
-        rows = chunk + max_running if strategy == "chunked" else prefill_tokens
+        # (a chunked step holds at most the chunk, its decode rows counted in it)
+        rows = chunk if strategy == "chunked" else prefill_tokens
         seqs = max_running + 1
         # the graphs first: a capture empties the allocator's cache (torch.cuda.graph), which
         # would hand back the pool the prefills below grow for the measured run

@@ -16,11 +16,11 @@ import torch
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.gpu.green_contexts import split_green
 from pdmux_triton.kernels._pinned import Pinned
-from pdmux_triton.multiplex.partition import Budget, PartitionSpec
+from pdmux_triton.multiplex.partition import KINDS, Budget, PartitionSpec
 
 
 # partition kinds on ordinary streams (a green context makes its own)
-ORDINARY_KINDS = ("grid_cap", "pinned", "whole")
+ORDINARY_KINDS = tuple(kind for kind in KINDS if kind != "green")
 
 
 @functools.lru_cache(maxsize=None)

@@ -292,9 +292,10 @@ def run_chunked(e: Engine, chunk: int) -> None:
     beside the rows (`Executor.chunked_steps`)."""
     job: Request | None = None
     done_tokens = 0
+    rows_in_chunk = e.x.chunked_steps >= CHUNKED_STEPS  # the executor's: fixed for the run
     while e.busy(job):
         e.admit()
-        budget = chunk - len(e.running) if e.x.chunked_steps >= CHUNKED_STEPS else chunk
+        budget = chunk - len(e.running) if rows_in_chunk else chunk
         if job is None and budget > 0:
             taken = e.take_prompts(chunk, limit=1)
             if taken:  # its chunks begin after its cached prefix
