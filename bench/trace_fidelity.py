@@ -55,8 +55,7 @@ from pdmux_triton.cli.parsing import choice, integer, listed, number
 from pdmux_triton.cost.measured_inputs import load_host_costs
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiments import capacity_search, repeats
-from pdmux_triton.experiments.capacity import (JUDGED_AS_SERVED, MEASURED_BEFORE,
-                                               repeat_capacities)
+from pdmux_triton.experiments.capacity import OLDER_STEPS, repeat_capacities
 from pdmux_triton.experiments.capacity_search import Criteria
 from pdmux_triton.experiments.run import GUARDS, Servers
 from pdmux_triton.experiments.settings import RunSettings, make_requests
@@ -724,7 +723,7 @@ def run(args) -> int:
     missing = measure(args, store, lambda line: print(line, file=sys.stderr, flush=True))
     # (offline, the stale points among them are judged as they ran: named apart, by the
     # generation of chunked steps they were served with)
-    as_they_ran = {steps: [] for steps in JUDGED_AS_SERVED}
+    as_they_ran = {steps: [] for steps in OLDER_STEPS}
     for t, start in windows(args):
         for name in args.strategies:
             for rate in judged_rates(args, store, t, start, name):
@@ -755,14 +754,14 @@ def run(args) -> int:
     # (named after the judgement, so an error above stays one line; the set is partial)
     data = {**provenance(args.gpu), "analysed_offline": args.offline, "model": MODEL,
             "inputs": inputs, "not_measured": missing,
-            **{JUDGED_AS_SERVED[steps]: names for steps, names in as_they_ran.items()},
+            **{OLDER_STEPS[steps].judged: names for steps, names in as_they_ran.items()},
             **result}
     if missing:
         print(f"{len(missing)} points not measured in {store.path} (judged without them): "
               + ", ".join(missing), file=sys.stderr, flush=True)
     for steps, names in as_they_ran.items():
         if names:
-            print(f"{len(names)} chunked points measured before {MEASURED_BEFORE[steps]}, "
+            print(f"{len(names)} chunked points measured before {OLDER_STEPS[steps].before}, "
                   f"judged as they ran: " + ", ".join(names), file=sys.stderr, flush=True)
     return finish(Path(args.out) / f"trace-fidelity-{args.gpu}.json", data, table(data))
 

@@ -499,7 +499,7 @@ def test_offline_a_stale_chunked_point_is_judged_against_the_executor_it_was_ser
     stale, result = offline("stale", 3.0)
     row = result["summary"]["strategies"]["chunked_512"]
     at = {(p["mode"], p["rate"]): p for p in result["points"]}
-    as_served = capacity.AS_SERVED
+    as_served = capacity.OLDER_STEPS[0].suffix
     # beside the stale point: today's executor (the prediction) and the one it ran on apart
     then, now = at["simulated" + as_served, 3.0], at["simulated", 3.0]
     assert figures(then) != figures(now)
@@ -656,7 +656,7 @@ def test_offline_points_of_two_older_chunked_steps_are_each_judged_as_they_ran(
                                                                  make_requests(sim, rate))
         return {k: row.get(k) for k in capacity.POINT_KEYS if k != "rate"}
 
-    whole, host_s = capacity.WHOLE_CHUNK_SERVED, 2 * today.layer_launch_s
+    whole, host_s = capacity.OLDER_STEPS[1].suffix, 2 * today.layer_launch_s
     between, result = offline("between", {3.0: 1, 6.0: 1})
     at = {(p["mode"], p["rate"]): p for p in result["points"]}
     assert figures(at["simulated" + whole, 3.0]) == simulated(today.served_on(1),
@@ -665,8 +665,8 @@ def test_offline_points_of_two_older_chunked_steps_are_each_judged_as_they_ran(
         today.served_on(1).on_host(host_s), 6.0)
     assert figures(at["simulated", 3.0]) == simulated(today, 3.0)  # the prediction: today's
     assert figures(at["simulated", 3.0]) != figures(at["simulated" + whole, 3.0])
-    assert result[capacity.JUDGED_AS_SERVED[1]] == ["chunked_512 3 req/s", "chunked_512 6 req/s"]
-    assert capacity.JUDGED_AS_SERVED[0] not in result
+    assert result[capacity.OLDER_STEPS[1].judged] == ["chunked_512 3 req/s", "chunked_512 6 req/s"]
+    assert capacity.OLDER_STEPS[0].judged not in result
     row = result["summary"]["strategies"]["chunked_512"]
     assert row["stale_mixed_step_points"] == 2
     assert capacity.ON_TWO_EXECUTORS not in row["sim_error_read_from"].values()
@@ -677,9 +677,9 @@ def test_offline_points_of_two_older_chunked_steps_are_each_judged_as_they_ran(
     store, mixed = offline("mixed", {3.0: 0, 6.0: 1})
     at = {(p["mode"], p["rate"]): p for p in mixed["points"]}
     assert capacity._executor(p for p in store.points.values() if p["mode"] == "gpu") is None
-    assert ("simulated" + capacity.AS_SERVED, 3.0) in at and ("simulated" + whole, 6.0) in at
-    assert mixed[capacity.JUDGED_AS_SERVED[0]] == ["chunked_512 3 req/s"]
-    assert mixed[capacity.JUDGED_AS_SERVED[1]] == ["chunked_512 6 req/s"]
+    assert ("simulated" + capacity.OLDER_STEPS[0].suffix, 3.0) in at and ("simulated" + whole, 6.0) in at
+    assert mixed[capacity.OLDER_STEPS[0].judged] == ["chunked_512 3 req/s"]
+    assert mixed[capacity.OLDER_STEPS[1].judged] == ["chunked_512 6 req/s"]
     read_from = mixed["summary"]["strategies"]["chunked_512"]["sim_error_read_from"]
     assert all(r in ("measured rates", capacity.ON_TWO_EXECUTORS) for r in read_from.values())
 

@@ -89,22 +89,31 @@ def measured_gpu(folder: Path, name: str) -> GPUSpec:
 # a measured point's simulation priced on the host its run timed (an eager layer's launch
 # time): hosts beside one GPU launch at different speeds, so like is compared with like
 ON_RUN_HOST = "simulated_on_run_host"
-# (suffixes) a simulation priced on the executor a stale measured point was served on
-# (`Overheads.served_on`), kept apart from today's simulation, which is the prediction: decode
-# rows in the extend tiles (generation 0), or the whole chunk beside them (1)
-AS_SERVED = "_as_served"
-WHOLE_CHUNK_SERVED = "_as_served_whole_chunk"
-SERVED_ON = {0: AS_SERVED, 1: WHOLE_CHUNK_SERVED, metrics.CHUNKED_STEPS: ""}
+
+
+@dataclass(frozen=True)
+class OlderSteps:
+    """What tells an older generation of chunked steps apart in a capacity store and result."""
+
+    suffix: str  # its simulations' mode suffix, apart from today's (the prediction)
+    judged: str  # the result's list of measured points judged against it, as they ran
+    before: str  # what its points were measured before, in log lines
+
+
+# each older generation of chunked steps (`metrics.chunked_steps_of`): decode rows in the
+# extend tiles (0), or the whole chunk beside them (1)
+OLDER_STEPS = {
+    0: OlderSteps("_as_served", "judged_as_served_before_decode_rows_left_the_extend_kernel",
+                  "a mixed step's decode rows left the extend kernel"),
+    1: OlderSteps("_as_served_whole_chunk",
+                  "judged_as_served_before_the_chunk_counted_its_decode_rows",
+                  "a chunked step's chunk counted its decode rows")}
+# the mode suffix of a simulation of each generation's executor (today's: none)
+SERVED_ON = {**{steps: o.suffix for steps, o in OLDER_STEPS.items()}, metrics.CHUNKED_STEPS: ""}
 SIMULATED = ("simulated", ON_RUN_HOST)
 # where a bounded simulation is read (`sim_error_read_from`) when a strategy's points ran on
 # more than one executor: no one simulation's crossing compares with them
 ON_TWO_EXECUTORS = "none: the points ran on two executors"
-# what each stale point list of a result names (`judged_as_served...`), by generation
-JUDGED_AS_SERVED = {0: "judged_as_served_before_decode_rows_left_the_extend_kernel",
-                    1: "judged_as_served_before_the_chunk_counted_its_decode_rows"}
-# and what it was measured before, in log lines
-MEASURED_BEFORE = {0: "a mixed step's decode rows left the extend kernel",
-                   1: "a chunked step's chunk counted its decode rows"}
 
 
 def is_simulated(point: dict) -> bool:
@@ -151,7 +160,7 @@ class Sweep:
             return saved
         if saved is not None:
             self.log(f"[gpu] {v.name} at {rate:g} req/s was measured before "
-                     f"{MEASURED_BEFORE[_generation(saved)]}: served again")
+                     f"{OLDER_STEPS[_generation(saved)].before}: served again")
         if self.offline and self.mode == "gpu":
             raise PdmuxError(f"{v.name} at {rate:g} req/s was never measured in "
                              f"{self.store.path}: measure it on the GPU (drop --offline)")
@@ -419,7 +428,7 @@ def _result(s: RunSettings, chosen: list[Variant], criteria: Criteria, store: Po
     # offline, the provenance is the analysis's: each measured point names its own
     return {"mode": "gpu" if measured else "simulated", **provenance(s.gpu.name),
             "analysed_offline": offline,
-            **{JUDGED_AS_SERVED[steps]: names for steps, names in sorted(as_they_ran.items())},
+            **{OLDER_STEPS[steps].judged: names for steps, names in sorted(as_they_ran.items())},
             "model": s.model.name, "inputs": s.as_dict(),
             **({"trace_rate_rps": own} if own is not None else {}),
             "criteria": {"slo_ttft_ms": criteria.slo.ttft_ms, "slo_tpot_ms": criteria.slo.tpot_ms,
