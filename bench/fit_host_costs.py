@@ -36,7 +36,9 @@ it to a host-costs file (`calibrate --host-costs`'s):
   their prefill was busy, each batch's co-run price over its compute span, the median by
   prefill SMs at the levels holding enough batches), which prices the split prefill instead of the
   sustained bench's ratios (read between the levels fitted and held beyond them, as those
-  are): the bench runs one long prompt, served batches many;
+  are): the bench runs one long prompt, served batches many; with them, the GPU time each
+  layer takes beyond that rate (`layer_s`, fitted on the batches under 4096 tokens in turns
+  with the ratios: split_batches.joint_fit), which every kind's split prefill pays;
 - decode_beside_prefill: the decode step beside a split prefill as served over its co-run
   price (the calibration's, with the extras above), by the prefill's busy share over the
   half second before it: medians in busy-share bins (bench/corun_rounds.py's rounds) over the
@@ -792,10 +794,14 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
     served_by_kind = {}
     for kind in ("grid_cap", *OTHER_KINDS):
         # another kind whose levels are too thin alone: the grid cap's, scaled by its batches
-        base = None if kind == "grid_cap" else served_by_kind["grid_cap"]["ratio_by_prefill_sms"]
+        # (and a layer's fixed time, the grid cap's where it stays: one for every kind)
+        grid = served_by_kind.get("grid_cap")
+        base, layer_s = (None, None) if grid is None else (
+            grid["ratio_by_prefill_sms"],
+            grid["layer_s"] if len(grid["ratio_by_prefill_sms"]) >= 2 else 0.0)
         kept = served_by_kind[kind] = served_sustained(list(by_file), calibration, compare, replace(
             overheads, mixed=mixed, by_kind=(), prefill_batch_s=(batch or {}).get(
-                "seconds", overheads.prefill_batch_s)), gpu.name, kind, base)
+                "seconds", overheads.prefill_batch_s)), gpu.name, kind, base, layer_s)
         if len(kept["ratio_by_prefill_sms"]) >= 2:
             (by_kind[kind] if kind in by_kind else host)["split_prefill_served"] = {
                 **kept, "calibration": Path(calibration).name, "compare": Path(compare).name}
@@ -895,8 +901,10 @@ def _served_line(kind: str, kept: dict) -> str:
                 "cap's")
     scaled = (f"; too few at each level to read them apart: the grid cap's x "
               f"{kept['scaled_from_base_by']:.3f}" if "scaled_from_base_by" in kept else "")
+    layer = (f"; a layer {kept['layer_s'] * 1e6:.0f} us beyond them over {kept['short_batches']} "
+             f"batches under {kept['min_tokens']} tokens" if kept["short_batches"] else "")
     return (", ".join(f"{sms} SMs {ratio:.3f}" for sms, ratio in kept["ratio_by_prefill_sms"])
-            + f" ({kept['batches']} batches{scaled})")
+            + f" ({kept['batches']} batches{scaled}{layer})")
 
 
 def _eager_step_s(less_launches: np.ndarray, size: int, model, overheads) -> float:

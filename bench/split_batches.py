@@ -17,6 +17,11 @@ up to its requests is left out and counted). Its price: its FLOPs at the compari
 rate on its prefill SMs, slowed by its part-empty GEMM waves as the simulator slows it
 (`SimExecutor.wave_slowdown`); its compute span: taken to first token, less its upload on its
 run's host and half the round its first token came at the end of; its ratio: price over span.
+Besides its rate, each layer of a split prefill takes a fixed GPU time (its kernels' ramps and
+tails on the level's SMs), which a large batch hardly shows and a short one pays in full: the
+batches under MIN_TOKENS fit it (`layer_time`: their span less their price at their busy share,
+a layer), the large ones the ratios with it taken off their spans, the two in turn until they
+settle (`joint_fit`).
 Prints the median ratio by points file and prefill SMs, and pooled; writes
 <out>/split-batches-<gpu>.json (split-batches-green-<gpu>.json with `--kind green`).
 
@@ -44,14 +49,16 @@ from pdmux_triton.cost.measured_inputs import load_host_costs
 from pdmux_triton.errors import PdmuxError
 from pdmux_triton.experiments.settings import RunSettings, make_requests
 from pdmux_triton.results import provenance, read_json
-from pdmux_triton.serve.simulated import SUSTAINED_WINDOW_S
+from pdmux_triton.serve.simulated import SUSTAINED_WINDOW_S, busy_curve
 from pdmux_triton.spec.gpus import gpu_preset
 from pdmux_triton.spec.models import model_preset
 from pdmux_triton.spec.traffic import Request
 
 MIN_TOKENS = 4096  # a batch's prompt tokens, at the fewest
 MIN_BUSY = 0.9  # its level's prefill busy this share of the window before it, at the least
-MIN_BATCHES = 10  # batches a level's ratio is read from, at the fewest
+MIN_BATCHES = 10  # batches a level's ratio (or the layer time) is read from, at the fewest
+JOINT_ROUNDS = 20  # the joint fit's turns at the most; it settles within a microsecond a layer
+SETTLED_S = 1e-6
 # the pd-mux strategy served at SGLang's levels on each partition kind, whose split levels
 # that kind's comparison rate prices
 PDMUX_OF_KIND = {kind: names[0] for kind, names in PDMUX_KIND_STRATEGIES.items()}
@@ -109,7 +116,7 @@ def split_batches(point: dict, requests: list[Request], pricer: Pricer,
         batches.append({"start": start / 1e6, "end": end / 1e6, "tail": (end - last) / 2e6,
                         "prefill_sms": pricer.sms(levels.pop())[0] if len(levels) == 1 else 0,
                         "prompts": prompts, "tokens": tokens, "cached": cached,
-                        "prompt_lens": [q.prompt_len for q in mine]})
+                        "layers": pricer.model.layers, "prompt_lens": [q.prompt_len for q in mine]})
     split = [b for b in batches if b["prefill_sms"]]
     for b in split:  # its compute span: where the simulator's busy share reads its GPU work
         b["seconds"] = b["end"] - b["start"] - upload_s - b.pop("tail")
@@ -156,29 +163,77 @@ def served_batches(paths, calibration: str, compare: str, overheads: step_cost.O
     return by_file, left_out
 
 
-def ratio_by_prefill_sms(rows: list[dict], min_batches: int = MIN_BATCHES) -> list[list]:
+def ratio_by_prefill_sms(rows: list[dict], min_batches: int = MIN_BATCHES,
+                         layer_s: float = 0.0) -> list[list]:
     """[prefill SMs, median co-run price over compute span, batches] of each level holding at
-    least `min_batches` counted batches."""
+    least `min_batches` counted batches, each span less its layers' fixed time (`layer_s` a
+    layer)."""
     by_sms = defaultdict(list)
     for row in rows:
-        if counted(row) and row["seconds"] > 0:
-            by_sms[row["prefill_sms"]].append(row["corun_s"] / row["seconds"])
+        span = row["seconds"] - layer_s * row["layers"]
+        if counted(row) and span > 0:
+            by_sms[row["prefill_sms"]].append(row["corun_s"] / span)
     return [[sms, float(np.median(r)), len(r)] for sms, r in sorted(by_sms.items())
             if len(r) >= min_batches]
 
 
-def scaled_levels(rows: list[dict], base: list[list],
-                  min_batches: int = MIN_BATCHES) -> tuple[list[list], float, int] | None:
+def short(row: dict) -> bool:
+    """Whether a batch fits the layers' fixed time: under MIN_TOKENS, read from no cache."""
+    return row["tokens"] < MIN_TOKENS and not row["cached"] and row["seconds"] > 0
+
+
+def layer_time(rows: list[dict], levels: list[list],
+               slowdown: tuple[tuple[float, float], ...]) -> tuple[float, int] | None:
+    """A split prefill layer's fixed GPU time: the median over the short batches (`short`) of
+    each one's span less its price a layer, priced as the simulator prices it, from its burst
+    co-run price toward its level's served rate (`levels`, [prefill SMs, ratio]) as far as its
+    busy share says (`slowdown`, the host-costs file's curve); at least 0. With the batches it
+    rests on; None where fewer than MIN_BATCHES."""
+    picked = [row for row in rows if short(row)]
+    if len(picked) < MIN_BATCHES or not levels:
+        return None
+    sms, ratios = [s for s, *_ in levels], [r for _, r, *_ in levels]
+    curve = busy_curve(slowdown)
+    excess = []
+    for row in picked:
+        toward = float(np.interp(row["busy"], *curve))
+        served = row["corun_s"] / float(np.interp(row["prefill_sms"], sms, ratios))
+        excess.append((row["seconds"] - row["corun_s"] - toward * (served - row["corun_s"]))
+                      / row["layers"])
+    return max(0.0, float(np.median(excess))), len(picked)
+
+
+def joint_fit(rows: list[dict], slowdown: tuple[tuple[float, float], ...]
+              ) -> tuple[list[list], tuple[float, int] | None]:
+    """Each level's ratio (`ratio_by_prefill_sms`) and a layer's fixed time (`layer_time`),
+    fitted in turns: the ratios with the time taken off the large batches' spans, the time
+    against the short batches' prices at those ratios, until the time moves less than
+    SETTLED_S; the time None (and the ratios as they are) where too few short batches."""
+    layer = None
+    for _ in range(JOINT_ROUNDS):
+        levels = ratio_by_prefill_sms(rows, layer_s=layer[0] if layer else 0.0)
+        fitted = layer_time(rows, levels, slowdown)
+        settled = fitted is None or (layer is not None and abs(fitted[0] - layer[0]) < SETTLED_S)
+        layer = fitted
+        if settled:
+            break
+    return ratio_by_prefill_sms(rows, layer_s=layer[0] if layer else 0.0), layer
+
+
+def scaled_levels(rows: list[dict], base: list[list], min_batches: int = MIN_BATCHES,
+                  layer_s: float = 0.0) -> tuple[list[list], float, int] | None:
     """A kind's ratios where its counted batches are too few to read two levels apart: the
     `base` kind's [prefill SMs, ratio] levels times the median over those batches of each
     one's ratio over the base's at its SMs (interpolated between the base's levels, held
-    beyond them), where at least `min_batches` count over all its levels and the base has
-    two; else None. Returns (the levels, that factor, the batches it rests on)."""
+    beyond them; each span less its layers' fixed time, `layer_s` a layer), where at least
+    `min_batches` count over all its levels and the base has two; else None. Returns (the
+    levels, that factor, the batches it rests on)."""
     if len(base) < 2:
         return None
     sms, ratios = [s for s, _ in base], [r for _, r in base]
-    relative = [row["corun_s"] / row["seconds"] / float(np.interp(row["prefill_sms"], sms, ratios))
-                for row in rows if counted(row) and row["seconds"] > 0]
+    relative = [row["corun_s"] / (row["seconds"] - layer_s * row["layers"])
+                / float(np.interp(row["prefill_sms"], sms, ratios))
+                for row in rows if counted(row) and row["seconds"] > layer_s * row["layers"]]
     if len(relative) < min_batches:
         return None
     factor = float(np.median(relative))
@@ -186,21 +241,28 @@ def scaled_levels(rows: list[dict], base: list[list],
 
 
 def served_sustained(paths, calibration: str, compare: str, overheads: step_cost.Overheads,
-                     gpu: str, kind: str = "grid_cap", base: list[list] | None = None) -> dict:
+                     gpu: str, kind: str = "grid_cap", base: list[list] | None = None,
+                     layer_s: float | None = None) -> dict:
     """The host-costs file's `split_prefill_served` for partition `kind` over the points
-    files' batches, pooled: each level's ratio (`ratio_by_prefill_sms`), the batches it rests
+    files' batches, pooled: each level's ratio and a layer's fixed time (`joint_fit`; its
+    `layer_s` where given: the grid cap's, which prices every kind), the batches they rest
     on and what was left out. Where fewer than two of its levels hold enough batches and a
     `base` kind's levels are given (the grid cap's), those scaled by this kind's batches
     (`scaled_levels`, its factor kept as `scaled_from_base_by`), rather than pricing this
     kind's split prefill at the base's own ratios."""
     by_file, left_out = served_batches(paths, calibration, compare, overheads, gpu, kind)
     rows = [row for rows in by_file.values() for row in rows]
-    levels = ratio_by_prefill_sms(rows)
+    if layer_s is None:
+        levels, layer = joint_fit(rows, overheads.split_prefill_slowdown)
+    else:
+        levels, layer = ratio_by_prefill_sms(rows, layer_s=layer_s), None
+    layer_s = layer[0] if layer else layer_s or 0.0
     kept = {"ratio_by_prefill_sms": [[sms, ratio] for sms, ratio, _ in levels],
             "batches": sum(n for *_, n in levels), "min_tokens": MIN_TOKENS,
-            "min_busy": MIN_BUSY, "points_left_out": left_out,
+            "min_busy": MIN_BUSY, "layer_s": layer_s, "short_batches": layer[1] if layer else 0,
+            "points_left_out": left_out,
             "files": [f"{Path(p).parent.name}/{Path(p).name}" for p in by_file]}
-    scaled = scaled_levels(rows, base) if len(levels) < 2 and base else None
+    scaled = scaled_levels(rows, base, layer_s=layer_s) if len(levels) < 2 and base else None
     if scaled is not None:
         kept.update(ratio_by_prefill_sms=scaled[0], batches=scaled[2],
                     scaled_from_base_by=scaled[1])
@@ -215,6 +277,15 @@ def table(data: dict) -> str:
              f"{'':<48}" + "".join(f"{s:>14}" for s in sms)]
     for name, levels in [*data["by_file"].items(), ("pooled", data["pooled"])]:
         lines.append(f"{name:<48}" + "".join(f"{cell(levels, s):>14}" for s in sms))
+    joint = data["joint"]
+    lines.append(f"{'with a layer fixed time (joint fit)':<48}" + "".join(
+        f"{cell(joint['ratio_by_prefill_sms'], s):>14}" for s in sms))
+    lines.append("a layer's fixed time: " + (
+        f"not fitted (fewer than {MIN_BATCHES} batches under {MIN_TOKENS} tokens)"
+        if joint["layer_s"] is None else
+        f"{joint['layer_s'] * 1e6:.0f} us over {joint['short_batches']} batches under "
+        f"{MIN_TOKENS} tokens" if joint["short_batches"] else
+        f"{joint['layer_s'] * 1e6:.0f} us, the host-costs file's (the grid cap's)"))
     if data["points_left_out"]:
         lines.append("left out (batches and requests disagree): "
                      + ", ".join(data["points_left_out"]))
@@ -237,6 +308,15 @@ def run(args) -> int:
             "by_file": {label(p): ratio_by_prefill_sms(rows, 1) for p, rows in by_file.items()},
             "pooled": ratio_by_prefill_sms([x for rows in by_file.values() for x in rows], 1),
             "points_left_out": left_out}
+    rows = [x for rows in by_file.values() for x in rows]
+    if args.kind == "grid_cap":
+        levels, layer = joint_fit(rows, overheads.split_prefill_slowdown)
+        layer_s, short_batches = layer if layer else (None, 0)
+    else:  # the grid cap's layer time prices every kind (bench/fit_host_costs.py)
+        layer_s, short_batches = overheads.split_prefill_layer_s, 0
+        levels = ratio_by_prefill_sms(rows, layer_s=layer_s)
+    data["joint"] = {"ratio_by_prefill_sms": levels, "layer_s": layer_s,
+                     "short_batches": short_batches}
     name = "split-batches" + ("" if args.kind == "grid_cap" else f"-{args.kind}")
     return finish(Path(args.out) / f"{name}-{gpu}.json", data, table(data))
 

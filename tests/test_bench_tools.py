@@ -2079,13 +2079,47 @@ def test_split_batches_read_each_batchs_prompts_level_busy_share_and_price():
                          requests, pricer, upload_s=0.001) is None  # more prompts than requests
     # the counting rule: enough tokens, nothing cached, a busy GPU, enough batches a level
     row = {"prefill_sms": 72, "tokens": MIN_TOKENS, "cached": 0, "busy": MIN_BUSY,
-           "corun_s": 0.1, "seconds": 0.1}
+           "corun_s": 0.1, "seconds": 0.1, "layers": 36}
     kept = [{**row, "seconds": s} for s in (0.1, 0.11, 0.125)]
     dropped = [{**row, "tokens": MIN_TOKENS - 1}, {**row, "cached": 64},
                {**row, "busy": MIN_BUSY - 0.01}, {**row, "prefill_sms": 112}]
     assert ratio_by_prefill_sms(kept + dropped, min_batches=3) == [
         [72, pytest.approx(0.1 / 0.11), 3]]
     assert ratio_by_prefill_sms(kept + dropped, min_batches=4) == []
+    # each span less its layers' fixed time
+    assert ratio_by_prefill_sms(kept + dropped, min_batches=3, layer_s=1e-4) == [
+        [72, pytest.approx(0.1 / (0.11 - 36e-4)), 3]]
+
+
+def test_the_joint_fit_parts_a_split_layers_fixed_time_from_the_levels_served_rates():
+    """Large busy batches priced at their level's served rate plus 36 layers' fixed time, short
+    ones at their busy share's way toward that rate plus the same: `joint_fit` finds both the
+    levels and the layer time where the plain ratios read the fixed time into the levels;
+    with too few short batches, no layer time and the plain ratios; a fixed time the short
+    batches read below 0 is 0."""
+    sys.path.insert(0, "bench")
+    from split_batches import MIN_BATCHES, MIN_BUSY, MIN_TOKENS, joint_fit, layer_time
+
+    served, layer_s = {72: 1.0, 112: 0.9}, 120e-6
+    base = {"cached": 0, "layers": 36}
+    large = [{**base, "prefill_sms": sms, "tokens": MIN_TOKENS * 2, "busy": MIN_BUSY,
+              "corun_s": corun, "seconds": corun / ratio + 36 * layer_s}
+             for sms, ratio in served.items() for corun in np.linspace(0.2, 0.6, MIN_BATCHES)]
+
+    def short(busy, corun, sms=112, fixed=layer_s):
+        return {**base, "prefill_sms": sms, "tokens": 800, "busy": busy, "corun_s": corun,
+                "seconds": corun + busy * (corun / served[sms] - corun) + 36 * fixed}
+
+    shorts = [short(busy, corun) for busy, corun in zip(np.linspace(0, 1, MIN_BATCHES),
+                                                        np.linspace(0.01, 0.03, MIN_BATCHES))]
+    levels, layer = joint_fit(large + shorts, ())  # (no measured curve: as far as its share)
+    assert layer[0] == pytest.approx(layer_s, abs=1e-6) and layer[1] == MIN_BATCHES
+    assert [[sms, ratio] for sms, ratio, _ in levels] == [
+        [72, pytest.approx(1.0, rel=1e-3)], [112, pytest.approx(0.9, rel=1e-3)]]
+    plain, none = joint_fit(large + shorts[1:], ())
+    assert none is None and plain[1][1] < 0.9 * 0.995  # the fixed time read as a slower level
+    faster = [short(0.5, 0.02, fixed=-layer_s)] * MIN_BATCHES
+    assert layer_time(faster, [[112, 0.9, MIN_BATCHES]], ()) == (0.0, MIN_BATCHES)
 
 
 def test_a_kind_too_thin_to_read_level_by_level_scales_the_grid_caps_levels():
@@ -2098,7 +2132,7 @@ def test_a_kind_too_thin_to_read_level_by_level_scales_the_grid_caps_levels():
     from split_batches import MIN_BUSY, MIN_TOKENS, scaled_levels
 
     base = [[72, 1.0], [112, 0.9]]
-    row = {"tokens": MIN_TOKENS, "cached": 0, "busy": MIN_BUSY, "seconds": 0.1}
+    row = {"tokens": MIN_TOKENS, "cached": 0, "busy": MIN_BUSY, "seconds": 0.1, "layers": 36}
     # 0.9 of the base at 72 SMs; 0.8 at 92, half way between its levels (0.95 there: 0.76
     # over the level below, 0.84 over the one above); 0.85 beyond 112 (0.9 held); the five
     # at 92 hold the median
@@ -2181,10 +2215,12 @@ def test_served_split_prefill_ratios_from_the_committed_points(tmp_path):
     data = json.loads((tmp_path / "split-batches-green-h200.json").read_text())
     assert data["inputs"]["kind"] == "green"
     assert data["pooled"] and all(0.8 < ratio < 1.05 for _, ratio, _ in data["pooled"])
-    # the levels with enough batches are what the committed file's green fit holds
+    # the levels with enough batches, each span less the grid cap's layer time, are what the
+    # committed file's green fit holds
     shipped = json.loads(Path("bench/results/host-costs-h200.json").read_text())
     fitted = shipped["by_kind"]["green"]["split_prefill_served"]["ratio_by_prefill_sms"]
-    kept = [[sms, ratio] for sms, ratio, n in data["pooled"] if n >= 10]
+    assert data["joint"]["layer_s"] == shipped["split_prefill_served"]["layer_s"] > 0
+    kept = [[sms, ratio] for sms, ratio, n in data["joint"]["ratio_by_prefill_sms"] if n >= 10]
     assert [sms for sms, _ in kept] == [sms for sms, _ in fitted]
     for (_, got), (_, want) in zip(kept, fitted):
         assert got == pytest.approx(want)

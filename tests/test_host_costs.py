@@ -4,6 +4,7 @@ file run and capacity read as --host-costs; its flags and its table."""
 import json
 import re
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -81,6 +82,9 @@ FILE = "{path}: {key}"
     ("split_prefill_served", [0.99], FILE), ("split_prefill_served", {"batches": 10}, FILE),
     ("split_prefill_served", {"ratio_by_prefill_sms": [[72, "x"]]}, FILE),
     ("split_prefill_served", {"ratio_by_prefill_sms": [[72, 0.0]]}, FILE),
+    ("split_prefill_served", {"ratio_by_prefill_sms": [[72, 0.9]], "layer_s": -1e-6}, FILE),
+    ("split_prefill_served", {"ratio_by_prefill_sms": [[72, 0.9]], "layer_s": "x"}, FILE),
+    ("split_prefill_served", {"ratio_by_prefill_sms": [[72, 0.9]], "layer_s": 0.5}, FILE),
     ("whole_gpu_prefill", {"mfu": 0.5, "ratio_by_busy_share": [[0.5]]},
      "{path}: whole_gpu_prefill's ratio_by_busy_share needs [busy share, ratio] pairs"),
     ("whole_gpu_prefill", {"mfu": 0.5, "ratio_by_busy_share": [[1.5, 1.0]]},
@@ -134,6 +138,18 @@ def test_a_malformed_sustained_or_decode_entry_is_refused_by_name(key, entry, me
     path.write_text(json.dumps({**data, key: entry}))
     with pytest.raises(PdmuxError, match=re.escape(message.format(path=path, key=key))):
         load_host_costs(path)
+
+
+def test_a_split_prefills_layer_time_is_read_where_fitted_and_none_elsewhere(tmp_path):
+    """The H100's file holds a split prefill layer's fixed GPU time (fitted with its served
+    ratios) and prices it; a file fitted before it (no `layer_s`) prices none."""
+    data = json.loads(Path("bench/results/host-costs-h100-sxm.json").read_text())
+    loaded = load_host_costs("bench/results/host-costs-h100-sxm.json")
+    assert 0 < loaded.split_prefill_layer_s == data["split_prefill_served"]["layer_s"] < 1e-3
+    before = tmp_path / "host-costs-h100-sxm.json"
+    before.write_text(json.dumps({**data, "split_prefill_served": {
+        k: v for k, v in data["split_prefill_served"].items() if k != "layer_s"}}))
+    assert load_host_costs(before).split_prefill_layer_s == 0.0
 
 
 def test_served_split_prefill_ratios_replace_the_sustained_benchs(tmp_path):

@@ -562,6 +562,35 @@ def test_a_split_prefill_is_slowed_by_its_partial_waves_against_the_timed_prompt
     assert split_prefill_s(8192, step_cost.Overheads())[0] == pytest.approx(plain, rel=1e-9)
 
 
+def test_a_split_prefill_pays_its_layers_fixed_time_on_the_gpu():
+    """Each layer of a split prefill takes `split_prefill_layer_s` of GPU time beyond its FLOPs
+    at its rate (over the card's prefill speed), whichever call launches it: a batch launched
+    as two calls of layers pays its 36 layers' worth, a whole-GPU batch none of it (its eager
+    step holds its fixed costs)."""
+    law = step_cost.SaturationLaw(H100.hbm_tbps * 0.85, 66.0)
+    rate = step_cost.PrefillRate.fixed(H100.bf16_tflops, H100.sms, 0.5)
+    level = next(lv for lv in sglang_rules.stream_groups(H100.sms, H100.cc_major)
+                 if 0 < lv[1] < H100.sms)
+
+    def prefill_ends(layer_s: float, at=level, speed: float = 1.0) -> float:
+        x = SimExecutor(H100, QWEN, law, rate, prefill_speed=speed,
+                        overheads=step_cost.Overheads(split_prefill_layer_s=layer_s))
+        x.start([])
+        x.set_level(at)
+        carry = x.begin_prefill([traffic.Request(0, 700, 1, 0.0)])
+        x.launch_prefill(carry, 0, 10)
+        x.launch_prefill(carry, 10, QWEN.layers)
+        return carry.ends_at
+
+    assert prefill_ends(120e-6) - prefill_ends(0.0) == pytest.approx(QWEN.layers * 120e-6)
+    assert prefill_ends(120e-6, speed=1.25) - prefill_ends(0.0, speed=1.25) == pytest.approx(
+        QWEN.layers * 120e-6 / 1.25)
+    whole = (H100.sms, 0)
+    assert prefill_ends(120e-6, whole) == prefill_ends(0.0, whole)
+    with pytest.raises(PdmuxError, match="split_prefill_layer_s"):
+        step_cost.Overheads(split_prefill_layer_s=-1e-6)
+
+
 def test_a_faster_card_divides_its_prefill_times_and_nothing_else():
     """At `prefill_speed` s a whole-GPU prefill's time (at its MFU and by its tiles) and a
     mixed step's are their price at 1 over s, and a split prefill's work is its FLOPs over s

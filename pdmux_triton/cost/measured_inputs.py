@@ -344,6 +344,19 @@ def _prefill_batch(data: dict, path) -> float | None:
     return float(seconds)
 
 
+def _split_prefill_layer_s(data: dict, path) -> float:
+    """A host-costs file's GPU time a split prefill's layer takes beyond its FLOPs at its served
+    rate (`split_prefill_served.layer_s`, seconds); 0 where it has none (a file fitted before,
+    whose served ratios hold that time in its large batches)."""
+    entry = data.get("split_prefill_served", {})
+    seconds = entry.get("layer_s", 0.0) if isinstance(entry, dict) else 0.0
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (
+            math.isfinite(seconds) and 0 <= seconds < 0.01):
+        raise PdmuxError(f"{path}: split_prefill_served's layer_s needs seconds in [0, 0.01) "
+                         f"(bench/fit_host_costs.py), got {seconds!r}")
+    return float(seconds)
+
+
 def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
     """The executor's overheads from a host-costs file (calibrate --host-costs): the median over its cases of
     an eager layer's launch time (a call's first, and its later layers' where timed) and of a
@@ -351,7 +364,8 @@ def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
     fixed cost of an eager step, a captured decode step's cost beyond its bytes, the mixed
     step's fit, the MFU a prefill with the whole GPU is served at, and what a level's prefill
     keeps of its burst rate on a busy GPU (as served where fitted, else bench/sustained_corun.py's)
-    and how far it slows toward that when busy part of the time, and the decode step beside it
+    with the time each of its layers takes beyond that, and how far it slows toward that rate
+    when busy part of the time, and the decode step beside it
     as served over its co-run price, by its busy share. Where the fit gives the host's share of a served
     decode round (fixed, per request, per token of KV), it prices rounds instead of the
     captured rounds' median, which lacks the serving loop's bookkeeping; where it gives a
@@ -370,6 +384,7 @@ def host_costs_from(data: dict, path: str | Path, gpu: str | None = None) -> Ove
     by_kind = _by_kind(data, path)
     served = _served_decode_round(data, path)
     batch_s = _prefill_batch(data, path)
+    split_layer_s = _split_prefill_layer_s(data, path)
     try:
         layers = sorted(float(r["host_s"]) for r in data["eager_layer"])
         # (a file from before prefill layers were replayed times one layer a call: none)
@@ -395,4 +410,4 @@ def host_costs_from(data: dict, path: str | Path, gpu: str | None = None) -> Ove
                      whole_by_busy, sustained, slowdown, decode_by_busy,
                      decode_round_per_request_s=per_request_s,
                      decode_round_per_kv_token_s=per_kv_token_s, prefill_batch_s=batch_s,
-                     by_kind=by_kind, later_layer_s=later_s)
+                     by_kind=by_kind, later_layer_s=later_s, split_prefill_layer_s=split_layer_s)

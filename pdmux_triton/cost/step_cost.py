@@ -555,12 +555,16 @@ class Overheads:
     decode step beside a split prefill as served over its co-run price, by that prefill's busy
     share (`split_decode_by_busy`, (busy share, ratio) points, held at the ends: the clocks
     fall as it keeps the GPU busy; none: the co-run price as it is); those two are the grid
-    cap's, and another kind's own where fitted apart (`by_kind`, `for_kind`). An eager
+    cap's, and another kind's own where fitted apart (`by_kind`, `for_kind`). Each layer of a
+    split prefill also takes `split_prefill_layer_s` of GPU time beyond its FLOPs at that
+    rate, on every kind: its kernels' ramps and tails on the level's SMs, which the
+    comparison's one long prompt hides and a short batch pays in full. An eager
     step ends no earlier than its launches, and the host launches nothing else meanwhile. None
     by default (the chapter's model); `calibrate --host-costs` measures the host's share of a
     captured round alone, bench/fit_host_costs.py fits the served round's share, the eager
-    step, a split prefill's batch, the step extras, the mixed step, the whole GPU's MFU and
-    the decode step beside a split prefill and the prefill's sustained rate to measured runs
+    step, a split prefill's batch, the step extras, the mixed step, the whole GPU's MFU,
+    the decode step beside a split prefill and the prefill's served rate and layer time to
+    measured runs
     and reads how far a prefill busy part of the time slows from bench/sustained_corun.py's
     files."""
 
@@ -583,6 +587,7 @@ class Overheads:
     # (bench/NOTES.md), so each kind is priced from its own points (`for_kind`)
     by_kind: tuple[tuple[str, tuple, tuple], ...] = ()
     later_layer_s: float | None = None
+    split_prefill_layer_s: float = 0.0
     # the generation of chunked steps simulated (`served_on`; the loop reads it off the
     # simulated executor): today's, or an older one a saved run was served with
     chunked_steps: int = CHUNKED_STEPS
@@ -590,7 +595,7 @@ class Overheads:
     def __post_init__(self):
         for name in ("decode_round_s", "layer_launch_s", "eager_step_s",
                      "decode_round_per_request_s", "decode_round_per_kv_token_s",
-                     "prefill_batch_s", "later_layer_s"):
+                     "prefill_batch_s", "later_layer_s", "split_prefill_layer_s"):
             value = getattr(self, name)
             if value is None and name in ("prefill_batch_s", "later_layer_s"):
                 continue

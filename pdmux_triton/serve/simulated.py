@@ -34,7 +34,7 @@ from pdmux_triton.spec.traffic import Request
 SUSTAINED_WINDOW_S = 0.5
 
 
-def _busy_curve(points: tuple[tuple[float, float], ...]) -> tuple[list[float], list[float]]:
+def busy_curve(points: tuple[tuple[float, float], ...]) -> tuple[list[float], list[float]]:
     """Measured (busy share, fraction of the way to the sustained rate) points between (0, 0)
     and (1, 1), as `np.interp` reads them."""
     return [0.0, *(s for s, _ in points), 1.0], [0.0, *(f for _, f in points), 1.0]
@@ -68,7 +68,7 @@ class SimExecutor:
         # sustained power); the comparison's burst rate after an idle spell
         self.sustained_rate = prefill.sustained(overheads.split_prefill_sustained)
         # how far toward it by the share of the recent past it ran: (0, 0), as measured, (1, 1)
-        self.slowdown_curve = _busy_curve(overheads.split_prefill_slowdown)
+        self.slowdown_curve = busy_curve(overheads.split_prefill_slowdown)
         # the decode step beside it as served over its co-run price, by the same busy share
         # (held at the ends; none given: the price as it is)
         self.decode_by_busy = tuple(zip(*sorted(overheads.split_decode_by_busy))) or None
@@ -205,6 +205,8 @@ class SimExecutor:
                 carry.slowdown[sms] = self.wave_slowdown(seqs, sms)
             seconds = self._split_prefill_s(
                 self._flops(seqs, end - start, samples) * carry.slowdown[sms], began, launched)
+            # (and its kernels' ramps and tails on the level's SMs, a layer at a time)
+            seconds += (end - start) * self.overheads.split_prefill_layer_s / self.prefill_speed
         else:
             seconds = self.whole_gpu_prefill_s(seqs, end - start, samples)
             if self.whole_by_busy:
