@@ -438,6 +438,7 @@ def held_out(args, store: PointStore) -> dict:
                         "decode_beside_prefill", {}).get("ratio_by_busy_share"),
                     "split_prefill_served_by_sms": host.get(
                         "split_prefill_served", {}).get("ratio_by_prefill_sms"),
+                    "split_prefill_layer_s": host.get("split_prefill_served", {}).get("layer_s"),
                     "by_kind": {kind: {
                         "split_prefill_served_by_sms": fits.get(
                             "split_prefill_served", {}).get("ratio_by_prefill_sms"),
