@@ -792,6 +792,11 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
 
     host.pop("split_prefill_served", None)
     served_by_kind = {}
+    # (the busy curve this file will hold prices the short batches the layer time is fitted on)
+    slowdown = busy_slowdown(busy, gpu.name) if busy else None
+    priced = replace(overheads, mixed=mixed, by_kind=(), prefill_batch_s=(batch or {}).get(
+        "seconds", overheads.prefill_batch_s), split_prefill_slowdown=tuple(
+            map(tuple, slowdown)) if slowdown else overheads.split_prefill_slowdown)
     for kind in ("grid_cap", *OTHER_KINDS):
         # another kind whose levels are too thin alone: the grid cap's, scaled by its batches
         # (and a layer's fixed time, the grid cap's where it stays: one for every kind)
@@ -799,9 +804,8 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
         base, layer_s = (None, None) if grid is None else (
             grid["ratio_by_prefill_sms"],
             grid["layer_s"] if len(grid["ratio_by_prefill_sms"]) >= 2 else 0.0)
-        kept = served_by_kind[kind] = served_sustained(list(by_file), calibration, compare, replace(
-            overheads, mixed=mixed, by_kind=(), prefill_batch_s=(batch or {}).get(
-                "seconds", overheads.prefill_batch_s)), gpu.name, kind, base, layer_s)
+        kept = served_by_kind[kind] = served_sustained(list(by_file), calibration, compare,
+                                                       priced, gpu.name, kind, base, layer_s)
         if len(kept["ratio_by_prefill_sms"]) >= 2:
             (by_kind[kind] if kind in by_kind else host)["split_prefill_served"] = {
                 **kept, "calibration": Path(calibration).name, "compare": Path(compare).name}
@@ -818,8 +822,8 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
     if busy:
         if "split_prefill_sustained" not in host:
             raise PdmuxError("--busy needs the sustained ratios it scales: give --sustained too")
-        host["split_prefill_sustained"].update(
-            slowdown_by_busy_share=busy_slowdown(busy, gpu.name), busy_source=Path(busy).name)
+        host["split_prefill_sustained"].update(slowdown_by_busy_share=slowdown,
+                                               busy_source=Path(busy).name)
     lines = [f"eager step {step * 1e3:.2f} ms",
              (f"a split prefill batch's upload {batch['seconds'] * 1e3:.2f} ms (median over "
               f"{batch['batches']} pd-mux batches)" if batch is not None else

@@ -59,6 +59,7 @@ class LayerPrice:
         self.pricer, self.model, self.sms = pricer, pricer.model, pricer.gpu.sms
         self.rate, self.decode = pricer.sim.prefill_rate, pricer.sim.decode_rate
         self.tiles = overheads.mixed.tiles if overheads.mixed else None
+        self.split_layer_s = overheads.split_prefill_layer_s
 
     def _flops(self, tokens: int, prompts: int, cached: int) -> float:
         return prompts * step_cost.layer_flops(self.model, tokens // prompts, cached // prompts, 1)
@@ -77,7 +78,7 @@ class LayerPrice:
         slowdown = self.pricer.sim.wave_slowdown([(tokens // prompts, cached // prompts)]
                                                  * prompts, sms)  # part-empty GEMM waves
         return step_cost.compute_s(self._flops(tokens, prompts, cached) * slowdown, self.rate,
-                                   sms, True)
+                                   sms, True) + self.split_layer_s
 
     def mixed(self, chunk: int, prefix: int, batch: int, context: int, before: bool) -> float:
         """A chunked round's layer: its mixed step's GPU phases over the layers (`before`: a

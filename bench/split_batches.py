@@ -20,10 +20,12 @@ run's host and half the round its first token came at the end of; its ratio: pri
 Besides its rate, each layer of a split prefill takes a fixed GPU time (its kernels' ramps and
 tails on the level's SMs), which a large batch hardly shows and a short one pays in full: the
 batches under MIN_TOKENS fit it (`layer_time`: their span less their price at their busy share,
-a layer), the large ones the ratios with it taken off their spans, the two in turn until they
-settle (`joint_fit`).
-Prints the median ratio by points file and prefill SMs, and pooled; writes
-<out>/split-batches-<gpu>.json (split-batches-green-<gpu>.json with `--kind green`).
+a layer), the large ones the ratios with it taken off their spans, the two in turns until they
+settle (`joint_fit`); another kind takes the grid cap's time (the host-costs file's).
+Prints the median ratio by points file and prefill SMs, pooled, and the levels the host-costs
+file's fit keeps (`served_levels`: the layer time taken off, a thin kind's scaled from the grid
+cap's) with that time; writes <out>/split-batches-<gpu>.json (split-batches-green-<gpu>.json
+with `--kind green`).
 
     python bench/split_batches.py --out /tmp/x
     python bench/split_batches.py --kind green --out /tmp/x
@@ -57,8 +59,8 @@ from pdmux_triton.spec.traffic import Request
 MIN_TOKENS = 4096  # a batch's prompt tokens, at the fewest
 MIN_BUSY = 0.9  # its level's prefill busy this share of the window before it, at the least
 MIN_BATCHES = 10  # batches a level's ratio (or the layer time) is read from, at the fewest
-JOINT_ROUNDS = 20  # the joint fit's turns at the most; it settles within a microsecond a layer
-SETTLED_S = 1e-6
+JOINT_ROUNDS = 20  # the joint fit's turns at the most
+SETTLED_S = 1e-6  # a turn that moves the layer time less than this has settled
 # the pd-mux strategy served at SGLang's levels on each partition kind, whose split levels
 # that kind's comparison rate prices
 PDMUX_OF_KIND = {kind: names[0] for kind, names in PDMUX_KIND_STRATEGIES.items()}
@@ -177,19 +179,23 @@ def ratio_by_prefill_sms(rows: list[dict], min_batches: int = MIN_BATCHES,
             if len(r) >= min_batches]
 
 
-def short(row: dict) -> bool:
+def fits_layer_time(row: dict) -> bool:
     """Whether a batch fits the layers' fixed time: under MIN_TOKENS, read from no cache."""
     return row["tokens"] < MIN_TOKENS and not row["cached"] and row["seconds"] > 0
 
 
 def layer_time(rows: list[dict], levels: list[list],
                slowdown: tuple[tuple[float, float], ...]) -> tuple[float, int] | None:
-    """A split prefill layer's fixed GPU time: the median over the short batches (`short`) of
-    each one's span less its price a layer, priced as the simulator prices it, from its burst
-    co-run price toward its level's served rate (`levels`, [prefill SMs, ratio]) as far as its
-    busy share says (`slowdown`, the host-costs file's curve); at least 0. With the batches it
-    rests on; None where fewer than MIN_BATCHES."""
-    picked = [row for row in rows if short(row)]
+    """A split prefill layer's fixed GPU time: the median over the short batches
+    (`fits_layer_time`) of each one's span less its price a layer, priced from its burst co-run
+    price toward its level's served rate (`levels`, [prefill SMs, ratio]) as far as its busy
+    share says (`slowdown`, the host-costs file's curve); at least 0. With the batches it
+    rests on; None where fewer than MIN_BATCHES or no levels. Two ways the simulator prices
+    otherwise: it runs the part of a batch left while the decode side waits for the host's
+    launches at the rate alone (`SimExecutor._split_prefill_s`), and its busy share counts
+    whole-GPU prefills too; a short batch, whose launches weigh most, runs a little faster
+    there than priced here."""
+    picked = [row for row in rows if fits_layer_time(row)]
     if len(picked) < MIN_BATCHES or not levels:
         return None
     sms, ratios = [s for s, *_ in levels], [r for _, r, *_ in levels]
@@ -207,17 +213,19 @@ def joint_fit(rows: list[dict], slowdown: tuple[tuple[float, float], ...]
               ) -> tuple[list[list], tuple[float, int] | None]:
     """Each level's ratio (`ratio_by_prefill_sms`) and a layer's fixed time (`layer_time`),
     fitted in turns: the ratios with the time taken off the large batches' spans, the time
-    against the short batches' prices at those ratios, until the time moves less than
-    SETTLED_S; the time None (and the ratios as they are) where too few short batches."""
-    layer = None
+    against the short batches' prices at those ratios, until a turn moves the time less than
+    SETTLED_S; no time (and the plain ratios) where too few short batches or levels. A fit
+    that does not settle in JOINT_ROUNDS turns is refused in one line."""
+    layer_s = 0.0
     for _ in range(JOINT_ROUNDS):
-        levels = ratio_by_prefill_sms(rows, layer_s=layer[0] if layer else 0.0)
-        fitted = layer_time(rows, levels, slowdown)
-        settled = fitted is None or (layer is not None and abs(fitted[0] - layer[0]) < SETTLED_S)
-        layer = fitted
+        layer = layer_time(rows, ratio_by_prefill_sms(rows, layer_s=layer_s), slowdown)
+        if layer is None:
+            return ratio_by_prefill_sms(rows), None
+        settled, layer_s = abs(layer[0] - layer_s) < SETTLED_S, layer[0]
         if settled:
-            break
-    return ratio_by_prefill_sms(rows, layer_s=layer[0] if layer else 0.0), layer
+            return ratio_by_prefill_sms(rows, layer_s=layer_s), layer
+    raise PdmuxError(f"a split prefill's layer time and its levels did not settle in "
+                     f"{JOINT_ROUNDS} turns (the last {layer_s * 1e6:.1f} us a layer)")
 
 
 def scaled_levels(rows: list[dict], base: list[list], min_batches: int = MIN_BATCHES,
@@ -240,33 +248,40 @@ def scaled_levels(rows: list[dict], base: list[list], min_batches: int = MIN_BAT
     return [[s, r * factor] for s, r in base], factor, len(relative)
 
 
-def served_sustained(paths, calibration: str, compare: str, overheads: step_cost.Overheads,
-                     gpu: str, kind: str = "grid_cap", base: list[list] | None = None,
-                     layer_s: float | None = None) -> dict:
-    """The host-costs file's `split_prefill_served` for partition `kind` over the points
-    files' batches, pooled: each level's ratio and a layer's fixed time (`joint_fit`; its
-    `layer_s` where given: the grid cap's, which prices every kind), the batches they rest
-    on and what was left out. Where fewer than two of its levels hold enough batches and a
-    `base` kind's levels are given (the grid cap's), those scaled by this kind's batches
-    (`scaled_levels`, its factor kept as `scaled_from_base_by`), rather than pricing this
-    kind's split prefill at the base's own ratios."""
-    by_file, left_out = served_batches(paths, calibration, compare, overheads, gpu, kind)
-    rows = [row for rows in by_file.values() for row in rows]
+def served_levels(rows: list[dict], slowdown: tuple[tuple[float, float], ...],
+                  base: list[list] | None = None, layer_s: float | None = None) -> dict:
+    """The levels a kind's batches (`rows`) price its split prefill at, and a layer's fixed
+    time: both fitted (`joint_fit`), or the levels with a given `layer_s` taken off (the grid
+    cap's, which prices every kind); where fewer than two levels hold enough batches and a
+    `base` kind's levels are given (the grid cap's), those scaled by these batches
+    (`scaled_levels`, its factor kept as `scaled_from_base_by`), rather than pricing this kind
+    at the base's own ratios. `short_batches`: those the time was fitted on (0: given)."""
     if layer_s is None:
-        levels, layer = joint_fit(rows, overheads.split_prefill_slowdown)
+        levels, layer = joint_fit(rows, slowdown)
+        layer_s, short_batches = layer if layer else (0.0, 0)
     else:
-        levels, layer = ratio_by_prefill_sms(rows, layer_s=layer_s), None
-    layer_s = layer[0] if layer else layer_s or 0.0
+        levels, short_batches = ratio_by_prefill_sms(rows, layer_s=layer_s), 0
     kept = {"ratio_by_prefill_sms": [[sms, ratio] for sms, ratio, _ in levels],
-            "batches": sum(n for *_, n in levels), "min_tokens": MIN_TOKENS,
-            "min_busy": MIN_BUSY, "layer_s": layer_s, "short_batches": layer[1] if layer else 0,
-            "points_left_out": left_out,
-            "files": [f"{Path(p).parent.name}/{Path(p).name}" for p in by_file]}
+            "batches": sum(n for *_, n in levels), "layer_s": layer_s,
+            "short_batches": short_batches}
     scaled = scaled_levels(rows, base, layer_s=layer_s) if len(levels) < 2 and base else None
     if scaled is not None:
         kept.update(ratio_by_prefill_sms=scaled[0], batches=scaled[2],
                     scaled_from_base_by=scaled[1])
     return kept
+
+
+def served_sustained(paths, calibration: str, compare: str, overheads: step_cost.Overheads,
+                     gpu: str, kind: str = "grid_cap", base: list[list] | None = None,
+                     layer_s: float | None = None) -> dict:
+    """The host-costs file's `split_prefill_served` for partition `kind` over the points
+    files' batches, pooled (`served_levels`, at `overheads`' busy curve), with the thresholds
+    its batches were counted by and the points left out."""
+    by_file, left_out = served_batches(paths, calibration, compare, overheads, gpu, kind)
+    kept = served_levels([row for rows in by_file.values() for row in rows],
+                         overheads.split_prefill_slowdown, base, layer_s)
+    return {**kept, "min_tokens": MIN_TOKENS, "min_busy": MIN_BUSY, "points_left_out": left_out,
+            "files": [f"{Path(p).parent.name}/{Path(p).name}" for p in by_file]}
 
 
 def table(data: dict) -> str:
@@ -277,15 +292,16 @@ def table(data: dict) -> str:
              f"{'':<48}" + "".join(f"{s:>14}" for s in sms)]
     for name, levels in [*data["by_file"].items(), ("pooled", data["pooled"])]:
         lines.append(f"{name:<48}" + "".join(f"{cell(levels, s):>14}" for s in sms))
-    joint = data["joint"]
-    lines.append(f"{'with a layer fixed time (joint fit)':<48}" + "".join(
-        f"{cell(joint['ratio_by_prefill_sms'], s):>14}" for s in sms))
-    lines.append("a layer's fixed time: " + (
-        f"not fitted (fewer than {MIN_BATCHES} batches under {MIN_TOKENS} tokens)"
-        if joint["layer_s"] is None else
-        f"{joint['layer_s'] * 1e6:.0f} us over {joint['short_batches']} batches under "
-        f"{MIN_TOKENS} tokens" if joint["short_batches"] else
-        f"{joint['layer_s'] * 1e6:.0f} us, the host-costs file's (the grid cap's)"))
+    fitted = data["fitted"]
+    kept = dict(fitted["ratio_by_prefill_sms"])
+    lines.append(f"{'as the host-costs fit keeps them':<48}" + "".join(
+        f"{kept[s]:>14.3f}" if s in kept else f"{'-':>14}" for s in sms))
+    lines.append("a layer's fixed time beyond them: " + (
+        f"{fitted['layer_s'] * 1e6:.0f} us over {fitted['short_batches']} batches under "
+        f"{MIN_TOKENS} tokens" if fitted["short_batches"] else
+        f"{fitted['layer_s'] * 1e6:.0f} us, the host-costs file's (the grid cap's)"
+        if data["inputs"]["kind"] != "grid_cap" else
+        f"not fitted (fewer than {MIN_BATCHES} batches under {MIN_TOKENS} tokens)"))
     if data["points_left_out"]:
         lines.append("left out (batches and requests disagree): "
                      + ", ".join(data["points_left_out"]))
@@ -308,15 +324,13 @@ def run(args) -> int:
             "by_file": {label(p): ratio_by_prefill_sms(rows, 1) for p, rows in by_file.items()},
             "pooled": ratio_by_prefill_sms([x for rows in by_file.values() for x in rows], 1),
             "points_left_out": left_out}
-    rows = [x for rows in by_file.values() for x in rows]
-    if args.kind == "grid_cap":
-        levels, layer = joint_fit(rows, overheads.split_prefill_slowdown)
-        layer_s, short_batches = layer if layer else (None, 0)
-    else:  # the grid cap's layer time prices every kind (bench/fit_host_costs.py)
-        layer_s, short_batches = overheads.split_prefill_layer_s, 0
-        levels = ratio_by_prefill_sms(rows, layer_s=layer_s)
-    data["joint"] = {"ratio_by_prefill_sms": levels, "layer_s": layer_s,
-                     "short_batches": short_batches}
+    # as bench/fit_host_costs.py fits them: another kind at the grid cap's layer time, scaled
+    # from the grid cap's levels (the host-costs file's) where its own are too few
+    grid = args.kind == "grid_cap"
+    data["fitted"] = served_levels(
+        [x for rows in by_file.values() for x in rows], overheads.split_prefill_slowdown,
+        None if grid else [list(p) for p in overheads.split_prefill_sustained],
+        None if grid else overheads.split_prefill_layer_s)
     name = "split-batches" + ("" if args.kind == "grid_cap" else f"-{args.kind}")
     return finish(Path(args.out) / f"{name}-{gpu}.json", data, table(data))
 

@@ -2098,7 +2098,8 @@ def test_the_joint_fit_parts_a_split_layers_fixed_time_from_the_levels_served_ra
     with too few short batches, no layer time and the plain ratios; a fixed time the short
     batches read below 0 is 0."""
     sys.path.insert(0, "bench")
-    from split_batches import MIN_BATCHES, MIN_BUSY, MIN_TOKENS, joint_fit, layer_time
+    from split_batches import (MIN_BATCHES, MIN_BUSY, MIN_TOKENS, joint_fit, layer_time,
+                               scaled_levels)
 
     served, layer_s = {72: 1.0, 112: 0.9}, 120e-6
     base = {"cached": 0, "layers": 36}
@@ -2120,6 +2121,12 @@ def test_the_joint_fit_parts_a_split_layers_fixed_time_from_the_levels_served_ra
     assert none is None and plain[1][1] < 0.9 * 0.995  # the fixed time read as a slower level
     faster = [short(0.5, 0.02, fixed=-layer_s)] * MIN_BATCHES
     assert layer_time(faster, [[112, 0.9, MIN_BATCHES]], ()) == (0.0, MIN_BATCHES)
+    assert layer_time(shorts, [], ()) is None  # no level to price them at
+    # a thin kind's levels scaled from the base's, its spans less the given layer time too
+    thin = [{**row, "corun_s": 0.8 * (row["seconds"] - 36 * layer_s)} for row in large[:MIN_BATCHES]]
+    levels, factor, _ = scaled_levels(thin, [[72, 1.0], [112, 1.0]], layer_s=layer_s)
+    assert factor == pytest.approx(0.8) and levels == [[72, pytest.approx(0.8)],
+                                                      [112, pytest.approx(0.8)]]
 
 
 def test_a_kind_too_thin_to_read_level_by_level_scales_the_grid_caps_levels():
@@ -2176,6 +2183,10 @@ def test_fit_host_costs_scales_the_grid_caps_split_levels_for_the_h100s_thin_gre
     shipped = json.loads(Path("pdmux_triton/measured/host-costs-h100-sxm.json").read_text())
     assert shipped["by_kind"]["green"]["split_prefill_served"]["ratio_by_prefill_sms"] == [
         [s, pytest.approx(r)] for s, r in green["ratio_by_prefill_sms"]]
+    # the grid cap's layer time, fitted on its short batches, taken off green's spans as given
+    assert green["layer_s"] == grid["layer_s"] > 0 and green["short_batches"] == 0
+    assert grid["short_batches"] >= 10
+    assert grid["layer_s"] == pytest.approx(shipped["split_prefill_served"]["layer_s"])
 
 
 def test_served_split_prefill_ratios_from_the_committed_points(tmp_path):
@@ -2219,8 +2230,8 @@ def test_served_split_prefill_ratios_from_the_committed_points(tmp_path):
     # committed file's green fit holds
     shipped = json.loads(Path("bench/results/host-costs-h200.json").read_text())
     fitted = shipped["by_kind"]["green"]["split_prefill_served"]["ratio_by_prefill_sms"]
-    assert data["joint"]["layer_s"] == shipped["split_prefill_served"]["layer_s"] > 0
-    kept = [[sms, ratio] for sms, ratio, n in data["joint"]["ratio_by_prefill_sms"] if n >= 10]
+    assert data["fitted"]["layer_s"] == shipped["split_prefill_served"]["layer_s"] > 0
+    kept = data["fitted"]["ratio_by_prefill_sms"]
     assert [sms for sms, _ in kept] == [sms for sms, _ in fitted]
     for (_, got), (_, want) in zip(kept, fitted):
         assert got == pytest.approx(want)

@@ -82,9 +82,9 @@ FILE = "{path}: {key}"
     ("split_prefill_served", [0.99], FILE), ("split_prefill_served", {"batches": 10}, FILE),
     ("split_prefill_served", {"ratio_by_prefill_sms": [[72, "x"]]}, FILE),
     ("split_prefill_served", {"ratio_by_prefill_sms": [[72, 0.0]]}, FILE),
-    ("split_prefill_served", {"ratio_by_prefill_sms": [[72, 0.9]], "layer_s": -1e-6}, FILE),
-    ("split_prefill_served", {"ratio_by_prefill_sms": [[72, 0.9]], "layer_s": "x"}, FILE),
-    ("split_prefill_served", {"ratio_by_prefill_sms": [[72, 0.9]], "layer_s": 0.5}, FILE),
+    *[("split_prefill_served", {"ratio_by_prefill_sms": [[72, 0.9]], "layer_s": bad},
+       f"{{path}}: split_prefill_served's layer_s needs seconds in [0, 0.01) "
+       f"(bench/fit_host_costs.py), got {bad!r}") for bad in (-1e-6, "x", 0.5, True)],
     ("whole_gpu_prefill", {"mfu": 0.5, "ratio_by_busy_share": [[0.5]]},
      "{path}: whole_gpu_prefill's ratio_by_busy_share needs [busy share, ratio] pairs"),
     ("whole_gpu_prefill", {"mfu": 0.5, "ratio_by_busy_share": [[1.5, 1.0]]},

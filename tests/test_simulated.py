@@ -583,6 +583,18 @@ def test_a_split_prefill_pays_its_layers_fixed_time_on_the_gpu():
         return carry.ends_at
 
     assert prefill_ends(120e-6) - prefill_ends(0.0) == pytest.approx(QWEN.layers * 120e-6)
+    # the busy share the clocks follow counts it: the prefill's span grows by as much
+
+    def busy_span(layer_s: float) -> float:
+        x = SimExecutor(H100, QWEN, law, rate, overheads=step_cost.Overheads(
+            split_prefill_layer_s=layer_s, split_prefill_sustained=((72, 0.9), (112, 0.9))))
+        x.start([])
+        x.set_level(level)
+        x.launch_prefill(x.begin_prefill([traffic.Request(0, 700, 1, 0.0)]), 0, QWEN.layers)
+        (began, ended), = x.prefill_spans
+        return ended - began
+
+    assert busy_span(120e-6) - busy_span(0.0) == pytest.approx(QWEN.layers * 120e-6)
     assert prefill_ends(120e-6, speed=1.25) - prefill_ends(0.0, speed=1.25) == pytest.approx(
         QWEN.layers * 120e-6 / 1.25)
     whole = (H100.sms, 0)
