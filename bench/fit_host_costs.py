@@ -10,7 +10,8 @@ it to a host-costs file (`calibrate --host-costs`'s):
   median time from a pd-mux batch taken to its first layers' round, over the batches of
   split levels;
 - decode_round_served: the host's share of a served decode round (its wall less its step's
-  GPU time, in rounds that launched nothing else), fixed + per request + per token of KV,
+  GPU time, in rounds that launched nothing else), fixed + per request + per token of KV
+  + more at a level that splits the GPU (a pd-mux round keeps the prefill's stream beside),
   by least absolute deviations over every such round;
 - decode_step_extra: per captured size, a decode step's GPU time beyond its bytes at the
   calibration's whole-GPU rate alone and its batch term: the median over the served
@@ -282,18 +283,20 @@ def decode_steps(points: list[tuple[dict, float]]):
             yield point, host, i, step / 1e6
 
 
-def served_decode_rounds(points: list[tuple[dict, float]]) -> list[dict]:
-    """Every round of the points (`timed_points`) that stepped decode and launched nothing
-    else: its requests, their KV, what it took beyond its decode step's GPU time (the host's
-    share: inputs made and uploaded, tokens back, the loop's bookkeeping) and the run's host
-    launch time."""
+def served_decode_rounds(points: list[tuple[dict, float, object]]) -> list[dict]:
+    """Every round of the points that stepped decode and launched nothing else (each point with
+    its run's host launch time and its levels' (prefill SMs, decode SMs), as
+    `corun_rounds.Pricer.sms` gives them): its requests, their KV, whether its level split the
+    GPU, what it took beyond its decode step's GPU time (the host's share: inputs made and
+    uploaded, tokens back, the loop's bookkeeping) and the run's host launch time."""
     rows = []
-    for point, host, i, step in decode_steps(points):
-        r = point["diagnostics"]["rounds"]
-        if r["labels"][r["label"][i]] == "":
-            rows.append({"batch": r["decode_bs"][i], "context": r["decode_context"][i],
-                         "host_s": host,
-                         "seconds": (r["end_us"][i] - r["start_us"][i]) / 1e6 - step})
+    for point, host, level_sms in points:
+        for _, _, i, step in decode_steps([(point, host)]):
+            r = point["diagnostics"]["rounds"]
+            if r["labels"][r["label"][i]] == "":
+                rows.append({"batch": r["decode_bs"][i], "context": r["decode_context"][i],
+                             "split": level_sms(r["level"][i])[0] > 0, "host_s": host,
+                             "seconds": (r["end_us"][i] - r["start_us"][i]) / 1e6 - step})
     return rows
 
 
@@ -354,14 +357,17 @@ def fit_prefill_batch(points: list[tuple[dict, float, object]],
 
 def fit_served_decode_round(rows: list[dict], layer_launch_s: float) -> dict | None:
     """The host's share of a served decode round on a host launching an eager layer in
-    `layer_launch_s`: fixed + per request x batch + per KV token x context, each round moved
-    to that host first (a run's host that launched k times slower paid k times). Least
-    absolute deviations (iteratively reweighted least squares): a round the GPU or the
-    collector stretched is an outlier, not a mean to follow. None with fewer than MIN_ROUNDS
-    rounds or a single batch size."""
+    `layer_launch_s`: fixed + per request x batch + per KV token x context, + more at a level
+    that splits the GPU where MIN_ROUNDS such rounds are there (else 0), each round moved to
+    that host first (a run's host that launched k times slower paid k times). Least absolute
+    deviations (iteratively reweighted least squares): a round the GPU or the collector
+    stretched is an outlier, not a mean to follow. None with fewer than MIN_ROUNDS rounds or a
+    single batch size."""
     if len(rows) < MIN_ROUNDS or len({r["batch"] for r in rows}) < 2:
         return None
-    a = np.array([[1.0, r["batch"], r["context"]] for r in rows])
+    split = sum(r["split"] for r in rows)
+    columns = 4 if split >= MIN_ROUNDS else 3
+    a = np.array([[1.0, r["batch"], r["context"], float(r["split"])][:columns] for r in rows])
     y = np.array([r["seconds"] * layer_launch_s / r["host_s"] for r in rows])
     scale = a.max(axis=0)  # columns of one size, for a well-conditioned solve
     w = np.ones(len(y))
@@ -371,8 +377,9 @@ def fit_served_decode_round(rows: list[dict], layer_launch_s: float) -> dict | N
     coef = np.maximum(coef, 0.0)  # a term the rounds do not show costs nothing, not less
     error = np.abs(a @ coef - y)
     return {"fixed_s": float(coef[0]), "per_request_s": float(coef[1]),
-            "per_kv_token_s": float(coef[2]), "rounds": len(rows),
-            "median_abs_error_s": float(np.median(error))}
+            "per_kv_token_s": float(coef[2]),
+            "split_s": float(coef[3]) if columns == 4 else 0.0, "rounds": len(rows),
+            "split_rounds": int(split), "median_abs_error_s": float(np.median(error))}
 
 
 def fit_whole_gpu_prefill(rows, model, prefill, overheads,
@@ -726,9 +733,14 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
                                     for m in beside["files"]],
                 "calibration": Path(calibration).name, "compare": Path(compare).name}
 
-    # the host's share of a served decode round, by its requests and their KV, where the
-    # measurements timed their hosts (a captured round alone lacks the loop's bookkeeping)
-    served = fit_served_decode_round(served_decode_rounds(timed), overheads.layer_launch_s)
+    # each file's levels: a capacity folder's own, trace_fidelity's the default
+    with_levels = []
+    for path, points in by_file.items():
+        level_sms = Pricer(path, calibration, compare, overheads, gpu.name).sms
+        with_levels += [(point, host, level_sms) for point, host in points]
+    # the host's share of a served decode round, by its requests, their KV and its level, where
+    # the measurements timed their hosts (a captured round alone lacks the loop's bookkeeping)
+    served = fit_served_decode_round(served_decode_rounds(with_levels), overheads.layer_launch_s)
     host.pop("decode_round_served", None)  # one fitted to other rounds does not stay
     if served is not None:
         host["decode_round_served"] = {**served, "source": names}
@@ -743,11 +755,6 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
     overheads = replace(overheads, eager_step_s=_eager_step_s(less_launches[small], size,
                                                               model, overheads))
     # a split prefill batch's upload: from pd-mux's served batches where the points hold them
-    # each file's levels: a capacity folder's own, trace_fidelity's the default
-    with_levels = []
-    for path, points in by_file.items():
-        level_sms = Pricer(path, calibration, compare, overheads, gpu.name).sms
-        with_levels += [(point, host, level_sms) for point, host in points]
     batch = fit_prefill_batch(with_levels, overheads.layer_launch_s)
     host.pop("prefill_batch", None)
     if batch is not None:
@@ -830,8 +837,9 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
               "a split prefill batch's upload: an eager step's (too few pd-mux batches)"),
              "a served decode round's host share: " + (
                  f"{served['fixed_s'] * 1e6:.0f} us + {served['per_request_s'] * 1e6:.2f} us a "
-                 f"request + {served['per_kv_token_s'] * 1e9:.2f} ns a token of KV over "
-                 f"{served['rounds']} rounds (|error| median "
+                 f"request + {served['per_kv_token_s'] * 1e9:.2f} ns a token of KV + "
+                 f"{served['split_s'] * 1e6:.0f} us at a split level ({served['split_rounds']} "
+                 f"of its rounds) over {served['rounds']} rounds (|error| median "
                  f"{served['median_abs_error_s'] * 1e6:.0f} us)" if served is not None else
                  "not fitted (too few decode rounds with their hosts timed): the captured "
                  "rounds' median"),

@@ -641,9 +641,10 @@ def test_the_whole_gpu_prefill_fit_reads_its_ratio_by_busy_share_within_batch_si
 
 
 def test_the_served_decode_round_fit_recovers_known_terms_on_two_hosts_despite_outliers():
-    """Rounds whose host share is fixed + per request + per KV token on hosts launching at
-    two speeds (each paying in proportion), one round in ten stretched by a collection, give
-    the terms back on the reference host; too few rounds or one batch size give none."""
+    """Rounds whose host share is fixed + per request + per KV token, + more at a split
+    level, on hosts launching at two speeds (each paying in proportion), one round in ten
+    stretched by a collection, give the terms back on the reference host; with too few split
+    rounds the split term is 0 (not fitted); too few rounds or one batch size give none."""
     sys.path.insert(0, "bench")
     from fit_host_costs import MIN_ROUNDS, fit_served_decode_round
 
@@ -651,16 +652,24 @@ def test_the_served_decode_round_fit_recovers_known_terms_on_two_hosts_despite_o
     rows = []
     for i in range(MIN_ROUNDS * 5):
         batch, host_s = int(rng.integers(1, 128)), (8e-4, 1.2e-3)[i % 2]
-        context = batch * int(rng.integers(200, 4000))
-        seconds = (1e-4 + 4e-6 * batch + 2.5e-9 * context) * host_s / 8e-4
+        context, split = batch * int(rng.integers(200, 4000)), i % 3 == 0
+        seconds = (1e-4 + 4e-6 * batch + 2.5e-9 * context + 7e-5 * split) * host_s / 8e-4
         if i % 10 == 3:
             seconds += 5e-3
-        rows.append({"batch": batch, "context": context, "host_s": host_s, "seconds": seconds})
+        rows.append({"batch": batch, "context": context, "split": split, "host_s": host_s,
+                     "seconds": seconds})
     got = fit_served_decode_round(rows, 8e-4)
     assert got["fixed_s"] == pytest.approx(1e-4, rel=1e-2)
     assert got["per_request_s"] == pytest.approx(4e-6, rel=1e-2)
     assert got["per_kv_token_s"] == pytest.approx(2.5e-9, rel=1e-2)
+    assert got["split_s"] == pytest.approx(7e-5, rel=1e-2)
+    assert got["split_rounds"] == sum(r["split"] for r in rows)
     assert got["rounds"] == len(rows) and got["median_abs_error_s"] < 1e-6
+    whole = [r for r in rows if not r["split"]]
+    few = whole + [r for r in rows if r["split"]][:MIN_ROUNDS - 1]
+    assert fit_served_decode_round(whole, 8e-4)["split_s"] == 0.0
+    assert fit_served_decode_round(few, 8e-4)["split_s"] == 0.0
+    assert fit_served_decode_round(few, 8e-4)["fixed_s"] == pytest.approx(1e-4, rel=0.05)
     assert fit_served_decode_round(rows[:MIN_ROUNDS - 1], 8e-4) is None
     assert fit_served_decode_round([{**r, "batch": 8} for r in rows], 8e-4) is None
 
@@ -668,27 +677,31 @@ def test_the_served_decode_round_fit_recovers_known_terms_on_two_hosts_despite_o
 def test_served_decode_rounds_match_steps_to_the_rounds_that_launched_them():
     """Every decoding round launched a step (pd-mux, prefill-first), or only the decode-only
     ones (chunked: mixed rounds step decode in their forward); rounds that launched prefill
-    layers are left out; a count that matches neither is refused."""
+    layers are left out; a round at a level that gives prefill SMs is a split one; a count
+    that matches neither is refused."""
     sys.path.insert(0, "bench")
     from fit_host_costs import served_decode_rounds
 
     rounds = {"start_us": [0, 10_000, 30_000, 50_000], "end_us": [9_000, 29_000, 48_000, 60_000],
               "decode_bs": [4, 4, 0, 8], "decode_context": [400, 404, 0, 900],
-              "label": [0, 1, 1, 0], "labels": ["", "layers 0-36"]}
+              "label": [0, 1, 1, 0], "labels": ["", "layers 0-36"], "level": [2, 2, 2, 0]}
+    level_sms = {-1: (0, 132), 0: (0, 132), 2: (80, 52)}.get  # level 0: decode on the whole GPU
     every = {"strategy": "pdmux_grid_cap",
              "diagnostics": {"rounds": rounds, "decode_step_us": [8_500, 18_000, 9_000]}}
-    got = served_decode_rounds([(every, 1e-3)])
-    assert [(r["batch"], r["context"], round(r["seconds"] * 1e6)) for r in got] == [
-        (4, 400, 500), (8, 900, 1_000)]
+    got = served_decode_rounds([(every, 1e-3, level_sms)])
+    assert [(r["batch"], r["context"], r["split"], round(r["seconds"] * 1e6)) for r in got] == [
+        (4, 400, True, 500), (8, 900, False, 1_000)]
     chunked = {"strategy": "chunked_512",
-               "diagnostics": {"rounds": {**rounds, "labels": ["", "chunk 0+512"]},
+               "diagnostics": {"rounds": {**rounds, "labels": ["", "chunk 0+512"],
+                                          "level": [-1] * 4},
                                "decode_step_us": [8_000, 9_500]}}
-    got = served_decode_rounds([(chunked, 1e-3)])
+    got = served_decode_rounds([(chunked, 1e-3, level_sms)])
     assert [round(r["seconds"] * 1e6) for r in got] == [1_000, 500] and got[0]["host_s"] == 1e-3
+    assert not any(r["split"] for r in got)
     broken = {"strategy": "chunked_512",
               "diagnostics": {"rounds": rounds, "decode_step_us": [8_000]}}
     with pytest.raises(PdmuxError, match="1 decode steps for 3 rounds decoding"):
-        served_decode_rounds([(broken, 1e-3)])
+        served_decode_rounds([(broken, 1e-3, level_sms)])
 
 
 def test_the_split_prefill_batch_and_step_extra_fits_read_what_they_are_given():
@@ -894,7 +907,8 @@ def test_fit_host_costs_on_the_h200_trace_points_and_stream_run(tmp_path):
     # the MFU was read with the eager step the file holds, the one the simulator charges a
     # whole-GPU batch (not with the first estimate over every small round)
     sys.path.insert(0, "bench")
-    from fit_host_costs import PREFILL_RATE, fit_tile_times, fit_whole_gpu_prefill, pooled_rounds
+    from fit_host_costs import (MIN_ROUNDS, PREFILL_RATE, fit_tile_times, fit_whole_gpu_prefill,
+                                pooled_rounds)
 
     from pdmux_triton.cost.measured_inputs import host_costs_from, load_compare
 
@@ -913,11 +927,15 @@ def test_fit_host_costs_on_the_h200_trace_points_and_stream_run(tmp_path):
         r["batch"] for r in committed["decode_step_extra"]]
     assert len(fitted["decode_step_extra"]) > 4 and all(
         r["steps"] >= 30 for r in fitted["decode_step_extra"])
-    for key, terms in (("decode_round_served", ("fixed_s", "per_request_s", "per_kv_token_s")),
+    for key, terms in (("decode_round_served", ("fixed_s", "per_request_s", "per_kv_token_s",
+                                                "split_s")),
                        ("prefill_batch", ("seconds",))):
         for term in terms:
             assert fitted[key][term] == pytest.approx(committed[key][term])
     assert fitted["decode_round_served"]["per_request_s"] > 0
+    # pd-mux's rounds at split levels pay more of the host than whole-GPU ones
+    assert fitted["decode_round_served"]["split_s"] > 0
+    assert fitted["decode_round_served"]["split_rounds"] >= MIN_ROUNDS
     assert 0 < fitted["prefill_batch"]["seconds"] < fitted["eager_step"]["seconds"]
     got, shipped = (dict(f["split_prefill_served"]) for f in (fitted, committed))
     assert sorted(got.pop("files")) == sorted(shipped.pop("files")) and got == shipped

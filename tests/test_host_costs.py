@@ -76,6 +76,8 @@ FILE = "{path}: {key}"
      FILE),
     ("decode_round_served", {"fixed_s": float("nan"), "per_request_s": 0, "per_kv_token_s": 0},
      FILE),
+    *[("decode_round_served", {"fixed_s": 1e-4, "per_request_s": 0, "per_kv_token_s": 0,
+                               "split_s": bad}, FILE) for bad in (-1e-6, "x", 2.0)],
     ("prefill_batch", [5e-4], FILE), ("prefill_batch", None, FILE),
     ("prefill_batch", {"seconds": "x"}, FILE), ("prefill_batch", {"seconds": 5.0}, FILE),
     ("prefill_batch", {"seconds": -1e-4}, FILE),
@@ -120,9 +122,15 @@ def test_a_malformed_sustained_or_decode_entry_is_refused_by_name(key, entry, me
     assert len(loaded.whole_gpu_prefill_by_busy) >= 2
     served = data["decode_round_served"]  # it prices rounds instead of the captured median
     assert (loaded.decode_round_s, loaded.decode_round_per_request_s,
-            loaded.decode_round_per_kv_token_s) == (served["fixed_s"], served["per_request_s"],
-                                                    served["per_kv_token_s"])
-    assert loaded.decode_round_per_request_s > 0
+            loaded.decode_round_per_kv_token_s, loaded.decode_round_split_s) == (
+        served["fixed_s"], served["per_request_s"], served["per_kv_token_s"], served["split_s"])
+    assert loaded.decode_round_per_request_s > 0 and loaded.decode_round_split_s > 0
+    # a file fitted before the split term prices every round as a whole-GPU one
+    older = tmp_path / "older" / "host-costs-h200.json"
+    older.parent.mkdir()
+    older.write_text(json.dumps({**data, "decode_round_served": {
+        k: v for k, v in served.items() if k != "split_s"}}))
+    assert load_host_costs(older).decode_round_split_s == 0.0
     assert loaded.prefill_batch_s == data["prefill_batch"]["seconds"] < loaded.eager_step_s
     # without the served fits: the captured rounds' median, nothing per request, the eager step
     bare = tmp_path / "bare" / "host-costs-h200.json"

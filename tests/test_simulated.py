@@ -622,7 +622,7 @@ def test_a_faster_card_divides_its_prefill_times_and_nothing_else():
         x = SimExecutor(H100, QWEN, law, rate, overheads=host, prefill_speed=speed)
         x.start([])
         out = {"decode": x.decode_price_s(32 * 2048, 40, True, 32, None),
-               "round": x.overheads.decode_round_host_s(8, 16000),
+               "round": x.overheads.decode_round_host_s(8, 16000, True),
                "short": x.whole_gpu_prefill_s([(300, 0)], QWEN.layers, True),  # by its tiles
                "long": x.whole_gpu_prefill_s([(16000, 0)], QWEN.layers, True)}  # by its MFU
         work = []

@@ -105,17 +105,25 @@ def test_a_sustained_prefill_rate_scales_the_corun_points_only():
 
 
 def test_a_served_decode_rounds_host_share_grows_with_its_requests_and_kv_and_moves_with_the_host():
-    """Fixed + per request + per token of KV; a host launching twice as slowly pays twice each
-    part, and a split prefill's batch; a negative or non-finite term is refused by name."""
+    """Fixed + per request + per token of KV, + more at a level that splits the GPU; a host
+    launching twice as slowly pays twice each part, and a split prefill's batch; a negative or
+    non-finite term is refused by name."""
     host = step_cost.Overheads(decode_round_s=1e-4, layer_launch_s=8e-4,
-                               decode_round_per_request_s=4e-6, decode_round_per_kv_token_s=2e-9)
-    assert host.decode_round_host_s(0, 0) == pytest.approx(1e-4)
-    assert host.decode_round_host_s(64, 64 * 2048) == pytest.approx(1e-4 + 64 * 4e-6
-                                                                     + 64 * 2048 * 2e-9)
+                               decode_round_per_request_s=4e-6, decode_round_per_kv_token_s=2e-9,
+                               decode_round_split_s=7e-5)
+    assert host.decode_round_host_s(0, 0, False) == pytest.approx(1e-4)
+    assert host.decode_round_host_s(64, 64 * 2048, False) == pytest.approx(
+        1e-4 + 64 * 4e-6 + 64 * 2048 * 2e-9)
+    assert host.decode_round_host_s(64, 64 * 2048, True) == pytest.approx(
+        host.decode_round_host_s(64, 64 * 2048, False) + 7e-5)
     slower = host.on_host(1.6e-3)
-    assert slower.decode_round_host_s(64, 64 * 2048) == pytest.approx(
-        2 * host.decode_round_host_s(64, 64 * 2048))
-    assert step_cost.Overheads().decode_round_host_s(128, 10**6) == 0.0
+    for split in (False, True):
+        assert slower.decode_round_host_s(64, 64 * 2048, split) == pytest.approx(
+            2 * host.decode_round_host_s(64, 64 * 2048, split))
+    assert step_cost.Overheads().decode_round_host_s(128, 10**6, True) == 0.0
+    for bad in (-1e-6, float("nan")):
+        with pytest.raises(PdmuxError, match="overhead decode_round_split_s"):
+            step_cost.Overheads(decode_round_split_s=bad)
     # a split prefill's batch: as fitted, else the eager step's; moved with the host too
     assert step_cost.Overheads(eager_step_s=3e-3).split_prefill_batch_s() == 3e-3
     fitted = step_cost.Overheads(eager_step_s=3e-3, prefill_batch_s=5e-4, layer_launch_s=8e-4)

@@ -313,20 +313,22 @@ def _by_kind(data: dict, path) -> tuple:
 SERVED_ROUND_KEYS = ("fixed_s", "per_request_s", "per_kv_token_s")
 
 
-def _served_decode_round(data: dict, path) -> tuple[float, float, float] | None:
+def _served_decode_round(data: dict, path) -> tuple[float, float, float, float] | None:
     """A host-costs file's `decode_round_served`: the host's share of a served decode round,
-    (fixed, per request, per token of KV) seconds on the file's host; none where it has none."""
+    (fixed, per request, per token of KV, more at a split level) seconds on the file's host;
+    none where it has none. The split term is 0 where the file has none (one fitted before)."""
     if "decode_round_served" not in data:
         return None
     entry = data["decode_round_served"]
+    names = (*SERVED_ROUND_KEYS, "split_s")
     try:
-        terms = tuple(float(entry[k]) for k in SERVED_ROUND_KEYS)
-    except (KeyError, TypeError, ValueError):
+        terms = (*(float(entry[k]) for k in SERVED_ROUND_KEYS), float(entry.get("split_s", 0.0)))
+    except (AttributeError, KeyError, TypeError, ValueError):
         raise PdmuxError(f"{path}: decode_round_served needs {', '.join(SERVED_ROUND_KEYS)} in "
                          f"seconds (bench/fit_host_costs.py)") from None
     if not all(math.isfinite(t) and 0 <= t < 1 for t in terms):
         raise PdmuxError(f"{path}: decode_round_served's terms must be seconds in [0, 1), got "
-                         f"{dict(zip(SERVED_ROUND_KEYS, terms))}")
+                         f"{dict(zip(names, terms))}")
     return terms
 
 
@@ -403,11 +405,12 @@ def host_costs_from(data: dict, path: str | Path, gpu: str | None = None) -> Ove
                          f"file (made by `pdmux-triton calibrate --host-costs`)") from None
     # outside the try: a value out of range is refused by name (PdmuxError is a ValueError)
     fit = _mixed_fit(data["mixed_step"], path) if data.get("mixed_step") else None
-    per_request_s = per_kv_token_s = 0.0
+    per_request_s = per_kv_token_s = split_round_s = 0.0
     if served is not None:
-        round_s, per_request_s, per_kv_token_s = served
+        round_s, per_request_s, per_kv_token_s, split_round_s = served
     return Overheads(round_s, layer_s, step, extra, fit, whole_mfu,
                      whole_by_busy, sustained, slowdown, decode_by_busy,
                      decode_round_per_request_s=per_request_s,
                      decode_round_per_kv_token_s=per_kv_token_s, prefill_batch_s=batch_s,
-                     by_kind=by_kind, later_layer_s=later_s, split_prefill_layer_s=split_layer_s)
+                     by_kind=by_kind, later_layer_s=later_s, split_prefill_layer_s=split_layer_s,
+                     decode_round_split_s=split_round_s)

@@ -532,8 +532,9 @@ CHUNKED_STEPS = 2
 class Overheads:
     """What this tool's executor spends beyond the first-order model: the host's share of a
     decode round (inputs up, replay, tokens back, the loop's bookkeeping: `decode_round_s`
-    fixed, `decode_round_per_request_s` a request and `decode_round_per_kv_token_s` a token
-    of KV its page tables name), each eager layer's launches (`layer_launch_s` the first of a
+    fixed, `decode_round_per_request_s` a request, `decode_round_per_kv_token_s` a token
+    of KV its page tables name and `decode_round_split_s` more at a level that splits the
+    GPU, where the loop keeps a prefill's stream beside), each eager layer's launches (`layer_launch_s` the first of a
     call, which goes through the launchers; `later_layer_s` each later one, which replays the
     first's launches, kernels/_replay.py; None: as the first, a file measured before), an
     eager step's batch (made, uploaded, its tokens read back; a whole-GPU prefill batch pays
@@ -588,6 +589,7 @@ class Overheads:
     by_kind: tuple[tuple[str, tuple, tuple], ...] = ()
     later_layer_s: float | None = None
     split_prefill_layer_s: float = 0.0
+    decode_round_split_s: float = 0.0
     # the generation of chunked steps simulated (`served_on`; the loop reads it off the
     # simulated executor): today's, or an older one a saved run was served with
     chunked_steps: int = CHUNKED_STEPS
@@ -595,7 +597,8 @@ class Overheads:
     def __post_init__(self):
         for name in ("decode_round_s", "layer_launch_s", "eager_step_s",
                      "decode_round_per_request_s", "decode_round_per_kv_token_s",
-                     "prefill_batch_s", "later_layer_s", "split_prefill_layer_s"):
+                     "prefill_batch_s", "later_layer_s", "split_prefill_layer_s",
+                     "decode_round_split_s"):
             value = getattr(self, name)
             if value is None and name in ("prefill_batch_s", "later_layer_s"):
                 continue
@@ -663,6 +666,7 @@ class Overheads:
                        eager_step_s=self.eager_step_s * f,
                        decode_round_per_request_s=self.decode_round_per_request_s * f,
                        decode_round_per_kv_token_s=self.decode_round_per_kv_token_s * f,
+                       decode_round_split_s=self.decode_round_split_s * f,
                        prefill_batch_s=(None if self.prefill_batch_s is None
                                         else self.prefill_batch_s * f))
 
@@ -683,11 +687,14 @@ class Overheads:
         """A split prefill's batch made and uploaded: as fitted, else an eager step's."""
         return self.eager_step_s if self.prefill_batch_s is None else self.prefill_batch_s
 
-    def decode_round_host_s(self, batch: int, context_tokens: int) -> float:
+    def decode_round_host_s(self, batch: int, context_tokens: int, split: bool) -> float:
         """The host's share of a decode round of `batch` requests holding `context_tokens` of
-        KV: the loop's work grows with the requests it steps and the pages it lists."""
+        KV, at a level that splits the GPU or not: the loop's work grows with the requests it
+        steps and the pages it lists, and a split level's round also keeps the prefill's
+        stream beside it."""
         return (self.decode_round_s + self.decode_round_per_request_s * batch
-                + self.decode_round_per_kv_token_s * context_tokens)
+                + self.decode_round_per_kv_token_s * context_tokens
+                + (self.decode_round_split_s if split else 0.0))
 
     def decode_extra_s(self, batch: int) -> float:
         """Beyond the bytes: a captured step's fixed costs, which its batch's rows move."""

@@ -142,7 +142,7 @@ class SimExecutor:
         # priced when waited for: the round's prefill layers are launched in between, and
         # decode co-runs when the prefill side is busy as the step starts
         held = sum(r.context for r in reqs)
-        self.t += self.overheads.decode_round_host_s(len(reqs), held)
+        self.t += self.overheads.decode_round_host_s(len(reqs), held, self._split())
         self.launched_decode = (held, len(reqs), max(self.t, self.free["decode"]))
         return list(reqs), self.t
 
