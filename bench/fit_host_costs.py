@@ -11,8 +11,9 @@ it to a host-costs file (`calibrate --host-costs`'s):
   split levels;
 - decode_round_served: the host's share of a served decode round (its wall less its step's
   GPU time, in rounds that launched nothing else), fixed + per request + per token of KV
-  + more at a level that splits the GPU (a pd-mux round keeps the prefill's stream beside),
-  by least absolute deviations over every such round;
+  + more at a level that splits the GPU (there a decode-only round also polls the prefill's
+  batch or finishes it; the rounds that launch layers are not fitted, and the simulator charges
+  them the same), by least absolute deviations over every such round;
 - decode_step_extra: per captured size, a decode step's GPU time beyond its bytes at the
   calibration's whole-GPU rate alone and its batch term: the median over the served
   whole-GPU steps where each size holds enough, else from the file's captured decode rounds;
@@ -358,7 +359,8 @@ def fit_prefill_batch(points: list[tuple[dict, float, object]],
 def fit_served_decode_round(rows: list[dict], layer_launch_s: float) -> dict | None:
     """The host's share of a served decode round on a host launching an eager layer in
     `layer_launch_s`: fixed + per request x batch + per KV token x context, + more at a level
-    that splits the GPU where MIN_ROUNDS such rounds are there (else 0), each round moved to
+    that splits the GPU where MIN_ROUNDS such rounds and MIN_ROUNDS others are there (else
+    none: `split_s` left out, which prices as 0), each round moved to
     that host first (a run's host that launched k times slower paid k times). Least absolute
     deviations (iteratively reweighted least squares): a round the GPU or the collector
     stretched is an outlier, not a mean to follow. None with fewer than MIN_ROUNDS rounds or a
@@ -366,7 +368,8 @@ def fit_served_decode_round(rows: list[dict], layer_launch_s: float) -> dict | N
     if len(rows) < MIN_ROUNDS or len({r["batch"] for r in rows}) < 2:
         return None
     split = sum(r["split"] for r in rows)
-    columns = 4 if split >= MIN_ROUNDS else 3
+    # (all split, the column is the constant one's: the fixed cost would be shared out blindly)
+    columns = 4 if MIN_ROUNDS <= split <= len(rows) - MIN_ROUNDS else 3
     a = np.array([[1.0, r["batch"], r["context"], float(r["split"])][:columns] for r in rows])
     y = np.array([r["seconds"] * layer_launch_s / r["host_s"] for r in rows])
     scale = a.max(axis=0)  # columns of one size, for a well-conditioned solve
@@ -376,10 +379,12 @@ def fit_served_decode_round(rows: list[dict], layer_launch_s: float) -> dict | N
         w = 1 / np.sqrt(np.maximum(np.abs(y - a @ coef), 1e-6))
     coef = np.maximum(coef, 0.0)  # a term the rounds do not show costs nothing, not less
     error = np.abs(a @ coef - y)
-    return {"fixed_s": float(coef[0]), "per_request_s": float(coef[1]),
-            "per_kv_token_s": float(coef[2]),
-            "split_s": float(coef[3]) if columns == 4 else 0.0, "rounds": len(rows),
-            "split_rounds": int(split), "median_abs_error_s": float(np.median(error))}
+    fit = {"fixed_s": float(coef[0]), "per_request_s": float(coef[1]),
+           "per_kv_token_s": float(coef[2])}
+    if columns == 4:
+        fit["split_s"] = float(coef[3])
+    return {**fit, "rounds": len(rows), "split_rounds": int(split),
+            "median_abs_error_s": float(np.median(error))}
 
 
 def fit_whole_gpu_prefill(rows, model, prefill, overheads,
@@ -831,6 +836,8 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
             raise PdmuxError("--busy needs the sustained ratios it scales: give --sustained too")
         host["split_prefill_sustained"].update(slowdown_by_busy_share=slowdown,
                                                busy_source=Path(busy).name)
+    split_term = (f"{served['split_s'] * 1e6:.0f} us at a split level"
+                  if served is not None and "split_s" in served else "nothing at a split level")
     lines = [f"eager step {step * 1e3:.2f} ms",
              (f"a split prefill batch's upload {batch['seconds'] * 1e3:.2f} ms (median over "
               f"{batch['batches']} pd-mux batches)" if batch is not None else
@@ -838,8 +845,8 @@ def fitted(measured: list[str], host_costs: str, calibration: str,
              "a served decode round's host share: " + (
                  f"{served['fixed_s'] * 1e6:.0f} us + {served['per_request_s'] * 1e6:.2f} us a "
                  f"request + {served['per_kv_token_s'] * 1e9:.2f} ns a token of KV + "
-                 f"{served['split_s'] * 1e6:.0f} us at a split level ({served['split_rounds']} "
-                 f"of its rounds) over {served['rounds']} rounds (|error| median "
+                 f"{split_term} ({served['split_rounds']} of its rounds at a split level) over "
+                 f"{served['rounds']} rounds (|error| median "
                  f"{served['median_abs_error_s'] * 1e6:.0f} us)" if served is not None else
                  "not fitted (too few decode rounds with their hosts timed): the captured "
                  "rounds' median"),

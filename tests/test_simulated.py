@@ -94,17 +94,24 @@ def test_overheads_bound_eager_steps_and_add_to_decode_rounds():
 
 def test_a_decode_round_pays_the_hosts_share_for_its_requests_and_their_kv():
     """The host's share of a round grows with the requests it steps and the KV their page
-    tables name (the serving loop's bookkeeping), before the step runs."""
+    tables name (the serving loop's bookkeeping), before the step runs; at a level that splits
+    the GPU it pays the split term too, on the whole GPU (either way round) not."""
     host = step_cost.Overheads(decode_round_s=1e-4, decode_round_per_request_s=5e-6,
-                               decode_round_per_kv_token_s=2e-9)
+                               decode_round_per_kv_token_s=2e-9, decode_round_split_s=7e-5)
     x = SimExecutor(H100, QWEN, step_cost.SaturationLaw(H100.hbm_tbps * 0.85, 66.0),
                     step_cost.PrefillRate.fixed(H100.bf16_tflops, H100.sms, 0.5), overheads=host)
     reqs = prompt_during_decode(QWEN.vocab, batch=48, context=1000)[:48]
     for r in reqs:
         r.context = 1000
-    x.start([])
-    _, launched = x.launch_decode(reqs)
-    assert launched == pytest.approx(1e-4 + 48 * 5e-6 + 48 * 1000 * 2e-9, rel=1e-12)
+    levels = sglang_rules.stream_groups(H100.sms, H100.cc_major)
+    whole = 1e-4 + 48 * 5e-6 + 48 * 1000 * 2e-9
+    for level, paid in [(next(lv for lv in levels if 0 < lv[1] < H100.sms), whole + 7e-5),
+                        *[(lv, whole) for lv in levels if lv[1] in (0, H100.sms)]]:
+        x.start([])
+        x.set_level(level)
+        began = x.t
+        _, launched = x.launch_decode(reqs)
+        assert launched - began == pytest.approx(paid, rel=1e-12), level
 
 
 def _split_executor(host):

@@ -324,8 +324,9 @@ def _served_decode_round(data: dict, path) -> tuple[float, float, float, float] 
     try:
         terms = (*(float(entry[k]) for k in SERVED_ROUND_KEYS), float(entry.get("split_s", 0.0)))
     except (AttributeError, KeyError, TypeError, ValueError):
-        raise PdmuxError(f"{path}: decode_round_served needs {', '.join(SERVED_ROUND_KEYS)} in "
-                         f"seconds (bench/fit_host_costs.py)") from None
+        raise PdmuxError(f"{path}: decode_round_served needs {', '.join(SERVED_ROUND_KEYS)} "
+                         f"(and split_s where fitted) in seconds (bench/fit_host_costs.py)"
+                         ) from None
     if not all(math.isfinite(t) and 0 <= t < 1 for t in terms):
         raise PdmuxError(f"{path}: decode_round_served's terms must be seconds in [0, 1), got "
                          f"{dict(zip(names, terms))}")
@@ -369,7 +370,8 @@ def load_host_costs(path: str | Path, gpu: str | None = None) -> Overheads:
     with the time each of its layers takes beyond that, and how far it slows toward that rate
     when busy part of the time, and the decode step beside it
     as served over its co-run price, by its busy share. Where the fit gives the host's share of a served
-    decode round (fixed, per request, per token of KV), it prices rounds instead of the
+    decode round (fixed, per request, per token of KV, more at a split level), it prices rounds
+    instead of the
     captured rounds' median, which lacks the serving loop's bookkeeping; where it gives a
     split prefill's batch, that is charged instead of the eager step; where it fitted another
     partition kind's split ratios apart (`by_kind`), that kind is priced with its own."""
