@@ -292,8 +292,8 @@ def served_decode_rounds(points: list[tuple[dict, float, object]]) -> list[dict]
     uploaded, tokens back, the loop's bookkeeping) and the run's host launch time."""
     rows = []
     for point, host, level_sms in points:
+        r = point["diagnostics"]["rounds"]
         for _, _, i, step in decode_steps([(point, host)]):
-            r = point["diagnostics"]["rounds"]
             if r["labels"][r["label"][i]] == "":
                 rows.append({"batch": r["decode_bs"][i], "context": r["decode_context"][i],
                              "split": level_sms(r["level"][i])[0] > 0, "host_s": host,

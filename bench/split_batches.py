@@ -165,6 +165,11 @@ def served_batches(paths, calibration: str, compare: str, overheads: step_cost.O
     return by_file, left_out
 
 
+def _span(row: dict, layer_s: float) -> float:
+    """A batch's compute span less its layers' fixed time (`layer_s` a layer)."""
+    return row["seconds"] - layer_s * row["layers"]
+
+
 def ratio_by_prefill_sms(rows: list[dict], min_batches: int = MIN_BATCHES,
                          layer_s: float = 0.0) -> list[list]:
     """[prefill SMs, median co-run price over compute span, batches] of each level holding at
@@ -172,7 +177,7 @@ def ratio_by_prefill_sms(rows: list[dict], min_batches: int = MIN_BATCHES,
     layer)."""
     by_sms = defaultdict(list)
     for row in rows:
-        span = row["seconds"] - layer_s * row["layers"]
+        span = _span(row, layer_s)
         if counted(row) and span > 0:
             by_sms[row["prefill_sms"]].append(row["corun_s"] / span)
     return [[sms, float(np.median(r)), len(r)] for sms, r in sorted(by_sms.items())
@@ -194,7 +199,9 @@ def layer_time(rows: list[dict], levels: list[list],
     otherwise: it runs the part of a batch left while the decode side waits for the host's
     launches at the rate alone (`SimExecutor._split_prefill_s`), and its busy share counts
     whole-GPU prefills too; a short batch, whose launches weigh most, runs a little faster
-    there than priced here."""
+    there than priced here. And a launch-bound batch's GPU work ends near the start of the
+    round its first token ends, so its span keeps more than the half round taken off: on the
+    H200 that, not GPU time, is what the pooled time reads (bench/NOTES.md, session 63)."""
     picked = [row for row in rows if fits_layer_time(row)]
     if len(picked) < MIN_BATCHES or not levels:
         return None
@@ -239,9 +246,9 @@ def scaled_levels(rows: list[dict], base: list[list], min_batches: int = MIN_BAT
     if len(base) < 2:
         return None
     sms, ratios = [s for s, _ in base], [r for _, r in base]
-    relative = [row["corun_s"] / (row["seconds"] - layer_s * row["layers"])
+    relative = [row["corun_s"] / _span(row, layer_s)
                 / float(np.interp(row["prefill_sms"], sms, ratios))
-                for row in rows if counted(row) and row["seconds"] > layer_s * row["layers"]]
+                for row in rows if counted(row) and _span(row, layer_s) > 0]
     if len(relative) < min_batches:
         return None
     factor = float(np.median(relative))

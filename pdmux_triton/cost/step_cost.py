@@ -534,7 +534,7 @@ class Overheads:
     decode round (inputs up, replay, tokens back, the loop's bookkeeping: `decode_round_s`
     fixed, `decode_round_per_request_s` a request, `decode_round_per_kv_token_s` a token
     of KV its page tables name and `decode_round_split_s` more at a level that splits the
-    GPU, where the loop keeps a prefill's stream beside), each eager layer's launches (`layer_launch_s` the first of a
+    GPU, where a round also polls or finishes the prefill's batch), each eager layer's launches (`layer_launch_s` the first of a
     call, which goes through the launchers; `later_layer_s` each later one, which replays the
     first's launches, kernels/_replay.py; None: as the first, a file measured before), an
     eager step's batch (made, uploaded, its tokens read back; a whole-GPU prefill batch pays
@@ -690,8 +690,8 @@ class Overheads:
     def decode_round_host_s(self, batch: int, context_tokens: int, split: bool) -> float:
         """The host's share of a decode round of `batch` requests holding `context_tokens` of
         KV, at a level that splits the GPU or not: the loop's work grows with the requests it
-        steps and the pages it lists, and a split level's round also keeps the prefill's
-        stream beside it."""
+        steps and the pages it lists, and a split level's round also polls or finishes the
+        prefill's batch."""
         return (self.decode_round_s + self.decode_round_per_request_s * batch
                 + self.decode_round_per_kv_token_s * context_tokens
                 + (self.decode_round_split_s if split else 0.0))
